@@ -1,0 +1,43 @@
+// Injectable time source, so timeouts and heartbeats are testable without
+// sleeping.
+#ifndef PS_COMMON_CLOCK_H_
+#define PS_COMMON_CLOCK_H_
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+
+namespace ps {
+
+// Thread-safe.
+class Clock {
+ public:
+  virtual ~Clock() = default;
+  virtual absl::Time Now() const = 0;
+
+  // The process-wide wall clock. Never destroyed.
+  static Clock* Real();
+};
+
+// A clock that moves only when told to. Thread-safe.
+class FakeClock : public Clock {
+ public:
+  explicit FakeClock(absl::Time start = absl::UnixEpoch()) : now_(start) {}
+  absl::Time Now() const override {
+    absl::MutexLock lock(&mu_);
+    return now_;
+  }
+  void Advance(absl::Duration d) {
+    absl::MutexLock lock(&mu_);
+    now_ += d;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  absl::Time now_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace ps
+
+#endif  // PS_COMMON_CLOCK_H_

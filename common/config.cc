@@ -1,0 +1,270 @@
+#include "common/config.h"
+
+#include <cmath>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/hash.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/tokenizer.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+#include "google/protobuf/text_format.h"
+
+namespace ps {
+namespace {
+
+// Collects every parse error with its position; TextFormat reports 0-based
+// lines and columns.
+class CollectingErrors : public google::protobuf::io::ErrorCollector {
+ public:
+  explicit CollectingErrors(absl::string_view source) : source_(source) {}
+  void AddError(int line, google::protobuf::io::ColumnNumber column,
+                const std::string& message) override {
+    errors_.push_back(
+        absl::StrCat(source_, ":", line + 1, ":", column + 1, ": ", message));
+  }
+  void AddWarning(int line, google::protobuf::io::ColumnNumber column,
+                  const std::string& message) override {
+    AddError(line, column, message);
+  }
+  std::string Joined() const { return absl::StrJoin(errors_, "; "); }
+
+ private:
+  std::string source_;
+  std::vector<std::string> errors_;
+};
+
+// Validation accumulates all problems so a user fixes a file in one pass.
+class Checker {
+ public:
+  void Require(bool ok, absl::string_view field, absl::string_view what) {
+    if (!ok) errors_.push_back(absl::StrCat(field, ": ", what));
+  }
+  absl::Status Result() const {
+    if (errors_.empty()) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrJoin(errors_, "; "));
+  }
+
+ private:
+  std::vector<std::string> errors_;
+};
+
+bool Positive(float v) { return std::isfinite(v) && v > 0; }
+
+void CheckOptimizer(const OptimizerConfig& opt, const std::string& path,
+                    Checker* c) {
+  switch (opt.kind_case()) {
+    case OptimizerConfig::kSgd:
+      c->Require(Positive(opt.sgd().learning_rate()),
+                 path + ".sgd.learning_rate", "must be a finite number > 0");
+      break;
+    case OptimizerConfig::kAdagrad:
+      c->Require(Positive(opt.adagrad().learning_rate()),
+                 path + ".adagrad.learning_rate",
+                 "must be a finite number > 0");
+      c->Require(std::isfinite(opt.adagrad().initial_accumulator()) &&
+                     opt.adagrad().initial_accumulator() >= 0,
+                 path + ".adagrad.initial_accumulator", "must be >= 0");
+      c->Require(Positive(opt.adagrad().epsilon()), path + ".adagrad.epsilon",
+                 "must be > 0");
+      break;
+    case OptimizerConfig::KIND_NOT_SET:
+      c->Require(false, path, "set one of sgd, adagrad");
+      break;
+  }
+}
+
+}  // namespace
+
+void ApplyDefaults(JobConfig* config) {
+  if (config->name().empty()) config->set_name("job");
+  ClusterConfig* cl = config->mutable_cluster();
+  if (cl->num_slots() == 0) cl->set_num_slots(4096);
+  if (cl->heartbeat_interval_ms() == 0) cl->set_heartbeat_interval_ms(500);
+  if (cl->heartbeat_timeout_ms() == 0) cl->set_heartbeat_timeout_ms(5000);
+  if (cl->request_timeout_ms() == 0) cl->set_request_timeout_ms(30000);
+  if (cl->startup_timeout_ms() == 0) cl->set_startup_timeout_ms(60000);
+  if (config->consistency().mode() == CONSISTENCY_MODE_UNSPECIFIED) {
+    config->mutable_consistency()->set_mode(ASYNC);
+  }
+  for (TableConfig& t : *config->mutable_tables()) {
+    if (t.has_dense() && t.dense().block_size() == 0) {
+      t.mutable_dense()->set_block_size(65536);
+    }
+    if (t.optimizer().has_adagrad()) {
+      AdagradConfig* a = t.mutable_optimizer()->mutable_adagrad();
+      if (a->initial_accumulator() == 0) a->set_initial_accumulator(0.1f);
+      if (a->epsilon() == 0) a->set_epsilon(1e-8f);
+    }
+  }
+  if (config->data().has_synthetic_ctr()) {
+    SyntheticCtrConfig* d = config->mutable_data()->mutable_synthetic_ctr();
+    if (d->num_train() == 0) d->set_num_train(1000000);
+    if (d->num_test() == 0) d->set_num_test(100000);
+    if (d->seed() == 0) d->set_seed(1);
+    if (d->num_categorical() == 0) d->set_num_categorical(26);
+    if (d->num_numeric() == 0) d->set_num_numeric(13);
+    if (d->max_vocab() == 0) d->set_max_vocab(1000);
+    if (d->min_vocab() == 0) d->set_min_vocab(10);
+    if (d->zipf_exponent() == 0) d->set_zipf_exponent(1.1f);
+    if (d->weight_scale() == 0) d->set_weight_scale(0.5f);
+    if (d->bias() == 0) d->set_bias(-1.0f);
+  }
+  TrainingConfig* tr = config->mutable_training();
+  if (tr->batch_size() == 0) tr->set_batch_size(1024);
+  if (tr->epochs() == 0) tr->set_epochs(1);
+  if (tr->log_interval_s() == 0) tr->set_log_interval_s(5);
+}
+
+absl::Status ValidateJobConfig(const JobConfig& config) {
+  Checker c;
+  const ClusterConfig& cl = config.cluster();
+  c.Require(cl.num_servers() >= 1 && cl.num_servers() <= 1024,
+            "cluster.num_servers", "must be in 1..1024");
+  c.Require(cl.num_workers() >= 1 && cl.num_workers() <= 65536,
+            "cluster.num_workers", "must be in 1..65536");
+  c.Require(cl.num_slots() >= cl.num_servers() && cl.num_slots() <= 1048576,
+            "cluster.num_slots", "must be in num_servers..1048576");
+  c.Require(cl.heartbeat_timeout_ms() > cl.heartbeat_interval_ms(),
+            "cluster.heartbeat_timeout_ms",
+            "must exceed cluster.heartbeat_interval_ms");
+
+  const ConsistencyConfig& cons = config.consistency();
+  c.Require(cons.mode() == ASYNC, "consistency.mode",
+            "only ASYNC is supported by this version");
+
+  absl::flat_hash_set<uint32_t> ids;
+  absl::flat_hash_set<std::string> names;
+  for (int i = 0; i < config.tables_size(); ++i) {
+    const TableConfig& t = config.tables(i);
+    const std::string path = absl::StrCat("tables[", i, "]");
+    c.Require(t.id() < 65536, path + ".id", "must be < 65536");
+    c.Require(ids.insert(t.id()).second, path + ".id",
+              absl::StrCat("duplicate table id ", t.id()));
+    c.Require(!t.name().empty(), path + ".name", "is required");
+    c.Require(names.insert(t.name()).second, path + ".name",
+              absl::StrCat("duplicate table name '", t.name(), "'"));
+    switch (t.kind_case()) {
+      case TableConfig::kSparse:
+        c.Require(t.sparse().dim() >= 1 && t.sparse().dim() <= 65536,
+                  path + ".sparse.dim", "must be in 1..65536");
+        break;
+      case TableConfig::kDense:
+        c.Require(t.dense().size() >= 1 && t.dense().size() <= (1ULL << 40),
+                  path + ".dense.size", "must be in 1..2^40");
+        c.Require(t.dense().block_size() >= 1 &&
+                      t.dense().block_size() <= (1u << 26),
+                  path + ".dense.block_size", "must be in 1..2^26");
+        break;
+      case TableConfig::KIND_NOT_SET:
+        c.Require(false, path, "set one of sparse, dense");
+        break;
+    }
+    CheckOptimizer(t.optimizer(), path + ".optimizer", &c);
+    const InitializerConfig& init = t.init();
+    c.Require(std::isfinite(init.value()), path + ".init.value",
+              "must be finite");
+    c.Require(std::isfinite(init.scale()) && init.scale() >= 0,
+              path + ".init.scale", "must be finite and >= 0");
+  }
+
+  if (config.data().has_synthetic_ctr()) {
+    const SyntheticCtrConfig& d = config.data().synthetic_ctr();
+    const std::string p = "data.synthetic_ctr";
+    c.Require(d.num_categorical() <= 1000, p + ".num_categorical",
+              "must be at most 1000");
+    c.Require(d.num_numeric() <= 1000, p + ".num_numeric",
+              "must be at most 1000");
+    c.Require(d.min_vocab() >= 1 && d.min_vocab() <= d.max_vocab(),
+              p + ".min_vocab", "must be in 1..max_vocab");
+    c.Require(d.max_vocab() <= 10000000, p + ".max_vocab",
+              "must be at most 10000000");
+    c.Require(Positive(d.zipf_exponent()), p + ".zipf_exponent",
+              "must be > 0");
+    c.Require(Positive(d.weight_scale()), p + ".weight_scale", "must be > 0");
+    c.Require(std::isfinite(d.bias()), p + ".bias", "must be finite");
+  }
+
+  const TrainingConfig& tr = config.training();
+  c.Require(tr.batch_size() <= 1000000, "training.batch_size",
+            "must be at most 1000000");
+  c.Require(tr.epochs() <= 10000, "training.epochs", "must be at most 10000");
+  if (!tr.sparse_table().empty()) {
+    auto t = FindTable(config, tr.sparse_table());
+    c.Require(t.ok() && (*t)->has_sparse() && (*t)->sparse().dim() == 1,
+              "training.sparse_table",
+              absl::StrCat("'", tr.sparse_table(),
+                           "' must name a sparse table with dim 1"));
+  }
+  if (!tr.dense_table().empty()) {
+    auto t = FindTable(config, tr.dense_table());
+    const uint64_t want =
+        config.data().synthetic_ctr().num_numeric() + uint64_t{1};
+    c.Require(t.ok() && (*t)->has_dense() && (*t)->dense().size() == want,
+              "training.dense_table",
+              absl::StrCat("'", tr.dense_table(),
+                           "' must name a dense table of size ", want,
+                           " (numeric fields + bias)"));
+  }
+  return c.Result();
+}
+
+absl::StatusOr<JobConfig> ParseJobConfig(absl::string_view text,
+                                         absl::string_view source) {
+  JobConfig config;
+  CollectingErrors errors(source);
+  google::protobuf::TextFormat::Parser parser;
+  parser.RecordErrorsTo(&errors);
+  if (!parser.ParseFromString(std::string(text), &config)) {
+    return absl::InvalidArgumentError(errors.Joined());
+  }
+  ApplyDefaults(&config);
+  absl::Status status = ValidateJobConfig(config);
+  if (!status.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": ", status.message()));
+  }
+  return config;
+}
+
+absl::StatusOr<JobConfig> LoadJobConfig(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::NotFoundError(
+        absl::StrCat("cannot read config file '", path, "'"));
+  }
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  if (in.bad()) {
+    return absl::DataLossError(absl::StrCat("error reading '", path, "'"));
+  }
+  return ParseJobConfig(buffer.str(), path);
+}
+
+uint64_t ConfigFingerprint(const JobConfig& config) {
+  std::string bytes;
+  {
+    google::protobuf::io::StringOutputStream stream(&bytes);
+    google::protobuf::io::CodedOutputStream out(&stream);
+    out.SetSerializationDeterministic(true);
+    config.SerializeToCodedStream(&out);
+  }
+  uint64_t h = 0x6a09e667f3bcc908ULL;
+  for (unsigned char ch : bytes) h = Mix64(h ^ ch);
+  return h;
+}
+
+absl::StatusOr<const TableConfig*> FindTable(const JobConfig& config,
+                                             absl::string_view name) {
+  for (const TableConfig& t : config.tables()) {
+    if (t.name() == name) return &t;
+  }
+  return absl::NotFoundError(absl::StrCat("no table named '", name, "'"));
+}
+
+}  // namespace ps

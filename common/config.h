@@ -1,0 +1,47 @@
+// Loading and validating the job configuration (proto/config.proto).
+//
+// A configuration file is never trusted: parse errors name the file, line
+// and column; validation errors name the field path (e.g.
+// "tables[1].sparse.dim"). Defaults documented in config.proto are filled in
+// before validation, so code that reads a loaded config never sees a 0 that
+// means "default".
+#ifndef PS_COMMON_CONFIG_H_
+#define PS_COMMON_CONFIG_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "proto/config.pb.h"
+
+namespace ps {
+
+// Parses `text` (textproto of JobConfig), fills defaults and validates.
+// `source` names the input in error messages (usually the file path).
+// Errors: INVALID_ARGUMENT with "source:line:column: ..." or
+// "source: field.path: ...".
+absl::StatusOr<JobConfig> ParseJobConfig(absl::string_view text,
+                                         absl::string_view source);
+
+// Reads and parses the file at `path`. NOT_FOUND if it cannot be read.
+absl::StatusOr<JobConfig> LoadJobConfig(const std::string& path);
+
+// Fills documented defaults in place. Idempotent.
+void ApplyDefaults(JobConfig* config);
+
+// Checks every field of a config that already has defaults applied.
+absl::Status ValidateJobConfig(const JobConfig& config);
+
+// A stable 64-bit digest of the config, used to refuse nodes started with a
+// different file.
+uint64_t ConfigFingerprint(const JobConfig& config);
+
+// The table called `name`, or NOT_FOUND.
+absl::StatusOr<const TableConfig*> FindTable(const JobConfig& config,
+                                             absl::string_view name);
+
+}  // namespace ps
+
+#endif  // PS_COMMON_CONFIG_H_

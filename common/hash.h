@@ -1,0 +1,43 @@
+// Hashing used for key routing and deterministic initialisation. These
+// functions define where keys live, so they must never change between
+// versions that share a checkpoint or a running job.
+#ifndef PS_COMMON_HASH_H_
+#define PS_COMMON_HASH_H_
+
+#include <cstdint>
+
+namespace ps {
+
+// SplitMix64 finaliser: a fast bijective mix of 64 bits.
+inline uint64_t Mix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+inline uint64_t HashCombine(uint64_t a, uint64_t b) {
+  return Mix64(a ^ Mix64(b));
+}
+
+// Slot of a sparse key. Mixing in the table id spreads tables that share
+// keys over different servers.
+inline uint32_t SparseSlot(uint32_t table_id, uint64_t key, uint32_t num_slots) {
+  return static_cast<uint32_t>(HashCombine(table_id, key) % num_slots);
+}
+
+// Slot of block `block` of a dense table.
+inline uint32_t DenseBlockSlot(uint32_t table_id, uint64_t block,
+                               uint32_t num_slots) {
+  return static_cast<uint32_t>(
+      HashCombine(0x8000000000000000ULL | table_id, block) % num_slots);
+}
+
+// Uniform double in [0, 1) from a 64-bit hash.
+inline double HashToUnit(uint64_t h) {
+  return static_cast<double>(h >> 11) * (1.0 / 9007199254740992.0);
+}
+
+}  // namespace ps
+
+#endif  // PS_COMMON_HASH_H_

@@ -1,0 +1,39 @@
+// Turns SIGINT and SIGTERM into a flag that main() loops can poll.
+//
+// Construct it first thing in main(), before any thread starts: it blocks
+// the signals in the calling thread so every thread created afterwards
+// inherits the mask, and a dedicated thread receives them with sigwait().
+// Thread-safe.
+#ifndef PS_COMMON_SIGNALS_H_
+#define PS_COMMON_SIGNALS_H_
+
+#include <atomic>
+#include <thread>
+
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+
+namespace ps {
+
+class TerminationSignals {
+ public:
+  TerminationSignals();
+  ~TerminationSignals();
+
+  bool requested() const { return notification_.HasBeenNotified(); }
+  // Returns true if a signal arrived within `timeout`.
+  bool WaitFor(absl::Duration timeout) const {
+    return notification_.WaitForNotificationWithTimeout(timeout);
+  }
+  // The signal number received, 0 if none.
+  int signal() const { return signal_.load(); }
+
+ private:
+  absl::Notification notification_;
+  std::atomic<int> signal_{0};
+  std::thread thread_;
+};
+
+}  // namespace ps
+
+#endif  // PS_COMMON_SIGNALS_H_

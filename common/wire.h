@@ -1,0 +1,70 @@
+// Data-plane message codec (see proto/data_plane.proto for the layout).
+//
+// Decoding never trusts the peer: every frame count, size and field is
+// checked, and errors come back as INVALID_ARGUMENT with a message fit to
+// send back to the peer. Decoded spans point into the received frames when
+// those are suitably aligned (libzmq may deliver a frame at any offset of
+// its receive buffer), and into an owned copy otherwise.
+// Thread-compatible.
+#ifndef PS_COMMON_WIRE_H_
+#define PS_COMMON_WIRE_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+#include "proto/data_plane.pb.h"
+#include "zmq.hpp"
+
+namespace ps {
+
+// Hard ceiling on any single data-plane message, checked before decoding.
+inline constexpr int64_t kMaxMessageBytes = int64_t{1} << 30;
+
+struct DecodedRequest {
+  RequestHeader header;
+  absl::Span<const uint64_t> keys;
+  // Empty for PULL.
+  absl::Span<const float> values;
+
+  // Backing storage for keys/values when the frames were misaligned.
+  std::vector<uint64_t> key_copy;
+  std::vector<float> value_copy;
+};
+
+// frames: header, keys, [values]. Checks structure only; table-specific
+// sizes (dim, segment lengths) are checked by the server. `out` must not be
+// moved while its spans are in use.
+absl::Status DecodeRequest(std::vector<zmq::message_t>& frames,
+                           DecodedRequest* out);
+
+struct DecodedResponse {
+  ResponseHeader header;
+  absl::Span<const float> values;
+  std::vector<float> value_copy;
+};
+
+// frames: header, [values]. A non-OK code in the header is not a decode
+// error: it is reported through header.code().
+absl::Status DecodeResponse(std::vector<zmq::message_t>& frames,
+                            DecodedResponse* out);
+
+// Serialises a protobuf into a ZeroMQ frame.
+zmq::message_t SerializeToFrame(const google::protobuf::MessageLite& message);
+
+// A frame that owns `data` without copying it (libzmq frees it with the
+// frame).
+template <typename T>
+zmq::message_t FrameFromVector(std::vector<T>&& data) {
+  if (data.empty()) return zmq::message_t();
+  auto* owned = new std::vector<T>(std::move(data));
+  return zmq::message_t(
+      owned->data(), owned->size() * sizeof(T),
+      [](void*, void* hint) { delete static_cast<std::vector<T>*>(hint); },
+      owned);
+}
+
+}  // namespace ps
+
+#endif  // PS_COMMON_WIRE_H_

@@ -1,0 +1,191 @@
+#include "scheduler/client.h"
+
+#include <unistd.h>
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/status.h"
+#include "grpcpp/create_channel.h"
+
+namespace ps {
+namespace {
+
+std::shared_ptr<spdlog::logger> Log() {
+  static auto* const logger =
+      new std::shared_ptr<spdlog::logger>(GetLogger("membership"));
+  return *logger;
+}
+
+std::string HostName() {
+  char buf[256] = {0};
+  if (gethostname(buf, sizeof(buf) - 1) != 0) return "unknown";
+  return buf;
+}
+
+}  // namespace
+
+SchedulerClient::SchedulerClient(Options options)
+    : options_(std::move(options)) {}
+
+std::unique_ptr<grpc::ClientContext> SchedulerClient::Context(
+    absl::Duration timeout) const {
+  auto context = std::make_unique<grpc::ClientContext>();
+  context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  return context;
+}
+
+absl::StatusOr<std::unique_ptr<SchedulerClient>> SchedulerClient::Connect(
+    Options options) {
+  std::unique_ptr<SchedulerClient> c(new SchedulerClient(std::move(options)));
+  c->stub_ = Scheduler::NewStub(grpc::CreateChannel(
+      c->options_.address, grpc::InsecureChannelCredentials()));
+  RegisterRequest request;
+  request.set_role(c->options_.role);
+  request.set_data_endpoint(c->options_.data_endpoint);
+  request.set_host(HostName());
+  request.set_pid(static_cast<uint32_t>(getpid()));
+  request.set_config_fingerprint(c->options_.config_fingerprint);
+  const absl::Time give_up = absl::Now() + c->options_.connect_timeout;
+  RegisterResponse response;
+  while (true) {
+    auto context = c->Context(c->options_.rpc_timeout);
+    // Wait for the channel to connect instead of failing fast, so nodes
+    // started before the scheduler simply wait for it.
+    context->set_wait_for_ready(true);
+    context->set_deadline(absl::ToChronoTime(
+        std::min(absl::Now() + c->options_.rpc_timeout, give_up)));
+    grpc::Status status = c->stub_->Register(context.get(), request, &response);
+    if (status.ok()) break;
+    const bool retry = status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                       status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+    if (!retry || absl::Now() >= give_up) {
+      return Annotate(FromGrpcStatus(status),
+                      absl::StrCat("register with scheduler ", c->options_.address));
+    }
+  }
+  c->node_id_ = response.node_id();
+  c->rank_ = response.rank();
+  c->InstallView(response.view());
+  c->heartbeat_ = std::thread([p = c.get()] { p->HeartbeatLoop(); });
+  return c;
+}
+
+SchedulerClient::~SchedulerClient() { StopHeartbeats(); }
+
+void SchedulerClient::StopHeartbeats() {
+  if (!stop_.HasBeenNotified()) stop_.Notify();
+  if (heartbeat_.joinable()) heartbeat_.join();
+}
+
+ClusterView SchedulerClient::view() const {
+  absl::MutexLock lock(&mu_);
+  return view_;
+}
+
+JobState SchedulerClient::job_state() const {
+  absl::MutexLock lock(&mu_);
+  return job_state_;
+}
+
+void SchedulerClient::InstallView(const ClusterView& view) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (view.epoch() <= view_.epoch()) return;
+    view_ = view;
+    job_state_ = view.job_state();
+  }
+  if (options_.on_view) options_.on_view(view, rank_);
+}
+
+void SchedulerClient::HeartbeatLoop() {
+  while (!stop_.WaitForNotificationWithTimeout(options_.heartbeat_interval)) {
+    HeartbeatRequest request;
+    request.set_node_id(node_id_);
+    request.set_known_epoch(view().epoch());
+    HeartbeatResponse response;
+    auto context = Context(options_.rpc_timeout);
+    grpc::Status status = stub_->Heartbeat(context.get(), request, &response);
+    if (!status.ok()) {
+      if (status.error_code() == grpc::StatusCode::NOT_FOUND) {
+        if (!lost_.exchange(true)) {
+          Log()->error("scheduler dropped this node: {}", status.error_message());
+        }
+      } else {
+        Log()->warn("heartbeat failed: {}", status.error_message());
+      }
+      continue;
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      job_state_ = response.job_state();
+    }
+    if (response.epoch() > request.known_epoch()) {
+      GetClusterViewRequest get;
+      ClusterView fresh;
+      auto ctx = Context(options_.rpc_timeout);
+      if (stub_->GetClusterView(ctx.get(), get, &fresh).ok()) InstallView(fresh);
+    }
+  }
+}
+
+absl::StatusOr<ClusterView> SchedulerClient::WaitForRunning(
+    absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (true) {
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) break;
+    GetClusterViewRequest request;
+    request.set_wait_for_running(true);
+    request.set_timeout_ms(static_cast<uint32_t>(
+        absl::ToInt64Milliseconds(std::min(left, absl::Seconds(10)))));
+    ClusterView view;
+    auto context = Context(std::min(left, absl::Seconds(10)) + options_.rpc_timeout);
+    grpc::Status status = stub_->GetClusterView(context.get(), request, &view);
+    if (!status.ok()) {
+      return Annotate(FromGrpcStatus(status), "waiting for the cluster");
+    }
+    InstallView(view);
+    if (view.job_state() != STARTING) return view;
+    Log()->info("waiting for servers to register (epoch {})", view.epoch());
+  }
+  return absl::DeadlineExceededError(
+      "the cluster did not start in time: not every server registered");
+}
+
+absl::Status SchedulerClient::Barrier(const std::string& name,
+                                      absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (true) {
+    const absl::Duration chunk =
+        std::min(deadline - absl::Now(), absl::Seconds(10));
+    BarrierRequest request;
+    request.set_node_id(node_id_);
+    request.set_name(name);
+    request.set_timeout_ms(static_cast<uint32_t>(
+        std::max<int64_t>(0, absl::ToInt64Milliseconds(chunk))));
+    BarrierResponse response;
+    auto context = Context(chunk + options_.rpc_timeout);
+    grpc::Status status = stub_->Barrier(context.get(), request, &response);
+    if (status.ok()) return absl::OkStatus();
+    if (status.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED ||
+        absl::Now() >= deadline) {
+      return Annotate(FromGrpcStatus(status), absl::StrCat("barrier ", name));
+    }
+    Log()->warn("{}", status.error_message());
+  }
+}
+
+absl::Status SchedulerClient::Leave(bool finished) {
+  StopHeartbeats();
+  LeaveRequest request;
+  request.set_node_id(node_id_);
+  request.set_finished(finished);
+  LeaveResponse response;
+  auto context = Context(options_.rpc_timeout);
+  return Annotate(FromGrpcStatus(stub_->Leave(context.get(), request, &response)),
+                  "leave");
+}
+
+}  // namespace ps

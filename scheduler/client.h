@@ -1,0 +1,95 @@
+// A node's link to the scheduler: registers, heartbeats in the background,
+// keeps the newest cluster view, and offers barriers and leaving.
+//
+// Thread-safe. The view callback runs on the heartbeat thread; it must not
+// block for long or call back into this client's blocking methods.
+#ifndef PS_SCHEDULER_CLIENT_H_
+#define PS_SCHEDULER_CLIENT_H_
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "proto/scheduler.grpc.pb.h"
+
+namespace ps {
+
+class SchedulerClient {
+ public:
+  struct Options {
+    // Scheduler "host:port".
+    std::string address;
+    Role role = ROLE_UNSPECIFIED;
+    // Servers: the data-plane endpoint to advertise.
+    std::string data_endpoint;
+    // ConfigFingerprint() of the loaded job config.
+    uint64_t config_fingerprint = 0;
+    absl::Duration heartbeat_interval = absl::Milliseconds(500);
+    // Deadline of each unary RPC.
+    absl::Duration rpc_timeout = absl::Seconds(5);
+    // How long to keep retrying registration while the scheduler is
+    // unreachable (processes of a job may start in any order).
+    absl::Duration connect_timeout = absl::Seconds(30);
+    // Called with every newer view and this node's rank, on the heartbeat
+    // thread (and once from Connect()).
+    std::function<void(const ClusterView&, uint32_t rank)> on_view;
+  };
+
+  // Registers and starts heartbeating. Errors: those of Register (see
+  // scheduler.proto), or UNAVAILABLE when the scheduler stayed unreachable.
+  static absl::StatusOr<std::unique_ptr<SchedulerClient>> Connect(
+      Options options);
+
+  // Stops heartbeating. Does not leave: a node that exits without Leave()
+  // is declared dead after the heartbeat timeout.
+  ~SchedulerClient();
+
+  uint64_t node_id() const { return node_id_; }
+  uint32_t rank() const { return rank_; }
+  ClusterView view() const;
+  JobState job_state() const;
+  // True once the scheduler said this node is no longer a member.
+  bool lost() const { return lost_.load(); }
+
+  // Waits until all servers have registered. DEADLINE_EXCEEDED on timeout.
+  absl::StatusOr<ClusterView> WaitForRunning(absl::Duration timeout);
+
+  // Waits until every live worker reaches barrier `name`. Every 10 s of
+  // waiting it logs which worker ranks are missing. DEADLINE_EXCEEDED after
+  // `timeout`.
+  absl::Status Barrier(const std::string& name, absl::Duration timeout);
+
+  // Leaves the job and stops heartbeating. `finished`: see LeaveRequest.
+  absl::Status Leave(bool finished);
+
+ private:
+  explicit SchedulerClient(Options options);
+  void HeartbeatLoop();
+  void InstallView(const ClusterView& view);
+  std::unique_ptr<grpc::ClientContext> Context(absl::Duration timeout) const;
+  void StopHeartbeats();
+
+  const Options options_;
+  std::unique_ptr<Scheduler::Stub> stub_;
+  uint64_t node_id_ = 0;
+  uint32_t rank_ = 0;
+
+  mutable absl::Mutex mu_;
+  ClusterView view_ ABSL_GUARDED_BY(mu_);
+  JobState job_state_ ABSL_GUARDED_BY(mu_) = STARTING;
+
+  std::atomic<bool> lost_{false};
+  absl::Notification stop_;
+  std::thread heartbeat_;
+};
+
+}  // namespace ps
+
+#endif  // PS_SCHEDULER_CLIENT_H_

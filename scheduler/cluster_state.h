@@ -1,0 +1,97 @@
+// The scheduler's membership state machine, independent of gRPC so it can
+// be tested with a fake clock.
+//
+// Ranks: each role has ranks 0..count-1; a registering node gets the lowest
+// rank not held by a live node of its role, so a replacement takes the rank
+// of the node it replaces. Slots are assigned to server ranks in contiguous
+// ranges once every server rank is held (job RUNNING). Every change bumps
+// the view's epoch.
+//
+// The job is FINISHED once every worker rank has been taken at least once,
+// no worker is alive, and at least one worker left saying it finished.
+//
+// Thread-safe: all methods lock an internal mutex. The Await* methods block
+// the calling thread (a gRPC handler thread) for at most their timeout.
+#ifndef PS_SCHEDULER_CLUSTER_STATE_H_
+#define PS_SCHEDULER_CLUSTER_STATE_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/btree_map.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+#include "proto/config.pb.h"
+#include "proto/scheduler.pb.h"
+
+namespace ps {
+
+class ClusterState {
+ public:
+  ClusterState(const JobConfig& config, Clock* clock);
+
+  absl::StatusOr<RegisterResponse> Register(const RegisterRequest& request);
+  absl::StatusOr<HeartbeatResponse> Heartbeat(const HeartbeatRequest& request);
+  absl::Status Leave(const LeaveRequest& request);
+
+  // Returns the view once it satisfies the request or the timeout passes
+  // (then the current view, which the caller may inspect).
+  ClusterView AwaitView(uint64_t min_epoch, bool wait_for_running,
+                        absl::Duration timeout);
+
+  // Blocks until every live worker has arrived at barrier `name`.
+  // DEADLINE_EXCEEDED names the missing ranks; NOT_FOUND for unknown or
+  // dead callers; INVALID_ARGUMENT for servers or an empty name.
+  absl::Status AwaitBarrier(uint64_t node_id, const std::string& name,
+                            absl::Duration timeout);
+
+  // Declares nodes whose last heartbeat is older than the timeout dead.
+  // Returns the ids declared dead now. Called periodically.
+  std::vector<uint64_t> ExpireSilentNodes();
+
+  ClusterView View() const;
+  JobState job_state() const;
+  // True when the job is FINISHED and no server is alive any more.
+  bool AllDone() const;
+
+ private:
+  struct Node {
+    NodeInfo info;
+    absl::Time last_heartbeat;
+  };
+
+  void BumpEpochLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void UpdateJobStateLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool BarrierCompleteLocked(const std::string& name) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::vector<uint32_t> MissingRanksLocked(const std::string& name) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  uint32_t ExpectedCount(Role role) const;
+
+  const JobConfig config_;
+  const uint64_t fingerprint_;
+  Clock* const clock_;
+
+  mutable absl::Mutex mu_;
+  uint64_t next_node_id_ ABSL_GUARDED_BY(mu_) = 1;
+  ClusterView view_ ABSL_GUARDED_BY(mu_);
+  // node id -> record; ordered so views list nodes by id.
+  absl::btree_map<uint64_t, Node> nodes_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<uint32_t> worker_ranks_ever_ ABSL_GUARDED_BY(mu_);
+  bool some_worker_finished_ ABSL_GUARDED_BY(mu_) = false;
+  // Barrier name -> node ids arrived. Completed names stay, so a caller that
+  // retries after its deadline still passes.
+  absl::flat_hash_map<std::string, absl::flat_hash_set<uint64_t>> barriers_
+      ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<std::string> completed_barriers_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace ps
+
+#endif  // PS_SCHEDULER_CLUSTER_STATE_H_

@@ -1,0 +1,119 @@
+#include "scheduler/scheduler.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "grpcpp/server_builder.h"
+
+namespace ps {
+
+class SchedulerServer::Service final : public Scheduler::Service {
+ public:
+  explicit Service(ClusterState* state) : state_(state) {}
+
+  grpc::Status Register(grpc::ServerContext*, const RegisterRequest* request,
+                        RegisterResponse* response) override {
+    auto result = state_->Register(*request);
+    if (!result.ok()) return ToGrpcStatus(result.status());
+    *response = std::move(result).value();
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Heartbeat(grpc::ServerContext*, const HeartbeatRequest* request,
+                         HeartbeatResponse* response) override {
+    auto result = state_->Heartbeat(*request);
+    if (!result.ok()) return ToGrpcStatus(result.status());
+    *response = std::move(result).value();
+    return grpc::Status::OK;
+  }
+
+  grpc::Status GetClusterView(grpc::ServerContext*,
+                              const GetClusterViewRequest* request,
+                              ClusterView* response) override {
+    *response =
+        state_->AwaitView(request->min_epoch(), request->wait_for_running(),
+                          absl::Milliseconds(request->timeout_ms()));
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Leave(grpc::ServerContext*, const LeaveRequest* request,
+                     LeaveResponse*) override {
+    return ToGrpcStatus(state_->Leave(*request));
+  }
+
+  grpc::Status Barrier(grpc::ServerContext*, const BarrierRequest* request,
+                       BarrierResponse*) override {
+    return ToGrpcStatus(state_->AwaitBarrier(
+        request->node_id(), request->name(),
+        absl::Milliseconds(request->timeout_ms())));
+  }
+
+ private:
+  ClusterState* const state_;
+};
+
+SchedulerServer::SchedulerServer(Options options)
+    : options_(std::move(options)),
+      state_(std::make_unique<ClusterState>(options_.config, options_.clock)),
+      service_(std::make_unique<Service>(state_.get())) {}
+
+absl::StatusOr<std::unique_ptr<SchedulerServer>> SchedulerServer::Start(
+    Options options) {
+  std::unique_ptr<SchedulerServer> s(new SchedulerServer(std::move(options)));
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(s->options_.listen_address,
+                           grpc::InsecureServerCredentials(), &s->port_);
+  builder.RegisterService(s->service_.get());
+  s->server_ = builder.BuildAndStart();
+  if (s->server_ == nullptr || s->port_ == 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", s->options_.listen_address));
+  }
+  if (s->options_.run_failure_detector) {
+    s->detector_ = std::thread([p = s.get()] { p->DetectFailures(); });
+  }
+  return s;
+}
+
+SchedulerServer::~SchedulerServer() { Shutdown(); }
+
+std::string SchedulerServer::address() const {
+  const std::string& a = options_.listen_address;
+  return absl::StrCat(a.substr(0, a.rfind(':')), ":", port_);
+}
+
+void SchedulerServer::DetectFailures() {
+  // Checking at a quarter of the heartbeat interval bounds detection latency
+  // to timeout + interval/4.
+  const absl::Duration period = std::max(
+      absl::Milliseconds(options_.config.cluster().heartbeat_interval_ms()) / 4,
+      absl::Milliseconds(10));
+  while (!stop_.WaitForNotificationWithTimeout(period)) {
+    state_->ExpireSilentNodes();
+  }
+}
+
+bool SchedulerServer::WaitUntilDone(absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (!state_->AllDone()) {
+    if (absl::Now() >= deadline || stop_.HasBeenNotified()) return false;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return true;
+}
+
+void SchedulerServer::Shutdown() {
+  if (!stop_.HasBeenNotified()) stop_.Notify();
+  if (detector_.joinable()) detector_.join();
+  if (server_ != nullptr) {
+    // Long polls and barriers end within their own timeouts; do not wait
+    // for them longer than a moment.
+    server_->Shutdown(std::chrono::system_clock::now() +
+                      std::chrono::milliseconds(200));
+    server_->Wait();
+    server_.reset();
+  }
+}
+
+}  // namespace ps

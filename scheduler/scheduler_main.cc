@@ -1,0 +1,71 @@
+// The scheduler process. Exits 0 once the job has finished and every server
+// has left, or on SIGINT/SIGTERM.
+#include <fstream>
+#include <iostream>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "common/config.h"
+#include "common/logging.h"
+#include "common/signals.h"
+#include "scheduler/scheduler.h"
+
+ABSL_FLAG(std::string, config, "", "Job config file (textproto). Required.");
+ABSL_FLAG(std::string, host, "127.0.0.1", "Address to listen on.");
+ABSL_FLAG(int, port, 0, "Port to listen on; 0 picks a free one.");
+ABSL_FLAG(std::string, port_file, "",
+          "If set, the bound port is written here once listening.");
+ABSL_FLAG(std::string, log_level, "info", "trace|debug|info|warn|error");
+
+int main(int argc, char** argv) {
+  ps::TerminationSignals signals;
+  absl::ParseCommandLine(argc, argv);
+  auto log = ps::GetLogger("scheduler");
+  if (auto s = ps::SetLogLevel(absl::GetFlag(FLAGS_log_level)); !s.ok()) {
+    log->error("{}", s.message());
+    return 2;
+  }
+  ps::SetLogTag("scheduler");
+  if (absl::GetFlag(FLAGS_config).empty()) {
+    log->error("--config is required");
+    return 2;
+  }
+  auto config = ps::LoadJobConfig(absl::GetFlag(FLAGS_config));
+  if (!config.ok()) {
+    log->error("bad config: {}", config.status().message());
+    return 2;
+  }
+  ps::SchedulerServer::Options options;
+  options.config = *config;
+  options.listen_address =
+      absl::StrCat(absl::GetFlag(FLAGS_host), ":", absl::GetFlag(FLAGS_port));
+  auto server = ps::SchedulerServer::Start(options);
+  if (!server.ok()) {
+    log->error("{}", server.status().message());
+    return 1;
+  }
+  log->info("job '{}' listening on {} ({} servers, {} workers)",
+            config->name(), (*server)->address(),
+            config->cluster().num_servers(), config->cluster().num_workers());
+  if (const std::string path = absl::GetFlag(FLAGS_port_file); !path.empty()) {
+    // Written to a temporary name and renamed so readers never see a
+    // partial number.
+    const std::string tmp = path + ".tmp";
+    std::ofstream(tmp) << (*server)->port() << "\n";
+    if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+      log->error("cannot write --port_file {}", path);
+      return 1;
+    }
+  }
+  while (!signals.requested()) {
+    if ((*server)->WaitUntilDone(absl::Milliseconds(200))) {
+      log->info("job finished; exiting");
+      return 0;
+    }
+  }
+  log->warn("signal {} received; shutting down", signals.signal());
+  (*server)->Shutdown();
+  return 0;
+}

@@ -1,0 +1,43 @@
+// Update rules applied by servers to pushed gradients.
+//
+// An optimizer is stateless apart from its configuration; per-parameter
+// state (e.g. Adagrad's accumulators) lives with the parameters in the
+// table, `state_size()` floats per parameter element, interleaved: the
+// state of element i is state[i * state_size() .. (i + 1) * state_size()).
+// That layout lets a contiguous run of a dense block and a sparse row be
+// updated by the same call.
+// Thread-compatible: Apply may run concurrently on disjoint parameters.
+#ifndef PS_SERVER_OPTIMIZER_H_
+#define PS_SERVER_OPTIMIZER_H_
+
+#include <cstddef>
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "proto/config.pb.h"
+
+namespace ps {
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+
+  // INVALID_ARGUMENT if the config sets no rule or a bad hyper-parameter.
+  static absl::StatusOr<std::unique_ptr<Optimizer>> Create(
+      const OptimizerConfig& config);
+
+  // Floats of state per parameter element.
+  virtual int state_size() const = 0;
+
+  // Initialises the state of n elements (state_size() * n floats).
+  virtual void InitState(float* state, size_t n) const = 0;
+
+  // Applies gradient g to parameters w (n elements each) and their state.
+  // The caller guarantees the gradients are finite.
+  virtual void Apply(float* w, float* state, const float* g,
+                     size_t n) const = 0;
+};
+
+}  // namespace ps
+
+#endif  // PS_SERVER_OPTIMIZER_H_
