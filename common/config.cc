@@ -112,8 +112,8 @@ void ApplyDefaults(JobConfig* config) {
     if (d->max_vocab() == 0) d->set_max_vocab(1000);
     if (d->min_vocab() == 0) d->set_min_vocab(10);
     if (d->zipf_exponent() == 0) d->set_zipf_exponent(1.1f);
-    if (d->weight_scale() == 0) d->set_weight_scale(0.5f);
-    if (d->bias() == 0) d->set_bias(-1.0f);
+    if (d->weight_scale() == 0) d->set_weight_scale(0.3f);
+    if (d->bias() == 0) d->set_bias(-2.0f);
   }
   TrainingConfig* tr = config->mutable_training();
   if (tr->batch_size() == 0) tr->set_batch_size(1024);

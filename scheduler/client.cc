@@ -69,6 +69,7 @@ absl::StatusOr<std::unique_ptr<SchedulerClient>> SchedulerClient::Connect(
   c->rank_ = response.rank();
   c->InstallView(response.view());
   c->heartbeat_ = std::thread([p = c.get()] { p->HeartbeatLoop(); });
+  c->watcher_ = std::thread([p = c.get()] { p->WatchLoop(); });
   return c;
 }
 
@@ -77,6 +78,7 @@ SchedulerClient::~SchedulerClient() { StopHeartbeats(); }
 void SchedulerClient::StopHeartbeats() {
   if (!stop_.HasBeenNotified()) stop_.Notify();
   if (heartbeat_.joinable()) heartbeat_.join();
+  if (watcher_.joinable()) watcher_.join();
 }
 
 ClusterView SchedulerClient::view() const {
@@ -90,6 +92,7 @@ JobState SchedulerClient::job_state() const {
 }
 
 void SchedulerClient::InstallView(const ClusterView& view) {
+  absl::MutexLock install(&install_mu_);
   {
     absl::MutexLock lock(&mu_);
     if (view.epoch() <= view_.epoch()) return;
@@ -126,6 +129,25 @@ void SchedulerClient::HeartbeatLoop() {
       ClusterView fresh;
       auto ctx = Context(options_.rpc_timeout);
       if (stub_->GetClusterView(ctx.get(), get, &fresh).ok()) InstallView(fresh);
+    }
+  }
+}
+
+void SchedulerClient::WatchLoop() {
+  // Each poll returns within the scheduler's cap; a short one lets Stop()
+  // end this thread promptly.
+  constexpr absl::Duration kPoll = absl::Milliseconds(500);
+  while (!stop_.HasBeenNotified()) {
+    GetClusterViewRequest request;
+    request.set_min_epoch(view().epoch() + 1);
+    request.set_timeout_ms(absl::ToInt64Milliseconds(kPoll));
+    ClusterView fresh;
+    auto context = Context(kPoll + options_.rpc_timeout);
+    if (stub_->GetClusterView(context.get(), request, &fresh).ok()) {
+      InstallView(fresh);
+    } else {
+      // Scheduler unreachable: the heartbeat thread reports it; back off.
+      stop_.WaitForNotificationWithTimeout(options_.heartbeat_interval);
     }
   }
 }

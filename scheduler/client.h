@@ -72,6 +72,9 @@ class SchedulerClient {
  private:
   explicit SchedulerClient(Options options);
   void HeartbeatLoop();
+  // Long-polls the scheduler for newer views so changes arrive within
+  // milliseconds rather than at the next heartbeat.
+  void WatchLoop();
   void InstallView(const ClusterView& view);
   std::unique_ptr<grpc::ClientContext> Context(absl::Duration timeout) const;
   void StopHeartbeats();
@@ -81,6 +84,9 @@ class SchedulerClient {
   uint64_t node_id_ = 0;
   uint32_t rank_ = 0;
 
+  // Held while a view is installed and its callback runs, so callbacks
+  // never see views out of order. Acquired before mu_.
+  absl::Mutex install_mu_;
   mutable absl::Mutex mu_;
   ClusterView view_ ABSL_GUARDED_BY(mu_);
   JobState job_state_ ABSL_GUARDED_BY(mu_) = STARTING;
@@ -88,6 +94,7 @@ class SchedulerClient {
   std::atomic<bool> lost_{false};
   absl::Notification stop_;
   std::thread heartbeat_;
+  std::thread watcher_;
 };
 
 }  // namespace ps

@@ -1,0 +1,690 @@
+#include "worker/kv_client.h"
+
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/hash.h"
+#include "common/logging.h"
+#include "common/wire.h"
+#include "proto/data_plane.pb.h"
+#include "zmq.hpp"
+#include "zmq_addon.hpp"
+
+namespace ps {
+namespace {
+
+std::shared_ptr<spdlog::logger> Log() {
+  static auto* const logger =
+      new std::shared_ptr<spdlog::logger>(GetLogger("kv_client"));
+  return *logger;
+}
+
+constexpr std::chrono::milliseconds kPollPeriod{20};
+
+}  // namespace
+
+// ------------------------------------------------------------ Completion
+
+struct Completion::State {
+  explicit State(int parts, DoneCallback cb)
+      : remaining(parts), done(std::move(cb)) {}
+
+  void PartDone(const absl::Status& s) {
+    absl::Status final_status;
+    bool finished;
+    {
+      absl::MutexLock lock(&mu);
+      if (!s.ok() && status.ok()) status = s;
+      finished = --remaining == 0;
+      final_status = status;
+    }
+    if (finished && done) done(final_status);
+  }
+
+  absl::Mutex mu;
+  int remaining ABSL_GUARDED_BY(mu);
+  absl::Status status ABSL_GUARDED_BY(mu);
+  const DoneCallback done;
+};
+
+absl::Status Completion::Wait() const {
+  State* s = state_.get();
+  absl::MutexLock lock(&s->mu);
+  s->mu.Await(absl::Condition(
+      +[](State* st)
+           ABSL_EXCLUSIVE_LOCKS_REQUIRED(st->mu) { return st->remaining == 0; },
+      s));
+  return s->status;
+}
+
+bool Completion::done() const {
+  absl::MutexLock lock(&state_->mu);
+  return state_->remaining == 0;
+}
+
+// ------------------------------------------------------------------ Part
+
+// One message to one server: part of a user request.
+struct KVClient::Part {
+  uint64_t request_id = 0;
+  uint32_t server = 0;
+  std::shared_ptr<Completion::State> parent;
+  zmq::message_t header, keys, values;
+  bool has_values = false;
+  // Where a pull's answer goes: out + positions[i] * dim for sparse key i
+  // (identity when positions is empty), or (offset, length) runs for dense.
+  float* out = nullptr;
+  uint32_t dim = 1;
+  std::vector<uint32_t> positions;
+  std::vector<std::pair<uint64_t, uint64_t>> runs;
+  uint64_t expected_values = 0;
+  absl::Time deadline;
+  // Retries of answers that say the request was not applied (UNAVAILABLE).
+  int attempts = 0;
+  absl::Time retry_at;
+};
+
+// ---------------------------------------------------------------- IoLoop
+
+class KVClient::IoLoop {
+ public:
+  explicit IoLoop(std::shared_ptr<const Routing> routing)
+      : event_fd_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)),
+        routing_(std::move(routing)) {
+    thread_ = std::thread([this] { Run(); });
+  }
+
+  ~IoLoop() {
+    {
+      absl::MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    Wake();
+    thread_.join();
+    close(event_fd_);
+  }
+
+  void Enqueue(std::vector<std::unique_ptr<Part>> parts) {
+    {
+      absl::MutexLock lock(&mu_);
+      for (auto& p : parts) queue_.push_back(std::move(p));
+    }
+    Wake();
+  }
+
+  void SetRouting(std::shared_ptr<const Routing> routing) {
+    {
+      absl::MutexLock lock(&mu_);
+      new_routing_ = std::move(routing);
+    }
+    Wake();
+  }
+
+  Stats stats() const {
+    Stats s;
+    s.messages = messages_.load();
+    s.bytes_sent = bytes_sent_.load();
+    s.bytes_received = bytes_received_.load();
+    return s;
+  }
+
+ private:
+  void Wake() {
+    const uint64_t one = 1;
+    // A full counter (never in practice) still leaves the fd readable.
+    (void)!write(event_fd_, &one, sizeof(one));
+  }
+
+  void Run() {
+    ApplyRouting(routing_);
+    std::vector<zmq::pollitem_t> items;
+    std::vector<zmq::message_t> frames;
+    while (true) {
+      std::deque<std::unique_ptr<Part>> incoming;
+      std::shared_ptr<const Routing> routing;
+      bool stop;
+      {
+        absl::MutexLock lock(&mu_);
+        incoming.swap(queue_);
+        routing.swap(new_routing_);
+        stop = stop_;
+      }
+      if (stop) break;
+      if (routing != nullptr) ApplyRouting(routing);
+      for (auto& part : incoming) Send(std::move(part));
+
+      items.clear();
+      items.push_back({nullptr, event_fd_, ZMQ_POLLIN, 0});
+      for (auto& d : dealers_) {
+        items.push_back({d ? d->handle() : nullptr, d ? 0 : -1,
+                         d ? ZMQ_POLLIN : short{0}, 0});
+      }
+      try {
+        zmq::poll(items.data(), items.size(),
+                  retries_.empty() ? kPollPeriod : std::chrono::milliseconds(2));
+      } catch (const zmq::error_t& e) {
+        Log()->warn("poll: {}", e.what());
+      }
+      if (items[0].revents & ZMQ_POLLIN) {
+        uint64_t count;
+        (void)!read(event_fd_, &count, sizeof(count));
+      }
+      for (size_t i = 1; i < items.size(); ++i) {
+        if (!(items[i].revents & ZMQ_POLLIN)) continue;
+        while (true) {
+          frames.clear();
+          std::optional<size_t> n;
+          try {
+            n = zmq::recv_multipart(*dealers_[i - 1],
+                                    std::back_inserter(frames),
+                                    zmq::recv_flags::dontwait);
+          } catch (const zmq::error_t& e) {
+            Log()->warn("receive from server {}: {}", i - 1, e.what());
+            break;
+          }
+          if (!n) break;
+          OnResponse(static_cast<uint32_t>(i - 1), frames);
+        }
+      }
+      ExpireDeadlines();
+      ResendDue();
+    }
+    for (auto& [id, part] : pending_) {
+      part->parent->PartDone(absl::CancelledError("client shut down"));
+    }
+    for (auto& part : retries_) {
+      part->parent->PartDone(absl::CancelledError("client shut down"));
+    }
+    pending_.clear();
+    retries_.clear();
+    dealers_.clear();
+  }
+
+  void ApplyRouting(const std::shared_ptr<const Routing>& routing) {
+    routing_ = routing;
+    const size_t n = routing->endpoints.size();
+    if (dealers_.size() < n) {
+      dealers_.resize(n);
+      endpoints_.resize(n);
+    }
+    for (size_t r = 0; r < dealers_.size(); ++r) {
+      const std::string want = r < n ? routing->endpoints[r] : "";
+      if (want == endpoints_[r]) continue;
+      // The server at this rank changed: its answers to requests already
+      // sent can no longer arrive.
+      FailPendingFor(static_cast<uint32_t>(r),
+                     absl::UnavailableError(absl::StrCat(
+                         "server ", r, " changed from ", endpoints_[r], " to ",
+                         want.empty() ? "(none)" : want)));
+      dealers_[r].reset();
+      endpoints_[r] = want;
+      if (want.empty()) continue;
+      auto socket =
+          std::make_unique<zmq::socket_t>(context_, zmq::socket_type::dealer);
+      socket->set(zmq::sockopt::linger, 0);
+      socket->set(zmq::sockopt::sndhwm, 0);
+      socket->set(zmq::sockopt::rcvhwm, 0);
+      socket->set(zmq::sockopt::maxmsgsize, kMaxMessageBytes);
+      try {
+        socket->connect(want);
+      } catch (const zmq::error_t& e) {
+        Log()->error("cannot connect to server {} at {}: {}", r, want,
+                     e.what());
+        continue;
+      }
+      dealers_[r] = std::move(socket);
+    }
+  }
+
+  void Send(std::unique_ptr<Part> part) {
+    const uint32_t r = part->server;
+    if (r >= dealers_.size() || dealers_[r] == nullptr) {
+      part->parent->PartDone(
+          absl::UnavailableError(absl::StrCat("no live server with rank ", r)));
+      return;
+    }
+    const uint64_t bytes =
+        part->header.size() + part->keys.size() + part->values.size();
+    try {
+      // Sending consumes a frame; copies share the payload (reference
+      // counted), and the originals stay for a retry.
+      zmq::socket_t& s = *dealers_[r];
+      zmq::message_t header, keys, values;
+      header.copy(part->header);
+      keys.copy(part->keys);
+      s.send(header, zmq::send_flags::sndmore);
+      s.send(keys, part->has_values ? zmq::send_flags::sndmore
+                                    : zmq::send_flags::none);
+      if (part->has_values) {
+        values.copy(part->values);
+        s.send(values, zmq::send_flags::none);
+      }
+    } catch (const zmq::error_t& e) {
+      part->parent->PartDone(absl::UnavailableError(
+          absl::StrCat("send to server ", r, ": ", e.what())));
+      return;
+    }
+    messages_.fetch_add(1, std::memory_order_relaxed);
+    bytes_sent_.fetch_add(bytes, std::memory_order_relaxed);
+    const uint64_t id = part->request_id;
+    pending_[id] = std::move(part);
+  }
+
+  void OnResponse(uint32_t server, std::vector<zmq::message_t>& frames) {
+    uint64_t bytes = 0;
+    for (const auto& f : frames) bytes += f.size();
+    bytes_received_.fetch_add(bytes, std::memory_order_relaxed);
+    DecodedResponse response;
+    absl::Status status = DecodeResponse(frames, &response);
+    if (!status.ok()) {
+      // Without a trustworthy request id the request cannot be matched; it
+      // will time out.
+      Log()->error("bad response from server {}: {}", server, status.message());
+      return;
+    }
+    auto it = pending_.find(response.header.request_id());
+    if (it == pending_.end()) return;  // answered after its deadline
+    std::unique_ptr<Part> part = std::move(it->second);
+    pending_.erase(it);
+    if (part->server != server) {
+      part->parent->PartDone(
+          absl::InternalError("response from the wrong server"));
+      return;
+    }
+    if (response.header.code() == static_cast<int>(absl::StatusCode::kUnavailable)) {
+      // The server applied nothing (e.g. it has not received the cluster
+      // view yet); try again with exponential backoff until the deadline.
+      const absl::Duration backoff =
+          std::min(absl::Milliseconds(2) * (1 << std::min(part->attempts, 8)),
+                   absl::Milliseconds(200));
+      part->retry_at = absl::Now() + backoff;
+      if (part->retry_at < part->deadline) {
+        ++part->attempts;
+        retries_.push_back(std::move(part));
+        return;
+      }
+    }
+    if (response.header.code() != 0) {
+      part->parent->PartDone(absl::Status(
+          static_cast<absl::StatusCode>(response.header.code()),
+          absl::StrCat("server ", server, ": ", response.header.message())));
+      return;
+    }
+    if (response.values.size() != part->expected_values) {
+      part->parent->PartDone(absl::DataLossError(
+          absl::StrCat("server ", server, " returned ", response.values.size(),
+                       " values, expected ", part->expected_values)));
+      return;
+    }
+    Scatter(*part, response.values);
+    part->parent->PartDone(absl::OkStatus());
+  }
+
+  static void Scatter(const Part& part, absl::Span<const float> values) {
+    if (part.expected_values == 0) return;
+    if (!part.runs.empty()) {
+      const float* src = values.data();
+      for (const auto& [offset, length] : part.runs) {
+        std::memcpy(part.out + offset, src, length * sizeof(float));
+        src += length;
+      }
+    } else if (part.positions.empty()) {
+      std::memcpy(part.out, values.data(), values.size() * sizeof(float));
+    } else {
+      const size_t row = part.dim * sizeof(float);
+      for (size_t i = 0; i < part.positions.size(); ++i) {
+        std::memcpy(
+            part.out + static_cast<size_t>(part.positions[i]) * part.dim,
+            values.data() + i * part.dim, row);
+      }
+    }
+  }
+
+  void ResendDue() {
+    if (retries_.empty()) return;
+    const absl::Time now = absl::Now();
+    std::vector<std::unique_ptr<Part>> due;
+    for (auto it = retries_.begin(); it != retries_.end();) {
+      if ((*it)->retry_at <= now) {
+        due.push_back(std::move(*it));
+        it = retries_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    for (auto& part : due) Send(std::move(part));
+  }
+
+  void ExpireDeadlines() {
+    if (pending_.empty()) return;
+    const absl::Time now = absl::Now();
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      if (it->second->deadline <= now) {
+        it->second->parent->PartDone(absl::DeadlineExceededError(
+            absl::StrCat("server ", it->second->server,
+                         " did not answer request ", it->first, " in time")));
+        pending_.erase(it++);
+      } else {
+        ++it;
+      }
+    }
+  }
+
+  void FailPendingFor(uint32_t server, const absl::Status& status) {
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      if (it->second->server == server) {
+        it->second->parent->PartDone(status);
+        pending_.erase(it++);
+      } else {
+        ++it;
+      }
+    }
+  }
+
+  const int event_fd_;
+  absl::Mutex mu_;
+  std::deque<std::unique_ptr<Part>> queue_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<const Routing> new_routing_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+
+  // Owned by the I/O thread.
+  zmq::context_t context_{1};
+  std::shared_ptr<const Routing> routing_;
+  std::vector<std::unique_ptr<zmq::socket_t>> dealers_;
+  std::vector<std::string> endpoints_;
+  absl::flat_hash_map<uint64_t, std::unique_ptr<Part>> pending_;
+  std::vector<std::unique_ptr<Part>> retries_;
+
+  std::atomic<uint64_t> messages_{0}, bytes_sent_{0}, bytes_received_{0};
+  std::thread thread_;
+};
+
+// -------------------------------------------------------------- KVClient
+
+std::shared_ptr<const KVClient::Routing> KVClient::MakeRouting(
+    const ClusterView& view) {
+  auto routing = std::make_shared<Routing>();
+  routing->epoch = view.epoch();
+  routing->slot_owner.assign(view.slot_owner().begin(),
+                             view.slot_owner().end());
+  for (const NodeInfo& node : view.nodes()) {
+    if (node.role() != SERVER || node.state() != ALIVE) continue;
+    if (routing->endpoints.size() <= node.rank()) {
+      routing->endpoints.resize(node.rank() + 1);
+    }
+    routing->endpoints[node.rank()] = node.data_endpoint();
+  }
+  return routing;
+}
+
+absl::StatusOr<std::unique_ptr<KVClient>> KVClient::Create(
+    Options options, const ClusterView& view) {
+  if (view.job_state() != RUNNING || view.slot_owner().empty()) {
+    return absl::InvalidArgumentError(
+        "KVClient needs a RUNNING cluster view with a slot map");
+  }
+  for (uint32_t owner : view.slot_owner()) {
+    if (owner >= options.config.cluster().num_servers()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("slot map names server ", owner, " but the job has ",
+                       options.config.cluster().num_servers()));
+    }
+  }
+  return std::unique_ptr<KVClient>(
+      new KVClient(std::move(options), MakeRouting(view)));
+}
+
+KVClient::KVClient(Options options, std::shared_ptr<const Routing> routing)
+    : options_(std::move(options)),
+      request_timeout_(
+          absl::Milliseconds(options_.config.cluster().request_timeout_ms())),
+      routing_(routing),
+      io_(std::make_unique<IoLoop>(routing)) {
+  for (const TableConfig& t : options_.config.tables()) {
+    TableInfo info;
+    info.sparse = t.has_sparse();
+    info.dim = t.has_sparse() ? t.sparse().dim() : 1;
+    info.size = t.has_dense() ? t.dense().size() : 0;
+    info.block_size = t.has_dense() ? t.dense().block_size() : 1;
+    tables_[t.id()] = info;
+  }
+}
+
+KVClient::~KVClient() { io_.reset(); }
+
+void KVClient::UpdateView(const ClusterView& view) {
+  if (view.slot_owner().empty()) return;
+  for (uint32_t owner : view.slot_owner()) {
+    if (owner >= options_.config.cluster().num_servers()) {
+      Log()->error("ignoring view {}: slot map names server {}", view.epoch(),
+                   owner);
+      return;
+    }
+  }
+  auto routing = MakeRouting(view);
+  {
+    absl::MutexLock lock(&routing_mu_);
+    if (routing->epoch <= routing_->epoch) return;
+    routing_ = routing;
+  }
+  io_->SetRouting(std::move(routing));
+}
+
+std::shared_ptr<const KVClient::Routing> KVClient::routing() const {
+  absl::MutexLock lock(&routing_mu_);
+  return routing_;
+}
+
+KVClient::Stats KVClient::stats() const {
+  Stats s = io_->stats();
+  s.requests = requests_.load();
+  return s;
+}
+
+Completion KVClient::Failed(absl::Status status, DoneCallback done) {
+  auto state = std::make_shared<Completion::State>(1, std::move(done));
+  state->PartDone(status);
+  return Completion(std::move(state));
+}
+
+void KVClient::Submit(std::vector<std::unique_ptr<Part>> parts) {
+  io_->Enqueue(std::move(parts));
+}
+
+Completion KVClient::Push(uint32_t table, absl::Span<const uint64_t> keys,
+                          absl::Span<const float> grads, DoneCallback done) {
+  return Sparse(PUSH, table, keys, grads, nullptr, std::move(done));
+}
+
+Completion KVClient::Pull(uint32_t table, absl::Span<const uint64_t> keys,
+                          float* out, DoneCallback done) {
+  return Sparse(PULL, table, keys, {}, out, std::move(done));
+}
+
+Completion KVClient::PushPull(uint32_t table, absl::Span<const uint64_t> keys,
+                              absl::Span<const float> grads, float* out,
+                              DoneCallback done) {
+  return Sparse(PUSH_PULL, table, keys, grads, out, std::move(done));
+}
+
+Completion KVClient::PushDense(uint32_t table, uint64_t begin,
+                               absl::Span<const float> grads,
+                               DoneCallback done) {
+  return Dense(PUSH, table, begin, grads.size(), grads, nullptr,
+               std::move(done));
+}
+
+Completion KVClient::PullDense(uint32_t table, uint64_t begin, uint64_t count,
+                               float* out, DoneCallback done) {
+  return Dense(PULL, table, begin, count, {}, out, std::move(done));
+}
+
+Completion KVClient::Sparse(int op_int, uint32_t table,
+                            absl::Span<const uint64_t> keys,
+                            absl::Span<const float> grads, float* out,
+                            DoneCallback done) {
+  requests_.fetch_add(1, std::memory_order_relaxed);
+  const Op op = static_cast<Op>(op_int);
+  auto it = tables_.find(table);
+  if (it == tables_.end() || !it->second.sparse) {
+    return Failed(absl::InvalidArgumentError(absl::StrCat(
+                      "table ", table, " is not a sparse table of this job")),
+                  std::move(done));
+  }
+  const uint32_t dim = it->second.dim;
+  const bool push = op != PULL;
+  if (push && grads.size() != keys.size() * dim) {
+    return Failed(absl::InvalidArgumentError(absl::StrCat(
+                      "push of ", keys.size(), " keys of dim ", dim, " needs ",
+                      keys.size() * dim, " values, got ", grads.size())),
+                  std::move(done));
+  }
+  if (keys.empty()) return Failed(absl::OkStatus(), std::move(done));
+  if (keys.size() > UINT32_MAX) {
+    return Failed(absl::InvalidArgumentError("too many keys in one request"),
+                  std::move(done));
+  }
+  auto routing = this->routing();
+  const uint32_t num_slots = static_cast<uint32_t>(routing->slot_owner.size());
+  const size_t num_servers = options_.config.cluster().num_servers();
+
+  // Bucket key indices by owning server.
+  std::vector<std::vector<uint32_t>> by_server(num_servers);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const uint32_t owner =
+        routing->slot_owner[SparseSlot(table, keys[i], num_slots)];
+    by_server[owner].push_back(static_cast<uint32_t>(i));
+  }
+  int num_parts = 0;
+  for (const auto& b : by_server) num_parts += !b.empty();
+  auto state = std::make_shared<Completion::State>(num_parts, std::move(done));
+  std::vector<std::unique_ptr<Part>> parts;
+  parts.reserve(num_parts);
+  for (uint32_t server = 0; server < num_servers; ++server) {
+    std::vector<uint32_t>& idx = by_server[server];
+    if (idx.empty()) continue;
+    auto part = std::make_unique<Part>();
+    part->request_id = next_request_id_.fetch_add(1, std::memory_order_relaxed);
+    part->server = server;
+    part->parent = state;
+    part->dim = dim;
+    part->deadline = absl::Now() + request_timeout_;
+    RequestHeader h;
+    h.set_request_id(part->request_id);
+    h.set_op(op);
+    h.set_table_id(table);
+    h.set_num_keys(idx.size());
+    h.set_epoch(routing->epoch);
+    h.set_sender_rank(options_.rank);
+    part->header = SerializeToFrame(h);
+    std::vector<uint64_t> k(idx.size());
+    for (size_t j = 0; j < idx.size(); ++j) k[j] = keys[idx[j]];
+    part->keys = FrameFromVector(std::move(k));
+    if (push) {
+      std::vector<float> v(idx.size() * dim);
+      for (size_t j = 0; j < idx.size(); ++j) {
+        std::memcpy(&v[j * dim], &grads[static_cast<size_t>(idx[j]) * dim],
+                    dim * sizeof(float));
+      }
+      part->values = FrameFromVector(std::move(v));
+      part->has_values = true;
+    }
+    if (op != PUSH) {
+      part->out = out;
+      part->expected_values = idx.size() * dim;
+      // One server holding every key in order needs no scatter map.
+      if (idx.size() != keys.size()) part->positions = std::move(idx);
+    }
+    parts.push_back(std::move(part));
+  }
+  Submit(std::move(parts));
+  return Completion(std::move(state));
+}
+
+Completion KVClient::Dense(int op_int, uint32_t table, uint64_t begin,
+                           uint64_t count, absl::Span<const float> grads,
+                           float* out, DoneCallback done) {
+  requests_.fetch_add(1, std::memory_order_relaxed);
+  const Op op = static_cast<Op>(op_int);
+  auto it = tables_.find(table);
+  if (it == tables_.end() || it->second.sparse) {
+    return Failed(absl::InvalidArgumentError(absl::StrCat(
+                      "table ", table, " is not a dense table of this job")),
+                  std::move(done));
+  }
+  const TableInfo& info = it->second;
+  if (begin >= info.size || count > info.size - begin) {
+    return Failed(absl::OutOfRangeError(absl::StrCat(
+                      "range [", begin, ", +", count, ") is outside table ",
+                      table, " of size ", info.size)),
+                  std::move(done));
+  }
+  if (count == 0) return Failed(absl::OkStatus(), std::move(done));
+  auto routing = this->routing();
+  const uint32_t num_slots = static_cast<uint32_t>(routing->slot_owner.size());
+  const size_t num_servers = options_.config.cluster().num_servers();
+
+  struct Builder {
+    RequestHeader header;
+    std::vector<float> values;
+    std::vector<std::pair<uint64_t, uint64_t>> runs;
+    uint64_t total = 0;
+  };
+  std::vector<Builder> builders(num_servers);
+  // Cut the range at block boundaries; each block lives in one slot.
+  for (uint64_t pos = begin; pos < begin + count;) {
+    const uint64_t block = pos / info.block_size;
+    const uint64_t end = std::min(begin + count, (block + 1) * info.block_size);
+    const uint32_t owner =
+        routing->slot_owner[DenseBlockSlot(table, block, num_slots)];
+    Builder& b = builders[owner];
+    DenseSegment* seg = b.header.add_segments();
+    seg->set_begin(pos);
+    seg->set_length(end - pos);
+    if (op != PULL) {
+      b.values.insert(b.values.end(), grads.begin() + (pos - begin),
+                      grads.begin() + (end - begin));
+    }
+    b.runs.emplace_back(pos - begin, end - pos);
+    b.total += end - pos;
+    pos = end;
+  }
+  int num_parts = 0;
+  for (const auto& b : builders) num_parts += b.total > 0;
+  auto state = std::make_shared<Completion::State>(num_parts, std::move(done));
+  std::vector<std::unique_ptr<Part>> parts;
+  for (uint32_t server = 0; server < num_servers; ++server) {
+    Builder& b = builders[server];
+    if (b.total == 0) continue;
+    auto part = std::make_unique<Part>();
+    part->request_id = next_request_id_.fetch_add(1, std::memory_order_relaxed);
+    part->server = server;
+    part->parent = state;
+    part->deadline = absl::Now() + request_timeout_;
+    b.header.set_request_id(part->request_id);
+    b.header.set_op(op);
+    b.header.set_table_id(table);
+    b.header.set_epoch(routing->epoch);
+    b.header.set_sender_rank(options_.rank);
+    part->header = SerializeToFrame(b.header);
+    if (op != PULL) {
+      part->values = FrameFromVector(std::move(b.values));
+      part->has_values = true;
+    }
+    if (op != PUSH) {
+      part->out = out;
+      part->expected_values = b.total;
+      part->runs = std::move(b.runs);
+    }
+    parts.push_back(std::move(part));
+  }
+  Submit(std::move(parts));
+  return Completion(std::move(state));
+}
+
+}  // namespace ps

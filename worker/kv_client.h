@@ -1,0 +1,147 @@
+// Worker-side client of the data plane: push, pull and push-pull of sparse
+// rows and dense ranges, routed by the cluster view's slot map.
+//
+// Every call returns at once with a Completion; the request is split by
+// owning server and sent to all of them in parallel by one background I/O
+// thread. Completion::Wait() blocks until every part has answered, or the
+// request timeout passes, and returns the first error. An optional callback
+// runs on the I/O thread when the request completes; it must be quick and
+// must not call Wait() on another request.
+//
+// Ownership: keys and gradients are copied before the call returns, so the
+// caller may reuse them at once. A pull's `out` buffer must stay valid
+// until the request completes; it is written only by the I/O thread.
+//
+// Thread-safe: any number of threads may issue requests concurrently.
+// Requests issued by one thread to the same server are applied in order.
+#ifndef PS_WORKER_KV_CLIENT_H_
+#define PS_WORKER_KV_CLIENT_H_
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "proto/config.pb.h"
+#include "proto/scheduler.pb.h"
+
+namespace ps {
+
+using DoneCallback = std::function<void(const absl::Status&)>;
+
+// Handle on an asynchronous request. Copyable; all copies share the state.
+class Completion {
+ public:
+  // Blocks until the request completes; returns its status.
+  absl::Status Wait() const;
+  bool done() const;
+
+  struct State;
+
+ private:
+  friend class KVClient;
+  explicit Completion(std::shared_ptr<State> state) : state_(std::move(state)) {}
+  std::shared_ptr<State> state_;
+};
+
+class KVClient {
+ public:
+  struct Options {
+    // Validated job config: table shapes and timeouts come from it.
+    JobConfig config;
+    // This worker's rank, sent with requests for diagnostics.
+    uint32_t rank = 0;
+  };
+
+  // `view` must be RUNNING. INVALID_ARGUMENT otherwise.
+  static absl::StatusOr<std::unique_ptr<KVClient>> Create(
+      Options options, const ClusterView& view);
+  // Fails pending requests with CANCELLED and joins the I/O thread.
+  ~KVClient();
+  KVClient(const KVClient&) = delete;
+  KVClient& operator=(const KVClient&) = delete;
+
+  // Routes later requests by `view` (ignored unless newer). Thread-safe.
+  void UpdateView(const ClusterView& view);
+
+  // Sparse tables. `grads` holds keys.size() * dim floats, `out` room for
+  // as many. Errors: INVALID_ARGUMENT (unknown or dense table, wrong
+  // sizes), the server's error, DEADLINE_EXCEEDED, UNAVAILABLE (no live
+  // server owns a slot).
+  Completion Push(uint32_t table, absl::Span<const uint64_t> keys,
+                  absl::Span<const float> grads, DoneCallback done = nullptr);
+  Completion Pull(uint32_t table, absl::Span<const uint64_t> keys, float* out,
+                  DoneCallback done = nullptr);
+  Completion PushPull(uint32_t table, absl::Span<const uint64_t> keys,
+                      absl::Span<const float> grads, float* out,
+                      DoneCallback done = nullptr);
+
+  // Dense tables: elements [begin, begin + count).
+  Completion PushDense(uint32_t table, uint64_t begin,
+                       absl::Span<const float> grads,
+                       DoneCallback done = nullptr);
+  Completion PullDense(uint32_t table, uint64_t begin, uint64_t count,
+                       float* out, DoneCallback done = nullptr);
+
+  struct Stats {
+    uint64_t requests = 0;      // user calls
+    uint64_t messages = 0;      // per-server messages sent
+    uint64_t bytes_sent = 0;    // header + keys + values
+    uint64_t bytes_received = 0;
+  };
+  Stats stats() const;
+
+ private:
+  struct TableInfo {
+    bool sparse = true;
+    uint32_t dim = 1;
+    uint64_t size = 0;
+    uint64_t block_size = 1;
+  };
+  struct Routing {
+    uint64_t epoch = 0;
+    std::vector<uint32_t> slot_owner;
+    std::vector<std::string> endpoints;  // by server rank; "" = not live
+  };
+  struct Part;
+  class IoLoop;
+
+  KVClient(Options options, std::shared_ptr<const Routing> routing);
+  static std::shared_ptr<const Routing> MakeRouting(const ClusterView& view);
+  std::shared_ptr<const Routing> routing() const;
+
+  Completion Sparse(int op, uint32_t table, absl::Span<const uint64_t> keys,
+                    absl::Span<const float> grads, float* out,
+                    DoneCallback done);
+  Completion Dense(int op, uint32_t table, uint64_t begin, uint64_t count,
+                   absl::Span<const float> grads, float* out,
+                   DoneCallback done);
+  Completion Failed(absl::Status status, DoneCallback done);
+  void Submit(std::vector<std::unique_ptr<Part>> parts);
+
+  const Options options_;
+  const absl::Duration request_timeout_;
+  absl::flat_hash_map<uint32_t, TableInfo> tables_;
+  std::atomic<uint64_t> next_request_id_{1};
+  std::atomic<uint64_t> requests_{0};
+
+  mutable absl::Mutex routing_mu_;
+  std::shared_ptr<const Routing> routing_ ABSL_GUARDED_BY(routing_mu_);
+
+  std::unique_ptr<IoLoop> io_;
+};
+
+}  // namespace ps
+
+#endif  // PS_WORKER_KV_CLIENT_H_

@@ -1,0 +1,185 @@
+// A worker process: registers with the scheduler, trains its shard of the
+// job's data through the servers, and leaves. Rank 0 then evaluates the
+// model on the test split and prints the job summary as one JSON line on
+// stdout (and to --summary_out).
+//
+// SIGINT/SIGTERM stop training after the current step; the worker still
+// leaves the job cleanly.
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <string>
+
+#include "absl/cleanup/cleanup.h"
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/config.h"
+#include "common/logging.h"
+#include "common/signals.h"
+#include "scheduler/client.h"
+#include "worker/kv_client.h"
+#include "worker/lr_trainer.h"
+
+ABSL_FLAG(std::string, config, "", "Job config file (textproto). Required.");
+ABSL_FLAG(std::string, scheduler, "", "Scheduler host:port. Required.");
+ABSL_FLAG(std::string, summary_out, "",
+          "Rank 0 writes the JSON summary line to this file too.");
+ABSL_FLAG(std::string, log_level, "info", "trace|debug|info|warn|error");
+
+namespace {
+
+// The KV client as seen by the membership thread's view callback. The lock
+// makes unpublishing wait for a callback in progress, so the client can be
+// destroyed right after.
+struct PublishedClient {
+  absl::Mutex mu;
+  ps::KVClient* client ABSL_GUARDED_BY(mu) = nullptr;
+
+  void Set(ps::KVClient* c) {
+    absl::MutexLock lock(&mu);
+    client = c;
+  }
+  void Update(const ps::ClusterView& view) {
+    absl::MutexLock lock(&mu);
+    if (client != nullptr) client->UpdateView(view);
+  }
+};
+
+std::string SummaryJson(const ps::JobConfig& config,
+                        const ps::TrainResult& train,
+                        const ps::EvalResult& eval, double seconds) {
+  const uint64_t examples =
+      config.data().synthetic_ctr().num_train() * config.training().epochs();
+  return absl::StrFormat(
+      "{\"mode\":\"%s\",\"workers\":%d,\"servers\":%d,\"examples\":%d,"
+      "\"seconds\":%.2f,\"test_auc\":%.5f,\"test_logloss\":%.5f,"
+      "\"oracle_auc\":%.5f,\"oracle_logloss\":%.5f,\"rank0_examples_per_s\":%."
+      "0f}",
+      ps::ConsistencyMode_Name(config.consistency().mode()),
+      config.cluster().num_workers(), config.cluster().num_servers(), examples,
+      seconds, eval.auc, eval.logloss, eval.oracle_auc, eval.oracle_logloss,
+      train.seconds > 0 ? train.examples / train.seconds : 0.0);
+}
+
+int TrainAndEvaluate(const ps::JobConfig& config,
+                     ps::SchedulerClient* membership,
+                     PublishedClient* kv,
+                     const ps::TerminationSignals& signals, absl::Time start) {
+  auto log = ps::GetLogger("worker");
+  const uint32_t rank = membership->rank();
+  auto view = membership->WaitForRunning(
+      absl::Milliseconds(config.cluster().startup_timeout_ms()));
+  if (!view.ok()) {
+    log->error("{}", view.status().message());
+    return 1;
+  }
+  auto client = ps::KVClient::Create({config, rank}, *view);
+  if (!client.ok()) {
+    log->error("{}", client.status().message());
+    return 1;
+  }
+  kv->Set(client->get());
+  // Unpublish before the client is destroyed, on every return path.
+  auto unpublish = absl::MakeCleanup([kv] { kv->Set(nullptr); });
+  (*client)->UpdateView(membership->view());
+
+  auto trainer = ps::LrTrainer::Create(config, client->get(), rank,
+                                       config.cluster().num_workers());
+  if (!trainer.ok()) {
+    log->error("{}", trainer.status().message());
+    return 2;
+  }
+  auto train = (*trainer)->Train([&] { return signals.requested(); });
+  if (!train.ok()) {
+    log->error("training failed: {}", train.status().message());
+    return 1;
+  }
+  log->info("trained {} examples in {:.1f} s ({:.0f} examples/s)",
+            train->examples, train->seconds,
+            train->seconds > 0 ? train->examples / train->seconds : 0.0);
+  if (signals.requested()) return 0;
+
+  // Every worker's pushes are acknowledged before it arrives here, so the
+  // evaluation below sees the fully trained model.
+  absl::Status barrier = membership->Barrier("train_done", absl::Hours(24));
+  if (!barrier.ok()) {
+    log->error("{}", barrier.message());
+    return 1;
+  }
+  if (rank != 0) return 0;
+  const double train_seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  auto eval = (*trainer)->Evaluate();
+  if (!eval.ok()) {
+    log->error("evaluation failed: {}", eval.status().message());
+    return 1;
+  }
+  log->info("test AUC {:.4f} (oracle {:.4f}), test logloss {:.4f} (oracle {:.4f})",
+            eval->auc, eval->oracle_auc, eval->logloss, eval->oracle_logloss);
+  const std::string json = SummaryJson(config, *train, *eval, train_seconds);
+  std::cout << json << std::endl;
+  if (const std::string path = absl::GetFlag(FLAGS_summary_out); !path.empty()) {
+    std::ofstream(path) << json << "\n";
+  }
+  return 0;
+}
+
+int Run(ps::TerminationSignals& signals) {
+  auto log = ps::GetLogger("worker");
+  auto config = ps::LoadJobConfig(absl::GetFlag(FLAGS_config));
+  if (!config.ok()) {
+    log->error("bad config: {}", config.status().message());
+    return 2;
+  }
+  const absl::Time start = absl::Now();
+
+  // The view callback may fire before the KV client exists; it forwards
+  // only once the client is published.
+  PublishedClient kv;
+  ps::SchedulerClient::Options options;
+  options.address = absl::GetFlag(FLAGS_scheduler);
+  options.role = ps::WORKER;
+  options.config_fingerprint = ps::ConfigFingerprint(*config);
+  options.heartbeat_interval =
+      absl::Milliseconds(config->cluster().heartbeat_interval_ms());
+  options.on_view = [&kv](const ps::ClusterView& view, uint32_t) {
+    kv.Update(view);
+  };
+  auto membership = ps::SchedulerClient::Connect(options);
+  if (!membership.ok()) {
+    log->error("{}", membership.status().message());
+    return 1;
+  }
+  const uint32_t rank = (*membership)->rank();
+  ps::SetLogTag(absl::StrCat("worker/", rank));
+  log->info("registered as worker {} of {}", rank,
+            config->cluster().num_workers());
+  const int exit_code = TrainAndEvaluate(*config, membership->get(), &kv,
+                                         signals, start);
+  // Leave on every path once registered, so the scheduler never waits for a
+  // heartbeat timeout to learn this worker is gone.
+  absl::Status left = (*membership)->Leave(/*finished=*/exit_code == 0 &&
+                                           !signals.requested());
+  if (!left.ok()) log->warn("{}", left.message());
+  return exit_code;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  ps::TerminationSignals signals;
+  absl::ParseCommandLine(argc, argv);
+  auto log = ps::GetLogger("worker");
+  if (auto s = ps::SetLogLevel(absl::GetFlag(FLAGS_log_level)); !s.ok()) {
+    log->error("{}", s.message());
+    return 2;
+  }
+  if (absl::GetFlag(FLAGS_config).empty() ||
+      absl::GetFlag(FLAGS_scheduler).empty()) {
+    log->error("--config and --scheduler are required");
+    return 2;
+  }
+  return Run(signals);
+}
