@@ -18,6 +18,9 @@ ABSL_FLAG(int, port, 0, "Port to listen on; 0 picks a free one.");
 ABSL_FLAG(std::string, port_file, "",
           "If set, the bound port is written here once listening.");
 ABSL_FLAG(std::string, log_level, "info", "trace|debug|info|warn|error");
+ABSL_FLAG(bool, describe, false,
+          "Validate --config, print 'servers=N workers=M mode=X' and exit; "
+          "launchers use it to size a job without parsing the file.");
 
 int main(int argc, char** argv) {
   ps::TerminationSignals signals;
@@ -36,6 +39,13 @@ int main(int argc, char** argv) {
   if (!config.ok()) {
     log->error("bad config: {}", config.status().message());
     return 2;
+  }
+  if (absl::GetFlag(FLAGS_describe)) {
+    std::cout << "servers=" << config->cluster().num_servers()
+              << " workers=" << config->cluster().num_workers()
+              << " mode=" << ps::ConsistencyMode_Name(config->consistency().mode())
+              << std::endl;
+    return 0;
   }
   ps::SchedulerServer::Options options;
   options.config = *config;

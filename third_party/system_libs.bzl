@@ -32,8 +32,6 @@ _LIBS = {
     "spdlog": (["spdlog", "fmt"], "libspdlog-dev"),
     "gtest": (["gtest", "gmock"], "libgtest-dev libgmock-dev"),
     "gtest_main": (["gtest_main", "gmock"], "libgtest-dev libgmock-dev"),
-    "benchmark": (["benchmark"], "libbenchmark-dev"),
-    "openblas": (["openblas"], "libopenblas-dev"),
 }
 
 _DEPS = {

@@ -132,13 +132,15 @@ absl::StatusOr<TrainResult> LrTrainer::Train(
   // one step of updates is in flight per worker.
   std::vector<Completion> in_flight;
 
-  for (uint32_t epoch = 0; epoch < config_.training().epochs(); ++epoch) {
+  bool stopped = false;
+  for (uint32_t epoch = 0; epoch < config_.training().epochs() && !stopped;
+       ++epoch) {
     double epoch_loss = 0;
     uint64_t epoch_count = 0;
     for (uint64_t pos = begin; pos < end; pos += batch_size) {
       if (stop()) {
         Log()->info("stop requested after {} steps", result.steps);
-        epoch = config_.training().epochs();
+        stopped = true;
         break;
       }
       const uint64_t n = std::min(batch_size, end - pos);
@@ -192,8 +194,8 @@ absl::StatusOr<TrainResult> LrTrainer::Train(
     }
     if (epoch_count > 0) {
       result.mean_loss = epoch_loss / epoch_count;
-      Log()->info("epoch {} done: mean training loss {:.4f}", epoch + 1,
-                  result.mean_loss);
+      Log()->info("epoch {} {}: mean training loss {:.4f}", epoch + 1,
+                  stopped ? "stopped" : "done", result.mean_loss);
     }
   }
   for (const Completion& push : in_flight) PS_RETURN_IF_ERROR(push.Wait());

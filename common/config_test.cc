@@ -1,0 +1,547 @@
+#include "common/config.h"
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "google/protobuf/util/message_differencer.h"
+#include "gtest/gtest.h"
+
+namespace ps {
+namespace {
+
+using ::testing::ContainsRegex;
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+// A copy of examples/ctr/async.pbtxt. The example's BUILD does not export
+// the file, so the test carries its own copy; keep the two in sync when the
+// schema changes so the shipped example stays known to be valid.
+constexpr char kAsyncExample[] = R"pb(
+# Sparse click-through-rate model (logistic regression) on synthetic data,
+# trained asynchronously by 2 workers against 2 servers.
+name: "ctr-async"
+
+cluster {
+  num_servers: 2
+  num_workers: 2
+  num_slots: 4096
+  heartbeat_interval_ms: 500
+  heartbeat_timeout_ms: 5000
+}
+
+consistency {
+  mode: ASYNC
+}
+
+tables {
+  id: 0
+  name: "ctr_sparse"
+  sparse { dim: 1 }
+  optimizer { adagrad { learning_rate: 0.1 initial_accumulator: 1e-6 } }
+  init { kind: ZEROS }
+}
+
+tables {
+  id: 1
+  name: "ctr_dense"
+  dense { size: 14 }
+  optimizer { adagrad { learning_rate: 0.1 initial_accumulator: 1e-6 } }
+  init { kind: ZEROS }
+}
+
+data {
+  synthetic_ctr {
+    num_train: 1000000
+    num_test: 100000
+    seed: 1
+  }
+}
+
+training {
+  batch_size: 1024
+  epochs: 3
+  log_interval_s: 5
+  sparse_table: "ctr_sparse"
+  dense_table: "ctr_dense"
+}
+)pb";
+
+// The smallest config that validates: only the two required cluster sizes.
+constexpr char kMinimalCluster[] = "cluster { num_servers: 1 num_workers: 1 }\n";
+
+// Parses text that must be rejected and returns the message, after checking
+// the code: every config problem is the user's, so INVALID_ARGUMENT.
+std::string RejectionOf(const std::string& text,
+                        const std::string& source = "job.pbtxt") {
+  absl::StatusOr<JobConfig> config = ParseJobConfig(text, source);
+  EXPECT_FALSE(config.ok()) << "accepted:\n" << text;
+  if (config.ok()) return "";
+  EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument)
+      << config.status();
+  return std::string(config.status().message());
+}
+
+// A table block for tests that only care about one part of a table.
+std::string SgdSparseTable(int id, const std::string& name, int dim = 1) {
+  return absl::StrCat("tables { id: ", id, " name: \"", name,
+                      "\" sparse { dim: ", dim,
+                      " } optimizer { sgd { learning_rate: 0.5 } } }\n");
+}
+
+TEST(ParseJobConfigTest, ShippedAsyncExampleParses) {
+  absl::StatusOr<JobConfig> config =
+      ParseJobConfig(kAsyncExample, "examples/ctr/async.pbtxt");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->name(), "ctr-async");
+  EXPECT_EQ(config->cluster().num_servers(), 2u);
+  EXPECT_EQ(config->cluster().num_workers(), 2u);
+  EXPECT_EQ(config->consistency().mode(), ASYNC);
+  ASSERT_EQ(config->tables_size(), 2);
+  EXPECT_EQ(config->tables(0).sparse().dim(), 1u);
+  EXPECT_FLOAT_EQ(config->tables(0).optimizer().adagrad().learning_rate(),
+                  0.1f);
+  // An explicit non-zero value is kept, not replaced by the 0.1 default.
+  EXPECT_FLOAT_EQ(
+      config->tables(0).optimizer().adagrad().initial_accumulator(), 1e-6f);
+  EXPECT_EQ(config->tables(1).dense().size(), 14u);
+  EXPECT_EQ(config->training().epochs(), 3u);
+  EXPECT_EQ(config->training().dense_table(), "ctr_dense");
+}
+
+TEST(ParseJobConfigTest, FillsDocumentedDefaults) {
+  const std::string text = absl::StrCat(
+      kMinimalCluster,
+      "tables { id: 3 name: \"w\" dense { size: 14 }"
+      "  optimizer { adagrad { learning_rate: 0.5 } } }\n"
+      "data { synthetic_ctr {} }\n");
+  absl::StatusOr<JobConfig> config = ParseJobConfig(text, "job.pbtxt");
+  ASSERT_TRUE(config.ok()) << config.status();
+
+  EXPECT_EQ(config->name(), "job");
+  const ClusterConfig& cl = config->cluster();
+  EXPECT_EQ(cl.num_slots(), 4096u);
+  EXPECT_EQ(cl.heartbeat_interval_ms(), 500u);
+  EXPECT_EQ(cl.heartbeat_timeout_ms(), 5000u);
+  EXPECT_EQ(cl.request_timeout_ms(), 30000u);
+  EXPECT_EQ(cl.startup_timeout_ms(), 60000u);
+  EXPECT_EQ(config->consistency().mode(), ASYNC);
+
+  const TableConfig& t = config->tables(0);
+  EXPECT_EQ(t.dense().block_size(), 65536u);
+  EXPECT_FLOAT_EQ(t.optimizer().adagrad().learning_rate(), 0.5f);
+  EXPECT_FLOAT_EQ(t.optimizer().adagrad().initial_accumulator(), 0.1f);
+  EXPECT_FLOAT_EQ(t.optimizer().adagrad().epsilon(), 1e-8f);
+
+  const SyntheticCtrConfig& d = config->data().synthetic_ctr();
+  EXPECT_EQ(d.num_train(), 1000000u);
+  EXPECT_EQ(d.num_test(), 100000u);
+  EXPECT_EQ(d.seed(), 1u);
+  EXPECT_EQ(d.num_categorical(), 26u);
+  EXPECT_EQ(d.num_numeric(), 13u);
+  EXPECT_EQ(d.max_vocab(), 1000u);
+  EXPECT_EQ(d.min_vocab(), 10u);
+  EXPECT_FLOAT_EQ(d.zipf_exponent(), 1.1f);
+  EXPECT_FLOAT_EQ(d.weight_scale(), 0.3f);
+  EXPECT_FLOAT_EQ(d.bias(), -2.0f);
+
+  EXPECT_EQ(config->training().batch_size(), 1024u);
+  EXPECT_EQ(config->training().epochs(), 1u);
+  EXPECT_EQ(config->training().log_interval_s(), 5u);
+}
+
+// Defaults must not invent sections the user left out: a job without data
+// has no data source.
+TEST(ParseJobConfigTest, DefaultsDoNotCreateAbsentOneofs) {
+  absl::StatusOr<JobConfig> config = ParseJobConfig(kMinimalCluster, "j");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_FALSE(config->data().has_synthetic_ctr());
+  EXPECT_EQ(config->tables_size(), 0);
+}
+
+TEST(ApplyDefaultsTest, IsIdempotent) {
+  absl::StatusOr<JobConfig> config = ParseJobConfig(kAsyncExample, "a");
+  ASSERT_TRUE(config.ok()) << config.status();
+  JobConfig again = *config;
+  ApplyDefaults(&again);
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(*config, again))
+      << again.DebugString();
+}
+
+TEST(ParseJobConfigTest, UnknownFieldNamesFileLineAndColumn) {
+  const std::string text =
+      "name: \"x\"\n"
+      "cluster {\n"
+      "  num_servrs: 2\n"
+      "}\n";
+  const std::string message = RejectionOf(text, "job.pbtxt");
+  // TextFormat counts from 0; users count from 1. The column is where the
+  // tokenizer stood when it noticed (protobuf 3.21: just past the name), so
+  // only its presence is pinned.
+  EXPECT_THAT(message, ContainsRegex("^job\\.pbtxt:3:[0-9]+: "));
+  EXPECT_THAT(message, HasSubstr("no field named \"num_servrs\""));
+}
+
+TEST(ParseJobConfigTest, UnknownEnumValueIsAParseError) {
+  // The value sits on line 3 together with the closing brace, because
+  // TextFormat reports the position of the token after the bad value.
+  const std::string message = RejectionOf(
+      absl::StrCat("name: \"x\"\n", kMinimalCluster,
+                   "consistency { mode: EVENTUAL }\n"),
+      "job.pbtxt");
+  EXPECT_THAT(message, ContainsRegex("^job\\.pbtxt:3:[0-9]+: "));
+  EXPECT_THAT(message, HasSubstr("\"EVENTUAL\""));
+}
+
+TEST(ParseJobConfigTest, WrongValueTypeIsAParseError) {
+  EXPECT_THAT(RejectionOf("cluster {\n  num_servers: \"two\"\n}\n", "j.txt"),
+              StartsWith("j.txt:2:"));
+  // A negative number for an unsigned field.
+  EXPECT_THAT(RejectionOf("cluster { num_workers: -1 }\n", "j.txt"),
+              StartsWith("j.txt:1:"));
+  // A message where a scalar is expected.
+  EXPECT_THAT(RejectionOf("name { }\n", "j.txt"), StartsWith("j.txt:1:"));
+}
+
+TEST(ValidateJobConfigTest, NumServersZero) {
+  EXPECT_EQ(RejectionOf("cluster { num_servers: 0 num_workers: 1 }"),
+            "job.pbtxt: cluster.num_servers: must be in 1..1024");
+}
+
+TEST(ValidateJobConfigTest, ClusterSizeLimits) {
+  EXPECT_THAT(RejectionOf("cluster { num_servers: 1025 num_workers: 1 }"),
+              HasSubstr("cluster.num_servers: "));
+  EXPECT_THAT(RejectionOf("cluster { num_servers: 1 num_workers: 0 }"),
+              HasSubstr("cluster.num_workers: "));
+  EXPECT_THAT(RejectionOf("cluster { num_servers: 1 num_workers: 65537 }"),
+              HasSubstr("cluster.num_workers: "));
+  // The upper bounds themselves are allowed.
+  EXPECT_TRUE(ParseJobConfig("cluster { num_servers: 1024 num_workers: 65536 }",
+                             "j")
+                  .ok());
+}
+
+TEST(ValidateJobConfigTest, DuplicateTableIdNamesTheSecondTable) {
+  const std::string message = RejectionOf(absl::StrCat(
+      kMinimalCluster, SgdSparseTable(7, "a"), SgdSparseTable(7, "b")));
+  EXPECT_EQ(message, "job.pbtxt: tables[1].id: duplicate table id 7");
+}
+
+TEST(ValidateJobConfigTest, DuplicateTableName) {
+  EXPECT_EQ(RejectionOf(absl::StrCat(kMinimalCluster, SgdSparseTable(1, "a"),
+                                     SgdSparseTable(2, "a"))),
+            "job.pbtxt: tables[1].name: duplicate table name 'a'");
+}
+
+TEST(ValidateJobConfigTest, TableIdAndNameChecks) {
+  EXPECT_THAT(
+      RejectionOf(absl::StrCat(kMinimalCluster, SgdSparseTable(65536, "a"))),
+      HasSubstr("tables[0].id: must be < 65536"));
+  EXPECT_THAT(RejectionOf(absl::StrCat(kMinimalCluster, SgdSparseTable(1, ""))),
+              HasSubstr("tables[0].name: is required"));
+}
+
+TEST(ValidateJobConfigTest, SparseDimZero) {
+  EXPECT_EQ(
+      RejectionOf(absl::StrCat(kMinimalCluster, SgdSparseTable(0, "s", 0))),
+      "job.pbtxt: tables[0].sparse.dim: must be in 1..65536");
+  EXPECT_THAT(
+      RejectionOf(absl::StrCat(kMinimalCluster, SgdSparseTable(0, "s", 65537))),
+      HasSubstr("tables[0].sparse.dim: "));
+}
+
+TEST(ValidateJobConfigTest, DenseTableSize) {
+  EXPECT_EQ(RejectionOf(absl::StrCat(
+                kMinimalCluster,
+                "tables { id: 0 name: \"d\" dense { size: 0 }"
+                " optimizer { sgd { learning_rate: 1 } } }")),
+            "job.pbtxt: tables[0].dense.size: must be in 1..2^40");
+}
+
+TEST(ValidateJobConfigTest, TableWithoutKind) {
+  EXPECT_EQ(RejectionOf(absl::StrCat(
+                kMinimalCluster,
+                "tables { id: 0 name: \"t\""
+                " optimizer { sgd { learning_rate: 1 } } }")),
+            "job.pbtxt: tables[0]: set one of sparse, dense");
+}
+
+TEST(ValidateJobConfigTest, OptimizerMissing) {
+  EXPECT_EQ(RejectionOf(absl::StrCat(kMinimalCluster,
+                                     "tables { id: 0 name: \"t\" sparse { dim: "
+                                     "4 } }")),
+            "job.pbtxt: tables[0].optimizer: set one of sgd, adagrad");
+}
+
+TEST(ValidateJobConfigTest, LearningRateMustBeFinitePositive) {
+  auto sgd = [](const std::string& lr) {
+    return absl::StrCat(kMinimalCluster,
+                        "tables { id: 0 name: \"t\" sparse { dim: 1 }"
+                        " optimizer { sgd { learning_rate: ",
+                        lr, " } } }");
+  };
+  const std::string kSgdError =
+      "job.pbtxt: tables[0].optimizer.sgd.learning_rate: "
+      "must be a finite number > 0";
+  EXPECT_EQ(RejectionOf(sgd("-0.1")), kSgdError);
+  EXPECT_EQ(RejectionOf(sgd("0")), kSgdError);
+  EXPECT_EQ(RejectionOf(sgd("nan")), kSgdError);
+  EXPECT_EQ(RejectionOf(sgd("inf")), kSgdError);
+  EXPECT_TRUE(ParseJobConfig(sgd("1e-3"), "j").ok());
+
+  auto adagrad = [](const std::string& body) {
+    return absl::StrCat(kMinimalCluster,
+                        "tables { id: 0 name: \"t\" sparse { dim: 1 }"
+                        " optimizer { adagrad { ",
+                        body, " } } }");
+  };
+  EXPECT_EQ(RejectionOf(adagrad("learning_rate: nan")),
+            "job.pbtxt: tables[0].optimizer.adagrad.learning_rate: "
+            "must be a finite number > 0");
+  EXPECT_EQ(RejectionOf(adagrad("learning_rate: 1 initial_accumulator: -1")),
+            "job.pbtxt: tables[0].optimizer.adagrad.initial_accumulator: "
+            "must be >= 0");
+  EXPECT_EQ(RejectionOf(adagrad("learning_rate: 1 epsilon: -1e-8")),
+            "job.pbtxt: tables[0].optimizer.adagrad.epsilon: must be > 0");
+}
+
+TEST(ValidateJobConfigTest, HeartbeatTimeoutMustExceedInterval) {
+  const std::string kError =
+      "job.pbtxt: cluster.heartbeat_timeout_ms: must exceed "
+      "cluster.heartbeat_interval_ms";
+  EXPECT_EQ(RejectionOf("cluster { num_servers: 1 num_workers: 1"
+                        " heartbeat_interval_ms: 100 heartbeat_timeout_ms: 100 }"),
+            kError);
+  EXPECT_EQ(RejectionOf("cluster { num_servers: 1 num_workers: 1"
+                        " heartbeat_interval_ms: 200 heartbeat_timeout_ms: 100 }"),
+            kError);
+  // The check runs after defaults: a timeout below the default interval
+  // (500 ms) is rejected too.
+  EXPECT_EQ(RejectionOf("cluster { num_servers: 1 num_workers: 1"
+                        " heartbeat_timeout_ms: 400 }"),
+            kError);
+  EXPECT_TRUE(ParseJobConfig("cluster { num_servers: 1 num_workers: 1"
+                             " heartbeat_interval_ms: 100"
+                             " heartbeat_timeout_ms: 101 }",
+                             "j")
+                  .ok());
+}
+
+TEST(ValidateJobConfigTest, NumSlotsAtLeastNumServers) {
+  EXPECT_EQ(RejectionOf("cluster { num_servers: 4 num_workers: 1 num_slots: 3 }"),
+            "job.pbtxt: cluster.num_slots: must be in num_servers..1048576");
+  EXPECT_THAT(
+      RejectionOf("cluster { num_servers: 1 num_workers: 1 num_slots: 1048577 }"),
+      HasSubstr("cluster.num_slots: "));
+  EXPECT_TRUE(
+      ParseJobConfig("cluster { num_servers: 4 num_workers: 1 num_slots: 4 }", "j")
+          .ok());
+}
+
+TEST(ValidateJobConfigTest, OnlyAsyncConsistencyIsAccepted) {
+  const std::string kError =
+      "job.pbtxt: consistency.mode: only ASYNC is supported by this version";
+  EXPECT_EQ(RejectionOf(absl::StrCat(kMinimalCluster, "consistency { mode: BSP }")),
+            kError);
+  EXPECT_EQ(RejectionOf(absl::StrCat(kMinimalCluster,
+                                     "consistency { mode: SSP staleness: 2 }")),
+            kError);
+}
+
+TEST(ValidateJobConfigTest, TrainingSparseTableMustBeASparseTableOfDimOne) {
+  const std::string tables = absl::StrCat(
+      kMinimalCluster, SgdSparseTable(0, "wide", 8),
+      "tables { id: 1 name: \"d\" dense { size: 1 }"
+      " optimizer { sgd { learning_rate: 1 } } }\n");
+  EXPECT_EQ(RejectionOf(absl::StrCat(tables, "training { sparse_table: \"nope\" }")),
+            "job.pbtxt: training.sparse_table: 'nope' must name a sparse "
+            "table with dim 1");
+  EXPECT_THAT(RejectionOf(absl::StrCat(tables, "training { sparse_table: \"d\" }")),
+              HasSubstr("training.sparse_table: 'd' "));
+  EXPECT_THAT(
+      RejectionOf(absl::StrCat(tables, "training { sparse_table: \"wide\" }")),
+      HasSubstr("training.sparse_table: 'wide' "));
+}
+
+TEST(ValidateJobConfigTest, TrainingDenseTableMustMatchNumericFields) {
+  auto job = [](int size, const std::string& dense_table) {
+    return absl::StrCat(kMinimalCluster, SgdSparseTable(0, "s"),
+                        "tables { id: 1 name: \"d\" dense { size: ", size,
+                        " } optimizer { sgd { learning_rate: 1 } } }\n"
+                        "data { synthetic_ctr { num_numeric: 5 } }\n"
+                        "training { sparse_table: \"s\" dense_table: \"",
+                        dense_table, "\" }\n");
+  };
+  // 5 numeric fields + the bias.
+  EXPECT_TRUE(ParseJobConfig(job(6, "d"), "j").ok());
+  EXPECT_EQ(RejectionOf(job(5, "d")),
+            "job.pbtxt: training.dense_table: 'd' must name a dense table of "
+            "size 6 (numeric fields + bias)");
+  EXPECT_THAT(RejectionOf(job(6, "s")),
+              HasSubstr("training.dense_table: 's' must name a dense table"));
+  EXPECT_THAT(RejectionOf(job(6, "missing")),
+              HasSubstr("training.dense_table: 'missing' "));
+}
+
+TEST(ValidateJobConfigTest, ReportsEveryErrorInOneMessage) {
+  const std::string message = RejectionOf(absl::StrCat(
+      "cluster { num_servers: 0 num_workers: 0 }\n"
+      "consistency { mode: BSP }\n",
+      SgdSparseTable(0, "s", 0)));
+  EXPECT_EQ(message,
+            "job.pbtxt: cluster.num_servers: must be in 1..1024; "
+            "cluster.num_workers: must be in 1..65536; "
+            "consistency.mode: only ASYNC is supported by this version; "
+            "tables[0].sparse.dim: must be in 1..65536");
+}
+
+TEST(ValidateJobConfigTest, SyntheticDataChecks) {
+  auto data = [](const std::string& body) {
+    return absl::StrCat(kMinimalCluster, "data { synthetic_ctr { ", body,
+                        " } }");
+  };
+  EXPECT_THAT(RejectionOf(data("min_vocab: 50 max_vocab: 40")),
+              HasSubstr("data.synthetic_ctr.min_vocab: "));
+  EXPECT_THAT(RejectionOf(data("zipf_exponent: -1")),
+              HasSubstr("data.synthetic_ctr.zipf_exponent: "));
+  EXPECT_THAT(RejectionOf(data("bias: inf")),
+              HasSubstr("data.synthetic_ctr.bias: "));
+  EXPECT_THAT(RejectionOf(data("num_categorical: 1001")),
+              HasSubstr("data.synthetic_ctr.num_categorical: "));
+}
+
+std::string WriteTempFile(const std::string& name, const std::string& text) {
+  const std::string path = absl::StrCat(testing::TempDir(), "/", name);
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+  out.close();
+  EXPECT_TRUE(out.good()) << "cannot write " << path;
+  return path;
+}
+
+TEST(LoadJobConfigTest, MissingFileIsNotFoundAndNamesThePath) {
+  const std::string path =
+      absl::StrCat(testing::TempDir(), "/does_not_exist/job.pbtxt");
+  absl::StatusOr<JobConfig> config = LoadJobConfig(path);
+  ASSERT_FALSE(config.ok());
+  EXPECT_EQ(config.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(config.status().message()), HasSubstr(path));
+}
+
+TEST(LoadJobConfigTest, ReadsAFile) {
+  const std::string path = WriteTempFile("async.pbtxt", kAsyncExample);
+  absl::StatusOr<JobConfig> config = LoadJobConfig(path);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->name(), "ctr-async");
+  EXPECT_EQ(config->tables_size(), 2);
+  // Same result as parsing the text directly.
+  absl::StatusOr<JobConfig> parsed = ParseJobConfig(kAsyncExample, path);
+  ASSERT_TRUE(parsed.ok());
+  EXPECT_EQ(ConfigFingerprint(*config), ConfigFingerprint(*parsed));
+}
+
+TEST(LoadJobConfigTest, ErrorsNameTheFilePath) {
+  const std::string bad_syntax =
+      WriteTempFile("bad_syntax.pbtxt", "cluster {\n  num_servers: 1\n  oops: 2\n}\n");
+  absl::StatusOr<JobConfig> config = LoadJobConfig(bad_syntax);
+  ASSERT_FALSE(config.ok());
+  EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(config.status().message()),
+              StartsWith(bad_syntax + ":3:"));
+  EXPECT_THAT(std::string(config.status().message()),
+              HasSubstr("no field named \"oops\""));
+
+  const std::string invalid =
+      WriteTempFile("invalid.pbtxt", "cluster { num_servers: 0 num_workers: 1 }\n");
+  config = LoadJobConfig(invalid);
+  ASSERT_FALSE(config.ok());
+  EXPECT_EQ(config.status().message(),
+            invalid + ": cluster.num_servers: must be in 1..1024");
+}
+
+JobConfig ParseOrDie(const std::string& text) {
+  absl::StatusOr<JobConfig> config = ParseJobConfig(text, "test");
+  EXPECT_TRUE(config.ok()) << config.status();
+  return config.ok() ? *config : JobConfig();
+}
+
+TEST(ConfigFingerprintTest, StableAcrossParsesOfTheSameText) {
+  const JobConfig a = ParseOrDie(kAsyncExample);
+  const JobConfig b = ParseOrDie(kAsyncExample);
+  EXPECT_EQ(ConfigFingerprint(a), ConfigFingerprint(b));
+  EXPECT_EQ(ConfigFingerprint(a), ConfigFingerprint(a));
+}
+
+TEST(ConfigFingerprintTest, EqualForEqualConfigsWrittenDifferently) {
+  // Field order, comments, whitespace and explicitly spelled defaults do
+  // not change the loaded config, so they must not change the fingerprint:
+  // processes of one job may be given differently formatted copies.
+  const JobConfig a = ParseOrDie(
+      "cluster { num_servers: 2 num_workers: 3 }\n"
+      "tables { id: 1 name: \"t\" sparse { dim: 1 }"
+      " optimizer { adagrad { learning_rate: 0.25 } } }\n");
+  const JobConfig b = ParseOrDie(
+      "# same job\n"
+      "tables {\n  name: \"t\"\n  id: 1\n"
+      "  optimizer { adagrad { epsilon: 1e-8 learning_rate: 0.25 } }\n"
+      "  sparse { dim: 1 }\n}\n"
+      "cluster { num_workers: 3 num_servers: 2 num_slots: 4096 }\n"
+      "consistency { mode: ASYNC }\n"
+      "name: \"job\"\n");
+  EXPECT_EQ(ConfigFingerprint(a), ConfigFingerprint(b));
+}
+
+TEST(ConfigFingerprintTest, ChangesWhenAnyFieldChanges) {
+  const JobConfig base = ParseOrDie(kAsyncExample);
+  const uint64_t base_fp = ConfigFingerprint(base);
+  const std::vector<std::pair<std::string, std::function<void(JobConfig*)>>>
+      changes = {
+          {"name", [](JobConfig* c) { c->set_name("other"); }},
+          {"num_workers",
+           [](JobConfig* c) { c->mutable_cluster()->set_num_workers(3); }},
+          {"num_slots",
+           [](JobConfig* c) { c->mutable_cluster()->set_num_slots(4095); }},
+          {"heartbeat_timeout_ms",
+           [](JobConfig* c) {
+             c->mutable_cluster()->set_heartbeat_timeout_ms(5001);
+           }},
+          {"learning_rate",
+           [](JobConfig* c) {
+             c->mutable_tables(0)
+                 ->mutable_optimizer()
+                 ->mutable_adagrad()
+                 ->set_learning_rate(0.2f);
+           }},
+          {"learning_rate by one ulp",
+           [](JobConfig* c) {
+             auto* a = c->mutable_tables(1)->mutable_optimizer()->mutable_adagrad();
+             a->set_learning_rate(std::nextafter(a->learning_rate(), 1.0f));
+           }},
+          {"table id", [](JobConfig* c) { c->mutable_tables(1)->set_id(2); }},
+          {"init seed",
+           [](JobConfig* c) { c->mutable_tables(0)->mutable_init()->set_seed(9); }},
+          {"table order",
+           [](JobConfig* c) { c->mutable_tables()->SwapElements(0, 1); }},
+          {"data seed",
+           [](JobConfig* c) {
+             c->mutable_data()->mutable_synthetic_ctr()->set_seed(2);
+           }},
+          {"epochs",
+           [](JobConfig* c) { c->mutable_training()->set_epochs(4); }},
+      };
+  for (const auto& [what, change] : changes) {
+    JobConfig changed = base;
+    change(&changed);
+    EXPECT_NE(ConfigFingerprint(changed), base_fp) << what;
+  }
+}
+
+}  // namespace
+}  // namespace ps

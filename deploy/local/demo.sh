@@ -1,0 +1,134 @@
+#!/usr/bin/env bash
+# Runs a whole parameter-server job on this machine: 1 scheduler, the
+# config's servers and workers, each a separate process on loopback.
+#
+#   deploy/local/demo.sh [CONFIG]      (default examples/ctr/async.pbtxt)
+#
+# Installs missing Debian packages and builds first, unless PS_BIN_DIR
+# points at prebuilt binaries (scheduler_main, server_main, trainer).
+# Worker progress goes to the terminal; every process's log goes to
+# $PS_RUN_DIR (default: a new directory under .runs/). Every process started
+# is stopped on exit, Ctrl-C or failure. The last line of output is the
+# job's JSON summary.
+#
+# Environment: PS_RUN_DIR, PS_BIN_DIR, PS_DEMO_TIMEOUT (seconds, default 900).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+CONFIG="${1:-$ROOT/examples/ctr/async.pbtxt}"
+[ -f "$CONFIG" ] || { echo "demo: no config file '$CONFIG'" >&2; exit 2; }
+CONFIG="$(cd "$(dirname "$CONFIG")" && pwd)/$(basename "$CONFIG")"
+TIMEOUT="${PS_DEMO_TIMEOUT:-900}"
+
+if [ -z "${PS_BIN_DIR:-}" ]; then
+  "$ROOT/deploy/install_deps.sh"
+  echo "demo: building (bazel build --config=opt) ..." >&2
+  (cd "$ROOT" && bazel build --config=opt --noshow_progress \
+      //scheduler:scheduler_main //server:server_main //worker:trainer >&2)
+  BIN="$ROOT/bazel-bin"
+  SCHEDULER="$BIN/scheduler/scheduler_main"
+  SERVER="$BIN/server/server_main"
+  TRAINER="$BIN/worker/trainer"
+else
+  SCHEDULER="$PS_BIN_DIR/scheduler_main"
+  SERVER="$PS_BIN_DIR/server_main"
+  TRAINER="$PS_BIN_DIR/trainer"
+fi
+
+RUN_DIR="${PS_RUN_DIR:-$ROOT/.runs/$(date +%Y%m%d-%H%M%S)-$$}"
+mkdir -p "$RUN_DIR"
+
+# Validates the config before anything starts, and sizes the job.
+DESCRIPTION="$("$SCHEDULER" --config="$CONFIG" --describe)" || {
+  echo "demo: invalid config $CONFIG" >&2; exit 2; }
+eval "$DESCRIPTION"   # sets servers, workers, mode
+echo "demo: $mode job, $servers servers, $workers workers; logs in $RUN_DIR" >&2
+
+PIDS=()
+cleanup() {
+  local status=$?
+  trap - EXIT INT TERM
+  local alive=()
+  for pid in "${PIDS[@]}"; do kill -0 "$pid" 2>/dev/null && alive+=("$pid"); done
+  if [ ${#alive[@]} -gt 0 ]; then
+    kill -TERM "${alive[@]}" 2>/dev/null || true
+    for _ in $(seq 30); do
+      local left=0
+      for pid in "${alive[@]}"; do kill -0 "$pid" 2>/dev/null && left=1; done
+      [ $left -eq 0 ] && break
+      sleep 0.1
+    done
+    kill -KILL "${alive[@]}" 2>/dev/null || true
+  fi
+  exit $status
+}
+trap cleanup EXIT
+trap 'echo "demo: interrupted" >&2; exit 130' INT TERM
+
+fail() {
+  echo "demo: $*" >&2
+  for f in "$RUN_DIR"/*.log; do
+    echo "---- last lines of $f" >&2
+    tail -n 15 "$f" >&2
+  done
+  exit 1
+}
+
+"$SCHEDULER" --config="$CONFIG" --port_file="$RUN_DIR/scheduler.port" \
+  >"$RUN_DIR/scheduler.log" 2>&1 &
+SCHEDULER_PID=$!
+PIDS+=("$SCHEDULER_PID")
+for _ in $(seq 100); do
+  [ -s "$RUN_DIR/scheduler.port" ] && break
+  kill -0 "$SCHEDULER_PID" 2>/dev/null || fail "scheduler exited at start"
+  sleep 0.05
+done
+[ -s "$RUN_DIR/scheduler.port" ] || fail "scheduler did not report its port"
+ADDRESS="127.0.0.1:$(cat "$RUN_DIR/scheduler.port")"
+
+SERVER_PIDS=()
+for i in $(seq 0 $((servers - 1))); do
+  "$SERVER" --config="$CONFIG" --scheduler="$ADDRESS" >"$RUN_DIR/server$i.log" 2>&1 &
+  SERVER_PIDS+=($!)
+  PIDS+=($!)
+done
+
+WORKER_PIDS=()
+for i in $(seq 0 $((workers - 1))); do
+  # Progress lines go to the terminal and to the log. Log files are numbered
+  # in launch order; the rank each worker got is in its log lines.
+  "$TRAINER" --config="$CONFIG" --scheduler="$ADDRESS" \
+    --summary_out="$RUN_DIR/summary.json" \
+    > "$RUN_DIR/worker$i.out" 2> >(tee "$RUN_DIR/worker$i.log" | grep --line-buffered -E "trainer|worker:" >&2) &
+  WORKER_PIDS+=($!)
+  PIDS+=($!)
+done
+
+start=$(date +%s)
+# Workers finish on their own; a server or the scheduler dying first is a
+# failure that would otherwise leave workers waiting for their timeouts.
+while true; do
+  running=0
+  for pid in "${WORKER_PIDS[@]}"; do kill -0 "$pid" 2>/dev/null && running=1; done
+  [ $running -eq 0 ] && break
+  for pid in "$SCHEDULER_PID" "${SERVER_PIDS[@]}"; do
+    kill -0 "$pid" 2>/dev/null || { wait "$pid" || true; fail "process $pid (scheduler or server) died during training"; }
+  done
+  [ $(( $(date +%s) - start )) -lt "$TIMEOUT" ] || fail "timed out after ${TIMEOUT}s"
+  sleep 0.2
+done
+for i in "${!WORKER_PIDS[@]}"; do
+  wait "${WORKER_PIDS[$i]}" || fail "worker $i failed (exit $?)"
+done
+# The scheduler tells the servers the job is over; all exit by themselves.
+for pid in "${SERVER_PIDS[@]}" "$SCHEDULER_PID"; do
+  for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  wait "$pid" || fail "process $pid exited with an error"
+done
+
+# Ranks come from the scheduler, so any of the processes may be rank 0,
+# the one that evaluates and writes the summary.
+SUMMARY="$(cat "$RUN_DIR/summary.json" 2>/dev/null || true)"
+[ -n "$SUMMARY" ] || fail "the rank 0 worker wrote no summary"
+echo "demo: finished in $(( $(date +%s) - start ))s; logs in $RUN_DIR" >&2
+echo "$SUMMARY"

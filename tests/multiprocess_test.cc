@@ -1,0 +1,270 @@
+// Starts real scheduler, server and worker processes on loopback and checks
+// what the servers hold after known update sequences.
+#include <signal.h>
+#include <sys/stat.h>
+
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "gtest/gtest.h"
+#include "tests/testing/subprocess.h"
+
+namespace ps {
+namespace {
+
+using ::ps::testing::ReadFile;
+using ::ps::testing::Runfile;
+using ::ps::testing::Subprocess;
+
+// SGD with learning rate 0.5 and gradients that are small binary fractions:
+// every intermediate sum is exact in float, so the final values do not
+// depend on the order in which concurrent pushes are applied.
+constexpr char kConfig[] = R"pb(
+  name: "sgd-sequence"
+  cluster {
+    num_servers: 2
+    num_workers: 2
+    num_slots: 64
+    heartbeat_interval_ms: 100
+    heartbeat_timeout_ms: 2000
+    request_timeout_ms: 10000
+  }
+  tables {
+    id: 0
+    name: "sparse"
+    sparse { dim: 1 }
+    optimizer { sgd { learning_rate: 0.5 } }
+  }
+  tables {
+    id: 1
+    name: "dense"
+    dense { size: 40 block_size: 8 }
+    optimizer { sgd { learning_rate: 0.5 } }
+  }
+)pb";
+
+class MultiProcessTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = absl::StrCat(::testing::TempDir(), "/",
+                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    mkdir(dir_.c_str(), 0755);
+    config_ = dir_ + "/job.pbtxt";
+    std::ofstream(config_) << kConfig;
+  }
+
+  Subprocess Start(const std::string& name, std::vector<std::string> argv) {
+    auto p = Subprocess::Start(argv, dir_ + "/" + name + ".out",
+                               dir_ + "/" + name + ".log");
+    EXPECT_TRUE(p.ok()) << p.status();
+    return std::move(p).value();
+  }
+
+  // Starts the scheduler and two servers; returns the scheduler address.
+  std::string StartCluster() {
+    processes_.push_back(Start("scheduler",
+                               {Runfile("scheduler/scheduler_main"),
+                                "--config=" + config_,
+                                "--port_file=" + dir_ + "/port"}));
+    auto port = ps::testing::WaitForFile(dir_ + "/port", absl::Seconds(10));
+    EXPECT_TRUE(port.ok()) << port.status();
+    const std::string address =
+        absl::StrCat("127.0.0.1:", absl::StripAsciiWhitespace(*port));
+    for (int i = 0; i < 2; ++i) {
+      processes_.push_back(Start(absl::StrCat("server", i),
+                                 {Runfile("server/server_main"),
+                                  "--config=" + config_,
+                                  "--scheduler=" + address}));
+    }
+    return address;
+  }
+
+  std::vector<std::string> Tool(const std::string& address,
+                                std::vector<std::string> args) {
+    std::vector<std::string> argv = {Runfile("worker/kv_tool"),
+                                     "--config=" + config_,
+                                     "--scheduler=" + address};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return argv;
+  }
+
+  // Runs kv_tool to completion and returns what it printed.
+  std::string RunTool(const std::string& name, std::vector<std::string> argv) {
+    Subprocess p = Start(name, std::move(argv));
+    auto code = p.Wait(absl::Seconds(30));
+    EXPECT_TRUE(code.ok()) << code.status();
+    EXPECT_EQ(*code, 0) << ReadFile(p.stderr_path());
+    return ReadFile(p.stdout_path());
+  }
+
+  static std::vector<float> ParseFloats(const std::string& line) {
+    std::vector<float> values;
+    for (absl::string_view part :
+         absl::StrSplit(absl::StripAsciiWhitespace(line), ' ', absl::SkipEmpty())) {
+      float v;
+      EXPECT_TRUE(absl::SimpleAtof(part, &v)) << part;
+      values.push_back(v);
+    }
+    return values;
+  }
+
+  std::string dir_;
+  std::string config_;
+  std::vector<Subprocess> processes_;  // scheduler, servers
+};
+
+TEST_F(MultiProcessTest, ConcurrentSgdPushesLandExactlyOnTheOwningServers) {
+  const std::string address = StartCluster();
+
+  // Two workers push at the same time, ten times each, to overlapping keys.
+  Subprocess a = Start("push_a", Tool(address, {"--table=sparse", "--op=push",
+                                                "--keys=1-100", "--values=0.25",
+                                                "--repeat=10"}));
+  Subprocess b = Start("push_b", Tool(address, {"--table=sparse", "--op=push",
+                                                "--keys=51-150", "--values=0.5",
+                                                "--repeat=10"}));
+  for (Subprocess* p : {&a, &b}) {
+    auto code = p->Wait(absl::Seconds(30));
+    ASSERT_TRUE(code.ok()) << code.status();
+    ASSERT_EQ(*code, 0) << ReadFile(p->stderr_path());
+  }
+  // Dense pushes span block boundaries (block_size 8), so both servers own
+  // parts of them.
+  std::vector<std::string> grads;
+  for (int i = 0; i < 20; ++i) grads.push_back(absl::StrCat(0.125 * (i + 1)));
+  RunTool("push_dense", Tool(address, {"--table=dense", "--op=push_dense",
+                                       "--begin=5", "--values=" +
+                                           absl::StrJoin(grads, ","),
+                                       "--repeat=4"}));
+
+  const std::vector<float> sparse =
+      ParseFloats(RunTool("pull_sparse", Tool(address, {"--table=sparse", "--op=pull",
+                                                        "--keys=1-150"})));
+  ASSERT_EQ(sparse.size(), 150u);
+  for (int key = 1; key <= 150; ++key) {
+    float expected = 0;
+    if (key <= 100) expected -= 0.5f * 0.25f * 10;  // worker a
+    if (key >= 51) expected -= 0.5f * 0.5f * 10;    // worker b
+    EXPECT_EQ(sparse[key - 1], expected) << "key " << key;
+  }
+
+  const std::vector<float> dense = ParseFloats(
+      RunTool("pull_dense", Tool(address, {"--table=dense", "--op=pull_dense",
+                                           "--begin=0", "--count=40", "--finish"})));
+  ASSERT_EQ(dense.size(), 40u);
+  for (int i = 0; i < 40; ++i) {
+    const float expected =
+        (i >= 5 && i < 25) ? -0.5f * 0.125f * (i - 4) * 4 : 0.0f;
+    EXPECT_EQ(dense[i], expected) << "element " << i;
+  }
+
+  // The last tool left as a finished worker: the job ends and every process
+  // exits cleanly by itself.
+  for (Subprocess& p : processes_) {
+    auto code = p.Wait(absl::Seconds(15));
+    ASSERT_TRUE(code.ok()) << code.status() << "\n" << ReadFile(p.stderr_path());
+    EXPECT_EQ(*code, 0) << ReadFile(p.stderr_path());
+  }
+  // Both servers served a share of the keys (the slot map spreads them).
+  for (int i = 1; i <= 2; ++i) {
+    const std::string log = ReadFile(processes_[i].stderr_path());
+    EXPECT_NE(log.find("(0 rejected)"), std::string::npos) << log;
+    EXPECT_EQ(log.find(" 0 keys pushed"), std::string::npos) << log;
+  }
+}
+
+TEST_F(MultiProcessTest, WrongRequestsFromAWorkerAreRefusedAndTheJobGoesOn) {
+  const std::string address = StartCluster();
+  // A dense op on a sparse table, and a range past the end: the tool fails
+  // with a clear message; the servers keep serving.
+  Subprocess bad = Start("bad", Tool(address, {"--table=dense", "--op=pull_dense",
+                                               "--begin=30", "--count=20"}));
+  auto code = bad.Wait(absl::Seconds(30));
+  ASSERT_TRUE(code.ok());
+  EXPECT_EQ(*code, 1);
+  EXPECT_NE(ReadFile(bad.stderr_path()).find("outside table 1 of size 40"),
+            std::string::npos)
+      << ReadFile(bad.stderr_path());
+  Subprocess nan = Start("nan", Tool(address, {"--table=sparse", "--op=push",
+                                               "--keys=7", "--values=nan"}));
+  code = nan.Wait(absl::Seconds(30));
+  ASSERT_TRUE(code.ok());
+  EXPECT_EQ(*code, 1);
+  EXPECT_NE(ReadFile(nan.stderr_path()).find("not finite"), std::string::npos)
+      << ReadFile(nan.stderr_path());
+
+  const std::vector<float> after = ParseFloats(
+      RunTool("pull", Tool(address, {"--table=sparse", "--op=pull", "--keys=7"})));
+  ASSERT_EQ(after.size(), 1u);
+  EXPECT_EQ(after[0], 0.0f);  // the NaN push changed nothing
+  // No worker finished, so the job is not over; SIGTERM ends each process
+  // cleanly.
+  for (int i = 2; i >= 0; --i) {
+    processes_[i].Signal(SIGTERM);
+    auto exit = processes_[i].Wait(absl::Seconds(15));
+    ASSERT_TRUE(exit.ok()) << exit.status();
+    EXPECT_EQ(*exit, 0) << ReadFile(processes_[i].stderr_path());
+  }
+}
+
+TEST_F(MultiProcessTest, BadConfigStopsEveryBinaryBeforeItStarts) {
+  const std::string bad = dir_ + "/bad.pbtxt";
+  std::ofstream(bad) << "cluster { num_servers: 0 num_workers: 1 }\n"
+                        "tables { id: 0 name: \"t\" sparse { dim: 0 } }\n";
+  for (const char* binary : {"scheduler/scheduler_main", "server/server_main",
+                             "worker/trainer", "worker/kv_tool"}) {
+    std::vector<std::string> argv = {Runfile(binary), "--config=" + bad};
+    if (std::string(binary) != "scheduler/scheduler_main") {
+      argv.push_back("--scheduler=127.0.0.1:1");
+    }
+    Subprocess p = Start("bad_config", argv);
+    auto code = p.Wait(absl::Seconds(10));
+    ASSERT_TRUE(code.ok()) << binary;
+    EXPECT_EQ(*code, 2) << binary;
+    const std::string err = ReadFile(p.stderr_path());
+    EXPECT_NE(err.find("cluster.num_servers"), std::string::npos) << binary << err;
+    EXPECT_NE(err.find("tables[0].sparse.dim"), std::string::npos) << binary << err;
+  }
+  const std::string syntax = dir_ + "/syntax.pbtxt";
+  std::ofstream(syntax) << "cluster {\n  num_servers: 1\n  no_such_field: 3\n}\n";
+  Subprocess p = Start("syntax", {Runfile("scheduler/scheduler_main"),
+                                  "--config=" + syntax});
+  auto code = p.Wait(absl::Seconds(10));
+  ASSERT_TRUE(code.ok());
+  EXPECT_EQ(*code, 2);
+  EXPECT_NE(ReadFile(p.stderr_path()).find("syntax.pbtxt:3:"), std::string::npos)
+      << ReadFile(p.stderr_path());
+}
+
+TEST_F(MultiProcessTest, SigtermStopsAServerCleanly) {
+  StartCluster();
+  // Wait until the servers registered (the scheduler logs it), then stop
+  // one with SIGTERM: it must leave the job and exit 0.
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (ReadFile(processes_[0].stderr_path()).find("job running") ==
+             std::string::npos &&
+         absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  processes_[1].Signal(SIGTERM);
+  auto code = processes_[1].Wait(absl::Seconds(10));
+  ASSERT_TRUE(code.ok()) << code.status();
+  EXPECT_EQ(*code, 0);
+  // The scheduler saw it leave rather than time out.
+  const absl::Time until = absl::Now() + absl::Seconds(5);
+  while (ReadFile(processes_[0].stderr_path()).find("server rank") ==
+             std::string::npos ||
+         ReadFile(processes_[0].stderr_path()).find("left") == std::string::npos) {
+    ASSERT_LT(absl::Now(), until) << ReadFile(processes_[0].stderr_path());
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+}
+
+}  // namespace
+}  // namespace ps

@@ -1,0 +1,190 @@
+// kv_tool: push to or pull from a running job's tables from the command
+// line, as a worker would. For operators (inspecting parameters) and tests
+// (driving exact update sequences through real processes).
+//
+//   kv_tool --config=JOB --scheduler=HOST:PORT --table=NAME --op=pull --keys=1,2,5-9
+//   kv_tool ... --op=push --keys=1-100 --values=0.25 --repeat=10
+//   kv_tool ... --op=pull_dense --begin=0 --count=14
+//
+// The tool joins the job as a worker (taking a free worker rank) and leaves
+// when done; with --finish it leaves as a finished worker, which lets the
+// job end once no other worker is alive. Pulled values are printed on one
+// line, separated by spaces, with enough digits to round-trip a float.
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/config.h"
+#include "common/logging.h"
+#include "common/status.h"
+#include "scheduler/client.h"
+#include "worker/kv_client.h"
+
+ABSL_FLAG(std::string, config, "", "Job config file (textproto). Required.");
+ABSL_FLAG(std::string, scheduler, "", "Scheduler host:port. Required.");
+ABSL_FLAG(std::string, table, "", "Table name. Required.");
+ABSL_FLAG(std::string, op, "pull", "push | pull | push_pull | push_dense | pull_dense");
+ABSL_FLAG(std::string, keys, "", "Sparse keys: comma-separated ids or ranges a-b (inclusive).");
+ABSL_FLAG(std::string, values, "",
+          "Gradients: comma-separated floats, one per pushed element, or a "
+          "single float used for every element.");
+ABSL_FLAG(uint64_t, begin, 0, "Dense ops: first element.");
+ABSL_FLAG(uint64_t, count, 0, "pull_dense: number of elements.");
+ABSL_FLAG(int, repeat, 1, "Send the push this many times, one after another.");
+ABSL_FLAG(bool, finish, false, "Leave as a finished worker.");
+ABSL_FLAG(std::string, log_level, "warn", "trace|debug|info|warn|error");
+
+namespace {
+
+absl::StatusOr<std::vector<uint64_t>> ParseKeys(const std::string& text) {
+  std::vector<uint64_t> keys;
+  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipEmpty())) {
+    std::vector<absl::string_view> range = absl::StrSplit(part, '-');
+    uint64_t a = 0, b = 0;
+    if (range.size() == 1 && absl::SimpleAtoi(range[0], &a)) {
+      keys.push_back(a);
+    } else if (range.size() == 2 && absl::SimpleAtoi(range[0], &a) &&
+               absl::SimpleAtoi(range[1], &b) && a <= b && b - a < 100000000) {
+      for (uint64_t k = a; k <= b; ++k) keys.push_back(k);
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat("bad key or range '", part, "'"));
+    }
+  }
+  return keys;
+}
+
+absl::StatusOr<std::vector<float>> ParseValues(const std::string& text, size_t n) {
+  std::vector<float> values;
+  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipEmpty())) {
+    float v;
+    if (!absl::SimpleAtof(part, &v)) {
+      return absl::InvalidArgumentError(absl::StrCat("bad value '", part, "'"));
+    }
+    values.push_back(v);
+  }
+  if (values.size() == 1) values.assign(n, values[0]);
+  if (values.size() != n) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--values has ", values.size(), " numbers; the push needs ", n, " (or 1)"));
+  }
+  return values;
+}
+
+void Print(const std::vector<float>& values) {
+  for (size_t i = 0; i < values.size(); ++i) {
+    std::printf(i ? " %.9g" : "%.9g", values[i]);
+  }
+  std::printf("\n");
+}
+
+absl::Status Run(const ps::JobConfig& config, ps::KVClient& client) {
+  PS_ASSIGN_OR_RETURN(const ps::TableConfig* table,
+                      ps::FindTable(config, absl::GetFlag(FLAGS_table)));
+  const std::string op = absl::GetFlag(FLAGS_op);
+  const int repeat = absl::GetFlag(FLAGS_repeat);
+  if (op == "push" || op == "pull" || op == "push_pull") {
+    if (!table->has_sparse()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "table '", table->name(), "' is dense; use push_dense / pull_dense"));
+    }
+    PS_ASSIGN_OR_RETURN(std::vector<uint64_t> keys,
+                        ParseKeys(absl::GetFlag(FLAGS_keys)));
+    const size_t n = keys.size() * table->sparse().dim();
+    std::vector<float> out(n);
+    if (op == "pull") {
+      PS_RETURN_IF_ERROR(client.Pull(table->id(), keys, out.data()).Wait());
+      Print(out);
+      return absl::OkStatus();
+    }
+    PS_ASSIGN_OR_RETURN(std::vector<float> grads,
+                        ParseValues(absl::GetFlag(FLAGS_values), n));
+    for (int i = 0; i < repeat; ++i) {
+      if (op == "push") {
+        PS_RETURN_IF_ERROR(client.Push(table->id(), keys, grads).Wait());
+      } else {
+        PS_RETURN_IF_ERROR(client.PushPull(table->id(), keys, grads, out.data()).Wait());
+      }
+    }
+    if (op == "push_pull") Print(out);
+    return absl::OkStatus();
+  }
+  if (op == "push_dense" || op == "pull_dense") {
+    if (!table->has_dense()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("table '", table->name(), "' is sparse; use push / pull"));
+    }
+    const uint64_t begin = absl::GetFlag(FLAGS_begin);
+    if (op == "pull_dense") {
+      std::vector<float> out(absl::GetFlag(FLAGS_count));
+      PS_RETURN_IF_ERROR(
+          client.PullDense(table->id(), begin, out.size(), out.data()).Wait());
+      Print(out);
+      return absl::OkStatus();
+    }
+    std::vector<float> grads;
+    for (absl::string_view part :
+         absl::StrSplit(absl::GetFlag(FLAGS_values), ',', absl::SkipEmpty())) {
+      float v;
+      if (!absl::SimpleAtof(part, &v)) {
+        return absl::InvalidArgumentError(absl::StrCat("bad value '", part, "'"));
+      }
+      grads.push_back(v);
+    }
+    for (int i = 0; i < repeat; ++i) {
+      PS_RETURN_IF_ERROR(client.PushDense(table->id(), begin, grads).Wait());
+    }
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat("unknown --op '", op, "'"));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  auto log = ps::GetLogger("kv_tool");
+  if (auto s = ps::SetLogLevel(absl::GetFlag(FLAGS_log_level)); !s.ok()) {
+    log->error("{}", s.message());
+    return 2;
+  }
+  auto config = ps::LoadJobConfig(absl::GetFlag(FLAGS_config));
+  if (!config.ok()) {
+    log->error("bad config: {}", config.status().message());
+    return 2;
+  }
+  ps::SchedulerClient::Options options;
+  options.address = absl::GetFlag(FLAGS_scheduler);
+  options.role = ps::WORKER;
+  options.config_fingerprint = ps::ConfigFingerprint(*config);
+  options.heartbeat_interval =
+      absl::Milliseconds(config->cluster().heartbeat_interval_ms());
+  auto membership = ps::SchedulerClient::Connect(options);
+  if (!membership.ok()) {
+    log->error("{}", membership.status().message());
+    return 1;
+  }
+  absl::Status status;
+  {
+    auto view = (*membership)->WaitForRunning(
+        absl::Milliseconds(config->cluster().startup_timeout_ms()));
+    if (!view.ok()) {
+      status = view.status();
+    } else {
+      auto client = ps::KVClient::Create({*config, (*membership)->rank()}, *view);
+      status = client.ok() ? Run(*config, **client) : client.status();
+    }
+  }
+  absl::Status left = (*membership)->Leave(absl::GetFlag(FLAGS_finish));
+  if (!status.ok()) {
+    log->error("{}", status.message());
+    return 1;
+  }
+  if (!left.ok()) log->warn("{}", left.message());
+  return 0;
+}
