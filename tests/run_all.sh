@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Builds and runs every test in the repository, then prints one line:
+#   N passed, N failed
+# counting individual test cases (gtest cases; one per shell test). A test
+# target that failed without reporting its cases (did not build, crashed,
+# timed out) counts as one failure. Exits non-zero when anything failed.
+#
+# Extra arguments go to `bazel test`, e.g. tests/run_all.sh --config=asan.
+set -uo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+"$ROOT/deploy/install_deps.sh" || { echo "0 passed, 1 failed"; exit 1; }
+
+CONFIG_ARGS=("$@")
+[ ${#CONFIG_ARGS[@]} -eq 0 ] && CONFIG_ARGS=(--config=opt)
+
+LOG="$(mktemp)"
+trap 'rm -f "$LOG"' EXIT
+bazel test "${CONFIG_ARGS[@]}" --keep_going --noshow_progress //... 2>&1 | tee "$LOG"
+bazel_status=${PIPESTATUS[0]}
+
+passed=0
+failed=0
+TESTLOGS="$(bazel info "${CONFIG_ARGS[@]}" bazel-testlogs 2>/dev/null)"
+# Lines like "//server:server_test    PASSED in 0.4s" or "(cached) PASSED".
+while read -r target status; do
+  xml="$TESTLOGS/$(echo "${target#//}" | tr ':' '/')/test.xml"
+  t=0; f=0
+  if [ -f "$xml" ]; then
+    head=$(grep -m1 -o '<testsuites[^>]*>\|<testsuite [^>]*>' "$xml")
+    t=$(echo "$head" | sed -n 's/.* tests="\([0-9]*\)".*/\1/p')
+    f=$(echo "$head" | sed -n 's/.* failures="\([0-9]*\)".*/\1/p')
+    e=$(echo "$head" | sed -n 's/.* errors="\([0-9]*\)".*/\1/p')
+    t=${t:-0}; f=$(( ${f:-0} + ${e:-0} ))
+  fi
+  if [ "$status" = "PASSED" ]; then
+    [ "$t" -eq 0 ] && t=1
+    passed=$((passed + t - f)); failed=$((failed + f))
+  else
+    # Failed targets whose report shows no failing case still count as one.
+    [ "$f" -eq 0 ] && f=1
+    [ "$t" -lt "$f" ] && t=$f
+    passed=$((passed + t - f)); failed=$((failed + f))
+  fi
+done < <(grep -E '^//[^ ]+ +(\(cached\) )?(PASSED|FAILED|TIMEOUT|NO STATUS|FLAKY|INCOMPLETE|FAILED TO BUILD)' "$LOG" \
+          | sed -E 's/^(\/\/[^ ]+) +(\(cached\) )?([A-Z ]+[A-Z]).*/\1 \3/' | sed 's/ TO BUILD$/_TO_BUILD/; s/NO STATUS/NO_STATUS/')
+
+if [ "$bazel_status" -ne 0 ] && [ "$failed" -eq 0 ]; then
+  # The build itself failed before any test ran.
+  failed=1
+fi
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ] && [ "$bazel_status" -eq 0 ]

@@ -1,0 +1,262 @@
+// KVClient against an in-process scheduler and two real servers on loopback.
+#include "worker/kv_client.h"
+
+#include <atomic>
+#include <memory>
+#include <numeric>
+#include <vector>
+
+#include "absl/synchronization/notification.h"
+#include "common/config.h"
+#include "common/hash.h"
+#include "gtest/gtest.h"
+#include "scheduler/client.h"
+#include "scheduler/scheduler.h"
+#include "server/server.h"
+
+namespace ps {
+namespace {
+
+constexpr char kConfig[] = R"pb(
+  cluster {
+    num_servers: 2
+    num_workers: 1
+    num_slots: 32
+    heartbeat_interval_ms: 50
+    heartbeat_timeout_ms: 2000
+    request_timeout_ms: 2000
+  }
+  tables {
+    id: 3
+    name: "emb"
+    sparse { dim: 4 }
+    optimizer { sgd { learning_rate: 1 } }
+    init { kind: CONSTANT value: 0.5 }
+  }
+  tables {
+    id: 4
+    name: "dense"
+    dense { size: 100 block_size: 7 }
+    optimizer { sgd { learning_rate: 1 } }
+  }
+)pb";
+
+class KVClientTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto config = ParseJobConfig(kConfig, "test");
+    ASSERT_TRUE(config.ok()) << config.status();
+    config_ = *config;
+    SchedulerServer::Options so;
+    so.config = config_;
+    auto scheduler = SchedulerServer::Start(so);
+    ASSERT_TRUE(scheduler.ok()) << scheduler.status();
+    scheduler_ = std::move(scheduler).value();
+    for (int i = 0; i < 2; ++i) StartServer();
+  }
+
+  void StartServer() {
+    KVServer::Options ko;
+    ko.config = config_;
+    auto server = KVServer::Start(ko);
+    ASSERT_TRUE(server.ok()) << server.status();
+    KVServer* kv = server->get();
+    SchedulerClient::Options co;
+    co.address = scheduler_->address();
+    co.role = SERVER;
+    co.data_endpoint = kv->endpoint();
+    co.config_fingerprint = ConfigFingerprint(config_);
+    co.heartbeat_interval = absl::Milliseconds(50);
+    co.on_view = [kv](const ClusterView& v, uint32_t rank) { kv->UpdateView(v, rank); };
+    auto member = SchedulerClient::Connect(co);
+    ASSERT_TRUE(member.ok()) << member.status();
+    servers_.push_back(std::move(server).value());
+    members_.push_back(std::move(member).value());
+  }
+
+  std::unique_ptr<KVClient> Client() {
+    ClusterView view = scheduler_->state()->AwaitView(0, true, absl::Seconds(5));
+    EXPECT_EQ(view.job_state(), RUNNING);
+    auto client = KVClient::Create({config_, 0}, view);
+    EXPECT_TRUE(client.ok()) << client.status();
+    return std::move(client).value();
+  }
+
+  JobConfig config_;
+  std::unique_ptr<SchedulerServer> scheduler_;
+  std::vector<std::unique_ptr<KVServer>> servers_;
+  std::vector<std::unique_ptr<SchedulerClient>> members_;
+};
+
+TEST_F(KVClientTest, SparsePushPullAcrossBothServers) {
+  auto client = Client();
+  std::vector<uint64_t> keys(200);
+  std::iota(keys.begin(), keys.end(), 1000);
+  // The keys really are split: both servers own some of them.
+  ClusterView view = scheduler_->state()->View();
+  int on_server0 = 0;
+  for (uint64_t k : keys) on_server0 += view.slot_owner(SparseSlot(3, k, 32)) == 0;
+  ASSERT_GT(on_server0, 0);
+  ASSERT_LT(on_server0, 200);
+
+  std::vector<float> out(keys.size() * 4, -1);
+  ASSERT_TRUE(client->Pull(3, keys, out.data()).Wait().ok());
+  for (float v : out) EXPECT_EQ(v, 0.5f);  // CONSTANT init
+
+  std::vector<float> grads(keys.size() * 4);
+  for (size_t i = 0; i < grads.size(); ++i) grads[i] = 0.25f * (i % 8);
+  ASSERT_TRUE(client->Push(3, keys, grads).Wait().ok());
+  ASSERT_TRUE(client->Pull(3, keys, out.data()).Wait().ok());
+  for (size_t i = 0; i < out.size(); ++i) {
+    EXPECT_EQ(out[i], 0.5f - grads[i]) << i;  // SGD, learning rate 1
+  }
+  EXPECT_GT(servers_[0]->stats().keys_pushed, 0u);
+  EXPECT_GT(servers_[1]->stats().keys_pushed, 0u);
+  EXPECT_EQ(servers_[0]->stats().keys_pushed + servers_[1]->stats().keys_pushed,
+            200u);
+}
+
+TEST_F(KVClientTest, PushPullReturnsUpdatedValuesAndKeepsCallerOrder) {
+  auto client = Client();
+  // Unsorted keys with a duplicate: results come back in caller order, and
+  // the duplicate is updated twice.
+  std::vector<uint64_t> keys = {77, 5, 123456789, 5};
+  std::vector<float> grads(keys.size() * 4, 0.125f);
+  std::vector<float> out(keys.size() * 4);
+  ASSERT_TRUE(client->PushPull(3, keys, grads, out.data()).Wait().ok());
+  for (int e = 0; e < 4; ++e) {
+    EXPECT_EQ(out[0 * 4 + e], 0.375f);
+    EXPECT_EQ(out[1 * 4 + e], 0.25f);
+    EXPECT_EQ(out[2 * 4 + e], 0.375f);
+    EXPECT_EQ(out[3 * 4 + e], 0.25f);
+  }
+}
+
+TEST_F(KVClientTest, DenseRangesSpanBlocksAndServers) {
+  auto client = Client();
+  std::vector<float> grads(90);
+  for (size_t i = 0; i < grads.size(); ++i) grads[i] = 0.5f * i;
+  ASSERT_TRUE(client->PushDense(4, 5, grads).Wait().ok());
+  std::vector<float> out(100, 1);
+  ASSERT_TRUE(client->PullDense(4, 0, 100, out.data()).Wait().ok());
+  for (int i = 0; i < 100; ++i) {
+    const float want = (i >= 5 && i < 95) ? -0.5f * (i - 5) : 0.0f;
+    EXPECT_EQ(out[i], want) << i;
+  }
+  std::vector<float> tail(3);
+  ASSERT_TRUE(client->PullDense(4, 97, 3, tail.data()).Wait().ok());
+  EXPECT_EQ(tail, std::vector<float>({0, 0, 0}));
+}
+
+TEST_F(KVClientTest, CallbacksRunOnceWithTheResult) {
+  auto client = Client();
+  std::vector<uint64_t> keys = {1, 2, 3, 4, 5, 6, 7, 8};
+  std::vector<float> out(keys.size() * 4);
+  absl::Notification done;
+  std::atomic<int> calls{0};
+  absl::Status seen = absl::UnknownError("not called");
+  Completion c = client->Pull(3, keys, out.data(), [&](const absl::Status& s) {
+    seen = s;
+    ++calls;
+    done.Notify();
+  });
+  ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  EXPECT_TRUE(c.Wait().ok());
+  EXPECT_TRUE(seen.ok()) << seen;
+  EXPECT_EQ(calls.load(), 1);
+}
+
+TEST_F(KVClientTest, BadRequestsFailWithoutReachingServers) {
+  auto client = Client();
+  std::vector<uint64_t> keys = {1, 2};
+  std::vector<float> out(8);
+  EXPECT_EQ(client->Pull(99, keys, out.data()).Wait().code(),
+            absl::StatusCode::kInvalidArgument);  // unknown table
+  EXPECT_EQ(client->Pull(4, keys, out.data()).Wait().code(),
+            absl::StatusCode::kInvalidArgument);  // dense table via sparse op
+  std::vector<float> short_grads(7);
+  EXPECT_EQ(client->Push(3, keys, short_grads).Wait().code(),
+            absl::StatusCode::kInvalidArgument);  // 2 keys x dim 4 needs 8
+  EXPECT_EQ(client->PullDense(4, 95, 10, out.data()).Wait().code(),
+            absl::StatusCode::kOutOfRange);
+  EXPECT_TRUE(client->Pull(3, {}, out.data()).Wait().ok());  // nothing to do
+  EXPECT_EQ(servers_[0]->stats().requests + servers_[1]->stats().requests, 0u);
+}
+
+TEST_F(KVClientTest, ServerErrorsReachTheCaller) {
+  auto client = Client();
+  std::vector<uint64_t> keys = {1, 2};
+  std::vector<float> grads(8, 1.0f);
+  grads[5] = std::numeric_limits<float>::quiet_NaN();
+  absl::Status s = client->Push(3, keys, grads).Wait();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("not finite"), std::string::npos) << s;
+}
+
+TEST_F(KVClientTest, RetriesWhileAServerHasNoViewYet) {
+  ClusterView view = scheduler_->state()->AwaitView(0, true, absl::Seconds(5));
+  // A server that never heard from the scheduler answers UNAVAILABLE; the
+  // client retries until the view arrives, and the request then succeeds.
+  KVServer::Options ko;
+  ko.config = config_;
+  auto lonely = KVServer::Start(ko);
+  ASSERT_TRUE(lonely.ok());
+  ClusterView redirected = view;
+  redirected.set_epoch(view.epoch() + 100);
+  for (NodeInfo& n : *redirected.mutable_nodes()) {
+    if (n.role() == SERVER && n.rank() == 0) n.set_data_endpoint((*lonely)->endpoint());
+  }
+  auto client = KVClient::Create({config_, 0}, redirected);
+  ASSERT_TRUE(client.ok());
+  std::vector<uint64_t> keys(64);
+  std::iota(keys.begin(), keys.end(), 0);
+  std::vector<float> out(keys.size() * 4);
+  Completion c = (*client)->Pull(3, keys, out.data());
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_FALSE(c.done());
+  (*lonely)->UpdateView(redirected, 0);
+  ASSERT_TRUE(c.Wait().ok());
+  EXPECT_GT((*lonely)->stats().errors, 0u);  // it did refuse at first
+  for (float v : out) EXPECT_EQ(v, 0.5f);
+}
+
+TEST_F(KVClientTest, UnansweredRequestsTimeOut) {
+  auto client = Client();
+  servers_[0]->Stop();
+  servers_[1]->Stop();
+  std::vector<uint64_t> keys = {1, 2, 3};
+  std::vector<float> out(12);
+  const absl::Time start = absl::Now();
+  absl::Status s = client->Pull(3, keys, out.data()).Wait();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+  // request_timeout_ms is 2000.
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(1900));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+}
+
+TEST_F(KVClientTest, ManyConcurrentRequestsFromSeveralThreads) {
+  auto client = Client();
+  constexpr int kThreads = 4;
+  constexpr int kRounds = 50;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      // Each thread owns distinct keys and pushes them kRounds times.
+      std::vector<uint64_t> keys = {uint64_t(10000 + t), uint64_t(20000 + t)};
+      std::vector<float> grads(8, 0.0625f);
+      std::vector<Completion> pending;
+      for (int r = 0; r < kRounds; ++r) pending.push_back(client->Push(3, keys, grads));
+      for (auto& c : pending) ASSERT_TRUE(c.Wait().ok());
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (int t = 0; t < kThreads; ++t) {
+    std::vector<uint64_t> keys = {uint64_t(10000 + t), uint64_t(20000 + t)};
+    std::vector<float> out(8);
+    ASSERT_TRUE(client->Pull(3, keys, out.data()).Wait().ok());
+    for (float v : out) EXPECT_EQ(v, 0.5f - 0.0625f * kRounds);
+  }
+}
+
+}  // namespace
+}  // namespace ps
