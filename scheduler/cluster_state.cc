@@ -186,8 +186,8 @@ void ClusterState::UpdateJobStateLocked() {
 ClusterView ClusterState::AwaitView(uint64_t min_epoch, bool wait_for_running,
                                     absl::Duration timeout) {
   auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return view_.epoch() >= min_epoch &&
-           (!wait_for_running || view_.job_state() != STARTING);
+    return closed_ || (view_.epoch() >= min_epoch &&
+                       (!wait_for_running || view_.job_state() != STARTING));
   };
   absl::MutexLock lock(&mu_);
   mu_.AwaitWithTimeout(absl::Condition(&ready), std::min(timeout, kMaxWait));
@@ -243,17 +243,26 @@ absl::Status ClusterState::AwaitBarrier(uint64_t node_id,
     return absl::InvalidArgumentError("only workers take part in barriers");
   }
   barriers_[name].insert(node_id);
-  auto complete = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return BarrierCompleteLocked(name);
+  auto complete_or_closed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return closed_ || BarrierCompleteLocked(name);
   };
-  if (mu_.AwaitWithTimeout(absl::Condition(&complete),
-                           std::min(timeout, kMaxWait))) {
+  mu_.AwaitWithTimeout(absl::Condition(&complete_or_closed),
+                       std::min(timeout, kMaxWait));
+  if (BarrierCompleteLocked(name)) {
     completed_barriers_.insert(name);
     return absl::OkStatus();
+  }
+  if (closed_) {
+    return absl::UnavailableError("the scheduler is shutting down");
   }
   return absl::DeadlineExceededError(
       absl::StrCat("barrier '", name, "' still waits for worker ranks ",
                    absl::StrJoin(MissingRanksLocked(name), ", ")));
+}
+
+void ClusterState::Close() {
+  absl::MutexLock lock(&mu_);
+  closed_ = true;
 }
 
 ClusterView ClusterState::View() const {

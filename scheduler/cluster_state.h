@@ -55,6 +55,11 @@ class ClusterState {
   // Returns the ids declared dead now. Called periodically.
   std::vector<uint64_t> ExpireSilentNodes();
 
+  // Wakes every blocked Await* call and makes later ones return at once
+  // (AwaitBarrier with UNAVAILABLE), so a server shutting down does not wait
+  // out their timeouts. Irreversible.
+  void Close();
+
   ClusterView View() const;
   JobState job_state() const;
   // True when the job is FINISHED and no server is alive any more.
@@ -90,6 +95,7 @@ class ClusterState {
   absl::flat_hash_map<std::string, absl::flat_hash_set<uint64_t>> barriers_
       ABSL_GUARDED_BY(mu_);
   absl::flat_hash_set<std::string> completed_barriers_ ABSL_GUARDED_BY(mu_);
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace ps

@@ -106,9 +106,11 @@ bool SchedulerServer::WaitUntilDone(absl::Duration timeout) {
 void SchedulerServer::Shutdown() {
   if (!stop_.HasBeenNotified()) stop_.Notify();
   if (detector_.joinable()) detector_.join();
+  // gRPC's Shutdown waits for running handlers, and long polls and barriers
+  // would otherwise block theirs for up to 30 s: wake them first.
+  state_->Close();
   if (server_ != nullptr) {
-    // Long polls and barriers end within their own timeouts; do not wait
-    // for them longer than a moment.
+    // Calls still running get a moment to finish before gRPC cancels them.
     server_->Shutdown(std::chrono::system_clock::now() +
                       std::chrono::milliseconds(200));
     server_->Wait();

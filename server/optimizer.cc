@@ -61,9 +61,10 @@ absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::Create(
     case OptimizerConfig::kAdagrad: {
       const AdagradConfig& a = config.adagrad();
       if (!PositiveFinite(a.learning_rate()) || !PositiveFinite(a.epsilon()) ||
-          !(a.initial_accumulator() >= 0)) {
+          !(std::isfinite(a.initial_accumulator()) &&
+            a.initial_accumulator() >= 0)) {
         return absl::InvalidArgumentError(
-            "adagrad needs learning_rate > 0, epsilon > 0 and "
+            "adagrad needs learning_rate > 0, epsilon > 0 and a finite "
             "initial_accumulator >= 0");
       }
       return std::make_unique<Adagrad>(a);

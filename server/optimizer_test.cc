@@ -230,6 +230,8 @@ TEST(OptimizerCreateTest, RejectsBadConfigs) {
       {"adagrad lr NaN", AdagradConfigWith(nan, 0.1f, 1e-8f)},
       {"adagrad negative accumulator", AdagradConfigWith(0.1f, -0.5f, 1e-8f)},
       {"adagrad NaN accumulator", AdagradConfigWith(0.1f, nan, 1e-8f)},
+      // An infinite accumulator would silently freeze every parameter.
+      {"adagrad infinite accumulator", AdagradConfigWith(0.1f, inf, 1e-8f)},
       {"adagrad epsilon 0", AdagradConfigWith(0.1f, 0.1f, 0.0f)},
       {"adagrad epsilon < 0", AdagradConfigWith(0.1f, 0.1f, -1e-8f)},
       {"adagrad epsilon NaN", AdagradConfigWith(0.1f, 0.1f, nan)},

@@ -316,6 +316,31 @@ TEST(SparseTableTest, DuplicateKeysInOnePushApplyTwiceInOrder) {
   EXPECT_FLOAT_EQ(v[1], -1.6f);
 }
 
+TEST(SparseTableTest, AdagradStateIsPerRowAndElement) {
+  // Rows interleave values and accumulators; each element of each row has
+  // its own accumulator. lr 1, accumulator starts at 0:
+  //   key 1: e0 g 3 then 4 -> acc 9, 25  -> w = -1 - 0.8 = -1.8
+  //          e1 g 4 then 3 -> acc 16, 25 -> w = -1 - 0.6 = -1.6
+  //   key 2: e0 g 4 -> -1, e1 g 3 -> -1
+  TableConfig c = SparseConfig(0, 2, 1.0f);
+  AdagradConfig* a = c.mutable_optimizer()->mutable_adagrad();
+  a->set_learning_rate(1.0f);
+  a->set_initial_accumulator(0.0f);
+  a->set_epsilon(1e-8f);
+  auto t = MustCreateSparse(c);
+  ASSERT_NE(t, nullptr);
+  const std::vector<float> g1 = {3, 4, 4, 3};
+  t->Push({1, 2}, g1.data());
+  const std::vector<float> g2 = {4, 3};
+  t->Push({1}, g2.data());
+  const std::vector<float> v = PullSparse(*t, {1, 2});
+  ASSERT_EQ(v.size(), 4u);
+  EXPECT_FLOAT_EQ(v[0], -1.8f);
+  EXPECT_FLOAT_EQ(v[1], -1.6f);
+  EXPECT_FLOAT_EQ(v[2], -1.0f);
+  EXPECT_FLOAT_EQ(v[3], -1.0f);
+}
+
 TEST(SparseTableTest, MultiDimRowsAreRowMajor) {
   constexpr uint32_t kDim = 5;
   auto t = MustCreateSparse(SparseConfig(0, kDim, 1.0f));
@@ -406,6 +431,30 @@ TEST(DenseTableTest, ValidateSegments) {
   }
 }
 
+TEST(DenseTableTest, ValidateSegmentsCatchesWrappingEnds) {
+  // With a single block the block check cannot catch an end that wrapped
+  // around: begin + length must not be computed naively.
+  auto one_block = MustCreateDense(DenseConfig(0, 10, 16, 0.5f));
+  ASSERT_NE(one_block, nullptr);
+  // 9 + (2^64 - 1) wraps to 8, which is inside the table and the block.
+  EXPECT_EQ(one_block->ValidateSegments(MakeSegments({{9, kU64Max}})).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(one_block->ValidateSegments(MakeSegments({{1, kU64Max - 1}})).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(one_block->ValidateSegments(MakeSegments({{0, 10}})).ok());
+
+  // A table reaching up to UINT64_MAX: the last element is addressable,
+  // one past it wraps to 0. No element is touched, so nothing is allocated.
+  auto huge = MustCreateDense(DenseConfig(0, kU64Max, 1u << 26, 0.5f));
+  ASSERT_NE(huge, nullptr);
+  EXPECT_TRUE(huge->ValidateSegments(MakeSegments({{kU64Max - 1, 1}})).ok());
+  EXPECT_EQ(huge->ValidateSegments(MakeSegments({{kU64Max - 1, 2}})).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(huge->ValidateSegments(MakeSegments({{kU64Max - 2, kU64Max}}))
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(DenseTableTest, PushPullAcrossBlocksExactSgd) {
   TableConfig c = DenseConfig(0, 10, 4, 0.5f);
   c.mutable_init()->set_kind(InitializerConfig::CONSTANT);
@@ -420,7 +469,7 @@ TEST(DenseTableTest, PushPullAcrossBlocksExactSgd) {
   EXPECT_EQ(PullAllDense(*t),
             (std::vector<float>{2, 2, 1.5, 1, 0.5, 0, -0.5, 2, 2, 2}));
   // Pull returns values in segment order, not index order.
-  EXPECT_EQ(PullDense(*t, MakeSegments({{6, 1}, {2, 1}, {3, 2}})),
+  EXPECT_EQ(PullDense(*t, MakeSegments({{6, 1}, {2, 2}, {4, 1}})),
             (std::vector<float>{-0.5, 1.5, 1, 0.5}));
 }
 
@@ -441,9 +490,11 @@ TEST(DenseTableTest, ShortLastBlock) {
 
 TEST(DenseTableTest, AdagradStateIsPerElement) {
   // A push to an element in the middle of a block must use that element's
-  // accumulator. lr 1, accumulator starts at 0:
+  // accumulator, not the block's first one. lr 1, accumulator starts at 0,
+  // block 1 holds elements 4..7:
   //   element 5: g = 3 -> acc 9, w = -1;  then g = 4 -> acc 25, w = -1.8
   //   element 6: g = 4 -> acc 16, w = -1
+  //   element 4: g = 4 -> acc 16, w = -1  (-0.625 if it shared 5's acc)
   TableConfig c = DenseConfig(0, 10, 4, 1.0f);
   AdagradConfig* a = c.mutable_optimizer()->mutable_adagrad();
   a->set_learning_rate(1.0f);
@@ -455,8 +506,10 @@ TEST(DenseTableTest, AdagradStateIsPerElement) {
   t->Push(MakeSegments({{5, 1}}), g1.data());
   const std::vector<float> g2 = {4, 4};
   t->Push(MakeSegments({{5, 2}}), g2.data());
+  const std::vector<float> g3 = {4};
+  t->Push(MakeSegments({{4, 1}}), g3.data());
   const std::vector<float> v = PullDense(*t, MakeSegments({{4, 4}}));
-  EXPECT_EQ(v[0], 0.0f);
+  EXPECT_FLOAT_EQ(v[0], -1.0f);
   EXPECT_FLOAT_EQ(v[1], -1.8f);
   EXPECT_FLOAT_EQ(v[2], -1.0f);
   EXPECT_EQ(v[3], 0.0f);

@@ -1,0 +1,593 @@
+#include "scheduler/cluster_state.h"
+
+#include <chrono>
+#include <cstdint>
+#include <future>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+#include "common/config.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "proto/config.pb.h"
+#include "proto/scheduler.pb.h"
+
+namespace ps {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::IsEmpty;
+
+// 2 servers and 2 workers; 8 slots so the slot map is small enough to spell
+// out; a 1 s heartbeat timeout that the fake clock crosses explicitly.
+constexpr char kConfig[] = R"pb(
+  cluster {
+    num_servers: 2
+    num_workers: 2
+    num_slots: 8
+    heartbeat_interval_ms: 100
+    heartbeat_timeout_ms: 1000
+  }
+)pb";
+
+// Long enough never to expire on a loaded machine, short enough that a
+// broken wake-up fails the test instead of hanging it.
+constexpr absl::Duration kLongWait = absl::Seconds(20);
+
+JobConfig TestConfig() {
+  absl::StatusOr<JobConfig> config = ParseJobConfig(kConfig, "test");
+  EXPECT_TRUE(config.ok()) << config.status();
+  return config.ok() ? *config : JobConfig();
+}
+
+class ClusterStateTest : public ::testing::Test {
+ protected:
+  ClusterStateTest()
+      : config_(TestConfig()),
+        fingerprint_(ConfigFingerprint(config_)),
+        state_(std::make_unique<ClusterState>(config_, &clock_)) {}
+
+  RegisterRequest Request(Role role, const std::string& endpoint = "") const {
+    RegisterRequest request;
+    request.set_role(role);
+    request.set_data_endpoint(endpoint);
+    request.set_host("testhost");
+    request.set_pid(4242);
+    request.set_config_fingerprint(fingerprint_);
+    return request;
+  }
+
+  // Registers and returns the new node id; fails the test on error.
+  RegisterResponse MustRegister(Role role, const std::string& endpoint = "") {
+    absl::StatusOr<RegisterResponse> r = state_->Register(Request(role, endpoint));
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? *r : RegisterResponse();
+  }
+  uint64_t AddServer(const std::string& endpoint) {
+    return MustRegister(SERVER, endpoint).node_id();
+  }
+  uint64_t AddWorker() { return MustRegister(WORKER).node_id(); }
+
+  absl::Status Leave(uint64_t node_id, bool finished) {
+    LeaveRequest request;
+    request.set_node_id(node_id);
+    request.set_finished(finished);
+    return state_->Leave(request);
+  }
+
+  absl::Status Heartbeat(uint64_t node_id) {
+    HeartbeatRequest request;
+    request.set_node_id(node_id);
+    return state_->Heartbeat(request).status();
+  }
+
+  NodeInfo NodeInView(uint64_t node_id) const {
+    const ClusterView view = state_->View();
+    for (const NodeInfo& n : view.nodes()) {
+      if (n.node_id() == node_id) return n;
+    }
+    ADD_FAILURE() << "node " << node_id << " not in the view";
+    return NodeInfo();
+  }
+
+  // Both servers and both workers registered: the job is RUNNING.
+  struct Cluster {
+    uint64_t s0, s1, w0, w1;
+  };
+  Cluster StartFullCluster() {
+    Cluster c;
+    c.s0 = AddServer("tcp://s0:1");
+    c.s1 = AddServer("tcp://s1:1");
+    c.w0 = AddWorker();
+    c.w1 = AddWorker();
+    EXPECT_EQ(state_->job_state(), RUNNING);
+    return c;
+  }
+
+  const JobConfig config_;
+  const uint64_t fingerprint_;
+  FakeClock clock_;
+  std::unique_ptr<ClusterState> state_;
+};
+
+TEST_F(ClusterStateTest, AssignsRanksPerRoleInRegistrationOrder) {
+  RegisterResponse s0 = MustRegister(SERVER, "tcp://a:1");
+  RegisterResponse w0 = MustRegister(WORKER);
+  RegisterResponse s1 = MustRegister(SERVER, "tcp://b:1");
+  RegisterResponse w1 = MustRegister(WORKER);
+  EXPECT_EQ(s0.rank(), 0u);
+  EXPECT_EQ(s1.rank(), 1u);
+  EXPECT_EQ(w0.rank(), 0u);
+  EXPECT_EQ(w1.rank(), 1u);
+  // Node ids start at 1 and are shared across roles.
+  EXPECT_EQ(s0.node_id(), 1u);
+  EXPECT_EQ(w0.node_id(), 2u);
+  EXPECT_EQ(s1.node_id(), 3u);
+  EXPECT_EQ(w1.node_id(), 4u);
+}
+
+TEST_F(ClusterStateTest, RejectsFingerprintMismatchWithoutChangingState) {
+  RegisterRequest request = Request(WORKER);
+  request.set_config_fingerprint(fingerprint_ + 1);
+  absl::StatusOr<RegisterResponse> r = state_->Register(request);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  const ClusterView view = state_->View();
+  EXPECT_EQ(view.epoch(), 1u);
+  EXPECT_THAT(view.nodes(), IsEmpty());
+}
+
+TEST_F(ClusterStateTest, RejectsServerWithoutEndpoint) {
+  EXPECT_EQ(state_->Register(Request(SERVER, "")).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // Workers have no data plane endpoint, so none is required of them.
+  EXPECT_TRUE(state_->Register(Request(WORKER, "")).ok());
+}
+
+TEST_F(ClusterStateTest, RejectsBadRole) {
+  EXPECT_EQ(state_->Register(Request(ROLE_UNSPECIFIED)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // proto3 enums are open: a value no version defines arrives as is.
+  EXPECT_EQ(state_->Register(Request(static_cast<Role>(7), "tcp://x:1"))
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(state_->View().epoch(), 1u);
+}
+
+TEST_F(ClusterStateTest, RejectsOversizedStrings) {
+  EXPECT_EQ(
+      state_->Register(Request(SERVER, std::string(1025, 'x'))).status().code(),
+      absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(ClusterStateTest, RejectsNodesBeyondTheConfiguredCount) {
+  StartFullCluster();
+  EXPECT_EQ(state_->Register(Request(SERVER, "tcp://s2:1")).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(state_->Register(Request(WORKER)).status().code(),
+            absl::StatusCode::kResourceExhausted);
+}
+
+TEST_F(ClusterStateTest, EveryChangeBumpsTheEpochByOne) {
+  EXPECT_EQ(state_->View().epoch(), 1u);
+  RegisterResponse s0 = MustRegister(SERVER, "tcp://s0:1");
+  // The response carries the view that includes the new node.
+  EXPECT_EQ(s0.view().epoch(), 2u);
+  EXPECT_EQ(s0.view().nodes_size(), 1);
+  RegisterResponse w0 = MustRegister(WORKER);
+  EXPECT_EQ(w0.view().epoch(), 3u);
+  EXPECT_EQ(state_->View().epoch(), 3u);
+
+  // Heartbeats and refused requests change nothing.
+  ASSERT_TRUE(Heartbeat(w0.node_id()).ok());
+  EXPECT_FALSE(state_->Register(Request(SERVER, "")).ok());
+  EXPECT_EQ(state_->View().epoch(), 3u);
+
+  ASSERT_TRUE(Leave(w0.node_id(), false).ok());
+  EXPECT_EQ(state_->View().epoch(), 4u);
+
+  clock_.Advance(absl::Milliseconds(1001));
+  EXPECT_THAT(state_->ExpireSilentNodes(), ElementsAre(s0.node_id()));
+  EXPECT_EQ(state_->View().epoch(), 5u);
+  // Nothing left to expire: no change, no bump.
+  EXPECT_THAT(state_->ExpireSilentNodes(), IsEmpty());
+  EXPECT_EQ(state_->View().epoch(), 5u);
+}
+
+TEST_F(ClusterStateTest, JobStartsRunningOnceEveryServerRegistered) {
+  AddServer("tcp://s0:1");
+  AddWorker();
+  AddWorker();
+  ClusterView view = state_->View();
+  EXPECT_EQ(view.job_state(), STARTING);
+  EXPECT_THAT(view.slot_owner(), IsEmpty());
+  EXPECT_EQ(view.num_slots(), 8u);
+
+  RegisterResponse s1 = MustRegister(SERVER, "tcp://s1:1");
+  EXPECT_EQ(s1.view().job_state(), RUNNING);
+  view = state_->View();
+  EXPECT_EQ(view.job_state(), RUNNING);
+  // Contiguous ranges: the first half of the slots to rank 0, the rest to 1.
+  EXPECT_THAT(view.slot_owner(), ElementsAre(0, 0, 0, 0, 1, 1, 1, 1));
+  EXPECT_EQ(s1.view().slot_owner_size(), 8);
+}
+
+TEST_F(ClusterStateTest, SlotRangesWithUnevenSplit) {
+  JobConfig config = config_;
+  config.mutable_cluster()->set_num_servers(3);
+  config.mutable_cluster()->set_num_slots(8);
+  ClusterState state(config, &clock_);
+  for (int i = 0; i < 3; ++i) {
+    RegisterRequest request = Request(SERVER, "tcp://s:1");
+    request.set_config_fingerprint(ConfigFingerprint(config));
+    ASSERT_TRUE(state.Register(request).ok());
+  }
+  EXPECT_THAT(state.View().slot_owner(), ElementsAre(0, 0, 0, 1, 1, 1, 2, 2));
+}
+
+TEST_F(ClusterStateTest, ViewListsNodesWithEndpoints) {
+  const Cluster c = StartFullCluster();
+  const ClusterView view = state_->View();
+  ASSERT_EQ(view.nodes_size(), 4);
+  // Ordered by node id.
+  EXPECT_EQ(view.nodes(0).node_id(), c.s0);
+  EXPECT_EQ(view.nodes(0).role(), SERVER);
+  EXPECT_EQ(view.nodes(0).rank(), 0u);
+  EXPECT_EQ(view.nodes(0).data_endpoint(), "tcp://s0:1");
+  EXPECT_EQ(view.nodes(0).state(), ALIVE);
+  EXPECT_EQ(view.nodes(0).host(), "testhost");
+  EXPECT_EQ(view.nodes(0).pid(), 4242u);
+  EXPECT_EQ(view.nodes(1).node_id(), c.s1);
+  EXPECT_EQ(view.nodes(1).rank(), 1u);
+  EXPECT_EQ(view.nodes(1).data_endpoint(), "tcp://s1:1");
+  EXPECT_EQ(view.nodes(2).node_id(), c.w0);
+  EXPECT_EQ(view.nodes(2).role(), WORKER);
+  EXPECT_EQ(view.nodes(2).rank(), 0u);
+  EXPECT_EQ(view.nodes(2).data_endpoint(), "");
+  EXPECT_EQ(view.nodes(3).node_id(), c.w1);
+  EXPECT_EQ(view.nodes(3).rank(), 1u);
+}
+
+TEST_F(ClusterStateTest, HeartbeatReportsEpochAndJobState) {
+  const Cluster c = StartFullCluster();
+  HeartbeatRequest request;
+  request.set_node_id(c.w0);
+  absl::StatusOr<HeartbeatResponse> r = state_->Heartbeat(request);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->epoch(), state_->View().epoch());
+  EXPECT_EQ(r->job_state(), RUNNING);
+}
+
+TEST_F(ClusterStateTest, HeartbeatOfUnknownNodeIsNotFound) {
+  EXPECT_EQ(Heartbeat(99).code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(ClusterStateTest, ExpiresOnlyNodesSilentForLongerThanTheTimeout) {
+  const uint64_t quiet = AddWorker();
+  const uint64_t chatty = AddWorker();
+  const uint64_t epoch = state_->View().epoch();
+
+  clock_.Advance(absl::Milliseconds(900));
+  EXPECT_THAT(state_->ExpireSilentNodes(), IsEmpty());
+  ASSERT_TRUE(Heartbeat(chatty).ok());
+  clock_.Advance(absl::Milliseconds(200));  // quiet: 1100 ms, chatty: 200 ms.
+
+  EXPECT_THAT(state_->ExpireSilentNodes(), ElementsAre(quiet));
+  EXPECT_EQ(NodeInView(quiet).state(), DEAD);
+  EXPECT_EQ(NodeInView(chatty).state(), ALIVE);
+  EXPECT_EQ(state_->View().epoch(), epoch + 1);
+
+  // A dead node must register again.
+  EXPECT_EQ(Heartbeat(quiet).code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(Heartbeat(chatty).ok());
+}
+
+TEST_F(ClusterStateTest, ReplacementTakesTheDeadNodesRank) {
+  const Cluster c = StartFullCluster();
+  clock_.Advance(absl::Milliseconds(900));
+  ASSERT_TRUE(Heartbeat(c.s0).ok());
+  ASSERT_TRUE(Heartbeat(c.s1).ok());
+  ASSERT_TRUE(Heartbeat(c.w1).ok());
+  clock_.Advance(absl::Milliseconds(200));
+  ASSERT_THAT(state_->ExpireSilentNodes(), ElementsAre(c.w0));
+
+  RegisterResponse replacement = MustRegister(WORKER);
+  EXPECT_EQ(replacement.rank(), 0u);
+  // Ids are never reused, so the dead node's late messages stay refused.
+  EXPECT_EQ(replacement.node_id(), 5u);
+  EXPECT_EQ(Heartbeat(c.w0).code(), absl::StatusCode::kNotFound);
+  // The dead record stays in the view.
+  EXPECT_EQ(NodeInView(c.w0).state(), DEAD);
+  EXPECT_EQ(NodeInView(c.w0).rank(), 0u);
+}
+
+TEST_F(ClusterStateTest, DeadServerReplacementKeepsTheJobRunning) {
+  StartFullCluster();
+  const ClusterView before = state_->View();
+  clock_.Advance(absl::Milliseconds(1001));
+  ASSERT_EQ(state_->ExpireSilentNodes().size(), 4u);
+  // The slot map is by rank, so it survives the death of its servers.
+  EXPECT_EQ(state_->job_state(), RUNNING);
+  RegisterResponse s = MustRegister(SERVER, "tcp://new:1");
+  EXPECT_EQ(s.rank(), 0u);
+  EXPECT_THAT(s.view().slot_owner(), ElementsAre(0, 0, 0, 0, 1, 1, 1, 1));
+  EXPECT_GT(s.view().epoch(), before.epoch());
+}
+
+TEST_F(ClusterStateTest, LeaveMarksLeftAndFreesTheRank) {
+  const Cluster c = StartFullCluster();
+  ASSERT_TRUE(Leave(c.s0, false).ok());
+  EXPECT_EQ(NodeInView(c.s0).state(), LEFT);
+  EXPECT_EQ(Heartbeat(c.s0).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(Leave(c.s0, false).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(Leave(99, false).code(), absl::StatusCode::kNotFound);
+
+  RegisterResponse s = MustRegister(SERVER, "tcp://again:1");
+  EXPECT_EQ(s.rank(), 0u);
+}
+
+TEST_F(ClusterStateTest, JobFinishesWhenEveryWorkerLeftAndOneFinished) {
+  const Cluster c = StartFullCluster();
+  ASSERT_TRUE(Leave(c.w0, true).ok());
+  // w1 is still working.
+  EXPECT_EQ(state_->job_state(), RUNNING);
+  const uint64_t epoch = state_->View().epoch();
+  ASSERT_TRUE(Leave(c.w1, false).ok());
+  EXPECT_EQ(state_->job_state(), FINISHED);
+  EXPECT_EQ(state_->View().epoch(), epoch + 1);
+}
+
+TEST_F(ClusterStateTest, WorkersLeavingUnfinishedDoNotFinishTheJob) {
+  const Cluster c = StartFullCluster();
+  ASSERT_TRUE(Leave(c.w0, false).ok());
+  ASSERT_TRUE(Leave(c.w1, false).ok());
+  EXPECT_EQ(state_->job_state(), RUNNING);
+}
+
+TEST_F(ClusterStateTest, DeathOfTheLastWorkerAfterOneFinishedFinishesTheJob) {
+  const Cluster c = StartFullCluster();
+  ASSERT_TRUE(Leave(c.w0, true).ok());
+  clock_.Advance(absl::Milliseconds(900));
+  ASSERT_TRUE(Heartbeat(c.s0).ok());
+  ASSERT_TRUE(Heartbeat(c.s1).ok());
+  clock_.Advance(absl::Milliseconds(200));
+  ASSERT_THAT(state_->ExpireSilentNodes(), ElementsAre(c.w1));
+  EXPECT_EQ(state_->job_state(), FINISHED);
+}
+
+TEST_F(ClusterStateTest, JobDoesNotFinishBeforeEveryWorkerRankWasTaken) {
+  AddServer("tcp://s0:1");
+  AddServer("tcp://s1:1");
+  const uint64_t early = AddWorker();  // rank 0; rank 1 never registered.
+  ASSERT_TRUE(Leave(early, true).ok());
+  // No worker alive and one finished, but rank 1's shard was never trained.
+  EXPECT_EQ(state_->job_state(), RUNNING);
+
+  // Once both ranks have been held, the last finished leave ends the job.
+  const uint64_t a = AddWorker();
+  const uint64_t b = AddWorker();
+  EXPECT_EQ(NodeInView(b).rank(), 1u);
+  ASSERT_TRUE(Leave(a, true).ok());
+  EXPECT_EQ(state_->job_state(), RUNNING);
+  ASSERT_TRUE(Leave(b, true).ok());
+  EXPECT_EQ(state_->job_state(), FINISHED);
+}
+
+TEST_F(ClusterStateTest, AllDoneOnceFinishedAndEveryServerGone) {
+  const Cluster c = StartFullCluster();
+  EXPECT_FALSE(state_->AllDone());
+  ASSERT_TRUE(Leave(c.w0, true).ok());
+  ASSERT_TRUE(Leave(c.w1, true).ok());
+  ASSERT_EQ(state_->job_state(), FINISHED);
+  EXPECT_FALSE(state_->AllDone());  // Servers still alive.
+  ASSERT_TRUE(Leave(c.s0, false).ok());
+  EXPECT_FALSE(state_->AllDone());
+  // A server that dies instead of leaving counts as gone too.
+  clock_.Advance(absl::Milliseconds(1001));
+  ASSERT_THAT(state_->ExpireSilentNodes(), ElementsAre(c.s1));
+  EXPECT_TRUE(state_->AllDone());
+  EXPECT_EQ(state_->job_state(), FINISHED);
+}
+
+TEST_F(ClusterStateTest, ServersLeavingBeforeTheJobFinishedIsNotDone) {
+  const Cluster c = StartFullCluster();
+  ASSERT_TRUE(Leave(c.s0, false).ok());
+  ASSERT_TRUE(Leave(c.s1, false).ok());
+  EXPECT_FALSE(state_->AllDone());
+}
+
+TEST_F(ClusterStateTest, RegisterAfterFinishedIsRefused) {
+  const Cluster c = StartFullCluster();
+  ASSERT_TRUE(Leave(c.w0, true).ok());
+  ASSERT_TRUE(Leave(c.w1, true).ok());
+  ASSERT_EQ(state_->job_state(), FINISHED);
+  EXPECT_EQ(state_->Register(Request(WORKER)).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(state_->Register(Request(SERVER, "tcp://late:1")).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+// --- Barriers ---------------------------------------------------------------
+
+TEST_F(ClusterStateTest, BarrierTimesOutNamingTheMissingRank) {
+  const Cluster c = StartFullCluster();
+  const absl::Time start = absl::Now();
+  absl::Status s = state_->AwaitBarrier(c.w0, "epoch-1", absl::Milliseconds(50));
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(50));
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(s.message(), "barrier 'epoch-1' still waits for worker ranks 1");
+}
+
+TEST_F(ClusterStateTest, BarrierCountsRanksThatNeverRegisteredAsMissing) {
+  const uint64_t w0 = AddWorker();
+  absl::Status s = state_->AwaitBarrier(w0, "b", absl::Milliseconds(10));
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(s.message(), "barrier 'b' still waits for worker ranks 1");
+}
+
+TEST_F(ClusterStateTest, BarrierReleasesEveryWorkerOnceAllArrived) {
+  const Cluster c = StartFullCluster();
+  auto first = std::async(std::launch::async, [&] {
+    return state_->AwaitBarrier(c.w0, "b", kLongWait);
+  });
+  auto second = std::async(std::launch::async, [&] {
+    return state_->AwaitBarrier(c.w1, "b", kLongWait);
+  });
+  ASSERT_EQ(first.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  ASSERT_EQ(second.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  EXPECT_TRUE(first.get().ok());
+  EXPECT_TRUE(second.get().ok());
+
+  // A caller retrying after the barrier completed (e.g. its first call's
+  // answer was lost) passes at once, even with no time to wait.
+  EXPECT_TRUE(state_->AwaitBarrier(c.w0, "b", absl::ZeroDuration()).ok());
+  // Other names are independent.
+  EXPECT_EQ(state_->AwaitBarrier(c.w0, "c", absl::ZeroDuration()).code(),
+            absl::StatusCode::kDeadlineExceeded);
+}
+
+// A worker whose successful answer was lost retries; by then membership may
+// have changed (here a replacement that never arrived), yet the barrier
+// already completed and must stay passed.
+TEST_F(ClusterStateTest, CompletedBarrierStaysPassedAfterMembershipChanges) {
+  const Cluster c = StartFullCluster();
+  auto first = std::async(std::launch::async, [&] {
+    return state_->AwaitBarrier(c.w0, "b", kLongWait);
+  });
+  ASSERT_TRUE(state_->AwaitBarrier(c.w1, "b", kLongWait).ok());
+  ASSERT_TRUE(first.get().ok());
+
+  ASSERT_TRUE(Leave(c.w1, false).ok());
+  const uint64_t replacement = AddWorker();
+  EXPECT_EQ(NodeInView(replacement).rank(), 1u);
+  EXPECT_TRUE(state_->AwaitBarrier(c.w0, "b", absl::ZeroDuration()).ok());
+}
+
+TEST_F(ClusterStateTest, BarrierIsReleasedWhenTheMissingWorkerDies) {
+  const Cluster c = StartFullCluster();
+  auto waiter = std::async(std::launch::async, [&] {
+    return state_->AwaitBarrier(c.w0, "b", kLongWait);
+  });
+  // w1 is alive and has not arrived: w0 must block.
+  ASSERT_EQ(waiter.wait_for(std::chrono::milliseconds(100)),
+            std::future_status::timeout);
+
+  clock_.Advance(absl::Milliseconds(900));
+  ASSERT_TRUE(Heartbeat(c.w0).ok());
+  ASSERT_TRUE(Heartbeat(c.s0).ok());
+  ASSERT_TRUE(Heartbeat(c.s1).ok());
+  clock_.Advance(absl::Milliseconds(200));
+  ASSERT_THAT(state_->ExpireSilentNodes(), ElementsAre(c.w1));
+
+  ASSERT_EQ(waiter.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  EXPECT_TRUE(waiter.get().ok());
+}
+
+TEST_F(ClusterStateTest, BarrierRejectsServersEmptyNamesAndNonMembers) {
+  const Cluster c = StartFullCluster();
+  EXPECT_EQ(state_->AwaitBarrier(c.s0, "b", absl::Milliseconds(10)).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(state_->AwaitBarrier(c.w0, "", absl::Milliseconds(10)).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(state_->AwaitBarrier(c.w0, std::string(257, 'n'),
+                                 absl::Milliseconds(10))
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(state_->AwaitBarrier(99, "b", absl::Milliseconds(10)).code(),
+            absl::StatusCode::kNotFound);
+  ASSERT_TRUE(Leave(c.w1, false).ok());
+  EXPECT_EQ(state_->AwaitBarrier(c.w1, "b", absl::Milliseconds(10)).code(),
+            absl::StatusCode::kNotFound);
+}
+
+// --- AwaitView ----------------------------------------------------------------
+
+TEST_F(ClusterStateTest, AwaitViewAnswersAtOnceWhenAlreadySatisfied) {
+  StartFullCluster();
+  const absl::Time start = absl::Now();
+  ClusterView view = state_->AwaitView(5, /*wait_for_running=*/true, kLongWait);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_EQ(view.epoch(), 5u);
+  EXPECT_EQ(view.job_state(), RUNNING);
+}
+
+TEST_F(ClusterStateTest, AwaitViewReturnsTheCurrentViewAfterTheTimeout) {
+  AddServer("tcp://s0:1");  // Epoch 2, still STARTING.
+  absl::Time start = absl::Now();
+  ClusterView view = state_->AwaitView(3, false, absl::Milliseconds(50));
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(50));
+  EXPECT_EQ(view.epoch(), 2u);
+
+  start = absl::Now();
+  view = state_->AwaitView(0, true, absl::Milliseconds(50));
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(50));
+  EXPECT_EQ(view.epoch(), 2u);
+  EXPECT_EQ(view.job_state(), STARTING);
+}
+
+TEST_F(ClusterStateTest, AwaitViewWakesOnANewerEpoch) {
+  auto poll = std::async(std::launch::async, [&] {
+    return state_->AwaitView(2, false, kLongWait);
+  });
+  ASSERT_EQ(poll.wait_for(std::chrono::milliseconds(50)),
+            std::future_status::timeout);
+  AddWorker();
+  ASSERT_EQ(poll.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  EXPECT_EQ(poll.get().epoch(), 2u);
+}
+
+TEST_F(ClusterStateTest, AwaitViewForRunningWakesWhenTheLastServerRegisters) {
+  auto poll = std::async(std::launch::async, [&] {
+    return state_->AwaitView(0, true, kLongWait);
+  });
+  AddServer("tcp://s0:1");
+  AddWorker();
+  // Newer epochs alone do not satisfy a wait for RUNNING.
+  ASSERT_EQ(poll.wait_for(std::chrono::milliseconds(50)),
+            std::future_status::timeout);
+  AddServer("tcp://s1:1");
+  ASSERT_EQ(poll.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  const ClusterView view = poll.get();
+  EXPECT_EQ(view.job_state(), RUNNING);
+  EXPECT_EQ(view.epoch(), 4u);
+  EXPECT_EQ(view.slot_owner_size(), 8);
+}
+
+TEST_F(ClusterStateTest, CloseWakesBlockedWaitersAndAnswersLaterOnesAtOnce) {
+  const Cluster c = StartFullCluster();
+  const uint64_t epoch = state_->View().epoch();
+  auto barrier = std::async(std::launch::async, [&] {
+    return state_->AwaitBarrier(c.w0, "b", kLongWait);
+  });
+  auto poll = std::async(std::launch::async, [&] {
+    return state_->AwaitView(epoch + 1, false, kLongWait);
+  });
+  ASSERT_EQ(barrier.wait_for(std::chrono::milliseconds(50)),
+            std::future_status::timeout);
+  ASSERT_EQ(poll.wait_for(std::chrono::milliseconds(1)),
+            std::future_status::timeout);
+
+  state_->Close();
+  ASSERT_EQ(barrier.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  ASSERT_EQ(poll.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  EXPECT_EQ(barrier.get().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(poll.get().epoch(), epoch);  // The current view, unchanged.
+
+  const absl::Time start = absl::Now();
+  EXPECT_EQ(state_->AwaitBarrier(c.w1, "other", kLongWait).code(),
+            absl::StatusCode::kUnavailable);
+  EXPECT_EQ(state_->AwaitView(epoch + 1, true, kLongWait).epoch(), epoch);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  // w1's arrival above completed barrier "b": it passes despite closing.
+  EXPECT_TRUE(state_->AwaitBarrier(c.w1, "b", kLongWait).ok());
+}
+
+}  // namespace
+}  // namespace ps

@@ -1,0 +1,779 @@
+#include "server/server.h"
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "common/config.h"
+#include "common/hash.h"
+#include "gtest/gtest.h"
+#include "proto/data_plane.pb.h"
+#include "proto/scheduler.pb.h"
+#include "zmq.hpp"
+#include "zmq_addon.hpp"
+
+namespace ps {
+namespace {
+
+// Table 0: sparse, dim 2. Table 1: dense, 10 elements in blocks [0, 4),
+// [4, 8), [8, 10). Tables 2 and 3: sparse with the largest allowed dim and
+// dense with the largest allowed blocks (2^26 floats), for the response-size
+// limit; their rows and blocks are never created. All SGD with lr 0.5 and zero init, so after pushes
+// w = -0.5 * (sum of gradients), exact for the binary fractions used here.
+constexpr char kConfig[] = R"pb(
+  cluster { num_servers: 2 num_workers: 1 num_slots: 16 }
+  tables {
+    id: 0
+    name: "emb"
+    sparse { dim: 2 }
+    optimizer { sgd { learning_rate: 0.5 } }
+    init { kind: ZEROS }
+  }
+  tables {
+    id: 1
+    name: "dense"
+    dense { size: 10 block_size: 4 }
+    optimizer { sgd { learning_rate: 0.5 } }
+  }
+  tables {
+    id: 2
+    name: "huge"
+    sparse { dim: 65536 }
+    optimizer { sgd { learning_rate: 0.5 } }
+  }
+  tables {
+    id: 3
+    name: "huge_dense"
+    dense { size: 1073741824 block_size: 67108864 }
+    optimizer { sgd { learning_rate: 0.5 } }
+  }
+)pb";
+
+constexpr uint32_t kSparse = 0;
+constexpr uint32_t kDense = 1;
+constexpr uint32_t kHuge = 2;
+constexpr uint32_t kHugeDense = 3;
+constexpr uint64_t kU64Max = std::numeric_limits<uint64_t>::max();
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+using SegmentList = std::vector<std::pair<uint64_t, uint64_t>>;
+
+// ------------------------------------------------------- frame building
+
+// Encodes explicitly little-endian, as the wire format specifies, rather
+// than relying on the host's byte order.
+zmq::message_t KeysFrame(const std::vector<uint64_t>& keys) {
+  std::string bytes;
+  for (uint64_t k : keys) {
+    for (int b = 0; b < 8; ++b) bytes.push_back(static_cast<char>(k >> (8 * b)));
+  }
+  return zmq::message_t(bytes.data(), bytes.size());
+}
+
+zmq::message_t ValuesFrame(const std::vector<float>& values) {
+  std::string bytes;
+  for (float v : values) {
+    uint32_t bits;
+    std::memcpy(&bits, &v, sizeof(bits));
+    for (int b = 0; b < 4; ++b) bytes.push_back(static_cast<char>(bits >> (8 * b)));
+  }
+  return zmq::message_t(bytes.data(), bytes.size());
+}
+
+zmq::message_t BytesFrame(const std::string& bytes) {
+  return zmq::message_t(bytes.data(), bytes.size());
+}
+
+zmq::message_t HeaderFrame(const RequestHeader& h) {
+  return BytesFrame(h.SerializeAsString());
+}
+
+RequestHeader Header(Op op, uint32_t table, uint64_t num_keys,
+                     const SegmentList& segments = {}) {
+  RequestHeader h;
+  h.set_op(op);
+  h.set_table_id(table);
+  h.set_num_keys(num_keys);
+  for (const auto& [begin, length] : segments) {
+    DenseSegment* s = h.add_segments();
+    s->set_begin(begin);
+    s->set_length(length);
+  }
+  return h;
+}
+
+std::vector<zmq::message_t> Frames(zmq::message_t a) {
+  std::vector<zmq::message_t> f;
+  f.push_back(std::move(a));
+  return f;
+}
+std::vector<zmq::message_t> Frames(zmq::message_t a, zmq::message_t b) {
+  std::vector<zmq::message_t> f = Frames(std::move(a));
+  f.push_back(std::move(b));
+  return f;
+}
+std::vector<zmq::message_t> Frames(zmq::message_t a, zmq::message_t b,
+                                   zmq::message_t c) {
+  std::vector<zmq::message_t> f = Frames(std::move(a), std::move(b));
+  f.push_back(std::move(c));
+  return f;
+}
+std::vector<zmq::message_t> Frames(zmq::message_t a, zmq::message_t b,
+                                   zmq::message_t c, zmq::message_t d) {
+  std::vector<zmq::message_t> f =
+      Frames(std::move(a), std::move(b), std::move(c));
+  f.push_back(std::move(d));
+  return f;
+}
+
+// Current resident set of this process (server included), in bytes.
+int64_t ResidentBytes() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) {
+      return std::stoll(line.substr(6)) * 1024;
+    }
+  }
+  return -1;
+}
+
+// --------------------------------------------------------------- client
+
+struct Response {
+  // False when no reply came within the timeout; code() then reports
+  // DEADLINE_EXCEEDED, which no test expects, so the test fails.
+  bool received = false;
+  ResponseHeader header;
+  std::vector<float> values;
+  absl::StatusCode code() const {
+    return received ? static_cast<absl::StatusCode>(header.code())
+                    : absl::StatusCode::kDeadlineExceeded;
+  }
+};
+
+class ServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override { StartServer(/*standalone=*/true); }
+
+  void StartServer(bool standalone) {
+    auto config = ParseJobConfig(kConfig, "server_test");
+    ASSERT_TRUE(config.ok()) << config.status();
+    KVServer::Options options;
+    options.config = *config;
+    options.bind_endpoint = "tcp://127.0.0.1:*";
+    options.standalone = standalone;
+    auto server = KVServer::Start(std::move(options));
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = std::move(server).value();
+    EXPECT_GT(server_->port(), 0);
+    socket_ = zmq::socket_t(context_, zmq::socket_type::dealer);
+    // A lost reply must fail the test, not hang it.
+    socket_.set(zmq::sockopt::rcvtimeo, 5000);
+    socket_.set(zmq::sockopt::linger, 0);
+    socket_.connect(server_->endpoint());
+  }
+
+  void TearDown() override {
+    socket_.close();
+    server_.reset();
+  }
+
+  // Sends one multipart request and waits for its response.
+  Response Send(std::vector<zmq::message_t> frames) {
+    Response r;
+    zmq::send_multipart(socket_, frames);
+    std::vector<zmq::message_t> reply;
+    if (!zmq::recv_multipart(socket_, std::back_inserter(reply))) {
+      ADD_FAILURE() << "no response within the receive timeout";
+      return r;
+    }
+    r.received = true;
+    // A response is [header] or [header, values].
+    EXPECT_GE(reply.size(), 1u);
+    EXPECT_LE(reply.size(), 2u);
+    if (reply.empty()) return r;
+    EXPECT_TRUE(r.header.ParseFromArray(reply[0].data(),
+                                        static_cast<int>(reply[0].size())));
+    if (reply.size() == 2) {
+      EXPECT_EQ(reply[1].size() % 4, 0u);
+      const auto* bytes = static_cast<const unsigned char*>(reply[1].data());
+      for (size_t i = 0; i + 4 <= reply[1].size(); i += 4) {
+        const uint32_t bits = bytes[i] | bytes[i + 1] << 8 |
+                              bytes[i + 2] << 16 |
+                              static_cast<uint32_t>(bytes[i + 3]) << 24;
+        float v;
+        std::memcpy(&v, &bits, sizeof(v));
+        r.values.push_back(v);
+      }
+    }
+    EXPECT_EQ(r.header.num_values(), r.values.size());
+    return r;
+  }
+
+  // Sends a well-formed request and checks that the request id is echoed.
+  Response SendValid(RequestHeader h, std::vector<zmq::message_t> rest) {
+    h.set_request_id(++next_request_id_);
+    std::vector<zmq::message_t> frames;
+    frames.push_back(HeaderFrame(h));
+    for (auto& f : rest) frames.push_back(std::move(f));
+    Response r = Send(std::move(frames));
+    if (r.received) {
+      EXPECT_EQ(r.header.request_id(), next_request_id_);
+    }
+    return r;
+  }
+
+  Response Pull(uint32_t table, const std::vector<uint64_t>& keys) {
+    return SendValid(Header(PULL, table, keys.size()), Frames(KeysFrame(keys)));
+  }
+  Response Push(uint32_t table, const std::vector<uint64_t>& keys,
+                const std::vector<float>& grads, Op op = PUSH) {
+    return SendValid(Header(op, table, keys.size()),
+                     Frames(KeysFrame(keys), ValuesFrame(grads)));
+  }
+  Response DensePull(const SegmentList& segs) {
+    return SendValid(Header(PULL, kDense, 0, segs), Frames(KeysFrame({})));
+  }
+  Response DensePush(const SegmentList& segs, const std::vector<float>& grads,
+                     Op op = PUSH) {
+    return SendValid(Header(op, kDense, 0, segs),
+                     Frames(KeysFrame({}), ValuesFrame(grads)));
+  }
+
+  // Values of sparse keys 7 and 42 and of the whole dense table, read with
+  // valid pulls (so calling this also shows that the server still serves).
+  std::vector<float> Snapshot() {
+    Response s = Pull(kSparse, {7, 42});
+    EXPECT_EQ(s.code(), absl::StatusCode::kOk) << s.header.message();
+    Response d = DensePull({{0, 4}, {4, 4}, {8, 2}});
+    EXPECT_EQ(d.code(), absl::StatusCode::kOk) << d.header.message();
+    std::vector<float> all = s.values;
+    all.insert(all.end(), d.values.begin(), d.values.end());
+    return all;
+  }
+
+  zmq::context_t context_{1};
+  zmq::socket_t socket_;
+  std::unique_ptr<KVServer> server_;
+  uint64_t next_request_id_ = 1000;
+};
+
+// ----------------------------------------------------------- happy path
+
+TEST_F(ServerTest, SparsePushPullAndPushPull) {
+  Response r = Push(kSparse, {7, 42}, {1, 2, 3, 4});
+  ASSERT_EQ(r.code(), absl::StatusCode::kOk) << r.header.message();
+  EXPECT_TRUE(r.header.message().empty());
+  EXPECT_TRUE(r.values.empty());  // a plain push answers with no values
+
+  // w = -0.5 g; key 99 is new and reads as its zero init.
+  r = Pull(kSparse, {42, 7, 99});
+  ASSERT_EQ(r.code(), absl::StatusCode::kOk) << r.header.message();
+  EXPECT_EQ(r.values, (std::vector<float>{-1.5, -2, -0.5, -1, 0, 0}));
+
+  // PUSH_PULL returns the values after its own push.
+  r = Push(kSparse, {7}, {2, -2}, PUSH_PULL);
+  ASSERT_EQ(r.code(), absl::StatusCode::kOk) << r.header.message();
+  EXPECT_EQ(r.values, (std::vector<float>{-1.5, 0}));
+
+  // A key repeated in one push is updated twice.
+  r = Push(kSparse, {99, 99}, {1, 1, 1, 1}, PUSH_PULL);
+  ASSERT_EQ(r.code(), absl::StatusCode::kOk) << r.header.message();
+  EXPECT_EQ(r.values, (std::vector<float>{-1, -1, -1, -1}));
+
+  r = Pull(kSparse, {7, 42});
+  ASSERT_EQ(r.code(), absl::StatusCode::kOk) << r.header.message();
+  EXPECT_EQ(r.values, (std::vector<float>{-1.5, 0, -1.5, -2}));
+  // Standalone servers answer with epoch 0.
+  EXPECT_EQ(r.header.epoch(), 0u);
+}
+
+TEST_F(ServerTest, DensePushPullAcrossBlocksAndShortLastBlock) {
+  // Segments in blocks 0, 1 and the short last block [8, 10).
+  Response r = DensePush({{2, 2}, {4, 3}, {8, 2}}, {1, 2, 3, 4, 5, 6, 8});
+  ASSERT_EQ(r.code(), absl::StatusCode::kOk) << r.header.message();
+  EXPECT_TRUE(r.values.empty());
+
+  r = DensePull({{0, 4}, {4, 4}, {8, 2}});
+  ASSERT_EQ(r.code(), absl::StatusCode::kOk) << r.header.message();
+  EXPECT_EQ(r.values, (std::vector<float>{0, 0, -0.5, -1, -1.5, -2, -2.5, 0,
+                                          -3, -4}));
+
+  // Values come back in segment order.
+  r = DensePush({{9, 1}, {0, 1}}, {2, -4}, PUSH_PULL);
+  ASSERT_EQ(r.code(), absl::StatusCode::kOk) << r.header.message();
+  EXPECT_EQ(r.values, (std::vector<float>{-5, 2}));
+
+  r = DensePull({{8, 2}, {3, 1}});
+  ASSERT_EQ(r.code(), absl::StatusCode::kOk) << r.header.message();
+  EXPECT_EQ(r.values, (std::vector<float>{-3, -5, -1}));
+}
+
+TEST_F(ServerTest, FramesAtAnyOffsetDecode) {
+  // libzmq packs small frames back to back in its receive buffer, so the
+  // keys and values frames start at offsets that depend on the header's
+  // length. Request ids of 1..10 varint bytes shift the header length one
+  // byte at a time, so both aligned and misaligned frames get decoded.
+  const std::vector<uint64_t> keys = {1000, 1001, 1002, 1003, 1004};
+  for (int i = 0; i < 10; ++i) {
+    SCOPED_TRACE(testing::Message() << "header shift " << i);
+    const uint64_t id = i == 9 ? (1ULL << 63) : (1ULL << (7 * i));
+    RequestHeader h = Header(PUSH_PULL, kSparse, keys.size());
+    h.set_request_id(id);
+    Response r = Send(Frames(HeaderFrame(h), KeysFrame(keys),
+                             ValuesFrame({1, 2, 3, 4, 5, 6, 7, 8, 9, 10})));
+    ASSERT_EQ(r.code(), absl::StatusCode::kOk) << r.header.message();
+    EXPECT_EQ(r.header.request_id(), id);
+    std::vector<float> want;
+    for (int v = 1; v <= 10; ++v) want.push_back(-0.5f * v * (i + 1));
+    EXPECT_EQ(r.values, want);
+  }
+}
+
+// ------------------------------------------------------------ malformed
+
+// Every malformed request gets an error of the expected code, changes no
+// parameter, and leaves the server serving.
+TEST_F(ServerTest, MalformedRequestsAreRejectedWithoutEffect) {
+  ASSERT_EQ(Push(kSparse, {7, 42}, {1, 2, 3, 4}).code(),
+            absl::StatusCode::kOk);
+  ASSERT_EQ(DensePush({{0, 4}, {4, 4}, {8, 2}},
+                      {1, 2, 3, 4, 5, 6, 7, 8, 9, 10})
+                .code(),
+            absl::StatusCode::kOk);
+  const std::vector<float> baseline = Snapshot();
+  ASSERT_EQ(baseline, (std::vector<float>{-0.5, -1, -1.5, -2, -0.5, -1, -1.5,
+                                          -2, -2.5, -3, -3.5, -4, -4.5, -5}));
+
+  // Deterministic "random" bytes that are not a valid RequestHeader.
+  std::string garbage(64, '\0');
+  std::mt19937 rng(1234);
+  for (char& c : garbage) c = static_cast<char>(rng());
+  ASSERT_FALSE(RequestHeader().ParseFromString(garbage))
+      << "the garbage happens to parse; pick another seed";
+
+  using Code = absl::StatusCode;
+  const Code kInvalid = Code::kInvalidArgument;
+  auto push_header = [](uint32_t table, uint64_t num_keys,
+                        const SegmentList& segs = {}) {
+    return HeaderFrame(Header(PUSH, table, num_keys, segs));
+  };
+  struct Case {
+    const char* name;
+    std::function<std::vector<zmq::message_t>()> frames;
+    Code code;
+  };
+  const Case cases[] = {
+      {"garbage header",
+       [&] { return Frames(BytesFrame(garbage), KeysFrame({7})); }, kInvalid},
+      {"single empty frame", [] { return Frames(zmq::message_t()); },
+       kInvalid},
+      {"header frame only",
+       [] { return Frames(HeaderFrame(Header(PULL, kSparse, 0))); }, kInvalid},
+      {"push without values frame",
+       [&] { return Frames(push_header(kSparse, 2), KeysFrame({7, 42})); },
+       kInvalid},
+      {"pull with a values frame",
+       [] {
+         return Frames(HeaderFrame(Header(PULL, kSparse, 1)), KeysFrame({7}),
+                       ValuesFrame({1, 1}));
+       },
+       kInvalid},
+      {"four frames",
+       [&] {
+         return Frames(push_header(kSparse, 2), KeysFrame({7, 42}),
+                       ValuesFrame({1, 1, 1, 1}), ValuesFrame({1, 1, 1, 1}));
+       },
+       kInvalid},
+      {"four frames on a pull",
+       [] {
+         return Frames(HeaderFrame(Header(PULL, kSparse, 1)), KeysFrame({7}),
+                       ValuesFrame({1, 1}), ValuesFrame({1, 1}));
+       },
+       kInvalid},
+      {"keys frame not a multiple of 8",
+       [] {
+         return Frames(HeaderFrame(Header(PULL, kSparse, 1)),
+                       BytesFrame(std::string(12, '\1')));
+       },
+       kInvalid},
+      {"header claims more keys than sent",
+       [&] {
+         return Frames(push_header(kSparse, 3), KeysFrame({7, 42}),
+                       ValuesFrame({1, 1, 1, 1}));
+       },
+       kInvalid},
+      {"header claims fewer keys than sent",
+       [&] {
+         return Frames(push_header(kSparse, 1), KeysFrame({7, 42}),
+                       ValuesFrame({1, 1}));
+       },
+       kInvalid},
+      {"too few values for dim",
+       [&] {
+         return Frames(push_header(kSparse, 2), KeysFrame({7, 42}),
+                       ValuesFrame({1, 1, 1}));
+       },
+       kInvalid},
+      {"too many values for dim",
+       [&] {
+         return Frames(push_header(kSparse, 2), KeysFrame({7, 42}),
+                       ValuesFrame({1, 1, 1, 1, 1}));
+       },
+       kInvalid},
+      {"empty values frame for a push",
+       [&] {
+         return Frames(push_header(kSparse, 2), KeysFrame({7, 42}),
+                       ValuesFrame({}));
+       },
+       kInvalid},
+      {"values frame not a multiple of 4",
+       [&] {
+         return Frames(push_header(kSparse, 2), KeysFrame({7, 42}),
+                       BytesFrame(std::string(17, '\0')));
+       },
+       kInvalid},
+      {"unknown table",
+       [&] {
+         return Frames(push_header(9, 1), KeysFrame({7}), ValuesFrame({1, 1}));
+       },
+       Code::kNotFound},
+      {"op unspecified",
+       [] {
+         return Frames(HeaderFrame(Header(OP_UNSPECIFIED, kSparse, 1)),
+                       KeysFrame({7}), ValuesFrame({1, 1}));
+       },
+       kInvalid},
+      {"op unspecified without values",
+       [] {
+         return Frames(HeaderFrame(Header(OP_UNSPECIFIED, kSparse, 1)),
+                       KeysFrame({7}));
+       },
+       kInvalid},
+      {"op out of range without values",
+       [] {
+         return Frames(HeaderFrame(Header(static_cast<Op>(42), kSparse, 1)),
+                       KeysFrame({7}));
+       },
+       kInvalid},
+      {"op out of range",
+       [] {
+         return Frames(HeaderFrame(Header(static_cast<Op>(42), kSparse, 1)),
+                       KeysFrame({7}), ValuesFrame({1, 1}));
+       },
+       kInvalid},
+      {"dense push carrying keys",
+       [&] {
+         return Frames(push_header(kDense, 1, {{0, 1}}), KeysFrame({0}),
+                       ValuesFrame({1}));
+       },
+       kInvalid},
+      {"dense pull carrying keys",
+       [] {
+         return Frames(HeaderFrame(Header(PULL, kDense, 1, {{0, 1}})),
+                       KeysFrame({0}));
+       },
+       kInvalid},
+      {"sparse push carrying segments",
+       [&] {
+         return Frames(push_header(kSparse, 1, {{0, 1}}), KeysFrame({7}),
+                       ValuesFrame({1, 1}));
+       },
+       kInvalid},
+      {"dense segment begins at the end",
+       [&] {
+         return Frames(push_header(kDense, 0, {{10, 1}}), KeysFrame({}),
+                       ValuesFrame({1}));
+       },
+       kInvalid},
+      {"dense segment runs past the end",
+       [&] {
+         return Frames(push_header(kDense, 0, {{8, 3}}), KeysFrame({}),
+                       ValuesFrame({1, 1, 1}));
+       },
+       kInvalid},
+      {"dense segment length overflows",
+       [&] {
+         return Frames(push_header(kDense, 0, {{9, kU64Max}}), KeysFrame({}),
+                       ValuesFrame({1}));
+       },
+       kInvalid},
+      {"dense segment crosses a block",
+       [&] {
+         return Frames(push_header(kDense, 0, {{3, 2}}), KeysFrame({}),
+                       ValuesFrame({1, 1}));
+       },
+       kInvalid},
+      {"dense empty segment",
+       [&] {
+         return Frames(push_header(kDense, 0, {{0, 1}, {2, 0}}), KeysFrame({}),
+                       ValuesFrame({1}));
+       },
+       kInvalid},
+      {"dense push with too few values",
+       [&] {
+         return Frames(push_header(kDense, 0, {{0, 2}, {4, 1}}),
+                       KeysFrame({}), ValuesFrame({1, 1}));
+       },
+       kInvalid},
+      {"dense push with too many values",
+       [&] {
+         return Frames(push_header(kDense, 0, {{0, 2}}), KeysFrame({}),
+                       ValuesFrame({1, 1, 1}));
+       },
+       kInvalid},
+      {"sparse NaN gradient after finite ones",
+       [&] {
+         return Frames(push_header(kSparse, 2), KeysFrame({7, 42}),
+                       ValuesFrame({1, 1, kNaN, 1}));
+       },
+       kInvalid},
+      {"sparse +Inf gradient",
+       [&] {
+         return Frames(push_header(kSparse, 2), KeysFrame({7, 42}),
+                       ValuesFrame({1, 1, 1, kInf}));
+       },
+       kInvalid},
+      {"sparse -Inf gradient in a push-pull",
+       [] {
+         return Frames(HeaderFrame(Header(PUSH_PULL, kSparse, 2)),
+                       KeysFrame({42, 7}), ValuesFrame({-kInf, 1, 1, 1}));
+       },
+       kInvalid},
+      {"dense NaN gradient",
+       [&] {
+         return Frames(push_header(kDense, 0, {{0, 2}, {8, 2}}),
+                       KeysFrame({}), ValuesFrame({1, 1, 1, kNaN}));
+       },
+       kInvalid},
+      {"dense Inf gradient in a push-pull",
+       [] {
+         return Frames(HeaderFrame(Header(PUSH_PULL, kDense, 0, {{4, 2}})),
+                       KeysFrame({}), ValuesFrame({kInf, 1}));
+       },
+       kInvalid},
+  };
+
+  uint64_t errors = server_->stats().errors;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    Response r = Send(c.frames());
+    ASSERT_TRUE(r.received);
+    EXPECT_EQ(r.code(), c.code) << r.header.message();
+    EXPECT_FALSE(r.header.message().empty());
+    EXPECT_EQ(r.header.num_values(), 0u);
+    EXPECT_TRUE(r.values.empty());
+    EXPECT_EQ(server_->stats().errors, ++errors);
+    // The server still answers valid requests, and nothing was applied.
+    EXPECT_EQ(Snapshot(), baseline);
+  }
+}
+
+TEST_F(ServerTest, PullLargerThanTheMessageLimitIsRefusedBeforeAllocating) {
+  // 4097 rows of 65536 floats is 1 GiB + 256 KiB of response, just over
+  // kMaxMessageBytes (1 GiB). Serving it would allocate over 2 GiB (rows
+  // plus response), which the resident-set check below would see.
+  std::vector<uint64_t> keys;
+  for (uint64_t k = 0; k < 4097; ++k) keys.push_back(k);
+  const int64_t rss_before = ResidentBytes();
+  ASSERT_GT(rss_before, 0);
+  Response r = Pull(kHuge, keys);
+  EXPECT_EQ(r.code(), absl::StatusCode::kResourceExhausted)
+      << r.header.message();
+  EXPECT_FALSE(r.header.message().empty());
+  EXPECT_TRUE(r.values.empty());
+  EXPECT_LT(ResidentBytes() - rss_before, int64_t{64} << 20);
+  EXPECT_EQ(server_->stats().errors, 1u);
+  EXPECT_EQ(server_->stats().keys_pulled, 0u);
+
+  // The same for a dense pull: five whole blocks of 2^26 floats are
+  // 1.25 GiB.
+  SegmentList segs;
+  for (uint64_t b = 0; b < 5; ++b) segs.push_back({b << 26, 1ULL << 26});
+  r = SendValid(Header(PULL, kHugeDense, 0, segs), Frames(KeysFrame({})));
+  EXPECT_EQ(r.code(), absl::StatusCode::kResourceExhausted)
+      << r.header.message();
+  EXPECT_TRUE(r.values.empty());
+  EXPECT_LT(ResidentBytes() - rss_before, int64_t{64} << 20);
+  EXPECT_EQ(server_->stats().errors, 2u);
+  EXPECT_EQ(server_->stats().keys_pulled, 0u);
+
+  // Still serving.
+  r = Push(kSparse, {5}, {2, 4}, PUSH_PULL);
+  ASSERT_EQ(r.code(), absl::StatusCode::kOk) << r.header.message();
+  EXPECT_EQ(r.values, (std::vector<float>{-1, -2}));
+}
+
+// ---------------------------------------------------------------- stats
+
+TEST_F(ServerTest, StatsCountRequestsErrorsAndKeys) {
+  ASSERT_EQ(Push(kSparse, {1, 2}, {1, 1, 1, 1}).code(), absl::StatusCode::kOk);
+  ASSERT_EQ(Pull(kSparse, {1, 2, 3}).code(), absl::StatusCode::kOk);
+  ASSERT_EQ(Push(kSparse, {4}, {1, 1}, PUSH_PULL).code(),
+            absl::StatusCode::kOk);
+  // Dense requests count elements.
+  ASSERT_EQ(DensePush({{0, 2}, {4, 3}}, {1, 1, 1, 1, 1}).code(),
+            absl::StatusCode::kOk);
+  ASSERT_EQ(DensePull({{8, 2}}).code(), absl::StatusCode::kOk);
+  // Rejected requests count as requests and errors, never as keys.
+  ASSERT_EQ(Push(kSparse, {1, 2}, {1, kNaN, 1, 1}).code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_EQ(Pull(9, {1}).code(), absl::StatusCode::kNotFound);
+
+  const KVServer::Stats s = server_->stats();
+  EXPECT_EQ(s.requests, 7u);
+  EXPECT_EQ(s.errors, 2u);
+  EXPECT_EQ(s.keys_pushed, 2u + 1u + 5u);
+  EXPECT_EQ(s.keys_pulled, 3u + 1u + 2u);
+}
+
+TEST_F(ServerTest, StandaloneServerIgnoresViews) {
+  // A view in which this server owns no slot at all.
+  ClusterView view;
+  view.set_epoch(5);
+  view.set_job_state(RUNNING);
+  view.set_num_slots(16);
+  for (int s = 0; s < 16; ++s) view.add_slot_owner(1);
+  server_->UpdateView(view, 0);
+  Response r = Push(kSparse, {1, 2, 3}, {2, 2, 2, 2, 2, 2}, PUSH_PULL);
+  ASSERT_EQ(r.code(), absl::StatusCode::kOk) << r.header.message();
+  EXPECT_EQ(r.values, std::vector<float>(6, -1.0f));
+  EXPECT_EQ(r.header.epoch(), 0u);
+}
+
+TEST_F(ServerTest, StartReportsBadConfigAndBusyEndpoint) {
+  auto config = ParseJobConfig(kConfig, "server_test");
+  ASSERT_TRUE(config.ok()) << config.status();
+
+  // The endpoint the fixture's server holds cannot be bound twice.
+  KVServer::Options busy;
+  busy.config = *config;
+  busy.bind_endpoint = server_->endpoint();
+  busy.standalone = true;
+  auto second = KVServer::Start(std::move(busy));
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kUnavailable);
+
+  // Start gets configs from code too; a table that is neither sparse nor
+  // dense is refused, not served.
+  KVServer::Options bad;
+  bad.config = *config;
+  bad.config.mutable_tables(1)->clear_dense();
+  bad.standalone = true;
+  auto third = KVServer::Start(std::move(bad));
+  EXPECT_EQ(third.status().code(), absl::StatusCode::kInvalidArgument);
+
+  // The first server is unaffected.
+  Response r = Push(kSparse, {3}, {2, 2}, PUSH_PULL);
+  ASSERT_EQ(r.code(), absl::StatusCode::kOk) << r.header.message();
+  EXPECT_EQ(r.values, (std::vector<float>{-1, -1}));
+}
+
+// ------------------------------------------------------- slot ownership
+
+class NonStandaloneServerTest : public ServerTest {
+ protected:
+  void SetUp() override { StartServer(/*standalone=*/false); }
+
+  // Rank 0 of 2 servers; slot s belongs to server s % 2.
+  static ClusterView TwoServerView(JobState state) {
+    ClusterView view;
+    view.set_epoch(3);
+    view.set_job_state(state);
+    view.set_num_slots(16);
+    // Filled in for STARTING too: the server must wait for RUNNING even if
+    // a tentative slot map is present.
+    for (uint32_t s = 0; s < 16; ++s) view.add_slot_owner(s % 2);
+    return view;
+  }
+
+  // The first key >= `from` whose slot belongs to server `rank`.
+  static uint64_t KeyOwnedBy(uint32_t rank, uint64_t from = 0) {
+    uint64_t k = from;
+    while (SparseSlot(kSparse, k, 16) % 2 != rank) ++k;
+    return k;
+  }
+};
+
+TEST_F(NonStandaloneServerTest, UnavailableUntilRunningView) {
+  // A key and a dense block (block 0) this server will own once it has a
+  // view.
+  const uint64_t mine = KeyOwnedBy(0);
+  ASSERT_EQ(DenseBlockSlot(kDense, 0, 16) % 2, 0u);
+
+  Response r = Pull(kSparse, {mine});
+  EXPECT_EQ(r.code(), absl::StatusCode::kUnavailable);
+  EXPECT_FALSE(r.header.message().empty());
+  r = Push(kSparse, {mine}, {2, 2});
+  EXPECT_EQ(r.code(), absl::StatusCode::kUnavailable);
+  r = DensePush({{0, 1}}, {2});
+  EXPECT_EQ(r.code(), absl::StatusCode::kUnavailable);
+
+  // A STARTING view: still unavailable.
+  server_->UpdateView(TwoServerView(STARTING), 0);
+  r = Push(kSparse, {mine}, {2, 2});
+  EXPECT_EQ(r.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(r.header.epoch(), 3u);
+
+  server_->UpdateView(TwoServerView(RUNNING), 0);
+  r = Pull(kSparse, {mine});
+  ASSERT_EQ(r.code(), absl::StatusCode::kOk) << r.header.message();
+  // The pushes refused above were not applied: zero init.
+  EXPECT_EQ(r.values, (std::vector<float>{0, 0}));
+  EXPECT_EQ(r.header.epoch(), 3u);
+  r = DensePull({{0, 1}});
+  ASSERT_EQ(r.code(), absl::StatusCode::kOk) << r.header.message();
+  EXPECT_EQ(r.values, (std::vector<float>{0}));
+}
+
+TEST_F(NonStandaloneServerTest, KeysOfOtherServersAreRefused) {
+  server_->UpdateView(TwoServerView(RUNNING), 0);
+  const uint64_t mine = KeyOwnedBy(0);
+  const uint64_t mine2 = KeyOwnedBy(0, mine + 1);
+  const uint64_t theirs = KeyOwnedBy(1);
+
+  Response r = Pull(kSparse, {theirs});
+  EXPECT_EQ(r.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_FALSE(r.header.message().empty());
+  EXPECT_EQ(r.header.epoch(), 3u);
+
+  r = Push(kSparse, {mine, mine2}, {1, 2, 3, 4}, PUSH_PULL);
+  ASSERT_EQ(r.code(), absl::StatusCode::kOk) << r.header.message();
+  EXPECT_EQ(r.values, (std::vector<float>{-0.5, -1, -1.5, -2}));
+
+  // One foreign key fails the whole push: the owned key is not updated.
+  r = Push(kSparse, {mine, theirs}, {8, 8, 8, 8});
+  EXPECT_EQ(r.code(), absl::StatusCode::kFailedPrecondition);
+  r = Pull(kSparse, {mine});
+  ASSERT_EQ(r.code(), absl::StatusCode::kOk) << r.header.message();
+  EXPECT_EQ(r.values, (std::vector<float>{-0.5, -1}));
+
+  // Dense blocks are routed by DenseBlockSlot; with this slot map block 1
+  // belongs to server 1 and blocks 0 and 2 to this server.
+  ASSERT_EQ(DenseBlockSlot(kDense, 0, 16) % 2, 0u);
+  ASSERT_EQ(DenseBlockSlot(kDense, 1, 16) % 2, 1u);
+  ASSERT_EQ(DenseBlockSlot(kDense, 2, 16) % 2, 0u);
+  r = DensePush({{0, 2}, {9, 1}}, {2, 4, 6}, PUSH_PULL);
+  ASSERT_EQ(r.code(), absl::StatusCode::kOk) << r.header.message();
+  EXPECT_EQ(r.values, (std::vector<float>{-1, -2, -3}));
+  r = DensePush({{0, 1}, {4, 1}}, {2, 2});
+  EXPECT_EQ(r.code(), absl::StatusCode::kFailedPrecondition);
+  r = DensePull({{4, 4}});
+  EXPECT_EQ(r.code(), absl::StatusCode::kFailedPrecondition);
+  r = DensePull({{0, 2}});
+  ASSERT_EQ(r.code(), absl::StatusCode::kOk) << r.header.message();
+  EXPECT_EQ(r.values, (std::vector<float>{-1, -2}));
+}
+
+}  // namespace
+}  // namespace ps
