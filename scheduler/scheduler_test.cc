@@ -225,6 +225,11 @@ TEST_F(SchedulerTest, ViewCallbacksSeeEveryNewerViewInOrder) {
     return !s0_seen.empty() && s0_seen.back().epoch == final_epoch &&
            !w1_seen.empty() && w1_seen.back().epoch == final_epoch;
   }));
+  // Stopping the clients lets their pending long polls end with the
+  // unchanged view, which must not be delivered again; it also ends the
+  // callbacks before the vectors they write to go away.
+  s0.reset();
+  w1.reset();
   absl::MutexLock lock(&mu);
   for (size_t i = 1; i < s0_seen.size(); ++i) {
     EXPECT_GT(s0_seen[i].epoch, s0_seen[i - 1].epoch) << "callback " << i;
@@ -406,6 +411,38 @@ TEST(SchedulerServerTest, ConnectToAnAddressWhereNothingListensGivesUp) {
   // in any order), and not much longer.
   EXPECT_GE(took, absl::Milliseconds(250));
   EXPECT_LT(took, absl::Seconds(3));
+}
+
+TEST(SchedulerServerTest, ConnectWaitsForASchedulerThatStartsLater) {
+  const JobConfig config = ParseConfig(kConfig);
+  std::string address;
+  {
+    std::unique_ptr<SchedulerServer> earlier = StartScheduler(config);
+    ASSERT_NE(earlier, nullptr);
+    address = earlier->address();
+  }
+  SchedulerClient::Options options;
+  options.address = address;
+  options.role = WORKER;
+  options.config_fingerprint = ConfigFingerprint(config);
+  options.heartbeat_interval = kHeartbeat;
+  options.connect_timeout = kPatience;
+  auto client = std::async(std::launch::async,
+                           [&] { return SchedulerClient::Connect(options); });
+  ASSERT_EQ(client.wait_for(std::chrono::milliseconds(200)),
+            std::future_status::timeout);
+
+  SchedulerServer::Options server_options;
+  server_options.config = config;
+  server_options.listen_address = address;
+  absl::StatusOr<std::unique_ptr<SchedulerServer>> scheduler =
+      SchedulerServer::Start(server_options);
+  ASSERT_TRUE(scheduler.ok()) << scheduler.status();
+  ASSERT_EQ(client.wait_for(std::chrono::seconds(15)), std::future_status::ready);
+  absl::StatusOr<std::unique_ptr<SchedulerClient>> connected = client.get();
+  ASSERT_TRUE(connected.ok()) << connected.status();
+  EXPECT_EQ((*connected)->rank(), 0u);
+  EXPECT_EQ((*scheduler)->state()->View().nodes_size(), 1);
 }
 
 TEST(SchedulerLivenessTest, ClientDestroyedWithoutLeaveIsDeclaredDead) {
