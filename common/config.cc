@@ -81,6 +81,16 @@ void CheckOptimizer(const OptimizerConfig& opt, const std::string& path,
 
 }  // namespace
 
+absl::Status ValidateConsistency(const ConsistencyConfig& c) {
+  Checker check;
+  check.Require(c.mode() == ASYNC || c.mode() == BSP || c.mode() == SSP, "mode",
+                "must be ASYNC, BSP or SSP");
+  check.Require(c.staleness() <= 1000000, "staleness", "must be at most 1000000");
+  check.Require(c.mode() == SSP || c.staleness() == 0, "staleness",
+                "is only meaningful with mode SSP");
+  return check.Result();
+}
+
 void ApplyDefaults(JobConfig* config) {
   if (config->name().empty()) config->set_name("job");
   ClusterConfig* cl = config->mutable_cluster();
@@ -89,9 +99,10 @@ void ApplyDefaults(JobConfig* config) {
   if (cl->heartbeat_timeout_ms() == 0) cl->set_heartbeat_timeout_ms(5000);
   if (cl->request_timeout_ms() == 0) cl->set_request_timeout_ms(30000);
   if (cl->startup_timeout_ms() == 0) cl->set_startup_timeout_ms(60000);
-  if (config->consistency().mode() == CONSISTENCY_MODE_UNSPECIFIED) {
-    config->mutable_consistency()->set_mode(ASYNC);
-  }
+  ConsistencyConfig* cons = config->mutable_consistency();
+  if (cons->mode() == CONSISTENCY_MODE_UNSPECIFIED) cons->set_mode(ASYNC);
+  if (cons->watchdog_timeout_ms() == 0) cons->set_watchdog_timeout_ms(10000);
+  if (cons->watchdog_interval_ms() == 0) cons->set_watchdog_interval_ms(5000);
   for (TableConfig& t : *config->mutable_tables()) {
     if (t.has_dense() && t.dense().block_size() == 0) {
       t.mutable_dense()->set_block_size(65536);
@@ -134,9 +145,8 @@ absl::Status ValidateJobConfig(const JobConfig& config) {
             "cluster.heartbeat_timeout_ms",
             "must exceed cluster.heartbeat_interval_ms");
 
-  const ConsistencyConfig& cons = config.consistency();
-  c.Require(cons.mode() == ASYNC, "consistency.mode",
-            "only ASYNC is supported by this version");
+  const absl::Status cons = ValidateConsistency(config.consistency());
+  c.Require(cons.ok(), "consistency", cons.message());
 
   absl::flat_hash_set<uint32_t> ids;
   absl::flat_hash_set<std::string> names;

@@ -34,6 +34,10 @@ void ApplyDefaults(JobConfig* config);
 // Checks every field of a config that already has defaults applied.
 absl::Status ValidateJobConfig(const JobConfig& config);
 
+// Checks a consistency block (also used for run-time mode changes).
+// INVALID_ARGUMENT naming the field ("mode: ...", "staleness: ...").
+absl::Status ValidateConsistency(const ConsistencyConfig& consistency);
+
 // A stable 64-bit digest of the config, used to refuse nodes started with a
 // different file.
 uint64_t ConfigFingerprint(const JobConfig& config);

@@ -345,14 +345,24 @@ TEST(ValidateJobConfigTest, NumSlotsAtLeastNumServers) {
           .ok());
 }
 
-TEST(ValidateJobConfigTest, OnlyAsyncConsistencyIsAccepted) {
-  const std::string kError =
-      "job.pbtxt: consistency.mode: only ASYNC is supported by this version";
-  EXPECT_EQ(RejectionOf(absl::StrCat(kMinimalCluster, "consistency { mode: BSP }")),
-            kError);
+TEST(ValidateJobConfigTest, ConsistencyModesAndStaleness) {
+  for (const char* ok : {"consistency { mode: ASYNC }", "consistency { mode: BSP }",
+                         "consistency { mode: SSP staleness: 2 }",
+                         "consistency { mode: SSP }"}) {
+    auto config = ParseJobConfig(absl::StrCat(kMinimalCluster, ok), "job.pbtxt");
+    EXPECT_TRUE(config.ok()) << ok << ": " << config.status();
+  }
   EXPECT_EQ(RejectionOf(absl::StrCat(kMinimalCluster,
-                                     "consistency { mode: SSP staleness: 2 }")),
-            kError);
+                                     "consistency { mode: BSP staleness: 2 }")),
+            "job.pbtxt: consistency: staleness: is only meaningful with mode SSP");
+  EXPECT_EQ(RejectionOf(absl::StrCat(kMinimalCluster,
+                                     "consistency { mode: SSP staleness: 2000000 }")),
+            "job.pbtxt: consistency: staleness: must be at most 1000000");
+  auto config = ParseJobConfig(absl::StrCat(kMinimalCluster, "consistency { mode: BSP }"),
+                               "job.pbtxt");
+  ASSERT_TRUE(config.ok());
+  EXPECT_EQ(config->consistency().watchdog_timeout_ms(), 10000u);
+  EXPECT_EQ(config->consistency().watchdog_interval_ms(), 5000u);
 }
 
 TEST(ValidateJobConfigTest, TrainingSparseTableMustBeASparseTableOfDimOne) {
@@ -393,12 +403,12 @@ TEST(ValidateJobConfigTest, TrainingDenseTableMustMatchNumericFields) {
 TEST(ValidateJobConfigTest, ReportsEveryErrorInOneMessage) {
   const std::string message = RejectionOf(absl::StrCat(
       "cluster { num_servers: 0 num_workers: 0 }\n"
-      "consistency { mode: BSP }\n",
+      "consistency { mode: BSP staleness: 3 }\n",
       SgdSparseTable(0, "s", 0)));
   EXPECT_EQ(message,
             "job.pbtxt: cluster.num_servers: must be in 1..1024; "
             "cluster.num_workers: must be in 1..65536; "
-            "consistency.mode: only ASYNC is supported by this version; "
+            "consistency: staleness: is only meaningful with mode SSP; "
             "tables[0].sparse.dim: must be in 1..65536");
 }
 

@@ -47,7 +47,8 @@ absl::Status DecodeRequest(std::vector<zmq::message_t>& frames,
     return absl::InvalidArgumentError("request header is not a valid RequestHeader");
   }
   const RequestHeader& h = out->header;
-  if (h.op() != PUSH && h.op() != PULL && h.op() != PUSH_PULL) {
+  if (h.op() != PUSH && h.op() != PULL && h.op() != PUSH_PULL &&
+      h.op() != ADVANCE_CLOCK) {
     return absl::InvalidArgumentError(
         absl::StrCat("unknown op ", static_cast<int>(h.op())));
   }

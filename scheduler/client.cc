@@ -67,6 +67,10 @@ absl::StatusOr<std::unique_ptr<SchedulerClient>> SchedulerClient::Connect(
   }
   c->node_id_ = response.node_id();
   c->rank_ = response.rank();
+  for (const NodeInfo& n : response.view().nodes()) {
+    if (n.node_id() == c->node_id_) c->start_clock_ = n.start_clock();
+  }
+  c->clock_.store(c->start_clock_);
   c->InstallView(response.view());
   c->heartbeat_ = std::thread([p = c.get()] { p->HeartbeatLoop(); });
   c->watcher_ = std::thread([p = c.get()] { p->WatchLoop(); });
@@ -107,6 +111,7 @@ void SchedulerClient::HeartbeatLoop() {
     HeartbeatRequest request;
     request.set_node_id(node_id_);
     request.set_known_epoch(view().epoch());
+    request.set_clock(clock_.load());
     HeartbeatResponse response;
     auto context = Context(options_.rpc_timeout);
     grpc::Status status = stub_->Heartbeat(context.get(), request, &response);

@@ -55,6 +55,11 @@ class SchedulerClient {
   uint32_t rank() const { return rank_; }
   ClusterView view() const;
   JobState job_state() const;
+  // Workers: the clock to report with the next heartbeats. Thread-safe.
+  void set_clock(uint64_t clock) { clock_.store(clock); }
+  // This worker's start clock as the scheduler assigned it.
+  uint64_t start_clock() const { return start_clock_; }
+
   // True once the scheduler said this node is no longer a member.
   bool lost() const { return lost_.load(); }
 
@@ -83,6 +88,8 @@ class SchedulerClient {
   std::unique_ptr<Scheduler::Stub> stub_;
   uint64_t node_id_ = 0;
   uint32_t rank_ = 0;
+  uint64_t start_clock_ = 0;
+  std::atomic<uint64_t> clock_{0};
 
   // Held while a view is installed and its callback runs, so callbacks
   // never see views out of order. Acquired before mu_.

@@ -27,6 +27,8 @@ ClusterState::ClusterState(const JobConfig& config, Clock* clock)
   view_.set_epoch(1);
   view_.set_job_state(STARTING);
   view_.set_num_slots(config_.cluster().num_slots());
+  *view_.mutable_consistency() = config_.consistency();
+  min_clock_since_ = clock_->Now();
 }
 
 uint32_t ClusterState::ExpectedCount(Role role) const {
@@ -76,7 +78,20 @@ absl::StatusOr<RegisterResponse> ClusterState::Register(
   node.info.set_host(request.host());
   node.info.set_pid(request.pid());
   node.last_heartbeat = clock_->Now();
-  if (request.role() == WORKER) worker_ranks_ever_.insert(node.info.rank());
+  if (request.role() == WORKER) {
+    worker_ranks_ever_.insert(node.info.rank());
+    // A worker joining a running job starts at the job's current clock, so
+    // synchronous waits do not count it for steps it never took part in.
+    uint64_t start = 0;
+    for (const auto& [id, other] : nodes_) {
+      if (other.info.role() == WORKER && other.info.state() == ALIVE &&
+          other.clock < (uint64_t{1} << 62)) {
+        start = std::max(start, other.clock);
+      }
+    }
+    node.info.set_start_clock(start);
+    node.clock = start;
+  }
   const NodeInfo info = node.info;
   nodes_[info.node_id()] = std::move(node);
   Log()->info("{} rank {} registered (node {}, {} pid {}{}{})",
@@ -102,6 +117,7 @@ absl::StatusOr<HeartbeatResponse> ClusterState::Heartbeat(
         " is not a live member (unknown, left or declared dead); register again"));
   }
   it->second.last_heartbeat = clock_->Now();
+  it->second.clock = std::max(it->second.clock, request.clock());
   HeartbeatResponse response;
   response.set_epoch(view_.epoch());
   response.set_job_state(view_.job_state());
@@ -243,6 +259,7 @@ absl::Status ClusterState::AwaitBarrier(uint64_t node_id,
     return absl::InvalidArgumentError("only workers take part in barriers");
   }
   barriers_[name].insert(node_id);
+  barrier_started_.try_emplace(name, clock_->Now());
   auto complete_or_closed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return closed_ || BarrierCompleteLocked(name);
   };
@@ -258,6 +275,90 @@ absl::Status ClusterState::AwaitBarrier(uint64_t node_id,
   return absl::DeadlineExceededError(
       absl::StrCat("barrier '", name, "' still waits for worker ranks ",
                    absl::StrJoin(MissingRanksLocked(name), ", ")));
+}
+
+absl::StatusOr<uint64_t> ClusterState::SetConsistency(
+    const ConsistencyConfig& consistency) {
+  absl::Status valid = ValidateConsistency(consistency);
+  if (!valid.ok()) return valid;
+  absl::MutexLock lock(&mu_);
+  ConsistencyConfig* c = view_.mutable_consistency();
+  c->set_mode(consistency.mode());
+  c->set_staleness(consistency.staleness());
+  Log()->info("consistency changed to {}{} by request",
+              ConsistencyMode_Name(c->mode()),
+              c->mode() == SSP ? absl::StrCat(" staleness ", c->staleness()) : "");
+  BumpEpochLocked();
+  return view_.epoch();
+}
+
+GetStatusResponse ClusterState::Status() const {
+  absl::MutexLock lock(&mu_);
+  GetStatusResponse status;
+  *status.mutable_view() = view_;
+  const absl::Time now = clock_->Now();
+  for (const auto& [id, node] : nodes_) {
+    if (node.info.role() != WORKER || node.info.state() != ALIVE) continue;
+    WorkerClock* wc = status.add_clocks();
+    wc->set_rank(node.info.rank());
+    wc->set_clock(node.clock);
+    wc->set_silent_ms(absl::ToInt64Milliseconds(now - node.last_heartbeat));
+  }
+  return status;
+}
+
+std::vector<std::string> ClusterState::CheckProgress() {
+  std::vector<std::string> lines;
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = clock_->Now();
+  const ConsistencyConfig& c = view_.consistency();
+  const absl::Duration timeout = absl::Milliseconds(c.watchdog_timeout_ms());
+  const absl::Duration interval = absl::Milliseconds(c.watchdog_interval_ms());
+  if (now - last_watchdog_log_ < interval) return lines;
+
+  // Workers that finished training report kFinishedClock (2^62); they hold
+  // nobody back and are left out.
+  constexpr uint64_t kFinished = uint64_t{1} << 62;
+  uint64_t min_clock = UINT64_MAX, max_clock = 0;
+  for (const auto& [id, node] : nodes_) {
+    if (node.info.role() != WORKER || node.info.state() != ALIVE) continue;
+    if (node.clock >= kFinished) continue;
+    min_clock = std::min(min_clock, node.clock);
+    max_clock = std::max(max_clock, node.clock);
+  }
+  if (min_clock != watched_min_clock_) {
+    watched_min_clock_ = min_clock;
+    min_clock_since_ = now;
+  }
+  if (c.mode() != ASYNC && min_clock != UINT64_MAX && max_clock > min_clock &&
+      now - min_clock_since_ >= timeout) {
+    std::vector<std::string> behind;
+    for (const auto& [id, node] : nodes_) {
+      if (node.info.role() == WORKER && node.info.state() == ALIVE &&
+          node.clock == min_clock) {
+        behind.push_back(absl::StrCat(
+            node.info.rank(), " (clock ", node.clock, ", last heard ",
+            absl::FormatDuration(absl::Trunc(now - node.last_heartbeat, absl::Milliseconds(1))),
+            " ago)"));
+      }
+    }
+    lines.push_back(absl::StrCat(
+        "watchdog: ", ConsistencyMode_Name(c.mode()), " job held back for ",
+        absl::FormatDuration(absl::Trunc(now - min_clock_since_, absl::Milliseconds(1))),
+        " by worker ranks ", absl::StrJoin(behind, ", "),
+        "; the fastest worker is at clock ", max_clock));
+  }
+  for (const auto& [name, started] : barrier_started_) {
+    if (completed_barriers_.contains(name) || now - started < timeout) continue;
+    std::vector<uint32_t> missing = MissingRanksLocked(name);
+    if (missing.empty()) continue;
+    lines.push_back(absl::StrCat("watchdog: barrier '", name, "' has waited ",
+                                 absl::FormatDuration(absl::Trunc(now - started, absl::Seconds(1))),
+                                 " for worker ranks ", absl::StrJoin(missing, ", ")));
+  }
+  for (const std::string& line : lines) Log()->warn("{}", line);
+  if (!lines.empty()) last_watchdog_log_ = now;
+  return lines;
 }
 
 void ClusterState::Close() {

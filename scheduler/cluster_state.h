@@ -51,6 +51,20 @@ class ClusterState {
   absl::Status AwaitBarrier(uint64_t node_id, const std::string& name,
                             absl::Duration timeout);
 
+  // Changes the consistency mode in the view (INVALID_ARGUMENT for a bad
+  // one). Watchdog settings stay as configured. Returns the new epoch.
+  absl::StatusOr<uint64_t> SetConsistency(const ConsistencyConfig& consistency);
+
+  // The view plus live workers' last reported clocks.
+  GetStatusResponse Status() const;
+
+  // Watchdog, called periodically: when the job is synchronous and the
+  // slowest live worker's clock has not moved for the watchdog timeout
+  // while others are ahead, or a barrier has waited that long, logs the
+  // ranks holding it up with their clocks (again every watchdog interval).
+  // Returns the lines logged, for tests.
+  std::vector<std::string> CheckProgress();
+
   // Declares nodes whose last heartbeat is older than the timeout dead.
   // Returns the ids declared dead now. Called periodically.
   std::vector<uint64_t> ExpireSilentNodes();
@@ -69,6 +83,7 @@ class ClusterState {
   struct Node {
     NodeInfo info;
     absl::Time last_heartbeat;
+    uint64_t clock = 0;  // workers: last reported
   };
 
   void BumpEpochLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -95,6 +110,11 @@ class ClusterState {
   absl::flat_hash_map<std::string, absl::flat_hash_set<uint64_t>> barriers_
       ABSL_GUARDED_BY(mu_);
   absl::flat_hash_set<std::string> completed_barriers_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, absl::Time> barrier_started_ ABSL_GUARDED_BY(mu_);
+  // Watchdog state: the slowest live clock and since when it has not moved.
+  uint64_t watched_min_clock_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time min_clock_since_ ABSL_GUARDED_BY(mu_);
+  absl::Time last_watchdog_log_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
 };
 

@@ -42,6 +42,21 @@ class SchedulerServer::Service final : public Scheduler::Service {
     return ToGrpcStatus(state_->Leave(*request));
   }
 
+  grpc::Status SetConsistency(grpc::ServerContext*,
+                              const SetConsistencyRequest* request,
+                              SetConsistencyResponse* response) override {
+    auto epoch = state_->SetConsistency(request->consistency());
+    if (!epoch.ok()) return ToGrpcStatus(epoch.status());
+    response->set_epoch(*epoch);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status GetStatus(grpc::ServerContext*, const GetStatusRequest*,
+                         GetStatusResponse* response) override {
+    *response = state_->Status();
+    return grpc::Status::OK;
+  }
+
   grpc::Status Barrier(grpc::ServerContext*, const BarrierRequest* request,
                        BarrierResponse*) override {
     return ToGrpcStatus(state_->AwaitBarrier(
@@ -91,6 +106,7 @@ void SchedulerServer::DetectFailures() {
       absl::Milliseconds(10));
   while (!stop_.WaitForNotificationWithTimeout(period)) {
     state_->ExpireSilentNodes();
+    state_->CheckProgress();
   }
 }
 

@@ -1,11 +1,14 @@
 #include "server/server.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <new>
 #include <utility>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/hash.h"
 #include "common/logging.h"
 #include "common/status.h"
@@ -20,7 +23,8 @@ std::shared_ptr<spdlog::logger> Log() {
   return *logger;
 }
 
-// Poll period of the serving loop; bounds how long Stop() waits.
+// Poll period of the serving loop; bounds how long Stop() waits and how
+// late a new view takes effect.
 constexpr std::chrono::milliseconds kPollPeriod{50};
 
 absl::Status CheckFinite(absl::Span<const float> values) {
@@ -72,6 +76,7 @@ absl::StatusOr<std::unique_ptr<KVServer>> KVServer::Start(Options options) {
   if (server->options_.standalone) {
     auto own = std::make_shared<Ownership>();
     own->all = true;
+    own->consistency = server->options_.config.consistency();
     absl::MutexLock lock(&server->view_mu_);
     server->ownership_ = std::move(own);
   }
@@ -82,7 +87,9 @@ absl::StatusOr<std::unique_ptr<KVServer>> KVServer::Start(Options options) {
 }
 
 KVServer::KVServer(Options options)
-    : options_(std::move(options)), ownership_(std::make_shared<Ownership>()) {}
+    : options_(std::move(options)),
+      consistency_(options_.config.consistency()),
+      ownership_(std::make_shared<Ownership>()) {}
 
 KVServer::~KVServer() { Stop(); }
 
@@ -95,9 +102,17 @@ void KVServer::UpdateView(const ClusterView& view, uint32_t rank) {
   auto own = std::make_shared<Ownership>();
   own->rank = rank;
   own->epoch = view.epoch();
+  own->has_view = true;
   if (view.job_state() != STARTING) {
     own->slot_owner.assign(view.slot_owner().begin(), view.slot_owner().end());
   }
+  for (const NodeInfo& n : view.nodes()) {
+    if (n.role() == WORKER && n.state() == ALIVE) {
+      own->live_workers.push_back({n.node_id(), n.rank(), n.start_clock()});
+    }
+  }
+  own->consistency = view.has_consistency() ? view.consistency()
+                                            : options_.config.consistency();
   absl::MutexLock lock(&view_mu_);
   if (ownership_->all) return;  // standalone servers ignore views
   ownership_ = std::move(own);
@@ -109,39 +124,68 @@ KVServer::Stats KVServer::stats() const {
   s.errors = errors_.load();
   s.keys_pushed = keys_pushed_.load();
   s.keys_pulled = keys_pulled_.load();
+  s.pulls_deferred = pulls_deferred_.load();
+  s.bsp_steps_applied = bsp_steps_.load();
   return s;
+}
+
+void KVServer::ApplyView(const Ownership& own) {
+  if (!own.has_view) return;
+  consistency_.SetLiveWorkers(own.live_workers);
+  const ConsistencyMode before = consistency_.mode();
+  const uint32_t staleness_before = consistency_.config().staleness();
+  if (consistency_.SetMode(own.consistency)) FlushBuffers();
+  if (consistency_.mode() != before ||
+      consistency_.config().staleness() != staleness_before) {
+    Log()->info("consistency is now {}{} (epoch {}, BSP steps start at {})",
+                ConsistencyMode_Name(consistency_.mode()),
+                consistency_.mode() == SSP
+                    ? absl::StrCat(" staleness ", consistency_.config().staleness())
+                    : "",
+                own.epoch, consistency_.applied_clock());
+  }
 }
 
 void KVServer::Serve() {
   std::vector<zmq::message_t> frames;
+  std::shared_ptr<const Ownership> applied;
+  // The newest view, applied if it changed. Read after every poll so a view
+  // installed while polling already governs the messages that woke it.
+  auto current_view = [&]() -> std::shared_ptr<const Ownership> {
+    std::shared_ptr<const Ownership> own;
+    {
+      absl::MutexLock lock(&view_mu_);
+      own = ownership_;
+    }
+    if (own != applied) {
+      ApplyView(*own);
+      applied = own;
+      Progress(*own);
+    }
+    return own;
+  };
   while (!stop_.load(std::memory_order_relaxed)) {
     zmq::pollitem_t item{socket_.handle(), 0, ZMQ_POLLIN, 0};
     try {
-      if (zmq::poll(&item, 1, kPollPeriod) == 0) continue;
-      // Drain everything queued before polling again.
-      while (true) {
-        frames.clear();
-        auto n = zmq::recv_multipart(socket_, std::back_inserter(frames),
-                                     zmq::recv_flags::dontwait);
-        if (!n) break;
-        if (frames.empty()) continue;
-        // frames[0] is the peer identity added by the ROUTER socket.
-        zmq::message_t identity = std::move(frames[0]);
-        frames.erase(frames.begin());
-        std::shared_ptr<const Ownership> own;
-        {
-          absl::MutexLock lock(&view_mu_);
-          own = ownership_;
+      const bool readable = zmq::poll(&item, 1, kPollPeriod) > 0;
+      std::shared_ptr<const Ownership> own = current_view();
+      if (readable) {
+        // Drain everything queued before polling again.
+        while (true) {
+          frames.clear();
+          auto n = zmq::recv_multipart(socket_, std::back_inserter(frames),
+                                       zmq::recv_flags::dontwait);
+          if (!n) break;
+          if (frames.empty()) continue;
+          // frames[0] is the peer identity added by the ROUTER socket.
+          zmq::message_t identity = std::move(frames[0]);
+          frames.erase(frames.begin());
+          HandleMessage(std::move(identity), std::move(frames), *own);
+          frames = std::vector<zmq::message_t>();
         }
-        ResponseHeader rh;
-        zmq::message_t values;
-        Handle(frames, *own, &rh, &values);
-        const bool has_values = values.size() > 0;
-        socket_.send(identity, zmq::send_flags::sndmore);
-        socket_.send(SerializeToFrame(rh), has_values ? zmq::send_flags::sndmore
-                                                      : zmq::send_flags::none);
-        if (has_values) socket_.send(values, zmq::send_flags::none);
+        Progress(*own);
       }
+      Watchdog();
     } catch (const zmq::error_t& e) {
       // A send to a vanished peer or an interrupted poll must not take the
       // server down; log and keep serving.
@@ -150,12 +194,45 @@ void KVServer::Serve() {
   }
 }
 
-void KVServer::Handle(std::vector<zmq::message_t>& frames,
-                      const Ownership& own, ResponseHeader* rh,
-                      zmq::message_t* values) {
+void KVServer::Send(zmq::message_t& identity, const ResponseHeader& rh,
+                    zmq::message_t& values) {
+  const bool has_values = values.size() > 0;
+  socket_.send(identity, zmq::send_flags::sndmore);
+  socket_.send(SerializeToFrame(rh),
+               has_values ? zmq::send_flags::sndmore : zmq::send_flags::none);
+  if (has_values) socket_.send(values, zmq::send_flags::none);
+}
+
+void KVServer::HandleMessage(zmq::message_t identity,
+                             std::vector<zmq::message_t> frames,
+                             const Ownership& own) {
   requests_.fetch_add(1, std::memory_order_relaxed);
+  ResponseHeader rh;
+  zmq::message_t values;
+  if (Process(frames, own, &rh, &values) == Outcome::kDefer) {
+    RequestHeader h;
+    h.ParseFromArray(frames[0].data(), static_cast<int>(frames[0].size()));
+    pulls_deferred_.fetch_add(1, std::memory_order_relaxed);
+    deferred_.push_back(
+        {std::move(identity), std::move(frames), h.clock(), h.sender_rank(), absl::Now()});
+    return;
+  }
+  Send(identity, rh, values);
+}
+
+KVServer::Outcome KVServer::Process(std::vector<zmq::message_t>& frames,
+                                    const Ownership& own, ResponseHeader* rh,
+                                    zmq::message_t* values) {
   rh->set_epoch(own.epoch);
-  absl::Status status = Process(frames, own, rh, values);
+  Outcome outcome = Outcome::kAnswer;
+  absl::Status status;
+  try {
+    status = ProcessChecked(frames, own, rh, values, &outcome);
+  } catch (const std::bad_alloc&) {
+    // Validation already refuses oversized requests; this is the machine
+    // running out of memory. The request fails, the server keeps serving.
+    status = absl::ResourceExhaustedError("server out of memory for this request");
+  }
   if (!status.ok()) {
     errors_.fetch_add(1, std::memory_order_relaxed);
     rh->set_code(static_cast<int32_t>(status.code()));
@@ -163,17 +240,27 @@ void KVServer::Handle(std::vector<zmq::message_t>& frames,
     rh->set_num_values(0);
     *values = zmq::message_t();
     Log()->debug("request {} rejected: {}", rh->request_id(), status.ToString());
+    return Outcome::kAnswer;
   }
+  return outcome;
 }
 
-absl::Status KVServer::Process(std::vector<zmq::message_t>& frames,
-                               const Ownership& own, ResponseHeader* rh,
-                               zmq::message_t* values) {
+absl::Status KVServer::ProcessChecked(std::vector<zmq::message_t>& frames,
+                                      const Ownership& own, ResponseHeader* rh,
+                                      zmq::message_t* values, Outcome* outcome) {
   DecodedRequest req;
   absl::Status status = DecodeRequest(frames, &req);
   rh->set_request_id(req.header.request_id());
   if (!status.ok()) return status;
   const RequestHeader& h = req.header;
+
+  if (h.op() == ADVANCE_CLOCK) {
+    if (!req.keys.empty()) {
+      return absl::InvalidArgumentError("ADVANCE_CLOCK carries no keys");
+    }
+    consistency_.Advance(h.sender_node_id(), h.clock());
+    return absl::OkStatus();
+  }
 
   auto it = tables_.find(h.table_id());
   if (it == tables_.end()) {
@@ -192,75 +279,240 @@ absl::Status KVServer::Process(std::vector<zmq::message_t>& frames,
   const bool push = h.op() == PUSH || h.op() == PUSH_PULL;
   const bool pull = h.op() == PULL || h.op() == PUSH_PULL;
   Table* table = it->second.get();
+  SparseTable* sparse = table->AsSparse();
+  DenseTable* dense = table->AsDense();
+  const Segments& segments = h.segments();
 
-  if (SparseTable* sparse = table->AsSparse()) {
+  // Validate everything first: a rejected request must change nothing.
+  uint64_t n = 0;
+  if (sparse != nullptr) {
     if (h.segments_size() != 0) {
       return absl::InvalidArgumentError(absl::StrCat(
           "table ", h.table_id(), " is sparse; requests carry keys, not segments"));
     }
-    const size_t n = req.keys.size() * sparse->dim();
+    n = req.keys.size() * uint64_t{sparse->dim()};
+    PS_RETURN_IF_ERROR(CheckResponseSize(n));
     if (push && req.values.size() != n) {
       return absl::InvalidArgumentError(absl::StrCat(
           "push of ", req.keys.size(), " keys to table ", h.table_id(), " (dim ",
           sparse->dim(), ") needs ", n, " values, got ", req.values.size()));
     }
-    PS_RETURN_IF_ERROR(CheckResponseSize(n));
     if (!own.all) {
       for (uint64_t key : req.keys) {
         const uint32_t slot = SparseSlot(h.table_id(), key, num_slots);
         if (own.slot_owner[slot] != own.rank) return not_owner(slot);
       }
     }
-    if (push) {
-      PS_RETURN_IF_ERROR(CheckFinite(req.values));
-      sparse->Push(req.keys, req.values.data());
-      keys_pushed_.fetch_add(req.keys.size(), std::memory_order_relaxed);
+  } else {
+    if (!req.keys.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "table ", h.table_id(), " is dense; requests carry segments, not keys"));
     }
-    if (pull) {
-      std::vector<float> out(n);
-      sparse->Pull(req.keys, out.data());
-      keys_pulled_.fetch_add(req.keys.size(), std::memory_order_relaxed);
-      rh->set_num_values(n);
-      *values = FrameFromVector(std::move(out));
+    PS_RETURN_IF_ERROR(dense->ValidateSegments(segments));
+    for (const DenseSegment& s : segments) n += s.length();
+    PS_RETURN_IF_ERROR(CheckResponseSize(n));
+    if (push && req.values.size() != n) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("dense push addresses ", n, " elements but carries ",
+                       req.values.size(), " values"));
     }
-    return absl::OkStatus();
+    if (!own.all) {
+      for (const DenseSegment& s : segments) {
+        const uint32_t slot =
+            DenseBlockSlot(h.table_id(), s.begin() / dense->block_size(), num_slots);
+        if (own.slot_owner[slot] != own.rank) return not_owner(slot);
+      }
+    }
+  }
+  if (push) PS_RETURN_IF_ERROR(CheckFinite(req.values));
+  if (push && consistency_.ShouldBuffer(h.clock()) &&
+      h.clock() - consistency_.applied_clock() > ConsistencyController::kMaxStepsAhead) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "push for step ", h.clock(), " is more than ",
+        ConsistencyController::kMaxStepsAhead, " steps ahead of the applied step ",
+        consistency_.applied_clock()));
   }
 
-  DenseTable* dense = table->AsDense();
-  if (!req.keys.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "table ", h.table_id(), " is dense; requests carry segments, not keys"));
-  }
-  const Segments& segments = h.segments();
-  PS_RETURN_IF_ERROR(dense->ValidateSegments(segments));
-  uint64_t n = 0;
-  for (const DenseSegment& s : segments) n += s.length();
-  PS_RETURN_IF_ERROR(CheckResponseSize(n));
-  if (push && req.values.size() != n) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("dense push addresses ", n, " elements but carries ",
-                     req.values.size(), " values"));
-  }
-  if (!own.all) {
-    for (const DenseSegment& s : segments) {
-      const uint32_t slot =
-          DenseBlockSlot(h.table_id(), s.begin() / dense->block_size(), num_slots);
-      if (own.slot_owner[slot] != own.rank) return not_owner(slot);
-    }
-  }
   if (push) {
-    PS_RETURN_IF_ERROR(CheckFinite(req.values));
-    dense->Push(segments, req.values.data());
-    keys_pushed_.fetch_add(n, std::memory_order_relaxed);
+    if (consistency_.ShouldBuffer(h.clock())) {
+      Buffer(h.clock(), h.sender_node_id(), table, req.keys, segments, req.values);
+    } else if (sparse != nullptr) {
+      sparse->Push(req.keys, req.values.data());
+    } else {
+      dense->Push(segments, req.values.data());
+    }
+    keys_pushed_.fetch_add(sparse != nullptr ? req.keys.size() : n,
+                           std::memory_order_relaxed);
   }
-  if (pull) {
-    std::vector<float> out(n);
+  if (!pull) return absl::OkStatus();
+  if (!consistency_.PullReady(h.clock())) {
+    // Hold the pull. A PUSH_PULL's push half is done: keep only a PULL.
+    if (h.op() == PUSH_PULL) {
+      RequestHeader pull_only = h;
+      pull_only.set_op(PULL);
+      frames[0] = SerializeToFrame(pull_only);
+      frames.resize(2);
+    }
+    *outcome = Outcome::kDefer;
+    return absl::OkStatus();
+  }
+  std::vector<float> out(n);
+  if (sparse != nullptr) {
+    sparse->Pull(req.keys, out.data());
+    keys_pulled_.fetch_add(req.keys.size(), std::memory_order_relaxed);
+  } else {
     dense->Pull(segments, out.data());
     keys_pulled_.fetch_add(n, std::memory_order_relaxed);
-    rh->set_num_values(n);
-    *values = FrameFromVector(std::move(out));
   }
+  rh->set_num_values(n);
+  const uint64_t min_clock = consistency_.MinClock();
+  rh->set_min_clock(min_clock == ConsistencyController::kNoWorkers ? 0 : min_clock);
+  rh->set_applied_clock(consistency_.applied_clock());
+  *values = FrameFromVector(std::move(out));
   return absl::OkStatus();
+}
+
+void KVServer::Buffer(uint64_t step, uint64_t node_id, Table* table,
+                      absl::Span<const uint64_t> keys, const Segments& segments,
+                      absl::Span<const float> grads) {
+  StepBuffer& buffer = buffers_[step];
+  consistency_.NoteBuffered(step);
+  buffer.pushers.insert(node_id);
+  if (SparseTable* sparse = table->AsSparse()) {
+    StepBuffer::Sparse& b = buffer.sparse[table->id()];
+    const uint32_t dim = sparse->dim();
+    for (size_t i = 0; i < keys.size(); ++i) {
+      auto [it, inserted] =
+          b.index.try_emplace(keys[i], static_cast<uint32_t>(b.keys.size()));
+      if (inserted) {
+        b.keys.push_back(keys[i]);
+        b.sums.resize(b.sums.size() + dim, 0.0f);
+      }
+      float* sum = &b.sums[size_t{it->second} * dim];
+      const float* g = &grads[i * dim];
+      for (uint32_t e = 0; e < dim; ++e) sum[e] += g[e];
+    }
+    return;
+  }
+  DenseTable* dense = table->AsDense();
+  StepBuffer::Dense& b = buffer.dense[table->id()];
+  const uint64_t block_size = dense->block_size();
+  const float* g = grads.data();
+  for (const DenseSegment& s : segments) {
+    const uint64_t block = s.begin() / block_size;
+    std::vector<float>& sums = b.blocks[block];
+    if (sums.empty()) {
+      sums.assign(std::min(block_size, dense->size() - block * block_size), 0.0f);
+    }
+    const uint64_t offset = s.begin() - block * block_size;
+    for (uint64_t e = 0; e < s.length(); ++e) sums[offset + e] += g[e];
+    auto [range, inserted] =
+        b.touched.try_emplace(block, offset, offset + s.length());
+    if (!inserted) {
+      range->second.first = std::min(range->second.first, offset);
+      range->second.second = std::max(range->second.second, offset + s.length());
+    }
+    g += s.length();
+  }
+}
+
+void KVServer::ApplyBuffered(uint64_t step, StepBuffer& buffer, uint32_t divisor) {
+  const float scale = 1.0f / static_cast<float>(divisor);
+  for (auto& [id, b] : buffer.sparse) {
+    for (float& v : b.sums) v *= scale;
+    tables_[id]->AsSparse()->Push(b.keys, b.sums.data());
+  }
+  for (auto& [id, b] : buffer.dense) {
+    DenseTable* dense = tables_[id]->AsDense();
+    for (auto& [block, sums] : b.blocks) {
+      // Only the touched range: elements no worker pushed this step are
+      // not updated, as they would not be under ASYNC.
+      const auto [lo, hi] = b.touched[block];
+      Segments seg;
+      DenseSegment* s = seg.Add();
+      s->set_begin(block * dense->block_size() + lo);
+      s->set_length(hi - lo);
+      for (uint64_t e = lo; e < hi; ++e) sums[e] *= scale;
+      dense->Push(seg, sums.data() + lo);
+    }
+  }
+  Log()->debug("BSP step {} applied: {} workers averaged", step, divisor);
+}
+
+void KVServer::Progress(const Ownership& own) {
+  uint64_t step;
+  while (consistency_.NextCompleteStep(&step)) {
+    auto it = buffers_.find(step);
+    // finished_ marks exactly the buffered steps, so the buffer exists.
+    if (it != buffers_.end()) {
+      const uint32_t divisor = std::max<uint32_t>(
+          consistency_.FinishedCount(step),
+          static_cast<uint32_t>(it->second.pushers.size()));
+      ApplyBuffered(step, it->second, divisor);
+      buffers_.erase(it);
+    }
+    consistency_.ForgetStep(step);
+    consistency_.StepApplied();
+    bsp_steps_.fetch_add(1, std::memory_order_relaxed);
+  }
+  // Answer held pulls that may now be answered, oldest first.
+  for (auto it = deferred_.begin(); it != deferred_.end();) {
+    if (!consistency_.PullReady(it->clock)) {
+      ++it;
+      continue;
+    }
+    ResponseHeader rh;
+    zmq::message_t values;
+    Process(it->frames, own, &rh, &values);
+    Send(it->identity, rh, values);
+    it = deferred_.erase(it);
+  }
+}
+
+void KVServer::FlushBuffers() {
+  // Leaving BSP: apply what was gathered, step by step, averaged over the
+  // workers that took part.
+  for (auto& [step, buffer] : buffers_) {
+    const uint32_t divisor =
+        std::max<uint32_t>(consistency_.FinishedCount(step),
+                           static_cast<uint32_t>(buffer.pushers.size()));
+    ApplyBuffered(step, buffer, divisor);
+    consistency_.ForgetStep(step);
+  }
+  buffers_.clear();
+}
+
+void KVServer::Watchdog() {
+  if (deferred_.empty()) return;
+  const ConsistencyConfig& c = consistency_.config();
+  const absl::Time now = absl::Now();
+  const Deferred& oldest = deferred_.front();
+  if (now - oldest.since < absl::Milliseconds(c.watchdog_timeout_ms()) ||
+      now - last_watchdog_log_ < absl::Milliseconds(c.watchdog_interval_ms())) {
+    return;
+  }
+  last_watchdog_log_ = now;
+  // What the oldest pull needs: under BSP every step below its clock
+  // applied, i.e. every live worker at that clock; under SSP every live
+  // worker at clock - staleness.
+  uint64_t needed = oldest.clock;
+  if (consistency_.mode() == SSP) {
+    needed = oldest.clock > c.staleness() ? oldest.clock - c.staleness() : 0;
+  }
+  std::vector<std::string> missing;
+  for (const auto& l : consistency_.Behind(needed)) {
+    missing.push_back(absl::StrCat(l.rank, " (clock ", l.clock, ")"));
+  }
+  Log()->warn(
+      "watchdog: {} pull(s) held; the oldest, from worker rank {} at clock {}, "
+      "has waited {:.1f} s ({}, applied steps < {}); waiting for worker ranks: {}",
+      deferred_.size(), oldest.rank, oldest.clock,
+      absl::ToDoubleSeconds(now - oldest.since),
+      consistency_.mode() == SSP
+          ? absl::StrCat("SSP staleness ", c.staleness())
+          : ConsistencyMode_Name(consistency_.mode()),
+      consistency_.applied_clock(),
+      missing.empty() ? "none (clock reports in flight)" : absl::StrJoin(missing, ", "));
 }
 
 }  // namespace ps

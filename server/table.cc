@@ -18,16 +18,18 @@ absl::StatusOr<std::unique_ptr<Table>> Table::Create(
   }
   switch (config.kind_case()) {
     case TableConfig::kSparse:
-      if (config.sparse().dim() == 0) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("table '", config.name(), "': sparse.dim is 0"));
+      if (config.sparse().dim() == 0 || config.sparse().dim() > 65536) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "table '", config.name(), "': sparse.dim must be in 1..65536"));
       }
       return std::unique_ptr<Table>(
           new SparseTable(config, std::move(optimizer).value()));
     case TableConfig::kDense:
-      if (config.dense().size() == 0 || config.dense().block_size() == 0) {
+      if (config.dense().size() == 0 || config.dense().block_size() == 0 ||
+          config.dense().block_size() > (1u << 26)) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "table '", config.name(), "': dense size and block_size must be > 0"));
+            "table '", config.name(),
+            "': dense size must be > 0 and block_size in 1..2^26"));
       }
       return std::unique_ptr<Table>(
           new DenseTable(config, std::move(optimizer).value()));
@@ -44,10 +46,16 @@ SparseTable::SparseTable(const TableConfig& config,
                          std::unique_ptr<Optimizer> optimizer)
     : Table(config, std::move(optimizer)),
       dim_(config.sparse().dim()),
-      stride_(static_cast<size_t>(dim_) * (1 + optimizer_->state_size())) {}
+      stride_(static_cast<size_t>(dim_) * (1 + optimizer_->state_size())),
+      chunk_shift_([this] {
+        int shift = kMaxChunkShift;
+        while (shift > 0 && (stride_ * sizeof(float) << shift) > kMaxChunkBytes) --shift;
+        return shift;
+      }()),
+      chunk_rows_(1u << chunk_shift_) {}
 
 size_t SparseTable::MemoryBytes() const {
-  return chunks_.size() * kChunkRows * stride_ * sizeof(float) +
+  return chunks_.size() * chunk_rows_ * stride_ * sizeof(float) +
          index_.capacity() * (sizeof(uint64_t) + sizeof(uint32_t) + 1);
 }
 
@@ -55,14 +63,14 @@ float* SparseTable::Row(uint64_t key) {
   auto [it, inserted] = index_.try_emplace(key, 0);
   if (!inserted) {
     const uint32_t r = it->second;
-    return chunks_[r >> kChunkShift].get() + (r & (kChunkRows - 1)) * stride_;
+    return chunks_[r >> chunk_shift_].get() + (r & (chunk_rows_ - 1)) * stride_;
   }
   const uint32_t r = static_cast<uint32_t>(index_.size() - 1);
   it->second = r;
-  if ((r >> kChunkShift) >= chunks_.size()) {
-    chunks_.emplace_back(new float[kChunkRows * stride_]);
+  if ((r >> chunk_shift_) >= chunks_.size()) {
+    chunks_.emplace_back(new float[chunk_rows_ * stride_]);
   }
-  float* row = chunks_[r >> kChunkShift].get() + (r & (kChunkRows - 1)) * stride_;
+  float* row = chunks_[r >> chunk_shift_].get() + (r & (chunk_rows_ - 1)) * stride_;
   InitializeValues(config_.init(), config_.id(), key, 0, dim_, row);
   optimizer_->InitState(row + dim_, dim_);
   return row;

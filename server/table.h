@@ -76,14 +76,17 @@ class SparseTable : public Table {
 
  private:
   // Rows live in fixed-size chunks so growth never moves existing rows and
-  // never copies the whole table.
-  static constexpr int kChunkShift = 14;  // 16384 rows per chunk
-  static constexpr uint32_t kChunkRows = 1u << kChunkShift;
+  // never copies the whole table. A chunk holds up to 16384 rows and about
+  // 4 MiB at most, so wide rows do not reserve gigabytes on first touch.
+  static constexpr size_t kMaxChunkBytes = size_t{4} << 20;
+  static constexpr int kMaxChunkShift = 14;
 
   float* Row(uint64_t key);  // finds or creates
 
   const uint32_t dim_;
   const size_t stride_;  // floats per row: dim * (1 + state_size)
+  const int chunk_shift_;  // log2 of rows per chunk
+  const uint32_t chunk_rows_;
   absl::flat_hash_map<uint64_t, uint32_t> index_;
   std::vector<std::unique_ptr<float[]>> chunks_;
 };

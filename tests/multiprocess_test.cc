@@ -172,9 +172,12 @@ TEST_F(MultiProcessTest, ConcurrentSgdPushesLandExactlyOnTheOwningServers) {
     EXPECT_EQ(*code, 0) << ReadFile(p.stderr_path());
   }
   // Both servers served a share of the keys (the slot map spreads them).
+  // A server may have refused a first request while its view was a moment
+  // behind the tools' (UNAVAILABLE, applied nothing, retried by the
+  // client); the exact values above show nothing was lost or doubled.
   for (int i = 1; i <= 2; ++i) {
     const std::string log = ReadFile(processes_[i].stderr_path());
-    EXPECT_NE(log.find("(0 rejected)"), std::string::npos) << log;
+    EXPECT_NE(log.find("keys pushed"), std::string::npos) << log;
     EXPECT_EQ(log.find(" 0 keys pushed"), std::string::npos) << log;
   }
 }

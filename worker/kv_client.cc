@@ -46,11 +46,31 @@ struct Completion::State {
     if (finished && done) done(final_status);
   }
 
+  void RecordClocks(uint64_t min_c, uint64_t applied) {
+    absl::MutexLock lock(&mu);
+    min_clock = std::min(min_clock, min_c);
+    applied_clock = std::min(applied_clock, applied);
+  }
+
   absl::Mutex mu;
   int remaining ABSL_GUARDED_BY(mu);
   absl::Status status ABSL_GUARDED_BY(mu);
+  uint64_t min_clock ABSL_GUARDED_BY(mu) = UINT64_MAX;
+  uint64_t applied_clock ABSL_GUARDED_BY(mu) = UINT64_MAX;
   const DoneCallback done;
 };
+
+uint64_t Completion::min_clock() const {
+  absl::MutexLock lock(&state_->mu);
+  return state_->remaining == 0 && state_->min_clock != UINT64_MAX ? state_->min_clock : 0;
+}
+
+uint64_t Completion::applied_clock() const {
+  absl::MutexLock lock(&state_->mu);
+  return state_->remaining == 0 && state_->applied_clock != UINT64_MAX
+             ? state_->applied_clock
+             : 0;
+}
 
 absl::Status Completion::Wait() const {
   State* s = state_.get();
@@ -322,6 +342,10 @@ class KVClient::IoLoop {
       return;
     }
     Scatter(*part, response.values);
+    if (part->expected_values > 0) {
+      part->parent->RecordClocks(response.header.min_clock(),
+                                 response.header.applied_clock());
+    }
     part->parent->PartDone(absl::OkStatus());
   }
 
@@ -445,6 +469,7 @@ KVClient::KVClient(Options options, std::shared_ptr<const Routing> routing)
           absl::Milliseconds(options_.config.cluster().request_timeout_ms())),
       routing_(routing),
       io_(std::make_unique<IoLoop>(routing)) {
+  clock_.store(options_.start_clock);
   for (const TableConfig& t : options_.config.tables()) {
     TableInfo info;
     info.sparse = t.has_sparse();
@@ -524,6 +549,44 @@ Completion KVClient::PullDense(uint32_t table, uint64_t begin, uint64_t count,
   return Dense(PULL, table, begin, count, {}, out, std::move(done));
 }
 
+Completion KVClient::AdvanceClock(DoneCallback done) {
+  return AdvanceClockTo(clock_.load() + 1, std::move(done));
+}
+
+Completion KVClient::AdvanceClockTo(uint64_t target, DoneCallback done) {
+  uint64_t clock = clock_.load();
+  while (clock < target && !clock_.compare_exchange_weak(clock, target)) {
+  }
+  clock = std::max(clock, target);
+  auto routing = this->routing();
+  std::vector<uint32_t> servers;
+  for (uint32_t r = 0; r < routing->endpoints.size(); ++r) {
+    if (!routing->endpoints[r].empty()) servers.push_back(r);
+  }
+  if (servers.empty()) return Failed(absl::OkStatus(), std::move(done));
+  auto state = std::make_shared<Completion::State>(static_cast<int>(servers.size()),
+                                                   std::move(done));
+  std::vector<std::unique_ptr<Part>> parts;
+  for (uint32_t server : servers) {
+    auto part = std::make_unique<Part>();
+    part->request_id = next_request_id_.fetch_add(1, std::memory_order_relaxed);
+    part->server = server;
+    part->parent = state;
+    part->deadline = absl::Now() + request_timeout_;
+    RequestHeader h;
+    h.set_request_id(part->request_id);
+    h.set_op(ADVANCE_CLOCK);
+    h.set_epoch(routing->epoch);
+    h.set_sender_rank(options_.rank);
+    h.set_sender_node_id(options_.node_id);
+    h.set_clock(clock);
+    part->header = SerializeToFrame(h);
+    parts.push_back(std::move(part));
+  }
+  Submit(std::move(parts));
+  return Completion(std::move(state));
+}
+
 Completion KVClient::Sparse(int op_int, uint32_t table,
                             absl::Span<const uint64_t> keys,
                             absl::Span<const float> grads, float* out,
@@ -581,6 +644,8 @@ Completion KVClient::Sparse(int op_int, uint32_t table,
     h.set_num_keys(idx.size());
     h.set_epoch(routing->epoch);
     h.set_sender_rank(options_.rank);
+    h.set_sender_node_id(options_.node_id);
+    h.set_clock(clock_.load());
     part->header = SerializeToFrame(h);
     std::vector<uint64_t> k(idx.size());
     for (size_t j = 0; j < idx.size(); ++j) k[j] = keys[idx[j]];
@@ -671,6 +736,8 @@ Completion KVClient::Dense(int op_int, uint32_t table, uint64_t begin,
     b.header.set_table_id(table);
     b.header.set_epoch(routing->epoch);
     b.header.set_sender_rank(options_.rank);
+    b.header.set_sender_node_id(options_.node_id);
+    b.header.set_clock(clock_.load());
     part->header = SerializeToFrame(b.header);
     if (op != PULL) {
       part->values = FrameFromVector(std::move(b.values));

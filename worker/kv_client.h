@@ -46,6 +46,11 @@ class Completion {
   // Blocks until the request completes; returns its status.
   absl::Status Wait() const;
   bool done() const;
+  // Pulls: the consistency diagnostics the servers answered with (the
+  // smallest over the servers involved): the slowest live worker's clock,
+  // and the number of BSP steps applied. 0 before completion.
+  uint64_t min_clock() const;
+  uint64_t applied_clock() const;
 
   struct State;
 
@@ -60,8 +65,12 @@ class KVClient {
   struct Options {
     // Validated job config: table shapes and timeouts come from it.
     JobConfig config;
-    // This worker's rank, sent with requests for diagnostics.
+    // This worker's rank and node id (from the scheduler), sent with every
+    // request: servers track clocks by node id.
     uint32_t rank = 0;
+    uint64_t node_id = 0;
+    // The clock to start at (SchedulerClient::start_clock()).
+    uint64_t start_clock = 0;
   };
 
   // `view` must be RUNNING. INVALID_ARGUMENT otherwise.
@@ -93,6 +102,19 @@ class KVClient {
                        DoneCallback done = nullptr);
   Completion PullDense(uint32_t table, uint64_t begin, uint64_t count,
                        float* out, DoneCallback done = nullptr);
+
+  // The worker's clock: steps completed. Every request carries it; a pull
+  // is answered under BSP/SSP when the servers' state allows that clock.
+  uint64_t clock() const { return clock_.load(); }
+
+  // Ends the current step: the clock goes up by one and every live server
+  // is told, after the pushes this thread issued before (requests to a
+  // server keep their order). Call it once per step, in every mode.
+  Completion AdvanceClock(DoneCallback done = nullptr);
+  // Sets the clock to `clock` (not below the current one) and tells every
+  // live server, like AdvanceClock. kFinishedClock marks the end of
+  // training.
+  Completion AdvanceClockTo(uint64_t clock, DoneCallback done = nullptr);
 
   struct Stats {
     uint64_t requests = 0;      // user calls
@@ -134,6 +156,7 @@ class KVClient {
   const absl::Duration request_timeout_;
   absl::flat_hash_map<uint32_t, TableInfo> tables_;
   std::atomic<uint64_t> next_request_id_{1};
+  std::atomic<uint64_t> clock_{0};
   std::atomic<uint64_t> requests_{0};
 
   mutable absl::Mutex routing_mu_;

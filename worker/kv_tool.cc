@@ -176,7 +176,10 @@ int main(int argc, char** argv) {
     if (!view.ok()) {
       status = view.status();
     } else {
-      auto client = ps::KVClient::Create({*config, (*membership)->rank()}, *view);
+      auto client = ps::KVClient::Create(
+          {*config, (*membership)->rank(), (*membership)->node_id(),
+           (*membership)->start_clock()},
+          *view);
       status = client.ok() ? Run(*config, **client) : client.status();
     }
   }

@@ -9,6 +9,7 @@
 #include "common/config.h"
 #include "common/logging.h"
 #include "common/status.h"
+#include "common/wire.h"
 #include "worker/metrics.h"
 
 namespace ps {
@@ -84,13 +85,43 @@ void LrTrainer::Dedup(const ctr::Batch& batch) {
 }
 
 absl::Status LrTrainer::PullWeights() {
+  constexpr int kAttempts = 20;
   sparse_w_.resize(unique_keys_.size());
-  Completion sparse =
-      client_->Pull(sparse_table_, unique_keys_, sparse_w_.data());
-  Completion dense =
-      client_->PullDense(dense_table_, 0, dense_w_.size(), dense_w_.data());
-  PS_RETURN_IF_ERROR(sparse.Wait());
-  return dense.Wait();
+  for (int attempt = 1;; ++attempt) {
+    Completion sparse =
+        client_->Pull(sparse_table_, unique_keys_, sparse_w_.data());
+    Completion dense =
+        client_->PullDense(dense_table_, 0, dense_w_.size(), dense_w_.data());
+    const absl::Status s = sparse.Wait();
+    const absl::Status d = dense.Wait();
+    if (s.ok() && d.ok()) return absl::OkStatus();
+    const absl::Status& err = s.ok() ? d : s;
+    if (err.code() != absl::StatusCode::kDeadlineExceeded || attempt == kAttempts) {
+      return err;
+    }
+    // Pulls are idempotent. Under BSP/SSP the servers hold a pull until
+    // slower workers catch up, and their watchdog names those workers.
+    Log()->warn("pull at clock {} not answered in time (attempt {} of {}); asking again",
+                client_->clock(), attempt, kAttempts);
+  }
+}
+
+std::vector<std::pair<uint64_t, uint64_t>> LrTrainer::Batches() const {
+  const uint64_t total = data_.size(ctr::Split::kTrain);
+  const uint64_t b = config_.training().batch_size();
+  std::vector<std::pair<uint64_t, uint64_t>> batches;
+  if (config_.training().shard_by_batch()) {
+    for (uint64_t pos = uint64_t{rank_} * b; pos < total;
+         pos += uint64_t{num_workers_} * b) {
+      batches.emplace_back(pos, std::min(b, total - pos));
+    }
+  } else {
+    const auto [begin, end] = ctr::ShardRange(total, rank_, num_workers_);
+    for (uint64_t pos = begin; pos < end; pos += b) {
+      batches.emplace_back(pos, std::min(b, end - pos));
+    }
+  }
+  return batches;
 }
 
 void LrTrainer::Forward(const ctr::Batch& batch,
@@ -109,15 +140,20 @@ void LrTrainer::Forward(const ctr::Batch& batch,
 }
 
 absl::StatusOr<TrainResult> LrTrainer::Train(
-    const std::function<bool()>& stop) {
-  const auto [begin, end] =
-      ctr::ShardRange(data_.size(ctr::Split::kTrain), rank_, num_workers_);
+    const std::function<bool()>& stop,
+    const std::function<void(uint64_t)>& on_clock) {
+  const std::vector<std::pair<uint64_t, uint64_t>> batches = Batches();
   const uint64_t batch_size = config_.training().batch_size();
+  const uint64_t max_steps = config_.training().max_steps();
   const uint32_t c = data_.num_categorical();
   const absl::Duration log_every =
       absl::Seconds(config_.training().log_interval_s());
-  Log()->info("training on examples [{}, {}) for {} epoch(s), batch {}", begin,
-              end, config_.training().epochs(), batch_size);
+  Log()->info("training on {} batches of {} per epoch ({}), {} epoch(s), {}",
+              batches.size(), batch_size,
+              config_.training().shard_by_batch() ? "every k-th batch"
+                                                  : "a contiguous shard",
+              config_.training().epochs(),
+              ConsistencyMode_Name(config_.consistency().mode()));
 
   TrainResult result;
   const absl::Time start = absl::Now();
@@ -137,13 +173,14 @@ absl::StatusOr<TrainResult> LrTrainer::Train(
        ++epoch) {
     double epoch_loss = 0;
     uint64_t epoch_count = 0;
-    for (uint64_t pos = begin; pos < end; pos += batch_size) {
-      if (stop()) {
-        Log()->info("stop requested after {} steps", result.steps);
+    for (const auto& [pos, n] : batches) {
+      if (stop() || (max_steps > 0 && result.steps >= max_steps)) {
+        Log()->info("{} after {} steps",
+                    stop() ? "stop requested" : "training.max_steps reached",
+                    result.steps);
         stopped = true;
         break;
       }
-      const uint64_t n = std::min(batch_size, end - pos);
       // Generating the batch overlaps with the previous step's push.
       PS_RETURN_IF_ERROR(data_.Fill(ctr::Split::kTrain, pos, n, &batch));
       Dedup(batch);
@@ -171,6 +208,9 @@ absl::StatusOr<TrainResult> LrTrainer::Train(
       in_flight.push_back(
           client_->Push(sparse_table_, unique_keys_, sparse_g_));
       in_flight.push_back(client_->PushDense(dense_table_, 0, dense_g_));
+      // The step ends after its pushes; servers receive this after them.
+      in_flight.push_back(client_->AdvanceClock());
+      if (on_clock) on_clock(client_->clock());
 
       epoch_loss += batch_loss;
       window_loss += batch_loss;
@@ -199,6 +239,9 @@ absl::StatusOr<TrainResult> LrTrainer::Train(
     }
   }
   for (const Completion& push : in_flight) PS_RETURN_IF_ERROR(push.Wait());
+  // Never hold back the others' synchronous waits from now on.
+  PS_RETURN_IF_ERROR(client_->AdvanceClockTo(kFinishedClock).Wait());
+  if (on_clock) on_clock(kFinishedClock);
   result.seconds = absl::ToDoubleSeconds(absl::Now() - start);
   return result;
 }

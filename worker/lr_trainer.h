@@ -50,7 +50,12 @@ class LrTrainer {
   // Trains over this worker's shard for the configured epochs, logging
   // progress every training.log_interval_s. `stop` is polled between steps;
   // when it returns true training ends early (result covers what was done).
-  absl::StatusOr<TrainResult> Train(const std::function<bool()>& stop);
+  // After each step the worker's clock advances and `on_clock` gets it (for
+  // heartbeats); at the end the clock becomes kFinishedClock, so this
+  // worker never holds back the others' synchronous waits.
+  absl::StatusOr<TrainResult> Train(
+      const std::function<bool()>& stop,
+      const std::function<void(uint64_t)>& on_clock = nullptr);
 
   // Scores the whole test split with the current server parameters.
   absl::StatusOr<EvalResult> Evaluate();
@@ -63,7 +68,11 @@ class LrTrainer {
   // of each batch key in unique_keys_).
   void Dedup(const ctr::Batch& batch);
   // Pulls the weights for the current unique keys and the dense weights.
+  // Under BSP/SSP a pull may wait for slower workers: a pull that times out
+  // is sent again a few times, with a log line each time.
   absl::Status PullWeights();
+  // (first example, count) of each of this worker's batches in one epoch.
+  std::vector<std::pair<uint64_t, uint64_t>> Batches() const;
   // Probabilities of the batch from the pulled weights.
   void Forward(const ctr::Batch& batch, std::vector<float>* logits) const;
 

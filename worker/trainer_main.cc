@@ -76,7 +76,8 @@ int TrainAndEvaluate(const ps::JobConfig& config,
     log->error("{}", view.status().message());
     return 1;
   }
-  auto client = ps::KVClient::Create({config, rank}, *view);
+  auto client = ps::KVClient::Create(
+      {config, rank, membership->node_id(), membership->start_clock()}, *view);
   if (!client.ok()) {
     log->error("{}", client.status().message());
     return 1;
@@ -92,7 +93,8 @@ int TrainAndEvaluate(const ps::JobConfig& config,
     log->error("{}", trainer.status().message());
     return 2;
   }
-  auto train = (*trainer)->Train([&] { return signals.requested(); });
+  auto train = (*trainer)->Train([&] { return signals.requested(); },
+                                 [membership](uint64_t clock) { membership->set_clock(clock); });
   if (!train.ok()) {
     log->error("training failed: {}", train.status().message());
     return 1;

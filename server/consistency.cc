@@ -1,0 +1,125 @@
+#include "server/consistency.h"
+
+#include <algorithm>
+
+namespace ps {
+
+ConsistencyController::ConsistencyController(const ConsistencyConfig& config)
+    : config_(config) {
+  if (config_.mode() == CONSISTENCY_MODE_UNSPECIFIED) config_.set_mode(ASYNC);
+}
+
+void ConsistencyController::SetLiveWorkers(const std::vector<Worker>& workers) {
+  live_ = workers;
+  // Forget clocks of workers no longer live; a node id is never reused.
+  absl::flat_hash_set<uint64_t> ids;
+  for (const Worker& w : live_) ids.insert(w.node_id);
+  for (auto it = clocks_.begin(); it != clocks_.end();) {
+    if (!ids.contains(it->first)) {
+      clocks_.erase(it++);
+    } else {
+      ++it;
+    }
+  }
+}
+
+bool ConsistencyController::SetMode(const ConsistencyConfig& config) {
+  const ConsistencyMode old_mode = config_.mode();
+  const uint32_t timeout = config_.watchdog_timeout_ms();
+  const uint32_t interval = config_.watchdog_interval_ms();
+  config_ = config;
+  if (config_.mode() == CONSISTENCY_MODE_UNSPECIFIED) config_.set_mode(ASYNC);
+  // Watchdog settings come from the job config, not from run-time changes.
+  if (config_.watchdog_timeout_ms() == 0) config_.set_watchdog_timeout_ms(timeout);
+  if (config_.watchdog_interval_ms() == 0) config_.set_watchdog_interval_ms(interval);
+  if (old_mode != BSP && config_.mode() == BSP) {
+    uint64_t max_clock = 0;
+    for (const Worker& w : live_) max_clock = std::max(max_clock, ClockOf(w));
+    applied_clock_ = std::max(applied_clock_, max_clock);
+  }
+  return old_mode == BSP && config_.mode() != BSP;
+}
+
+void ConsistencyController::Advance(uint64_t node_id, uint64_t clock) {
+  uint64_t& c = clocks_[node_id];
+  if (clock <= c) return;
+  // Steps in [c, clock) are now finished by this worker.
+  for (auto it = finished_.lower_bound(c); it != finished_.end() && it->first < clock;
+       ++it) {
+    it->second.insert(node_id);
+  }
+  c = clock;
+}
+
+uint64_t ConsistencyController::ClockOf(const Worker& w) const {
+  auto it = clocks_.find(w.node_id);
+  return std::max(w.start_clock, it == clocks_.end() ? 0 : it->second);
+}
+
+uint64_t ConsistencyController::MinClock() const {
+  uint64_t min_clock = kNoWorkers;
+  for (const Worker& w : live_) min_clock = std::min(min_clock, ClockOf(w));
+  return min_clock;
+}
+
+bool ConsistencyController::PullReady(uint64_t clock) const {
+  switch (config_.mode()) {
+    case BSP:
+      return clock <= applied_clock_;
+    case SSP: {
+      const uint64_t min_clock = MinClock();
+      return min_clock == kNoWorkers || clock <= min_clock + config_.staleness();
+    }
+    default:
+      return true;
+  }
+}
+
+bool ConsistencyController::NextCompleteStep(uint64_t* step) {
+  if (config_.mode() != BSP) return false;
+  // Every live worker has finished the steps below min_clock (all of them
+  // when none is live). Steps with nothing buffered here need no work, so
+  // jump over them instead of walking: clocks can be far apart (a finished
+  // worker's clock is 2^62).
+  const uint64_t min_clock = MinClock();
+  const uint64_t next_buffered =
+      finished_.empty() ? kNoWorkers : std::max(applied_clock_, finished_.begin()->first);
+  if (next_buffered < min_clock) {
+    applied_clock_ = next_buffered;
+    *step = next_buffered;
+    return true;
+  }
+  if (min_clock != kNoWorkers) applied_clock_ = std::max(applied_clock_, min_clock);
+  return false;
+}
+
+uint32_t ConsistencyController::FinishedCount(uint64_t step) const {
+  auto it = finished_.find(step);
+  const size_t n = it == finished_.end() ? 0 : it->second.size();
+  return static_cast<uint32_t>(std::max<size_t>(n, 1));
+}
+
+void ConsistencyController::NoteBuffered(uint64_t step) {
+  if (finished_.contains(step)) return;
+  auto& set = finished_[step];
+  // Workers that are already past this step (pushes arriving after their
+  // own clock report cannot happen, but a late joiner's start clock can be
+  // ahead) count as finished.
+  for (const Worker& w : live_) {
+    if (ClockOf(w) > step) set.insert(w.node_id);
+  }
+}
+
+std::vector<ConsistencyController::Laggard> ConsistencyController::Behind(
+    uint64_t clock) const {
+  std::vector<Laggard> behind;
+  for (const Worker& w : live_) {
+    const uint64_t c = ClockOf(w);
+    if (c < clock) behind.push_back({w.rank, c});
+  }
+  std::sort(behind.begin(), behind.end(),
+            [](const Laggard& a, const Laggard& b) { return a.rank < b.rank; });
+  return behind;
+}
+
+}  // namespace ps

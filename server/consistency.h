@@ -1,0 +1,116 @@
+// Consistency control on a server: tracks workers' clocks, decides when a
+// pull may be answered, and (under BSP) which buffered steps are complete.
+//
+// Clocks: a worker's clock is the number of steps it has completed. It is
+// reported by ADVANCE_CLOCK messages, which each worker sends to every
+// server after the step's pushes, so a clock report always arrives after
+// the pushes it covers. Liveness comes from the cluster view: only live
+// workers are waited for, and a worker that dies or leaves stops counting
+// at once. A live worker not heard from yet counts at its start clock.
+//
+// Rules, for a pull at clock c:
+//   ASYNC   answered at once;
+//   SSP(s)  answered once every live worker's clock >= c - s;
+//   BSP     answered once every step < c has been applied.
+// Under BSP, pushes of step t are buffered and applied, averaged, once every
+// live worker's clock is > t (it finished step t).
+//
+// Not thread-safe: owned by the server's serving thread.
+#ifndef PS_SERVER_CONSISTENCY_H_
+#define PS_SERVER_CONSISTENCY_H_
+
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "absl/container/btree_map.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "proto/config.pb.h"
+#include "proto/scheduler.pb.h"
+
+namespace ps {
+
+class ConsistencyController {
+ public:
+  struct Worker {
+    uint64_t node_id = 0;
+    uint32_t rank = 0;
+    uint64_t start_clock = 0;
+  };
+  // A live worker that holds back progress, for watchdog messages.
+  struct Laggard {
+    uint32_t rank = 0;
+    uint64_t clock = 0;
+  };
+
+  static constexpr uint64_t kNoWorkers = std::numeric_limits<uint64_t>::max();
+
+  explicit ConsistencyController(const ConsistencyConfig& config);
+
+  // Replaces the set of live workers (from the cluster view).
+  void SetLiveWorkers(const std::vector<Worker>& workers);
+
+  // Changes the mode. Returns true when BSP was left: the caller must then
+  // flush buffered steps (BufferedSteps()) before anything else.
+  // Entering BSP starts aggregation at the largest live clock: steps before
+  // it were applied as they came, so pushes for them still apply at once.
+  bool SetMode(const ConsistencyConfig& config);
+
+  const ConsistencyConfig& config() const { return config_; }
+  ConsistencyMode mode() const { return config_.mode(); }
+
+  // Records that worker `node_id` completed `clock` steps. Clocks only grow;
+  // a smaller value is ignored.
+  void Advance(uint64_t node_id, uint64_t clock);
+
+  // Smallest clock among live workers; kNoWorkers when none is live.
+  uint64_t MinClock() const;
+
+  // Whether a pull at `clock` may be answered now.
+  bool PullReady(uint64_t clock) const;
+
+  // BSP: steps < applied_clock() have been applied. Whether a push of step
+  // `clock` must be buffered rather than applied at once.
+  uint64_t applied_clock() const { return applied_clock_; }
+  bool ShouldBuffer(uint64_t clock) const {
+    return mode() == BSP && clock >= applied_clock_;
+  }
+
+  // BSP: the next buffered step that every live worker has finished, if
+  // any; the caller applies its buffer, then calls StepApplied(). Steps
+  // without buffered data are passed over (applied_clock() moves up to the
+  // slowest live clock), since there is nothing to apply for them.
+  bool NextCompleteStep(uint64_t* step);
+
+  // Pushes further ahead of the applied steps than this are refused: no
+  // worker can be that far ahead under BSP, and buffering them would only
+  // hold memory.
+  static constexpr uint64_t kMaxStepsAhead = 1000000;
+  void StepApplied() { ++applied_clock_; }
+
+  // How many workers finished `step`: the divisor of its average. Counted
+  // when their clocks pass it, so a worker that finished a step and then
+  // left still counts for that step. At least 1.
+  uint32_t FinishedCount(uint64_t step) const;
+  // Marks `step` as having buffered data, so finishers are counted for it.
+  void NoteBuffered(uint64_t step);
+  void ForgetStep(uint64_t step) { finished_.erase(step); }
+
+  // Live workers whose clock is below `clock`, for the watchdog.
+  std::vector<Laggard> Behind(uint64_t clock) const;
+
+ private:
+  uint64_t ClockOf(const Worker& w) const;
+
+  ConsistencyConfig config_;
+  std::vector<Worker> live_;
+  absl::flat_hash_map<uint64_t, uint64_t> clocks_;  // node id -> clock
+  uint64_t applied_clock_ = 0;
+  // Buffered step -> node ids whose clock passed it.
+  absl::btree_map<uint64_t, absl::flat_hash_set<uint64_t>> finished_;
+};
+
+}  // namespace ps
+
+#endif  // PS_SERVER_CONSISTENCY_H_
