@@ -386,9 +386,9 @@ void KVServer::Buffer(uint64_t step, uint64_t node_id, Table* table,
           b.index.try_emplace(keys[i], static_cast<uint32_t>(b.keys.size()));
       if (inserted) {
         b.keys.push_back(keys[i]);
-        b.sums.resize(b.sums.size() + dim, 0.0f);
+        b.sums.resize(b.sums.size() + dim, 0.0);
       }
-      float* sum = &b.sums[size_t{it->second} * dim];
+      double* sum = &b.sums[size_t{it->second} * dim];
       const float* g = &grads[i * dim];
       for (uint32_t e = 0; e < dim; ++e) sum[e] += g[e];
     }
@@ -400,9 +400,9 @@ void KVServer::Buffer(uint64_t step, uint64_t node_id, Table* table,
   const float* g = grads.data();
   for (const DenseSegment& s : segments) {
     const uint64_t block = s.begin() / block_size;
-    std::vector<float>& sums = b.blocks[block];
+    std::vector<double>& sums = b.blocks[block];
     if (sums.empty()) {
-      sums.assign(std::min(block_size, dense->size() - block * block_size), 0.0f);
+      sums.assign(std::min(block_size, dense->size() - block * block_size), 0.0);
     }
     const uint64_t offset = s.begin() - block * block_size;
     for (uint64_t e = 0; e < s.length(); ++e) sums[offset + e] += g[e];
@@ -417,10 +417,13 @@ void KVServer::Buffer(uint64_t step, uint64_t node_id, Table* table,
 }
 
 void KVServer::ApplyBuffered(uint64_t step, StepBuffer& buffer, uint32_t divisor) {
-  const float scale = 1.0f / static_cast<float>(divisor);
+  std::vector<float> grads;
   for (auto& [id, b] : buffer.sparse) {
-    for (float& v : b.sums) v *= scale;
-    tables_[id]->AsSparse()->Push(b.keys, b.sums.data());
+    grads.resize(b.sums.size());
+    for (size_t i = 0; i < grads.size(); ++i) {
+      grads[i] = static_cast<float>(b.sums[i] / divisor);
+    }
+    tables_[id]->AsSparse()->Push(b.keys, grads.data());
   }
   for (auto& [id, b] : buffer.dense) {
     DenseTable* dense = tables_[id]->AsDense();
@@ -432,8 +435,11 @@ void KVServer::ApplyBuffered(uint64_t step, StepBuffer& buffer, uint32_t divisor
       DenseSegment* s = seg.Add();
       s->set_begin(block * dense->block_size() + lo);
       s->set_length(hi - lo);
-      for (uint64_t e = lo; e < hi; ++e) sums[e] *= scale;
-      dense->Push(seg, sums.data() + lo);
+      grads.resize(hi - lo);
+      for (uint64_t e = lo; e < hi; ++e) {
+        grads[e - lo] = static_cast<float>(sums[e] / divisor);
+      }
+      dense->Push(seg, grads.data());
     }
   }
   Log()->debug("BSP step {} applied: {} workers averaged", step, divisor);

@@ -102,14 +102,16 @@ class KVServer {
   };
   // Gradients of one BSP step, summed per element until the step completes.
   struct StepBuffer {
+    // Sums are kept in double so the average does not depend on the order
+    // in which workers' pushes arrive (to float precision).
     struct Sparse {
       absl::flat_hash_map<uint64_t, uint32_t> index;  // key -> row
       std::vector<uint64_t> keys;
-      std::vector<float> sums;
+      std::vector<double> sums;
     };
     struct Dense {
       // block -> sums over the block, and the touched element range.
-      absl::flat_hash_map<uint64_t, std::vector<float>> blocks;
+      absl::flat_hash_map<uint64_t, std::vector<double>> blocks;
       absl::flat_hash_map<uint64_t, std::pair<uint64_t, uint64_t>> touched;
     };
     absl::flat_hash_map<uint32_t, Sparse> sparse;

@@ -191,20 +191,22 @@ absl::StatusOr<TrainResult> LrTrainer::Train(
       in_flight.clear();
 
       Forward(batch, &logits);
-      sparse_g_.assign(unique_keys_.size(), 0.0f);
-      std::fill(dense_g_.begin(), dense_g_.end(), 0.0f);
-      const float scale = 1.0f / static_cast<float>(n);
+      sparse_sum_.assign(unique_keys_.size(), 0.0);
+      dense_sum_.assign(num_numeric_ + 1, 0.0);
+      const double scale = 1.0 / static_cast<double>(n);
       double batch_loss = 0;
       for (size_t i = 0; i < n; ++i) {
         const float y = batch.labels[i];
         batch_loss += LossFromLogit(logits[i], y);
-        const float err = (Sigmoid(logits[i]) - y) * scale;
+        const double err = (Sigmoid(logits[i]) - y) * scale;
         const uint32_t* idx = &key_index_[i * c];
-        for (uint32_t f = 0; f < c; ++f) sparse_g_[idx[f]] += err;
+        for (uint32_t f = 0; f < c; ++f) sparse_sum_[idx[f]] += err;
         const float* x = &batch.numeric[i * num_numeric_];
-        for (uint32_t j = 0; j < num_numeric_; ++j) dense_g_[j] += err * x[j];
-        dense_g_[num_numeric_] += err;
+        for (uint32_t j = 0; j < num_numeric_; ++j) dense_sum_[j] += err * x[j];
+        dense_sum_[num_numeric_] += err;
       }
+      sparse_g_.assign(sparse_sum_.begin(), sparse_sum_.end());
+      dense_g_.assign(dense_sum_.begin(), dense_sum_.end());
       in_flight.push_back(
           client_->Push(sparse_table_, unique_keys_, sparse_g_));
       in_flight.push_back(client_->PushDense(dense_table_, 0, dense_g_));

@@ -90,6 +90,11 @@ class LrTrainer {
   std::vector<uint32_t> key_index_;
   std::vector<float> sparse_w_;
   std::vector<float> dense_w_;
+  // Gradients are summed in double over the batch (so the sum does not
+  // depend on how examples are split into batches, to float precision) and
+  // pushed as float.
+  std::vector<double> sparse_sum_;
+  std::vector<double> dense_sum_;
   std::vector<float> sparse_g_;
   std::vector<float> dense_g_;
 };
