@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -52,8 +53,9 @@ constexpr char kConfig[] = R"pb(
 class MultiProcessTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = absl::StrCat(::testing::TempDir(), "/",
-                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::string name = ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    std::replace(name.begin(), name.end(), '/', '_');  // parameterised names
+    dir_ = absl::StrCat(::testing::TempDir(), "/", name);
     mkdir(dir_.c_str(), 0755);
     config_ = dir_ + "/job.pbtxt";
     std::ofstream(config_) << kConfig;
@@ -268,6 +270,83 @@ TEST_F(MultiProcessTest, SigtermStopsAServerCleanly) {
     absl::SleepFor(absl::Milliseconds(20));
   }
 }
+
+// A worker killed with SIGKILL under BSP or SSP must not stall the others
+// for longer than failure detection takes (heartbeat timeout 1 s here):
+// without it their pulls would be held until the 60 s request timeout.
+class KilledWorkerTest : public MultiProcessTest,
+                         public ::testing::WithParamInterface<const char*> {};
+
+TEST_P(KilledWorkerTest, OthersFinishSoonAfterTheFailureIsDetected) {
+  std::ofstream(config_) << absl::StrCat(R"pb(
+    cluster { num_servers: 2 num_workers: 3 num_slots: 256
+              heartbeat_interval_ms: 100 heartbeat_timeout_ms: 1000
+              request_timeout_ms: 60000 }
+    consistency { )pb", GetParam(), R"pb( }
+    tables { id: 0 name: "w" sparse { dim: 1 }
+             optimizer { adagrad { learning_rate: 0.1 initial_accumulator: 1e-6 } } }
+    tables { id: 1 name: "d" dense { size: 14 }
+             optimizer { adagrad { learning_rate: 0.1 initial_accumulator: 1e-6 } } }
+    data { synthetic_ctr { num_train: 150000 num_test: 20000 } }
+    training { batch_size: 256 epochs: 4 log_interval_s: 1
+               sparse_table: "w" dense_table: "d" }
+  )pb");
+  const std::string address = StartCluster();
+  std::vector<Subprocess> workers;
+  for (int i = 0; i < 3; ++i) {
+    workers.push_back(Start(absl::StrCat("worker", i),
+                            {Runfile("worker/trainer"), "--config=" + config_,
+                             "--scheduler=" + address}));
+  }
+  // Find the process that got rank 2 and kill it once it is training.
+  int victim = -1;
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (victim < 0 && absl::Now() < deadline) {
+    for (int i = 0; i < 3; ++i) {
+      const std::string log = ReadFile(workers[i].stderr_path());
+      if (log.find("registered as worker 2") != std::string::npos &&
+          log.find("training on") != std::string::npos) {
+        victim = i;
+      }
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_GE(victim, 0) << "rank 2 never started training";
+  absl::SleepFor(absl::Milliseconds(300));
+  ASSERT_TRUE(workers[victim].running()) << "trained too fast to be killed mid-way";
+  const absl::Time killed = absl::Now();
+  workers[victim].Signal(SIGKILL);
+
+  for (int i = 0; i < 3; ++i) {
+    if (i == victim) continue;
+    auto code = workers[i].Wait(absl::Seconds(45));
+    ASSERT_TRUE(code.ok()) << code.status() << "\n" << ReadFile(workers[i].stderr_path());
+    EXPECT_EQ(*code, 0) << ReadFile(workers[i].stderr_path());
+  }
+  const absl::Duration after_kill = absl::Now() - killed;
+  // Detection (1 s) plus the rest of the survivors' training; a stall would
+  // last the 60 s request timeout.
+  EXPECT_LT(after_kill, absl::Seconds(25));
+  const std::string scheduler_log = ReadFile(processes_[0].stderr_path());
+  EXPECT_NE(scheduler_log.find("worker rank 2 (node"), std::string::npos);
+  EXPECT_NE(scheduler_log.find("declared dead"), std::string::npos) << scheduler_log;
+  // Rank 0 evaluated the model trained by the survivors.
+  bool summary = false;
+  for (int i = 0; i < 3; ++i) {
+    if (i != victim) summary |= ReadFile(workers[i].stdout_path()).find("\"test_auc\"") != std::string::npos;
+  }
+  EXPECT_TRUE(summary);
+  std::printf("%s: survivors finished %.1f s after the kill\n", GetParam(),
+              absl::ToDoubleSeconds(after_kill));
+  for (Subprocess& p : processes_) {
+    auto code = p.Wait(absl::Seconds(15));
+    ASSERT_TRUE(code.ok()) << code.status();
+    EXPECT_EQ(*code, 0);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, KilledWorkerTest,
+                         ::testing::Values("mode: BSP", "mode: SSP staleness: 2"));
 
 }  // namespace
 }  // namespace ps
