@@ -59,7 +59,8 @@ absl::StatusOr<RegisterResponse> ClusterState::Register(
   }
   std::vector<bool> taken(ExpectedCount(request.role()), false);
   for (const auto& [id, node] : nodes_) {
-    if (node.info.role() == request.role() && node.info.state() == ALIVE) {
+    if (node.info.role() == request.role() &&
+        (node.info.state() == ALIVE || node.finished)) {
       taken[node.info.rank()] = true;
     }
   }
@@ -67,7 +68,7 @@ absl::StatusOr<RegisterResponse> ClusterState::Register(
   if (free_rank == taken.end()) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "all ", taken.size(), " ", RoleName(request.role()),
-        " ranks are held by live nodes"));
+        " ranks are held by live nodes or were finished"));
   }
   Node node;
   node.info.set_node_id(next_node_id_++);
@@ -133,7 +134,10 @@ absl::Status ClusterState::Leave(const LeaveRequest& request) {
   }
   NodeInfo& info = it->second.info;
   info.set_state(LEFT);
-  if (info.role() == WORKER && request.finished()) some_worker_finished_ = true;
+  if (info.role() == WORKER && request.finished()) {
+    some_worker_finished_ = true;
+    it->second.finished = true;
+  }
   Log()->info("{} rank {} left{}", RoleName(info.role()), info.rank(),
               request.finished() ? " (finished)" : "");
   UpdateJobStateLocked();

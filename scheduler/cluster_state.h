@@ -3,7 +3,8 @@
 //
 // Ranks: each role has ranks 0..count-1; a registering node gets the lowest
 // rank not held by a live node of its role, so a replacement takes the rank
-// of the node it replaces. Slots are assigned to server ranks in contiguous
+// of the node it replaces. A worker rank whose holder left as finished is
+// not given out again: its share of the work is done. Slots are assigned to server ranks in contiguous
 // ranges once every server rank is held (job RUNNING). Every change bumps
 // the view's epoch.
 //
@@ -84,6 +85,7 @@ class ClusterState {
     NodeInfo info;
     absl::Time last_heartbeat;
     uint64_t clock = 0;  // workers: last reported
+    bool finished = false;  // workers: left after completing their work
   };
 
   void BumpEpochLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

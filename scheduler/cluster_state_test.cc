@@ -370,13 +370,30 @@ TEST_F(ClusterStateTest, JobDoesNotFinishBeforeEveryWorkerRankWasTaken) {
   // No worker alive and one finished, but rank 1's shard was never trained.
   EXPECT_EQ(state_->job_state(), RUNNING);
 
-  // Once both ranks have been held, the last finished leave ends the job.
-  const uint64_t a = AddWorker();
-  const uint64_t b = AddWorker();
-  EXPECT_EQ(NodeInView(b).rank(), 1u);
-  ASSERT_TRUE(Leave(a, true).ok());
-  EXPECT_EQ(state_->job_state(), RUNNING);
+  // A finished rank is not handed out again: the next worker gets rank 1,
+  // the shard still to do, and its finished leave ends the job.
+  const uint64_t late = AddWorker();
+  EXPECT_EQ(NodeInView(late).rank(), 1u);
+  ASSERT_TRUE(Leave(late, true).ok());
+  EXPECT_EQ(state_->job_state(), FINISHED);
+}
+
+TEST_F(ClusterStateTest, RanksOfWorkersThatLeftUnfinishedAreReused) {
+  AddServer("tcp://s0:1");
+  AddServer("tcp://s1:1");
+  const uint64_t a = AddWorker();  // rank 0
+  const uint64_t b = AddWorker();  // rank 1
+  ASSERT_TRUE(Leave(a, /*finished=*/false).ok());
+  const uint64_t c = AddWorker();
+  EXPECT_EQ(NodeInView(c).rank(), 0u);
   ASSERT_TRUE(Leave(b, true).ok());
+  // Rank 1 finished and rank 0 is held: no rank is left to give.
+  RegisterRequest request;
+  request.set_role(WORKER);
+  request.set_config_fingerprint(ConfigFingerprint(config_));
+  EXPECT_EQ(state_->Register(request).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  ASSERT_TRUE(Leave(c, true).ok());
   EXPECT_EQ(state_->job_state(), FINISHED);
 }
 
