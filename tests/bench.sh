@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Builds and runs benchmarks and prints their figures.
+#
+#   tests/bench.sh [NAME...] [-- FLAG...]
+#
+# NAME is one of the benches listed in BENCHES below; with none, every bench
+# runs, in that order. FLAGs after "--" go to every selected bench binary
+# (e.g. tests/bench.sh consistency -- --workers=1,16).
+#
+# Every figure is one JSON object per line on stdout:
+#   {"bench":"consistency","metric":"bsp_step_overhead_us_w16","value":1234,
+#    "unit":"us","baseline":567,"ratio":2.18}
+# baseline and ratio (value / baseline) are numbers where the same run
+# measured a baseline to compare with, null otherwise. Each bench ends with
+# a {"bench":...,"summary":{...}} line; notes on what was run go to stderr.
+# docs/PERFORMANCE.md explains the figures and what limits them.
+#
+# Exits 2 on a usage error, non-zero when a build or a bench failed.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+# One line per bench: its name and the Bazel target of its binary.
+BENCHES=(
+  "consistency //tests/bench:consistency_bench"
+)
+
+names=()
+for entry in "${BENCHES[@]}"; do names+=("${entry%% *}"); done
+
+usage() {
+  echo "usage: tests/bench.sh [NAME...] [-- FLAG...]" >&2
+  echo "  NAME: one of: ${names[*]} (default: all)" >&2
+  exit 2
+}
+
+selected=()
+flags=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -h|--help) usage ;;
+    --) shift; flags=("$@"); break ;;
+    *)
+      found=""
+      for entry in "${BENCHES[@]}"; do
+        [ "${entry%% *}" = "$1" ] && found="$entry"
+      done
+      [ -n "$found" ] || { echo "tests/bench.sh: unknown bench '$1'" >&2; usage; }
+      selected+=("$found")
+      ;;
+  esac
+  shift
+done
+[ ${#selected[@]} -eq 0 ] && selected=("${BENCHES[@]}")
+
+"$ROOT/deploy/install_deps.sh"
+
+targets=()
+for entry in "${selected[@]}"; do targets+=("${entry#* }"); done
+# Always the opt config: benchmarks of an unoptimised build mean nothing,
+# and it is the config everybody builds with, so the cache is shared.
+bazel build --config=opt --noshow_progress "${targets[@]}"
+BIN="$(bazel info --config=opt bazel-bin 2>/dev/null)"
+
+status=0
+for entry in "${selected[@]}"; do
+  name="${entry%% *}"
+  target="${entry#* }"
+  path="${target#//}"
+  binary="$BIN/${path/://}"
+  echo "# bench $name: $binary ${flags[*]:-}" >&2
+  if ! "$binary" ${flags[@]+"${flags[@]}"}; then
+    echo "tests/bench.sh: bench $name failed" >&2
+    status=1
+  fi
+done
+exit "$status"

@@ -1,0 +1,605 @@
+// Consistency benchmark (issue 3): what BSP and SSP cost compared with ASYNC.
+//
+// Everything runs in this process on loopback: a scheduler (gRPC, port 0),
+// `--servers` KVServers registered through their own SchedulerClient, and
+// worker threads, each with its own SchedulerClient (role WORKER) and its
+// own KVClient, so every worker has its own node id, sockets and I/O thread
+// exactly as a worker process would. Each configuration gets a fresh
+// cluster, so clocks and BSP step counters start from zero every time.
+//
+// One worker step, shaped like worker/lr_trainer.cc's:
+//   PullDense(whole dense table) + Pull(sparse keys), wait for both and for
+//   the previous step's pushes; simulated compute; Push(sparse gradients) +
+//   PushDense(dense gradients) + AdvanceClock(), not waited for (servers
+//   apply one sender's requests in order, so the next pull sees them).
+//
+// Compute is simulated by sleeping, not spinning: up to 16 worker threads
+// share 2 cores here, and spinning would turn "compute" into CPU contention
+// that starves the I/O threads being measured. Worker threads set their timer
+// slack to 1 ns so a 1 ms sleep is not stretched by the default 50 us slack,
+// and the time actually slept is measured and subtracted (a late wake-up on a
+// busy CPU therefore counts as compute, not as overhead).
+//
+// Figures (one JSON object per line on stdout; notes go to stderr):
+//   {bsp,async}_step_overhead_us_w<N>: mean per-step wall time minus the time
+//     slept in compute, over --steps steps after --warmup steps and a
+//     barrier. BSP's baseline is ASYNC's figure for the same N.
+//   idle_fraction_<mode>: --idle_workers workers, worker 0 persistently 2x
+//     slower; the share of the FAST workers' wall time over their
+//     --idle_steps measured steps spent blocked in Wait() (pulls, and the
+//     previous step's push acknowledgements, which are all but always done).
+//   idle_fraction_random_<mode>: the same, but at every step one worker,
+//     picked pseudo-randomly by step number, is the 2x slow one; measured
+//     over every worker. Same mean speed for all, so bounded staleness can
+//     absorb the jitter.
+//   Both idle figures have ASYNC's value as baseline: what a pull costs when
+//   nobody waits for anybody (the loopback round trip).
+// A last line {"bench":"consistency","summary":{...},"settings":{...}}
+// repeats every figure.
+#include <sys/prctl.h>
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/config.h"
+#include "common/hash.h"
+#include "common/logging.h"
+#include "common/status.h"
+#include "common/wire.h"
+#include "proto/config.pb.h"
+#include "scheduler/client.h"
+#include "scheduler/scheduler.h"
+#include "server/server.h"
+#include "worker/kv_client.h"
+
+ABSL_FLAG(int32_t, servers, 2, "Servers in every configuration.");
+ABSL_FLAG(std::vector<std::string>, workers, std::vector<std::string>({"1", "2", "4", "8", "16"}),
+          "Worker counts for the step-overhead runs.");
+ABSL_FLAG(int32_t, compute_us, 1000, "Simulated compute per step in the step-overhead runs.");
+ABSL_FLAG(int32_t, steps, 200, "Measured steps per worker in the step-overhead runs.");
+ABSL_FLAG(int32_t, warmup, 20,
+          "Unmeasured steps at equal speed before every measurement (connections, row "
+          "creation, caches), followed by a barrier.");
+ABSL_FLAG(int32_t, idle_workers, 4, "Workers in the idle-fraction runs.");
+ABSL_FLAG(int32_t, idle_steps, 200, "Measured steps per worker in the idle-fraction runs.");
+ABSL_FLAG(int32_t, idle_compute_us, 5000,
+          "Compute per step of a normal worker in the idle-fraction runs; the slow one takes "
+          "twice as long. Long enough that a pull's round trip (a few hundred us here) does "
+          "not dominate the step.");
+ABSL_FLAG(std::vector<std::string>, staleness, std::vector<std::string>({"1", "2", "4", "8"}),
+          "SSP staleness bounds for the idle-fraction runs.");
+ABSL_FLAG(int32_t, keys, 256, "Sparse keys pulled and pushed per step.");
+ABSL_FLAG(int32_t, dim, 8, "Floats per sparse row.");
+ABSL_FLAG(int32_t, dense, 1024, "Dense table size, pulled and pushed whole every step.");
+ABSL_FLAG(std::string, log_level, "warn", "Log level of the servers, scheduler and clients.");
+
+namespace ps {
+namespace {
+
+constexpr uint32_t kSparseTable = 0;
+constexpr uint32_t kDenseTable = 1;
+// Sparse keys come from a pool this large, so after the warm-up most rows
+// exist and steps measure steady state rather than row creation.
+constexpr uint64_t kKeyPool = 16384;
+
+struct Mode {
+  ConsistencyMode mode = ASYNC;
+  uint32_t staleness = 0;
+
+  std::string Name() const {
+    switch (mode) {
+      case BSP:
+        return "bsp";
+      case SSP:
+        return absl::StrCat("ssp", staleness);
+      default:
+        return "async";
+    }
+  }
+};
+
+std::string ConfigText(const Mode& mode, int workers, int servers) {
+  // Default knobs except the heartbeat (faster failure detection is not
+  // measured here, a 200 ms beat keeps the scheduler quiet) and a request
+  // timeout long enough that a held BSP/SSP pull never times out.
+  std::string consistency = absl::StrCat("mode: ", ConsistencyMode_Name(mode.mode));
+  if (mode.mode == SSP) absl::StrAppend(&consistency, " staleness: ", mode.staleness);
+  return absl::StrFormat(
+      R"pb(
+        name: "consistency_bench"
+        cluster {
+          num_servers: %d
+          num_workers: %d
+          heartbeat_interval_ms: 200
+          heartbeat_timeout_ms: 5000
+          request_timeout_ms: 120000
+        }
+        consistency { %s }
+        tables {
+          id: %d
+          name: "emb"
+          sparse { dim: %d }
+          optimizer { sgd { learning_rate: 0.01 } }
+        }
+        tables {
+          id: %d
+          name: "dense"
+          # 4 blocks, so the dense table is spread over the servers.
+          dense { size: %d block_size: %d }
+          optimizer { sgd { learning_rate: 0.01 } }
+        }
+      )pb",
+      servers, workers, consistency, kSparseTable, absl::GetFlag(FLAGS_dim), kDenseTable,
+      absl::GetFlag(FLAGS_dense), std::max(1, absl::GetFlag(FLAGS_dense) / 4));
+}
+
+// A worker's membership and data-plane client. `kv` is declared first so
+// `member` (whose view callback uses kv) is destroyed first.
+struct Worker {
+  std::unique_ptr<KVClient> kv;
+  std::unique_ptr<SchedulerClient> member;
+};
+
+// Scheduler and servers of one configuration, in this process.
+class Cluster {
+ public:
+  static absl::StatusOr<std::unique_ptr<Cluster>> Start(const JobConfig& config) {
+    std::unique_ptr<Cluster> c(new Cluster(config));
+    SchedulerServer::Options so;
+    so.config = config;
+    PS_ASSIGN_OR_RETURN(c->scheduler_, SchedulerServer::Start(so));
+    for (uint32_t i = 0; i < config.cluster().num_servers(); ++i) {
+      KVServer::Options ko;
+      ko.config = config;
+      PS_ASSIGN_OR_RETURN(std::unique_ptr<KVServer> server, KVServer::Start(ko));
+      KVServer* kv = server.get();
+      c->servers_.push_back(std::move(server));
+      PS_ASSIGN_OR_RETURN(
+          std::unique_ptr<SchedulerClient> member,
+          c->Connect(SERVER, kv->endpoint(),
+                     [kv](const ClusterView& v, uint32_t rank) { kv->UpdateView(v, rank); }));
+      c->server_members_.push_back(std::move(member));
+    }
+    return c;
+  }
+
+  ~Cluster() {
+    // Closing the scheduler's state first makes every long poll return at
+    // once, so the memberships stop without waiting out a poll period.
+    scheduler_->state()->Close();
+    server_members_.clear();
+    scheduler_->Shutdown();
+    servers_.clear();
+  }
+
+  // Makes the nodes' view long polls return at once from now on, so that
+  // leaving (which stops a membership's threads) is quick. Barriers fail
+  // after this.
+  void CloseWaits() { scheduler_->state()->Close(); }
+
+  // Registers `n` workers, then waits until every server has a view with
+  // all of them, so no worker's first steps are synchronised without the
+  // others.
+  absl::StatusOr<std::vector<Worker>> AddWorkers(int n) {
+    std::vector<Worker> workers(n);
+    for (Worker& w : workers) {
+      auto holder = std::make_shared<std::atomic<KVClient*>>(nullptr);
+      PS_ASSIGN_OR_RETURN(w.member, Connect(WORKER, "", [holder](const ClusterView& v, uint32_t) {
+                            if (KVClient* c = holder->load()) c->UpdateView(v);
+                          }));
+      PS_ASSIGN_OR_RETURN(ClusterView view, w.member->WaitForRunning(absl::Seconds(30)));
+      PS_ASSIGN_OR_RETURN(w.kv, KVClient::Create({config_, w.member->rank(), w.member->node_id(),
+                                                  w.member->start_clock()},
+                                                 view));
+      holder->store(w.kv.get());
+      w.kv->UpdateView(w.member->view());
+    }
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    for (auto& m : server_members_) {
+      while (LiveWorkers(m->view()) < n) {
+        if (absl::Now() > deadline) {
+          return absl::DeadlineExceededError("servers did not see every worker register");
+        }
+        absl::SleepFor(absl::Milliseconds(2));
+      }
+    }
+    // Workers see the final view too (routing does not change, but keep
+    // them on the same epoch as the servers).
+    for (Worker& w : workers) w.kv->UpdateView(w.member->view());
+    return workers;
+  }
+
+ private:
+  explicit Cluster(const JobConfig& config) : config_(config) {}
+
+  static int LiveWorkers(const ClusterView& view) {
+    int n = 0;
+    for (const NodeInfo& node : view.nodes()) n += node.role() == WORKER && node.state() == ALIVE;
+    return n;
+  }
+
+  absl::StatusOr<std::unique_ptr<SchedulerClient>> Connect(
+      Role role, const std::string& endpoint,
+      std::function<void(const ClusterView&, uint32_t)> on_view) {
+    SchedulerClient::Options co;
+    co.address = scheduler_->address();
+    co.role = role;
+    co.data_endpoint = endpoint;
+    co.config_fingerprint = ConfigFingerprint(config_);
+    co.heartbeat_interval = absl::Milliseconds(config_.cluster().heartbeat_interval_ms());
+    co.on_view = std::move(on_view);
+    return SchedulerClient::Connect(co);
+  }
+
+  const JobConfig config_;
+  std::unique_ptr<SchedulerServer> scheduler_;
+  std::vector<std::unique_ptr<KVServer>> servers_;
+  std::vector<std::unique_ptr<SchedulerClient>> server_members_;
+};
+
+// What one worker measured over its measured steps.
+struct WorkerStats {
+  absl::Duration window;   // wall time from the first measured step's start to the last's end
+  absl::Duration compute;  // time actually slept in simulated compute
+  absl::Duration blocked;  // time in Wait(): pulls and the previous step's pushes
+  int steps = 0;
+  // CPU time of the whole process (every thread: workers, I/O threads,
+  // servers, scheduler) during this worker's window.
+  absl::Duration process_cpu;
+  std::vector<absl::Duration> blocked_per_step;  // for the distribution in the notes
+};
+
+absl::Duration ProcessCpu() {
+  rusage u;
+  getrusage(RUSAGE_SELF, &u);
+  return absl::DurationFromTimeval(u.ru_utime) + absl::DurationFromTimeval(u.ru_stime);
+}
+
+// Compute time of `rank` at measured step `step` (0-based).
+using ComputeFn = std::function<absl::Duration(uint32_t rank, int step)>;
+
+// Runs one worker: warm-up, barrier, measured steps, and the final clock.
+// Leaving is the caller's business.
+absl::Status RunWorker(Worker& w, int warmup, int steps, absl::Duration warmup_compute,
+                       const ComputeFn& compute, WorkerStats* stats) {
+  // Keep simulated compute close to what was asked: under BSP every step
+  // waits for the longest of all workers' sleeps, so the default 50 us timer
+  // slack would show up as synchronisation overhead.
+  prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
+  KVClient& kv = *w.kv;
+  const uint32_t rank = w.member->rank();
+  const size_t num_keys = absl::GetFlag(FLAGS_keys);
+  const size_t dim = absl::GetFlag(FLAGS_dim);
+  const size_t dense = absl::GetFlag(FLAGS_dense);
+  std::vector<uint64_t> keys(num_keys);
+  std::vector<float> sparse_w(num_keys * dim), dense_w(dense);
+  // Small finite gradients: the values are irrelevant, their size is not.
+  const std::vector<float> sparse_g(num_keys * dim, 1e-3f);
+  const std::vector<float> dense_g(dense, 1e-3f);
+  std::vector<Completion> in_flight;
+
+  auto step = [&](uint64_t global_step, absl::Duration work, WorkerStats* st) -> absl::Status {
+    // A different, contiguous run of the key pool per worker and step;
+    // workers overlap on keys as they would in a real model.
+    const uint64_t base = HashCombine(rank, global_step) % kKeyPool;
+    for (size_t i = 0; i < num_keys; ++i) keys[i] = (base + i) % kKeyPool;
+    const absl::Time t0 = absl::Now();
+    Completion d = kv.PullDense(kDenseTable, 0, dense, dense_w.data());
+    Completion s = kv.Pull(kSparseTable, keys, sparse_w.data());
+    PS_RETURN_IF_ERROR(d.Wait());
+    PS_RETURN_IF_ERROR(s.Wait());
+    for (const Completion& c : in_flight) PS_RETURN_IF_ERROR(c.Wait());
+    in_flight.clear();
+    const absl::Time t1 = absl::Now();
+    absl::SleepFor(work);
+    const absl::Time t2 = absl::Now();
+    in_flight.push_back(kv.Push(kSparseTable, keys, sparse_g));
+    in_flight.push_back(kv.PushDense(kDenseTable, 0, dense_g));
+    in_flight.push_back(kv.AdvanceClock());
+    w.member->set_clock(kv.clock());
+    if (st != nullptr) {
+      st->blocked += t1 - t0;
+      st->blocked_per_step.push_back(t1 - t0);
+      st->compute += t2 - t1;
+      ++st->steps;
+    }
+    return absl::OkStatus();
+  };
+
+  for (int i = 0; i < warmup; ++i) PS_RETURN_IF_ERROR(step(i, warmup_compute, nullptr));
+  for (const Completion& c : in_flight) PS_RETURN_IF_ERROR(c.Wait());
+  in_flight.clear();
+  // Every worker starts measuring at the same clock and time, so no one has
+  // a head start or a backlog from the warm-up.
+  PS_RETURN_IF_ERROR(w.member->Barrier("measure", absl::Seconds(60)));
+  const absl::Time start = absl::Now();
+  const absl::Duration cpu_start = ProcessCpu();
+  for (int i = 0; i < steps; ++i) {
+    PS_RETURN_IF_ERROR(step(warmup + i, compute(rank, i), stats));
+  }
+  stats->window = absl::Now() - start;
+  stats->process_cpu = ProcessCpu() - cpu_start;
+  for (const Completion& c : in_flight) PS_RETURN_IF_ERROR(c.Wait());
+  // Never hold back the others' synchronous waits from now on.
+  PS_RETURN_IF_ERROR(kv.AdvanceClockTo(kFinishedClock).Wait());
+  w.member->set_clock(kFinishedClock);
+  return absl::OkStatus();
+}
+
+// Starts a cluster in `mode` with `n` workers, runs them and returns their
+// stats by rank.
+absl::StatusOr<std::vector<WorkerStats>> RunConfig(const Mode& mode, int n, int steps,
+                                                   absl::Duration base_compute,
+                                                   const ComputeFn& compute) {
+  PS_ASSIGN_OR_RETURN(JobConfig config,
+                      ParseJobConfig(ConfigText(mode, n, absl::GetFlag(FLAGS_servers)),
+                                     "consistency_bench"));
+  PS_ASSIGN_OR_RETURN(std::unique_ptr<Cluster> cluster, Cluster::Start(config));
+  PS_ASSIGN_OR_RETURN(std::vector<Worker> workers, cluster->AddWorkers(n));
+  std::vector<WorkerStats> stats(n);
+  std::vector<absl::Status> results(n);
+  std::vector<std::thread> threads;
+  const int warmup = absl::GetFlag(FLAGS_warmup);
+  for (int i = 0; i < n; ++i) {
+    threads.emplace_back([&, i] {
+      const uint32_t rank = workers[i].member->rank();
+      results[i] = RunWorker(workers[i], warmup, steps, base_compute, compute, &stats[rank]);
+      if (!results[i].ok()) {
+        // A failed worker must not leave the others waiting for its clock
+        // under BSP/SSP until the request timeout.
+        (void)workers[i].kv->AdvanceClockTo(kFinishedClock).Wait();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  cluster->CloseWaits();
+  for (size_t i = 0; i < workers.size(); ++i) {
+    absl::Status left = workers[i].member->Leave(results[i].ok());
+    if (results[i].ok()) results[i] = left;
+  }
+  for (const absl::Status& s : results) PS_RETURN_IF_ERROR(s);
+  workers.clear();
+  return stats;
+}
+
+// ----------------------------------------------------------------- output
+
+struct Figure {
+  std::string metric;
+  double value = 0;
+  std::string unit;
+  std::optional<double> baseline;
+};
+
+std::string Number(double v) {
+  // Enough digits for microseconds and fractions alike, no trailing noise.
+  return absl::StrFormat("%.4g", v);
+}
+
+void Emit(const Figure& f, std::vector<Figure>* all) {
+  std::string baseline = "null", ratio = "null";
+  if (f.baseline.has_value()) {
+    baseline = Number(*f.baseline);
+    if (*f.baseline != 0) ratio = Number(f.value / *f.baseline);
+  }
+  std::printf(
+      "{\"bench\":\"consistency\",\"metric\":\"%s\",\"value\":%s,\"unit\":\"%s\","
+      "\"baseline\":%s,\"ratio\":%s}\n",
+      f.metric.c_str(), Number(f.value).c_str(), f.unit.c_str(), baseline.c_str(), ratio.c_str());
+  std::fflush(stdout);
+  all->push_back(f);
+}
+
+template <typename... Args>
+void Note(const absl::FormatSpec<Args...>& format, const Args&... args) {
+  std::fprintf(stderr, "# %s\n", absl::StrFormat(format, args...).c_str());
+}
+
+double Us(absl::Duration d) { return absl::ToDoubleMicroseconds(d); }
+
+// "p50/p99/max" of the per-step blocked times of all workers, in us.
+std::string BlockedDistribution(const std::vector<WorkerStats>& stats) {
+  std::vector<absl::Duration> all;
+  for (const WorkerStats& s : stats) {
+    all.insert(all.end(), s.blocked_per_step.begin(), s.blocked_per_step.end());
+  }
+  if (all.empty()) return "-";
+  std::sort(all.begin(), all.end());
+  auto at = [&](double q) { return Us(all[static_cast<size_t>(q * (all.size() - 1))]); };
+  return absl::StrFormat("%.0f/%.0f/%.0f us", at(0.5), at(0.99), Us(all.back()));
+}
+
+absl::StatusOr<std::vector<int>> IntList(const std::vector<std::string>& items, const char* flag) {
+  std::vector<int> out;
+  for (const std::string& s : items) {
+    int v;
+    if (!absl::SimpleAtoi(s, &v) || v < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("--", flag, ": bad number '", s, "'"));
+    }
+    out.push_back(v);
+  }
+  return out;
+}
+
+// --------------------------------------------------------------- the runs
+
+// Mean over workers of (wall time per step - time slept per step).
+double StepOverheadUs(const std::vector<WorkerStats>& stats) {
+  double sum = 0;
+  for (const WorkerStats& s : stats) sum += Us(s.window - s.compute) / s.steps;
+  return sum / stats.size();
+}
+
+absl::Status StepOverhead(std::vector<Figure>* all) {
+  PS_ASSIGN_OR_RETURN(std::vector<int> counts,
+                      IntList(absl::GetFlag(FLAGS_workers), "workers"));
+  const absl::Duration compute = absl::Microseconds(absl::GetFlag(FLAGS_compute_us));
+  const int steps = absl::GetFlag(FLAGS_steps);
+  const ComputeFn fixed = [compute](uint32_t, int) { return compute; };
+  for (int n : counts) {
+    double overhead[2];
+    const Mode modes[2] = {{ASYNC, 0}, {BSP, 0}};
+    for (int m = 0; m < 2; ++m) {
+      const absl::Time begin = absl::Now();
+      PS_ASSIGN_OR_RETURN(std::vector<WorkerStats> stats,
+                          RunConfig(modes[m], n, steps, compute, fixed));
+      overhead[m] = StepOverheadUs(stats);
+      double blocked = 0, slept = 0;
+      for (const WorkerStats& s : stats) {
+        blocked += Us(s.blocked) / s.steps / stats.size();
+        slept += Us(s.compute) / s.steps / stats.size();
+      }
+      // Rank 0's window stands for the run's: workers start together after
+      // the barrier and, under BSP, finish together.
+      const double cpu_per_step = Us(stats[0].process_cpu) / (n * steps);
+      const double busy = absl::FDivDuration(stats[0].process_cpu, stats[0].window) /
+                          std::max(1u, std::thread::hardware_concurrency());
+      Note("%s w%d: step overhead %.0f us (blocked in Wait %.0f us/step, p50/p99/max %s; "
+           "slept %.0f us/step for %.0f us asked); process CPU %.0f us per worker-step, "
+           "cores %.0f%% busy; run took %.2f s",
+           modes[m].Name(), n, overhead[m], blocked, BlockedDistribution(stats), slept,
+           Us(compute), cpu_per_step, 100 * busy, absl::ToDoubleSeconds(absl::Now() - begin));
+    }
+    Emit({absl::StrCat("async_step_overhead_us_w", n), overhead[0], "us", std::nullopt}, all);
+    Emit({absl::StrCat("bsp_step_overhead_us_w", n), overhead[1], "us", overhead[0]}, all);
+  }
+  return absl::OkStatus();
+}
+
+// Blocked time over wall time, summed over the workers `include` selects.
+double IdleFraction(const std::vector<WorkerStats>& stats,
+                    const std::function<bool(uint32_t)>& include) {
+  absl::Duration blocked, window;
+  for (uint32_t r = 0; r < stats.size(); ++r) {
+    if (!include(r)) continue;
+    blocked += stats[r].blocked;
+    window += stats[r].window;
+  }
+  return window > absl::ZeroDuration() ? absl::FDivDuration(blocked, window) : 0;
+}
+
+absl::Status Idle(std::vector<Figure>* all) {
+  PS_ASSIGN_OR_RETURN(std::vector<int> bounds,
+                      IntList(absl::GetFlag(FLAGS_staleness), "staleness"));
+  const int n = absl::GetFlag(FLAGS_idle_workers);
+  const int steps = absl::GetFlag(FLAGS_idle_steps);
+  const absl::Duration fast = absl::Microseconds(absl::GetFlag(FLAGS_idle_compute_us));
+  std::vector<Mode> modes = {{ASYNC, 0}, {BSP, 0}};
+  for (int s : bounds) modes.push_back({SSP, static_cast<uint32_t>(s)});
+
+  struct Scenario {
+    std::string prefix;
+    ComputeFn compute;
+    std::function<bool(uint32_t)> measured;  // which ranks count
+  };
+  const std::vector<Scenario> scenarios = {
+      // Worker 0 is slow at every step; only the fast workers can idle.
+      {"idle_fraction_",
+       [fast](uint32_t rank, int) { return rank == 0 ? 2 * fast : fast; },
+       [](uint32_t rank) { return rank != 0; }},
+      // At every step one worker, the same for everybody's step i, is slow.
+      {"idle_fraction_random_",
+       [fast, n](uint32_t rank, int step) {
+         return Mix64(0x5eed + step) % n == rank ? 2 * fast : fast;
+       },
+       [](uint32_t) { return true; }},
+  };
+  for (const Scenario& sc : scenarios) {
+    double async_idle = 0;
+    for (const Mode& mode : modes) {
+      const absl::Time begin = absl::Now();
+      PS_ASSIGN_OR_RETURN(std::vector<WorkerStats> stats,
+                          RunConfig(mode, n, steps, fast, sc.compute));
+      const double idle = IdleFraction(stats, sc.measured);
+      std::vector<std::string> per_rank;
+      for (const WorkerStats& st : stats) {
+        per_rank.push_back(absl::StrFormat("%.0f/%.0f ms", absl::ToDoubleMilliseconds(st.blocked),
+                                           absl::ToDoubleMilliseconds(st.window)));
+      }
+      Note("%s%s: idle %.4f; blocked/window by rank: %s; run took %.2f s", sc.prefix, mode.Name(),
+           idle, absl::StrJoin(per_rank, ", "), absl::ToDoubleSeconds(absl::Now() - begin));
+      if (&sc == &scenarios[0] && mode.mode != ASYNC) {
+        // With worker 0 always 2x slower, a fast worker's pull at measured
+        // step i waits until worker 0 finished step i - 1 - s, so its K
+        // steps take at least 2T(K-1-s) + T: bounded staleness only buys a
+        // head start of about 2s steps, whatever the implementation.
+        const double k = steps;
+        const double s = mode.mode == SSP ? mode.staleness : 0;
+        Note("  floor for %s with a persistent 2x straggler over %d steps (zero-cost "
+             "messaging): %.4f",
+             mode.Name(), steps, std::max(0.0, 1 - k / (2 * (k - 1 - s) + 1)));
+      }
+      std::optional<double> baseline;
+      if (mode.mode == ASYNC) {
+        async_idle = idle;
+      } else {
+        baseline = async_idle;
+      }
+      Emit({absl::StrCat(sc.prefix, mode.Name()), idle, "fraction", baseline}, all);
+    }
+  }
+  return absl::OkStatus();
+}
+
+int Main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  if (absl::Status s = SetLogLevel(absl::GetFlag(FLAGS_log_level)); !s.ok()) {
+    std::fprintf(stderr, "consistency_bench: %s\n", s.ToString().c_str());
+    return 2;
+  }
+  const unsigned cores = std::thread::hardware_concurrency();
+  Note("consistency bench: %d servers, %d sparse keys x dim %d + %d dense floats per step; "
+       "compute is simulated by sleeping (timer slack 1 ns), not spinning, so up to 16 worker "
+       "threads stay honest on %u cores",
+       absl::GetFlag(FLAGS_servers), absl::GetFlag(FLAGS_keys), absl::GetFlag(FLAGS_dim),
+       absl::GetFlag(FLAGS_dense), cores);
+  const absl::Time begin = absl::Now();
+  std::vector<Figure> all;
+  absl::Status status = StepOverhead(&all);
+  if (status.ok()) status = Idle(&all);
+  if (!status.ok()) {
+    std::fprintf(stderr, "consistency_bench: %s\n", status.ToString().c_str());
+    return 1;
+  }
+  std::vector<std::string> summary;
+  for (const Figure& f : all) {
+    summary.push_back(absl::StrCat("\"", f.metric, "\":", Number(f.value)));
+  }
+  std::printf(
+      "{\"bench\":\"consistency\",\"summary\":{%s},\"settings\":{\"servers\":%d,"
+      "\"compute_us\":%d,\"steps\":%d,\"warmup\":%d,\"idle_workers\":%d,\"idle_steps\":%d,"
+      "\"idle_compute_us\":%d,\"keys\":%d,\"dim\":%d,\"dense\":%d,\"cores\":%u,"
+      "\"seconds\":%.1f}}\n",
+      absl::StrJoin(summary, ",").c_str(), absl::GetFlag(FLAGS_servers), absl::GetFlag(FLAGS_compute_us),
+      absl::GetFlag(FLAGS_steps), absl::GetFlag(FLAGS_warmup), absl::GetFlag(FLAGS_idle_workers),
+      absl::GetFlag(FLAGS_idle_steps), absl::GetFlag(FLAGS_idle_compute_us),
+      absl::GetFlag(FLAGS_keys), absl::GetFlag(FLAGS_dim), absl::GetFlag(FLAGS_dense), cores,
+      absl::ToDoubleSeconds(absl::Now() - begin));
+  return 0;
+}
+
+}  // namespace
+}  // namespace ps
+
+int main(int argc, char** argv) { return ps::Main(argc, argv); }
