@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/config.h"
 #include "common/logging.h"
 #include "common/status.h"
 #include "grpcpp/create_channel.h"
@@ -25,6 +26,18 @@ std::string HostName() {
 }
 
 }  // namespace
+
+SchedulerClient::Options SchedulerClient::Options::ForJob(const JobConfig& config,
+                                                          std::string address,
+                                                          Role role) {
+  Options options;
+  options.address = std::move(address);
+  options.role = role;
+  options.config_fingerprint = ConfigFingerprint(config);
+  options.heartbeat_interval =
+      absl::Milliseconds(config.cluster().heartbeat_interval_ms());
+  return options;
+}
 
 SchedulerClient::SchedulerClient(Options options)
     : options_(std::move(options)) {}

@@ -17,6 +17,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "proto/config.pb.h"
 #include "proto/scheduler.grpc.pb.h"
 
 namespace ps {
@@ -40,6 +41,10 @@ class SchedulerClient {
     // Called with every newer view and this node's rank, on the heartbeat
     // thread (and once from Connect()).
     std::function<void(const ClusterView&, uint32_t rank)> on_view;
+
+    // Options for a node of the job `config` (fingerprint and heartbeat
+    // interval taken from it) reaching the scheduler at `address`.
+    static Options ForJob(const JobConfig& config, std::string address, Role role);
   };
 
   // Registers and starts heartbeating. Errors: those of Register (see

@@ -52,13 +52,9 @@ int main(int argc, char** argv) {
     endpoint = absl::StrCat("tcp://", host, ":", (*server)->port());
   }
 
-  ps::SchedulerClient::Options client_options;
-  client_options.address = absl::GetFlag(FLAGS_scheduler);
-  client_options.role = ps::SERVER;
+  auto client_options = ps::SchedulerClient::Options::ForJob(
+      *config, absl::GetFlag(FLAGS_scheduler), ps::SERVER);
   client_options.data_endpoint = endpoint;
-  client_options.config_fingerprint = ps::ConfigFingerprint(*config);
-  client_options.heartbeat_interval =
-      absl::Milliseconds(config->cluster().heartbeat_interval_ms());
   ps::KVServer* kv = server->get();
   client_options.on_view = [kv](const ps::ClusterView& view, uint32_t rank) {
     kv->UpdateView(view, rank);

@@ -549,6 +549,24 @@ Completion KVClient::PullDense(uint32_t table, uint64_t begin, uint64_t count,
   return Dense(PULL, table, begin, count, {}, out, std::move(done));
 }
 
+std::unique_ptr<KVClient::Part> KVClient::NewPart(
+    uint32_t server, int op, uint32_t table, const Routing& routing,
+    const std::shared_ptr<Completion::State>& state, RequestHeader* header) {
+  auto part = std::make_unique<Part>();
+  part->request_id = next_request_id_.fetch_add(1, std::memory_order_relaxed);
+  part->server = server;
+  part->parent = state;
+  part->deadline = absl::Now() + request_timeout_;
+  header->set_request_id(part->request_id);
+  header->set_op(static_cast<Op>(op));
+  header->set_table_id(table);
+  header->set_epoch(routing.epoch);
+  header->set_sender_rank(options_.rank);
+  header->set_sender_node_id(options_.node_id);
+  header->set_clock(clock_.load());
+  return part;
+}
+
 Completion KVClient::AdvanceClock(DoneCallback done) {
   return AdvanceClockTo(clock_.load() + 1, std::move(done));
 }
@@ -568,17 +586,8 @@ Completion KVClient::AdvanceClockTo(uint64_t target, DoneCallback done) {
                                                    std::move(done));
   std::vector<std::unique_ptr<Part>> parts;
   for (uint32_t server : servers) {
-    auto part = std::make_unique<Part>();
-    part->request_id = next_request_id_.fetch_add(1, std::memory_order_relaxed);
-    part->server = server;
-    part->parent = state;
-    part->deadline = absl::Now() + request_timeout_;
     RequestHeader h;
-    h.set_request_id(part->request_id);
-    h.set_op(ADVANCE_CLOCK);
-    h.set_epoch(routing->epoch);
-    h.set_sender_rank(options_.rank);
-    h.set_sender_node_id(options_.node_id);
+    auto part = NewPart(server, ADVANCE_CLOCK, 0, *routing, state, &h);
     h.set_clock(clock);
     part->header = SerializeToFrame(h);
     parts.push_back(std::move(part));
@@ -631,21 +640,10 @@ Completion KVClient::Sparse(int op_int, uint32_t table,
   for (uint32_t server = 0; server < num_servers; ++server) {
     std::vector<uint32_t>& idx = by_server[server];
     if (idx.empty()) continue;
-    auto part = std::make_unique<Part>();
-    part->request_id = next_request_id_.fetch_add(1, std::memory_order_relaxed);
-    part->server = server;
-    part->parent = state;
-    part->dim = dim;
-    part->deadline = absl::Now() + request_timeout_;
     RequestHeader h;
-    h.set_request_id(part->request_id);
-    h.set_op(op);
-    h.set_table_id(table);
+    auto part = NewPart(server, op, table, *routing, state, &h);
+    part->dim = dim;
     h.set_num_keys(idx.size());
-    h.set_epoch(routing->epoch);
-    h.set_sender_rank(options_.rank);
-    h.set_sender_node_id(options_.node_id);
-    h.set_clock(clock_.load());
     part->header = SerializeToFrame(h);
     std::vector<uint64_t> k(idx.size());
     for (size_t j = 0; j < idx.size(); ++j) k[j] = keys[idx[j]];
@@ -726,18 +724,7 @@ Completion KVClient::Dense(int op_int, uint32_t table, uint64_t begin,
   for (uint32_t server = 0; server < num_servers; ++server) {
     Builder& b = builders[server];
     if (b.total == 0) continue;
-    auto part = std::make_unique<Part>();
-    part->request_id = next_request_id_.fetch_add(1, std::memory_order_relaxed);
-    part->server = server;
-    part->parent = state;
-    part->deadline = absl::Now() + request_timeout_;
-    b.header.set_request_id(part->request_id);
-    b.header.set_op(op);
-    b.header.set_table_id(table);
-    b.header.set_epoch(routing->epoch);
-    b.header.set_sender_rank(options_.rank);
-    b.header.set_sender_node_id(options_.node_id);
-    b.header.set_clock(clock_.load());
+    auto part = NewPart(server, op, table, *routing, state, &b.header);
     part->header = SerializeToFrame(b.header);
     if (op != PULL) {
       part->values = FrameFromVector(std::move(b.values));

@@ -34,6 +34,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "proto/config.pb.h"
+#include "proto/data_plane.pb.h"
 #include "proto/scheduler.pb.h"
 
 namespace ps {
@@ -150,6 +151,12 @@ class KVClient {
                    absl::Span<const float> grads, float* out,
                    DoneCallback done);
   Completion Failed(absl::Status status, DoneCallback done);
+  // A message to `server` belonging to `state`, with the fields every
+  // request header carries filled in `header`.
+  std::unique_ptr<Part> NewPart(uint32_t server, int op, uint32_t table,
+                                const Routing& routing,
+                                const std::shared_ptr<Completion::State>& state,
+                                RequestHeader* header);
   void Submit(std::vector<std::unique_ptr<Part>> parts);
 
   const Options options_;

@@ -158,12 +158,8 @@ int main(int argc, char** argv) {
     log->error("bad config: {}", config.status().message());
     return 2;
   }
-  ps::SchedulerClient::Options options;
-  options.address = absl::GetFlag(FLAGS_scheduler);
-  options.role = ps::WORKER;
-  options.config_fingerprint = ps::ConfigFingerprint(*config);
-  options.heartbeat_interval =
-      absl::Milliseconds(config->cluster().heartbeat_interval_ms());
+  auto options = ps::SchedulerClient::Options::ForJob(
+      *config, absl::GetFlag(FLAGS_scheduler), ps::WORKER);
   auto membership = ps::SchedulerClient::Connect(options);
   if (!membership.ok()) {
     log->error("{}", membership.status().message());

@@ -140,12 +140,8 @@ int Run(ps::TerminationSignals& signals) {
   // The view callback may fire before the KV client exists; it forwards
   // only once the client is published.
   PublishedClient kv;
-  ps::SchedulerClient::Options options;
-  options.address = absl::GetFlag(FLAGS_scheduler);
-  options.role = ps::WORKER;
-  options.config_fingerprint = ps::ConfigFingerprint(*config);
-  options.heartbeat_interval =
-      absl::Milliseconds(config->cluster().heartbeat_interval_ms());
+  auto options = ps::SchedulerClient::Options::ForJob(
+      *config, absl::GetFlag(FLAGS_scheduler), ps::WORKER);
   options.on_view = [&kv](const ps::ClusterView& view, uint32_t) {
     kv.Update(view);
   };
