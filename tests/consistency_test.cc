@@ -17,6 +17,7 @@
 #include "common/wire.h"
 #include "examples/ctr/synthetic_ctr.h"
 #include "gtest/gtest.h"
+#include "tests/testing/cluster.h"
 #include "scheduler/client.h"
 #include "scheduler/scheduler.h"
 #include "server/server.h"
@@ -27,95 +28,20 @@
 namespace ps {
 namespace {
 
-// A scheduler and servers in this process.
-class Cluster {
- public:
-  explicit Cluster(const JobConfig& config) : config_(config) {
-    SchedulerServer::Options so;
-    so.config = config_;
-    auto scheduler = SchedulerServer::Start(so);
-    EXPECT_TRUE(scheduler.ok()) << scheduler.status();
-    scheduler_ = std::move(scheduler).value();
-    for (uint32_t i = 0; i < config_.cluster().num_servers(); ++i) {
-      KVServer::Options ko;
-      ko.config = config_;
-      auto server = KVServer::Start(ko);
-      EXPECT_TRUE(server.ok()) << server.status();
-      KVServer* kv = server->get();
-      auto member = Connect(SERVER, kv->endpoint(), [kv](const ClusterView& v, uint32_t r) {
-        kv->UpdateView(v, r);
-      });
-      servers_.push_back(std::move(server).value());
-      members_.push_back(std::move(member));
-    }
-  }
+using ::ps::testing::InProcessCluster;
+using Worker = ::ps::testing::InProcessWorker;
 
-  std::unique_ptr<SchedulerClient> Connect(
-      Role role, const std::string& endpoint = "",
-      std::function<void(const ClusterView&, uint32_t)> on_view = nullptr) {
-    SchedulerClient::Options co;
-    co.address = scheduler_->address();
-    co.role = role;
-    co.data_endpoint = endpoint;
-    co.config_fingerprint = ConfigFingerprint(config_);
-    co.heartbeat_interval = absl::Milliseconds(config_.cluster().heartbeat_interval_ms());
-    co.on_view = std::move(on_view);
-    auto member = SchedulerClient::Connect(co);
-    EXPECT_TRUE(member.ok()) << member.status();
-    return std::move(member).value();
-  }
+std::unique_ptr<InProcessCluster> StartCluster(const JobConfig& config) {
+  auto cluster = InProcessCluster::Start(config);
+  EXPECT_TRUE(cluster.ok()) << cluster.status();
+  return std::move(cluster).value();
+}
 
-  // A worker: membership plus a KV client that follows view changes.
-  struct Worker {
-    std::unique_ptr<SchedulerClient> member;
-    std::unique_ptr<KVClient> kv;
-  };
-  Worker StartWorker() {
-    Worker w;
-    auto holder = std::make_shared<std::atomic<KVClient*>>(nullptr);
-    w.member = Connect(WORKER, "", [holder](const ClusterView& v, uint32_t) {
-      if (KVClient* c = holder->load()) c->UpdateView(v);
-    });
-    auto view = w.member->WaitForRunning(absl::Seconds(10));
-    EXPECT_TRUE(view.ok()) << view.status();
-    auto kv = KVClient::Create(
-        {config_, w.member->rank(), w.member->node_id(), w.member->start_clock()}, *view);
-    EXPECT_TRUE(kv.ok()) << kv.status();
-    w.kv = std::move(kv).value();
-    holder->store(w.kv.get());
-    w.kv->UpdateView(w.member->view());
-    // Workers outlive the callback's use of the holder: Leave or destroy
-    // the membership before the KV client.
-    return w;
-  }
-
-  // A client that reads the final parameters once training is over.
-  std::unique_ptr<KVClient> Reader() {
-    auto kv = KVClient::Create({config_, 0, 0, kFinishedClock},
-                               scheduler_->state()->AwaitView(0, true, absl::Seconds(5)));
-    EXPECT_TRUE(kv.ok()) << kv.status();
-    return std::move(kv).value();
-  }
-
-  SchedulerServer& scheduler() { return *scheduler_; }
-  KVServer& server(int i) { return *servers_[i]; }
-  KVServer::Stats TotalStats() {
-    KVServer::Stats t;
-    for (auto& s : servers_) {
-      KVServer::Stats x = s->stats();
-      t.pulls_deferred += x.pulls_deferred;
-      t.bsp_steps_applied += x.bsp_steps_applied;
-      t.keys_pushed += x.keys_pushed;
-    }
-    return t;
-  }
-
- private:
-  JobConfig config_;
-  std::unique_ptr<SchedulerServer> scheduler_;
-  std::vector<std::unique_ptr<KVServer>> servers_;
-  std::vector<std::unique_ptr<SchedulerClient>> members_;
-};
+std::vector<Worker> StartWorkers(InProcessCluster& cluster, int n) {
+  auto workers = cluster.AddWorkers(n);
+  EXPECT_TRUE(workers.ok()) << workers.status();
+  return std::move(workers).value();
+}
 
 JobConfig MustParse(const std::string& text) {
   auto config = ParseJobConfig(text, "test");
@@ -146,14 +72,13 @@ std::string CtrConfig(const std::string& mode, int workers, int batch,
 // touches: the sparse weights of all keys in the training set, then the
 // dense weights.
 std::vector<float> TrainAndRead(const JobConfig& config) {
-  Cluster cluster(config);
+  auto cluster = StartCluster(config);
   const uint32_t n = config.cluster().num_workers();
-  std::vector<Cluster::Worker> workers(n);
-  for (uint32_t i = 0; i < n; ++i) workers[i] = cluster.StartWorker();
+  std::vector<Worker> workers = StartWorkers(*cluster, n);
   std::vector<std::thread> threads;
   for (uint32_t i = 0; i < n; ++i) {
     threads.emplace_back([&, i] {
-      Cluster::Worker& w = workers[i];
+      Worker& w = workers[i];
       auto trainer = LrTrainer::Create(config, w.kv.get(), w.member->rank(), n);
       ASSERT_TRUE(trainer.ok()) << trainer.status();
       auto result = (*trainer)->Train([] { return false; },
@@ -174,10 +99,11 @@ std::vector<float> TrainAndRead(const JobConfig& config) {
     if (seen.insert(k).second) keys.push_back(k);
   }
   std::sort(keys.begin(), keys.end());
-  auto reader = cluster.Reader();
+  auto reader = cluster->Reader();
+  EXPECT_TRUE(reader.ok()) << reader.status();
   std::vector<float> values(keys.size() + 14);
-  EXPECT_TRUE(reader->Pull(0, keys, values.data()).Wait().ok());
-  EXPECT_TRUE(reader->PullDense(1, 0, 14, values.data() + keys.size()).Wait().ok());
+  EXPECT_TRUE((*reader)->Pull(0, keys, values.data()).Wait().ok());
+  EXPECT_TRUE((*reader)->PullDense(1, 0, 14, values.data() + keys.size()).Wait().ok());
   for (auto& w : workers) EXPECT_TRUE(w.member->Leave(true).ok());
   return values;
 }
@@ -259,17 +185,16 @@ struct Read {
 // Runs `steps` steps on 3 workers; worker 0 sleeps `slow` per step. Returns
 // every pull's (clock, servers' min clock, applied clock) per worker, and
 // each worker's wall time.
-std::vector<std::vector<Read>> RunSteps(Cluster& cluster, int steps, absl::Duration slow,
+std::vector<std::vector<Read>> RunSteps(InProcessCluster& cluster, int steps, absl::Duration slow,
                                         std::vector<absl::Duration>* times,
                                         const std::function<void(int step)>& at_step = nullptr) {
-  std::vector<Cluster::Worker> workers(3);
-  for (auto& w : workers) w = cluster.StartWorker();
+  std::vector<Worker> workers = StartWorkers(cluster, 3);
   std::vector<std::vector<Read>> reads(3);
   times->assign(3, absl::ZeroDuration());
   std::vector<std::thread> threads;
   for (int i = 0; i < 3; ++i) {
     threads.emplace_back([&, i] {
-      Cluster::Worker& w = workers[i];
+      Worker& w = workers[i];
       const bool is_slow = w.member->rank() == 0;
       std::vector<uint64_t> keys = {1, 2, 3, 1000 + uint64_t(i)};
       std::vector<float> out(16), grads(16, 0.5f);
@@ -301,9 +226,9 @@ class SspBoundTest : public ::testing::TestWithParam<int> {};
 
 TEST_P(SspBoundTest, ReadsNeverViolateTheStalenessBound) {
   const int s = GetParam();
-  Cluster cluster(MustParse(StepConfig(absl::StrCat("mode: SSP staleness: ", s))));
+  auto cluster = StartCluster(MustParse(StepConfig(absl::StrCat("mode: SSP staleness: ", s))));
   std::vector<absl::Duration> times;
-  auto reads = RunSteps(cluster, 30, absl::Milliseconds(10), &times);
+  auto reads = RunSteps(*cluster, 30, absl::Milliseconds(10), &times);
   int checked = 0;
   for (int r = 0; r < 3; ++r) {
     for (const Read& read : reads[r]) {
@@ -315,16 +240,16 @@ TEST_P(SspBoundTest, ReadsNeverViolateTheStalenessBound) {
   }
   EXPECT_EQ(checked, 90);
   // The bound was actually exercised: the fast workers had to wait.
-  EXPECT_GT(cluster.TotalStats().pulls_deferred, 0u);
+  EXPECT_GT(cluster->TotalStats().pulls_deferred, 0u);
 }
 
 INSTANTIATE_TEST_SUITE_P(Staleness, SspBoundTest, ::testing::Values(0, 1, 3));
 
 TEST(AsyncTest, FastWorkersNeverWait) {
-  Cluster cluster(MustParse(StepConfig("mode: ASYNC")));
+  auto cluster = StartCluster(MustParse(StepConfig("mode: ASYNC")));
   std::vector<absl::Duration> times;
-  auto reads = RunSteps(cluster, 30, absl::Milliseconds(10), &times);
-  EXPECT_EQ(cluster.TotalStats().pulls_deferred, 0u);
+  auto reads = RunSteps(*cluster, 30, absl::Milliseconds(10), &times);
+  EXPECT_EQ(cluster->TotalStats().pulls_deferred, 0u);
   // The slow worker sleeps 300 ms in all; the fast ones are not held by it.
   EXPECT_GE(times[0], absl::Milliseconds(300));
   EXPECT_LT(times[1], times[0] / 2);
@@ -337,19 +262,20 @@ TEST(WatchdogTest, ServerNamesTheMissingRank) {
   auto stream = std::make_shared<std::ostringstream>();
   auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(*stream);
   GetLogger("server")->sinks().push_back(sink);
-  Cluster cluster(MustParse(StepConfig("mode: BSP")));
-  Cluster::Worker a = cluster.StartWorker();
-  Cluster::Worker b = cluster.StartWorker();
-  Cluster::Worker c = cluster.StartWorker();
+  auto cluster = StartCluster(MustParse(StepConfig("mode: BSP")));
+  std::vector<Worker> workers = StartWorkers(*cluster, 3);
+  Worker& a = workers[0];
+  Worker& b = workers[1];
+  Worker& c = workers[2];
   // All finish step 0 except the worker with rank 2, which stays silent.
   std::vector<uint64_t> keys = {5};
   std::vector<float> grads(4, 1.0f), out(4);
   uint32_t silent_rank = 2;
-  std::vector<Cluster::Worker*> active;
-  for (Cluster::Worker* w : {&a, &b, &c}) {
+  std::vector<Worker*> active;
+  for (Worker* w : {&a, &b, &c}) {
     if (w->member->rank() != silent_rank) active.push_back(w);
   }
-  for (Cluster::Worker* w : active) {
+  for (Worker* w : active) {
     ASSERT_TRUE(w->kv->Push(0, keys, grads).Wait().ok());
     ASSERT_TRUE(w->kv->AdvanceClock().Wait().ok());
   }
@@ -361,7 +287,7 @@ TEST(WatchdogTest, ServerNamesTheMissingRank) {
   EXPECT_NE(log.find("watchdog"), std::string::npos) << log;
   EXPECT_NE(log.find("waiting for worker ranks: 2 (clock 0)"), std::string::npos) << log;
   // The silent worker catches up: the pull is answered with step 0 applied.
-  Cluster::Worker* silent = a.member->rank() == silent_rank ? &a
+  Worker* silent = a.member->rank() == silent_rank ? &a
                             : b.member->rank() == silent_rank ? &b : &c;
   ASSERT_TRUE(silent->kv->AdvanceClock().Wait().ok());
   ASSERT_TRUE(held.Wait().ok());
@@ -370,14 +296,15 @@ TEST(WatchdogTest, ServerNamesTheMissingRank) {
   // workers that finished the step is 2/3, applied once with lr 0.1.
   EXPECT_FLOAT_EQ(out[0], -0.1f * 2.0f / 3.0f);
   GetLogger("server")->sinks().pop_back();
-  for (Cluster::Worker* w : {&a, &b, &c}) EXPECT_TRUE(w->member->Leave(true).ok());
+  for (Worker* w : {&a, &b, &c}) EXPECT_TRUE(w->member->Leave(true).ok());
 }
 
 TEST(MembershipTest, AWorkerThatLeavesStopsCountingAtOnce) {
-  Cluster cluster(MustParse(StepConfig("mode: BSP")));
-  Cluster::Worker a = cluster.StartWorker();
-  Cluster::Worker b = cluster.StartWorker();
-  Cluster::Worker c = cluster.StartWorker();
+  auto cluster = StartCluster(MustParse(StepConfig("mode: BSP")));
+  std::vector<Worker> workers = StartWorkers(*cluster, 3);
+  Worker& a = workers[0];
+  Worker& b = workers[1];
+  Worker& c = workers[2];
   std::vector<uint64_t> keys = {9};
   std::vector<float> out(4);
   ASSERT_TRUE(a.kv->AdvanceClock().Wait().ok());
@@ -397,19 +324,19 @@ TEST(MembershipTest, AWorkerThatLeavesStopsCountingAtOnce) {
 // -------------------------------------------------------- Runtime switch
 
 TEST(RuntimeSwitchTest, AsyncToBspMidJob) {
-  Cluster cluster(MustParse(StepConfig("mode: ASYNC")));
+  auto cluster = StartCluster(MustParse(StepConfig("mode: ASYNC")));
   std::atomic<uint64_t> switched_at{UINT64_MAX};
   std::vector<absl::Duration> times;
-  auto reads = RunSteps(cluster, 40, absl::Milliseconds(5), &times, [&](int step) {
+  auto reads = RunSteps(*cluster, 40, absl::Milliseconds(5), &times, [&](int step) {
     if (step == 10) {
-      auto epoch = cluster.scheduler().state()->SetConsistency(
+      auto epoch = cluster->scheduler().state()->SetConsistency(
           MustParse(StepConfig("mode: BSP")).consistency());
       ASSERT_TRUE(epoch.ok()) << epoch.status();
       switched_at.store(step);
     }
   });
   ASSERT_NE(switched_at.load(), UINT64_MAX);
-  EXPECT_GT(cluster.TotalStats().bsp_steps_applied, 0u);
+  EXPECT_GT(cluster->TotalStats().bsp_steps_applied, 0u);
   // Once the new mode has reached the servers (give it a few steps), every
   // read is synchronous: it includes all steps before the reader's clock.
   int synchronous = 0;

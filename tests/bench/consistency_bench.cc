@@ -71,6 +71,7 @@
 #include "scheduler/client.h"
 #include "scheduler/scheduler.h"
 #include "server/server.h"
+#include "tests/testing/cluster.h"
 #include "worker/kv_client.h"
 
 ABSL_FLAG(int32_t, servers, 2, "Servers in every configuration.");
@@ -154,109 +155,8 @@ std::string ConfigText(const Mode& mode, int workers, int servers) {
       absl::GetFlag(FLAGS_dense), std::max(1, absl::GetFlag(FLAGS_dense) / 4));
 }
 
-// A worker's membership and data-plane client. `kv` is declared first so
-// `member` (whose view callback uses kv) is destroyed first.
-struct Worker {
-  std::unique_ptr<KVClient> kv;
-  std::unique_ptr<SchedulerClient> member;
-};
-
-// Scheduler and servers of one configuration, in this process.
-class Cluster {
- public:
-  static absl::StatusOr<std::unique_ptr<Cluster>> Start(const JobConfig& config) {
-    std::unique_ptr<Cluster> c(new Cluster(config));
-    SchedulerServer::Options so;
-    so.config = config;
-    PS_ASSIGN_OR_RETURN(c->scheduler_, SchedulerServer::Start(so));
-    for (uint32_t i = 0; i < config.cluster().num_servers(); ++i) {
-      KVServer::Options ko;
-      ko.config = config;
-      PS_ASSIGN_OR_RETURN(std::unique_ptr<KVServer> server, KVServer::Start(ko));
-      KVServer* kv = server.get();
-      c->servers_.push_back(std::move(server));
-      PS_ASSIGN_OR_RETURN(
-          std::unique_ptr<SchedulerClient> member,
-          c->Connect(SERVER, kv->endpoint(),
-                     [kv](const ClusterView& v, uint32_t rank) { kv->UpdateView(v, rank); }));
-      c->server_members_.push_back(std::move(member));
-    }
-    return c;
-  }
-
-  ~Cluster() {
-    // Closing the scheduler's state first makes every long poll return at
-    // once, so the memberships stop without waiting out a poll period.
-    scheduler_->state()->Close();
-    server_members_.clear();
-    scheduler_->Shutdown();
-    servers_.clear();
-  }
-
-  // Makes the nodes' view long polls return at once from now on, so that
-  // leaving (which stops a membership's threads) is quick. Barriers fail
-  // after this.
-  void CloseWaits() { scheduler_->state()->Close(); }
-
-  // Registers `n` workers, then waits until every server has a view with
-  // all of them, so no worker's first steps are synchronised without the
-  // others.
-  absl::StatusOr<std::vector<Worker>> AddWorkers(int n) {
-    std::vector<Worker> workers(n);
-    for (Worker& w : workers) {
-      auto holder = std::make_shared<std::atomic<KVClient*>>(nullptr);
-      PS_ASSIGN_OR_RETURN(w.member, Connect(WORKER, "", [holder](const ClusterView& v, uint32_t) {
-                            if (KVClient* c = holder->load()) c->UpdateView(v);
-                          }));
-      PS_ASSIGN_OR_RETURN(ClusterView view, w.member->WaitForRunning(absl::Seconds(30)));
-      PS_ASSIGN_OR_RETURN(w.kv, KVClient::Create({config_, w.member->rank(), w.member->node_id(),
-                                                  w.member->start_clock()},
-                                                 view));
-      holder->store(w.kv.get());
-      w.kv->UpdateView(w.member->view());
-    }
-    const absl::Time deadline = absl::Now() + absl::Seconds(30);
-    for (auto& m : server_members_) {
-      while (LiveWorkers(m->view()) < n) {
-        if (absl::Now() > deadline) {
-          return absl::DeadlineExceededError("servers did not see every worker register");
-        }
-        absl::SleepFor(absl::Milliseconds(2));
-      }
-    }
-    // Workers see the final view too (routing does not change, but keep
-    // them on the same epoch as the servers).
-    for (Worker& w : workers) w.kv->UpdateView(w.member->view());
-    return workers;
-  }
-
- private:
-  explicit Cluster(const JobConfig& config) : config_(config) {}
-
-  static int LiveWorkers(const ClusterView& view) {
-    int n = 0;
-    for (const NodeInfo& node : view.nodes()) n += node.role() == WORKER && node.state() == ALIVE;
-    return n;
-  }
-
-  absl::StatusOr<std::unique_ptr<SchedulerClient>> Connect(
-      Role role, const std::string& endpoint,
-      std::function<void(const ClusterView&, uint32_t)> on_view) {
-    SchedulerClient::Options co;
-    co.address = scheduler_->address();
-    co.role = role;
-    co.data_endpoint = endpoint;
-    co.config_fingerprint = ConfigFingerprint(config_);
-    co.heartbeat_interval = absl::Milliseconds(config_.cluster().heartbeat_interval_ms());
-    co.on_view = std::move(on_view);
-    return SchedulerClient::Connect(co);
-  }
-
-  const JobConfig config_;
-  std::unique_ptr<SchedulerServer> scheduler_;
-  std::vector<std::unique_ptr<KVServer>> servers_;
-  std::vector<std::unique_ptr<SchedulerClient>> server_members_;
-};
+using Worker = ::ps::testing::InProcessWorker;
+using Cluster = ::ps::testing::InProcessCluster;
 
 // What one worker measured over its measured steps.
 struct WorkerStats {
