@@ -318,10 +318,11 @@ std::vector<std::string> ClusterState::CheckProgress() {
   const ConsistencyConfig& c = view_.consistency();
   const absl::Duration timeout = absl::Milliseconds(c.watchdog_timeout_ms());
   const absl::Duration interval = absl::Milliseconds(c.watchdog_interval_ms());
-  if (now - last_watchdog_log_ < interval) return lines;
 
   // Workers that finished training report kFinishedClock (2^62); they hold
-  // nobody back and are left out.
+  // nobody back and are left out. The slowest clock is tracked on every
+  // call, so a stall is timed from its last move even when that came during
+  // the quiet interval after a log.
   constexpr uint64_t kFinished = uint64_t{1} << 62;
   uint64_t min_clock = UINT64_MAX, max_clock = 0;
   for (const auto& [id, node] : nodes_) {
@@ -334,6 +335,7 @@ std::vector<std::string> ClusterState::CheckProgress() {
     watched_min_clock_ = min_clock;
     min_clock_since_ = now;
   }
+  if (now - last_watchdog_log_ < interval) return lines;
   if (c.mode() != ASYNC && min_clock != UINT64_MAX && max_clock > min_clock &&
       now - min_clock_since_ >= timeout) {
     std::vector<std::string> behind;

@@ -22,7 +22,9 @@
 namespace ps {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::ElementsAre;
+using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 
 // 2 servers and 2 workers; 8 slots so the slot map is small enough to spell
@@ -604,6 +606,380 @@ TEST_F(ClusterStateTest, CloseWakesBlockedWaitersAndAnswersLaterOnesAtOnce) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
   // w1's arrival above completed barrier "b": it passes despite closing.
   EXPECT_TRUE(state_->AwaitBarrier(c.w1, "b", kLongWait).ok());
+}
+
+
+// --- Consistency, clocks and the watchdog -----------------------------------
+
+TEST_F(ClusterStateTest, InitialViewCarriesTheDefaultConsistency) {
+  // kConfig has no consistency block: the loader's defaults apply.
+  const ConsistencyConfig& c = state_->View().consistency();
+  EXPECT_EQ(c.mode(), ASYNC);
+  EXPECT_EQ(c.staleness(), 0u);
+  EXPECT_EQ(c.watchdog_timeout_ms(), 10000u);
+  EXPECT_EQ(c.watchdog_interval_ms(), 5000u);
+}
+
+// 1 server and 3 workers under BSP, with a watchdog the fake clock crosses
+// explicitly (1 s timeout, repeated every 500 ms) and a heartbeat timeout
+// nothing here reaches.
+constexpr char kBspConfig[] = R"pb(
+  cluster {
+    num_servers: 1
+    num_workers: 3
+    num_slots: 8
+    heartbeat_interval_ms: 100
+    heartbeat_timeout_ms: 600000
+  }
+  consistency { mode: BSP watchdog_timeout_ms: 1000 watchdog_interval_ms: 500 }
+)pb";
+
+class ConsistencyStateTest : public ::testing::Test {
+ protected:
+  ConsistencyStateTest() { Init(BSP); }
+
+  // Rebuilds the state from kBspConfig with `mode` instead of BSP.
+  void Init(ConsistencyMode mode) {
+    absl::StatusOr<JobConfig> config = ParseJobConfig(kBspConfig, "test");
+    ASSERT_TRUE(config.ok()) << config.status();
+    config->mutable_consistency()->set_mode(mode);
+    fingerprint_ = ConfigFingerprint(*config);
+    state_ = std::make_unique<ClusterState>(*config, &clock_);
+  }
+
+  RegisterResponse MustRegister(Role role) {
+    RegisterRequest request;
+    request.set_role(role);
+    if (role == SERVER) request.set_data_endpoint("tcp://s:1");
+    request.set_config_fingerprint(fingerprint_);
+    absl::StatusOr<RegisterResponse> r = state_->Register(request);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? *r : RegisterResponse();
+  }
+  uint64_t AddWorker() { return MustRegister(WORKER).node_id(); }
+
+  void Beat(uint64_t node_id, uint64_t clock) {
+    HeartbeatRequest request;
+    request.set_node_id(node_id);
+    request.set_clock(clock);
+    ASSERT_TRUE(state_->Heartbeat(request).ok());
+  }
+
+  NodeInfo NodeInView(uint64_t node_id) const {
+    const ClusterView view = state_->View();
+    for (const NodeInfo& n : view.nodes()) {
+      if (n.node_id() == node_id) return n;
+    }
+    ADD_FAILURE() << "node " << node_id << " not in the view";
+    return NodeInfo();
+  }
+
+  static ConsistencyConfig Mode(ConsistencyMode mode, uint32_t staleness = 0) {
+    ConsistencyConfig c;
+    c.set_mode(mode);
+    c.set_staleness(staleness);
+    return c;
+  }
+
+  // One server and three workers (node ids 2, 3, 4; ranks 0, 1, 2).
+  struct Workers {
+    uint64_t w0, w1, w2;
+  };
+  Workers StartJob() {
+    MustRegister(SERVER);
+    Workers w;
+    w.w0 = AddWorker();
+    w.w1 = AddWorker();
+    w.w2 = AddWorker();
+    EXPECT_EQ(state_->job_state(), RUNNING);
+    return w;
+  }
+
+  FakeClock clock_;
+  uint64_t fingerprint_ = 0;
+  std::unique_ptr<ClusterState> state_;
+};
+
+constexpr uint64_t kFinishedClock = uint64_t{1} << 62;
+
+TEST_F(ConsistencyStateTest, InitialViewCarriesTheConfigsConsistency) {
+  const ConsistencyConfig& c = state_->View().consistency();
+  EXPECT_EQ(c.mode(), BSP);
+  EXPECT_EQ(c.staleness(), 0u);
+  EXPECT_EQ(c.watchdog_timeout_ms(), 1000u);
+  EXPECT_EQ(c.watchdog_interval_ms(), 500u);
+  // Registration responses carry it too.
+  EXPECT_EQ(MustRegister(WORKER).view().consistency().mode(), BSP);
+}
+
+TEST_F(ConsistencyStateTest, SetConsistencyChangesModeAndStalenessOnly) {
+  StartJob();
+  const uint64_t epoch = state_->View().epoch();
+  ConsistencyConfig request = Mode(SSP, 3);
+  // Watchdog settings in the request are not taken.
+  request.set_watchdog_timeout_ms(7);
+  request.set_watchdog_interval_ms(9);
+  absl::StatusOr<uint64_t> new_epoch = state_->SetConsistency(request);
+  ASSERT_TRUE(new_epoch.ok()) << new_epoch.status();
+  EXPECT_EQ(*new_epoch, epoch + 1);
+  ClusterView view = state_->View();
+  EXPECT_EQ(view.epoch(), epoch + 1);
+  EXPECT_EQ(view.consistency().mode(), SSP);
+  EXPECT_EQ(view.consistency().staleness(), 3u);
+  EXPECT_EQ(view.consistency().watchdog_timeout_ms(), 1000u);
+  EXPECT_EQ(view.consistency().watchdog_interval_ms(), 500u);
+  // Membership is untouched.
+  EXPECT_EQ(view.nodes_size(), 4);
+  EXPECT_EQ(view.job_state(), RUNNING);
+
+  // Leaving SSP clears the staleness.
+  new_epoch = state_->SetConsistency(Mode(ASYNC));
+  ASSERT_TRUE(new_epoch.ok()) << new_epoch.status();
+  EXPECT_EQ(*new_epoch, epoch + 2);
+  view = state_->View();
+  EXPECT_EQ(view.consistency().mode(), ASYNC);
+  EXPECT_EQ(view.consistency().staleness(), 0u);
+  EXPECT_EQ(view.consistency().watchdog_timeout_ms(), 1000u);
+}
+
+TEST_F(ConsistencyStateTest, SetConsistencyRejectsBadModesWithoutChanges) {
+  StartJob();
+  ASSERT_TRUE(state_->SetConsistency(Mode(SSP, 2)).ok());
+  const ClusterView before = state_->View();
+
+  absl::StatusOr<uint64_t> r = state_->SetConsistency(Mode(BSP, 1));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("staleness"));
+  // proto3 enums are open: a number no version defines arrives as is.
+  EXPECT_EQ(state_->SetConsistency(Mode(static_cast<ConsistencyMode>(9)))
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(state_->SetConsistency(Mode(CONSISTENCY_MODE_UNSPECIFIED))
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(state_->SetConsistency(Mode(SSP, 1000001)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+
+  const ClusterView after = state_->View();
+  EXPECT_EQ(after.epoch(), before.epoch());
+  EXPECT_EQ(after.consistency().mode(), SSP);
+  EXPECT_EQ(after.consistency().staleness(), 2u);
+  EXPECT_EQ(after.consistency().watchdog_timeout_ms(), 1000u);
+  EXPECT_EQ(after.consistency().watchdog_interval_ms(), 500u);
+}
+
+TEST_F(ConsistencyStateTest, StatusReportsLiveWorkersClocksAndSilence) {
+  const Workers w = StartJob();
+  Beat(w.w0, 5);
+  clock_.Advance(absl::Milliseconds(300));
+  Beat(w.w1, 7);
+  clock_.Advance(absl::Milliseconds(200));
+
+  GetStatusResponse status = state_->Status();
+  EXPECT_EQ(status.view().epoch(), state_->View().epoch());
+  EXPECT_EQ(status.view().nodes_size(), 4);
+  // Workers only, by rank; w2 never sent a clock and is at its start clock.
+  ASSERT_EQ(status.clocks_size(), 3);
+  EXPECT_EQ(status.clocks(0).rank(), 0u);
+  EXPECT_EQ(status.clocks(0).clock(), 5u);
+  EXPECT_EQ(status.clocks(0).silent_ms(), 500u);
+  EXPECT_EQ(status.clocks(1).rank(), 1u);
+  EXPECT_EQ(status.clocks(1).clock(), 7u);
+  EXPECT_EQ(status.clocks(1).silent_ms(), 200u);
+  EXPECT_EQ(status.clocks(2).rank(), 2u);
+  EXPECT_EQ(status.clocks(2).clock(), 0u);
+  EXPECT_EQ(status.clocks(2).silent_ms(), 500u);
+
+  // Clocks never go back; a heartbeat resets the silence.
+  Beat(w.w1, 6);
+  // Workers that left are not listed.
+  LeaveRequest leave;
+  leave.set_node_id(w.w0);
+  ASSERT_TRUE(state_->Leave(leave).ok());
+  status = state_->Status();
+  ASSERT_EQ(status.clocks_size(), 2);
+  EXPECT_EQ(status.clocks(0).rank(), 1u);
+  EXPECT_EQ(status.clocks(0).clock(), 7u);
+  EXPECT_EQ(status.clocks(0).silent_ms(), 0u);
+  EXPECT_EQ(status.clocks(1).rank(), 2u);
+}
+
+TEST_F(ConsistencyStateTest, JoiningWorkerStartsAtTheMaxLiveClock) {
+  const Workers w = [&] {
+    MustRegister(SERVER);
+    Workers w;
+    w.w0 = AddWorker();
+    w.w1 = AddWorker();
+    return w;
+  }();
+  EXPECT_EQ(NodeInView(w.w0).start_clock(), 0u);
+  Beat(w.w0, 4);
+  // A finished worker's clock is not a step anyone could start at.
+  Beat(w.w1, kFinishedClock);
+  const RegisterResponse r2 = MustRegister(WORKER);
+  EXPECT_EQ(r2.rank(), 2u);
+  ASSERT_EQ(r2.view().nodes_size(), 4);
+  EXPECT_EQ(r2.view().nodes(3).node_id(), r2.node_id());
+  EXPECT_EQ(r2.view().nodes(3).start_clock(), 4u);
+  EXPECT_EQ(NodeInView(r2.node_id()).start_clock(), 4u);
+  // Until it reports, its clock is its start clock.
+  GetStatusResponse status = state_->Status();
+  ASSERT_EQ(status.clocks_size(), 3);
+  EXPECT_EQ(status.clocks(2).clock(), 4u);
+
+  // Workers no longer live do not count: w0 reached 9, then left.
+  Beat(w.w0, 9);
+  LeaveRequest leave;
+  leave.set_node_id(w.w0);
+  ASSERT_TRUE(state_->Leave(leave).ok());
+  const RegisterResponse r0 = MustRegister(WORKER);
+  EXPECT_EQ(r0.rank(), 0u);
+  EXPECT_EQ(NodeInView(r0.node_id()).start_clock(), 4u);
+}
+
+TEST_F(ConsistencyStateTest, WatchdogIsQuietInAsync) {
+  Init(ASYNC);
+  const Workers w = StartJob();
+  Beat(w.w0, 0);
+  Beat(w.w1, 5);
+  Beat(w.w2, 5);
+  EXPECT_THAT(state_->CheckProgress(), IsEmpty());
+  clock_.Advance(absl::Seconds(60));
+  EXPECT_THAT(state_->CheckProgress(), IsEmpty());
+  // The same stall is reported once the job becomes synchronous.
+  ASSERT_TRUE(state_->SetConsistency(Mode(BSP)).ok());
+  EXPECT_THAT(state_->CheckProgress(),
+              ElementsAre(HasSubstr("by worker ranks 0 (clock 0,")));
+}
+
+TEST_F(ConsistencyStateTest, WatchdogNamesTheSlowRanksAndRepeatsEveryInterval) {
+  const Workers w = StartJob();
+  Beat(w.w0, 3);
+  Beat(w.w1, 4);
+  Beat(w.w2, 3);
+  EXPECT_THAT(state_->CheckProgress(), IsEmpty());
+  clock_.Advance(absl::Milliseconds(999));
+  EXPECT_THAT(state_->CheckProgress(), IsEmpty());
+  clock_.Advance(absl::Milliseconds(1));
+  EXPECT_THAT(state_->CheckProgress(),
+              ElementsAre("watchdog: BSP job held back for 1s by worker ranks "
+                          "0 (clock 3, last heard 1s ago), 2 (clock 3, last "
+                          "heard 1s ago); the fastest worker is at clock 4"));
+  // Not again before the interval has passed.
+  clock_.Advance(absl::Milliseconds(499));
+  EXPECT_THAT(state_->CheckProgress(), IsEmpty());
+  clock_.Advance(absl::Milliseconds(1));
+  EXPECT_THAT(state_->CheckProgress(),
+              ElementsAre("watchdog: BSP job held back for 1.5s by worker ranks "
+                          "0 (clock 3, last heard 1.5s ago), 2 (clock 3, last "
+                          "heard 1.5s ago); the fastest worker is at clock 4"));
+
+  // Rank 2 catches up: only rank 0 holds the job back.
+  Beat(w.w2, 4);
+  clock_.Advance(absl::Milliseconds(500));
+  EXPECT_THAT(state_->CheckProgress(),
+              ElementsAre(HasSubstr("by worker ranks 0 (clock 3, last heard 2s ago);")));
+
+  // Everyone level: nobody is held back, however long it lasts.
+  Beat(w.w0, 4);
+  EXPECT_THAT(state_->CheckProgress(), IsEmpty());
+  clock_.Advance(absl::Seconds(5));
+  EXPECT_THAT(state_->CheckProgress(), IsEmpty());
+
+  // Once someone is ahead again, the slowest clock has not moved for 5 s:
+  // that is reported at once.
+  Beat(w.w1, 5);
+  EXPECT_THAT(state_->CheckProgress(),
+              ElementsAre(AllOf(HasSubstr("held back for 5s"),
+                                HasSubstr("by worker ranks 0 (clock 4,"),
+                                HasSubstr("2 (clock 4,"),
+                                HasSubstr("the fastest worker is at clock 5"))));
+}
+
+TEST_F(ConsistencyStateTest, WatchdogTimesAStallFromTheLastMoveEvenBetweenLogs) {
+  const Workers w = StartJob();
+  Beat(w.w0, 3);
+  Beat(w.w1, 4);
+  Beat(w.w2, 4);
+  EXPECT_THAT(state_->CheckProgress(), IsEmpty());
+  clock_.Advance(absl::Milliseconds(1000));
+  ASSERT_THAT(state_->CheckProgress(), ElementsAre(HasSubstr("for 1s")));
+  // The slowest clock moves right after a log, inside the quiet interval,
+  // and then stalls again.
+  clock_.Advance(absl::Milliseconds(100));
+  Beat(w.w0, 4);
+  Beat(w.w1, 5);
+  Beat(w.w2, 5);
+  EXPECT_THAT(state_->CheckProgress(), IsEmpty());
+  clock_.Advance(absl::Milliseconds(999));
+  EXPECT_THAT(state_->CheckProgress(), IsEmpty());
+  // One timeout after the move, not one timeout after the interval ended.
+  clock_.Advance(absl::Milliseconds(1));
+  EXPECT_THAT(state_->CheckProgress(),
+              ElementsAre("watchdog: BSP job held back for 1s by worker ranks "
+                          "0 (clock 4, last heard 1s ago); the fastest worker "
+                          "is at clock 5"));
+}
+
+TEST_F(ConsistencyStateTest, WatchdogIgnoresFinishedWorkers) {
+  const Workers w = StartJob();
+  Beat(w.w0, 3);
+  Beat(w.w1, kFinishedClock);
+  Beat(w.w2, 3);
+  EXPECT_THAT(state_->CheckProgress(), IsEmpty());
+  // A finished worker is not "ahead": nobody waits for the others.
+  clock_.Advance(absl::Seconds(5));
+  EXPECT_THAT(state_->CheckProgress(), IsEmpty());
+  Beat(w.w2, 4);
+  clock_.Advance(absl::Seconds(1));
+  EXPECT_THAT(state_->CheckProgress(),
+              ElementsAre(AllOf(HasSubstr("by worker ranks 0 (clock 3,"),
+                                HasSubstr("the fastest worker is at clock 4"))));
+}
+
+TEST_F(ConsistencyStateTest, WatchdogNamesTheRanksABarrierWaitsFor) {
+  const Workers w = StartJob();
+  // Rank 0 waits at the barrier (in real time, for long) while the fake
+  // clock runs past the watchdog timeout.
+  auto waiter = std::async(std::launch::async, [&] {
+    return state_->AwaitBarrier(w.w0, "epoch-1", kLongWait);
+  });
+  // The wait is timed from the arrival, which happens on the other thread:
+  // step the fake clock past the timeout until the watchdog sees it.
+  std::vector<std::string> lines;
+  for (int i = 0; i < 1000 && lines.empty(); ++i) {
+    absl::SleepFor(absl::Milliseconds(5));
+    clock_.Advance(absl::Milliseconds(1100));
+    lines = state_->CheckProgress();
+  }
+  EXPECT_THAT(lines, ElementsAre("watchdog: barrier 'epoch-1' has waited 1s for "
+                                 "worker ranks 1, 2"));
+  ASSERT_EQ(waiter.wait_for(std::chrono::milliseconds(1)),
+            std::future_status::timeout);
+
+  // Rank 1 arrives (without waiting): only rank 2 is missing.
+  EXPECT_EQ(state_->AwaitBarrier(w.w1, "epoch-1", absl::ZeroDuration()).code(),
+            absl::StatusCode::kDeadlineExceeded);
+  clock_.Advance(absl::Milliseconds(500));
+  EXPECT_THAT(state_->CheckProgress(),
+              ElementsAre("watchdog: barrier 'epoch-1' has waited 1s for "
+                          "worker ranks 2"));
+
+  // Rank 2 completes it: the waiter passes and the watchdog falls silent.
+  EXPECT_TRUE(state_->AwaitBarrier(w.w2, "epoch-1", kLongWait).ok());
+  ASSERT_EQ(waiter.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  EXPECT_TRUE(waiter.get().ok());
+  clock_.Advance(absl::Seconds(5));
+  EXPECT_THAT(state_->CheckProgress(), IsEmpty());
+  // It stays complete when a replacement that never arrived at it joins.
+  LeaveRequest leave;
+  leave.set_node_id(w.w2);
+  ASSERT_TRUE(state_->Leave(leave).ok());
+  EXPECT_EQ(MustRegister(WORKER).rank(), 2u);
+  clock_.Advance(absl::Seconds(5));
+  EXPECT_THAT(state_->CheckProgress(), IsEmpty());
 }
 
 }  // namespace

@@ -3,6 +3,13 @@
 #include <algorithm>
 
 namespace ps {
+namespace {
+
+// common/wire.h's kFinishedClock (not included: this library stays free of
+// ZeroMQ). A worker at this clock has finished training.
+constexpr uint64_t kFinishedClock = uint64_t{1} << 62;
+
+}  // namespace
 
 ConsistencyController::ConsistencyController(const ConsistencyConfig& config)
     : config_(config) {
@@ -33,8 +40,13 @@ bool ConsistencyController::SetMode(const ConsistencyConfig& config) {
   if (config_.watchdog_timeout_ms() == 0) config_.set_watchdog_timeout_ms(timeout);
   if (config_.watchdog_interval_ms() == 0) config_.set_watchdog_interval_ms(interval);
   if (old_mode != BSP && config_.mode() == BSP) {
+    // Finished workers are left out: 2^62 would put every later step of
+    // the others before the start, i.e. BSP would never buffer anything.
     uint64_t max_clock = 0;
-    for (const Worker& w : live_) max_clock = std::max(max_clock, ClockOf(w));
+    for (const Worker& w : live_) {
+      const uint64_t c = ClockOf(w);
+      if (c < kFinishedClock) max_clock = std::max(max_clock, c);
+    }
     applied_clock_ = std::max(applied_clock_, max_clock);
   }
   return old_mode == BSP && config_.mode() != BSP;

@@ -53,8 +53,9 @@ class ConsistencyController {
 
   // Changes the mode. Returns true when BSP was left: the caller must then
   // flush buffered steps (BufferedSteps()) before anything else.
-  // Entering BSP starts aggregation at the largest live clock: steps before
-  // it were applied as they came, so pushes for them still apply at once.
+  // Entering BSP starts aggregation at the largest clock of the live workers
+  // still training (finished ones, at 2^62, are left out): steps before it
+  // were applied as they came, so pushes for them still apply at once.
   bool SetMode(const ConsistencyConfig& config);
 
   const ConsistencyConfig& config() const { return config_; }

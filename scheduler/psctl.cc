@@ -1,0 +1,245 @@
+// psctl: operator's command line for a running job's scheduler.
+//
+//   psctl --scheduler=HOST:PORT status
+//       The job state, epoch and consistency mode, every node the scheduler
+//       knows (live or not), and each live worker's last clock and how long
+//       the scheduler has not heard from it.
+//   psctl --scheduler=HOST:PORT set-mode BSP|ASYNC|SSP [--staleness=N]
+//       Changes the consistency mode of the running job (SetConsistency);
+//       prints the epoch of the view that carries it. The scheduler
+//       validates the mode (e.g. staleness is for SSP only).
+//
+// Every RPC has a deadline (--timeout_ms). Exit status: 0 on success, 1 when
+// the scheduler cannot be reached or refuses the request (its message is
+// printed), 2 for a usage error (unknown command or flag, bad mode name).
+#include <cstdint>
+#include <iostream>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/reflection.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/status.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "proto/scheduler.grpc.pb.h"
+
+ABSL_FLAG(std::string, scheduler, "", "Scheduler host:port. Required.");
+ABSL_FLAG(int64_t, timeout_ms, 5000, "Deadline of each RPC, in ms (> 0).");
+ABSL_FLAG(int64_t, staleness, 0,
+          "set-mode SSP: how many steps a worker may run ahead of the "
+          "slowest one.");
+
+namespace ps {
+namespace {
+
+constexpr char kUsage[] =
+    "usage: psctl --scheduler=HOST:PORT [--timeout_ms=MS] COMMAND\n"
+    "commands:\n"
+    "  status                               job state, mode, nodes, clocks\n"
+    "  set-mode BSP|ASYNC|SSP [--staleness=N]\n"
+    "                                       change the consistency mode\n";
+
+constexpr int kExitOk = 0;
+constexpr int kExitFailed = 1;
+constexpr int kExitUsage = 2;
+
+// A worker at this clock has finished training (common/wire.h
+// kFinishedClock; not included, it would pull ZeroMQ into this tool).
+constexpr uint64_t kFinishedClock = uint64_t{1} << 62;
+
+// Rejects unknown flags and bad flag values before absl parses the command
+// line: absl would exit with status 1 for them, which here means "the
+// scheduler failed". Checking a value sets the flag, as parsing does next.
+absl::Status CheckFlags(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    absl::string_view arg = argv[i];
+    if (arg == "--") break;
+    if (arg.size() < 2 || arg[0] != '-') continue;
+    absl::ConsumePrefix(&arg, "-");
+    absl::ConsumePrefix(&arg, "-");
+    const size_t eq = arg.find('=');
+    const absl::string_view name = arg.substr(0, eq);
+    absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+    if (flag == nullptr) {
+      // "--nofoo" sets boolean flag "foo" to false.
+      const absl::CommandLineFlag* negated =
+          absl::StartsWith(name, "no") ? absl::FindCommandLineFlag(name.substr(2))
+                                       : nullptr;
+      if (negated != nullptr && negated->IsOfType<bool>() &&
+          eq == absl::string_view::npos) {
+        continue;
+      }
+      return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name));
+    }
+    absl::string_view value;
+    if (eq != absl::string_view::npos) {
+      value = arg.substr(eq + 1);
+    } else if (flag->IsOfType<bool>()) {
+      continue;
+    } else if (i + 1 < argc) {
+      value = argv[++i];  // "--flag value"
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat("flag --", name, " needs a value"));
+    }
+    std::string error;
+    if (!flag->ParseFrom(value, &error)) {
+      return absl::InvalidArgumentError(absl::StrCat("--", name, ": ", error));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ConsistencyMode> ParseMode(absl::string_view name) {
+  ConsistencyMode mode;
+  if (!ConsistencyMode_Parse(absl::AsciiStrToUpper(name), &mode) ||
+      mode == CONSISTENCY_MODE_UNSPECIFIED) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown mode '", name, "': use BSP, ASYNC or SSP"));
+  }
+  return mode;
+}
+
+const char* RoleName(Role role) {
+  switch (role) {
+    case SERVER:
+      return "server";
+    case WORKER:
+      return "worker";
+    default:
+      return "unknown";
+  }
+}
+
+std::string ModeText(const ConsistencyConfig& c) {
+  std::string text = ConsistencyMode_Name(c.mode());
+  if (text.empty()) text = absl::StrCat("mode ", c.mode());
+  if (c.mode() == SSP) absl::StrAppend(&text, " staleness ", c.staleness());
+  return text;
+}
+
+std::string FormatStatus(const GetStatusResponse& status) {
+  const ClusterView& view = status.view();
+  std::string out;
+  absl::StrAppend(&out, "job: ", JobState_Name(view.job_state()), "\n");
+  absl::StrAppend(&out, "epoch: ", view.epoch(), "\n");
+  absl::StrAppend(&out, "consistency: ", ModeText(view.consistency()),
+                  " (watchdog after ", view.consistency().watchdog_timeout_ms(),
+                  " ms, every ", view.consistency().watchdog_interval_ms(),
+                  " ms)\n");
+  absl::StrAppend(&out, "nodes: ", view.nodes_size(), "\n");
+  for (const NodeInfo& n : view.nodes()) {
+    absl::StrAppend(
+        &out,
+        absl::StrFormat("  node %d  %s rank %d  %s", n.node_id(),
+                        RoleName(n.role()), n.rank(), NodeState_Name(n.state())));
+    if (!n.data_endpoint().empty()) {
+      absl::StrAppend(&out, "  endpoint ", n.data_endpoint());
+    }
+    absl::StrAppend(&out, "  host ", n.host().empty() ? "-" : n.host(), "  pid ",
+                    n.pid());
+    if (n.role() == WORKER) absl::StrAppend(&out, "  start_clock ", n.start_clock());
+    absl::StrAppend(&out, "\n");
+  }
+  absl::StrAppend(&out, "worker clocks: ", status.clocks_size(), " live\n");
+  for (const WorkerClock& wc : status.clocks()) {
+    absl::StrAppend(&out, "  worker rank ", wc.rank(), "  clock ",
+                    wc.clock() >= kFinishedClock ? std::string("finished")
+                                                 : absl::StrCat(wc.clock()),
+                    "  silent ", wc.silent_ms(), " ms\n");
+  }
+  return out;
+}
+
+std::unique_ptr<grpc::ClientContext> Context(absl::Duration timeout) {
+  auto context = std::make_unique<grpc::ClientContext>();
+  context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  return context;
+}
+
+absl::Status RunStatus(Scheduler::Stub& stub, absl::Duration timeout) {
+  GetStatusResponse response;
+  const grpc::Status s =
+      stub.GetStatus(Context(timeout).get(), GetStatusRequest(), &response);
+  if (!s.ok()) return Annotate(FromGrpcStatus(s), "GetStatus");
+  std::cout << FormatStatus(response);
+  return absl::OkStatus();
+}
+
+absl::Status RunSetMode(Scheduler::Stub& stub, absl::Duration timeout,
+                        ConsistencyMode mode, uint32_t staleness) {
+  SetConsistencyRequest request;
+  request.mutable_consistency()->set_mode(mode);
+  request.mutable_consistency()->set_staleness(staleness);
+  SetConsistencyResponse response;
+  const grpc::Status s =
+      stub.SetConsistency(Context(timeout).get(), request, &response);
+  if (!s.ok()) return Annotate(FromGrpcStatus(s), "SetConsistency");
+  std::cout << "consistency set to " << ModeText(request.consistency())
+            << " in epoch " << response.epoch() << "\n";
+  return absl::OkStatus();
+}
+
+int UsageError(absl::string_view message) {
+  std::cerr << "psctl: " << message << "\n" << kUsage;
+  return kExitUsage;
+}
+
+}  // namespace
+}  // namespace ps
+
+int main(int argc, char** argv) {
+  if (absl::Status s = ps::CheckFlags(argc, argv); !s.ok()) {
+    return ps::UsageError(s.message());
+  }
+  const std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  const std::string address = absl::GetFlag(FLAGS_scheduler);
+  const int64_t timeout_ms = absl::GetFlag(FLAGS_timeout_ms);
+  const int64_t staleness = absl::GetFlag(FLAGS_staleness);
+  if (address.empty()) return ps::UsageError("--scheduler is required");
+  if (timeout_ms <= 0) return ps::UsageError("--timeout_ms must be > 0");
+  if (args.size() < 2) return ps::UsageError("no command given");
+  const std::string command = args[1];
+
+  // Parse the whole command before contacting the scheduler.
+  ps::ConsistencyMode mode = ps::CONSISTENCY_MODE_UNSPECIFIED;
+  if (command == "status") {
+    if (args.size() != 2) return ps::UsageError("status takes no arguments");
+  } else if (command == "set-mode") {
+    if (args.size() != 3) return ps::UsageError("set-mode takes one mode");
+    absl::StatusOr<ps::ConsistencyMode> parsed = ps::ParseMode(args[2]);
+    if (!parsed.ok()) return ps::UsageError(parsed.status().message());
+    mode = *parsed;
+    if (staleness < 0 || staleness > std::numeric_limits<uint32_t>::max()) {
+      return ps::UsageError("--staleness must be in 0..4294967295");
+    }
+  } else {
+    return ps::UsageError(absl::StrCat("unknown command '", command, "'"));
+  }
+
+  auto stub = ps::Scheduler::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  const absl::Duration timeout = absl::Milliseconds(timeout_ms);
+  const absl::Status status =
+      command == "status"
+          ? ps::RunStatus(*stub, timeout)
+          : ps::RunSetMode(*stub, timeout, mode, static_cast<uint32_t>(staleness));
+  if (!status.ok()) {
+    std::cerr << "psctl: scheduler " << address << ": " << status.ToString() << "\n";
+    return ps::kExitFailed;
+  }
+  return ps::kExitOk;
+}

@@ -1,0 +1,313 @@
+// psctl against a real scheduler process: status output, run-time mode
+// changes, refused requests, usage errors and an unreachable scheduler.
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/config.h"
+#include "gmock/gmock.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "gtest/gtest.h"
+#include "proto/scheduler.grpc.pb.h"
+#include "tests/testing/subprocess.h"
+
+namespace ps {
+namespace {
+
+using ::ps::testing::ReadFile;
+using ::ps::testing::Runfile;
+using ::ps::testing::Subprocess;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+// One server and one worker, ASYNC. Nodes registered by the test itself
+// never heartbeat on their own, so they must not be declared dead meanwhile.
+constexpr char kConfig[] = R"pb(
+  name: "psctl"
+  cluster {
+    num_servers: 1
+    num_workers: 1
+    num_slots: 16
+    heartbeat_interval_ms: 100
+    heartbeat_timeout_ms: 600000
+  }
+  consistency { mode: ASYNC }
+)pb";
+
+struct Result {
+  int code = -1;
+  std::string out, err;
+  absl::Duration elapsed;
+};
+
+// A TCP socket on a free loopback port. With listen=false nothing accepts
+// connections to it (they are refused); with listen=true the kernel
+// completes connections but nobody ever answers them.
+class Port {
+ public:
+  explicit Port(bool listen) {
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = 0;
+    EXPECT_EQ(bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    socklen_t len = sizeof(addr);
+    EXPECT_EQ(getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+    port_ = ntohs(addr.sin_port);
+    if (listen) EXPECT_EQ(::listen(fd_, 16), 0);
+  }
+  ~Port() { close(fd_); }
+  Port(const Port&) = delete;
+  Port& operator=(const Port&) = delete;
+
+  std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
+
+ private:
+  int fd_ = -1;
+  int port_ = 0;
+};
+
+class PsctlTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = absl::StrCat(::testing::TempDir(), "/",
+                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    mkdir(dir_.c_str(), 0755);
+    config_path_ = dir_ + "/job.pbtxt";
+    std::ofstream(config_path_) << kConfig;
+  }
+
+  void TearDown() override {
+    if (scheduler_ != nullptr) {
+      scheduler_->Signal(SIGTERM);
+      auto code = scheduler_->Wait(absl::Seconds(10));
+      EXPECT_TRUE(code.ok()) << code.status();
+      EXPECT_EQ(code.value_or(-1), 0) << ReadFile(scheduler_->stderr_path());
+    }
+  }
+
+  // Starts the scheduler; returns its address.
+  std::string StartScheduler() {
+    auto p = Subprocess::Start({Runfile("scheduler/scheduler_main"),
+                                "--config=" + config_path_,
+                                "--port_file=" + dir_ + "/port"},
+                               dir_ + "/scheduler.out", dir_ + "/scheduler.log");
+    EXPECT_TRUE(p.ok()) << p.status();
+    scheduler_ = std::make_unique<Subprocess>(std::move(p).value());
+    auto port = ps::testing::WaitForFile(dir_ + "/port", absl::Seconds(10));
+    EXPECT_TRUE(port.ok()) << port.status();
+    return absl::StrCat("127.0.0.1:", absl::StripAsciiWhitespace(port.value_or("")));
+  }
+
+  // Runs psctl with `args` to completion.
+  Result Psctl(std::vector<std::string> args) {
+    const std::string name = absl::StrCat("psctl", ++runs_);
+    args.insert(args.begin(), Runfile("scheduler/psctl"));
+    const absl::Time start = absl::Now();
+    auto p = Subprocess::Start(args, dir_ + "/" + name + ".out",
+                               dir_ + "/" + name + ".err");
+    Result r;
+    if (!p.ok()) {
+      ADD_FAILURE() << p.status();
+      return r;
+    }
+    auto code = p->Wait(absl::Seconds(30));
+    r.elapsed = absl::Now() - start;
+    EXPECT_TRUE(code.ok()) << code.status();
+    r.code = code.value_or(-1);
+    r.out = ReadFile(p->stdout_path());
+    r.err = ReadFile(p->stderr_path());
+    return r;
+  }
+
+  std::string dir_;
+  std::string config_path_;
+  std::unique_ptr<Subprocess> scheduler_;
+  int runs_ = 0;
+};
+
+TEST_F(PsctlTest, ShowsAndChangesTheConsistencyMode) {
+  const std::string address = StartScheduler();
+  const std::string flag = "--scheduler=" + address;
+
+  Result r = Psctl({flag, "status"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("job: STARTING\n"));
+  EXPECT_THAT(r.out, HasSubstr("epoch: 1\n"));
+  EXPECT_THAT(r.out, HasSubstr("consistency: ASYNC ("));
+  EXPECT_THAT(r.out, HasSubstr("nodes: 0\n"));
+  EXPECT_THAT(r.out, HasSubstr("worker clocks: 0 live\n"));
+
+  // Flags may follow the command.
+  r = Psctl({flag, "set-mode", "SSP", "--staleness=3"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, "consistency set to SSP staleness 3 in epoch 2\n");
+
+  r = Psctl({flag, "status"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("epoch: 2\n"));
+  EXPECT_THAT(r.out, HasSubstr("consistency: SSP staleness 3 ("));
+
+  // The scheduler refuses staleness outside SSP: exit 1 with its message,
+  // and nothing changes.
+  r = Psctl({flag, "set-mode", "BSP", "--staleness=1"});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, HasSubstr("INVALID_ARGUMENT"));
+  EXPECT_THAT(r.err, HasSubstr("staleness"));
+  EXPECT_EQ(r.out, "");
+  r = Psctl({flag, "status"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("epoch: 2\n"));
+  EXPECT_THAT(r.out, HasSubstr("consistency: SSP staleness 3 ("));
+
+  // Mode names are not case-sensitive.
+  r = Psctl({flag, "set-mode", "bsp"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, "consistency set to BSP in epoch 3\n");
+  r = Psctl({flag, "status"});
+  EXPECT_THAT(r.out, HasSubstr("consistency: BSP ("));
+  EXPECT_THAT(r.out, Not(HasSubstr("staleness")));
+}
+
+TEST_F(PsctlTest, UsageErrorsExitWithTwoWithoutContactingTheScheduler) {
+  const std::string address = StartScheduler();
+  const std::string flag = "--scheduler=" + address;
+  const std::vector<std::vector<std::string>> bad = {
+      {flag, "set-mode", "FOO"},
+      {flag, "set-mode"},
+      {flag, "set-mode", "SSP", "extra"},
+      {flag, "set-mode", "UNSPECIFIED"},
+      {flag, "set-mode", "SSP", "--staleness=-1"},
+      {flag, "frobnicate"},
+      {flag},
+      {"status"},  // No --scheduler.
+      {flag, "--no_such_flag=1", "status"},
+      {flag, "--timeout_ms=soon", "status"},
+      {flag, "--timeout_ms=0", "status"},
+  };
+  for (const auto& args : bad) {
+    const Result r = Psctl(args);
+    EXPECT_EQ(r.code, 2) << args.back() << "\n" << r.err;
+    EXPECT_THAT(r.err, HasSubstr("usage: psctl")) << args.back();
+    EXPECT_EQ(r.out, "") << args.back();
+  }
+  EXPECT_THAT(Psctl({flag, "set-mode", "FOO"}).err, HasSubstr("unknown mode 'FOO'"));
+  EXPECT_THAT(Psctl({flag, "frobnicate"}).err,
+              HasSubstr("unknown command 'frobnicate'"));
+
+  // None of them changed anything.
+  const Result r = Psctl({flag, "status"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("epoch: 1\n"));
+  EXPECT_THAT(r.out, HasSubstr("consistency: ASYNC ("));
+}
+
+TEST_F(PsctlTest, StatusListsNodesAndWorkerClocks) {
+  const std::string address = StartScheduler();
+  absl::StatusOr<JobConfig> config = LoadJobConfig(config_path_);
+  ASSERT_TRUE(config.ok()) << config.status();
+  auto stub = Scheduler::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  auto call = [&](auto method, const auto& request, auto* response) {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    const grpc::Status s = ((*stub).*method)(&context, request, response);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+  };
+  auto register_node = [&](Role role, const std::string& endpoint,
+                           const std::string& host, uint32_t pid) {
+    RegisterRequest request;
+    request.set_role(role);
+    request.set_data_endpoint(endpoint);
+    request.set_host(host);
+    request.set_pid(pid);
+    request.set_config_fingerprint(ConfigFingerprint(*config));
+    RegisterResponse response;
+    call(&Scheduler::Stub::Register, request, &response);
+    return response.node_id();
+  };
+  register_node(SERVER, "tcp://10.0.0.5:7001", "hostA", 4242);
+  const uint64_t worker = register_node(WORKER, "", "hostB", 77);
+  HeartbeatRequest beat;
+  beat.set_node_id(worker);
+  beat.set_clock(17);
+  HeartbeatResponse beat_response;
+  call(&Scheduler::Stub::Heartbeat, beat, &beat_response);
+
+  const std::string flag = "--scheduler=" + address;
+  Result r = Psctl({flag, "status"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("job: RUNNING\n"));
+  EXPECT_THAT(r.out, HasSubstr("epoch: 3\n"));
+  EXPECT_THAT(r.out, HasSubstr("nodes: 2\n"));
+  EXPECT_THAT(r.out, HasSubstr("  node 1  server rank 0  ALIVE  endpoint "
+                               "tcp://10.0.0.5:7001  host hostA  pid 4242\n"));
+  EXPECT_THAT(r.out, HasSubstr("  node 2  worker rank 0  ALIVE  host hostB  "
+                               "pid 77  start_clock 0\n"));
+  EXPECT_THAT(r.out, HasSubstr("worker clocks: 1 live\n"));
+  EXPECT_THAT(r.out, HasSubstr("  worker rank 0  clock 17  silent "));
+
+  // A worker that finished training reports clock 2^62.
+  beat.set_clock(uint64_t{1} << 62);
+  call(&Scheduler::Stub::Heartbeat, beat, &beat_response);
+  r = Psctl({flag, "status"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("  worker rank 0  clock finished  silent "));
+
+  // Workers that left are still listed as nodes, without a clock.
+  LeaveRequest leave;
+  leave.set_node_id(worker);
+  leave.set_finished(true);
+  LeaveResponse leave_response;
+  call(&Scheduler::Stub::Leave, leave, &leave_response);
+  r = Psctl({flag, "status"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("job: FINISHED\n"));
+  EXPECT_THAT(r.out, HasSubstr("  node 2  worker rank 0  LEFT  host hostB"));
+  EXPECT_THAT(r.out, HasSubstr("worker clocks: 0 live\n"));
+}
+
+TEST_F(PsctlTest, NothingListeningFailsAtOnce) {
+  const Port port(/*listen=*/false);
+  const Result r =
+      Psctl({"--scheduler=" + port.address(), "--timeout_ms=500", "status"});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, HasSubstr("UNAVAILABLE"));
+  EXPECT_EQ(r.out, "");
+  EXPECT_LT(r.elapsed, absl::Seconds(5));
+}
+
+TEST_F(PsctlTest, ASchedulerThatNeverAnswersFailsAtTheDeadline) {
+  // Connections are accepted by the kernel but never served: only the
+  // deadline ends the call (gRPC alone would wait about 20 s).
+  const Port port(/*listen=*/true);
+  Result r = Psctl({"--scheduler=" + port.address(), "--timeout_ms=500", "status"});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, HasSubstr("DEADLINE_EXCEEDED"));
+  EXPECT_GE(r.elapsed, absl::Milliseconds(500));
+  EXPECT_LT(r.elapsed, absl::Seconds(5));
+
+  r = Psctl({"--scheduler=" + port.address(), "--timeout_ms=500", "set-mode",
+             "BSP"});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, HasSubstr("DEADLINE_EXCEEDED"));
+  EXPECT_LT(r.elapsed, absl::Seconds(5));
+}
+
+}  // namespace
+}  // namespace ps
