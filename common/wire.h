@@ -14,15 +14,11 @@
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
+#include "common/protocol.h"
 #include "proto/data_plane.pb.h"
 #include "zmq.hpp"
 
 namespace ps {
-
-// A worker that has finished training advances its clock to this value, so
-// it never holds back synchronous waits; its later pulls (evaluation) are
-// answered once every live worker has finished too.
-inline constexpr uint64_t kFinishedClock = uint64_t{1} << 62;
 
 // Hard ceiling on any single data-plane message, checked before decoding.
 inline constexpr int64_t kMaxMessageBytes = int64_t{1} << 30;

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/config.h"
+#include "common/protocol.h"
 #include "common/logging.h"
 
 namespace ps {
@@ -86,7 +87,7 @@ absl::StatusOr<RegisterResponse> ClusterState::Register(
     uint64_t start = 0;
     for (const auto& [id, other] : nodes_) {
       if (other.info.role() == WORKER && other.info.state() == ALIVE &&
-          other.clock < (uint64_t{1} << 62)) {
+          other.clock < kFinishedClock) {
         start = std::max(start, other.clock);
       }
     }
@@ -323,11 +324,10 @@ std::vector<std::string> ClusterState::CheckProgress() {
   // nobody back and are left out. The slowest clock is tracked on every
   // call, so a stall is timed from its last move even when that came during
   // the quiet interval after a log.
-  constexpr uint64_t kFinished = uint64_t{1} << 62;
   uint64_t min_clock = UINT64_MAX, max_clock = 0;
   for (const auto& [id, node] : nodes_) {
     if (node.info.role() != WORKER || node.info.state() != ALIVE) continue;
-    if (node.clock >= kFinished) continue;
+    if (node.clock >= kFinishedClock) continue;
     min_clock = std::min(min_clock, node.clock);
     max_clock = std::max(max_clock, node.clock);
   }

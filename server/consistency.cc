@@ -2,14 +2,9 @@
 
 #include <algorithm>
 
+#include "common/protocol.h"
+
 namespace ps {
-namespace {
-
-// common/wire.h's kFinishedClock (not included: this library stays free of
-// ZeroMQ). A worker at this clock has finished training.
-constexpr uint64_t kFinishedClock = uint64_t{1} << 62;
-
-}  // namespace
 
 ConsistencyController::ConsistencyController(const ConsistencyConfig& config)
     : config_(config) {
@@ -17,17 +12,18 @@ ConsistencyController::ConsistencyController(const ConsistencyConfig& config)
 }
 
 void ConsistencyController::SetLiveWorkers(const std::vector<Worker>& workers) {
-  live_ = workers;
-  // Forget clocks of workers no longer live; a node id is never reused.
-  absl::flat_hash_set<uint64_t> ids;
-  for (const Worker& w : live_) ids.insert(w.node_id);
-  for (auto it = clocks_.begin(); it != clocks_.end();) {
-    if (!ids.contains(it->first)) {
-      clocks_.erase(it++);
-    } else {
-      ++it;
+  // Forget the clocks of workers that were live and are no longer (a node
+  // id is never reused). Reports from nodes not yet listed are kept: a new
+  // worker's first clock report may arrive before the view that lists it.
+  absl::flat_hash_set<uint64_t> now_live;
+  for (const Worker& w : workers) now_live.insert(w.node_id);
+  for (const Worker& w : live_) {
+    if (!now_live.contains(w.node_id)) {
+      clocks_.erase(w.node_id);
+      finished_nodes_.erase(w.node_id);
     }
   }
+  live_ = workers;
 }
 
 bool ConsistencyController::SetMode(const ConsistencyConfig& config) {
@@ -53,6 +49,12 @@ bool ConsistencyController::SetMode(const ConsistencyConfig& config) {
 }
 
 void ConsistencyController::Advance(uint64_t node_id, uint64_t clock) {
+  if (clock >= kFinishedClock) {
+    // The worker is done: it holds nobody back from now on, but it took no
+    // part in the steps it skipped, so it is not counted as finishing them.
+    finished_nodes_.insert(node_id);
+    return;
+  }
   uint64_t& c = clocks_[node_id];
   if (clock <= c) return;
   // Steps in [c, clock) are now finished by this worker.
@@ -63,9 +65,13 @@ void ConsistencyController::Advance(uint64_t node_id, uint64_t clock) {
   c = clock;
 }
 
-uint64_t ConsistencyController::ClockOf(const Worker& w) const {
+uint64_t ConsistencyController::StepsTaken(const Worker& w) const {
   auto it = clocks_.find(w.node_id);
   return std::max(w.start_clock, it == clocks_.end() ? 0 : it->second);
+}
+
+uint64_t ConsistencyController::ClockOf(const Worker& w) const {
+  return finished_nodes_.contains(w.node_id) ? kFinishedClock : StepsTaken(w);
 }
 
 uint64_t ConsistencyController::MinClock() const {
@@ -118,7 +124,7 @@ void ConsistencyController::NoteBuffered(uint64_t step) {
   // own clock report cannot happen, but a late joiner's start clock can be
   // ahead) count as finished.
   for (const Worker& w : live_) {
-    if (ClockOf(w) > step) set.insert(w.node_id);
+    if (StepsTaken(w) > step) set.insert(w.node_id);
   }
 }
 

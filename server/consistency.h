@@ -92,7 +92,8 @@ class ConsistencyController {
 
   // How many workers finished `step`: the divisor of its average. Counted
   // when their clocks pass it, so a worker that finished a step and then
-  // left still counts for that step. At least 1.
+  // left still counts for that step; a worker that ended training
+  // (kFinishedClock) does not count for steps it never took. At least 1.
   uint32_t FinishedCount(uint64_t step) const;
   // Marks `step` as having buffered data, so finishers are counted for it.
   void NoteBuffered(uint64_t step);
@@ -102,11 +103,15 @@ class ConsistencyController {
   std::vector<Laggard> Behind(uint64_t clock) const;
 
  private:
+  // The clock waits use: kFinishedClock for a worker that finished.
   uint64_t ClockOf(const Worker& w) const;
+  // Steps the worker has completed (its clock before it finished).
+  uint64_t StepsTaken(const Worker& w) const;
 
   ConsistencyConfig config_;
   std::vector<Worker> live_;
-  absl::flat_hash_map<uint64_t, uint64_t> clocks_;  // node id -> clock
+  absl::flat_hash_map<uint64_t, uint64_t> clocks_;  // node id -> steps taken
+  absl::flat_hash_set<uint64_t> finished_nodes_;     // reported kFinishedClock
   uint64_t applied_clock_ = 0;
   // Buffered step -> node ids whose clock passed it.
   absl::btree_map<uint64_t, absl::flat_hash_set<uint64_t>> finished_;

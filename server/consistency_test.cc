@@ -7,6 +7,7 @@
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "common/protocol.h"
 #include "proto/config.pb.h"
 
 namespace ps {
@@ -16,9 +17,7 @@ using ::testing::ElementsAre;
 using ::testing::IsEmpty;
 using Worker = ConsistencyController::Worker;
 
-// common/wire.h's kFinishedClock, spelled out so this test does not pull in
-// ZeroMQ: a finished worker's clock.
-constexpr uint64_t kFinished = uint64_t{1} << 62;
+constexpr uint64_t kFinished = kFinishedClock;
 
 ConsistencyConfig Config(ConsistencyMode mode, uint32_t staleness = 0) {
   ConsistencyConfig c;
@@ -533,6 +532,48 @@ TEST(ConsistencyClockTest, AdvanceWithASmallerClockIsIgnored) {
   EXPECT_EQ(c.MinClock(), 5u);
   c.Advance(11, 6);
   EXPECT_EQ(c.MinClock(), 6u);
+}
+
+TEST(ConsistencyControllerTest, AFinishedWorkerDoesNotCountForStepsItSkipped) {
+  ConsistencyController c(Config(BSP));
+  c.SetLiveWorkers({{11, 0, 0}, {12, 1, 0}});
+  // Both take steps 0..2; worker 11 then runs out of data and finishes.
+  c.Advance(11, 3);
+  c.Advance(12, 3);
+  c.Advance(11, kFinished);
+  // Worker 12's last batch, step 3, is averaged over worker 12 alone, as
+  // one worker with the combined batch would average it.
+  c.NoteBuffered(3);
+  c.Advance(12, 4);
+  EXPECT_EQ(c.FinishedCount(3), 1u);
+  uint64_t step;
+  ASSERT_TRUE(c.NextCompleteStep(&step));
+  EXPECT_EQ(step, 3u);
+  // A step buffered before the finish still counts the finished worker.
+  ConsistencyController d(Config(BSP));
+  d.SetLiveWorkers({{11, 0, 0}, {12, 1, 0}});
+  d.NoteBuffered(0);
+  d.Advance(11, 1);
+  d.Advance(12, 1);
+  d.Advance(11, kFinished);
+  EXPECT_EQ(d.FinishedCount(0), 2u);
+}
+
+TEST(ConsistencyControllerTest, AClockReportBeforeTheViewThatListsTheWorkerIsKept) {
+  ConsistencyController c(Config(SSP, 0));
+  c.SetLiveWorkers({{11, 0, 0}});
+  c.Advance(11, 5);
+  // Worker 12's report overtakes the view that lists it; an older view
+  // without it must not erase the report.
+  c.Advance(12, 5);
+  c.SetLiveWorkers({{11, 0, 0}});
+  c.SetLiveWorkers({{11, 0, 0}, {12, 1, 0}});
+  EXPECT_EQ(c.MinClock(), 5u);
+  EXPECT_TRUE(c.PullReady(5));
+  // A worker that was live and left is forgotten.
+  c.SetLiveWorkers({{11, 0, 0}});
+  c.SetLiveWorkers({{11, 0, 0}, {12, 1, 0}});
+  EXPECT_EQ(c.MinClock(), 0u);
 }
 
 }  // namespace
