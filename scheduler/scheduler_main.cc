@@ -8,6 +8,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "common/config.h"
+#include "common/node_main.h"
 #include "common/logging.h"
 #include "common/signals.h"
 #include "scheduler/scheduler.h"
@@ -26,20 +27,10 @@ int main(int argc, char** argv) {
   ps::TerminationSignals signals;
   absl::ParseCommandLine(argc, argv);
   auto log = ps::GetLogger("scheduler");
-  if (auto s = ps::SetLogLevel(absl::GetFlag(FLAGS_log_level)); !s.ok()) {
-    log->error("{}", s.message());
-    return 2;
-  }
   ps::SetLogTag("scheduler");
-  if (absl::GetFlag(FLAGS_config).empty()) {
-    log->error("--config is required");
-    return 2;
-  }
-  auto config = ps::LoadJobConfig(absl::GetFlag(FLAGS_config));
-  if (!config.ok()) {
-    log->error("bad config: {}", config.status().message());
-    return 2;
-  }
+  std::optional<ps::JobConfig> config = ps::StartNode(
+      *log, absl::GetFlag(FLAGS_log_level), absl::GetFlag(FLAGS_config));
+  if (!config) return 2;
   if (absl::GetFlag(FLAGS_describe)) {
     std::cout << "servers=" << config->cluster().num_servers()
               << " workers=" << config->cluster().num_workers()

@@ -7,6 +7,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "common/config.h"
+#include "common/node_main.h"
 #include "common/logging.h"
 #include "common/signals.h"
 #include "scheduler/client.h"
@@ -25,20 +26,10 @@ int main(int argc, char** argv) {
   ps::TerminationSignals signals;
   absl::ParseCommandLine(argc, argv);
   auto log = ps::GetLogger("server");
-  if (auto s = ps::SetLogLevel(absl::GetFlag(FLAGS_log_level)); !s.ok()) {
-    log->error("{}", s.message());
-    return 2;
-  }
-  if (absl::GetFlag(FLAGS_config).empty() ||
-      absl::GetFlag(FLAGS_scheduler).empty()) {
-    log->error("--config and --scheduler are required");
-    return 2;
-  }
-  auto config = ps::LoadJobConfig(absl::GetFlag(FLAGS_config));
-  if (!config.ok()) {
-    log->error("bad config: {}", config.status().message());
-    return 2;
-  }
+  std::optional<ps::JobConfig> config =
+      ps::StartNode(*log, absl::GetFlag(FLAGS_log_level), absl::GetFlag(FLAGS_config),
+                    {{"scheduler", absl::GetFlag(FLAGS_scheduler)}});
+  if (!config) return 2;
   ps::KVServer::Options options;
   options.config = *config;
   options.bind_endpoint = absl::GetFlag(FLAGS_bind);

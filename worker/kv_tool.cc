@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/config.h"
+#include "common/node_main.h"
 #include "common/logging.h"
 #include "common/status.h"
 #include "scheduler/client.h"
@@ -149,15 +150,10 @@ absl::Status Run(const ps::JobConfig& config, ps::KVClient& client) {
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   auto log = ps::GetLogger("kv_tool");
-  if (auto s = ps::SetLogLevel(absl::GetFlag(FLAGS_log_level)); !s.ok()) {
-    log->error("{}", s.message());
-    return 2;
-  }
-  auto config = ps::LoadJobConfig(absl::GetFlag(FLAGS_config));
-  if (!config.ok()) {
-    log->error("bad config: {}", config.status().message());
-    return 2;
-  }
+  std::optional<ps::JobConfig> config =
+      ps::StartNode(*log, absl::GetFlag(FLAGS_log_level), absl::GetFlag(FLAGS_config),
+                    {{"scheduler", absl::GetFlag(FLAGS_scheduler)}});
+  if (!config) return 2;
   auto options = ps::SchedulerClient::Options::ForJob(
       *config, absl::GetFlag(FLAGS_scheduler), ps::WORKER);
   auto membership = ps::SchedulerClient::Connect(options);

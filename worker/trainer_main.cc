@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/config.h"
+#include "common/node_main.h"
 #include "common/logging.h"
 #include "common/signals.h"
 #include "scheduler/client.h"
@@ -128,13 +129,8 @@ int TrainAndEvaluate(const ps::JobConfig& config,
   return 0;
 }
 
-int Run(ps::TerminationSignals& signals) {
+int Run(ps::TerminationSignals& signals, const ps::JobConfig* config) {
   auto log = ps::GetLogger("worker");
-  auto config = ps::LoadJobConfig(absl::GetFlag(FLAGS_config));
-  if (!config.ok()) {
-    log->error("bad config: {}", config.status().message());
-    return 2;
-  }
   const absl::Time start = absl::Now();
 
   // The view callback may fire before the KV client exists; it forwards
@@ -170,14 +166,9 @@ int main(int argc, char** argv) {
   ps::TerminationSignals signals;
   absl::ParseCommandLine(argc, argv);
   auto log = ps::GetLogger("worker");
-  if (auto s = ps::SetLogLevel(absl::GetFlag(FLAGS_log_level)); !s.ok()) {
-    log->error("{}", s.message());
-    return 2;
-  }
-  if (absl::GetFlag(FLAGS_config).empty() ||
-      absl::GetFlag(FLAGS_scheduler).empty()) {
-    log->error("--config and --scheduler are required");
-    return 2;
-  }
-  return Run(signals);
+  std::optional<ps::JobConfig> config =
+      ps::StartNode(*log, absl::GetFlag(FLAGS_log_level), absl::GetFlag(FLAGS_config),
+                    {{"scheduler", absl::GetFlag(FLAGS_scheduler)}});
+  if (!config) return 2;
+  return Run(signals, &*config);
 }
