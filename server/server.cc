@@ -137,12 +137,14 @@ void KVServer::ApplyView(const Ownership& own) {
   if (consistency_.SetMode(own.consistency)) FlushBuffers();
   if (consistency_.mode() != before ||
       consistency_.config().staleness() != staleness_before) {
-    Log()->info("consistency is now {}{} (epoch {}, BSP steps start at {})",
+    Log()->info("consistency is now {}{} (epoch {})",
                 ConsistencyMode_Name(consistency_.mode()),
                 consistency_.mode() == SSP
                     ? absl::StrCat(" staleness ", consistency_.config().staleness())
+                : consistency_.mode() == BSP
+                    ? absl::StrCat(", aggregating from step ", consistency_.applied_clock())
                     : "",
-                own.epoch, consistency_.applied_clock());
+                own.epoch);
   }
 }
 
