@@ -613,7 +613,7 @@ TEST_F(ClusterStateTest, CloseWakesBlockedWaitersAndAnswersLaterOnesAtOnce) {
 
 TEST_F(ClusterStateTest, InitialViewCarriesTheDefaultConsistency) {
   // kConfig has no consistency block: the loader's defaults apply.
-  const ConsistencyConfig& c = state_->View().consistency();
+  const ConsistencyConfig c = state_->View().consistency();  // a copy: View() returns a temporary
   EXPECT_EQ(c.mode(), ASYNC);
   EXPECT_EQ(c.staleness(), 0u);
   EXPECT_EQ(c.watchdog_timeout_ms(), 10000u);
@@ -703,7 +703,7 @@ class ConsistencyStateTest : public ::testing::Test {
 constexpr uint64_t kFinishedClock = uint64_t{1} << 62;
 
 TEST_F(ConsistencyStateTest, InitialViewCarriesTheConfigsConsistency) {
-  const ConsistencyConfig& c = state_->View().consistency();
+  const ConsistencyConfig c = state_->View().consistency();  // a copy: View() returns a temporary
   EXPECT_EQ(c.mode(), BSP);
   EXPECT_EQ(c.staleness(), 0u);
   EXPECT_EQ(c.watchdog_timeout_ms(), 1000u);
