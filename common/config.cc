@@ -55,6 +55,10 @@ class Checker {
 };
 
 bool Positive(float v) { return std::isfinite(v) && v > 0; }
+bool NonNegative(float v) { return std::isfinite(v) && v >= 0; }
+// Decay rates: 1 would never forget (and divide by zero in Adam's bias
+// correction), negative values oscillate.
+bool UnitInterval(float v) { return v >= 0 && v < 1; }
 
 void CheckOptimizer(const OptimizerConfig& opt, const std::string& path,
                     Checker* c) {
@@ -73,8 +77,36 @@ void CheckOptimizer(const OptimizerConfig& opt, const std::string& path,
       c->Require(Positive(opt.adagrad().epsilon()), path + ".adagrad.epsilon",
                  "must be > 0");
       break;
+    case OptimizerConfig::kMomentum:
+      c->Require(Positive(opt.momentum().learning_rate()),
+                 path + ".momentum.learning_rate",
+                 "must be a finite number > 0");
+      c->Require(UnitInterval(opt.momentum().momentum()),
+                 path + ".momentum.momentum", "must be in [0, 1)");
+      break;
+    case OptimizerConfig::kAdam:
+      c->Require(Positive(opt.adam().learning_rate()),
+                 path + ".adam.learning_rate", "must be a finite number > 0");
+      c->Require(UnitInterval(opt.adam().beta1()), path + ".adam.beta1",
+                 "must be in [0, 1)");
+      c->Require(UnitInterval(opt.adam().beta2()), path + ".adam.beta2",
+                 "must be in [0, 1)");
+      c->Require(Positive(opt.adam().epsilon()), path + ".adam.epsilon",
+                 "must be > 0");
+      break;
+    case OptimizerConfig::kFtrl:
+      c->Require(Positive(opt.ftrl().alpha()), path + ".ftrl.alpha",
+                 "must be a finite number > 0");
+      c->Require(Positive(opt.ftrl().beta()), path + ".ftrl.beta",
+                 "must be a finite number > 0");
+      c->Require(NonNegative(opt.ftrl().l1()), path + ".ftrl.l1",
+                 "must be >= 0");
+      c->Require(NonNegative(opt.ftrl().l2()), path + ".ftrl.l2",
+                 "must be >= 0");
+      break;
     case OptimizerConfig::KIND_NOT_SET:
-      c->Require(false, path, "set one of sgd, adagrad");
+      c->Require(false, path,
+                 "set one of sgd, adagrad, momentum, adam, ftrl");
       break;
   }
 }
@@ -111,6 +143,22 @@ void ApplyDefaults(JobConfig* config) {
       AdagradConfig* a = t.mutable_optimizer()->mutable_adagrad();
       if (a->initial_accumulator() == 0) a->set_initial_accumulator(0.1f);
       if (a->epsilon() == 0) a->set_epsilon(1e-8f);
+    }
+    if (t.optimizer().has_momentum()) {
+      MomentumConfig* m = t.mutable_optimizer()->mutable_momentum();
+      if (m->momentum() == 0) m->set_momentum(0.9f);
+    }
+    if (t.optimizer().has_adam()) {
+      AdamConfig* a = t.mutable_optimizer()->mutable_adam();
+      if (a->beta1() == 0) a->set_beta1(0.9f);
+      if (a->beta2() == 0) a->set_beta2(0.999f);
+      if (a->epsilon() == 0) a->set_epsilon(1e-8f);
+    }
+    if (t.optimizer().has_ftrl()) {
+      FtrlConfig* f = t.mutable_optimizer()->mutable_ftrl();
+      if (f->alpha() == 0) f->set_alpha(0.05f);
+      if (f->beta() == 0) f->set_beta(1.0f);
+      // l1 and l2 default to 0, their proto default.
     }
   }
   if (config->data().has_synthetic_ctr()) {
@@ -181,6 +229,14 @@ absl::Status ValidateJobConfig(const JobConfig& config) {
               "must be finite");
     c.Require(std::isfinite(init.scale()) && init.scale() >= 0,
               path + ".init.scale", "must be finite and >= 0");
+    // FTRL derives the weight from its accumulators, which start at zero:
+    // other initial values would be served until the first push and then
+    // silently replaced.
+    const bool zero_init =
+        init.kind() == InitializerConfig::ZEROS ||
+        (init.kind() == InitializerConfig::CONSTANT && init.value() == 0);
+    c.Require(!t.optimizer().has_ftrl() || zero_init, path + ".init",
+              "FTRL starts from zero weights; use init { kind: ZEROS }");
   }
 
   if (config.data().has_synthetic_ctr()) {

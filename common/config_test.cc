@@ -277,7 +277,8 @@ TEST(ValidateJobConfigTest, OptimizerMissing) {
   EXPECT_EQ(RejectionOf(absl::StrCat(kMinimalCluster,
                                      "tables { id: 0 name: \"t\" sparse { dim: "
                                      "4 } }")),
-            "job.pbtxt: tables[0].optimizer: set one of sgd, adagrad");
+            "job.pbtxt: tables[0].optimizer: set one of sgd, adagrad, "
+            "momentum, adam, ftrl");
 }
 
 TEST(ValidateJobConfigTest, LearningRateMustBeFinitePositive) {
@@ -551,6 +552,135 @@ TEST(ConfigFingerprintTest, ChangesWhenAnyFieldChanges) {
     change(&changed);
     EXPECT_NE(ConfigFingerprint(changed), base_fp) << what;
   }
+}
+
+// A one-table job whose table uses the given optimizer block.
+std::string JobWithOptimizer(const std::string& optimizer) {
+  return absl::StrCat(kMinimalCluster,
+                      "tables { id: 0 name: \"t\" sparse { dim: 1 }"
+                      " optimizer { ",
+                      optimizer, " } }");
+}
+
+TEST(ParseJobConfigTest, NewOptimizersGetDocumentedDefaults) {
+  absl::StatusOr<JobConfig> momentum =
+      ParseJobConfig(JobWithOptimizer("momentum { learning_rate: 0.5 }"), "j");
+  ASSERT_TRUE(momentum.ok()) << momentum.status();
+  const MomentumConfig& m = momentum->tables(0).optimizer().momentum();
+  EXPECT_FLOAT_EQ(m.learning_rate(), 0.5f);
+  EXPECT_FLOAT_EQ(m.momentum(), 0.9f);
+  EXPECT_FALSE(m.nesterov());
+
+  absl::StatusOr<JobConfig> adam =
+      ParseJobConfig(JobWithOptimizer("adam { learning_rate: 0.001 }"), "j");
+  ASSERT_TRUE(adam.ok()) << adam.status();
+  const AdamConfig& a = adam->tables(0).optimizer().adam();
+  EXPECT_FLOAT_EQ(a.learning_rate(), 0.001f);
+  EXPECT_FLOAT_EQ(a.beta1(), 0.9f);
+  EXPECT_FLOAT_EQ(a.beta2(), 0.999f);
+  EXPECT_FLOAT_EQ(a.epsilon(), 1e-8f);
+
+  // Every FTRL field has a default, so an empty block is a valid config.
+  absl::StatusOr<JobConfig> ftrl = ParseJobConfig(JobWithOptimizer("ftrl {}"),
+                                                  "j");
+  ASSERT_TRUE(ftrl.ok()) << ftrl.status();
+  const FtrlConfig& f = ftrl->tables(0).optimizer().ftrl();
+  EXPECT_FLOAT_EQ(f.alpha(), 0.05f);
+  EXPECT_FLOAT_EQ(f.beta(), 1.0f);
+  EXPECT_EQ(f.l1(), 0.0f);
+  EXPECT_EQ(f.l2(), 0.0f);
+}
+
+TEST(ParseJobConfigTest, NewOptimizersKeepExplicitValues) {
+  absl::StatusOr<JobConfig> momentum = ParseJobConfig(
+      JobWithOptimizer(
+          "momentum { learning_rate: 0.5 momentum: 0.5 nesterov: true }"),
+      "j");
+  ASSERT_TRUE(momentum.ok()) << momentum.status();
+  const MomentumConfig& m = momentum->tables(0).optimizer().momentum();
+  EXPECT_FLOAT_EQ(m.momentum(), 0.5f);
+  EXPECT_TRUE(m.nesterov());
+
+  absl::StatusOr<JobConfig> adam = ParseJobConfig(
+      JobWithOptimizer("adam { learning_rate: 0.01 beta1: 0.5 beta2: 0.75"
+                       " epsilon: 1e-6 }"),
+      "j");
+  ASSERT_TRUE(adam.ok()) << adam.status();
+  const AdamConfig& a = adam->tables(0).optimizer().adam();
+  EXPECT_FLOAT_EQ(a.beta1(), 0.5f);
+  EXPECT_FLOAT_EQ(a.beta2(), 0.75f);
+  EXPECT_FLOAT_EQ(a.epsilon(), 1e-6f);
+
+  absl::StatusOr<JobConfig> ftrl = ParseJobConfig(
+      JobWithOptimizer("ftrl { alpha: 0.1 beta: 2 l1: 0.5 l2: 0.25 }"), "j");
+  ASSERT_TRUE(ftrl.ok()) << ftrl.status();
+  const FtrlConfig& f = ftrl->tables(0).optimizer().ftrl();
+  EXPECT_FLOAT_EQ(f.alpha(), 0.1f);
+  EXPECT_FLOAT_EQ(f.beta(), 2.0f);
+  EXPECT_FLOAT_EQ(f.l1(), 0.5f);
+  EXPECT_FLOAT_EQ(f.l2(), 0.25f);
+}
+
+TEST(ValidateJobConfigTest, NewOptimizerHyperParametersAreChecked) {
+  const std::string kPrefix = "job.pbtxt: tables[0].optimizer.";
+  const struct {
+    const char* block;
+    const char* error;
+  } cases[] = {
+      {"momentum { }", "momentum.learning_rate: must be a finite number > 0"},
+      {"momentum { learning_rate: -1 }",
+       "momentum.learning_rate: must be a finite number > 0"},
+      {"momentum { learning_rate: inf }",
+       "momentum.learning_rate: must be a finite number > 0"},
+      {"momentum { learning_rate: 1 momentum: 1 }",
+       "momentum.momentum: must be in [0, 1)"},
+      {"momentum { learning_rate: 1 momentum: -0.5 }",
+       "momentum.momentum: must be in [0, 1)"},
+      {"momentum { learning_rate: 1 momentum: nan }",
+       "momentum.momentum: must be in [0, 1)"},
+      {"adam { }", "adam.learning_rate: must be a finite number > 0"},
+      {"adam { learning_rate: nan }",
+       "adam.learning_rate: must be a finite number > 0"},
+      {"adam { learning_rate: 1 beta1: 1 }", "adam.beta1: must be in [0, 1)"},
+      {"adam { learning_rate: 1 beta1: -0.1 }",
+       "adam.beta1: must be in [0, 1)"},
+      {"adam { learning_rate: 1 beta2: 1.5 }", "adam.beta2: must be in [0, 1)"},
+      {"adam { learning_rate: 1 beta2: nan }", "adam.beta2: must be in [0, 1)"},
+      {"adam { learning_rate: 1 epsilon: -1e-8 }",
+       "adam.epsilon: must be > 0"},
+      {"adam { learning_rate: 1 epsilon: inf }", "adam.epsilon: must be > 0"},
+      {"ftrl { alpha: -0.05 }", "ftrl.alpha: must be a finite number > 0"},
+      {"ftrl { alpha: inf }", "ftrl.alpha: must be a finite number > 0"},
+      {"ftrl { beta: -1 }", "ftrl.beta: must be a finite number > 0"},
+      {"ftrl { beta: nan }", "ftrl.beta: must be a finite number > 0"},
+      {"ftrl { l1: -0.1 }", "ftrl.l1: must be >= 0"},
+      {"ftrl { l1: inf }", "ftrl.l1: must be >= 0"},
+      {"ftrl { l2: -0.1 }", "ftrl.l2: must be >= 0"},
+      {"ftrl { l2: nan }", "ftrl.l2: must be >= 0"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.block);
+    EXPECT_EQ(RejectionOf(JobWithOptimizer(c.block)),
+              absl::StrCat(kPrefix, c.error));
+  }
+  // Every problem is reported in one pass.
+  EXPECT_EQ(RejectionOf(JobWithOptimizer(
+                "adam { learning_rate: 1 beta1: 2 beta2: -1 }")),
+            absl::StrCat(kPrefix, "adam.beta1: must be in [0, 1); ",
+                         "tables[0].optimizer.adam.beta2: must be in [0, 1)"));
+}
+
+TEST(ValidateJobConfigTest, FtrlTablesMustStartFromZero) {
+  const std::string table =
+      "tables { id: 0 name: \"w\" sparse { dim: 1 } optimizer { ftrl { } } ";
+  EXPECT_TRUE(ParseJobConfig(absl::StrCat(kMinimalCluster, table, "}"), "job.pbtxt").ok());
+  EXPECT_TRUE(ParseJobConfig(absl::StrCat(kMinimalCluster, table, "init { kind: ZEROS } }"),
+                             "job.pbtxt")
+                  .ok());
+  EXPECT_EQ(RejectionOf(absl::StrCat(kMinimalCluster, table,
+                                     "init { kind: UNIFORM scale: 0.1 } }")),
+            "job.pbtxt: tables[0].init: FTRL starts from zero weights; use init "
+            "{ kind: ZEROS }");
 }
 
 }  // namespace

@@ -46,7 +46,128 @@ class Adagrad : public Optimizer {
   const float eps_;
 };
 
+// v = mu * v + g;  w -= lr * v,  or with Nesterov  w -= lr * (g + mu * v)
+// (v already updated). State per element: v, starting at 0.
+class Momentum : public Optimizer {
+ public:
+  explicit Momentum(const MomentumConfig& c)
+      : lr_(c.learning_rate()), mu_(c.momentum()), nesterov_(c.nesterov()) {}
+  int state_size() const override { return 1; }
+  void InitState(float* state, size_t n) const override {
+    for (size_t i = 0; i < n; ++i) state[i] = 0.0f;
+  }
+  void Apply(float* w, float* v, const float* g, size_t n) const override {
+    for (size_t i = 0; i < n; ++i) {
+      v[i] = mu_ * v[i] + g[i];
+      w[i] -= nesterov_ ? lr_ * (g[i] + mu_ * v[i]) : lr_ * v[i];
+    }
+  }
+
+ private:
+  const float lr_;
+  const float mu_;
+  const bool nesterov_;
+};
+
+// Adam (Kingma & Ba, 2015, Algorithm 1), lazily: an element's moments and
+// step count advance only when an Apply covers it, so sparse rows pushed
+// rarely are bias-corrected by their own step count, not a global one (as
+// TensorFlow's LazyAdam). State per element, interleaved: m, v, t.
+//
+// t is kept as a float so the state stays one float array. Floats hold every
+// integer up to 2^24 exactly; after 2^24 (~16.7M) updates of one element,
+// t + 1 rounds back to t and the count saturates. That is harmless for any
+// beta up to 0.999999: beta^(2^24) < 1e-7, so the correction factors are 1
+// to float precision either way.
+class Adam : public Optimizer {
+ public:
+  explicit Adam(const AdamConfig& c)
+      : lr_(c.learning_rate()),
+        beta1_(c.beta1()),
+        beta2_(c.beta2()),
+        eps_(c.epsilon()) {}
+  int state_size() const override { return 3; }
+  void InitState(float* state, size_t n) const override {
+    for (size_t i = 0; i < 3 * n; ++i) state[i] = 0.0f;
+  }
+  void Apply(float* w, float* state, const float* g,
+             size_t n) const override {
+    for (size_t i = 0; i < n; ++i) {
+      float& m = state[3 * i];
+      float& v = state[3 * i + 1];
+      float& t = state[3 * i + 2];
+      t += 1.0f;
+      m = beta1_ * m + (1.0f - beta1_) * g[i];
+      v = beta2_ * v + (1.0f - beta2_) * g[i] * g[i];
+      // beta^t in float loses most of its digits once beta^t nears 1 (small
+      // t, beta2 = 0.999): 1 - beta^t would then be badly rounded, and it
+      // scales the whole step. Double keeps the correction accurate.
+      const double c1 = 1.0 - std::pow(static_cast<double>(beta1_), t);
+      const double c2 = 1.0 - std::pow(static_cast<double>(beta2_), t);
+      const double m_hat = m / c1;
+      const double v_hat = v / c2;
+      w[i] -= static_cast<float>(lr_ * m_hat / (std::sqrt(v_hat) + eps_));
+    }
+  }
+
+ private:
+  const float lr_;
+  const float beta1_;
+  const float beta2_;
+  const float eps_;
+};
+
+// FTRL-proximal (McMahan et al., 2013, Algorithm 1), per coordinate. State
+// per element, interleaved: z, n, both starting at 0.
+//
+// The weight is a pure function of (z, n), so Apply derives the current
+// weight from the state instead of reading w: whatever the table's
+// initializer put in w is ignored (the algorithm starts from w = 0) and
+// simply overwritten by the first update.
+class Ftrl : public Optimizer {
+ public:
+  explicit Ftrl(const FtrlConfig& c)
+      : alpha_(c.alpha()), beta_(c.beta()), l1_(c.l1()), l2_(c.l2()) {}
+  int state_size() const override { return 2; }
+  void InitState(float* state, size_t n) const override {
+    for (size_t i = 0; i < 2 * n; ++i) state[i] = 0.0f;
+  }
+  void Apply(float* w, float* state, const float* g,
+             size_t n) const override {
+    for (size_t i = 0; i < n; ++i) {
+      float& z = state[2 * i];
+      float& acc = state[2 * i + 1];
+      // Double for the intermediates: sqrt(n + g^2) - sqrt(n) cancels
+      // badly in float once n is large relative to g^2.
+      const double gi = g[i];
+      const double n_old = acc;
+      const double n_new = n_old + gi * gi;
+      const double sigma = (std::sqrt(n_new) - std::sqrt(n_old)) / alpha_;
+      z = static_cast<float>(z - sigma * Weight(z, n_old) + gi);
+      acc = static_cast<float>(n_new);
+      w[i] = static_cast<float>(Weight(z, acc));
+    }
+  }
+
+ private:
+  // The closed-form minimiser of the regularised, linearised loss.
+  double Weight(double z, double n) const {
+    if (std::abs(z) <= l1_) return 0.0;
+    const double shrunk = z > 0 ? z - l1_ : z + l1_;
+    // beta > 0 keeps the denominator positive even while n is 0.
+    return -shrunk / ((beta_ + std::sqrt(n)) / alpha_ + l2_);
+  }
+
+  const double alpha_;
+  const double beta_;
+  const double l1_;
+  const double l2_;
+};
+
 bool PositiveFinite(float v) { return std::isfinite(v) && v > 0; }
+bool NonNegativeFinite(float v) { return std::isfinite(v) && v >= 0; }
+// For decay rates; false for NaN.
+bool InUnitInterval(float v) { return v >= 0 && v < 1; }
 
 }  // namespace
 
@@ -69,10 +190,38 @@ absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::Create(
       }
       return std::make_unique<Adagrad>(a);
     }
+    case OptimizerConfig::kMomentum: {
+      const MomentumConfig& m = config.momentum();
+      if (!PositiveFinite(m.learning_rate()) || !InUnitInterval(m.momentum())) {
+        return absl::InvalidArgumentError(
+            "momentum needs learning_rate > 0 and momentum in [0, 1)");
+      }
+      return std::make_unique<Momentum>(m);
+    }
+    case OptimizerConfig::kAdam: {
+      const AdamConfig& a = config.adam();
+      if (!PositiveFinite(a.learning_rate()) || !InUnitInterval(a.beta1()) ||
+          !InUnitInterval(a.beta2()) || !PositiveFinite(a.epsilon())) {
+        return absl::InvalidArgumentError(
+            "adam needs learning_rate > 0, beta1 and beta2 in [0, 1) and "
+            "epsilon > 0");
+      }
+      return std::make_unique<Adam>(a);
+    }
+    case OptimizerConfig::kFtrl: {
+      const FtrlConfig& f = config.ftrl();
+      if (!PositiveFinite(f.alpha()) || !PositiveFinite(f.beta()) ||
+          !NonNegativeFinite(f.l1()) || !NonNegativeFinite(f.l2())) {
+        return absl::InvalidArgumentError(
+            "ftrl needs alpha > 0, beta > 0 and finite l1, l2 >= 0");
+      }
+      return std::make_unique<Ftrl>(f);
+    }
     case OptimizerConfig::KIND_NOT_SET:
       break;
   }
-  return absl::InvalidArgumentError("optimizer: set one of sgd, adagrad");
+  return absl::InvalidArgumentError(
+      "optimizer: set one of sgd, adagrad, momentum, adam, ftrl");
 }
 
 }  // namespace ps

@@ -1,9 +1,10 @@
 // Update rules applied by servers to pushed gradients.
 //
 // An optimizer is stateless apart from its configuration; per-parameter
-// state (e.g. Adagrad's accumulators) lives with the parameters in the
-// table, `state_size()` floats per parameter element, interleaved: the
-// state of element i is state[i * state_size() .. (i + 1) * state_size()).
+// state (e.g. Adagrad's accumulators, Adam's moments) lives with the
+// parameters in the table, `state_size()` floats per parameter element,
+// interleaved: the state of element i is
+// state[i * state_size() .. (i + 1) * state_size()).
 // That layout lets a contiguous run of a dense block and a sparse row be
 // updated by the same call.
 // Thread-compatible: Apply may run concurrently on disjoint parameters.
@@ -33,6 +34,9 @@ class Optimizer {
   virtual void InitState(float* state, size_t n) const = 0;
 
   // Applies gradient g to parameters w (n elements each) and their state.
+  // Every element in the call counts as updated, even with a zero gradient
+  // (Adam advances its per-element step count). An optimizer may replace w
+  // outright rather than adjust it (FTRL derives w from its state alone).
   // The caller guarantees the gradients are finite.
   virtual void Apply(float* w, float* state, const float* g,
                      size_t n) const = 0;

@@ -28,6 +28,36 @@ OptimizerConfig AdagradConfigWith(float lr, float initial_accumulator,
   return c;
 }
 
+OptimizerConfig MomentumConfigWith(float lr, float momentum, bool nesterov) {
+  OptimizerConfig c;
+  MomentumConfig* m = c.mutable_momentum();
+  m->set_learning_rate(lr);
+  m->set_momentum(momentum);
+  m->set_nesterov(nesterov);
+  return c;
+}
+
+OptimizerConfig AdamConfigWith(float lr, float beta1, float beta2,
+                               float epsilon) {
+  OptimizerConfig c;
+  AdamConfig* a = c.mutable_adam();
+  a->set_learning_rate(lr);
+  a->set_beta1(beta1);
+  a->set_beta2(beta2);
+  a->set_epsilon(epsilon);
+  return c;
+}
+
+OptimizerConfig FtrlConfigWith(float alpha, float beta, float l1, float l2) {
+  OptimizerConfig c;
+  FtrlConfig* f = c.mutable_ftrl();
+  f->set_alpha(alpha);
+  f->set_beta(beta);
+  f->set_l1(l1);
+  f->set_l2(l2);
+  return c;
+}
+
 std::unique_ptr<Optimizer> MustCreate(const OptimizerConfig& config) {
   auto opt = Optimizer::Create(config);
   EXPECT_TRUE(opt.ok()) << opt.status();
@@ -242,6 +272,483 @@ TEST(OptimizerCreateTest, RejectsBadConfigs) {
     EXPECT_EQ(opt.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_FALSE(opt.status().message().empty());
   }
+}
+
+// -------------------------------------------------------------- Momentum
+
+TEST(MomentumTest, StateSizeAndInitState) {
+  auto momentum = MustCreate(MomentumConfigWith(0.1f, 0.9f, false));
+  ASSERT_NE(momentum, nullptr);
+  EXPECT_EQ(momentum->state_size(), 1);
+  std::vector<float> state = {-1.0f, -1.0f, -1.0f};
+  momentum->InitState(state.data(), 2);
+  EXPECT_EQ(state, (std::vector<float>{0.0f, 0.0f, -1.0f}));
+}
+
+TEST(MomentumTest, PlainAndNesterovHandComputed) {
+  // lr = 0.5, mu = 0.5; gradients 1, 2, -1, 0, 4 are short binary fractions,
+  // so every value below is exact in float. The velocity is the same for
+  // both variants:
+  //   v = 0.5*0 + 1 = 1;  0.5*1 + 2 = 2.5;  1.25 - 1 = 0.25;
+  //       0.125 + 0 = 0.125;  0.0625 + 4 = 4.0625
+  // Plain: w -= 0.5 * v
+  //   w = -0.5, -1.75, -1.875, -1.9375, -3.96875
+  // Nesterov: w -= 0.5 * (g + 0.5 * v)
+  //   g + 0.5v = 1.5, 3.25, -0.875, 0.0625, 6.03125
+  //   w = -0.75, -2.375, -1.9375, -1.96875, -4.984375
+  auto plain = MustCreate(MomentumConfigWith(0.5f, 0.5f, false));
+  auto nesterov = MustCreate(MomentumConfigWith(0.5f, 0.5f, true));
+  ASSERT_NE(plain, nullptr);
+  ASSERT_NE(nesterov, nullptr);
+  const float grads[] = {1.0f, 2.0f, -1.0f, 0.0f, 4.0f};
+  const float want_v[] = {1.0f, 2.5f, 0.25f, 0.125f, 4.0625f};
+  const float want_plain[] = {-0.5f, -1.75f, -1.875f, -1.9375f, -3.96875f};
+  const float want_nesterov[] = {-0.75f, -2.375f, -1.9375f, -1.96875f,
+                                 -4.984375f};
+  float w_plain = 0.0f, w_nesterov = 0.0f, v_plain, v_nesterov;
+  plain->InitState(&v_plain, 1);
+  nesterov->InitState(&v_nesterov, 1);
+  for (int step = 0; step < 5; ++step) {
+    SCOPED_TRACE(testing::Message() << "step " << step + 1);
+    plain->Apply(&w_plain, &v_plain, &grads[step], 1);
+    nesterov->Apply(&w_nesterov, &v_nesterov, &grads[step], 1);
+    EXPECT_EQ(v_plain, want_v[step]);
+    EXPECT_EQ(v_nesterov, want_v[step]);
+    EXPECT_EQ(w_plain, want_plain[step]);
+    EXPECT_EQ(w_nesterov, want_nesterov[step]);
+    // Same velocities, different steps: Nesterov's w -= lr * (g + mu * v)
+    // versus lr * v differ by lr * (g - (1 - mu) * v), nonzero throughout
+    // this sequence.
+    EXPECT_NE(w_plain, w_nesterov);
+  }
+}
+
+TEST(MomentumTest, MatchesDoubleReferenceOverManySteps) {
+  // v_i = mu * v_i + g_i;  w_i -= lr * (nesterov ? g_i + mu * v_i : v_i)
+  for (bool use_nesterov : {false, true}) {
+    SCOPED_TRACE(use_nesterov ? "nesterov" : "plain");
+    const double lr = 0.05, mu = 0.9;
+    auto opt = MustCreate(MomentumConfigWith(0.05f, 0.9f, use_nesterov));
+    ASSERT_NE(opt, nullptr);
+    constexpr int kN = 3;
+    float w[kN] = {0.5f, -0.25f, 0.0f};
+    float v[kN];
+    opt->InitState(v, kN);
+    double ref_w[kN] = {0.5, -0.25, 0.0};
+    double ref_v[kN] = {0, 0, 0};
+    for (int step = 0; step < 20; ++step) {
+      float g[kN];
+      for (int i = 0; i < kN; ++i) {
+        g[i] = static_cast<float>(((step * 5 + i * 3) % 9 - 4) * 0.25 *
+                                  (i + 1));
+      }
+      opt->Apply(w, v, g, kN);
+      for (int i = 0; i < kN; ++i) {
+        ref_v[i] = mu * ref_v[i] + g[i];
+        ref_w[i] -= lr * (use_nesterov ? g[i] + mu * ref_v[i] : ref_v[i]);
+      }
+    }
+    for (int i = 0; i < kN; ++i) {
+      SCOPED_TRACE(testing::Message() << "element " << i);
+      EXPECT_NEAR(v[i], ref_v[i], 1e-5);
+      EXPECT_NEAR(w[i], ref_w[i], 1e-5);
+    }
+  }
+}
+
+TEST(MomentumTest, ZeroMomentumIsSgd) {
+  // Create accepts momentum 0 (only the job file maps 0 to the default).
+  auto momentum = MustCreate(MomentumConfigWith(0.5f, 0.0f, true));
+  ASSERT_NE(momentum, nullptr);
+  float w = 1.0f, v;
+  momentum->InitState(&v, 1);
+  const float g1 = 1.0f, g2 = -3.0f;
+  momentum->Apply(&w, &v, &g1, 1);
+  EXPECT_EQ(w, 0.5f);
+  momentum->Apply(&w, &v, &g2, 1);
+  EXPECT_EQ(w, 2.0f);
+}
+
+// ------------------------------------------------------------------ Adam
+
+// Independent double-precision Adam (Kingma & Ba, Algorithm 1) for one
+// element with its own step count.
+struct RefAdam {
+  double lr, b1, b2, eps;
+  double w = 0, m = 0, v = 0;
+  int t = 0;
+  void Step(double g) {
+    ++t;
+    m = b1 * m + (1 - b1) * g;
+    v = b2 * v + (1 - b2) * g * g;
+    const double m_hat = m / (1 - std::pow(b1, t));
+    const double v_hat = v / (1 - std::pow(b2, t));
+    w -= lr * m_hat / (std::sqrt(v_hat) + eps);
+  }
+};
+
+TEST(AdamTest, StateSizeAndInitState) {
+  auto adam = MustCreate(AdamConfigWith(0.1f, 0.9f, 0.999f, 1e-8f));
+  ASSERT_NE(adam, nullptr);
+  EXPECT_EQ(adam->state_size(), 3);
+  std::vector<float> state(7, -1.0f);
+  adam->InitState(state.data(), 2);
+  EXPECT_EQ(state, (std::vector<float>{0, 0, 0, 0, 0, 0, -1.0f}));
+}
+
+TEST(AdamTest, FirstStepMovesByLearningRate) {
+  // Bias correction makes m_hat = g and v_hat = g^2 after one step, so the
+  // step is lr * g / (|g| + eps) ~ lr * sign(g) whatever |g| is. Without
+  // the correction it would be lr * 0.1 / sqrt(0.001) ~ 3.16 * lr.
+  auto adam = MustCreate(AdamConfigWith(0.01f, 0.9f, 0.999f, 1e-8f));
+  ASSERT_NE(adam, nullptr);
+  constexpr int kN = 4;
+  float w[kN] = {1.0f, 1.0f, -2.0f, 0.5f};
+  float state[3 * kN];
+  adam->InitState(state, kN);
+  const float g[kN] = {3.0f, -0.5f, 100.0f, -1e-3f};
+  adam->Apply(w, state, g, kN);
+  EXPECT_NEAR(w[0], 1.0 - 0.01, 1e-7);
+  EXPECT_NEAR(w[1], 1.0 + 0.01, 1e-7);
+  EXPECT_NEAR(w[2], -2.0 - 0.01, 2e-7);
+  // eps is 1e-5 of |g| here, so it visibly shortens the step.
+  EXPECT_NEAR(w[3], 0.5 + 0.01 * 1e-3 / (1e-3 + 1e-8), 1e-7);
+  for (int i = 0; i < kN; ++i) EXPECT_EQ(state[3 * i + 2], 1.0f);
+}
+
+TEST(AdamTest, ConstantGradientHandComputed) {
+  // beta1 = 0.5, beta2 = 0.75, lr = 0.25, constant g = 2. The moments are
+  // exact in float:
+  //   m_t = 2 (1 - 0.5^t)  = 1, 1.5, 1.75, 1.875, 1.9375
+  //   v_t = 4 (1 - 0.75^t) = 1, 1.75, 2.3125, 2.734375, 3.05078125
+  // and the corrections undo exactly those factors: m_hat = 2, v_hat = 4,
+  // so every step is 0.25 * 2 / (2 + eps) = 0.25 (eps = 1e-8 is below half
+  // an ulp of 2). An uncorrected (or wrongly indexed) Adam would take steps
+  // 0.25 * m_t / sqrt(v_t) = 0.25, 0.283, 0.288, ... instead.
+  auto adam = MustCreate(AdamConfigWith(0.25f, 0.5f, 0.75f, 1e-8f));
+  ASSERT_NE(adam, nullptr);
+  float w = 0.0f;
+  float state[3];
+  adam->InitState(state, 1);
+  const float g = 2.0f;
+  const float want_m[] = {1.0f, 1.5f, 1.75f, 1.875f, 1.9375f};
+  const float want_v[] = {1.0f, 1.75f, 2.3125f, 2.734375f, 3.05078125f};
+  for (int step = 0; step < 5; ++step) {
+    SCOPED_TRACE(testing::Message() << "step " << step + 1);
+    adam->Apply(&w, state, &g, 1);
+    EXPECT_EQ(state[0], want_m[step]);
+    EXPECT_EQ(state[1], want_v[step]);
+    EXPECT_EQ(state[2], static_cast<float>(step + 1));
+    EXPECT_NEAR(w, -0.25 * (step + 1), 1e-6);
+  }
+}
+
+TEST(AdamTest, MatchesDoubleReferenceOverManySteps) {
+  const double lr = 0.01, b1 = 0.9, b2 = 0.999, eps = 1e-8;
+  auto adam = MustCreate(AdamConfigWith(0.01f, 0.9f, 0.999f, 1e-8f));
+  ASSERT_NE(adam, nullptr);
+  constexpr int kN = 3;
+  float w[kN] = {0.5f, -0.25f, 0.0f};
+  float state[3 * kN];
+  adam->InitState(state, kN);
+  RefAdam ref[kN] = {{lr, b1, b2, eps}, {lr, b1, b2, eps}, {lr, b1, b2, eps}};
+  for (int i = 0; i < kN; ++i) ref[i].w = w[i];
+  for (int step = 0; step < 30; ++step) {
+    float g[kN];
+    for (int i = 0; i < kN; ++i) {
+      // Includes zero gradients, which still count as steps.
+      g[i] = static_cast<float>(((step * 7 + i * 3) % 11 - 5) * 0.125 *
+                                (i + 1));
+    }
+    adam->Apply(w, state, g, kN);
+    for (int i = 0; i < kN; ++i) ref[i].Step(g[i]);
+    for (int i = 0; i < kN; ++i) {
+      SCOPED_TRACE(testing::Message() << "step " << step + 1 << " element "
+                                      << i);
+      EXPECT_NEAR(state[3 * i], ref[i].m, 1e-6);
+      EXPECT_NEAR(state[3 * i + 1], ref[i].v, 1e-6);
+      EXPECT_EQ(state[3 * i + 2], static_cast<float>(step + 1));
+      EXPECT_NEAR(w[i], ref[i].w, 2e-6);
+    }
+  }
+}
+
+TEST(AdamTest, StepCountsArePerElement) {
+  // Two sparse rows of one element each, at their own state offsets, as a
+  // table lays them out. Row 0 is pushed 4 times before row 1's first push:
+  // row 1 must then be corrected with t = 1 (a step of ~lr), not t = 5.
+  const double lr = 0.1, b1 = 0.9, b2 = 0.999, eps = 1e-8;
+  auto adam = MustCreate(AdamConfigWith(0.1f, 0.9f, 0.999f, 1e-8f));
+  ASSERT_NE(adam, nullptr);
+  float w[2] = {0.0f, 0.0f};
+  float state[6];
+  adam->InitState(state, 2);
+  RefAdam ref0{lr, b1, b2, eps}, ref1{lr, b1, b2, eps};
+  const float g0[] = {1.0f, -0.5f, 2.0f, 0.25f, 1.5f, -1.0f};
+  const float g1[] = {0.75f, 0.75f};
+  for (int step = 0; step < 4; ++step) {
+    adam->Apply(&w[0], &state[0], &g0[step], 1);
+    ref0.Step(g0[step]);
+  }
+  EXPECT_EQ(state[2], 4.0f);
+  EXPECT_EQ(state[5], 0.0f);
+  EXPECT_EQ(w[1], 0.0f);
+
+  // Both rows in one call: row 0's 5th step, row 1's first.
+  const float both[] = {g0[4], g1[0]};
+  adam->Apply(w, state, both, 2);
+  ref0.Step(g0[4]);
+  ref1.Step(g1[0]);
+  EXPECT_EQ(state[2], 5.0f);
+  EXPECT_EQ(state[5], 1.0f);
+  EXPECT_NEAR(w[1], -0.1, 1e-7);
+  // Corrected with row 0's count (t = 5) instead, the step would have been
+  //   lr * (0.1 g / (1 - 0.9^5)) / sqrt(0.001 g^2 / (1 - 0.999^5))
+  //   ~ 0.545 lr.
+  RefAdam global_count{lr, b1, b2, eps};
+  global_count.t = 4;
+  global_count.Step(g1[0]);
+  EXPECT_GT(std::abs(global_count.w - w[1]), 0.04);
+
+  const float both2[] = {g0[5], g1[1]};
+  adam->Apply(w, state, both2, 2);
+  ref0.Step(g0[5]);
+  ref1.Step(g1[1]);
+  EXPECT_EQ(state[2], 6.0f);
+  EXPECT_EQ(state[5], 2.0f);
+  EXPECT_NEAR(w[0], ref0.w, 1e-6);
+  EXPECT_NEAR(w[1], ref1.w, 1e-6);
+  // Constant gradient on row 1: two corrected steps of ~lr each.
+  EXPECT_NEAR(w[1], -0.2, 1e-6);
+}
+
+// ------------------------------------------------------------------ FTRL
+
+// Independent double-precision FTRL-proximal for one coordinate, written
+// from McMahan et al. 2013, Algorithm 1: the weight is computed from (z, n)
+// before each gradient, starting at w = 0.
+struct RefFtrl {
+  double alpha, beta, l1, l2;
+  double z = 0, n = 0;
+  double W() const {
+    if (std::abs(z) <= l1) return 0;
+    const double sgn = z < 0 ? -1 : 1;
+    return -(z - sgn * l1) / ((beta + std::sqrt(n)) / alpha + l2);
+  }
+  void Step(double g) {
+    const double w = W();
+    const double sigma = (std::sqrt(n + g * g) - std::sqrt(n)) / alpha;
+    z += g - sigma * w;
+    n += g * g;
+  }
+};
+
+TEST(FtrlTest, StateSizeAndInitState) {
+  auto ftrl = MustCreate(FtrlConfigWith(0.05f, 1.0f, 0.0f, 0.0f));
+  ASSERT_NE(ftrl, nullptr);
+  EXPECT_EQ(ftrl->state_size(), 2);
+  std::vector<float> state(5, -1.0f);
+  ftrl->InitState(state.data(), 2);
+  EXPECT_EQ(state, (std::vector<float>{0, 0, 0, 0, -1.0f}));
+}
+
+TEST(FtrlTest, L1ShrinksToExactlyZeroHandComputed) {
+  // alpha = 1, beta = 1, l1 = 1.5, l2 = 0. With w = 0, sigma * w = 0 and
+  // z simply accumulates g:
+  //   1: g = 0.5:  z = 0.5,  n = 0.25   |z| <= 1.5 -> w = 0
+  //   2: g = 0.5:  z = 1.0,  n = 0.5                -> w = 0
+  //   3: g = 0.5:  z = 1.5,  n = 0.75   |z| == l1   -> w = 0 (boundary)
+  //   4: g = 0.25: z = 1.75, n = 0.8125
+  //                w = -(1.75 - 1.5) / (1 + sqrt(0.8125)) = -0.131483...
+  //   5: g = -1:   sigma = sqrt(1.8125) - sqrt(0.8125) = 0.444903...
+  //                z = 1.75 - 1 - sigma * w = 0.808497...  -> w = 0 again
+  //   6: g = -2:   z = -1.191503..., n = 5.8125           -> w = 0
+  //   7: g = -1:   z = -2.191503..., n = 6.8125
+  //                w = (2.191503 - 1.5) / (1 + sqrt(6.8125)) = 0.191548...
+  auto ftrl = MustCreate(FtrlConfigWith(1.0f, 1.0f, 1.5f, 0.0f));
+  ASSERT_NE(ftrl, nullptr);
+  float w = 0.0f;
+  float state[2];
+  ftrl->InitState(state, 1);
+  RefFtrl ref{1.0, 1.0, 1.5, 0.0};
+  const float grads[] = {0.5f, 0.5f, 0.5f, 0.25f, -1.0f, -2.0f, -1.0f};
+  const double sigma5 = std::sqrt(1.8125) - std::sqrt(0.8125);
+  const double w4 = -0.25 / (1 + std::sqrt(0.8125));
+  const double z5 = 0.75 - sigma5 * w4;
+  const double z7 = z5 - 3.0;
+  const double want_w[] = {0, 0, 0, w4, 0, 0,
+                           -(z7 + 1.5) / (1 + std::sqrt(6.8125))};
+  const double want_z[] = {0.5, 1.0, 1.5, 1.75, z5, z5 - 2, z7};
+  const float want_n[] = {0.25f, 0.5f, 0.75f, 0.8125f, 1.8125f, 5.8125f,
+                          6.8125f};
+  for (int step = 0; step < 7; ++step) {
+    SCOPED_TRACE(testing::Message() << "step " << step + 1);
+    ftrl->Apply(&w, state, &grads[step], 1);
+    ref.Step(grads[step]);
+    EXPECT_NEAR(state[0], want_z[step], 1e-6);
+    EXPECT_EQ(state[1], want_n[step]);
+    EXPECT_NEAR(state[0], ref.z, 1e-6);
+    EXPECT_NEAR(w, ref.W(), 1e-6);
+    if (want_w[step] == 0) {
+      // Exactly zero, not merely small: the point of l1.
+      EXPECT_EQ(w, 0.0f);
+    } else {
+      EXPECT_NE(w, 0.0f);
+      EXPECT_NEAR(w, want_w[step], 1e-6);
+    }
+  }
+  EXPECT_NEAR(want_w[3], -0.1314829, 1e-6);
+  EXPECT_NEAR(want_w[6], 0.1915480, 1e-6);
+}
+
+TEST(FtrlTest, L2ShrinksMagnitude) {
+  // One step, alpha = 1, beta = 1, g = 2: z = 2, n = 4, sqrt(n) = 2, so
+  //   l1 = 0,   l2 = 0: w = -2 / 3
+  //   l1 = 0,   l2 = 1: w = -2 / 4   = -0.5
+  //   l1 = 0.5, l2 = 1: w = -1.5 / 4 = -0.375
+  struct Case {
+    float l1, l2;
+    float want;
+  };
+  for (const Case& c : {Case{0.0f, 0.0f, -2.0f / 3.0f}, Case{0.0f, 1.0f, -0.5f},
+                        Case{0.5f, 1.0f, -0.375f}}) {
+    SCOPED_TRACE(testing::Message() << "l1 " << c.l1 << " l2 " << c.l2);
+    auto ftrl = MustCreate(FtrlConfigWith(1.0f, 1.0f, c.l1, c.l2));
+    ASSERT_NE(ftrl, nullptr);
+    float w = 0.0f;
+    float state[2];
+    ftrl->InitState(state, 1);
+    const float g = 2.0f;
+    ftrl->Apply(&w, state, &g, 1);
+    EXPECT_FLOAT_EQ(w, c.want);
+  }
+}
+
+TEST(FtrlTest, MatchesDoubleReferenceOverManySteps) {
+  for (float l2 : {0.0f, 0.5f}) {
+    SCOPED_TRACE(testing::Message() << "l2 " << l2);
+    auto ftrl = MustCreate(FtrlConfigWith(0.05f, 1.0f, 0.25f, l2));
+    ASSERT_NE(ftrl, nullptr);
+    constexpr int kN = 3;
+    float w[kN] = {0, 0, 0};
+    float state[2 * kN];
+    ftrl->InitState(state, kN);
+    RefFtrl ref[kN] = {{0.05f, 1.0, 0.25, l2},
+                       {0.05f, 1.0, 0.25, l2},
+                       {0.05f, 1.0, 0.25, l2}};
+    int zeros = 0, nonzeros = 0;
+    for (int step = 0; step < 30; ++step) {
+      float g[kN];
+      for (int i = 0; i < kN; ++i) {
+        g[i] = static_cast<float>(((step * 7 + i * 3) % 11 - 4) * 0.0625 *
+                                  (i + 1));
+      }
+      ftrl->Apply(w, state, g, kN);
+      for (int i = 0; i < kN; ++i) {
+        ref[i].Step(g[i]);
+        SCOPED_TRACE(testing::Message() << "step " << step + 1 << " element "
+                                        << i);
+        EXPECT_NEAR(state[2 * i], ref[i].z, 1e-5);
+        EXPECT_NEAR(state[2 * i + 1], ref[i].n, 1e-5 * ref[i].n);
+        EXPECT_NEAR(w[i], ref[i].W(), 1e-5);
+        (w[i] == 0.0f ? zeros : nonzeros)++;
+      }
+    }
+    // The sequence exercises both sides of the l1 threshold.
+    EXPECT_GT(zeros, 0);
+    EXPECT_GT(nonzeros, 0);
+  }
+}
+
+TEST(FtrlTest, InitialWeightIsIgnored) {
+  // FTRL starts from w = 0; a table initializer's value must not leak into
+  // z through sigma * w at the first update, and is overwritten by it.
+  auto ftrl = MustCreate(FtrlConfigWith(1.0f, 1.0f, 0.0f, 0.0f));
+  ASSERT_NE(ftrl, nullptr);
+  float w[2] = {5.0f, -3.0f};
+  float state[4];
+  ftrl->InitState(state, 2);
+  const float g[2] = {2.0f, 0.0f};
+  ftrl->Apply(w, state, g, 2);
+  // z = 2 - sigma * 0 = 2 (not 2 - 2 * 5), n = 4: w = -2 / 3.
+  EXPECT_EQ(state[0], 2.0f);
+  EXPECT_FLOAT_EQ(w[0], -2.0f / 3.0f);
+  // A zero gradient still replaces the initial value with f(0, 0) = 0.
+  EXPECT_EQ(state[2], 0.0f);
+  EXPECT_EQ(w[1], 0.0f);
+}
+
+// ------------------------------------------------- Create (new optimizers)
+
+TEST(OptimizerCreateTest, AcceptsNewOptimizers) {
+  // Boundary values that are valid: momentum and beta1 0, l1 and l2 0.
+  auto momentum = Optimizer::Create(MomentumConfigWith(0.1f, 0.0f, true));
+  ASSERT_TRUE(momentum.ok()) << momentum.status();
+  EXPECT_EQ((*momentum)->state_size(), 1);
+  auto adam = Optimizer::Create(AdamConfigWith(0.1f, 0.0f, 0.999f, 1e-8f));
+  ASSERT_TRUE(adam.ok()) << adam.status();
+  EXPECT_EQ((*adam)->state_size(), 3);
+  auto ftrl = Optimizer::Create(FtrlConfigWith(0.05f, 1.0f, 0.0f, 0.0f));
+  ASSERT_TRUE(ftrl.ok()) << ftrl.status();
+  EXPECT_EQ((*ftrl)->state_size(), 2);
+}
+
+TEST(OptimizerCreateTest, RejectsBadNewOptimizerConfigs) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  struct Case {
+    const char* name;
+    OptimizerConfig config;
+  };
+  const Case cases[] = {
+      {"momentum lr 0", MomentumConfigWith(0.0f, 0.9f, false)},
+      {"momentum lr < 0", MomentumConfigWith(-0.1f, 0.9f, false)},
+      {"momentum lr NaN", MomentumConfigWith(nan, 0.9f, false)},
+      {"momentum lr inf", MomentumConfigWith(inf, 0.9f, true)},
+      {"momentum < 0", MomentumConfigWith(0.1f, -0.1f, false)},
+      {"momentum 1", MomentumConfigWith(0.1f, 1.0f, false)},
+      {"momentum > 1", MomentumConfigWith(0.1f, 1.5f, true)},
+      {"momentum NaN", MomentumConfigWith(0.1f, nan, false)},
+      {"adam lr 0", AdamConfigWith(0.0f, 0.9f, 0.999f, 1e-8f)},
+      {"adam lr < 0", AdamConfigWith(-1.0f, 0.9f, 0.999f, 1e-8f)},
+      {"adam lr NaN", AdamConfigWith(nan, 0.9f, 0.999f, 1e-8f)},
+      {"adam lr inf", AdamConfigWith(inf, 0.9f, 0.999f, 1e-8f)},
+      {"adam beta1 < 0", AdamConfigWith(0.1f, -0.1f, 0.999f, 1e-8f)},
+      {"adam beta1 1", AdamConfigWith(0.1f, 1.0f, 0.999f, 1e-8f)},
+      {"adam beta1 NaN", AdamConfigWith(0.1f, nan, 0.999f, 1e-8f)},
+      {"adam beta2 < 0", AdamConfigWith(0.1f, 0.9f, -0.5f, 1e-8f)},
+      {"adam beta2 1", AdamConfigWith(0.1f, 0.9f, 1.0f, 1e-8f)},
+      {"adam beta2 inf", AdamConfigWith(0.1f, 0.9f, inf, 1e-8f)},
+      {"adam beta2 NaN", AdamConfigWith(0.1f, 0.9f, nan, 1e-8f)},
+      {"adam epsilon 0", AdamConfigWith(0.1f, 0.9f, 0.999f, 0.0f)},
+      {"adam epsilon < 0", AdamConfigWith(0.1f, 0.9f, 0.999f, -1e-8f)},
+      {"adam epsilon NaN", AdamConfigWith(0.1f, 0.9f, 0.999f, nan)},
+      {"ftrl alpha 0", FtrlConfigWith(0.0f, 1.0f, 0.0f, 0.0f)},
+      {"ftrl alpha < 0", FtrlConfigWith(-0.05f, 1.0f, 0.0f, 0.0f)},
+      {"ftrl alpha NaN", FtrlConfigWith(nan, 1.0f, 0.0f, 0.0f)},
+      {"ftrl alpha inf", FtrlConfigWith(inf, 1.0f, 0.0f, 0.0f)},
+      {"ftrl beta 0", FtrlConfigWith(0.05f, 0.0f, 0.0f, 0.0f)},
+      {"ftrl beta < 0", FtrlConfigWith(0.05f, -1.0f, 0.0f, 0.0f)},
+      {"ftrl beta NaN", FtrlConfigWith(0.05f, nan, 0.0f, 0.0f)},
+      {"ftrl l1 < 0", FtrlConfigWith(0.05f, 1.0f, -0.1f, 0.0f)},
+      {"ftrl l1 NaN", FtrlConfigWith(0.05f, 1.0f, nan, 0.0f)},
+      {"ftrl l1 inf", FtrlConfigWith(0.05f, 1.0f, inf, 0.0f)},
+      {"ftrl l2 < 0", FtrlConfigWith(0.05f, 1.0f, 0.0f, -0.1f)},
+      {"ftrl l2 NaN", FtrlConfigWith(0.05f, 1.0f, 0.0f, nan)},
+      {"ftrl l2 inf", FtrlConfigWith(0.05f, 1.0f, 0.0f, inf)},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    auto opt = Optimizer::Create(c.config);
+    EXPECT_EQ(opt.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_FALSE(opt.status().message().empty());
+  }
+}
+
+TEST(OptimizerCreateTest, MissingKindListsAllOptimizers) {
+  auto opt = Optimizer::Create(OptimizerConfig());
+  EXPECT_EQ(opt.status().message(),
+            "optimizer: set one of sgd, adagrad, momentum, adam, ftrl");
 }
 
 }  // namespace

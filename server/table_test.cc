@@ -8,6 +8,10 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "common/config.h"
+#include "google/protobuf/text_format.h"
+#include "server/optimizer.h"
 #include "gtest/gtest.h"
 #include "proto/config.pb.h"
 #include "proto/data_plane.pb.h"
@@ -535,6 +539,49 @@ TEST(DenseTableTest, InitIsIndependentOfBlockSize) {
   EXPECT_EQ(a, want);
   EXPECT_NE(a[0], a[1]);
   EXPECT_NE(a[6], a[7]);
+}
+
+// Optimizers with wider state (Adam: m, v, t; FTRL: z, n) keep it per row
+// and element inside the table: a table's updates equal the optimizer's
+// own on separate state.
+TEST(SparseTableTest, WiderOptimizerStateIsKeptPerRowAndElement) {
+  for (const char* opt : {"adam { learning_rate: 0.1 }", "ftrl { alpha: 0.5 l1: 0.01 }",
+                          "momentum { learning_rate: 0.1 nesterov: true }"}) {
+    TableConfig tc;
+    ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(
+        absl::StrCat("id: 1 name: \"t\" sparse { dim: 3 } optimizer { ", opt, " }"), &tc));
+    JobConfig job;
+    *job.add_tables() = tc;
+    ApplyDefaults(&job);
+    tc = job.tables(0);
+    auto table = Table::Create(tc);
+    ASSERT_TRUE(table.ok()) << table.status();
+    auto reference = Optimizer::Create(tc.optimizer());
+    ASSERT_TRUE(reference.ok());
+    const int s = (*reference)->state_size();
+    // Separate reference state for keys 7 and 9, three elements each.
+    std::vector<float> w7(3, 0), w9(3, 0), st7(3 * s), st9(3 * s);
+    (*reference)->InitState(st7.data(), 3);
+    (*reference)->InitState(st9.data(), 3);
+    SparseTable* t = (*table)->AsSparse();
+    const std::vector<std::vector<float>> grads = {
+        {0.5f, -1, 2, 1, 1, 1}, {0.25f, 0, -3, -2, 0.5f, 4}, {1, 1, 1, 0, 0, 0}};
+    for (const auto& g : grads) {
+      t->Push(std::vector<uint64_t>{7, 9}, g.data());
+      (*reference)->Apply(w7.data(), st7.data(), g.data(), 3);
+      (*reference)->Apply(w9.data(), st9.data(), g.data() + 3, 3);
+    }
+    // Key 9 also gets a push alone: its state must not bleed into key 7's.
+    const float extra[3] = {0.1f, 0.2f, 0.3f};
+    t->Push(std::vector<uint64_t>{9}, extra);
+    (*reference)->Apply(w9.data(), st9.data(), extra, 3);
+    std::vector<float> out(6);
+    t->Pull(std::vector<uint64_t>{7, 9}, out.data());
+    for (int e = 0; e < 3; ++e) {
+      EXPECT_EQ(out[e], w7[e]) << opt << " key 7 element " << e;
+      EXPECT_EQ(out[3 + e], w9[e]) << opt << " key 9 element " << e;
+    }
+  }
 }
 
 }  // namespace
