@@ -94,6 +94,10 @@ SchedulerClient::~SchedulerClient() { StopHeartbeats(); }
 
 void SchedulerClient::StopHeartbeats() {
   if (!stop_.HasBeenNotified()) stop_.Notify();
+  {
+    absl::MutexLock lock(&watch_mu_);
+    if (watch_context_ != nullptr) watch_context_->TryCancel();
+  }
   if (heartbeat_.joinable()) heartbeat_.join();
   if (watcher_.joinable()) watcher_.join();
 }
@@ -152,16 +156,27 @@ void SchedulerClient::HeartbeatLoop() {
 }
 
 void SchedulerClient::WatchLoop() {
-  // Each poll returns within the scheduler's cap; a short one lets Stop()
-  // end this thread promptly.
-  constexpr absl::Duration kPoll = absl::Milliseconds(500);
-  while (!stop_.HasBeenNotified()) {
+  // Stopping cancels the poll in flight, so polls can be long.
+  constexpr absl::Duration kPoll = absl::Seconds(5);
+  while (true) {
     GetClusterViewRequest request;
     request.set_min_epoch(view().epoch() + 1);
     request.set_timeout_ms(absl::ToInt64Milliseconds(kPoll));
     ClusterView fresh;
     auto context = Context(kPoll + options_.rpc_timeout);
-    if (stub_->GetClusterView(context.get(), request, &fresh).ok()) {
+    {
+      // Checked under the lock StopHeartbeats() takes after notifying, so
+      // either it sees this context and cancels it, or this sees the stop.
+      absl::MutexLock lock(&watch_mu_);
+      if (stop_.HasBeenNotified()) break;
+      watch_context_ = context.get();
+    }
+    const grpc::Status status = stub_->GetClusterView(context.get(), request, &fresh);
+    {
+      absl::MutexLock lock(&watch_mu_);
+      watch_context_ = nullptr;
+    }
+    if (status.ok()) {
       InstallView(fresh);
     } else {
       // Scheduler unreachable: the heartbeat thread reports it; back off.

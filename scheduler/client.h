@@ -105,6 +105,10 @@ class SchedulerClient {
 
   std::atomic<bool> lost_{false};
   absl::Notification stop_;
+  // The watch loop's long poll in flight, so stopping can cancel it rather
+  // than wait for it to time out.
+  absl::Mutex watch_mu_;
+  grpc::ClientContext* watch_context_ ABSL_GUARDED_BY(watch_mu_) = nullptr;
   std::thread heartbeat_;
   std::thread watcher_;
 };
