@@ -113,6 +113,13 @@ void CheckOptimizer(const OptimizerConfig& opt, const std::string& path,
 
 }  // namespace
 
+absl::Status ValidateOptimizer(const OptimizerConfig& optimizer,
+                               const std::string& path) {
+  Checker check;
+  CheckOptimizer(optimizer, path, &check);
+  return check.Result();
+}
+
 absl::Status ValidateConsistency(const ConsistencyConfig& c) {
   Checker check;
   check.Require(c.mode() == ASYNC || c.mode() == BSP || c.mode() == SSP, "mode",

@@ -34,6 +34,12 @@ void ApplyDefaults(JobConfig* config);
 // Checks every field of a config that already has defaults applied.
 absl::Status ValidateJobConfig(const JobConfig& config);
 
+// Checks an optimizer block: one rule set, used by config validation and by
+// the servers' Optimizer::Create. INVALID_ARGUMENT naming each bad field
+// under `path` (e.g. "optimizer.adam.beta1: must be in [0, 1)").
+absl::Status ValidateOptimizer(const OptimizerConfig& optimizer,
+                               const std::string& path = "optimizer");
+
 // Checks a consistency block (also used for run-time mode changes).
 // INVALID_ARGUMENT naming the field ("mode: ...", "staleness: ...").
 absl::Status ValidateConsistency(const ConsistencyConfig& consistency);

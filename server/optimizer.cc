@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "absl/status/status.h"
+#include "common/config.h"
 
 namespace ps {
 namespace {
@@ -164,64 +165,28 @@ class Ftrl : public Optimizer {
   const double l2_;
 };
 
-bool PositiveFinite(float v) { return std::isfinite(v) && v > 0; }
-bool NonNegativeFinite(float v) { return std::isfinite(v) && v >= 0; }
-// For decay rates; false for NaN.
-bool InUnitInterval(float v) { return v >= 0 && v < 1; }
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::Create(
     const OptimizerConfig& config) {
+  // The config may not have come through ValidateJobConfig: check it with
+  // the same rules rather than trust it.
+  if (absl::Status valid = ValidateOptimizer(config); !valid.ok()) return valid;
   switch (config.kind_case()) {
     case OptimizerConfig::kSgd:
-      if (!PositiveFinite(config.sgd().learning_rate())) {
-        return absl::InvalidArgumentError("sgd.learning_rate must be > 0");
-      }
       return std::make_unique<Sgd>(config.sgd());
-    case OptimizerConfig::kAdagrad: {
-      const AdagradConfig& a = config.adagrad();
-      if (!PositiveFinite(a.learning_rate()) || !PositiveFinite(a.epsilon()) ||
-          !(std::isfinite(a.initial_accumulator()) &&
-            a.initial_accumulator() >= 0)) {
-        return absl::InvalidArgumentError(
-            "adagrad needs learning_rate > 0, epsilon > 0 and a finite "
-            "initial_accumulator >= 0");
-      }
-      return std::make_unique<Adagrad>(a);
-    }
-    case OptimizerConfig::kMomentum: {
-      const MomentumConfig& m = config.momentum();
-      if (!PositiveFinite(m.learning_rate()) || !InUnitInterval(m.momentum())) {
-        return absl::InvalidArgumentError(
-            "momentum needs learning_rate > 0 and momentum in [0, 1)");
-      }
-      return std::make_unique<Momentum>(m);
-    }
-    case OptimizerConfig::kAdam: {
-      const AdamConfig& a = config.adam();
-      if (!PositiveFinite(a.learning_rate()) || !InUnitInterval(a.beta1()) ||
-          !InUnitInterval(a.beta2()) || !PositiveFinite(a.epsilon())) {
-        return absl::InvalidArgumentError(
-            "adam needs learning_rate > 0, beta1 and beta2 in [0, 1) and "
-            "epsilon > 0");
-      }
-      return std::make_unique<Adam>(a);
-    }
-    case OptimizerConfig::kFtrl: {
-      const FtrlConfig& f = config.ftrl();
-      if (!PositiveFinite(f.alpha()) || !PositiveFinite(f.beta()) ||
-          !NonNegativeFinite(f.l1()) || !NonNegativeFinite(f.l2())) {
-        return absl::InvalidArgumentError(
-            "ftrl needs alpha > 0, beta > 0 and finite l1, l2 >= 0");
-      }
-      return std::make_unique<Ftrl>(f);
-    }
+    case OptimizerConfig::kAdagrad:
+      return std::make_unique<Adagrad>(config.adagrad());
+    case OptimizerConfig::kMomentum:
+      return std::make_unique<Momentum>(config.momentum());
+    case OptimizerConfig::kAdam:
+      return std::make_unique<Adam>(config.adam());
+    case OptimizerConfig::kFtrl:
+      return std::make_unique<Ftrl>(config.ftrl());
     case OptimizerConfig::KIND_NOT_SET:
       break;
   }
-  return absl::InvalidArgumentError(
-      "optimizer: set one of sgd, adagrad, momentum, adam, ftrl");
+  return absl::InvalidArgumentError("optimizer: no update rule set");
 }
 
 }  // namespace ps
