@@ -109,6 +109,42 @@ void CheckOptimizer(const OptimizerConfig& opt, const std::string& path,
                  "set one of sgd, adagrad, momentum, adam, ftrl");
       break;
   }
+  const LearningRateSchedule& sched = opt.schedule();
+  // An unset decay_rate means "default" only after ApplyDefaults; a config
+  // checked without defaults may still leave it 0 when decay is off.
+  c->Require(sched.decay_steps() == 0 ||
+                 (Positive(sched.decay_rate()) && sched.decay_rate() <= 1),
+             path + ".schedule.decay_rate", "must be in (0, 1]");
+  c->Require(sched.decay_rate() == 0 || sched.decay_steps() > 0,
+             path + ".schedule.decay_rate", "needs schedule.decay_steps > 0");
+  c->Require(sched.warmup_steps() <= (uint64_t{1} << 40),
+             path + ".schedule.warmup_steps", "must be at most 2^40");
+  c->Require(sched.decay_steps() <= (uint64_t{1} << 40),
+             path + ".schedule.decay_steps", "must be at most 2^40");
+}
+
+void CheckSparseTable(const SparseTableConfig& t, const std::string& path,
+                      Checker* c) {
+  c->Require(t.dim() >= 1 && t.dim() <= 65536, path + ".dim",
+             "must be in 1..65536");
+  c->Require(t.admit_after_pushes() <= 65535, path + ".admit_after_pushes",
+             "must be at most 65535");
+  c->Require(t.admission_sketch_width() == 0 ||
+                 (t.admission_sketch_width() >= 1024 &&
+                  t.admission_sketch_width() <= (1u << 28)),
+             path + ".admission_sketch_width", "must be in 1024..2^28");
+  c->Require(t.ttl_steps() <= (uint64_t{1} << 62), path + ".ttl_steps",
+             "must be at most 2^62");
+  c->Require(t.ttl_seconds() <= (uint64_t{1} << 31), path + ".ttl_seconds",
+             "must be at most 2^31");
+  c->Require(t.memory_budget_bytes() == 0 ||
+                 t.memory_budget_bytes() >= (uint64_t{1} << 20),
+             path + ".memory_budget_bytes", "must be 0 (no budget) or >= 1 MiB");
+  c->Require(t.eviction() == EVICT_NONE || t.eviction() == EVICT_LRU ||
+                 t.eviction() == EVICT_LFU,
+             path + ".eviction", "must be EVICT_NONE, EVICT_LRU or EVICT_LFU");
+  c->Require(t.eviction() == EVICT_NONE || t.memory_budget_bytes() > 0,
+             path + ".eviction", "evicts only under memory_budget_bytes; set it");
 }
 
 }  // namespace
@@ -117,6 +153,13 @@ absl::Status ValidateOptimizer(const OptimizerConfig& optimizer,
                                const std::string& path) {
   Checker check;
   CheckOptimizer(optimizer, path, &check);
+  return check.Result();
+}
+
+absl::Status ValidateSparseTable(const SparseTableConfig& sparse,
+                                 const std::string& path) {
+  Checker check;
+  CheckSparseTable(sparse, path, &check);
   return check.Result();
 }
 
@@ -167,6 +210,17 @@ void ApplyDefaults(JobConfig* config) {
       if (f->beta() == 0) f->set_beta(1.0f);
       // l1 and l2 default to 0, their proto default.
     }
+    LearningRateSchedule* sched = t.mutable_optimizer()->mutable_schedule();
+    if (sched->decay_steps() > 0 && sched->decay_rate() == 0) {
+      sched->set_decay_rate(0.1f);
+    }
+    if (t.optimizer().schedule().ByteSizeLong() == 0) {
+      t.mutable_optimizer()->clear_schedule();
+    }
+    if (t.has_sparse() && t.sparse().admit_after_pushes() > 1 &&
+        t.sparse().admission_sketch_width() == 0) {
+      t.mutable_sparse()->set_admission_sketch_width(262144);
+    }
   }
   if (config->data().has_synthetic_ctr()) {
     SyntheticCtrConfig* d = config->mutable_data()->mutable_synthetic_ctr();
@@ -216,8 +270,7 @@ absl::Status ValidateJobConfig(const JobConfig& config) {
               absl::StrCat("duplicate table name '", t.name(), "'"));
     switch (t.kind_case()) {
       case TableConfig::kSparse:
-        c.Require(t.sparse().dim() >= 1 && t.sparse().dim() <= 65536,
-                  path + ".sparse.dim", "must be in 1..65536");
+        CheckSparseTable(t.sparse(), path + ".sparse", &c);
         break;
       case TableConfig::kDense:
         c.Require(t.dense().size() >= 1 && t.dense().size() <= (1ULL << 40),

@@ -40,6 +40,12 @@ absl::Status ValidateJobConfig(const JobConfig& config);
 absl::Status ValidateOptimizer(const OptimizerConfig& optimizer,
                                const std::string& path = "optimizer");
 
+// Checks a sparse table block (limits, admission, eviction), used by config
+// validation and by the servers' Table::Create. INVALID_ARGUMENT naming each
+// bad field under `path`.
+absl::Status ValidateSparseTable(const SparseTableConfig& sparse,
+                                 const std::string& path = "sparse");
+
 // Checks a consistency block (also used for run-time mode changes).
 // INVALID_ARGUMENT naming the field ("mode: ...", "staleness: ...").
 absl::Status ValidateConsistency(const ConsistencyConfig& consistency);

@@ -1,6 +1,8 @@
 #include "server/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <memory>
 
 #include "absl/status/status.h"
@@ -15,8 +17,10 @@ class Sgd : public Optimizer {
   explicit Sgd(const SgdConfig& c) : lr_(c.learning_rate()) {}
   int state_size() const override { return 0; }
   void InitState(float*, size_t) const override {}
-  void Apply(float* w, float*, const float* g, size_t n) const override {
-    for (size_t i = 0; i < n; ++i) w[i] -= lr_ * g[i];
+  void Apply(float* w, float*, const float* g, size_t n,
+             float lr_scale) const override {
+    const float lr = lr_ * lr_scale;
+    for (size_t i = 0; i < n; ++i) w[i] -= lr * g[i];
   }
 
  private:
@@ -34,10 +38,12 @@ class Adagrad : public Optimizer {
   void InitState(float* state, size_t n) const override {
     for (size_t i = 0; i < n; ++i) state[i] = init_;
   }
-  void Apply(float* w, float* acc, const float* g, size_t n) const override {
+  void Apply(float* w, float* acc, const float* g, size_t n,
+             float lr_scale) const override {
+    const float lr = lr_ * lr_scale;
     for (size_t i = 0; i < n; ++i) {
       acc[i] += g[i] * g[i];
-      w[i] -= lr_ * g[i] / (std::sqrt(acc[i]) + eps_);
+      w[i] -= lr * g[i] / (std::sqrt(acc[i]) + eps_);
     }
   }
 
@@ -57,10 +63,12 @@ class Momentum : public Optimizer {
   void InitState(float* state, size_t n) const override {
     for (size_t i = 0; i < n; ++i) state[i] = 0.0f;
   }
-  void Apply(float* w, float* v, const float* g, size_t n) const override {
+  void Apply(float* w, float* v, const float* g, size_t n,
+             float lr_scale) const override {
+    const float lr = lr_ * lr_scale;
     for (size_t i = 0; i < n; ++i) {
       v[i] = mu_ * v[i] + g[i];
-      w[i] -= nesterov_ ? lr_ * (g[i] + mu_ * v[i]) : lr_ * v[i];
+      w[i] -= nesterov_ ? lr * (g[i] + mu_ * v[i]) : lr * v[i];
     }
   }
 
@@ -91,8 +99,9 @@ class Adam : public Optimizer {
   void InitState(float* state, size_t n) const override {
     for (size_t i = 0; i < 3 * n; ++i) state[i] = 0.0f;
   }
-  void Apply(float* w, float* state, const float* g,
-             size_t n) const override {
+  void Apply(float* w, float* state, const float* g, size_t n,
+             float lr_scale) const override {
+    const double lr = static_cast<double>(lr_) * lr_scale;
     for (size_t i = 0; i < n; ++i) {
       float& m = state[3 * i];
       float& v = state[3 * i + 1];
@@ -107,7 +116,7 @@ class Adam : public Optimizer {
       const double c2 = 1.0 - std::pow(static_cast<double>(beta2_), t);
       const double m_hat = m / c1;
       const double v_hat = v / c2;
-      w[i] -= static_cast<float>(lr_ * m_hat / (std::sqrt(v_hat) + eps_));
+      w[i] -= static_cast<float>(lr * m_hat / (std::sqrt(v_hat) + eps_));
     }
   }
 
@@ -133,8 +142,12 @@ class Ftrl : public Optimizer {
   void InitState(float* state, size_t n) const override {
     for (size_t i = 0; i < 2 * n; ++i) state[i] = 0.0f;
   }
-  void Apply(float* w, float* state, const float* g,
-             size_t n) const override {
+  // lr_scale multiplies alpha for this update alone: sigma (the step's
+  // share of the proximal term) and the new weight both use the scaled
+  // alpha, so a scale of 1 is exactly the algorithm above.
+  void Apply(float* w, float* state, const float* g, size_t n,
+             float lr_scale) const override {
+    const double alpha = alpha_ * lr_scale;
     for (size_t i = 0; i < n; ++i) {
       float& z = state[2 * i];
       float& acc = state[2 * i + 1];
@@ -143,20 +156,20 @@ class Ftrl : public Optimizer {
       const double gi = g[i];
       const double n_old = acc;
       const double n_new = n_old + gi * gi;
-      const double sigma = (std::sqrt(n_new) - std::sqrt(n_old)) / alpha_;
-      z = static_cast<float>(z - sigma * Weight(z, n_old) + gi);
+      const double sigma = (std::sqrt(n_new) - std::sqrt(n_old)) / alpha;
+      z = static_cast<float>(z - sigma * Weight(z, n_old, alpha) + gi);
       acc = static_cast<float>(n_new);
-      w[i] = static_cast<float>(Weight(z, acc));
+      w[i] = static_cast<float>(Weight(z, acc, alpha));
     }
   }
 
  private:
   // The closed-form minimiser of the regularised, linearised loss.
-  double Weight(double z, double n) const {
+  double Weight(double z, double n, double alpha) const {
     if (std::abs(z) <= l1_) return 0.0;
     const double shrunk = z > 0 ? z - l1_ : z + l1_;
     // beta > 0 keeps the denominator positive even while n is 0.
-    return -shrunk / ((beta_ + std::sqrt(n)) / alpha_ + l2_);
+    return -shrunk / ((beta_ + std::sqrt(n)) / alpha + l2_);
   }
 
   const double alpha_;
@@ -166,6 +179,23 @@ class Ftrl : public Optimizer {
 };
 
 }  // namespace
+
+float RateMultiplier(const OptimizerConfig& config, uint64_t step,
+                     uint64_t staleness) {
+  const LearningRateSchedule& s = config.schedule();
+  double m = 1.0;
+  if (s.warmup_steps() > 0 && step < s.warmup_steps()) {
+    m = static_cast<double>(step + 1) / static_cast<double>(s.warmup_steps());
+  }
+  if (s.decay_steps() > 0) {
+    m *= std::pow(static_cast<double>(s.decay_rate()),
+                  static_cast<double>(step / s.decay_steps()));
+  }
+  if (config.staleness_aware()) m /= 1.0 + static_cast<double>(staleness);
+  // Deep decay underflows to 0, which the optimizers take as "no update";
+  // keep the smallest positive float instead so the contract (> 0) holds.
+  return std::max(static_cast<float>(m), std::numeric_limits<float>::min());
+}
 
 absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::Create(
     const OptimizerConfig& config) {

@@ -12,6 +12,7 @@
 #define PS_SERVER_OPTIMIZER_H_
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 
 #include "absl/status/statusor.h"
@@ -33,14 +34,23 @@ class Optimizer {
   // Initialises the state of n elements (state_size() * n floats).
   virtual void InitState(float* state, size_t n) const = 0;
 
-  // Applies gradient g to parameters w (n elements each) and their state.
+  // Applies gradient g to parameters w (n elements each) and their state,
+  // with the rule's learning rate (FTRL: alpha) multiplied by lr_scale > 0
+  // (the schedule and staleness factors, see RateMultiplier).
   // Every element in the call counts as updated, even with a zero gradient
   // (Adam advances its per-element step count). An optimizer may replace w
   // outright rather than adjust it (FTRL derives w from its state alone).
   // The caller guarantees the gradients are finite.
-  virtual void Apply(float* w, float* state, const float* g,
-                     size_t n) const = 0;
+  virtual void Apply(float* w, float* state, const float* g, size_t n,
+                     float lr_scale) const = 0;
 };
+
+// The learning-rate multiplier for an update of step `step` pushed with the
+// given staleness (steps the pusher is behind the server's clock), as
+// config.proto's LearningRateSchedule and staleness_aware describe it.
+// Always in (0, 1]. The config must be valid (ValidateOptimizer).
+float RateMultiplier(const OptimizerConfig& config, uint64_t step,
+                     uint64_t staleness);
 
 }  // namespace ps
 

@@ -85,17 +85,17 @@ TEST(SgdTest, ThreeStepsExact) {
   std::vector<float> w = {1.0f, -2.0f, 0.25f};
 
   const float g1[] = {0.5f, 1.0f, -2.0f};
-  sgd->Apply(w.data(), nullptr, g1, 3);
+  sgd->Apply(w.data(), nullptr, g1, 3, 1.0f);
   // w - 0.5 * g = {1 - 0.25, -2 - 0.5, 0.25 + 1}
   EXPECT_EQ(w, (std::vector<float>{0.75f, -2.5f, 1.25f}));
 
   const float g2[] = {1.5f, -3.0f, 0.0f};
-  sgd->Apply(w.data(), nullptr, g2, 3);
+  sgd->Apply(w.data(), nullptr, g2, 3, 1.0f);
   // {0.75 - 0.75, -2.5 + 1.5, 1.25 - 0}
   EXPECT_EQ(w, (std::vector<float>{0.0f, -1.0f, 1.25f}));
 
   const float g3[] = {-4.0f, 0.125f, 2.5f};
-  sgd->Apply(w.data(), nullptr, g3, 3);
+  sgd->Apply(w.data(), nullptr, g3, 3, 1.0f);
   // {0 + 2, -1 - 0.0625, 1.25 - 1.25}
   EXPECT_EQ(w, (std::vector<float>{2.0f, -1.0625f, 0.0f}));
 }
@@ -105,7 +105,7 @@ TEST(SgdTest, TouchesOnlyTheFirstNElements) {
   ASSERT_NE(sgd, nullptr);
   std::vector<float> w = {1.0f, 1.0f, 1.0f};
   const float g[] = {1.0f, 1.0f, 1.0f};
-  sgd->Apply(w.data(), nullptr, g, 2);
+  sgd->Apply(w.data(), nullptr, g, 2, 1.0f);
   EXPECT_EQ(w, (std::vector<float>{0.0f, 0.0f, 1.0f}));
 }
 
@@ -169,7 +169,7 @@ TEST(AdagradTest, HandComputedSteps) {
 
   for (int step = 0; step < 5; ++step) {
     SCOPED_TRACE(testing::Message() << "step " << step + 1);
-    adagrad->Apply(w, acc, grads[step], 2);
+    adagrad->Apply(w, acc, grads[step], 2, 1.0f);
     // Squares of these gradients and their sums are exact in float.
     EXPECT_EQ(acc[0], want_acc[step][0]);
     EXPECT_EQ(acc[1], want_acc[step][1]);
@@ -199,7 +199,7 @@ TEST(AdagradTest, MatchesDoubleReferenceOverManySteps) {
       g[i] = static_cast<float>(((step * 7 + i * 3) % 11 - 5) * 0.125 *
                                 (i + 1));
     }
-    adagrad->Apply(w, acc, g, kN);
+    adagrad->Apply(w, acc, g, kN, 1.0f);
     for (int i = 0; i < kN; ++i) {
       ref_acc[i] += static_cast<double>(g[i]) * g[i];
       ref_w[i] -= lr * g[i] / (std::sqrt(ref_acc[i]) + eps);
@@ -220,9 +220,9 @@ TEST(AdagradTest, ElementsKeepSeparateAccumulators) {
   float acc[2];
   adagrad->InitState(acc, 2);
   const float g1[] = {100.0f, 0.0f};
-  adagrad->Apply(w, acc, g1, 2);
+  adagrad->Apply(w, acc, g1, 2, 1.0f);
   const float g2[] = {0.0f, 3.0f};
-  adagrad->Apply(w, acc, g2, 2);
+  adagrad->Apply(w, acc, g2, 2, 1.0f);
   // w1 = -1 * 3 / (sqrt(9) + 1e-8): 3 + 1e-8 rounds to 3 in float.
   EXPECT_EQ(acc[0], 10000.0f);
   EXPECT_EQ(acc[1], 9.0f);
@@ -310,8 +310,8 @@ TEST(MomentumTest, PlainAndNesterovHandComputed) {
   nesterov->InitState(&v_nesterov, 1);
   for (int step = 0; step < 5; ++step) {
     SCOPED_TRACE(testing::Message() << "step " << step + 1);
-    plain->Apply(&w_plain, &v_plain, &grads[step], 1);
-    nesterov->Apply(&w_nesterov, &v_nesterov, &grads[step], 1);
+    plain->Apply(&w_plain, &v_plain, &grads[step], 1, 1.0f);
+    nesterov->Apply(&w_nesterov, &v_nesterov, &grads[step], 1, 1.0f);
     EXPECT_EQ(v_plain, want_v[step]);
     EXPECT_EQ(v_nesterov, want_v[step]);
     EXPECT_EQ(w_plain, want_plain[step]);
@@ -342,7 +342,7 @@ TEST(MomentumTest, MatchesDoubleReferenceOverManySteps) {
         g[i] = static_cast<float>(((step * 5 + i * 3) % 9 - 4) * 0.25 *
                                   (i + 1));
       }
-      opt->Apply(w, v, g, kN);
+      opt->Apply(w, v, g, kN, 1.0f);
       for (int i = 0; i < kN; ++i) {
         ref_v[i] = mu * ref_v[i] + g[i];
         ref_w[i] -= lr * (use_nesterov ? g[i] + mu * ref_v[i] : ref_v[i]);
@@ -363,9 +363,9 @@ TEST(MomentumTest, ZeroMomentumIsSgd) {
   float w = 1.0f, v;
   momentum->InitState(&v, 1);
   const float g1 = 1.0f, g2 = -3.0f;
-  momentum->Apply(&w, &v, &g1, 1);
+  momentum->Apply(&w, &v, &g1, 1, 1.0f);
   EXPECT_EQ(w, 0.5f);
-  momentum->Apply(&w, &v, &g2, 1);
+  momentum->Apply(&w, &v, &g2, 1, 1.0f);
   EXPECT_EQ(w, 2.0f);
 }
 
@@ -407,7 +407,7 @@ TEST(AdamTest, FirstStepMovesByLearningRate) {
   float state[3 * kN];
   adam->InitState(state, kN);
   const float g[kN] = {3.0f, -0.5f, 100.0f, -1e-3f};
-  adam->Apply(w, state, g, kN);
+  adam->Apply(w, state, g, kN, 1.0f);
   EXPECT_NEAR(w[0], 1.0 - 0.01, 1e-7);
   EXPECT_NEAR(w[1], 1.0 + 0.01, 1e-7);
   EXPECT_NEAR(w[2], -2.0 - 0.01, 2e-7);
@@ -435,7 +435,7 @@ TEST(AdamTest, ConstantGradientHandComputed) {
   const float want_v[] = {1.0f, 1.75f, 2.3125f, 2.734375f, 3.05078125f};
   for (int step = 0; step < 5; ++step) {
     SCOPED_TRACE(testing::Message() << "step " << step + 1);
-    adam->Apply(&w, state, &g, 1);
+    adam->Apply(&w, state, &g, 1, 1.0f);
     EXPECT_EQ(state[0], want_m[step]);
     EXPECT_EQ(state[1], want_v[step]);
     EXPECT_EQ(state[2], static_cast<float>(step + 1));
@@ -460,7 +460,7 @@ TEST(AdamTest, MatchesDoubleReferenceOverManySteps) {
       g[i] = static_cast<float>(((step * 7 + i * 3) % 11 - 5) * 0.125 *
                                 (i + 1));
     }
-    adam->Apply(w, state, g, kN);
+    adam->Apply(w, state, g, kN, 1.0f);
     for (int i = 0; i < kN; ++i) ref[i].Step(g[i]);
     for (int i = 0; i < kN; ++i) {
       SCOPED_TRACE(testing::Message() << "step " << step + 1 << " element "
@@ -487,7 +487,7 @@ TEST(AdamTest, StepCountsArePerElement) {
   const float g0[] = {1.0f, -0.5f, 2.0f, 0.25f, 1.5f, -1.0f};
   const float g1[] = {0.75f, 0.75f};
   for (int step = 0; step < 4; ++step) {
-    adam->Apply(&w[0], &state[0], &g0[step], 1);
+    adam->Apply(&w[0], &state[0], &g0[step], 1, 1.0f);
     ref0.Step(g0[step]);
   }
   EXPECT_EQ(state[2], 4.0f);
@@ -496,7 +496,7 @@ TEST(AdamTest, StepCountsArePerElement) {
 
   // Both rows in one call: row 0's 5th step, row 1's first.
   const float both[] = {g0[4], g1[0]};
-  adam->Apply(w, state, both, 2);
+  adam->Apply(w, state, both, 2, 1.0f);
   ref0.Step(g0[4]);
   ref1.Step(g1[0]);
   EXPECT_EQ(state[2], 5.0f);
@@ -511,7 +511,7 @@ TEST(AdamTest, StepCountsArePerElement) {
   EXPECT_GT(std::abs(global_count.w - w[1]), 0.04);
 
   const float both2[] = {g0[5], g1[1]};
-  adam->Apply(w, state, both2, 2);
+  adam->Apply(w, state, both2, 2, 1.0f);
   ref0.Step(g0[5]);
   ref1.Step(g1[1]);
   EXPECT_EQ(state[2], 6.0f);
@@ -583,7 +583,7 @@ TEST(FtrlTest, L1ShrinksToExactlyZeroHandComputed) {
                           6.8125f};
   for (int step = 0; step < 7; ++step) {
     SCOPED_TRACE(testing::Message() << "step " << step + 1);
-    ftrl->Apply(&w, state, &grads[step], 1);
+    ftrl->Apply(&w, state, &grads[step], 1, 1.0f);
     ref.Step(grads[step]);
     EXPECT_NEAR(state[0], want_z[step], 1e-6);
     EXPECT_EQ(state[1], want_n[step]);
@@ -619,7 +619,7 @@ TEST(FtrlTest, L2ShrinksMagnitude) {
     float state[2];
     ftrl->InitState(state, 1);
     const float g = 2.0f;
-    ftrl->Apply(&w, state, &g, 1);
+    ftrl->Apply(&w, state, &g, 1, 1.0f);
     EXPECT_FLOAT_EQ(w, c.want);
   }
 }
@@ -643,7 +643,7 @@ TEST(FtrlTest, MatchesDoubleReferenceOverManySteps) {
         g[i] = static_cast<float>(((step * 7 + i * 3) % 11 - 4) * 0.0625 *
                                   (i + 1));
       }
-      ftrl->Apply(w, state, g, kN);
+      ftrl->Apply(w, state, g, kN, 1.0f);
       for (int i = 0; i < kN; ++i) {
         ref[i].Step(g[i]);
         SCOPED_TRACE(testing::Message() << "step " << step + 1 << " element "
@@ -669,7 +669,7 @@ TEST(FtrlTest, InitialWeightIsIgnored) {
   float state[4];
   ftrl->InitState(state, 2);
   const float g[2] = {2.0f, 0.0f};
-  ftrl->Apply(w, state, g, 2);
+  ftrl->Apply(w, state, g, 2, 1.0f);
   // z = 2 - sigma * 0 = 2 (not 2 - 2 * 5), n = 4: w = -2 / 3.
   EXPECT_EQ(state[0], 2.0f);
   EXPECT_FLOAT_EQ(w[0], -2.0f / 3.0f);

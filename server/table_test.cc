@@ -568,13 +568,13 @@ TEST(SparseTableTest, WiderOptimizerStateIsKeptPerRowAndElement) {
         {0.5f, -1, 2, 1, 1, 1}, {0.25f, 0, -3, -2, 0.5f, 4}, {1, 1, 1, 0, 0, 0}};
     for (const auto& g : grads) {
       t->Push(std::vector<uint64_t>{7, 9}, g.data());
-      (*reference)->Apply(w7.data(), st7.data(), g.data(), 3);
-      (*reference)->Apply(w9.data(), st9.data(), g.data() + 3, 3);
+      (*reference)->Apply(w7.data(), st7.data(), g.data(), 3, 1.0f);
+      (*reference)->Apply(w9.data(), st9.data(), g.data() + 3, 3, 1.0f);
     }
     // Key 9 also gets a push alone: its state must not bleed into key 7's.
     const float extra[3] = {0.1f, 0.2f, 0.3f};
     t->Push(std::vector<uint64_t>{9}, extra);
-    (*reference)->Apply(w9.data(), st9.data(), extra, 3);
+    (*reference)->Apply(w9.data(), st9.data(), extra, 3, 1.0f);
     std::vector<float> out(6);
     t->Pull(std::vector<uint64_t>{7, 9}, out.data());
     for (int e = 0; e < 3; ++e) {
