@@ -85,7 +85,7 @@ void SparseTable::Pull(absl::Span<const uint64_t> keys, float* out) {
 void SparseTable::Push(absl::Span<const uint64_t> keys, const float* grads) {
   for (size_t i = 0; i < keys.size(); ++i) {
     float* row = Row(keys[i]);
-    optimizer_->Apply(row, row + dim_, grads + i * dim_, dim_);
+    optimizer_->Apply(row, row + dim_, grads + i * dim_, dim_, 1.0f);
   }
 }
 
@@ -158,7 +158,7 @@ void DenseTable::Push(const Segments& segments,
     Block& b = GetBlock(s.begin() / block_size_);
     const size_t offset = s.begin() % block_size_;
     optimizer_->Apply(b.values.data() + offset,
-                      b.state.data() + offset * state_size, grads, s.length());
+                      b.state.data() + offset * state_size, grads, s.length(), 1.0f);
     grads += s.length();
   }
 }
