@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "common/hash.h"
 #include "common/logging.h"
+#include "common/protocol.h"
 #include "common/status.h"
 #include "common/wire.h"
 #include "zmq_addon.hpp"
@@ -187,6 +188,7 @@ void KVServer::Serve() {
         }
         Progress(*own);
       }
+      AdvanceTables();
       Watchdog();
     } catch (const zmq::error_t& e) {
       // A send to a vanished peer or an interrupted poll must not take the
@@ -256,6 +258,12 @@ absl::Status KVServer::ProcessChecked(std::vector<zmq::message_t>& frames,
   if (!status.ok()) return status;
   const RequestHeader& h = req.header;
 
+  if (h.op() == STATS) {
+    if (!req.keys.empty()) return absl::InvalidArgumentError("STATS carries no keys");
+    FillStats(rh);
+    return absl::OkStatus();
+  }
+  NoteClock(h.clock());
   if (h.op() == ADVANCE_CLOCK) {
     if (!req.keys.empty()) {
       return absl::InvalidArgumentError("ADVANCE_CLOCK carries no keys");
@@ -327,6 +335,12 @@ absl::Status KVServer::ProcessChecked(std::vector<zmq::message_t>& frames,
     }
   }
   if (push) PS_RETURN_IF_ERROR(CheckFinite(req.values));
+  if (push && sparse != nullptr) {
+    if (absl::Status room = sparse->CheckPush(req.keys); !room.ok()) {
+      sparse->CountRefusedPush();
+      return room;
+    }
+  }
   if (push && consistency_.ShouldBuffer(h.clock()) &&
       h.clock() - consistency_.applied_clock() > ConsistencyController::kMaxStepsAhead) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -338,10 +352,16 @@ absl::Status KVServer::ProcessChecked(std::vector<zmq::message_t>& frames,
   if (push) {
     if (consistency_.ShouldBuffer(h.clock())) {
       Buffer(h.clock(), h.sender_node_id(), table, req.keys, segments, req.values);
-    } else if (sparse != nullptr) {
-      sparse->Push(req.keys, req.values.data());
     } else {
-      dense->Push(segments, req.values.data());
+      // Staleness: how far this push's step is behind the server's clock.
+      const uint64_t staleness =
+          server_clock_ > h.clock() ? server_clock_ - h.clock() : 0;
+      const float lr_scale = table->RateScale(h.clock(), staleness);
+      if (sparse != nullptr) {
+        sparse->Push(req.keys, req.values.data(), lr_scale);
+      } else {
+        dense->Push(segments, req.values.data(), lr_scale);
+      }
     }
     keys_pushed_.fetch_add(sparse != nullptr ? req.keys.size() : n,
                            std::memory_order_relaxed);
@@ -425,7 +445,10 @@ void KVServer::ApplyBuffered(uint64_t step, StepBuffer& buffer, uint32_t divisor
     for (size_t i = 0; i < grads.size(); ++i) {
       grads[i] = static_cast<float>(b.sums[i] / divisor);
     }
-    tables_[id]->AsSparse()->Push(b.keys, grads.data());
+    // Every worker's gradients of the step were read at the step's
+    // parameters: no staleness under BSP.
+    SparseTable* sparse = tables_[id]->AsSparse();
+    sparse->Push(b.keys, grads.data(), sparse->RateScale(step, 0));
   }
   for (auto& [id, b] : buffer.dense) {
     DenseTable* dense = tables_[id]->AsDense();
@@ -441,7 +464,7 @@ void KVServer::ApplyBuffered(uint64_t step, StepBuffer& buffer, uint32_t divisor
       for (uint64_t e = lo; e < hi; ++e) {
         grads[e - lo] = static_cast<float>(sums[e] / divisor);
       }
-      dense->Push(seg, grads.data());
+      dense->Push(seg, grads.data(), dense->RateScale(step, 0));
     }
   }
   Log()->debug("BSP step {} applied: {} workers averaged", step, divisor);
@@ -488,6 +511,24 @@ void KVServer::FlushBuffers() {
     consistency_.ForgetStep(step);
   }
   buffers_.clear();
+}
+
+void KVServer::NoteClock(uint64_t clock) {
+  if (clock < kFinishedClock) server_clock_ = std::max(server_clock_, clock);
+}
+
+void KVServer::AdvanceTables() {
+  const absl::Time now = options_.clock->Now();
+  for (auto& [id, table] : tables_) {
+    if (SparseTable* sparse = table->AsSparse()) sparse->Advance(server_clock_, now);
+  }
+}
+
+void KVServer::FillStats(ResponseHeader* rh) const {
+  std::vector<uint32_t> ids;
+  for (const auto& [id, table] : tables_) ids.push_back(id);
+  std::sort(ids.begin(), ids.end());
+  for (uint32_t id : ids) *rh->add_table_stats() = tables_.at(id)->Stats();
 }
 
 void KVServer::Watchdog() {

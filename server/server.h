@@ -33,6 +33,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "proto/config.pb.h"
 #include "proto/scheduler.pb.h"
 #include "server/consistency.h"
@@ -53,6 +54,9 @@ class KVServer {
     // (single-server tools and tests). Otherwise it answers UNAVAILABLE
     // until UpdateView() gives it a view with a slot map.
     bool standalone = false;
+    // Time source for row TTLs in seconds. Not owned; must outlive the
+    // server.
+    Clock* clock = Clock::Real();
   };
 
   struct Stats {
@@ -147,6 +151,12 @@ class KVServer {
   void Progress(const Ownership& own);
   void FlushBuffers();
   void Watchdog();
+  // Moves the tables' step and time forward (TTL expiry).
+  void AdvanceTables();
+  // Notes a worker's clock for the server's clock (staleness, TTL steps).
+  void NoteClock(uint64_t clock);
+  // Answers a STATS request.
+  void FillStats(ResponseHeader* rh) const;
   void Send(zmq::message_t& identity, const ResponseHeader& rh,
             zmq::message_t& values);
 
@@ -162,6 +172,9 @@ class KVServer {
   std::map<uint64_t, StepBuffer> buffers_;  // BSP step -> sums
   std::deque<Deferred> deferred_;
   absl::Time last_watchdog_log_ = absl::InfinitePast();
+  // The largest clock any worker has reported (requests and ADVANCE_CLOCK;
+  // the finished marker excluded): the server's clock.
+  uint64_t server_clock_ = 0;
 
   mutable absl::Mutex view_mu_;
   std::shared_ptr<const Ownership> ownership_ ABSL_GUARDED_BY(view_mu_);

@@ -5,9 +5,17 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/config.h"
+#include "common/hash.h"
 #include "server/initializer.h"
 
 namespace ps {
+namespace {
+
+constexpr size_t kMaxSparseChunkBytes = size_t{4} << 20;
+constexpr int kMaxSparseChunkShift = 14;
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<Table>> Table::Create(
     const TableConfig& config) {
@@ -17,13 +25,20 @@ absl::StatusOr<std::unique_ptr<Table>> Table::Create(
         "table '", config.name(), "': ", optimizer.status().message()));
   }
   switch (config.kind_case()) {
-    case TableConfig::kSparse:
-      if (config.sparse().dim() == 0 || config.sparse().dim() > 65536) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "table '", config.name(), "': sparse.dim must be in 1..65536"));
+    case TableConfig::kSparse: {
+      if (absl::Status valid = ValidateSparseTable(config.sparse());
+          !valid.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("table '", config.name(), "': ", valid.message()));
       }
-      return std::unique_ptr<Table>(
-          new SparseTable(config, std::move(optimizer).value()));
+      auto table = std::make_unique<SparseTable>(config, std::move(optimizer).value());
+      if (table->max_rows() == 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "table '", config.name(), "': sparse.memory_budget_bytes (",
+            config.sparse().memory_budget_bytes(), ") cannot hold one row"));
+      }
+      return std::unique_ptr<Table>(std::move(table));
+    }
     case TableConfig::kDense:
       if (config.dense().size() == 0 || config.dense().block_size() == 0 ||
           config.dense().block_size() > (1u << 26)) {
@@ -42,54 +57,298 @@ absl::StatusOr<std::unique_ptr<Table>> Table::Create(
 
 // ---------------------------------------------------------------- sparse
 
+namespace {
+
+bool Evictable(const SparseTableConfig& c) {
+  return c.ttl_steps() > 0 || c.ttl_seconds() > 0 ||
+         (c.memory_budget_bytes() > 0 && c.eviction() != EVICT_NONE);
+}
+
+int ChunkShift(size_t row_bytes, uint64_t budget) {
+  // Under a budget a chunk is at most 1/64 of it, so the partly filled last
+  // chunk wastes little of the budget.
+  size_t max_chunk = kMaxSparseChunkBytes;
+  if (budget > 0) max_chunk = std::min<size_t>(max_chunk, budget / 64);
+  int shift = kMaxSparseChunkShift;
+  while (shift > 0 && (row_bytes << shift) > max_chunk) --shift;
+  return shift;
+}
+
+}  // namespace
+
 SparseTable::SparseTable(const TableConfig& config,
                          std::unique_ptr<Optimizer> optimizer)
     : Table(config, std::move(optimizer)),
       dim_(config.sparse().dim()),
       stride_(static_cast<size_t>(dim_) * (1 + optimizer_->state_size())),
-      chunk_shift_([this] {
-        int shift = kMaxChunkShift;
-        while (shift > 0 && (stride_ * sizeof(float) << shift) > kMaxChunkBytes) --shift;
-        return shift;
-      }()),
-      chunk_rows_(1u << chunk_shift_) {}
-
-size_t SparseTable::MemoryBytes() const {
-  return chunks_.size() * chunk_rows_ * stride_ * sizeof(float) +
-         index_.capacity() * (sizeof(uint64_t) + sizeof(uint32_t) + 1);
+      evictable_(Evictable(config.sparse())),
+      meta_bytes_(evictable_ ? sizeof(RowMeta) : 0),
+      row_bytes_(meta_bytes_ + stride_ * sizeof(float)),
+      chunk_shift_(ChunkShift(row_bytes_, config.sparse().memory_budget_bytes())),
+      chunk_rows_(1u << chunk_shift_),
+      admit_after_(config.sparse().admit_after_pushes()),
+      ttl_steps_(config.sparse().ttl_steps()),
+      ttl_seconds_(config.sparse().ttl_seconds()),
+      eviction_(config.sparse().eviction()),
+      rng_(HashCombine(0x5eed, config.id())) {
+  if (admit_after_ > 1) {
+    const uint32_t width = config.sparse().admission_sketch_width() > 0
+                               ? config.sparse().admission_sketch_width()
+                               : 262144;
+    sketch_ = std::make_unique<AdmissionSketch>(width, HashCombine(0xad, config.id()));
+  }
+  // Row ids are uint32 with one value reserved.
+  max_rows_ = kNil - 1;
+  const uint64_t budget = config.sparse().memory_budget_bytes();
+  if (budget > 0) {
+    // The largest row count whose allocations fit: BytesFor is monotone.
+    size_t lo = 0;
+    size_t hi = std::min<size_t>(max_rows_, budget / row_bytes_ + 1);
+    while (lo < hi) {
+      const size_t mid = lo + (hi - lo + 1) / 2;
+      if (BytesFor(mid) <= budget) {
+        lo = mid;
+      } else {
+        hi = mid - 1;
+      }
+    }
+    max_rows_ = lo;
+    index_.set_max_entries(max_rows_);
+    chunks_.reserve((max_rows_ + chunk_rows_ - 1) / chunk_rows_);
+  }
 }
 
-float* SparseTable::Row(uint64_t key) {
-  auto [it, inserted] = index_.try_emplace(key, 0);
-  if (!inserted) {
-    const uint32_t r = it->second;
-    return chunks_[r >> chunk_shift_].get() + (r & (chunk_rows_ - 1)) * stride_;
+size_t SparseTable::BytesFor(size_t rows) const {
+  const size_t chunks = (rows + chunk_rows_ - 1) / chunk_rows_;
+  return chunks * (chunk_rows_ * row_bytes_ + sizeof(chunks_[0])) +
+         RowIndex::CapacityFor(rows) * RowIndex::kBytesPerSlot +
+         (sketch_ != nullptr ? sketch_->MemoryBytes() : 0);
+}
+
+size_t SparseTable::MemoryBytes() const {
+  return chunks_.size() * chunk_rows_ * row_bytes_ +
+         chunks_.capacity() * sizeof(chunks_[0]) + index_.MemoryBytes() +
+         (sketch_ != nullptr ? sketch_->MemoryBytes() : 0);
+}
+
+TableStats SparseTable::Stats() const {
+  TableStats s = BaseStats();
+  s.set_sparse(true);
+  s.set_rows(num_rows());
+  return s;
+}
+
+void SparseTable::Unlink(uint32_t r) {
+  RowMeta& m = Meta(r);
+  if (m.prev != kNil) Meta(m.prev).next = m.next; else mru_ = m.next;
+  if (m.next != kNil) Meta(m.next).prev = m.prev; else lru_ = m.prev;
+}
+
+void SparseTable::PushFront(uint32_t r) {
+  RowMeta& m = Meta(r);
+  m.prev = kNil;
+  m.next = mru_;
+  if (mru_ != kNil) Meta(mru_).prev = r; else lru_ = r;
+  mru_ = r;
+}
+
+void SparseTable::Touch(uint32_t r) {
+  if (!evictable_) return;
+  RowMeta& m = Meta(r);
+  if (mru_ != r) {
+    Unlink(r);
+    PushFront(r);
   }
-  const uint32_t r = static_cast<uint32_t>(index_.size() - 1);
-  it->second = r;
-  if ((r >> chunk_shift_) >= chunks_.size()) {
-    chunks_.emplace_back(new float[chunk_rows_ * stride_]);
+  m.last_step = step_;
+  m.last_second = now_second_;
+  if (m.touches != ~uint32_t{0}) ++m.touches;
+}
+
+void SparseTable::Drop(uint32_t r) {
+  RowMeta& m = Meta(r);
+  index_.Erase(m.key);
+  Unlink(r);
+  m.touches = 0;  // marks a free row for LFU sampling
+  m.next = free_head_;
+  free_head_ = r;
+}
+
+uint32_t SparseTable::PickVictim() {
+  if (eviction_ != EVICT_LFU) return lru_;
+  // Sample rows and keep the least used. When the table is full every row
+  // below high_water_ is live, so samples rarely miss.
+  constexpr int kSamples = 16;
+  uint32_t best = kNil;
+  for (int tries = 0, found = 0; found < kSamples && tries < 4 * kSamples; ++tries) {
+    rng_ = Mix64(rng_);
+    const uint32_t r = static_cast<uint32_t>(
+        (static_cast<unsigned __int128>(rng_) * high_water_) >> 64);
+    const RowMeta& m = Meta(r);
+    if (m.touches == 0) continue;
+    ++found;
+    if (best == kNil) {
+      best = r;
+      continue;
+    }
+    const RowMeta& b = Meta(best);
+    if (m.touches < b.touches ||
+        (m.touches == b.touches &&
+         (m.last_step < b.last_step ||
+          (m.last_step == b.last_step && m.last_second < b.last_second)))) {
+      best = r;
+    }
   }
-  float* row = chunks_[r >> chunk_shift_].get() + (r & (chunk_rows_ - 1)) * stride_;
-  InitializeValues(config_.init(), config_.id(), key, 0, dim_, row);
-  optimizer_->InitState(row + dim_, dim_);
-  return row;
+  return best != kNil ? best : lru_;
+}
+
+uint32_t SparseTable::CreateRow(uint64_t key) {
+  if (index_.size() >= max_rows_) {
+    if (eviction_ == EVICT_NONE || !evictable_) return kNil;
+    const uint32_t victim = PickVictim();
+    if (victim == kNil) return kNil;
+    Drop(victim);
+    ++counters_.evictions_budget;
+  }
+  uint32_t r;
+  if (free_head_ != kNil) {
+    r = free_head_;
+    free_head_ = Meta(r).next;
+  } else {
+    r = high_water_++;
+    if ((r >> chunk_shift_) >= chunks_.size()) {
+      chunks_.emplace_back(new unsigned char[chunk_rows_ * row_bytes_]);
+    }
+  }
+  float* values = Values(r);
+  InitializeValues(config_.init(), config_.id(), key, 0, dim_, values);
+  optimizer_->InitState(values + dim_, dim_);
+  index_.Insert(key, r);
+  if (evictable_) {
+    RowMeta& m = Meta(r);
+    m.key = key;
+    m.last_step = step_;
+    m.last_second = now_second_;
+    m.touches = 1;
+    PushFront(r);
+  }
+  ++counters_.admissions;
+  return r;
+}
+
+void SparseTable::Advance(uint64_t step, absl::Time now) {
+  step_ = std::max(step_, step);
+  if (created_ == absl::Time()) created_ = now;
+  const int64_t seconds = absl::ToInt64Seconds(now - created_);
+  if (seconds > 0) {
+    now_second_ = std::max(now_second_, static_cast<uint32_t>(std::min<int64_t>(
+                                            seconds, ~uint32_t{0})));
+  }
+  if (ttl_steps_ == 0 && ttl_seconds_ == 0) return;
+  // The recency list is ordered by last touch, so expired rows are at its
+  // end: this costs O(1) plus the rows dropped.
+  while (lru_ != kNil) {
+    const RowMeta& m = Meta(lru_);
+    const bool expired =
+        (ttl_steps_ > 0 && step_ - m.last_step > ttl_steps_ && step_ > m.last_step) ||
+        (ttl_seconds_ > 0 && now_second_ > m.last_second &&
+         now_second_ - m.last_second > ttl_seconds_);
+    if (!expired) break;
+    Drop(lru_);
+    ++counters_.evictions_ttl;
+  }
+}
+
+absl::Status SparseTable::CheckPush(absl::Span<const uint64_t> keys) const {
+  if (max_rows_ >= kNil - 1 || eviction_ != EVICT_NONE) return absl::OkStatus();
+  // Distinct keys without a row, with their pushes in this request.
+  absl::flat_hash_map<uint64_t, uint32_t> absent;
+  for (uint64_t key : keys) {
+    if (index_.Find(key) == RowIndex::kNotFound) ++absent[key];
+  }
+  size_t needed = 0;
+  for (const auto& [key, pushes] : absent) {
+    const uint32_t count = sketch_ != nullptr ? sketch_->Estimate(key) + pushes : pushes;
+    if (admit_after_ <= 1 || count >= admit_after_) ++needed;
+  }
+  if (num_rows() + needed <= max_rows_) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "table '", config_.name(), "' is at its memory budget on this server (",
+      config_.sparse().memory_budget_bytes(), " bytes: ", num_rows(), " of ",
+      max_rows_, " rows held) and eviction is off; the push needs ", needed,
+      " new rows and was not applied. Raise sparse.memory_budget_bytes, add "
+      "servers, or set sparse.eviction."));
 }
 
 void SparseTable::Pull(absl::Span<const uint64_t> keys, float* out) {
+  constexpr size_t kAhead = 8;
+  for (size_t i = 0; i < keys.size() && i < kAhead; ++i) index_.Prefetch(keys[i]);
   for (size_t i = 0; i < keys.size(); ++i) {
-    std::memcpy(out + i * dim_, Row(keys[i]), dim_ * sizeof(float));
+    if (i + kAhead < keys.size()) index_.Prefetch(keys[i + kAhead]);
+    const uint32_t r = index_.Find(keys[i]);
+    if (r != RowIndex::kNotFound) {
+      std::memcpy(out + i * dim_, Values(r), dim_ * sizeof(float));
+      Touch(r);
+    } else {
+      InitializeValues(config_.init(), config_.id(), keys[i], 0, dim_,
+                       out + i * dim_);
+    }
   }
+  counters_.keys_pulled += keys.size();
 }
 
-void SparseTable::Push(absl::Span<const uint64_t> keys, const float* grads) {
+void SparseTable::Push(absl::Span<const uint64_t> keys, const float* grads,
+                       float lr_scale) {
+  constexpr size_t kAhead = 8;
+  for (size_t i = 0; i < keys.size() && i < kAhead; ++i) index_.Prefetch(keys[i]);
   for (size_t i = 0; i < keys.size(); ++i) {
-    float* row = Row(keys[i]);
-    optimizer_->Apply(row, row + dim_, grads + i * dim_, dim_, 1.0f);
+    if (i + kAhead < keys.size()) index_.Prefetch(keys[i + kAhead]);
+    uint32_t r = index_.Find(keys[i]);
+    if (r == RowIndex::kNotFound) {
+      if (sketch_ != nullptr && sketch_->Add(keys[i]) < admit_after_) {
+        ++counters_.pushes_filtered;
+        continue;
+      }
+      r = CreateRow(keys[i]);
+      if (r == kNil) {
+        ++counters_.pushes_refused;
+        continue;
+      }
+    } else {
+      Touch(r);
+    }
+    float* row = Values(r);
+    optimizer_->Apply(row, row + dim_, grads + i * dim_, dim_, lr_scale);
   }
+  counters_.keys_pushed += keys.size();
 }
 
 // ----------------------------------------------------------------- dense
+
+TableStats Table::BaseStats() const {
+  TableStats s;
+  s.set_table_id(config_.id());
+  s.set_name(config_.name());
+  s.set_bytes(MemoryBytes());
+  s.set_keys_pushed(counters_.keys_pushed);
+  s.set_keys_pulled(counters_.keys_pulled);
+  s.set_admissions(counters_.admissions);
+  s.set_pushes_filtered(counters_.pushes_filtered);
+  s.set_evictions_ttl(counters_.evictions_ttl);
+  s.set_evictions_budget(counters_.evictions_budget);
+  s.set_pushes_refused(counters_.pushes_refused);
+  if (config_.has_sparse()) {
+    s.set_memory_budget_bytes(config_.sparse().memory_budget_bytes());
+  }
+  return s;
+}
+
+TableStats DenseTable::Stats() const {
+  TableStats s = BaseStats();
+  uint64_t elements = 0;
+  for (const auto& [id, block] : blocks_) elements += block->values.size();
+  s.set_rows(elements);
+  return s;
+}
 
 DenseTable::DenseTable(const TableConfig& config,
                        std::unique_ptr<Optimizer> optimizer)
@@ -148,18 +407,21 @@ void DenseTable::Pull(const Segments& segments, float* out) {
     const size_t offset = s.begin() % block_size_;
     std::memcpy(out, b.values.data() + offset, s.length() * sizeof(float));
     out += s.length();
+    counters_.keys_pulled += s.length();
   }
 }
 
-void DenseTable::Push(const Segments& segments,
-                      const float* grads) {
+void DenseTable::Push(const Segments& segments, const float* grads,
+                      float lr_scale) {
   const size_t state_size = optimizer_->state_size();
   for (const DenseSegment& s : segments) {
     Block& b = GetBlock(s.begin() / block_size_);
     const size_t offset = s.begin() % block_size_;
     optimizer_->Apply(b.values.data() + offset,
-                      b.state.data() + offset * state_size, grads, s.length(), 1.0f);
+                      b.state.data() + offset * state_size, grads, s.length(),
+                      lr_scale);
     grads += s.length();
+    counters_.keys_pushed += s.length();
   }
 }
 

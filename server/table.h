@@ -1,8 +1,8 @@
 // Parameter tables held by a server.
 //
 // SparseTable: rows of `dim` floats keyed by arbitrary uint64 ids, created
-// with deterministic initial values the first time a key is pulled or
-// pushed. DenseTable: a fixed-size float array split into blocks; a server
+// with deterministic initial values when a key is pushed (see the class for
+// admission, TTL and memory budget). DenseTable: a fixed-size float array split into blocks; a server
 // holds only the blocks in its slots, created on first touch.
 //
 // Tables do not check key ownership or finiteness of gradients; the server
@@ -20,10 +20,13 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "proto/config.pb.h"
 #include "proto/data_plane.pb.h"
+#include "server/admission.h"
 #include "server/optimizer.h"
+#include "server/row_index.h"
 
 namespace ps {
 
@@ -33,12 +36,23 @@ using Segments = google::protobuf::RepeatedPtrField<DenseSegment>;
 class SparseTable;
 class DenseTable;
 
+// Counters every table keeps; see data_plane.proto TableStats.
+struct TableCounters {
+  uint64_t keys_pushed = 0;
+  uint64_t keys_pulled = 0;
+  uint64_t admissions = 0;
+  uint64_t pushes_filtered = 0;
+  uint64_t evictions_ttl = 0;
+  uint64_t evictions_budget = 0;
+  uint64_t pushes_refused = 0;
+};
+
 class Table {
  public:
   virtual ~Table() = default;
 
   // INVALID_ARGUMENT for a config that sets neither sparse nor dense, or a
-  // bad optimizer.
+  // bad optimizer or sparse block.
   static absl::StatusOr<std::unique_ptr<Table>> Create(
       const TableConfig& config);
 
@@ -47,17 +61,43 @@ class Table {
   virtual SparseTable* AsSparse() { return nullptr; }
   virtual DenseTable* AsDense() { return nullptr; }
 
-  // Bytes held by parameters and optimizer state.
+  // Bytes held by parameters, optimizer state and bookkeeping.
   virtual size_t MemoryBytes() const = 0;
+
+  // Statistics for the STATS op.
+  virtual TableStats Stats() const = 0;
+
+  // The learning-rate multiplier for a push of step `step` by a worker
+  // `staleness` steps behind (config.proto LearningRateSchedule).
+  float RateScale(uint64_t step, uint64_t staleness) const {
+    return RateMultiplier(config_.optimizer(), step, staleness);
+  }
+
+  // Counts a push refused before it reached the table (e.g. by the
+  // server's validation against CheckPush).
+  void CountRefusedPush() { ++counters_.pushes_refused; }
 
  protected:
   Table(const TableConfig& config, std::unique_ptr<Optimizer> optimizer)
       : config_(config), optimizer_(std::move(optimizer)) {}
+  TableStats BaseStats() const;
 
   const TableConfig config_;
   const std::unique_ptr<Optimizer> optimizer_;
+  TableCounters counters_;
 };
 
+// Rows of `dim` floats for arbitrary uint64 keys.
+//
+// Rows are created by pushes (at the first, or with an admission threshold
+// the admit_after_pushes-th push of a key); a pull of a key without a row
+// answers the initial values, which depend only on (seed, table, key), and
+// creates nothing. Under a memory budget the table holds at most
+// max_rows() rows, computed once so that everything it allocates (row
+// chunks, index, bookkeeping, sketch) stays within the budget; at that
+// size a new row evicts one (LRU or LFU) or, without eviction, the push is
+// refused. TTLs drop rows not touched (pushed or pulled) for a number of
+// steps or seconds; Advance() applies them.
 class SparseTable : public Table {
  public:
   SparseTable(const TableConfig& config, std::unique_ptr<Optimizer> optimizer);
@@ -65,36 +105,102 @@ class SparseTable : public Table {
 
   uint32_t dim() const { return dim_; }
   size_t num_rows() const { return index_.size(); }
+  // Most rows the budget allows; SIZE_MAX without a budget.
+  size_t max_rows() const { return max_rows_; }
   size_t MemoryBytes() const override;
+  TableStats Stats() const override;
+  const TableCounters& counters() const { return counters_; }
+
+  // Sets the table's step (the server's clock) and time, which pushes and
+  // pulls record as a row's last touch, and drops rows whose TTL expired.
+  // Steps and time should not go backwards; if they do, rows are kept.
+  void Advance(uint64_t step, absl::Time now);
+
+  // Whether a push of `keys` may proceed: RESOURCE_EXHAUSTED when the table
+  // does not evict and the rows the push would create do not fit in the
+  // budget. Changes nothing (not even the admission counts).
+  absl::Status CheckPush(absl::Span<const uint64_t> keys) const;
 
   // out must hold keys.size() * dim() floats; row i goes to out[i * dim()].
   void Pull(absl::Span<const uint64_t> keys, float* out);
 
   // grads holds keys.size() * dim() floats. A key that appears twice is
-  // updated twice, in order.
-  void Push(absl::Span<const uint64_t> keys, const float* grads);
+  // updated twice, in order. lr_scale multiplies the learning rate
+  // (RateScale). A key without a row is counted by the admission filter
+  // and gets a row once admitted; a row that does not fit (no eviction,
+  // budget full: CheckPush was not consulted or the table filled since) is
+  // not created, and that key's gradient is dropped and counted as refused.
+  void Push(absl::Span<const uint64_t> keys, const float* grads,
+            float lr_scale = 1.0f);
 
  private:
+  // Bookkeeping in front of each row's floats when rows can be dropped.
+  struct RowMeta {
+    uint64_t key;
+    uint64_t last_step;
+    uint32_t prev;  // recency list: towards the most recent
+    uint32_t next;  // towards the least recent; free list link
+    uint32_t last_second;  // since the table was created
+    uint32_t touches;  // saturating
+  };
+  static constexpr uint32_t kNil = ~uint32_t{0};
   // Rows live in fixed-size chunks so growth never moves existing rows and
   // never copies the whole table. A chunk holds up to 16384 rows and about
-  // 4 MiB at most, so wide rows do not reserve gigabytes on first touch.
-  static constexpr size_t kMaxChunkBytes = size_t{4} << 20;
-  static constexpr int kMaxChunkShift = 14;
+  // 4 MiB at most (under a budget, at most 1/64 of it), so wide rows do not
+  // reserve gigabytes on first touch.
 
-  float* Row(uint64_t key);  // finds or creates
+  unsigned char* RowBytes(uint32_t r) const {
+    return chunks_[r >> chunk_shift_].get() +
+           static_cast<size_t>(r & (chunk_rows_ - 1)) * row_bytes_;
+  }
+  float* Values(uint32_t r) const {
+    return reinterpret_cast<float*>(RowBytes(r) + meta_bytes_);
+  }
+  RowMeta& Meta(uint32_t r) const {
+    return *reinterpret_cast<RowMeta*>(RowBytes(r));
+  }
+  // Bytes allocated when holding `rows` rows (index grown for them).
+  size_t BytesFor(size_t rows) const;
+  // Creates the row of `key` (absent), evicting if needed; kNil if it
+  // cannot fit.
+  uint32_t CreateRow(uint64_t key);
+  void Touch(uint32_t r);
+  void Unlink(uint32_t r);
+  void PushFront(uint32_t r);
+  void Drop(uint32_t r);
+  uint32_t PickVictim();
 
   const uint32_t dim_;
-  const size_t stride_;  // floats per row: dim * (1 + state_size)
-  const int chunk_shift_;  // log2 of rows per chunk
+  const size_t stride_;      // floats per row: dim * (1 + state_size)
+  const bool evictable_;     // rows carry RowMeta and may be dropped
+  const size_t meta_bytes_;  // sizeof(RowMeta) or 0
+  const size_t row_bytes_;   // meta_bytes_ + stride_ * sizeof(float)
+  const int chunk_shift_;    // log2 of rows per chunk
   const uint32_t chunk_rows_;
-  absl::flat_hash_map<uint64_t, uint32_t> index_;
-  std::vector<std::unique_ptr<float[]>> chunks_;
+  const uint32_t admit_after_;  // <= 1: no filter
+  const uint64_t ttl_steps_;
+  const uint64_t ttl_seconds_;
+  const EvictionPolicy eviction_;
+  std::unique_ptr<AdmissionSketch> sketch_;  // only with a filter
+  size_t max_rows_ = ~size_t{0};
+
+  RowIndex index_;
+  std::vector<std::unique_ptr<unsigned char[]>> chunks_;
+  uint32_t high_water_ = 0;   // rows ever handed out (free ones included)
+  uint32_t free_head_ = kNil;
+  uint32_t mru_ = kNil;       // recency list ends
+  uint32_t lru_ = kNil;
+  uint64_t step_ = 0;
+  absl::Time created_;
+  uint32_t now_second_ = 0;
+  uint64_t rng_;              // victim sampling (LFU), deterministic
 };
 
 class DenseTable : public Table {
  public:
   DenseTable(const TableConfig& config, std::unique_ptr<Optimizer> optimizer);
   DenseTable* AsDense() override { return this; }
+  TableStats Stats() const override;
 
   uint64_t size() const { return size_; }
   uint64_t block_size() const { return block_size_; }
@@ -107,7 +213,8 @@ class DenseTable : public Table {
 
   // Segments must be valid. Values are laid out segment after segment.
   void Pull(const Segments& segments, float* out);
-  void Push(const Segments& segments, const float* grads);
+  void Push(const Segments& segments, const float* grads,
+            float lr_scale = 1.0f);
 
  private:
   struct Block {

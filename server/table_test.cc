@@ -159,17 +159,23 @@ TEST(TableCreateTest, RejectsBadConfigs) {
 
 // ------------------------------------------------------------ SparseTable
 
-TEST(SparseTableTest, ZerosInitAndRowsCreatedOnFirstPull) {
+TEST(SparseTableTest, PullsAnswerInitialValuesAndPushesCreateRows) {
   auto t = MustCreateSparse(SparseConfig(0, 3, 0.5f, InitializerConfig::ZEROS));
   ASSERT_NE(t, nullptr);
   EXPECT_EQ(t->num_rows(), 0u);
   EXPECT_EQ(PullSparse(*t, {5, 9}), std::vector<float>(6, 0.0f));
-  EXPECT_EQ(t->num_rows(), 2u);
-  // Pulling a known key again creates nothing; a new key creates one row.
-  PullSparse(*t, {9, 5, 9});
+  // A pull creates nothing: a key only ever read holds no memory.
+  EXPECT_EQ(t->num_rows(), 0u);
+  const std::vector<float> g(9, 1.0f);
+  t->Push({9, 5, 9}, g.data());
   EXPECT_EQ(t->num_rows(), 2u);
   PullSparse(*t, {5, 1ULL << 63});
+  EXPECT_EQ(t->num_rows(), 2u);
+  t->Push({1ULL << 63}, g.data());
   EXPECT_EQ(t->num_rows(), 3u);
+  EXPECT_EQ(t->counters().admissions, 3u);
+  EXPECT_EQ(t->counters().keys_pushed, 4u);
+  EXPECT_EQ(t->counters().keys_pulled, 4u);
 }
 
 TEST(SparseTableTest, ConstantInit) {
