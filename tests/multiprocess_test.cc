@@ -48,6 +48,12 @@ constexpr char kConfig[] = R"pb(
     dense { size: 40 block_size: 8 }
     optimizer { sgd { learning_rate: 0.5 } }
   }
+  tables {
+    id: 2
+    name: "capped"
+    sparse { dim: 256 memory_budget_bytes: 1048576 }
+    optimizer { sgd { learning_rate: 0.5 } }
+  }
 )pb";
 
 class MultiProcessTest : public ::testing::Test {
@@ -216,6 +222,55 @@ TEST_F(MultiProcessTest, WrongRequestsFromAWorkerAreRefusedAndTheJobGoesOn) {
     ASSERT_TRUE(exit.ok()) << exit.status();
     EXPECT_EQ(*exit, 0) << ReadFile(processes_[i].stderr_path());
   }
+}
+
+TEST_F(MultiProcessTest, MemoryBudgetRefusalReachesTheWorkerProcess) {
+  const std::string address = StartCluster();
+  // 1 KiB rows and a 1 MiB budget per server: under a thousand rows fit on
+  // each server, 5000 new keys do not. The push fails with the server's
+  // reason; nothing is applied.
+  Subprocess big = Start("big", Tool(address, {"--table=capped", "--op=push",
+                                               "--keys=1-5000", "--values=1"}));
+  auto code = big.Wait(absl::Seconds(30));
+  ASSERT_TRUE(code.ok());
+  EXPECT_EQ(*code, 1);
+  const std::string err = ReadFile(big.stderr_path());
+  EXPECT_NE(err.find("memory budget"), std::string::npos) << err;
+  EXPECT_NE(err.find("capped"), std::string::npos) << err;
+
+  // The servers keep serving: a push that fits is applied.
+  RunTool("small", Tool(address, {"--table=capped", "--op=push", "--keys=1-3",
+                                  "--values=1"}));
+  const std::vector<float> after = ParseFloats(
+      RunTool("pull", Tool(address, {"--table=capped", "--op=pull", "--keys=2"})));
+  ASSERT_EQ(after.size(), 256u);
+  for (float v : after) EXPECT_EQ(v, -0.5f);
+
+  // The refusals and the rows held show in the statistics, one JSON line
+  // per server and table.
+  const std::string stats = RunTool("stats", Tool(address, {"--op=stats"}));
+  int capped_lines = 0;
+  uint64_t rows = 0, refused = 0;
+  for (absl::string_view line : absl::StrSplit(stats, '\n', absl::SkipEmpty())) {
+    if (line.find("\"table\":\"capped\"") == absl::string_view::npos) continue;
+    ++capped_lines;
+    auto field = [&](absl::string_view name) {
+      const std::string key = absl::StrCat("\"", name, "\":");
+      const size_t at = line.find(key);
+      EXPECT_NE(at, absl::string_view::npos) << line;
+      uint64_t v = 0;
+      absl::string_view rest = line.substr(at + key.size());
+      EXPECT_TRUE(absl::SimpleAtoi(rest.substr(0, rest.find_first_of(",}")), &v)) << line;
+      return v;
+    };
+    rows += field("rows");
+    refused += field("pushes_refused");
+    EXPECT_LE(field("bytes"), 1048576u) << line;
+    EXPECT_EQ(field("memory_budget_bytes"), 1048576u) << line;
+  }
+  EXPECT_EQ(capped_lines, 2) << stats;
+  EXPECT_EQ(rows, 3u) << stats;
+  EXPECT_GE(refused, 1u) << stats;
 }
 
 TEST_F(MultiProcessTest, BadConfigStopsEveryBinaryBeforeItStarts) {

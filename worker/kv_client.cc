@@ -52,8 +52,26 @@ struct Completion::State {
     applied_clock = std::min(applied_clock, applied);
   }
 
+  void RecordTableStats(uint32_t server, const ResponseHeader& h) {
+    absl::MutexLock lock(&mu);
+    if (table_stats == nullptr) return;
+    for (const TableStats& t : h.table_stats()) {
+      table_stats->push_back({server, t});
+    }
+    if (remaining == 1) {
+      std::sort(table_stats->begin(), table_stats->end(),
+                [](const ServerTableStats& a, const ServerTableStats& b) {
+                  return a.server_rank != b.server_rank
+                             ? a.server_rank < b.server_rank
+                             : a.stats.table_id() < b.stats.table_id();
+                });
+    }
+  }
+
   absl::Mutex mu;
   int remaining ABSL_GUARDED_BY(mu);
+  // STATS requests: where the answers go.
+  std::vector<ServerTableStats>* table_stats ABSL_GUARDED_BY(mu) = nullptr;
   absl::Status status ABSL_GUARDED_BY(mu);
   uint64_t min_clock ABSL_GUARDED_BY(mu) = UINT64_MAX;
   uint64_t applied_clock ABSL_GUARDED_BY(mu) = UINT64_MAX;
@@ -341,6 +359,9 @@ class KVClient::IoLoop {
                        " values, expected ", part->expected_values)));
       return;
     }
+    if (response.header.table_stats_size() > 0) {
+      part->parent->RecordTableStats(server, response.header);
+    }
     Scatter(*part, response.values);
     if (part->expected_values > 0) {
       part->parent->RecordClocks(response.header.min_clock(),
@@ -589,6 +610,35 @@ Completion KVClient::AdvanceClockTo(uint64_t target, DoneCallback done) {
     RequestHeader h;
     auto part = NewPart(server, ADVANCE_CLOCK, 0, *routing, state, &h);
     h.set_clock(clock);
+    part->header = SerializeToFrame(h);
+    parts.push_back(std::move(part));
+  }
+  Submit(std::move(parts));
+  return Completion(std::move(state));
+}
+
+Completion KVClient::TableStatistics(std::vector<ServerTableStats>* out,
+                                     DoneCallback done) {
+  requests_.fetch_add(1, std::memory_order_relaxed);
+  out->clear();
+  auto routing = this->routing();
+  std::vector<uint32_t> servers;
+  for (uint32_t r = 0; r < routing->endpoints.size(); ++r) {
+    if (!routing->endpoints[r].empty()) servers.push_back(r);
+  }
+  if (servers.empty()) {
+    return Failed(absl::UnavailableError("no live server"), std::move(done));
+  }
+  auto state = std::make_shared<Completion::State>(static_cast<int>(servers.size()),
+                                                   std::move(done));
+  {
+    absl::MutexLock lock(&state->mu);
+    state->table_stats = out;
+  }
+  std::vector<std::unique_ptr<Part>> parts;
+  for (uint32_t server : servers) {
+    RequestHeader h;
+    auto part = NewPart(server, STATS, 0, *routing, state, &h);
     part->header = SerializeToFrame(h);
     parts.push_back(std::move(part));
   }

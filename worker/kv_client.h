@@ -41,6 +41,12 @@ namespace ps {
 
 using DoneCallback = std::function<void(const absl::Status&)>;
 
+// One server's statistics of one table (KVClient::TableStatistics).
+struct ServerTableStats {
+  uint32_t server_rank = 0;
+  TableStats stats;
+};
+
 // Handle on an asynchronous request. Copyable; all copies share the state.
 class Completion {
  public:
@@ -116,6 +122,13 @@ class KVClient {
   // live server, like AdvanceClock. kFinishedClock marks the end of
   // training.
   Completion AdvanceClockTo(uint64_t clock, DoneCallback done = nullptr);
+
+  // Asks every live server for the statistics of all its tables (op
+  // STATS). On success *out holds one entry per (server, table), ordered
+  // by server rank, then table id; `out` must stay valid until the request
+  // completes and is written only by the I/O thread.
+  Completion TableStatistics(std::vector<ServerTableStats>* out,
+                             DoneCallback done = nullptr);
 
   struct Stats {
     uint64_t requests = 0;      // user calls

@@ -39,6 +39,12 @@ constexpr char kConfig[] = R"pb(
     dense { size: 100 block_size: 7 }
     optimizer { sgd { learning_rate: 1 } }
   }
+  tables {
+    id: 5
+    name: "capped"
+    sparse { dim: 64 memory_budget_bytes: 1048576 }
+    optimizer { sgd { learning_rate: 1 } }
+  }
 )pb";
 
 class KVClientTest : public ::testing::Test {
@@ -256,6 +262,77 @@ TEST_F(KVClientTest, ManyConcurrentRequestsFromSeveralThreads) {
     ASSERT_TRUE(client->Pull(3, keys, out.data()).Wait().ok());
     for (float v : out) EXPECT_EQ(v, 0.5f - 0.0625f * kRounds);
   }
+}
+
+TEST_F(KVClientTest, TableStatisticsFromEveryServer) {
+  auto client = Client();
+  std::vector<uint64_t> keys(200);
+  std::iota(keys.begin(), keys.end(), 1);
+  std::vector<float> grads(keys.size() * 4, 0.5f);
+  ASSERT_TRUE(client->Push(3, keys, grads).Wait().ok());
+  std::vector<float> out(keys.size() * 4);
+  ASSERT_TRUE(client->Pull(3, keys, out.data()).Wait().ok());
+  std::vector<float> dense(10, 1.0f);
+  ASSERT_TRUE(client->PushDense(4, 0, dense).Wait().ok());
+
+  std::vector<ServerTableStats> stats;
+  ASSERT_TRUE(client->TableStatistics(&stats).Wait().ok());
+  // Two servers, three tables each, ordered by server then table.
+  ASSERT_EQ(stats.size(), 6u);
+  uint64_t rows = 0, pushed = 0, pulled = 0, dense_pushed = 0;
+  for (size_t i = 0; i < stats.size(); ++i) {
+    EXPECT_EQ(stats[i].server_rank, i / 3);
+    const uint32_t table_ids[] = {3, 4, 5};
+    EXPECT_EQ(stats[i].stats.table_id(), table_ids[i % 3]);
+    if (stats[i].stats.table_id() == 3) {
+      EXPECT_EQ(stats[i].stats.name(), "emb");
+      EXPECT_TRUE(stats[i].stats.sparse());
+      EXPECT_GT(stats[i].stats.rows(), 0u);  // keys are split over both
+      EXPECT_GT(stats[i].stats.bytes(), 0u);
+      rows += stats[i].stats.rows();
+      pushed += stats[i].stats.keys_pushed();
+      pulled += stats[i].stats.keys_pulled();
+    }
+    if (stats[i].stats.table_id() == 4) dense_pushed += stats[i].stats.keys_pushed();
+    if (stats[i].stats.table_id() == 5) {
+      EXPECT_EQ(stats[i].stats.memory_budget_bytes(), 1048576u);
+    }
+  }
+  EXPECT_EQ(rows, 200u);
+  EXPECT_EQ(pushed, 200u);
+  EXPECT_EQ(pulled, 200u);
+  EXPECT_EQ(dense_pushed, 10u);
+}
+
+TEST_F(KVClientTest, BudgetExhaustedReachesTheClientAndChangesNothing) {
+  auto client = Client();
+  // 64 floats a row and a 1 MiB budget per server: a few thousand rows fit
+  // on each server, 20000 new keys do not.
+  std::vector<uint64_t> keys(20000);
+  std::iota(keys.begin(), keys.end(), 1);
+  std::vector<float> grads(keys.size() * 64, 1.0f);
+  absl::Status status = client->Push(5, keys, grads).Wait();
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
+  EXPECT_NE(status.message().find("capped"), absl::string_view::npos) << status;
+  EXPECT_NE(status.message().find("memory budget"), absl::string_view::npos) << status;
+
+  // Nothing was applied on a server that refused; a push that fits works.
+  std::vector<ServerTableStats> stats;
+  ASSERT_TRUE(client->TableStatistics(&stats).Wait().ok());
+  uint64_t refused = 0;
+  for (const auto& s : stats) {
+    if (s.stats.table_id() != 5) continue;
+    refused += s.stats.pushes_refused();
+    EXPECT_EQ(s.stats.rows(), 0u);
+    EXPECT_LE(s.stats.bytes(), 1048576u);
+  }
+  EXPECT_EQ(refused, 2u);  // one refused request part per server
+  std::vector<uint64_t> few = {1, 2, 3};
+  std::vector<float> g(few.size() * 64, 0.25f);
+  ASSERT_TRUE(client->Push(5, few, g).Wait().ok());
+  std::vector<float> out(few.size() * 64);
+  ASSERT_TRUE(client->Pull(5, few, out.data()).Wait().ok());
+  for (float v : out) EXPECT_EQ(v, -0.25f);
 }
 
 }  // namespace

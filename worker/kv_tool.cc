@@ -5,6 +5,10 @@
 //   kv_tool --config=JOB --scheduler=HOST:PORT --table=NAME --op=pull --keys=1,2,5-9
 //   kv_tool ... --op=push --keys=1-100 --values=0.25 --repeat=10
 //   kv_tool ... --op=pull_dense --begin=0 --count=14
+//   kv_tool --config=JOB --scheduler=HOST:PORT --op=stats
+//
+// --op=stats prints one JSON line per server and table: rows, bytes, budget,
+// keys pushed and pulled, admissions, filtered pushes, evictions, refusals.
 //
 // The tool joins the job as a worker (taking a free worker rank) and leaves
 // when done; with --finish it leaves as a finished worker, which lets the
@@ -19,6 +23,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "common/config.h"
 #include "common/node_main.h"
@@ -29,8 +34,9 @@
 
 ABSL_FLAG(std::string, config, "", "Job config file (textproto). Required.");
 ABSL_FLAG(std::string, scheduler, "", "Scheduler host:port. Required.");
-ABSL_FLAG(std::string, table, "", "Table name. Required.");
-ABSL_FLAG(std::string, op, "pull", "push | pull | push_pull | push_dense | pull_dense");
+ABSL_FLAG(std::string, table, "", "Table name. Required except for --op=stats.");
+ABSL_FLAG(std::string, op, "pull",
+          "push | pull | push_pull | push_dense | pull_dense | stats");
 ABSL_FLAG(std::string, keys, "", "Sparse keys: comma-separated ids or ranges a-b (inclusive).");
 ABSL_FLAG(std::string, values, "",
           "Gradients: comma-separated floats, one per pushed element, or a "
@@ -84,10 +90,54 @@ void Print(const std::vector<float>& values) {
   std::printf("\n");
 }
 
+// Table names come from the config file: escape them for JSON.
+std::string JsonEscape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      out += absl::StrFormat("\\u%04x", c);
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+// One JSON object per (server, table).
+absl::Status PrintStats(ps::KVClient& client) {
+  std::vector<ps::ServerTableStats> stats;
+  PS_RETURN_IF_ERROR(client.TableStatistics(&stats).Wait());
+  for (const ps::ServerTableStats& s : stats) {
+    const ps::TableStats& t = s.stats;
+    std::printf(
+        "{\"server\":%u,\"table\":\"%s\",\"table_id\":%u,\"sparse\":%s,"
+        "\"rows\":%llu,\"bytes\":%llu,\"memory_budget_bytes\":%llu,"
+        "\"keys_pushed\":%llu,\"keys_pulled\":%llu,\"admissions\":%llu,"
+        "\"pushes_filtered\":%llu,\"evictions_ttl\":%llu,"
+        "\"evictions_budget\":%llu,\"pushes_refused\":%llu}\n",
+        s.server_rank, JsonEscape(t.name()).c_str(), t.table_id(), t.sparse() ? "true" : "false",
+        static_cast<unsigned long long>(t.rows()),
+        static_cast<unsigned long long>(t.bytes()),
+        static_cast<unsigned long long>(t.memory_budget_bytes()),
+        static_cast<unsigned long long>(t.keys_pushed()),
+        static_cast<unsigned long long>(t.keys_pulled()),
+        static_cast<unsigned long long>(t.admissions()),
+        static_cast<unsigned long long>(t.pushes_filtered()),
+        static_cast<unsigned long long>(t.evictions_ttl()),
+        static_cast<unsigned long long>(t.evictions_budget()),
+        static_cast<unsigned long long>(t.pushes_refused()));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Run(const ps::JobConfig& config, ps::KVClient& client) {
+  const std::string op = absl::GetFlag(FLAGS_op);
+  if (op == "stats") return PrintStats(client);
   PS_ASSIGN_OR_RETURN(const ps::TableConfig* table,
                       ps::FindTable(config, absl::GetFlag(FLAGS_table)));
-  const std::string op = absl::GetFlag(FLAGS_op);
   const int repeat = absl::GetFlag(FLAGS_repeat);
   if (op == "push" || op == "pull" || op == "push_pull") {
     if (!table->has_sparse()) {
