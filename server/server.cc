@@ -190,12 +190,28 @@ void KVServer::Serve() {
       }
       AdvanceTables();
       Watchdog();
+      if (absl::Now() - last_stats_publish_ >= kStatsPeriod) PublishTableStats();
     } catch (const zmq::error_t& e) {
       // A send to a vanished peer or an interrupted poll must not take the
       // server down; log and keep serving.
       Log()->warn("data plane: {}", e.what());
     }
   }
+  PublishTableStats();
+}
+
+void KVServer::PublishTableStats() {
+  ResponseHeader rh;
+  FillStats(&rh);
+  std::vector<TableStats> stats(rh.table_stats().begin(), rh.table_stats().end());
+  last_stats_publish_ = absl::Now();
+  absl::MutexLock lock(&stats_mu_);
+  table_stats_ = std::move(stats);
+}
+
+std::vector<TableStats> KVServer::table_stats() const {
+  absl::MutexLock lock(&stats_mu_);
+  return table_stats_;
 }
 
 void KVServer::Send(zmq::message_t& identity, const ResponseHeader& rh,

@@ -35,6 +35,7 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "proto/config.pb.h"
+#include "proto/data_plane.pb.h"
 #include "proto/scheduler.pb.h"
 #include "server/consistency.h"
 #include "server/table.h"
@@ -90,6 +91,13 @@ class KVServer {
 
   // Thread-safe snapshot of the counters.
   Stats stats() const;
+
+  // Thread-safe: every table's statistics (ordered by table id) as the
+  // serving thread last published them, at most kStatsPeriod ago, and
+  // exactly as they ended once Stop() returned. Clients get current ones
+  // with the STATS op.
+  static constexpr absl::Duration kStatsPeriod = absl::Seconds(1);
+  std::vector<TableStats> table_stats() const;
 
   // Stops the serving thread. Idempotent.
   void Stop();
@@ -175,6 +183,11 @@ class KVServer {
   // The largest clock any worker has reported (requests and ADVANCE_CLOCK;
   // the finished marker excluded): the server's clock.
   uint64_t server_clock_ = 0;
+
+  void PublishTableStats();
+  absl::Time last_stats_publish_ = absl::InfinitePast();
+  mutable absl::Mutex stats_mu_;
+  std::vector<TableStats> table_stats_ ABSL_GUARDED_BY(stats_mu_);
 
   mutable absl::Mutex view_mu_;
   std::shared_ptr<const Ownership> ownership_ ABSL_GUARDED_BY(view_mu_);

@@ -69,6 +69,16 @@ int main(int argc, char** argv) {
   log->info("stopping: {} requests ({} rejected), {} keys pushed, {} pulled",
             stats.requests, stats.errors, stats.keys_pushed, stats.keys_pulled);
   (*server)->Stop();
+  for (const ps::TableStats& t : (*server)->table_stats()) {
+    log->info(
+        "table '{}': {} {}, {} bytes{}; keys pushed {}, pulled {}; admitted {}, "
+        "filtered pushes {}; evicted {} by TTL, {} for room; refused pushes {}",
+        t.name(), t.rows(), t.sparse() ? "rows" : "elements", t.bytes(),
+        t.memory_budget_bytes() > 0 ? absl::StrCat(" (budget ", t.memory_budget_bytes(), ")")
+                                    : std::string(),
+        t.keys_pushed(), t.keys_pulled(), t.admissions(), t.pushes_filtered(),
+        t.evictions_ttl(), t.evictions_budget(), t.pushes_refused());
+  }
   if (auto s = (*client)->Leave(/*finished=*/true); !s.ok()) {
     log->warn("{}", s.message());
   }

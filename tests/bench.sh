@@ -24,6 +24,7 @@ cd "$ROOT"
 # One line per bench: its name and the Bazel target of its binary.
 BENCHES=(
   "consistency //tests/bench:consistency_bench"
+  "sparse //tests/bench:table_bench"
 )
 
 names=()

@@ -74,6 +74,9 @@ fail() {
   exit 1
 }
 
+# A port file left by an earlier run in the same directory would be read
+# before this scheduler writes its own.
+rm -f "$RUN_DIR/scheduler.port"
 "$SCHEDULER" --config="$CONFIG" --port_file="$RUN_DIR/scheduler.port" \
   >"$RUN_DIR/scheduler.log" 2>&1 &
 SCHEDULER_PID=$!

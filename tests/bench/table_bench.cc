@@ -1,0 +1,189 @@
+// Sparse table benchmark: push (Adagrad apply) and pull of 10K-key messages
+// against a server's SparseTable, with and without eviction bookkeeping,
+// each beside a raw baseline measured in the same run: a plain
+// absl::flat_hash_map index over one contiguous float array running the
+// same Adagrad arithmetic, i.e. what the update costs with no table
+// features at all.
+//
+//   bazel run --config=opt //tests/bench:table_bench -- [--rows=N] [--dim=D]
+//
+// One JSON line per figure: {"bench":"sparse","metric":...,"value":...,
+// "unit":"keys/s","baseline":...,"ratio":...}.
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "common/hash.h"
+#include "proto/config.pb.h"
+#include "server/table.h"
+
+ABSL_FLAG(uint64_t, rows, 1 << 20, "Distinct keys in the table.");
+ABSL_FLAG(uint32_t, dim, 8, "Floats per row.");
+ABSL_FLAG(uint32_t, message_keys, 10000, "Keys per push or pull.");
+ABSL_FLAG(double, seconds, 1.0, "Time per measurement.");
+
+namespace ps {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// The raw baseline: index + contiguous rows, Adagrad inline.
+class RawTable {
+ public:
+  RawTable(uint32_t dim, size_t rows) : dim_(dim) {
+    index_.reserve(rows);
+    data_.reserve(rows * 2 * dim);
+  }
+  float* Row(uint64_t key) {
+    auto [it, inserted] = index_.try_emplace(key, static_cast<uint32_t>(index_.size()));
+    if (inserted) data_.resize(data_.size() + 2 * dim_, 0.0f);
+    return &data_[size_t{it->second} * 2 * dim_];
+  }
+  void Push(const std::vector<uint64_t>& keys, const float* g) {
+    for (size_t i = 0; i < keys.size(); ++i) {
+      float* w = Row(keys[i]);
+      float* acc = w + dim_;
+      const float* gi = g + i * dim_;
+      for (uint32_t e = 0; e < dim_; ++e) {
+        acc[e] += gi[e] * gi[e];
+        w[e] -= 0.1f * gi[e] / (std::sqrt(acc[e]) + 1e-8f);
+      }
+    }
+  }
+  void Pull(const std::vector<uint64_t>& keys, float* out) {
+    for (size_t i = 0; i < keys.size(); ++i) {
+      std::memcpy(out + i * dim_, Row(keys[i]), dim_ * sizeof(float));
+    }
+  }
+
+ private:
+  const uint32_t dim_;
+  absl::flat_hash_map<uint64_t, uint32_t> index_;
+  std::vector<float> data_;
+};
+
+// Keys per message, drawn from `rows` ids spread over uint64.
+std::vector<std::vector<uint64_t>> Messages(size_t rows, size_t per, size_t count,
+                                            uint64_t seed) {
+  std::vector<std::vector<uint64_t>> out(count);
+  uint64_t s = seed;
+  for (auto& m : out) {
+    m.resize(per);
+    for (auto& k : m) {
+      s = Mix64(s);
+      k = Mix64(s % rows);
+    }
+  }
+  return out;
+}
+
+// Runs fn over the messages round-robin for about `seconds`; keys/s.
+template <typename Fn>
+double Rate(const std::vector<std::vector<uint64_t>>& messages, double seconds, Fn fn) {
+  const auto start = Clock::now();
+  size_t keys = 0;
+  size_t i = 0;
+  while (true) {
+    fn(messages[i % messages.size()]);
+    keys += messages[i % messages.size()].size();
+    ++i;
+    const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+    if (elapsed >= seconds && i >= messages.size()) return keys / elapsed;
+  }
+}
+
+void Emit(const char* metric, double value, double baseline) {
+  std::printf(
+      "{\"bench\":\"sparse\",\"metric\":\"%s\",\"value\":%.0f,\"unit\":\"keys/s\","
+      "\"baseline\":%.0f,\"ratio\":%.3f}\n",
+      metric, value, baseline, value / baseline);
+  std::fflush(stdout);
+}
+
+TableConfig Config(uint32_t dim, uint64_t budget, EvictionPolicy policy) {
+  TableConfig c;
+  c.set_id(1);
+  c.set_name("bench");
+  c.mutable_sparse()->set_dim(dim);
+  c.mutable_sparse()->set_memory_budget_bytes(budget);
+  c.mutable_sparse()->set_eviction(policy);
+  AdagradConfig* a = c.mutable_optimizer()->mutable_adagrad();
+  a->set_learning_rate(0.1f);
+  a->set_initial_accumulator(0.0f);
+  a->set_epsilon(1e-8f);
+  return c;
+}
+
+int Main() {
+  const size_t rows = absl::GetFlag(FLAGS_rows);
+  const uint32_t dim = absl::GetFlag(FLAGS_dim);
+  const size_t per = absl::GetFlag(FLAGS_message_keys);
+  const double seconds = absl::GetFlag(FLAGS_seconds);
+  const auto messages = Messages(rows, per, 64, 1);
+  std::vector<float> grads(per * dim, 0.01f), out(per * dim);
+
+  // Fill every structure with all rows first, so the figures are for
+  // updates of existing rows, not growth.
+  std::vector<uint64_t> all(rows);
+  for (size_t r = 0; r < rows; ++r) all[r] = Mix64(r);
+  std::vector<float> all_grads(rows * dim, 0.01f);
+
+  RawTable raw(dim, rows);
+  raw.Push(all, all_grads.data());
+  const double raw_push = Rate(messages, seconds, [&](const auto& m) { raw.Push(m, grads.data()); });
+  const double raw_pull = Rate(messages, seconds, [&](const auto& m) { raw.Pull(m, out.data()); });
+
+  struct Variant {
+    const char* name;
+    uint64_t budget;
+    EvictionPolicy policy;
+  };
+  // A budget large enough for every row measures the bookkeeping alone.
+  const uint64_t fits_all = uint64_t{rows} * (dim * 8 + 64) * 2;
+  for (const Variant& v : {Variant{"plain", 0, EVICT_NONE},
+                           Variant{"lru", fits_all, EVICT_LRU},
+                           Variant{"lfu", fits_all, EVICT_LFU}}) {
+    auto table = Table::Create(Config(dim, v.budget, v.policy));
+    if (!table.ok()) {
+      std::fprintf(stderr, "table_bench: %s\n", table.status().ToString().c_str());
+      return 1;
+    }
+    SparseTable* t = (*table)->AsSparse();
+    t->Push(all, all_grads.data());
+    const double push = Rate(messages, seconds, [&](const auto& m) { t->Push(m, grads.data()); });
+    const double pull = Rate(messages, seconds, [&](const auto& m) { t->Pull(m, out.data()); });
+    Emit(absl::StrCat("push_adagrad_", v.name).c_str(), push, raw_push);
+    Emit(absl::StrCat("pull_", v.name).c_str(), pull, raw_pull);
+  }
+  // Under pressure: the budget holds half of the ids, so pushes of absent
+  // keys evict (LFU sampling) and re-create rows.
+  const uint64_t half = uint64_t{rows / 2} * (dim * 8 + 32 + 16);
+  auto table = Table::Create(Config(dim, half, EVICT_LFU));
+  if (!table.ok()) return 1;
+  SparseTable* t = (*table)->AsSparse();
+  t->Push(all, all_grads.data());
+  const double churn = Rate(messages, seconds, [&](const auto& m) { t->Push(m, grads.data()); });
+  Emit("push_adagrad_lfu_half_budget", churn, raw_push);
+  std::fprintf(stderr, "# rows %zu dim %u, budget for half: %zu rows held, %.3f of budget used, "
+               "%llu evictions\n", rows, dim, t->num_rows(),
+               static_cast<double>(t->MemoryBytes()) / half,
+               static_cast<unsigned long long>(t->counters().evictions_budget));
+  return 0;
+}
+
+}  // namespace
+}  // namespace ps
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return ps::Main();
+}
