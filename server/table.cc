@@ -83,7 +83,9 @@ SparseTable::SparseTable(const TableConfig& config,
       stride_(static_cast<size_t>(dim_) * (1 + optimizer_->state_size())),
       evictable_(Evictable(config.sparse())),
       meta_bytes_(evictable_ ? sizeof(RowMeta) : 0),
-      row_bytes_(meta_bytes_ + stride_ * sizeof(float)),
+      // Rounded to 8 bytes with metadata, so every row's RowMeta is aligned.
+      row_bytes_(evictable_ ? (meta_bytes_ + stride_ * sizeof(float) + 7) / 8 * 8
+                            : stride_ * sizeof(float)),
       chunk_shift_(ChunkShift(row_bytes_, config.sparse().memory_budget_bytes())),
       chunk_rows_(1u << chunk_shift_),
       admit_after_(config.sparse().admit_after_pushes()),
@@ -237,7 +239,10 @@ uint32_t SparseTable::CreateRow(uint64_t key) {
 
 void SparseTable::Advance(uint64_t step, absl::Time now) {
   step_ = std::max(step_, step);
-  if (created_ == absl::Time()) created_ = now;
+  if (!started_) {
+    created_ = now;
+    started_ = true;
+  }
   const int64_t seconds = absl::ToInt64Seconds(now - created_);
   if (seconds > 0) {
     now_second_ = std::max(now_second_, static_cast<uint32_t>(std::min<int64_t>(

@@ -174,7 +174,7 @@ class SparseTable : public Table {
   const size_t stride_;      // floats per row: dim * (1 + state_size)
   const bool evictable_;     // rows carry RowMeta and may be dropped
   const size_t meta_bytes_;  // sizeof(RowMeta) or 0
-  const size_t row_bytes_;   // meta_bytes_ + stride_ * sizeof(float)
+  const size_t row_bytes_;   // meta_bytes_ + stride_ floats (+ alignment)
   const int chunk_shift_;    // log2 of rows per chunk
   const uint32_t chunk_rows_;
   const uint32_t admit_after_;  // <= 1: no filter
@@ -191,6 +191,7 @@ class SparseTable : public Table {
   uint32_t mru_ = kNil;       // recency list ends
   uint32_t lru_ = kNil;
   uint64_t step_ = 0;
+  bool started_ = false;  // created_ is set by the first Advance()
   absl::Time created_;
   uint32_t now_second_ = 0;
   uint64_t rng_;              // victim sampling (LFU), deterministic
