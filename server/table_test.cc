@@ -3,13 +3,18 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstring>
 #include <limits>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "common/config.h"
+#include "common/hash.h"
 #include "google/protobuf/text_format.h"
 #include "server/optimizer.h"
 #include "gtest/gtest.h"
@@ -284,7 +289,7 @@ TEST(SparseTableTest, PushAppliesSgdPerRow) {
   c.mutable_init()->set_value(1.0f);
   auto t = MustCreateSparse(c);
   ASSERT_NE(t, nullptr);
-  PullSparse(*t, {10});  // row 10 exists before the push; row 20 does not
+  PullSparse(*t, {10});  // creates no row: the push creates both
   const std::vector<uint64_t> keys = {10, 20};
   const std::vector<float> g = {1.0f, -2.0f, 0.5f, 4.0f};
   t->Push(keys, g.data());
@@ -588,6 +593,698 @@ TEST(SparseTableTest, WiderOptimizerStateIsKeptPerRowAndElement) {
       EXPECT_EQ(out[3 + e], w9[e]) << opt << " key 9 element " << e;
     }
   }
+}
+
+
+// ------------------------------------------- admission, TTL, memory budget
+
+// A table config from text, with the documented defaults filled in.
+TableConfig ParseTable(const std::string& text) {
+  TableConfig tc;
+  EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(text, &tc)) << text;
+  JobConfig job;
+  *job.add_tables() = tc;
+  ApplyDefaults(&job);
+  return job.tables(0);
+}
+
+std::vector<float> Initial(const TableConfig& c, uint64_t key) {
+  std::vector<float> v(c.sparse().dim());
+  InitializeValues(c.init(), c.id(), key, 0, v.size(), v.data());
+  return v;
+}
+
+// What SGD leaves in a row that started at `init` after the gradients
+// `grads` (one row each), computed the way the optimizer does it.
+std::vector<float> AfterSgd(std::vector<float> w, float lr,
+                            const std::vector<std::vector<float>>& grads) {
+  for (const auto& g : grads) {
+    for (size_t e = 0; e < w.size(); ++e) w[e] -= lr * g[e];
+  }
+  return w;
+}
+
+std::vector<float> Concat(const std::vector<std::vector<float>>& rows) {
+  std::vector<float> all;
+  for (const auto& r : rows) all.insert(all.end(), r.begin(), r.end());
+  return all;
+}
+
+void ExpectSameCounters(const TableCounters& a, const TableCounters& b) {
+  EXPECT_EQ(a.keys_pushed, b.keys_pushed);
+  EXPECT_EQ(a.keys_pulled, b.keys_pulled);
+  EXPECT_EQ(a.admissions, b.admissions);
+  EXPECT_EQ(a.pushes_filtered, b.pushes_filtered);
+  EXPECT_EQ(a.evictions_ttl, b.evictions_ttl);
+  EXPECT_EQ(a.evictions_budget, b.evictions_budget);
+  EXPECT_EQ(a.pushes_refused, b.pushes_refused);
+}
+
+TEST(SparseAdmissionTest, KeyGetsARowAtItsThirdPushAndThatPushIsApplied) {
+  const TableConfig c = ParseTable(R"pb(
+    id: 4 name: "adm"
+    sparse { dim: 2 admit_after_pushes: 3 admission_sketch_width: 1024 }
+    optimizer { sgd { learning_rate: 0.5 } }
+    init { kind: UNIFORM scale: 1 seed: 77 })pb");
+  auto t = MustCreateSparse(c);
+  ASSERT_NE(t, nullptr);
+  // The initializer is not zero, so "unchanged" below means something.
+  ASSERT_NE(Initial(c, 7)[0], 0.0f);
+  ASSERT_NE(Initial(c, 7), Initial(c, 8));
+
+  const std::vector<float> g1 = {1, 2}, g2 = {-3, 0.5f}, g3 = {4, -2};
+  t->Push({7}, g1.data());
+  EXPECT_EQ(t->num_rows(), 0u);
+  EXPECT_EQ(t->counters().pushes_filtered, 1u);
+  EXPECT_EQ(PullSparse(*t, {7}), Initial(c, 7));
+  t->Push({7}, g2.data());
+  EXPECT_EQ(t->num_rows(), 0u);
+  EXPECT_EQ(t->counters().pushes_filtered, 2u);
+  EXPECT_EQ(t->counters().admissions, 0u);
+  EXPECT_EQ(PullSparse(*t, {7}), Initial(c, 7));
+  // Another key's first push is counted for that key only.
+  t->Push({8}, g1.data());
+  EXPECT_EQ(t->num_rows(), 0u);
+  EXPECT_EQ(t->counters().pushes_filtered, 3u);
+
+  // The third push creates the row and its gradient (only) is applied.
+  t->Push({7}, g3.data());
+  EXPECT_EQ(t->num_rows(), 1u);
+  EXPECT_EQ(t->counters().admissions, 1u);
+  EXPECT_EQ(t->counters().pushes_filtered, 3u);
+  EXPECT_EQ(PullSparse(*t, {7, 8}),
+            Concat({AfterSgd(Initial(c, 7), 0.5f, {g3}), Initial(c, 8)}));
+  // Admitted rows take every later push.
+  t->Push({7}, g1.data());
+  EXPECT_EQ(PullSparse(*t, {7}), AfterSgd(Initial(c, 7), 0.5f, {g3, g1}));
+
+  // Key 9 three times in one request: admitted at its third occurrence,
+  // whose gradient is applied; key 8 gets its second push in between.
+  const std::vector<float> g = {1, 1, 8, 8, 2, 2, 0.25f, -4};
+  t->Push({9, 8, 9, 9}, g.data());
+  EXPECT_EQ(t->num_rows(), 2u);
+  EXPECT_EQ(t->counters().admissions, 2u);
+  EXPECT_EQ(t->counters().pushes_filtered, 6u);
+  EXPECT_EQ(PullSparse(*t, {9, 8}),
+            Concat({AfterSgd(Initial(c, 9), 0.5f, {{0.25f, -4}}), Initial(c, 8)}));
+  // Key 8's third push, in its own request.
+  t->Push({8}, g3.data());
+  EXPECT_EQ(t->num_rows(), 3u);
+  EXPECT_EQ(PullSparse(*t, {8}), AfterSgd(Initial(c, 8), 0.5f, {g3}));
+  EXPECT_EQ(t->counters().keys_pushed, 1u + 1u + 1u + 1u + 1u + 4u + 1u);
+}
+
+TableConfig TtlConfig(const char* sparse_fields) {
+  return ParseTable(absl::StrCat(R"pb(
+    id: 5 name: "ttl"
+    optimizer { sgd { learning_rate: 0.5 } }
+    init { kind: UNIFORM scale: 1 seed: 3 }
+    sparse { dim: 2 )pb", sparse_fields, " }"));
+}
+
+TEST(SparseTtlTest, RowsUntouchedForMoreThanTtlStepsAreDropped) {
+  const TableConfig c = TtlConfig("ttl_steps: 3");
+  auto t = MustCreateSparse(c);
+  ASSERT_NE(t, nullptr);
+  const absl::Time now = absl::FromUnixSeconds(1700000000);
+  const std::vector<float> g = {1, 1, 1, 1, 1, 1};
+  t->Advance(0, now);
+  t->Push({1, 2, 3}, g.data());  // last touched at step 0
+  ASSERT_EQ(t->num_rows(), 3u);
+  t->Advance(2, now);
+  PullSparse(*t, {2});  // a pull refreshes: key 2 at step 2
+  t->Advance(3, now);
+  t->Push({3}, g.data());  // a push refreshes: key 3 at step 3
+  // step - last touch = 3 is not more than 3.
+  EXPECT_EQ(t->num_rows(), 3u);
+  EXPECT_EQ(t->counters().evictions_ttl, 0u);
+
+  t->Advance(4, now);  // key 1: 4 - 0 > 3
+  EXPECT_EQ(t->num_rows(), 2u);
+  EXPECT_EQ(t->counters().evictions_ttl, 1u);
+  // A dropped row reads as its initial value again, and reading it does
+  // not bring it back.
+  EXPECT_EQ(PullSparse(*t, {1}), Initial(c, 1));
+  EXPECT_EQ(t->num_rows(), 2u);
+  EXPECT_EQ(PullSparse(*t, {3}), AfterSgd(Initial(c, 3), 0.5f, {{1, 1}, {1, 1}}));
+
+  // Key 3 was pulled just above, at step 4.
+  t->Advance(5, now);  // key 2: 5 - 2 = 3
+  EXPECT_EQ(t->num_rows(), 2u);
+  t->Advance(6, now);  // key 2: 6 - 2 > 3; key 3: 6 - 4
+  EXPECT_EQ(t->num_rows(), 1u);
+  EXPECT_EQ(t->counters().evictions_ttl, 2u);
+  t->Advance(7, now);
+  EXPECT_EQ(t->num_rows(), 1u);
+  t->Advance(8, now);  // key 3: 8 - 4 > 3
+  EXPECT_EQ(t->num_rows(), 0u);
+  EXPECT_EQ(t->counters().evictions_ttl, 3u);
+
+  // A new push re-creates the row from its initial value.
+  const std::vector<float> g2 = {2, -4};
+  t->Push({1}, g2.data());
+  EXPECT_EQ(t->num_rows(), 1u);
+  EXPECT_EQ(t->counters().admissions, 4u);
+  EXPECT_EQ(PullSparse(*t, {1}), AfterSgd(Initial(c, 1), 0.5f, {g2}));
+
+  // A step that goes backwards drops nothing and does not move the table's
+  // step back: key 1 was touched at step 8 and lives through step 11.
+  t->Advance(2, now);
+  PullSparse(*t, {1});
+  t->Advance(11, now);
+  EXPECT_EQ(t->num_rows(), 1u);
+  t->Advance(12, now);
+  EXPECT_EQ(t->num_rows(), 0u);
+  EXPECT_EQ(t->counters().evictions_ttl, 4u);
+}
+
+TEST(SparseTtlTest, RowsUntouchedForMoreThanTtlSecondsAreDropped) {
+  // Also from the Unix epoch, where a FakeClock starts.
+  for (const absl::Time start :
+       {absl::UnixEpoch(), absl::FromUnixSeconds(1700000000)}) {
+    SCOPED_TRACE(absl::FormatTime(start));
+    const TableConfig c = TtlConfig("ttl_seconds: 10");
+    auto t = MustCreateSparse(c);
+    ASSERT_NE(t, nullptr);
+    const std::vector<float> g = {1, 1};
+    t->Advance(0, start);
+    t->Push({1}, g.data());  // second 0
+    t->Advance(0, start + absl::Seconds(5));
+    t->Push({2}, g.data());  // second 5
+    t->Advance(0, start + absl::Seconds(10));
+    EXPECT_EQ(t->num_rows(), 2u);
+    // Whole seconds count: 10.999 s is 10.
+    t->Advance(0, start + absl::Milliseconds(10999));
+    EXPECT_EQ(t->num_rows(), 2u);
+    t->Advance(0, start + absl::Seconds(11));
+    EXPECT_EQ(t->num_rows(), 1u);
+    EXPECT_EQ(t->counters().evictions_ttl, 1u);
+    EXPECT_EQ(PullSparse(*t, {1}), Initial(c, 1));
+    // Steps do not matter for a seconds-only TTL.
+    t->Advance(1000, start + absl::Seconds(15));
+    EXPECT_EQ(t->num_rows(), 1u);
+    PullSparse(*t, {2});  // refreshed at second 15
+    t->Advance(1000, start + absl::Seconds(25));
+    EXPECT_EQ(t->num_rows(), 1u);
+    // Time going backwards keeps rows.
+    t->Advance(1000, start);
+    EXPECT_EQ(t->num_rows(), 1u);
+    t->Advance(1000, start + absl::Seconds(26));
+    EXPECT_EQ(t->num_rows(), 0u);
+    EXPECT_EQ(t->counters().evictions_ttl, 2u);
+    t->Push({2}, g.data());
+    EXPECT_EQ(PullSparse(*t, {2}), AfterSgd(Initial(c, 2), 0.5f, {g}));
+  }
+}
+
+// Streams `count` new keys into a budgeted table in batches, checking after
+// every batch that the table stays within its row and byte limits; returns
+// the smallest MemoryBytes() / budget seen once the table was full.
+double StreamNewKeys(SparseTable& t, uint64_t first_key, size_t count,
+                     uint64_t budget) {
+  constexpr size_t kBatch = 997;
+  double min_full_ratio = 2.0;
+  std::vector<uint64_t> keys;
+  std::vector<float> grads;
+  for (size_t done = 0; done < count;) {
+    const size_t n = std::min(kBatch, count - done);
+    keys.clear();
+    for (size_t i = 0; i < n; ++i) keys.push_back(first_key + done + i);
+    grads.assign(n * t.dim(), 1.0f);
+    t.Push(keys, grads.data());
+    done += n;
+    EXPECT_LE(t.num_rows(), t.max_rows());
+    EXPECT_LE(t.MemoryBytes(), budget);
+    if (t.num_rows() == t.max_rows()) {
+      min_full_ratio = std::min(
+          min_full_ratio, static_cast<double>(t.MemoryBytes()) / budget);
+    }
+  }
+  return min_full_ratio;
+}
+
+TEST(SparseBudgetTest, LruStaysWithinFivePercentBelowTheBudget) {
+  struct Case {
+    const char* optimizer;
+    uint32_t dim;
+    uint64_t budget;
+  };
+  for (const Case& k : {Case{"sgd { learning_rate: 0.5 }", 8, 1 << 20},
+                        Case{"adam { learning_rate: 0.1 }", 64, (4 << 20) + 12345},
+                        Case{"adagrad { learning_rate: 0.1 }", 1, 3 << 20},
+                        Case{"sgd { learning_rate: 0.5 }", 4096, 1 << 20}}) {
+    SCOPED_TRACE(absl::StrCat(k.optimizer, " dim ", k.dim, " budget ", k.budget));
+    const TableConfig c = ParseTable(absl::StrCat(
+        "id: 9 name: \"lru\" optimizer { ", k.optimizer, " } sparse { dim: ",
+        k.dim, " memory_budget_bytes: ", k.budget, " eviction: EVICT_LRU }"));
+    auto t = MustCreateSparse(c);
+    ASSERT_NE(t, nullptr);
+    const size_t max_rows = t->max_rows();
+    ASSERT_GT(max_rows, 0u);
+    ASSERT_LT(max_rows, k.budget);
+    const size_t streamed = 4 * max_rows + 123;
+    const double ratio = StreamNewKeys(*t, 1000, streamed, k.budget);
+    EXPECT_EQ(t->num_rows(), max_rows);
+    EXPECT_GE(ratio, 0.95);
+    EXPECT_LE(ratio, 1.0);
+    EXPECT_EQ(t->Stats().bytes(), t->MemoryBytes());
+    EXPECT_EQ(t->counters().admissions, streamed);
+    EXPECT_EQ(t->counters().evictions_budget, streamed - max_rows);
+    std::printf("[ measured ] LRU %s dim %u: budget %llu B, max_rows %zu, "
+                "full at %zu B = %.4f of the budget\n",
+                k.optimizer, k.dim, static_cast<unsigned long long>(k.budget),
+                max_rows, t->MemoryBytes(), ratio);
+    RecordProperty(absl::StrCat("lru_ratio_dim_", k.dim), absl::StrCat(ratio));
+  }
+}
+
+TableConfig BudgetConfig(EvictionPolicy eviction, const char* extra = "") {
+  return ParseTable(absl::StrCat(
+      "id: 6 name: \"capped\" optimizer { sgd { learning_rate: 0.5 } } "
+      "init { kind: UNIFORM scale: 1 seed: 21 } sparse { dim: 256 "
+      "memory_budget_bytes: 1048576 eviction: ",
+      EvictionPolicy_Name(eviction), " ", extra, " }"));
+}
+
+TEST(SparseBudgetTest, LruEvictsExactlyTheLeastRecentlyUsedRows) {
+  const TableConfig c = BudgetConfig(EVICT_LRU);
+  auto t = MustCreateSparse(c);
+  ASSERT_NE(t, nullptr);
+  const size_t m = t->max_rows();
+  ASSERT_GT(m, 200u);
+  // Keys 0..m-1 fill the table; within one push, later keys are more
+  // recent.
+  std::vector<uint64_t> old_keys;
+  for (uint64_t k = 0; k < m; ++k) old_keys.push_back(k);
+  std::vector<float> ones(m * 256, 1.0f);
+  t->Push(old_keys, ones.data());
+  ASSERT_EQ(t->num_rows(), m);
+  EXPECT_EQ(t->counters().evictions_budget, 0u);
+  // Keys 0..49 are refreshed by a pull, 50..99 by a push: 100..m-1 are now
+  // the least recently used, oldest first.
+  PullSparse(*t, std::vector<uint64_t>(old_keys.begin(), old_keys.begin() + 50));
+  t->Push(std::vector<uint64_t>(old_keys.begin() + 50, old_keys.begin() + 100),
+          ones.data());
+  // m - 100 new rows evict exactly keys 100..m-1.
+  std::vector<uint64_t> new_keys;
+  for (uint64_t k = 0; k < m - 100; ++k) new_keys.push_back(1000000 + k);
+  t->Push(new_keys, ones.data());
+  EXPECT_EQ(t->num_rows(), m);
+  EXPECT_EQ(t->counters().evictions_budget, m - 100);
+
+  const std::vector<float> one(256, 1.0f);
+  size_t wrong = 0;
+  const std::vector<float> old_values = PullSparse(*t, old_keys);
+  for (uint64_t k = 0; k < m; ++k) {
+    const std::vector<float> want =
+        k < 50    ? AfterSgd(Initial(c, k), 0.5f, {one})
+        : k < 100 ? AfterSgd(Initial(c, k), 0.5f, {one, one})
+                  : Initial(c, k);  // evicted
+    if (!std::equal(want.begin(), want.end(), old_values.begin() + k * 256)) {
+      if (wrong++ == 0) ADD_FAILURE() << "first wrong old key: " << k;
+    }
+  }
+  EXPECT_EQ(wrong, 0u);
+  // Pulls created nothing; the new rows are all there.
+  EXPECT_EQ(t->num_rows(), m);
+  const std::vector<float> new_values = PullSparse(*t, new_keys);
+  wrong = 0;
+  for (size_t i = 0; i < new_keys.size(); ++i) {
+    const std::vector<float> want = AfterSgd(Initial(c, new_keys[i]), 0.5f, {one});
+    wrong += !std::equal(want.begin(), want.end(), new_values.begin() + i * 256);
+  }
+  EXPECT_EQ(wrong, 0u);
+  EXPECT_LE(t->MemoryBytes(), 1048576u);
+  EXPECT_GE(t->MemoryBytes(), 0.95 * 1048576);
+}
+
+// How many of `keys` hold a row: their values differ from the initial ones
+// (every row here got gradient 1, so a row never equals its initial value).
+size_t CountRows(SparseTable& t, const TableConfig& c,
+                 const std::vector<uint64_t>& keys) {
+  const std::vector<float> v = PullSparse(t, keys);
+  size_t rows = 0;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    rows += v[i * t.dim()] != Initial(c, keys[i])[0];
+  }
+  return rows;
+}
+
+TEST(SparseBudgetTest, LfuKeepsHotKeysThroughAStreamOfColdOnes) {
+  for (const EvictionPolicy policy : {EVICT_LFU, EVICT_LRU}) {
+    SCOPED_TRACE(EvictionPolicy_Name(policy));
+    const TableConfig c = BudgetConfig(policy);
+    auto t = MustCreateSparse(c);
+    ASSERT_NE(t, nullptr);
+    const size_t m = t->max_rows();
+    // 32 hot keys, each pulled 50 times after its first push; then a stream
+    // of 10 * m cold ids pushed once each, which never touch the hot keys.
+    std::vector<uint64_t> hot;
+    for (uint64_t k = 0; k < 32; ++k) hot.push_back(k * 7 + 5);
+    std::vector<float> ones(hot.size() * 256, 1.0f);
+    t->Push(hot, ones.data());
+    for (int i = 0; i < 50; ++i) PullSparse(*t, hot);
+    const size_t cold = 10 * m;
+    const double ratio = StreamNewKeys(*t, 1 << 30, cold, 1048576);
+    EXPECT_GE(ratio, 0.95);
+    EXPECT_EQ(t->num_rows(), m);
+    EXPECT_EQ(t->counters().evictions_budget, hot.size() + cold - m);
+    if (policy == EVICT_LFU) {
+      // Every hot key survived, with its value.
+      EXPECT_EQ(CountRows(*t, c, hot), hot.size());
+      EXPECT_EQ(PullSparse(*t, {hot[0]}),
+                AfterSgd(Initial(c, hot[0]), 0.5f, {std::vector<float>(256, 1.0f)}));
+      std::printf("[ measured ] LFU dim 256: max_rows %zu, full at %.4f of "
+                  "the budget\n", m, ratio);
+    } else {
+      // The same workload under LRU loses them all (the contrast shows the
+      // LFU result is not just recency).
+      EXPECT_EQ(CountRows(*t, c, hot), 0u);
+    }
+  }
+}
+
+TEST(SparseBudgetTest, EvictNoneRefusesWhatDoesNotFit) {
+  const TableConfig c = BudgetConfig(EVICT_NONE);
+  auto t = MustCreateSparse(c);
+  ASSERT_NE(t, nullptr);
+  const size_t m = t->max_rows();
+  ASSERT_GT(m, 10u);
+  std::vector<uint64_t> keys;
+  for (uint64_t k = 0; k + 2 < m; ++k) keys.push_back(k);
+  std::vector<float> ones(m * 256 * 2, 1.0f);
+  t->Push(keys, ones.data());
+  ASSERT_EQ(t->num_rows(), m - 2);
+  ASSERT_EQ(t->counters().pushes_refused, 0u);
+
+  // Room for two new rows: duplicates and existing keys need none.
+  EXPECT_TRUE(t->CheckPush({}).ok());
+  EXPECT_TRUE(t->CheckPush({3, 4, 5}).ok());
+  EXPECT_TRUE(t->CheckPush({900001, 900002}).ok());
+  EXPECT_TRUE(t->CheckPush({900001, 3, 900001, 900002, 900002, 3}).ok());
+  const std::vector<float> key3_before = PullSparse(*t, {3});
+  const TableCounters before = t->counters();
+  const size_t bytes_before = t->MemoryBytes();
+  absl::Status s = t->CheckPush({900001, 900002, 900003});
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_NE(s.message().find("'capped'"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("1048576"), std::string::npos) << s;
+  s = t->CheckPush({900001, 3, 900002, 900003, 900001});
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  // Checking changed nothing.
+  EXPECT_EQ(t->num_rows(), m - 2);
+  EXPECT_EQ(t->MemoryBytes(), bytes_before);
+  ExpectSameCounters(t->counters(), before);
+  EXPECT_EQ(PullSparse(*t, {3}), key3_before);
+
+  // Pushed anyway, the rows that fit are created, the rest of the new keys
+  // are dropped and counted; existing keys are updated.
+  const std::vector<float> g(4 * 256, 2.0f);
+  t->Push({900001, 900002, 900003, 3}, g.data());
+  EXPECT_EQ(t->num_rows(), m);
+  EXPECT_EQ(t->counters().pushes_refused, 1u);
+  EXPECT_EQ(t->counters().evictions_budget, 0u);
+  const std::vector<float> two(256, 2.0f);
+  EXPECT_EQ(PullSparse(*t, {900001, 900002, 900003}),
+            Concat({AfterSgd(Initial(c, 900001), 0.5f, {two}),
+                    AfterSgd(Initial(c, 900002), 0.5f, {two}),
+                    Initial(c, 900003)}));
+  EXPECT_EQ(PullSparse(*t, {3}),
+            AfterSgd(Initial(c, 3), 0.5f, {std::vector<float>(256, 1.0f), two}));
+  // Full: any new key is refused, known keys still fit.
+  EXPECT_EQ(t->CheckPush({900003}).code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(t->CheckPush({900001, 3}).ok());
+  t->Push({900003, 900004}, g.data());
+  EXPECT_EQ(t->counters().pushes_refused, 3u);
+  EXPECT_EQ(t->num_rows(), m);
+  // Unknown keys still answer their initial values.
+  EXPECT_EQ(PullSparse(*t, {900004, 77777777}),
+            Concat({Initial(c, 900004), Initial(c, 77777777)}));
+  EXPECT_EQ(t->num_rows(), m);
+  EXPECT_LE(t->MemoryBytes(), 1048576u);
+  EXPECT_GE(t->MemoryBytes(), 0.95 * 1048576);
+  std::printf("[ measured ] EVICT_NONE dim 256: max_rows %zu, full at %.4f of "
+              "the budget\n", m, t->MemoryBytes() / 1048576.0);
+}
+
+TEST(SparseBudgetTest, CheckPushCountsOnlyKeysTheFilterWouldAdmit) {
+  // A 512 KiB sketch (few collisions for the keys used) in a 1 MiB budget.
+  const TableConfig c = BudgetConfig(
+      EVICT_NONE, "admit_after_pushes: 3 admission_sketch_width: 65536");
+  auto t = MustCreateSparse(c);
+  ASSERT_NE(t, nullptr);
+  const size_t m = t->max_rows();
+  ASSERT_GT(m, 10u);
+  // Fill to m - 1 rows: every key pushed three times.
+  std::vector<uint64_t> keys;
+  for (uint64_t k = 0; k + 1 < m; ++k) {
+    for (int i = 0; i < 3; ++i) keys.push_back(k);
+  }
+  std::vector<float> ones(keys.size() * 256, 1.0f);
+  t->Push(keys, ones.data());
+  ASSERT_EQ(t->num_rows(), m - 1);
+  // Two keys one push short of admission.
+  const uint64_t a = 500001, b = 500002;
+  t->Push({a, b, a, b}, ones.data());
+  ASSERT_EQ(t->num_rows(), m - 1);
+  const uint64_t f1 = 600001, f2 = 600002, f3 = 600003;
+
+  EXPECT_TRUE(t->CheckPush({f1, f2, f3}).ok());  // none would be admitted
+  EXPECT_TRUE(t->CheckPush({a}).ok());           // one row, one free
+  EXPECT_TRUE(t->CheckPush({a, a, f1, f1}).ok());
+  EXPECT_TRUE(t->CheckPush({f1, f1, f1}).ok());
+  EXPECT_EQ(t->CheckPush({a, b}).code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(t->CheckPush({f1, f1, a, f1}).code(),
+            absl::StatusCode::kResourceExhausted);
+  // Checking does not count towards admission: f2 checked many times is
+  // still at its first push.
+  const uint64_t filtered = t->counters().pushes_filtered;
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(t->CheckPush({f2}).ok());
+  t->Push({f2}, ones.data());
+  EXPECT_EQ(t->num_rows(), m - 1);
+  EXPECT_EQ(t->counters().pushes_filtered, filtered + 1);
+  // a's third push is admitted and fills the table.
+  t->Push({a}, ones.data());
+  EXPECT_EQ(t->num_rows(), m);
+  EXPECT_EQ(t->CheckPush({b}).code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(t->CheckPush({f3}).ok());
+  // b pushed anyway: admitted by the filter, refused by the budget.
+  t->Push({b}, ones.data());
+  EXPECT_EQ(t->num_rows(), m);
+  EXPECT_EQ(t->counters().pushes_refused, 1u);
+  EXPECT_EQ(PullSparse(*t, {b}), Initial(c, b));
+}
+
+TEST(SparseTableTest, InitIsDeterministicAcrossOrderAndEviction) {
+  constexpr char kTable[] = R"pb(
+    id: 12 name: "det"
+    optimizer { sgd { learning_rate: 0.3 } }
+    init { kind: UNIFORM scale: 0.5 seed: %d }
+    sparse { dim: 8 %s })pb";
+  auto config = [&](int seed, const char* sparse) {
+    char text[512];
+    std::snprintf(text, sizeof(text), kTable, seed, sparse);
+    return ParseTable(text);
+  };
+  auto plain = MustCreateSparse(config(11, ""));
+  const TableConfig evicting_config =
+      config(11, "memory_budget_bytes: 1048576 eviction: EVICT_LRU");
+  auto evicting = MustCreateSparse(evicting_config);
+  auto other_seed = MustCreateSparse(config(12, ""));
+  ASSERT_TRUE(plain && evicting && other_seed);
+
+  std::vector<uint64_t> keys;
+  for (uint64_t i = 0; i < 200; ++i) keys.push_back(Mix64(i) | 1);
+  // Gradients depend on the key, not on its position in a request.
+  auto grads_for = [](const std::vector<uint64_t>& ks, int round) {
+    std::vector<float> g;
+    for (uint64_t k : ks) {
+      for (int e = 0; e < 8; ++e) {
+        g.push_back(0.1f * static_cast<float>((k >> (3 * e)) % 13) - 0.6f +
+                    0.37f * round);
+      }
+    }
+    return g;
+  };
+  // The evicting table first holds the keys with other values, then loses
+  // them all to a flood of max_rows() other keys.
+  std::vector<float> junk(keys.size() * 8, 3.0f);
+  evicting->Push(keys, junk.data());
+  const size_t m = evicting->max_rows();
+  StreamNewKeys(*evicting, 0, m, 1048576);  // keys 0..m-1, none of `keys`
+  ASSERT_EQ(evicting->counters().evictions_budget, keys.size());
+  ASSERT_EQ(evicting->num_rows(), m);
+
+  // Two rounds of the same per-key gradients; the evicting table gets the
+  // keys in reverse order and re-creates their rows.
+  const std::vector<uint64_t> reversed(keys.rbegin(), keys.rend());
+  for (int round = 0; round < 2; ++round) {
+    plain->Push(keys, grads_for(keys, round).data());
+    evicting->Push(reversed, grads_for(reversed, round).data());
+    other_seed->Push(keys, grads_for(keys, round).data());
+  }
+  const std::vector<float> a = PullSparse(*plain, keys);
+  const std::vector<float> b = PullSparse(*evicting, keys);
+  ASSERT_EQ(a.size(), b.size());
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
+  EXPECT_EQ(a, b);
+  // And they are what the initializer and SGD give.
+  EXPECT_EQ(PullSparse(*plain, {keys[17]}),
+            AfterSgd(Initial(evicting_config, keys[17]), 0.3f,
+                     {grads_for({keys[17]}, 0), grads_for({keys[17]}, 1)}));
+  const std::vector<float> o = PullSparse(*other_seed, keys);
+  size_t same = 0;
+  for (size_t i = 0; i < a.size(); ++i) same += a[i] == o[i];
+  EXPECT_EQ(same, 0u);
+}
+
+TEST(SparseTableTest, StatsMatchCounters) {
+  const TableConfig c = ParseTable(R"pb(
+    id: 13 name: "stats"
+    optimizer { sgd { learning_rate: 0.5 } }
+    sparse {
+      dim: 256 admit_after_pushes: 2 admission_sketch_width: 65536
+      ttl_steps: 1 memory_budget_bytes: 1048576 eviction: EVICT_LRU
+    })pb");
+  auto t = MustCreateSparse(c);
+  ASSERT_NE(t, nullptr);
+  const absl::Time now = absl::UnixEpoch();
+  t->Advance(0, now);
+  std::vector<uint64_t> keys;
+  for (uint64_t k = 0; k < t->max_rows() + 10; ++k) {
+    keys.push_back(k);
+    keys.push_back(k);
+  }
+  std::vector<float> g(keys.size() * 256, 1.0f);
+  t->Push(keys, g.data());  // every key admitted at its second push
+  t->Push({5000000}, g.data());  // filtered
+  PullSparse(*t, {1, 2, 3});
+  t->Advance(1, now);
+  PullSparse(*t, {t->max_rows()});  // refreshed at step 1
+  t->Advance(2, now);               // every other row expires
+  const TableCounters& n = t->counters();
+  EXPECT_EQ(n.keys_pushed, keys.size() + 1);
+  EXPECT_EQ(n.keys_pulled, 4u);
+  EXPECT_EQ(n.admissions, t->max_rows() + 10);
+  EXPECT_EQ(n.pushes_filtered, t->max_rows() + 10 + 1);
+  EXPECT_EQ(n.evictions_budget, 10u);
+  EXPECT_EQ(n.evictions_ttl, t->max_rows() - 1);
+  EXPECT_EQ(t->num_rows(), 1u);
+
+  const TableStats s = t->Stats();
+  EXPECT_EQ(s.table_id(), 13u);
+  EXPECT_EQ(s.name(), "stats");
+  EXPECT_TRUE(s.sparse());
+  EXPECT_EQ(s.rows(), 1u);
+  EXPECT_EQ(s.bytes(), t->MemoryBytes());
+  EXPECT_GT(s.bytes(), 0u);
+  EXPECT_EQ(s.memory_budget_bytes(), 1048576u);
+  EXPECT_EQ(s.keys_pushed(), n.keys_pushed);
+  EXPECT_EQ(s.keys_pulled(), n.keys_pulled);
+  EXPECT_EQ(s.admissions(), n.admissions);
+  EXPECT_EQ(s.pushes_filtered(), n.pushes_filtered);
+  EXPECT_EQ(s.evictions_ttl(), n.evictions_ttl);
+  EXPECT_EQ(s.evictions_budget(), n.evictions_budget);
+  EXPECT_EQ(s.pushes_refused(), n.pushes_refused);
+  t->CountRefusedPush();
+  EXPECT_EQ(t->Stats().pushes_refused(), 1u);
+
+  // Dense tables: elements held, no budget.
+  auto d = MustCreateDense(DenseConfig(2, 10, 4, 0.5f));
+  ASSERT_NE(d, nullptr);
+  const std::vector<float> dg = {1, 1, 1};
+  d->Push(MakeSegments({{4, 3}}), dg.data());
+  PullDense(*d, MakeSegments({{8, 2}}));
+  const TableStats ds = d->Stats();
+  EXPECT_FALSE(ds.sparse());
+  EXPECT_EQ(ds.table_id(), 2u);
+  EXPECT_EQ(ds.rows(), 6u);  // blocks [4, 8) and [8, 10)
+  EXPECT_EQ(ds.bytes(), d->MemoryBytes());
+  EXPECT_EQ(ds.bytes(), 6 * sizeof(float));
+  EXPECT_EQ(ds.keys_pushed(), 3u);
+  EXPECT_EQ(ds.keys_pulled(), 2u);
+  EXPECT_EQ(ds.memory_budget_bytes(), 0u);
+}
+
+TEST(TableCreateTest, RejectsBudgetsTooSmallAndBadSparseFields) {
+  const std::pair<const char*, const char*> bad[] = {
+      {"one Adam row of dim 65536 is over 1 MiB",
+       "optimizer { adam { learning_rate: 0.1 } } "
+       "sparse { dim: 65536 memory_budget_bytes: 1048576 eviction: EVICT_LRU }"},
+      {"the default 2 MiB admission sketch alone is over the budget",
+       "optimizer { sgd { learning_rate: 0.1 } } "
+       "sparse { dim: 1 admit_after_pushes: 2 memory_budget_bytes: 1048576 }"},
+      {"dim 0", "optimizer { sgd { learning_rate: 0.1 } } sparse { dim: 0 }"},
+      {"dim 65537",
+       "optimizer { sgd { learning_rate: 0.1 } } sparse { dim: 65537 }"},
+      {"budget below 1 MiB",
+       "optimizer { sgd { learning_rate: 0.1 } } "
+       "sparse { dim: 1 memory_budget_bytes: 1048575 }"},
+      {"eviction without a budget",
+       "optimizer { sgd { learning_rate: 0.1 } } "
+       "sparse { dim: 1 eviction: EVICT_LFU }"},
+      {"admission threshold over 65535",
+       "optimizer { sgd { learning_rate: 0.1 } } "
+       "sparse { dim: 1 admit_after_pushes: 65536 }"},
+      {"sketch too narrow",
+       "optimizer { sgd { learning_rate: 0.1 } } "
+       "sparse { dim: 1 admit_after_pushes: 2 admission_sketch_width: 1023 }"},
+      {"ttl_seconds over 2^31",
+       "optimizer { sgd { learning_rate: 0.1 } } "
+       "sparse { dim: 1 ttl_seconds: 2147483649 }"},
+  };
+  for (const auto& [name, text] : bad) {
+    SCOPED_TRACE(name);
+    const TableConfig c = ParseTable(absl::StrCat("id: 1 name: \"t\" ", text));
+    auto t = Table::Create(c);
+    EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument) << t.status();
+    EXPECT_NE(t.status().message().find("'t'"), std::string::npos) << t.status();
+  }
+  TableConfig unknown_eviction = ParseTable(
+      "id: 1 name: \"t\" optimizer { sgd { learning_rate: 0.1 } } "
+      "sparse { dim: 1 memory_budget_bytes: 1048576 }");
+  unknown_eviction.mutable_sparse()->set_eviction(static_cast<EvictionPolicy>(7));
+  EXPECT_EQ(Table::Create(unknown_eviction).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // The first case's message names the budget.
+  auto t = Table::Create(ParseTable(absl::StrCat("id: 1 name: \"t\" ", bad[0].second)));
+  EXPECT_NE(t.status().message().find("1048576"), std::string::npos) << t.status();
+
+  // At the edge: SGD rows of dim 65536 (256 KiB) fit a 1 MiB budget.
+  auto fits = MustCreateSparse(ParseTable(
+      "id: 1 name: \"t\" optimizer { sgd { learning_rate: 0.1 } } "
+      "sparse { dim: 65536 memory_budget_bytes: 1048576 eviction: EVICT_LRU }"));
+  ASSERT_NE(fits, nullptr);
+  EXPECT_GE(fits->max_rows(), 1u);
+  EXPECT_LE(fits->max_rows(), 3u);
+}
+
+TEST(TableLearningRateTest, PushScalesTheSgdLearningRateExactly) {
+  TableConfig sc = SparseConfig(0, 2, 0.5f, InitializerConfig::CONSTANT);
+  sc.mutable_init()->set_value(1.0f);
+  auto s = MustCreateSparse(sc);
+  ASSERT_NE(s, nullptr);
+  const std::vector<float> g = {2, -4};
+  s->Push({1}, g.data(), 0.25f);   // lr 0.125
+  s->Push({2}, g.data());          // lr 0.5
+  s->Push({1}, g.data(), 0.125f);  // lr 0.0625
+  EXPECT_EQ(PullSparse(*s, {1, 2}),
+            (std::vector<float>{1 - 0.25f - 0.125f, 1 + 0.5f + 0.25f, 0, 3}));
+  // A non-dyadic scale: w -= (lr * scale) * g in float.
+  s->Push({3}, g.data(), 0.3f);
+  const float lr = 0.5f * 0.3f;
+  EXPECT_EQ(PullSparse(*s, {3}), (std::vector<float>{1 - lr * 2, 1 - lr * -4}));
+
+  TableConfig dc = DenseConfig(0, 8, 4, 0.5f);
+  dc.mutable_init()->set_kind(InitializerConfig::CONSTANT);
+  dc.mutable_init()->set_value(1.0f);
+  auto d = MustCreateDense(dc);
+  ASSERT_NE(d, nullptr);
+  const std::vector<float> dg = {8, 8, 8};
+  d->Push(MakeSegments({{1, 2}, {4, 1}}), dg.data(), 0.25f);
+  d->Push(MakeSegments({{2, 1}}), dg.data(), 0.5f);
+  EXPECT_EQ(PullAllDense(*d),
+            (std::vector<float>{1, 0, 0 - 2, 1, 0, 1, 1, 1}));
 }
 
 }  // namespace
