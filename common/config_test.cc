@@ -1,6 +1,7 @@
 #include "common/config.h"
 
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <fstream>
 #include <functional>
@@ -11,6 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
+#include "google/protobuf/text_format.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
 
@@ -681,6 +683,358 @@ TEST(ValidateJobConfigTest, FtrlTablesMustStartFromZero) {
                                      "init { kind: UNIFORM scale: 0.1 } }")),
             "job.pbtxt: tables[0].init: FTRL starts from zero weights; use init "
             "{ kind: ZEROS }");
+}
+
+// ------------------------------------------------- Learning-rate schedule
+
+// A one-table job (sparse or dense) whose optimizer block is sgd plus
+// `extra` (schedule, staleness_aware).
+std::string JobWithSchedule(const std::string& extra) {
+  return JobWithOptimizer(absl::StrCat("sgd { learning_rate: 0.5 } ", extra));
+}
+
+TEST(ParseJobConfigTest, ScheduleKeepsValuesAndDefaultsDecayRate) {
+  absl::StatusOr<JobConfig> full = ParseJobConfig(
+      JobWithSchedule("schedule { warmup_steps: 100 decay_steps: 1000"
+                      " decay_rate: 0.5 } staleness_aware: true"),
+      "j");
+  ASSERT_TRUE(full.ok()) << full.status();
+  const OptimizerConfig& opt = full->tables(0).optimizer();
+  ASSERT_TRUE(opt.has_schedule());
+  EXPECT_EQ(opt.schedule().warmup_steps(), 100u);
+  EXPECT_EQ(opt.schedule().decay_steps(), 1000u);
+  EXPECT_FLOAT_EQ(opt.schedule().decay_rate(), 0.5f);
+  EXPECT_TRUE(opt.staleness_aware());
+
+  // decay_rate left out under decay_steps: the documented 0.1.
+  absl::StatusOr<JobConfig> decay =
+      ParseJobConfig(JobWithSchedule("schedule { decay_steps: 10 }"), "j");
+  ASSERT_TRUE(decay.ok()) << decay.status();
+  EXPECT_FLOAT_EQ(decay->tables(0).optimizer().schedule().decay_rate(), 0.1f);
+  EXPECT_EQ(decay->tables(0).optimizer().schedule().warmup_steps(), 0u);
+  EXPECT_FALSE(decay->tables(0).optimizer().staleness_aware());
+
+  // Warm-up alone: no decay, so no decay_rate is invented.
+  absl::StatusOr<JobConfig> warmup =
+      ParseJobConfig(JobWithSchedule("schedule { warmup_steps: 8 }"), "j");
+  ASSERT_TRUE(warmup.ok()) << warmup.status();
+  EXPECT_TRUE(warmup->tables(0).optimizer().has_schedule());
+  EXPECT_EQ(warmup->tables(0).optimizer().schedule().warmup_steps(), 8u);
+  EXPECT_EQ(warmup->tables(0).optimizer().schedule().decay_rate(), 0.0f);
+
+  // The boundary values are valid.
+  absl::StatusOr<JobConfig> edges = ParseJobConfig(
+      JobWithSchedule("schedule { warmup_steps: 1099511627776"
+                      " decay_steps: 1099511627776 decay_rate: 1 }"),
+      "j");
+  ASSERT_TRUE(edges.ok()) << edges.status();
+  EXPECT_EQ(edges->tables(0).optimizer().schedule().warmup_steps(),
+            uint64_t{1} << 40);
+  EXPECT_FLOAT_EQ(edges->tables(0).optimizer().schedule().decay_rate(), 1.0f);
+  EXPECT_TRUE(
+      ParseJobConfig(
+          JobWithSchedule("schedule { decay_steps: 1 decay_rate: 1e-30 }"),
+          "j")
+          .ok());
+}
+
+TEST(ParseJobConfigTest, EmptyScheduleBlockIsNoSchedule) {
+  const JobConfig without = ParseOrDie(JobWithSchedule(""));
+  for (const char* block : {"schedule { }", "schedule { warmup_steps: 0 }",
+                            "schedule { warmup_steps: 0 decay_steps: 0 }"}) {
+    SCOPED_TRACE(block);
+    const JobConfig with = ParseOrDie(JobWithSchedule(block));
+    EXPECT_FALSE(with.tables(0).optimizer().has_schedule());
+    EXPECT_EQ(ConfigFingerprint(with), ConfigFingerprint(without));
+    EXPECT_TRUE(
+        google::protobuf::util::MessageDifferencer::Equals(with, without))
+        << with.DebugString();
+  }
+  // Defaults do not invent a schedule either.
+  EXPECT_FALSE(without.tables(0).optimizer().has_schedule());
+}
+
+TEST(ApplyDefaultsTest, ScheduleAndSparseDefaultsAreIdempotent) {
+  JobConfig config;
+  ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(
+      absl::StrCat(kMinimalCluster,
+                   "tables { id: 0 name: \"s\""
+                   " sparse { dim: 1 admit_after_pushes: 3 }"
+                   " optimizer { adam { learning_rate: 0.01 }"
+                   " schedule { decay_steps: 7 } } }"
+                   "tables { id: 1 name: \"d\" dense { size: 4 }"
+                   " optimizer { sgd { learning_rate: 1 } schedule { } } }"),
+      &config));
+  ApplyDefaults(&config);
+  EXPECT_FLOAT_EQ(config.tables(0).optimizer().schedule().decay_rate(), 0.1f);
+  EXPECT_EQ(config.tables(0).sparse().admission_sketch_width(), 262144u);
+  EXPECT_FALSE(config.tables(1).optimizer().has_schedule());
+  JobConfig again = config;
+  ApplyDefaults(&again);
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(config, again))
+      << again.DebugString();
+  EXPECT_TRUE(ValidateJobConfig(config).ok()) << ValidateJobConfig(config);
+}
+
+TEST(ValidateJobConfigTest, ScheduleErrorsNameTheField) {
+  const std::string kPrefix = "job.pbtxt: tables[0].optimizer.schedule.";
+  const struct {
+    const char* block;
+    const char* error;
+  } cases[] = {
+      {"schedule { decay_steps: 10 decay_rate: 1.5 }",
+       "decay_rate: must be in (0, 1]"},
+      {"schedule { decay_steps: 10 decay_rate: 1.0000001 }",
+       "decay_rate: must be in (0, 1]"},
+      {"schedule { decay_steps: 10 decay_rate: -0.5 }",
+       "decay_rate: must be in (0, 1]"},
+      {"schedule { decay_steps: 10 decay_rate: nan }",
+       "decay_rate: must be in (0, 1]"},
+      {"schedule { decay_steps: 10 decay_rate: inf }",
+       "decay_rate: must be in (0, 1]"},
+      {"schedule { decay_rate: 0.5 }",
+       "decay_rate: needs schedule.decay_steps > 0"},
+      {"schedule { warmup_steps: 100 decay_rate: 0.5 }",
+       "decay_rate: needs schedule.decay_steps > 0"},
+      {"schedule { warmup_steps: 1099511627777 }",
+       "warmup_steps: must be at most 2^40"},
+      {"schedule { warmup_steps: 18446744073709551615 }",
+       "warmup_steps: must be at most 2^40"},
+      {"schedule { decay_steps: 1099511627777 }",
+       "decay_steps: must be at most 2^40"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.block);
+    EXPECT_EQ(RejectionOf(JobWithSchedule(c.block)),
+              absl::StrCat(kPrefix, c.error));
+  }
+  // Every problem in one pass, each with its path; a dense table's
+  // schedule is checked too, under its own index.
+  EXPECT_EQ(
+      RejectionOf(absl::StrCat(
+          kMinimalCluster,
+          "tables { id: 0 name: \"s\" sparse { dim: 1 } optimizer {"
+          " sgd { learning_rate: 1 } schedule { decay_rate: 2 } } }\n"
+          "tables { id: 1 name: \"d\" dense { size: 4 } optimizer {"
+          " sgd { learning_rate: 1 } schedule { warmup_steps: 1099511627777"
+          " decay_steps: 1099511627777 decay_rate: 0.5 } } }\n")),
+      "job.pbtxt: tables[0].optimizer.schedule.decay_rate: needs "
+      "schedule.decay_steps > 0; "
+      "tables[1].optimizer.schedule.warmup_steps: must be at most 2^40; "
+      "tables[1].optimizer.schedule.decay_steps: must be at most 2^40");
+}
+
+TEST(ValidateOptimizerTest, ScheduleWithoutDefaults) {
+  // Called directly (as Optimizer::Create does), no defaults are filled:
+  // decay_steps with decay_rate 0 is an error there, under the given path.
+  OptimizerConfig opt;
+  opt.mutable_sgd()->set_learning_rate(0.5f);
+  opt.mutable_schedule()->set_decay_steps(10);
+  EXPECT_EQ(ValidateOptimizer(opt).message(),
+            "optimizer.schedule.decay_rate: must be in (0, 1]");
+  EXPECT_EQ(ValidateOptimizer(opt, "tables[3].optimizer").message(),
+            "tables[3].optimizer.schedule.decay_rate: must be in (0, 1]");
+  opt.mutable_schedule()->set_decay_rate(0.25f);
+  EXPECT_TRUE(ValidateOptimizer(opt).ok());
+  opt.set_staleness_aware(true);
+  EXPECT_TRUE(ValidateOptimizer(opt).ok());
+}
+
+// ----------------------------------------------------- Sparse table limits
+
+// A one-table job with a sparse table of dim 1 and the given extra fields.
+std::string JobWithSparse(const std::string& fields) {
+  return absl::StrCat(kMinimalCluster,
+                      "tables { id: 0 name: \"s\" sparse { dim: 1 ", fields,
+                      " } optimizer { sgd { learning_rate: 0.5 } } }");
+}
+
+TEST(ParseJobConfigTest, SparseTableWithEveryNewFieldParses) {
+  for (const char* policy : {"EVICT_LRU", "EVICT_LFU", "EVICT_NONE"}) {
+    SCOPED_TRACE(policy);
+    absl::StatusOr<JobConfig> config = ParseJobConfig(
+        JobWithSparse(absl::StrCat(
+            "admit_after_pushes: 3 admission_sketch_width: 4096"
+            " ttl_steps: 1000 ttl_seconds: 3600"
+            " memory_budget_bytes: 67108864 eviction: ",
+            policy)),
+        "j");
+    ASSERT_TRUE(config.ok()) << config.status();
+    const SparseTableConfig& s = config->tables(0).sparse();
+    EXPECT_EQ(s.dim(), 1u);
+    EXPECT_EQ(s.admit_after_pushes(), 3u);
+    EXPECT_EQ(s.admission_sketch_width(), 4096u);
+    EXPECT_EQ(s.ttl_steps(), 1000u);
+    EXPECT_EQ(s.ttl_seconds(), 3600u);
+    EXPECT_EQ(s.memory_budget_bytes(), uint64_t{64} << 20);
+  }
+  absl::StatusOr<JobConfig> lfu =
+      ParseJobConfig(JobWithSparse("memory_budget_bytes: 1048576"
+                                   " eviction: EVICT_LFU"),
+                     "j");
+  ASSERT_TRUE(lfu.ok()) << lfu.status();
+  EXPECT_EQ(lfu->tables(0).sparse().eviction(), EVICT_LFU);
+  EXPECT_EQ(lfu->tables(0).sparse().memory_budget_bytes(), 1048576u);
+}
+
+TEST(ParseJobConfigTest, AdmissionSketchWidthDefault) {
+  auto width = [](const std::string& fields) -> uint32_t {
+    const JobConfig config = ParseOrDie(JobWithSparse(fields));
+    return config.tables_size() == 1
+               ? config.tables(0).sparse().admission_sketch_width()
+               : 12345;
+  };
+  // Filled only when admission is on (admit_after_pushes > 1).
+  EXPECT_EQ(width(""), 0u);
+  EXPECT_EQ(width("admit_after_pushes: 1"), 0u);
+  EXPECT_EQ(width("admit_after_pushes: 2"), 262144u);
+  EXPECT_EQ(width("admit_after_pushes: 65535"), 262144u);
+  // An explicit width is kept, with admission on or off.
+  EXPECT_EQ(width("admit_after_pushes: 2 admission_sketch_width: 1024"), 1024u);
+  EXPECT_EQ(width("admission_sketch_width: 268435456"), 268435456u);
+  EXPECT_EQ(width("admit_after_pushes: 1 admission_sketch_width: 2048"), 2048u);
+}
+
+TEST(ValidateJobConfigTest, SparseTableLimitsNameTheField) {
+  const std::string kPrefix = "job.pbtxt: tables[0].sparse.";
+  const struct {
+    const char* fields;
+    const char* error;
+  } cases[] = {
+      {"admit_after_pushes: 65536",
+       "admit_after_pushes: must be at most 65535"},
+      {"admit_after_pushes: 4294967295",
+       "admit_after_pushes: must be at most 65535"},
+      {"admission_sketch_width: 1",
+       "admission_sketch_width: must be in 1024..2^28"},
+      {"admission_sketch_width: 1023",
+       "admission_sketch_width: must be in 1024..2^28"},
+      {"admit_after_pushes: 2 admission_sketch_width: 1023",
+       "admission_sketch_width: must be in 1024..2^28"},
+      {"admission_sketch_width: 268435457",
+       "admission_sketch_width: must be in 1024..2^28"},
+      {"ttl_steps: 4611686018427387905", "ttl_steps: must be at most 2^62"},
+      {"ttl_seconds: 2147483649", "ttl_seconds: must be at most 2^31"},
+      {"memory_budget_bytes: 1",
+       "memory_budget_bytes: must be 0 (no budget) or >= 1 MiB"},
+      {"memory_budget_bytes: 1048575",
+       "memory_budget_bytes: must be 0 (no budget) or >= 1 MiB"},
+      {"eviction: EVICT_LRU",
+       "eviction: evicts only under memory_budget_bytes; set it"},
+      {"eviction: EVICT_LFU memory_budget_bytes: 0",
+       "eviction: evicts only under memory_budget_bytes; set it"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.fields);
+    EXPECT_EQ(RejectionOf(JobWithSparse(c.fields)),
+              absl::StrCat(kPrefix, c.error));
+  }
+  // The boundaries themselves are valid.
+  for (const char* ok :
+       {"admit_after_pushes: 65535", "admit_after_pushes: 0",
+        "admission_sketch_width: 1024", "admission_sketch_width: 268435456",
+        "ttl_steps: 4611686018427387904", "ttl_seconds: 2147483648",
+        "ttl_steps: 1 ttl_seconds: 1", "memory_budget_bytes: 1048576",
+        "memory_budget_bytes: 0 eviction: EVICT_NONE",
+        "memory_budget_bytes: 1099511627776 eviction: EVICT_NONE"}) {
+    SCOPED_TRACE(ok);
+    absl::StatusOr<JobConfig> config = ParseJobConfig(JobWithSparse(ok), "j");
+    EXPECT_TRUE(config.ok()) << config.status();
+  }
+}
+
+TEST(ValidateJobConfigTest, SparseTableErrorsAllReportedWithTableIndex) {
+  const std::string message = RejectionOf(absl::StrCat(
+      kMinimalCluster, SgdSparseTable(0, "ok"),
+      "tables { id: 1 name: \"bad\" sparse { dim: 1 admit_after_pushes: 70000"
+      " admission_sketch_width: 100 memory_budget_bytes: 1000"
+      " eviction: EVICT_LRU } optimizer { sgd { learning_rate: 1 } } }"));
+  EXPECT_EQ(message,
+            "job.pbtxt: tables[1].sparse.admit_after_pushes: must be at most "
+            "65535; "
+            "tables[1].sparse.admission_sketch_width: must be in 1024..2^28; "
+            "tables[1].sparse.memory_budget_bytes: must be 0 (no budget) or "
+            ">= 1 MiB");
+}
+
+TEST(ValidateSparseTableTest, DirectCallsUseThePath) {
+  SparseTableConfig sparse;
+  sparse.set_dim(4);
+  EXPECT_TRUE(ValidateSparseTable(sparse).ok());
+  sparse.set_eviction(EVICT_LFU);
+  EXPECT_EQ(ValidateSparseTable(sparse).message(),
+            "sparse.eviction: evicts only under memory_budget_bytes; set it");
+  EXPECT_EQ(ValidateSparseTable(sparse, "tables[2].sparse").message(),
+            "tables[2].sparse.eviction: evicts only under "
+            "memory_budget_bytes; set it");
+  sparse.set_memory_budget_bytes(uint64_t{1} << 20);
+  EXPECT_TRUE(ValidateSparseTable(sparse).ok());
+  // An enum value outside the three policies (a newer peer's, or a
+  // hand-built message) is rejected.
+  sparse.set_eviction(static_cast<EvictionPolicy>(7));
+  EXPECT_EQ(ValidateSparseTable(sparse).message(),
+            "sparse.eviction: must be EVICT_NONE, EVICT_LRU or EVICT_LFU");
+  // No defaults are applied here: dim 0 is an error, and a width of 0
+  // with admission on is left to ApplyDefaults (0 is valid).
+  SparseTableConfig bare;
+  EXPECT_EQ(ValidateSparseTable(bare).message(),
+            "sparse.dim: must be in 1..65536");
+  bare.set_dim(1);
+  bare.set_admit_after_pushes(5);
+  EXPECT_TRUE(ValidateSparseTable(bare).ok());
+}
+
+TEST(ConfigFingerprintTest, ChangesWithScheduleAndSparseFields) {
+  const JobConfig base = ParseOrDie(JobWithSparse(
+      "admit_after_pushes: 2 ttl_steps: 10 ttl_seconds: 60"
+      " memory_budget_bytes: 2097152 eviction: EVICT_LRU"));
+  const uint64_t base_fp = ConfigFingerprint(base);
+  const std::vector<std::pair<std::string, std::function<void(JobConfig*)>>>
+      changes = {
+          {"warmup_steps",
+           [](JobConfig* c) {
+             c->mutable_tables(0)
+                 ->mutable_optimizer()
+                 ->mutable_schedule()
+                 ->set_warmup_steps(1);
+           }},
+          {"staleness_aware",
+           [](JobConfig* c) {
+             c->mutable_tables(0)->mutable_optimizer()->set_staleness_aware(
+                 true);
+           }},
+          {"admit_after_pushes",
+           [](JobConfig* c) {
+             c->mutable_tables(0)->mutable_sparse()->set_admit_after_pushes(3);
+           }},
+          {"admission_sketch_width",
+           [](JobConfig* c) {
+             c->mutable_tables(0)->mutable_sparse()->set_admission_sketch_width(
+                 1024);
+           }},
+          {"ttl_steps",
+           [](JobConfig* c) {
+             c->mutable_tables(0)->mutable_sparse()->set_ttl_steps(11);
+           }},
+          {"ttl_seconds",
+           [](JobConfig* c) {
+             c->mutable_tables(0)->mutable_sparse()->set_ttl_seconds(61);
+           }},
+          {"memory_budget_bytes",
+           [](JobConfig* c) {
+             c->mutable_tables(0)->mutable_sparse()->set_memory_budget_bytes(
+                 2097153);
+           }},
+          {"eviction",
+           [](JobConfig* c) {
+             c->mutable_tables(0)->mutable_sparse()->set_eviction(EVICT_LFU);
+           }},
+      };
+  for (const auto& [what, change] : changes) {
+    JobConfig changed = base;
+    change(&changed);
+    EXPECT_NE(ConfigFingerprint(changed), base_fp) << what;
+  }
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 #include "server/optimizer.h"
 
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <memory>
 #include <vector>
@@ -107,6 +108,50 @@ TEST(SgdTest, TouchesOnlyTheFirstNElements) {
   const float g[] = {1.0f, 1.0f, 1.0f};
   sgd->Apply(w.data(), nullptr, g, 2, 1.0f);
   EXPECT_EQ(w, (std::vector<float>{0.0f, 0.0f, 1.0f}));
+}
+
+TEST(SgdTest, LrScaleMultipliesTheLearningRate) {
+  // lr = 0.5 with scales 0.25, 0.5, 0.125: effective rates 0.125, 0.25,
+  // 0.0625. Every value is a short binary fraction, so exact in float:
+  //   g1 = { 2, -4}:   w = {1 - 0.25,   -2 + 0.5}     = {0.75, -1.5}
+  //   g2 = { 1,  8}:   w = {0.75 - 0.25, -1.5 - 2}    = {0.5, -3.5}
+  //   g3 = {-8,  0.5}: w = {0.5 + 0.5,  -3.5 - 1/32}  = {1, -3.53125}
+  auto sgd = MustCreate(SgdConfigWithLr(0.5f));
+  ASSERT_NE(sgd, nullptr);
+  std::vector<float> w = {1.0f, -2.0f};
+  const float g1[] = {2.0f, -4.0f};
+  sgd->Apply(w.data(), nullptr, g1, 2, 0.25f);
+  EXPECT_EQ(w, (std::vector<float>{0.75f, -1.5f}));
+  const float g2[] = {1.0f, 8.0f};
+  sgd->Apply(w.data(), nullptr, g2, 2, 0.5f);
+  EXPECT_EQ(w, (std::vector<float>{0.5f, -3.5f}));
+  const float g3[] = {-8.0f, 0.5f};
+  sgd->Apply(w.data(), nullptr, g3, 2, 0.125f);
+  EXPECT_EQ(w, (std::vector<float>{1.0f, -3.53125f}));
+}
+
+TEST(SgdTest, LrScaleHalfOfPointOneIsPointZeroFive) {
+  // lr 0.1 with scale 0.5 must take exactly the steps of lr 0.05 (halving
+  // is exact in float, so 0.1f * 0.5f == 0.05f bit for bit).
+  auto scaled = MustCreate(SgdConfigWithLr(0.1f));
+  auto reference = MustCreate(SgdConfigWithLr(0.05f));
+  ASSERT_NE(scaled, nullptr);
+  ASSERT_NE(reference, nullptr);
+  float w_scaled[2] = {0.3f, -0.7f};
+  float w_reference[2] = {0.3f, -0.7f};
+  double w_hand[2] = {0.3f, -0.7f};
+  const float grads[4][2] = {
+      {1.0f, -2.0f}, {0.3f, 0.9f}, {-1.7f, 0.0f}, {4.0f, -0.25f}};
+  for (int step = 0; step < 4; ++step) {
+    SCOPED_TRACE(testing::Message() << "step " << step + 1);
+    scaled->Apply(w_scaled, nullptr, grads[step], 2, 0.5f);
+    reference->Apply(w_reference, nullptr, grads[step], 2, 1.0f);
+    for (int i = 0; i < 2; ++i) {
+      w_hand[i] -= 0.05 * grads[step][i];
+      EXPECT_EQ(w_scaled[i], w_reference[i]);
+      EXPECT_NEAR(w_scaled[i], w_hand[i], 1e-7);
+    }
+  }
 }
 
 // --------------------------------------------------------------- Adagrad
@@ -228,6 +273,40 @@ TEST(AdagradTest, ElementsKeepSeparateAccumulators) {
   EXPECT_EQ(acc[1], 9.0f);
   EXPECT_FLOAT_EQ(w[0], -1.0f);
   EXPECT_FLOAT_EQ(w[1], -1.0f);
+}
+
+TEST(AdagradTest, LrScaleScalesTheStepNotTheAccumulator) {
+  // lr = 0.5, initial accumulator 16, epsilon 1, gradients 3, 12, 84 as in
+  // HandComputedSteps (acc = 25, 169, 7225; sqrt 5, 13, 85), with scales
+  // 0.5, 0.25, 0.5:
+  //   step 1: w = 1 - 0.5*0.5*3/(5+1)       = 1 - 1/8
+  //   step 2: w -= 0.5*0.25*12/(13+1)       = 3/28
+  //   step 3: w -= 0.5*0.5*84/(85+1)        = 21/86
+  // The accumulators must be exactly those of an unscaled run.
+  auto adagrad = MustCreate(AdagradConfigWith(0.5f, 16.0f, 1.0f));
+  ASSERT_NE(adagrad, nullptr);
+  float w = 1.0f, acc;
+  float w_unscaled = 1.0f, acc_unscaled;
+  adagrad->InitState(&acc, 1);
+  adagrad->InitState(&acc_unscaled, 1);
+  const float grads[] = {3.0f, 12.0f, 84.0f};
+  const float scales[] = {0.5f, 0.25f, 0.5f};
+  const float want_acc[] = {25.0f, 169.0f, 7225.0f};
+  const double want_w[] = {1.0 - 1.0 / 8.0, 1.0 - 1.0 / 8.0 - 3.0 / 28.0,
+                           1.0 - 1.0 / 8.0 - 3.0 / 28.0 - 21.0 / 86.0};
+  for (int step = 0; step < 3; ++step) {
+    SCOPED_TRACE(testing::Message() << "step " << step + 1);
+    const float before = w;
+    const float before_unscaled = w_unscaled;
+    adagrad->Apply(&w, &acc, &grads[step], 1, scales[step]);
+    adagrad->Apply(&w_unscaled, &acc_unscaled, &grads[step], 1, 1.0f);
+    EXPECT_EQ(acc, want_acc[step]);
+    EXPECT_EQ(acc, acc_unscaled);
+    EXPECT_NEAR(w, want_w[step], 1e-6);
+    // Same accumulator, so the step is the unscaled one times the scale.
+    EXPECT_NEAR(before - w, scales[step] * (before_unscaled - w_unscaled),
+                1e-6);
+  }
 }
 
 // ---------------------------------------------------------------- Create
@@ -367,6 +446,38 @@ TEST(MomentumTest, ZeroMomentumIsSgd) {
   EXPECT_EQ(w, 0.5f);
   momentum->Apply(&w, &v, &g2, 1, 1.0f);
   EXPECT_EQ(w, 2.0f);
+}
+
+TEST(MomentumTest, LrScaleScalesTheStepNotTheVelocity) {
+  // lr = 0.5, mu = 0.5, gradients 1, 2, -1 with scales 0.5, 0.25, 0.5
+  // (effective rates 0.25, 0.125, 0.25). The velocity ignores the scale:
+  //   v = 1, 2.5, 0.25
+  // Plain: w -= rate * v
+  //   w = -0.25, -0.25 - 0.3125 = -0.5625, -0.5625 - 0.0625 = -0.625
+  // Nesterov: w -= rate * (g + 0.5 v); g + 0.5 v = 1.5, 3.25, -0.875
+  //   w = -0.375, -0.375 - 0.40625 = -0.78125, -0.78125 + 0.21875 = -0.5625
+  // All exact in float.
+  auto plain = MustCreate(MomentumConfigWith(0.5f, 0.5f, false));
+  auto nesterov = MustCreate(MomentumConfigWith(0.5f, 0.5f, true));
+  ASSERT_NE(plain, nullptr);
+  ASSERT_NE(nesterov, nullptr);
+  const float grads[] = {1.0f, 2.0f, -1.0f};
+  const float scales[] = {0.5f, 0.25f, 0.5f};
+  const float want_v[] = {1.0f, 2.5f, 0.25f};
+  const float want_plain[] = {-0.25f, -0.5625f, -0.625f};
+  const float want_nesterov[] = {-0.375f, -0.78125f, -0.5625f};
+  float w_plain = 0.0f, w_nesterov = 0.0f, v_plain, v_nesterov;
+  plain->InitState(&v_plain, 1);
+  nesterov->InitState(&v_nesterov, 1);
+  for (int step = 0; step < 3; ++step) {
+    SCOPED_TRACE(testing::Message() << "step " << step + 1);
+    plain->Apply(&w_plain, &v_plain, &grads[step], 1, scales[step]);
+    nesterov->Apply(&w_nesterov, &v_nesterov, &grads[step], 1, scales[step]);
+    EXPECT_EQ(v_plain, want_v[step]);
+    EXPECT_EQ(v_nesterov, want_v[step]);
+    EXPECT_EQ(w_plain, want_plain[step]);
+    EXPECT_EQ(w_nesterov, want_nesterov[step]);
+  }
 }
 
 // ------------------------------------------------------------------ Adam
@@ -520,6 +631,65 @@ TEST(AdamTest, StepCountsArePerElement) {
   EXPECT_NEAR(w[1], ref1.w, 1e-6);
   // Constant gradient on row 1: two corrected steps of ~lr each.
   EXPECT_NEAR(w[1], -0.2, 1e-6);
+}
+
+TEST(AdamTest, LrScaleScalesTheStepNotTheMoments) {
+  // beta1 = 0.5, beta2 = 0.75, lr = 0.25, gradients 2, 2, -2, -2 with
+  // scales 0.5, 0.25, 1, 0.5. The moments ignore the scale and are exact:
+  //   m = 1, 1.5, 0.75 - 1 = -0.25, -0.125 - 1 = -1.125
+  //   v = 1, 1.75, 2.3125, 2.734375   (v_hat = 4 at every step, |g| = 2)
+  //   m_hat = m / (1 - 0.5^t) = 2, 2, -0.25/0.875 = -2/7, -1.125/0.9375 = -1.2
+  // so step t moves w by -lr * scale_t * m_hat / 2 (eps = 1e-8 is far below
+  // the tolerance):
+  //   deltas -0.125, -0.0625, +0.25/7, +0.075
+  auto adam = MustCreate(AdamConfigWith(0.25f, 0.5f, 0.75f, 1e-8f));
+  ASSERT_NE(adam, nullptr);
+  float w = 0.0f;
+  float state[3];
+  adam->InitState(state, 1);
+  const float grads[] = {2.0f, 2.0f, -2.0f, -2.0f};
+  const float scales[] = {0.5f, 0.25f, 1.0f, 0.5f};
+  const float want_m[] = {1.0f, 1.5f, -0.25f, -1.125f};
+  const float want_v[] = {1.0f, 1.75f, 2.3125f, 2.734375f};
+  const double w1 = -0.125;
+  const double w2 = w1 - 0.0625;
+  const double w3 = w2 + 0.25 / 7.0;
+  const double w4 = w3 + 0.075;
+  const double want_w[] = {w1, w2, w3, w4};
+  for (int step = 0; step < 4; ++step) {
+    SCOPED_TRACE(testing::Message() << "step " << step + 1);
+    adam->Apply(&w, state, &grads[step], 1, scales[step]);
+    EXPECT_EQ(state[0], want_m[step]);
+    EXPECT_EQ(state[1], want_v[step]);
+    EXPECT_EQ(state[2], static_cast<float>(step + 1));
+    EXPECT_NEAR(w, want_w[step], 2e-7);
+  }
+}
+
+TEST(AdamTest, LrScaleMatchesReferenceWithScaledRate) {
+  // Against the double reference whose rate is lr * scale at each step;
+  // the moments must equal those of an unscaled run.
+  const double lr = 0.01, b1 = 0.9, b2 = 0.999, eps = 1e-8;
+  auto adam = MustCreate(AdamConfigWith(0.01f, 0.9f, 0.999f, 1e-8f));
+  ASSERT_NE(adam, nullptr);
+  float w = 0.5f, state[3], w_unscaled = 0.5f, state_unscaled[3];
+  adam->InitState(state, 1);
+  adam->InitState(state_unscaled, 1);
+  RefAdam ref{lr, b1, b2, eps};
+  ref.w = 0.5f;
+  const float grads[] = {0.75f, -1.5f, 0.25f, 2.0f, -0.5f};
+  const float scales[] = {0.5f, 0.125f, 1.0f, 0.25f, 0.75f};
+  for (int step = 0; step < 5; ++step) {
+    SCOPED_TRACE(testing::Message() << "step " << step + 1);
+    adam->Apply(&w, state, &grads[step], 1, scales[step]);
+    adam->Apply(&w_unscaled, state_unscaled, &grads[step], 1, 1.0f);
+    ref.lr = lr * scales[step];
+    ref.Step(grads[step]);
+    EXPECT_EQ(state[0], state_unscaled[0]);
+    EXPECT_EQ(state[1], state_unscaled[1]);
+    EXPECT_EQ(state[2], state_unscaled[2]);
+    EXPECT_NEAR(w, ref.w, 1e-6);
+  }
 }
 
 // ------------------------------------------------------------------ FTRL
@@ -678,6 +848,81 @@ TEST(FtrlTest, InitialWeightIsIgnored) {
   EXPECT_EQ(w[1], 0.0f);
 }
 
+TEST(FtrlTest, LrScaleMultipliesAlphaHandComputed) {
+  // alpha = 1, beta = 1, l1 = 0, l2 = 0; gradients 3, 4, 12 keep sqrt(n)
+  // whole (0 -> 3 -> 5 -> 13); scales 0.5, 0.25, 1, so the step's alpha is
+  // 0.5, 0.25, 1. Following config.proto's formula with that alpha (the
+  // weight before the gradient is recomputed from (z, n) with it too):
+  //   1: w_old = 0;                 sigma = 3 / 0.5 = 6;   z = 3
+  //      n = 9;   w = -3 / ((1 + 3) / 0.5)  = -3/8
+  //   2: w_old = -3 / (4 / 0.25)    = -3/16; sigma = 2 / 0.25 = 8
+  //      z = 3 + 4 - 8 * (-3/16)    = 8.5;   n = 25
+  //      w = -8.5 / ((1 + 5) / 0.25) = -8.5/24
+  //   3: w_old = -8.5 / 6;          sigma = 8;  z = 8.5 + 12 + 8 * 8.5/6
+  //      n = 169; w = -z / 14
+  // With l1 = l2 = 0, sigma * w_old does not depend on the scale, so z and
+  // n are those of an unscaled run and w is the unscaled weight times the
+  // scale of the update that produced it.
+  auto ftrl = MustCreate(FtrlConfigWith(1.0f, 1.0f, 0.0f, 0.0f));
+  ASSERT_NE(ftrl, nullptr);
+  float w = 0.0f, state[2], w_unscaled = 0.0f, state_unscaled[2];
+  ftrl->InitState(state, 1);
+  ftrl->InitState(state_unscaled, 1);
+  const float grads[] = {3.0f, 4.0f, 12.0f};
+  const float scales[] = {0.5f, 0.25f, 1.0f};
+  const double z3 = 20.5 + 8.0 * 8.5 / 6.0;
+  const double want_z[] = {3.0, 8.5, z3};
+  const float want_n[] = {9.0f, 25.0f, 169.0f};
+  const double want_w[] = {-3.0 / 8.0, -8.5 / 24.0, -z3 / 14.0};
+  for (int step = 0; step < 3; ++step) {
+    SCOPED_TRACE(testing::Message() << "step " << step + 1);
+    ftrl->Apply(&w, state, &grads[step], 1, scales[step]);
+    ftrl->Apply(&w_unscaled, state_unscaled, &grads[step], 1, 1.0f);
+    EXPECT_NEAR(state[0], want_z[step], 1e-5);
+    EXPECT_EQ(state[1], want_n[step]);
+    EXPECT_NEAR(w, want_w[step], 1e-6);
+    EXPECT_NEAR(state[0], state_unscaled[0], 1e-5);
+    EXPECT_NEAR(w, scales[step] * w_unscaled, 1e-6);
+  }
+  EXPECT_NEAR(want_w[2], -2.2738095, 1e-6);
+}
+
+TEST(FtrlTest, LrScaleWithL1AndL2HandComputed) {
+  // alpha = 1, beta = 1, l1 = 0.5, l2 = 1; gradients 3, 4, 12 and scales
+  // 0.5, 0.25, 1 as above. With the step's alpha a:
+  //   Weight(z, n, a) = -(z - sign(z) l1) / ((1 + sqrt(n)) / a + l2)
+  //   1: w_old = 0; sigma = 6; z = 3; n = 9
+  //      w = -(3 - 0.5) / (4 / 0.5 + 1) = -2.5/9
+  //   2: w_old = -2.5 / (4 / 0.25 + 1) = -2.5/17; sigma = 8
+  //      z = 7 + 8 * 2.5/17 = 139/17; n = 25
+  //      w = -(139/17 - 0.5) / (6 / 0.25 + 1) = -(261/34) / 25
+  //   3: w_old = -(261/34) / (6 + 1); sigma = 8
+  //      z = 139/17 + 12 + 8 * (261/34) / 7; n = 169
+  //      w = -(z - 0.5) / (14 + 1)
+  auto ftrl = MustCreate(FtrlConfigWith(1.0f, 1.0f, 0.5f, 1.0f));
+  ASSERT_NE(ftrl, nullptr);
+  float w = 0.0f, state[2];
+  ftrl->InitState(state, 1);
+  const float grads[] = {3.0f, 4.0f, 12.0f};
+  const float scales[] = {0.5f, 0.25f, 1.0f};
+  const double z2 = 139.0 / 17.0;
+  const double z3 = z2 + 12.0 + 8.0 * (261.0 / 34.0) / 7.0;
+  const double want_z[] = {3.0, z2, z3};
+  const float want_n[] = {9.0f, 25.0f, 169.0f};
+  const double want_w[] = {-2.5 / 9.0, -(261.0 / 34.0) / 25.0,
+                           -(z3 - 0.5) / 15.0};
+  for (int step = 0; step < 3; ++step) {
+    SCOPED_TRACE(testing::Message() << "step " << step + 1);
+    ftrl->Apply(&w, state, &grads[step], 1, scales[step]);
+    EXPECT_NEAR(state[0], want_z[step], 1e-5);
+    EXPECT_EQ(state[1], want_n[step]);
+    EXPECT_NEAR(w, want_w[step], 1e-6);
+  }
+  // The unscaled first step would give -2.5/5 = -0.5: the scale matters.
+  EXPECT_NEAR(want_w[0], -0.2777778, 1e-6);
+  EXPECT_NEAR(want_w[2], -1.8966387, 1e-6);
+}
+
 // ------------------------------------------------- Create (new optimizers)
 
 TEST(OptimizerCreateTest, AcceptsNewOptimizers) {
@@ -749,6 +994,239 @@ TEST(OptimizerCreateTest, MissingKindListsAllOptimizers) {
   auto opt = Optimizer::Create(OptimizerConfig());
   EXPECT_EQ(opt.status().message(),
             "optimizer: set one of sgd, adagrad, momentum, adam, ftrl");
+}
+
+// -------------------------------------------------------- RateMultiplier
+
+OptimizerConfig SgdWithSchedule(uint64_t warmup_steps, uint64_t decay_steps,
+                                float decay_rate) {
+  OptimizerConfig c = SgdConfigWithLr(0.5f);
+  LearningRateSchedule* s = c.mutable_schedule();
+  s->set_warmup_steps(warmup_steps);
+  s->set_decay_steps(decay_steps);
+  s->set_decay_rate(decay_rate);
+  return c;
+}
+
+TEST(RateMultiplierTest, ConstantScheduleIsOneAtEveryStep) {
+  const uint64_t kMax = std::numeric_limits<uint64_t>::max();
+  // No schedule block, and a block with both step counts 0.
+  for (const OptimizerConfig& config :
+       {SgdConfigWithLr(0.5f), SgdWithSchedule(0, 0, 0.0f)}) {
+    for (uint64_t step : {uint64_t{0}, uint64_t{1}, uint64_t{2}, uint64_t{99},
+                          uint64_t{1} << 40, kMax}) {
+      SCOPED_TRACE(testing::Message() << "step " << step);
+      EXPECT_EQ(RateMultiplier(config, step, 0), 1.0f);
+      // staleness_aware is off: staleness is ignored.
+      EXPECT_EQ(RateMultiplier(config, step, 5), 1.0f);
+      EXPECT_EQ(RateMultiplier(config, step, kMax), 1.0f);
+    }
+  }
+}
+
+TEST(RateMultiplierTest, LinearWarmUp) {
+  // warmup_steps 4: (t + 1) / 4 while t < 4, then 1.
+  const OptimizerConfig config = SgdWithSchedule(4, 0, 0.0f);
+  const float want[] = {0.25f, 0.5f, 0.75f, 1.0f, 1.0f, 1.0f, 1.0f};
+  for (int t = 0; t < 7; ++t) {
+    SCOPED_TRACE(testing::Message() << "step " << t);
+    EXPECT_FLOAT_EQ(RateMultiplier(config, t, 0), want[t]);
+  }
+  EXPECT_FLOAT_EQ(RateMultiplier(config, 1000000, 0), 1.0f);
+
+  // Thirds are not exact in binary; still within a float ulp or so.
+  const OptimizerConfig thirds = SgdWithSchedule(3, 0, 0.0f);
+  EXPECT_FLOAT_EQ(RateMultiplier(thirds, 0, 0), 1.0f / 3.0f);
+  EXPECT_FLOAT_EQ(RateMultiplier(thirds, 1, 0), 2.0f / 3.0f);
+  EXPECT_FLOAT_EQ(RateMultiplier(thirds, 2, 0), 1.0f);
+  EXPECT_FLOAT_EQ(RateMultiplier(thirds, 3, 0), 1.0f);
+
+  // warmup_steps 1 is a no-op: (0 + 1) / 1.
+  EXPECT_FLOAT_EQ(RateMultiplier(SgdWithSchedule(1, 0, 0.0f), 0, 0), 1.0f);
+  // The largest valid warm-up starts at 2^-40.
+  EXPECT_FLOAT_EQ(
+      RateMultiplier(SgdWithSchedule(uint64_t{1} << 40, 0, 0.0f), 0, 0),
+      std::ldexp(1.0f, -40));
+}
+
+TEST(RateMultiplierTest, StepDecay) {
+  // decay_steps 3, decay_rate 0.5: 0.5^floor(t / 3).
+  const OptimizerConfig config = SgdWithSchedule(0, 3, 0.5f);
+  const float want[] = {1.0f,  1.0f,  1.0f,  0.5f,  0.5f,  0.5f,
+                        0.25f, 0.25f, 0.25f, 0.125f};
+  for (int t = 0; t < 10; ++t) {
+    SCOPED_TRACE(testing::Message() << "step " << t);
+    EXPECT_FLOAT_EQ(RateMultiplier(config, t, 0), want[t]);
+  }
+  EXPECT_FLOAT_EQ(RateMultiplier(config, 30, 0), 1.0f / 1024.0f);
+  EXPECT_FLOAT_EQ(RateMultiplier(config, 32, 0), 1.0f / 1024.0f);
+  EXPECT_FLOAT_EQ(RateMultiplier(config, 33, 0), 1.0f / 2048.0f);
+
+  // The default rate 0.1 (as ApplyDefaults fills it) every 10 steps.
+  const OptimizerConfig tenth = SgdWithSchedule(0, 10, 0.1f);
+  EXPECT_FLOAT_EQ(RateMultiplier(tenth, 9, 0), 1.0f);
+  EXPECT_FLOAT_EQ(RateMultiplier(tenth, 10, 0), 0.1f);
+  EXPECT_FLOAT_EQ(RateMultiplier(tenth, 19, 0), 0.1f);
+  EXPECT_FLOAT_EQ(RateMultiplier(tenth, 25, 0), 0.01f);
+  EXPECT_FLOAT_EQ(RateMultiplier(tenth, 30, 0), 0.001f);
+
+  // decay_rate 1 never decays.
+  EXPECT_FLOAT_EQ(RateMultiplier(SgdWithSchedule(0, 1, 1.0f), 12345, 0),
+                  1.0f);
+}
+
+TEST(RateMultiplierTest, WarmUpTimesDecay) {
+  // warmup_steps 4, decay_steps 2, decay_rate 0.5. Decay counts from step
+  // 0, not from the end of the warm-up:
+  //   t:       0     1    2      3    4     5     6
+  //   warm-up: 0.25  0.5  0.75   1    1     1     1
+  //   decay:   1     1    0.5    0.5  0.25  0.25  0.125
+  const OptimizerConfig config = SgdWithSchedule(4, 2, 0.5f);
+  const float want[] = {0.25f, 0.5f, 0.375f, 0.5f, 0.25f, 0.25f, 0.125f};
+  for (int t = 0; t < 7; ++t) {
+    SCOPED_TRACE(testing::Message() << "step " << t);
+    EXPECT_FLOAT_EQ(RateMultiplier(config, t, 0), want[t]);
+  }
+}
+
+TEST(RateMultiplierTest, StalenessAware) {
+  OptimizerConfig config = SgdConfigWithLr(0.5f);
+  config.set_staleness_aware(true);
+  // 1 / (1 + staleness), at any step.
+  for (uint64_t step : {uint64_t{0}, uint64_t{7}, uint64_t{1} << 40}) {
+    SCOPED_TRACE(testing::Message() << "step " << step);
+    EXPECT_FLOAT_EQ(RateMultiplier(config, step, 0), 1.0f);
+    EXPECT_FLOAT_EQ(RateMultiplier(config, step, 1), 0.5f);
+    EXPECT_FLOAT_EQ(RateMultiplier(config, step, 2), 1.0f / 3.0f);
+    EXPECT_FLOAT_EQ(RateMultiplier(config, step, 3), 0.25f);
+    EXPECT_FLOAT_EQ(RateMultiplier(config, step, 9), 0.1f);
+    EXPECT_FLOAT_EQ(RateMultiplier(config, step, 999), 0.001f);
+  }
+  // 1 + (2^64 - 1) rounds to 2^64 in double: the result is 2^-64, not 0
+  // and not an overflowed 1 / 0.
+  EXPECT_FLOAT_EQ(
+      RateMultiplier(config, 0, std::numeric_limits<uint64_t>::max()),
+      std::ldexp(1.0f, -64));
+
+  // Combined with a schedule (warm-up 4, decay 0.5 every 2 steps):
+  // t = 1: 0.5 * 1 / (1 + 1); t = 4: 1 * 0.25 / (1 + 3).
+  OptimizerConfig scheduled = SgdWithSchedule(4, 2, 0.5f);
+  scheduled.set_staleness_aware(true);
+  EXPECT_FLOAT_EQ(RateMultiplier(scheduled, 1, 1), 0.25f);
+  EXPECT_FLOAT_EQ(RateMultiplier(scheduled, 4, 3), 0.0625f);
+  EXPECT_FLOAT_EQ(RateMultiplier(scheduled, 2, 0), 0.375f);
+
+  // The same configs with staleness_aware off ignore staleness.
+  scheduled.set_staleness_aware(false);
+  EXPECT_FLOAT_EQ(RateMultiplier(scheduled, 1, 1), 0.5f);
+  EXPECT_FLOAT_EQ(RateMultiplier(scheduled, 4, 3), 0.25f);
+  EXPECT_FLOAT_EQ(RateMultiplier(scheduled, 4, 1000000), 0.25f);
+}
+
+TEST(RateMultiplierTest, DeepDecayStaysPositive) {
+  // 0.5^1000 and 0.1^(2^40) are far below the smallest float; the
+  // multiplier must still be > 0 (a 0 would silently stop training), finite,
+  // tiny, and never increase as the decay deepens.
+  const OptimizerConfig halves = SgdWithSchedule(0, 1, 0.5f);
+  float previous = 1.0f;
+  for (uint64_t t = 0; t <= 1100; ++t) {
+    const float m = RateMultiplier(halves, t, 0);
+    ASSERT_GT(m, 0.0f) << "step " << t;
+    ASSERT_LE(m, previous) << "step " << t;
+    previous = m;
+  }
+  EXPECT_FLOAT_EQ(RateMultiplier(halves, 100, 0), std::ldexp(1.0f, -100));
+  EXPECT_LE(RateMultiplier(halves, 1000, 0),
+            std::numeric_limits<float>::min());
+
+  const uint64_t kMax = std::numeric_limits<uint64_t>::max();
+  OptimizerConfig deep = SgdWithSchedule(0, 1, 0.1f);
+  for (uint64_t step : {uint64_t{100}, uint64_t{1} << 40, kMax}) {
+    SCOPED_TRACE(testing::Message() << "step " << step);
+    const float m = RateMultiplier(deep, step, 0);
+    EXPECT_GT(m, 0.0f);
+    EXPECT_TRUE(std::isfinite(m));
+    EXPECT_LE(m, std::numeric_limits<float>::min());
+  }
+  // Deep decay and extreme staleness together.
+  deep.set_staleness_aware(true);
+  EXPECT_GT(RateMultiplier(deep, kMax, kMax), 0.0f);
+  // Warm-up, decay and staleness all at their extremes.
+  OptimizerConfig all = SgdWithSchedule(uint64_t{1} << 40, 1, 0.1f);
+  all.set_staleness_aware(true);
+  EXPECT_GT(RateMultiplier(all, (uint64_t{1} << 40) - 1, kMax), 0.0f);
+}
+
+TEST(RateMultiplierTest, ScheduleDrivesSgdSteps) {
+  // lr 0.5 with warm-up 2 and decay 0.5 every 2 steps; multipliers
+  //   t = 0..4: 0.5 * 1, 1 * 1, 1 * 0.5, 1 * 0.5, 1 * 0.25
+  // so the effective rates are 0.25, 0.5, 0.25, 0.25, 0.125. With
+  // gradients 1, 2, -1, 4, 8 from w = 0:
+  //   w = -0.25, -1.25, -1, -2, -3
+  // With staleness_aware and staleness 0, 1, 0, 3, 1 the multipliers are
+  // 0.5, 0.5, 0.5, 0.125, 0.125, the rates 0.25, 0.25, 0.25, 0.0625, 0.0625:
+  //   w = -0.25, -0.75, -0.5, -0.75, -1.25
+  // Every value is exact in float.
+  OptimizerConfig config = SgdWithSchedule(2, 2, 0.5f);
+  auto sgd = MustCreate(config);
+  ASSERT_NE(sgd, nullptr);
+  const float grads[] = {1.0f, 2.0f, -1.0f, 4.0f, 8.0f};
+  const uint64_t staleness[] = {0, 1, 0, 3, 1};
+  const float want_fresh[] = {-0.25f, -1.25f, -1.0f, -2.0f, -3.0f};
+  const float want_stale[] = {-0.25f, -0.75f, -0.5f, -0.75f, -1.25f};
+  OptimizerConfig stale_config = config;
+  stale_config.set_staleness_aware(true);
+  float w_fresh = 0.0f, w_stale = 0.0f;
+  for (uint64_t t = 0; t < 5; ++t) {
+    SCOPED_TRACE(testing::Message() << "step " << t);
+    // Staleness is ignored without staleness_aware.
+    sgd->Apply(&w_fresh, nullptr, &grads[t], 1,
+               RateMultiplier(config, t, staleness[t]));
+    sgd->Apply(&w_stale, nullptr, &grads[t], 1,
+               RateMultiplier(stale_config, t, staleness[t]));
+    EXPECT_EQ(w_fresh, want_fresh[t]);
+    EXPECT_EQ(w_stale, want_stale[t]);
+  }
+}
+
+TEST(OptimizerCreateTest, RejectsBadSchedules) {
+  // Create checks schedules with the job file's rules; without defaults a
+  // decay_rate left 0 under decay_steps is not replaced by 0.1.
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  struct Case {
+    const char* name;
+    OptimizerConfig config;
+    const char* error;
+  };
+  const Case cases[] = {
+      {"decay_rate 0 with decay_steps", SgdWithSchedule(0, 10, 0.0f),
+       "optimizer.schedule.decay_rate: must be in (0, 1]"},
+      {"decay_rate > 1", SgdWithSchedule(0, 10, 1.5f),
+       "optimizer.schedule.decay_rate: must be in (0, 1]"},
+      {"decay_rate < 0", SgdWithSchedule(0, 10, -0.5f),
+       "optimizer.schedule.decay_rate: must be in (0, 1]"},
+      {"decay_rate NaN", SgdWithSchedule(0, 10, nan),
+       "optimizer.schedule.decay_rate: must be in (0, 1]"},
+      {"decay_rate without decay_steps", SgdWithSchedule(5, 0, 0.5f),
+       "optimizer.schedule.decay_rate: needs schedule.decay_steps > 0"},
+      {"warmup_steps > 2^40", SgdWithSchedule((uint64_t{1} << 40) + 1, 0, 0),
+       "optimizer.schedule.warmup_steps: must be at most 2^40"},
+      {"decay_steps > 2^40",
+       SgdWithSchedule(0, (uint64_t{1} << 40) + 1, 0.5f),
+       "optimizer.schedule.decay_steps: must be at most 2^40"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    auto opt = Optimizer::Create(c.config);
+    EXPECT_EQ(opt.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(opt.status().message(), c.error);
+  }
+  for (const OptimizerConfig& ok :
+       {SgdWithSchedule(uint64_t{1} << 40, uint64_t{1} << 40, 1.0f),
+        SgdWithSchedule(3, 0, 0.0f), SgdWithSchedule(0, 1, 1e-30f)}) {
+    auto opt = Optimizer::Create(ok);
+    EXPECT_TRUE(opt.ok()) << opt.status() << "\n" << ok.DebugString();
+  }
 }
 
 }  // namespace
