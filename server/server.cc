@@ -167,6 +167,8 @@ void KVServer::Serve() {
     }
     return own;
   };
+  // Start the tables' clocks (TTL in seconds counts from here).
+  AdvanceTables();
   while (!stop_.load(std::memory_order_relaxed)) {
     zmq::pollitem_t item{socket_.handle(), 0, ZMQ_POLLIN, 0};
     try {

@@ -72,12 +72,13 @@ int main(int argc, char** argv) {
   for (const ps::TableStats& t : (*server)->table_stats()) {
     log->info(
         "table '{}': {} {}, {} bytes{}; keys pushed {}, pulled {}; admitted {}, "
-        "filtered pushes {}; evicted {} by TTL, {} for room; refused pushes {}",
+        "filtered pushes {}; evicted {} by TTL, {} for room; refused pushes {}, "
+        "dropped keys {}",
         t.name(), t.rows(), t.sparse() ? "rows" : "elements", t.bytes(),
         t.memory_budget_bytes() > 0 ? absl::StrCat(" (budget ", t.memory_budget_bytes(), ")")
                                     : std::string(),
         t.keys_pushed(), t.keys_pulled(), t.admissions(), t.pushes_filtered(),
-        t.evictions_ttl(), t.evictions_budget(), t.pushes_refused());
+        t.evictions_ttl(), t.evictions_budget(), t.pushes_refused(), t.keys_dropped());
   }
   if (auto s = (*client)->Leave(/*finished=*/true); !s.ok()) {
     log->warn("{}", s.message());

@@ -315,7 +315,7 @@ void SparseTable::Push(absl::Span<const uint64_t> keys, const float* grads,
       }
       r = CreateRow(keys[i]);
       if (r == kNil) {
-        ++counters_.pushes_refused;
+        ++counters_.keys_dropped;
         continue;
       }
     } else {
@@ -341,6 +341,7 @@ TableStats Table::BaseStats() const {
   s.set_evictions_ttl(counters_.evictions_ttl);
   s.set_evictions_budget(counters_.evictions_budget);
   s.set_pushes_refused(counters_.pushes_refused);
+  s.set_keys_dropped(counters_.keys_dropped);
   if (config_.has_sparse()) {
     s.set_memory_budget_bytes(config_.sparse().memory_budget_bytes());
   }

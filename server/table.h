@@ -45,6 +45,7 @@ struct TableCounters {
   uint64_t evictions_ttl = 0;
   uint64_t evictions_budget = 0;
   uint64_t pushes_refused = 0;
+  uint64_t keys_dropped = 0;
 };
 
 class Table {
@@ -129,7 +130,8 @@ class SparseTable : public Table {
   // (RateScale). A key without a row is counted by the admission filter
   // and gets a row once admitted; a row that does not fit (no eviction,
   // budget full: CheckPush was not consulted or the table filled since) is
-  // not created, and that key's gradient is dropped and counted as refused.
+  // not created, and that key's gradient is dropped and counted in
+  // keys_dropped.
   void Push(absl::Span<const uint64_t> keys, const float* grads,
             float lr_scale = 1.0f);
 

@@ -638,6 +638,7 @@ void ExpectSameCounters(const TableCounters& a, const TableCounters& b) {
   EXPECT_EQ(a.evictions_ttl, b.evictions_ttl);
   EXPECT_EQ(a.evictions_budget, b.evictions_budget);
   EXPECT_EQ(a.pushes_refused, b.pushes_refused);
+  EXPECT_EQ(a.keys_dropped, b.keys_dropped);
 }
 
 TEST(SparseAdmissionTest, KeyGetsARowAtItsThirdPushAndThatPushIsApplied) {
@@ -1002,7 +1003,8 @@ TEST(SparseBudgetTest, EvictNoneRefusesWhatDoesNotFit) {
   const std::vector<float> g(4 * 256, 2.0f);
   t->Push({900001, 900002, 900003, 3}, g.data());
   EXPECT_EQ(t->num_rows(), m);
-  EXPECT_EQ(t->counters().pushes_refused, 1u);
+  EXPECT_EQ(t->counters().keys_dropped, 1u);
+  EXPECT_EQ(t->counters().pushes_refused, 0u);
   EXPECT_EQ(t->counters().evictions_budget, 0u);
   const std::vector<float> two(256, 2.0f);
   EXPECT_EQ(PullSparse(*t, {900001, 900002, 900003}),
@@ -1015,7 +1017,7 @@ TEST(SparseBudgetTest, EvictNoneRefusesWhatDoesNotFit) {
   EXPECT_EQ(t->CheckPush({900003}).code(), absl::StatusCode::kResourceExhausted);
   EXPECT_TRUE(t->CheckPush({900001, 3}).ok());
   t->Push({900003, 900004}, g.data());
-  EXPECT_EQ(t->counters().pushes_refused, 3u);
+  EXPECT_EQ(t->counters().keys_dropped, 3u);
   EXPECT_EQ(t->num_rows(), m);
   // Unknown keys still answer their initial values.
   EXPECT_EQ(PullSparse(*t, {900004, 77777777}),
@@ -1071,7 +1073,7 @@ TEST(SparseBudgetTest, CheckPushCountsOnlyKeysTheFilterWouldAdmit) {
   // b pushed anyway: admitted by the filter, refused by the budget.
   t->Push({b}, ones.data());
   EXPECT_EQ(t->num_rows(), m);
-  EXPECT_EQ(t->counters().pushes_refused, 1u);
+  EXPECT_EQ(t->counters().keys_dropped, 1u);
   EXPECT_EQ(PullSparse(*t, {b}), Initial(c, b));
 }
 
@@ -1186,6 +1188,7 @@ TEST(SparseTableTest, StatsMatchCounters) {
   EXPECT_EQ(s.evictions_ttl(), n.evictions_ttl);
   EXPECT_EQ(s.evictions_budget(), n.evictions_budget);
   EXPECT_EQ(s.pushes_refused(), n.pushes_refused);
+  EXPECT_EQ(s.keys_dropped(), n.keys_dropped);
   t->CountRefusedPush();
   EXPECT_EQ(t->Stats().pushes_refused(), 1u);
 

@@ -117,7 +117,7 @@ absl::Status PrintStats(ps::KVClient& client) {
         "\"rows\":%llu,\"bytes\":%llu,\"memory_budget_bytes\":%llu,"
         "\"keys_pushed\":%llu,\"keys_pulled\":%llu,\"admissions\":%llu,"
         "\"pushes_filtered\":%llu,\"evictions_ttl\":%llu,"
-        "\"evictions_budget\":%llu,\"pushes_refused\":%llu}\n",
+        "\"evictions_budget\":%llu,\"pushes_refused\":%llu,\"keys_dropped\":%llu}\n",
         s.server_rank, JsonEscape(t.name()).c_str(), t.table_id(), t.sparse() ? "true" : "false",
         static_cast<unsigned long long>(t.rows()),
         static_cast<unsigned long long>(t.bytes()),
@@ -128,7 +128,8 @@ absl::Status PrintStats(ps::KVClient& client) {
         static_cast<unsigned long long>(t.pushes_filtered()),
         static_cast<unsigned long long>(t.evictions_ttl()),
         static_cast<unsigned long long>(t.evictions_budget()),
-        static_cast<unsigned long long>(t.pushes_refused()));
+        static_cast<unsigned long long>(t.pushes_refused()),
+        static_cast<unsigned long long>(t.keys_dropped()));
   }
   return absl::OkStatus();
 }
