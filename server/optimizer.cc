@@ -142,18 +142,21 @@ class Ftrl : public Optimizer {
   void InitState(float* state, size_t n) const override {
     for (size_t i = 0; i < 2 * n; ++i) state[i] = 0.0f;
   }
-  // lr_scale multiplies alpha for this update alone: sigma (the step's
-  // share of the proximal term) and the new weight both use the scaled
-  // alpha, so a scale of 1 is exactly the algorithm above.
+  // lr_scale scales this update's gradient. FTRL's weight is a closed form
+  // of all gradients so far with alpha as a global factor: scaling alpha
+  // for one update would rescale the whole weight (w is proportional to
+  // alpha when l1 = l2 = 0), not the update. A scaled gradient makes this
+  // update count less, in both z and n, which is what a decayed or stale
+  // update should do; a scale of 1 is exactly the algorithm above.
   void Apply(float* w, float* state, const float* g, size_t n,
              float lr_scale) const override {
-    const double alpha = alpha_ * lr_scale;
+    const double alpha = alpha_;
     for (size_t i = 0; i < n; ++i) {
       float& z = state[2 * i];
       float& acc = state[2 * i + 1];
       // Double for the intermediates: sqrt(n + g^2) - sqrt(n) cancels
       // badly in float once n is large relative to g^2.
-      const double gi = g[i];
+      const double gi = static_cast<double>(g[i]) * lr_scale;
       const double n_old = acc;
       const double n_new = n_old + gi * gi;
       const double sigma = (std::sqrt(n_new) - std::sqrt(n_old)) / alpha;

@@ -35,7 +35,8 @@ class Optimizer {
   virtual void InitState(float* state, size_t n) const = 0;
 
   // Applies gradient g to parameters w (n elements each) and their state,
-  // with the rule's learning rate (FTRL: alpha) multiplied by lr_scale > 0
+  // with the rule's learning rate multiplied by lr_scale > 0 (FTRL, whose
+  // weight is a closed form of the gradients: the gradient is multiplied)
   // (the schedule and staleness factors, see RateMultiplier).
   // Every element in the call counts as updated, even with a zero gradient
   // (Adam advances its per-element step count). An optimizer may replace w

@@ -848,79 +848,67 @@ TEST(FtrlTest, InitialWeightIsIgnored) {
   EXPECT_EQ(w[1], 0.0f);
 }
 
-TEST(FtrlTest, LrScaleMultipliesAlphaHandComputed) {
-  // alpha = 1, beta = 1, l1 = 0, l2 = 0; gradients 3, 4, 12 keep sqrt(n)
-  // whole (0 -> 3 -> 5 -> 13); scales 0.5, 0.25, 1, so the step's alpha is
-  // 0.5, 0.25, 1. Following config.proto's formula with that alpha (the
-  // weight before the gradient is recomputed from (z, n) with it too):
-  //   1: w_old = 0;                 sigma = 3 / 0.5 = 6;   z = 3
-  //      n = 9;   w = -3 / ((1 + 3) / 0.5)  = -3/8
-  //   2: w_old = -3 / (4 / 0.25)    = -3/16; sigma = 2 / 0.25 = 8
-  //      z = 3 + 4 - 8 * (-3/16)    = 8.5;   n = 25
-  //      w = -8.5 / ((1 + 5) / 0.25) = -8.5/24
-  //   3: w_old = -8.5 / 6;          sigma = 8;  z = 8.5 + 12 + 8 * 8.5/6
-  //      n = 169; w = -z / 14
-  // With l1 = l2 = 0, sigma * w_old does not depend on the scale, so z and
-  // n are those of an unscaled run and w is the unscaled weight times the
-  // scale of the update that produced it.
+TEST(FtrlTest, LrScaleScalesTheGradientHandComputed) {
+  // alpha = 1, beta = 1, l1 = 0, l2 = 0; gradients 3, 4, 12 with scales
+  // 0.5, 0.25, 1: the updates see g' = 1.5, 1, 12.
+  //   1: n = 2.25, sqrt 1.5; sigma = 1.5; w_old = 0; z = 1.5
+  //      w = -1.5 / (1 + 1.5) = -0.6
+  //   2: n = 3.25; sigma = sqrt(3.25) - 1.5; z = 1.5 + 0.6 * sigma + 1
+  //      w = -z / (1 + sqrt(3.25))
+  //   3: n = 147.25; sigma = sqrt(147.25) - sqrt(3.25)
+  //      z = z2 - sigma * w2 + 12;  w = -z / (1 + sqrt(147.25))
   auto ftrl = MustCreate(FtrlConfigWith(1.0f, 1.0f, 0.0f, 0.0f));
-  ASSERT_NE(ftrl, nullptr);
-  float w = 0.0f, state[2], w_unscaled = 0.0f, state_unscaled[2];
-  ftrl->InitState(state, 1);
-  ftrl->InitState(state_unscaled, 1);
-  const float grads[] = {3.0f, 4.0f, 12.0f};
-  const float scales[] = {0.5f, 0.25f, 1.0f};
-  const double z3 = 20.5 + 8.0 * 8.5 / 6.0;
-  const double want_z[] = {3.0, 8.5, z3};
-  const float want_n[] = {9.0f, 25.0f, 169.0f};
-  const double want_w[] = {-3.0 / 8.0, -8.5 / 24.0, -z3 / 14.0};
-  for (int step = 0; step < 3; ++step) {
-    SCOPED_TRACE(testing::Message() << "step " << step + 1);
-    ftrl->Apply(&w, state, &grads[step], 1, scales[step]);
-    ftrl->Apply(&w_unscaled, state_unscaled, &grads[step], 1, 1.0f);
-    EXPECT_NEAR(state[0], want_z[step], 1e-5);
-    EXPECT_EQ(state[1], want_n[step]);
-    EXPECT_NEAR(w, want_w[step], 1e-6);
-    EXPECT_NEAR(state[0], state_unscaled[0], 1e-5);
-    EXPECT_NEAR(w, scales[step] * w_unscaled, 1e-6);
-  }
-  EXPECT_NEAR(want_w[2], -2.2738095, 1e-6);
-}
-
-TEST(FtrlTest, LrScaleWithL1AndL2HandComputed) {
-  // alpha = 1, beta = 1, l1 = 0.5, l2 = 1; gradients 3, 4, 12 and scales
-  // 0.5, 0.25, 1 as above. With the step's alpha a:
-  //   Weight(z, n, a) = -(z - sign(z) l1) / ((1 + sqrt(n)) / a + l2)
-  //   1: w_old = 0; sigma = 6; z = 3; n = 9
-  //      w = -(3 - 0.5) / (4 / 0.5 + 1) = -2.5/9
-  //   2: w_old = -2.5 / (4 / 0.25 + 1) = -2.5/17; sigma = 8
-  //      z = 7 + 8 * 2.5/17 = 139/17; n = 25
-  //      w = -(139/17 - 0.5) / (6 / 0.25 + 1) = -(261/34) / 25
-  //   3: w_old = -(261/34) / (6 + 1); sigma = 8
-  //      z = 139/17 + 12 + 8 * (261/34) / 7; n = 169
-  //      w = -(z - 0.5) / (14 + 1)
-  auto ftrl = MustCreate(FtrlConfigWith(1.0f, 1.0f, 0.5f, 1.0f));
   ASSERT_NE(ftrl, nullptr);
   float w = 0.0f, state[2];
   ftrl->InitState(state, 1);
   const float grads[] = {3.0f, 4.0f, 12.0f};
   const float scales[] = {0.5f, 0.25f, 1.0f};
-  const double z2 = 139.0 / 17.0;
-  const double z3 = z2 + 12.0 + 8.0 * (261.0 / 34.0) / 7.0;
-  const double want_z[] = {3.0, z2, z3};
-  const float want_n[] = {9.0f, 25.0f, 169.0f};
-  const double want_w[] = {-2.5 / 9.0, -(261.0 / 34.0) / 25.0,
-                           -(z3 - 0.5) / 15.0};
+  const double s2 = std::sqrt(3.25), s3 = std::sqrt(147.25);
+  const double z2 = 2.5 + 0.6 * (s2 - 1.5);
+  const double w2 = -z2 / (1 + s2);
+  const double z3 = z2 - (s3 - s2) * w2 + 12;
+  const double want_z[] = {1.5, z2, z3};
+  const double want_n[] = {2.25, 3.25, 147.25};
+  const double want_w[] = {-0.6, w2, -z3 / (1 + s3)};
   for (int step = 0; step < 3; ++step) {
     SCOPED_TRACE(testing::Message() << "step " << step + 1);
     ftrl->Apply(&w, state, &grads[step], 1, scales[step]);
     EXPECT_NEAR(state[0], want_z[step], 1e-5);
-    EXPECT_EQ(state[1], want_n[step]);
+    EXPECT_NEAR(state[1], want_n[step], 1e-5);
     EXPECT_NEAR(w, want_w[step], 1e-6);
   }
-  // The unscaled first step would give -2.5/5 = -0.5: the scale matters.
-  EXPECT_NEAR(want_w[0], -0.2777778, 1e-6);
-  EXPECT_NEAR(want_w[2], -1.8966387, 1e-6);
+  EXPECT_NEAR(want_w[1], -0.9567892, 1e-6);
+}
+
+TEST(FtrlTest, LrScaleEqualsScaledGradientsAndMovesLess) {
+  // With l1 and l2 on: scaled updates are exactly updates with scaled
+  // gradients, and a scaled (stale) update moves the weight less than the
+  // same update unscaled.
+  auto ftrl = MustCreate(FtrlConfigWith(0.5f, 1.0f, 0.5f, 1.0f));
+  ASSERT_NE(ftrl, nullptr);
+  float w = 0.0f, state[2], w_ref = 0.0f, state_ref[2];
+  ftrl->InitState(state, 1);
+  ftrl->InitState(state_ref, 1);
+  const float grads[] = {3.0f, -4.0f, 12.0f, 0.5f, -2.0f};
+  const float scales[] = {0.5f, 0.25f, 1.0f, 0.125f, 0.75f};
+  for (int step = 0; step < 5; ++step) {
+    SCOPED_TRACE(testing::Message() << "step " << step + 1);
+    const float scaled = grads[step] * scales[step];
+    ftrl->Apply(&w, state, &grads[step], 1, scales[step]);
+    ftrl->Apply(&w_ref, state_ref, &scaled, 1, 1.0f);
+    EXPECT_FLOAT_EQ(state[0], state_ref[0]);
+    EXPECT_FLOAT_EQ(state[1], state_ref[1]);
+    EXPECT_FLOAT_EQ(w, w_ref);
+  }
+  // First step by hand: g' = 1.5, n = 2.25, z = 1.5,
+  //   w = -(1.5 - 0.5) / ((1 + 1.5) / 0.5 + 1) = -1/6.
+  float w1 = 0.0f, s1[2], w_full = 0.0f, s_full[2];
+  ftrl->InitState(s1, 1);
+  ftrl->InitState(s_full, 1);
+  ftrl->Apply(&w1, s1, &grads[0], 1, 0.5f);
+  ftrl->Apply(&w_full, s_full, &grads[0], 1, 1.0f);
+  EXPECT_NEAR(w1, -1.0 / 6.0, 1e-7);
+  EXPECT_LT(std::abs(w1), std::abs(w_full));
 }
 
 // ------------------------------------------------- Create (new optimizers)
