@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/hash.h"
+#include "common/model_layout.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
@@ -234,11 +235,55 @@ void ApplyDefaults(JobConfig* config) {
     if (d->zipf_exponent() == 0) d->set_zipf_exponent(1.1f);
     if (d->weight_scale() == 0) d->set_weight_scale(0.3f);
     if (d->bias() == 0) d->set_bias(-2.0f);
+    if (d->interaction_rank() > 0 && d->interaction_scale() == 0) {
+      d->set_interaction_scale(0.1f);
+    }
+  }
+  if (config->data().has_fashion_mnist()) {
+    FashionMnistConfig* d = config->mutable_data()->mutable_fashion_mnist();
+    if (d->dir().empty()) d->set_dir("/usr/share/datasets/fashion-mnist");
+  }
+  if (config->data().has_files()) {
+    FileDataConfig* d = config->mutable_data()->mutable_files();
+    if (d->on_bad_line() == BAD_LINE_POLICY_UNSPECIFIED) {
+      d->set_on_bad_line(SKIP);
+    }
   }
   TrainingConfig* tr = config->mutable_training();
   if (tr->batch_size() == 0) tr->set_batch_size(1024);
   if (tr->epochs() == 0) tr->set_epochs(1);
   if (tr->log_interval_s() == 0) tr->set_log_interval_s(5);
+  if (tr->threads() == 0) tr->set_threads(1);
+  ModelConfig* m = tr->mutable_model();
+  if (m->kind() == ModelConfig::KIND_UNSPECIFIED) m->set_kind(ModelConfig::LR);
+  if (m->embedding_dim() == 0) {
+    if (m->kind() == ModelConfig::FM) m->set_embedding_dim(8);
+    if (m->kind() == ModelConfig::DLRM) m->set_embedding_dim(16);
+  }
+  if (m->kind() == ModelConfig::DLRM) {
+    if (m->bottom_mlp_size() == 0) m->add_bottom_mlp(64);
+    if (m->top_mlp_size() == 0) m->add_top_mlp(64);
+  }
+  if (m->kind() == ModelConfig::MLP) {
+    if (m->hidden_size() == 0) {
+      m->add_hidden(256);
+      m->add_hidden(128);
+    }
+    if (m->num_classes() == 0) {
+      m->set_num_classes(ShapeOfData(config->data()).num_classes);
+    }
+  }
+  if (m->init_gain() == 0) m->set_init_gain(1.0f);
+  if (m->init_seed() == 0) m->set_init_seed(1);
+  // A dense table left at size 0 is sized for the model, so a user need
+  // not count an MLP's weights by hand.
+  for (TableConfig& t : *config->mutable_tables()) {
+    if (t.has_dense() && t.dense().size() == 0 &&
+        t.name() == tr->dense_table()) {
+      absl::StatusOr<ModelLayout> layout = LayoutModel(*config);
+      if (layout.ok()) t.mutable_dense()->set_size(layout->dense_size);
+    }
+  }
 }
 
 absl::Status ValidateJobConfig(const JobConfig& config) {
@@ -316,26 +361,62 @@ absl::Status ValidateJobConfig(const JobConfig& config) {
     c.Require(std::isfinite(d.bias()), p + ".bias", "must be finite");
   }
 
+  if (config.data().has_synthetic_ctr()) {
+    const SyntheticCtrConfig& d = config.data().synthetic_ctr();
+    c.Require(d.interaction_rank() <= 64,
+              "data.synthetic_ctr.interaction_rank", "must be at most 64");
+    c.Require(d.interaction_rank() == 0 || Positive(d.interaction_scale()),
+              "data.synthetic_ctr.interaction_scale", "must be > 0");
+  }
+  if (config.data().has_files()) {
+    const FileDataConfig& d = config.data().files();
+    c.Require(d.format() != FileDataConfig::FORMAT_UNSPECIFIED,
+              "data.files.format", "set CRITEO or LIBSVM");
+    c.Require(d.train_files_size() > 0, "data.files.train_files",
+              "name at least one file or glob");
+    c.Require(d.hash_buckets() != 1, "data.files.hash_buckets",
+              "must be 0 (no bucketing) or >= 2");
+  }
+  if (config.data().has_fashion_mnist()) {
+    c.Require(config.data().fashion_mnist().num_train() <= 60000,
+              "data.fashion_mnist.num_train", "must be at most 60000");
+  }
+
   const TrainingConfig& tr = config.training();
   c.Require(tr.batch_size() <= 1000000, "training.batch_size",
             "must be at most 1000000");
   c.Require(tr.epochs() <= 10000, "training.epochs", "must be at most 10000");
-  if (!tr.sparse_table().empty()) {
-    auto t = FindTable(config, tr.sparse_table());
-    c.Require(t.ok() && (*t)->has_sparse() && (*t)->sparse().dim() == 1,
-              "training.sparse_table",
-              absl::StrCat("'", tr.sparse_table(),
-                           "' must name a sparse table with dim 1"));
-  }
+  c.Require(tr.threads() <= 256, "training.threads", "must be at most 256");
+  c.Require(std::isfinite(tr.model().init_gain()) && tr.model().init_gain() >= 0,
+            "training.model.init_gain", "must be finite and >= 0");
+  // The model's shape is checked only for jobs that train (a config may
+  // describe tables alone, e.g. for the KV tools).
   if (!tr.dense_table().empty()) {
-    auto t = FindTable(config, tr.dense_table());
-    const uint64_t want =
-        config.data().synthetic_ctr().num_numeric() + uint64_t{1};
-    c.Require(t.ok() && (*t)->has_dense() && (*t)->dense().size() == want,
-              "training.dense_table",
-              absl::StrCat("'", tr.dense_table(),
-                           "' must name a dense table of size ", want,
-                           " (numeric fields + bias)"));
+    absl::StatusOr<ModelLayout> layout = LayoutModel(config);
+    c.Require(layout.ok(), "training.model",
+              layout.ok() ? "" : std::string(layout.status().message()));
+    if (layout.ok()) {
+      auto t = FindTable(config, tr.dense_table());
+      c.Require(t.ok() && (*t)->has_dense() &&
+                    (*t)->dense().size() == layout->dense_size,
+                "training.dense_table",
+                absl::StrCat("'", tr.dense_table(),
+                             "' must name a dense table of size ",
+                             layout->dense_size, " for this ",
+                             ModelConfig::Kind_Name(layout->kind),
+                             " model (or size 0, which sizes it)"));
+      if (layout->sparse_dim > 0) {
+        auto sp = FindTable(config, tr.sparse_table());
+        c.Require(sp.ok() && (*sp)->has_sparse() &&
+                      (*sp)->sparse().dim() == layout->sparse_dim,
+                  "training.sparse_table",
+                  absl::StrCat("'", tr.sparse_table(),
+                               "' must name a sparse table with dim ",
+                               layout->sparse_dim, " for this ",
+                               ModelConfig::Kind_Name(layout->kind),
+                               " model"));
+      }
+    }
   }
   return c.Result();
 }

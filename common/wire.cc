@@ -31,7 +31,7 @@ absl::Status ViewFrame(const zmq::message_t& frame, const char* what,
   return absl::OkStatus();
 }
 
-bool HasValues(Op op) { return op == PUSH || op == PUSH_PULL; }
+bool HasValues(Op op) { return op == PUSH || op == PUSH_PULL || op == ASSIGN; }
 
 }  // namespace
 
@@ -48,7 +48,8 @@ absl::Status DecodeRequest(std::vector<zmq::message_t>& frames,
   }
   const RequestHeader& h = out->header;
   if (h.op() != PUSH && h.op() != PULL && h.op() != PUSH_PULL &&
-      h.op() != ADVANCE_CLOCK && h.op() != STATS) {
+      h.op() != ADVANCE_CLOCK && h.op() != STATS && h.op() != SCAN &&
+      h.op() != ASSIGN) {
     return absl::InvalidArgumentError(
         absl::StrCat("unknown op ", static_cast<int>(h.op())));
   }
@@ -69,12 +70,23 @@ absl::Status DecodeRequest(std::vector<zmq::message_t>& frames,
     s = ViewFrame(frames[2], "values", &out->values, &out->value_copy);
     if (!s.ok()) return s;
   }
+  if (h.op() == SCAN) {
+    if (!out->keys.empty() || h.segments_size() != 0) {
+      return absl::InvalidArgumentError(
+          "SCAN carries no keys and no segments; it names a table and a cursor");
+    }
+    if (h.scan_max_rows() > kMaxScanRows) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("SCAN asks for ", h.scan_max_rows(),
+                       " rows per page; the limit is ", kMaxScanRows));
+    }
+  }
   return absl::OkStatus();
 }
 
 absl::Status DecodeResponse(std::vector<zmq::message_t>& frames,
                             DecodedResponse* out) {
-  if (frames.empty() || frames.size() > 2) {
+  if (frames.empty() || frames.size() > 3) {
     return absl::InvalidArgumentError(
         absl::StrCat("response has ", frames.size(), " frames"));
   }
@@ -83,7 +95,7 @@ absl::Status DecodeResponse(std::vector<zmq::message_t>& frames,
     return absl::InvalidArgumentError("response header is not a valid ResponseHeader");
   }
   out->values = {};
-  if (frames.size() == 2) {
+  if (frames.size() >= 2) {
     absl::Status s =
         ViewFrame(frames[1], "values", &out->values, &out->value_copy);
     if (!s.ok()) return s;
@@ -92,6 +104,16 @@ absl::Status DecodeResponse(std::vector<zmq::message_t>& frames,
     return absl::InvalidArgumentError(
         absl::StrCat("response header says ", out->header.num_values(),
                      " values but the frame holds ", out->values.size()));
+  }
+  out->keys = {};
+  if (frames.size() == 3) {
+    absl::Status s = ViewFrame(frames[2], "keys", &out->keys, &out->key_copy);
+    if (!s.ok()) return s;
+  }
+  if (out->keys.size() != out->header.num_keys()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("response header says ", out->header.num_keys(),
+                     " keys but the frame holds ", out->keys.size()));
   }
   return absl::OkStatus();
 }

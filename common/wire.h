@@ -23,6 +23,11 @@ namespace ps {
 // Hard ceiling on any single data-plane message, checked before decoding.
 inline constexpr int64_t kMaxMessageBytes = int64_t{1} << 30;
 
+// SCAN page sizes (RequestHeader.scan_max_rows): the most rows a request
+// may ask for, and the page size used when it asks for 0.
+inline constexpr uint64_t kMaxScanRows = 1000000;
+inline constexpr uint64_t kDefaultScanRows = 65536;
+
 struct DecodedRequest {
   RequestHeader header;
   absl::Span<const uint64_t> keys;
@@ -35,7 +40,9 @@ struct DecodedRequest {
 };
 
 // frames: header, keys, [values]. Checks structure only; table-specific
-// sizes (dim, segment lengths) are checked by the server. `out` must not be
+// sizes (dim, segment lengths) are checked by the server. For SCAN that
+// means: no keys, no segments, no values frame, scan_max_rows <=
+// kMaxScanRows (any cursor is structurally valid). `out` must not be
 // moved while its spans are in use.
 absl::Status DecodeRequest(std::vector<zmq::message_t>& frames,
                            DecodedRequest* out);
@@ -43,11 +50,15 @@ absl::Status DecodeRequest(std::vector<zmq::message_t>& frames,
 struct DecodedResponse {
   ResponseHeader header;
   absl::Span<const float> values;
+  // SCAN: the page's keys (header.num_keys of them); empty otherwise.
+  absl::Span<const uint64_t> keys;
   std::vector<float> value_copy;
+  std::vector<uint64_t> key_copy;
 };
 
-// frames: header, [values]. A non-OK code in the header is not a decode
-// error: it is reported through header.code().
+// frames: header, [values, [keys]]. Checks that the frames hold exactly
+// header.num_values floats and header.num_keys keys. A non-OK code in the
+// header is not a decode error: it is reported through header.code().
 absl::Status DecodeResponse(std::vector<zmq::message_t>& frames,
                             DecodedResponse* out);
 

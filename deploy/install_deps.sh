@@ -12,6 +12,8 @@ PACKAGES=(
   libzmq3-dev cppzmq-dev
   libspdlog-dev libfmt-dev
   libgtest-dev libgmock-dev
+  libopenblas-dev                    # CPU matrix products (worker/compute)
+  zlib1g-dev
 )
 
 missing=()

@@ -62,6 +62,22 @@ class RowIndex {
     }
   }
 
+  // Resumable ForEach: calls fn(key, row) for the entries in slots
+  // [begin, capacity()), in slot order, until fn returns false or
+  // `max_slots` slots were looked at. Returns the first slot not looked at:
+  // capacity() (or `begin`, if larger) when the end was reached. Positions
+  // are stable only while no entry is inserted or erased (both may move
+  // entries); any `begin` is safe.
+  template <typename Fn>
+  size_t ForEachFrom(size_t begin, size_t max_slots, Fn fn) const {
+    if (begin >= capacity_) return begin;
+    const size_t end = capacity_ - begin > max_slots ? begin + max_slots : capacity_;
+    for (size_t i = begin; i < end; ++i) {
+      if (rows_[i] != kNotFound && !fn(keys_[i], rows_[i])) return i + 1;
+    }
+    return end;
+  }
+
  private:
   size_t Home(uint64_t key) const;
   void Rehash(size_t new_capacity);

@@ -217,12 +217,18 @@ std::vector<TableStats> KVServer::table_stats() const {
 }
 
 void KVServer::Send(zmq::message_t& identity, const ResponseHeader& rh,
-                    zmq::message_t& values) {
-  const bool has_values = values.size() > 0;
+                    zmq::message_t& values, zmq::message_t& keys) {
+  // header, [values, [keys]]: a keys frame needs the values frame before
+  // it, even if empty.
+  const bool has_keys = keys.size() > 0;
+  const bool has_values = has_keys || values.size() > 0;
   socket_.send(identity, zmq::send_flags::sndmore);
   socket_.send(SerializeToFrame(rh),
                has_values ? zmq::send_flags::sndmore : zmq::send_flags::none);
-  if (has_values) socket_.send(values, zmq::send_flags::none);
+  if (has_values) {
+    socket_.send(values, has_keys ? zmq::send_flags::sndmore : zmq::send_flags::none);
+  }
+  if (has_keys) socket_.send(keys, zmq::send_flags::none);
 }
 
 void KVServer::HandleMessage(zmq::message_t identity,
@@ -230,8 +236,8 @@ void KVServer::HandleMessage(zmq::message_t identity,
                              const Ownership& own) {
   requests_.fetch_add(1, std::memory_order_relaxed);
   ResponseHeader rh;
-  zmq::message_t values;
-  if (Process(frames, own, &rh, &values) == Outcome::kDefer) {
+  zmq::message_t values, keys;
+  if (Process(frames, own, &rh, &values, &keys) == Outcome::kDefer) {
     RequestHeader h;
     h.ParseFromArray(frames[0].data(), static_cast<int>(frames[0].size()));
     pulls_deferred_.fetch_add(1, std::memory_order_relaxed);
@@ -239,17 +245,17 @@ void KVServer::HandleMessage(zmq::message_t identity,
         {std::move(identity), std::move(frames), h.clock(), h.sender_rank(), absl::Now()});
     return;
   }
-  Send(identity, rh, values);
+  Send(identity, rh, values, keys);
 }
 
 KVServer::Outcome KVServer::Process(std::vector<zmq::message_t>& frames,
                                     const Ownership& own, ResponseHeader* rh,
-                                    zmq::message_t* values) {
+                                    zmq::message_t* values, zmq::message_t* keys) {
   rh->set_epoch(own.epoch);
   Outcome outcome = Outcome::kAnswer;
   absl::Status status;
   try {
-    status = ProcessChecked(frames, own, rh, values, &outcome);
+    status = ProcessChecked(frames, own, rh, values, keys, &outcome);
   } catch (const std::bad_alloc&) {
     // Validation already refuses oversized requests; this is the machine
     // running out of memory. The request fails, the server keeps serving.
@@ -260,7 +266,10 @@ KVServer::Outcome KVServer::Process(std::vector<zmq::message_t>& frames,
     rh->set_code(static_cast<int32_t>(status.code()));
     rh->set_message(std::string(status.message()));
     rh->set_num_values(0);
+    rh->set_num_keys(0);
+    rh->set_next_cursor(0);
     *values = zmq::message_t();
+    *keys = zmq::message_t();
     Log()->debug("request {} rejected: {}", rh->request_id(), status.ToString());
     return Outcome::kAnswer;
   }
@@ -269,7 +278,8 @@ KVServer::Outcome KVServer::Process(std::vector<zmq::message_t>& frames,
 
 absl::Status KVServer::ProcessChecked(std::vector<zmq::message_t>& frames,
                                       const Ownership& own, ResponseHeader* rh,
-                                      zmq::message_t* values, Outcome* outcome) {
+                                      zmq::message_t* values, zmq::message_t* keys,
+                                      Outcome* outcome) {
   DecodedRequest req;
   absl::Status status = DecodeRequest(frames, &req);
   rh->set_request_id(req.header.request_id());
@@ -289,6 +299,26 @@ absl::Status KVServer::ProcessChecked(std::vector<zmq::message_t>& frames,
     consistency_.Advance(h.sender_node_id(), h.clock());
     return absl::OkStatus();
   }
+  if (h.op() == SCAN) {
+    auto it = tables_.find(h.table_id());
+    if (it == tables_.end()) {
+      return absl::NotFoundError(absl::StrCat("unknown table ", h.table_id()));
+    }
+    const SparseTable* sparse = it->second->AsSparse();
+    if (sparse == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "table ", h.table_id(), " is dense; SCAN reads sparse tables (read "
+          "dense ones with PULL)"));
+    }
+    // Held like a pull, so an export sees every step the sender's clock
+    // covers; Progress() runs the request again once it may be answered.
+    if (!consistency_.PullReady(h.clock())) {
+      *outcome = Outcome::kDefer;
+      return absl::OkStatus();
+    }
+    Scan(*sparse, h, rh, values, keys);
+    return absl::OkStatus();
+  }
 
   auto it = tables_.find(h.table_id());
   if (it == tables_.end()) {
@@ -304,7 +334,9 @@ absl::Status KVServer::ProcessChecked(std::vector<zmq::message_t>& frames,
         ", not this server (rank ", own.rank, ") in epoch ", own.epoch,
         "; refresh the cluster view"));
   };
-  const bool push = h.op() == PUSH || h.op() == PUSH_PULL;
+  const bool assign = h.op() == ASSIGN;
+  // An ASSIGN is validated like a push (values for every element, finite).
+  const bool push = h.op() == PUSH || h.op() == PUSH_PULL || assign;
   const bool pull = h.op() == PULL || h.op() == PUSH_PULL;
   Table* table = it->second.get();
   SparseTable* sparse = table->AsSparse();
@@ -313,6 +345,10 @@ absl::Status KVServer::ProcessChecked(std::vector<zmq::message_t>& frames,
 
   // Validate everything first: a rejected request must change nothing.
   uint64_t n = 0;
+  if (assign && sparse != nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "table ", h.table_id(), " is sparse; ASSIGN writes dense tables"));
+  }
   if (sparse != nullptr) {
     if (h.segments_size() != 0) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -358,6 +394,10 @@ absl::Status KVServer::ProcessChecked(std::vector<zmq::message_t>& frames,
       sparse->CountRefusedPush();
       return room;
     }
+  }
+  if (assign) {
+    dense->Assign(segments, req.values.data());
+    return absl::OkStatus();
   }
   if (push && consistency_.ShouldBuffer(h.clock()) &&
       h.clock() - consistency_.applied_clock() > ConsistencyController::kMaxStepsAhead) {
@@ -410,6 +450,33 @@ absl::Status KVServer::ProcessChecked(std::vector<zmq::message_t>& frames,
   rh->set_applied_clock(consistency_.applied_clock());
   *values = FrameFromVector(std::move(out));
   return absl::OkStatus();
+}
+
+void KVServer::Scan(const SparseTable& sparse, const RequestHeader& h,
+                    ResponseHeader* rh, zmq::message_t* values,
+                    zmq::message_t* keys) {
+  // Slot ownership is not checked: an export wants every row this server
+  // holds, including rows of slots it no longer owns.
+  uint64_t max_rows = h.scan_max_rows() == 0 ? kDefaultScanRows : h.scan_max_rows();
+  // Keep the page (keys and values) under the message limit for wide rows.
+  const uint64_t row_bytes = uint64_t{sparse.dim()} * sizeof(float) + sizeof(uint64_t);
+  max_rows = std::max<uint64_t>(
+      1, std::min<uint64_t>(max_rows, kMaxMessageBytes / 2 / row_bytes));
+  // Bounds the work of one page when the index is mostly empty (rows
+  // dropped by TTL or eviction leave the index at its largest size), so a
+  // scan never stalls the serving loop for long.
+  const uint64_t max_slots = std::max<uint64_t>(max_rows * 8, 65536);
+  std::vector<uint64_t> page_keys;
+  std::vector<float> page_values;
+  page_keys.reserve(std::min<uint64_t>(max_rows, sparse.num_rows()));
+  page_values.reserve(page_keys.capacity() * sparse.dim());
+  const uint64_t next =
+      sparse.Scan(h.scan_cursor(), max_rows, max_slots, &page_keys, &page_values);
+  rh->set_num_keys(page_keys.size());
+  rh->set_num_values(page_values.size());
+  rh->set_next_cursor(next);
+  *keys = FrameFromVector(std::move(page_keys));
+  *values = FrameFromVector(std::move(page_values));
 }
 
 void KVServer::Buffer(uint64_t step, uint64_t node_id, Table* table,
@@ -511,9 +578,9 @@ void KVServer::Progress(const Ownership& own) {
       continue;
     }
     ResponseHeader rh;
-    zmq::message_t values;
-    Process(it->frames, own, &rh, &values);
-    Send(it->identity, rh, values);
+    zmq::message_t values, keys;
+    Process(it->frames, own, &rh, &values, &keys);
+    Send(it->identity, rh, values, keys);
     it = deferred_.erase(it);
   }
 }

@@ -1,5 +1,6 @@
 // A key-value server: owns the key slots the cluster view assigns to it and
-// serves push and pull over ZeroMQ (proto/data_plane.proto).
+// serves push and pull over ZeroMQ (proto/data_plane.proto), and SCAN of
+// every row it holds, for exporting a trained model.
 //
 // Start() binds the data-plane socket and starts one serving thread, which
 // owns every table: requests are applied one at a time, in arrival order,
@@ -9,8 +10,8 @@
 //
 // Consistency (server/consistency.h): under BSP, pushes are buffered per
 // step and applied, averaged, once every live worker finished the step;
-// under BSP and SSP, a pull that may not be answered yet is held and
-// answered as soon as it may. A pull held longer than the watchdog timeout
+// under BSP and SSP, a pull (or scan) that may not be answered yet is held
+// and answered as soon as it may. A pull held longer than the watchdog timeout
 // is logged with the worker ranks it waits for and their clocks.
 //
 // Registration with the scheduler is the caller's business (server_main.cc
@@ -146,11 +147,17 @@ class KVServer {
                      const Ownership& own);
   // Processes one request. kDefer: the (pull) request is not answered yet;
   // the frames were rewritten into a plain PULL to run again later.
+  // `keys` is filled by SCAN only.
   Outcome Process(std::vector<zmq::message_t>& frames, const Ownership& own,
-                  ResponseHeader* rh, zmq::message_t* values);
+                  ResponseHeader* rh, zmq::message_t* values,
+                  zmq::message_t* keys);
   absl::Status ProcessChecked(std::vector<zmq::message_t>& frames,
                               const Ownership& own, ResponseHeader* rh,
-                              zmq::message_t* values, Outcome* outcome);
+                              zmq::message_t* values, zmq::message_t* keys,
+                              Outcome* outcome);
+  // Answers a validated SCAN request of `sparse` with one page.
+  void Scan(const SparseTable& sparse, const RequestHeader& h,
+            ResponseHeader* rh, zmq::message_t* values, zmq::message_t* keys);
   void Buffer(uint64_t step, uint64_t node_id, Table* table,
               absl::Span<const uint64_t> keys, const Segments& segments,
               absl::Span<const float> grads);
@@ -166,7 +173,7 @@ class KVServer {
   // Answers a STATS request.
   void FillStats(ResponseHeader* rh) const;
   void Send(zmq::message_t& identity, const ResponseHeader& rh,
-            zmq::message_t& values);
+            zmq::message_t& values, zmq::message_t& keys);
 
   const Options options_;
   zmq::context_t context_{1};

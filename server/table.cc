@@ -327,6 +327,23 @@ void SparseTable::Push(absl::Span<const uint64_t> keys, const float* grads,
   counters_.keys_pushed += keys.size();
 }
 
+uint64_t SparseTable::Scan(uint64_t cursor, size_t max_rows, size_t max_slots,
+                           std::vector<uint64_t>* keys,
+                           std::vector<float>* values) const {
+  // The cursor is an index slot rather than a row id: rows of tables
+  // without eviction carry no key, so only the index maps rows to keys.
+  if (max_rows == 0 || max_slots == 0 || cursor >= index_.capacity()) return 0;
+  size_t taken = 0;
+  const size_t next = index_.ForEachFrom(
+      static_cast<size_t>(cursor), max_slots, [&](uint64_t key, uint32_t r) {
+        keys->push_back(key);
+        const float* row = Values(r);
+        values->insert(values->end(), row, row + dim_);
+        return ++taken < max_rows;
+      });
+  return next >= index_.capacity() ? 0 : next;
+}
+
 // ----------------------------------------------------------------- dense
 
 TableStats Table::BaseStats() const {
@@ -414,6 +431,15 @@ void DenseTable::Pull(const Segments& segments, float* out) {
     std::memcpy(out, b.values.data() + offset, s.length() * sizeof(float));
     out += s.length();
     counters_.keys_pulled += s.length();
+  }
+}
+
+void DenseTable::Assign(const Segments& segments, const float* values) {
+  for (const DenseSegment& s : segments) {
+    Block& b = GetBlock(s.begin() / block_size_);
+    const size_t offset = s.begin() % block_size_;
+    std::memcpy(b.values.data() + offset, values, s.length() * sizeof(float));
+    values += s.length();
   }
 }
 

@@ -135,6 +135,19 @@ class SparseTable : public Table {
   void Push(absl::Span<const uint64_t> keys, const float* grads,
             float lr_scale = 1.0f);
 
+  // One page of a scan over every row (the SCAN op). Appends to *keys the
+  // keys of at most `max_rows` rows, and to *values their weights (dim()
+  // floats per row, optimizer state excluded), looking at at most
+  // `max_slots` index positions from `cursor` on. Returns the cursor of
+  // the next page, always greater than `cursor`, or 0 once the scan is
+  // done. Starting at 0 and following the returned cursors visits every
+  // row exactly once provided no row is created or dropped in between;
+  // otherwise rows may be missed or repeated. Any cursor is safe: one
+  // past the end appends nothing and returns 0. Touches no row (recency,
+  // TTL) and no counter.
+  uint64_t Scan(uint64_t cursor, size_t max_rows, size_t max_slots,
+                std::vector<uint64_t>* keys, std::vector<float>* values) const;
+
  private:
   // Bookkeeping in front of each row's floats when rows can be dropped.
   struct RowMeta {
@@ -218,6 +231,8 @@ class DenseTable : public Table {
   void Pull(const Segments& segments, float* out);
   void Push(const Segments& segments, const float* grads,
             float lr_scale = 1.0f);
+  // Overwrites the values (not the optimizer state) of the segments.
+  void Assign(const Segments& segments, const float* values);
 
  private:
   struct Block {

@@ -23,7 +23,7 @@
 #include "server/server.h"
 #include "spdlog/sinks/ostream_sink.h"
 #include "worker/kv_client.h"
-#include "worker/lr_trainer.h"
+#include "worker/trainer.h"
 
 namespace ps {
 namespace {
@@ -79,10 +79,11 @@ std::vector<float> TrainAndRead(const JobConfig& config) {
   for (uint32_t i = 0; i < n; ++i) {
     threads.emplace_back([&, i] {
       Worker& w = workers[i];
-      auto trainer = LrTrainer::Create(config, w.kv.get(), w.member->rank(), n);
+      auto trainer = Trainer::Create(config, w.kv.get(), w.member->rank(), n);
       ASSERT_TRUE(trainer.ok()) << trainer.status();
-      auto result = (*trainer)->Train([] { return false; },
-                                      [&w](uint64_t c) { w.member->set_clock(c); });
+      TrainerHooks hooks;
+      hooks.on_clock = [&w](uint64_t c) { w.member->set_clock(c); };
+      auto result = (*trainer)->Train(hooks);
       ASSERT_TRUE(result.ok()) << result.status();
       EXPECT_EQ(result->steps, 50 * 128 / config.training().batch_size() / n);
     });

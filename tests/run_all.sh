@@ -22,6 +22,7 @@ bazel_status=${PIPESTATUS[0]}
 
 passed=0
 failed=0
+skipped=0
 TESTLOGS="$(bazel info "${CONFIG_ARGS[@]}" bazel-testlogs 2>/dev/null)"
 # Lines like "//server:server_test    PASSED in 0.4s" or "(cached) PASSED".
 while read -r target status; do
@@ -33,6 +34,10 @@ while read -r target status; do
     f=$(echo "$head" | sed -n 's/.* failures="\([0-9]*\)".*/\1/p')
     e=$(echo "$head" | sed -n 's/.* errors="\([0-9]*\)".*/\1/p')
     t=${t:-0}; f=$(( ${f:-0} + ${e:-0} ))
+    # Cases that skipped themselves (GPU tests without a GPU) are neither
+    # passed nor failed.
+    s=$(grep -c 'result="skipped"' "$xml" || true)
+    t=$((t - ${s:-0})); skipped=$((skipped + ${s:-0}))
   fi
   if [ "$status" = "PASSED" ]; then
     [ "$t" -eq 0 ] && t=1
@@ -50,5 +55,6 @@ if [ "$bazel_status" -ne 0 ] && [ "$failed" -eq 0 ]; then
   # The build itself failed before any test ran.
   failed=1
 fi
+[ "$skipped" -gt 0 ] && echo "$skipped skipped (see the test logs for why; GPU tests skip without a GPU)"
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ] && [ "$bazel_status" -eq 0 ]

@@ -32,6 +32,12 @@ _LIBS = {
     "spdlog": (["spdlog", "fmt"], "libspdlog-dev"),
     "gtest": (["gtest", "gmock"], "libgtest-dev libgmock-dev"),
     "gtest_main": (["gtest_main", "gmock"], "libgtest-dev libgmock-dev"),
+    # CPU matrix products (worker/compute). Debian's openblas.pc names the
+    # pthread variant's directory, so the link does not depend on which BLAS
+    # the libblas.so alternative points to.
+    "openblas": (["openblas"], "libopenblas-dev"),
+    # gzip-compressed data files (worker/data: Fashion-MNIST idx.gz).
+    "zlib": (["zlib"], "zlib1g-dev"),
 }
 
 _DEPS = {

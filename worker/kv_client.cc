@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -125,6 +127,24 @@ struct KVClient::Part {
   // Retries of answers that say the request was not applied (UNAVAILABLE).
   int attempts = 0;
   absl::Time retry_at;
+  // SCAN pages: the server's page sequence this page belongs to.
+  std::shared_ptr<ScanChain> scan;
+};
+
+// One server's sequence of SCAN pages. Used only by the I/O thread once
+// the first page is submitted: each answer appends its rows and sends the
+// request for the next page, until the server answers next_cursor 0.
+struct KVClient::ScanChain {
+  uint32_t dim = 1;
+  std::vector<uint64_t>* keys = nullptr;
+  std::vector<float>* values = nullptr;
+  // The server's endpoint when the scan started: cursors mean nothing to a
+  // server that replaced it at the same rank.
+  std::string endpoint;
+  uint64_t cursor = 0;
+  // Builds the request for the page at `cursor` (same server, table and
+  // Completion).
+  std::function<std::unique_ptr<Part>(uint64_t cursor)> page;
 };
 
 // ---------------------------------------------------------------- IoLoop
@@ -286,6 +306,12 @@ class KVClient::IoLoop {
           absl::UnavailableError(absl::StrCat("no live server with rank ", r)));
       return;
     }
+    if (part->scan != nullptr && endpoints_[r] != part->scan->endpoint) {
+      part->parent->PartDone(absl::UnavailableError(absl::StrCat(
+          "server ", r, " changed from ", part->scan->endpoint, " to ",
+          endpoints_[r], " during the scan; scan again")));
+      return;
+    }
     const uint64_t bytes =
         part->header.size() + part->keys.size() + part->values.size();
     try {
@@ -353,6 +379,10 @@ class KVClient::IoLoop {
           absl::StrCat("server ", server, ": ", response.header.message())));
       return;
     }
+    if (part->scan != nullptr) {
+      OnScanPage(std::move(part), response);
+      return;
+    }
     if (response.values.size() != part->expected_values) {
       part->parent->PartDone(absl::DataLossError(
           absl::StrCat("server ", server, " returned ", response.values.size(),
@@ -368,6 +398,36 @@ class KVClient::IoLoop {
                                  response.header.applied_clock());
     }
     part->parent->PartDone(absl::OkStatus());
+  }
+
+  // Appends a SCAN page's rows and asks for the next page.
+  void OnScanPage(std::unique_ptr<Part> part, const DecodedResponse& response) {
+    ScanChain& chain = *part->scan;
+    const uint64_t next = response.header.next_cursor();
+    if (response.values.size() != response.keys.size() * chain.dim) {
+      part->parent->PartDone(absl::DataLossError(absl::StrCat(
+          "server ", part->server, " answered a scan page of ", response.keys.size(),
+          " keys with ", response.values.size(), " values (dim ", chain.dim, ")")));
+      return;
+    }
+    // Cursors only grow, which also guarantees that the scan ends.
+    if (next != 0 && next <= chain.cursor) {
+      part->parent->PartDone(absl::DataLossError(absl::StrCat(
+          "server ", part->server, " did not advance the scan cursor (", chain.cursor,
+          " -> ", next, ")")));
+      return;
+    }
+    chain.keys->insert(chain.keys->end(), response.keys.begin(), response.keys.end());
+    chain.values->insert(chain.values->end(), response.values.begin(),
+                         response.values.end());
+    if (next == 0) {
+      part->parent->PartDone(absl::OkStatus());
+      return;
+    }
+    chain.cursor = next;
+    std::unique_ptr<Part> page = chain.page(next);
+    page->scan = std::move(part->scan);
+    Send(std::move(page));
   }
 
   static void Scatter(const Part& part, absl::Span<const float> values) {
@@ -565,6 +625,13 @@ Completion KVClient::PushDense(uint32_t table, uint64_t begin,
                std::move(done));
 }
 
+Completion KVClient::AssignDense(uint32_t table, uint64_t begin,
+                                 absl::Span<const float> values,
+                                 DoneCallback done) {
+  return Dense(ASSIGN, table, begin, values.size(), values, nullptr,
+               std::move(done));
+}
+
 Completion KVClient::PullDense(uint32_t table, uint64_t begin, uint64_t count,
                                float* out, DoneCallback done) {
   return Dense(PULL, table, begin, count, {}, out, std::move(done));
@@ -644,6 +711,60 @@ Completion KVClient::TableStatistics(std::vector<ServerTableStats>* out,
   }
   Submit(std::move(parts));
   return Completion(std::move(state));
+}
+
+Completion KVClient::Scan(uint32_t table, std::vector<uint64_t>* keys,
+                          std::vector<float>* values, DoneCallback done) {
+  requests_.fetch_add(1, std::memory_order_relaxed);
+  auto it = tables_.find(table);
+  if (it == tables_.end() || !it->second.sparse) {
+    return Failed(absl::InvalidArgumentError(absl::StrCat(
+                      "table ", table, " is not a sparse table of this job")),
+                  std::move(done));
+  }
+  if (keys == nullptr || values == nullptr) {
+    return Failed(absl::InvalidArgumentError("Scan needs keys and values outputs"),
+                  std::move(done));
+  }
+  auto routing = this->routing();
+  std::vector<uint32_t> servers;
+  for (uint32_t r = 0; r < routing->endpoints.size(); ++r) {
+    if (!routing->endpoints[r].empty()) servers.push_back(r);
+  }
+  if (servers.empty()) {
+    return Failed(absl::UnavailableError("no live server"), std::move(done));
+  }
+  auto state = std::make_shared<Completion::State>(static_cast<int>(servers.size()),
+                                                   std::move(done));
+  const uint64_t page_rows = std::min(options_.scan_page_rows, kMaxScanRows);
+  std::vector<std::unique_ptr<Part>> parts;
+  for (uint32_t server : servers) {
+    auto chain = std::make_shared<ScanChain>();
+    chain->dim = it->second.dim;
+    chain->keys = keys;
+    chain->values = values;
+    chain->endpoint = routing->endpoints[server];
+    // Runs on the I/O thread, which the destructor joins before `this` goes.
+    // Later pages carry the epoch current when they are sent.
+    chain->page = [this, server, table, page_rows, state](uint64_t cursor) {
+      RequestHeader h;
+      auto part = NewPart(server, SCAN, table, *this->routing(), state, &h);
+      h.set_scan_cursor(cursor);
+      h.set_scan_max_rows(page_rows);
+      part->header = SerializeToFrame(h);
+      return part;
+    };
+    auto part = chain->page(0);
+    part->scan = std::move(chain);
+    parts.push_back(std::move(part));
+  }
+  Submit(std::move(parts));
+  return Completion(std::move(state));
+}
+
+absl::Status KVClient::ScanAll(uint32_t table, std::vector<uint64_t>* keys,
+                               std::vector<float>* values) {
+  return Scan(table, keys, values).Wait();
 }
 
 Completion KVClient::Sparse(int op_int, uint32_t table,
@@ -780,7 +901,7 @@ Completion KVClient::Dense(int op_int, uint32_t table, uint64_t begin,
       part->values = FrameFromVector(std::move(b.values));
       part->has_values = true;
     }
-    if (op != PUSH) {
+    if (op == PULL) {
       part->out = out;
       part->expected_values = b.total;
       part->runs = std::move(b.runs);

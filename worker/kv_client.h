@@ -1,5 +1,6 @@
 // Worker-side client of the data plane: push, pull and push-pull of sparse
-// rows and dense ranges, routed by the cluster view's slot map.
+// rows and dense ranges, routed by the cluster view's slot map, plus
+// whole-cluster operations (clock, statistics, table export).
 //
 // Every call returns at once with a Completion; the request is split by
 // owning server and sent to all of them in parallel by one background I/O
@@ -78,6 +79,10 @@ class KVClient {
     uint64_t node_id = 0;
     // The clock to start at (SchedulerClient::start_clock()).
     uint64_t start_clock = 0;
+    // Scan(): most rows per page requested from a server, 1..kMaxScanRows
+    // (common/wire.h); 0 lets the server pick (kDefaultScanRows). Larger
+    // values are capped at kMaxScanRows.
+    uint64_t scan_page_rows = 0;
   };
 
   // `view` must be RUNNING. INVALID_ARGUMENT otherwise.
@@ -107,6 +112,11 @@ class KVClient {
   Completion PushDense(uint32_t table, uint64_t begin,
                        absl::Span<const float> grads,
                        DoneCallback done = nullptr);
+  // Overwrites elements [begin, begin + values.size()) with `values` (op
+  // ASSIGN: the optimizer state is kept). For writing initial values.
+  Completion AssignDense(uint32_t table, uint64_t begin,
+                         absl::Span<const float> values,
+                         DoneCallback done = nullptr);
   Completion PullDense(uint32_t table, uint64_t begin, uint64_t count,
                        float* out, DoneCallback done = nullptr);
 
@@ -130,6 +140,34 @@ class KVClient {
   Completion TableStatistics(std::vector<ServerTableStats>* out,
                              DoneCallback done = nullptr);
 
+  // Exports sparse table `table`: reads every row every live server holds
+  // (op SCAN, page by page; servers in parallel, each one's pages in
+  // sequence) and appends the keys to *keys and their weights to *values
+  // (dim floats per key, row-major, optimizer state excluded). Existing
+  // contents are kept. Rows come in no particular order.
+  //
+  // Each key appears once provided no row is created or dropped (pushes of
+  // new keys, TTL, eviction) on the servers while the scan runs: call it
+  // after training. A row a server still holds for a slot it no longer
+  // owns is returned too. Servers answer under the consistency rule of a
+  // pull at this client's clock(), so after AdvanceClockTo(kFinishedClock)
+  // under BSP the scan waits until every live worker finished and every
+  // step is applied.
+  //
+  // `keys` and `values` must stay valid until the request completes and
+  // are written only by the I/O thread; do not read them before. Errors:
+  // INVALID_ARGUMENT (unknown or dense table, null output), UNAVAILABLE (no
+  // live server, or a server was replaced during the scan),
+  // DEADLINE_EXCEEDED (a page was not answered within the request
+  // timeout), DATA_LOSS (malformed page), the server's error. On error the
+  // rows of the pages received so far may have been appended; keys and
+  // values stay paired (values->size() == keys->size() * dim).
+  Completion Scan(uint32_t table, std::vector<uint64_t>* keys,
+                  std::vector<float>* values, DoneCallback done = nullptr);
+  // Scan() and Wait(): blocks until the whole table is read.
+  absl::Status ScanAll(uint32_t table, std::vector<uint64_t>* keys,
+                       std::vector<float>* values);
+
   struct Stats {
     uint64_t requests = 0;      // user calls
     uint64_t messages = 0;      // per-server messages sent
@@ -151,6 +189,7 @@ class KVClient {
     std::vector<std::string> endpoints;  // by server rank; "" = not live
   };
   struct Part;
+  struct ScanChain;
   class IoLoop;
 
   KVClient(Options options, std::shared_ptr<const Routing> routing);

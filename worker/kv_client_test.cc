@@ -1,7 +1,9 @@
 // KVClient against an in-process scheduler and two real servers on loopback.
 #include "worker/kv_client.h"
 
+#include <algorithm>
 #include <atomic>
+#include <map>
 #include <memory>
 #include <numeric>
 #include <vector>
@@ -333,6 +335,87 @@ TEST_F(KVClientTest, BudgetExhaustedReachesTheClientAndChangesNothing) {
   std::vector<float> out(few.size() * 64);
   ASSERT_TRUE(client->Pull(5, few, out.data()).Wait().ok());
   for (float v : out) EXPECT_EQ(v, -0.25f);
+}
+
+TEST_F(KVClientTest, ScanExportsEveryRowOfEveryServerOnce) {
+  ClusterView view = scheduler_->state()->AwaitView(0, true, absl::Seconds(5));
+  ASSERT_EQ(view.job_state(), RUNNING);
+  KVClient::Options options;
+  options.config = config_;
+  options.scan_page_rows = 13;  // many pages per server
+  auto created = KVClient::Create(options, view);
+  ASSERT_TRUE(created.ok()) << created.status();
+  std::unique_ptr<KVClient> client = std::move(created).value();
+
+  std::vector<uint64_t> keys(1000);
+  for (size_t i = 0; i < keys.size(); ++i) keys[i] = i * 1000003 + (i % 7);
+  std::vector<float> grads(keys.size() * 4);
+  for (size_t i = 0; i < grads.size(); ++i) grads[i] = 0.0625f * (i % 11);
+  ASSERT_TRUE(client->Push(3, keys, grads).Wait().ok());
+  std::vector<float> pulled(keys.size() * 4);
+  ASSERT_TRUE(client->Pull(3, keys, pulled.data()).Wait().ok());
+  std::map<uint64_t, std::vector<float>> want;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    want[keys[i]].assign(pulled.begin() + i * 4, pulled.begin() + (i + 1) * 4);
+  }
+  const uint64_t pull_requests =
+      servers_[0]->stats().requests + servers_[1]->stats().requests;
+
+  // Appends to what the outputs hold.
+  std::vector<uint64_t> got_keys = {42};
+  std::vector<float> got_values = {1, 2, 3, 4};
+  absl::Status status = client->ScanAll(3, &got_keys, &got_values);
+  ASSERT_TRUE(status.ok()) << status;
+  ASSERT_EQ(got_keys.size(), 1 + keys.size());
+  ASSERT_EQ(got_values.size(), got_keys.size() * 4);
+  EXPECT_EQ(got_keys[0], 42u);
+  std::map<uint64_t, std::vector<float>> got;
+  for (size_t i = 1; i < got_keys.size(); ++i) {
+    EXPECT_TRUE(got.emplace(got_keys[i],
+                            std::vector<float>(got_values.begin() + i * 4,
+                                               got_values.begin() + (i + 1) * 4))
+                    .second)
+        << "key " << got_keys[i] << " exported twice";
+  }
+  EXPECT_EQ(got, want);
+  // Both servers answered many pages.
+  const uint64_t scan_requests =
+      servers_[0]->stats().requests + servers_[1]->stats().requests - pull_requests;
+  EXPECT_GE(scan_requests, keys.size() / 13);
+
+  // The asynchronous form, with a callback; the default page size.
+  std::unique_ptr<KVClient> plain = Client();
+  std::vector<uint64_t> keys2;
+  std::vector<float> values2;
+  absl::Notification done;
+  absl::Status seen = absl::UnknownError("not called");
+  Completion c = plain->Scan(3, &keys2, &values2, [&](const absl::Status& s) {
+    seen = s;
+    done.Notify();
+  });
+  ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  EXPECT_TRUE(c.Wait().ok());
+  EXPECT_TRUE(seen.ok()) << seen;
+  std::sort(keys2.begin(), keys2.end());
+  std::vector<uint64_t> sorted = keys;
+  std::sort(sorted.begin(), sorted.end());
+  EXPECT_EQ(keys2, sorted);
+  EXPECT_EQ(values2.size(), keys.size() * 4);
+
+  // A table without rows exports nothing; dense and unknown tables are
+  // refused without reaching a server.
+  std::vector<uint64_t> none;
+  std::vector<float> none_values;
+  EXPECT_TRUE(client->ScanAll(5, &none, &none_values).ok());
+  EXPECT_TRUE(none.empty());
+  const uint64_t before = servers_[0]->stats().requests + servers_[1]->stats().requests;
+  EXPECT_EQ(client->ScanAll(4, &none, &none_values).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(client->ScanAll(99, &none, &none_values).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(client->ScanAll(3, nullptr, &none_values).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(servers_[0]->stats().requests + servers_[1]->stats().requests, before);
 }
 
 }  // namespace

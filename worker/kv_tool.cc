@@ -6,15 +6,21 @@
 //   kv_tool ... --op=push --keys=1-100 --values=0.25 --repeat=10
 //   kv_tool ... --op=pull_dense --begin=0 --count=14
 //   kv_tool --config=JOB --scheduler=HOST:PORT --op=stats
+//   kv_tool ... --table=NAME --op=scan [--limit=10]
 //
 // --op=stats prints one JSON line per server and table: rows, bytes, budget,
 // keys pushed and pulled, admissions, filtered pushes, evictions, refusals.
+// --op=scan reads every row of a sparse table from every server (as a model
+// export would) and prints {"table":...,"table_id":...,"rows":N}, then the
+// --limit rows with the smallest keys as {"key":K,"values":[...]} lines.
 //
 // The tool joins the job as a worker (taking a free worker rank) and leaves
 // when done; with --finish it leaves as a finished worker, which lets the
 // job end once no other worker is alive. Pulled values are printed on one
 // line, separated by spaces, with enough digits to round-trip a float.
+#include <algorithm>
 #include <cstdio>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -36,7 +42,7 @@ ABSL_FLAG(std::string, config, "", "Job config file (textproto). Required.");
 ABSL_FLAG(std::string, scheduler, "", "Scheduler host:port. Required.");
 ABSL_FLAG(std::string, table, "", "Table name. Required except for --op=stats.");
 ABSL_FLAG(std::string, op, "pull",
-          "push | pull | push_pull | push_dense | pull_dense | stats");
+          "push | pull | push_pull | push_dense | pull_dense | stats | scan");
 ABSL_FLAG(std::string, keys, "", "Sparse keys: comma-separated ids or ranges a-b (inclusive).");
 ABSL_FLAG(std::string, values, "",
           "Gradients: comma-separated floats, one per pushed element, or a "
@@ -44,6 +50,7 @@ ABSL_FLAG(std::string, values, "",
 ABSL_FLAG(uint64_t, begin, 0, "Dense ops: first element.");
 ABSL_FLAG(uint64_t, count, 0, "pull_dense: number of elements.");
 ABSL_FLAG(int, repeat, 1, "Send the push this many times, one after another.");
+ABSL_FLAG(uint64_t, limit, 0, "scan: print this many rows (smallest keys first).");
 ABSL_FLAG(bool, finish, false, "Leave as a finished worker.");
 ABSL_FLAG(std::string, log_level, "warn", "trace|debug|info|warn|error");
 
@@ -134,11 +141,42 @@ absl::Status PrintStats(ps::KVClient& client) {
   return absl::OkStatus();
 }
 
+// The row count, then the first --limit rows by key.
+absl::Status PrintScan(const ps::TableConfig& table, ps::KVClient& client) {
+  if (!table.has_sparse()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "table '", table.name(), "' is dense; read it with pull_dense"));
+  }
+  std::vector<uint64_t> keys;
+  std::vector<float> values;
+  PS_RETURN_IF_ERROR(client.ScanAll(table.id(), &keys, &values));
+  std::printf("{\"table\":\"%s\",\"table_id\":%u,\"rows\":%zu}\n",
+              JsonEscape(table.name()).c_str(), table.id(), keys.size());
+  const size_t shown = std::min<uint64_t>(absl::GetFlag(FLAGS_limit), keys.size());
+  if (shown == 0) return absl::OkStatus();
+  std::vector<size_t> order(keys.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::partial_sort(order.begin(), order.begin() + shown, order.end(),
+                    [&](size_t a, size_t b) { return keys[a] < keys[b]; });
+  const size_t dim = table.sparse().dim();
+  for (size_t i = 0; i < shown; ++i) {
+    const size_t r = order[i];
+    std::string line = absl::StrCat("{\"key\":", keys[r], ",\"values\":[");
+    for (size_t e = 0; e < dim; ++e) {
+      // JSON has no NaN or infinity; parameters are finite in practice.
+      absl::StrAppend(&line, e ? "," : "", absl::StrFormat("%.9g", values[r * dim + e]));
+    }
+    std::printf("%s]}\n", line.c_str());
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Run(const ps::JobConfig& config, ps::KVClient& client) {
   const std::string op = absl::GetFlag(FLAGS_op);
   if (op == "stats") return PrintStats(client);
   PS_ASSIGN_OR_RETURN(const ps::TableConfig* table,
                       ps::FindTable(config, absl::GetFlag(FLAGS_table)));
+  if (op == "scan") return PrintScan(*table, client);
   const int repeat = absl::GetFlag(FLAGS_repeat);
   if (op == "push" || op == "pull" || op == "push_pull") {
     if (!table->has_sparse()) {

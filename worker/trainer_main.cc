@@ -5,6 +5,8 @@
 //
 // SIGINT/SIGTERM stop training after the current step; the worker still
 // leaves the job cleanly.
+#include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -16,13 +18,14 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/config.h"
 #include "common/node_main.h"
 #include "common/logging.h"
 #include "common/signals.h"
 #include "scheduler/client.h"
 #include "worker/kv_client.h"
-#include "worker/lr_trainer.h"
+#include "worker/trainer.h"
 
 ABSL_FLAG(std::string, config, "", "Job config file (textproto). Required.");
 ABSL_FLAG(std::string, scheduler, "", "Scheduler host:port. Required.");
@@ -49,20 +52,30 @@ struct PublishedClient {
   }
 };
 
-std::string SummaryJson(const ps::JobConfig& config,
+std::string Number(double v) {
+  return std::isfinite(v) ? absl::StrFormat("%.5f", v) : std::string("null");
+}
+
+std::string SummaryJson(const ps::JobConfig& config, const ps::Trainer& trainer,
                         const ps::TrainResult& train,
-                        const ps::EvalResult& eval, double seconds) {
-  const uint64_t examples =
-      config.data().synthetic_ctr().num_train() * config.training().epochs();
-  return absl::StrFormat(
-      "{\"mode\":\"%s\",\"workers\":%d,\"servers\":%d,\"examples\":%d,"
-      "\"seconds\":%.2f,\"test_auc\":%.5f,\"test_logloss\":%.5f,"
-      "\"oracle_auc\":%.5f,\"oracle_logloss\":%.5f,\"rank0_examples_per_s\":%."
-      "0f}",
-      ps::ConsistencyMode_Name(config.consistency().mode()),
-      config.cluster().num_workers(), config.cluster().num_servers(), examples,
-      seconds, eval.auc, eval.logloss, eval.oracle_auc, eval.oracle_logloss,
-      train.seconds > 0 ? train.examples / train.seconds : 0.0);
+                        const ps::EvalResult* eval, double seconds) {
+  return absl::StrCat(
+      "{\"model\":\"", ps::ModelConfig::Kind_Name(config.training().model().kind()),
+      "\",\"mode\":\"", ps::ConsistencyMode_Name(config.consistency().mode()),
+      "\",\"device\":\"", trainer.device_name(),
+      "\",\"workers\":", config.cluster().num_workers(),
+      ",\"servers\":", config.cluster().num_servers(),
+      ",\"rank0_examples\":", train.examples, ",\"rank0_steps\":", train.steps,
+      ",\"rank0_bad_lines\":", train.read.bad_lines,
+      ",\"seconds\":", absl::StrFormat("%.2f", seconds),
+      ",\"test_auc\":", Number(eval ? eval->auc : NAN),
+      ",\"test_logloss\":", Number(eval ? eval->logloss : NAN),
+      ",\"test_accuracy\":", Number(eval ? eval->accuracy : NAN),
+      ",\"oracle_auc\":", Number(eval ? eval->oracle_auc : NAN),
+      ",\"oracle_logloss\":", Number(eval ? eval->oracle_logloss : NAN),
+      ",\"rank0_examples_per_s\":",
+      absl::StrFormat("%.0f", train.seconds > 0 ? train.examples / train.seconds : 0.0),
+      "}");
 }
 
 int TrainAndEvaluate(const ps::JobConfig& config,
@@ -88,14 +101,20 @@ int TrainAndEvaluate(const ps::JobConfig& config,
   auto unpublish = absl::MakeCleanup([kv] { kv->Set(nullptr); });
   (*client)->UpdateView(membership->view());
 
-  auto trainer = ps::LrTrainer::Create(config, client->get(), rank,
-                                       config.cluster().num_workers());
+  auto trainer = ps::Trainer::Create(config, client->get(), rank,
+                                     config.cluster().num_workers());
   if (!trainer.ok()) {
     log->error("{}", trainer.status().message());
     return 2;
   }
-  auto train = (*trainer)->Train([&] { return signals.requested(); },
-                                 [membership](uint64_t clock) { membership->set_clock(clock); });
+  const absl::Duration barrier_timeout = absl::Hours(24);
+  ps::TrainerHooks hooks;
+  hooks.stop = [&] { return signals.requested(); };
+  hooks.on_clock = [membership](uint64_t clock) { membership->set_clock(clock); };
+  hooks.barrier = [membership, barrier_timeout](absl::string_view name) {
+    return membership->Barrier(std::string(name), barrier_timeout);
+  };
+  auto train = (*trainer)->Train(hooks);
   if (!train.ok()) {
     log->error("training failed: {}", train.status().message());
     return 1;
@@ -103,11 +122,18 @@ int TrainAndEvaluate(const ps::JobConfig& config,
   log->info("trained {} examples in {:.1f} s ({:.0f} examples/s)",
             train->examples, train->seconds,
             train->seconds > 0 ? train->examples / train->seconds : 0.0);
+  if (train->read.bad_lines > 0) {
+    log->warn("{} malformed line(s) skipped; the first: {}", train->read.bad_lines,
+              absl::StrJoin(train->bad_lines.begin(),
+                            train->bad_lines.begin() +
+                                std::min<size_t>(train->bad_lines.size(), 5),
+                            "; "));
+  }
   if (signals.requested()) return 0;
 
   // Every worker's pushes are acknowledged before it arrives here, so the
   // evaluation below sees the fully trained model.
-  absl::Status barrier = membership->Barrier("train_done", absl::Hours(24));
+  absl::Status barrier = membership->Barrier("train_done", barrier_timeout);
   if (!barrier.ok()) {
     log->error("{}", barrier.message());
     return 1;
@@ -115,13 +141,27 @@ int TrainAndEvaluate(const ps::JobConfig& config,
   if (rank != 0) return 0;
   const double train_seconds = absl::ToDoubleSeconds(absl::Now() - start);
   auto eval = (*trainer)->Evaluate();
-  if (!eval.ok()) {
+  if (!eval.ok() && eval.status().code() != absl::StatusCode::kFailedPrecondition) {
     log->error("evaluation failed: {}", eval.status().message());
     return 1;
   }
-  log->info("test AUC {:.4f} (oracle {:.4f}), test logloss {:.4f} (oracle {:.4f})",
-            eval->auc, eval->oracle_auc, eval->logloss, eval->oracle_logloss);
-  const std::string json = SummaryJson(config, *train, *eval, train_seconds);
+  if (eval.ok()) {
+    log->info("test AUC {:.4f} (oracle {:.4f}), logloss {:.4f}, accuracy {:.4f}",
+              eval->auc, eval->oracle_auc, eval->logloss, eval->accuracy);
+    absl::Status m = (*trainer)->AppendMetrics(*eval, train->steps, train->mean_loss);
+    if (!m.ok()) log->warn("{}", m.message());
+  } else {
+    log->info("no evaluation: {}", eval.status().message());
+  }
+  if (const std::string& path = config.training().export_path(); !path.empty()) {
+    absl::Status saved = (*trainer)->Export(path);
+    if (!saved.ok()) {
+      log->error("export failed: {}", saved.message());
+      return 1;
+    }
+  }
+  const std::string json = SummaryJson(config, **trainer, *train,
+                                       eval.ok() ? &*eval : nullptr, train_seconds);
   std::cout << json << std::endl;
   if (const std::string path = absl::GetFlag(FLAGS_summary_out); !path.empty()) {
     std::ofstream(path) << json << "\n";

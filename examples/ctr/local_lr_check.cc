@@ -54,6 +54,10 @@ ABSL_FLAG(double, zipf_exponent, 0, "Zipf exponent");
 ABSL_FLAG(double, weight_scale, 0, "std of the true weights");
 ABSL_FLAG(double, bias, 0,
           "true bias (0 means the default: proto3 cannot tell)");
+ABSL_FLAG(uint32_t, interaction_rank, 0,
+          "latent dimension of the true pairwise interactions (0: none)");
+ABSL_FLAG(double, interaction_scale, 0,
+          "std of the true latent factors (0: the default, 0.1)");
 
 namespace ps::ctr {
 namespace {
@@ -156,6 +160,8 @@ int Run() {
   c->set_zipf_exponent(absl::GetFlag(FLAGS_zipf_exponent));
   c->set_weight_scale(absl::GetFlag(FLAGS_weight_scale));
   c->set_bias(absl::GetFlag(FLAGS_bias));
+  c->set_interaction_rank(absl::GetFlag(FLAGS_interaction_rank));
+  c->set_interaction_scale(absl::GetFlag(FLAGS_interaction_scale));
   ApplyDefaults(&job);
   absl::PrintF("config: %s\n", c->ShortDebugString());
 

@@ -7,7 +7,7 @@
 // exactly as a worker process would. Each configuration gets a fresh
 // cluster, so clocks and BSP step counters start from zero every time.
 //
-// One worker step, shaped like worker/lr_trainer.cc's:
+// One worker step, shaped like worker/trainer.cc's:
 //   PullDense(whole dense table) + Pull(sparse keys), wait for both and for
 //   the previous step's pushes; simulated compute; Push(sparse gradients) +
 //   PushDense(dense gradients) + AdvanceClock(), not waited for (servers

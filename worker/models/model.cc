@@ -1,0 +1,434 @@
+#include "worker/models/model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+
+namespace ps {
+namespace {
+
+// Device buffers by role; per-layer activations and their gradients follow
+// kNumFixed, two per layer (bottom layers first, then top).
+enum BufferId : size_t {
+  kDense = 0,
+  kRows,
+  kOffsets,
+  kRowIndex,
+  kValues,
+  kFeatures,
+  kLabels,
+  kLogits,
+  kProbs,
+  kLoss,
+  kDLogits,
+  kFmSums,
+  kDSparse,
+  kDDense,
+  kVectors,      // DLRM: batch x num_vectors x dim
+  kDVectors,
+  kTopIn,        // DLRM: batch x top_input
+  kDTopIn,
+  kDBottomOut,   // DLRM: batch x dim
+  kNumFixed,
+};
+
+}  // namespace
+
+absl::Status SparseIndexer::Index(const ModelLayout& layout,
+                                  const data::ExampleBatch& batch,
+                                  SparseInput* out) {
+  const size_t n = batch.size;
+  const size_t features = n == 0 ? 0 : batch.offsets[n];
+  out->keys.clear();
+  position_.clear();
+  out->rows.resize(features);
+  out->values.resize(features);
+  if (layout.kind != ModelConfig::DLRM) {
+    out->offsets.assign(batch.offsets.begin(), batch.offsets.begin() + n + 1);
+    for (size_t i = 0; i < features; ++i) {
+      auto [it, inserted] = position_.try_emplace(
+          batch.keys[i], static_cast<uint32_t>(out->keys.size()));
+      if (inserted) out->keys.push_back(batch.keys[i]);
+      out->rows[i] = it->second;
+      out->values[i] = batch.values[i];
+    }
+    return absl::OkStatus();
+  }
+  // DLRM: a counting sort of each example's features by field makes the
+  // (example, field) bags contiguous.
+  const uint32_t fields = layout.data.num_fields;
+  out->offsets.assign(n * fields + 1, 0);
+  for (size_t i = 0; i < features; ++i) {
+    if (batch.fields[i] >= fields) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "feature field ", batch.fields[i], " is not below the model's ",
+          fields, " fields"));
+    }
+  }
+  for (size_t b = 0; b < n; ++b) {
+    for (uint32_t i = batch.offsets[b]; i < batch.offsets[b + 1]; ++i) {
+      ++out->offsets[b * fields + batch.fields[i] + 1];
+    }
+  }
+  for (size_t j = 0; j < n * fields; ++j) out->offsets[j + 1] += out->offsets[j];
+  counts_.assign(out->offsets.begin(), out->offsets.end() - 1);
+  for (size_t b = 0; b < n; ++b) {
+    for (uint32_t i = batch.offsets[b]; i < batch.offsets[b + 1]; ++i) {
+      const uint32_t dst = counts_[b * fields + batch.fields[i]]++;
+      auto [it, inserted] = position_.try_emplace(
+          batch.keys[i], static_cast<uint32_t>(out->keys.size()));
+      if (inserted) out->keys.push_back(batch.keys[i]);
+      out->rows[dst] = it->second;
+      out->values[dst] = batch.values[i];
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelLayout& layout,
+                                                     Compute* compute) {
+  switch (layout.kind) {
+    case ModelConfig::LR:
+    case ModelConfig::FM:
+    case ModelConfig::DLRM:
+    case ModelConfig::MLP:
+      break;
+    default:
+      return absl::InvalidArgumentError("unknown model kind");
+  }
+  if (compute == nullptr) return absl::InvalidArgumentError("no compute");
+  return std::unique_ptr<Model>(new Model(layout, compute));
+}
+
+Model::Model(const ModelLayout& layout, Compute* compute)
+    : layout_(layout),
+      compute_(compute),
+      buffers_(kNumFixed + 2 * (layout.bottom.size() + layout.top.size())) {}
+
+Model::~Model() {
+  for (Buffer& b : buffers_) compute_->Free(b.ptr);
+}
+
+template <typename T>
+T* Model::Ensure(Buffer* b, size_t count) {
+  const size_t bytes = std::max<size_t>(count, 1) * sizeof(T);
+  if (b->bytes < bytes) {
+    compute_->Free(b->ptr);
+    // Grow geometrically so batches of varying size settle quickly.
+    const size_t want = std::max(bytes, b->bytes + b->bytes / 2);
+    b->ptr = compute_->Alloc(want);
+    b->bytes = b->ptr == nullptr ? 0 : want;
+  }
+  return static_cast<T*>(b->ptr);
+}
+
+absl::Status Model::DeviceError() {
+  const std::string err = compute_->Synchronize();
+  if (err.empty()) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(compute_->name(), ": ", err));
+}
+
+void Model::LayerForward(const DenseLayer& l, int batch, const float* in,
+                         const float* dense, float* out) {
+  compute_->Gemm(false, true, batch, l.out, l.in, 1.0f, in, l.in,
+                 dense + l.w_offset, l.in, 0.0f, out, l.out);
+  compute_->AddBias(batch, l.out, dense + l.b_offset, out, l.out);
+  if (l.relu) compute_->Relu(size_t(batch) * l.out, out);
+}
+
+void Model::LayerBackward(const DenseLayer& l, int batch, const float* in,
+                          const float* dense, float* dy, float* d_dense,
+                          float* d_in) {
+  // dW = dy^T x, db = column sums of dy, dx = dy W.
+  compute_->Gemm(true, false, l.out, l.in, batch, 1.0f, dy, l.out, in, l.in,
+                 0.0f, d_dense + l.w_offset, l.in);
+  compute_->ColumnSum(batch, l.out, dy, l.out, 0.0f, d_dense + l.b_offset);
+  if (d_in != nullptr) {
+    compute_->Gemm(false, false, batch, l.in, l.out, 1.0f, dy, l.out,
+                   dense + l.w_offset, l.in, 0.0f, d_in, l.in);
+  }
+}
+
+absl::Status Model::Run(const data::ExampleBatch& batch,
+                        const SparseInput& sparse, const float* sparse_rows,
+                        const float* dense, bool backward, ModelOutput* out) {
+  const ModelLayout& L = layout_;
+  const int n = static_cast<int>(batch.size);
+  const uint32_t nd = L.data.num_dense;
+  const bool binary = L.kind != ModelConfig::MLP;
+  const int classes = binary ? 1 : static_cast<int>(L.top.back().out);
+  const size_t num_rows = sparse.keys.size();
+  const bool uses_sparse = L.kind != ModelConfig::MLP;
+  if (batch.labels.size() < batch.size ||
+      batch.dense.size() < batch.size * nd ||
+      (uses_sparse && (sparse.offsets.empty() ||
+                       sparse.rows.size() < sparse.offsets.back() ||
+                       sparse.values.size() < sparse.offsets.back()))) {
+    return absl::InvalidArgumentError("batch arrays are shorter than its size");
+  }
+  out->loss_sum = 0;
+  out->probs.assign(size_t(n) * classes, 0.0f);
+  if (backward) {
+    out->sparse_grad.assign(num_rows * L.sparse_dim, 0.0f);
+    out->dense_grad.assign(L.dense_size, 0.0f);
+  }
+  if (n == 0) return absl::OkStatus();
+  for (int b = 0; b < n; ++b) {
+    const float y = batch.labels[b];
+    const bool ok = binary ? (y == 0.0f || y == 1.0f)
+                           : (y >= 0 && y < classes && y == std::floor(y));
+    if (!ok) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("label ", y, " of example ", b, " is not a class of a ",
+                       binary ? 2 : classes, "-class model"));
+    }
+  }
+
+  Compute& c = *compute_;
+  // Inputs.
+  float* d_dense_params = Ensure<float>(&buffers_[kDense], L.dense_size);
+  float* d_features = Ensure<float>(&buffers_[kFeatures], size_t(n) * nd);
+  float* d_labels = Ensure<float>(&buffers_[kLabels], n);
+  float* d_logits = Ensure<float>(&buffers_[kLogits], size_t(n) * classes);
+  float* d_probs = Ensure<float>(&buffers_[kProbs], size_t(n) * classes);
+  float* d_loss = Ensure<float>(&buffers_[kLoss], n);
+  float* d_dlogits = Ensure<float>(&buffers_[kDLogits], size_t(n) * classes);
+  float* d_ddense = Ensure<float>(&buffers_[kDDense], L.dense_size);
+  float* d_rows = nullptr;
+  uint32_t* d_offsets = nullptr;
+  uint32_t* d_index = nullptr;
+  float* d_values = nullptr;
+  float* d_dsparse = nullptr;
+  const size_t features = uses_sparse ? sparse.offsets.back() : 0;
+  if (uses_sparse) {
+    d_rows = Ensure<float>(&buffers_[kRows], num_rows * L.sparse_dim);
+    d_offsets = Ensure<uint32_t>(&buffers_[kOffsets], sparse.offsets.size());
+    d_index = Ensure<uint32_t>(&buffers_[kRowIndex], features);
+    d_values = Ensure<float>(&buffers_[kValues], features);
+    d_dsparse = Ensure<float>(&buffers_[kDSparse], num_rows * L.sparse_dim);
+  }
+  if (!d_dense_params || !d_features || !d_labels || !d_logits || !d_probs ||
+      !d_loss || !d_dlogits || !d_ddense ||
+      (uses_sparse && (!d_rows || !d_offsets || !d_index || !d_values ||
+                       !d_dsparse))) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(c.name(), ": out of device memory"));
+  }
+  c.Upload(d_dense_params, dense, L.dense_size * sizeof(float));
+  if (nd > 0) c.Upload(d_features, batch.dense.data(), size_t(n) * nd * sizeof(float));
+  c.Upload(d_labels, batch.labels.data(), size_t(n) * sizeof(float));
+  if (uses_sparse) {
+    if (num_rows > 0) {
+      c.Upload(d_rows, sparse_rows, num_rows * L.sparse_dim * sizeof(float));
+    }
+    c.Upload(d_offsets, sparse.offsets.data(),
+             sparse.offsets.size() * sizeof(uint32_t));
+    if (features > 0) {
+      c.Upload(d_index, sparse.rows.data(), features * sizeof(uint32_t));
+      c.Upload(d_values, sparse.values.data(), features * sizeof(float));
+    }
+  }
+  const float scale = 1.0f / static_cast<float>(n);
+  // Activation buffers of layer i (bottom then top) and their gradients.
+  auto act = [&](size_t layer, size_t count) {
+    return Ensure<float>(&buffers_[kNumFixed + 2 * layer], count);
+  };
+  auto dact = [&](size_t layer, size_t count) {
+    return Ensure<float>(&buffers_[kNumFixed + 2 * layer + 1], count);
+  };
+  bool oom = false;
+  auto check = [&oom](float* p) {
+    if (p == nullptr) oom = true;
+    return p;
+  };
+
+  switch (L.kind) {
+    case ModelConfig::LR:
+    case ModelConfig::FM: {
+      const int k = static_cast<int>(L.embedding_dim);
+      float* sums = check(Ensure<float>(&buffers_[kFmSums], size_t(n) * std::max(k, 1)));
+      if (oom) break;
+      c.Fill(n, 0.0f, d_logits);
+      c.FmForward(n, k, d_offsets, d_index, d_values, d_rows, L.sparse_dim,
+                  sums, d_logits);
+      if (nd > 0) {
+        c.Gemm(false, true, n, 1, nd, 1.0f, d_features, nd, d_dense_params,
+               nd, 1.0f, d_logits, 1);
+      }
+      c.AddBias(n, 1, d_dense_params + nd, d_logits, 1);
+      c.SigmoidCrossEntropy(n, d_logits, d_labels, scale, d_probs, d_loss,
+                            d_dlogits);
+      if (!backward) break;
+      if (num_rows > 0) {
+        c.Fill(num_rows * L.sparse_dim, 0.0f, d_dsparse);
+        c.FmBackward(n, k, d_offsets, d_index, d_values, d_rows, L.sparse_dim,
+                     sums, d_dlogits, d_dsparse);
+      }
+      if (nd > 0) {
+        c.Gemm(true, false, 1, nd, n, 1.0f, d_dlogits, 1, d_features, nd,
+               0.0f, d_ddense, nd);
+      }
+      c.ColumnSum(n, 1, d_dlogits, 1, 0.0f, d_ddense + nd);
+      break;
+    }
+    case ModelConfig::MLP: {
+      const float* in = d_features;
+      for (size_t i = 0; i < L.top.size(); ++i) {
+        float* y = i + 1 == L.top.size()
+                       ? d_logits
+                       : check(act(i, size_t(n) * L.top[i].out));
+        if (oom) break;
+        LayerForward(L.top[i], n, in, d_dense_params, y);
+        in = y;
+      }
+      if (oom) break;
+      c.SoftmaxCrossEntropy(n, classes, d_logits, d_labels, scale, d_probs,
+                            d_loss, d_dlogits);
+      if (!backward) break;
+      float* dy = d_dlogits;
+      for (size_t i = L.top.size(); i-- > 0;) {
+        const float* x = i == 0 ? d_features : static_cast<float*>(buffers_[kNumFixed + 2 * (i - 1)].ptr);
+        float* dx = i == 0 ? nullptr : check(dact(i - 1, size_t(n) * L.top[i].in));
+        if (oom) break;
+        LayerBackward(L.top[i], n, x, d_dense_params, dy, d_ddense, dx);
+        if (dx != nullptr) c.ReluBackward(size_t(n) * L.top[i].in, x, dx);
+        dy = dx;
+      }
+      break;
+    }
+    case ModelConfig::DLRM: {
+      const int d = static_cast<int>(L.embedding_dim);
+      const int fields = static_cast<int>(L.data.num_fields);
+      const int nv = static_cast<int>(L.num_vectors);
+      const int ti = static_cast<int>(L.top_input);
+      const bool has_bottom = !L.bottom.empty();
+      const size_t nb = L.bottom.size();
+      float* vectors = check(Ensure<float>(&buffers_[kVectors], size_t(n) * nv * d));
+      float* top_in = check(Ensure<float>(&buffers_[kTopIn], size_t(n) * ti));
+      if (oom) break;
+      c.EmbeddingBag(n, fields, nv, d, d_offsets, d_index, d_values, d_rows,
+                     d, vectors);
+      const float* bottom_out = nullptr;
+      if (has_bottom) {
+        const float* in = d_features;
+        for (size_t i = 0; i < nb; ++i) {
+          float* y = check(act(i, size_t(n) * L.bottom[i].out));
+          if (oom) break;
+          LayerForward(L.bottom[i], n, in, d_dense_params, y);
+          in = y;
+        }
+        if (oom) break;
+        bottom_out = in;
+        c.Copy2D(n, d, bottom_out, d, vectors + size_t(fields) * d, nv * d);
+        c.Copy2D(n, d, bottom_out, d, top_in, ti);
+      }
+      const int pair_offset = has_bottom ? d : 0;
+      c.DotInteraction(n, nv, d, vectors, top_in + pair_offset, ti);
+      const float* in = top_in;
+      for (size_t i = 0; i < L.top.size(); ++i) {
+        float* y = i + 1 == L.top.size()
+                       ? d_logits
+                       : check(act(nb + i, size_t(n) * L.top[i].out));
+        if (oom) break;
+        LayerForward(L.top[i], n, in, d_dense_params, y);
+        in = y;
+      }
+      if (oom) break;
+      c.SigmoidCrossEntropy(n, d_logits, d_labels, scale, d_probs, d_loss,
+                            d_dlogits);
+      if (!backward) break;
+      float* d_top_in = check(Ensure<float>(&buffers_[kDTopIn], size_t(n) * ti));
+      float* d_vectors = check(Ensure<float>(&buffers_[kDVectors], size_t(n) * nv * d));
+      if (oom) break;
+      float* dy = d_dlogits;
+      for (size_t i = L.top.size(); i-- > 0;) {
+        const float* x = i == 0 ? top_in : static_cast<float*>(buffers_[kNumFixed + 2 * (nb + i - 1)].ptr);
+        float* dx = i == 0 ? d_top_in : check(dact(nb + i - 1, size_t(n) * L.top[i].in));
+        if (oom) break;
+        LayerBackward(L.top[i], n, x, d_dense_params, dy, d_ddense, dx);
+        // The top MLP's input (interactions) has no activation.
+        if (i > 0) c.ReluBackward(size_t(n) * L.top[i].in, x, dx);
+        dy = dx;
+      }
+      if (oom) break;
+      c.DotInteractionBackward(n, nv, d, vectors, d_top_in + pair_offset, ti,
+                               d_vectors);
+      if (num_rows > 0) {
+        c.Fill(num_rows * L.sparse_dim, 0.0f, d_dsparse);
+        c.EmbeddingBagBackward(n, fields, nv, d, d_offsets, d_index, d_values,
+                               d_vectors, d_dsparse, d);
+      }
+      if (has_bottom) {
+        // The bottom output feeds both the interactions and the top input.
+        float* d_bottom = check(Ensure<float>(&buffers_[kDBottomOut], size_t(n) * d));
+        if (oom) break;
+        c.Copy2D(n, d, d_vectors + size_t(fields) * d, nv * d, d_bottom, d);
+        c.Add2D(n, d, d_top_in, ti, d_bottom, d);
+        c.ReluBackward(size_t(n) * d, bottom_out, d_bottom);
+        dy = d_bottom;
+        for (size_t i = nb; i-- > 0;) {
+          const float* x = i == 0 ? d_features : static_cast<float*>(buffers_[kNumFixed + 2 * (i - 1)].ptr);
+          float* dx = i == 0 ? nullptr : check(dact(i - 1, size_t(n) * L.bottom[i].in));
+          if (oom) break;
+          LayerBackward(L.bottom[i], n, x, d_dense_params, dy, d_ddense, dx);
+          if (dx != nullptr) c.ReluBackward(size_t(n) * L.bottom[i].in, x, dx);
+          dy = dx;
+        }
+      }
+      break;
+    }
+    default:
+      return absl::InvalidArgumentError("unknown model kind");
+  }
+  if (oom) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(c.name(), ": out of device memory"));
+  }
+  // Results back to the host (Download waits for the queued kernels).
+  std::vector<float> loss(n);
+  std::string err = c.Download(loss.data(), d_loss, size_t(n) * sizeof(float));
+  if (err.empty()) {
+    err = c.Download(out->probs.data(), d_probs,
+                     size_t(n) * classes * sizeof(float));
+  }
+  if (err.empty() && backward) {
+    err = c.Download(out->dense_grad.data(), d_ddense,
+                     L.dense_size * sizeof(float));
+    if (err.empty() && uses_sparse && num_rows > 0) {
+      err = c.Download(out->sparse_grad.data(), d_dsparse,
+                       num_rows * L.sparse_dim * sizeof(float));
+    }
+  }
+  if (!err.empty()) {
+    return absl::InternalError(absl::StrCat(c.name(), ": ", err));
+  }
+  double sum = 0;
+  for (float v : loss) sum += v;
+  out->loss_sum = sum;
+  return absl::OkStatus();
+}
+
+std::vector<float> InitialDenseParameters(const ModelLayout& layout,
+                                          float gain, uint64_t seed) {
+  std::vector<float> params(layout.dense_size, 0.0f);
+  std::mt19937_64 rng(seed);
+  auto fill = [&](const std::vector<DenseLayer>& layers) {
+    for (const DenseLayer& l : layers) {
+      const double stddev =
+          (l.relu ? gain * std::sqrt(2.0 / l.in) : gain * std::sqrt(1.0 / l.in));
+      std::normal_distribution<double> normal(0.0, stddev);
+      for (uint64_t i = 0; i < uint64_t{l.in} * l.out; ++i) {
+        params[l.w_offset + i] = static_cast<float>(normal(rng));
+      }
+    }
+  };
+  fill(layout.bottom);
+  fill(layout.top);
+  return params;
+}
+
+}  // namespace ps

@@ -1,0 +1,184 @@
+// Scores a data file with a saved model (training.export_path).
+//
+//   predict --model=model.bin --data='test-*.txt' --out=scores.txt
+//
+// The data's format is the one the model was trained on (Criteo, libsvm,
+// Fashion-MNIST: --data is then the directory of the idx files; synthetic:
+// the job's test split, --data not used). --out gets one line per example:
+// the click probability, or the class probabilities of an MLP. A JSON
+// summary (examples, and AUC / log loss / accuracy against the file's
+// labels) goes to stdout. Keys the model never saw get their table's
+// initial values, as the servers would answer.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <string>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "common/config.h"
+#include "common/logging.h"
+#include "common/model_layout.h"
+#include "common/status.h"
+#include "server/initializer.h"
+#include "worker/compute/compute_factory.h"
+#include "worker/data/dataset.h"
+#include "worker/metrics.h"
+#include "worker/model_file.h"
+#include "worker/models/model.h"
+
+ABSL_FLAG(std::string, model, "", "Saved model file. Required.");
+ABSL_FLAG(std::string, data, "",
+          "Data to score: files or globs, comma-separated (Criteo, libsvm), "
+          "or the idx directory (Fashion-MNIST).");
+ABSL_FLAG(std::string, out, "", "Write one score line per example here.");
+ABSL_FLAG(std::string, log_level, "info", "trace|debug|info|warn|error");
+
+namespace ps {
+namespace {
+
+absl::Status Predict(const std::string& model_path, const std::string& data,
+                     const std::string& out_path) {
+  auto log = GetLogger("predict");
+  PS_ASSIGN_OR_RETURN(SavedModel saved, LoadModel(model_path));
+  JobConfig config = saved.config;
+  if (!data.empty()) {
+    DataConfig* d = config.mutable_data();
+    if (d->has_files()) {
+      d->mutable_files()->clear_test_files();
+      for (absl::string_view f : absl::StrSplit(data, ',', absl::SkipEmpty())) {
+        d->mutable_files()->add_test_files(std::string(f));
+      }
+    } else if (d->has_fashion_mnist()) {
+      d->mutable_fashion_mnist()->set_dir(data);
+    } else {
+      return absl::InvalidArgumentError(
+          "--data: this model was trained on synthetic data; leave --data "
+          "out to score its test split");
+    }
+  }
+  PS_ASSIGN_OR_RETURN(ModelLayout layout, LayoutModel(config));
+  if (saved.dense.size() != layout.dense_size ||
+      (layout.sparse_dim > 0 && saved.sparse_dim != layout.sparse_dim)) {
+    return absl::DataLossError(absl::StrCat(
+        model_path, ": parameter sizes do not match the saved config"));
+  }
+  const TableConfig* sparse_table = nullptr;
+  if (layout.sparse_dim > 0) {
+    PS_ASSIGN_OR_RETURN(sparse_table,
+                        FindTable(config, config.training().sparse_table()));
+  }
+  absl::flat_hash_map<uint64_t, uint32_t> row_of;
+  row_of.reserve(saved.keys.size());
+  for (size_t i = 0; i < saved.keys.size(); ++i) row_of[saved.keys[i]] = i;
+
+  std::string why_cpu;
+  PS_ASSIGN_OR_RETURN(std::unique_ptr<Compute> compute,
+                      CreateCompute(CPU, 1, &why_cpu));
+  PS_ASSIGN_OR_RETURN(std::unique_ptr<Model> model,
+                      Model::Create(layout, compute.get()));
+  PS_ASSIGN_OR_RETURN(std::unique_ptr<data::Dataset> dataset,
+                      data::OpenDataset(config.data(), data::Split::kTest, 0,
+                                        1, 8192, false));
+  std::FILE* out = nullptr;
+  if (!out_path.empty()) {
+    out = std::fopen(out_path.c_str(), "w");
+    if (out == nullptr) {
+      return absl::UnavailableError(absl::StrCat("cannot write ", out_path));
+    }
+  }
+  const bool binary = layout.kind != ModelConfig::MLP;
+  const int classes = binary ? 1 : static_cast<int>(layout.top.back().out);
+  data::ExampleBatch batch;
+  SparseIndexer indexer;
+  SparseInput sparse;
+  ModelOutput output;
+  std::vector<float> rows, probs, labels;
+  double loss = 0;
+  uint64_t correct = 0, examples = 0, unseen = 0;
+  while (true) {
+    PS_ASSIGN_OR_RETURN(size_t n, dataset->Next(8192, &batch));
+    if (n == 0) break;
+    PS_RETURN_IF_ERROR(indexer.Index(layout, batch, &sparse));
+    rows.resize(sparse.keys.size() * layout.sparse_dim);
+    for (size_t i = 0; i < sparse.keys.size(); ++i) {
+      float* row = &rows[i * layout.sparse_dim];
+      auto it = row_of.find(sparse.keys[i]);
+      if (it != row_of.end()) {
+        std::copy_n(&saved.rows[size_t{it->second} * layout.sparse_dim],
+                    layout.sparse_dim, row);
+      } else {
+        ++unseen;
+        InitializeValues(sparse_table->init(), sparse_table->id(),
+                         sparse.keys[i], 0, layout.sparse_dim, row);
+      }
+    }
+    PS_RETURN_IF_ERROR(model->Run(batch, sparse, rows.data(),
+                                  saved.dense.data(), false, &output));
+    loss += output.loss_sum;
+    for (size_t i = 0; i < n; ++i) {
+      const float* p = &output.probs[i * classes];
+      if (binary) {
+        probs.push_back(p[0]);
+        labels.push_back(batch.labels[i]);
+        correct += (p[0] >= 0.5f) == (batch.labels[i] >= 0.5f);
+      } else {
+        correct += std::max_element(p, p + classes) - p ==
+                   static_cast<long>(batch.labels[i]);
+      }
+      if (out != nullptr) {
+        for (int c = 0; c < classes; ++c) {
+          std::fprintf(out, c + 1 < classes ? "%.6g " : "%.6g\n", p[c]);
+        }
+      }
+    }
+    examples += n;
+  }
+  if (out != nullptr && std::fclose(out) != 0) {
+    return absl::UnavailableError(absl::StrCat("cannot write ", out_path));
+  }
+  const data::ReadStats stats = dataset->stats();
+  for (const std::string& r : dataset->bad_line_reports()) log->warn("{}", r);
+  auto number = [](double v) {
+    return std::isfinite(v) ? absl::StrFormat("%.5f", v) : std::string("null");
+  };
+  std::cout << absl::StrCat(
+                   "{\"examples\":", examples, ",\"bad_lines\":",
+                   stats.bad_lines, ",\"unseen_keys\":", unseen,
+                   ",\"auc\":", number(binary ? Auc(probs, labels) : NAN),
+                   ",\"logloss\":", number(examples ? loss / examples : NAN),
+                   ",\"accuracy\":",
+                   number(examples ? double(correct) / examples : NAN), "}")
+            << std::endl;
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace ps
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  if (absl::Status s = ps::SetLogLevel(absl::GetFlag(FLAGS_log_level));
+      !s.ok()) {
+    std::cerr << "predict: " << s.message() << "\n";
+    return 2;
+  }
+  const std::string model = absl::GetFlag(FLAGS_model);
+  if (model.empty()) {
+    std::cerr << "predict: --model is required\n";
+    return 2;
+  }
+  absl::Status s = ps::Predict(model, absl::GetFlag(FLAGS_data),
+                               absl::GetFlag(FLAGS_out));
+  if (!s.ok()) {
+    std::cerr << "predict: " << s << "\n";
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,354 @@
+#include "worker/trainer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <limits>
+#include <optional>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "common/config.h"
+#include "common/logging.h"
+#include "common/status.h"
+#include "common/wire.h"
+#include "worker/compute/compute_factory.h"
+#include "worker/metrics.h"
+#include "worker/model_file.h"
+
+namespace ps {
+namespace {
+
+std::shared_ptr<spdlog::logger> Log() {
+  static auto* const logger =
+      new std::shared_ptr<spdlog::logger>(GetLogger("trainer"));
+  return *logger;
+}
+
+// Log loss of one example from its logit, stable for large |z|.
+double LossFromLogit(float z, float y) {
+  const double softplus =
+      z > 0 ? z + std::log1p(std::exp(-z)) : std::log1p(std::exp(z));
+  return softplus - y * z;
+}
+
+bool AllFinite(const std::vector<float>& v) {
+  // Summing propagates NaN and infinity; one branch instead of one per
+  // element.
+  float sum = 0;
+  for (float x : v) sum += x * 0.0f;
+  return sum == 0.0f;
+}
+
+std::string JsonNumber(double v) {
+  return std::isfinite(v) ? absl::StrFormat("%.6g", v) : "null";
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
+    const JobConfig& config, KVClient* client, uint32_t rank,
+    uint32_t num_workers) {
+  PS_ASSIGN_OR_RETURN(ModelLayout layout, LayoutModel(config));
+  const TrainingConfig& tr = config.training();
+  std::unique_ptr<Trainer> t(
+      new Trainer(config, client, rank, num_workers, std::move(layout)));
+  PS_ASSIGN_OR_RETURN(const TableConfig* dense, FindTable(config, tr.dense_table()));
+  if (!dense->has_dense() || dense->dense().size() != t->layout_.dense_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "training.dense_table must be a dense table of ",
+        t->layout_.dense_size, " elements for this model"));
+  }
+  t->dense_table_ = dense->id();
+  if (t->layout_.sparse_dim > 0) {
+    PS_ASSIGN_OR_RETURN(const TableConfig* sparse,
+                        FindTable(config, tr.sparse_table()));
+    if (!sparse->has_sparse() ||
+        sparse->sparse().dim() != t->layout_.sparse_dim) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "training.sparse_table must be a sparse table of dim ",
+          t->layout_.sparse_dim, " for this model"));
+    }
+    t->sparse_table_ = sparse->id();
+  }
+  PS_ASSIGN_OR_RETURN(
+      t->train_data_,
+      data::OpenDataset(config.data(), data::Split::kTrain, rank, num_workers,
+                        tr.batch_size(), tr.shard_by_batch()));
+  PS_ASSIGN_OR_RETURN(t->compute_,
+                      CreateCompute(tr.device(), static_cast<int>(tr.threads()),
+                                    &t->why_cpu_));
+  PS_ASSIGN_OR_RETURN(t->model_, Model::Create(t->layout_, t->compute_.get()));
+  return t;
+}
+
+Trainer::Trainer(const JobConfig& config, KVClient* client, uint32_t rank,
+                 uint32_t num_workers, ModelLayout layout)
+    : config_(config),
+      client_(client),
+      rank_(rank),
+      num_workers_(num_workers),
+      layout_(std::move(layout)),
+      dense_(layout_.dense_size) {}
+
+absl::Status Trainer::Pull() {
+  constexpr int kAttempts = 20;
+  rows_.resize(sparse_.keys.size() * layout_.sparse_dim);
+  for (int attempt = 1;; ++attempt) {
+    absl::Status s;
+    std::optional<Completion> sparse;
+    if (layout_.sparse_dim > 0) {
+      sparse = client_->Pull(sparse_table_, sparse_.keys, rows_.data());
+    }
+    Completion dense =
+        client_->PullDense(dense_table_, 0, dense_.size(), dense_.data());
+    if (sparse) s = sparse->Wait();
+    const absl::Status d = dense.Wait();
+    if (s.ok() && d.ok()) return absl::OkStatus();
+    const absl::Status& err = s.ok() ? d : s;
+    if (err.code() != absl::StatusCode::kDeadlineExceeded ||
+        attempt == kAttempts) {
+      return err;
+    }
+    // Pulls are idempotent. Under BSP/SSP the servers hold a pull until
+    // slower workers catch up, and their watchdog names those workers.
+    Log()->warn(
+        "pull at clock {} not answered in time (attempt {} of {}); asking "
+        "again",
+        client_->clock(), attempt, kAttempts);
+  }
+}
+
+absl::Status Trainer::Initialize(const TrainerHooks& hooks) {
+  const std::vector<float> init = InitialDenseParameters(
+      layout_, config_.training().model().init_gain(),
+      config_.training().model().init_seed());
+  const bool all_zero =
+      std::all_of(init.begin(), init.end(), [](float v) { return v == 0; });
+  // LR and FM start from the tables' own initial values.
+  if (all_zero) return absl::OkStatus();
+  if (rank_ == 0) {
+    PS_RETURN_IF_ERROR(client_->AssignDense(dense_table_, 0, init).Wait());
+    Log()->info("wrote {} initial dense parameters", init.size());
+  }
+  if (hooks.barrier && num_workers_ > 1) {
+    PS_RETURN_IF_ERROR(hooks.barrier("dense_init"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TrainResult> Trainer::Train(const TrainerHooks& hooks) {
+  const TrainingConfig& tr = config_.training();
+  const uint64_t max_steps = tr.max_steps();
+  const absl::Duration log_every = absl::Seconds(tr.log_interval_s());
+  Log()->info("training {} ({} dense parameters, sparse rows of {}) on {}, "
+              "batch {}, {} epoch(s), {}",
+              ModelConfig::Kind_Name(layout_.kind), layout_.dense_size,
+              layout_.sparse_dim, compute_->name(), tr.batch_size(),
+              tr.epochs(), ConsistencyMode_Name(config_.consistency().mode()));
+  if (!why_cpu_.empty()) Log()->info("no GPU: {}", why_cpu_);
+  PS_RETURN_IF_ERROR(Initialize(hooks));
+
+  TrainResult result;
+  const absl::Time start = absl::Now();
+  absl::Time last_log = start;
+  uint64_t examples_at_log = 0;
+  double window_loss = 0;
+  uint64_t window_count = 0;
+  data::ExampleBatch batch;
+  // The previous step's pushes; waited for before the next step's compute
+  // so at most one step of updates is in flight per worker.
+  std::vector<Completion> in_flight;
+  bool stopped = false;
+  for (uint32_t epoch = 0; epoch < tr.epochs() && !stopped; ++epoch) {
+    if (epoch > 0) PS_RETURN_IF_ERROR(train_data_->Rewind());
+    double epoch_loss = 0;
+    uint64_t epoch_count = 0;
+    while (true) {
+      const bool stop = hooks.stop && hooks.stop();
+      if (stop || (max_steps > 0 && result.steps >= max_steps)) {
+        Log()->info("{} after {} steps",
+                    stop ? "stop requested" : "training.max_steps reached",
+                    result.steps);
+        stopped = true;
+        break;
+      }
+      // Reading overlaps with the previous step's pushes.
+      PS_ASSIGN_OR_RETURN(size_t n, train_data_->Next(tr.batch_size(), &batch));
+      if (n == 0) break;
+      PS_RETURN_IF_ERROR(indexer_.Index(layout_, batch, &sparse_));
+      // Requests to one server are applied in order, so this pull sees the
+      // previous step's push without waiting for its acknowledgement first.
+      PS_RETURN_IF_ERROR(Pull());
+      for (const Completion& push : in_flight) PS_RETURN_IF_ERROR(push.Wait());
+      in_flight.clear();
+
+      PS_RETURN_IF_ERROR(model_->Run(batch, sparse_, rows_.data(),
+                                     dense_.data(), /*backward=*/true,
+                                     &output_));
+      if (!std::isfinite(output_.loss_sum) || !AllFinite(output_.dense_grad) ||
+          !AllFinite(output_.sparse_grad)) {
+        // Pushing would spread the NaN to every worker through the servers.
+        return absl::InternalError(absl::StrCat(
+            "step ", result.steps + 1,
+            ": the loss or a gradient is not finite (learning rate too "
+            "large?); nothing of this step was pushed"));
+      }
+      if (layout_.sparse_dim > 0 && !sparse_.keys.empty()) {
+        in_flight.push_back(
+            client_->Push(sparse_table_, sparse_.keys, output_.sparse_grad));
+      }
+      in_flight.push_back(
+          client_->PushDense(dense_table_, 0, output_.dense_grad));
+      // The step ends after its pushes; servers receive this after them.
+      in_flight.push_back(client_->AdvanceClock());
+      if (hooks.on_clock) hooks.on_clock(client_->clock());
+
+      epoch_loss += output_.loss_sum;
+      window_loss += output_.loss_sum;
+      epoch_count += n;
+      window_count += n;
+      result.examples += n;
+      ++result.steps;
+      const absl::Time now = absl::Now();
+      if (now - last_log >= log_every) {
+        Log()->info(
+            "epoch {} step {}: {} examples, {:.0f} examples/s, loss {:.4f}",
+            epoch + 1, result.steps, result.examples,
+            (result.examples - examples_at_log) /
+                absl::ToDoubleSeconds(now - last_log),
+            window_loss / std::max<uint64_t>(window_count, 1));
+        last_log = now;
+        examples_at_log = result.examples;
+        window_loss = 0;
+        window_count = 0;
+      }
+      if (rank_ == 0 && tr.eval_interval_steps() > 0 &&
+          result.steps % tr.eval_interval_steps() == 0) {
+        for (const Completion& push : in_flight) {
+          PS_RETURN_IF_ERROR(push.Wait());
+        }
+        in_flight.clear();
+        absl::StatusOr<EvalResult> eval = Evaluate();
+        if (eval.ok()) {
+          Log()->info("step {}: test AUC {:.4f}, logloss {:.4f}, accuracy {:.4f}",
+                      result.steps, eval->auc, eval->logloss, eval->accuracy);
+          PS_RETURN_IF_ERROR(AppendMetrics(
+              *eval, result.steps, epoch_loss / std::max<uint64_t>(epoch_count, 1)));
+        } else if (eval.status().code() != absl::StatusCode::kFailedPrecondition) {
+          return eval.status();
+        }
+      }
+    }
+    if (epoch_count > 0) {
+      result.mean_loss = epoch_loss / epoch_count;
+      Log()->info("epoch {} {}: mean training loss {:.4f}", epoch + 1,
+                  stopped ? "stopped" : "done", result.mean_loss);
+    }
+  }
+  for (const Completion& push : in_flight) PS_RETURN_IF_ERROR(push.Wait());
+  // Never hold back the others' synchronous waits from now on.
+  PS_RETURN_IF_ERROR(client_->AdvanceClockTo(kFinishedClock).Wait());
+  if (hooks.on_clock) hooks.on_clock(kFinishedClock);
+  result.seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  start_seconds_ = result.seconds;
+  result.read = train_data_->stats();
+  result.bad_lines = train_data_->bad_line_reports();
+  if (result.read.bad_lines > 0) {
+    Log()->warn("skipped {} malformed line(s) of {} read", result.read.bad_lines,
+                result.read.lines);
+  }
+  return result;
+}
+
+absl::StatusOr<EvalResult> Trainer::Evaluate() {
+  if (config_.data().has_files() && config_.data().files().test_files().empty()) {
+    return absl::FailedPreconditionError("data.files.test_files is empty");
+  }
+  PS_ASSIGN_OR_RETURN(
+      std::unique_ptr<data::Dataset> test,
+      data::OpenDataset(config_.data(), data::Split::kTest, 0, 1, 8192, false));
+  constexpr size_t kEvalBatch = 8192;
+  const bool binary = layout_.kind != ModelConfig::MLP;
+  const int classes = binary ? 2 : static_cast<int>(layout_.top.back().out);
+  std::vector<float> probs, labels, oracle;
+  data::ExampleBatch batch;
+  EvalResult result;
+  double loss = 0, oracle_loss = 0;
+  uint64_t correct = 0;
+  while (true) {
+    PS_ASSIGN_OR_RETURN(size_t n, test->Next(kEvalBatch, &batch));
+    if (n == 0) break;
+    PS_RETURN_IF_ERROR(indexer_.Index(layout_, batch, &sparse_));
+    PS_RETURN_IF_ERROR(Pull());
+    PS_RETURN_IF_ERROR(model_->Run(batch, sparse_, rows_.data(), dense_.data(),
+                                   /*backward=*/false, &output_));
+    loss += output_.loss_sum;
+    for (size_t i = 0; i < n; ++i) {
+      const float y = batch.labels[i];
+      labels.push_back(y);
+      if (binary) {
+        const float p = output_.probs[i];
+        probs.push_back(p);
+        correct += (p >= 0.5f) == (y >= 0.5f);
+        if (!batch.true_logits.empty()) {
+          oracle.push_back(batch.true_logits[i]);
+          oracle_loss += LossFromLogit(batch.true_logits[i], y);
+        }
+      } else {
+        const float* row = &output_.probs[i * classes];
+        const int best = static_cast<int>(std::max_element(row, row + classes) - row);
+        correct += best == static_cast<int>(y);
+      }
+    }
+    result.examples += n;
+  }
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const double count = static_cast<double>(result.examples);
+  result.auc = binary ? Auc(probs, labels) : nan;
+  result.logloss = result.examples > 0 ? loss / count : nan;
+  result.accuracy = result.examples > 0 ? correct / count : nan;
+  result.oracle_auc = oracle.empty() ? nan : Auc(oracle, labels);
+  result.oracle_logloss = oracle.empty() ? nan : oracle_loss / count;
+  return result;
+}
+
+absl::Status Trainer::AppendMetrics(const EvalResult& eval, uint64_t step,
+                                    double train_loss) const {
+  const std::string& path = config_.training().metrics_file();
+  if (path.empty()) return absl::OkStatus();
+  std::ofstream out(path, std::ios::app);
+  out << absl::StrCat(
+      "{\"step\":", step, ",\"rank\":", rank_, ",\"time\":",
+      JsonNumber(absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch())),
+      ",\"train_loss\":", JsonNumber(train_loss),
+      ",\"test_examples\":", eval.examples, ",\"test_auc\":",
+      JsonNumber(eval.auc), ",\"test_logloss\":", JsonNumber(eval.logloss),
+      ",\"test_accuracy\":", JsonNumber(eval.accuracy), "}\n");
+  out.flush();
+  if (!out) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot append to training.metrics_file ", path));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::Export(const std::string& path) {
+  SavedModel saved;
+  saved.config = config_;
+  saved.dense.resize(layout_.dense_size);
+  PS_RETURN_IF_ERROR(
+      client_->PullDense(dense_table_, 0, saved.dense.size(), saved.dense.data())
+          .Wait());
+  if (layout_.sparse_dim > 0) {
+    PS_RETURN_IF_ERROR(client_->ScanAll(sparse_table_, &saved.keys, &saved.rows));
+  }
+  PS_RETURN_IF_ERROR(SaveModel(path, saved));
+  Log()->info("saved the model to {}: {} dense parameters, {} sparse rows",
+              path, saved.dense.size(), saved.keys.size());
+  return absl::OkStatus();
+}
+
+}  // namespace ps
