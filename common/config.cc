@@ -391,7 +391,7 @@ absl::Status ValidateJobConfig(const JobConfig& config) {
             "training.model.init_gain", "must be finite and >= 0");
   // The model's shape is checked only for jobs that train (a config may
   // describe tables alone, e.g. for the KV tools).
-  if (!tr.dense_table().empty()) {
+  if (!tr.dense_table().empty() || !tr.sparse_table().empty()) {
     absl::StatusOr<ModelLayout> layout = LayoutModel(config);
     c.Require(layout.ok(), "training.model",
               layout.ok() ? "" : std::string(layout.status().message()));

@@ -373,9 +373,9 @@ TEST(ValidateJobConfigTest, TrainingSparseTableMustBeASparseTableOfDimOne) {
       kMinimalCluster, SgdSparseTable(0, "wide", 8),
       "tables { id: 1 name: \"d\" dense { size: 1 }"
       " optimizer { sgd { learning_rate: 1 } } }\n");
-  EXPECT_EQ(RejectionOf(absl::StrCat(tables, "training { sparse_table: \"nope\" }")),
-            "job.pbtxt: training.sparse_table: 'nope' must name a sparse "
-            "table with dim 1");
+  EXPECT_THAT(RejectionOf(absl::StrCat(tables, "training { sparse_table: \"nope\" }")),
+              HasSubstr("training.sparse_table: 'nope' must name a sparse "
+                        "table with dim 1 for this LR model"));
   EXPECT_THAT(RejectionOf(absl::StrCat(tables, "training { sparse_table: \"d\" }")),
               HasSubstr("training.sparse_table: 'd' "));
   EXPECT_THAT(
@@ -396,7 +396,11 @@ TEST(ValidateJobConfigTest, TrainingDenseTableMustMatchNumericFields) {
   EXPECT_TRUE(ParseJobConfig(job(6, "d"), "j").ok());
   EXPECT_EQ(RejectionOf(job(5, "d")),
             "job.pbtxt: training.dense_table: 'd' must name a dense table of "
-            "size 6 (numeric fields + bias)");
+            "size 6 for this LR model (or size 0, which sizes it)");
+  // Size 0 is sized for the model.
+  auto sized = ParseJobConfig(job(0, "d"), "j");
+  ASSERT_TRUE(sized.ok()) << sized.status();
+  EXPECT_EQ(sized->tables(1).dense().size(), 6u);
   EXPECT_THAT(RejectionOf(job(6, "s")),
               HasSubstr("training.dense_table: 's' must name a dense table"));
   EXPECT_THAT(RejectionOf(job(6, "missing")),
@@ -1035,6 +1039,54 @@ TEST(ConfigFingerprintTest, ChangesWithScheduleAndSparseFields) {
     change(&changed);
     EXPECT_NE(ConfigFingerprint(changed), base_fp) << what;
   }
+}
+
+}  // namespace
+}  // namespace ps
+
+namespace ps {
+namespace {
+
+TEST(ValidateJobConfigTest, ModelsAreCheckedAgainstDataAndTables) {
+  auto job = [](const std::string& model, int dim, const std::string& data) {
+    return absl::StrCat(kMinimalCluster, SgdSparseTable(0, "s", dim),
+                        "tables { id: 1 name: \"d\" dense { size: 0 }"
+                        " optimizer { sgd { learning_rate: 1 } } }\n",
+                        data, "training { sparse_table: \"s\" dense_table: \"d\"",
+                        " model { ", model, " } }\n");
+  };
+  const std::string synthetic = "data { synthetic_ctr { num_numeric: 13 } }\n";
+  // DLRM: bottom 13 -> 64 -> 16, 27 vectors: top 16 + 351 -> 64 -> 1.
+  auto dlrm = ParseJobConfig(job("kind: DLRM", 16, synthetic), "j");
+  ASSERT_TRUE(dlrm.ok()) << dlrm.status();
+  EXPECT_EQ(dlrm->tables(1).dense().size(),
+            (13 * 64 + 64) + (64 * 16 + 16) + (367 * 64 + 64) + (64 + 1));
+  EXPECT_THAT(RejectionOf(job("kind: DLRM", 8, synthetic)),
+              HasSubstr("sparse table with dim 16 for this DLRM model"));
+  EXPECT_THAT(RejectionOf(job("kind: FM embedding_dim: 4", 4, synthetic)),
+              HasSubstr("dim 5 for this FM model"));
+  EXPECT_THAT(RejectionOf(job("kind: DLRM bottom_mlp: 0", 16, synthetic)),
+              HasSubstr("bottom_mlp: layer widths must be in 1..65536"));
+  // libsvm data has one field and no dense features: nothing to interact.
+  EXPECT_THAT(
+      RejectionOf(job("kind: DLRM", 16,
+                      "data { files { format: LIBSVM train_files: \"x\" } }\n")),
+      HasSubstr("DLRM needs at least two vectors"));
+  // Click models on a 10-class data set.
+  EXPECT_THAT(RejectionOf(job("kind: LR", 1, "data { fashion_mnist {} }\n")),
+              HasSubstr("use kind: MLP"));
+  EXPECT_THAT(RejectionOf(job("kind: MLP num_classes: 3", 1,
+                              "data { fashion_mnist {} }\n")),
+              HasSubstr("num_classes: 3 but the data has 10 classes"));
+  EXPECT_THAT(RejectionOf(job("kind: LR", 1,
+                              "data { files { train_files: \"x\" } }\n")),
+              HasSubstr("data.files.format: set CRITEO or LIBSVM"));
+  EXPECT_THAT(RejectionOf(job("kind: LR", 1,
+                              "data { files { format: CRITEO } }\n")),
+              HasSubstr("data.files.train_files"));
+  EXPECT_THAT(RejectionOf(job("kind: LR", 1,
+                              "data { synthetic_ctr { interaction_rank: 65 } }\n")),
+              HasSubstr("interaction_rank: must be at most 64"));
 }
 
 }  // namespace

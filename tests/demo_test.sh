@@ -23,7 +23,7 @@ echo "summary: $SUMMARY"
 field() { echo "$SUMMARY" | sed -n "s/.*\"$1\":\([^,}]*\).*/\1/p" | tr -d '"'; }
 [ "$(field mode)" = "ASYNC" ] || { echo "mode is not ASYNC"; exit 1; }
 [ "$(field workers)" = "2" ] && [ "$(field servers)" = "2" ] || { echo "wrong counts"; exit 1; }
-[ "$(field examples)" = "600000" ] || { echo "wrong example count"; exit 1; }
+[ "$(field rank0_examples)" = "300000" ] || { echo "wrong example count"; exit 1; }
 auc="$(field test_auc)"; oracle="$(field oracle_auc)"
 # Integer arithmetic on AUC x 100000: the gap must be under 0.01.
 gap=$(( $(printf '%.0f' "$(echo "$oracle" | tr -d .)") - $(printf '%.0f' "$(echo "$auc" | tr -d .)") ))

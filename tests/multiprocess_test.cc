@@ -360,7 +360,7 @@ TEST_P(KilledWorkerTest, OthersFinishSoonAfterTheFailureIsDetected) {
     for (int i = 0; i < 3; ++i) {
       const std::string log = ReadFile(workers[i].stderr_path());
       if (log.find("registered as worker 2") != std::string::npos &&
-          log.find("training on") != std::string::npos) {
+          log.find("trainer: training ") != std::string::npos) {
         victim = i;
       }
     }

@@ -49,7 +49,7 @@ for name in sgd ftrl adam; do
   summary="$(run_job "$name")"
   echo "$name: $summary"
   [ "$(field "$summary" mode)" = "BSP" ] || { echo "FAIL: $name did not run BSP"; exit 1; }
-  [ "$(field "$summary" examples)" = "600000" ] || { echo "FAIL: $name: wrong example count"; exit 1; }
+  [ "$(field "$summary" rank0_examples)" = "300000" ] || { echo "FAIL: $name: wrong example count"; exit 1; }
   AUC[$name]="$(field "$summary" test_auc)"
   ORACLE="$(field "$summary" oracle_auc)"
   [ -n "${AUC[$name]}" ] && [ -n "$ORACLE" ] || { echo "FAIL: $name: no AUC in the summary"; exit 1; }
