@@ -184,11 +184,21 @@ class Ftrl : public Optimizer {
 }  // namespace
 
 float RateMultiplier(const OptimizerConfig& config, uint64_t step,
-                     uint64_t staleness) {
+                     uint64_t staleness, uint32_t num_workers) {
   const LearningRateSchedule& s = config.schedule();
-  double m = 1.0;
+  // The warm-up ramps linearly from `from` (reached one step before step 0)
+  // to the target k, arriving at step warmup_steps - 1. Without scaling it
+  // ramps from 0 to 1. With scaling it starts at the single-worker rate, 1,
+  // not at 0 (Goyal et al.'s gradual warm-up): the single-worker rate is
+  // known to be safe, only the climb to k times it needs easing in.
+  const bool scaled = config.scale_with_workers();
+  const double k =
+      scaled ? static_cast<double>(std::max(num_workers, uint32_t{1})) : 1.0;
+  const double from = scaled ? 1.0 : 0.0;
+  double m = k;
   if (s.warmup_steps() > 0 && step < s.warmup_steps()) {
-    m = static_cast<double>(step + 1) / static_cast<double>(s.warmup_steps());
+    m = from + (k - from) * static_cast<double>(step + 1) /
+                   static_cast<double>(s.warmup_steps());
   }
   if (s.decay_steps() > 0) {
     m *= std::pow(static_cast<double>(s.decay_rate()),

@@ -47,11 +47,14 @@ class Optimizer {
 };
 
 // The learning-rate multiplier for an update of step `step` pushed with the
-// given staleness (steps the pusher is behind the server's clock), as
-// config.proto's LearningRateSchedule and staleness_aware describe it.
-// Always in (0, 1]. The config must be valid (ValidateOptimizer).
+// given staleness (steps the pusher is behind the server's clock) in a
+// cluster of `num_workers` workers (cluster.num_workers), as config.proto's
+// LearningRateSchedule, scale_with_workers and staleness_aware describe it.
+// num_workers is read only with scale_with_workers; 0 counts as 1.
+// Always in (0, k], where k is num_workers with scale_with_workers and 1
+// without. The config must be valid (ValidateOptimizer).
 float RateMultiplier(const OptimizerConfig& config, uint64_t step,
-                     uint64_t staleness);
+                     uint64_t staleness, uint32_t num_workers);
 
 }  // namespace ps
 

@@ -1004,10 +1004,10 @@ TEST(RateMultiplierTest, ConstantScheduleIsOneAtEveryStep) {
     for (uint64_t step : {uint64_t{0}, uint64_t{1}, uint64_t{2}, uint64_t{99},
                           uint64_t{1} << 40, kMax}) {
       SCOPED_TRACE(testing::Message() << "step " << step);
-      EXPECT_EQ(RateMultiplier(config, step, 0), 1.0f);
+      EXPECT_EQ(RateMultiplier(config, step, 0, 1), 1.0f);
       // staleness_aware is off: staleness is ignored.
-      EXPECT_EQ(RateMultiplier(config, step, 5), 1.0f);
-      EXPECT_EQ(RateMultiplier(config, step, kMax), 1.0f);
+      EXPECT_EQ(RateMultiplier(config, step, 5, 1), 1.0f);
+      EXPECT_EQ(RateMultiplier(config, step, kMax, 1), 1.0f);
     }
   }
 }
@@ -1018,22 +1018,22 @@ TEST(RateMultiplierTest, LinearWarmUp) {
   const float want[] = {0.25f, 0.5f, 0.75f, 1.0f, 1.0f, 1.0f, 1.0f};
   for (int t = 0; t < 7; ++t) {
     SCOPED_TRACE(testing::Message() << "step " << t);
-    EXPECT_FLOAT_EQ(RateMultiplier(config, t, 0), want[t]);
+    EXPECT_FLOAT_EQ(RateMultiplier(config, t, 0, 1), want[t]);
   }
-  EXPECT_FLOAT_EQ(RateMultiplier(config, 1000000, 0), 1.0f);
+  EXPECT_FLOAT_EQ(RateMultiplier(config, 1000000, 0, 1), 1.0f);
 
   // Thirds are not exact in binary; still within a float ulp or so.
   const OptimizerConfig thirds = SgdWithSchedule(3, 0, 0.0f);
-  EXPECT_FLOAT_EQ(RateMultiplier(thirds, 0, 0), 1.0f / 3.0f);
-  EXPECT_FLOAT_EQ(RateMultiplier(thirds, 1, 0), 2.0f / 3.0f);
-  EXPECT_FLOAT_EQ(RateMultiplier(thirds, 2, 0), 1.0f);
-  EXPECT_FLOAT_EQ(RateMultiplier(thirds, 3, 0), 1.0f);
+  EXPECT_FLOAT_EQ(RateMultiplier(thirds, 0, 0, 1), 1.0f / 3.0f);
+  EXPECT_FLOAT_EQ(RateMultiplier(thirds, 1, 0, 1), 2.0f / 3.0f);
+  EXPECT_FLOAT_EQ(RateMultiplier(thirds, 2, 0, 1), 1.0f);
+  EXPECT_FLOAT_EQ(RateMultiplier(thirds, 3, 0, 1), 1.0f);
 
   // warmup_steps 1 is a no-op: (0 + 1) / 1.
-  EXPECT_FLOAT_EQ(RateMultiplier(SgdWithSchedule(1, 0, 0.0f), 0, 0), 1.0f);
+  EXPECT_FLOAT_EQ(RateMultiplier(SgdWithSchedule(1, 0, 0.0f), 0, 0, 1), 1.0f);
   // The largest valid warm-up starts at 2^-40.
   EXPECT_FLOAT_EQ(
-      RateMultiplier(SgdWithSchedule(uint64_t{1} << 40, 0, 0.0f), 0, 0),
+      RateMultiplier(SgdWithSchedule(uint64_t{1} << 40, 0, 0.0f), 0, 0, 1),
       std::ldexp(1.0f, -40));
 }
 
@@ -1044,22 +1044,22 @@ TEST(RateMultiplierTest, StepDecay) {
                         0.25f, 0.25f, 0.25f, 0.125f};
   for (int t = 0; t < 10; ++t) {
     SCOPED_TRACE(testing::Message() << "step " << t);
-    EXPECT_FLOAT_EQ(RateMultiplier(config, t, 0), want[t]);
+    EXPECT_FLOAT_EQ(RateMultiplier(config, t, 0, 1), want[t]);
   }
-  EXPECT_FLOAT_EQ(RateMultiplier(config, 30, 0), 1.0f / 1024.0f);
-  EXPECT_FLOAT_EQ(RateMultiplier(config, 32, 0), 1.0f / 1024.0f);
-  EXPECT_FLOAT_EQ(RateMultiplier(config, 33, 0), 1.0f / 2048.0f);
+  EXPECT_FLOAT_EQ(RateMultiplier(config, 30, 0, 1), 1.0f / 1024.0f);
+  EXPECT_FLOAT_EQ(RateMultiplier(config, 32, 0, 1), 1.0f / 1024.0f);
+  EXPECT_FLOAT_EQ(RateMultiplier(config, 33, 0, 1), 1.0f / 2048.0f);
 
   // The default rate 0.1 (as ApplyDefaults fills it) every 10 steps.
   const OptimizerConfig tenth = SgdWithSchedule(0, 10, 0.1f);
-  EXPECT_FLOAT_EQ(RateMultiplier(tenth, 9, 0), 1.0f);
-  EXPECT_FLOAT_EQ(RateMultiplier(tenth, 10, 0), 0.1f);
-  EXPECT_FLOAT_EQ(RateMultiplier(tenth, 19, 0), 0.1f);
-  EXPECT_FLOAT_EQ(RateMultiplier(tenth, 25, 0), 0.01f);
-  EXPECT_FLOAT_EQ(RateMultiplier(tenth, 30, 0), 0.001f);
+  EXPECT_FLOAT_EQ(RateMultiplier(tenth, 9, 0, 1), 1.0f);
+  EXPECT_FLOAT_EQ(RateMultiplier(tenth, 10, 0, 1), 0.1f);
+  EXPECT_FLOAT_EQ(RateMultiplier(tenth, 19, 0, 1), 0.1f);
+  EXPECT_FLOAT_EQ(RateMultiplier(tenth, 25, 0, 1), 0.01f);
+  EXPECT_FLOAT_EQ(RateMultiplier(tenth, 30, 0, 1), 0.001f);
 
   // decay_rate 1 never decays.
-  EXPECT_FLOAT_EQ(RateMultiplier(SgdWithSchedule(0, 1, 1.0f), 12345, 0),
+  EXPECT_FLOAT_EQ(RateMultiplier(SgdWithSchedule(0, 1, 1.0f), 12345, 0, 1),
                   1.0f);
 }
 
@@ -1073,7 +1073,7 @@ TEST(RateMultiplierTest, WarmUpTimesDecay) {
   const float want[] = {0.25f, 0.5f, 0.375f, 0.5f, 0.25f, 0.25f, 0.125f};
   for (int t = 0; t < 7; ++t) {
     SCOPED_TRACE(testing::Message() << "step " << t);
-    EXPECT_FLOAT_EQ(RateMultiplier(config, t, 0), want[t]);
+    EXPECT_FLOAT_EQ(RateMultiplier(config, t, 0, 1), want[t]);
   }
 }
 
@@ -1083,32 +1083,32 @@ TEST(RateMultiplierTest, StalenessAware) {
   // 1 / (1 + staleness), at any step.
   for (uint64_t step : {uint64_t{0}, uint64_t{7}, uint64_t{1} << 40}) {
     SCOPED_TRACE(testing::Message() << "step " << step);
-    EXPECT_FLOAT_EQ(RateMultiplier(config, step, 0), 1.0f);
-    EXPECT_FLOAT_EQ(RateMultiplier(config, step, 1), 0.5f);
-    EXPECT_FLOAT_EQ(RateMultiplier(config, step, 2), 1.0f / 3.0f);
-    EXPECT_FLOAT_EQ(RateMultiplier(config, step, 3), 0.25f);
-    EXPECT_FLOAT_EQ(RateMultiplier(config, step, 9), 0.1f);
-    EXPECT_FLOAT_EQ(RateMultiplier(config, step, 999), 0.001f);
+    EXPECT_FLOAT_EQ(RateMultiplier(config, step, 0, 1), 1.0f);
+    EXPECT_FLOAT_EQ(RateMultiplier(config, step, 1, 1), 0.5f);
+    EXPECT_FLOAT_EQ(RateMultiplier(config, step, 2, 1), 1.0f / 3.0f);
+    EXPECT_FLOAT_EQ(RateMultiplier(config, step, 3, 1), 0.25f);
+    EXPECT_FLOAT_EQ(RateMultiplier(config, step, 9, 1), 0.1f);
+    EXPECT_FLOAT_EQ(RateMultiplier(config, step, 999, 1), 0.001f);
   }
   // 1 + (2^64 - 1) rounds to 2^64 in double: the result is 2^-64, not 0
   // and not an overflowed 1 / 0.
   EXPECT_FLOAT_EQ(
-      RateMultiplier(config, 0, std::numeric_limits<uint64_t>::max()),
+      RateMultiplier(config, 0, std::numeric_limits<uint64_t>::max(), 1),
       std::ldexp(1.0f, -64));
 
   // Combined with a schedule (warm-up 4, decay 0.5 every 2 steps):
   // t = 1: 0.5 * 1 / (1 + 1); t = 4: 1 * 0.25 / (1 + 3).
   OptimizerConfig scheduled = SgdWithSchedule(4, 2, 0.5f);
   scheduled.set_staleness_aware(true);
-  EXPECT_FLOAT_EQ(RateMultiplier(scheduled, 1, 1), 0.25f);
-  EXPECT_FLOAT_EQ(RateMultiplier(scheduled, 4, 3), 0.0625f);
-  EXPECT_FLOAT_EQ(RateMultiplier(scheduled, 2, 0), 0.375f);
+  EXPECT_FLOAT_EQ(RateMultiplier(scheduled, 1, 1, 1), 0.25f);
+  EXPECT_FLOAT_EQ(RateMultiplier(scheduled, 4, 3, 1), 0.0625f);
+  EXPECT_FLOAT_EQ(RateMultiplier(scheduled, 2, 0, 1), 0.375f);
 
   // The same configs with staleness_aware off ignore staleness.
   scheduled.set_staleness_aware(false);
-  EXPECT_FLOAT_EQ(RateMultiplier(scheduled, 1, 1), 0.5f);
-  EXPECT_FLOAT_EQ(RateMultiplier(scheduled, 4, 3), 0.25f);
-  EXPECT_FLOAT_EQ(RateMultiplier(scheduled, 4, 1000000), 0.25f);
+  EXPECT_FLOAT_EQ(RateMultiplier(scheduled, 1, 1, 1), 0.5f);
+  EXPECT_FLOAT_EQ(RateMultiplier(scheduled, 4, 3, 1), 0.25f);
+  EXPECT_FLOAT_EQ(RateMultiplier(scheduled, 4, 1000000, 1), 0.25f);
 }
 
 TEST(RateMultiplierTest, DeepDecayStaysPositive) {
@@ -1118,31 +1118,31 @@ TEST(RateMultiplierTest, DeepDecayStaysPositive) {
   const OptimizerConfig halves = SgdWithSchedule(0, 1, 0.5f);
   float previous = 1.0f;
   for (uint64_t t = 0; t <= 1100; ++t) {
-    const float m = RateMultiplier(halves, t, 0);
+    const float m = RateMultiplier(halves, t, 0, 1);
     ASSERT_GT(m, 0.0f) << "step " << t;
     ASSERT_LE(m, previous) << "step " << t;
     previous = m;
   }
-  EXPECT_FLOAT_EQ(RateMultiplier(halves, 100, 0), std::ldexp(1.0f, -100));
-  EXPECT_LE(RateMultiplier(halves, 1000, 0),
+  EXPECT_FLOAT_EQ(RateMultiplier(halves, 100, 0, 1), std::ldexp(1.0f, -100));
+  EXPECT_LE(RateMultiplier(halves, 1000, 0, 1),
             std::numeric_limits<float>::min());
 
   const uint64_t kMax = std::numeric_limits<uint64_t>::max();
   OptimizerConfig deep = SgdWithSchedule(0, 1, 0.1f);
   for (uint64_t step : {uint64_t{100}, uint64_t{1} << 40, kMax}) {
     SCOPED_TRACE(testing::Message() << "step " << step);
-    const float m = RateMultiplier(deep, step, 0);
+    const float m = RateMultiplier(deep, step, 0, 1);
     EXPECT_GT(m, 0.0f);
     EXPECT_TRUE(std::isfinite(m));
     EXPECT_LE(m, std::numeric_limits<float>::min());
   }
   // Deep decay and extreme staleness together.
   deep.set_staleness_aware(true);
-  EXPECT_GT(RateMultiplier(deep, kMax, kMax), 0.0f);
+  EXPECT_GT(RateMultiplier(deep, kMax, kMax, 1), 0.0f);
   // Warm-up, decay and staleness all at their extremes.
   OptimizerConfig all = SgdWithSchedule(uint64_t{1} << 40, 1, 0.1f);
   all.set_staleness_aware(true);
-  EXPECT_GT(RateMultiplier(all, (uint64_t{1} << 40) - 1, kMax), 0.0f);
+  EXPECT_GT(RateMultiplier(all, (uint64_t{1} << 40) - 1, kMax, 1), 0.0f);
 }
 
 TEST(RateMultiplierTest, ScheduleDrivesSgdSteps) {
@@ -1169,11 +1169,163 @@ TEST(RateMultiplierTest, ScheduleDrivesSgdSteps) {
     SCOPED_TRACE(testing::Message() << "step " << t);
     // Staleness is ignored without staleness_aware.
     sgd->Apply(&w_fresh, nullptr, &grads[t], 1,
-               RateMultiplier(config, t, staleness[t]));
+               RateMultiplier(config, t, staleness[t], 1));
     sgd->Apply(&w_stale, nullptr, &grads[t], 1,
-               RateMultiplier(stale_config, t, staleness[t]));
+               RateMultiplier(stale_config, t, staleness[t], 1));
     EXPECT_EQ(w_fresh, want_fresh[t]);
     EXPECT_EQ(w_stale, want_stale[t]);
+  }
+}
+
+// ---------------------------------------------------- scale_with_workers
+
+OptimizerConfig Scaled(OptimizerConfig c) {
+  c.set_scale_with_workers(true);
+  return c;
+}
+
+TEST(RateMultiplierTest, WithoutScaleWithWorkersNumWorkersIsIgnored) {
+  // The existing schedules, bit for bit, whatever the cluster size.
+  for (const OptimizerConfig& config :
+       {SgdConfigWithLr(0.5f), SgdWithSchedule(4, 0, 0.0f),
+        SgdWithSchedule(0, 3, 0.5f), SgdWithSchedule(4, 2, 0.5f)}) {
+    for (uint64_t t = 0; t < 10; ++t) {
+      for (uint32_t k : {0u, 2u, 4u, 65536u}) {
+        SCOPED_TRACE(testing::Message() << "step " << t << ", k " << k);
+        EXPECT_EQ(RateMultiplier(config, t, 0, k),
+                  RateMultiplier(config, t, 0, 1));
+      }
+    }
+  }
+  // Warm-up 4 still ramps from 0: (t + 1) / 4.
+  EXPECT_EQ(RateMultiplier(SgdWithSchedule(4, 0, 0.0f), 0, 0, 4), 0.25f);
+}
+
+TEST(RateMultiplierTest, ScaleWithWorkersOnOneWorker) {
+  // k = 1 without a warm-up: the same multiplier as without scaling, with
+  // decay and staleness.
+  OptimizerConfig decayed = SgdWithSchedule(0, 3, 0.5f);
+  decayed.set_staleness_aware(true);
+  for (uint64_t t = 0; t < 10; ++t) {
+    for (uint64_t staleness : {uint64_t{0}, uint64_t{3}}) {
+      SCOPED_TRACE(testing::Message() << "step " << t << ", staleness "
+                                      << staleness);
+      EXPECT_EQ(RateMultiplier(Scaled(decayed), t, staleness, 1),
+                RateMultiplier(decayed, t, staleness, 1));
+      EXPECT_EQ(RateMultiplier(Scaled(SgdConfigWithLr(0.5f)), t, staleness, 1),
+                1.0f);
+    }
+  }
+  // k = 1 with a warm-up: 1 + 0 * (t + 1) / 4 = 1 from step 0. The ramp
+  // goes from the single-worker rate to itself, so there is none.
+  for (uint64_t t = 0; t < 6; ++t) {
+    SCOPED_TRACE(testing::Message() << "step " << t);
+    EXPECT_EQ(RateMultiplier(Scaled(SgdWithSchedule(4, 0, 0.0f)), t, 0, 1),
+              1.0f);
+  }
+  // num_workers 0 (never valid in a config) counts as 1, not as "no rate".
+  EXPECT_EQ(RateMultiplier(Scaled(SgdConfigWithLr(0.5f)), 0, 0, 0), 1.0f);
+  EXPECT_EQ(RateMultiplier(Scaled(SgdWithSchedule(4, 0, 0.0f)), 0, 0, 0),
+            1.0f);
+}
+
+TEST(RateMultiplierTest, ScaleWithWorkersWithoutWarmUp) {
+  // k = 4: 4 at every step.
+  const OptimizerConfig plain = Scaled(SgdConfigWithLr(0.5f));
+  for (uint64_t step : {uint64_t{0}, uint64_t{1}, uint64_t{99},
+                        uint64_t{1} << 40,
+                        std::numeric_limits<uint64_t>::max()}) {
+    SCOPED_TRACE(testing::Message() << "step " << step);
+    EXPECT_EQ(RateMultiplier(plain, step, 0, 4), 4.0f);
+  }
+  // The largest cluster.
+  EXPECT_EQ(RateMultiplier(plain, 0, 0, 65536), 65536.0f);
+
+  // With decay 0.5 every 3 steps: 4 * 0.5^floor(t / 3).
+  const OptimizerConfig decayed = Scaled(SgdWithSchedule(0, 3, 0.5f));
+  const float want[] = {4, 4, 4, 2, 2, 2, 1, 1, 1, 0.5f};
+  for (int t = 0; t < 10; ++t) {
+    SCOPED_TRACE(testing::Message() << "step " << t);
+    EXPECT_EQ(RateMultiplier(decayed, t, 0, 4), want[t]);
+  }
+
+  // With staleness: 4 / (1 + staleness).
+  OptimizerConfig stale = plain;
+  stale.set_staleness_aware(true);
+  EXPECT_EQ(RateMultiplier(stale, 7, 0, 4), 4.0f);
+  EXPECT_EQ(RateMultiplier(stale, 7, 1, 4), 2.0f);
+  EXPECT_EQ(RateMultiplier(stale, 7, 3, 4), 1.0f);
+  EXPECT_EQ(RateMultiplier(stale, 7, 7, 4), 0.5f);
+
+  // Deep decay stays positive with scaling too.
+  const OptimizerConfig deep = Scaled(SgdWithSchedule(0, 1, 0.1f));
+  EXPECT_GT(RateMultiplier(deep, uint64_t{1} << 40, 0, 65536), 0.0f);
+}
+
+TEST(RateMultiplierTest, ScaleWithWorkersGradualWarmUp) {
+  // k = 4, warmup_steps 4: 1 + 3 * (t + 1) / 4 while t < 4, then 4. Every
+  // value is exact in float.
+  const OptimizerConfig four = Scaled(SgdWithSchedule(4, 0, 0.0f));
+  const float want[] = {1.75f, 2.5f, 3.25f, 4, 4, 4, 4};
+  for (int t = 0; t < 7; ++t) {
+    SCOPED_TRACE(testing::Message() << "step " << t);
+    EXPECT_EQ(RateMultiplier(four, t, 0, 4), want[t]);
+  }
+  EXPECT_EQ(RateMultiplier(four, 1000000, 0, 4), 4.0f);
+
+  // warmup_steps 3: 1 + 3 * (t + 1) / 3 = 2, 3, 4, then 4.
+  const OptimizerConfig three = Scaled(SgdWithSchedule(3, 0, 0.0f));
+  EXPECT_EQ(RateMultiplier(three, 0, 0, 4), 2.0f);
+  EXPECT_EQ(RateMultiplier(three, 1, 0, 4), 3.0f);
+  EXPECT_EQ(RateMultiplier(three, 2, 0, 4), 4.0f);
+  EXPECT_EQ(RateMultiplier(three, 3, 0, 4), 4.0f);
+
+  // warmup_steps 1 is a no-op: k from step 0.
+  EXPECT_EQ(RateMultiplier(Scaled(SgdWithSchedule(1, 0, 0.0f)), 0, 0, 4),
+            4.0f);
+  // The longest warm-up starts at the single-worker rate (just above 1),
+  // not near 0 as without scaling.
+  EXPECT_FLOAT_EQ(
+      RateMultiplier(Scaled(SgdWithSchedule(uint64_t{1} << 40, 0, 0.0f)), 0,
+                     0, 4),
+      1.0f);
+
+  // Warm-up times decay (warm-up 4, decay 0.5 every 2 steps):
+  //   t:       0     1    2     3    4     5     6
+  //   warm-up: 1.75  2.5  3.25  4    4     4     4
+  //   decay:   1     1    0.5   0.5  0.25  0.25  0.125
+  const OptimizerConfig decayed = Scaled(SgdWithSchedule(4, 2, 0.5f));
+  const float want_decayed[] = {1.75f, 2.5f, 1.625f, 2, 1, 1, 0.5f};
+  for (int t = 0; t < 7; ++t) {
+    SCOPED_TRACE(testing::Message() << "step " << t);
+    EXPECT_EQ(RateMultiplier(decayed, t, 0, 4), want_decayed[t]);
+  }
+  // And staleness on top: t = 1, staleness 1: 2.5 / 2.
+  OptimizerConfig stale = decayed;
+  stale.set_staleness_aware(true);
+  EXPECT_EQ(RateMultiplier(stale, 1, 1, 4), 1.25f);
+}
+
+TEST(RateMultiplierTest, ScaleWithWorkersDrivesSgdSteps) {
+  // lr 0.5, k = 4, warm-up 2: multipliers 2.5, 4, 4, so with gradients 1,
+  // 1, -2 from w = 0: w = -1.25, -3.25, 0.75 (exact in float). Without
+  // scaling the multipliers are 0.5, 1, 1: w = -0.25, -0.75, 0.25.
+  const OptimizerConfig plain = SgdWithSchedule(2, 0, 0.0f);
+  const OptimizerConfig scaled = Scaled(plain);
+  auto sgd = MustCreate(scaled);
+  ASSERT_NE(sgd, nullptr);
+  const float grads[] = {1.0f, 1.0f, -2.0f};
+  const float want_scaled[] = {-1.25f, -3.25f, 0.75f};
+  const float want_plain[] = {-0.25f, -0.75f, 0.25f};
+  float w_scaled = 0.0f, w_plain = 0.0f;
+  for (uint64_t t = 0; t < 3; ++t) {
+    SCOPED_TRACE(testing::Message() << "step " << t);
+    sgd->Apply(&w_scaled, nullptr, &grads[t], 1,
+               RateMultiplier(scaled, t, 0, 4));
+    sgd->Apply(&w_plain, nullptr, &grads[t], 1,
+               RateMultiplier(plain, t, 0, 4));
+    EXPECT_EQ(w_scaled, want_scaled[t]);
+    EXPECT_EQ(w_plain, want_plain[t]);
   }
 }
 

@@ -414,7 +414,8 @@ absl::Status KVServer::ProcessChecked(std::vector<zmq::message_t>& frames,
       // Staleness: how far this push's step is behind the server's clock.
       const uint64_t staleness =
           server_clock_ > h.clock() ? server_clock_ - h.clock() : 0;
-      const float lr_scale = table->RateScale(h.clock(), staleness);
+      const float lr_scale = table->RateScale(
+          h.clock(), staleness, options_.config.cluster().num_workers());
       if (sparse != nullptr) {
         sparse->Push(req.keys, req.values.data(), lr_scale);
       } else {
@@ -524,6 +525,9 @@ void KVServer::Buffer(uint64_t step, uint64_t node_id, Table* table,
 }
 
 void KVServer::ApplyBuffered(uint64_t step, StepBuffer& buffer, uint32_t divisor) {
+  // scale_with_workers scales by the configured cluster size, not by
+  // `divisor`: the schedule must not jump when one step has fewer pushers.
+  const uint32_t num_workers = options_.config.cluster().num_workers();
   std::vector<float> grads;
   for (auto& [id, b] : buffer.sparse) {
     grads.resize(b.sums.size());
@@ -533,7 +537,7 @@ void KVServer::ApplyBuffered(uint64_t step, StepBuffer& buffer, uint32_t divisor
     // Every worker's gradients of the step were read at the step's
     // parameters: no staleness under BSP.
     SparseTable* sparse = tables_[id]->AsSparse();
-    sparse->Push(b.keys, grads.data(), sparse->RateScale(step, 0));
+    sparse->Push(b.keys, grads.data(), sparse->RateScale(step, 0, num_workers));
   }
   for (auto& [id, b] : buffer.dense) {
     DenseTable* dense = tables_[id]->AsDense();
@@ -549,7 +553,7 @@ void KVServer::ApplyBuffered(uint64_t step, StepBuffer& buffer, uint32_t divisor
       for (uint64_t e = lo; e < hi; ++e) {
         grads[e - lo] = static_cast<float>(sums[e] / divisor);
       }
-      dense->Push(seg, grads.data(), dense->RateScale(step, 0));
+      dense->Push(seg, grads.data(), dense->RateScale(step, 0, num_workers));
     }
   }
   Log()->debug("BSP step {} applied: {} workers averaged", step, divisor);

@@ -1153,5 +1153,72 @@ TEST_F(SparseFeaturesServerTest, StalenessAwareSgdAndWarmUp) {
   EXPECT_EQ(r.values, (std::vector<float>{-1, -2, -4, -4}));
 }
 
+// ------------------------------------------------------ linear scaling
+
+// Four workers, ASYNC (so a push is applied at once). Tables 0 and 1: the
+// same SGD (lr 0.5) with and without scale_with_workers, sparse and dense
+// alike. Table 2: scaled with a 2-step warm-up.
+constexpr char kScalingConfig[] = R"pb(
+  cluster { num_servers: 1 num_workers: 4 num_slots: 16 }
+  tables {
+    id: 0
+    name: "plain"
+    sparse { dim: 1 }
+    optimizer { sgd { learning_rate: 0.5 } }
+  }
+  tables {
+    id: 1
+    name: "scaled"
+    sparse { dim: 1 }
+    optimizer { sgd { learning_rate: 0.5 } scale_with_workers: true }
+  }
+  tables {
+    id: 2
+    name: "scaled_warm"
+    dense { size: 3 block_size: 4 }
+    optimizer {
+      sgd { learning_rate: 0.5 }
+      scale_with_workers: true
+      schedule { warmup_steps: 2 }
+    }
+  }
+)pb";
+
+class ScalingServerTest : public SparseFeaturesServerTest {
+ protected:
+  void SetUp() override {
+    ASSERT_NO_FATAL_FAILURE(
+        StartServer(/*standalone=*/true, kScalingConfig, &clock_));
+  }
+};
+
+TEST_F(ScalingServerTest, ScaleWithWorkersMultipliesTheStepByNumWorkers) {
+  // The same push moves the scaled weight 4 times as far: -0.5 * 8 and
+  // -4 * 0.5 * 8.
+  ASSERT_EQ(PushAt(7, 0, {1}, {8}).code(), absl::StatusCode::kOk);
+  ASSERT_EQ(PushAt(7, 1, {1}, {8}).code(), absl::StatusCode::kOk);
+  const std::vector<float> plain = Pull(0, {1}).values;
+  const std::vector<float> scaled = Pull(1, {1}).values;
+  ASSERT_EQ(plain.size(), 1u);
+  ASSERT_EQ(scaled.size(), 1u);
+  EXPECT_EQ(plain[0], -4.0f);
+  EXPECT_EQ(scaled[0], 4 * plain[0]);
+
+  // With a 2-step warm-up the server ramps from 1x at step -1 to 4x:
+  // step 0 runs at 2.5x, step 1 and later at 4x, so with gradient 8 and
+  // lr 0.5 the elements move by -10, -16, -16.
+  const uint32_t kScaledWarm = 2;
+  ASSERT_EQ(PushAt(0, kScaledWarm, {}, {8}, {{0, 1}}).code(),
+            absl::StatusCode::kOk);
+  ASSERT_EQ(PushAt(1, kScaledWarm, {}, {8}, {{1, 1}}).code(),
+            absl::StatusCode::kOk);
+  ASSERT_EQ(PushAt(9, kScaledWarm, {}, {8}, {{2, 1}}).code(),
+            absl::StatusCode::kOk);
+  Response r =
+      SendValid(Header(PULL, kScaledWarm, 0, {{0, 3}}), Frames(KeysFrame({})));
+  ASSERT_EQ(r.code(), absl::StatusCode::kOk) << r.header.message();
+  EXPECT_EQ(r.values, (std::vector<float>{-10, -16, -16}));
+}
+
 }  // namespace
 }  // namespace ps

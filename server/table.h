@@ -69,9 +69,12 @@ class Table {
   virtual TableStats Stats() const = 0;
 
   // The learning-rate multiplier for a push of step `step` by a worker
-  // `staleness` steps behind (config.proto LearningRateSchedule).
-  float RateScale(uint64_t step, uint64_t staleness) const {
-    return RateMultiplier(config_.optimizer(), step, staleness);
+  // `staleness` steps behind, in a cluster of `num_workers` workers
+  // (config.proto LearningRateSchedule and scale_with_workers; see
+  // RateMultiplier).
+  float RateScale(uint64_t step, uint64_t staleness,
+                  uint32_t num_workers) const {
+    return RateMultiplier(config_.optimizer(), step, staleness, num_workers);
   }
 
   // Counts a push refused before it reached the table (e.g. by the

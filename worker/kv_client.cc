@@ -20,6 +20,15 @@
 namespace ps {
 namespace {
 
+// True when no value is NaN or infinite. x * 0 is 0 for finite x and NaN
+// otherwise, so one comparison at the end replaces one per element.
+bool AllFinite(absl::Span<const float> values) {
+  float sum = 0;
+  for (float v : values) sum += v * 0.0f;
+  return sum == 0.0f;
+}
+
+
 std::shared_ptr<spdlog::logger> Log() {
   static auto* const logger =
       new std::shared_ptr<spdlog::logger>(GetLogger("kv_client"));
@@ -787,6 +796,14 @@ Completion KVClient::Sparse(int op_int, uint32_t table,
                       keys.size() * dim, " values, got ", grads.size())),
                   std::move(done));
   }
+  // Checked before the request is split by server: a server refusing its
+  // part while another applies its own would leave the update half done.
+  if (push && !AllFinite(grads)) {
+    return Failed(absl::InvalidArgumentError(absl::StrCat(
+                      Op_Name(op), " to table ", table,
+                      " carries a value that is not finite (NaN or infinity); nothing was sent")),
+                  std::move(done));
+  }
   if (keys.empty()) return Failed(absl::OkStatus(), std::move(done));
   if (keys.size() > UINT32_MAX) {
     return Failed(absl::InvalidArgumentError("too many keys in one request"),
@@ -856,6 +873,12 @@ Completion KVClient::Dense(int op_int, uint32_t table, uint64_t begin,
     return Failed(absl::OutOfRangeError(absl::StrCat(
                       "range [", begin, ", +", count, ") is outside table ",
                       table, " of size ", info.size)),
+                  std::move(done));
+  }
+  if (op != PULL && !AllFinite(grads)) {
+    return Failed(absl::InvalidArgumentError(absl::StrCat(
+                      Op_Name(op), " to table ", table,
+                      " carries a value that is not finite (NaN or infinity); nothing was sent")),
                   std::move(done));
   }
   if (count == 0) return Failed(absl::OkStatus(), std::move(done));

@@ -115,7 +115,19 @@ while true; do
   for pid in "${WORKER_PIDS[@]}"; do kill -0 "$pid" 2>/dev/null && running=1; done
   [ $running -eq 0 ] && break
   for pid in "$SCHEDULER_PID" "${SERVER_PIDS[@]}"; do
-    kill -0 "$pid" 2>/dev/null || { wait "$pid" || true; fail "process $pid (scheduler or server) died during training"; }
+    kill -0 "$pid" 2>/dev/null && continue
+    # At the end of a job the last worker leaves, the scheduler ends the
+    # job and the servers exit, possibly before that worker's process has
+    # exited: give the workers 2 s before calling it a failure.
+    for _ in $(seq 20); do
+      running=0
+      for w in "${WORKER_PIDS[@]}"; do kill -0 "$w" 2>/dev/null && running=1; done
+      [ $running -eq 0 ] && break
+      sleep 0.1
+    done
+    [ $running -eq 0 ] && break 2
+    wait "$pid" || true
+    fail "process $pid (scheduler or server) died during training"
   done
   [ $(( $(date +%s) - start )) -lt "$TIMEOUT" ] || fail "timed out after ${TIMEOUT}s"
   sleep 0.2
