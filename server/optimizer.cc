@@ -102,6 +102,11 @@ class Adam : public Optimizer {
   void Apply(float* w, float* state, const float* g, size_t n,
              float lr_scale) const override {
     const double lr = static_cast<double>(lr_) * lr_scale;
+    // Neighbouring elements nearly always share their step count (always in
+    // a dense block), so the two powers are computed once per run of equal
+    // counts rather than per element.
+    float cached_t = -1.0f;
+    double c1 = 1.0, c2 = 1.0;
     for (size_t i = 0; i < n; ++i) {
       float& m = state[3 * i];
       float& v = state[3 * i + 1];
@@ -112,8 +117,11 @@ class Adam : public Optimizer {
       // beta^t in float loses most of its digits once beta^t nears 1 (small
       // t, beta2 = 0.999): 1 - beta^t would then be badly rounded, and it
       // scales the whole step. Double keeps the correction accurate.
-      const double c1 = 1.0 - std::pow(static_cast<double>(beta1_), t);
-      const double c2 = 1.0 - std::pow(static_cast<double>(beta2_), t);
+      if (t != cached_t) {
+        cached_t = t;
+        c1 = 1.0 - std::pow(static_cast<double>(beta1_), t);
+        c2 = 1.0 - std::pow(static_cast<double>(beta2_), t);
+      }
       const double m_hat = m / c1;
       const double v_hat = v / c2;
       w[i] -= static_cast<float>(lr * m_hat / (std::sqrt(v_hat) + eps_));

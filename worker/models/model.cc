@@ -171,12 +171,18 @@ absl::Status Model::Run(const data::ExampleBatch& batch,
     return absl::InvalidArgumentError("batch arrays are shorter than its size");
   }
   out->loss_sum = 0;
-  out->probs.assign(size_t(n) * classes, 0.0f);
+  // Every element is overwritten by the downloads below (or by zeros for
+  // an empty batch), so no fill pass.
+  out->probs.resize(size_t(n) * classes);
   if (backward) {
-    out->sparse_grad.assign(num_rows * L.sparse_dim, 0.0f);
-    out->dense_grad.assign(L.dense_size, 0.0f);
+    out->sparse_grad.resize(num_rows * L.sparse_dim);
+    out->dense_grad.resize(L.dense_size);
   }
-  if (n == 0) return absl::OkStatus();
+  if (n == 0) {
+    std::fill(out->sparse_grad.begin(), out->sparse_grad.end(), 0.0f);
+    std::fill(out->dense_grad.begin(), out->dense_grad.end(), 0.0f);
+    return absl::OkStatus();
+  }
   for (int b = 0; b < n; ++b) {
     const float y = batch.labels[b];
     const bool ok = binary ? (y == 0.0f || y == 1.0f)
