@@ -13,7 +13,8 @@ PACKAGES=(
   libspdlog-dev libfmt-dev
   libgtest-dev libgmock-dev
   libopenblas-dev                    # CPU matrix products (worker/compute)
-  zlib1g-dev
+  zlib1g-dev                         # gzip-compressed idx files (worker/data)
+  dataset-fashion-mnist              # the MLP example and its test
 )
 
 missing=()
