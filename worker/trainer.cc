@@ -42,6 +42,22 @@ bool AllFinite(const std::vector<float>& v) {
   return sum == 0.0f;
 }
 
+}  // namespace
+
+std::string Describe(const EvalResult& eval) {
+  std::string out;
+  if (std::isfinite(eval.auc)) absl::StrAppend(&out, absl::StrFormat("test AUC %.4f", eval.auc));
+  if (std::isfinite(eval.oracle_auc)) {
+    absl::StrAppend(&out, absl::StrFormat(" (oracle %.4f)", eval.oracle_auc));
+  }
+  absl::StrAppend(&out, out.empty() ? "" : ", ",
+                  absl::StrFormat("test logloss %.4f, accuracy %.4f",
+                                  eval.logloss, eval.accuracy));
+  return out;
+}
+
+namespace {
+
 std::string JsonNumber(double v) {
   return std::isfinite(v) ? absl::StrFormat("%.6g", v) : "null";
 }
@@ -93,19 +109,21 @@ Trainer::Trainer(const JobConfig& config, KVClient* client, uint32_t rank,
       layout_(std::move(layout)),
       dense_(layout_.dense_size) {}
 
-absl::Status Trainer::Pull() {
-  constexpr int kAttempts = 20;
+Trainer::PendingPull Trainer::StartPull() {
   rows_.resize(sparse_.keys.size() * layout_.sparse_dim);
+  PendingPull p;
+  if (layout_.sparse_dim > 0) {
+    p.sparse = client_->Pull(sparse_table_, sparse_.keys, rows_.data());
+  }
+  p.dense = client_->PullDense(dense_table_, 0, dense_.size(), dense_.data());
+  return p;
+}
+
+absl::Status Trainer::FinishPull(PendingPull pull) {
+  constexpr int kAttempts = 20;
   for (int attempt = 1;; ++attempt) {
-    absl::Status s;
-    std::optional<Completion> sparse;
-    if (layout_.sparse_dim > 0) {
-      sparse = client_->Pull(sparse_table_, sparse_.keys, rows_.data());
-    }
-    Completion dense =
-        client_->PullDense(dense_table_, 0, dense_.size(), dense_.data());
-    if (sparse) s = sparse->Wait();
-    const absl::Status d = dense.Wait();
+    const absl::Status s = pull.sparse ? pull.sparse->Wait() : absl::OkStatus();
+    const absl::Status d = pull.dense->Wait();
     if (s.ok() && d.ok()) return absl::OkStatus();
     const absl::Status& err = s.ok() ? d : s;
     if (err.code() != absl::StatusCode::kDeadlineExceeded ||
@@ -118,8 +136,11 @@ absl::Status Trainer::Pull() {
         "pull at clock {} not answered in time (attempt {} of {}); asking "
         "again",
         client_->clock(), attempt, kAttempts);
+    pull = StartPull();
   }
 }
+
+absl::Status Trainer::Pull() { return FinishPull(StartPull()); }
 
 absl::Status Trainer::Initialize(const TrainerHooks& hooks) {
   const std::vector<float> init = InitialDenseParameters(
@@ -181,7 +202,10 @@ absl::StatusOr<TrainResult> Trainer::Train(const TrainerHooks& hooks) {
       PS_RETURN_IF_ERROR(indexer_.Index(layout_, batch, &sparse_));
       // Requests to one server are applied in order, so this pull sees the
       // previous step's push without waiting for its acknowledgement first.
-      PS_RETURN_IF_ERROR(Pull());
+      // The batch's inputs go to the device while the pull is in flight.
+      PendingPull pull = StartPull();
+      PS_RETURN_IF_ERROR(model_->Prepare(batch, sparse_));
+      PS_RETURN_IF_ERROR(FinishPull(std::move(pull)));
       for (const Completion& push : in_flight) PS_RETURN_IF_ERROR(push.Wait());
       in_flight.clear();
 
@@ -233,8 +257,7 @@ absl::StatusOr<TrainResult> Trainer::Train(const TrainerHooks& hooks) {
         in_flight.clear();
         absl::StatusOr<EvalResult> eval = Evaluate();
         if (eval.ok()) {
-          Log()->info("step {}: test AUC {:.4f}, logloss {:.4f}, accuracy {:.4f}",
-                      result.steps, eval->auc, eval->logloss, eval->accuracy);
+          Log()->info("step {}: {}", result.steps, Describe(*eval));
           PS_RETURN_IF_ERROR(AppendMetrics(
               *eval, result.steps, epoch_loss / std::max<uint64_t>(epoch_count, 1)));
         } else if (eval.status().code() != absl::StatusCode::kFailedPrecondition) {

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -51,6 +52,10 @@ struct EvalResult {
   double oracle_auc = 0;      // synthetic data: the generating model's
   double oracle_logloss = 0;  // NaN otherwise
 };
+
+// "test AUC 0.8 (oracle 0.9), test logloss 0.4, accuracy 0.8", leaving out
+// what the model does not have.
+std::string Describe(const EvalResult& eval);
 
 // How the trainer reaches the rest of the job. All optional.
 struct TrainerHooks {
@@ -105,6 +110,13 @@ class Trainer {
   // Pulls the rows of sparse_.keys into rows_ and the dense table into
   // dense_. Under BSP/SSP a pull may wait for slower workers: a pull that
   // times out is sent again a few times, with a log line each time.
+  // StartPull sends the requests; FinishPull waits (and resends).
+  struct PendingPull {
+    std::optional<Completion> sparse;
+    std::optional<Completion> dense;
+  };
+  PendingPull StartPull();
+  absl::Status FinishPull(PendingPull pull);
   absl::Status Pull();
   // Rank 0 writes the initial dense values; everyone meets at a barrier.
   absl::Status Initialize(const TrainerHooks& hooks);

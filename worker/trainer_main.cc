@@ -146,8 +146,7 @@ int TrainAndEvaluate(const ps::JobConfig& config,
     return 1;
   }
   if (eval.ok()) {
-    log->info("test AUC {:.4f} (oracle {:.4f}), logloss {:.4f}, accuracy {:.4f}",
-              eval->auc, eval->oracle_auc, eval->logloss, eval->accuracy);
+    log->info("{}", ps::Describe(*eval));
     absl::Status m = (*trainer)->AppendMetrics(*eval, train->steps, train->mean_loss);
     if (!m.ok()) log->warn("{}", m.message());
   } else {

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/status.h"
 
 namespace ps {
 namespace {
@@ -153,15 +154,14 @@ void Model::LayerBackward(const DenseLayer& l, int batch, const float* in,
   }
 }
 
-absl::Status Model::Run(const data::ExampleBatch& batch,
-                        const SparseInput& sparse, const float* sparse_rows,
-                        const float* dense, bool backward, ModelOutput* out) {
+absl::Status Model::Prepare(const data::ExampleBatch& batch,
+                            const SparseInput& sparse) {
+  prepared_ = nullptr;
   const ModelLayout& L = layout_;
   const int n = static_cast<int>(batch.size);
   const uint32_t nd = L.data.num_dense;
   const bool binary = L.kind != ModelConfig::MLP;
   const int classes = binary ? 1 : static_cast<int>(L.top.back().out);
-  const size_t num_rows = sparse.keys.size();
   const bool uses_sparse = L.kind != ModelConfig::MLP;
   if (batch.labels.size() < batch.size ||
       batch.dense.size() < batch.size * nd ||
@@ -170,6 +170,66 @@ absl::Status Model::Run(const data::ExampleBatch& batch,
                        sparse.values.size() < sparse.offsets.back()))) {
     return absl::InvalidArgumentError("batch arrays are shorter than its size");
   }
+  for (int b = 0; b < n; ++b) {
+    const float y = batch.labels[b];
+    const bool ok = binary ? (y == 0.0f || y == 1.0f)
+                           : (y >= 0 && y < classes && y == std::floor(y));
+    if (!ok) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("label ", y, " of example ", b, " is not a class of a ",
+                       binary ? 2 : classes, "-class model"));
+    }
+  }
+  if (n == 0) {
+    prepared_ = &batch;
+    return absl::OkStatus();
+  }
+  Compute& c = *compute_;
+  float* d_features = Ensure<float>(&buffers_[kFeatures], size_t(n) * nd);
+  float* d_labels = Ensure<float>(&buffers_[kLabels], n);
+  uint32_t* d_offsets = nullptr;
+  uint32_t* d_index = nullptr;
+  float* d_values = nullptr;
+  const size_t features = uses_sparse ? sparse.offsets.back() : 0;
+  if (uses_sparse) {
+    d_offsets = Ensure<uint32_t>(&buffers_[kOffsets], sparse.offsets.size());
+    d_index = Ensure<uint32_t>(&buffers_[kRowIndex], features);
+    d_values = Ensure<float>(&buffers_[kValues], features);
+  }
+  if (!d_features || !d_labels ||
+      (uses_sparse && (!d_offsets || !d_index || !d_values))) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(c.name(), ": out of device memory"));
+  }
+  if (nd > 0) {
+    c.Upload(d_features, batch.dense.data(), size_t(n) * nd * sizeof(float));
+  }
+  c.Upload(d_labels, batch.labels.data(), size_t(n) * sizeof(float));
+  if (uses_sparse) {
+    c.Upload(d_offsets, sparse.offsets.data(),
+             sparse.offsets.size() * sizeof(uint32_t));
+    if (features > 0) {
+      c.Upload(d_index, sparse.rows.data(), features * sizeof(uint32_t));
+      c.Upload(d_values, sparse.values.data(), features * sizeof(float));
+    }
+  }
+  prepared_ = &batch;
+  return absl::OkStatus();
+}
+
+absl::Status Model::Run(const data::ExampleBatch& batch,
+                        const SparseInput& sparse, const float* sparse_rows,
+                        const float* dense, bool backward, ModelOutput* out) {
+  if (prepared_ != &batch) PS_RETURN_IF_ERROR(Prepare(batch, sparse));
+  // The next Run needs its own Prepare.
+  prepared_ = nullptr;
+  const ModelLayout& L = layout_;
+  const int n = static_cast<int>(batch.size);
+  const uint32_t nd = L.data.num_dense;
+  const bool binary = L.kind != ModelConfig::MLP;
+  const int classes = binary ? 1 : static_cast<int>(L.top.back().out);
+  const size_t num_rows = sparse.keys.size();
+  const bool uses_sparse = L.kind != ModelConfig::MLP;
   out->loss_sum = 0;
   // Every element is overwritten by the downloads below (or by zeros for
   // an empty batch), so no fill pass.
@@ -183,60 +243,34 @@ absl::Status Model::Run(const data::ExampleBatch& batch,
     std::fill(out->dense_grad.begin(), out->dense_grad.end(), 0.0f);
     return absl::OkStatus();
   }
-  for (int b = 0; b < n; ++b) {
-    const float y = batch.labels[b];
-    const bool ok = binary ? (y == 0.0f || y == 1.0f)
-                           : (y >= 0 && y < classes && y == std::floor(y));
-    if (!ok) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("label ", y, " of example ", b, " is not a class of a ",
-                       binary ? 2 : classes, "-class model"));
-    }
-  }
 
   Compute& c = *compute_;
-  // Inputs.
+  // Inputs uploaded by Prepare().
+  float* d_features = static_cast<float*>(buffers_[kFeatures].ptr);
+  float* d_labels = static_cast<float*>(buffers_[kLabels].ptr);
+  uint32_t* d_offsets = static_cast<uint32_t*>(buffers_[kOffsets].ptr);
+  uint32_t* d_index = static_cast<uint32_t*>(buffers_[kRowIndex].ptr);
+  float* d_values = static_cast<float*>(buffers_[kValues].ptr);
   float* d_dense_params = Ensure<float>(&buffers_[kDense], L.dense_size);
-  float* d_features = Ensure<float>(&buffers_[kFeatures], size_t(n) * nd);
-  float* d_labels = Ensure<float>(&buffers_[kLabels], n);
   float* d_logits = Ensure<float>(&buffers_[kLogits], size_t(n) * classes);
   float* d_probs = Ensure<float>(&buffers_[kProbs], size_t(n) * classes);
   float* d_loss = Ensure<float>(&buffers_[kLoss], n);
   float* d_dlogits = Ensure<float>(&buffers_[kDLogits], size_t(n) * classes);
   float* d_ddense = Ensure<float>(&buffers_[kDDense], L.dense_size);
   float* d_rows = nullptr;
-  uint32_t* d_offsets = nullptr;
-  uint32_t* d_index = nullptr;
-  float* d_values = nullptr;
   float* d_dsparse = nullptr;
-  const size_t features = uses_sparse ? sparse.offsets.back() : 0;
   if (uses_sparse) {
     d_rows = Ensure<float>(&buffers_[kRows], num_rows * L.sparse_dim);
-    d_offsets = Ensure<uint32_t>(&buffers_[kOffsets], sparse.offsets.size());
-    d_index = Ensure<uint32_t>(&buffers_[kRowIndex], features);
-    d_values = Ensure<float>(&buffers_[kValues], features);
     d_dsparse = Ensure<float>(&buffers_[kDSparse], num_rows * L.sparse_dim);
   }
-  if (!d_dense_params || !d_features || !d_labels || !d_logits || !d_probs ||
-      !d_loss || !d_dlogits || !d_ddense ||
-      (uses_sparse && (!d_rows || !d_offsets || !d_index || !d_values ||
-                       !d_dsparse))) {
+  if (!d_dense_params || !d_logits || !d_probs || !d_loss || !d_dlogits ||
+      !d_ddense || (uses_sparse && (!d_rows || !d_dsparse))) {
     return absl::ResourceExhaustedError(
         absl::StrCat(c.name(), ": out of device memory"));
   }
   c.Upload(d_dense_params, dense, L.dense_size * sizeof(float));
-  if (nd > 0) c.Upload(d_features, batch.dense.data(), size_t(n) * nd * sizeof(float));
-  c.Upload(d_labels, batch.labels.data(), size_t(n) * sizeof(float));
-  if (uses_sparse) {
-    if (num_rows > 0) {
-      c.Upload(d_rows, sparse_rows, num_rows * L.sparse_dim * sizeof(float));
-    }
-    c.Upload(d_offsets, sparse.offsets.data(),
-             sparse.offsets.size() * sizeof(uint32_t));
-    if (features > 0) {
-      c.Upload(d_index, sparse.rows.data(), features * sizeof(uint32_t));
-      c.Upload(d_values, sparse.values.data(), features * sizeof(float));
-    }
+  if (uses_sparse && num_rows > 0) {
+    c.Upload(d_rows, sparse_rows, num_rows * L.sparse_dim * sizeof(float));
   }
   const float scale = 1.0f / static_cast<float>(n);
   // Activation buffers of layer i (bottom then top) and their gradients.

@@ -84,6 +84,14 @@ class Model {
                    const float* sparse_rows, const float* dense,
                    bool backward, ModelOutput* out);
 
+  // Validates `batch` and copies its inputs (features, labels, feature
+  // lists) to the device, so that on a GPU the copy overlaps with the
+  // pulls of the parameters that Run() then needs. Optional: Run() calls
+  // it when the batch was not prepared. `batch` and `sparse` must stay
+  // unchanged until Run(). Errors as Run()'s.
+  absl::Status Prepare(const data::ExampleBatch& batch,
+                       const SparseInput& sparse);
+
  private:
   // Device memory that grows and is reused across steps.
   struct Buffer {
@@ -108,6 +116,8 @@ class Model {
   const ModelLayout layout_;
   Compute* const compute_;
   std::vector<Buffer> buffers_;
+  // The batch whose inputs are on the device (Prepare), until Run uses it.
+  const data::ExampleBatch* prepared_ = nullptr;
 };
 
 // Dense initial values: He-normal weights (standard deviation
