@@ -25,6 +25,7 @@ cd "$ROOT"
 BENCHES=(
   "consistency //tests/bench:consistency_bench"
   "sparse //tests/bench:table_bench"
+  "train //tests/bench:train_bench"
 )
 
 names=()
@@ -70,8 +71,25 @@ for entry in "${selected[@]}"; do
   target="${entry#* }"
   path="${target#//}"
   binary="$BIN/${path/://}"
-  echo "# bench $name: $binary ${flags[*]:-}" >&2
-  if ! "$binary" ${flags[@]+"${flags[@]}"}; then
+  extra=()
+  if [ "$name" = train ]; then
+    # The baseline: PyTorch's CPU build on the same models and batch sizes,
+    # measured in this run (Debian's python3-torch; installed when missing).
+    if ! /usr/bin/python3 -c "import torch" 2>/dev/null; then
+      echo "# bench train: installing python3-torch for the PyTorch baseline" >&2
+      SUDO=(); [ "$(id -u)" -ne 0 ] && SUDO=(sudo)
+      DEBIAN_FRONTEND=noninteractive "${SUDO[@]}" apt-get install -y -qq python3-torch >/dev/null || true
+    fi
+    torch_json="$(mktemp)"
+    if /usr/bin/python3 "$ROOT/tests/bench/torch_train.py" > "$torch_json"; then
+      cat "$torch_json"
+      extra=(--torch_json="$torch_json")
+    else
+      echo "# bench train: no PyTorch baseline (ratios are null)" >&2
+    fi
+  fi
+  echo "# bench $name: $binary ${extra[*]:-} ${flags[*]:-}" >&2
+  if ! "$binary" ${extra[@]+"${extra[@]}"} ${flags[@]+"${flags[@]}"}; then
     echo "tests/bench.sh: bench $name failed" >&2
     status=1
   fi

@@ -5,7 +5,7 @@
 #     interactions, DLRM-lite beats logistic regression by >= 0.01 test AUC
 #     (examples/ctr/{dlrm,lr_interactions}.pbtxt on a smaller data set).
 #   fashion_mnist: the MLP of examples/fashion_mnist/mlp.pbtxt, 2 workers,
-#     BSP, 2 epochs, reaches >= 0.85 test accuracy.
+#     BSP, 3 epochs, reaches >= 0.85 test accuracy (measured: 0.866).
 # Usage (Bazel passes one): models_test.sh dlrm_vs_lr|fashion_mnist
 set -euo pipefail
 R="$TEST_SRCDIR/$TEST_WORKSPACE"
@@ -46,9 +46,9 @@ case "${1:-}" in
     ;;
   fashion_mnist)
     config="$TEST_TMPDIR/mlp.pbtxt"
-    sed -e 's/epochs: 4/epochs: 2/' -e 's/eval_interval_steps: 500/eval_interval_steps: 0/' \
+    sed -e 's/epochs: 4/epochs: 3/' -e 's/eval_interval_steps: 500/eval_interval_steps: 0/' \
       "$R/examples/fashion_mnist/mlp.pbtxt" > "$config"
-    grep -q "epochs: 2" "$config" || { echo "could not change mlp.pbtxt"; exit 1; }
+    grep -q "epochs: 3" "$config" || { echo "could not change mlp.pbtxt"; exit 1; }
     summary="$(run_job mlp "$config")"
     echo "mlp: $summary"
     [ "$(field "$summary" mode)" = "BSP" ] || { echo "FAIL: did not run BSP"; exit 1; }
