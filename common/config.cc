@@ -122,6 +122,12 @@ void CheckOptimizer(const OptimizerConfig& opt, const std::string& path,
              path + ".schedule.warmup_steps", "must be at most 2^40");
   c->Require(sched.decay_steps() <= (uint64_t{1} << 40),
              path + ".schedule.decay_steps", "must be at most 2^40");
+  // FTRL's weight is a closed form in which a common factor on every
+  // gradient nearly cancels: scaling would silently do almost nothing.
+  c->Require(!opt.scale_with_workers() || !opt.has_ftrl(),
+             path + ".scale_with_workers",
+             "does not apply to FTRL (its weights barely change when every "
+             "gradient is scaled); scale alpha instead");
 }
 
 void CheckSparseTable(const SparseTableConfig& t, const std::string& path,

@@ -1087,6 +1087,11 @@ TEST(ValidateJobConfigTest, ModelsAreCheckedAgainstDataAndTables) {
   EXPECT_THAT(RejectionOf(job("kind: LR", 1,
                               "data { synthetic_ctr { interaction_rank: 65 } }\n")),
               HasSubstr("interaction_rank: must be at most 64"));
+  EXPECT_THAT(RejectionOf(absl::StrCat(
+                  kMinimalCluster,
+                  "tables { id: 0 name: \"f\" sparse { dim: 1 } optimizer { "
+                  "ftrl { alpha: 0.1 } scale_with_workers: true } }\n")),
+              HasSubstr("scale_with_workers: does not apply to FTRL"));
 }
 
 }  // namespace

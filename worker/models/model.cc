@@ -154,6 +154,40 @@ void Model::LayerBackward(const DenseLayer& l, int batch, const float* in,
   }
 }
 
+const float* Model::MlpForward(const std::vector<DenseLayer>& layers,
+                              size_t first, int batch, const float* in,
+                              const float* dense, float* last_out) {
+  for (size_t i = 0; i < layers.size(); ++i) {
+    float* y = i + 1 == layers.size() && last_out != nullptr
+                   ? last_out
+                   : Ensure<float>(&buffers_[kNumFixed + 2 * (first + i)],
+                                   size_t(batch) * layers[i].out);
+    if (y == nullptr) return nullptr;
+    LayerForward(layers[i], batch, in, dense, y);
+    in = y;
+  }
+  return in;
+}
+
+bool Model::MlpBackward(const std::vector<DenseLayer>& layers, size_t first,
+                        int batch, const float* in, const float* dense,
+                        float* dy, float* d_dense, float* d_in) {
+  for (size_t i = layers.size(); i-- > 0;) {
+    // Layer i's input: the stack's input, or layer i - 1's ReLU output.
+    const float* x =
+        i == 0 ? in
+               : static_cast<const float*>(buffers_[kNumFixed + 2 * (first + i - 1)].ptr);
+    float* dx = i == 0 ? d_in
+                       : Ensure<float>(&buffers_[kNumFixed + 2 * (first + i - 1) + 1],
+                                       size_t(batch) * layers[i].in);
+    if (i > 0 && dx == nullptr) return false;
+    LayerBackward(layers[i], batch, x, dense, dy, d_dense, dx);
+    if (i > 0) compute_->ReluBackward(size_t(batch) * layers[i].in, x, dx);
+    dy = dx;
+  }
+  return true;
+}
+
 absl::Status Model::Prepare(const data::ExampleBatch& batch,
                             const SparseInput& sparse) {
   prepared_ = nullptr;
@@ -273,13 +307,6 @@ absl::Status Model::Run(const data::ExampleBatch& batch,
     c.Upload(d_rows, sparse_rows, num_rows * L.sparse_dim * sizeof(float));
   }
   const float scale = 1.0f / static_cast<float>(n);
-  // Activation buffers of layer i (bottom then top) and their gradients.
-  auto act = [&](size_t layer, size_t count) {
-    return Ensure<float>(&buffers_[kNumFixed + 2 * layer], count);
-  };
-  auto dact = [&](size_t layer, size_t count) {
-    return Ensure<float>(&buffers_[kNumFixed + 2 * layer + 1], count);
-  };
   bool oom = false;
   auto check = [&oom](float* p) {
     if (p == nullptr) oom = true;
@@ -316,28 +343,15 @@ absl::Status Model::Run(const data::ExampleBatch& batch,
       break;
     }
     case ModelConfig::MLP: {
-      const float* in = d_features;
-      for (size_t i = 0; i < L.top.size(); ++i) {
-        float* y = i + 1 == L.top.size()
-                       ? d_logits
-                       : check(act(i, size_t(n) * L.top[i].out));
-        if (oom) break;
-        LayerForward(L.top[i], n, in, d_dense_params, y);
-        in = y;
+      if (!MlpForward(L.top, 0, n, d_features, d_dense_params, d_logits)) {
+        oom = true;
+        break;
       }
-      if (oom) break;
       c.SoftmaxCrossEntropy(n, classes, d_logits, d_labels, scale, d_probs,
                             d_loss, d_dlogits);
       if (!backward) break;
-      float* dy = d_dlogits;
-      for (size_t i = L.top.size(); i-- > 0;) {
-        const float* x = i == 0 ? d_features : static_cast<float*>(buffers_[kNumFixed + 2 * (i - 1)].ptr);
-        float* dx = i == 0 ? nullptr : check(dact(i - 1, size_t(n) * L.top[i].in));
-        if (oom) break;
-        LayerBackward(L.top[i], n, x, d_dense_params, dy, d_ddense, dx);
-        if (dx != nullptr) c.ReluBackward(size_t(n) * L.top[i].in, x, dx);
-        dy = dx;
-      }
+      oom = !MlpBackward(L.top, 0, n, d_features, d_dense_params, d_dlogits,
+                         d_ddense, nullptr);
       break;
     }
     case ModelConfig::DLRM: {
@@ -354,47 +368,33 @@ absl::Status Model::Run(const data::ExampleBatch& batch,
                      d, vectors);
       const float* bottom_out = nullptr;
       if (has_bottom) {
-        const float* in = d_features;
-        for (size_t i = 0; i < nb; ++i) {
-          float* y = check(act(i, size_t(n) * L.bottom[i].out));
-          if (oom) break;
-          LayerForward(L.bottom[i], n, in, d_dense_params, y);
-          in = y;
+        bottom_out = MlpForward(L.bottom, 0, n, d_features, d_dense_params,
+                                nullptr);
+        if (bottom_out == nullptr) {
+          oom = true;
+          break;
         }
-        if (oom) break;
-        bottom_out = in;
         c.Copy2D(n, d, bottom_out, d, vectors + size_t(fields) * d, nv * d);
         c.Copy2D(n, d, bottom_out, d, top_in, ti);
       }
       const int pair_offset = has_bottom ? d : 0;
       c.DotInteraction(n, nv, d, vectors, top_in + pair_offset, ti);
-      const float* in = top_in;
-      for (size_t i = 0; i < L.top.size(); ++i) {
-        float* y = i + 1 == L.top.size()
-                       ? d_logits
-                       : check(act(nb + i, size_t(n) * L.top[i].out));
-        if (oom) break;
-        LayerForward(L.top[i], n, in, d_dense_params, y);
-        in = y;
+      if (!MlpForward(L.top, nb, n, top_in, d_dense_params, d_logits)) {
+        oom = true;
+        break;
       }
-      if (oom) break;
       c.SigmoidCrossEntropy(n, d_logits, d_labels, scale, d_probs, d_loss,
                             d_dlogits);
       if (!backward) break;
       float* d_top_in = check(Ensure<float>(&buffers_[kDTopIn], size_t(n) * ti));
       float* d_vectors = check(Ensure<float>(&buffers_[kDVectors], size_t(n) * nv * d));
       if (oom) break;
-      float* dy = d_dlogits;
-      for (size_t i = L.top.size(); i-- > 0;) {
-        const float* x = i == 0 ? top_in : static_cast<float*>(buffers_[kNumFixed + 2 * (nb + i - 1)].ptr);
-        float* dx = i == 0 ? d_top_in : check(dact(nb + i - 1, size_t(n) * L.top[i].in));
-        if (oom) break;
-        LayerBackward(L.top[i], n, x, d_dense_params, dy, d_ddense, dx);
-        // The top MLP's input (interactions) has no activation.
-        if (i > 0) c.ReluBackward(size_t(n) * L.top[i].in, x, dx);
-        dy = dx;
+      // The top MLP's input (interactions) has no activation.
+      if (!MlpBackward(L.top, nb, n, top_in, d_dense_params, d_dlogits,
+                       d_ddense, d_top_in)) {
+        oom = true;
+        break;
       }
-      if (oom) break;
       c.DotInteractionBackward(n, nv, d, vectors, d_top_in + pair_offset, ti,
                                d_vectors);
       if (num_rows > 0) {
@@ -409,15 +409,8 @@ absl::Status Model::Run(const data::ExampleBatch& batch,
         c.Copy2D(n, d, d_vectors + size_t(fields) * d, nv * d, d_bottom, d);
         c.Add2D(n, d, d_top_in, ti, d_bottom, d);
         c.ReluBackward(size_t(n) * d, bottom_out, d_bottom);
-        dy = d_bottom;
-        for (size_t i = nb; i-- > 0;) {
-          const float* x = i == 0 ? d_features : static_cast<float*>(buffers_[kNumFixed + 2 * (i - 1)].ptr);
-          float* dx = i == 0 ? nullptr : check(dact(i - 1, size_t(n) * L.bottom[i].in));
-          if (oom) break;
-          LayerBackward(L.bottom[i], n, x, d_dense_params, dy, d_ddense, dx);
-          if (dx != nullptr) c.ReluBackward(size_t(n) * L.bottom[i].in, x, dx);
-          dy = dx;
-        }
+        oom = !MlpBackward(L.bottom, 0, n, d_features, d_dense_params,
+                           d_bottom, d_ddense, nullptr);
       }
       break;
     }

@@ -113,6 +113,19 @@ class Model {
                      const float* dense, float* dy, float* d_dense,
                      float* d_in);
 
+  // A stack of layers whose activations use buffers kNumFixed + 2 * (first
+  // + i) (and + 1 for their gradients). MlpForward returns the last output
+  // (written to last_out when given), nullptr when out of memory.
+  // MlpBackward takes dy at the last output (after its activation) and
+  // writes the gradient at `in` to d_in when not null; false when out of
+  // memory.
+  const float* MlpForward(const std::vector<DenseLayer>& layers, size_t first,
+                          int batch, const float* in, const float* dense,
+                          float* last_out);
+  bool MlpBackward(const std::vector<DenseLayer>& layers, size_t first,
+                   int batch, const float* in, const float* dense, float* dy,
+                   float* d_dense, float* d_in);
+
   const ModelLayout layout_;
   Compute* const compute_;
   std::vector<Buffer> buffers_;
