@@ -393,6 +393,10 @@ absl::Status ValidateJobConfig(const JobConfig& config) {
             "must be at most 1000000");
   c.Require(tr.epochs() <= 10000, "training.epochs", "must be at most 10000");
   c.Require(tr.threads() <= 256, "training.threads", "must be at most 256");
+  c.Require(!tr.prefetch() || config.consistency().mode() == ASYNC,
+            "training.prefetch",
+            "needs consistency mode ASYNC (under BSP and SSP a step must read "
+            "the previous step's updates)");
   c.Require(std::isfinite(tr.model().init_gain()) && tr.model().init_gain() >= 0,
             "training.model.init_gain", "must be finite and >= 0");
   // The model's shape is checked only for jobs that train (a config may

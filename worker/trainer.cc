@@ -106,24 +106,26 @@ Trainer::Trainer(const JobConfig& config, KVClient* client, uint32_t rank,
       client_(client),
       rank_(rank),
       num_workers_(num_workers),
-      layout_(std::move(layout)),
-      dense_(layout_.dense_size) {}
+      layout_(std::move(layout)) {}
 
-Trainer::PendingPull Trainer::StartPull() {
-  rows_.resize(sparse_.keys.size() * layout_.sparse_dim);
-  PendingPull p;
+void Trainer::StartPull(Step* step) {
+  step->rows.resize(step->sparse.keys.size() * layout_.sparse_dim);
+  step->dense.resize(layout_.dense_size);
+  step->sparse_pull.reset();
   if (layout_.sparse_dim > 0) {
-    p.sparse = client_->Pull(sparse_table_, sparse_.keys, rows_.data());
+    step->sparse_pull =
+        client_->Pull(sparse_table_, step->sparse.keys, step->rows.data());
   }
-  p.dense = client_->PullDense(dense_table_, 0, dense_.size(), dense_.data());
-  return p;
+  step->dense_pull = client_->PullDense(dense_table_, 0, step->dense.size(),
+                                        step->dense.data());
 }
 
-absl::Status Trainer::FinishPull(PendingPull pull) {
+absl::Status Trainer::FinishPull(Step* step) {
   constexpr int kAttempts = 20;
   for (int attempt = 1;; ++attempt) {
-    const absl::Status s = pull.sparse ? pull.sparse->Wait() : absl::OkStatus();
-    const absl::Status d = pull.dense->Wait();
+    const absl::Status s =
+        step->sparse_pull ? step->sparse_pull->Wait() : absl::OkStatus();
+    const absl::Status d = step->dense_pull->Wait();
     if (s.ok() && d.ok()) return absl::OkStatus();
     const absl::Status& err = s.ok() ? d : s;
     if (err.code() != absl::StatusCode::kDeadlineExceeded ||
@@ -136,11 +138,18 @@ absl::Status Trainer::FinishPull(PendingPull pull) {
         "pull at clock {} not answered in time (attempt {} of {}); asking "
         "again",
         client_->clock(), attempt, kAttempts);
-    pull = StartPull();
+    StartPull(step);
   }
 }
 
-absl::Status Trainer::Pull() { return FinishPull(StartPull()); }
+absl::StatusOr<bool> Trainer::Load(data::Dataset* dataset, size_t batch_size,
+                                   Step* step) {
+  PS_ASSIGN_OR_RETURN(step->n, dataset->Next(batch_size, &step->batch));
+  if (step->n == 0) return false;
+  PS_RETURN_IF_ERROR(indexer_.Index(layout_, step->batch, &step->sparse));
+  StartPull(step);
+  return true;
+}
 
 absl::Status Trainer::Initialize(const TrainerHooks& hooks) {
   const std::vector<float> init = InitialDenseParameters(
@@ -178,15 +187,20 @@ absl::StatusOr<TrainResult> Trainer::Train(const TrainerHooks& hooks) {
   uint64_t examples_at_log = 0;
   double window_loss = 0;
   uint64_t window_count = 0;
-  data::ExampleBatch batch;
   // The previous step's pushes; waited for before the next step's compute
   // so at most one step of updates is in flight per worker.
   std::vector<Completion> in_flight;
+  // With prefetching, the step after the current one is read and its pull
+  // sent before the current step is computed.
+  const bool prefetch = tr.prefetch();
+  Step* current = &steps_[0];
+  Step* next = &steps_[1];
   bool stopped = false;
   for (uint32_t epoch = 0; epoch < tr.epochs() && !stopped; ++epoch) {
     if (epoch > 0) PS_RETURN_IF_ERROR(train_data_->Rewind());
     double epoch_loss = 0;
     uint64_t epoch_count = 0;
+    bool next_loaded = false;
     while (true) {
       const bool stop = hooks.stop && hooks.stop();
       if (stop || (max_steps > 0 && result.steps >= max_steps)) {
@@ -196,22 +210,33 @@ absl::StatusOr<TrainResult> Trainer::Train(const TrainerHooks& hooks) {
         stopped = true;
         break;
       }
-      // Reading overlaps with the previous step's pushes.
-      PS_ASSIGN_OR_RETURN(size_t n, train_data_->Next(tr.batch_size(), &batch));
-      if (n == 0) break;
-      PS_RETURN_IF_ERROR(indexer_.Index(layout_, batch, &sparse_));
-      // Requests to one server are applied in order, so this pull sees the
-      // previous step's push without waiting for its acknowledgement first.
-      // The batch's inputs go to the device while the pull is in flight.
-      PendingPull pull = StartPull();
-      PS_RETURN_IF_ERROR(model_->Prepare(batch, sparse_));
-      PS_RETURN_IF_ERROR(FinishPull(std::move(pull)));
+      if (next_loaded) {
+        std::swap(current, next);
+        next_loaded = false;
+      } else {
+        // Reading overlaps with the previous step's pushes. Requests to one
+        // server are applied in order, so this pull sees the previous
+        // step's push without waiting for its acknowledgement first.
+        PS_ASSIGN_OR_RETURN(bool loaded,
+                            Load(train_data_.get(), tr.batch_size(), current));
+        if (!loaded) break;
+      }
+      // The batch's inputs go to the device while its pull is in flight.
+      PS_RETURN_IF_ERROR(model_->Prepare(current->batch, current->sparse));
+      PS_RETURN_IF_ERROR(FinishPull(current));
+      if (prefetch) {
+        // Sent before this step's push: the next step's parameters miss
+        // this worker's own last update (ASYNC only, by config).
+        PS_ASSIGN_OR_RETURN(next_loaded,
+                            Load(train_data_.get(), tr.batch_size(), next));
+      }
       for (const Completion& push : in_flight) PS_RETURN_IF_ERROR(push.Wait());
       in_flight.clear();
 
-      PS_RETURN_IF_ERROR(model_->Run(batch, sparse_, rows_.data(),
-                                     dense_.data(), /*backward=*/true,
-                                     &output_));
+      const size_t n = current->n;
+      PS_RETURN_IF_ERROR(model_->Run(current->batch, current->sparse,
+                                     current->rows.data(), current->dense.data(),
+                                     /*backward=*/true, &output_));
       if (!std::isfinite(output_.loss_sum) || !AllFinite(output_.dense_grad) ||
           !AllFinite(output_.sparse_grad)) {
         // Pushing would spread the NaN to every worker through the servers.
@@ -220,9 +245,9 @@ absl::StatusOr<TrainResult> Trainer::Train(const TrainerHooks& hooks) {
             ": the loss or a gradient is not finite (learning rate too "
             "large?); nothing of this step was pushed"));
       }
-      if (layout_.sparse_dim > 0 && !sparse_.keys.empty()) {
-        in_flight.push_back(
-            client_->Push(sparse_table_, sparse_.keys, output_.sparse_grad));
+      if (layout_.sparse_dim > 0 && !current->sparse.keys.empty()) {
+        in_flight.push_back(client_->Push(sparse_table_, current->sparse.keys,
+                                          output_.sparse_grad));
       }
       in_flight.push_back(
           client_->PushDense(dense_table_, 0, output_.dense_grad));
@@ -265,6 +290,11 @@ absl::StatusOr<TrainResult> Trainer::Train(const TrainerHooks& hooks) {
         }
       }
     }
+    if (next_loaded) {
+      // Stopped with a prefetched step: let its pull finish (its buffers
+      // are reused), it is simply not trained on.
+      (void)FinishPull(next);
+    }
     if (epoch_count > 0) {
       result.mean_loss = epoch_loss / epoch_count;
       Log()->info("epoch {} {}: mean training loss {:.4f}", epoch + 1,
@@ -297,17 +327,19 @@ absl::StatusOr<EvalResult> Trainer::Evaluate() {
   const bool binary = layout_.kind != ModelConfig::MLP;
   const int classes = binary ? 2 : static_cast<int>(layout_.top.back().out);
   std::vector<float> probs, labels, oracle;
-  data::ExampleBatch batch;
+  Step& step = eval_step_;
+  const data::ExampleBatch& batch = step.batch;
   EvalResult result;
   double loss = 0, oracle_loss = 0;
   uint64_t correct = 0;
   while (true) {
-    PS_ASSIGN_OR_RETURN(size_t n, test->Next(kEvalBatch, &batch));
-    if (n == 0) break;
-    PS_RETURN_IF_ERROR(indexer_.Index(layout_, batch, &sparse_));
-    PS_RETURN_IF_ERROR(Pull());
-    PS_RETURN_IF_ERROR(model_->Run(batch, sparse_, rows_.data(), dense_.data(),
-                                   /*backward=*/false, &output_));
+    PS_ASSIGN_OR_RETURN(bool loaded, Load(test.get(), kEvalBatch, &step));
+    if (!loaded) break;
+    const size_t n = step.n;
+    PS_RETURN_IF_ERROR(FinishPull(&step));
+    PS_RETURN_IF_ERROR(model_->Run(batch, step.sparse, step.rows.data(),
+                                   step.dense.data(), /*backward=*/false,
+                                   &output_));
     loss += output_.loss_sum;
     for (size_t i = 0; i < n; ++i) {
       const float y = batch.labels[i];

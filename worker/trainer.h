@@ -107,17 +107,25 @@ class Trainer {
   Trainer(const JobConfig& config, KVClient* client, uint32_t rank,
           uint32_t num_workers, ModelLayout layout);
 
-  // Pulls the rows of sparse_.keys into rows_ and the dense table into
-  // dense_. Under BSP/SSP a pull may wait for slower workers: a pull that
-  // times out is sent again a few times, with a log line each time.
-  // StartPull sends the requests; FinishPull waits (and resends).
-  struct PendingPull {
-    std::optional<Completion> sparse;
-    std::optional<Completion> dense;
+  // One step's batch, its keys and the parameters pulled for it.
+  struct Step {
+    data::ExampleBatch batch;
+    size_t n = 0;
+    SparseInput sparse;
+    std::vector<float> rows;   // keys x sparse_dim
+    std::vector<float> dense;  // the dense table
+    std::optional<Completion> sparse_pull;
+    std::optional<Completion> dense_pull;
   };
-  PendingPull StartPull();
-  absl::Status FinishPull(PendingPull pull);
-  absl::Status Pull();
+  // Reads the next batch of `dataset` into `step`, maps its keys and sends
+  // the pulls of its parameters. false at the end of the pass.
+  absl::StatusOr<bool> Load(data::Dataset* dataset, size_t batch_size,
+                            Step* step);
+  // Sends the pulls of step->sparse.keys' rows and the dense table.
+  void StartPull(Step* step);
+  // Waits for them. Under BSP/SSP a pull may wait for slower workers: a
+  // pull that times out is sent again a few times, with a log line each.
+  absl::Status FinishPull(Step* step);
   // Rank 0 writes the initial dense values; everyone meets at a barrier.
   absl::Status Initialize(const TrainerHooks& hooks);
 
@@ -135,9 +143,8 @@ class Trainer {
   std::unique_ptr<Model> model_;
   std::unique_ptr<data::Dataset> train_data_;
   SparseIndexer indexer_;
-  SparseInput sparse_;
-  std::vector<float> rows_;
-  std::vector<float> dense_;
+  Step steps_[2];  // the current step and, with prefetch, the next
+  Step eval_step_;
   ModelOutput output_;
 };
 

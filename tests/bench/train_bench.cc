@@ -8,6 +8,8 @@
 //   <model>_b<B>_compute_examples_per_s: the worker's model alone on one
 //     core: key deduplication, forward and backward (worker/models), no
 //     communication and no optimizer.
+//   <model>_b<B>_train_prefetch_examples_per_s: the same with
+//     training.prefetch (the next step's pull overlaps this step's compute).
 //   <model>_b<B>_train_examples_per_s: whole training steps through a
 //     parameter server: an in-process scheduler and one server on loopback,
 //     one worker (worker/trainer.cc, one compute thread): read the batch,
@@ -131,7 +133,9 @@ absl::StatusOr<double> ComputeRate(const JobConfig& config, ComputeDevice device
 }
 
 // Examples/s of whole training steps through one in-process server.
-absl::StatusOr<double> TrainRate(JobConfig config, double compute_rate) {
+absl::StatusOr<double> TrainRate(JobConfig config, double compute_rate,
+                                 bool prefetch) {
+  config.mutable_training()->set_prefetch(prefetch);
   const uint32_t batch = config.training().batch_size();
   // Enough steps for about --seconds at a quarter of the compute rate.
   const double seconds = absl::GetFlag(FLAGS_seconds);
@@ -203,14 +207,17 @@ int Main() {
         return 1;
       }
       Print(name + "_compute_examples_per_s", *compute, baseline);
-      auto train = TrainRate(config, *compute);
-      if (!train.ok()) {
-        std::fprintf(stderr, "train_bench: %s\n", train.status().ToString().c_str());
+      auto train = TrainRate(config, *compute, /*prefetch=*/false);
+      auto prefetch = TrainRate(config, *compute, /*prefetch=*/true);
+      if (!train.ok() || !prefetch.ok()) {
+        std::fprintf(stderr, "train_bench: %s\n",
+                     (train.ok() ? prefetch.status() : train.status()).ToString().c_str());
         return 1;
       }
       Print(name + "_train_examples_per_s", *train, baseline);
-      summary.push_back(absl::StrFormat("\"%s_train\":%.0f,\"%s_compute\":%.0f%s", name,
-                                        *train, name, *compute,
+      Print(name + "_train_prefetch_examples_per_s", *prefetch, baseline);
+      summary.push_back(absl::StrFormat("\"%s_train\":%.0f,\"%s_train_prefetch\":%.0f,\"%s_compute\":%.0f%s", name,
+                                        *train, name, *prefetch, name, *compute,
                                         baseline > 0 ? absl::StrFormat(",\"%s_torch\":%.0f", name, baseline) : ""));
       if (gpu) {
         auto g = ComputeRate(config, GPU);
