@@ -131,12 +131,15 @@ TEST_F(MultiProcessTest, ConcurrentSgdPushesLandExactlyOnTheOwningServers) {
   const std::string address = StartCluster();
 
   // Two workers push at the same time, ten times each, to overlapping keys.
+  // The barrier makes both register before either pushes: without it the
+  // first could leave before the second registers, both would get rank 0,
+  // and the job would never see its second worker (nor end).
   Subprocess a = Start("push_a", Tool(address, {"--table=sparse", "--op=push",
                                                 "--keys=1-100", "--values=0.25",
-                                                "--repeat=10"}));
+                                                "--repeat=10", "--barrier=go"}));
   Subprocess b = Start("push_b", Tool(address, {"--table=sparse", "--op=push",
                                                 "--keys=51-150", "--values=0.5",
-                                                "--repeat=10"}));
+                                                "--repeat=10", "--barrier=go"}));
   for (Subprocess* p : {&a, &b}) {
     auto code = p->Wait(absl::Seconds(30));
     ASSERT_TRUE(code.ok()) << code.status();

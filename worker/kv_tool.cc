@@ -52,6 +52,9 @@ ABSL_FLAG(uint64_t, count, 0, "pull_dense: number of elements.");
 ABSL_FLAG(int, repeat, 1, "Send the push this many times, one after another.");
 ABSL_FLAG(uint64_t, limit, 0, "scan: print this many rows (smallest keys first).");
 ABSL_FLAG(bool, finish, false, "Leave as a finished worker.");
+ABSL_FLAG(std::string, barrier, "",
+          "Before the op, wait at this scheduler barrier for every worker of "
+          "the job (so concurrent tools really overlap).");
 ABSL_FLAG(std::string, log_level, "warn", "trace|debug|info|warn|error");
 
 namespace {
@@ -254,8 +257,13 @@ int main(int argc, char** argv) {
   {
     auto view = (*membership)->WaitForRunning(
         absl::Milliseconds(config->cluster().startup_timeout_ms()));
+    const std::string barrier = absl::GetFlag(FLAGS_barrier);
     if (!view.ok()) {
       status = view.status();
+    } else if (!barrier.empty() &&
+               !(status = (*membership)->Barrier(barrier, absl::Seconds(60)))
+                    .ok()) {
+      // status holds the barrier's error.
     } else {
       auto client = ps::KVClient::Create(
           {*config, (*membership)->rank(), (*membership)->node_id(),

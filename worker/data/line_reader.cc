@@ -131,7 +131,10 @@ absl::Status LineReader::Fill() {
 absl::StatusOr<bool> LineReader::SkipPastNewline(uint64_t* skipped) {
   for (;;) {
     const char* start = buf_.data() + head_;
-    const void* nl = std::memchr(start, '\n', tail_ - head_);
+    // memchr must not be given a null pointer, even for 0 bytes (an empty
+    // buffer has no storage yet).
+    const void* nl =
+        tail_ > head_ ? std::memchr(start, '\n', tail_ - head_) : nullptr;
     if (nl != nullptr) {
       const size_t n = static_cast<const char*>(nl) - start + 1;
       head_ += n;

@@ -53,7 +53,7 @@ std::string ColumnName(int column) {  // 1-based
 }
 
 const char* FindTab(const char* p, const char* end) {
-  const void* t = std::memchr(p, '\t', end - p);
+  const void* t = end > p ? std::memchr(p, '\t', end - p) : nullptr;
   return t != nullptr ? static_cast<const char*>(t) : end;
 }
 
@@ -200,7 +200,8 @@ ParseResult LibsvmParser::Parse(absl::string_view line, float* label,
                                 std::string* reason) const {
   const char* p = line.data();
   const char* end = p + line.size();
-  if (const void* hash = std::memchr(p, '#', line.size())) {
+  if (const void* hash =
+          line.empty() ? nullptr : std::memchr(p, '#', line.size())) {
     end = static_cast<const char*>(hash);
   }
   auto is_space = [](char c) {
