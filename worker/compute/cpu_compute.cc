@@ -219,8 +219,8 @@ class CpuCompute final : public Compute {
   void ColumnSum(int rows, int cols, const float* x, int ldx, float beta,
                  float* out) override {
     if (cols <= 0) return;
-    // Row by row into a scratch vector: contiguous reads, and the same
-    // summation order as the GPU kernel (one thread per column).
+    // Row by row into a scratch vector: contiguous reads. (The GPU kernel
+    // sums in another order; the two agree to float rounding.)
     scratch_.assign(cols, 0.0f);
     float* __restrict acc = scratch_.data();
     for (int r = 0; r < rows; ++r) {

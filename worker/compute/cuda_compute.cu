@@ -77,15 +77,30 @@ __global__ void AddBiasKernel(int rows, int cols, const float* bias, float* x,
   }
 }
 
-// One thread per column, rows in order (the CPU's summation order);
-// consecutive threads read consecutive addresses.
+// A block of kColumnTile x kColumnLanes threads per kColumnTile columns:
+// lane y sums rows y, y + kColumnLanes, ... of its column (consecutive
+// threads read consecutive addresses), then thread y = 0 adds the lanes'
+// partial sums in order. Deterministic, but not the CPU's summation order:
+// one thread per column walking every row was latency-bound (one block for
+// a bias of <= 256 columns, up to 10^6 dependent loads per thread).
+constexpr int kColumnTile = 32;
+constexpr int kColumnLanes = 32;  // kColumnTile * kColumnLanes <= 1024
 __global__ void ColumnSumKernel(int rows, int cols, const float* x, int ldx,
                                 float beta, float* out) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= cols) return;
+  __shared__ float partial[kColumnLanes][kColumnTile + 1];
+  const int c = blockIdx.x * kColumnTile + threadIdx.x;
   float acc = 0.0f;
-  for (int r = 0; r < rows; ++r) acc += x[size_t{static_cast<unsigned>(r)} * ldx + c];
-  out[c] = beta == 0.0f ? acc : beta * out[c] + acc;
+  if (c < cols) {
+    for (int r = threadIdx.y; r < rows; r += kColumnLanes) {
+      acc += x[size_t{static_cast<unsigned>(r)} * ldx + c];
+    }
+  }
+  partial[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y != 0 || c >= cols) return;
+  float sum = 0.0f;
+  for (int y = 0; y < kColumnLanes; ++y) sum += partial[y][threadIdx.x];
+  out[c] = beta == 0.0f ? sum : beta * out[c] + sum;
 }
 
 __global__ void ReluKernel(size_t n, float* x) {
@@ -210,14 +225,21 @@ __global__ void FmBackwardKernel(int batch, int k, const uint32_t* offsets,
 }
 
 // One block per example; the example's n vectors are staged in shared
-// memory when they fit (they do for every DLRM size in practice).
+// memory when they fit (they do for every DLRM size in practice), with a
+// row stride of dim + 1: the threads of a warp read x_i[c] and x_j[c] for
+// the same c and different i, j, which with a stride of dim (a multiple of
+// 32 banks for the usual sizes) all fall in one bank.
 __global__ void DotInteractionKernel(int n, int dim, const float* x,
                                      float* out, int ld_out, bool staged) {
   extern __shared__ float smem[];
   const int b = blockIdx.x;
   const float* xb = x + size_t{static_cast<unsigned>(b)} * n * dim;
+  int stride = dim;
   if (staged) {
-    for (int t = threadIdx.x; t < n * dim; t += blockDim.x) smem[t] = xb[t];
+    stride = dim + 1;
+    for (int t = threadIdx.x; t < n * dim; t += blockDim.x) {
+      smem[(t / dim) * stride + t % dim] = xb[t];
+    }
     __syncthreads();
     xb = smem;
   }
@@ -228,8 +250,8 @@ __global__ void DotInteractionKernel(int n, int dim, const float* x,
     while (i * (i - 1) / 2 > p) --i;
     while ((i + 1) * i / 2 <= p) ++i;
     const int j = p - i * (i - 1) / 2;
-    const float* xi = xb + i * dim;
-    const float* xj = xb + j * dim;
+    const float* xi = xb + i * stride;
+    const float* xj = xb + j * stride;
     float dot = 0.0f;
     for (int c = 0; c < dim; ++c) dot += xi[c] * xj[c];
     out[size_t{static_cast<unsigned>(b)} * ld_out + p] = dot;
@@ -419,8 +441,12 @@ class CudaCompute final : public Compute {
                                        : cudaMalloc(&ptr, bytes);
     if (err != cudaSuccess) {
       // Out of memory is the caller's to handle (nullptr), not a sticky
-      // error; clear it so the next launch check does not see it.
+      // error; clear it so the next launch check does not see it. Anything
+      // else (e.g. an earlier kernel's fault surfacing here) is remembered,
+      // so Synchronize() reports it rather than the caller an "out of
+      // memory".
       cudaGetLastError();
+      if (err != cudaErrorMemoryAllocation) Check("cudaMalloc", err);
       return nullptr;
     }
     return ptr;
@@ -497,8 +523,9 @@ class CudaCompute final : public Compute {
                  float* out) override {
     if (cols <= 0) return;
     Bind();
-    ColumnSumKernel<<<(cols + kThreads - 1) / kThreads, kThreads, 0,
-                      stream_>>>(std::max(rows, 0), cols, x, ldx, beta, out);
+    ColumnSumKernel<<<(cols + kColumnTile - 1) / kColumnTile,
+                      dim3(kColumnTile, kColumnLanes), 0, stream_>>>(
+        std::max(rows, 0), cols, x, ldx, beta, out);
     CheckLaunch("ColumnSum");
   }
 
@@ -520,11 +547,19 @@ class CudaCompute final : public Compute {
               int ldd) override {
     if (rows <= 0 || cols <= 0) return;
     Bind();
+    const size_t width = size_t{static_cast<unsigned>(cols)} * sizeof(float);
+    if (rows == 1) {
+      // cudaMemcpy2D rejects pitches below the width, which a single row
+      // may have (the strides are then unused).
+      Check("cudaMemcpyAsync (Copy2D)",
+            cudaMemcpyAsync(dst, src, width, cudaMemcpyDeviceToDevice,
+                            stream_));
+      return;
+    }
     Check("cudaMemcpy2DAsync",
           cudaMemcpy2DAsync(dst, size_t{static_cast<unsigned>(ldd)} * sizeof(float),
                             src, size_t{static_cast<unsigned>(lds)} * sizeof(float),
-                            size_t{static_cast<unsigned>(cols)} * sizeof(float),
-                            rows, cudaMemcpyDeviceToDevice, stream_));
+                            width, rows, cudaMemcpyDeviceToDevice, stream_));
   }
 
   void Add2D(int rows, int cols, const float* src, int lds, float* dst,
@@ -589,8 +624,10 @@ class CudaCompute final : public Compute {
                       int ld_out) override {
     if (batch <= 0 || n < 2) return;
     Bind();
-    const size_t shared = size_t{static_cast<unsigned>(n)} * dim * sizeof(float);
-    const bool staged = shared <= max_shared_;
+    // Staged rows are padded to dim + 1 floats (see the kernel).
+    const size_t shared =
+        size_t{static_cast<unsigned>(n)} * (std::max(dim, 0) + 1) * sizeof(float);
+    const bool staged = dim > 0 && shared <= max_shared_;
     DotInteractionKernel<<<batch, 128, staged ? shared : 0, stream_>>>(
         n, dim, x, out, ld_out, staged);
     CheckLaunch("DotInteraction");
