@@ -39,8 +39,10 @@ class Compute {
   // nullptr when out of memory. Alloc(0) returns nullptr too.
   virtual void* Alloc(size_t bytes) = 0;
   virtual void Free(void* ptr) = 0;
-  // Host <-> device copies. Upload may return before the copy is done only
-  // when `src` stays valid and unchanged until the next Synchronize().
+  // Host <-> device copies. Upload may return before the copy is done: the
+  // caller keeps `src` valid and unchanged until the next Synchronize() or
+  // Download() (Model keeps its batch and parameters until Run() ends with
+  // a Download()).
   virtual void Upload(void* dst, const void* src, size_t bytes) = 0;
   // Waits for queued work, then copies. "" on success, else the error.
   virtual std::string Download(void* dst, const void* src, size_t bytes) = 0;
