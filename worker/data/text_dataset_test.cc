@@ -3,7 +3,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <chrono>
 #include <cstdio>
 #include <memory>
 #include <random>
@@ -423,10 +422,11 @@ TEST(FilesDatasetTest, GarbageFilesNeverCrash) {
   log->set_level(level);
 }
 
-// Parse speed of a ~64 MB Criteo file (logged; asserts only a low floor so
-// a slow test machine does not fail).
-TEST(CriteoDatasetTest, ParseSpeed) {
-  const std::string path = TempPath("speed.tsv");
+// A file of many 4 MiB read buffers (~64 MB) gives every line exactly once
+// on every pass. (Speed belongs in benchmarks, not here.)
+TEST(CriteoDatasetTest, LargeFileGivesEveryLineOncePerPass) {
+  const std::string path = TempPath("large.tsv");
+  uint64_t lines = 0;
   {
     std::FILE* f = std::fopen(path.c_str(), "wb");
     ASSERT_NE(f, nullptr);
@@ -435,35 +435,25 @@ TEST(CriteoDatasetTest, ParseSpeed) {
     size_t written = 0;
     while (written < (size_t{64} << 20)) {
       written += std::fwrite(chunk.data(), 1, chunk.size(), f);
+      lines += 4096;
     }
     std::fclose(f);
   }
   std::unique_ptr<Dataset> d =
       MustOpen(FilesConfig(FileDataConfig::CRITEO, {path}));
   ExampleBatch b;
-  // A warm-up pass puts the file in the page cache: this measures parsing.
-  while (*d->Next(1024, &b) > 0) {
+  for (int pass = 0; pass < 2; ++pass) {
+    if (pass > 0) ASSERT_TRUE(d->Rewind().ok());
+    uint64_t examples = 0;
+    for (;;) {
+      absl::StatusOr<size_t> n = d->Next(1024, &b);
+      ASSERT_TRUE(n.ok());
+      if (*n == 0) break;
+      examples += *n;
+    }
+    EXPECT_EQ(examples, lines) << "pass " << pass;
   }
-  ASSERT_TRUE(d->Rewind().ok());
-  const uint64_t bytes_before = d->stats().bytes;
-  const auto start = std::chrono::steady_clock::now();
-  uint64_t examples = 0;
-  for (;;) {
-    absl::StatusOr<size_t> n = d->Next(1024, &b);
-    ASSERT_TRUE(n.ok());
-    if (*n == 0) break;
-    examples += *n;
-  }
-  const double s = std::chrono::duration<double>(
-                       std::chrono::steady_clock::now() - start)
-                       .count();
-  const double mb = (d->stats().bytes - bytes_before) / 1e6;
-  std::printf("Criteo parse speed: %.1f MB in %.3f s = %.0f MB/s, %.2f M "
-              "examples/s (%llu examples)\n",
-              mb, s, mb / s, examples / s / 1e6,
-              static_cast<unsigned long long>(examples));
   EXPECT_EQ(d->stats().bad_lines, 0u);
-  EXPECT_GT(mb / s, 20.0);
   std::remove(path.c_str());
 }
 
