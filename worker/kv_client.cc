@@ -20,14 +20,6 @@
 namespace ps {
 namespace {
 
-// True when no value is NaN or infinite. x * 0 is 0 for finite x and NaN
-// otherwise, so one comparison at the end replaces one per element.
-bool AllFinite(absl::Span<const float> values) {
-  float sum = 0;
-  for (float v : values) sum += v * 0.0f;
-  return sum == 0.0f;
-}
-
 
 std::shared_ptr<spdlog::logger> Log() {
   static auto* const logger =

@@ -29,7 +29,7 @@
 #include "server/initializer.h"
 #include "worker/compute/compute_factory.h"
 #include "worker/data/dataset.h"
-#include "worker/metrics.h"
+#include "worker/evaluation.h"
 #include "worker/model_file.h"
 #include "worker/models/model.h"
 
@@ -99,9 +99,9 @@ absl::Status Predict(const std::string& model_path, const std::string& data,
   SparseIndexer indexer;
   SparseInput sparse;
   ModelOutput output;
-  std::vector<float> rows, probs, labels;
-  double loss = 0;
-  uint64_t correct = 0, examples = 0, unseen = 0;
+  std::vector<float> rows;
+  EvalAccumulator scores(classes);
+  uint64_t unseen = 0;
   while (true) {
     PS_ASSIGN_OR_RETURN(size_t n, dataset->Next(8192, &batch));
     if (n == 0) break;
@@ -121,24 +121,13 @@ absl::Status Predict(const std::string& model_path, const std::string& data,
     }
     PS_RETURN_IF_ERROR(model->Run(batch, sparse, rows.data(),
                                   saved.dense.data(), false, &output));
-    loss += output.loss_sum;
-    for (size_t i = 0; i < n; ++i) {
+    scores.Add(batch, output);
+    for (size_t i = 0; out != nullptr && i < n; ++i) {
       const float* p = &output.probs[i * classes];
-      if (binary) {
-        probs.push_back(p[0]);
-        labels.push_back(batch.labels[i]);
-        correct += (p[0] >= 0.5f) == (batch.labels[i] >= 0.5f);
-      } else {
-        correct += std::max_element(p, p + classes) - p ==
-                   static_cast<long>(batch.labels[i]);
-      }
-      if (out != nullptr) {
-        for (int c = 0; c < classes; ++c) {
-          std::fprintf(out, c + 1 < classes ? "%.6g " : "%.6g\n", p[c]);
-        }
+      for (int c = 0; c < classes; ++c) {
+        std::fprintf(out, c + 1 < classes ? "%.6g " : "%.6g\n", p[c]);
       }
     }
-    examples += n;
   }
   if (out != nullptr && std::fclose(out) != 0) {
     return absl::UnavailableError(absl::StrCat("cannot write ", out_path));
@@ -148,13 +137,13 @@ absl::Status Predict(const std::string& model_path, const std::string& data,
   auto number = [](double v) {
     return std::isfinite(v) ? absl::StrFormat("%.5f", v) : std::string("null");
   };
-  std::cout << absl::StrCat(
-                   "{\"examples\":", examples, ",\"bad_lines\":",
-                   stats.bad_lines, ",\"unseen_keys\":", unseen,
-                   ",\"auc\":", number(binary ? Auc(probs, labels) : NAN),
-                   ",\"logloss\":", number(examples ? loss / examples : NAN),
-                   ",\"accuracy\":",
-                   number(examples ? double(correct) / examples : NAN), "}")
+  const EvalResult eval = scores.Result();
+  std::cout << absl::StrCat("{\"examples\":", eval.examples,
+                            ",\"bad_lines\":", stats.bad_lines,
+                            ",\"unseen_keys\":", unseen,
+                            ",\"auc\":", number(eval.auc),
+                            ",\"logloss\":", number(eval.logloss),
+                            ",\"accuracy\":", number(eval.accuracy), "}")
             << std::endl;
   return absl::OkStatus();
 }

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
-#include <limits>
 #include <optional>
 #include <utility>
 
@@ -15,7 +14,6 @@
 #include "common/status.h"
 #include "common/wire.h"
 #include "worker/compute/compute_factory.h"
-#include "worker/metrics.h"
 #include "worker/model_file.h"
 
 namespace ps {
@@ -27,37 +25,6 @@ std::shared_ptr<spdlog::logger> Log() {
   return *logger;
 }
 
-// Log loss of one example from its logit, stable for large |z|.
-double LossFromLogit(float z, float y) {
-  const double softplus =
-      z > 0 ? z + std::log1p(std::exp(-z)) : std::log1p(std::exp(z));
-  return softplus - y * z;
-}
-
-bool AllFinite(const std::vector<float>& v) {
-  // Summing propagates NaN and infinity; one branch instead of one per
-  // element.
-  float sum = 0;
-  for (float x : v) sum += x * 0.0f;
-  return sum == 0.0f;
-}
-
-}  // namespace
-
-std::string Describe(const EvalResult& eval) {
-  std::string out;
-  if (std::isfinite(eval.auc)) absl::StrAppend(&out, absl::StrFormat("test AUC %.4f", eval.auc));
-  if (std::isfinite(eval.oracle_auc)) {
-    absl::StrAppend(&out, absl::StrFormat(" (oracle %.4f)", eval.oracle_auc));
-  }
-  absl::StrAppend(&out, out.empty() ? "" : ", ",
-                  absl::StrFormat("test logloss %.4f, accuracy %.4f",
-                                  eval.logloss, eval.accuracy));
-  return out;
-}
-
-namespace {
-
 std::string JsonNumber(double v) {
   return std::isfinite(v) ? absl::StrFormat("%.6g", v) : "null";
 }
@@ -67,26 +34,17 @@ std::string JsonNumber(double v) {
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
     const JobConfig& config, KVClient* client, uint32_t rank,
     uint32_t num_workers) {
+  // The config loader's rules: the model fits the data and the tables.
+  PS_RETURN_IF_ERROR(ValidateJobConfig(config));
   PS_ASSIGN_OR_RETURN(ModelLayout layout, LayoutModel(config));
   const TrainingConfig& tr = config.training();
   std::unique_ptr<Trainer> t(
       new Trainer(config, client, rank, num_workers, std::move(layout)));
   PS_ASSIGN_OR_RETURN(const TableConfig* dense, FindTable(config, tr.dense_table()));
-  if (!dense->has_dense() || dense->dense().size() != t->layout_.dense_size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "training.dense_table must be a dense table of ",
-        t->layout_.dense_size, " elements for this model"));
-  }
   t->dense_table_ = dense->id();
   if (t->layout_.sparse_dim > 0) {
     PS_ASSIGN_OR_RETURN(const TableConfig* sparse,
                         FindTable(config, tr.sparse_table()));
-    if (!sparse->has_sparse() ||
-        sparse->sparse().dim() != t->layout_.sparse_dim) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "training.sparse_table must be a sparse table of dim ",
-          t->layout_.sparse_dim, " for this model"));
-    }
     t->sparse_table_ = sparse->id();
   }
   PS_ASSIGN_OR_RETURN(
@@ -324,50 +282,19 @@ absl::StatusOr<EvalResult> Trainer::Evaluate() {
       std::unique_ptr<data::Dataset> test,
       data::OpenDataset(config_.data(), data::Split::kTest, 0, 1, 8192, false));
   constexpr size_t kEvalBatch = 8192;
-  const bool binary = layout_.kind != ModelConfig::MLP;
-  const int classes = binary ? 2 : static_cast<int>(layout_.top.back().out);
-  std::vector<float> probs, labels, oracle;
+  EvalAccumulator scores(
+      layout_.kind == ModelConfig::MLP ? static_cast<int>(layout_.top.back().out) : 1);
   Step& step = eval_step_;
-  const data::ExampleBatch& batch = step.batch;
-  EvalResult result;
-  double loss = 0, oracle_loss = 0;
-  uint64_t correct = 0;
   while (true) {
     PS_ASSIGN_OR_RETURN(bool loaded, Load(test.get(), kEvalBatch, &step));
     if (!loaded) break;
-    const size_t n = step.n;
     PS_RETURN_IF_ERROR(FinishPull(&step));
-    PS_RETURN_IF_ERROR(model_->Run(batch, step.sparse, step.rows.data(),
+    PS_RETURN_IF_ERROR(model_->Run(step.batch, step.sparse, step.rows.data(),
                                    step.dense.data(), /*backward=*/false,
                                    &output_));
-    loss += output_.loss_sum;
-    for (size_t i = 0; i < n; ++i) {
-      const float y = batch.labels[i];
-      labels.push_back(y);
-      if (binary) {
-        const float p = output_.probs[i];
-        probs.push_back(p);
-        correct += (p >= 0.5f) == (y >= 0.5f);
-        if (!batch.true_logits.empty()) {
-          oracle.push_back(batch.true_logits[i]);
-          oracle_loss += LossFromLogit(batch.true_logits[i], y);
-        }
-      } else {
-        const float* row = &output_.probs[i * classes];
-        const int best = static_cast<int>(std::max_element(row, row + classes) - row);
-        correct += best == static_cast<int>(y);
-      }
-    }
-    result.examples += n;
+    scores.Add(step.batch, output_);
   }
-  const double nan = std::numeric_limits<double>::quiet_NaN();
-  const double count = static_cast<double>(result.examples);
-  result.auc = binary ? Auc(probs, labels) : nan;
-  result.logloss = result.examples > 0 ? loss / count : nan;
-  result.accuracy = result.examples > 0 ? correct / count : nan;
-  result.oracle_auc = oracle.empty() ? nan : Auc(oracle, labels);
-  result.oracle_logloss = oracle.empty() ? nan : oracle_loss / count;
-  return result;
+  return scores.Result();
 }
 
 absl::Status Trainer::AppendMetrics(const EvalResult& eval, uint64_t step,

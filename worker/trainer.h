@@ -30,6 +30,7 @@
 #include "proto/config.pb.h"
 #include "worker/compute/compute.h"
 #include "worker/data/dataset.h"
+#include "worker/evaluation.h"
 #include "worker/kv_client.h"
 #include "worker/models/model.h"
 
@@ -44,18 +45,6 @@ struct TrainResult {
   std::vector<std::string> bad_lines;  // "file:line: reason", the first 100
 };
 
-struct EvalResult {
-  uint64_t examples = 0;
-  double auc = 0;        // binary models; NaN when not defined
-  double logloss = 0;    // mean cross-entropy (softmax for the MLP)
-  double accuracy = 0;   // threshold 0.5 (binary) or argmax
-  double oracle_auc = 0;      // synthetic data: the generating model's
-  double oracle_logloss = 0;  // NaN otherwise
-};
-
-// "test AUC 0.8 (oracle 0.9), test logloss 0.4, accuracy 0.8", leaving out
-// what the model does not have.
-std::string Describe(const EvalResult& eval);
 
 // How the trainer reaches the rest of the job. All optional.
 struct TrainerHooks {

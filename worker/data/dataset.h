@@ -52,6 +52,20 @@ struct ExampleBatch {
   std::vector<uint32_t> fields;   // field of each feature, < num_fields
   // Synthetic data only: the generating model's logit; otherwise empty.
   std::vector<float> true_logits;
+
+  // Empties the batch (keeping capacity) for examples of `dense_features`
+  // dense features: size 0, offsets {0}.
+  void Clear(uint32_t dense_features) {
+    size = 0;
+    num_dense = dense_features;
+    labels.clear();
+    dense.clear();
+    offsets.assign(1, 0);
+    keys.clear();
+    values.clear();
+    fields.clear();
+    true_logits.clear();
+  }
 };
 
 struct Schema {

@@ -65,15 +65,11 @@ class FashionMnistDataset final : public Dataset {
       return absl::InvalidArgumentError("Next: max must be > 0, out non-null");
     }
     const size_t n = std::min(max, labels_.size() - pos_);
+    out->Clear(kPixels);
     out->size = n;
-    out->num_dense = kPixels;
     out->labels.resize(n);
     out->dense.resize(n * kPixels);
     out->offsets.assign(n + 1, 0);
-    out->keys.clear();
-    out->values.clear();
-    out->fields.clear();
-    out->true_logits.clear();
     const uint8_t* src = pixels_.data() + pos_ * kPixels;
     for (size_t i = 0; i < n * kPixels; ++i) {
       out->dense[i] = static_cast<float>(src[i]) * (1.0f / 255.0f);

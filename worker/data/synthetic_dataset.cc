@@ -50,15 +50,7 @@ class SyntheticDataset final : public Dataset {
       return absl::InvalidArgumentError("Next: max must be > 0, out non-null");
     }
     const uint32_t nf = gen_.num_categorical();
-    out->size = 0;
-    out->num_dense = gen_.num_numeric();
-    out->labels.clear();
-    out->dense.clear();
-    out->offsets.assign(1, 0);
-    out->keys.clear();
-    out->values.clear();
-    out->fields.clear();
-    out->true_logits.clear();
+    out->Clear(gen_.num_numeric());
     size_t n = 0;
     while (n < max && pos_ < end_) {
       const uint64_t seg_end = std::min(seg_start_ + segment_, end_);

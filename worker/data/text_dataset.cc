@@ -62,15 +62,7 @@ class TextDataset final : public Dataset {
     if (max == 0 || out == nullptr) {
       return absl::InvalidArgumentError("Next: max must be > 0, out non-null");
     }
-    out->size = 0;
-    out->num_dense = schema_.num_dense;
-    out->labels.clear();
-    out->dense.clear();
-    out->offsets.assign(1, 0);
-    out->keys.clear();
-    out->values.clear();
-    out->fields.clear();
-    out->true_logits.clear();
+    out->Clear(schema_.num_dense);
     return format_ == FileDataConfig::CRITEO ? NextCriteo(max, out)
                                              : NextLibsvm(max, out);
   }
