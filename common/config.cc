@@ -188,6 +188,14 @@ void ApplyDefaults(JobConfig* config) {
   if (cl->heartbeat_timeout_ms() == 0) cl->set_heartbeat_timeout_ms(5000);
   if (cl->request_timeout_ms() == 0) cl->set_request_timeout_ms(30000);
   if (cl->startup_timeout_ms() == 0) cl->set_startup_timeout_ms(60000);
+  if (cl->failover_timeout_ms() == 0) cl->set_failover_timeout_ms(120000);
+  if (cl->on_worker_loss() == WORKER_LOSS_POLICY_UNSPECIFIED) {
+    cl->set_on_worker_loss(REASSIGN);
+  }
+  if (cl->replication() == 0) cl->set_replication(1);
+  if (!config->checkpoint().dir().empty() && config->checkpoint().keep() == 0) {
+    config->mutable_checkpoint()->set_keep(3);
+  }
   ConsistencyConfig* cons = config->mutable_consistency();
   if (cons->mode() == CONSISTENCY_MODE_UNSPECIFIED) cons->set_mode(ASYNC);
   if (cons->watchdog_timeout_ms() == 0) cons->set_watchdog_timeout_ms(10000);
@@ -304,6 +312,16 @@ absl::Status ValidateJobConfig(const JobConfig& config) {
   c.Require(cl.heartbeat_timeout_ms() > cl.heartbeat_interval_ms(),
             "cluster.heartbeat_timeout_ms",
             "must exceed cluster.heartbeat_interval_ms");
+  c.Require(cl.replication() <= 1, "cluster.replication",
+            "must be 1: replicated shards (2) are not available yet; use "
+            "checkpoint.dir so a restarted server restores its slots");
+  c.Require(WorkerLossPolicy_IsValid(cl.on_worker_loss()), "cluster.on_worker_loss",
+            "must be REASSIGN or SKIP_REST");
+  const CheckpointConfig& ck = config.checkpoint();
+  c.Require(ck.dir().size() <= 4096, "checkpoint.dir", "is too long");
+  c.Require(ck.dir().empty() ? ck.interval_steps() == 0 && !ck.restore() : true,
+            "checkpoint", "interval_steps and restore need checkpoint.dir");
+  c.Require(ck.keep() <= 1000, "checkpoint.keep", "must be at most 1000");
 
   const absl::Status cons = ValidateConsistency(config.consistency());
   c.Require(cons.ok(), "consistency", cons.message());

@@ -3,6 +3,9 @@
 // Construct it first thing in main(), before any thread starts: it blocks
 // the signals in the calling thread so every thread created afterwards
 // inherits the mask, and a dedicated thread receives them with sigwait().
+// A signal delivered to a thread started earlier (a library's, before
+// main()) is forwarded to that thread by a handler, so it is never lost and
+// never takes its default action. One instance per process.
 // Thread-safe.
 #ifndef PS_COMMON_SIGNALS_H_
 #define PS_COMMON_SIGNALS_H_

@@ -2,11 +2,13 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/config.h"
 #include "common/logging.h"
+#include "common/protocol.h"
 #include "common/status.h"
 #include "grpcpp/create_channel.h"
 
@@ -60,6 +62,7 @@ absl::StatusOr<std::unique_ptr<SchedulerClient>> SchedulerClient::Connect(
   request.set_host(HostName());
   request.set_pid(static_cast<uint32_t>(getpid()));
   request.set_config_fingerprint(c->options_.config_fingerprint);
+  request.set_trains_shards(c->options_.trains_shards);
   const absl::Time give_up = absl::Now() + c->options_.connect_timeout;
   RegisterResponse response;
   while (true) {
@@ -80,6 +83,8 @@ absl::StatusOr<std::unique_ptr<SchedulerClient>> SchedulerClient::Connect(
   }
   c->node_id_ = response.node_id();
   c->rank_ = response.rank();
+  c->has_initial_shard_ = response.has_shard();
+  c->initial_shard_ = response.shard();
   for (const NodeInfo& n : response.view().nodes()) {
     if (n.node_id() == c->node_id_) c->start_clock_ = n.start_clock();
   }
@@ -121,6 +126,93 @@ void SchedulerClient::InstallView(const ClusterView& view) {
     job_state_ = view.job_state();
   }
   if (options_.on_view) options_.on_view(view, rank_);
+  if (options_.role == WORKER && view.checkpoint_clock() != 0) {
+    MaybeReportCheckpoint(view.checkpoint_clock());
+  }
+}
+
+void SchedulerClient::set_progress(uint64_t clock, const DataPosition& position) {
+  clock_.store(clock);
+  uint64_t pending;
+  {
+    absl::MutexLock lock(&progress_mu_);
+    has_position_ = true;
+    position_ = position;
+    history_.emplace_back(clock, position);
+    if (history_.size() > kHistory) history_.pop_front();
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    pending = view_.checkpoint_clock();
+  }
+  if (pending != 0) MaybeReportCheckpoint(pending);
+}
+
+void SchedulerClient::MaybeReportCheckpoint(uint64_t checkpoint_clock) {
+  ReportCheckpointRequest request;
+  request.set_node_id(node_id_);
+  request.set_clock(checkpoint_clock);
+  {
+    absl::MutexLock lock(&progress_mu_);
+    if (reported_checkpoint_ >= checkpoint_clock) return;
+    const uint64_t now = clock_.load();
+    if (now < checkpoint_clock) return;  // not there yet
+    bool found = false;
+    for (const auto& [c, p] : history_) {
+      if (c == checkpoint_clock) {
+        *request.mutable_position() = p;
+        found = true;
+      }
+    }
+    request.set_ok(found || now >= kFinishedClock);
+    if (!found && now < kFinishedClock) {
+      request.set_error(absl::StrCat("worker passed clock ", checkpoint_clock,
+                                     " before it learnt of the checkpoint"));
+    }
+    reported_checkpoint_ = checkpoint_clock;
+  }
+  ReportCheckpointResponse response;
+  auto context = Context(options_.rpc_timeout);
+  grpc::Status status = stub_->ReportCheckpoint(context.get(), request, &response);
+  if (!status.ok() && status.error_code() != grpc::StatusCode::FAILED_PRECONDITION) {
+    Log()->warn("reporting checkpoint {}: {}", checkpoint_clock, status.error_message());
+  }
+}
+
+absl::StatusOr<ClaimShardResponse> SchedulerClient::ClaimShard(
+    const DataPosition* finished, absl::Duration timeout) {
+  ClaimShardRequest request;
+  request.set_node_id(node_id_);
+  if (finished != nullptr) *request.mutable_finished() = *finished;
+  request.set_timeout_ms(static_cast<uint32_t>(
+      std::clamp<int64_t>(absl::ToInt64Milliseconds(timeout), 0, 30000)));
+  if (finished != nullptr) {
+    absl::MutexLock lock(&progress_mu_);
+    has_position_ = false;  // it trains no shard until it gets one
+  }
+  ClaimShardResponse response;
+  auto context = Context(timeout + options_.rpc_timeout);
+  grpc::Status status = stub_->ClaimShard(context.get(), request, &response);
+  if (!status.ok()) return Annotate(FromGrpcStatus(status), "claim a shard");
+  return response;
+}
+
+absl::Status SchedulerClient::ReportCheckpoint(ReportCheckpointRequest request) {
+  request.set_node_id(node_id_);
+  ReportCheckpointResponse response;
+  auto context = Context(options_.rpc_timeout);
+  return Annotate(
+      FromGrpcStatus(stub_->ReportCheckpoint(context.get(), request, &response)),
+      absl::StrCat("report checkpoint ", request.clock()));
+}
+
+absl::StatusOr<uint64_t> SchedulerClient::RequestCheckpoint() {
+  CheckpointRequest request;
+  CheckpointResponse response;
+  auto context = Context(options_.rpc_timeout);
+  grpc::Status status = stub_->Checkpoint(context.get(), request, &response);
+  if (!status.ok()) return Annotate(FromGrpcStatus(status), "checkpoint");
+  return response.clock();
 }
 
 void SchedulerClient::HeartbeatLoop() {
@@ -129,6 +221,10 @@ void SchedulerClient::HeartbeatLoop() {
     request.set_node_id(node_id_);
     request.set_known_epoch(view().epoch());
     request.set_clock(clock_.load());
+    {
+      absl::MutexLock lock(&progress_mu_);
+      if (has_position_) *request.mutable_position() = position_;
+    }
     HeartbeatResponse response;
     auto context = Context(options_.rpc_timeout);
     grpc::Status status = stub_->Heartbeat(context.get(), request, &response);
@@ -210,7 +306,8 @@ absl::StatusOr<ClusterView> SchedulerClient::WaitForRunning(
 }
 
 absl::Status SchedulerClient::Barrier(const std::string& name,
-                                      absl::Duration timeout) {
+                                      absl::Duration timeout,
+                                      std::vector<uint32_t>* ranks) {
   const absl::Time deadline = absl::Now() + timeout;
   while (true) {
     const absl::Duration chunk =
@@ -223,7 +320,10 @@ absl::Status SchedulerClient::Barrier(const std::string& name,
     BarrierResponse response;
     auto context = Context(chunk + options_.rpc_timeout);
     grpc::Status status = stub_->Barrier(context.get(), request, &response);
-    if (status.ok()) return absl::OkStatus();
+    if (status.ok()) {
+      if (ranks != nullptr) ranks->assign(response.ranks().begin(), response.ranks().end());
+      return absl::OkStatus();
+    }
     if (status.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED ||
         absl::Now() >= deadline) {
       return Annotate(FromGrpcStatus(status), absl::StrCat("barrier ", name));
@@ -232,11 +332,12 @@ absl::Status SchedulerClient::Barrier(const std::string& name,
   }
 }
 
-absl::Status SchedulerClient::Leave(bool finished) {
+absl::Status SchedulerClient::Leave(bool finished, const DataPosition* position) {
   StopHeartbeats();
   LeaveRequest request;
   request.set_node_id(node_id_);
   request.set_finished(finished);
+  if (position != nullptr) *request.mutable_position() = *position;
   LeaveResponse response;
   auto context = Context(options_.rpc_timeout);
   return Annotate(FromGrpcStatus(stub_->Leave(context.get(), request, &response)),

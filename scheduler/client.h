@@ -7,10 +7,13 @@
 #define PS_SCHEDULER_CLIENT_H_
 
 #include <atomic>
+#include <deque>
+#include <utility>
 #include <functional>
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
@@ -32,6 +35,8 @@ class SchedulerClient {
     std::string data_endpoint;
     // ConfigFingerprint() of the loaded job config.
     uint64_t config_fingerprint = 0;
+    // Workers that train data shards (RegisterRequest.trains_shards).
+    bool trains_shards = false;
     absl::Duration heartbeat_interval = absl::Milliseconds(500);
     // Deadline of each unary RPC.
     absl::Duration rpc_timeout = absl::Seconds(5);
@@ -64,6 +69,25 @@ class SchedulerClient {
   void set_clock(uint64_t clock) { clock_.store(clock); }
   // This worker's start clock as the scheduler assigned it.
   uint64_t start_clock() const { return start_clock_; }
+  // Workers: the shard to train first and where in it (RegisterResponse);
+  // without one, ask with ClaimShard().
+  bool has_initial_shard() const { return has_initial_shard_; }
+  const DataPosition& initial_shard() const { return initial_shard_; }
+  // Workers: the clock and data position reached after a step, reported
+  // with the next heartbeats (a replacement resumes the shard from there).
+  // When a checkpoint is pending at exactly `clock`, the position is also
+  // reported for it (ReportCheckpoint) from the heartbeat thread.
+  // Thread-safe.
+  void set_progress(uint64_t clock, const DataPosition& position);
+  // Workers: reports `finished` (if not null) as done and asks for an
+  // orphaned shard, waiting up to `timeout` (see ClaimShardResponse).
+  absl::StatusOr<ClaimShardResponse> ClaimShard(const DataPosition* finished,
+                                                absl::Duration timeout);
+  // Servers: reports this server's part of checkpoint `request.clock`
+  // (node_id is filled in).
+  absl::Status ReportCheckpoint(ReportCheckpointRequest request);
+  // Asks the scheduler to start a checkpoint; returns its clock.
+  absl::StatusOr<uint64_t> RequestCheckpoint();
 
   // True once the scheduler said this node is no longer a member.
   bool lost() const { return lost_.load(); }
@@ -74,10 +98,15 @@ class SchedulerClient {
   // Waits until every live worker reaches barrier `name`. Every 10 s of
   // waiting it logs which worker ranks are missing. DEADLINE_EXCEEDED after
   // `timeout`.
-  absl::Status Barrier(const std::string& name, absl::Duration timeout);
+  // `ranks`, if not null, receives the live worker ranks that arrived,
+  // ascending (the lowest acts for the job afterwards).
+  absl::Status Barrier(const std::string& name, absl::Duration timeout,
+                       std::vector<uint32_t>* ranks = nullptr);
 
   // Leaves the job and stops heartbeating. `finished`: see LeaveRequest.
-  absl::Status Leave(bool finished);
+  // `position`: a worker leaving before its shard is done says where it
+  // stands, so the rest is reassigned from exactly there.
+  absl::Status Leave(bool finished, const DataPosition* position = nullptr);
 
  private:
   explicit SchedulerClient(Options options);
@@ -86,6 +115,8 @@ class SchedulerClient {
   // milliseconds rather than at the next heartbeat.
   void WatchLoop();
   void InstallView(const ClusterView& view);
+  // Workers: reports the position at `checkpoint_clock` once reached.
+  void MaybeReportCheckpoint(uint64_t checkpoint_clock);
   std::unique_ptr<grpc::ClientContext> Context(absl::Duration timeout) const;
   void StopHeartbeats();
 
@@ -94,7 +125,19 @@ class SchedulerClient {
   uint64_t node_id_ = 0;
   uint32_t rank_ = 0;
   uint64_t start_clock_ = 0;
+  bool has_initial_shard_ = false;
+  DataPosition initial_shard_;
   std::atomic<uint64_t> clock_{0};
+  absl::Mutex progress_mu_;
+  bool has_position_ ABSL_GUARDED_BY(progress_mu_) = false;
+  DataPosition position_ ABSL_GUARDED_BY(progress_mu_);
+  // The checkpoint clock this worker last reported its position for.
+  uint64_t reported_checkpoint_ ABSL_GUARDED_BY(progress_mu_) = 0;
+  // The last kHistory (clock, position) pairs, so a checkpoint learnt of a
+  // few steps late still gets the position at its clock.
+  static constexpr size_t kHistory = 64;
+  std::deque<std::pair<uint64_t, DataPosition>> history_
+      ABSL_GUARDED_BY(progress_mu_);
 
   // Held while a view is installed and its callback runs, so callbacks
   // never see views out of order. Acquired before mu_.

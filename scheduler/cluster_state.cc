@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/config.h"
 #include "common/protocol.h"
@@ -23,8 +24,14 @@ const char* RoleName(Role r) { return r == SERVER ? "server" : "worker"; }
 
 }  // namespace
 
-ClusterState::ClusterState(const JobConfig& config, Clock* clock)
-    : config_(config), fingerprint_(ConfigFingerprint(config)), clock_(clock) {
+ClusterState::ClusterState(const JobConfig& config, Clock* clock,
+                           CheckpointStore store)
+    : config_(config),
+      fingerprint_(ConfigFingerprint(config)),
+      clock_(clock),
+      store_(std::move(store)) {
+  shards_.resize(config_.cluster().num_workers());
+  for (uint32_t s = 0; s < shards_.size(); ++s) shards_[s].position.set_shard(s);
   view_.set_epoch(1);
   view_.set_job_state(STARTING);
   view_.set_num_slots(config_.cluster().num_slots());
@@ -54,6 +61,19 @@ absl::StatusOr<RegisterResponse> ClusterState::Register(
         " differs from the scheduler's ", fingerprint_,
         ": every process of a job must load the same config file"));
   }
+  // A server joining a running job replaces a dead one: it restores its
+  // slots from the newest valid checkpoint. Looked up before locking, as
+  // verifying a checkpoint reads every byte of it.
+  std::optional<CheckpointRef> replacement_restore;
+  if (request.role() == SERVER && store_.latest && job_state() == RUNNING) {
+    auto latest = store_.latest();
+    if (latest.ok()) {
+      replacement_restore = *latest;
+    } else {
+      Log()->warn("replacement server: no checkpoint to restore ({})",
+                  latest.status().message());
+    }
+  }
   absl::MutexLock lock(&mu_);
   if (view_.job_state() == FINISHED) {
     return absl::FailedPreconditionError("the job has finished");
@@ -80,29 +100,39 @@ absl::StatusOr<RegisterResponse> ClusterState::Register(
   node.info.set_host(request.host());
   node.info.set_pid(request.pid());
   node.last_heartbeat = clock_->Now();
+  node.trains_shards = request.trains_shards();
   if (request.role() == WORKER) {
     worker_ranks_ever_.insert(node.info.rank());
     // A worker joining a running job starts at the job's current clock, so
     // synchronous waits do not count it for steps it never took part in.
-    uint64_t start = 0;
-    for (const auto& [id, other] : nodes_) {
-      if (other.info.role() == WORKER && other.info.state() == ALIVE &&
-          other.clock < kFinishedClock) {
-        start = std::max(start, other.clock);
-      }
-    }
+    const uint64_t start = JobClockLocked();
     node.info.set_start_clock(start);
     node.clock = start;
   }
+  if (replacement_restore.has_value() && view_.job_state() == RUNNING) {
+    *view_.mutable_restore() = *replacement_restore;
+  }
   const NodeInfo info = node.info;
   nodes_[info.node_id()] = std::move(node);
+  RegisterResponse response;
+  if (info.role() == WORKER) {
+    // Its own shard if it is new or (REASSIGN) waits for a worker; else
+    // any orphaned shard (REASSIGN); else none (it may claim one later).
+    const uint32_t own = info.rank();
+    const ShardState state = shards_[own].state;
+    if (state == ShardState::kUnstarted ||
+        (state == ShardState::kOrphaned && Reassign())) {
+      AssignShardLocked(own, info.node_id(), response.mutable_shard());
+    } else if (int orphan = OrphanLocked(); orphan >= 0) {
+      AssignShardLocked(orphan, info.node_id(), response.mutable_shard());
+    }
+  }
   Log()->info("{} rank {} registered (node {}, {} pid {}{}{})",
               RoleName(info.role()), info.rank(), info.node_id(), info.host(),
               info.pid(), info.data_endpoint().empty() ? "" : ", ",
               info.data_endpoint());
   UpdateJobStateLocked();
   BumpEpochLocked();
-  RegisterResponse response;
   response.set_node_id(info.node_id());
   response.set_rank(info.rank());
   *response.mutable_view() = view_;
@@ -118,8 +148,28 @@ absl::StatusOr<HeartbeatResponse> ClusterState::Heartbeat(
         "node ", request.node_id(),
         " is not a live member (unknown, left or declared dead); register again"));
   }
-  it->second.last_heartbeat = clock_->Now();
-  it->second.clock = std::max(it->second.clock, request.clock());
+  const absl::Time now = clock_->Now();
+  Node& hb = it->second;
+  hb.last_heartbeat = now;
+  hb.clock = std::max(hb.clock, request.clock());
+  if (hb.clock < kFinishedClock) {
+    if (hb.rate_since == absl::InfinitePast()) {
+      hb.rate_since = now;
+      hb.rate_clock = hb.clock;
+    } else if (now - hb.rate_since >= absl::Milliseconds(200)) {
+      hb.steps_per_second = (hb.clock - hb.rate_clock) /
+                            absl::ToDoubleSeconds(now - hb.rate_since);
+      hb.rate_since = now;
+      hb.rate_clock = hb.clock;
+    }
+  }
+  if (request.has_position() && request.position().shard() < shards_.size()) {
+    Shard& shard = shards_[request.position().shard()];
+    if (shard.state == ShardState::kActive && shard.holder == request.node_id()) {
+      shard.position = request.position();
+      shard.position.set_done(false);
+    }
+  }
   HeartbeatResponse response;
   response.set_epoch(view_.epoch());
   response.set_job_state(view_.job_state());
@@ -139,6 +189,13 @@ absl::Status ClusterState::Leave(const LeaveRequest& request) {
     some_worker_finished_ = true;
     it->second.finished = true;
   }
+  if (info.role() == WORKER) {
+    ReleaseShardLocked(request.node_id(), request.finished(),
+                       request.has_position() ? &request.position() : nullptr);
+  }
+  if (info.role() == SERVER && checkpoint_.has_value()) {
+    AbortCheckpointLocked(absl::StrCat("server ", info.rank(), " left"));
+  }
   Log()->info("{} rank {} left{}", RoleName(info.role()), info.rank(),
               request.finished() ? " (finished)" : "");
   UpdateJobStateLocked();
@@ -156,12 +213,22 @@ std::vector<uint64_t> ClusterState::ExpireSilentNodes() {
     if (node.info.state() == ALIVE && node.last_heartbeat < deadline) {
       node.info.set_state(DEAD);
       dead.push_back(id);
+      if (node.info.role() == WORKER) ReleaseShardLocked(id, false, nullptr);
       Log()->warn("{} rank {} (node {}) declared dead: no heartbeat for {}",
                   RoleName(node.info.role()), node.info.rank(), id,
                   absl::FormatDuration(clock_->Now() - node.last_heartbeat));
     }
   }
   if (!dead.empty()) {
+    if (checkpoint_.has_value()) {
+      for (uint64_t id : dead) {
+        if (nodes_[id].info.role() == SERVER) {
+          AbortCheckpointLocked(
+              absl::StrCat("server ", nodes_[id].info.rank(), " died"));
+          break;
+        }
+      }
+    }
     UpdateJobStateLocked();
     BumpEpochLocked();
   }
@@ -192,7 +259,8 @@ void ClusterState::UpdateJobStateLocked() {
     }
   }
   if (view_.job_state() == RUNNING && some_worker_finished_ &&
-      worker_ranks_ever_.size() >= config_.cluster().num_workers()) {
+      worker_ranks_ever_.size() >= config_.cluster().num_workers() &&
+      AllShardsDoneLocked()) {
     bool worker_alive = false;
     for (const auto& [id, node] : nodes_) {
       worker_alive |= node.info.role() == WORKER && node.info.state() == ALIVE;
@@ -248,9 +316,8 @@ std::vector<uint32_t> ClusterState::MissingRanksLocked(
   return missing;
 }
 
-absl::Status ClusterState::AwaitBarrier(uint64_t node_id,
-                                        const std::string& name,
-                                        absl::Duration timeout) {
+absl::StatusOr<std::vector<uint32_t>> ClusterState::AwaitBarrier(
+    uint64_t node_id, const std::string& name, absl::Duration timeout) {
   if (name.empty() || name.size() > 256) {
     return absl::InvalidArgumentError("barrier name must have 1..256 bytes");
   }
@@ -272,7 +339,16 @@ absl::Status ClusterState::AwaitBarrier(uint64_t node_id,
                        std::min(timeout, kMaxWait));
   if (BarrierCompleteLocked(name)) {
     completed_barriers_.insert(name);
-    return absl::OkStatus();
+    std::vector<uint32_t> ranks;
+    const auto& arrived = barriers_[name];
+    for (const auto& [id, node] : nodes_) {
+      if (node.info.role() == WORKER && node.info.state() == ALIVE &&
+          arrived.contains(id)) {
+        ranks.push_back(node.info.rank());
+      }
+    }
+    std::sort(ranks.begin(), ranks.end());
+    return ranks;
   }
   if (closed_) {
     return absl::UnavailableError("the scheduler is shutting down");
@@ -364,6 +440,333 @@ std::vector<std::string> ClusterState::CheckProgress() {
   }
   for (const std::string& line : lines) Log()->warn("{}", line);
   if (!lines.empty()) last_watchdog_log_ = now;
+  return lines;
+}
+
+bool ClusterState::Reassign() const {
+  return config_.cluster().on_worker_loss() != SKIP_REST;
+}
+
+uint64_t ClusterState::JobClockLocked() const {
+  uint64_t clock = base_clock_;
+  for (const auto& [id, other] : nodes_) {
+    if (other.info.role() == WORKER && other.info.state() == ALIVE &&
+        other.clock < kFinishedClock) {
+      clock = std::max(clock, other.clock);
+    }
+  }
+  return clock;
+}
+
+void ClusterState::AssignShardLocked(uint32_t s, uint64_t id, DataPosition* out) {
+  Shard& shard = shards_[s];
+  const bool resumed = shard.state == ShardState::kOrphaned;
+  shard.state = ShardState::kActive;
+  shard.holder = id;
+  shard.position.set_shard(s);
+  shard.position.set_done(false);
+  *out = shard.position;
+  if (resumed || shard.position.epoch() > 0 || shard.position.batch() > 0) {
+    Log()->info("shard {} goes to node {} from epoch {} batch {}", s, id,
+                shard.position.epoch(), shard.position.batch());
+  }
+}
+
+void ClusterState::ReleaseShardLocked(uint64_t id, bool done,
+                                      const DataPosition* position) {
+  for (uint32_t s = 0; s < shards_.size(); ++s) {
+    Shard& shard = shards_[s];
+    if (shard.state != ShardState::kActive || shard.holder != id) continue;
+    shard.holder = 0;
+    auto node = nodes_.find(id);
+    if (done || node == nodes_.end() || !node->second.trains_shards) {
+      shard.state = ShardState::kDone;
+      shard.position.set_done(true);
+      continue;
+    }
+    if (position != nullptr && position->shard() == s) {
+      shard.position = *position;
+    }
+    if (shard.position.done()) {
+      shard.state = ShardState::kDone;
+      continue;
+    }
+    if (Reassign()) {
+      shard.state = ShardState::kOrphaned;
+      Log()->warn("shard {} orphaned at epoch {} batch {}: it goes to the next "
+                  "worker that asks",
+                  s, shard.position.epoch(), shard.position.batch());
+    } else {
+      shard.state = ShardState::kDone;
+      Log()->warn("shard {} dropped at epoch {} batch {} (on_worker_loss: "
+                  "SKIP_REST)",
+                  s, shard.position.epoch(), shard.position.batch());
+    }
+  }
+}
+
+int ClusterState::OrphanLocked() const {
+  if (!Reassign()) return -1;
+  for (uint32_t s = 0; s < shards_.size(); ++s) {
+    if (shards_[s].state == ShardState::kOrphaned) return static_cast<int>(s);
+  }
+  return -1;
+}
+
+bool ClusterState::AllShardsDoneLocked() const {
+  for (const Shard& s : shards_) {
+    if (s.state != ShardState::kDone) return false;
+  }
+  return true;
+}
+
+absl::StatusOr<ClaimShardResponse> ClusterState::ClaimShard(
+    const ClaimShardRequest& request, absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  auto it = nodes_.find(request.node_id());
+  if (it == nodes_.end() || it->second.info.state() != ALIVE ||
+      it->second.info.role() != WORKER) {
+    return absl::NotFoundError(absl::StrCat(
+        "node ", request.node_id(), " is not a live worker"));
+  }
+  if (request.has_finished()) {
+    const uint32_t s = request.finished().shard();
+    if (s < shards_.size() && shards_[s].state == ShardState::kActive &&
+        shards_[s].holder == request.node_id()) {
+      shards_[s].state = ShardState::kDone;
+      shards_[s].holder = 0;
+      shards_[s].position = request.finished();
+      shards_[s].position.set_done(true);
+      UpdateJobStateLocked();
+      BumpEpochLocked();
+    }
+  }
+  const uint64_t id = request.node_id();
+  auto decided = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto n = nodes_.find(id);
+    return closed_ || n->second.info.state() != ALIVE || OrphanLocked() >= 0 ||
+           AllShardsDoneLocked();
+  };
+  mu_.AwaitWithTimeout(absl::Condition(&decided), std::min(timeout, kMaxWait));
+  ClaimShardResponse response;
+  if (nodes_[id].info.state() != ALIVE) {
+    return absl::NotFoundError(absl::StrCat("node ", id, " is not a live worker"));
+  }
+  if (int orphan = OrphanLocked(); orphan >= 0) {
+    response.set_result(ClaimShardResponse::ASSIGNED);
+    response.set_start_clock(JobClockLocked());
+    AssignShardLocked(orphan, id, response.mutable_shard());
+    BumpEpochLocked();
+  } else if (AllShardsDoneLocked()) {
+    response.set_result(ClaimShardResponse::ALL_DONE);
+  } else {
+    response.set_result(ClaimShardResponse::WAIT);
+  }
+  return response;
+}
+
+void ClusterState::SetRestore(const std::string& path,
+                              const CheckpointManifest& manifest) {
+  absl::MutexLock lock(&mu_);
+  view_.mutable_restore()->set_path(path);
+  view_.mutable_restore()->set_clock(manifest.clock());
+  view_.set_last_checkpoint_clock(manifest.clock());
+  base_clock_ = manifest.clock();
+  last_checkpoint_ = manifest.clock();
+  if (static_cast<size_t>(manifest.positions_size()) == shards_.size()) {
+    for (const DataPosition& p : manifest.positions()) {
+      if (p.shard() >= shards_.size()) continue;
+      Shard& shard = shards_[p.shard()];
+      shard.position = p;
+      shard.state = p.done() ? ShardState::kDone : ShardState::kUnstarted;
+    }
+  } else {
+    Log()->warn(
+        "checkpoint has data positions for {} workers, the job has {}: every "
+        "shard starts from its beginning",
+        manifest.positions_size(), shards_.size());
+  }
+  Log()->info("job resumes from checkpoint {} at clock {}", path, manifest.clock());
+  BumpEpochLocked();
+}
+
+absl::StatusOr<uint64_t> ClusterState::StartCheckpoint() {
+  absl::MutexLock lock(&mu_);
+  if (checkpoint_.has_value()) return checkpoint_->clock;
+  auto clock = StartCheckpointLocked("on request");
+  if (clock.ok()) checkpoint_wanted_ = true;
+  return clock;
+}
+
+absl::StatusOr<uint64_t> ClusterState::StartCheckpointLocked(const char* why) {
+  if (config_.checkpoint().dir().empty()) {
+    return absl::FailedPreconditionError(
+        "the job has no checkpoint.dir; checkpoints are off");
+  }
+  if (view_.job_state() != RUNNING) {
+    return absl::FailedPreconditionError("the job is not running");
+  }
+  uint64_t fastest = 0;
+  bool training = false;
+  double rate = 0;
+  for (const auto& [id, node] : nodes_) {
+    if (node.info.role() == WORKER && node.info.state() == ALIVE &&
+        node.clock < kFinishedClock) {
+      training = true;
+      fastest = std::max(fastest, node.clock);
+      rate = std::max(rate, node.steps_per_second);
+    }
+  }
+  // Heartbeat clocks lag by up to an interval, and the view takes a moment
+  // to reach every node: leave three intervals of the fastest pace.
+  const uint64_t ahead = std::max<uint64_t>(
+      checkpoint_margin_,
+      static_cast<uint64_t>(rate * 3 * config_.cluster().heartbeat_interval_ms() / 1000.0) + 1);
+  // With no worker training the parameters do not change: the next clock
+  // is a consistent cut at once (e.g. a final checkpoint, or one of a job
+  // restored onto other servers).
+  PendingCheckpoint pending;
+  pending.clock = std::max({fastest, base_clock_, last_checkpoint_}) +
+                  (training ? ahead : 1);
+  pending.started = clock_->Now();
+  checkpoint_ = std::move(pending);
+  view_.set_checkpoint_clock(checkpoint_->clock);
+  Log()->info("checkpoint at clock {} started ({})", checkpoint_->clock, why);
+  BumpEpochLocked();
+  return checkpoint_->clock;
+}
+
+void ClusterState::AbortCheckpointLocked(const std::string& why) {
+  if (!checkpoint_.has_value()) return;
+  Log()->warn("checkpoint at clock {} abandoned: {}", checkpoint_->clock, why);
+  checkpoint_.reset();
+  view_.set_checkpoint_clock(0);
+  BumpEpochLocked();
+}
+
+absl::Status ClusterState::ReportCheckpoint(const ReportCheckpointRequest& request) {
+  absl::MutexLock lock(&mu_);
+  auto it = nodes_.find(request.node_id());
+  if (it == nodes_.end() || it->second.info.state() != ALIVE) {
+    return absl::NotFoundError(
+        absl::StrCat("node ", request.node_id(), " is not a live member"));
+  }
+  if (!checkpoint_.has_value() || checkpoint_->clock != request.clock()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "no checkpoint at clock ", request.clock(), " is in progress"));
+  }
+  if (request.file().size() > 4096 || request.error().size() > 65536) {
+    return absl::InvalidArgumentError("report fields too long");
+  }
+  if (!request.ok()) {
+    // Too late for this node: the cut would not be consistent. Retry
+    // further ahead.
+    checkpoint_margin_ = std::min<uint64_t>(checkpoint_margin_ * 4, 1 << 20);
+    checkpoint_wanted_ = true;
+    AbortCheckpointLocked(absl::StrCat(
+        it->second.info.role() == SERVER ? "server " : "worker ",
+        it->second.info.rank(), ": ", request.error()));
+    return absl::OkStatus();
+  }
+  checkpoint_->reports[request.node_id()] = request;
+  TryCommitCheckpointLocked();
+  return absl::OkStatus();
+}
+
+void ClusterState::TryCommitCheckpointLocked() {
+  const PendingCheckpoint& pending = *checkpoint_;
+  CheckpointManifest manifest;
+  manifest.set_clock(pending.clock);
+  manifest.set_num_servers(config_.cluster().num_servers());
+  manifest.set_num_slots(config_.cluster().num_slots());
+  manifest.set_created_unix_micros(absl::ToUnixMicros(clock_->Now()));
+  std::vector<const DataPosition*> reported(shards_.size(), nullptr);
+  for (const auto& [id, node] : nodes_) {
+    if (node.info.state() != ALIVE) continue;
+    auto r = pending.reports.find(id);
+    if (node.info.role() == SERVER) {
+      if (r == pending.reports.end()) return;  // not written yet
+      ShardFile* f = manifest.add_shards();
+      f->set_rank(node.info.rank());
+      f->set_file(r->second.file());
+      f->set_bytes(r->second.bytes());
+      f->set_checksum(r->second.checksum());
+      continue;
+    }
+    // Workers training at the checkpoint's clock report where they are;
+    // finished ones and those that joined after it train nothing of it.
+    if (!node.trains_shards || node.clock >= kFinishedClock ||
+        node.info.start_clock() >= pending.clock) {
+      continue;
+    }
+    if (r == pending.reports.end()) return;
+    if (r->second.has_position() && r->second.position().shard() < shards_.size()) {
+      reported[r->second.position().shard()] = &r->second.position();
+    }
+  }
+  for (uint32_t s = 0; s < shards_.size(); ++s) {
+    DataPosition* p = manifest.add_positions();
+    *p = reported[s] != nullptr ? *reported[s] : shards_[s].position;
+    p->set_shard(s);
+    if (shards_[s].state == ShardState::kDone && reported[s] == nullptr) p->set_done(true);
+  }
+  std::sort(manifest.mutable_shards()->begin(), manifest.mutable_shards()->end(),
+            [](const ShardFile& a, const ShardFile& b) { return a.rank() < b.rank(); });
+  const std::string dir = absl::StrCat(
+      config_.checkpoint().dir(), "/", absl::StrFormat("ckpt-%020d", pending.clock));
+  const uint64_t clock = pending.clock;
+  absl::Status committed =
+      store_.commit ? store_.commit(dir, manifest)
+                    : absl::FailedPreconditionError("no checkpoint store");
+  checkpoint_.reset();
+  view_.set_checkpoint_clock(0);
+  if (committed.ok()) {
+    last_checkpoint_ = clock;
+    view_.set_last_checkpoint_clock(clock);
+    checkpoint_wanted_ = false;
+    checkpoint_margin_ = std::max<uint64_t>(2, checkpoint_margin_ / 2);
+    Log()->info("checkpoint at clock {} committed: {} server shards in {}", clock,
+                manifest.shards_size(), dir);
+  } else {
+    Log()->error("checkpoint at clock {} not committed: {}", clock,
+                 committed.ToString());
+  }
+  BumpEpochLocked();
+}
+
+std::vector<std::string> ClusterState::CheckCheckpoints() {
+  std::vector<std::string> lines;
+  absl::MutexLock lock(&mu_);
+  if (config_.checkpoint().dir().empty() || view_.job_state() != RUNNING) return lines;
+  const absl::Time now = clock_->Now();
+  if (checkpoint_.has_value()) {
+    const absl::Duration limit = std::max(
+        absl::Seconds(60), 20 * absl::Milliseconds(config_.cluster().heartbeat_timeout_ms()));
+    if (now - checkpoint_->started > limit) {
+      lines.push_back(absl::StrCat("checkpoint at clock ", checkpoint_->clock,
+                                   " took longer than ", absl::FormatDuration(limit)));
+      checkpoint_wanted_ = true;
+      AbortCheckpointLocked(lines.back());
+    }
+    return lines;
+  }
+  uint64_t fastest = 0;
+  for (const auto& [id, node] : nodes_) {
+    if (node.info.role() == WORKER && node.info.state() == ALIVE &&
+        node.clock < kFinishedClock) {
+      fastest = std::max(fastest, node.clock);
+    }
+  }
+  const uint64_t interval = config_.checkpoint().interval_steps();
+  const bool due = interval > 0 && fastest >= last_checkpoint_ + interval;
+  if (due || checkpoint_wanted_) {
+    auto started = StartCheckpointLocked(due ? "periodic" : "retry");
+    if (started.ok()) {
+      lines.push_back(absl::StrCat("checkpoint at clock ", *started, " started"));
+    } else if (checkpoint_wanted_ && !due) {
+      checkpoint_wanted_ = false;  // e.g. training is over
+    }
+  }
   return lines;
 }
 

@@ -17,6 +17,8 @@
 #define PS_SCHEDULER_CLUSTER_STATE_H_
 
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,13 +31,50 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "proto/config.pb.h"
+#include "proto/checkpoint.pb.h"
 #include "proto/scheduler.pb.h"
 
 namespace ps {
 
 class ClusterState {
  public:
-  ClusterState(const JobConfig& config, Clock* clock);
+  // File system access for checkpoints, injectable for tests. Both may be
+  // empty (no checkpoints are committed; replacements restore nothing).
+  struct CheckpointStore {
+    // Commits checkpoint `manifest` in directory `dir` (writes MANIFEST
+    // and prunes old checkpoints).
+    std::function<absl::Status(const std::string& dir,
+                               const CheckpointManifest& manifest)>
+        commit;
+    // The newest valid checkpoint, for a server that replaces a dead one.
+    std::function<absl::StatusOr<CheckpointRef>()> latest;
+  };
+
+  ClusterState(const JobConfig& config, Clock* clock,
+               CheckpointStore store = {});
+
+  // The job starts from checkpoint `path` (its manifest): workers start at
+  // its clock and resume their shards from its positions; servers restore
+  // it. Call before any node registers.
+  void SetRestore(const std::string& path, const CheckpointManifest& manifest);
+
+  // Workers: reports a finished shard and waits up to `timeout` for an
+  // orphaned one (see ClaimShardResponse). NOT_FOUND for unknown or dead
+  // callers.
+  absl::StatusOr<ClaimShardResponse> ClaimShard(const ClaimShardRequest& request,
+                                                absl::Duration timeout);
+
+  // Starts a checkpoint a few steps ahead of the fastest worker (the next
+  // clock when no worker trains). Returns its clock. FAILED_PRECONDITION
+  // without checkpoint.dir or before the job runs.
+  absl::StatusOr<uint64_t> StartCheckpoint();
+  // A server's or worker's part of the checkpoint in progress.
+  // FAILED_PRECONDITION for a checkpoint not in progress (stale report).
+  absl::Status ReportCheckpoint(const ReportCheckpointRequest& request);
+  // Periodic: starts checkpoints every checkpoint.interval_steps (and
+  // requested ones that had to be retried), abandons one that takes too
+  // long. Returns log lines, for tests.
+  std::vector<std::string> CheckCheckpoints();
 
   absl::StatusOr<RegisterResponse> Register(const RegisterRequest& request);
   absl::StatusOr<HeartbeatResponse> Heartbeat(const HeartbeatRequest& request);
@@ -49,8 +88,11 @@ class ClusterState {
   // Blocks until every live worker has arrived at barrier `name`.
   // DEADLINE_EXCEEDED names the missing ranks; NOT_FOUND for unknown or
   // dead callers; INVALID_ARGUMENT for servers or an empty name.
-  absl::Status AwaitBarrier(uint64_t node_id, const std::string& name,
-                            absl::Duration timeout);
+  // On success returns the ranks of the live workers that arrived,
+  // ascending.
+  absl::StatusOr<std::vector<uint32_t>> AwaitBarrier(uint64_t node_id,
+                                                     const std::string& name,
+                                                     absl::Duration timeout);
 
   // Changes the consistency mode in the view (INVALID_ARGUMENT for a bad
   // one). Watchdog settings stay as configured. Returns the new epoch.
@@ -81,14 +123,54 @@ class ClusterState {
   bool AllDone() const;
 
  private:
+  // A data shard's life: never handed out, trained by a live worker,
+  // waiting for a new worker (its holder died or was preempted), or done
+  // (trained, or skipped under SKIP_REST).
+  enum class ShardState { kUnstarted, kActive, kOrphaned, kDone };
+  struct Shard {
+    ShardState state = ShardState::kUnstarted;
+    DataPosition position;
+    uint64_t holder = 0;  // node id while kActive
+  };
+  struct PendingCheckpoint {
+    uint64_t clock = 0;
+    absl::Time started;
+    // node id -> its report
+    absl::flat_hash_map<uint64_t, ReportCheckpointRequest> reports;
+  };
+
   struct Node {
     NodeInfo info;
     absl::Time last_heartbeat;
     uint64_t clock = 0;  // workers: last reported
     bool finished = false;  // workers: left after completing their work
+    bool trains_shards = false;  // RegisterRequest.trains_shards
+    // Workers: steps per second over recent heartbeats, so a checkpoint's
+    // clock can be set far enough ahead for the view to reach everyone
+    // before the fastest worker gets there.
+    double steps_per_second = 0;
+    uint64_t rate_clock = 0;
+    absl::Time rate_since = absl::InfinitePast();
   };
 
   void BumpEpochLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool Reassign() const;
+  // Hands shard `s` to worker node `id`; fills `out`.
+  void AssignShardLocked(uint32_t s, uint64_t id, DataPosition* out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The shard worker `id` holds, if any: orphaned (or dropped under
+  // SKIP_REST) at `position` (null: its last reported one) or done.
+  void ReleaseShardLocked(uint64_t id, bool done, const DataPosition* position)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int OrphanLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool AllShardsDoneLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The clock a worker joining now starts at.
+  uint64_t JobClockLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<uint64_t> StartCheckpointLocked(const char* why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AbortCheckpointLocked(const std::string& why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void TryCommitCheckpointLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UpdateJobStateLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool BarrierCompleteLocked(const std::string& name) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -118,6 +200,18 @@ class ClusterState {
   absl::Time min_clock_since_ ABSL_GUARDED_BY(mu_);
   absl::Time last_watchdog_log_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
+
+  const CheckpointStore store_;
+  std::vector<Shard> shards_ ABSL_GUARDED_BY(mu_);
+  // Clock the job started at (a restored checkpoint's).
+  uint64_t base_clock_ ABSL_GUARDED_BY(mu_) = 0;
+  std::optional<PendingCheckpoint> checkpoint_ ABSL_GUARDED_BY(mu_);
+  uint64_t last_checkpoint_ ABSL_GUARDED_BY(mu_) = 0;
+  // How far ahead of the fastest worker a checkpoint's clock is set;
+  // doubled when a node reports it came too late.
+  uint64_t checkpoint_margin_ ABSL_GUARDED_BY(mu_) = 2;
+  // A requested checkpoint that was abandoned and must be taken again.
+  bool checkpoint_wanted_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace ps

@@ -438,7 +438,7 @@ TEST_F(ClusterStateTest, RegisterAfterFinishedIsRefused) {
 TEST_F(ClusterStateTest, BarrierTimesOutNamingTheMissingRank) {
   const Cluster c = StartFullCluster();
   const absl::Time start = absl::Now();
-  absl::Status s = state_->AwaitBarrier(c.w0, "epoch-1", absl::Milliseconds(50));
+  absl::Status s = state_->AwaitBarrier(c.w0, "epoch-1", absl::Milliseconds(50)).status();
   EXPECT_GE(absl::Now() - start, absl::Milliseconds(50));
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_EQ(s.message(), "barrier 'epoch-1' still waits for worker ranks 1");
@@ -446,7 +446,7 @@ TEST_F(ClusterStateTest, BarrierTimesOutNamingTheMissingRank) {
 
 TEST_F(ClusterStateTest, BarrierCountsRanksThatNeverRegisteredAsMissing) {
   const uint64_t w0 = AddWorker();
-  absl::Status s = state_->AwaitBarrier(w0, "b", absl::Milliseconds(10));
+  absl::Status s = state_->AwaitBarrier(w0, "b", absl::Milliseconds(10)).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_EQ(s.message(), "barrier 'b' still waits for worker ranks 1");
 }
@@ -454,10 +454,10 @@ TEST_F(ClusterStateTest, BarrierCountsRanksThatNeverRegisteredAsMissing) {
 TEST_F(ClusterStateTest, BarrierReleasesEveryWorkerOnceAllArrived) {
   const Cluster c = StartFullCluster();
   auto first = std::async(std::launch::async, [&] {
-    return state_->AwaitBarrier(c.w0, "b", kLongWait);
+    return state_->AwaitBarrier(c.w0, "b", kLongWait).status();
   });
   auto second = std::async(std::launch::async, [&] {
-    return state_->AwaitBarrier(c.w1, "b", kLongWait);
+    return state_->AwaitBarrier(c.w1, "b", kLongWait).status();
   });
   ASSERT_EQ(first.wait_for(std::chrono::seconds(10)), std::future_status::ready);
   ASSERT_EQ(second.wait_for(std::chrono::seconds(10)), std::future_status::ready);
@@ -466,9 +466,9 @@ TEST_F(ClusterStateTest, BarrierReleasesEveryWorkerOnceAllArrived) {
 
   // A caller retrying after the barrier completed (e.g. its first call's
   // answer was lost) passes at once, even with no time to wait.
-  EXPECT_TRUE(state_->AwaitBarrier(c.w0, "b", absl::ZeroDuration()).ok());
+  EXPECT_TRUE(state_->AwaitBarrier(c.w0, "b", absl::ZeroDuration()).status().ok());
   // Other names are independent.
-  EXPECT_EQ(state_->AwaitBarrier(c.w0, "c", absl::ZeroDuration()).code(),
+  EXPECT_EQ(state_->AwaitBarrier(c.w0, "c", absl::ZeroDuration()).status().code(),
             absl::StatusCode::kDeadlineExceeded);
 }
 
@@ -478,21 +478,21 @@ TEST_F(ClusterStateTest, BarrierReleasesEveryWorkerOnceAllArrived) {
 TEST_F(ClusterStateTest, CompletedBarrierStaysPassedAfterMembershipChanges) {
   const Cluster c = StartFullCluster();
   auto first = std::async(std::launch::async, [&] {
-    return state_->AwaitBarrier(c.w0, "b", kLongWait);
+    return state_->AwaitBarrier(c.w0, "b", kLongWait).status();
   });
-  ASSERT_TRUE(state_->AwaitBarrier(c.w1, "b", kLongWait).ok());
+  ASSERT_TRUE(state_->AwaitBarrier(c.w1, "b", kLongWait).status().ok());
   ASSERT_TRUE(first.get().ok());
 
   ASSERT_TRUE(Leave(c.w1, false).ok());
   const uint64_t replacement = AddWorker();
   EXPECT_EQ(NodeInView(replacement).rank(), 1u);
-  EXPECT_TRUE(state_->AwaitBarrier(c.w0, "b", absl::ZeroDuration()).ok());
+  EXPECT_TRUE(state_->AwaitBarrier(c.w0, "b", absl::ZeroDuration()).status().ok());
 }
 
 TEST_F(ClusterStateTest, BarrierIsReleasedWhenTheMissingWorkerDies) {
   const Cluster c = StartFullCluster();
   auto waiter = std::async(std::launch::async, [&] {
-    return state_->AwaitBarrier(c.w0, "b", kLongWait);
+    return state_->AwaitBarrier(c.w0, "b", kLongWait).status();
   });
   // w1 is alive and has not arrived: w0 must block.
   ASSERT_EQ(waiter.wait_for(std::chrono::milliseconds(100)),
@@ -511,18 +511,18 @@ TEST_F(ClusterStateTest, BarrierIsReleasedWhenTheMissingWorkerDies) {
 
 TEST_F(ClusterStateTest, BarrierRejectsServersEmptyNamesAndNonMembers) {
   const Cluster c = StartFullCluster();
-  EXPECT_EQ(state_->AwaitBarrier(c.s0, "b", absl::Milliseconds(10)).code(),
+  EXPECT_EQ(state_->AwaitBarrier(c.s0, "b", absl::Milliseconds(10)).status().code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(state_->AwaitBarrier(c.w0, "", absl::Milliseconds(10)).code(),
+  EXPECT_EQ(state_->AwaitBarrier(c.w0, "", absl::Milliseconds(10)).status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(state_->AwaitBarrier(c.w0, std::string(257, 'n'),
-                                 absl::Milliseconds(10))
+                                 absl::Milliseconds(10)).status()
                 .code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(state_->AwaitBarrier(99, "b", absl::Milliseconds(10)).code(),
+  EXPECT_EQ(state_->AwaitBarrier(99, "b", absl::Milliseconds(10)).status().code(),
             absl::StatusCode::kNotFound);
   ASSERT_TRUE(Leave(c.w1, false).ok());
-  EXPECT_EQ(state_->AwaitBarrier(c.w1, "b", absl::Milliseconds(10)).code(),
+  EXPECT_EQ(state_->AwaitBarrier(c.w1, "b", absl::Milliseconds(10)).status().code(),
             absl::StatusCode::kNotFound);
 }
 
@@ -583,7 +583,7 @@ TEST_F(ClusterStateTest, CloseWakesBlockedWaitersAndAnswersLaterOnesAtOnce) {
   const Cluster c = StartFullCluster();
   const uint64_t epoch = state_->View().epoch();
   auto barrier = std::async(std::launch::async, [&] {
-    return state_->AwaitBarrier(c.w0, "b", kLongWait);
+    return state_->AwaitBarrier(c.w0, "b", kLongWait).status();
   });
   auto poll = std::async(std::launch::async, [&] {
     return state_->AwaitView(epoch + 1, false, kLongWait);
@@ -600,12 +600,12 @@ TEST_F(ClusterStateTest, CloseWakesBlockedWaitersAndAnswersLaterOnesAtOnce) {
   EXPECT_EQ(poll.get().epoch(), epoch);  // The current view, unchanged.
 
   const absl::Time start = absl::Now();
-  EXPECT_EQ(state_->AwaitBarrier(c.w1, "other", kLongWait).code(),
+  EXPECT_EQ(state_->AwaitBarrier(c.w1, "other", kLongWait).status().code(),
             absl::StatusCode::kUnavailable);
   EXPECT_EQ(state_->AwaitView(epoch + 1, true, kLongWait).epoch(), epoch);
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
   // w1's arrival above completed barrier "b": it passes despite closing.
-  EXPECT_TRUE(state_->AwaitBarrier(c.w1, "b", kLongWait).ok());
+  EXPECT_TRUE(state_->AwaitBarrier(c.w1, "b", kLongWait).status().ok());
 }
 
 
@@ -944,7 +944,7 @@ TEST_F(ConsistencyStateTest, WatchdogNamesTheRanksABarrierWaitsFor) {
   // Rank 0 waits at the barrier (in real time, for long) while the fake
   // clock runs past the watchdog timeout.
   auto waiter = std::async(std::launch::async, [&] {
-    return state_->AwaitBarrier(w.w0, "epoch-1", kLongWait);
+    return state_->AwaitBarrier(w.w0, "epoch-1", kLongWait).status();
   });
   // The wait is timed from the arrival, which happens on the other thread:
   // step the fake clock past the timeout until the watchdog sees it.
@@ -960,7 +960,7 @@ TEST_F(ConsistencyStateTest, WatchdogNamesTheRanksABarrierWaitsFor) {
             std::future_status::timeout);
 
   // Rank 1 arrives (without waiting): only rank 2 is missing.
-  EXPECT_EQ(state_->AwaitBarrier(w.w1, "epoch-1", absl::ZeroDuration()).code(),
+  EXPECT_EQ(state_->AwaitBarrier(w.w1, "epoch-1", absl::ZeroDuration()).status().code(),
             absl::StatusCode::kDeadlineExceeded);
   clock_.Advance(absl::Milliseconds(500));
   EXPECT_THAT(state_->CheckProgress(),
@@ -968,7 +968,7 @@ TEST_F(ConsistencyStateTest, WatchdogNamesTheRanksABarrierWaitsFor) {
                           "worker ranks 2"));
 
   // Rank 2 completes it: the waiter passes and the watchdog falls silent.
-  EXPECT_TRUE(state_->AwaitBarrier(w.w2, "epoch-1", kLongWait).ok());
+  EXPECT_TRUE(state_->AwaitBarrier(w.w2, "epoch-1", kLongWait).status().ok());
   ASSERT_EQ(waiter.wait_for(std::chrono::seconds(10)), std::future_status::ready);
   EXPECT_TRUE(waiter.get().ok());
   clock_.Advance(absl::Seconds(5));

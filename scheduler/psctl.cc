@@ -8,6 +8,10 @@
 //       Changes the consistency mode of the running job (SetConsistency);
 //       prints the epoch of the view that carries it. The scheduler
 //       validates the mode (e.g. staleness is for SSP only).
+//   psctl --scheduler=HOST:PORT checkpoint [--wait]
+//       Starts a consistent checkpoint a few steps ahead of the fastest
+//       worker and prints its clock; with --wait, waits (up to --timeout_ms)
+//       until it is committed (MANIFEST written).
 //
 // Every RPC has a deadline (--timeout_ms). Exit status: 0 on success, 1 when
 // the scheduler cannot be reached or refuses the request (its message is
@@ -42,6 +46,9 @@ ABSL_FLAG(int64_t, timeout_ms, 5000, "Deadline of each RPC, in ms (> 0).");
 ABSL_FLAG(int64_t, staleness, 0,
           "set-mode SSP: how many steps a worker may run ahead of the "
           "slowest one.");
+ABSL_FLAG(bool, wait, false,
+          "checkpoint: wait until the checkpoint is committed (up to "
+          "--timeout_ms).");
 
 namespace ps {
 namespace {
@@ -51,7 +58,8 @@ constexpr char kUsage[] =
     "commands:\n"
     "  status                               job state, mode, nodes, clocks\n"
     "  set-mode BSP|ASYNC|SSP [--staleness=N]\n"
-    "                                       change the consistency mode\n";
+    "                                       change the consistency mode\n"
+    "  checkpoint [--wait]                  take a consistent checkpoint now\n";
 
 constexpr int kExitOk = 0;
 constexpr int kExitFailed = 1;
@@ -193,6 +201,32 @@ absl::Status RunSetMode(Scheduler::Stub& stub, absl::Duration timeout,
   return absl::OkStatus();
 }
 
+absl::Status RunCheckpoint(Scheduler::Stub& stub, absl::Duration timeout,
+                           bool wait) {
+  CheckpointResponse response;
+  const grpc::Status s =
+      stub.Checkpoint(Context(timeout).get(), CheckpointRequest(), &response);
+  if (!s.ok()) return Annotate(FromGrpcStatus(s), "Checkpoint");
+  std::cout << "checkpoint started at clock " << response.clock() << "\n";
+  if (!wait) return absl::OkStatus();
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    GetStatusResponse status;
+    const grpc::Status g =
+        stub.GetStatus(Context(timeout).get(), GetStatusRequest(), &status);
+    if (!g.ok()) return Annotate(FromGrpcStatus(g), "GetStatus");
+    if (status.view().last_checkpoint_clock() >= response.clock()) {
+      std::cout << "checkpoint at clock " << status.view().last_checkpoint_clock()
+                << " committed\n";
+      return absl::OkStatus();
+    }
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  return absl::DeadlineExceededError(absl::StrCat(
+      "checkpoint at clock ", response.clock(), " not committed in time (it is "
+      "retried at a later clock if a node was too late; see the scheduler log)"));
+}
+
 int UsageError(absl::string_view message) {
   std::cerr << "psctl: " << message << "\n" << kUsage;
   return kExitUsage;
@@ -226,6 +260,8 @@ int main(int argc, char** argv) {
     if (staleness < 0 || staleness > std::numeric_limits<uint32_t>::max()) {
       return ps::UsageError("--staleness must be in 0..4294967295");
     }
+  } else if (command == "checkpoint") {
+    if (args.size() != 2) return ps::UsageError("checkpoint takes no arguments");
   } else {
     return ps::UsageError(absl::StrCat("unknown command '", command, "'"));
   }
@@ -234,9 +270,10 @@ int main(int argc, char** argv) {
       grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
   const absl::Duration timeout = absl::Milliseconds(timeout_ms);
   const absl::Status status =
-      command == "status"
-          ? ps::RunStatus(*stub, timeout)
-          : ps::RunSetMode(*stub, timeout, mode, static_cast<uint32_t>(staleness));
+      command == "status"       ? ps::RunStatus(*stub, timeout)
+      : command == "checkpoint" ? ps::RunCheckpoint(*stub, timeout, absl::GetFlag(FLAGS_wait))
+                                : ps::RunSetMode(*stub, timeout, mode,
+                                                 static_cast<uint32_t>(staleness));
   if (!status.ok()) {
     std::cerr << "psctl: scheduler " << address << ": " << status.ToString() << "\n";
     return ps::kExitFailed;

@@ -3,7 +3,10 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/logging.h"
 #include "common/status.h"
+#include "server/checkpoint.h"
 #include "grpcpp/server_builder.h"
 
 namespace ps {
@@ -58,24 +61,106 @@ class SchedulerServer::Service final : public Scheduler::Service {
   }
 
   grpc::Status Barrier(grpc::ServerContext*, const BarrierRequest* request,
-                       BarrierResponse*) override {
-    return ToGrpcStatus(state_->AwaitBarrier(
-        request->node_id(), request->name(),
-        absl::Milliseconds(request->timeout_ms())));
+                       BarrierResponse* response) override {
+    auto ranks = state_->AwaitBarrier(request->node_id(), request->name(),
+                                      absl::Milliseconds(request->timeout_ms()));
+    if (!ranks.ok()) return ToGrpcStatus(ranks.status());
+    for (uint32_t r : *ranks) response->add_ranks(r);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status ClaimShard(grpc::ServerContext*, const ClaimShardRequest* request,
+                          ClaimShardResponse* response) override {
+    auto result =
+        state_->ClaimShard(*request, absl::Milliseconds(request->timeout_ms()));
+    if (!result.ok()) return ToGrpcStatus(result.status());
+    *response = std::move(result).value();
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Checkpoint(grpc::ServerContext*, const CheckpointRequest*,
+                          CheckpointResponse* response) override {
+    auto clock = state_->StartCheckpoint();
+    if (!clock.ok()) return ToGrpcStatus(clock.status());
+    response->set_clock(*clock);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status ReportCheckpoint(grpc::ServerContext*,
+                                const ReportCheckpointRequest* request,
+                                ReportCheckpointResponse*) override {
+    return ToGrpcStatus(state_->ReportCheckpoint(*request));
   }
 
  private:
   ClusterState* const state_;
 };
 
+namespace {
+
+std::shared_ptr<spdlog::logger> Log() {
+  static auto* const logger =
+      new std::shared_ptr<spdlog::logger>(GetLogger("scheduler"));
+  return *logger;
+}
+
+// Checkpoints on the file system (server/checkpoint.h).
+ClusterState::CheckpointStore FileStore(const JobConfig& config) {
+  ClusterState::CheckpointStore store;
+  const std::string root = config.checkpoint().dir();
+  if (root.empty()) return store;
+  const uint32_t keep = config.checkpoint().keep() > 0 ? config.checkpoint().keep() : 3;
+  store.commit = [root, keep](const std::string& dir,
+                              const CheckpointManifest& manifest) {
+    PS_RETURN_IF_ERROR(WriteManifest(dir, manifest));
+    auto pruned = PruneCheckpoints(root, keep);
+    if (!pruned.ok()) {
+      Log()->warn("pruning old checkpoints: {}", pruned.status().message());
+    } else if (!pruned->empty()) {
+      Log()->info("deleted old checkpoints: {}", absl::StrJoin(*pruned, ", "));
+    }
+    return absl::OkStatus();
+  };
+  store.latest = [root]() -> absl::StatusOr<CheckpointRef> {
+    auto latest = FindLatestCheckpoint(root);
+    if (!latest.ok()) return latest.status();
+    for (const std::string& skipped : latest->skipped) {
+      Log()->warn("checkpoint {} is not usable; using {}", skipped, latest->dir);
+    }
+    CheckpointRef ref;
+    ref.set_path(latest->dir);
+    ref.set_clock(latest->manifest.clock());
+    return ref;
+  };
+  return store;
+}
+
+}  // namespace
+
 SchedulerServer::SchedulerServer(Options options)
     : options_(std::move(options)),
-      state_(std::make_unique<ClusterState>(options_.config, options_.clock)),
+      state_(std::make_unique<ClusterState>(options_.config, options_.clock,
+                                            FileStore(options_.config))),
       service_(std::make_unique<Service>(state_.get())) {}
 
 absl::StatusOr<std::unique_ptr<SchedulerServer>> SchedulerServer::Start(
     Options options) {
   std::unique_ptr<SchedulerServer> s(new SchedulerServer(std::move(options)));
+  const CheckpointConfig& ckpt = s->options_.config.checkpoint();
+  if (ckpt.restore() && !ckpt.dir().empty()) {
+    auto latest = FindLatestCheckpoint(ckpt.dir());
+    if (latest.ok()) {
+      for (const std::string& skipped : latest->skipped) {
+        Log()->warn("checkpoint {} is not usable; using {}", skipped, latest->dir);
+      }
+      s->state_->SetRestore(latest->dir, latest->manifest);
+    } else if (latest.status().code() == absl::StatusCode::kNotFound) {
+      Log()->info("no checkpoint to restore in {} ({}); starting fresh", ckpt.dir(),
+                  latest.status().message());
+    } else {
+      return Annotate(latest.status(), "looking for a checkpoint to restore");
+    }
+  }
   grpc::ServerBuilder builder;
   builder.AddListeningPort(s->options_.listen_address,
                            grpc::InsecureServerCredentials(), &s->port_);
@@ -107,6 +192,7 @@ void SchedulerServer::DetectFailures() {
   while (!stop_.WaitForNotificationWithTimeout(period)) {
     state_->ExpireSilentNodes();
     state_->CheckProgress();
+    state_->CheckCheckpoints();
   }
 }
 

@@ -65,6 +65,15 @@ void ConsistencyController::Advance(uint64_t node_id, uint64_t clock) {
   c = clock;
 }
 
+void ConsistencyController::Restart(uint64_t node_id, uint64_t clock) {
+  if (clock >= kFinishedClock) {
+    Advance(node_id, clock);
+    return;
+  }
+  finished_nodes_.erase(node_id);
+  clocks_[node_id] = clock;
+}
+
 uint64_t ConsistencyController::StepsTaken(const Worker& w) const {
   auto it = clocks_.find(w.node_id);
   return std::max(w.start_clock, it == clocks_.end() ? 0 : it->second);
@@ -93,13 +102,13 @@ bool ConsistencyController::PullReady(uint64_t clock) const {
   }
 }
 
-bool ConsistencyController::NextCompleteStep(uint64_t* step) {
+bool ConsistencyController::NextCompleteStep(uint64_t* step, uint64_t limit) {
   if (config_.mode() != BSP) return false;
   // Every live worker has finished the steps below min_clock (all of them
   // when none is live). Steps with nothing buffered here need no work, so
   // jump over them instead of walking: clocks can be far apart (a finished
   // worker's clock is 2^62).
-  const uint64_t min_clock = MinClock();
+  const uint64_t min_clock = std::min(MinClock(), limit);
   const uint64_t next_buffered =
       finished_.empty() ? kNoWorkers : std::max(applied_clock_, finished_.begin()->first);
   if (next_buffered < min_clock) {

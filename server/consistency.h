@@ -19,6 +19,7 @@
 #ifndef PS_SERVER_CONSISTENCY_H_
 #define PS_SERVER_CONSISTENCY_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <vector>
@@ -65,6 +66,17 @@ class ConsistencyController {
   // a smaller value is ignored.
   void Advance(uint64_t node_id, uint64_t clock);
 
+  // A worker that had finished (kFinishedClock) resumes training at
+  // `clock` (to take over an orphaned data shard): it counts again, from
+  // `clock` on.
+  void Restart(uint64_t node_id, uint64_t clock);
+
+  // BSP: steps below `clock` count as applied (a server restored from a
+  // checkpoint taken at `clock`).
+  void SetAppliedClock(uint64_t clock) {
+    applied_clock_ = std::max(applied_clock_, clock);
+  }
+
   // Smallest clock among live workers; kNoWorkers when none is live.
   uint64_t MinClock() const;
 
@@ -82,7 +94,9 @@ class ConsistencyController {
   // any; the caller applies its buffer, then calls StepApplied(). Steps
   // without buffered data are passed over (applied_clock() moves up to the
   // slowest live clock), since there is nothing to apply for them.
-  bool NextCompleteStep(uint64_t* step);
+  // Steps >= `limit` are neither returned nor passed over (a checkpoint at
+  // `limit` must be written first).
+  bool NextCompleteStep(uint64_t* step, uint64_t limit = kNoWorkers);
 
   // Pushes further ahead of the applied steps than this are refused: no
   // worker can be that far ahead under BSP, and buffering them would only

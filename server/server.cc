@@ -14,6 +14,7 @@
 #include "common/protocol.h"
 #include "common/status.h"
 #include "common/wire.h"
+#include "server/checkpoint.h"
 #include "zmq_addon.hpp"
 
 namespace ps {
@@ -114,6 +115,8 @@ void KVServer::UpdateView(const ClusterView& view, uint32_t rank) {
   }
   own->consistency = view.has_consistency() ? view.consistency()
                                             : options_.config.consistency();
+  own->checkpoint_clock = view.checkpoint_clock();
+  own->restore = view.restore();
   absl::MutexLock lock(&view_mu_);
   if (ownership_->all) return;  // standalone servers ignore views
   ownership_ = std::move(own);
@@ -127,12 +130,28 @@ KVServer::Stats KVServer::stats() const {
   s.keys_pulled = keys_pulled_.load();
   s.pulls_deferred = pulls_deferred_.load();
   s.bsp_steps_applied = bsp_steps_.load();
+  s.duplicate_pushes = duplicates_.load();
+  s.checkpoints_written = checkpoints_.load();
+  s.rows_restored = rows_restored_.load();
   return s;
 }
 
 void KVServer::ApplyView(const Ownership& own) {
   if (!own.has_view) return;
+  if (!restored_ && !own.slot_owner.empty()) Restore(own);
   consistency_.SetLiveWorkers(own.live_workers);
+  // Sequence windows of senders that are gone: their retries cannot come.
+  if (!seqs_.empty()) {
+    absl::flat_hash_set<uint64_t> live;
+    for (const auto& w : own.live_workers) live.insert(w.node_id);
+    for (auto it = seqs_.begin(); it != seqs_.end();) {
+      if (!live.contains(it->first)) {
+        seqs_.erase(it++);
+      } else {
+        ++it;
+      }
+    }
+  }
   const ConsistencyMode before = consistency_.mode();
   const uint32_t staleness_before = consistency_.config().staleness();
   if (consistency_.SetMode(own.consistency)) FlushBuffers();
@@ -147,6 +166,8 @@ void KVServer::ApplyView(const Ownership& own) {
                     : "",
                 own.epoch);
   }
+  NoteCheckpointClock(own);
+  if (checkpoint_pending_ == 0 && !held_.empty()) ReleaseHeld(own);
 }
 
 void KVServer::Serve() {
@@ -176,7 +197,7 @@ void KVServer::Serve() {
       std::shared_ptr<const Ownership> own = current_view();
       if (readable) {
         // Drain everything queued before polling again.
-        while (true) {
+        while (!stop_.load(std::memory_order_relaxed)) {
           frames.clear();
           auto n = zmq::recv_multipart(socket_, std::back_inserter(frames),
                                        zmq::recv_flags::dontwait);
@@ -200,6 +221,7 @@ void KVServer::Serve() {
     }
   }
   PublishTableStats();
+  stopped_.store(true);
 }
 
 void KVServer::PublishTableStats() {
@@ -237,7 +259,12 @@ void KVServer::HandleMessage(zmq::message_t identity,
   requests_.fetch_add(1, std::memory_order_relaxed);
   ResponseHeader rh;
   zmq::message_t values, keys;
-  if (Process(frames, own, &rh, &values, &keys) == Outcome::kDefer) {
+  const Outcome outcome = Process(frames, own, &rh, &values, &keys);
+  if (outcome == Outcome::kHold) {
+    held_.push_back({std::move(identity), std::move(frames)});
+    return;
+  }
+  if (outcome == Outcome::kDefer) {
     RequestHeader h;
     h.ParseFromArray(frames[0].data(), static_cast<int>(frames[0].size()));
     pulls_deferred_.fetch_add(1, std::memory_order_relaxed);
@@ -296,8 +323,20 @@ absl::Status KVServer::ProcessChecked(std::vector<zmq::message_t>& frames,
     if (!req.keys.empty()) {
       return absl::InvalidArgumentError("ADVANCE_CLOCK carries no keys");
     }
-    consistency_.Advance(h.sender_node_id(), h.clock());
+    if (h.restart()) {
+      consistency_.Restart(h.sender_node_id(), h.clock());
+    } else {
+      consistency_.Advance(h.sender_node_id(), h.clock());
+    }
     return absl::OkStatus();
+  }
+  // Any request at clock c tells that its sender completed c steps, and
+  // its pushes of those steps to this server arrived before it (messages of
+  // one sender to one server keep their order). A server that replaced a
+  // dead one learns live workers' clocks this way without waiting for
+  // their next ADVANCE_CLOCK.
+  if (h.clock() < kFinishedClock && h.sender_node_id() != 0) {
+    consistency_.Advance(h.sender_node_id(), h.clock());
   }
   if (h.op() == SCAN) {
     auto it = tables_.find(h.table_id());
@@ -312,7 +351,7 @@ absl::Status KVServer::ProcessChecked(std::vector<zmq::message_t>& frames,
     }
     // Held like a pull, so an export sees every step the sender's clock
     // covers; Progress() runs the request again once it may be answered.
-    if (!consistency_.PullReady(h.clock())) {
+    if (!PullAllowed(h.clock())) {
       *outcome = Outcome::kDefer;
       return absl::OkStatus();
     }
@@ -329,6 +368,7 @@ absl::Status KVServer::ProcessChecked(std::vector<zmq::message_t>& frames,
   }
   const uint32_t num_slots = static_cast<uint32_t>(own.slot_owner.size());
   auto not_owner = [&](uint32_t slot) {
+    rh->set_wrong_owner(true);
     return absl::FailedPreconditionError(absl::StrCat(
         "slot ", slot, " is owned by server ", own.slot_owner[slot],
         ", not this server (rank ", own.rank, ") in epoch ", own.epoch,
@@ -395,6 +435,35 @@ absl::Status KVServer::ProcessChecked(std::vector<zmq::message_t>& frames,
       return room;
     }
   }
+  // A push of a step at or after a checkpoint in progress waits until the
+  // shard is written (BSP buffers it anyway: buffered steps >= the
+  // checkpoint's clock are not applied before it).
+  if (push && checkpoint_pending_ != 0 && h.clock() >= checkpoint_pending_ &&
+      h.clock() < kFinishedClock && !consistency_.ShouldBuffer(h.clock())) {
+    *outcome = Outcome::kHold;
+    return absl::OkStatus();
+  }
+  bool duplicate = false;
+  if (push && h.seq() != 0) {
+    switch (CheckSeq(h.sender_node_id(), h.seq())) {
+      case SeqCheck::kNew:
+        break;
+      case SeqCheck::kDuplicate:
+        duplicate = true;
+        break;
+      case SeqCheck::kTooOld:
+        return absl::AbortedError(absl::StrCat(
+            "push sequence number ", h.seq(), " of node ", h.sender_node_id(),
+            " is too old to tell whether it was applied; not applied"));
+    }
+  }
+  if (duplicate) {
+    rh->set_duplicate(true);
+    duplicates_.fetch_add(1, std::memory_order_relaxed);
+    if (!pull) return absl::OkStatus();
+  } else if (push && h.seq() != 0) {
+    RecordSeq(h.sender_node_id(), h.seq());
+  }
   if (assign) {
     dense->Assign(segments, req.values.data());
     return absl::OkStatus();
@@ -407,7 +476,7 @@ absl::Status KVServer::ProcessChecked(std::vector<zmq::message_t>& frames,
         consistency_.applied_clock()));
   }
 
-  if (push) {
+  if (push && !duplicate) {
     if (consistency_.ShouldBuffer(h.clock())) {
       Buffer(h.clock(), h.sender_node_id(), table, req.keys, segments, req.values);
     } else {
@@ -421,12 +490,16 @@ absl::Status KVServer::ProcessChecked(std::vector<zmq::message_t>& frames,
       } else {
         dense->Push(segments, req.values.data(), lr_scale);
       }
+      if (h.clock() < kFinishedClock) {
+        max_applied_push_step_ = std::max(max_applied_push_step_, h.clock());
+        any_push_applied_ = true;
+      }
     }
     keys_pushed_.fetch_add(sparse != nullptr ? req.keys.size() : n,
                            std::memory_order_relaxed);
   }
   if (!pull) return absl::OkStatus();
-  if (!consistency_.PullReady(h.clock())) {
+  if (!PullAllowed(h.clock())) {
     // Hold the pull. A PUSH_PULL's push half is done: keep only a PULL.
     if (h.op() == PUSH_PULL) {
       RequestHeader pull_only = h;
@@ -561,7 +634,10 @@ void KVServer::ApplyBuffered(uint64_t step, StepBuffer& buffer, uint32_t divisor
 
 void KVServer::Progress(const Ownership& own) {
   uint64_t step;
-  while (consistency_.NextCompleteStep(&step)) {
+  MaybeWriteCheckpoint(own);
+  while (consistency_.NextCompleteStep(
+      &step, checkpoint_pending_ != 0 ? checkpoint_pending_
+                                      : ConsistencyController::kNoWorkers)) {
     auto it = buffers_.find(step);
     // finished_ marks exactly the buffered steps, so the buffer exists.
     if (it != buffers_.end()) {
@@ -575,9 +651,17 @@ void KVServer::Progress(const Ownership& own) {
     consistency_.StepApplied();
     bsp_steps_.fetch_add(1, std::memory_order_relaxed);
   }
+  if (checkpoint_pending_ != 0) {
+    MaybeWriteCheckpoint(own);
+    if (checkpoint_pending_ == 0) {
+      // Written: apply what waited for it.
+      Progress(own);
+      return;
+    }
+  }
   // Answer held pulls that may now be answered, oldest first.
   for (auto it = deferred_.begin(); it != deferred_.end();) {
-    if (!consistency_.PullReady(it->clock)) {
+    if (!PullAllowed(it->clock)) {
       ++it;
       continue;
     }
@@ -600,6 +684,171 @@ void KVServer::FlushBuffers() {
     consistency_.ForgetStep(step);
   }
   buffers_.clear();
+}
+
+bool KVServer::PullAllowed(uint64_t clock) const {
+  if (checkpoint_pending_ != 0 && clock > checkpoint_pending_ &&
+      clock < kFinishedClock) {
+    return false;
+  }
+  return consistency_.PullReady(clock);
+}
+
+KVServer::SeqCheck KVServer::CheckSeq(uint64_t sender, uint64_t seq) const {
+  auto it = seqs_.find(sender);
+  if (it == seqs_.end() || seq > it->second.top) return SeqCheck::kNew;
+  const SeqWindow& w = it->second;
+  if (w.top - seq >= kSeqWindow) return SeqCheck::kTooOld;
+  const uint64_t bit = seq % kSeqWindow;
+  return (w.bits[bit / 64] >> (bit % 64)) & 1 ? SeqCheck::kDuplicate
+                                              : SeqCheck::kNew;
+}
+
+void KVServer::RecordSeq(uint64_t sender, uint64_t seq) {
+  SeqWindow& w = seqs_[sender];
+  if (w.bits.empty()) w.bits.assign(kSeqWindow / 64, 0);
+  if (seq > w.top) {
+    // Clear the bits of the sequence numbers the window slides over.
+    if (seq - w.top >= kSeqWindow) {
+      std::fill(w.bits.begin(), w.bits.end(), 0);
+    } else {
+      for (uint64_t q = w.top + 1; q < seq; ++q) {
+        const uint64_t b = q % kSeqWindow;
+        w.bits[b / 64] &= ~(uint64_t{1} << (b % 64));
+      }
+    }
+    w.top = seq;
+  }
+  const uint64_t bit = seq % kSeqWindow;
+  w.bits[bit / 64] |= uint64_t{1} << (bit % 64);
+}
+
+void KVServer::Restore(const Ownership& own) {
+  restored_ = true;
+  if (own.restore.path().empty()) return;
+  const uint64_t clock = own.restore.clock();
+  auto manifest = VerifyCheckpoint(own.restore.path());
+  absl::Status status = manifest.status();
+  if (manifest.ok()) {
+    std::vector<Table*> tables;
+    for (auto& [id, table] : tables_) tables.push_back(table.get());
+    const absl::Time start = absl::Now();
+    auto restored = RestoreShards(own.restore.path(), *manifest, tables,
+                                  OwnedSlotsFilter(own.slot_owner, own.rank));
+    status = restored.status();
+    if (restored.ok()) {
+      rows_restored_.fetch_add(restored->rows_restored, std::memory_order_relaxed);
+      Log()->info(
+          "restored {} rows and {} dense blocks of my slots from {} (clock {}, "
+          "{} shard files of {} servers, {:.1f} MB read) in {:.2f} s",
+          restored->rows_restored, restored->blocks_restored, own.restore.path(),
+          clock, restored->files, manifest->num_servers(), restored->bytes / 1e6,
+          absl::ToDoubleSeconds(absl::Now() - start));
+    }
+  }
+  if (!status.ok()) {
+    // Serving half-restored tables would hand workers parameters from no
+    // consistent state: start from the initial values instead, loudly.
+    Log()->error("cannot restore checkpoint {}: {}; serving initial values",
+                 own.restore.path(), status.ToString());
+    for (const TableConfig& tc : options_.config.tables()) {
+      auto table = Table::Create(tc);
+      if (table.ok()) tables_[tc.id()] = std::move(table).value();
+    }
+    return;
+  }
+  server_clock_ = std::max(server_clock_, clock);
+  consistency_.SetAppliedClock(clock);
+  checkpoint_handled_ = std::max(checkpoint_handled_, clock);
+}
+
+void KVServer::NoteCheckpointClock(const Ownership& own) {
+  const uint64_t c = own.checkpoint_clock;
+  if (c == 0) {
+    if (checkpoint_pending_ != 0) {
+      // Abandoned by the scheduler (e.g. a server died meanwhile).
+      Log()->warn("checkpoint at clock {} abandoned", checkpoint_pending_);
+      checkpoint_pending_ = 0;
+    }
+    return;
+  }
+  if (c == checkpoint_pending_ || c <= checkpoint_handled_) return;
+  checkpoint_pending_ = 0;
+  if (options_.config.checkpoint().dir().empty() || own.all) return;
+  // The cut at c must hold no push of a step >= c. Under BSP pushes of
+  // steps >= the applied clock are only buffered.
+  const bool too_late = consistency_.mode() == BSP
+                            ? consistency_.applied_clock() > c
+                            : any_push_applied_ && max_applied_push_step_ >= c;
+  if (too_late) {
+    checkpoint_handled_ = c;
+    ReportCheckpointRequest report;
+    report.set_clock(c);
+    report.set_ok(false);
+    report.set_error(absl::StrCat(
+        "server ", own.rank, " already applied pushes of step ",
+        consistency_.mode() == BSP ? consistency_.applied_clock() - 1
+                                   : max_applied_push_step_,
+        " >= ", c, "; retry at a later clock"));
+    Log()->info("checkpoint at clock {}: too late here ({})", c, report.error());
+    if (options_.on_checkpoint) options_.on_checkpoint(report);
+    return;
+  }
+  checkpoint_pending_ = c;
+  Log()->debug("checkpoint at clock {} pending", c);
+}
+
+void KVServer::MaybeWriteCheckpoint(const Ownership& own) {
+  const uint64_t c = checkpoint_pending_;
+  if (c == 0) return;
+  // Every live worker finished the steps < c (and their pushes, sent
+  // before their clocks, are here); under BSP they are applied too.
+  const uint64_t min_clock = consistency_.MinClock();
+  if (min_clock != ConsistencyController::kNoWorkers && min_clock < c) return;
+  if (consistency_.mode() == BSP && consistency_.applied_clock() < c &&
+      min_clock != ConsistencyController::kNoWorkers) {
+    return;
+  }
+  checkpoint_pending_ = 0;
+  checkpoint_handled_ = c;
+  const std::string dir = CheckpointPath(options_.config.checkpoint().dir(), c);
+  std::vector<const Table*> tables;
+  for (const auto& [id, table] : tables_) tables.push_back(table.get());
+  const absl::Time start = absl::Now();
+  auto written = WriteShard(dir, own.rank, c, static_cast<uint32_t>(own.slot_owner.size()),
+                            tables);
+  ReportCheckpointRequest report;
+  report.set_clock(c);
+  report.set_ok(written.ok());
+  if (written.ok()) {
+    checkpoints_.fetch_add(1, std::memory_order_relaxed);
+    report.set_file(written->file());
+    report.set_bytes(written->bytes());
+    report.set_checksum(written->checksum());
+    Log()->info("checkpoint at clock {}: wrote {} ({:.1f} MB) in {:.2f} s", c,
+                written->file(), written->bytes() / 1e6,
+                absl::ToDoubleSeconds(absl::Now() - start));
+  } else {
+    report.set_error(std::string(written.status().message()));
+    Log()->error("checkpoint at clock {}: {}", c, written.status().ToString());
+  }
+  if (options_.on_checkpoint) options_.on_checkpoint(report);
+  if (written.ok() && stop_after_checkpoint_.load()) {
+    Log()->info("stopping after checkpoint at clock {}: {} held request(s) left "
+                "for the workers to route again",
+                c, held_.size());
+    stop_.store(true);
+    return;
+  }
+  ReleaseHeld(own);
+}
+
+void KVServer::ReleaseHeld(const Ownership& own) {
+  std::deque<Held> held;
+  held.swap(held_);
+  for (Held& h : held) {
+    HandleMessage(std::move(h.identity), std::move(h.frames), own);
+  }
 }
 
 void KVServer::NoteClock(uint64_t clock) {

@@ -22,6 +22,7 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -59,6 +60,11 @@ class KVServer {
     // Time source for row TTLs in seconds. Not owned; must outlive the
     // server.
     Clock* clock = Clock::Real();
+    // Called on the serving thread when this server has written its shard
+    // of a checkpoint (or failed to, or found it too late to take one at
+    // the view's checkpoint_clock). server_main.cc forwards it to the
+    // scheduler. Must not block for long.
+    std::function<void(const ReportCheckpointRequest&)> on_checkpoint;
   };
 
   struct Stats {
@@ -70,6 +76,12 @@ class KVServer {
     uint64_t pulls_deferred = 0;
     // BSP steps applied (each an average over the workers of one step).
     uint64_t bsp_steps_applied = 0;
+    // Pushes answered without being applied again: the same (sender, seq)
+    // had been applied (a retry after a timeout or a failover).
+    uint64_t duplicate_pushes = 0;
+    // Checkpoint shards written, and rows restored from checkpoints.
+    uint64_t checkpoints_written = 0;
+    uint64_t rows_restored = 0;
   };
 
   // Errors: INVALID_ARGUMENT for a bad table config, UNAVAILABLE if the
@@ -103,6 +115,15 @@ class KVServer {
   // Stops the serving thread. Idempotent.
   void Stop();
 
+  // Graceful exit without losing acknowledged updates (SIGTERM): the
+  // serving thread stops right after it writes its shard of the next
+  // checkpoint, before it applies or answers anything of later steps, so
+  // every update it acknowledged is in the checkpoint a replacement
+  // restores. Requests left unanswered are routed again by the workers
+  // once this server leaves the view. stopped() tells when it happened.
+  void StopAfterNextCheckpoint() { stop_after_checkpoint_.store(true); }
+  bool stopped() const { return stopped_.load(); }
+
  private:
   struct Ownership {
     bool all = false;  // standalone
@@ -112,6 +133,24 @@ class KVServer {
     bool has_view = false;
     std::vector<ConsistencyController::Worker> live_workers;
     ConsistencyConfig consistency;
+    uint64_t checkpoint_clock = 0;
+    CheckpointRef restore;
+  };
+  // Which sequence numbers of one sender were applied: the highest, and a
+  // window of kSeqWindow below it.
+  struct SeqWindow {
+    uint64_t top = 0;
+    std::vector<uint64_t> bits;  // kSeqWindow bits; bit (seq % kSeqWindow)
+  };
+  static constexpr uint64_t kSeqWindow = 1 << 16;
+  enum class SeqCheck { kNew, kDuplicate, kTooOld };
+  SeqCheck CheckSeq(uint64_t sender, uint64_t seq) const;
+  void RecordSeq(uint64_t sender, uint64_t seq);
+  // A request held while a checkpoint is taken (pushes of steps at or after
+  // its clock), processed once the shard is written.
+  struct Held {
+    zmq::message_t identity;
+    std::vector<zmq::message_t> frames;
   };
   // Gradients of one BSP step, summed per element until the step completes.
   struct StepBuffer {
@@ -138,7 +177,7 @@ class KVServer {
     uint32_t rank = 0;
     absl::Time since;
   };
-  enum class Outcome { kAnswer, kDefer };
+  enum class Outcome { kAnswer, kDefer, kHold };
 
   explicit KVServer(Options options);
   void Serve();
@@ -172,6 +211,15 @@ class KVServer {
   void NoteClock(uint64_t clock);
   // Answers a STATS request.
   void FillStats(ResponseHeader* rh) const;
+  // Whether a pull at `clock` may be answered: the consistency rule, and no
+  // pull past a checkpoint in progress.
+  bool PullAllowed(uint64_t clock) const;
+  // Checkpoints: takes up the view's checkpoint clock, writes the shard
+  // when the cut is reached, restores from the view's checkpoint once.
+  void NoteCheckpointClock(const Ownership& own);
+  void MaybeWriteCheckpoint(const Ownership& own);
+  void ReleaseHeld(const Ownership& own);
+  void Restore(const Ownership& own);
   void Send(zmq::message_t& identity, const ResponseHeader& rh,
             zmq::message_t& values, zmq::message_t& keys);
 
@@ -190,6 +238,19 @@ class KVServer {
   // The largest clock any worker has reported (requests and ADVANCE_CLOCK;
   // the finished marker excluded): the server's clock.
   uint64_t server_clock_ = 0;
+  // Sender node id -> applied sequence numbers.
+  absl::flat_hash_map<uint64_t, SeqWindow> seqs_;
+  // The largest step of a push applied on arrival (not BSP-buffered): a
+  // checkpoint at a clock <= it can no longer be a consistent cut here.
+  uint64_t max_applied_push_step_ = 0;
+  bool any_push_applied_ = false;
+  // Checkpoint in progress (0 = none) and the last one written or refused.
+  uint64_t checkpoint_pending_ = 0;
+  uint64_t checkpoint_handled_ = 0;
+  std::deque<Held> held_;
+  // Whether the first view with a slot map has been applied (restoring
+  // from the view's checkpoint, if it names one).
+  bool restored_ = false;
 
   void PublishTableStats();
   absl::Time last_stats_publish_ = absl::InfinitePast();
@@ -200,8 +261,11 @@ class KVServer {
   std::shared_ptr<const Ownership> ownership_ ABSL_GUARDED_BY(view_mu_);
 
   std::atomic<bool> stop_{false};
+  std::atomic<bool> stop_after_checkpoint_{false};
+  std::atomic<bool> stopped_{false};
   std::atomic<uint64_t> requests_{0}, errors_{0}, keys_pushed_{0},
-      keys_pulled_{0}, pulls_deferred_{0}, bsp_steps_{0};
+      keys_pulled_{0}, pulls_deferred_{0}, bsp_steps_{0}, duplicates_{0},
+      checkpoints_{0}, rows_restored_{0};
   std::thread thread_;
 };
 

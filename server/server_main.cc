@@ -1,9 +1,12 @@
 // A server process: binds its data-plane socket, registers with the
 // scheduler, serves its slots, and exits 0 when the job finishes or on
 // SIGINT/SIGTERM (after leaving the job).
+#include <memory>
 #include <string>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/flags/flag.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "common/config.h"
@@ -30,9 +33,23 @@ int main(int argc, char** argv) {
       ps::StartNode(*log, absl::GetFlag(FLAGS_log_level), absl::GetFlag(FLAGS_config),
                     {{"scheduler", absl::GetFlag(FLAGS_scheduler)}});
   if (!config) return 2;
+  // The scheduler client exists only after the server is bound (it
+  // advertises the endpoint); checkpoint reports wait for it.
+  struct Reporter {
+    absl::Mutex mu;
+    ps::SchedulerClient* client ABSL_GUARDED_BY(mu) = nullptr;
+  };
+  auto reporter = std::make_shared<Reporter>();
   ps::KVServer::Options options;
   options.config = *config;
   options.bind_endpoint = absl::GetFlag(FLAGS_bind);
+  options.on_checkpoint = [reporter, log](const ps::ReportCheckpointRequest& r) {
+    absl::MutexLock lock(&reporter->mu);
+    if (reporter->client == nullptr) return;
+    if (absl::Status s = reporter->client->ReportCheckpoint(r); !s.ok()) {
+      log->warn("{}", s.message());
+    }
+  };
   auto server = ps::KVServer::Start(options);
   if (!server.ok()) {
     log->error("{}", server.status().message());
@@ -57,12 +74,42 @@ int main(int argc, char** argv) {
   }
   ps::SetLogTag(absl::StrCat("server/", (*client)->rank()));
   log->info("registered as server {} at {}", (*client)->rank(), endpoint);
+  {
+    absl::MutexLock lock(&reporter->mu);
+    reporter->client = client->get();
+  }
+  auto unpublish = absl::MakeCleanup([reporter] {
+    absl::MutexLock lock(&reporter->mu);
+    reporter->client = nullptr;
+  });
 
   while (!signals.WaitFor(absl::Milliseconds(100))) {
     if ((*client)->job_state() == ps::FINISHED) break;
     if ((*client)->lost()) {
       log->error("lost membership; exiting");
       return 1;
+    }
+  }
+  if (signals.requested() && (*client)->job_state() == ps::RUNNING &&
+      !config->checkpoint().dir().empty()) {
+    // Preempted: checkpoint first, so a replacement restores every update
+    // this server acknowledged; stop serving right after the shard is
+    // written.
+    (*server)->StopAfterNextCheckpoint();
+    auto clock = (*client)->RequestCheckpoint();
+    if (!clock.ok()) {
+      log->warn("preempted, and no checkpoint could be started ({}); updates "
+                "since the last checkpoint are lost",
+                clock.status().message());
+    } else {
+      log->info("preempted: checkpointing at clock {} before leaving", *clock);
+      const absl::Time give_up = absl::Now() + absl::Seconds(60);
+      while (!(*server)->stopped() && absl::Now() < give_up) {
+        absl::SleepFor(absl::Milliseconds(20));
+      }
+      if (!(*server)->stopped()) {
+        log->warn("checkpoint at clock {} not written within 60 s", *clock);
+      }
     }
   }
   const ps::KVServer::Stats stats = (*server)->stats();

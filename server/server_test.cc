@@ -277,6 +277,65 @@ class ServerTest : public ::testing::Test {
   uint64_t next_request_id_ = 1000;
 };
 
+
+// ------------------------------------------------- idempotent pushes
+
+RequestHeader SeqHeader(Op op, uint32_t table, uint64_t num_keys, uint64_t node,
+                        uint64_t seq) {
+  RequestHeader h = Header(op, table, num_keys);
+  h.set_sender_node_id(node);
+  h.set_seq(seq);
+  return h;
+}
+
+TEST_F(ServerTest, APushResentWithTheSameSequenceNumberIsAppliedOnce) {
+  auto push = [&](uint64_t node, uint64_t seq, Op op = PUSH) {
+    return SendValid(SeqHeader(op, kSparse, 1, node, seq),
+                     Frames(KeysFrame({7}), ValuesFrame({1, 2})));
+  };
+  Response r = push(5, 1);
+  ASSERT_EQ(r.code(), absl::StatusCode::kOk);
+  EXPECT_FALSE(r.header.duplicate());
+  r = push(5, 1);  // a retry after a lost answer
+  ASSERT_EQ(r.code(), absl::StatusCode::kOk);
+  EXPECT_TRUE(r.header.duplicate());
+  // A PUSH_PULL duplicate still answers the current values.
+  r = push(5, 1, PUSH_PULL);
+  ASSERT_EQ(r.code(), absl::StatusCode::kOk);
+  EXPECT_TRUE(r.header.duplicate());
+  EXPECT_EQ(r.values, (std::vector<float>{-0.5f, -1.0f}));
+  // Another sender's seq 1, and later seqs, are new; an older unseen seq
+  // (arriving out of order) is new too.
+  EXPECT_FALSE(push(6, 1).header.duplicate());
+  EXPECT_FALSE(push(5, 9).header.duplicate());
+  EXPECT_FALSE(push(5, 4).header.duplicate());
+  EXPECT_TRUE(push(5, 4).header.duplicate());
+  EXPECT_TRUE(push(5, 9).header.duplicate());
+  // 1 + 1 + 1 + 1 applied pushes of (1, 2) at lr 0.5.
+  r = Pull(kSparse, {7});
+  EXPECT_EQ(r.values, (std::vector<float>{-2.0f, -4.0f}));
+  EXPECT_EQ(server_->stats().duplicate_pushes, 4u);
+  // Far behind the window: refused, not guessed.
+  EXPECT_FALSE(push(5, 9 + (uint64_t{1} << 16)).header.duplicate());
+  r = push(5, 2);
+  EXPECT_EQ(r.code(), absl::StatusCode::kAborted) << r.header.message();
+  r = Pull(kSparse, {7});
+  EXPECT_EQ(r.values, (std::vector<float>{-2.5f, -5.0f}));
+}
+
+TEST_F(ServerTest, DuplicateDensePushIsAppliedOnce) {
+  RequestHeader h = Header(PUSH, kDense, 0, {{0, 2}});
+  h.set_sender_node_id(3);
+  h.set_seq(77);
+  for (int i = 0; i < 3; ++i) {
+    Response r = SendValid(h, Frames(KeysFrame({}), ValuesFrame({2, 4})));
+    ASSERT_EQ(r.code(), absl::StatusCode::kOk);
+    EXPECT_EQ(r.header.duplicate(), i > 0);
+  }
+  Response r = DensePull({{0, 2}});
+  EXPECT_EQ(r.values, (std::vector<float>{-1.0f, -2.0f}));
+}
+
 // ----------------------------------------------------------- happy path
 
 TEST_F(ServerTest, SparsePushPullAndPushPull) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <numeric>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -14,6 +15,18 @@ namespace {
 
 constexpr size_t kMaxSparseChunkBytes = size_t{4} << 20;
 constexpr int kMaxSparseChunkShift = 14;
+
+bool AllFinite(absl::Span<const float> values) {
+  // On the bits, branch-free, so that it vectorises without -ffast-math: a
+  // float is NaN or infinite exactly when its exponent bits are all ones.
+  uint32_t bad = 0;
+  for (float x : values) {
+    uint32_t bits;
+    std::memcpy(&bits, &x, sizeof(bits));
+    bad |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
+  }
+  return bad == 0;
+}
 
 }  // namespace
 
@@ -203,7 +216,7 @@ uint32_t SparseTable::PickVictim() {
   return best != kNil ? best : lru_;
 }
 
-uint32_t SparseTable::CreateRow(uint64_t key) {
+uint32_t SparseTable::CreateRow(uint64_t key, const float* state) {
   if (index_.size() >= max_rows_) {
     if (eviction_ == EVICT_NONE || !evictable_) return kNil;
     const uint32_t victim = PickVictim();
@@ -222,8 +235,12 @@ uint32_t SparseTable::CreateRow(uint64_t key) {
     }
   }
   float* values = Values(r);
-  InitializeValues(config_.init(), config_.id(), key, 0, dim_, values);
-  optimizer_->InitState(values + dim_, dim_);
+  if (state != nullptr) {
+    std::memcpy(values, state, stride_ * sizeof(float));
+  } else {
+    InitializeValues(config_.init(), config_.id(), key, 0, dim_, values);
+    optimizer_->InitState(values + dim_, dim_);
+  }
   index_.Insert(key, r);
   if (evictable_) {
     RowMeta& m = Meta(r);
@@ -233,7 +250,6 @@ uint32_t SparseTable::CreateRow(uint64_t key) {
     m.touches = 1;
     PushFront(r);
   }
-  ++counters_.admissions;
   return r;
 }
 
@@ -318,6 +334,7 @@ void SparseTable::Push(absl::Span<const uint64_t> keys, const float* grads,
         ++counters_.keys_dropped;
         continue;
       }
+      ++counters_.admissions;
     } else {
       Touch(r);
     }
@@ -342,6 +359,72 @@ uint64_t SparseTable::Scan(uint64_t cursor, size_t max_rows, size_t max_slots,
         return ++taken < max_rows;
       });
   return next >= index_.capacity() ? 0 : next;
+}
+
+uint64_t SparseTable::ExportRows(uint64_t cursor, size_t max_rows,
+                                 std::vector<uint64_t>* keys,
+                                 std::vector<float>* state) const {
+  // Index order is hash order, and inserting keys in the hash order of a
+  // larger index into a smaller, growing one (what restoring an export
+  // does) piles them into a few long probe runs: quadratic time. So the
+  // export visits groups of kExportRun index slots in a golden-ratio
+  // permutation, whose every prefix spreads evenly over the hash range, and
+  // the slots of a group in order (cache-friendly). The cursor is the
+  // position in that visiting order: group * kExportRun + offset.
+  constexpr size_t kExportRun = 16;
+  const size_t capacity = index_.capacity();
+  const size_t groups = (capacity + kExportRun - 1) / kExportRun;
+  if (max_rows == 0 || cursor >= static_cast<uint64_t>(groups) * kExportRun) return 0;
+  size_t step = std::max<size_t>(1, static_cast<size_t>(groups * 0.6180339887498949));
+  while (std::gcd(step, groups) != 1) ++step;
+  size_t g = static_cast<size_t>(cursor / kExportRun);
+  size_t offset = static_cast<size_t>(cursor % kExportRun);
+  size_t taken = 0;
+  while (g < groups && taken < max_rows) {
+    const size_t begin =
+        static_cast<size_t>((static_cast<unsigned __int128>(g) * step) % groups) * kExportRun;
+    const size_t length = std::min(kExportRun, capacity - begin);
+    const size_t next = index_.ForEachFrom(
+        begin + offset, length > offset ? length - offset : 0,
+        [&](uint64_t key, uint32_t r) {
+          keys->push_back(key);
+          const float* row = Values(r);
+          state->insert(state->end(), row, row + stride_);
+          return ++taken < max_rows;
+        });
+    offset = next - begin;
+    if (offset >= length) {
+      ++g;
+      offset = 0;
+    }
+  }
+  return g >= groups ? 0 : static_cast<uint64_t>(g) * kExportRun + offset;
+}
+
+absl::Status SparseTable::ImportRow(uint64_t key,
+                                    absl::Span<const float> state) {
+  if (state.size() != stride_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "table '", config_.name(), "': row of key ", key, " has ",
+        state.size(), " floats of state, want ", stride_));
+  }
+  if (!AllFinite(state)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "table '", config_.name(), "': row of key ", key,
+        " holds a non-finite value"));
+  }
+  const uint32_t existing = index_.Find(key);
+  if (existing != RowIndex::kNotFound) {
+    std::memcpy(Values(existing), state.data(), stride_ * sizeof(float));
+    return absl::OkStatus();
+  }
+  if (CreateRow(key, state.data()) == kNil) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "table '", config_.name(), "' is at its memory budget on this server (",
+        config_.sparse().memory_budget_bytes(), " bytes: ", num_rows(), " of ",
+        max_rows_, " rows held) and eviction is off; cannot import key ", key));
+  }
+  return absl::OkStatus();
 }
 
 // ----------------------------------------------------------------- dense
@@ -422,6 +505,56 @@ DenseTable::Block& DenseTable::GetBlock(uint64_t block) {
     optimizer_->InitState(b->state.data(), n);
   }
   return *b;
+}
+
+size_t DenseTable::BlockLength(uint64_t block) const {
+  return static_cast<size_t>(std::min(block_size_, size_ - block * block_size_));
+}
+
+absl::Status DenseTable::ForEachBlock(
+    absl::FunctionRef<absl::Status(uint64_t, absl::Span<const float>,
+                                   absl::Span<const float>)>
+        fn) const {
+  // Sorted, so that the same table always yields the same sequence (and a
+  // checkpoint the same bytes); the map's own order depends on its history.
+  std::vector<uint64_t> ids;
+  ids.reserve(blocks_.size());
+  for (const auto& [id, block] : blocks_) ids.push_back(id);
+  std::sort(ids.begin(), ids.end());
+  for (uint64_t id : ids) {
+    const Block& b = *blocks_.at(id);
+    absl::Status status = fn(id, b.values, b.state);
+    if (!status.ok()) return status;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DenseTable::ImportBlock(uint64_t block,
+                                     absl::Span<const float> values,
+                                     absl::Span<const float> state) {
+  if (block >= num_blocks()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dense table '", config_.name(), "' has ", num_blocks(),
+        " blocks; cannot import block ", block));
+  }
+  const size_t n = BlockLength(block);
+  const size_t state_n = n * static_cast<size_t>(optimizer_->state_size());
+  if (values.size() != n || state.size() != state_n) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dense table '", config_.name(), "': block ", block, " has ",
+        values.size(), " values and ", state.size(),
+        " floats of state, want ", n, " and ", state_n));
+  }
+  if (!AllFinite(values) || !AllFinite(state)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dense table '", config_.name(), "': block ", block,
+        " holds a non-finite value"));
+  }
+  std::unique_ptr<Block>& b = blocks_[block];
+  if (b == nullptr) b = std::make_unique<Block>();
+  b->values.assign(values.begin(), values.end());
+  b->state.assign(state.begin(), state.end());
+  return absl::OkStatus();
 }
 
 void DenseTable::Pull(const Segments& segments, float* out) {

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -61,6 +62,8 @@ class Table {
   uint32_t id() const { return config_.id(); }
   virtual SparseTable* AsSparse() { return nullptr; }
   virtual DenseTable* AsDense() { return nullptr; }
+  virtual const SparseTable* AsSparse() const { return nullptr; }
+  virtual const DenseTable* AsDense() const { return nullptr; }
 
   // Bytes held by parameters, optimizer state and bookkeeping.
   virtual size_t MemoryBytes() const = 0;
@@ -80,6 +83,9 @@ class Table {
   // Counts a push refused before it reached the table (e.g. by the
   // server's validation against CheckPush).
   void CountRefusedPush() { ++counters_.pushes_refused; }
+
+  // Floats of optimizer state per parameter element (Optimizer::state_size).
+  int state_size() const { return optimizer_->state_size(); }
 
  protected:
   Table(const TableConfig& config, std::unique_ptr<Optimizer> optimizer)
@@ -106,6 +112,7 @@ class SparseTable : public Table {
  public:
   SparseTable(const TableConfig& config, std::unique_ptr<Optimizer> optimizer);
   SparseTable* AsSparse() override { return this; }
+  const SparseTable* AsSparse() const override { return this; }
 
   uint32_t dim() const { return dim_; }
   size_t num_rows() const { return index_.size(); }
@@ -151,6 +158,38 @@ class SparseTable : public Table {
   uint64_t Scan(uint64_t cursor, size_t max_rows, size_t max_slots,
                 std::vector<uint64_t>* keys, std::vector<float>* values) const;
 
+  // Floats of full state per row: dim() weights followed by the optimizer
+  // state, dim() * state_size() floats interleaved per element as
+  // Optimizer describes. This is what ExportRows and ImportRow exchange.
+  size_t state_floats() const { return stride_; }
+
+  // One page of an export of every row with its full state (checkpoints).
+  // Like Scan, but appends state_floats() floats per row to *state, bounds
+  // only the rows (it looks at as many index positions as it takes to find
+  // `max_rows` rows), and visits rows in an order spread over the key hash
+  // range, so that importing them in export order into another table
+  // (ImportRow) takes time linear in the rows. Returns the cursor of the
+  // next page (not comparable with Scan's), or 0 once done; the same
+  // guarantees as Scan hold: every row exactly once while the table is not
+  // modified in between, and any cursor is safe. Touches no row and no
+  // counter.
+  // Appends to the vectors without clearing them, so a caller that reuses
+  // them across pages allocates nothing once they have grown.
+  uint64_t ExportRows(uint64_t cursor, size_t max_rows,
+                      std::vector<uint64_t>* keys,
+                      std::vector<float>* state) const;
+
+  // Sets the full state of `key`'s row to `state` (state_floats() floats),
+  // creating the row if absent, bit for bit: restoring a checkpoint.
+  // Bypasses the admission filter. A created row counts as touched now
+  // (recency, TTL: restored rows start a fresh TTL); an overwritten row's
+  // recency is left alone. Counts no push, pull or admission.
+  // INVALID_ARGUMENT if state has the wrong size or a non-finite value;
+  // RESOURCE_EXHAUSTED if the row is absent and the table is at its budget
+  // without eviction (an evicting table evicts a row to make room, counted
+  // in evictions_budget). On error the table is unchanged.
+  absl::Status ImportRow(uint64_t key, absl::Span<const float> state);
+
  private:
   // Bookkeeping in front of each row's floats when rows can be dropped.
   struct RowMeta {
@@ -180,8 +219,9 @@ class SparseTable : public Table {
   // Bytes allocated when holding `rows` rows (index grown for them).
   size_t BytesFor(size_t rows) const;
   // Creates the row of `key` (absent), evicting if needed; kNil if it
-  // cannot fit.
-  uint32_t CreateRow(uint64_t key);
+  // cannot fit. Its values are the initial ones, or a copy of the
+  // state_floats() floats at `state` when that is not null.
+  uint32_t CreateRow(uint64_t key, const float* state = nullptr);
   void Touch(uint32_t r);
   void Unlink(uint32_t r);
   void PushFront(uint32_t r);
@@ -219,6 +259,7 @@ class DenseTable : public Table {
  public:
   DenseTable(const TableConfig& config, std::unique_ptr<Optimizer> optimizer);
   DenseTable* AsDense() override { return this; }
+  const DenseTable* AsDense() const override { return this; }
   TableStats Stats() const override;
 
   uint64_t size() const { return size_; }
@@ -236,6 +277,35 @@ class DenseTable : public Table {
             float lr_scale = 1.0f);
   // Overwrites the values (not the optimizer state) of the segments.
   void Assign(const Segments& segments, const float* values);
+
+  // Number of blocks: ceil(size() / block_size()).
+  uint64_t num_blocks() const {
+    return size_ / block_size_ + (size_ % block_size_ != 0 ? 1 : 0);
+  }
+  // Elements in block `block` (< num_blocks()): block_size(), or fewer for
+  // the last block.
+  size_t BlockLength(uint64_t block) const;
+  // Blocks created so far (by a push, pull, assign or import).
+  size_t num_created_blocks() const { return blocks_.size(); }
+
+  // Calls fn(block, values, state) for every created block in increasing
+  // block order (checkpoints); values holds BlockLength(block) floats and
+  // state BlockLength(block) * state_size(), interleaved per element. The
+  // spans point into the table and are valid only during the call. Stops
+  // at, and returns, the first non-OK status fn returns. Touches nothing.
+  absl::Status ForEachBlock(
+      absl::FunctionRef<absl::Status(uint64_t block,
+                                     absl::Span<const float> values,
+                                     absl::Span<const float> state)>
+          fn) const;
+
+  // Sets block `block`'s values and optimizer state, creating it if
+  // absent, bit for bit: restoring a checkpoint. INVALID_ARGUMENT, with
+  // the table unchanged, if block >= num_blocks(), the sizes are not
+  // BlockLength(block) and BlockLength(block) * state_size(), or a value
+  // is not finite.
+  absl::Status ImportBlock(uint64_t block, absl::Span<const float> values,
+                           absl::Span<const float> state);
 
  private:
   struct Block {

@@ -1,9 +1,13 @@
 // The trainer through real in-process servers: prefetching trains as well
 // as the plain loop, initial dense values reach every worker, and an export
-// holds every trained row with the servers' values.
+// holds every trained row with the servers' values. Fault tolerance:
+// training a shard from a position, taking over claimed shards,
+// preemption at an exact position, initialising only a fresh job, and a
+// preempted worker's shard finished by another through the real scheduler.
 #include "worker/trainer.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <memory>
@@ -12,7 +16,10 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/config.h"
+#include "common/protocol.h"
+#include "common/status.h"
 #include "common/logging.h"
 #include "common/model_layout.h"
 #include "gtest/gtest.h"
@@ -165,6 +172,390 @@ TEST(TrainerTest, ExportHoldsEveryTrainedRowWithTheServersValues) {
     if (t.stats.table_id() == 0) rows += t.stats.rows();
   }
   EXPECT_EQ(rows, saved->keys.size());
+}
+
+// --- Fault tolerance --------------------------------------------------------
+
+// 5000 examples over 2 shards: 2500 each, 10 batches of 256 per epoch (the
+// last one of 196).
+constexpr uint64_t kShardExamples = 2500;
+constexpr uint64_t kBatches = 10;
+constexpr uint64_t kLastBatch = kShardExamples - (kBatches - 1) * 256;
+
+JobConfig SmallConfig(uint32_t epochs, bool prefetch = false) {
+  JobConfig config = Config(prefetch ? "prefetch: true" : "", "ASYNC", 2,
+                            "kind: FM embedding_dim: 4", 5, 5000);
+  config.mutable_training()->set_epochs(epochs);
+  return config;
+}
+
+DataPosition Position(uint32_t shard, uint64_t epoch, uint64_t batch,
+                      bool done = false) {
+  DataPosition p;
+  p.set_shard(shard);
+  p.set_epoch(epoch);
+  p.set_batch(batch);
+  p.set_done(done);
+  return p;
+}
+
+std::string Str(const DataPosition& p) { return p.ShortDebugString(); }
+
+// One driven worker of a 2-worker job (ASYNC: nobody waits for the other).
+struct OneWorker {
+  std::unique_ptr<InProcessCluster> cluster;
+  std::vector<InProcessWorker> workers;
+  InProcessWorker& w() { return workers[0]; }
+
+  static OneWorker Start(const JobConfig& config) {
+    OneWorker o;
+    auto cluster = InProcessCluster::Start(config);
+    EXPECT_TRUE(cluster.ok()) << cluster.status();
+    o.cluster = std::move(*cluster);
+    auto workers = o.cluster->AddWorkers(1);
+    EXPECT_TRUE(workers.ok()) << workers.status();
+    o.workers = std::move(*workers);
+    return o;
+  }
+  ~OneWorker() {
+    if (!workers.empty()) (void)w().member->Leave(true);
+  }
+  OneWorker() = default;
+  OneWorker(OneWorker&&) = default;
+};
+
+// Records every progress report.
+struct Reports {
+  std::vector<std::pair<uint64_t, DataPosition>> all;
+  void Attach(TrainerHooks* hooks) {
+    hooks->on_step = [this](uint64_t clock, const DataPosition& p) {
+      all.emplace_back(clock, p);
+    };
+  }
+};
+
+// A position mid-shard, to the end of the shard's epochs; then the claimed
+// shards, each from its position, with the clock restarted at the
+// scheduler's; progress reported step by step, in clock order.
+TEST(TrainerFaultTest, TrainsFromAPositionThenTheShardsItClaims) {
+  const JobConfig config = SmallConfig(2);
+  OneWorker job = OneWorker::Start(config);
+  auto trainer = Trainer::Create(config, job.w().kv.get(), 0, 2);
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  TrainerHooks hooks;
+  Reports reports;
+  reports.Attach(&hooks);
+  std::vector<std::optional<DataPosition>> claims;
+  hooks.claim = [&](const DataPosition* finished)
+      -> absl::StatusOr<ClaimShardResponse> {
+    claims.push_back(finished ? std::optional<DataPosition>(*finished)
+                              : std::nullopt);
+    ClaimShardResponse r;
+    switch (claims.size()) {
+      case 1:
+        r.set_result(ClaimShardResponse::ASSIGNED);
+        *r.mutable_shard() = Position(0, 1, 7);
+        r.set_start_clock(100);
+        break;
+      case 2:
+        r.set_result(ClaimShardResponse::WAIT);
+        break;
+      default:
+        r.set_result(ClaimShardResponse::ALL_DONE);
+    }
+    return r;
+  };
+  auto result = (*trainer)->Train(hooks, Position(1, 0, 4));
+  ASSERT_TRUE(result.ok()) << result.status();
+
+  // Shard 1: batches 4..9 of epoch 0 and all of epoch 1; shard 0: batches
+  // 7..9 of epoch 1.
+  EXPECT_EQ(result->steps, (kBatches - 4) + kBatches + 3);
+  EXPECT_EQ(result->examples,
+            (kShardExamples - 4 * 256) + kShardExamples + (2 * 256 + kLastBatch));
+  EXPECT_EQ(result->shards, (std::vector<uint32_t>{1, 0}));
+  EXPECT_FALSE(result->preempted);
+  EXPECT_EQ(result->start_clock, 0u);
+  ASSERT_TRUE(result->position.has_value());
+  EXPECT_EQ(Str(*result->position), Str(Position(0, 2, 0, true)));
+  EXPECT_EQ(job.w().kv->clock(), kFinishedClock);
+
+  ASSERT_EQ(claims.size(), 3u);
+  ASSERT_TRUE(claims[0].has_value());
+  EXPECT_EQ(Str(*claims[0]), Str(Position(1, 2, 0, true)));
+  ASSERT_TRUE(claims[1].has_value());
+  EXPECT_EQ(Str(*claims[1]), Str(Position(0, 2, 0, true)));
+  EXPECT_FALSE(claims[2].has_value()) << "a WAIT is followed by a plain ask";
+
+  // One report per step, then the shard's end at the finished clock.
+  ASSERT_EQ(reports.all.size(), result->steps + 2);
+  EXPECT_EQ(reports.all[0].first, 1u);
+  EXPECT_EQ(Str(reports.all[0].second), Str(Position(1, 0, 5)));
+  EXPECT_EQ(reports.all[5].first, 6u);
+  EXPECT_EQ(Str(reports.all[5].second), Str(Position(1, 0, 10)));
+  EXPECT_EQ(Str(reports.all[6].second), Str(Position(1, 1, 1)));
+  EXPECT_EQ(reports.all[16].first, kFinishedClock);
+  EXPECT_EQ(Str(reports.all[16].second), Str(Position(1, 2, 0, true)));
+  EXPECT_EQ(reports.all[17].first, 101u);  // restarted at 100
+  EXPECT_EQ(Str(reports.all[17].second), Str(Position(0, 1, 8)));
+  EXPECT_EQ(reports.all[19].first, 103u);
+  EXPECT_EQ(Str(reports.all[19].second), Str(Position(0, 1, 10)));
+  EXPECT_EQ(reports.all[20].first, kFinishedClock);
+}
+
+// A stop ends training after the step in progress, at exactly the next
+// batch; training again from there trains the rest: together exactly the
+// shard's examples, with and without prefetching.
+TEST(TrainerFaultTest, PreemptionStopsAtTheExactNextBatch) {
+  for (bool prefetch : {false, true}) {
+    SCOPED_TRACE(prefetch ? "prefetch" : "no prefetch");
+    const JobConfig config = SmallConfig(2, prefetch);
+    OneWorker job = OneWorker::Start(config);
+    auto first = Trainer::Create(config, job.w().kv.get(), 0, 2);
+    ASSERT_TRUE(first.ok()) << first.status();
+    TrainerHooks hooks;
+    Reports reports;
+    reports.Attach(&hooks);
+    int polls = 0;
+    // Polled before each step and at the end of epoch 0 (10 batches): 12
+    // steps, then a stop.
+    hooks.stop = [&] { return ++polls > 13; };
+    auto stopped = (*first)->Train(hooks, Position(0, 0, 0));
+    ASSERT_TRUE(stopped.ok()) << stopped.status();
+    EXPECT_TRUE(stopped->preempted);
+    EXPECT_EQ(stopped->steps, 12u);
+    ASSERT_TRUE(stopped->position.has_value());
+    EXPECT_EQ(Str(*stopped->position), Str(Position(0, 1, 2)));
+    // The last step's report already said so, once its pushes were in.
+    ASSERT_EQ(reports.all.size(), 13u);
+    EXPECT_EQ(reports.all[11].first, 12u);
+    EXPECT_EQ(Str(reports.all[11].second), Str(Position(0, 1, 2)));
+    EXPECT_EQ(reports.all[12].first, kFinishedClock);
+    EXPECT_EQ(job.w().kv->clock(), kFinishedClock);
+
+    // A replacement resumes at the job's clock from that position.
+    ASSERT_TRUE(job.w().kv->RestartClock(12).Wait().ok());
+    auto second = Trainer::Create(config, job.w().kv.get(), 0, 2);
+    ASSERT_TRUE(second.ok()) << second.status();
+    TrainerHooks plain;
+    auto rest = (*second)->Train(plain, *stopped->position);
+    ASSERT_TRUE(rest.ok()) << rest.status();
+    EXPECT_FALSE(rest->preempted);
+    EXPECT_EQ(rest->start_clock, 12u);
+    EXPECT_EQ(stopped->steps + rest->steps, 2 * kBatches);
+    EXPECT_EQ(stopped->examples + rest->examples, 2 * kShardExamples);
+    EXPECT_EQ(Str(*rest->position), Str(Position(0, 2, 0, true)));
+  }
+}
+
+// A stop while waiting for work ends training at once: the finished shard
+// was reported, and the worker stands at its final position.
+TEST(TrainerFaultTest, StopWhileWaitingForWork) {
+  const JobConfig config = SmallConfig(1);
+  OneWorker job = OneWorker::Start(config);
+  auto trainer = Trainer::Create(config, job.w().kv.get(), 0, 2);
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  std::atomic<bool> stop{false};
+  std::vector<bool> with_finished;
+  TrainerHooks hooks;
+  hooks.stop = [&] { return stop.load(); };
+  hooks.claim = [&](const DataPosition* finished)
+      -> absl::StatusOr<ClaimShardResponse> {
+    with_finished.push_back(finished != nullptr);
+    if (with_finished.size() == 2) stop = true;  // SIGTERM during the poll
+    ClaimShardResponse r;
+    r.set_result(ClaimShardResponse::WAIT);
+    return r;
+  };
+  auto result = (*trainer)->Train(hooks, Position(1, 0, 0));
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_TRUE(result->preempted);
+  EXPECT_EQ(result->steps, kBatches);
+  EXPECT_EQ(with_finished, (std::vector<bool>{true, false}));
+  ASSERT_TRUE(result->position.has_value());
+  EXPECT_EQ(Str(*result->position), Str(Position(1, 1, 0, true)));
+  EXPECT_EQ(job.w().kv->clock(), kFinishedClock);
+}
+
+// A worker without a shard of its own asks at once; transient claim errors
+// are retried (with the finished shard again); nonsense is refused.
+TEST(TrainerFaultTest, ClaimErrorsAndNoShardOfItsOwn) {
+  const JobConfig config = SmallConfig(1);
+  OneWorker job = OneWorker::Start(config);
+  auto trainer = Trainer::Create(config, job.w().kv.get(), 0, 2);
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  int calls = 0;
+  TrainerHooks hooks;
+  hooks.claim = [&](const DataPosition* finished)
+      -> absl::StatusOr<ClaimShardResponse> {
+    ++calls;
+    EXPECT_EQ(finished, nullptr);
+    if (calls == 1) return absl::UnavailableError("scheduler restarting");
+    ClaimShardResponse r;
+    r.set_result(ClaimShardResponse::ASSIGNED);
+    *r.mutable_shard() = Position(7, 0, 0);  // the job has 2 shards
+    return r;
+  };
+  auto result = (*trainer)->Train(hooks, std::nullopt);
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument)
+      << result.status();
+  EXPECT_EQ(calls, 2);
+  EXPECT_EQ((*trainer)->Train(TrainerHooks(), Position(2, 0, 0)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// training.max_steps caps the worker over every shard: the shard being
+// trained is reported done where it stands, a later assignment done
+// untrained (and its clock is not restarted).
+TEST(TrainerFaultTest, MaxStepsEndsTheWorkersPart) {
+  JobConfig config = SmallConfig(1);
+  config.mutable_training()->set_max_steps(3);
+  OneWorker job = OneWorker::Start(config);
+  auto trainer = Trainer::Create(config, job.w().kv.get(), 0, 2);
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  std::vector<DataPosition> finished;
+  TrainerHooks hooks;
+  hooks.claim = [&](const DataPosition* f) -> absl::StatusOr<ClaimShardResponse> {
+    if (f != nullptr) finished.push_back(*f);
+    ClaimShardResponse r;
+    if (finished.size() == 1) {
+      r.set_result(ClaimShardResponse::ASSIGNED);
+      *r.mutable_shard() = Position(0, 0, 2);
+      r.set_start_clock(3);
+    } else {
+      r.set_result(ClaimShardResponse::ALL_DONE);
+    }
+    return r;
+  };
+  auto result = (*trainer)->Train(hooks, Position(1, 0, 0));
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->steps, 3u);
+  EXPECT_FALSE(result->preempted);
+  EXPECT_EQ(result->shards, (std::vector<uint32_t>{1}));
+  ASSERT_EQ(finished.size(), 2u);
+  EXPECT_EQ(Str(finished[0]), Str(Position(1, 0, 3, true)));
+  EXPECT_EQ(Str(finished[1]), Str(Position(0, 0, 2, true)));
+  EXPECT_EQ(job.w().kv->clock(), kFinishedClock);
+}
+
+// Only a fresh job (clock 0) writes initial values and meets at the
+// barrier; a worker joining at a later clock keeps the servers' values.
+TEST(TrainerFaultTest, InitialisesOnlyAFreshJob) {
+  JobConfig config = Config("", "ASYNC", 2, "kind: DLRM embedding_dim: 8", 8, 5000);
+  config.mutable_training()->set_max_steps(2);
+  OneWorker job = OneWorker::Start(config);
+  KVClient* kv = job.w().kv.get();
+  auto layout = LayoutModel(config);
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  std::vector<std::string> barriers;
+  TrainerHooks hooks;
+  hooks.barrier = [&](absl::string_view name) {
+    barriers.emplace_back(name);
+    return absl::OkStatus();
+  };
+  auto fresh = Trainer::Create(config, kv, 0, 2);
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  ASSERT_TRUE((*fresh)->Train(hooks, Position(0, 0, 0)).ok());
+  EXPECT_EQ(barriers, (std::vector<std::string>{"dense_init"}));
+  std::vector<float> trained(layout->dense_size);
+  ASSERT_TRUE(kv->PullDense(1, 0, trained.size(), trained.data()).Wait().ok());
+
+  // Joining at clock 5 and stopped before any step: nothing written.
+  barriers.clear();
+  ASSERT_TRUE(kv->RestartClock(5).Wait().ok());
+  hooks.stop = [] { return true; };
+  auto joiner = Trainer::Create(config, kv, 0, 2);
+  ASSERT_TRUE(joiner.ok()) << joiner.status();
+  auto result = (*joiner)->Train(hooks, Position(0, 0, 2));
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_TRUE(barriers.empty());
+  EXPECT_TRUE(result->preempted);
+  EXPECT_EQ(result->start_clock, 5u);
+  EXPECT_EQ(Str(*result->position), Str(Position(0, 0, 2)));
+  std::vector<float> after(layout->dense_size);
+  ASSERT_TRUE(kv->PullDense(1, 0, after.size(), after.data()).Wait().ok());
+  EXPECT_EQ(after, trained);
+}
+
+// Like InProcessCluster::AddWorkers, for workers that train data shards
+// (RegisterRequest.trains_shards), as trainer_main's do: their shards are
+// handed to others when they leave unfinished.
+absl::StatusOr<std::vector<InProcessWorker>> AddShardWorkers(
+    InProcessCluster& cluster, const JobConfig& config, int n) {
+  std::vector<InProcessWorker> workers(n);
+  for (InProcessWorker& w : workers) {
+    auto holder = std::make_shared<std::atomic<KVClient*>>(nullptr);
+    auto options = SchedulerClient::Options::ForJob(
+        config, cluster.scheduler().address(), WORKER);
+    options.trains_shards = true;
+    options.on_view = [holder](const ClusterView& v, uint32_t) {
+      if (KVClient* c = holder->load()) c->UpdateView(v);
+    };
+    PS_ASSIGN_OR_RETURN(w.member, SchedulerClient::Connect(options));
+    PS_ASSIGN_OR_RETURN(ClusterView view,
+                        w.member->WaitForRunning(absl::Seconds(30)));
+    PS_ASSIGN_OR_RETURN(w.kv, KVClient::Create({config, w.member->rank(),
+                                                w.member->node_id(),
+                                                w.member->start_clock()},
+                                               view));
+    holder->store(w.kv.get());
+    w.kv->UpdateView(w.member->view());
+  }
+  return workers;
+}
+
+// Through the real scheduler: worker 1 is preempted after 10 steps and
+// leaves with its position; worker 0 finishes its own shard, claims the
+// rest of shard 1 and trains it. Every example is trained exactly once.
+TEST(TrainerFaultTest, PreemptedShardIsFinishedByAnotherWorker) {
+  JobConfig config = Config("", "ASYNC", 2, "kind: FM embedding_dim: 4", 5, 20000);
+  auto cluster = InProcessCluster::Start(config);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  auto workers = AddShardWorkers(**cluster, config, 2);
+  ASSERT_TRUE(workers.ok()) << workers.status();
+  std::vector<TrainResult> results(2);
+  std::vector<std::vector<uint32_t>> ranks(2);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 2; ++i) {
+    threads.emplace_back([&, i] {
+      InProcessWorker& w = (*workers)[i];
+      const uint32_t rank = w.member->rank();
+      ASSERT_TRUE(w.member->has_initial_shard());
+      EXPECT_EQ(w.member->initial_shard().shard(), rank);
+      auto trainer = Trainer::Create(config, w.kv.get(), rank, 2);
+      ASSERT_TRUE(trainer.ok()) << trainer.status();
+      TrainerHooks hooks;
+      int steps = 0;
+      if (rank == 1) hooks.stop = [&steps] { return ++steps > 10; };
+      hooks.on_step = [&w](uint64_t clock, const DataPosition& p) {
+        w.member->set_progress(clock, p);
+      };
+      hooks.claim = [&w](const DataPosition* finished) {
+        return w.member->ClaimShard(finished, absl::Seconds(1));
+      };
+      auto result = (*trainer)->Train(hooks, w.member->initial_shard());
+      ASSERT_TRUE(result.ok()) << result.status();
+      results[rank] = *result;
+      if (result->preempted) {
+        ASSERT_TRUE(result->position.has_value());
+        ASSERT_TRUE(w.member->Leave(false, &*result->position).ok());
+        return;
+      }
+      ASSERT_TRUE(w.member->Barrier("train_done", absl::Seconds(30), &ranks[rank]).ok());
+      ASSERT_TRUE(w.member->Leave(true).ok());
+    });
+  }
+  for (auto& t : threads) t.join();
+  const uint64_t batches = (10000 + 255) / 256;  // 40, the last of 16
+  EXPECT_TRUE(results[1].preempted);
+  EXPECT_EQ(results[1].steps, 10u);
+  EXPECT_EQ(Str(*results[1].position), Str(Position(1, 0, 10)));
+  EXPECT_FALSE(results[0].preempted);
+  EXPECT_EQ(results[0].shards, (std::vector<uint32_t>{0, 1}));
+  EXPECT_EQ(results[0].steps, batches + (batches - 10));
+  EXPECT_EQ(results[0].examples + results[1].examples, 20000u);
+  EXPECT_EQ(ranks[0], (std::vector<uint32_t>{0}));
+  EXPECT_EQ((*cluster)->scheduler().state()->job_state(), FINISHED);
 }
 
 }  // namespace

@@ -49,6 +49,12 @@ struct Completion::State {
     if (finished && done) done(final_status);
   }
 
+  // A part was split in two or more (rerouted after a failover).
+  void AddParts(int n) {
+    absl::MutexLock lock(&mu);
+    remaining += n;
+  }
+
   void RecordClocks(uint64_t min_c, uint64_t applied) {
     absl::MutexLock lock(&mu);
     min_clock = std::min(min_clock, min_c);
@@ -128,6 +134,15 @@ struct KVClient::Part {
   // Retries of answers that say the request was not applied (UNAVAILABLE).
   int attempts = 0;
   absl::Time retry_at;
+  // Keyed requests (PUSH, PULL, PUSH_PULL, ASSIGN) can be routed again when
+  // their server dies or no longer owns their slots: `h` is the header
+  // (frame `header` serialized), `block_size` routes dense segments.
+  bool reroutable = false;
+  RequestHeader h;
+  uint64_t block_size = 1;
+  // While no live server owns one of its slots, the part waits (parked)
+  // until this time for a view with a new owner, then fails UNAVAILABLE.
+  absl::Time failover_deadline = absl::InfinitePast();
   // SCAN pages: the server's page sequence this page belongs to.
   std::shared_ptr<ScanChain> scan;
 };
@@ -152,8 +167,12 @@ struct KVClient::ScanChain {
 
 class KVClient::IoLoop {
  public:
-  explicit IoLoop(std::shared_ptr<const Routing> routing)
+  IoLoop(std::shared_ptr<const Routing> routing, absl::Duration request_timeout,
+         absl::Duration failover_timeout, std::atomic<uint64_t>* next_request_id)
       : event_fd_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)),
+        request_timeout_(request_timeout),
+        failover_timeout_(failover_timeout),
+        next_request_id_(next_request_id),
         routing_(std::move(routing)) {
     thread_ = std::thread([this] { Run(); });
   }
@@ -226,6 +245,7 @@ class KVClient::IoLoop {
       try {
         zmq::poll(items.data(), items.size(),
                   retries_.empty() ? kPollPeriod : std::chrono::milliseconds(2));
+
       } catch (const zmq::error_t& e) {
         Log()->warn("poll: {}", e.what());
       }
@@ -256,6 +276,10 @@ class KVClient::IoLoop {
     for (auto& [id, part] : pending_) {
       part->parent->PartDone(absl::CancelledError("client shut down"));
     }
+    for (auto& part : parked_) {
+      part->parent->PartDone(absl::CancelledError("client shut down"));
+    }
+    parked_.clear();
     for (auto& part : retries_) {
       part->parent->PartDone(absl::CancelledError("client shut down"));
     }
@@ -275,11 +299,14 @@ class KVClient::IoLoop {
       const std::string want = r < n ? routing->endpoints[r] : "";
       if (want == endpoints_[r]) continue;
       // The server at this rank changed: its answers to requests already
-      // sent can no longer arrive.
-      FailPendingFor(static_cast<uint32_t>(r),
-                     absl::UnavailableError(absl::StrCat(
-                         "server ", r, " changed from ", endpoints_[r], " to ",
-                         want.empty() ? "(none)" : want)));
+      // sent can no longer arrive. Keyed requests are routed again by the
+      // new view (servers drop duplicates by sequence number, so a push the
+      // old server applied is not applied twice where it was replicated);
+      // others fail.
+      TakeOverPendingFor(static_cast<uint32_t>(r),
+                         absl::UnavailableError(absl::StrCat(
+                             "server ", r, " changed from ", endpoints_[r], " to ",
+                             want.empty() ? "(none)" : want)));
       dealers_[r].reset();
       endpoints_[r] = want;
       if (want.empty()) continue;
@@ -298,10 +325,168 @@ class KVClient::IoLoop {
       }
       dealers_[r] = std::move(socket);
     }
+    // Parts waiting for a new owner, and those taken from replaced servers.
+    std::vector<std::unique_ptr<Part>> again;
+    again.swap(parked_);
+    for (auto& part : moved_) again.push_back(std::move(part));
+    moved_.clear();
+    for (auto& part : again) Route(std::move(part));
+  }
+
+  // Sends a keyed part to the servers that own its slots now, splitting it
+  // when they are several; parks it while a slot has no live owner.
+  void Route(std::unique_ptr<Part> part) {
+    const absl::Time now = absl::Now();
+    std::vector<std::unique_ptr<Part>> pieces;
+    const absl::Status split = Split(std::move(part), &pieces);
+    if (!split.ok()) return;  // the part was completed with the error
+    for (auto& piece : pieces) {
+      const uint32_t r = piece->server;
+      if (r >= dealers_.size() || dealers_[r] == nullptr) {
+        if (piece->failover_deadline == absl::InfinitePast()) {
+          piece->failover_deadline = now + failover_timeout_;
+        }
+        if (now >= piece->failover_deadline) {
+          piece->parent->PartDone(absl::UnavailableError(absl::StrCat(
+              "no live server owns the slots of request ", piece->request_id,
+              " (server ", r, " is gone) after waiting ",
+              absl::FormatDuration(failover_timeout_))));
+          continue;
+        }
+        parked_.push_back(std::move(piece));
+        continue;
+      }
+      piece->deadline = std::max(piece->deadline, now + request_timeout_);
+      Send(std::move(piece));
+    }
+  }
+
+  // Splits `part` by the current slot map into pieces, one per owning
+  // server, each with a fresh request id and the same sequence number
+  // (every server sees at most one piece of it). On a malformed part
+  // completes it with an error and returns that error.
+  absl::Status Split(std::unique_ptr<Part> part,
+                     std::vector<std::unique_ptr<Part>>* pieces) {
+    const Routing& routing = *routing_;
+    const uint32_t num_slots = static_cast<uint32_t>(routing.slot_owner.size());
+    RequestHeader& h = part->h;
+    if (num_slots == 0) {
+      pieces->push_back(std::move(part));
+      return absl::OkStatus();
+    }
+    // owner of each key (sparse) or segment (dense)
+    std::vector<uint32_t> owners;
+    const bool dense = h.segments_size() > 0;
+    if (dense) {
+      for (const DenseSegment& seg : h.segments()) {
+        owners.push_back(routing.slot_owner[DenseBlockSlot(
+            h.table_id(), seg.begin() / part->block_size, num_slots)]);
+      }
+    } else {
+      const size_t n = part->keys.size() / sizeof(uint64_t);
+      const uint64_t* keys = part->keys.data<uint64_t>();
+      owners.reserve(n);
+      for (size_t i = 0; i < n; ++i) {
+        owners.push_back(
+            routing.slot_owner[SparseSlot(h.table_id(), keys[i], num_slots)]);
+      }
+    }
+    std::vector<uint32_t> distinct = owners;
+    std::sort(distinct.begin(), distinct.end());
+    distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
+    auto finish = [&](Part* p, uint32_t server) {
+      p->server = server;
+      p->request_id = next_request_id_->fetch_add(1, std::memory_order_relaxed);
+      p->h.set_request_id(p->request_id);
+      p->h.set_epoch(routing.epoch);
+      p->header = SerializeToFrame(p->h);
+    };
+    if (distinct.size() <= 1) {
+      finish(part.get(), distinct.empty() ? part->server : distinct[0]);
+      pieces->push_back(std::move(part));
+      return absl::OkStatus();
+    }
+    part->parent->AddParts(static_cast<int>(distinct.size()) - 1);
+    const size_t dim = part->dim;
+    for (uint32_t server : distinct) {
+      auto p = std::make_unique<Part>();
+      p->parent = part->parent;
+      p->dim = part->dim;
+      p->out = part->out;
+      p->has_values = part->has_values;
+      p->deadline = part->deadline;
+      p->failover_deadline = part->failover_deadline;
+      p->reroutable = true;
+      p->block_size = part->block_size;
+      p->h = h;
+      std::vector<float> values;
+      const float* src = part->has_values ? part->values.data<float>() : nullptr;
+      if (dense) {
+        p->h.clear_segments();
+        uint64_t offset = 0;
+        for (int i = 0; i < h.segments_size(); ++i) {
+          const uint64_t len = h.segments(i).length();
+          if (owners[i] == server) {
+            *p->h.add_segments() = h.segments(i);
+            if (src != nullptr) values.insert(values.end(), src + offset, src + offset + len);
+            if (!part->runs.empty()) p->runs.push_back(part->runs[i]);
+            if (part->expected_values > 0) p->expected_values += len;
+          }
+          offset += len;
+        }
+      } else {
+        const uint64_t* keys = part->keys.data<uint64_t>();
+        std::vector<uint64_t> k;
+        for (size_t i = 0; i < owners.size(); ++i) {
+          if (owners[i] != server) continue;
+          k.push_back(keys[i]);
+          if (src != nullptr) values.insert(values.end(), src + i * dim, src + (i + 1) * dim);
+          if (part->expected_values > 0) {
+            p->positions.push_back(part->positions.empty()
+                                       ? static_cast<uint32_t>(i)
+                                       : part->positions[i]);
+            p->expected_values += dim;
+          }
+        }
+        p->h.set_num_keys(k.size());
+        p->keys = FrameFromVector(std::move(k));
+      }
+      if (part->has_values) p->values = FrameFromVector(std::move(values));
+      finish(p.get(), server);
+      pieces->push_back(std::move(p));
+    }
+    return absl::OkStatus();
+  }
+
+  // Pending requests of a server that went away: keyed ones are routed
+  // again once the new routing is in place; ADVANCE_CLOCK to a rank that
+  // has a new server is sent to it, and to a rank with none counts as done
+  // (a replacement learns the clock from later requests); others fail.
+  void TakeOverPendingFor(uint32_t server, const absl::Status& status) {
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      if (it->second->server != server) {
+        ++it;
+        continue;
+      }
+      std::unique_ptr<Part> part = std::move(it->second);
+      pending_.erase(it++);
+      if (part->reroutable) {
+        moved_.push_back(std::move(part));
+      } else if (part->scan == nullptr && part->h.op() == ADVANCE_CLOCK) {
+        part->parent->PartDone(absl::OkStatus());
+      } else {
+        part->parent->PartDone(status);
+      }
+    }
   }
 
   void Send(std::unique_ptr<Part> part) {
     const uint32_t r = part->server;
+    if ((r >= dealers_.size() || dealers_[r] == nullptr) && part->reroutable &&
+        part->failover_deadline == absl::InfinitePast()) {
+      Route(std::move(part));
+      return;
+    }
     if (r >= dealers_.size() || dealers_[r] == nullptr) {
       part->parent->PartDone(
           absl::UnavailableError(absl::StrCat("no live server with rank ", r)));
@@ -361,7 +546,9 @@ class KVClient::IoLoop {
           absl::InternalError("response from the wrong server"));
       return;
     }
-    if (response.header.code() == static_cast<int>(absl::StatusCode::kUnavailable)) {
+    const bool misrouted = part->reroutable && response.header.wrong_owner();
+    if (response.header.code() == static_cast<int>(absl::StatusCode::kUnavailable) ||
+        misrouted) {
       // The server applied nothing (e.g. it has not received the cluster
       // view yet); try again with exponential backoff until the deadline.
       const absl::Duration backoff =
@@ -463,12 +650,28 @@ class KVClient::IoLoop {
         ++it;
       }
     }
-    for (auto& part : due) Send(std::move(part));
+    for (auto& part : due) {
+      if (part->reroutable) {
+        Route(std::move(part));
+      } else {
+        Send(std::move(part));
+      }
+    }
   }
 
   void ExpireDeadlines() {
-    if (pending_.empty()) return;
     const absl::Time now = absl::Now();
+    for (auto it = parked_.begin(); it != parked_.end();) {
+      if ((*it)->failover_deadline <= now) {
+        (*it)->parent->PartDone(absl::UnavailableError(absl::StrCat(
+            "no live server took over server ", (*it)->server,
+            "'s slots in time for request ", (*it)->request_id)));
+        it = parked_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    if (pending_.empty()) return;
     for (auto it = pending_.begin(); it != pending_.end();) {
       if (it->second->deadline <= now) {
         it->second->parent->PartDone(absl::DeadlineExceededError(
@@ -481,18 +684,10 @@ class KVClient::IoLoop {
     }
   }
 
-  void FailPendingFor(uint32_t server, const absl::Status& status) {
-    for (auto it = pending_.begin(); it != pending_.end();) {
-      if (it->second->server == server) {
-        it->second->parent->PartDone(status);
-        pending_.erase(it++);
-      } else {
-        ++it;
-      }
-    }
-  }
-
   const int event_fd_;
+  const absl::Duration request_timeout_;
+  const absl::Duration failover_timeout_;
+  std::atomic<uint64_t>* const next_request_id_;
   absl::Mutex mu_;
   std::deque<std::unique_ptr<Part>> queue_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<const Routing> new_routing_ ABSL_GUARDED_BY(mu_);
@@ -505,6 +700,10 @@ class KVClient::IoLoop {
   std::vector<std::string> endpoints_;
   absl::flat_hash_map<uint64_t, std::unique_ptr<Part>> pending_;
   std::vector<std::unique_ptr<Part>> retries_;
+  // Keyed parts waiting for a live owner of their slots, and parts taken
+  // from a replaced server until the new routing is applied.
+  std::vector<std::unique_ptr<Part>> parked_;
+  std::vector<std::unique_ptr<Part>> moved_;
 
   std::atomic<uint64_t> messages_{0}, bytes_sent_{0}, bytes_received_{0};
   std::thread thread_;
@@ -550,7 +749,12 @@ KVClient::KVClient(Options options, std::shared_ptr<const Routing> routing)
       request_timeout_(
           absl::Milliseconds(options_.config.cluster().request_timeout_ms())),
       routing_(routing),
-      io_(std::make_unique<IoLoop>(routing)) {
+      io_(std::make_unique<IoLoop>(
+          routing, request_timeout_,
+          absl::Milliseconds(options_.config.cluster().failover_timeout_ms() > 0
+                                 ? options_.config.cluster().failover_timeout_ms()
+                                 : 120000),
+          &next_request_id_)) {
   clock_.store(options_.start_clock);
   for (const TableConfig& t : options_.config.tables()) {
     TableInfo info;
@@ -653,6 +857,9 @@ std::unique_ptr<KVClient::Part> KVClient::NewPart(
   header->set_sender_rank(options_.rank);
   header->set_sender_node_id(options_.node_id);
   header->set_clock(clock_.load());
+  if (op == PUSH || op == PUSH_PULL || op == ASSIGN) {
+    header->set_seq(next_seq_.fetch_add(1, std::memory_order_relaxed));
+  }
   return part;
 }
 
@@ -665,6 +872,15 @@ Completion KVClient::AdvanceClockTo(uint64_t target, DoneCallback done) {
   while (clock < target && !clock_.compare_exchange_weak(clock, target)) {
   }
   clock = std::max(clock, target);
+  return SendClock(clock, /*restart=*/false, std::move(done));
+}
+
+Completion KVClient::RestartClock(uint64_t clock, DoneCallback done) {
+  clock_.store(clock);
+  return SendClock(clock, /*restart=*/true, std::move(done));
+}
+
+Completion KVClient::SendClock(uint64_t clock, bool restart, DoneCallback done) {
   auto routing = this->routing();
   std::vector<uint32_t> servers;
   for (uint32_t r = 0; r < routing->endpoints.size(); ++r) {
@@ -678,7 +894,9 @@ Completion KVClient::AdvanceClockTo(uint64_t target, DoneCallback done) {
     RequestHeader h;
     auto part = NewPart(server, ADVANCE_CLOCK, 0, *routing, state, &h);
     h.set_clock(clock);
+    h.set_restart(restart);
     part->header = SerializeToFrame(h);
+    part->h = h;
     parts.push_back(std::move(part));
   }
   Submit(std::move(parts));
@@ -825,6 +1043,8 @@ Completion KVClient::Sparse(int op_int, uint32_t table,
     part->dim = dim;
     h.set_num_keys(idx.size());
     part->header = SerializeToFrame(h);
+    part->reroutable = true;
+    part->h = h;
     std::vector<uint64_t> k(idx.size());
     for (size_t j = 0; j < idx.size(); ++j) k[j] = keys[idx[j]];
     part->keys = FrameFromVector(std::move(k));
@@ -912,6 +1132,9 @@ Completion KVClient::Dense(int op_int, uint32_t table, uint64_t begin,
     if (b.total == 0) continue;
     auto part = NewPart(server, op, table, *routing, state, &b.header);
     part->header = SerializeToFrame(b.header);
+    part->reroutable = true;
+    part->h = b.header;
+    part->block_size = info.block_size;
     if (op != PULL) {
       part->values = FrameFromVector(std::move(b.values));
       part->has_values = true;

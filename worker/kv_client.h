@@ -132,6 +132,11 @@ class KVClient {
   // live server, like AdvanceClock. kFinishedClock marks the end of
   // training.
   Completion AdvanceClockTo(uint64_t clock, DoneCallback done = nullptr);
+  // A worker that had finished (clock kFinishedClock) resumes training at
+  // `clock` (ClaimShardResponse.start_clock), e.g. to take over an
+  // orphaned shard: sets the clock (it may go down from kFinishedClock)
+  // and tells every live server (ADVANCE_CLOCK with restart).
+  Completion RestartClock(uint64_t clock, DoneCallback done = nullptr);
 
   // Asks every live server for the statistics of all its tables (op
   // STATS). On success *out holds one entry per (server, table), ordered
@@ -210,11 +215,15 @@ class KVClient {
                                 const std::shared_ptr<Completion::State>& state,
                                 RequestHeader* header);
   void Submit(std::vector<std::unique_ptr<Part>> parts);
+  // ADVANCE_CLOCK to every live server.
+  Completion SendClock(uint64_t clock, bool restart, DoneCallback done);
 
   const Options options_;
   const absl::Duration request_timeout_;
   absl::flat_hash_map<uint32_t, TableInfo> tables_;
   std::atomic<uint64_t> next_request_id_{1};
+  // Sequence numbers of state-changing messages (RequestHeader.seq).
+  std::atomic<uint64_t> next_seq_{1};
   std::atomic<uint64_t> clock_{0};
   std::atomic<uint64_t> requests_{0};
 

@@ -552,5 +552,61 @@ TEST_F(KVClientTest, AssignDenseNonFiniteAcrossServersChangesNothing) {
   }
 }
 
+// A view in which server 1 is dead and, if `move_slots`, its slots belong
+// to server 0 (as after a failover), at a much later epoch.
+ClusterView FailedOver(ClusterView view, bool move_slots, uint64_t epoch_bump) {
+  view.set_epoch(view.epoch() + epoch_bump);
+  for (NodeInfo& n : *view.mutable_nodes()) {
+    if (n.role() == SERVER && n.rank() == 1) n.set_state(DEAD);
+  }
+  if (move_slots) {
+    for (int s = 0; s < view.slot_owner_size(); ++s) view.set_slot_owner(s, 0);
+  }
+  return view;
+}
+
+TEST_F(KVClientTest, RequestsToADeadServerFollowItsSlotsToTheNewOwner) {
+  auto client = Client();
+  std::vector<uint64_t> keys(100);
+  std::iota(keys.begin(), keys.end(), 5000);
+  std::vector<float> grads(keys.size() * 4, 0.25f);
+  std::vector<float> out(keys.size() * 4, -1);
+  // Server 1 stops answering; its part waits in the client.
+  servers_[1]->Stop();
+  Completion push = client->Push(3, keys, grads);
+  Completion pull = client->Pull(3, keys, out.data());
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_FALSE(push.done());
+  // Server 1 is declared dead but nobody owns its slots yet: the parts wait.
+  const ClusterView before = scheduler_->state()->View();
+  client->UpdateView(FailedOver(before, /*move_slots=*/false, 100));
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_FALSE(push.done());
+  // Its slots move to server 0: the parts go there and complete.
+  const ClusterView after = FailedOver(before, /*move_slots=*/true, 101);
+  servers_[0]->UpdateView(after, 0);
+  absl::SleepFor(absl::Milliseconds(100));  // the server's poll period
+  client->UpdateView(after);
+  ASSERT_TRUE(push.Wait().ok()) << push.Wait();
+  ASSERT_TRUE(pull.Wait().ok()) << pull.Wait();
+  ASSERT_TRUE(client->Pull(3, keys, out.data()).Wait().ok());
+  // Server 0 applied each key's gradient once: keys it held before, and
+  // keys of server 1's slots, started at the initial 0.5 there.
+  for (float v : out) EXPECT_EQ(v, 0.25f);
+}
+
+TEST_F(KVClientTest, AWaitingRequestFailsAfterTheFailoverTimeout) {
+  config_.mutable_cluster()->set_failover_timeout_ms(300);
+  auto client = Client();
+  servers_[1]->Stop();
+  std::vector<uint64_t> keys(50);
+  std::iota(keys.begin(), keys.end(), 9000);
+  std::vector<float> out(keys.size() * 4);
+  Completion pull = client->Pull(3, keys, out.data());
+  client->UpdateView(FailedOver(scheduler_->state()->View(), false, 100));
+  absl::Status s = pull.Wait();
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+}
+
 }  // namespace
 }  // namespace ps

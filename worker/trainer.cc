@@ -4,13 +4,16 @@
 #include <cmath>
 #include <fstream>
 #include <optional>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/config.h"
 #include "common/logging.h"
+#include "common/protocol.h"
 #include "common/status.h"
 #include "common/wire.h"
 #include "worker/compute/compute_factory.h"
@@ -24,6 +27,9 @@ std::shared_ptr<spdlog::logger> Log() {
       new std::shared_ptr<spdlog::logger>(GetLogger("trainer"));
   return *logger;
 }
+
+// As many "file:line: reason" reports as one reader keeps.
+constexpr size_t kMaxBadLineReports = 100;
 
 std::string JsonNumber(double v) {
   return std::isfinite(v) ? absl::StrFormat("%.6g", v) : "null";
@@ -127,45 +133,101 @@ absl::Status Trainer::Initialize(const TrainerHooks& hooks) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<TrainResult> Trainer::Train(const TrainerHooks& hooks) {
-  const TrainingConfig& tr = config_.training();
-  const uint64_t max_steps = tr.max_steps();
-  const absl::Duration log_every = absl::Seconds(tr.log_interval_s());
-  Log()->info("training {} ({} dense parameters, sparse rows of {}) on {}, "
-              "batch {}, {} epoch(s), {}",
-              ModelConfig::Kind_Name(layout_.kind), layout_.dense_size,
-              layout_.sparse_dim, compute_->name(), tr.batch_size(),
-              tr.epochs(), ConsistencyMode_Name(config_.consistency().mode()));
-  if (!why_cpu_.empty()) Log()->info("no GPU: {}", why_cpu_);
-  PS_RETURN_IF_ERROR(Initialize(hooks));
+void Trainer::Report(const TrainerHooks& hooks, uint64_t clock,
+                     const DataPosition& position) {
+  if (hooks.on_step) hooks.on_step(clock, position);
+  if (hooks.on_clock) hooks.on_clock(clock);
+}
 
-  TrainResult result;
-  const absl::Time start = absl::Now();
-  absl::Time last_log = start;
-  uint64_t examples_at_log = 0;
+absl::Status Trainer::OpenShard(uint32_t shard) {
+  if (train_data_ != nullptr && data_shard_ == shard) {
+    return train_data_->Rewind();
+  }
+  if (train_data_ != nullptr) {
+    const data::ReadStats r = train_data_->stats();
+    earlier_read_.lines += r.lines;
+    earlier_read_.examples += r.examples;
+    earlier_read_.bad_lines += r.bad_lines;
+    earlier_read_.bytes += r.bytes;
+    for (std::string& line : train_data_->bad_line_reports()) {
+      if (earlier_bad_lines_.size() >= kMaxBadLineReports) break;
+      earlier_bad_lines_.push_back(std::move(line));
+    }
+    train_data_.reset();
+  }
+  const TrainingConfig& tr = config_.training();
+  PS_ASSIGN_OR_RETURN(
+      train_data_,
+      data::OpenDataset(config_.data(), data::Split::kTrain, shard,
+                        num_workers_, tr.batch_size(), tr.shard_by_batch()));
+  data_shard_ = shard;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<DataPosition> Trainer::TrainShard(const TrainerHooks& hooks,
+                                                 const DataPosition& from,
+                                                 TrainResult* result,
+                                                 ShardEnd* end) {
+  const TrainingConfig& tr = config_.training();
+  *end = ShardEnd::kDone;
+  DataPosition at = from;  // the next batch to train
+  if (from.done() || from.epoch() >= tr.epochs()) {
+    Log()->info("shard {} is already done (epoch {} of {})", from.shard(),
+                from.epoch(), tr.epochs());
+    at.set_done(true);
+    return at;
+  }
+  Log()->info("training shard {} from epoch {} batch {} at clock {}",
+              from.shard(), from.epoch(), from.batch(), client_->clock());
+  PS_RETURN_IF_ERROR(OpenShard(from.shard()));
+  const uint64_t max_steps = tr.max_steps();
+  const uint64_t batch_size = tr.batch_size();
+  const absl::Duration log_every = absl::Seconds(tr.log_interval_s());
+  absl::Time last_log = absl::Now();
+  uint64_t examples_at_log = result->examples;
   double window_loss = 0;
   uint64_t window_count = 0;
   // The previous step's pushes; waited for before the next step's compute
   // so at most one step of updates is in flight per worker.
   std::vector<Completion> in_flight;
+  // That step's clock and next position: reported only once its pushes
+  // are acknowledged, so a position never runs ahead of the servers.
+  std::optional<std::pair<uint64_t, DataPosition>> unreported;
+  auto settle = [&]() -> absl::Status {
+    for (const Completion& push : in_flight) PS_RETURN_IF_ERROR(push.Wait());
+    in_flight.clear();
+    if (unreported) {
+      Report(hooks, unreported->first, unreported->second);
+      unreported.reset();
+    }
+    return absl::OkStatus();
+  };
   // With prefetching, the step after the current one is read and its pull
   // sent before the current step is computed.
   const bool prefetch = tr.prefetch();
   Step* current = &steps_[0];
   Step* next = &steps_[1];
-  bool stopped = false;
-  for (uint32_t epoch = 0; epoch < tr.epochs() && !stopped; ++epoch) {
-    if (epoch > 0) PS_RETURN_IF_ERROR(train_data_->Rewind());
+  for (; at.epoch() < tr.epochs(); at.set_epoch(at.epoch() + 1), at.set_batch(0)) {
+    if (at.epoch() != from.epoch()) PS_RETURN_IF_ERROR(train_data_->Rewind());
+    if (at.batch() > 0) {
+      // Every batch but an epoch's last holds batch_size examples, so
+      // batch b starts at example b * batch_size of the pass.
+      const uint64_t skip = at.batch() > UINT64_MAX / batch_size
+                                ? UINT64_MAX
+                                : at.batch() * batch_size;
+      PS_ASSIGN_OR_RETURN(const uint64_t skipped, train_data_->Skip(skip));
+      if (skipped < skip) continue;  // the position was this epoch's end
+    }
     double epoch_loss = 0;
     uint64_t epoch_count = 0;
     bool next_loaded = false;
     while (true) {
       const bool stop = hooks.stop && hooks.stop();
-      if (stop || (max_steps > 0 && result.steps >= max_steps)) {
+      if (stop || (max_steps > 0 && result->steps >= max_steps)) {
         Log()->info("{} after {} steps",
                     stop ? "stop requested" : "training.max_steps reached",
-                    result.steps);
-        stopped = true;
+                    result->steps);
+        *end = stop ? ShardEnd::kStopped : ShardEnd::kCapped;
         break;
       }
       if (next_loaded) {
@@ -176,7 +238,7 @@ absl::StatusOr<TrainResult> Trainer::Train(const TrainerHooks& hooks) {
         // server are applied in order, so this pull sees the previous
         // step's push without waiting for its acknowledgement first.
         PS_ASSIGN_OR_RETURN(bool loaded,
-                            Load(train_data_.get(), tr.batch_size(), current));
+                            Load(train_data_.get(), batch_size, current));
         if (!loaded) break;
       }
       // The batch's inputs go to the device while its pull is in flight.
@@ -186,10 +248,9 @@ absl::StatusOr<TrainResult> Trainer::Train(const TrainerHooks& hooks) {
         // Sent before this step's push: the next step's parameters miss
         // this worker's own last update (ASYNC only, by config).
         PS_ASSIGN_OR_RETURN(next_loaded,
-                            Load(train_data_.get(), tr.batch_size(), next));
+                            Load(train_data_.get(), batch_size, next));
       }
-      for (const Completion& push : in_flight) PS_RETURN_IF_ERROR(push.Wait());
-      in_flight.clear();
+      PS_RETURN_IF_ERROR(settle());
 
       const size_t n = current->n;
       PS_RETURN_IF_ERROR(model_->Run(current->batch, current->sparse,
@@ -199,7 +260,7 @@ absl::StatusOr<TrainResult> Trainer::Train(const TrainerHooks& hooks) {
           !AllFinite(output_.sparse_grad)) {
         // Pushing would spread the NaN to every worker through the servers.
         return absl::InternalError(absl::StrCat(
-            "step ", result.steps + 1,
+            "step ", result->steps + 1,
             ": the loss or a gradient is not finite (learning rate too "
             "large?); nothing of this step was pushed"));
       }
@@ -211,38 +272,38 @@ absl::StatusOr<TrainResult> Trainer::Train(const TrainerHooks& hooks) {
           client_->PushDense(dense_table_, 0, output_.dense_grad));
       // The step ends after its pushes; servers receive this after them.
       in_flight.push_back(client_->AdvanceClock());
-      if (hooks.on_clock) hooks.on_clock(client_->clock());
+      at.set_batch(at.batch() + 1);
+      unreported.emplace(client_->clock(), at);
 
       epoch_loss += output_.loss_sum;
       window_loss += output_.loss_sum;
       epoch_count += n;
       window_count += n;
-      result.examples += n;
-      ++result.steps;
+      result->examples += n;
+      ++result->steps;
       const absl::Time now = absl::Now();
       if (now - last_log >= log_every) {
         Log()->info(
-            "epoch {} step {}: {} examples, {:.0f} examples/s, loss {:.4f}",
-            epoch + 1, result.steps, result.examples,
-            (result.examples - examples_at_log) /
+            "shard {} epoch {} step {}: {} examples, {:.0f} examples/s, loss "
+            "{:.4f}",
+            at.shard(), at.epoch(), result->steps, result->examples,
+            (result->examples - examples_at_log) /
                 absl::ToDoubleSeconds(now - last_log),
             window_loss / std::max<uint64_t>(window_count, 1));
         last_log = now;
-        examples_at_log = result.examples;
+        examples_at_log = result->examples;
         window_loss = 0;
         window_count = 0;
       }
       if (rank_ == 0 && tr.eval_interval_steps() > 0 &&
-          result.steps % tr.eval_interval_steps() == 0) {
-        for (const Completion& push : in_flight) {
-          PS_RETURN_IF_ERROR(push.Wait());
-        }
-        in_flight.clear();
+          result->steps % tr.eval_interval_steps() == 0) {
+        PS_RETURN_IF_ERROR(settle());
         absl::StatusOr<EvalResult> eval = Evaluate();
         if (eval.ok()) {
-          Log()->info("step {}: {}", result.steps, Describe(*eval));
+          Log()->info("step {}: {}", result->steps, Describe(*eval));
           PS_RETURN_IF_ERROR(AppendMetrics(
-              *eval, result.steps, epoch_loss / std::max<uint64_t>(epoch_count, 1)));
+              *eval, result->steps,
+              epoch_loss / std::max<uint64_t>(epoch_count, 1)));
         } else if (eval.status().code() != absl::StatusCode::kFailedPrecondition) {
           return eval.status();
         }
@@ -254,19 +315,200 @@ absl::StatusOr<TrainResult> Trainer::Train(const TrainerHooks& hooks) {
       (void)FinishPull(next);
     }
     if (epoch_count > 0) {
-      result.mean_loss = epoch_loss / epoch_count;
-      Log()->info("epoch {} {}: mean training loss {:.4f}", epoch + 1,
-                  stopped ? "stopped" : "done", result.mean_loss);
+      result->mean_loss = epoch_loss / epoch_count;
+      Log()->info("shard {} epoch {} {}: mean training loss {:.4f}", at.shard(),
+                  at.epoch(),
+                  *end == ShardEnd::kDone
+                      ? std::string("done")
+                      : absl::StrCat("stopped before batch ", at.batch()),
+                  result->mean_loss);
+    }
+    if (*end != ShardEnd::kDone) break;  // before the loop moves `at` on
+  }
+  PS_RETURN_IF_ERROR(settle());
+  if (*end == ShardEnd::kDone) {
+    at.set_epoch(tr.epochs());
+    at.set_batch(0);
+  }
+  // max_steps ends this worker's part of the job where it stands.
+  at.set_done(*end != ShardEnd::kStopped);
+  return at;
+}
+
+absl::StatusOr<std::optional<ClaimShardResponse>> Trainer::Claim(
+    const TrainerHooks& hooks, const DataPosition* finished, bool* stopped) {
+  // A scheduler blip should not end a worker that only waits for work.
+  constexpr int kMaxFailures = 30;
+  // A WAIT answered sooner than this did not long-poll: pause before asking
+  // again rather than spin.
+  constexpr absl::Duration kMinAsk = absl::Milliseconds(100);
+  constexpr absl::Duration kWaitLog = absl::Seconds(30);
+  int failures = 0;
+  absl::Time last_log = absl::InfinitePast();
+  while (true) {
+    if (hooks.stop && hooks.stop()) {
+      Log()->info("stop requested while waiting for work");
+      *stopped = true;
+      return std::nullopt;
+    }
+    const absl::Time asked = absl::Now();
+    absl::StatusOr<ClaimShardResponse> r = hooks.claim(finished);
+    if (!r.ok()) {
+      const absl::StatusCode code = r.status().code();
+      if ((code == absl::StatusCode::kUnavailable ||
+           code == absl::StatusCode::kDeadlineExceeded) &&
+          ++failures < kMaxFailures) {
+        Log()->warn("asking for work failed (attempt {} of {}): {}", failures,
+                    kMaxFailures, r.status().message());
+        absl::SleepFor(absl::Seconds(1));
+        continue;
+      }
+      return Annotate(r.status(), "asking the scheduler for work");
+    }
+    failures = 0;
+    finished = nullptr;  // reported
+    switch (r->result()) {
+      case ClaimShardResponse::WAIT:
+        if (absl::Now() - last_log >= kWaitLog) {
+          Log()->info("waiting for work: other workers still train shards");
+          last_log = absl::Now();
+        }
+        if (absl::Now() - asked < kMinAsk) absl::SleepFor(kMinAsk);
+        continue;
+      case ClaimShardResponse::ALL_DONE:
+        Log()->info("every shard of the job is done");
+        return std::nullopt;
+      case ClaimShardResponse::ASSIGNED:
+        if (r->shard().shard() >= num_workers_) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "the scheduler assigned shard ", r->shard().shard(),
+              " but the job has ", num_workers_, " (cluster.num_workers)"));
+        }
+        if (r->start_clock() >= kFinishedClock) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "the scheduler assigned shard ", r->shard().shard(),
+              " at clock ", r->start_clock(), ", which is not below the "
+              "finished clock 2^62"));
+        }
+        return std::optional<ClaimShardResponse>(*std::move(r));
+      default:
+        return absl::InvalidArgumentError(absl::StrCat(
+            "the scheduler answered ClaimShard with result ",
+            static_cast<int>(r->result())));
     }
   }
-  for (const Completion& push : in_flight) PS_RETURN_IF_ERROR(push.Wait());
+}
+
+absl::StatusOr<TrainResult> Trainer::Train(const TrainerHooks& hooks) {
+  DataPosition own;
+  own.set_shard(rank_);
+  return Train(hooks, own);
+}
+
+absl::StatusOr<TrainResult> Trainer::Train(const TrainerHooks& hooks,
+                                           std::optional<DataPosition> start) {
+  const TrainingConfig& tr = config_.training();
+  Log()->info("training {} ({} dense parameters, sparse rows of {}) on {}, "
+              "batch {}, {} epoch(s), {}",
+              ModelConfig::Kind_Name(layout_.kind), layout_.dense_size,
+              layout_.sparse_dim, compute_->name(), tr.batch_size(),
+              tr.epochs(), ConsistencyMode_Name(config_.consistency().mode()));
+  if (!why_cpu_.empty()) Log()->info("no GPU: {}", why_cpu_);
+  if (start && start->shard() >= num_workers_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("asked to train shard ", start->shard(), " but the job has ",
+                     num_workers_, " (cluster.num_workers)"));
+  }
+
+  TrainResult result;
+  result.start_clock = client_->clock();
+  const absl::Time began = absl::Now();
+  bool stopped = false;
+  if (result.start_clock == 0) {
+    absl::Status init = Initialize(hooks);
+    if (!init.ok()) {
+      if (!(hooks.stop && hooks.stop())) return init;
+      Log()->info("stop requested while initialising ({})", init.message());
+      stopped = true;
+    }
+  } else {
+    // Writing initial values now would wipe out what the job learned.
+    Log()->info("joining at clock {}: training from the servers' current "
+                "parameters",
+                result.start_clock);
+  }
+
+  std::optional<DataPosition> shard = std::move(start);
+  bool capped = false;  // training.max_steps reached
+  while (!stopped) {
+    // The final position of the shard that just ended, reported with the
+    // next request for work.
+    std::optional<DataPosition> finished;
+    if (shard) {
+      DataPosition given = *std::move(shard);
+      shard.reset();
+      if (capped) {
+        Log()->warn("training.max_steps reached: reporting shard {} done "
+                    "untrained from epoch {} batch {}",
+                    given.shard(), given.epoch(), given.batch());
+        given.set_done(true);
+        result.position = given;
+      } else {
+        result.shards.push_back(given.shard());
+        ShardEnd end;
+        PS_ASSIGN_OR_RETURN(DataPosition at,
+                            TrainShard(hooks, given, &result, &end));
+        result.position = at;
+        // Idle from here until the next shard, if any: never hold back the
+        // others' synchronous waits.
+        PS_RETURN_IF_ERROR(client_->AdvanceClockTo(kFinishedClock).Wait());
+        Report(hooks, kFinishedClock, at);
+        if (end == ShardEnd::kStopped) {
+          stopped = true;
+          break;
+        }
+        capped = end == ShardEnd::kCapped;
+      }
+      finished = result.position;
+    }
+    if (!hooks.claim) break;
+    if (client_->clock() != kFinishedClock) {
+      // No shard of its own yet: wait for one as a finished worker.
+      PS_RETURN_IF_ERROR(client_->AdvanceClockTo(kFinishedClock).Wait());
+    }
+    PS_ASSIGN_OR_RETURN(
+        std::optional<ClaimShardResponse> claimed,
+        Claim(hooks, finished ? &*finished : nullptr, &stopped));
+    if (!claimed) break;  // every shard done, or stopped
+    shard = claimed->shard();
+    if (!capped) {
+      Log()->info("took over shard {}; the clock restarts at {}",
+                  shard->shard(), claimed->start_clock());
+      PS_RETURN_IF_ERROR(client_->RestartClock(claimed->start_clock()).Wait());
+    }
+  }
+  if (stopped) {
+    result.preempted = true;
+    // Stopped before it began the shard it held: it stands where it was
+    // given.
+    if (shard) result.position = *shard;
+  }
   // Never hold back the others' synchronous waits from now on.
   PS_RETURN_IF_ERROR(client_->AdvanceClockTo(kFinishedClock).Wait());
-  if (hooks.on_clock) hooks.on_clock(kFinishedClock);
-  result.seconds = absl::ToDoubleSeconds(absl::Now() - start);
-  start_seconds_ = result.seconds;
-  result.read = train_data_->stats();
-  result.bad_lines = train_data_->bad_line_reports();
+  result.seconds = absl::ToDoubleSeconds(absl::Now() - began);
+  result.read = earlier_read_;
+  result.bad_lines = earlier_bad_lines_;
+  if (train_data_ != nullptr) {
+    const data::ReadStats r = train_data_->stats();
+    result.read.lines += r.lines;
+    result.read.examples += r.examples;
+    result.read.bad_lines += r.bad_lines;
+    result.read.bytes += r.bytes;
+    for (std::string& line : train_data_->bad_line_reports()) {
+      if (result.bad_lines.size() >= kMaxBadLineReports) break;
+      result.bad_lines.push_back(std::move(line));
+    }
+  }
   if (result.read.bad_lines > 0) {
     Log()->warn("skipped {} malformed line(s) of {} read", result.read.bad_lines,
                 result.read.lines);

@@ -1,17 +1,45 @@
 // Trains the job's model (training.model: LR, FM, DLRM-lite or an MLP)
 // through the parameter servers, on the CPU or a GPU.
 //
-// Each step: read this worker's next batch, map its keys to distinct rows,
-// pull those rows and the dense table, run the model forward and backward
-// (worker/models), push the gradients of the mean loss, advance the clock.
-// The servers apply their optimizers; the consistency mode (ASYNC, BSP,
-// SSP) decides when a pull is answered. The next batch is read while the
-// previous step's pushes are in flight.
+// Each step: read the next batch of the data shard being trained, map its
+// keys to distinct rows, pull those rows and the dense table, run the model
+// forward and backward (worker/models), push the gradients of the mean
+// loss, advance the clock. The servers apply their optimizers; the
+// consistency mode (ASYNC, BSP, SSP) decides when a pull is answered. The
+// next batch is read while the previous step's pushes are in flight.
 //
-// Initialisation: rank 0 writes the model's dense initial values (He
-// initialisation for MLP layers) to the servers before its first step; the
-// other workers wait at a barrier for that and then pull, so every worker
-// starts from the same parameters.
+// Data shards and positions. Shard s of a job is what worker rank s reads
+// (data::OpenDataset with rank s). A DataPosition (proto/scheduler.proto)
+// says where a shard stands: the epoch being read and the index of the next
+// batch to train in it, both 0-based, or done. A worker trains the shard it
+// was given from its position (skipping the batches before it with
+// Dataset::Skip), through the remaining epochs, and then asks the scheduler
+// for more work (TrainerHooks::claim): the rest of a shard whose worker died
+// or was preempted, until every shard is done. A worker that is idle, or
+// waits for work, has its clock at kFinishedClock, so it never holds back
+// the others' BSP/SSP waits; it restarts at the job's clock when it gets a
+// shard (KVClient::RestartClock).
+//
+// Progress is reported (TrainerHooks::on_step) once a step's pushes are
+// acknowledged, so a reported position never runs ahead of what the
+// servers hold: a worker that is killed and resumed from its last report
+// trains the batches after it a second time (those of the last heartbeat
+// interval and one step more), and skips none. A worker that is asked to
+// stop (TrainerHooks::stop, e.g. on SIGTERM) finishes the step in progress,
+// waits for its pushes, and ends with TrainResult::position at exactly the
+// next untrained batch: resumed from there, nothing is trained twice and
+// nothing skipped.
+//
+// Initialisation: in a fresh job (the client's clock is 0 when Train
+// starts) rank 0 writes the model's dense initial values (He initialisation
+// for MLP layers) to the servers before its first step, and the workers
+// meet at barrier "dense_init" before they pull, so every worker starts
+// from the same parameters. A worker that joins a running job, or a job
+// restored from a checkpoint (clock > 0), neither writes nor waits: it
+// pulls the current parameters.
+//
+// Log lines meant for tools (positions 0-based, as in DataPosition):
+//   "training shard S from epoch E batch B at clock C"
 //
 // Not thread-safe: one trainer per thread. The KVClient is not owned.
 #ifndef PS_WORKER_TRAINER_H_
@@ -28,6 +56,7 @@
 #include "absl/strings/string_view.h"
 #include "common/model_layout.h"
 #include "proto/config.pb.h"
+#include "proto/scheduler.pb.h"
 #include "worker/compute/compute.h"
 #include "worker/data/dataset.h"
 #include "worker/evaluation.h"
@@ -37,25 +66,54 @@
 namespace ps {
 
 struct TrainResult {
-  uint64_t examples = 0;  // processed by this worker, all epochs
+  // Cumulative over every shard this worker trained.
+  uint64_t examples = 0;
   uint64_t steps = 0;
   double seconds = 0;
-  double mean_loss = 0;  // over the last epoch
+  double mean_loss = 0;  // over the last epoch trained
   data::ReadStats read;  // of the training data
   std::vector<std::string> bad_lines;  // "file:line: reason", the first 100
+  // The client's clock when training began (0: a fresh job).
+  uint64_t start_clock = 0;
+  // The shards this worker started training, in order: its own and any it
+  // took over (a shard appears again if it came back to this worker).
+  std::vector<uint32_t> shards;
+  // Training ended because hooks.stop said so, with work left.
+  bool preempted = false;
+  // Where this worker stands. Preempted: the next untrained batch of the
+  // shard it held (done when it had finished that shard and was waiting
+  // for more work). Otherwise the final position of the last shard it
+  // trained (done). Absent when it never held a shard.
+  std::optional<DataPosition> position;
 };
-
 
 // How the trainer reaches the rest of the job. All optional.
 struct TrainerHooks {
-  // Polled between steps; true ends training early.
+  // Polled between steps, and between requests for work; true ends
+  // training (see Trainer::Train).
   std::function<bool()> stop;
-  // Called with the clock after each step (for heartbeats); at the end with
-  // kFinishedClock.
-  std::function<void(uint64_t)> on_clock;
+  // Progress, for heartbeats: called once the pushes of a step are
+  // acknowledged with the clock after that step and the position of the
+  // next batch to train; when a shard ends (done, stopped or max_steps)
+  // with kFinishedClock and the shard's final position. Called on the
+  // training thread, in clock order.
+  std::function<void(uint64_t clock, const DataPosition& next)> on_step;
+  // The clock alone, at the same points as on_step.
+  std::function<void(uint64_t clock)> on_clock;
   // A barrier across all workers of the job (the scheduler's). Without one
-  // the workers other than rank 0 do not wait for its initial values.
+  // the workers other than rank 0 do not wait for its initial values. An
+  // error ends training with it, unless stop() is true by then (preempted
+  // while waiting).
   std::function<absl::Status(absl::string_view name)> barrier;
+  // Reports `finished` (the final position of the shard this worker just
+  // ended, done; null when asking again after WAIT) and asks for a shard to
+  // train (ClaimShardResponse). May block for a while (a long poll); stop()
+  // is checked between calls, so keep each call short enough for a prompt
+  // exit. UNAVAILABLE and DEADLINE_EXCEEDED are retried, with `finished`
+  // again; other errors end training. Without a claim hook the worker ends
+  // after its first shard.
+  std::function<absl::StatusOr<ClaimShardResponse>(const DataPosition* finished)>
+      claim;
 };
 
 class Trainer {
@@ -68,10 +126,29 @@ class Trainer {
       const JobConfig& config, KVClient* client, uint32_t rank,
       uint32_t num_workers);
 
-  // Trains for training.epochs passes (or max_steps). Rank 0 evaluates
-  // every training.eval_interval_steps and appends each evaluation to
-  // training.metrics_file. Ends with the clock at kFinishedClock, so this
-  // worker never holds back the others' synchronous waits.
+  // Trains shard start->shard from *start through the remaining epochs of
+  // training.epochs; then, with hooks.claim, trains whatever shards the
+  // scheduler assigns, each from its position, until it answers ALL_DONE.
+  // Without `start` the worker has no shard of its own and asks at once.
+  // training.max_steps caps this worker's steps over all shards: reaching
+  // it ends the shard being trained as done where it stands (the rest is
+  // not trained, by anyone), and later assignments are reported done
+  // without training. Rank 0 evaluates every training.eval_interval_steps
+  // of its own steps and appends each evaluation to training.metrics_file.
+  //
+  // hooks.stop ends training promptly: after the step in progress (its
+  // pushes acknowledged), while waiting at the initial barrier, or between
+  // requests for work; the result is then `preempted` with the exact
+  // position to resume from. Ends with the clock at kFinishedClock, so
+  // this worker never holds back the others' synchronous waits.
+  //
+  // Errors: INVALID_ARGUMENT for a position that names no shard of this
+  // job (shard >= num_workers) or a claim answer that makes no sense; the
+  // data reader's, the servers' and the hooks' errors; INTERNAL for a
+  // non-finite loss or gradient (nothing of that step is pushed).
+  absl::StatusOr<TrainResult> Train(const TrainerHooks& hooks,
+                                    std::optional<DataPosition> start);
+  // Trains shard `rank` from its beginning (a job without failures).
   absl::StatusOr<TrainResult> Train(const TrainerHooks& hooks);
 
   // Scores the test data with the current server parameters.
@@ -118,6 +195,25 @@ class Trainer {
   // Rank 0 writes the initial dense values; everyone meets at a barrier.
   absl::Status Initialize(const TrainerHooks& hooks);
 
+  // How TrainShard ended.
+  enum class ShardEnd { kDone, kStopped, kCapped };
+  // Trains shard from.shard from `from` until it is done, hooks.stop or
+  // max_steps; adds to *result. Returns the position reached (done for
+  // kDone) with every push acknowledged; *end says why it returned.
+  absl::StatusOr<DataPosition> TrainShard(const TrainerHooks& hooks,
+                                          const DataPosition& from,
+                                          TrainResult* result, ShardEnd* end);
+  // Asks hooks.claim for work until it answers ASSIGNED or ALL_DONE, or
+  // hooks.stop; `finished` is reported with the first successful call.
+  // nullopt with *stopped set when stopped; nullopt for ALL_DONE.
+  absl::StatusOr<std::optional<ClaimShardResponse>> Claim(
+      const TrainerHooks& hooks, const DataPosition* finished, bool* stopped);
+  // Positions train_data_ at the start of a pass over `shard`.
+  absl::Status OpenShard(uint32_t shard);
+  // Progress after a step, reported once its pushes are acknowledged.
+  static void Report(const TrainerHooks& hooks, uint64_t clock,
+                     const DataPosition& position);
+
   const JobConfig config_;
   KVClient* const client_;
   const uint32_t rank_;
@@ -125,12 +221,15 @@ class Trainer {
   const ModelLayout layout_;
   uint32_t sparse_table_ = 0;
   uint32_t dense_table_ = 0;
-  double start_seconds_ = 0;
 
   std::unique_ptr<Compute> compute_;
   std::string why_cpu_;
   std::unique_ptr<Model> model_;
+  // The shard being read, and the stats of shards read before it.
   std::unique_ptr<data::Dataset> train_data_;
+  uint32_t data_shard_ = 0;
+  data::ReadStats earlier_read_;
+  std::vector<std::string> earlier_bad_lines_;
   SparseIndexer indexer_;
   Step steps_[2];  // the current step and, with prefetch, the next
   Step eval_step_;

@@ -1,16 +1,31 @@
-// A worker process: registers with the scheduler, trains its shard of the
-// job's data through the servers, and leaves. Rank 0 then evaluates the
-// model on the test split and prints the job summary as one JSON line on
-// stdout (and to --summary_out).
+// A worker process: registers with the scheduler, trains the data shard
+// the registration gave it (from the position given: a replacement resumes
+// a dead or preempted worker's shard), then takes over shards orphaned by
+// other workers until every shard is done (ClaimShard), and leaves. The
+// lowest worker rank at the train_done barrier (rank 0 unless it died)
+// then evaluates the model on the test split, exports it, and prints the
+// job summary as one JSON line on stdout (and to --summary_out).
 //
-// SIGINT/SIGTERM stop training after the current step; the worker still
-// leaves the job cleanly.
+// SIGINT/SIGTERM (preemption): training stops after the current step, its
+// pushes acknowledged, and the worker leaves with the exact position of its
+// next untrained batch, so another worker trains the rest of the shard with
+// nothing trained twice or skipped; it exits 0. A signal while waiting (for
+// the servers, at a barrier, for work) is noticed within a few seconds.
+// A worker killed outright is resumed from its last heartbeat's position
+// instead (worker/trainer.h: the batches after it are trained twice).
+//
+// Log lines meant for tools (positions 0-based, as in DataPosition):
+//   "training shard S from epoch E batch B at clock C"   (trainer)
+//   "preempted: left at shard S epoch E batch B"         (+ " (done)")
+//   "evaluator: rank R, the lowest of ranks [...] that finished training"
 #include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/flags/flag.h"
@@ -56,9 +71,17 @@ std::string Number(double v) {
   return std::isfinite(v) ? absl::StrFormat("%.5f", v) : std::string("null");
 }
 
+// How long each wait for the scheduler (work, barriers, startup) may block
+// before the stop flag is checked again: the worst-case delay between
+// SIGTERM and leaving. Re-asking costs one RPC per interval.
+constexpr absl::Duration kStopCheck = absl::Seconds(2);
+
+// The rank0_* fields are the evaluating worker's (rank 0 in a job without
+// failures; see evaluator_rank).
 std::string SummaryJson(const ps::JobConfig& config, const ps::Trainer& trainer,
                         const ps::TrainResult& train,
-                        const ps::EvalResult* eval, double seconds) {
+                        const ps::EvalResult* eval, double seconds,
+                        uint32_t evaluator) {
   return absl::StrCat(
       "{\"model\":\"", ps::ModelConfig::Kind_Name(config.training().model().kind()),
       "\",\"mode\":\"", ps::ConsistencyMode_Name(config.consistency().mode()),
@@ -75,17 +98,77 @@ std::string SummaryJson(const ps::JobConfig& config, const ps::Trainer& trainer,
       ",\"oracle_logloss\":", Number(eval ? eval->oracle_logloss : NAN),
       ",\"rank0_examples_per_s\":",
       absl::StrFormat("%.0f", train.seconds > 0 ? train.examples / train.seconds : 0.0),
-      "}");
+      ",\"evaluator_rank\":", evaluator,
+      ",\"shards_trained\":[", absl::StrJoin(train.shards, ","), "]",
+      ",\"start_clock\":", train.start_clock, "}");
 }
+
+// Barrier `name` in rounds of kStopCheck, so a stop request is noticed.
+// CANCELLED once stopped; DEADLINE_EXCEEDED after `timeout`; `ranks` as
+// SchedulerClient::Barrier.
+absl::Status StoppableBarrier(ps::SchedulerClient* membership,
+                              const ps::TerminationSignals& signals,
+                              const std::string& name, absl::Duration timeout,
+                              std::vector<uint32_t>* ranks) {
+  constexpr absl::Duration kLogEvery = absl::Seconds(10);
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::Time next_log = absl::Now() + kLogEvery;
+  while (true) {
+    if (signals.requested()) {
+      return absl::CancelledError(
+          absl::StrCat("barrier ", name, ": stop requested"));
+    }
+    const absl::Duration round = std::min(kStopCheck, deadline - absl::Now());
+    absl::Status s = membership->Barrier(name, round, ranks);
+    // Arriving again is harmless (scheduler.proto).
+    if (s.code() != absl::StatusCode::kDeadlineExceeded ||
+        absl::Now() >= deadline) {
+      return s;
+    }
+    if (absl::Now() >= next_log) {
+      ps::GetLogger("worker")->info("{}", s.message());  // the missing ranks
+      next_log = absl::Now() + kLogEvery;
+    }
+  }
+}
+
+// What the worker tells the scheduler when it leaves.
+struct Outcome {
+  // Every shard is done and this worker's part is complete.
+  bool finished = false;
+  // Stopped by a signal with work left; `position` says where.
+  bool preempted = false;
+  std::optional<ps::DataPosition> position;
+};
 
 int TrainAndEvaluate(const ps::JobConfig& config,
                      ps::SchedulerClient* membership,
                      PublishedClient* kv,
-                     const ps::TerminationSignals& signals, absl::Time start) {
+                     const ps::TerminationSignals& signals, absl::Time start,
+                     Outcome* outcome) {
   auto log = ps::GetLogger("worker");
   const uint32_t rank = membership->rank();
-  auto view = membership->WaitForRunning(
-      absl::Milliseconds(config.cluster().startup_timeout_ms()));
+  std::optional<ps::DataPosition> initial;
+  if (membership->has_initial_shard()) initial = membership->initial_shard();
+  // Preempted before training: the shard stands where it was given.
+  auto preempt_now = [&] {
+    outcome->preempted = true;
+    outcome->position = initial;
+    return 0;
+  };
+
+  const absl::Time startup_deadline =
+      absl::Now() + absl::Milliseconds(config.cluster().startup_timeout_ms());
+  absl::StatusOr<ps::ClusterView> view;
+  while (true) {
+    if (signals.requested()) return preempt_now();
+    view = membership->WaitForRunning(
+        std::min(kStopCheck, startup_deadline - absl::Now()));
+    if (view.ok() || view.status().code() != absl::StatusCode::kDeadlineExceeded ||
+        absl::Now() >= startup_deadline) {
+      break;
+    }
+  }
   if (!view.ok()) {
     log->error("{}", view.status().message());
     return 1;
@@ -110,18 +193,29 @@ int TrainAndEvaluate(const ps::JobConfig& config,
   const absl::Duration barrier_timeout = absl::Hours(24);
   ps::TrainerHooks hooks;
   hooks.stop = [&] { return signals.requested(); };
-  hooks.on_clock = [membership](uint64_t clock) { membership->set_clock(clock); };
-  hooks.barrier = [membership, barrier_timeout](absl::string_view name) {
-    return membership->Barrier(std::string(name), barrier_timeout);
+  hooks.on_step = [membership](uint64_t clock, const ps::DataPosition& next) {
+    membership->set_progress(clock, next);
   };
-  auto train = (*trainer)->Train(hooks);
+  hooks.barrier = [&](absl::string_view name) {
+    return StoppableBarrier(membership, signals, std::string(name),
+                            barrier_timeout, nullptr);
+  };
+  hooks.claim = [membership](const ps::DataPosition* finished) {
+    return membership->ClaimShard(finished, kStopCheck);
+  };
+  if (!initial) {
+    log->info("no shard of its own (joined at clock {}): asking for work",
+              membership->start_clock());
+  }
+  auto train = (*trainer)->Train(hooks, initial);
   if (!train.ok()) {
     log->error("training failed: {}", train.status().message());
     return 1;
   }
-  log->info("trained {} examples in {:.1f} s ({:.0f} examples/s)",
+  log->info("trained {} examples in {:.1f} s ({:.0f} examples/s), shards [{}]",
             train->examples, train->seconds,
-            train->seconds > 0 ? train->examples / train->seconds : 0.0);
+            train->seconds > 0 ? train->examples / train->seconds : 0.0,
+            absl::StrJoin(train->shards, ","));
   if (train->read.bad_lines > 0) {
     log->warn("{} malformed line(s) skipped; the first: {}", train->read.bad_lines,
               absl::StrJoin(train->bad_lines.begin(),
@@ -129,16 +223,32 @@ int TrainAndEvaluate(const ps::JobConfig& config,
                                 std::min<size_t>(train->bad_lines.size(), 5),
                             "; "));
   }
-  if (signals.requested()) return 0;
+  if (train->preempted) {
+    outcome->preempted = true;
+    outcome->position = train->position;
+    return 0;
+  }
+  // Every shard is done: a stop from here on only cuts the wrap-up short.
+  outcome->finished = true;
 
   // Every worker's pushes are acknowledged before it arrives here, so the
   // evaluation below sees the fully trained model.
-  absl::Status barrier = membership->Barrier("train_done", barrier_timeout);
+  std::vector<uint32_t> ranks;
+  absl::Status barrier =
+      StoppableBarrier(membership, signals, "train_done", barrier_timeout, &ranks);
+  if (barrier.code() == absl::StatusCode::kCancelled) {
+    log->info("stop requested at the train_done barrier: leaving");
+    return 0;
+  }
   if (!barrier.ok()) {
     log->error("{}", barrier.message());
     return 1;
   }
-  if (rank != 0) return 0;
+  // The lowest rank that arrived acts for the job: rank 0 may have died.
+  const uint32_t evaluator = ranks.empty() ? 0 : ranks.front();
+  if (rank != evaluator) return 0;
+  log->info("evaluator: rank {}, the lowest of ranks [{}] that finished training",
+            rank, absl::StrJoin(ranks, ","));
   const double train_seconds = absl::ToDoubleSeconds(absl::Now() - start);
   auto eval = (*trainer)->Evaluate();
   if (!eval.ok() && eval.status().code() != absl::StatusCode::kFailedPrecondition) {
@@ -159,13 +269,19 @@ int TrainAndEvaluate(const ps::JobConfig& config,
       return 1;
     }
   }
-  const std::string json = SummaryJson(config, **trainer, *train,
-                                       eval.ok() ? &*eval : nullptr, train_seconds);
+  const std::string json =
+      SummaryJson(config, **trainer, *train, eval.ok() ? &*eval : nullptr,
+                  train_seconds, evaluator);
   std::cout << json << std::endl;
   if (const std::string path = absl::GetFlag(FLAGS_summary_out); !path.empty()) {
     std::ofstream(path) << json << "\n";
   }
   return 0;
+}
+
+std::string DescribePosition(const ps::DataPosition& p) {
+  return absl::StrCat("shard ", p.shard(), " epoch ", p.epoch(), " batch ",
+                      p.batch(), p.done() ? " (done)" : "");
 }
 
 int Run(ps::TerminationSignals& signals, const ps::JobConfig* config) {
@@ -177,6 +293,8 @@ int Run(ps::TerminationSignals& signals, const ps::JobConfig* config) {
   PublishedClient kv;
   auto options = ps::SchedulerClient::Options::ForJob(
       *config, absl::GetFlag(FLAGS_scheduler), ps::WORKER);
+  // Its shard is resumed by another worker if it dies or is preempted.
+  options.trains_shards = true;
   options.on_view = [&kv](const ps::ClusterView& view, uint32_t) {
     kv.Update(view);
   };
@@ -187,14 +305,31 @@ int Run(ps::TerminationSignals& signals, const ps::JobConfig* config) {
   }
   const uint32_t rank = (*membership)->rank();
   ps::SetLogTag(absl::StrCat("worker/", rank));
-  log->info("registered as worker {} of {}", rank,
-            config->cluster().num_workers());
+  log->info("registered as worker {} of {}{}", rank,
+            config->cluster().num_workers(),
+            (*membership)->has_initial_shard()
+                ? absl::StrCat(", to train ",
+                               DescribePosition((*membership)->initial_shard()))
+                : std::string(", with no shard of its own"));
+  Outcome outcome;
   const int exit_code = TrainAndEvaluate(*config, membership->get(), &kv,
-                                         signals, start);
+                                         signals, start, &outcome);
   // Leave on every path once registered, so the scheduler never waits for a
   // heartbeat timeout to learn this worker is gone.
-  absl::Status left = (*membership)->Leave(/*finished=*/exit_code == 0 &&
-                                           !signals.requested());
+  if (outcome.preempted) {
+    const ps::DataPosition* at = outcome.position ? &*outcome.position : nullptr;
+    absl::Status left = (*membership)->Leave(/*finished=*/false, at);
+    if (!left.ok()) {
+      log->warn("{}", left.message());
+    } else if (at != nullptr) {
+      log->info("preempted: left at {}", DescribePosition(*at));
+    } else {
+      log->info("preempted: left holding no shard");
+    }
+    return exit_code;
+  }
+  absl::Status left =
+      (*membership)->Leave(/*finished=*/exit_code == 0 && outcome.finished);
   if (!left.ok()) log->warn("{}", left.message());
   return exit_code;
 }

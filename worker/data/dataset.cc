@@ -1,5 +1,6 @@
 #include "worker/data/dataset.h"
 
+#include <algorithm>
 #include <memory>
 
 #include "absl/status/status.h"
@@ -7,6 +8,22 @@
 #include "worker/data/readers.h"
 
 namespace ps::data {
+
+absl::StatusOr<uint64_t> Dataset::Skip(uint64_t n) {
+  // Reading is the only way to skip a stream of lines; a reader that can
+  // seek overrides this. Bounded chunks keep the scratch batch small.
+  constexpr uint64_t kChunk = 4096;
+  ExampleBatch scratch;
+  uint64_t skipped = 0;
+  while (skipped < n) {
+    const size_t want = static_cast<size_t>(std::min(kChunk, n - skipped));
+    absl::StatusOr<size_t> got = Next(want, &scratch);
+    if (!got.ok()) return got.status();
+    skipped += *got;
+    if (*got < want) break;  // end of the pass
+  }
+  return skipped;
+}
 
 absl::StatusOr<std::unique_ptr<Dataset>> OpenDataset(
     const DataConfig& config, Split split, uint32_t rank,

@@ -99,6 +99,20 @@ class Dataset {
   // continues after the offending line.
   virtual absl::StatusOr<size_t> Next(size_t max, ExampleBatch* out) = 0;
 
+  // Skips the next min(n, remaining) examples of this pass, exactly as if
+  // they were read with Next() and dropped, and returns how many: fewer
+  // than `n` only at the end of the pass. So after Skip(k), Next() returns
+  // example k of the pass (counting from where the pass stood), which is
+  // how a worker resumes a shard at a batch index: Skip(batch * batch_size).
+  // Readers that can seek do: synthetic data and Fashion-MNIST are index
+  // addressed and skip without generating or copying an example. Text
+  // files read and parse the skipped lines (the default below), since
+  // only parsing tells a malformed or blank line (which is not an example)
+  // from a good one. Skipped examples and lines count in stats() as read;
+  // errors are Next()'s (e.g. DATA_LOSS for a malformed skipped line under
+  // on_bad_line FAIL).
+  virtual absl::StatusOr<uint64_t> Skip(uint64_t n);
+
   // Starts a new pass from the beginning of this worker's share.
   virtual absl::Status Rewind() = 0;
 

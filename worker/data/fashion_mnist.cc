@@ -60,6 +60,13 @@ class FashionMnistDataset final : public Dataset {
     return absl::OkStatus();
   }
 
+  absl::StatusOr<uint64_t> Skip(uint64_t n) override {
+    const uint64_t take = std::min<uint64_t>(n, labels_.size() - pos_);
+    pos_ += static_cast<size_t>(take);
+    stats_.examples += take;
+    return take;
+  }
+
   absl::StatusOr<size_t> Next(size_t max, ExampleBatch* out) override {
     if (max == 0 || out == nullptr) {
       return absl::InvalidArgumentError("Next: max must be > 0, out non-null");

@@ -45,6 +45,38 @@ class SyntheticDataset final : public Dataset {
     return absl::OkStatus();
   }
 
+  // The same walk over segments as Next(), without generating anything;
+  // whole segments (shard_by_batch's batches) are stepped over at once.
+  absl::StatusOr<uint64_t> Skip(uint64_t n) override {
+    uint64_t skipped = 0;
+    while (skipped < n && pos_ < end_) {
+      const uint64_t left = n - skipped;
+      if (stride_ > 0 && pos_ == seg_start_ && left >= segment_ &&
+          seg_start_ + segment_ <= end_) {
+        // Segments starting at seg_start_ + i * stride_ for i < whole end
+        // at or before end_, so each holds segment_ examples.
+        const uint64_t whole =
+            std::min(left / segment_,
+                     (end_ - seg_start_ - segment_) / stride_ + 1);
+        seg_start_ += whole * stride_;
+        pos_ = seg_start_;
+        skipped += whole * segment_;
+        continue;
+      }
+      const uint64_t seg_end = std::min(seg_start_ + segment_, end_);
+      const uint64_t take = std::min(left, seg_end - pos_);
+      pos_ += take;
+      skipped += take;
+      if (pos_ == seg_end) {
+        if (stride_ == 0) break;
+        seg_start_ += stride_;
+        pos_ = seg_start_;
+      }
+    }
+    stats_.examples += skipped;
+    return skipped;
+  }
+
   absl::StatusOr<size_t> Next(size_t max, ExampleBatch* out) override {
     if (max == 0 || out == nullptr) {
       return absl::InvalidArgumentError("Next: max must be > 0, out non-null");

@@ -1,0 +1,309 @@
+#include "tests/testing/job_harness.h"
+
+#include <signal.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <regex>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+
+namespace ps::testing {
+namespace {
+
+// Polling period of every wait: short next to the jobs' heartbeat interval.
+constexpr absl::Duration kPoll = absl::Milliseconds(10);
+
+// Same value as common/protocol.h's kFinishedClock (a worker with no shard).
+constexpr uint64_t kFinishedClock = uint64_t{1} << 62;
+
+}  // namespace
+
+JobHarness::JobHarness(Options options) : options_(std::move(options)) {}
+
+JobHarness::~JobHarness() = default;  // Subprocess kills what still runs
+
+std::string JobHarness::WorkerName(int i) { return absl::StrCat("worker", i); }
+
+absl::StatusOr<std::unique_ptr<JobHarness>> JobHarness::Start(Options options) {
+  std::unique_ptr<JobHarness> job(new JobHarness(std::move(options)));
+  const std::string& dir = job->options_.dir;
+  mkdir(dir.c_str(), 0755);
+  job->config_path_ = dir + "/job.pbtxt";
+  {
+    std::ofstream out(job->config_path_);
+    out << job->options_.config;
+    if (!out) return absl::InternalError("cannot write " + job->config_path_);
+  }
+  const std::string port_file = dir + "/scheduler.port";
+  std::remove(port_file.c_str());
+  std::remove((dir + "/summary.json").c_str());
+  job->started_ = absl::Now();
+  auto scheduler = Subprocess::Start(
+      {Runfile(job->options_.scheduler_binary), "--config=" + job->config_path_,
+       "--port_file=" + port_file},
+      dir + "/scheduler.out", dir + "/scheduler.log");
+  if (!scheduler.ok()) return scheduler.status();
+  job->scheduler_.emplace(*std::move(scheduler));
+  auto port = WaitForFile(port_file, job->options_.startup_timeout);
+  if (!port.ok()) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "the scheduler wrote no port: ", ReadFile(dir + "/scheduler.log")));
+  }
+  job->address_ = absl::StrCat("127.0.0.1:", absl::StripAsciiWhitespace(*port));
+  job->stub_ = Scheduler::NewStub(
+      grpc::CreateChannel(job->address_, grpc::InsecureChannelCredentials()));
+  for (int i = 0; i < job->options_.num_servers; ++i) {
+    const std::string name = absl::StrCat(dir, "/server", i);
+    auto server = Subprocess::Start(
+        {Runfile(job->options_.server_binary), "--config=" + job->config_path_,
+         "--scheduler=" + job->address_},
+        name + ".out", name + ".log");
+    if (!server.ok()) return server.status();
+    job->servers_.push_back(*std::move(server));
+  }
+  for (int i = 0; i < job->options_.num_workers; ++i) {
+    auto worker = job->StartWorker();
+    if (!worker.ok()) return worker.status();
+  }
+  return job;
+}
+
+absl::StatusOr<int> JobHarness::StartWorker() {
+  const int i = static_cast<int>(workers_.size());
+  const std::string name = absl::StrCat(options_.dir, "/", WorkerName(i));
+  auto worker = Subprocess::Start(
+      {Runfile(options_.worker_binary), "--config=" + config_path_,
+       "--scheduler=" + address_, "--summary_out=" + options_.dir + "/summary.json"},
+      name + ".out", name + ".log");
+  if (!worker.ok()) return worker.status();
+  workers_.push_back(*std::move(worker));
+  return i;
+}
+
+absl::StatusOr<GetStatusResponse> JobHarness::Status() {
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+  GetStatusResponse response;
+  const grpc::Status status = stub_->GetStatus(&context, GetStatusRequest(), &response);
+  if (!status.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("scheduler GetStatus: ", status.error_message()));
+  }
+  for (const WorkerClock& c : response.clocks()) {
+    max_silent_ms_ = std::max<uint64_t>(max_silent_ms_, c.silent_ms());
+  }
+  return response;
+}
+
+absl::StatusOr<std::optional<NodeInfo>> JobHarness::LiveNode(pid_t pid) {
+  auto status = Status();
+  if (!status.ok()) return status.status();
+  for (const NodeInfo& node : status->view().nodes()) {
+    if (node.role() == WORKER && node.pid() == static_cast<uint32_t>(pid) &&
+        node.state() == ALIVE) {
+      return std::optional<NodeInfo>(node);
+    }
+  }
+  return std::optional<NodeInfo>();
+}
+
+absl::StatusOr<uint32_t> JobHarness::WaitForRegistration(int i,
+                                                         absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (true) {
+    auto node = LiveNode(workers_[i].pid());
+    if (node.ok() && node->has_value()) {
+      if (node_ids_.size() <= static_cast<size_t>(i)) node_ids_.resize(i + 1, 0);
+      node_ids_[i] = (*node)->node_id();
+      return (*node)->rank();
+    }
+    if (!workers_[i].running()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(WorkerName(i), " exited before it registered"));
+    }
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat(WorkerName(i), " did not register in time"));
+    }
+    absl::SleepFor(kPoll);
+  }
+}
+
+absl::StatusOr<uint64_t> JobHarness::WaitForStep(int i, uint64_t step,
+                                                 absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (true) {
+    if (!workers_[i].running()) {
+      return absl::FailedPreconditionError(absl::StrCat(WorkerName(i), " exited"));
+    }
+    auto status = Status();
+    if (status.ok()) {
+      std::optional<uint32_t> rank;
+      for (const NodeInfo& node : status->view().nodes()) {
+        if (node.role() == WORKER && node.state() == ALIVE &&
+            node.pid() == static_cast<uint32_t>(workers_[i].pid())) {
+          rank = node.rank();
+        }
+      }
+      if (!rank.has_value()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat(WorkerName(i), " is not a live member of the job"));
+      }
+      for (const WorkerClock& c : status->clocks()) {
+        if (c.rank() == *rank && (c.clock() >= step || c.clock() >= kFinishedClock)) {
+          return c.clock();
+        }
+      }
+    }
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat(WorkerName(i), " did not reach step ", step, " in time"));
+    }
+    absl::SleepFor(kPoll);
+  }
+}
+
+bool JobHarness::Signal(int i, int sig) {
+  if (!workers_[i].running()) return false;
+  workers_[i].Signal(sig);
+  return true;
+}
+
+absl::Status JobHarness::WaitUntilGone(int i, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (true) {
+    auto node = LiveNode(workers_[i].pid());
+    if (node.ok() && !node->has_value()) return absl::OkStatus();
+    if (!node.ok() && !scheduler_->running()) return absl::OkStatus();
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "the scheduler still counts ", WorkerName(i), " as alive"));
+    }
+    absl::SleepFor(kPoll);
+  }
+}
+
+absl::StatusOr<JobHarness::Result> JobHarness::Wait(absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  auto wait = [&](Subprocess& p, const std::string& name) -> absl::StatusOr<int> {
+    auto code = p.Wait(std::max(deadline - absl::Now(), absl::ZeroDuration()));
+    if (!code.ok()) {
+      return absl::DeadlineExceededError(
+          absl::StrCat(name, " (pid ", p.pid(), ") still running after ",
+                       absl::FormatDuration(timeout)));
+    }
+    return code;
+  };
+  Result result;
+  std::vector<std::string> running;
+  // Workers first: they end the job, then the servers and the scheduler
+  // exit.
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    auto code = wait(workers_[i], WorkerName(i));
+    if (!code.ok()) {
+      running.push_back(WorkerName(i));
+      continue;
+    }
+    result.workers.push_back(*code);
+  }
+  for (size_t i = 0; i < servers_.size(); ++i) {
+    auto code = wait(servers_[i], absl::StrCat("server", i));
+    if (!code.ok()) {
+      running.push_back(absl::StrCat("server", i));
+      continue;
+    }
+    result.servers.push_back(*code);
+  }
+  auto code = wait(*scheduler_, "scheduler");
+  if (!code.ok()) {
+    running.push_back("scheduler");
+  } else {
+    result.scheduler = *code;
+  }
+  if (!running.empty()) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("job not over after ", absl::FormatDuration(timeout), ": ",
+                     absl::StrJoin(running, ", "), " still running"));
+  }
+  result.elapsed = absl::Now() - started_;
+  for (const Subprocess& w : workers_) {
+    for (absl::string_view line :
+         absl::StrSplit(ReadFile(w.stdout_path()), '\n', absl::SkipEmpty())) {
+      if (absl::StartsWith(line, "{") && line.find("\"test_auc\"") != absl::string_view::npos) {
+        ++result.summaries;
+        result.summary = std::string(line);
+      }
+    }
+  }
+  return result;
+}
+
+std::vector<uint64_t> JobHarness::DeclaredDead() const {
+  // "worker rank 2 (node 5) declared dead: no heartbeat for 322ms"
+  static const std::regex kDead("\\(node ([0-9]+)\\) declared dead");
+  const std::string log = ReadFile(options_.dir + "/scheduler.log");
+  std::vector<uint64_t> ids;
+  for (std::sregex_iterator it(log.begin(), log.end(), kDead), end; it != end; ++it) {
+    ids.push_back(std::stoull((*it)[1].str()));
+  }
+  return ids;
+}
+
+std::string JobHarness::LogTails(int lines) const {
+  std::vector<const Subprocess*> all;
+  if (scheduler_) all.push_back(&*scheduler_);
+  for (const Subprocess& s : servers_) all.push_back(&s);
+  for (const Subprocess& w : workers_) all.push_back(&w);
+  std::string out;
+  for (const Subprocess* p : all) {
+    for (const std::string& path : {p->stderr_path(), p->stdout_path()}) {
+      std::vector<std::string> text =
+          absl::StrSplit(ReadFile(path), '\n', absl::SkipEmpty());
+      if (text.empty()) continue;
+      const size_t from = text.size() > static_cast<size_t>(lines) ? text.size() - lines : 0;
+      absl::StrAppend(&out, "---- ", path, " (pid ", p->pid(), ")",
+                      from > 0 ? absl::StrCat(", last ", lines, " lines") : "",
+                      "\n");
+      for (size_t k = from; k < text.size(); ++k) absl::StrAppend(&out, text[k], "\n");
+    }
+  }
+  return out;
+}
+
+std::string JsonRaw(const std::string& json, const std::string& field) {
+  const std::string key = absl::StrCat("\"", field, "\":");
+  const size_t at = json.find(key);
+  if (at == std::string::npos) return "";
+  const size_t begin = at + key.size();
+  size_t end = begin;
+  if (end < json.size() && json[end] == '[') {
+    end = json.find(']', begin);
+    return end == std::string::npos ? "" : json.substr(begin, end + 1 - begin);
+  }
+  if (end < json.size() && json[end] == '"') {
+    end = json.find('"', begin + 1);
+    return end == std::string::npos ? "" : json.substr(begin + 1, end - begin - 1);
+  }
+  end = json.find_first_of(",}", begin);
+  return end == std::string::npos ? "" : json.substr(begin, end - begin);
+}
+
+std::optional<double> JsonNumber(const std::string& json, const std::string& field) {
+  double v;
+  if (!absl::SimpleAtod(JsonRaw(json, field), &v)) return std::nullopt;
+  return v;
+}
+
+}  // namespace ps::testing

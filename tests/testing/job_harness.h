@@ -1,0 +1,153 @@
+// Runs a whole job as real processes on loopback, for fault-injection
+// tests: one scheduler, the config's servers and workers (the trainer),
+// each a Subprocess with its own log. The test can watch the job through
+// the scheduler's GetStatus (ranks, workers' clocks, who is alive), signal
+// a worker, start a replacement worker, and wait for every process to
+// exit.
+//
+// Files in Options::dir: job.pbtxt, scheduler.port, and for every process
+// NAME.out (stdout) and NAME.log (stderr), NAME being "scheduler",
+// "server<i>" or "worker<i>" (i counts launches, not ranks: a replacement
+// is worker<num_workers>, ...). Workers write the summary to
+// summary.json.
+//
+// Not thread-safe. Destroying the harness SIGKILLs every process still
+// running.
+#ifndef PS_TESTS_TESTING_JOB_HARNESS_H_
+#define PS_TESTS_TESTING_JOB_HARNESS_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "proto/scheduler.grpc.pb.h"
+#include "tests/testing/subprocess.h"
+
+namespace ps::testing {
+
+class JobHarness {
+ public:
+  struct Options {
+    // Created if missing; files of an earlier run there are overwritten.
+    std::string dir;
+    // The job config (textproto). Its cluster block must give num_servers
+    // and num_workers, the counts below.
+    std::string config;
+    int num_servers = 1;
+    int num_workers = 1;
+    // Binaries, as Runfile() paths.
+    std::string scheduler_binary = "scheduler/scheduler_main";
+    std::string server_binary = "server/server_main";
+    std::string worker_binary = "worker/trainer";
+    // How long Start waits for the scheduler's port.
+    absl::Duration startup_timeout = absl::Seconds(20);
+  };
+
+  // Exit codes (Subprocess::Wait: 128 + signal for a signal) and output of
+  // a job whose processes all exited.
+  struct Result {
+    int scheduler = -1;
+    std::vector<int> servers;
+    // Indexed like worker(i): the initial workers, then replacements.
+    std::vector<int> workers;
+    // The JSON summary line, as printed on the evaluator's stdout; empty
+    // if no worker printed one.
+    std::string summary;
+    // How many worker processes printed a summary (1 in a sound job).
+    int summaries = 0;
+    // From Start to the last process's exit.
+    absl::Duration elapsed;
+  };
+
+  // Starts the scheduler, then every server and worker, without waiting
+  // for them to register.
+  static absl::StatusOr<std::unique_ptr<JobHarness>> Start(Options options);
+
+  JobHarness(const JobHarness&) = delete;
+  JobHarness& operator=(const JobHarness&) = delete;
+  ~JobHarness();
+
+  const std::string& dir() const { return options_.dir; }
+  int num_worker_processes() const { return static_cast<int>(workers_.size()); }
+  Subprocess& worker(int i) { return workers_[i]; }
+  // "worker<i>": the prefix of its files.
+  static std::string WorkerName(int i);
+
+  // The scheduler's snapshot (view and live workers' clocks).
+  absl::StatusOr<GetStatusResponse> Status();
+
+  // Waits until the scheduler counts worker(i) as a live member; its rank.
+  absl::StatusOr<uint32_t> WaitForRegistration(int i, absl::Duration timeout);
+
+  // Waits until live worker(i)'s clock, as last reported to the scheduler
+  // (heartbeats, so up to a heartbeat interval behind), is at least `step`.
+  // A worker waiting for work reports kFinishedClock, which counts as
+  // reaching any step. Returns the clock seen; FAILED_PRECONDITION when
+  // the worker is no longer a live member (finished or gone) or exited.
+  absl::StatusOr<uint64_t> WaitForStep(int i, uint64_t step,
+                                       absl::Duration timeout);
+
+  // The scheduler's node id of worker(i), once WaitForRegistration saw it
+  // registered; 0 before.
+  uint64_t node_id(int i) const { return i < static_cast<int>(node_ids_.size()) ? node_ids_[i] : 0; }
+
+  // Node ids the scheduler declared dead (missed heartbeats), from its log.
+  std::vector<uint64_t> DeclaredDead() const;
+
+  // The longest a live worker had been silent (no heartbeat) in any
+  // Status() answer so far, in ms: how close the job came to a false death.
+  uint64_t max_silent_ms() const { return max_silent_ms_; }
+
+  // Sends `sig` to worker(i) if it is still running; false if it was not.
+  bool Signal(int i, int sig);
+
+  // Waits until the scheduler no longer counts worker(i) as alive (it left,
+  // or was declared dead after the heartbeat timeout). OK also when the
+  // scheduler has exited (the job is over).
+  absl::Status WaitUntilGone(int i, absl::Duration timeout);
+
+  // Starts one more worker process (a replacement); its index.
+  absl::StatusOr<int> StartWorker();
+
+  // Waits for every process to exit on its own. DEADLINE_EXCEEDED (with
+  // what still runs) if the job does not end within `timeout`; the
+  // processes are left running for the caller to inspect, and killed by
+  // the destructor.
+  absl::StatusOr<Result> Wait(absl::Duration timeout);
+
+  // The last `lines` lines of every process's stderr (log) and stdout,
+  // each headed by its file name: what a failure report should show.
+  std::string LogTails(int lines) const;
+
+ private:
+  explicit JobHarness(Options options);
+
+  // The live membership record of `pid`, if the scheduler has one.
+  absl::StatusOr<std::optional<NodeInfo>> LiveNode(pid_t pid);
+
+  Options options_;
+  std::string config_path_;
+  std::string address_;
+  std::unique_ptr<Scheduler::Stub> stub_;
+  absl::Time started_;
+  std::optional<Subprocess> scheduler_;
+  std::vector<Subprocess> servers_;
+  std::vector<Subprocess> workers_;
+  std::vector<uint64_t> node_ids_;  // by worker index; 0 = not seen yet
+  uint64_t max_silent_ms_ = 0;
+};
+
+// The value of a numeric field of a one-line JSON object ("test_auc"), or
+// nullopt if absent or not a number (null).
+std::optional<double> JsonNumber(const std::string& json, const std::string& field);
+// The raw text of a field's value ("[0,2]" for an array), or "".
+std::string JsonRaw(const std::string& json, const std::string& field);
+
+}  // namespace ps::testing
+
+#endif  // PS_TESTS_TESTING_JOB_HARNESS_H_
