@@ -65,6 +65,7 @@ absl::StatusOr<std::unique_ptr<SchedulerClient>> SchedulerClient::Connect(
   request.set_trains_shards(c->options_.trains_shards);
   const absl::Time give_up = absl::Now() + c->options_.connect_timeout;
   RegisterResponse response;
+  bool warned_full = false;
   while (true) {
     auto context = c->Context(c->options_.rpc_timeout);
     // Wait for the channel to connect instead of failing fast, so nodes
@@ -74,11 +75,22 @@ absl::StatusOr<std::unique_ptr<SchedulerClient>> SchedulerClient::Connect(
         std::min(absl::Now() + c->options_.rpc_timeout, give_up)));
     grpc::Status status = c->stub_->Register(context.get(), request, &response);
     if (status.ok()) break;
+    // Every rank taken: a replacement may start before the node it
+    // replaces is declared dead (a heartbeat timeout), so wait for that.
+    const bool full = status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
     const bool retry = status.error_code() == grpc::StatusCode::UNAVAILABLE ||
-                       status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+                       status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
+                       full;
     if (!retry || absl::Now() >= give_up) {
       return Annotate(FromGrpcStatus(status),
                       absl::StrCat("register with scheduler ", c->options_.address));
+    }
+    if (full) {
+      if (!warned_full) {
+        Log()->warn("{}; waiting for a rank to become free", status.error_message());
+        warned_full = true;
+      }
+      absl::SleepFor(absl::Milliseconds(100));
     }
   }
   c->node_id_ = response.node_id();

@@ -328,6 +328,7 @@ class FaultTest : public ::testing::TestWithParam<int> {
       absl::StrAppend(notes, "; replacement started");
     }
     std::optional<Outcome> out = Finish(*job, killed, what);
+    absl::StrAppend(notes, "; longest heartbeat silence seen ", job->max_silent_ms(), " ms");
     if (!out) return std::nullopt;
     if (std::fabs(out->auc - baseline_.auc) > kAucTolerance) {
       ADD_FAILURE() << what << ": test AUC " << out->auc << " is more than "
@@ -342,8 +343,7 @@ class FaultTest : public ::testing::TestWithParam<int> {
                                                            : "not finished")
                     << "\n" << job->LogTails(40);
     }
-    absl::StrAppend(notes, "; longest heartbeat silence seen ", job->max_silent_ms(),
-                    " ms; evaluator rank ",
+    absl::StrAppend(notes, "; evaluator rank ",
                     JsonRaw(out->summary, "evaluator_rank"), " shards ",
                     JsonRaw(out->summary, "shards_trained"));
     return out;
