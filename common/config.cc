@@ -312,9 +312,11 @@ absl::Status ValidateJobConfig(const JobConfig& config) {
   c.Require(cl.heartbeat_timeout_ms() > cl.heartbeat_interval_ms(),
             "cluster.heartbeat_timeout_ms",
             "must exceed cluster.heartbeat_interval_ms");
-  c.Require(cl.replication() <= 1, "cluster.replication",
-            "must be 1: replicated shards (2) are not available yet; use "
-            "checkpoint.dir so a restarted server restores its slots");
+  c.Require(cl.replication() <= 2, "cluster.replication",
+            "must be 1 (one copy of every slot) or 2 (a backup copy on "
+            "another server)");
+  c.Require(cl.replication() < 2 || cl.num_servers() >= 2, "cluster.replication",
+            "2 needs at least 2 servers (a backup lives on another server)");
   c.Require(WorkerLossPolicy_IsValid(cl.on_worker_loss()), "cluster.on_worker_loss",
             "must be REASSIGN or SKIP_REST");
   const CheckpointConfig& ck = config.checkpoint();

@@ -131,6 +131,9 @@ absl::StatusOr<RegisterResponse> ClusterState::Register(
               RoleName(info.role()), info.rank(), info.node_id(), info.host(),
               info.pid(), info.data_endpoint().empty() ? "" : ", ",
               info.data_endpoint());
+  if (info.role() == SERVER && view_.job_state() == RUNNING && Replicated()) {
+    AdoptReplacementLocked(info.rank());
+  }
   UpdateJobStateLocked();
   BumpEpochLocked();
   response.set_node_id(info.node_id());
@@ -151,7 +154,15 @@ absl::StatusOr<HeartbeatResponse> ClusterState::Heartbeat(
   const absl::Time now = clock_->Now();
   Node& hb = it->second;
   hb.last_heartbeat = now;
-  hb.clock = std::max(hb.clock, request.clock());
+  // Clocks only grow, except that a worker that had finished (2^62) may
+  // restart at the job's clock to take over a shard.
+  if (hb.clock >= kFinishedClock && request.clock() < kFinishedClock &&
+      request.clock() > 0) {
+    hb.clock = request.clock();
+  } else {
+    hb.clock = std::max(hb.clock, request.clock());
+  }
+  if (hb.clock < kFinishedClock) max_clock_ever_ = std::max(max_clock_ever_, hb.clock);
   if (hb.clock < kFinishedClock) {
     if (hb.rate_since == absl::InfinitePast()) {
       hb.rate_since = now;
@@ -196,6 +207,9 @@ absl::Status ClusterState::Leave(const LeaveRequest& request) {
   if (info.role() == SERVER && checkpoint_.has_value()) {
     AbortCheckpointLocked(absl::StrCat("server ", info.rank(), " left"));
   }
+  if (info.role() == SERVER && view_.job_state() == RUNNING && Replicated()) {
+    FailServerLocked(info.rank());
+  }
   Log()->info("{} rank {} left{}", RoleName(info.role()), info.rank(),
               request.finished() ? " (finished)" : "");
   UpdateJobStateLocked();
@@ -220,6 +234,13 @@ std::vector<uint64_t> ClusterState::ExpireSilentNodes() {
     }
   }
   if (!dead.empty()) {
+    // Every death is recorded before any slot moves, so no slot is handed
+    // to a server that died in the same sweep.
+    if (view_.job_state() == RUNNING && Replicated()) {
+      for (uint64_t id : dead) {
+        if (nodes_[id].info.role() == SERVER) FailServerLocked(nodes_[id].info.rank());
+      }
+    }
     if (checkpoint_.has_value()) {
       for (uint64_t id : dead) {
         if (nodes_[id].info.role() == SERVER) {
@@ -251,8 +272,12 @@ void ClusterState::UpdateJobStateLocked() {
       const uint32_t num_slots = config_.cluster().num_slots();
       const uint64_t num_servers = config_.cluster().num_servers();
       view_.clear_slot_owner();
+      view_.clear_slot_backup();
       for (uint32_t s = 0; s < num_slots; ++s) {
-        view_.add_slot_owner(static_cast<uint32_t>(s * num_servers / num_slots));
+        view_.add_slot_owner(CanonicalOwner(s));
+        if (Replicated()) {
+          view_.add_slot_backup(num_servers >= 2 ? CanonicalBackup(s) : kNoBackup);
+        }
       }
       view_.set_job_state(RUNNING);
       Log()->info("all {} servers registered; job running", num_servers);
@@ -448,7 +473,10 @@ bool ClusterState::Reassign() const {
 }
 
 uint64_t ClusterState::JobClockLocked() const {
-  uint64_t clock = base_clock_;
+  // The furthest any worker got: a worker starting (or restarting) there
+  // never counts for steps the job already took, even when the workers
+  // that took them are gone.
+  uint64_t clock = std::max(base_clock_, max_clock_ever_);
   for (const auto& [id, other] : nodes_) {
     if (other.info.role() == WORKER && other.info.state() == ALIVE &&
         other.clock < kFinishedClock) {
@@ -555,6 +583,7 @@ absl::StatusOr<ClaimShardResponse> ClusterState::ClaimShard(
   if (int orphan = OrphanLocked(); orphan >= 0) {
     response.set_result(ClaimShardResponse::ASSIGNED);
     response.set_start_clock(JobClockLocked());
+    nodes_[id].clock = response.start_clock();
     AssignShardLocked(orphan, id, response.mutable_shard());
     BumpEpochLocked();
   } else if (AllShardsDoneLocked()) {
@@ -768,6 +797,114 @@ std::vector<std::string> ClusterState::CheckCheckpoints() {
     }
   }
   return lines;
+}
+
+uint32_t ClusterState::CanonicalOwner(uint32_t slot) const {
+  return static_cast<uint32_t>(uint64_t{slot} * config_.cluster().num_servers() /
+                               config_.cluster().num_slots());
+}
+
+uint32_t ClusterState::CanonicalBackup(uint32_t slot) const {
+  return (CanonicalOwner(slot) + 1) % config_.cluster().num_servers();
+}
+
+bool ClusterState::ServerAliveLocked(uint32_t rank) const {
+  for (const auto& [id, node] : nodes_) {
+    if (node.info.role() == SERVER && node.info.rank() == rank &&
+        node.info.state() == ALIVE) {
+      return true;
+    }
+  }
+  return false;
+}
+
+void ClusterState::FailServerLocked(uint32_t rank) {
+  if (view_.slot_backup_size() != view_.slot_owner_size()) return;
+  uint32_t promoted = 0, lost_backup = 0, orphaned = 0;
+  for (int s = 0; s < view_.slot_owner_size(); ++s) {
+    const uint32_t backup = view_.slot_backup(s);
+    if (view_.slot_owner(s) == rank) {
+      if (backup != kNoBackup && ServerAliveLocked(backup)) {
+        // The backup holds every update the dead primary acknowledged.
+        view_.set_slot_owner(s, backup);
+        view_.set_slot_backup(s, kNoBackup);
+        ++promoted;
+      } else {
+        // No live copy: the slot waits for a replacement at this rank,
+        // which restores it from the newest checkpoint.
+        view_.set_slot_backup(s, kNoBackup);
+        ++orphaned;
+      }
+    } else if (backup == rank) {
+      view_.set_slot_backup(s, kNoBackup);
+      ++lost_backup;
+    }
+  }
+  Log()->warn("server {} is gone: {} of its slots promoted to their backups, {} "
+              "slots lost their backup{}",
+              rank, promoted, lost_backup,
+              orphaned > 0 ? absl::StrCat(", ", orphaned,
+                                          " slots have no live copy (a replacement "
+                                          "restores them from the newest checkpoint)")
+                           : std::string());
+  AssignBackupsLocked();
+}
+
+void ClusterState::AdoptReplacementLocked(uint32_t rank) {
+  if (view_.slot_backup_size() != view_.slot_owner_size()) return;
+  // The replacement takes back the backup copies its rank holds in the
+  // initial layout: of the slots it owned there (now served by the server
+  // they were promoted to) and of the slots it backed. The copies they had
+  // meanwhile on other servers are released.
+  uint32_t moved = 0;
+  for (int s = 0; s < view_.slot_owner_size(); ++s) {
+    const uint32_t slot = static_cast<uint32_t>(s);
+    if (view_.slot_owner(s) == rank) continue;  // owned: restored, not backed
+    if ((CanonicalOwner(slot) == rank || CanonicalBackup(slot) == rank) &&
+        view_.slot_backup(s) != rank && ServerAliveLocked(view_.slot_owner(s))) {
+      view_.set_slot_backup(s, rank);
+      ++moved;
+    }
+  }
+  Log()->info("server {} (replacement) becomes the backup of {} slots", rank, moved);
+  AssignBackupsLocked();
+}
+
+void ClusterState::AssignBackupsLocked() {
+  const uint32_t n = config_.cluster().num_servers();
+  std::vector<bool> alive(n, false);
+  for (const auto& [id, node] : nodes_) {
+    if (node.info.role() == SERVER && node.info.state() == ALIVE) {
+      alive[node.info.rank()] = true;
+    }
+  }
+  std::vector<uint64_t> load(n, 0);  // backup copies per rank
+  for (uint32_t b : view_.slot_backup()) {
+    if (b != kNoBackup && b < n) ++load[b];
+  }
+  uint32_t assigned = 0, without = 0;
+  for (int s = 0; s < view_.slot_owner_size(); ++s) {
+    const uint32_t owner = view_.slot_owner(s);
+    if (view_.slot_backup(s) != kNoBackup || owner >= n || !alive[owner]) continue;
+    // The least loaded live server other than the owner; ties go to the
+    // next rank after the owner, as in the initial layout.
+    uint32_t best = kNoBackup;
+    for (uint32_t i = 1; i < n; ++i) {
+      const uint32_t r = (owner + i) % n;
+      if (alive[r] && (best == kNoBackup || load[r] < load[best])) best = r;
+    }
+    if (best == kNoBackup) {
+      ++without;
+      continue;
+    }
+    view_.set_slot_backup(s, best);
+    ++load[best];
+    ++assigned;
+  }
+  if (assigned > 0) Log()->info("{} slots got a new backup", assigned);
+  if (without > 0) {
+    Log()->warn("{} slots have no backup: no other live server to hold one", without);
+  }
 }
 
 void ClusterState::Close() {

@@ -8,6 +8,18 @@
 // ranges once every server rank is held (job RUNNING). Every change bumps
 // the view's epoch.
 //
+// Replication (cluster.replication 2): every slot also has a backup, at
+// first the next rank after its owner. When a server dies (or leaves) while
+// the job runs, each slot it owned goes to its backup if that is alive (the
+// backup is promoted; the slot has no backup for now), slots it backed lose
+// their backup, and every slot with a live owner and no backup gets the
+// least loaded other live server as its new backup. A replacement server
+// (same rank) becomes the backup of the slots its rank owned or backed in
+// the initial layout; it owns only slots that had no live copy, which it
+// restores from the newest checkpoint. Backups copy their slots from the
+// primaries (server/server.h); the scheduler only assigns them. Without
+// replication slot_backup is empty and a replacement owns its old slots.
+//
 // The job is FINISHED once every worker rank has been taken at least once,
 // no worker is alive, and at least one worker left saying it finished.
 //
@@ -49,6 +61,9 @@ class ClusterState {
     // The newest valid checkpoint, for a server that replaces a dead one.
     std::function<absl::StatusOr<CheckpointRef>()> latest;
   };
+
+  // ClusterView.slot_backup of a slot without a backup.
+  static constexpr uint32_t kNoBackup = 0xFFFFFFFF;
 
   ClusterState(const JobConfig& config, Clock* clock,
                CheckpointStore store = {});
@@ -178,6 +193,22 @@ class ClusterState {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint32_t ExpectedCount(Role role) const;
 
+  // Replication (cluster.replication 2): see the class comment.
+  bool Replicated() const { return config_.cluster().replication() >= 2; }
+  // The initial layout: contiguous slot ranges, each backed by the next rank.
+  uint32_t CanonicalOwner(uint32_t slot) const;
+  uint32_t CanonicalBackup(uint32_t slot) const;
+  bool ServerAliveLocked(uint32_t rank) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Server `rank` died or left: its slots go to their live backups, slots
+  // it backed lose their backup, then new backups are assigned.
+  void FailServerLocked(uint32_t rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A replacement registered at `rank`: it becomes the backup of the slots
+  // its rank holds (owns or backs) in the initial layout.
+  void AdoptReplacementLocked(uint32_t rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Gives every slot with a live owner and no backup one: the least loaded
+  // other live server.
+  void AssignBackupsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   const JobConfig config_;
   const uint64_t fingerprint_;
   Clock* const clock_;
@@ -205,6 +236,8 @@ class ClusterState {
   std::vector<Shard> shards_ ABSL_GUARDED_BY(mu_);
   // Clock the job started at (a restored checkpoint's).
   uint64_t base_clock_ ABSL_GUARDED_BY(mu_) = 0;
+  // The largest clock short of finished any worker reported.
+  uint64_t max_clock_ever_ ABSL_GUARDED_BY(mu_) = 0;
   std::optional<PendingCheckpoint> checkpoint_ ABSL_GUARDED_BY(mu_);
   uint64_t last_checkpoint_ ABSL_GUARDED_BY(mu_) = 0;
   // How far ahead of the fastest worker a checkpoint's clock is set;

@@ -1,5 +1,8 @@
 #include "server/server.h"
 
+#include <sys/eventfd.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -75,6 +78,10 @@ absl::StatusOr<std::unique_ptr<KVServer>> KVServer::Start(Options options) {
     return absl::InternalError(
         absl::StrCat("cannot parse bound endpoint ", server->endpoint_));
   }
+  server->wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (server->wake_fd_ < 0) {
+    return absl::InternalError("cannot create the serving thread's wake-up eventfd");
+  }
   if (server->options_.standalone) {
     auto own = std::make_shared<Ownership>();
     own->all = true;
@@ -91,9 +98,23 @@ absl::StatusOr<std::unique_ptr<KVServer>> KVServer::Start(Options options) {
 KVServer::KVServer(Options options)
     : options_(std::move(options)),
       consistency_(options_.config.consistency()),
+      replicated_(!options_.standalone &&
+                  options_.config.cluster().replication() >= 2),
       ownership_(std::make_shared<Ownership>()) {}
 
-KVServer::~KVServer() { Stop(); }
+KVServer::~KVServer() {
+  Stop();
+  if (wake_fd_ >= 0) close(wake_fd_);
+}
+
+std::vector<const Table*> KVServer::StoppedTables() const {
+  std::vector<const Table*> tables;
+  if (!stopped_.load()) return tables;
+  for (const auto& [id, table] : tables_) tables.push_back(table.get());
+  std::sort(tables.begin(), tables.end(),
+            [](const Table* a, const Table* b) { return a->id() < b->id(); });
+  return tables;
+}
 
 void KVServer::Stop() {
   stop_.store(true);
@@ -117,9 +138,43 @@ void KVServer::UpdateView(const ClusterView& view, uint32_t rank) {
                                             : options_.config.consistency();
   own->checkpoint_clock = view.checkpoint_clock();
   own->restore = view.restore();
-  absl::MutexLock lock(&view_mu_);
-  if (ownership_->all) return;  // standalone servers ignore views
-  ownership_ = std::move(own);
+  if (replicated_) {
+    own->replicated = true;
+    const size_t num_slots = own->slot_owner.size();
+    if (static_cast<size_t>(view.slot_backup_size()) == num_slots) {
+      own->slot_backup.assign(view.slot_backup().begin(), view.slot_backup().end());
+    } else {
+      own->slot_backup.assign(num_slots, replication::kNoBackup);
+    }
+    for (const NodeInfo& n : view.nodes()) {
+      if (n.role() != SERVER || n.state() != ALIVE) continue;
+      if (own->server_node.size() <= n.rank()) {
+        own->server_node.resize(n.rank() + 1, 0);
+        own->server_endpoint.resize(n.rank() + 1);
+      }
+      own->server_node[n.rank()] = n.node_id();
+      own->server_endpoint[n.rank()] = n.data_endpoint();
+      // This server is the live one at its rank whose endpoint has its
+      // port (the host may be advertised differently); a server declared
+      // dead whose rank went to a replacement is not.
+      const std::string& e = n.data_endpoint();
+      const size_t colon = e.rfind(':');
+      int port = 0;
+      if (n.rank() == rank && colon != std::string::npos &&
+          absl::SimpleAtoi(e.substr(colon + 1), &port) && port == port_) {
+        own->node_id = n.node_id();
+      }
+    }
+  }
+  {
+    absl::MutexLock lock(&view_mu_);
+    if (ownership_->all) return;  // standalone servers ignore views
+    ownership_ = std::move(own);
+  }
+  if (wake_fd_ >= 0) {
+    const uint64_t one = 1;
+    (void)!write(wake_fd_, &one, sizeof(one));
+  }
 }
 
 KVServer::Stats KVServer::stats() const {
@@ -133,6 +188,12 @@ KVServer::Stats KVServer::stats() const {
   s.duplicate_pushes = duplicates_.load();
   s.checkpoints_written = checkpoints_.load();
   s.rows_restored = rows_restored_.load();
+  s.forwards = forwards_.load();
+  s.replica_messages = replica_messages_.load();
+  s.catchups_sent = catchups_.load();
+  s.rows_copied = rows_copied_.load();
+  s.slots_promoted = slots_promoted_.load();
+  s.unreplicated_pushes = unreplicated_.load();
   return s;
 }
 
@@ -141,16 +202,26 @@ void KVServer::ApplyView(const Ownership& own) {
   if (!restored_ && !own.slot_owner.empty()) Restore(own);
   consistency_.SetLiveWorkers(own.live_workers);
   // Sequence windows of senders that are gone: their retries cannot come.
-  if (!seqs_.empty()) {
+  auto forget_gone = [&](absl::flat_hash_map<uint64_t, SeqWindow>& windows) {
     absl::flat_hash_set<uint64_t> live;
     for (const auto& w : own.live_workers) live.insert(w.node_id);
-    for (auto it = seqs_.begin(); it != seqs_.end();) {
+    for (auto it = windows.begin(); it != windows.end();) {
       if (!live.contains(it->first)) {
-        seqs_.erase(it++);
+        windows.erase(it++);
       } else {
         ++it;
       }
     }
+  };
+  if (!seqs_.empty()) forget_gone(seqs_);
+  if (own.replicated && !own.slot_owner.empty()) {
+    // A message from the old primary of a slot may still be on its way
+    // when the view promoting this server arrives: it is refused (its
+    // worker's retry comes here). Promotion first, so the catch-ups of the
+    // promoted slots to their new backups include what was promoted.
+    if (last_applied_ != nullptr) Promote(*last_applied_, own);
+    DropDeadPrimaries(own);
+    for (auto& [node, windows] : replica_seqs_) forget_gone(windows);
   }
   const ConsistencyMode before = consistency_.mode();
   const uint32_t staleness_before = consistency_.config().staleness();
@@ -167,6 +238,10 @@ void KVServer::ApplyView(const Ownership& own) {
                 own.epoch);
   }
   NoteCheckpointClock(own);
+  if (own.replicated && !own.slot_owner.empty()) {
+    SyncBackups(own);
+    ReleaseReplicas(own);
+  }
   if (checkpoint_pending_ == 0 && !held_.empty()) ReleaseHeld(own);
 }
 
@@ -184,17 +259,48 @@ void KVServer::Serve() {
     if (own != applied) {
       ApplyView(*own);
       applied = own;
+      last_applied_ = own;
       Progress(*own);
     }
     return own;
   };
   // Start the tables' clocks (TTL in seconds counts from here).
   AdvanceTables();
+  std::vector<zmq::pollitem_t> items;
+  std::vector<uint64_t> item_links;  // node id of the link polled at items[2 + i]
   while (!stop_.load(std::memory_order_relaxed)) {
-    zmq::pollitem_t item{socket_.handle(), 0, ZMQ_POLLIN, 0};
+    items.clear();
+    item_links.clear();
+    items.push_back({socket_.handle(), 0, ZMQ_POLLIN, 0});
+    items.push_back({nullptr, wake_fd_, ZMQ_POLLIN, 0});
+    for (auto& [node, link] : links_) {
+      items.push_back({link->socket().handle(), 0, ZMQ_POLLIN, 0});
+      item_links.push_back(node);
+    }
     try {
-      const bool readable = zmq::poll(&item, 1, kPollPeriod) > 0;
+      zmq::poll(items.data(), items.size(), kPollPeriod);
+      if (items[1].revents & ZMQ_POLLIN) {
+        uint64_t count;
+        (void)!read(wake_fd_, &count, sizeof(count));
+      }
+      const bool readable = (items[0].revents & ZMQ_POLLIN) != 0;
       std::shared_ptr<const Ownership> own = current_view();
+      // Backups' answers first: they release answers to workers. A link
+      // the view just dropped is gone from links_ (its socket with it).
+      for (size_t i = 0; i < item_links.size(); ++i) {
+        if (!(items[2 + i].revents & ZMQ_POLLIN)) continue;
+        while (true) {
+          auto link = links_.find(item_links[i]);
+          if (link == links_.end()) break;
+          frames.clear();
+          auto n = zmq::recv_multipart(link->second->socket(),
+                                       std::back_inserter(frames),
+                                       zmq::recv_flags::dontwait);
+          if (!n) break;
+          OnBackupAnswer(item_links[i], frames);
+        }
+      }
+      if (own->replicated) MaybeResync(*own);
       if (readable) {
         // Drain everything queued before polling again.
         while (!stop_.load(std::memory_order_relaxed)) {
@@ -221,6 +327,14 @@ void KVServer::Serve() {
     }
   }
   PublishTableStats();
+  if (replicated_) {
+    Log()->info(
+        "replication: {} updates forwarded to backups, {} replica messages applied "
+        "as a backup, {} catch-ups sent ({} rows and blocks), {} slots taken over, "
+        "{} duplicate pushes answered, {} pushes without a backup copy",
+        forwards_.load(), replica_messages_.load(), catchups_.load(), rows_copied_.load(),
+        slots_promoted_.load(), duplicates_.load(), unreplicated_.load());
+  }
   stopped_.store(true);
 }
 
@@ -256,6 +370,15 @@ void KVServer::Send(zmq::message_t& identity, const ResponseHeader& rh,
 void KVServer::HandleMessage(zmq::message_t identity,
                              std::vector<zmq::message_t> frames,
                              const Ownership& own) {
+  if (replicated_) {
+    RequestHeader header;
+    if (replication::IsReplica(frames, &header)) {
+      HandleReplica(std::move(identity), std::move(frames), header, own);
+      return;
+    }
+    needs_.clear();
+    first_promoted_ = false;
+  }
   requests_.fetch_add(1, std::memory_order_relaxed);
   ResponseHeader rh;
   zmq::message_t values, keys;
@@ -268,11 +391,83 @@ void KVServer::HandleMessage(zmq::message_t identity,
     RequestHeader h;
     h.ParseFromArray(frames[0].data(), static_cast<int>(frames[0].size()));
     pulls_deferred_.fetch_add(1, std::memory_order_relaxed);
-    deferred_.push_back(
-        {std::move(identity), std::move(frames), h.clock(), h.sender_rank(), absl::Now()});
+    deferred_.push_back({std::move(identity), std::move(frames), h.clock(),
+                         h.sender_rank(), absl::Now(), std::move(needs_)});
+    needs_.clear();
     return;
   }
-  Send(identity, rh, values, keys);
+  if (!replicated_) {
+    Send(identity, rh, values, keys);
+    return;
+  }
+  Answer(identity, rh, values, keys, std::move(needs_), first_promoted_);
+  needs_.clear();
+}
+
+void KVServer::Answer(zmq::message_t& identity, ResponseHeader& rh,
+                      zmq::message_t& values, zmq::message_t& keys,
+                      std::vector<Need> needs, bool first_promoted) {
+  std::vector<Need> open;
+  bool gone = false;
+  for (const Need& need : needs) {
+    auto link = links_.find(need.first);
+    if (link == links_.end()) {
+      gone = true;
+    } else if (link->second->acked() < need.second) {
+      open.push_back(need);
+    }
+  }
+  if (gone && rh.code() == 0) {
+    // A backup this answer waited for went away meanwhile (a deferred
+    // pull's push half): the update is held by the current backups once
+    // they have taken everything sent to them, catch-ups included.
+    if (last_applied_ == nullptr || last_applied_->node_id == 0) {
+      NotAcknowledged(&rh, &values, &keys, "this server is no longer a live member");
+    } else {
+      for (const auto& [node, link] : links_) {
+        if (!link->all_acked()) open.emplace_back(node, link->last_sent());
+      }
+    }
+  }
+  if (open.empty() || rh.code() != 0) {
+    Send(identity, rh, values, keys);
+    if (first_promoted && rh.code() == 0) LogFirstPromotedServed();
+    return;
+  }
+  const uint64_t id = next_wait_++;
+  Wait& w = waits_[id];
+  w.identity = std::move(identity);
+  w.rh = rh;
+  w.values = std::move(values);
+  w.keys = std::move(keys);
+  w.remaining = static_cast<int>(open.size());
+  w.first_promoted = first_promoted;
+  for (const Need& need : open) links_[need.first]->waiters().emplace(need.second, id);
+}
+
+void KVServer::NotAcknowledged(ResponseHeader* rh, zmq::message_t* values,
+                               zmq::message_t* keys, const std::string& why) {
+  // Applied here, perhaps, but not held by a backup: the worker sends it
+  // again with the same sequence number, and whoever owns its slots then
+  // applies it or answers it as a duplicate.
+  rh->set_code(static_cast<int32_t>(absl::StatusCode::kUnavailable));
+  rh->set_message(absl::StrCat(why, "; not acknowledged, send again"));
+  rh->set_num_values(0);
+  rh->set_num_keys(0);
+  rh->set_duplicate(false);
+  *values = zmq::message_t();
+  *keys = zmq::message_t();
+}
+
+void KVServer::LogFirstPromotedServed() {
+  if (!awaiting_first_promoted_) return;
+  awaiting_first_promoted_ = false;
+  const absl::Time now = absl::Now();
+  Log()->info(
+      "failover: first request for the slots promoted at epoch {} answered "
+      "{:.1f} ms after that view was applied (unix_us={})",
+      promoted_epoch_, absl::ToDoubleMilliseconds(now - promoted_at_),
+      absl::ToUnixMicros(now));
 }
 
 KVServer::Outcome KVServer::Process(std::vector<zmq::message_t>& frames,
@@ -313,9 +508,13 @@ absl::Status KVServer::ProcessChecked(std::vector<zmq::message_t>& frames,
   if (!status.ok()) return status;
   const RequestHeader& h = req.header;
 
+  if (h.replica()) {
+    return absl::InvalidArgumentError(
+        "replica messages are for servers of a job with cluster.replication 2");
+  }
   if (h.op() == STATS) {
     if (!req.keys.empty()) return absl::InvalidArgumentError("STATS carries no keys");
-    FillStats(rh);
+    FillStats(rh, own.replicated && !own.slot_owner.empty() ? &own : nullptr);
     return absl::OkStatus();
   }
   NoteClock(h.clock());
@@ -356,6 +555,24 @@ absl::Status KVServer::ProcessChecked(std::vector<zmq::message_t>& frames,
       return absl::OkStatus();
     }
     Scan(*sparse, h, rh, values, keys);
+    if (own.replicated && !own.slot_owner.empty() && rh->num_keys() > 0) {
+      // Backup copies of other servers' slots stay out of an export.
+      const uint32_t num_slots = static_cast<uint32_t>(own.slot_owner.size());
+      const uint32_t dim = sparse->dim();
+      const uint64_t* k = keys->data<uint64_t>();
+      const float* v = values->data<float>();
+      std::vector<uint64_t> kept_keys;
+      std::vector<float> kept_values;
+      for (uint64_t i = 0; i < rh->num_keys(); ++i) {
+        if (own.slot_owner[SparseSlot(h.table_id(), k[i], num_slots)] != own.rank) continue;
+        kept_keys.push_back(k[i]);
+        kept_values.insert(kept_values.end(), v + i * dim, v + (i + 1) * dim);
+      }
+      rh->set_num_keys(kept_keys.size());
+      rh->set_num_values(kept_values.size());
+      *keys = FrameFromVector(std::move(kept_keys));
+      *values = FrameFromVector(std::move(kept_values));
+    }
     return absl::OkStatus();
   }
 
@@ -385,42 +602,25 @@ absl::Status KVServer::ProcessChecked(std::vector<zmq::message_t>& frames,
 
   // Validate everything first: a rejected request must change nothing.
   uint64_t n = 0;
-  if (assign && sparse != nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "table ", h.table_id(), " is sparse; ASSIGN writes dense tables"));
-  }
-  if (sparse != nullptr) {
-    if (h.segments_size() != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "table ", h.table_id(), " is sparse; requests carry keys, not segments"));
+  PS_RETURN_IF_ERROR(ValidateShape(h, *table, req.keys, req.values, push, &n));
+  if (own.replicated) {
+    // The slots are kept: forwarding to backups needs them too.
+    SlotsOf(h, *table, req.keys, num_slots, &slots_scratch_);
+    for (uint32_t slot : slots_scratch_) {
+      if (own.slot_owner[slot] != own.rank) return not_owner(slot);
     }
-    n = req.keys.size() * uint64_t{sparse->dim()};
-    PS_RETURN_IF_ERROR(CheckResponseSize(n));
-    if (push && req.values.size() != n) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "push of ", req.keys.size(), " keys to table ", h.table_id(), " (dim ",
-          sparse->dim(), ") needs ", n, " values, got ", req.values.size()));
+    if (awaiting_first_promoted_) {
+      for (uint32_t slot : slots_scratch_) {
+        if (promoted_[slot]) first_promoted_ = true;
+      }
     }
-    if (!own.all) {
+  } else if (!own.all) {
+    if (sparse != nullptr) {
       for (uint64_t key : req.keys) {
         const uint32_t slot = SparseSlot(h.table_id(), key, num_slots);
         if (own.slot_owner[slot] != own.rank) return not_owner(slot);
       }
-    }
-  } else {
-    if (!req.keys.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "table ", h.table_id(), " is dense; requests carry segments, not keys"));
-    }
-    PS_RETURN_IF_ERROR(dense->ValidateSegments(segments));
-    for (const DenseSegment& s : segments) n += s.length();
-    PS_RETURN_IF_ERROR(CheckResponseSize(n));
-    if (push && req.values.size() != n) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("dense push addresses ", n, " elements but carries ",
-                       req.values.size(), " values"));
-    }
-    if (!own.all) {
+    } else {
       for (const DenseSegment& s : segments) {
         const uint32_t slot =
             DenseBlockSlot(h.table_id(), s.begin() / dense->block_size(), num_slots);
@@ -445,13 +645,15 @@ absl::Status KVServer::ProcessChecked(std::vector<zmq::message_t>& frames,
   }
   bool duplicate = false;
   if (push && h.seq() != 0) {
-    switch (CheckSeq(h.sender_node_id(), h.seq())) {
-      case SeqCheck::kNew:
+    auto window = seqs_.find(h.sender_node_id());
+    switch (window == seqs_.end() ? SeqWindow::Check::kNew
+                                  : window->second.Test(h.seq())) {
+      case SeqWindow::Check::kNew:
         break;
-      case SeqCheck::kDuplicate:
+      case SeqWindow::Check::kDuplicate:
         duplicate = true;
         break;
-      case SeqCheck::kTooOld:
+      case SeqWindow::Check::kTooOld:
         return absl::AbortedError(absl::StrCat(
             "push sequence number ", h.seq(), " of node ", h.sender_node_id(),
             " is too old to tell whether it was applied; not applied"));
@@ -460,12 +662,19 @@ absl::Status KVServer::ProcessChecked(std::vector<zmq::message_t>& frames,
   if (duplicate) {
     rh->set_duplicate(true);
     duplicates_.fetch_add(1, std::memory_order_relaxed);
+    // Acknowledged only once the backups hold it (they may still be
+    // taking it, from this server or in a catch-up).
+    if (own.replicated) PS_RETURN_IF_ERROR(NeedsForDuplicate(own, slots_scratch_));
     if (!pull) return absl::OkStatus();
   } else if (push && h.seq() != 0) {
-    RecordSeq(h.sender_node_id(), h.seq());
+    seqs_[h.sender_node_id()].Record(h.seq());
   }
   if (assign) {
     dense->Assign(segments, req.values.data());
+    if (own.replicated) {
+      Forward(own, h, REPLICA_APPLY, 1.0f, *table, req.keys, req.values, frames,
+              slots_scratch_);
+    }
     return absl::OkStatus();
   }
   if (push && consistency_.ShouldBuffer(h.clock()) &&
@@ -479,6 +688,10 @@ absl::Status KVServer::ProcessChecked(std::vector<zmq::message_t>& frames,
   if (push && !duplicate) {
     if (consistency_.ShouldBuffer(h.clock())) {
       Buffer(h.clock(), h.sender_node_id(), table, req.keys, segments, req.values);
+      if (own.replicated) {
+        Forward(own, h, REPLICA_BUFFER, 1.0f, *table, req.keys, req.values, frames,
+                slots_scratch_);
+      }
     } else {
       // Staleness: how far this push's step is behind the server's clock.
       const uint64_t staleness =
@@ -489,6 +702,10 @@ absl::Status KVServer::ProcessChecked(std::vector<zmq::message_t>& frames,
         sparse->Push(req.keys, req.values.data(), lr_scale);
       } else {
         dense->Push(segments, req.values.data(), lr_scale);
+      }
+      if (own.replicated) {
+        Forward(own, h, REPLICA_APPLY, lr_scale, *table, req.keys, req.values,
+                frames, slots_scratch_);
       }
       if (h.clock() < kFinishedClock) {
         max_applied_push_step_ = std::max(max_applied_push_step_, h.clock());
@@ -526,6 +743,61 @@ absl::Status KVServer::ProcessChecked(std::vector<zmq::message_t>& frames,
   return absl::OkStatus();
 }
 
+absl::Status KVServer::ValidateShape(const RequestHeader& h, const Table& table,
+                                     absl::Span<const uint64_t> keys,
+                                     absl::Span<const float> values, bool push,
+                                     uint64_t* n) const {
+  const SparseTable* sparse = table.AsSparse();
+  const DenseTable* dense = table.AsDense();
+  *n = 0;
+  if (h.op() == ASSIGN && sparse != nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "table ", h.table_id(), " is sparse; ASSIGN writes dense tables"));
+  }
+  if (sparse != nullptr) {
+    if (h.segments_size() != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "table ", h.table_id(), " is sparse; requests carry keys, not segments"));
+    }
+    *n = keys.size() * uint64_t{sparse->dim()};
+    PS_RETURN_IF_ERROR(CheckResponseSize(*n));
+    if (push && values.size() != *n) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "push of ", keys.size(), " keys to table ", h.table_id(), " (dim ",
+          sparse->dim(), ") needs ", *n, " values, got ", values.size()));
+    }
+    return absl::OkStatus();
+  }
+  if (!keys.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "table ", h.table_id(), " is dense; requests carry segments, not keys"));
+  }
+  PS_RETURN_IF_ERROR(dense->ValidateSegments(h.segments()));
+  for (const DenseSegment& s : h.segments()) *n += s.length();
+  PS_RETURN_IF_ERROR(CheckResponseSize(*n));
+  if (push && values.size() != *n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dense push addresses ", *n, " elements but carries ",
+                     values.size(), " values"));
+  }
+  return absl::OkStatus();
+}
+
+void KVServer::SlotsOf(const RequestHeader& h, const Table& table,
+                       absl::Span<const uint64_t> keys, uint32_t num_slots,
+                       std::vector<uint32_t>* slots) const {
+  slots->clear();
+  if (table.AsSparse() != nullptr) {
+    slots->reserve(keys.size());
+    for (uint64_t key : keys) slots->push_back(SparseSlot(h.table_id(), key, num_slots));
+    return;
+  }
+  const uint64_t block_size = table.AsDense()->block_size();
+  for (const DenseSegment& s : h.segments()) {
+    slots->push_back(DenseBlockSlot(h.table_id(), s.begin() / block_size, num_slots));
+  }
+}
+
 void KVServer::Scan(const SparseTable& sparse, const RequestHeader& h,
                     ResponseHeader* rh, zmq::message_t* values,
                     zmq::message_t* keys) {
@@ -556,8 +828,14 @@ void KVServer::Scan(const SparseTable& sparse, const RequestHeader& h,
 void KVServer::Buffer(uint64_t step, uint64_t node_id, Table* table,
                       absl::Span<const uint64_t> keys, const Segments& segments,
                       absl::Span<const float> grads) {
-  StepBuffer& buffer = buffers_[step];
   consistency_.NoteBuffered(step);
+  BufferInto(buffers_[step], node_id, table, keys, segments, grads);
+}
+
+void KVServer::BufferInto(StepBuffer& buffer, uint64_t node_id, Table* table,
+                          absl::Span<const uint64_t> keys,
+                          const Segments& segments,
+                          absl::Span<const float> grads) {
   buffer.pushers.insert(node_id);
   if (SparseTable* sparse = table->AsSparse()) {
     StepBuffer::Sparse& b = buffer.sparse[table->id()];
@@ -646,6 +924,7 @@ void KVServer::Progress(const Ownership& own) {
           static_cast<uint32_t>(it->second.pushers.size()));
       ApplyBuffered(step, it->second, divisor);
       buffers_.erase(it);
+      StepDone(step, divisor);
     }
     consistency_.ForgetStep(step);
     consistency_.StepApplied();
@@ -668,7 +947,11 @@ void KVServer::Progress(const Ownership& own) {
     ResponseHeader rh;
     zmq::message_t values, keys;
     Process(it->frames, own, &rh, &values, &keys);
-    Send(it->identity, rh, values, keys);
+    if (replicated_) {
+      Answer(it->identity, rh, values, keys, std::move(it->needs), false);
+    } else {
+      Send(it->identity, rh, values, keys);
+    }
     it = deferred_.erase(it);
   }
 }
@@ -681,9 +964,28 @@ void KVServer::FlushBuffers() {
         std::max<uint32_t>(consistency_.FinishedCount(step),
                            static_cast<uint32_t>(buffer.pushers.size()));
     ApplyBuffered(step, buffer, divisor);
+    StepDone(step, divisor);
     consistency_.ForgetStep(step);
   }
   buffers_.clear();
+}
+
+void KVServer::StepDone(uint64_t step, uint32_t divisor) {
+  if (!replicated_) return;
+  recent_divisors_[step] = divisor;
+  while (recent_divisors_.size() > 64) recent_divisors_.erase(recent_divisors_.begin());
+  // Backups apply what they buffered of the step with the same divisor.
+  for (auto& [node, link] : links_) {
+    RequestHeader h;
+    h.set_replica(true);
+    h.set_epoch(last_applied_ != nullptr ? last_applied_->epoch : 0);
+    ReplicaInfo* r = h.mutable_replica_info();
+    r->set_kind(REPLICA_APPLY_STEP);
+    r->set_primary_node_id(last_applied_ != nullptr ? last_applied_->node_id : 0);
+    r->set_step(step);
+    r->set_divisor(divisor);
+    link->Send(h, zmq::message_t(), zmq::message_t(), false);
+  }
 }
 
 bool KVServer::PullAllowed(uint64_t clock) const {
@@ -694,40 +996,20 @@ bool KVServer::PullAllowed(uint64_t clock) const {
   return consistency_.PullReady(clock);
 }
 
-KVServer::SeqCheck KVServer::CheckSeq(uint64_t sender, uint64_t seq) const {
-  auto it = seqs_.find(sender);
-  if (it == seqs_.end() || seq > it->second.top) return SeqCheck::kNew;
-  const SeqWindow& w = it->second;
-  if (w.top - seq >= kSeqWindow) return SeqCheck::kTooOld;
-  const uint64_t bit = seq % kSeqWindow;
-  return (w.bits[bit / 64] >> (bit % 64)) & 1 ? SeqCheck::kDuplicate
-                                              : SeqCheck::kNew;
-}
-
-void KVServer::RecordSeq(uint64_t sender, uint64_t seq) {
-  SeqWindow& w = seqs_[sender];
-  if (w.bits.empty()) w.bits.assign(kSeqWindow / 64, 0);
-  if (seq > w.top) {
-    // Clear the bits of the sequence numbers the window slides over.
-    if (seq - w.top >= kSeqWindow) {
-      std::fill(w.bits.begin(), w.bits.end(), 0);
-    } else {
-      for (uint64_t q = w.top + 1; q < seq; ++q) {
-        const uint64_t b = q % kSeqWindow;
-        w.bits[b / 64] &= ~(uint64_t{1} << (b % 64));
-      }
-    }
-    w.top = seq;
-  }
-  const uint64_t bit = seq % kSeqWindow;
-  w.bits[bit / 64] |= uint64_t{1} << (bit % 64);
-}
-
 void KVServer::Restore(const Ownership& own) {
   restored_ = true;
   if (own.restore.path().empty()) return;
+  // With replication a replacement server usually owns nothing (its old
+  // slots went to their backups) and copies what it backs from the
+  // primaries: reading the whole checkpoint would be for nothing.
+  if (own.replicated &&
+      std::find(own.slot_owner.begin(), own.slot_owner.end(), own.rank) ==
+          own.slot_owner.end()) {
+    return;
+  }
   const uint64_t clock = own.restore.clock();
-  auto manifest = VerifyCheckpoint(own.restore.path());
+  // RestoreShards checks every record and file checksum as it reads.
+  auto manifest = ReadManifest(own.restore.path());
   absl::Status status = manifest.status();
   if (manifest.ok()) {
     std::vector<Table*> tables;
@@ -815,8 +1097,12 @@ void KVServer::MaybeWriteCheckpoint(const Ownership& own) {
   std::vector<const Table*> tables;
   for (const auto& [id, table] : tables_) tables.push_back(table.get());
   const absl::Time start = absl::Now();
+  // With replication this server also holds backup copies of other
+  // servers' slots; each slot is written by its owner only.
   auto written = WriteShard(dir, own.rank, c, static_cast<uint32_t>(own.slot_owner.size()),
-                            tables);
+                            tables,
+                            own.replicated ? OwnedSlotsFilter(own.slot_owner, own.rank)
+                                           : RowFilter{});
   ReportCheckpointRequest report;
   report.set_clock(c);
   report.set_ok(written.ok());
@@ -862,11 +1148,44 @@ void KVServer::AdvanceTables() {
   }
 }
 
-void KVServer::FillStats(ResponseHeader* rh) const {
+void KVServer::FillStats(ResponseHeader* rh, const Ownership* own) const {
   std::vector<uint32_t> ids;
   for (const auto& [id, table] : tables_) ids.push_back(id);
   std::sort(ids.begin(), ids.end());
-  for (uint32_t id : ids) *rh->add_table_stats() = tables_.at(id)->Stats();
+  for (uint32_t id : ids) {
+    TableStats* stats = rh->add_table_stats();
+    *stats = tables_.at(id)->Stats();
+    if (own == nullptr) continue;
+    // Separate the backup copies: a pass over the table's rows.
+    const uint32_t num_slots = static_cast<uint32_t>(own->slot_owner.size());
+    auto mine = [&](uint32_t slot) { return own->slot_owner[slot] == own->rank; };
+    uint64_t backup = 0;
+    if (const SparseTable* sparse = tables_.at(id)->AsSparse()) {
+      std::vector<uint64_t> keys;
+      std::vector<float> values;
+      uint64_t cursor = 0;
+      do {
+        keys.clear();
+        values.clear();
+        cursor = sparse->Scan(cursor, 65536, 1 << 20, &keys, &values);
+        for (uint64_t key : keys) backup += !mine(SparseSlot(id, key, num_slots));
+      } while (cursor != 0);
+    } else {
+      const DenseTable* dense = tables_.at(id)->AsDense();
+      (void)dense->ForEachBlock([&](uint64_t block, absl::Span<const float> values,
+                                    absl::Span<const float>) {
+        if (!mine(DenseBlockSlot(id, block, num_slots))) backup += values.size();
+        return absl::OkStatus();
+      });
+    }
+    stats->set_rows(stats->rows() - std::min(stats->rows(), backup));
+    stats->set_backup_rows(backup);
+    auto replica = replica_keys_.find(id);
+    if (replica != replica_keys_.end()) {
+      stats->set_keys_pushed(stats->keys_pushed() -
+                             std::min(stats->keys_pushed(), replica->second));
+    }
+  }
 }
 
 void KVServer::Watchdog() {

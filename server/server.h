@@ -14,6 +14,30 @@
 // and answered as soon as it may. A pull held longer than the watchdog timeout
 // is logged with the worker ranks it waits for and their clocks.
 //
+// Replication (cluster.replication 2): the view names a backup server for
+// every slot (ClusterView.slot_backup). The primary applies (or, under BSP,
+// buffers) each update of its slots, forwards exactly those keys or
+// segments with the learning-rate multiplier it used to the slot's backup
+// over a ZeroMQ DEALER it keeps to that server, and answers the worker only
+// once every backup involved has answered: an acknowledged push is held by
+// both copies. Under BSP it also tells its backups each step it applies,
+// with the divisor, so both copies stay bit-identical. When the view gives
+// this server a new backup for some slots (at the start, after a failure,
+// or a replacement joining), it first copies those slots' rows with their
+// optimizer state, its BSP buffers of them and its record of applied
+// sequence numbers to the backup over the same ordered channel, then
+// forwards the updates that follow. A backup checks every replica message
+// against its own view (the sender must be the slot's primary and this
+// server its backup; a message from a newer view waits for it) and applies
+// it with the same code as a worker's. When a view makes a backup the owner
+// of slots (its primary died) it serves them at once: its record of the
+// primary's applied sequence numbers joins its own, so workers' retries of
+// pushes the primary had copied are answered as duplicates, and what it
+// buffered of the primary's BSP steps joins its own steps. A slot without a
+// live backup is served without a copy (logged; counted in
+// Stats::unreplicated_pushes). Pulls, SCAN and checkpoints see only the
+// slots this server owns. With replication 1 none of this runs.
+//
 // Registration with the scheduler is the caller's business (server_main.cc
 // does it); the server only needs the view through UpdateView().
 #ifndef PS_SERVER_SERVER_H_
@@ -40,6 +64,7 @@
 #include "proto/data_plane.pb.h"
 #include "proto/scheduler.pb.h"
 #include "server/consistency.h"
+#include "server/replication.h"
 #include "server/table.h"
 #include "zmq.hpp"
 
@@ -82,6 +107,18 @@ class KVServer {
     // Checkpoint shards written, and rows restored from checkpoints.
     uint64_t checkpoints_written = 0;
     uint64_t rows_restored = 0;
+    // Replication. Updates forwarded to backups (one per backup involved),
+    // and replica messages applied here as a backup (updates, applied
+    // steps, catch-up parts).
+    uint64_t forwards = 0;
+    uint64_t replica_messages = 0;
+    // Catch-ups sent to backups, and the rows and dense blocks they copied.
+    uint64_t catchups_sent = 0;
+    uint64_t rows_copied = 0;
+    // Slots this server took over as their backup when their primary died.
+    uint64_t slots_promoted = 0;
+    // Pushes applied to a slot that had no backup (nothing to copy to).
+    uint64_t unreplicated_pushes = 0;
   };
 
   // Errors: INVALID_ARGUMENT for a bad table config, UNAVAILABLE if the
@@ -98,8 +135,8 @@ class KVServer {
   int port() const { return port_; }
 
   // Installs a cluster view; `rank` is this server's rank in it. Its slot
-  // map (present from RUNNING on), live workers and consistency mode take
-  // effect within one poll period (50 ms). Thread-safe.
+  // map (present from RUNNING on), backups, live workers and consistency
+  // mode take effect at once (the serving thread is woken). Thread-safe.
   void UpdateView(const ClusterView& view, uint32_t rank);
 
   // Thread-safe snapshot of the counters.
@@ -108,12 +145,19 @@ class KVServer {
   // Thread-safe: every table's statistics (ordered by table id) as the
   // serving thread last published them, at most kStatsPeriod ago, and
   // exactly as they ended once Stop() returned. Clients get current ones
-  // with the STATS op.
+  // with the STATS op. With replication the rows counted here include the
+  // backup copies of other servers' slots (the STATS op separates them:
+  // TableStats.backup_rows).
   static constexpr absl::Duration kStatsPeriod = absl::Seconds(1);
   std::vector<TableStats> table_stats() const;
 
   // Stops the serving thread. Idempotent.
   void Stop();
+
+  // The tables, ordered by id, once the serving thread has stopped (after
+  // Stop()), e.g. to compare a primary's rows with its backup's; empty
+  // while it serves. Valid until the server is destroyed.
+  std::vector<const Table*> StoppedTables() const;
 
   // Graceful exit without losing acknowledged updates (SIGTERM): the
   // serving thread stops right after it writes its shard of the next
@@ -135,23 +179,37 @@ class KVServer {
     ConsistencyConfig consistency;
     uint64_t checkpoint_clock = 0;
     CheckpointRef restore;
+    // Replication (cluster.replication 2; never standalone).
+    bool replicated = false;
+    std::vector<uint32_t> slot_backup;  // as slot_owner; kNoBackup = none
+    uint64_t node_id = 0;               // this server's; 0 = not live
+    // Live servers by rank: node id (0 = none) and data endpoint.
+    std::vector<uint64_t> server_node;
+    std::vector<std::string> server_endpoint;
   };
-  // Which sequence numbers of one sender were applied: the highest, and a
-  // window of kSeqWindow below it.
-  struct SeqWindow {
-    uint64_t top = 0;
-    std::vector<uint64_t> bits;  // kSeqWindow bits; bit (seq % kSeqWindow)
-  };
-  static constexpr uint64_t kSeqWindow = 1 << 16;
-  enum class SeqCheck { kNew, kDuplicate, kTooOld };
-  SeqCheck CheckSeq(uint64_t sender, uint64_t seq) const;
-  void RecordSeq(uint64_t sender, uint64_t seq);
-  // A request held while a checkpoint is taken (pushes of steps at or after
-  // its clock), processed once the shard is written.
+  using SeqWindow = replication::SeqWindow;
+  // A message put aside: a request held while a checkpoint is taken
+  // (pushes of steps at or after its clock), processed once the shard is
+  // written; or a replica message from a view newer than this server's.
   struct Held {
     zmq::message_t identity;
     std::vector<zmq::message_t> frames;
+    uint64_t epoch = 0;  // replica messages: the primary's epoch
   };
+  // An answer that waits for backups to answer the replica messages it
+  // depends on (BackupLink::waiters() point here).
+  struct Wait {
+    zmq::message_t identity;
+    ResponseHeader rh;
+    zmq::message_t values, keys;
+    int remaining = 0;
+    // A backup refused its copy: the worker is told to send again.
+    bool failed = false;
+    std::string error;
+    bool first_promoted = false;
+  };
+  // (backup node id, replica message id) an answer depends on.
+  using Need = std::pair<uint64_t, uint64_t>;
   // Gradients of one BSP step, summed per element until the step completes.
   struct StepBuffer {
     // Sums are kept in double so the average does not depend on the order
@@ -176,6 +234,8 @@ class KVServer {
     uint64_t clock = 0;
     uint32_t rank = 0;
     absl::Time since;
+    // A PUSH_PULL's push half: the backups' answers its answer waits for.
+    std::vector<Need> needs;
   };
   enum class Outcome { kAnswer, kDefer, kHold };
 
@@ -200,7 +260,67 @@ class KVServer {
   void Buffer(uint64_t step, uint64_t node_id, Table* table,
               absl::Span<const uint64_t> keys, const Segments& segments,
               absl::Span<const float> grads);
+  static void BufferInto(StepBuffer& buffer, uint64_t node_id, Table* table,
+                         absl::Span<const uint64_t> keys,
+                         const Segments& segments, absl::Span<const float> grads);
   void ApplyBuffered(uint64_t step, StepBuffer& buffer, uint32_t divisor);
+  // A BSP step applied here: recorded, and (replication) announced to the
+  // backups.
+  void StepDone(uint64_t step, uint32_t divisor);
+  // Checks a sparse or dense request's shape against its table (sizes,
+  // segments, finiteness of pushed values); *n is the number of values it
+  // addresses.
+  absl::Status ValidateShape(const RequestHeader& h, const Table& table,
+                             absl::Span<const uint64_t> keys,
+                             absl::Span<const float> values, bool push,
+                             uint64_t* n) const;
+  void Answer(zmq::message_t& identity, ResponseHeader& rh,
+              zmq::message_t& values, zmq::message_t& keys,
+              std::vector<Need> needs, bool first_promoted);
+  void LogFirstPromotedServed();
+  // Turns an answer into UNAVAILABLE "not acknowledged, send again".
+  static void NotAcknowledged(ResponseHeader* rh, zmq::message_t* values,
+                              zmq::message_t* keys, const std::string& why);
+
+  // Replication, primary side (server_replication.cc).
+  // Slot of every key (sparse) or segment (dense) of a request.
+  void SlotsOf(const RequestHeader& h, const Table& table,
+               absl::Span<const uint64_t> keys, uint32_t num_slots,
+               std::vector<uint32_t>* slots) const;
+  // Forwards an applied (or BSP-buffered) worker push or assign of `table`
+  // to the backups of its slots; adds what the answer waits for to needs_.
+  void Forward(const Ownership& own, const RequestHeader& h, ReplicaKind kind,
+               float lr_scale, const Table& table,
+               absl::Span<const uint64_t> keys, absl::Span<const float> values,
+               std::vector<zmq::message_t>& frames,
+               const std::vector<uint32_t>& slots);
+  // A duplicate push: its answer waits until the backups of its slots have
+  // answered everything sent to them so far. UNAVAILABLE while a backup is
+  // being copied again.
+  absl::Status NeedsForDuplicate(const Ownership& own,
+                                 const std::vector<uint32_t>& slots);
+  // Links to the backups the view names, catch-ups of slots whose backup
+  // changed; answers waiting on a backup that is gone wait for the
+  // catch-ups instead (or go out, when there is none).
+  void SyncBackups(const Ownership& own);
+  // Copies the state of `slots` (owned here) to backup `link`.
+  void SendCatchUp(const Ownership& own, replication::BackupLink& link,
+                   const std::vector<uint32_t>& slots);
+  void OnBackupAnswer(uint64_t node, std::vector<zmq::message_t>& frames);
+  void ReleaseWait(uint64_t wait_id);
+  void MaybeResync(const Ownership& own);
+
+  // Replication, backup side.
+  void HandleReplica(zmq::message_t identity, std::vector<zmq::message_t> frames,
+                     const RequestHeader& header, const Ownership& own);
+  absl::Status ApplyReplica(std::vector<zmq::message_t>& frames,
+                            const Ownership& own, ResponseHeader* rh);
+  // Replica messages held for a newer view that this view allows.
+  void ReleaseReplicas(const Ownership& own);
+  // Slots this server owns now and backed in `prev`: their primary's
+  // sequence records and buffered steps become this server's.
+  void Promote(const Ownership& prev, const Ownership& own);
+  void DropDeadPrimaries(const Ownership& own);
   // Applies completed BSP steps and answers held pulls that may be answered.
   void Progress(const Ownership& own);
   void FlushBuffers();
@@ -209,8 +329,9 @@ class KVServer {
   void AdvanceTables();
   // Notes a worker's clock for the server's clock (staleness, TTL steps).
   void NoteClock(uint64_t clock);
-  // Answers a STATS request.
-  void FillStats(ResponseHeader* rh) const;
+  // Answers a STATS request. With replication and `own`, separates the
+  // backup copies (a pass over every table).
+  void FillStats(ResponseHeader* rh, const Ownership* own = nullptr) const;
   // Whether a pull at `clock` may be answered: the consistency rule, and no
   // pull past a checkpoint in progress.
   bool PullAllowed(uint64_t clock) const;
@@ -240,9 +361,49 @@ class KVServer {
   uint64_t server_clock_ = 0;
   // Sender node id -> applied sequence numbers.
   absl::flat_hash_map<uint64_t, SeqWindow> seqs_;
+
+  // Replication state, owned by the serving thread (see the file comment).
+  const bool replicated_;
+  // The view applied last (promotions compare it with the next).
+  std::shared_ptr<const Ownership> last_applied_;
+  // Primary side: backup node id -> link; slot -> the backup node that
+  // holds a copy of it (0 = none); answers waiting for backups; what the
+  // request being processed waits for.
+  absl::flat_hash_map<uint64_t, std::unique_ptr<replication::BackupLink>> links_;
+  std::vector<uint64_t> paired_;
+  uint32_t unbacked_slots_ = 0;  // owned slots without a backup, last logged
+  std::map<uint64_t, Wait> waits_;
+  uint64_t next_wait_ = 1;
+  std::vector<Need> needs_;
+  bool first_promoted_ = false;  // the request being processed
+  std::vector<uint32_t> slots_scratch_;
+  // Backup side, by primary node id: its applied sequence numbers (by
+  // sender), its buffered BSP steps, messages waiting for a newer view.
+  absl::flat_hash_map<uint64_t, absl::flat_hash_map<uint64_t, SeqWindow>>
+      replica_seqs_;
+  absl::flat_hash_map<uint64_t, std::map<uint64_t, StepBuffer>> replica_buffers_;
+  absl::flat_hash_map<uint64_t, std::deque<Held>> replica_held_;
+  // Slot -> a catch-up of it completed here since this server became its
+  // backup.
+  std::vector<bool> caught_up_;
+  // Keys (sparse) or elements (dense) applied to backup copies, by table.
+  absl::flat_hash_map<uint32_t, uint64_t> replica_keys_;
+  // Divisors of the BSP steps applied last (step -> divisor).
+  std::map<uint64_t, uint32_t> recent_divisors_;
+  // Failover measurement: slots promoted here, and whether the first
+  // request for one of them has been answered since.
+  std::vector<bool> promoted_;
+  bool awaiting_first_promoted_ = false;
+  absl::Time promoted_at_;
+  uint64_t promoted_epoch_ = 0;
+  // Wakes the serving thread when a view arrives.
+  int wake_fd_ = -1;
   // The largest step of a push applied on arrival (not BSP-buffered): a
   // checkpoint at a clock <= it can no longer be a consistent cut here.
   uint64_t max_applied_push_step_ = 0;
+  // The same for pushes applied to backup copies; it joins the above when
+  // those slots become this server's.
+  uint64_t max_replica_push_step_ = 0;
   bool any_push_applied_ = false;
   // Checkpoint in progress (0 = none) and the last one written or refused.
   uint64_t checkpoint_pending_ = 0;
@@ -265,7 +426,8 @@ class KVServer {
   std::atomic<bool> stopped_{false};
   std::atomic<uint64_t> requests_{0}, errors_{0}, keys_pushed_{0},
       keys_pulled_{0}, pulls_deferred_{0}, bsp_steps_{0}, duplicates_{0},
-      checkpoints_{0}, rows_restored_{0};
+      checkpoints_{0}, rows_restored_{0}, forwards_{0}, replica_messages_{0},
+      catchups_{0}, rows_copied_{0}, slots_promoted_{0}, unreplicated_{0};
   std::thread thread_;
 };
 

@@ -21,6 +21,7 @@
 //   --fault_seed=N    (FAULT_SEED)    default 1; 0 picks one from the time
 //   --fault_trials=N  (FAULT_TRIALS)  trials per mode and signal, default 10
 //   --fault_trial=I   (FAULT_TRIAL)   run only trial I (replaying a failure)
+//   --fault_heartbeat_timeout_ms=N (FAULT_HEARTBEAT_TIMEOUT_MS) default 300
 // Every trial's choices are printed with the command that replays it.
 #include <signal.h>
 #include <sys/stat.h>
@@ -51,6 +52,13 @@ ABSL_FLAG(int64_t, fault_seed, -1,
           "$FAULT_SEED, else 1.");
 ABSL_FLAG(int32_t, fault_trials, -1,
           "Trials per mode and signal. Default: $FAULT_TRIALS, else 10.");
+ABSL_FLAG(int32_t, fault_heartbeat_timeout_ms, -1,
+          "The jobs' cluster.heartbeat_timeout_ms. Default: "
+          "$FAULT_HEARTBEAT_TIMEOUT_MS, else 300.");
+ABSL_FLAG(int32_t, fault_max_step_percent, -1,
+          "Victims are hit at a step up to this percentage of a worker's "
+          "steps in the baseline (over 100: some after finishing their "
+          "shard). Default: $FAULT_MAX_STEP_PERCENT, else 90.");
 ABSL_FLAG(int32_t, fault_trial, -1,
           "Run only this trial (0-based) of each mode and signal. Default: "
           "$FAULT_TRIAL, else all.");
@@ -88,6 +96,14 @@ uint64_t Seed() {
   return seed;
 }
 int Trials() { return Setting(absl::GetFlag(FLAGS_fault_trials), "FAULT_TRIALS", 10); }
+int HeartbeatTimeoutMs() {
+  return Setting(absl::GetFlag(FLAGS_fault_heartbeat_timeout_ms),
+                 "FAULT_HEARTBEAT_TIMEOUT_MS", 300);
+}
+int MaxStepPercent() {
+  return Setting(absl::GetFlag(FLAGS_fault_max_step_percent), "FAULT_MAX_STEP_PERCENT",
+                 90);
+}
 int OnlyTrial() { return Setting(absl::GetFlag(FLAGS_fault_trial), "FAULT_TRIAL", -1); }
 
 struct Mode {
@@ -105,7 +121,7 @@ std::string JobConfig(const Mode& mode) {
       num_workers: %d
       num_slots: 256
       heartbeat_interval_ms: 100
-      heartbeat_timeout_ms: 300
+      heartbeat_timeout_ms: %d
       request_timeout_ms: 10000
       on_worker_loss: REASSIGN
     }
@@ -123,7 +139,7 @@ std::string JobConfig(const Mode& mode) {
       batch_size: 256 epochs: 2 log_interval_s: 1
       sparse_table: "w" dense_table: "d"
     }
-  )pb", mode.name, kServers, kWorkers, mode.consistency);
+  )pb", mode.name, kServers, kWorkers, HeartbeatTimeoutMs(), mode.consistency);
 }
 
 // One trial's choices, all from the seeded generator.
@@ -150,7 +166,7 @@ Fault Choose(int mode_index, int sig, int trial, uint64_t steps_per_worker) {
   f.signal = sig;
   f.victim = static_cast<uint32_t>(rng() % kWorkers);
   // Anywhere from before its first step to 90% through its own shard.
-  f.step = rng() % (steps_per_worker * 9 / 10 + 1);
+  f.step = rng() % (steps_per_worker * MaxStepPercent() / 100 + 1);
   f.replacement = rng() % 2 == 1;
   return f;
 }

@@ -179,9 +179,13 @@ absl::StatusOr<DataPosition> Trainer::TrainShard(const TrainerHooks& hooks,
   }
   Log()->info("training shard {} from epoch {} batch {} at clock {}",
               from.shard(), from.epoch(), from.batch(), client_->clock());
+  const uint64_t batch_size = tr.batch_size();
+  if (batch_size == 0) {
+    // The config loader fills in the default; a hand-built config may not.
+    return absl::InvalidArgumentError("training.batch_size must be > 0");
+  }
   PS_RETURN_IF_ERROR(OpenShard(from.shard()));
   const uint64_t max_steps = tr.max_steps();
-  const uint64_t batch_size = tr.batch_size();
   const absl::Duration log_every = absl::Seconds(tr.log_interval_s());
   absl::Time last_log = absl::Now();
   uint64_t examples_at_log = result->examples;

@@ -101,8 +101,11 @@ absl::StatusOr<GetStatusResponse> JobHarness::Status() {
     return absl::UnavailableError(
         absl::StrCat("scheduler GetStatus: ", status.error_message()));
   }
-  for (const WorkerClock& c : response.clocks()) {
-    max_silent_ms_ = std::max<uint64_t>(max_silent_ms_, c.silent_ms());
+  // After a signal the victim's own silence would count.
+  if (!signalled_) {
+    for (const WorkerClock& c : response.clocks()) {
+      max_silent_ms_ = std::max<uint64_t>(max_silent_ms_, c.silent_ms());
+    }
   }
   return response;
 }
@@ -177,6 +180,7 @@ absl::StatusOr<uint64_t> JobHarness::WaitForStep(int i, uint64_t step,
 
 bool JobHarness::Signal(int i, int sig) {
   if (!workers_[i].running()) return false;
+  signalled_ = true;
   workers_[i].Signal(sig);
   return true;
 }

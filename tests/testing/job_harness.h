@@ -100,7 +100,8 @@ class JobHarness {
   std::vector<uint64_t> DeclaredDead() const;
 
   // The longest a live worker had been silent (no heartbeat) in any
-  // Status() answer so far, in ms: how close the job came to a false death.
+  // Status() answer before the first Signal(), in ms: how close the job
+  // came to a false death.
   uint64_t max_silent_ms() const { return max_silent_ms_; }
 
   // Sends `sig` to worker(i) if it is still running; false if it was not.
@@ -140,6 +141,7 @@ class JobHarness {
   std::vector<Subprocess> workers_;
   std::vector<uint64_t> node_ids_;  // by worker index; 0 = not seen yet
   uint64_t max_silent_ms_ = 0;
+  bool signalled_ = false;  // Signal() was called
 };
 
 // The value of a numeric field of a one-line JSON object ("test_auc"), or

@@ -1,0 +1,687 @@
+// Replication (cluster.replication 2) with real servers, an in-process
+// scheduler and KVClient workers on loopback: primaries and backups hold
+// bit-identical rows, a backup takes over its dead primary's slots without
+// losing an acknowledged push, and a replacement server catches up.
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/config.h"
+#include "common/hash.h"
+#include "common/protocol.h"
+#include "common/wire.h"
+#include "gtest/gtest.h"
+#include "proto/data_plane.pb.h"
+#include "proto/scheduler.pb.h"
+#include "scheduler/client.h"
+#include "scheduler/scheduler.h"
+#include "server/server.h"
+#include "server/table.h"
+#include "worker/kv_client.h"
+#include "zmq.hpp"
+#include "zmq_addon.hpp"
+
+namespace ps {
+namespace {
+
+constexpr uint32_t kNone = 0xFFFFFFFF;
+constexpr uint32_t kAdam = 0;   // sparse, dim 3
+constexpr uint32_t kDense = 1;  // dense, Adagrad
+constexpr uint32_t kSgd = 2;    // sparse, dim 1, SGD lr 1, zero init
+constexpr uint32_t kSlots = 32;
+
+std::string ConfigText(const std::string& mode, uint32_t servers, uint32_t workers,
+                       uint32_t replication = 2) {
+  return absl::StrCat(R"pb(
+    cluster {
+      num_slots: 32
+      heartbeat_interval_ms: 50
+      heartbeat_timeout_ms: 500
+      request_timeout_ms: 30000
+      failover_timeout_ms: 30000
+      num_servers: )pb", servers, " num_workers: ", workers,
+                      " replication: ", replication, R"pb(
+    }
+    consistency { mode: )pb", mode, R"pb( }
+    tables {
+      id: 0
+      name: "adam"
+      sparse { dim: 3 }
+      optimizer { adam { learning_rate: 0.01 } }
+    }
+    tables {
+      id: 1
+      name: "dense"
+      dense { size: 60 block_size: 4 }
+      optimizer { adagrad { learning_rate: 0.1 } }
+    }
+    tables {
+      id: 2
+      name: "sgd"
+      sparse { dim: 1 }
+      optimizer { sgd { learning_rate: 1 } }
+      init { kind: ZEROS }
+    }
+  )pb");
+}
+
+// A server with its scheduler membership.
+struct ServerNode {
+  std::unique_ptr<KVServer> server;
+  std::unique_ptr<SchedulerClient> member;
+  uint32_t rank = 0;
+};
+
+// A worker: its membership and its client, which follows the views.
+struct WorkerNode {
+  absl::Mutex mu;
+  KVClient* client_for_views ABSL_GUARDED_BY(mu) = nullptr;
+  std::unique_ptr<SchedulerClient> member;
+  std::unique_ptr<KVClient> client;
+};
+
+class ReplicationTest : public ::testing::Test {
+ protected:
+  void Start(const std::string& mode, uint32_t servers, uint32_t workers,
+             uint32_t replication = 2) {
+    auto config = ParseJobConfig(ConfigText(mode, servers, workers, replication), "test");
+    ASSERT_TRUE(config.ok()) << config.status();
+    config_ = *config;
+    SchedulerServer::Options so;
+    so.config = config_;
+    auto scheduler = SchedulerServer::Start(so);
+    ASSERT_TRUE(scheduler.ok()) << scheduler.status();
+    scheduler_ = std::move(scheduler).value();
+    for (uint32_t i = 0; i < servers; ++i) StartServer();
+    for (uint32_t i = 0; i < workers; ++i) StartWorker();
+  }
+
+  void TearDown() override {
+    for (auto& w : workers_) {
+      {
+        absl::MutexLock lock(&w->mu);
+        w->client_for_views = nullptr;
+      }
+      w->member.reset();
+      w->client.reset();
+    }
+    for (auto& s : servers_) {
+      s.member.reset();
+      s.server.reset();
+    }
+  }
+
+  // Starts a server; a replacement takes the rank of a dead one.
+  ServerNode& StartServer() {
+    KVServer::Options ko;
+    ko.config = config_;
+    auto server = KVServer::Start(ko);
+    EXPECT_TRUE(server.ok()) << server.status();
+    KVServer* kv = server->get();
+    SchedulerClient::Options co =
+        SchedulerClient::Options::ForJob(config_, scheduler_->address(), SERVER);
+    co.data_endpoint = kv->endpoint();
+    co.on_view = [kv](const ClusterView& v, uint32_t rank) { kv->UpdateView(v, rank); };
+    auto member = SchedulerClient::Connect(co);
+    EXPECT_TRUE(member.ok()) << member.status();
+    ServerNode node;
+    node.server = std::move(server).value();
+    node.member = std::move(member).value();
+    node.rank = node.member->rank();
+    servers_.push_back(std::move(node));
+    return servers_.back();
+  }
+
+  WorkerNode& StartWorker() {
+    auto w = std::make_unique<WorkerNode>();
+    WorkerNode* raw = w.get();
+    SchedulerClient::Options co =
+        SchedulerClient::Options::ForJob(config_, scheduler_->address(), WORKER);
+    co.on_view = [raw](const ClusterView& v, uint32_t) {
+      absl::MutexLock lock(&raw->mu);
+      if (raw->client_for_views != nullptr) raw->client_for_views->UpdateView(v);
+    };
+    auto member = SchedulerClient::Connect(co);
+    EXPECT_TRUE(member.ok()) << member.status();
+    w->member = std::move(member).value();
+    auto view = w->member->WaitForRunning(absl::Seconds(10));
+    EXPECT_TRUE(view.ok()) << view.status();
+    KVClient::Options ko;
+    ko.config = config_;
+    ko.rank = w->member->rank();
+    ko.node_id = w->member->node_id();
+    ko.start_clock = w->member->start_clock();
+    auto client = KVClient::Create(ko, *view);
+    EXPECT_TRUE(client.ok()) << client.status();
+    w->client = std::move(client).value();
+    {
+      absl::MutexLock lock(&w->mu);
+      w->client_for_views = w->client.get();
+    }
+    w->client->UpdateView(w->member->view());
+    workers_.push_back(std::move(w));
+    return *workers_.back();
+  }
+
+  ServerNode& ServerWithRank(uint32_t rank) {
+    for (ServerNode& s : servers_) {
+      if (s.rank == rank && s.member != nullptr) return s;
+    }
+    ADD_FAILURE() << "no live server with rank " << rank;
+    return servers_.front();
+  }
+
+  // Stops a server without leaving: the scheduler declares it dead after
+  // the heartbeat timeout, as after a crash.
+  void Kill(uint32_t rank) {
+    ServerNode& s = ServerWithRank(rank);
+    s.server->Stop();
+    s.member.reset();
+  }
+
+  // Waits until the scheduler's view satisfies `done`.
+  ClusterView WaitForView(const std::function<bool(const ClusterView&)>& done) {
+    const absl::Time give_up = absl::Now() + absl::Seconds(30);
+    ClusterView view = scheduler_->state()->View();
+    while (!done(view) && absl::Now() < give_up) {
+      view = scheduler_->state()->AwaitView(view.epoch() + 1, false, absl::Seconds(1));
+    }
+    EXPECT_TRUE(done(view)) << view.DebugString();
+    return view;
+  }
+
+  static bool Dead(const ClusterView& v, uint32_t rank) {
+    for (const NodeInfo& n : v.nodes()) {
+      if (n.role() == SERVER && n.rank() == rank && n.state() == ALIVE) return false;
+    }
+    return true;
+  }
+
+  // Every row (sparse: by key; dense: by block) of one server with its full
+  // state, keyed by (table, key or block).
+  using Rows = std::map<std::pair<uint32_t, uint64_t>, std::vector<float>>;
+  static Rows RowsOf(const KVServer& server) {
+    Rows rows;
+    for (const Table* table : server.StoppedTables()) {
+      if (const SparseTable* sparse = table->AsSparse()) {
+        std::vector<uint64_t> keys;
+        std::vector<float> state;
+        uint64_t cursor = 0;
+        do {
+          keys.clear();
+          state.clear();
+          cursor = sparse->ExportRows(cursor, 1 << 16, &keys, &state);
+          const size_t stride = sparse->state_floats();
+          for (size_t i = 0; i < keys.size(); ++i) {
+            rows[{table->id(), keys[i]}].assign(state.begin() + i * stride,
+                                                state.begin() + (i + 1) * stride);
+          }
+        } while (cursor != 0);
+      } else {
+        EXPECT_TRUE(table->AsDense()
+                        ->ForEachBlock([&](uint64_t block, absl::Span<const float> values,
+                                           absl::Span<const float> state) {
+                          std::vector<float>& row = rows[{table->id(), block}];
+                          row.assign(values.begin(), values.end());
+                          row.insert(row.end(), state.begin(), state.end());
+                          return absl::OkStatus();
+                        })
+                        .ok());
+      }
+    }
+    return rows;
+  }
+
+  static uint32_t SlotOf(const std::pair<uint32_t, uint64_t>& row) {
+    return row.first == kDense ? DenseBlockSlot(row.first, row.second, kSlots)
+                               : SparseSlot(row.first, row.second, kSlots);
+  }
+
+  // Stops every live server and checks, slot by slot, that the backup holds
+  // exactly the primary's rows, bit for bit (values and optimizer state).
+  // Returns the number of rows compared.
+  size_t ExpectReplicasIdentical() {
+    const ClusterView view = scheduler_->state()->View();
+    std::map<uint32_t, Rows> by_rank;
+    for (ServerNode& s : servers_) {
+      if (s.member == nullptr) continue;
+      s.server->Stop();
+      by_rank[s.rank] = RowsOf(*s.server);
+    }
+    size_t compared = 0;
+    for (const auto& [rank, rows] : by_rank) {
+      for (const auto& [row, state] : rows) {
+        const uint32_t slot = SlotOf(row);
+        if (view.slot_owner(slot) != rank) continue;
+        const uint32_t backup = view.slot_backup(slot);
+        if (backup == kNone || by_rank.count(backup) == 0) continue;
+        const Rows& copy = by_rank[backup];
+        auto it = copy.find(row);
+        if (it == copy.end()) {
+          ADD_FAILURE() << "backup " << backup << " lacks table " << row.first << " row "
+                        << row.second << " of slot " << slot;
+          continue;
+        }
+        if (it->second.size() != state.size()) {
+          ADD_FAILURE() << "table " << row.first << " row " << row.second << ": sizes differ";
+          continue;
+        }
+        EXPECT_EQ(std::memcmp(it->second.data(), state.data(), state.size() * sizeof(float)),
+                  0)
+            << "table " << row.first << " row " << row.second << " differs between primary "
+            << rank << " and backup " << backup;
+        ++compared;
+      }
+    }
+    // Nor does a backup hold rows its primary lacks.
+    for (const auto& [rank, rows] : by_rank) {
+      for (const auto& [row, state] : rows) {
+        const uint32_t slot = SlotOf(row);
+        if (view.slot_backup(slot) != rank) continue;
+        const uint32_t owner = view.slot_owner(slot);
+        if (by_rank.count(owner) != 0) {
+          EXPECT_TRUE(by_rank[owner].count(row) != 0)
+              << "backup " << rank << " holds table " << row.first << " row " << row.second
+              << " that primary " << owner << " does not";
+        }
+      }
+    }
+    return compared;
+  }
+
+  JobConfig config_;
+  std::unique_ptr<SchedulerServer> scheduler_;
+  std::vector<ServerNode> servers_;
+  std::vector<std::unique_ptr<WorkerNode>> workers_;
+};
+
+// Random pushes of all three tables by one worker: `steps` rounds.
+void PushRandomly(KVClient& client, uint32_t seed, int rounds, bool advance_clock) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> grad(-1, 1);
+  for (int round = 0; round < rounds; ++round) {
+    std::vector<uint64_t> keys(40);
+    for (uint64_t& k : keys) k = rng() % 500;
+    std::vector<float> g(keys.size() * 3);
+    for (float& x : g) x = grad(rng);
+    std::vector<Completion> done;
+    if (round % 3 == 0) {
+      std::vector<float> out(g.size());
+      ASSERT_TRUE(client.PushPull(kAdam, keys, g, out.data()).Wait().ok());
+    } else {
+      done.push_back(client.Push(kAdam, keys, g));
+    }
+    const uint64_t begin = rng() % 50;
+    std::vector<float> dg(1 + rng() % 10);
+    for (float& x : dg) x = grad(rng);
+    done.push_back(client.PushDense(kDense, begin, dg));
+    std::vector<float> sg(keys.size());
+    for (float& x : sg) x = static_cast<float>(static_cast<int>(rng() % 7) - 3);
+    done.push_back(client.Push(kSgd, keys, sg));
+    for (Completion& c : done) ASSERT_TRUE(c.Wait().ok()) << c.Wait();
+    if (advance_clock) {
+      ASSERT_TRUE(client.AdvanceClock().Wait().ok());
+    }
+  }
+}
+
+TEST_F(ReplicationTest, AsyncPrimaryAndBackupHoldIdenticalRows) {
+  Start("ASYNC", 3, 2);
+  ASSERT_TRUE(workers_[0]->client->AssignDense(kDense, 0, std::vector<float>(60, 0.5f))
+                  .Wait()
+                  .ok());
+  std::thread other([&] { PushRandomly(*workers_[1]->client, 2, 150, false); });
+  PushRandomly(*workers_[0]->client, 1, 150, false);
+  other.join();
+
+  // Exports and statistics count each row once, though two servers hold it.
+  std::vector<uint64_t> keys;
+  std::vector<float> values;
+  ASSERT_TRUE(workers_[0]->client->ScanAll(kAdam, &keys, &values).ok());
+  std::vector<uint64_t> sorted = keys;
+  std::sort(sorted.begin(), sorted.end());
+  EXPECT_EQ(std::unique(sorted.begin(), sorted.end()), sorted.end());
+  std::vector<ServerTableStats> stats;
+  ASSERT_TRUE(workers_[0]->client->TableStatistics(&stats).Wait().ok());
+  uint64_t rows = 0, backup_rows = 0;
+  for (const ServerTableStats& s : stats) {
+    if (s.stats.table_id() != kAdam) continue;
+    rows += s.stats.rows();
+    backup_rows += s.stats.backup_rows();
+  }
+  EXPECT_EQ(rows, keys.size());
+  EXPECT_EQ(backup_rows, keys.size());
+
+  for (ServerNode& s : servers_) {
+    const KVServer::Stats st = s.server->stats();
+    EXPECT_GT(st.forwards, 0u) << "server " << s.rank;
+    EXPECT_GT(st.replica_messages, 0u) << "server " << s.rank;
+    EXPECT_EQ(st.unreplicated_pushes, 0u) << "server " << s.rank;
+  }
+  EXPECT_GT(ExpectReplicasIdentical(), 500u);
+}
+
+TEST_F(ReplicationTest, BspPrimaryAndBackupHoldIdenticalRows) {
+  Start("BSP", 3, 2);
+  std::thread other([&] { PushRandomly(*workers_[1]->client, 4, 25, true); });
+  PushRandomly(*workers_[0]->client, 3, 25, true);
+  other.join();
+  for (auto& w : workers_) ASSERT_TRUE(w->client->AdvanceClockTo(kFinishedClock).Wait().ok());
+  // A pull at the finished clock waits until every step is applied on its
+  // primary; a push after it (buffered for the step 2^62, never applied)
+  // reaches each backup after the primary's last "apply step" message, so
+  // its answer means every backup applied every step too.
+  std::vector<uint64_t> keys(200);
+  for (size_t i = 0; i < keys.size(); ++i) keys[i] = i;
+  std::vector<float> out(keys.size() * 3);
+  ASSERT_TRUE(workers_[0]->client->Pull(kAdam, keys, out.data()).Wait().ok());
+  std::vector<float> dense(60);
+  ASSERT_TRUE(workers_[0]->client->PullDense(kDense, 0, 60, dense.data()).Wait().ok());
+  ASSERT_TRUE(workers_[0]->client->Push(kSgd, keys, std::vector<float>(keys.size(), 0))
+                  .Wait()
+                  .ok());
+  ASSERT_TRUE(workers_[0]->client->PushDense(kDense, 0, std::vector<float>(60, 0))
+                  .Wait()
+                  .ok());
+  for (ServerNode& s : servers_) EXPECT_GT(s.server->stats().bsp_steps_applied, 0u);
+  EXPECT_GT(ExpectReplicasIdentical(), 500u);
+}
+
+// Pushes integer gradients to keys 0..n-1 of the SGD table from a thread
+// until stopped, counting each key's acknowledged sum.
+class Pusher {
+ public:
+  Pusher(KVClient* client, uint64_t n, uint32_t seed) : client_(client), sums_(n, 0) {
+    thread_ = std::thread([this, seed] { Run(seed); });
+  }
+  ~Pusher() { Stop(); }
+  void Stop() {
+    stop_.store(true);
+    if (thread_.joinable()) thread_.join();
+  }
+  const std::vector<double>& sums() const { return sums_; }
+  int pushes() const { return pushes_; }
+  const absl::Status& error() const { return error_; }
+
+ private:
+  void Run(uint32_t seed) {
+    std::mt19937 rng(seed);
+    while (!stop_.load()) {
+      // A few pushes in flight at a time, so some are under way when a
+      // server dies.
+      std::vector<std::vector<uint64_t>> keys(4);
+      std::vector<std::vector<float>> grads(4);
+      std::vector<Completion> done;
+      for (int j = 0; j < 4; ++j) {
+        for (int i = 0; i < 30; ++i) {
+          keys[j].push_back(rng() % sums_.size());
+          grads[j].push_back(static_cast<float>(static_cast<int>(rng() % 9) - 4));
+        }
+        done.push_back(client_->Push(kSgd, keys[j], grads[j]));
+      }
+      for (int j = 0; j < 4; ++j) {
+        absl::Status s = done[j].Wait();
+        if (!s.ok()) {
+          error_ = s;
+          return;
+        }
+        for (size_t i = 0; i < keys[j].size(); ++i) sums_[keys[j][i]] += grads[j][i];
+        ++pushes_;
+      }
+    }
+  }
+
+  KVClient* const client_;
+  std::vector<double> sums_;
+  std::atomic<bool> stop_{false};
+  int pushes_ = 0;
+  absl::Status error_;
+  std::thread thread_;
+};
+
+void ExpectSums(KVClient& client, const std::vector<double>& sums) {
+  std::vector<uint64_t> keys(sums.size());
+  for (size_t i = 0; i < keys.size(); ++i) keys[i] = i;
+  std::vector<float> out(keys.size());
+  ASSERT_TRUE(client.Pull(kSgd, keys, out.data()).Wait().ok());
+  int wrong = 0;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (out[i] != static_cast<float>(-sums[i]) && ++wrong <= 10) {
+      ADD_FAILURE() << "key " << i << ": " << out[i] << ", acknowledged pushes sum to "
+                    << -sums[i];
+    }
+  }
+  EXPECT_EQ(wrong, 0);
+}
+
+TEST_F(ReplicationTest, BackupTakesOverItsDeadPrimaryWithoutLosingAPush) {
+  Start("ASYNC", 3, 1);
+  KVClient& client = *workers_[0]->client;
+  Pusher pusher(&client, 400, 7);
+  absl::SleepFor(absl::Milliseconds(300));
+  Kill(1);
+  const ClusterView after = WaitForView([](const ClusterView& v) { return Dead(v, 1); });
+  for (uint32_t owner : after.slot_owner()) EXPECT_NE(owner, 1u);
+  // Pushes go on through the failover and after it.
+  const int before = pusher.pushes();
+  const absl::Time give_up = absl::Now() + absl::Seconds(30);
+  while (pusher.pushes() < before + 50 && pusher.error().ok() && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  pusher.Stop();
+  ASSERT_TRUE(pusher.error().ok()) << pusher.error();
+  EXPECT_GE(pusher.pushes(), before + 50);
+  ExpectSums(client, pusher.sums());
+  EXPECT_GT(ServerWithRank(2).server->stats().slots_promoted, 0u);
+  // The survivors back each other up again: their copies agree.
+  EXPECT_GT(ExpectReplicasIdentical(), 0u);
+}
+
+TEST_F(ReplicationTest, BspStepBufferedByADeadPrimaryIsAppliedByItsBackup) {
+  Start("BSP", 2, 1);
+  KVClient& client = *workers_[0]->client;
+  std::vector<uint64_t> keys(100);
+  for (size_t i = 0; i < keys.size(); ++i) keys[i] = i;
+  std::vector<float> grads(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) grads[i] = static_cast<float>(i % 5) + 1;
+  // Step 0: applied everywhere.
+  ASSERT_TRUE(client.Push(kSgd, keys, grads).Wait().ok());
+  ASSERT_TRUE(client.AdvanceClock().Wait().ok());
+  // Step 1: buffered on the primaries (and their backups) when server 0
+  // dies; server 1 takes over its slots and applies the step once.
+  ASSERT_TRUE(client.Push(kSgd, keys, grads).Wait().ok());
+  Kill(0);
+  WaitForView([](const ClusterView& v) { return Dead(v, 0); });
+  ASSERT_TRUE(client.AdvanceClock().Wait().ok());
+  std::vector<float> out(keys.size());
+  ASSERT_TRUE(client.Pull(kSgd, keys, out.data()).Wait().ok());
+  for (size_t i = 0; i < keys.size(); ++i) EXPECT_EQ(out[i], -2 * grads[i]) << "key " << i;
+  EXPECT_GT(ServerWithRank(1).server->stats().slots_promoted, 0u);
+}
+
+TEST_F(ReplicationTest, CatchUpCarriesBufferedBspSteps) {
+  Start("BSP", 3, 1);
+  KVClient& client = *workers_[0]->client;
+  std::vector<uint64_t> keys(300);
+  for (size_t i = 0; i < keys.size(); ++i) keys[i] = i;
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> grad(-1, 1);
+  auto push_step = [&] {
+    std::vector<float> g(keys.size() * 3), s(keys.size()), d(60);
+    for (float& x : g) x = grad(rng);
+    for (float& x : s) x = static_cast<float>(static_cast<int>(rng() % 7) - 3);
+    for (float& x : d) x = grad(rng);
+    ASSERT_TRUE(client.Push(kAdam, keys, g).Wait().ok());
+    ASSERT_TRUE(client.Push(kSgd, keys, s).Wait().ok());
+    ASSERT_TRUE(client.PushDense(kDense, 0, d).Wait().ok());
+  };
+  push_step();
+  ASSERT_TRUE(client.AdvanceClock().Wait().ok());
+  // Step 1 is buffered (the worker has not finished it) when server 0
+  // dies and a replacement joins: the copies it gets include the buffered
+  // sums, and it applies them when its primaries apply the step.
+  push_step();
+  Kill(0);
+  WaitForView([](const ClusterView& v) { return Dead(v, 0); });
+  uint64_t catchups = 0;
+  for (ServerNode& s : servers_) {
+    if (s.member != nullptr) catchups += s.server->stats().catchups_sent;
+  }
+  StartServer();
+  const absl::Time give_up = absl::Now() + absl::Seconds(30);
+  auto copied = [&] {
+    uint64_t n = 0;
+    for (ServerNode& s : servers_) {
+      if (s.member != nullptr) n += s.server->stats().catchups_sent;
+    }
+    return n;
+  };
+  while (copied() < catchups + 2 && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_GE(copied(), catchups + 2);
+  ASSERT_TRUE(client.AdvanceClock().Wait().ok());
+  // A pull at clock 2 waits for step 1 on every primary; pushes of step 2
+  // (buffered) then reach each backup after the primary's "apply step 1".
+  std::vector<float> out(keys.size() * 3);
+  ASSERT_TRUE(client.Pull(kAdam, keys, out.data()).Wait().ok());
+  ASSERT_TRUE(client.Push(kSgd, keys, std::vector<float>(keys.size(), 0)).Wait().ok());
+  ASSERT_TRUE(client.PushDense(kDense, 0, std::vector<float>(60, 0)).Wait().ok());
+  EXPECT_GT(servers_.back().server->stats().replica_messages, 0u);
+  EXPECT_GT(ExpectReplicasIdentical(), 300u);
+}
+
+TEST_F(ReplicationTest, ReplacementCatchesUpAndLaterTakesOver) {
+  Start("ASYNC", 3, 1);
+  KVClient& client = *workers_[0]->client;
+  Pusher pusher(&client, 400, 11);
+  absl::SleepFor(absl::Milliseconds(200));
+  Kill(0);
+  WaitForView([](const ClusterView& v) { return Dead(v, 0); });
+  absl::SleepFor(absl::Milliseconds(200));
+  uint64_t catchups = 0;
+  for (ServerNode& s : servers_) {
+    if (s.member != nullptr) catchups += s.server->stats().catchups_sent;
+  }
+  // A replacement takes rank 0 and becomes a backup again: the primaries
+  // copy it their slots while the pushes go on.
+  StartServer();
+  ASSERT_EQ(servers_.back().rank, 0u);
+  WaitForView([](const ClusterView& v) {
+    return std::find(v.slot_backup().begin(), v.slot_backup().end(), 0u) !=
+           v.slot_backup().end();
+  });
+  const absl::Time give_up = absl::Now() + absl::Seconds(30);
+  auto copied = [&] {
+    uint64_t n = 0;
+    for (ServerNode& s : servers_) {
+      if (s.member != nullptr) n += s.server->stats().catchups_sent;
+    }
+    return n;
+  };
+  while (copied() < catchups + 2 && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_GE(copied(), catchups + 2);  // servers 1 and 2 both copy to it
+  int before = pusher.pushes();
+  while (pusher.pushes() < before + 30 && pusher.error().ok() && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  // Server 1 now serves rank 0's old slots, backed by the replacement: when
+  // it dies the replacement serves them.
+  Kill(1);
+  WaitForView([](const ClusterView& v) { return Dead(v, 1); });
+  before = pusher.pushes();
+  while (pusher.pushes() < before + 30 && pusher.error().ok() && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  pusher.Stop();
+  ASSERT_TRUE(pusher.error().ok()) << pusher.error();
+  ExpectSums(client, pusher.sums());
+  EXPECT_GT(servers_.back().server->stats().slots_promoted, 0u);
+  EXPECT_GT(servers_.back().server->stats().replica_messages, 0u);
+  EXPECT_GT(ExpectReplicasIdentical(), 0u);
+}
+
+// Sends one raw message to `endpoint` and returns the answer's header.
+ResponseHeader RoundTrip(const std::string& endpoint, const RequestHeader& h,
+                         const std::vector<uint64_t>& keys, const std::vector<float>& values) {
+  zmq::context_t context(1);
+  zmq::socket_t socket(context, zmq::socket_type::dealer);
+  socket.set(zmq::sockopt::linger, 0);
+  socket.set(zmq::sockopt::rcvtimeo, 10000);
+  socket.connect(endpoint);
+  std::vector<zmq::message_t> frames;
+  frames.push_back(SerializeToFrame(h));
+  frames.emplace_back(keys.data(), keys.size() * sizeof(uint64_t));
+  frames.emplace_back(values.data(), values.size() * sizeof(float));
+  EXPECT_TRUE(zmq::send_multipart(socket, frames).has_value());
+  std::vector<zmq::message_t> reply;
+  EXPECT_TRUE(zmq::recv_multipart(socket, std::back_inserter(reply)).has_value());
+  ResponseHeader rh;
+  if (!reply.empty()) rh.ParseFromArray(reply[0].data(), static_cast<int>(reply[0].size()));
+  return rh;
+}
+
+TEST_F(ReplicationTest, ReplicaMessagesFromAnyoneButTheSlotsPrimaryAreRefused) {
+  Start("ASYNC", 2, 1);
+  const ClusterView view = scheduler_->state()->View();
+  uint64_t node0 = 0;
+  for (const NodeInfo& n : view.nodes()) {
+    if (n.role() == SERVER && n.rank() == 0) node0 = n.node_id();
+  }
+  // A key of a slot server 1 owns (and server 0 backs).
+  uint64_t key = 0;
+  while (view.slot_owner(SparseSlot(kSgd, key, kSlots)) != 1) ++key;
+  RequestHeader h;
+  h.set_op(PUSH);
+  h.set_table_id(kSgd);
+  h.set_num_keys(1);
+  h.set_epoch(view.epoch());
+  h.set_replica(true);
+  h.mutable_replica_info()->set_kind(REPLICA_APPLY);
+  h.mutable_replica_info()->set_lr_scale(1);
+  h.mutable_replica_info()->set_primary_node_id(node0);  // not its primary
+  ResponseHeader rh = RoundTrip(ServerWithRank(0).server->endpoint(), h, {key}, {5.0f});
+  EXPECT_EQ(rh.code(), static_cast<int>(absl::StatusCode::kFailedPrecondition)) << rh.message();
+  EXPECT_TRUE(rh.wrong_owner());
+  // A node that is no server of the job.
+  h.mutable_replica_info()->set_primary_node_id(987654);
+  rh = RoundTrip(ServerWithRank(0).server->endpoint(), h, {key}, {5.0f});
+  EXPECT_EQ(rh.code(), static_cast<int>(absl::StatusCode::kFailedPrecondition)) << rh.message();
+  EXPECT_TRUE(rh.wrong_owner());
+  // Nothing was applied, on either copy.
+  float out = -1;
+  ASSERT_TRUE(workers_[0]->client->Pull(kSgd, {key}, &out).Wait().ok());
+  EXPECT_EQ(out, 0.0f);
+  EXPECT_EQ(ExpectReplicasIdentical(), 0u);
+}
+
+TEST_F(ReplicationTest, WithoutReplicationReplicaMessagesAreRefused) {
+  Start("ASYNC", 2, 1, /*replication=*/1);
+  RequestHeader h;
+  h.set_op(PUSH);
+  h.set_table_id(kSgd);
+  h.set_num_keys(1);
+  h.set_epoch(scheduler_->state()->View().epoch());
+  h.set_replica(true);
+  h.mutable_replica_info()->set_kind(REPLICA_APPLY);
+  const ResponseHeader rh = RoundTrip(ServerWithRank(0).server->endpoint(), h, {1}, {5.0f});
+  EXPECT_EQ(rh.code(), static_cast<int>(absl::StatusCode::kInvalidArgument)) << rh.message();
+  EXPECT_TRUE(scheduler_->state()->View().slot_backup().empty());
+}
+
+}  // namespace
+}  // namespace ps
