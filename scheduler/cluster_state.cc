@@ -473,17 +473,19 @@ bool ClusterState::Reassign() const {
 }
 
 uint64_t ClusterState::JobClockLocked() const {
-  // The furthest any worker got: a worker starting (or restarting) there
-  // never counts for steps the job already took, even when the workers
-  // that took them are gone.
-  uint64_t clock = std::max(base_clock_, max_clock_ever_);
+  // The fastest live worker's clock; with none training (all finished, or
+  // gone), the furthest any worker got, so a worker restarting to take
+  // over a shard never goes back to steps the job already took.
+  bool training = false;
+  uint64_t clock = base_clock_;
   for (const auto& [id, other] : nodes_) {
     if (other.info.role() == WORKER && other.info.state() == ALIVE &&
         other.clock < kFinishedClock) {
+      training = true;
       clock = std::max(clock, other.clock);
     }
   }
-  return clock;
+  return training ? clock : std::max(clock, max_clock_ever_);
 }
 
 void ClusterState::AssignShardLocked(uint32_t s, uint64_t id, DataPosition* out) {
