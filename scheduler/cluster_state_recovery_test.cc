@@ -114,7 +114,8 @@ class RecoveryTest : public ::testing::Test {
   }
 
   NodeInfo NodeInfoOf(uint64_t id) const {
-    for (const NodeInfo& n : state_->View().nodes()) {
+    const ClusterView view = state_->View();
+    for (const NodeInfo& n : view.nodes()) {
       if (n.node_id() == id) return n;
     }
     ADD_FAILURE() << "node " << id << " not in the view";
