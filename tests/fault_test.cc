@@ -223,10 +223,12 @@ class FaultTest : public ::testing::TestWithParam<int> {
 
   // Waits for the job's end and checks what every job must satisfy: all
   // processes exited, with 0 except worker `killed` (SIGKILL: 137), and
-  // one summary with a test AUC. nullopt (after a test failure naming the
-  // problem, with the logs) otherwise.
+  // one summary with a test AUC. A replacement that could not register
+  // because the job had finished meanwhile is let off (a note says so).
+  // nullopt (after a test failure naming the problem, with the logs)
+  // otherwise.
   std::optional<Outcome> Finish(JobHarness& job, int killed,
-                                const std::string& what) {
+                                const std::string& what, std::string* notes) {
     auto result = job.Wait(kJobTimeout);
     // Only the SIGKILLed worker may be declared dead: any other node was
     // alive, and its death is what the rest of the job then suffers from.
@@ -254,6 +256,11 @@ class FaultTest : public ::testing::TestWithParam<int> {
       expect_code(result->servers[i], 0, absl::StrCat("server", i));
     }
     for (size_t i = 0; i < result->workers.size(); ++i) {
+      if (static_cast<int>(i) >= kWorkers && result->workers[i] != 0 &&
+          TooLate(job, i)) {
+        absl::StrAppend(notes, "; the replacement came after the job had finished");
+        continue;
+      }
       expect_code(result->workers[i], static_cast<int>(i) == killed ? 128 + SIGKILL : 0,
                   JobHarness::WorkerName(i));
     }
@@ -279,10 +286,26 @@ class FaultTest : public ::testing::TestWithParam<int> {
     return out;
   }
 
+  // Worker i never registered, and the scheduler had ended the job.
+  static bool TooLate(JobHarness& job, int i) {
+    return ReadFile(job.worker(i).stderr_path()).find("register with scheduler") !=
+               std::string::npos &&
+           ReadFile(job.dir() + "/scheduler.log").find("job finished") !=
+               std::string::npos;
+  }
+
   std::string ReplayCommand(int trial) const {
-    return absl::StrCat("bazel test --config=opt //tests:fault_test --test_filter='*/",
-                        mode().name, "' --test_arg=--fault_seed=", Seed(),
-                        " --test_arg=--fault_trial=", trial);
+    std::string command = absl::StrCat(
+        "bazel test --config=opt //tests:fault_test --test_filter='*/", mode().name,
+        "' --test_arg=--fault_seed=", Seed(), " --test_arg=--fault_trial=", trial);
+    if (MaxStepPercent() != 90) {
+      absl::StrAppend(&command, " --test_arg=--fault_max_step_percent=", MaxStepPercent());
+    }
+    if (HeartbeatTimeoutMs() != 300) {
+      absl::StrAppend(&command, " --test_arg=--fault_heartbeat_timeout_ms=",
+                      HeartbeatTimeoutMs());
+    }
+    return command;
   }
 
   // Runs one disturbed job; its outcome, or nullopt after a failure.
@@ -318,7 +341,7 @@ class FaultTest : public ::testing::TestWithParam<int> {
     if (hit) {
       if (fault.signal == SIGKILL) killed = victim;
       *notes = *clock >= (uint64_t{1} << 62)
-                   ? "hit while waiting for work"
+                   ? "hit after training its shards"
                    : absl::StrCat("hit at clock ", *clock);
     } else {
       // It finished its part before reaching the step: an undisturbed job.
@@ -330,20 +353,37 @@ class FaultTest : public ::testing::TestWithParam<int> {
     if (fault.replacement && hit) {
       // Like an orchestrator restarting the process: once the scheduler
       // counts the victim as gone (it left, or missed heartbeats for the
-      // timeout), so the replacement can take its rank.
+      // timeout), so the replacement can take its rank; after a SIGTERM
+      // only if the victim left preempted, not finished.
       absl::Status gone = job->WaitUntilGone(victim, absl::Seconds(10));
       if (!gone.ok()) {
         ADD_FAILURE() << what << ": " << gone << "\n" << job->LogTails(40);
         return std::nullopt;
       }
-      auto replacement = job->StartWorker();
-      if (!replacement.ok()) {
-        ADD_FAILURE() << what << ": " << replacement.status();
-        return std::nullopt;
+      bool replace = true;
+      if (fault.signal == SIGTERM) {
+        (void)job->worker(victim).Wait(absl::Seconds(10));  // checked by Finish
+        if (ReadFile(job->worker(victim).stderr_path()).find("preempted: left") ==
+            std::string::npos) {
+          replace = false;
+          absl::StrAppend(notes, "; the victim had finished: no replacement");
+        }
       }
-      absl::StrAppend(notes, "; replacement started");
+      auto status = job->Status();
+      if (replace && (!status.ok() || status->view().job_state() == FINISHED)) {
+        replace = false;
+        absl::StrAppend(notes, "; the job was over: no replacement");
+      }
+      if (replace) {
+        auto replacement = job->StartWorker();
+        if (!replacement.ok()) {
+          ADD_FAILURE() << what << ": " << replacement.status();
+          return std::nullopt;
+        }
+        absl::StrAppend(notes, "; replacement started");
+      }
     }
-    std::optional<Outcome> out = Finish(*job, killed, what);
+    std::optional<Outcome> out = Finish(*job, killed, what, notes);
     absl::StrAppend(notes, "; longest heartbeat silence seen ", job->max_silent_ms(), " ms");
     if (!out) return std::nullopt;
     if (std::fabs(out->auc - baseline_.auc) > kAucTolerance) {
@@ -370,13 +410,16 @@ class FaultTest : public ::testing::TestWithParam<int> {
 
 TEST_P(FaultTest, KilledOrPreemptedWorkersChangeNeitherTheEndNorTheAuc) {
   const absl::Time start = absl::Now();
-  std::printf("%s: fault seed %" PRIu64 ", %d trials per signal%s\n", mode().name,
-              Seed(), Trials(),
+  std::printf("%s: fault seed %" PRIu64 ", %d trials per signal, victims hit by %d%% "
+              "of their steps, heartbeat timeout %d ms%s\n",
+              mode().name, Seed(), Trials(), MaxStepPercent(), HeartbeatTimeoutMs(),
               OnlyTrial() >= 0 ? absl::StrCat(" (only trial ", OnlyTrial(), ")").c_str() : "");
   {
     std::unique_ptr<JobHarness> job = StartJob("baseline");
     ASSERT_NE(job, nullptr);
-    std::optional<Outcome> baseline = Finish(*job, -1, absl::StrCat(mode().name, " baseline"));
+    std::string notes;
+    std::optional<Outcome> baseline =
+        Finish(*job, -1, absl::StrCat(mode().name, " baseline"), &notes);
     ASSERT_TRUE(baseline.has_value());
     baseline_ = *baseline;
   }

@@ -12,6 +12,13 @@
 // is measured and printed, with a JSON line {"bench":"failover",...}; it
 // is not asserted on (no timed assertions in tests).
 //
+// A 300 ms heartbeat timeout is tight for a loaded machine: a process that
+// gets no CPU for that long is declared dead although it runs. Such an
+// unplanned failure on top of the test's own kill is a double failure,
+// which replication 2 does not cover (and a worker declared dead loses its
+// duplicate detection on the servers); the scenario is then run again
+// from scratch, up to kAttempts times, and its results are not judged.
+//
 // Flags (or environment variables):
 //   --replication_seed=N  (REPLICATION_SEED)  default 1; 0 picks one from
 //                                             the time
@@ -23,6 +30,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <random>
 #include <sstream>
@@ -54,6 +62,7 @@ using ::ps::testing::Subprocess;
 constexpr int kKeys = 2000;
 constexpr int kPushers = 2;
 constexpr int kHeartbeatTimeoutMs = 300;
+constexpr int kAttempts = 3;
 
 std::string ConfigText() {
   return absl::StrCat(R"pb(
@@ -120,38 +129,103 @@ class ReplicationFailoverTest : public ::testing::Test {
   };
   struct Kill {
     uint32_t rank = 0;
+    uint64_t node = 0;  // the killed server's node id
     int64_t at_us = 0;
   };
 
   void SetUp() override {
-    std::string name = ::testing::UnitTest::GetInstance()->current_test_info()->name();
-    dir_ = absl::StrCat(::testing::TempDir(), "/", name);
-    mkdir(dir_.c_str(), 0755);
-    config_ = dir_ + "/job.pbtxt";
-    std::ofstream(config_) << ConfigText();
-    rng_.seed(Seed());
+    base_dir_ = absl::StrCat(::testing::TempDir(), "/",
+                             ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    mkdir(base_dir_.c_str(), 0755);
     std::printf("replication_seed=%llu (replay: --test_arg=--replication_seed=%llu)\n",
                 static_cast<unsigned long long>(Seed()),
                 static_cast<unsigned long long>(Seed()));
   }
 
+  // Runs `scenario` until an attempt sees no failure but the test's own
+  // kills; judges that attempt (its problems become test failures) and
+  // prints its failover times.
+  void RunAttempts(const std::function<void()>& scenario) {
+    for (int attempt = 1; attempt <= kAttempts; ++attempt) {
+      Reset(attempt);
+      scenario();
+      const std::vector<std::string> unplanned = UnplannedDeaths();
+      if (unplanned.empty()) {
+        for (const std::string& p : problems_) ADD_FAILURE() << p;
+        if (problems_.empty()) Report();
+        return;
+      }
+      std::printf("attempt %d of %d: %zu node(s) declared dead that the test did not kill "
+                  "(the machine is too loaded for a %d ms heartbeat timeout), e.g. \"%s\"; "
+                  "%zu problem(s) not judged; running the scenario again\n",
+                  attempt, kAttempts, unplanned.size(), kHeartbeatTimeoutMs,
+                  unplanned[0].c_str(), problems_.size());
+    }
+    ADD_FAILURE() << "every one of " << kAttempts << " attempts had a node declared dead "
+                  << "that the test did not kill; see the logs under " << base_dir_;
+  }
+
+  // A fresh job in its own directory; processes of an earlier attempt are
+  // killed.
+  void Reset(int attempt) {
+    scheduler_.clear();
+    servers_.clear();
+    pushers_.clear();
+    kills_.clear();
+    acks_.clear();
+    problems_.clear();
+    dir_ = absl::StrCat(base_dir_, "/attempt", attempt);
+    mkdir(dir_.c_str(), 0755);
+    config_ = dir_ + "/job.pbtxt";
+    std::ofstream(config_) << ConfigText();
+    rng_.seed(Seed());
+  }
+
+  void Problem(const std::string& what) { problems_.push_back(what); }
+
+  // Scheduler log lines declaring a node dead that the test did not kill.
+  std::vector<std::string> UnplannedDeaths() {
+    std::vector<std::string> deaths =
+        scheduler_.empty() ? std::vector<std::string>()
+                           : LinesWith(ReadFile(scheduler_[0].stderr_path()), "declared dead");
+    std::vector<std::string> unplanned;
+    for (const std::string& line : deaths) {
+      bool planned = false;
+      for (const Kill& k : kills_) {
+        planned |= line.find(absl::StrCat("server rank ", k.rank, " (node ", k.node)) !=
+                   std::string::npos;
+      }
+      if (!planned) unplanned.push_back(line);
+    }
+    return unplanned;
+  }
+
   Subprocess Start(const std::string& name, std::vector<std::string> argv) {
     auto p = Subprocess::Start(argv, dir_ + "/" + name + ".out", dir_ + "/" + name + ".log");
-    EXPECT_TRUE(p.ok()) << p.status();
+    if (!p.ok()) {
+      // Nothing works without the binaries: fail at once.
+      ADD_FAILURE() << p.status();
+      std::abort();
+    }
     return std::move(p).value();
   }
 
-  void StartScheduler() {
+  bool StartScheduler() {
     scheduler_.push_back(Start("scheduler", {Runfile("scheduler/scheduler_main"),
                                              "--config=" + config_,
                                              "--port_file=" + dir_ + "/port"}));
     auto port = ps::testing::WaitForFile(dir_ + "/port", absl::Seconds(10));
-    ASSERT_TRUE(port.ok()) << port.status();
+    if (!port.ok()) {
+      Problem(absl::StrCat("scheduler: ", port.status().ToString()));
+      return false;
+    }
     address_ = absl::StrCat("127.0.0.1:", absl::StripAsciiWhitespace(*port));
+    return true;
   }
 
-  // Starts a server and waits until it registered; returns its index.
-  size_t StartServer() {
+  // Starts a server and waits until it registered; returns its index, or
+  // -1 (a problem is recorded).
+  int StartServer() {
     const std::string name = absl::StrCat("server", servers_.size());
     Server s{Start(name, {Runfile("server/server_main"), "--config=" + config_,
                           "--scheduler=" + address_})};
@@ -165,15 +239,28 @@ class ReplicationFailoverTest : public ::testing::Test {
       if (rank >= 0) break;
       absl::SleepFor(absl::Milliseconds(10));
     }
-    EXPECT_GE(rank, 0) << ReadFile(log);
+    if (rank < 0) {
+      Problem(absl::StrCat(name, " did not register:\n", ReadFile(log)));
+      return -1;
+    }
     s.rank = static_cast<uint32_t>(rank);
     servers_.push_back(std::move(s));
-    return servers_.size() - 1;
+    return static_cast<int>(servers_.size() - 1);
+  }
+
+  // The node id the scheduler gave the live server of `rank`.
+  uint64_t NodeOf(uint32_t rank) {
+    int64_t node = 0;
+    for (const std::string& line : LinesWith(ReadFile(scheduler_[0].stderr_path()),
+                                             absl::StrCat("server rank ", rank, " registered"))) {
+      NumberAfter(line, "(node ", &node);
+    }
+    return static_cast<uint64_t>(node);
   }
 
   std::string ServerLog(size_t i) const { return ReadFile(dir_ + "/server" + std::to_string(i) + ".log"); }
 
-  void StartPushers() {
+  bool StartPushers() {
     for (int i = 0; i < kPushers; ++i) {
       pushers_.push_back(Start(
           absl::StrCat("pusher", i),
@@ -186,9 +273,13 @@ class ReplicationFailoverTest : public ::testing::Test {
     for (int i = 0; i < kPushers; ++i) {
       auto progress =
           ps::testing::WaitForFile(absl::StrCat(dir_, "/progress", i), absl::Seconds(30));
-      ASSERT_TRUE(progress.ok()) << progress.status() << "\n"
-                                 << ReadFile(pushers_[i].stderr_path());
+      if (!progress.ok()) {
+        Problem(absl::StrCat("pusher ", i, ": ", progress.status().ToString(), "\n",
+                             ReadFile(pushers_[i].stderr_path())));
+        return false;
+      }
     }
+    return true;
   }
 
   // "failover: first request ..." lines of the live servers' logs.
@@ -205,10 +296,11 @@ class ReplicationFailoverTest : public ::testing::Test {
 
   // SIGKILLs the live server of `rank` and waits until a backup answered a
   // request for its slots.
-  Kill KillAndWaitForFailover(uint32_t rank) {
+  bool KillAndWaitForFailover(uint32_t rank) {
     const size_t before = FirstServedTimes().size();
     Kill kill;
     kill.rank = rank;
+    kill.node = NodeOf(rank);
     for (Server& s : servers_) {
       if (s.alive && s.rank == rank) {
         kill.at_us = NowMicros();
@@ -216,14 +308,20 @@ class ReplicationFailoverTest : public ::testing::Test {
         s.alive = false;
       }
     }
-    EXPECT_NE(kill.at_us, 0) << "no live server with rank " << rank;
+    if (kill.at_us == 0) {
+      Problem(absl::StrCat("no live server with rank ", rank));
+      return false;
+    }
+    kills_.push_back(kill);
     const absl::Time give_up = absl::Now() + absl::Seconds(30);
     while (FirstServedTimes().size() <= before && absl::Now() < give_up) {
       absl::SleepFor(absl::Milliseconds(10));
     }
-    EXPECT_GT(FirstServedTimes().size(), before) << "no backup took over server " << rank;
-    kills_.push_back(kill);
-    return kill;
+    if (FirstServedTimes().size() <= before) {
+      Problem(absl::StrCat("no backup took over server ", rank));
+      return false;
+    }
+    return true;
   }
 
   // Stops the pushers and checks what the servers hold against their
@@ -233,8 +331,12 @@ class ReplicationFailoverTest : public ::testing::Test {
     std::vector<double> sums(kKeys, 0);
     for (int i = 0; i < kPushers; ++i) {
       auto code = pushers_[i].Wait(absl::Seconds(120));
-      ASSERT_TRUE(code.ok()) << code.status();
-      EXPECT_EQ(*code, 0) << ReadFile(pushers_[i].stderr_path());
+      if (!code.ok() || *code != 0) {
+        Problem(absl::StrCat("pusher ", i, " exited with ",
+                             code.ok() ? absl::StrCat(*code) : code.status().ToString(), ":\n",
+                             ReadFile(pushers_[i].stderr_path())));
+        return;
+      }
       std::ifstream ledger(absl::StrCat(dir_, "/ledger", i));
       std::string kind;
       while (ledger >> kind) {
@@ -242,7 +344,10 @@ class ReplicationFailoverTest : public ::testing::Test {
           uint64_t key;
           double sum;
           ledger >> key >> sum;
-          ASSERT_LT(key, sums.size());
+          if (key >= sums.size()) {
+            Problem(absl::StrCat("ledger ", i, " names key ", key));
+            return;
+          }
           sums[key] += sum;
         } else if (kind == "ack") {
           Ack a;
@@ -251,7 +356,7 @@ class ReplicationFailoverTest : public ::testing::Test {
         } else if (kind == "failed") {
           int failed;
           ledger >> failed;
-          EXPECT_EQ(failed, 0) << "pusher " << i << " had pushes fail";
+          if (failed != 0) Problem(absl::StrCat("pusher ", i, " had ", failed, " pushes fail"));
         }
       }
     }
@@ -263,34 +368,48 @@ class ReplicationFailoverTest : public ::testing::Test {
                          "--scheduler=" + address_, "--table=sgd", "--op=pull",
                          absl::StrCat("--keys=0-", kKeys - 1), "--finish"});
     auto code = reader.Wait(absl::Seconds(60));
-    ASSERT_TRUE(code.ok()) << code.status();
-    ASSERT_EQ(*code, 0) << ReadFile(reader.stderr_path());
+    if (!code.ok() || *code != 0) {
+      Problem(absl::StrCat("reader failed:\n", ReadFile(reader.stderr_path())));
+      return;
+    }
     std::vector<float> values;
     const std::string printed = ReadFile(reader.stdout_path());
     for (absl::string_view part :
          absl::StrSplit(absl::StripAsciiWhitespace(printed), ' ', absl::SkipEmpty())) {
       float v;
-      ASSERT_TRUE(absl::SimpleAtof(part, &v)) << part;
+      if (!absl::SimpleAtof(part, &v)) {
+        Problem(absl::StrCat("reader printed '", part, "'"));
+        return;
+      }
       values.push_back(v);
     }
-    ASSERT_EQ(values.size(), static_cast<size_t>(kKeys));
+    if (values.size() != static_cast<size_t>(kKeys)) {
+      Problem(absl::StrCat("reader printed ", values.size(), " values, want ", kKeys));
+      return;
+    }
     int wrong = 0;
     for (int k = 0; k < kKeys; ++k) {
       if (values[k] != static_cast<float>(-sums[k]) && ++wrong <= 10) {
-        ADD_FAILURE() << "key " << k << " holds " << values[k]
-                      << "; its acknowledged pushes sum to " << -sums[k];
+        Problem(absl::StrCat("key ", k, " holds ", values[k],
+                             "; its acknowledged pushes sum to ", -sums[k]));
       }
     }
-    EXPECT_EQ(wrong, 0) << "keys whose value is not minus their acknowledged sum";
+    if (wrong > 0) {
+      Problem(absl::StrCat(wrong, " keys hold something else than minus the sum of their "
+                           "acknowledged pushes"));
+    }
     for (size_t i = 0; i < servers_.size(); ++i) {
       if (!servers_[i].alive) continue;
       auto exit = servers_[i].process.Wait(absl::Seconds(30));
-      ASSERT_TRUE(exit.ok()) << exit.status();
-      EXPECT_EQ(*exit, 0) << ServerLog(i);
+      if (!exit.ok() || *exit != 0) {
+        Problem(absl::StrCat("server ", i, " did not exit cleanly:\n", ServerLog(i)));
+      }
     }
     auto exit = scheduler_[0].Wait(absl::Seconds(30));
-    ASSERT_TRUE(exit.ok()) << exit.status();
-    EXPECT_EQ(*exit, 0) << ReadFile(scheduler_[0].stderr_path());
+    if (!exit.ok() || *exit != 0) {
+      Problem(absl::StrCat("the scheduler did not exit cleanly:\n",
+                           ReadFile(scheduler_[0].stderr_path())));
+    }
   }
 
   // Prints the failover times of every kill.
@@ -328,56 +447,76 @@ class ReplicationFailoverTest : public ::testing::Test {
     int64_t issue_us = 0, ack_us = 0;
   };
 
-  std::string dir_, config_, address_;
+  std::string base_dir_, dir_, config_, address_;
   std::mt19937_64 rng_;
   std::vector<Subprocess> scheduler_;
   std::vector<Server> servers_;
   std::vector<Subprocess> pushers_;
   std::vector<Kill> kills_;
   std::vector<Ack> acks_;
+  std::vector<std::string> problems_;
 };
 
 TEST_F(ReplicationFailoverTest, KilledServerLosesNoAcknowledgedPush) {
-  StartScheduler();
-  for (int i = 0; i < 3; ++i) StartServer();
-  StartPushers();
-  absl::SleepFor(absl::Milliseconds(rng_() % 300));
-  KillAndWaitForFailover(static_cast<uint32_t>(rng_() % 3));
-  absl::SleepFor(absl::Milliseconds(500));  // pushes go on after the failover
-  StopAndVerify();
-  Report();
+  RunAttempts([&] {
+    if (!StartScheduler()) return;
+    for (int i = 0; i < 3; ++i) {
+      if (StartServer() < 0) return;
+    }
+    if (!StartPushers()) return;
+    absl::SleepFor(absl::Milliseconds(rng_() % 300));
+    if (!KillAndWaitForFailover(static_cast<uint32_t>(rng_() % 3))) return;
+    absl::SleepFor(absl::Milliseconds(500));  // pushes go on after the failover
+    StopAndVerify();
+  });
 }
 
 TEST_F(ReplicationFailoverTest, ReplacementCatchesUpAndTakesOverFromTheNextDeadServer) {
-  StartScheduler();
-  for (int i = 0; i < 3; ++i) StartServer();
-  StartPushers();
-  absl::SleepFor(absl::Milliseconds(rng_() % 300));
-  const Kill first = KillAndWaitForFailover(static_cast<uint32_t>(rng_() % 3));
-  // A replacement takes the dead server's rank; the survivors copy it the
-  // slots it backs while the pushes go on.
-  const size_t replacement = StartServer();
-  EXPECT_EQ(servers_[replacement].rank, first.rank);
-  const absl::Time give_up = absl::Now() + absl::Seconds(30);
-  while (LinesWith(ServerLog(replacement), "caught up with").size() < 2 &&
-         absl::Now() < give_up) {
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  ASSERT_GE(LinesWith(ServerLog(replacement), "caught up with").size(), 2u)
-      << ServerLog(replacement);
-  absl::SleepFor(absl::Milliseconds(rng_() % 300));
-  // Another of the first servers dies: the replacement serves what it backs.
-  std::vector<uint32_t> survivors;
-  for (const Server& s : servers_) {
-    if (s.alive && s.rank != first.rank) survivors.push_back(s.rank);
-  }
-  ASSERT_EQ(survivors.size(), 2u);
-  KillAndWaitForFailover(survivors[rng_() % survivors.size()]);
-  absl::SleepFor(absl::Milliseconds(500));
-  StopAndVerify();
-  EXPECT_FALSE(LinesWith(ServerLog(replacement), "failover: serving").empty())
-      << ServerLog(replacement);
-  Report();
+  RunAttempts([&] {
+    if (!StartScheduler()) return;
+    for (int i = 0; i < 3; ++i) {
+      if (StartServer() < 0) return;
+    }
+    if (!StartPushers()) return;
+    absl::SleepFor(absl::Milliseconds(rng_() % 300));
+    const uint32_t first = static_cast<uint32_t>(rng_() % 3);
+    if (!KillAndWaitForFailover(first)) return;
+    // A replacement takes the dead server's rank; the survivors copy it
+    // the slots it backs while the pushes go on.
+    const int replacement = StartServer();
+    if (replacement < 0) return;
+    if (servers_[replacement].rank != first) {
+      Problem(absl::StrCat("the replacement got rank ", servers_[replacement].rank,
+                           ", not the dead server's ", first));
+      return;
+    }
+    const absl::Time give_up = absl::Now() + absl::Seconds(30);
+    while (LinesWith(ServerLog(replacement), "caught up with").size() < 2 &&
+           absl::Now() < give_up) {
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    if (LinesWith(ServerLog(replacement), "caught up with").size() < 2) {
+      Problem(absl::StrCat("the replacement did not catch up from both survivors:\n",
+                           ServerLog(replacement)));
+      return;
+    }
+    absl::SleepFor(absl::Milliseconds(rng_() % 300));
+    // Another of the first servers dies: the replacement serves what it backs.
+    std::vector<uint32_t> survivors;
+    for (const Server& s : servers_) {
+      if (s.alive && s.rank != first) survivors.push_back(s.rank);
+    }
+    if (survivors.size() != 2) {
+      Problem(absl::StrCat(survivors.size(), " survivors, want 2"));
+      return;
+    }
+    if (!KillAndWaitForFailover(survivors[rng_() % survivors.size()])) return;
+    absl::SleepFor(absl::Milliseconds(500));
+    StopAndVerify();
+    if (LinesWith(ServerLog(replacement), "failover: serving").empty()) {
+      Problem(absl::StrCat("the replacement took over nothing:\n", ServerLog(replacement)));
+    }
+  });
 }
 
 }  // namespace

@@ -153,9 +153,9 @@ class KVClient {
   //
   // Each key appears once provided no row is created or dropped (pushes of
   // new keys, TTL, eviction) on the servers while the scan runs: call it
-  // after training. A row a server still holds for a slot it no longer
-  // owns is returned too. Servers answer under the consistency rule of a
-  // pull at this client's clock(), so after AdvanceClockTo(kFinishedClock)
+  // after training. With replication, servers leave out their backup
+  // copies. Servers answer under the consistency rule of a pull at this
+  // client's clock(), so after AdvanceClockTo(kFinishedClock)
   // under BSP the scan waits until every live worker finished and every
   // step is applied.
   //

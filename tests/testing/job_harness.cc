@@ -25,6 +25,13 @@ namespace {
 // Polling period of every wait: short next to the jobs' heartbeat interval.
 constexpr absl::Duration kPoll = absl::Milliseconds(10);
 
+#define PS_HARNESS_RETURN_IF_ERROR(expr)     \
+  do {                                       \
+    if (absl::Status s_ = (expr); !s_.ok()) { \
+      return s_;                             \
+    }                                        \
+  } while (false)
+
 // Same value as common/protocol.h's kFinishedClock (a worker with no shard).
 constexpr uint64_t kFinishedClock = uint64_t{1} << 62;
 
@@ -136,6 +143,7 @@ absl::StatusOr<uint32_t> JobHarness::WaitForRegistration(int i,
       return absl::FailedPreconditionError(
           absl::StrCat(WorkerName(i), " exited before it registered"));
     }
+    PS_HARNESS_RETURN_IF_ERROR(CheckAbort());
     if (absl::Now() >= deadline) {
       return absl::DeadlineExceededError(
           absl::StrCat(WorkerName(i), " did not register in time"));
@@ -170,6 +178,7 @@ absl::StatusOr<uint64_t> JobHarness::WaitForStep(int i, uint64_t step,
         }
       }
     }
+    PS_HARNESS_RETURN_IF_ERROR(CheckAbort());
     if (absl::Now() >= deadline) {
       return absl::DeadlineExceededError(
           absl::StrCat(WorkerName(i), " did not reach step ", step, " in time"));
@@ -191,6 +200,7 @@ absl::Status JobHarness::WaitUntilGone(int i, absl::Duration timeout) {
     auto node = LiveNode(workers_[i].pid());
     if (node.ok() && !node->has_value()) return absl::OkStatus();
     if (!node.ok() && !scheduler_->running()) return absl::OkStatus();
+    PS_HARNESS_RETURN_IF_ERROR(CheckAbort());
     if (absl::Now() >= deadline) {
       return absl::DeadlineExceededError(absl::StrCat(
           "the scheduler still counts ", WorkerName(i), " as alive"));
@@ -199,48 +209,45 @@ absl::Status JobHarness::WaitUntilGone(int i, absl::Duration timeout) {
   }
 }
 
+absl::Status JobHarness::CheckAbort() {
+  if (!abort_check_) return absl::OkStatus();
+  // Reading logs is the usual check: not on every poll.
+  const absl::Time now = absl::Now();
+  if (now - last_abort_check_ < absl::Milliseconds(50)) return absl::OkStatus();
+  last_abort_check_ = now;
+  std::string reason = abort_check_();
+  if (reason.empty()) return absl::OkStatus();
+  return absl::AbortedError(reason);
+}
+
 absl::StatusOr<JobHarness::Result> JobHarness::Wait(absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
-  auto wait = [&](Subprocess& p, const std::string& name) -> absl::StatusOr<int> {
-    auto code = p.Wait(std::max(deadline - absl::Now(), absl::ZeroDuration()));
-    if (!code.ok()) {
-      return absl::DeadlineExceededError(
-          absl::StrCat(name, " (pid ", p.pid(), ") still running after ",
-                       absl::FormatDuration(timeout)));
-    }
-    return code;
-  };
-  Result result;
-  std::vector<std::string> running;
-  // Workers first: they end the job, then the servers and the scheduler
-  // exit.
-  for (size_t i = 0; i < workers_.size(); ++i) {
-    auto code = wait(workers_[i], WorkerName(i));
-    if (!code.ok()) {
-      running.push_back(WorkerName(i));
-      continue;
-    }
-    result.workers.push_back(*code);
-  }
+  // Every process is polled, so a stop by the abort check is prompt.
+  std::vector<std::pair<std::string, Subprocess*>> all;
+  for (size_t i = 0; i < workers_.size(); ++i) all.emplace_back(WorkerName(i), &workers_[i]);
   for (size_t i = 0; i < servers_.size(); ++i) {
-    auto code = wait(servers_[i], absl::StrCat("server", i));
-    if (!code.ok()) {
-      running.push_back(absl::StrCat("server", i));
-      continue;
+    all.emplace_back(absl::StrCat("server", i), &servers_[i]);
+  }
+  all.emplace_back("scheduler", &*scheduler_);
+  while (true) {
+    std::vector<std::string> running;
+    for (auto& [name, p] : all) {
+      if (p->running()) running.push_back(name);
     }
-    result.servers.push_back(*code);
+    if (running.empty()) break;
+    PS_HARNESS_RETURN_IF_ERROR(CheckAbort());
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("job not over after ", absl::FormatDuration(timeout), ": ",
+                       absl::StrJoin(running, ", "), " still running"));
+    }
+    absl::SleepFor(kPoll);
   }
-  auto code = wait(*scheduler_, "scheduler");
-  if (!code.ok()) {
-    running.push_back("scheduler");
-  } else {
-    result.scheduler = *code;
-  }
-  if (!running.empty()) {
-    return absl::DeadlineExceededError(
-        absl::StrCat("job not over after ", absl::FormatDuration(timeout), ": ",
-                     absl::StrJoin(running, ", "), " still running"));
-  }
+  Result result;
+  auto code = [](Subprocess& p) { return *p.Wait(absl::ZeroDuration()); };
+  for (Subprocess& w : workers_) result.workers.push_back(code(w));
+  for (Subprocess& s : servers_) result.servers.push_back(code(s));
+  result.scheduler = code(*scheduler_);
   result.elapsed = absl::Now() - started_;
   for (const Subprocess& w : workers_) {
     for (absl::string_view line :

@@ -17,6 +17,7 @@
 #define PS_TESTS_TESTING_JOB_HARNESS_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -115,6 +116,13 @@ class JobHarness {
   // Starts one more worker process (a replacement); its index.
   absl::StatusOr<int> StartWorker();
 
+  // Every wait below also calls `check` (at most every 50 ms) and ends
+  // with ABORTED and its answer when that is not empty: a way to give up
+  // at once on a job that can no longer pass.
+  void set_abort_check(std::function<std::string()> check) {
+    abort_check_ = std::move(check);
+  }
+
   // Waits for every process to exit on its own. DEADLINE_EXCEEDED (with
   // what still runs) if the job does not end within `timeout`; the
   // processes are left running for the caller to inspect, and killed by
@@ -128,6 +136,8 @@ class JobHarness {
  private:
   explicit JobHarness(Options options);
 
+  // ABORTED when the abort check says so.
+  absl::Status CheckAbort();
   // The live membership record of `pid`, if the scheduler has one.
   absl::StatusOr<std::optional<NodeInfo>> LiveNode(pid_t pid);
 
@@ -142,6 +152,8 @@ class JobHarness {
   std::vector<uint64_t> node_ids_;  // by worker index; 0 = not seen yet
   uint64_t max_silent_ms_ = 0;
   bool signalled_ = false;  // Signal() was called
+  std::function<std::string()> abort_check_;
+  absl::Time last_abort_check_ = absl::InfinitePast();
 };
 
 // The value of a numeric field of a one-line JSON object ("test_auc"), or
