@@ -16,6 +16,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "common/protocol.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 
@@ -31,9 +32,6 @@ constexpr absl::Duration kPoll = absl::Milliseconds(10);
       return s_;                             \
     }                                        \
   } while (false)
-
-// Same value as common/protocol.h's kFinishedClock (a worker with no shard).
-constexpr uint64_t kFinishedClock = uint64_t{1} << 62;
 
 }  // namespace
 

@@ -124,9 +124,9 @@ class JobHarness {
   }
 
   // Waits for every process to exit on its own. DEADLINE_EXCEEDED (with
-  // what still runs) if the job does not end within `timeout`; the
-  // processes are left running for the caller to inspect, and killed by
-  // the destructor.
+  // what still runs) if the job does not end within `timeout`, ABORTED by
+  // the abort check; the processes are then left running for the caller
+  // to inspect, and killed by the destructor.
   absl::StatusOr<Result> Wait(absl::Duration timeout);
 
   // The last `lines` lines of every process's stderr (log) and stdout,
