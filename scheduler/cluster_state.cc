@@ -364,16 +364,20 @@ absl::StatusOr<std::vector<uint32_t>> ClusterState::AwaitBarrier(
                        std::min(timeout, kMaxWait));
   if (BarrierCompleteLocked(name)) {
     completed_barriers_.insert(name);
-    std::vector<uint32_t> ranks;
-    const auto& arrived = barriers_[name];
-    for (const auto& [id, node] : nodes_) {
-      if (node.info.role() == WORKER && node.info.state() == ALIVE &&
-          arrived.contains(id)) {
-        ranks.push_back(node.info.rank());
+    // Every caller gets the ranks of the release, also one arriving after
+    // it: a late replacement must not think it is the only one there.
+    auto [stored, first] = barrier_ranks_.try_emplace(name);
+    if (first) {
+      const auto& arrived = barriers_[name];
+      for (const auto& [id, node] : nodes_) {
+        if (node.info.role() == WORKER && node.info.state() == ALIVE &&
+            arrived.contains(id)) {
+          stored->second.push_back(node.info.rank());
+        }
       }
+      std::sort(stored->second.begin(), stored->second.end());
     }
-    std::sort(ranks.begin(), ranks.end());
-    return ranks;
+    return stored->second;
   }
   if (closed_) {
     return absl::UnavailableError("the scheduler is shutting down");

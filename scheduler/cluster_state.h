@@ -225,6 +225,10 @@ class ClusterState {
   absl::flat_hash_map<std::string, absl::flat_hash_set<uint64_t>> barriers_
       ABSL_GUARDED_BY(mu_);
   absl::flat_hash_set<std::string> completed_barriers_ ABSL_GUARDED_BY(mu_);
+  // Completed barrier name -> the live worker ranks that had arrived when
+  // it was released (what every caller of it is told).
+  absl::flat_hash_map<std::string, std::vector<uint32_t>> barrier_ranks_
+      ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, absl::Time> barrier_started_ ABSL_GUARDED_BY(mu_);
   // Watchdog state: the slowest live clock and since when it has not moved.
   uint64_t watched_min_clock_ ABSL_GUARDED_BY(mu_) = 0;

@@ -4,7 +4,9 @@
 // other workers until every shard is done (ClaimShard), and leaves. The
 // lowest worker rank at the train_done barrier (rank 0 unless it died)
 // then evaluates the model on the test split, exports it, and prints the
-// job summary as one JSON line on stdout (and to --summary_out).
+// job summary as one JSON line on stdout (and to --summary_out). The
+// others wait for it at barrier "evaluated-0"; if it dies first, the lowest
+// of them takes over (barrier "evaluated-1", ...).
 //
 // SIGINT/SIGTERM (preemption): training stops after the current step, its
 // pushes acknowledged, and the worker leaves with the exact position of its
@@ -141,6 +143,10 @@ struct Outcome {
   std::optional<ps::DataPosition> position;
 };
 
+int Evaluate(const ps::JobConfig& config, std::unique_ptr<ps::Trainer>& trainer,
+             const ps::TrainResult& train_result, const std::vector<uint32_t>& ranks,
+             uint32_t evaluator, absl::Time start);
+
 int TrainAndEvaluate(const ps::JobConfig& config,
                      ps::SchedulerClient* membership,
                      PublishedClient* kv,
@@ -245,32 +251,66 @@ int TrainAndEvaluate(const ps::JobConfig& config,
     return 1;
   }
   // The lowest rank that arrived acts for the job: rank 0 may have died.
-  const uint32_t evaluator = ranks.empty() ? 0 : ranks.front();
-  if (rank != evaluator) return 0;
+  // The others wait at "evaluated-K" until it is done; if it died
+  // meanwhile (it is not among those arriving there), the lowest of them
+  // evaluates instead, and so on, so the job never ends without a summary.
+  uint32_t evaluator = ranks.empty() ? 0 : ranks.front();
+  for (int round = 0;; ++round) {
+    const std::string done_barrier = absl::StrCat("evaluated-", round);
+    if (rank == evaluator) {
+      if (int code = Evaluate(config, *trainer, *train, ranks, evaluator, start);
+          code != 0) {
+        return code;
+      }
+      // Tell the others; a stop here changes nothing any more.
+      (void)StoppableBarrier(membership, signals, done_barrier, barrier_timeout, &ranks);
+      return 0;
+    }
+    std::vector<uint32_t> arrived;
+    barrier = StoppableBarrier(membership, signals, done_barrier, barrier_timeout, &arrived);
+    if (!barrier.ok()) return barrier.code() == absl::StatusCode::kCancelled ? 0 : 1;
+    if (arrived.empty() ||
+        std::find(arrived.begin(), arrived.end(), evaluator) != arrived.end()) {
+      return 0;
+    }
+    log->warn("the evaluator (rank {}) left before it was done; ranks [{}] remain",
+              evaluator, absl::StrJoin(arrived, ","));
+    ranks = arrived;
+    evaluator = arrived.front();
+  }
+}
+
+// The evaluator's part: evaluate, export, print and write the summary.
+int Evaluate(const ps::JobConfig& config, std::unique_ptr<ps::Trainer>& trainer,
+             const ps::TrainResult& train_result, const std::vector<uint32_t>& ranks,
+             uint32_t evaluator, absl::Time start) {
+  auto log = ps::GetLogger("worker");
+  const ps::TrainResult* train = &train_result;
+  const uint32_t rank = evaluator;
   log->info("evaluator: rank {}, the lowest of ranks [{}] that finished training",
             rank, absl::StrJoin(ranks, ","));
   const double train_seconds = absl::ToDoubleSeconds(absl::Now() - start);
-  auto eval = (*trainer)->Evaluate();
+  auto eval = trainer->Evaluate();
   if (!eval.ok() && eval.status().code() != absl::StatusCode::kFailedPrecondition) {
     log->error("evaluation failed: {}", eval.status().message());
     return 1;
   }
   if (eval.ok()) {
     log->info("{}", ps::Describe(*eval));
-    absl::Status m = (*trainer)->AppendMetrics(*eval, train->steps, train->mean_loss);
+    absl::Status m = trainer->AppendMetrics(*eval, train->steps, train->mean_loss);
     if (!m.ok()) log->warn("{}", m.message());
   } else {
     log->info("no evaluation: {}", eval.status().message());
   }
   if (const std::string& path = config.training().export_path(); !path.empty()) {
-    absl::Status saved = (*trainer)->Export(path);
+    absl::Status saved = trainer->Export(path);
     if (!saved.ok()) {
       log->error("export failed: {}", saved.message());
       return 1;
     }
   }
   const std::string json =
-      SummaryJson(config, **trainer, *train, eval.ok() ? &*eval : nullptr,
+      SummaryJson(config, *trainer, *train, eval.ok() ? &*eval : nullptr,
                   train_seconds, evaluator);
   std::cout << json << std::endl;
   if (const std::string path = absl::GetFlag(FLAGS_summary_out); !path.empty()) {
