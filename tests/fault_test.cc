@@ -26,7 +26,7 @@
 //   --fault_trials=N  (FAULT_TRIALS)  trials per mode and signal, default 10
 //   --fault_trial=I   (FAULT_TRIAL)   run only trial I (replaying a failure)
 //   --fault_heartbeat_timeout_ms=N (FAULT_HEARTBEAT_TIMEOUT_MS) default 300
-//   --fault_max_step_percent=P (FAULT_MAX_STEP_PERCENT) default 90: the
+//   --fault_max_step_percent=P (FAULT_MAX_STEP_PERCENT) default 130: the
 //       latest step a victim is hit at, in percent of a worker's steps in
 //       the baseline; above 100 some victims are hit after training (at
 //       the final barrier, while evaluating).
@@ -111,7 +111,7 @@ int HeartbeatTimeoutMs() {
 }
 int MaxStepPercent() {
   return Setting(absl::GetFlag(FLAGS_fault_max_step_percent), "FAULT_MAX_STEP_PERCENT",
-                 90);
+                 130);
 }
 int OnlyTrial() { return Setting(absl::GetFlag(FLAGS_fault_trial), "FAULT_TRIAL", -1); }
 

@@ -262,8 +262,12 @@ int TrainAndEvaluate(const ps::JobConfig& config,
           code != 0) {
         return code;
       }
-      // Tell the others; a stop here changes nothing any more.
-      (void)StoppableBarrier(membership, signals, done_barrier, barrier_timeout, &ranks);
+      // Tell the others, even when stopping (a SIGTERM during the
+      // evaluation): without this arrival they would evaluate again.
+      if (absl::Status told = membership->Barrier(done_barrier, absl::Seconds(30));
+          !told.ok()) {
+        log->warn("{}", told.message());
+      }
       return 0;
     }
     std::vector<uint32_t> arrived;
