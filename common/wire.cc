@@ -8,28 +8,6 @@
 namespace ps {
 namespace {
 
-template <typename T>
-absl::Status ViewFrame(const zmq::message_t& frame, const char* what,
-                       absl::Span<const T>* view, std::vector<T>* copy) {
-  const size_t bytes = frame.size();
-  if (bytes % sizeof(T) != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, " frame has ", bytes,
-                     " bytes, not a multiple of ", sizeof(T)));
-  }
-  const size_t n = bytes / sizeof(T);
-  const auto* data = static_cast<const char*>(frame.data());
-  if (n == 0) {
-    *view = {};
-  } else if (reinterpret_cast<uintptr_t>(data) % alignof(T) == 0) {
-    *view = absl::MakeConstSpan(reinterpret_cast<const T*>(data), n);
-  } else {
-    copy->resize(n);
-    std::memcpy(copy->data(), data, bytes);
-    *view = absl::MakeConstSpan(*copy);
-  }
-  return absl::OkStatus();
-}
 
 bool HasValues(Op op) { return op == PUSH || op == PUSH_PULL || op == ASSIGN; }
 

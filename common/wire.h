@@ -10,15 +10,44 @@
 #define PS_COMMON_WIRE_H_
 
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "common/protocol.h"
 #include "proto/data_plane.pb.h"
 #include "zmq.hpp"
 
 namespace ps {
+
+// Views a frame as an array of T without copying when it is aligned (a
+// copy in *copy otherwise). INVALID_ARGUMENT naming `what` when its size is
+// not a multiple of sizeof(T). The view lives as long as the frame (or
+// *copy).
+template <typename T>
+absl::Status ViewFrame(const zmq::message_t& frame, const char* what,
+                       absl::Span<const T>* view, std::vector<T>* copy) {
+  const size_t bytes = frame.size();
+  if (bytes % sizeof(T) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " frame has ", bytes,
+                     " bytes, not a multiple of ", sizeof(T)));
+  }
+  const size_t n = bytes / sizeof(T);
+  const auto* data = static_cast<const char*>(frame.data());
+  if (n == 0) {
+    *view = {};
+  } else if (reinterpret_cast<uintptr_t>(data) % alignof(T) == 0) {
+    *view = absl::MakeConstSpan(reinterpret_cast<const T*>(data), n);
+  } else {
+    copy->resize(n);
+    std::memcpy(copy->data(), data, bytes);
+    *view = absl::MakeConstSpan(*copy);
+  }
+  return absl::OkStatus();
+}
 
 // Hard ceiling on any single data-plane message, checked before decoding.
 inline constexpr int64_t kMaxMessageBytes = int64_t{1} << 30;

@@ -10,28 +10,6 @@
 namespace ps::replication {
 namespace {
 
-template <typename T>
-absl::Status ViewFrame(const zmq::message_t& frame, const char* what,
-                       absl::Span<const T>* view, std::vector<T>* copy) {
-  const size_t bytes = frame.size();
-  if (bytes % sizeof(T) != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "replica ", what, " frame has ", bytes, " bytes, not a multiple of ",
-        sizeof(T)));
-  }
-  const size_t n = bytes / sizeof(T);
-  const auto* data = static_cast<const char*>(frame.data());
-  if (n == 0) {
-    *view = {};
-  } else if (reinterpret_cast<uintptr_t>(data) % alignof(T) == 0) {
-    *view = absl::MakeConstSpan(reinterpret_cast<const T*>(data), n);
-  } else {
-    copy->resize(n);
-    std::memcpy(copy->data(), data, bytes);
-    *view = absl::MakeConstSpan(*copy);
-  }
-  return absl::OkStatus();
-}
 
 enum class Payload { kNone, kFloats, kDoubles };
 
@@ -162,7 +140,7 @@ absl::Status DecodeReplica(std::vector<zmq::message_t>& frames,
         ReplicaKind_Name(kind), " must ", payload != Payload::kNone ? "carry" : "not carry",
         " a payload frame"));
   }
-  absl::Status s = ViewFrame(frames[1], "keys", &out->keys, &out->key_copy);
+  absl::Status s = ViewFrame(frames[1], "replica keys", &out->keys, &out->key_copy);
   if (!s.ok()) return s;
   if (out->keys.size() != h.num_keys()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -172,9 +150,9 @@ absl::Status DecodeReplica(std::vector<zmq::message_t>& frames,
   out->floats = {};
   out->doubles = {};
   if (payload == Payload::kFloats) {
-    s = ViewFrame(frames[2], "payload", &out->floats, &out->float_copy);
+    s = ViewFrame(frames[2], "replica payload", &out->floats, &out->float_copy);
   } else if (payload == Payload::kDoubles) {
-    s = ViewFrame(frames[2], "payload", &out->doubles, &out->double_copy);
+    s = ViewFrame(frames[2], "replica payload", &out->doubles, &out->double_copy);
   }
   return s;
 }
