@@ -240,7 +240,7 @@ class KVClient::IoLoop {
       items.push_back({nullptr, event_fd_, ZMQ_POLLIN, 0});
       for (auto& d : dealers_) {
         items.push_back({d ? d->handle() : nullptr, d ? 0 : -1,
-                         d ? ZMQ_POLLIN : short{0}, 0});
+                         static_cast<short>(d ? ZMQ_POLLIN : 0), 0});
       }
       try {
         zmq::poll(items.data(), items.size(),
