@@ -364,20 +364,27 @@ absl::StatusOr<std::vector<uint32_t>> ClusterState::AwaitBarrier(
                        std::min(timeout, kMaxWait));
   if (BarrierCompleteLocked(name)) {
     completed_barriers_.insert(name);
-    // Every caller gets the ranks of the release, also one arriving after
-    // it: a late replacement must not think it is the only one there.
-    auto [stored, first] = barrier_ranks_.try_emplace(name);
+    // Every caller is told who was there at the release, also one arriving
+    // after it (a late replacement must not think it is the only one), as
+    // the ranks of those nodes still alive: a replacement that took a dead
+    // node's rank is not mistaken for it.
+    auto [stored, first] = barrier_nodes_.try_emplace(name);
     if (first) {
       const auto& arrived = barriers_[name];
       for (const auto& [id, node] : nodes_) {
         if (node.info.role() == WORKER && node.info.state() == ALIVE &&
             arrived.contains(id)) {
-          stored->second.push_back(node.info.rank());
+          stored->second.push_back(id);
         }
       }
-      std::sort(stored->second.begin(), stored->second.end());
     }
-    return stored->second;
+    std::vector<uint32_t> ranks;
+    for (uint64_t id : stored->second) {
+      const Node& node = nodes_.at(id);
+      if (node.info.state() == ALIVE) ranks.push_back(node.info.rank());
+    }
+    std::sort(ranks.begin(), ranks.end());
+    return ranks;
   }
   if (closed_) {
     return absl::UnavailableError("the scheduler is shutting down");
@@ -480,16 +487,22 @@ uint64_t ClusterState::JobClockLocked() const {
   // The fastest live worker's clock; with none training (all finished, or
   // gone), the furthest any worker got, so a worker restarting to take
   // over a shard never goes back to steps the job already took.
-  bool training = false;
-  uint64_t clock = base_clock_;
-  for (const auto& [id, other] : nodes_) {
-    if (other.info.role() == WORKER && other.info.state() == ALIVE &&
-        other.clock < kFinishedClock) {
-      training = true;
-      clock = std::max(clock, other.clock);
+  const Training t = TrainingLocked();
+  const uint64_t clock = std::max(base_clock_, t.fastest);
+  return t.any ? clock : std::max(clock, max_clock_ever_);
+}
+
+ClusterState::Training ClusterState::TrainingLocked() const {
+  Training t;
+  for (const auto& [id, node] : nodes_) {
+    if (node.info.role() == WORKER && node.info.state() == ALIVE &&
+        node.clock < kFinishedClock) {
+      t.any = true;
+      t.fastest = std::max(t.fastest, node.clock);
+      t.rate = std::max(t.rate, node.steps_per_second);
     }
   }
-  return training ? clock : std::max(clock, max_clock_ever_);
+  return t;
 }
 
 void ClusterState::AssignShardLocked(uint32_t s, uint64_t id, DataPosition* out) {
@@ -641,28 +654,18 @@ absl::StatusOr<uint64_t> ClusterState::StartCheckpointLocked(const char* why) {
   if (view_.job_state() != RUNNING) {
     return absl::FailedPreconditionError("the job is not running");
   }
-  uint64_t fastest = 0;
-  bool training = false;
-  double rate = 0;
-  for (const auto& [id, node] : nodes_) {
-    if (node.info.role() == WORKER && node.info.state() == ALIVE &&
-        node.clock < kFinishedClock) {
-      training = true;
-      fastest = std::max(fastest, node.clock);
-      rate = std::max(rate, node.steps_per_second);
-    }
-  }
+  const Training t = TrainingLocked();
   // Heartbeat clocks lag by up to an interval, and the view takes a moment
   // to reach every node: leave three intervals of the fastest pace.
   const uint64_t ahead = std::max<uint64_t>(
       checkpoint_margin_,
-      static_cast<uint64_t>(rate * 3 * config_.cluster().heartbeat_interval_ms() / 1000.0) + 1);
+      static_cast<uint64_t>(t.rate * 3 * config_.cluster().heartbeat_interval_ms() / 1000.0) + 1);
   // With no worker training the parameters do not change: the next clock
   // is a consistent cut at once (e.g. a final checkpoint, or one of a job
   // restored onto other servers).
   PendingCheckpoint pending;
-  pending.clock = std::max({fastest, base_clock_, last_checkpoint_}) +
-                  (training ? ahead : 1);
+  pending.clock = std::max({t.fastest, base_clock_, last_checkpoint_}) +
+                  (t.any ? ahead : 1);
   pending.started = clock_->Now();
   checkpoint_ = std::move(pending);
   view_.set_checkpoint_clock(checkpoint_->clock);
@@ -785,15 +788,9 @@ std::vector<std::string> ClusterState::CheckCheckpoints() {
     }
     return lines;
   }
-  uint64_t fastest = 0;
-  for (const auto& [id, node] : nodes_) {
-    if (node.info.role() == WORKER && node.info.state() == ALIVE &&
-        node.clock < kFinishedClock) {
-      fastest = std::max(fastest, node.clock);
-    }
-  }
   const uint64_t interval = config_.checkpoint().interval_steps();
-  const bool due = interval > 0 && fastest >= last_checkpoint_ + interval;
+  const bool due =
+      interval > 0 && TrainingLocked().fastest >= last_checkpoint_ + interval;
   if (due || checkpoint_wanted_) {
     auto started = StartCheckpointLocked(due ? "periodic" : "retry");
     if (started.ok()) {

@@ -103,8 +103,9 @@ class ClusterState {
   // Blocks until every live worker has arrived at barrier `name`.
   // DEADLINE_EXCEEDED names the missing ranks; NOT_FOUND for unknown or
   // dead callers; INVALID_ARGUMENT for servers or an empty name.
-  // On success returns the ranks of the live workers that arrived,
-  // ascending.
+  // On success returns the ranks of the workers that had arrived when the
+  // barrier was released and are still alive, ascending (the same for a
+  // caller arriving after the release).
   absl::StatusOr<std::vector<uint32_t>> AwaitBarrier(uint64_t node_id,
                                                      const std::string& name,
                                                      absl::Duration timeout);
@@ -181,6 +182,14 @@ class ClusterState {
   bool AllShardsDoneLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The clock a worker joining now starts at.
   uint64_t JobClockLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Live workers still training (clock short of finished): whether there
+  // is any, the fastest one's clock and the fastest pace.
+  struct Training {
+    bool any = false;
+    uint64_t fastest = 0;
+    double rate = 0;
+  };
+  Training TrainingLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<uint64_t> StartCheckpointLocked(const char* why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AbortCheckpointLocked(const std::string& why)
@@ -225,9 +234,9 @@ class ClusterState {
   absl::flat_hash_map<std::string, absl::flat_hash_set<uint64_t>> barriers_
       ABSL_GUARDED_BY(mu_);
   absl::flat_hash_set<std::string> completed_barriers_ ABSL_GUARDED_BY(mu_);
-  // Completed barrier name -> the live worker ranks that had arrived when
-  // it was released (what every caller of it is told).
-  absl::flat_hash_map<std::string, std::vector<uint32_t>> barrier_ranks_
+  // Completed barrier name -> the live workers (node ids) that had arrived
+  // when it was released.
+  absl::flat_hash_map<std::string, std::vector<uint64_t>> barrier_nodes_
       ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, absl::Time> barrier_started_ ABSL_GUARDED_BY(mu_);
   // Watchdog state: the slowest live clock and since when it has not moved.

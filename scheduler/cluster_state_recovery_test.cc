@@ -232,6 +232,24 @@ TEST_F(RecoveryTest, ARestartedWorkersClockCountsAgain) {
   EXPECT_EQ(status.clocks(0).clock(), 45u);
 }
 
+TEST_F(RecoveryTest, ALateReplacementIsNotMistakenForTheDeadHolderOfItsRank) {
+  Start();
+  const Job j = StartJob();
+  auto first = state_->AwaitBarrier(j.w1, "train_done", absl::ZeroDuration());
+  auto released = state_->AwaitBarrier(j.w0, "train_done", absl::ZeroDuration());
+  ASSERT_TRUE(released.ok()) << released.status();
+  EXPECT_EQ(*released, (std::vector<uint32_t>{0, 1}));
+  (void)first;
+  // Rank 0 dies (e.g. while evaluating); a replacement takes rank 0 and
+  // arrives after the release: it is told only rank 1 was there.
+  ASSERT_TRUE(Leave(j.w0, /*finished=*/false).ok());
+  const RegisterResponse r = Register(WORKER);
+  ASSERT_EQ(r.rank(), 0u);
+  auto late = state_->AwaitBarrier(r.node_id(), "train_done", absl::ZeroDuration());
+  ASSERT_TRUE(late.ok()) << late.status();
+  EXPECT_EQ(*late, (std::vector<uint32_t>{1}));
+}
+
 // ------------------------------------------------------------ checkpoints
 
 TEST_F(RecoveryTest, ACheckpointCommitsOnceEveryServerAndTrainingWorkerReported) {

@@ -459,9 +459,9 @@ class KVClient::IoLoop {
   }
 
   // Pending requests of a server that went away: keyed ones are routed
-  // again once the new routing is in place; ADVANCE_CLOCK to a rank that
-  // has a new server is sent to it, and to a rank with none counts as done
-  // (a replacement learns the clock from later requests); others fail.
+  // again once the new routing is in place; ADVANCE_CLOCK counts as done
+  // (whoever serves the rank next learns the clock from later requests, see
+  // the server's ProcessChecked); others fail.
   void TakeOverPendingFor(uint32_t server, const absl::Status& status) {
     for (auto it = pending_.begin(); it != pending_.end();) {
       if (it->second->server != server) {
