@@ -20,17 +20,24 @@ inline uint64_t HashCombine(uint64_t a, uint64_t b) {
   return Mix64(a ^ Mix64(b));
 }
 
+// Maps a uniform 64-bit hash onto [0, n) by multiplying and keeping the
+// high word: unbiased enough for slots, and a multiply instead of a 64-bit
+// division, which costs more than the hashing on a per-key path (clients
+// route every key, servers check every key's owner).
+inline uint32_t HashToRange(uint64_t h, uint32_t n) {
+  return static_cast<uint32_t>((static_cast<unsigned __int128>(h) * n) >> 64);
+}
+
 // Slot of a sparse key. Mixing in the table id spreads tables that share
 // keys over different servers.
 inline uint32_t SparseSlot(uint32_t table_id, uint64_t key, uint32_t num_slots) {
-  return static_cast<uint32_t>(HashCombine(table_id, key) % num_slots);
+  return HashToRange(HashCombine(table_id, key), num_slots);
 }
 
 // Slot of block `block` of a dense table.
 inline uint32_t DenseBlockSlot(uint32_t table_id, uint64_t block,
                                uint32_t num_slots) {
-  return static_cast<uint32_t>(
-      HashCombine(0x8000000000000000ULL | table_id, block) % num_slots);
+  return HashToRange(HashCombine(0x8000000000000000ULL | table_id, block), num_slots);
 }
 
 // Uniform double in [0, 1) from a 64-bit hash.

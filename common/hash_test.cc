@@ -11,10 +11,16 @@ namespace {
 // compute it independently and must agree forever.
 TEST(HashTest, SlotsAreStableAcrossVersions) {
   EXPECT_EQ(SparseSlot(0, 0, 4096), SparseSlot(0, 0, 4096));
-  // Golden values: a change here moves keys between servers and breaks
-  // checkpoints, so it must be deliberate.
+  // Golden values: a change here moves keys between servers, so processes
+  // of different versions cannot share a job; it must be deliberate.
+  // (Checkpoints survive it: a restore recomputes every row's slot.) The
+  // slot functions changed once, from `hash % n` to HashToRange, to take a
+  // 64-bit division off the per-key paths.
   EXPECT_EQ(Mix64(0), 0xe220a8397b1dcdafULL);
   EXPECT_EQ(Mix64(1), 0x910a2dec89025cc1ULL);
+  EXPECT_EQ(SparseSlot(3, 12345, 4096), 3713u);
+  EXPECT_EQ(SparseSlot(0, 0, 4096), 2672u);
+  EXPECT_EQ(DenseBlockSlot(4, 7, 4096), 1595u);
 }
 
 TEST(HashTest, SparseSlotsSpreadEvenly) {
@@ -53,6 +59,21 @@ TEST(HashTest, HashToUnitIsInRange) {
   }
   EXPECT_EQ(HashToUnit(0), 0.0);
   EXPECT_LT(HashToUnit(~0ULL), 1.0);
+}
+
+TEST(HashTest, HashToRangeCoversTheRangeEvenly) {
+  EXPECT_EQ(HashToRange(0, 7), 0u);
+  EXPECT_EQ(HashToRange(~0ULL, 7), 6u);
+  std::vector<int> counts(10, 0);
+  for (uint64_t i = 0; i < 100000; ++i) {
+    const uint32_t r = HashToRange(Mix64(i), 10);
+    ASSERT_LT(r, 10u);
+    ++counts[r];
+  }
+  for (int c : counts) {
+    EXPECT_GT(c, 9500);
+    EXPECT_LT(c, 10500);
+  }
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 #include "common/node_main.h"
 
+#include "common/allocator.h"
 #include "common/config.h"
 #include "common/logging.h"
 
@@ -8,6 +9,7 @@ namespace ps {
 std::optional<JobConfig> StartNode(
     spdlog::logger& log, absl::string_view log_level, const std::string& config_path,
     const std::vector<std::pair<const char*, std::string>>& required) {
+  KeepLargeBuffers();
   if (absl::Status s = SetLogLevel(log_level); !s.ok()) {
     log.error("{}", s.message());
     return std::nullopt;

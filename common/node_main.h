@@ -1,5 +1,6 @@
-// The start every binary's main() shares, after flags are parsed: set the
-// log level, check required flags, load and validate the job config. Flags
+// The start every binary's main() shares, after flags are parsed: keep
+// large message buffers in the process (common/allocator.h), set the log
+// level, check required flags, load and validate the job config. Flags
 // are read by main() itself and passed in as values.
 #ifndef PS_COMMON_NODE_MAIN_H_
 #define PS_COMMON_NODE_MAIN_H_

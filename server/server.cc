@@ -727,19 +727,21 @@ absl::Status KVServer::ProcessChecked(std::vector<zmq::message_t>& frames,
     *outcome = Outcome::kDefer;
     return absl::OkStatus();
   }
-  std::vector<float> out(n);
+  // Written in place: zmq::message_t(size) does not initialise its bytes,
+  // and libzmq sends it without another copy.
+  *values = zmq::message_t(n * sizeof(float));
+  float* out = static_cast<float*>(values->data());
   if (sparse != nullptr) {
-    sparse->Pull(req.keys, out.data());
+    sparse->Pull(req.keys, out);
     keys_pulled_.fetch_add(req.keys.size(), std::memory_order_relaxed);
   } else {
-    dense->Pull(segments, out.data());
+    dense->Pull(segments, out);
     keys_pulled_.fetch_add(n, std::memory_order_relaxed);
   }
   rh->set_num_values(n);
   const uint64_t min_clock = consistency_.MinClock();
   rh->set_min_clock(min_clock == ConsistencyController::kNoWorkers ? 0 : min_clock);
   rh->set_applied_clock(consistency_.applied_clock());
-  *values = FrameFromVector(std::move(out));
   return absl::OkStatus();
 }
 

@@ -1030,45 +1030,66 @@ Completion KVClient::Sparse(int op_int, uint32_t table,
   const uint32_t num_slots = static_cast<uint32_t>(routing->slot_owner.size());
   const size_t num_servers = options_.config.cluster().num_servers();
 
-  // Bucket key indices by owning server.
-  std::vector<std::vector<uint32_t>> by_server(num_servers);
+  // Owner of every key, and how many keys each server gets. The frames are
+  // then filled in place: no per-key allocation, one pass per frame.
+  std::vector<uint32_t> owners(keys.size());
+  std::vector<uint32_t> counts(num_servers, 0);
   for (size_t i = 0; i < keys.size(); ++i) {
     const uint32_t owner =
         routing->slot_owner[SparseSlot(table, keys[i], num_slots)];
-    by_server[owner].push_back(static_cast<uint32_t>(i));
+    owners[i] = owner;
+    ++counts[owner];
   }
   int num_parts = 0;
-  for (const auto& b : by_server) num_parts += !b.empty();
+  for (uint32_t c : counts) num_parts += c > 0;
   auto state = std::make_shared<Completion::State>(num_parts, std::move(done));
   std::vector<std::unique_ptr<Part>> parts;
   parts.reserve(num_parts);
   for (uint32_t server = 0; server < num_servers; ++server) {
-    std::vector<uint32_t>& idx = by_server[server];
-    if (idx.empty()) continue;
+    const size_t n = counts[server];
+    if (n == 0) continue;
     RequestHeader h;
     auto part = NewPart(server, op, table, *routing, state, &h);
     part->dim = dim;
-    h.set_num_keys(idx.size());
+    h.set_num_keys(n);
     part->header = SerializeToFrame(h);
     part->reroutable = true;
     part->h = h;
-    std::vector<uint64_t> k(idx.size());
-    for (size_t j = 0; j < idx.size(); ++j) k[j] = keys[idx[j]];
-    part->keys = FrameFromVector(std::move(k));
+    // zmq::message_t(size) allocates without initialising (malloc), so each
+    // byte is written once.
+    part->keys = zmq::message_t(n * sizeof(uint64_t));
     if (push) {
-      std::vector<float> v(idx.size() * dim);
-      for (size_t j = 0; j < idx.size(); ++j) {
-        std::memcpy(&v[j * dim], &grads[static_cast<size_t>(idx[j]) * dim],
-                    dim * sizeof(float));
-      }
-      part->values = FrameFromVector(std::move(v));
+      part->values = zmq::message_t(n * dim * sizeof(float));
       part->has_values = true;
+    }
+    auto* k = static_cast<uint64_t*>(part->keys.data());
+    auto* v = push ? static_cast<float*>(part->values.data()) : nullptr;
+    if (n == keys.size()) {
+      // Every key on one server, in order: plain copies, no scatter map.
+      std::memcpy(k, keys.data(), n * sizeof(uint64_t));
+      if (push) std::memcpy(v, grads.data(), grads.size() * sizeof(float));
+    } else {
+      std::vector<uint32_t> idx;
+      idx.reserve(n);
+      for (size_t i = 0; i < keys.size(); ++i) {
+        if (owners[i] == server) idx.push_back(static_cast<uint32_t>(i));
+      }
+      for (size_t j = 0; j < n; ++j) k[j] = keys[idx[j]];
+      if (push) {
+        if (dim == 1) {
+          for (size_t j = 0; j < n; ++j) v[j] = grads[idx[j]];
+        } else {
+          for (size_t j = 0; j < n; ++j) {
+            std::memcpy(v + j * dim, &grads[static_cast<size_t>(idx[j]) * dim],
+                        dim * sizeof(float));
+          }
+        }
+      }
+      if (op != PUSH) part->positions = std::move(idx);
     }
     if (op != PUSH) {
       part->out = out;
-      part->expected_values = idx.size() * dim;
-      // One server holding every key in order needs no scatter map.
-      if (idx.size() != keys.size()) part->positions = std::move(idx);
+      part->expected_values = n * dim;
     }
     parts.push_back(std::move(part));
   }
@@ -1112,6 +1133,18 @@ Completion KVClient::Dense(int op_int, uint32_t table, uint64_t begin,
     uint64_t total = 0;
   };
   std::vector<Builder> builders(num_servers);
+  if (op != PULL) {
+    // Reserve each server's values exactly: growing them block by block
+    // would copy a large tensor several times.
+    std::vector<uint64_t> totals(num_servers, 0);
+    for (uint64_t pos = begin; pos < begin + count;) {
+      const uint64_t block = pos / info.block_size;
+      const uint64_t end = std::min(begin + count, (block + 1) * info.block_size);
+      totals[routing->slot_owner[DenseBlockSlot(table, block, num_slots)]] += end - pos;
+      pos = end;
+    }
+    for (size_t s = 0; s < num_servers; ++s) builders[s].values.reserve(totals[s]);
+  }
   // Cut the range at block boundaries; each block lives in one slot.
   for (uint64_t pos = begin; pos < begin + count;) {
     const uint64_t block = pos / info.block_size;

@@ -1,0 +1,44 @@
+#include "common/wire.h"
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace ps {
+namespace {
+
+TEST(AllFiniteTest, FiniteValuesPass) {
+  EXPECT_TRUE(AllFinite({}));
+  std::vector<float> v = {0.0f, -0.0f, 1.0f, -1e30f,
+                          std::numeric_limits<float>::max(),
+                          std::numeric_limits<float>::lowest(),
+                          std::numeric_limits<float>::denorm_min(),
+                          std::numeric_limits<float>::min()};
+  for (int n = 0; n < 40; ++n) {
+    v.push_back(static_cast<float>(n) * 0.37f);
+    EXPECT_TRUE(AllFinite(v)) << v.size();
+  }
+}
+
+// Every position relative to the 8-wide blocks and the tail, for each kind
+// of non-finite value.
+TEST(AllFiniteTest, ANonFiniteValueAnywhereIsFound) {
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(),
+                    -std::numeric_limits<float>::quiet_NaN(),
+                    std::numeric_limits<float>::signaling_NaN(),
+                    std::numeric_limits<float>::infinity(),
+                    -std::numeric_limits<float>::infinity()}) {
+    for (size_t n : {1, 7, 8, 9, 16, 23, 64}) {
+      for (size_t at = 0; at < n; ++at) {
+        std::vector<float> v(n, 2.5f);
+        v[at] = bad;
+        EXPECT_FALSE(AllFinite(v)) << "n " << n << " at " << at << " value " << bad;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace ps

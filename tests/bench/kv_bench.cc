@@ -1,0 +1,611 @@
+// Data-plane benchmark: push and pull through a real KVServer and KVClient
+// over loopback TCP, each figure beside a baseline measured in the same run
+// on the same machine.
+//
+//   kv_bench --mode=kv     sparse 10K-key messages, Adagrad applied
+//   kv_bench --mode=dense  dense 4 MB tensors, SGD applied
+//
+// Baselines (the "raw" side): a hand-written toy server on a plain TCP
+// socket in this process, with the least a server can do.
+//   kv:    the toy server reads [keys][values] messages and applies Adagrad
+//          in an open-addressing table (key beside its row);
+//          pulls gather from it. The client keeps `window` messages in
+//          flight, like the KVClient side.
+//   dense: a socket pump: one thread writes 4 MB messages, the toy server
+//          reads them and acknowledges; nothing is applied. This is the
+//          loopback bandwidth one stream reaches.
+//
+// Bytes on the wire are measured, not computed: the sum of
+// tcp_info.tcpi_bytes_received over every TCP socket of this process (the
+// client's and the server's), i.e. TCP payload, ZeroMQ framing and our
+// headers included, TCP/IP headers excluded. The baseline is the minimum
+// a request can carry: its keys and values.
+//
+// One JSON line per figure on stdout (see tests/bench.sh); notes on stderr.
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <linux/tcp.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
+#include "common/allocator.h"
+#include "common/config.h"
+#include "common/hash.h"
+#include "common/logging.h"
+#include "proto/scheduler.pb.h"
+#include "server/server.h"
+#include "worker/kv_client.h"
+
+ABSL_FLAG(std::string, mode, "kv", "kv (sparse) or dense.");
+ABSL_FLAG(uint32_t, message_keys, 10000, "kv: keys per message.");
+ABSL_FLAG(uint32_t, dim, 1, "kv: floats per row.");
+ABSL_FLAG(uint64_t, key_space, 65536, "kv: distinct keys the messages draw from.");
+ABSL_FLAG(uint64_t, dense_bytes, 4 << 20, "dense: bytes per tensor.");
+ABSL_FLAG(int, window, 4, "Messages in flight per client.");
+ABSL_FLAG(double, seconds, 2.0, "Time per measurement.");
+ABSL_FLAG(int, repeat, 3, "Measurements per figure; the best is reported.");
+ABSL_FLAG(bool, raw, true, "Measure the raw baselines (false: only the parameter server, e.g. to profile it).");
+
+namespace ps {
+namespace {
+
+using SteadyClock = std::chrono::steady_clock;
+
+double Seconds(SteadyClock::time_point since) {
+  return std::chrono::duration<double>(SteadyClock::now() - since).count();
+}
+
+void Die(const std::string& what) {
+  std::fprintf(stderr, "kv_bench: %s\n", what.c_str());
+  std::exit(1);
+}
+
+const char* g_bench = "kv";
+
+void Emit(const std::string& metric, double value, const char* unit, double baseline) {
+  std::printf(
+      "{\"bench\":\"%s\",\"metric\":\"%s\",\"value\":%.6g,\"unit\":\"%s\","
+      "\"baseline\":%.6g,\"ratio\":%.3f}\n",
+      g_bench, metric.c_str(), value, unit, baseline, value / baseline);
+  std::fflush(stdout);
+}
+
+// TCP payload bytes received by every TCP socket of this process so far.
+uint64_t TcpBytesReceived() {
+  uint64_t total = 0;
+  DIR* dir = opendir("/proc/self/fd");
+  if (dir == nullptr) return 0;
+  while (dirent* e = readdir(dir)) {
+    const int fd = std::atoi(e->d_name);
+    if (fd <= 2) continue;
+    tcp_info info{};
+    socklen_t len = sizeof(info);
+    if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &len) == 0 &&
+        len >= offsetof(tcp_info, tcpi_bytes_received) + sizeof(info.tcpi_bytes_received)) {
+      total += info.tcpi_bytes_received;
+    }
+  }
+  closedir(dir);
+  return total;
+}
+
+// ---------------------------------------------------------------------------
+// The toy server and its client.
+
+bool ReadFull(int fd, void* buf, size_t n) {
+  auto* p = static_cast<char*>(buf);
+  while (n > 0) {
+    const ssize_t r = read(fd, p, n);
+    if (r <= 0) return false;
+    p += r;
+    n -= static_cast<size_t>(r);
+  }
+  return true;
+}
+
+bool WriteFull(int fd, const void* buf, size_t n) {
+  auto* p = static_cast<const char*>(buf);
+  while (n > 0) {
+    const ssize_t r = write(fd, p, n);
+    if (r <= 0) return false;
+    p += r;
+    n -= static_cast<size_t>(r);
+  }
+  return true;
+}
+
+enum RawOp : uint32_t { kRawPush = 1, kRawPull = 2, kRawPump = 3, kRawPullDense = 4 };
+struct RawHeader {
+  uint32_t op;
+  uint32_t n;  // keys, or bytes for the pump
+};
+
+// Adagrad rows in an open-addressing table (linear probing, each key
+// stored beside its weights and accumulators, so a lookup usually touches
+// one cache line): the update with no table features, about as fast as a
+// hand-written server can make it.
+class RawTable {
+ public:
+  RawTable(uint32_t dim, size_t max_keys) : dim_(dim), stride_(2 + 2 * dim) {
+    size_t capacity = 16;
+    while (capacity < 2 * max_keys) capacity *= 2;
+    mask_ = capacity - 1;
+    // Each slot: the key (two float-sized words), then dim weights and dim
+    // accumulators.
+    slots_.assign(capacity * stride_, 0.0f);
+    for (size_t i = 0; i < capacity; ++i) SetKey(i, kEmpty);
+  }
+  float* Row(uint64_t key) {
+    size_t i = (key * 0x9E3779B97F4A7C15ull) >> 40 & mask_;
+    while (true) {
+      const uint64_t k = Key(i);
+      if (k == key) break;
+      if (k == kEmpty) {
+        SetKey(i, key);
+        break;
+      }
+      i = (i + 1) & mask_;
+    }
+    return &slots_[i * stride_ + 2];
+  }
+  void Push(const uint64_t* keys, size_t n, const float* g) {
+    for (size_t i = 0; i < n; ++i) {
+      float* w = Row(keys[i]);
+      float* acc = w + dim_;
+      const float* gi = g + i * dim_;
+      for (uint32_t e = 0; e < dim_; ++e) {
+        acc[e] += gi[e] * gi[e];
+        w[e] -= 0.1f * gi[e] / (std::sqrt(acc[e]) + 1e-8f);
+      }
+    }
+  }
+  void Pull(const uint64_t* keys, size_t n, float* out) {
+    for (size_t i = 0; i < n; ++i) {
+      const float* w = Row(keys[i]);
+      for (uint32_t e = 0; e < dim_; ++e) out[i * dim_ + e] = w[e];
+    }
+  }
+
+ private:
+  static constexpr uint64_t kEmpty = ~uint64_t{0};
+  uint64_t Key(size_t i) const {
+    uint64_t k;
+    std::memcpy(&k, &slots_[i * stride_], sizeof(k));
+    return k;
+  }
+  void SetKey(size_t i, uint64_t k) { std::memcpy(&slots_[i * stride_], &k, sizeof(k)); }
+
+  const uint32_t dim_;
+  const size_t stride_;  // floats per slot
+  size_t mask_ = 0;
+  std::vector<float> slots_;
+};
+
+class RawServer {
+ public:
+  RawServer(uint32_t dim, size_t max_keys) : table_(dim, max_keys), dim_(dim) {
+    listen_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(addr);
+    if (bind(listen_, reinterpret_cast<sockaddr*>(&addr), len) != 0 || listen(listen_, 4) != 0 ||
+        getsockname(listen_, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+      Die("raw server: cannot listen on loopback");
+    }
+    port_ = ntohs(addr.sin_port);
+    thread_ = std::thread([this] { Serve(); });
+  }
+  ~RawServer() {
+    thread_.join();
+    close(listen_);
+  }
+  int port() const { return port_; }
+
+ private:
+  void Serve() {
+    const int fd = accept(listen_, nullptr, nullptr);
+    if (fd < 0) return;
+    const int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    std::vector<uint64_t> keys;
+    std::vector<float> values;
+    std::vector<char> bytes;
+    RawHeader h;
+    uint64_t ack = 0;
+    while (ReadFull(fd, &h, sizeof(h))) {
+      if (h.op == kRawPush || h.op == kRawPull) {
+        keys.resize(h.n);
+        values.resize(size_t{h.n} * dim_);
+        if (!ReadFull(fd, keys.data(), keys.size() * 8)) break;
+        if (h.op == kRawPush) {
+          if (!ReadFull(fd, values.data(), values.size() * 4)) break;
+          table_.Push(keys.data(), keys.size(), values.data());
+          if (!WriteFull(fd, &++ack, sizeof(ack))) break;
+        } else {
+          table_.Pull(keys.data(), keys.size(), values.data());
+          if (!WriteFull(fd, values.data(), values.size() * 4)) break;
+        }
+      } else if (h.op == kRawPump || h.op == kRawPullDense) {
+        bytes.resize(h.n);
+        if (h.op == kRawPump) {
+          if (!ReadFull(fd, bytes.data(), bytes.size())) break;
+          if (!WriteFull(fd, &++ack, sizeof(ack))) break;
+        } else if (!WriteFull(fd, bytes.data(), bytes.size())) {
+          break;
+        }
+      } else {
+        break;
+      }
+    }
+    close(fd);
+  }
+
+  RawTable table_;
+  const uint32_t dim_;
+  int listen_ = -1;
+  int port_ = 0;
+  std::thread thread_;
+};
+
+// Runs `count` requests with at most `window` in flight: send(i) writes
+// request i (on this thread), recv(i) reads its answer (on a second
+// thread). Returns the seconds from the first send to the last answer.
+template <typename Send, typename Recv>
+double Pipelined(size_t count, int window, Send send, Recv recv) {
+  absl::Mutex mu;
+  size_t answered = 0;
+  const auto start = SteadyClock::now();
+  std::thread reader([&] {
+    for (size_t i = 0; i < count; ++i) {
+      recv(i);
+      absl::MutexLock lock(&mu);
+      ++answered;
+    }
+  });
+  for (size_t i = 0; i < count; ++i) {
+    {
+      absl::MutexLock lock(&mu);
+      auto room = [&] { return i - answered < static_cast<size_t>(window); };
+      mu.Await(absl::Condition(&room));
+    }
+    send(i);
+  }
+  reader.join();
+  return Seconds(start);
+}
+
+int ConnectRaw(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(port);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    Die("raw client: cannot connect");
+  }
+  const int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  return fd;
+}
+
+// ---------------------------------------------------------------------------
+// The parameter server side: one KVServer (one serving thread, owning every
+// slot of a 64-slot map) and one KVClient, in this process.
+
+struct Ps {
+  std::unique_ptr<KVServer> server;
+  std::unique_ptr<KVClient> client;
+};
+
+Ps StartPs(uint32_t dim, uint64_t dense_floats) {
+  const std::string text = absl::StrFormat(R"pb(
+    cluster { num_servers: 1 num_workers: 1 num_slots: 64 request_timeout_ms: 600000 }
+    tables {
+      id: 1
+      name: "emb"
+      sparse { dim: %u }
+      optimizer { adagrad { learning_rate: 0.1 } }
+    }
+    tables {
+      id: 2
+      name: "dense"
+      dense { size: %u }
+      optimizer { sgd { learning_rate: 0.1 } }
+    }
+  )pb", dim, dense_floats);
+  auto config = ParseJobConfig(text, "kv_bench");
+  if (!config.ok()) Die(config.status().ToString());
+  Ps ps;
+  KVServer::Options so;
+  so.config = *config;
+  auto server = KVServer::Start(so);
+  if (!server.ok()) Die(server.status().ToString());
+  ps.server = std::move(*server);
+
+  // A cluster view, as the scheduler would send it, rather than a
+  // standalone server: the server then checks every key's owner, as it
+  // does in a job.
+  ClusterView view;
+  view.set_epoch(1);
+  view.set_job_state(RUNNING);
+  view.set_num_slots(config->cluster().num_slots());
+  for (uint32_t s = 0; s < config->cluster().num_slots(); ++s) view.add_slot_owner(0);
+  NodeInfo* node = view.add_nodes();
+  node->set_role(SERVER);
+  node->set_state(ALIVE);
+  node->set_rank(0);
+  node->set_node_id(1);
+  node->set_data_endpoint(ps.server->endpoint());
+  NodeInfo* worker = view.add_nodes();
+  worker->set_role(WORKER);
+  worker->set_state(ALIVE);
+  worker->set_rank(0);
+  worker->set_node_id(2);
+  ps.server->UpdateView(view, 0);
+  KVClient::Options co;
+  co.config = *config;
+  co.rank = 0;
+  co.node_id = 2;
+  auto client = KVClient::Create(co, view);
+  if (!client.ok()) Die(client.status().ToString());
+  ps.client = std::move(*client);
+  return ps;
+}
+
+// Issues `count` requests with at most `window` in flight; returns seconds.
+template <typename Issue>
+double PsPipelined(size_t count, int window, Issue issue) {
+  std::deque<Completion> inflight;
+  const auto start = SteadyClock::now();
+  for (size_t i = 0; i < count; ++i) {
+    if (inflight.size() >= static_cast<size_t>(window)) {
+      absl::Status s = inflight.front().Wait();
+      if (!s.ok()) Die(s.ToString());
+      inflight.pop_front();
+    }
+    inflight.push_back(issue(i));
+  }
+  for (auto& c : inflight) {
+    absl::Status s = c.Wait();
+    if (!s.ok()) Die(s.ToString());
+  }
+  return Seconds(start);
+}
+
+// Best of `repeat` runs of `run(count)`, with count sized from a first
+// probe so that a run takes about `seconds`. Returns items/s; *bytes gets
+// the TCP payload bytes per item of the best run.
+template <typename Run>
+double Best(double items_per_call, Run run, double* bytes_per_item = nullptr) {
+  const double seconds = absl::GetFlag(FLAGS_seconds);
+  size_t count = 16;
+  const double probe = run(count);
+  count = std::max<size_t>(16, static_cast<size_t>(count * seconds / std::max(probe, 1e-6)));
+  double best = 0;
+  for (int r = 0; r < absl::GetFlag(FLAGS_repeat); ++r) {
+    const uint64_t before = TcpBytesReceived();
+    const double elapsed = run(count);
+    const uint64_t after = TcpBytesReceived();
+    const double rate = count * items_per_call / elapsed;
+    if (rate > best) {
+      best = rate;
+      if (bytes_per_item != nullptr) {
+        *bytes_per_item = static_cast<double>(after - before) / (count * items_per_call);
+      }
+    }
+  }
+  return best;
+}
+
+// ---------------------------------------------------------------------------
+
+int SparseBench() {
+  g_bench = "kv";
+  const uint32_t n = absl::GetFlag(FLAGS_message_keys);
+  const uint32_t dim = absl::GetFlag(FLAGS_dim);
+  const uint64_t space = absl::GetFlag(FLAGS_key_space);
+  const int window = absl::GetFlag(FLAGS_window);
+  // 64 messages of random keys from the key space, used round-robin.
+  constexpr size_t kMessages = 64;
+  std::vector<std::vector<uint64_t>> messages(kMessages, std::vector<uint64_t>(n));
+  uint64_t s = 1;
+  for (auto& m : messages) {
+    for (auto& k : m) {
+      s = Mix64(s);
+      k = Mix64(s % space);
+    }
+  }
+  std::vector<float> grads(size_t{n} * dim, 0.01f);
+  std::vector<uint64_t> all(space);
+  for (uint64_t k = 0; k < space; ++k) all[k] = Mix64(k);
+  std::vector<float> all_grads(all.size() * dim, 0.01f);
+  const double min_push = 8.0 + 4.0 * dim;  // a key and its values
+  const double min_pull = 8.0 + 4.0 * dim;
+
+  // Raw toy server.
+  double raw_push = 0, raw_pull = 0;
+  if (absl::GetFlag(FLAGS_raw)) {
+    RawServer raw(dim, space);
+    const int fd = ConnectRaw(raw.port());
+    auto push = [&](const std::vector<uint64_t>& keys, const float* g) {
+      RawHeader h{kRawPush, static_cast<uint32_t>(keys.size())};
+      if (!WriteFull(fd, &h, sizeof(h)) || !WriteFull(fd, keys.data(), keys.size() * 8) ||
+          !WriteFull(fd, g, keys.size() * dim * 4)) {
+        Die("raw push: write failed");
+      }
+    };
+    uint64_t ack;
+    // Create every row first: the figures are for updates of existing rows.
+    push(all, all_grads.data());
+    if (!ReadFull(fd, &ack, 8)) Die("raw: read failed");
+    raw_push = Best(n, [&](size_t count) {
+      return Pipelined(
+          count, window, [&](size_t i) { push(messages[i % kMessages], grads.data()); },
+          [&](size_t) {
+            if (!ReadFull(fd, &ack, 8)) Die("raw: read failed");
+          });
+    });
+    std::vector<float> out(size_t{n} * dim);
+    raw_pull = Best(n, [&](size_t count) {
+      return Pipelined(
+          count, window,
+          [&](size_t i) {
+            const auto& keys = messages[i % kMessages];
+            RawHeader h{kRawPull, static_cast<uint32_t>(keys.size())};
+            if (!WriteFull(fd, &h, sizeof(h)) || !WriteFull(fd, keys.data(), keys.size() * 8)) {
+              Die("raw pull: write failed");
+            }
+          },
+          [&](size_t) {
+            if (!ReadFull(fd, out.data(), out.size() * 4)) Die("raw: read failed");
+          });
+    });
+    close(fd);
+  }
+
+  Ps ps = StartPs(dim, 1);
+  KVClient& client = *ps.client;
+  if (absl::Status st = client.Push(1, all, all_grads).Wait(); !st.ok()) Die(st.ToString());
+  double push_bytes = 0, pull_bytes = 0;
+  const double push = Best(
+      n,
+      [&](size_t count) {
+        return PsPipelined(count, window, [&](size_t i) {
+          return client.Push(1, messages[i % kMessages], grads);
+        });
+      },
+      &push_bytes);
+  // One output buffer per message in flight.
+  std::vector<std::vector<float>> outs(window, std::vector<float>(size_t{n} * dim));
+  const double pull = Best(
+      n,
+      [&](size_t count) {
+        return PsPipelined(count, window, [&](size_t i) {
+          return client.Pull(1, messages[i % kMessages], outs[i % window].data());
+        });
+      },
+      &pull_bytes);
+  Emit(absl::StrCat("push_adagrad_keys_per_s"), push, "keys/s", raw_push);
+  Emit(absl::StrCat("pull_keys_per_s"), pull, "keys/s", raw_pull);
+  Emit("push_wire_bytes_per_key", push_bytes, "bytes", min_push);
+  Emit("pull_wire_bytes_per_key", pull_bytes, "bytes", min_pull);
+  std::fprintf(stderr,
+               "# kv: %u-key messages, dim %u, %llu distinct keys, window %d; raw toy server "
+               "push %.3g keys/s, pull %.3g keys/s\n",
+               n, dim, static_cast<unsigned long long>(space), window, raw_push, raw_pull);
+  std::printf(
+      "{\"bench\":\"kv\",\"summary\":{\"push_keys_per_s\":%.4g,\"push_ratio\":%.3f,"
+      "\"pull_keys_per_s\":%.4g,\"pull_ratio\":%.3f,\"push_wire_ratio\":%.4f,"
+      "\"pull_wire_ratio\":%.4f}}\n",
+      push, push / raw_push, pull, pull / raw_pull, push_bytes / min_push, pull_bytes / min_pull);
+  return 0;
+}
+
+int DenseBench() {
+  g_bench = "dense";
+  const uint64_t bytes = absl::GetFlag(FLAGS_dense_bytes) / 4 * 4;
+  const uint64_t floats = bytes / 4;
+  const int window = absl::GetFlag(FLAGS_window);
+  std::vector<float> grads(floats, 0.001f);
+
+  double pump = 0, raw_pull = 0;
+  if (absl::GetFlag(FLAGS_raw)) {
+    RawServer raw(1, 16);
+    const int fd = ConnectRaw(raw.port());
+    uint64_t ack;
+    pump = Best(static_cast<double>(bytes), [&](size_t count) {
+      return Pipelined(
+          count, window,
+          [&](size_t) {
+            RawHeader h{kRawPump, static_cast<uint32_t>(bytes)};
+            if (!WriteFull(fd, &h, sizeof(h)) || !WriteFull(fd, grads.data(), bytes)) {
+              Die("raw pump: write failed");
+            }
+          },
+          [&](size_t) {
+            if (!ReadFull(fd, &ack, 8)) Die("raw: read failed");
+          });
+    });
+    std::vector<char> in(bytes);
+    raw_pull = Best(static_cast<double>(bytes), [&](size_t count) {
+      return Pipelined(
+          count, window,
+          [&](size_t) {
+            RawHeader h{kRawPullDense, static_cast<uint32_t>(bytes)};
+            if (!WriteFull(fd, &h, sizeof(h))) Die("raw pull: write failed");
+          },
+          [&](size_t) {
+            if (!ReadFull(fd, in.data(), in.size())) Die("raw: read failed");
+          });
+    });
+    close(fd);
+  }
+
+  Ps ps = StartPs(1, floats);
+  KVClient& client = *ps.client;
+  double push_bytes = 0, pull_bytes = 0;
+  const double push = Best(
+      static_cast<double>(bytes),
+      [&](size_t count) {
+        return PsPipelined(count, window, [&](size_t) { return client.PushDense(2, 0, grads); });
+      },
+      &push_bytes);
+  std::vector<std::vector<float>> outs(window, std::vector<float>(floats));
+  const double pull = Best(
+      static_cast<double>(bytes),
+      [&](size_t count) {
+        return PsPipelined(count, window, [&](size_t i) {
+          return client.PullDense(2, 0, floats, outs[i % window].data());
+        });
+      },
+      &pull_bytes);
+  const double gb = 1e9;
+  Emit("push_bytes_per_s", push / gb, "GB/s", pump / gb);
+  Emit("pull_bytes_per_s", pull / gb, "GB/s", pump / gb);
+  Emit("push_wire_bytes_per_value_byte", push_bytes, "bytes", 1.0);
+  Emit("pull_wire_bytes_per_value_byte", pull_bytes, "bytes", 1.0);
+  std::fprintf(stderr,
+               "# dense: %llu-byte tensors, window %d; raw socket pump %.3g GB/s, raw toy pull "
+               "%.3g GB/s\n",
+               static_cast<unsigned long long>(bytes), window, pump / gb, raw_pull / gb);
+  std::printf(
+      "{\"bench\":\"dense\",\"summary\":{\"push_gb_per_s\":%.4g,\"push_ratio\":%.3f,"
+      "\"pull_gb_per_s\":%.4g,\"pull_ratio\":%.3f,\"pump_gb_per_s\":%.4g}}\n",
+      push / gb, push / pump, pull / gb, pull / pump, pump / gb);
+  return 0;
+}
+
+}  // namespace
+}  // namespace ps
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  // As every node's main() does (common/node_main.cc).
+  ps::KeepLargeBuffers();
+  (void)ps::SetLogLevel("warn");
+  const std::string mode = absl::GetFlag(FLAGS_mode);
+  if (mode == "kv") return ps::SparseBench();
+  if (mode == "dense") return ps::DenseBench();
+  std::fprintf(stderr, "kv_bench: --mode must be kv or dense, not '%s'\n", mode.c_str());
+  return 2;
+}
