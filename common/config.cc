@@ -196,6 +196,10 @@ void ApplyDefaults(JobConfig* config) {
   if (!config->checkpoint().dir().empty() && config->checkpoint().keep() == 0) {
     config->mutable_checkpoint()->set_keep(3);
   }
+  DataPlaneConfig* dp = config->mutable_data_plane();
+  if (dp->key_cache_bytes() == 0) dp->set_key_cache_bytes(16 << 20);
+  if (dp->push_values() == VALUE_ENCODING_UNSPECIFIED) dp->set_push_values(FLOAT32);
+  if (dp->pull_values() == VALUE_ENCODING_UNSPECIFIED) dp->set_pull_values(FLOAT32);
   ConsistencyConfig* cons = config->mutable_consistency();
   if (cons->mode() == CONSISTENCY_MODE_UNSPECIFIED) cons->set_mode(ASYNC);
   if (cons->watchdog_timeout_ms() == 0) cons->set_watchdog_timeout_ms(10000);
@@ -324,6 +328,16 @@ absl::Status ValidateJobConfig(const JobConfig& config) {
   c.Require(ck.dir().empty() ? ck.interval_steps() == 0 && !ck.restore() : true,
             "checkpoint", "interval_steps and restore need checkpoint.dir");
   c.Require(ck.keep() <= 1000, "checkpoint.keep", "must be at most 1000");
+  const DataPlaneConfig& dp = config.data_plane();
+  c.Require(dp.key_cache_bytes() == -1 ||
+                (dp.key_cache_bytes() >= 1 && dp.key_cache_bytes() <= (int64_t{1} << 30)),
+            "data_plane.key_cache_bytes", "must be -1 (off) or 1..1073741824");
+  c.Require(ValueEncoding_IsValid(dp.push_values()) &&
+                dp.push_values() != VALUE_ENCODING_UNSPECIFIED,
+            "data_plane.push_values", "must be FLOAT32, FLOAT16 or BFLOAT16");
+  c.Require(ValueEncoding_IsValid(dp.pull_values()) &&
+                dp.pull_values() != VALUE_ENCODING_UNSPECIFIED,
+            "data_plane.pull_values", "must be FLOAT32, FLOAT16 or BFLOAT16");
 
   const absl::Status cons = ValidateConsistency(config.consistency());
   c.Require(cons.ok(), "consistency", cons.message());

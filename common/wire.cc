@@ -4,12 +4,33 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/value_codec.h"
 
 namespace ps {
 namespace {
 
-
 bool HasValues(Op op) { return op == PUSH || op == PUSH_PULL || op == ASSIGN; }
+
+bool KnownEncoding(ValueEncoding e) {
+  return e == VALUE_ENCODING_UNSPECIFIED || e == FLOAT32 || e == FLOAT16 || e == BFLOAT16;
+}
+
+// Views a values frame of `encoding` as floats: in place for FLOAT32
+// (ViewFrame), decoded into *copy for the half-width encodings.
+absl::Status ViewValues(const zmq::message_t& frame, ValueEncoding encoding, const char* what,
+                        absl::Span<const float>* view, std::vector<float>* copy) {
+  const size_t width = EncodedValueBytes(encoding);
+  if (width == sizeof(float)) return ViewFrame(frame, what, view, copy);
+  if (frame.size() % width != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, " frame has ", frame.size(), " bytes, not a multiple of ", width,
+        " (", ValueEncoding_Name(encoding), ")"));
+  }
+  copy->resize(frame.size() / width);
+  DecodeValues(encoding, frame.data(), copy->size(), copy->data());
+  *view = absl::MakeConstSpan(*copy);
+  return absl::OkStatus();
+}
 
 }  // namespace
 
@@ -36,16 +57,33 @@ absl::Status DecodeRequest(std::vector<zmq::message_t>& frames,
         Op_Name(h.op()), " request must ",
         HasValues(h.op()) ? "carry" : "not carry", " a values frame"));
   }
+  if (!KnownEncoding(h.push_values()) || !KnownEncoding(h.pull_values())) {
+    return absl::InvalidArgumentError("unknown value encoding");
+  }
+  if (h.op() == ASSIGN && EncodedValueBytes(h.push_values()) != sizeof(float)) {
+    return absl::InvalidArgumentError("ASSIGN values must be FLOAT32");
+  }
+  if (h.key_list_slot() != 0) {
+    if (h.key_list_slot() > kKeyListSlots) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "key_list_slot ", h.key_list_slot(), " is out of range 1..", kKeyListSlots));
+    }
+    if (h.op() != PUSH && h.op() != PULL && h.op() != PUSH_PULL) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(Op_Name(h.op()), " cannot use a key list slot"));
+    }
+  }
   absl::Status s = ViewFrame(frames[1], "keys", &out->keys, &out->key_copy);
   if (!s.ok()) return s;
-  if (out->keys.size() != h.num_keys()) {
+  out->keys_cached = h.key_list_slot() != 0 && out->keys.empty() && h.num_keys() > 0;
+  if (out->keys.size() != h.num_keys() && !out->keys_cached) {
     return absl::InvalidArgumentError(
         absl::StrCat("header says ", h.num_keys(), " keys but the keys frame holds ",
                      out->keys.size()));
   }
   out->values = {};
   if (frames.size() == 3) {
-    s = ViewFrame(frames[2], "values", &out->values, &out->value_copy);
+    s = ViewValues(frames[2], h.push_values(), "values", &out->values, &out->value_copy);
     if (!s.ok()) return s;
   }
   if (h.op() == SCAN) {
@@ -72,10 +110,13 @@ absl::Status DecodeResponse(std::vector<zmq::message_t>& frames,
                                   static_cast<int>(frames[0].size()))) {
     return absl::InvalidArgumentError("response header is not a valid ResponseHeader");
   }
+  if (!KnownEncoding(out->header.values_encoding())) {
+    return absl::InvalidArgumentError("response values have an unknown encoding");
+  }
   out->values = {};
   if (frames.size() >= 2) {
-    absl::Status s =
-        ViewFrame(frames[1], "values", &out->values, &out->value_copy);
+    absl::Status s = ViewValues(frames[1], out->header.values_encoding(), "values",
+                                &out->values, &out->value_copy);
     if (!s.ok()) return s;
   }
   if (out->values.size() != out->header.num_values()) {

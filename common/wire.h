@@ -84,10 +84,52 @@ inline bool AllFinite(absl::Span<const float> values) {
   return bad == 0;
 }
 
+// Key-list caching (RequestHeader.key_list_slot): slots per sender on each
+// server, numbered 1..kKeyListSlots.
+inline constexpr uint32_t kKeyListSlots = 64;
+
+// The digest of a key list that RequestHeader.key_list_digest carries: a
+// 64-bit hash of the count and the keys in order. Four independent lanes
+// keep it at about a nanosecond a key; never 0.
+inline uint64_t KeyListDigest(absl::Span<const uint64_t> keys) {
+  uint64_t lanes[4] = {0x9e3779b97f4a7c15ULL, 0xbf58476d1ce4e5b9ULL,
+                       0x94d049bb133111ebULL, 0x2545f4914f6cdd1dULL};
+  const size_t n = keys.size();
+  size_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    for (int j = 0; j < 4; ++j) {
+      lanes[j] = (lanes[j] ^ keys[i + j]) * 0xff51afd7ed558ccdULL;
+      lanes[j] ^= lanes[j] >> 29;
+    }
+  }
+  for (; i < n; ++i) {
+    lanes[0] = (lanes[0] ^ keys[i]) * 0xc4ceb9fe1a85ec53ULL;
+    lanes[0] ^= lanes[0] >> 31;
+  }
+  uint64_t h = n;
+  for (uint64_t lane : lanes) {
+    h ^= lane;
+    h *= 0x9fb21c651e98df25ULL;
+    h ^= h >> 28;
+  }
+  return h == 0 ? 1 : h;
+}
+
+// A key-list slot (1..kKeyListSlots) for a list of this digest. Clients
+// may choose slots as they like (KVClient picks the least recently used
+// one when it sends the list); this is a default.
+inline uint32_t KeyListSlotOf(uint64_t digest) {
+  return 1 + static_cast<uint32_t>(digest % kKeyListSlots);
+}
+
 struct DecodedRequest {
   RequestHeader header;
+  // Empty when keys_cached: the server then takes them from its key-list
+  // cache (RequestHeader.key_list_slot) and points `keys` there.
   absl::Span<const uint64_t> keys;
-  // Empty for PULL.
+  bool keys_cached = false;
+  // Empty for PULL. Half-width push values (RequestHeader.push_values) are
+  // decoded into value_copy.
   absl::Span<const float> values;
 
   // Backing storage for keys/values when the frames were misaligned.
@@ -95,7 +137,9 @@ struct DecodedRequest {
   std::vector<float> value_copy;
 };
 
-// frames: header, keys, [values]. Checks structure only; table-specific
+// frames: header, keys, [values]. Also checks the key-list fields (slot
+// range, ops that may use them) and the value encodings, and decodes
+// half-width values. Checks structure only; table-specific
 // sizes (dim, segment lengths) are checked by the server. For SCAN that
 // means: no keys, no segments, no values frame, scan_max_rows <=
 // kMaxScanRows (any cursor is structurally valid). `out` must not be
@@ -105,6 +149,7 @@ absl::Status DecodeRequest(std::vector<zmq::message_t>& frames,
 
 struct DecodedResponse {
   ResponseHeader header;
+  // Half-width values (header.values_encoding) are decoded into value_copy.
   absl::Span<const float> values;
   // SCAN: the page's keys (header.num_keys of them); empty otherwise.
   absl::Span<const uint64_t> keys;

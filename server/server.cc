@@ -16,6 +16,7 @@
 #include "common/logging.h"
 #include "common/protocol.h"
 #include "common/status.h"
+#include "common/value_codec.h"
 #include "common/wire.h"
 #include "server/checkpoint.h"
 #include "zmq_addon.hpp"
@@ -100,6 +101,7 @@ KVServer::KVServer(Options options)
       consistency_(options_.config.consistency()),
       replicated_(!options_.standalone &&
                   options_.config.cluster().replication() >= 2),
+      key_cache_(options_.config.data_plane().key_cache_bytes()),
       ownership_(std::make_shared<Ownership>()) {}
 
 KVServer::~KVServer() {
@@ -214,6 +216,11 @@ void KVServer::ApplyView(const Ownership& own) {
     }
   };
   if (!seqs_.empty()) forget_gone(seqs_);
+  {
+    absl::flat_hash_set<uint64_t> live;
+    for (const auto& w : own.live_workers) live.insert(w.node_id);
+    key_cache_.Retain(live);
+  }
   if (own.replicated && !own.slot_owner.empty()) {
     // A message from the old primary of a slot may still be on its way
     // when the view promoting this server arrives: it is refused (its
@@ -512,6 +519,40 @@ absl::Status KVServer::ProcessChecked(std::vector<zmq::message_t>& frames,
     return absl::InvalidArgumentError(
         "replica messages are for servers of a job with cluster.replication 2");
   }
+  if (h.key_list_slot() != 0) {
+    // Before any other check, so this server's record of the sender's
+    // slots follows the sender's even when the request fails later.
+    if (req.keys_cached) {
+      req.keys = key_cache_.Find(h.sender_node_id(), h.key_list_slot(), h.key_list_digest(),
+                                 h.num_keys());
+      if (req.keys.empty()) {
+        rh->set_key_list_unknown(true);
+        return absl::FailedPreconditionError(absl::StrCat(
+            "key list slot ", h.key_list_slot(), " of node ", h.sender_node_id(),
+            " does not hold the list named; send the keys"));
+      }
+    } else {
+      PS_RETURN_IF_ERROR(key_cache_.Store(h.sender_node_id(), h.key_list_slot(),
+                                          h.key_list_digest(), req.keys));
+    }
+  }
+  // Requests that are kept (held, deferred) or forwarded to backups carry
+  // their keys and float32 values in their own frames: a cached list may
+  // be replaced meanwhile, and backups take float32 only.
+  bool self_contained = !req.keys_cached && EncodedValueBytes(h.push_values()) == 4;
+  auto make_self_contained = [&] {
+    if (self_contained) return;
+    self_contained = true;
+    RequestHeader plain = h;
+    plain.clear_key_list_slot();
+    plain.clear_key_list_digest();
+    plain.clear_push_values();
+    frames[0] = SerializeToFrame(plain);
+    frames[1] = zmq::message_t(req.keys.data(), req.keys.size() * sizeof(uint64_t));
+    if (frames.size() == 3) {
+      frames[2] = zmq::message_t(req.values.data(), req.values.size() * sizeof(float));
+    }
+  };
   if (h.op() == STATS) {
     if (!req.keys.empty()) return absl::InvalidArgumentError("STATS carries no keys");
     FillStats(rh, own.replicated && !own.slot_owner.empty() ? &own : nullptr);
@@ -595,6 +636,7 @@ absl::Status KVServer::ProcessChecked(std::vector<zmq::message_t>& frames,
   // An ASSIGN is validated like a push (values for every element, finite).
   const bool push = h.op() == PUSH || h.op() == PUSH_PULL || assign;
   const bool pull = h.op() == PULL || h.op() == PUSH_PULL;
+  if (own.replicated && push) make_self_contained();
   Table* table = it->second.get();
   SparseTable* sparse = table->AsSparse();
   DenseTable* dense = table->AsDense();
@@ -640,6 +682,7 @@ absl::Status KVServer::ProcessChecked(std::vector<zmq::message_t>& frames,
   // checkpoint's clock are not applied before it).
   if (push && checkpoint_pending_ != 0 && h.clock() >= checkpoint_pending_ &&
       h.clock() < kFinishedClock && !consistency_.ShouldBuffer(h.clock())) {
+    make_self_contained();
     *outcome = Outcome::kHold;
     return absl::OkStatus();
   }
@@ -718,9 +761,13 @@ absl::Status KVServer::ProcessChecked(std::vector<zmq::message_t>& frames,
   if (!pull) return absl::OkStatus();
   if (!PullAllowed(h.clock())) {
     // Hold the pull. A PUSH_PULL's push half is done: keep only a PULL.
+    make_self_contained();
     if (h.op() == PUSH_PULL) {
       RequestHeader pull_only = h;
       pull_only.set_op(PULL);
+      pull_only.clear_key_list_slot();
+      pull_only.clear_key_list_digest();
+      pull_only.clear_push_values();
       frames[0] = SerializeToFrame(pull_only);
       frames.resize(2);
     }
@@ -728,15 +775,29 @@ absl::Status KVServer::ProcessChecked(std::vector<zmq::message_t>& frames,
     return absl::OkStatus();
   }
   // Written in place: zmq::message_t(size) does not initialise its bytes,
-  // and libzmq sends it without another copy.
-  *values = zmq::message_t(n * sizeof(float));
-  float* out = static_cast<float*>(values->data());
+  // and libzmq sends it without another copy. Half-width answers are
+  // gathered into a scratch buffer and encoded into the frame.
+  const ValueEncoding encoding =
+      EncodedValueBytes(h.pull_values()) == 4 ? FLOAT32 : h.pull_values();
+  float* out;
+  if (encoding == FLOAT32) {
+    *values = zmq::message_t(n * sizeof(float));
+    out = static_cast<float*>(values->data());
+  } else {
+    pull_scratch_.resize(n);
+    out = pull_scratch_.data();
+  }
   if (sparse != nullptr) {
     sparse->Pull(req.keys, out);
     keys_pulled_.fetch_add(req.keys.size(), std::memory_order_relaxed);
   } else {
     dense->Pull(segments, out);
     keys_pulled_.fetch_add(n, std::memory_order_relaxed);
+  }
+  if (encoding != FLOAT32) {
+    *values = zmq::message_t(n * EncodedValueBytes(encoding));
+    EncodeValues(encoding, out, n, values->data());
+    rh->set_values_encoding(encoding);
   }
   rh->set_num_values(n);
   const uint64_t min_clock = consistency_.MinClock();

@@ -64,6 +64,7 @@
 #include "proto/data_plane.pb.h"
 #include "proto/scheduler.pb.h"
 #include "server/consistency.h"
+#include "server/key_cache.h"
 #include "server/replication.h"
 #include "server/table.h"
 #include "zmq.hpp"
@@ -361,6 +362,10 @@ class KVServer {
   uint64_t server_clock_ = 0;
   // Sender node id -> applied sequence numbers.
   absl::flat_hash_map<uint64_t, SeqWindow> seqs_;
+  // Workers' key lists (RequestHeader.key_list_slot).
+  KeyListCache key_cache_;
+  // Pull answers in a half-width encoding are gathered here first.
+  std::vector<float> pull_scratch_;
 
   // Replication state, owned by the serving thread (see the file comment).
   const bool replicated_;

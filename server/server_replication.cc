@@ -128,6 +128,12 @@ void KVServer::Forward(const Ownership& own, const RequestHeader& h,
   auto replica_header = [&]() {
     RequestHeader r = h;
     r.set_op(h.op() == ASSIGN ? ASSIGN : PUSH);
+    // The frames forwarded are self-contained float32 ones (the primary
+    // made them so), whatever the worker sent.
+    r.clear_key_list_slot();
+    r.clear_key_list_digest();
+    r.clear_push_values();
+    r.clear_pull_values();
     r.set_epoch(own.epoch);
     r.set_replica(true);
     ReplicaInfo* info = r.mutable_replica_info();

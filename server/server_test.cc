@@ -847,17 +847,17 @@ TEST_F(NonStandaloneServerTest, KeysOfOtherServersAreRefused) {
   ASSERT_EQ(r.code(), absl::StatusCode::kOk) << r.header.message();
   EXPECT_EQ(r.values, (std::vector<float>{-0.5, -1}));
 
-  // Dense blocks are routed by DenseBlockSlot; with this slot map block 1
-  // belongs to server 1 and blocks 0 and 2 to this server.
+  // Dense blocks are routed by DenseBlockSlot; with this slot map block 2
+  // belongs to server 1 and blocks 0 and 1 to this server.
   ASSERT_EQ(DenseBlockSlot(kDense, 0, 16) % 2, 0u);
-  ASSERT_EQ(DenseBlockSlot(kDense, 1, 16) % 2, 1u);
-  ASSERT_EQ(DenseBlockSlot(kDense, 2, 16) % 2, 0u);
-  r = DensePush({{0, 2}, {9, 1}}, {2, 4, 6}, PUSH_PULL);
+  ASSERT_EQ(DenseBlockSlot(kDense, 1, 16) % 2, 0u);
+  ASSERT_EQ(DenseBlockSlot(kDense, 2, 16) % 2, 1u);
+  r = DensePush({{0, 2}, {5, 1}}, {2, 4, 6}, PUSH_PULL);
   ASSERT_EQ(r.code(), absl::StatusCode::kOk) << r.header.message();
   EXPECT_EQ(r.values, (std::vector<float>{-1, -2, -3}));
-  r = DensePush({{0, 1}, {4, 1}}, {2, 2});
+  r = DensePush({{0, 1}, {8, 1}}, {2, 2});
   EXPECT_EQ(r.code(), absl::StatusCode::kFailedPrecondition);
-  r = DensePull({{4, 4}});
+  r = DensePull({{8, 2}});
   EXPECT_EQ(r.code(), absl::StatusCode::kFailedPrecondition);
   r = DensePull({{0, 2}});
   ASSERT_EQ(r.code(), absl::StatusCode::kOk) << r.header.message();

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <functional>
 #include <string>
@@ -12,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/hash.h"
 #include "common/logging.h"
+#include "common/value_codec.h"
 #include "common/wire.h"
 #include "proto/data_plane.pb.h"
 #include "zmq.hpp"
@@ -123,6 +125,9 @@ struct KVClient::Part {
   std::shared_ptr<Completion::State> parent;
   zmq::message_t header, keys, values;
   bool has_values = false;
+  // Send the keys frame even if the server should hold the key list (it
+  // said it does not).
+  bool send_keys = false;
   // Where a pull's answer goes: out + positions[i] * dim for sparse key i
   // (identity when positions is empty), or (offset, length) runs for dense.
   float* out = nullptr;
@@ -163,13 +168,27 @@ struct KVClient::ScanChain {
   std::function<std::unique_ptr<Part>(uint64_t cursor)> page;
 };
 
+namespace {
+
+// Names the key-list slot of a sparse request's keys (RequestHeader
+// key_list_slot and key_list_digest).
+void SetKeyList(absl::Span<const uint64_t> keys, RequestHeader* h) {
+  const uint64_t digest = KeyListDigest(keys);
+  h->set_key_list_digest(digest);
+  h->set_key_list_slot(KeyListSlotOf(digest));
+}
+
+}  // namespace
+
 // ---------------------------------------------------------------- IoLoop
 
 class KVClient::IoLoop {
  public:
   IoLoop(std::shared_ptr<const Routing> routing, absl::Duration request_timeout,
-         absl::Duration failover_timeout, std::atomic<uint64_t>* next_request_id)
+         absl::Duration failover_timeout, std::atomic<uint64_t>* next_request_id,
+         int64_t key_cache_bytes)
       : event_fd_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)),
+        key_cache_bytes_(key_cache_bytes),
         request_timeout_(request_timeout),
         failover_timeout_(failover_timeout),
         next_request_id_(next_request_id),
@@ -309,6 +328,8 @@ class KVClient::IoLoop {
                              want.empty() ? "(none)" : want)));
       dealers_[r].reset();
       endpoints_[r] = want;
+      // A new server holds none of this client's key lists.
+      if (r < key_memos_.size()) key_memos_[r] = KeyMemo();
       if (want.empty()) continue;
       auto socket =
           std::make_unique<zmq::socket_t>(context_, zmq::socket_type::dealer);
@@ -419,8 +440,10 @@ class KVClient::IoLoop {
       p->reroutable = true;
       p->block_size = part->block_size;
       p->h = h;
-      std::vector<float> values;
-      const float* src = part->has_values ? part->values.data<float>() : nullptr;
+      // Values are moved as bytes: they may be half-width on the wire.
+      const size_t width = EncodedValueBytes(h.push_values());
+      std::vector<char> values;
+      const char* src = part->has_values ? part->values.data<char>() : nullptr;
       if (dense) {
         p->h.clear_segments();
         uint64_t offset = 0;
@@ -428,7 +451,9 @@ class KVClient::IoLoop {
           const uint64_t len = h.segments(i).length();
           if (owners[i] == server) {
             *p->h.add_segments() = h.segments(i);
-            if (src != nullptr) values.insert(values.end(), src + offset, src + offset + len);
+            if (src != nullptr) {
+              values.insert(values.end(), src + offset * width, src + (offset + len) * width);
+            }
             if (!part->runs.empty()) p->runs.push_back(part->runs[i]);
             if (part->expected_values > 0) p->expected_values += len;
           }
@@ -440,7 +465,9 @@ class KVClient::IoLoop {
         for (size_t i = 0; i < owners.size(); ++i) {
           if (owners[i] != server) continue;
           k.push_back(keys[i]);
-          if (src != nullptr) values.insert(values.end(), src + i * dim, src + (i + 1) * dim);
+          if (src != nullptr) {
+            values.insert(values.end(), src + i * dim * width, src + (i + 1) * dim * width);
+          }
           if (part->expected_values > 0) {
             p->positions.push_back(part->positions.empty()
                                        ? static_cast<uint32_t>(i)
@@ -449,6 +476,7 @@ class KVClient::IoLoop {
           }
         }
         p->h.set_num_keys(k.size());
+        if (h.key_list_slot() != 0) SetKeyList(k, &p->h);
         p->keys = FrameFromVector(std::move(k));
       }
       if (part->has_values) p->values = FrameFromVector(std::move(values));
@@ -505,15 +533,16 @@ class KVClient::IoLoop {
           endpoints_[r], " during the scan; scan again")));
       return;
     }
-    const uint64_t bytes =
-        part->header.size() + part->keys.size() + part->values.size();
+    const bool send_keys = KeysNeeded(*part);
+    const uint64_t bytes = part->header.size() + (send_keys ? part->keys.size() : 0) +
+                           part->values.size();
     try {
       // Sending consumes a frame; copies share the payload (reference
       // counted), and the originals stay for a retry.
       zmq::socket_t& s = *dealers_[r];
       zmq::message_t header, keys, values;
       header.copy(part->header);
-      keys.copy(part->keys);
+      if (send_keys) keys.copy(part->keys);
       s.send(header, zmq::send_flags::sndmore);
       s.send(keys, part->has_values ? zmq::send_flags::sndmore
                                     : zmq::send_flags::none);
@@ -530,6 +559,52 @@ class KVClient::IoLoop {
     bytes_sent_.fetch_add(bytes, std::memory_order_relaxed);
     const uint64_t id = part->request_id;
     pending_[id] = std::move(part);
+  }
+
+  // Whether `part` must carry its keys frame (it always keeps it, for a
+  // retry): not when it names a key-list slot that, as far as this client
+  // knows, holds its list on its server. When it carries them under a
+  // slot, the server stores them there, and so does the record here; a
+  // list that would not fit in the budget is sent without a slot.
+  bool KeysNeeded(Part& part) {
+    if (part.h.key_list_slot() == 0 || part.h.num_keys() == 0) return true;
+    const uint32_t r = part.server;
+    if (key_memos_.size() <= r) key_memos_.resize(r + 1);
+    KeyMemo& memo = key_memos_[r];
+    const uint64_t digest = part.h.key_list_digest();
+    const uint64_t n = part.h.num_keys();
+    auto use_slot = [&](uint32_t slot) {
+      memo.last_use[slot - 1] = ++memo.uses;
+      if (part.h.key_list_slot() != slot) {
+        part.h.set_key_list_slot(slot);
+        part.header = SerializeToFrame(part.h);
+      }
+    };
+    auto held = memo.slot_of.find(digest);
+    if (held != memo.slot_of.end()) {
+      const uint32_t slot = held->second;
+      if (!part.send_keys && memo.count[slot - 1] == n) {
+        use_slot(slot);
+        return false;
+      }
+      memo.Forget(slot);
+    }
+    part.send_keys = false;
+    const uint32_t slot = memo.LeastRecentlyUsed();
+    memo.Forget(slot);
+    const int64_t bytes = static_cast<int64_t>(n * sizeof(uint64_t));
+    if (memo.bytes + bytes > key_cache_bytes_) {
+      part.h.clear_key_list_slot();
+      part.h.clear_key_list_digest();
+      part.header = SerializeToFrame(part.h);
+      return true;
+    }
+    memo.digest[slot - 1] = digest;
+    memo.count[slot - 1] = n;
+    memo.slot_of[digest] = slot;
+    memo.bytes += bytes;
+    use_slot(slot);
+    return true;
   }
 
   void OnResponse(uint32_t server, std::vector<zmq::message_t>& frames) {
@@ -551,6 +626,15 @@ class KVClient::IoLoop {
     if (part->server != server) {
       part->parent->PartDone(
           absl::InternalError("response from the wrong server"));
+      return;
+    }
+    if (response.header.key_list_unknown() && part->h.key_list_slot() != 0 &&
+        !part->send_keys) {
+      // The server does not hold the key list this client thought it had
+      // (a server restarted at the same address): nothing was applied;
+      // send it again, keys included, at once.
+      part->send_keys = true;
+      Send(std::move(part));
       return;
     }
     const bool misrouted = part->reroutable && response.header.wrong_owner();
@@ -692,6 +776,34 @@ class KVClient::IoLoop {
   }
 
   const int event_fd_;
+  // What this client believes each server holds in its key-list slots
+  // (RequestHeader.key_list_slot): the digest and key count per slot, the
+  // bytes they take (by the same rule as the server's KeyListCache), and
+  // which slot each digest is in. The client picks the slots, least
+  // recently used first, so the server needs no policy of its own.
+  struct KeyMemo {
+    std::array<uint64_t, kKeyListSlots> digest{};
+    std::array<uint64_t, kKeyListSlots> count{};
+    std::array<uint64_t, kKeyListSlots> last_use{};
+    absl::flat_hash_map<uint64_t, uint32_t> slot_of;  // digest -> slot
+    uint64_t uses = 0;
+    int64_t bytes = 0;
+    void Forget(uint32_t slot) {
+      bytes -= static_cast<int64_t>(count[slot - 1] * sizeof(uint64_t));
+      if (digest[slot - 1] != 0) slot_of.erase(digest[slot - 1]);
+      digest[slot - 1] = 0;
+      count[slot - 1] = 0;
+    }
+    uint32_t LeastRecentlyUsed() const {
+      uint32_t best = 1;
+      for (uint32_t s = 2; s <= kKeyListSlots; ++s) {
+        if (last_use[s - 1] < last_use[best - 1]) best = s;
+      }
+      return best;
+    }
+  };
+  const int64_t key_cache_bytes_;
+  std::vector<KeyMemo> key_memos_;  // by server rank
   const absl::Duration request_timeout_;
   const absl::Duration failover_timeout_;
   std::atomic<uint64_t>* const next_request_id_;
@@ -761,8 +873,15 @@ KVClient::KVClient(Options options, std::shared_ptr<const Routing> routing)
           absl::Milliseconds(options_.config.cluster().failover_timeout_ms() > 0
                                  ? options_.config.cluster().failover_timeout_ms()
                                  : 120000),
-          &next_request_id_)) {
+          &next_request_id_,
+          options_.config.data_plane().key_cache_bytes() > 0
+              ? options_.config.data_plane().key_cache_bytes()
+              : 0)) {
   clock_.store(options_.start_clock);
+  const DataPlaneConfig& dp = options_.config.data_plane();
+  key_caching_ = dp.key_cache_bytes() > 0;
+  push_values_ = EncodedValueBytes(dp.push_values()) == 2 ? dp.push_values() : FLOAT32;
+  pull_values_ = EncodedValueBytes(dp.pull_values()) == 2 ? dp.pull_values() : FLOAT32;
   for (const TableConfig& t : options_.config.tables()) {
     TableInfo info;
     info.sparse = t.has_sparse();
@@ -1052,22 +1171,20 @@ Completion KVClient::Sparse(int op_int, uint32_t table,
     auto part = NewPart(server, op, table, *routing, state, &h);
     part->dim = dim;
     h.set_num_keys(n);
-    part->header = SerializeToFrame(h);
     part->reroutable = true;
-    part->h = h;
     // zmq::message_t(size) allocates without initialising (malloc), so each
     // byte is written once.
     part->keys = zmq::message_t(n * sizeof(uint64_t));
+    const size_t width = EncodedValueBytes(push_values_);
     if (push) {
-      part->values = zmq::message_t(n * dim * sizeof(float));
+      part->values = zmq::message_t(n * dim * width);
       part->has_values = true;
     }
     auto* k = static_cast<uint64_t*>(part->keys.data());
-    auto* v = push ? static_cast<float*>(part->values.data()) : nullptr;
     if (n == keys.size()) {
       // Every key on one server, in order: plain copies, no scatter map.
       std::memcpy(k, keys.data(), n * sizeof(uint64_t));
-      if (push) std::memcpy(v, grads.data(), grads.size() * sizeof(float));
+      if (push) EncodeValues(push_values_, grads.data(), grads.size(), part->values.data());
     } else {
       std::vector<uint32_t> idx;
       idx.reserve(n);
@@ -1076,6 +1193,14 @@ Completion KVClient::Sparse(int op_int, uint32_t table,
       }
       for (size_t j = 0; j < n; ++j) k[j] = keys[idx[j]];
       if (push) {
+        // Gathered straight into the frame, or for a half-width encoding
+        // into a scratch buffer that is then encoded into it.
+        std::vector<float> scratch;
+        float* v = static_cast<float*>(part->values.data());
+        if (width != sizeof(float)) {
+          scratch.resize(n * dim);
+          v = scratch.data();
+        }
         if (dim == 1) {
           for (size_t j = 0; j < n; ++j) v[j] = grads[idx[j]];
         } else {
@@ -1084,9 +1209,13 @@ Completion KVClient::Sparse(int op_int, uint32_t table,
                         dim * sizeof(float));
           }
         }
+        if (width != sizeof(float)) EncodeValues(push_values_, v, n * dim, part->values.data());
       }
       if (op != PUSH) part->positions = std::move(idx);
     }
+    SetWireOptions(op, absl::MakeConstSpan(k, n), &h);
+    part->header = SerializeToFrame(h);
+    part->h = h;
     if (op != PUSH) {
       part->out = out;
       part->expected_values = n * dim;
@@ -1095,6 +1224,18 @@ Completion KVClient::Sparse(int op_int, uint32_t table,
   }
   Submit(std::move(parts));
   return Completion(std::move(state));
+}
+
+void KVClient::SetWireOptions(int op_int, absl::Span<const uint64_t> keys,
+                              RequestHeader* h) const {
+  const Op op = static_cast<Op>(op_int);
+  if ((op == PUSH || op == PUSH_PULL) && push_values_ != FLOAT32) {
+    h->set_push_values(push_values_);
+  }
+  if ((op == PULL || op == PUSH_PULL) && pull_values_ != FLOAT32) {
+    h->set_pull_values(pull_values_);
+  }
+  if (key_caching_ && !keys.empty() && op != ASSIGN) SetKeyList(keys, h);
 }
 
 Completion KVClient::Dense(int op_int, uint32_t table, uint64_t begin,
@@ -1171,12 +1312,19 @@ Completion KVClient::Dense(int op_int, uint32_t table, uint64_t begin,
     Builder& b = builders[server];
     if (b.total == 0) continue;
     auto part = NewPart(server, op, table, *routing, state, &b.header);
+    SetWireOptions(op, {}, &b.header);
     part->header = SerializeToFrame(b.header);
     part->reroutable = true;
     part->h = b.header;
     part->block_size = info.block_size;
     if (op != PULL) {
-      part->values = FrameFromVector(std::move(b.values));
+      if (b.header.push_values() != VALUE_ENCODING_UNSPECIFIED &&
+          b.header.push_values() != FLOAT32) {
+        part->values = zmq::message_t(b.values.size() * EncodedValueBytes(push_values_));
+        EncodeValues(push_values_, b.values.data(), b.values.size(), part->values.data());
+      } else {
+        part->values = FrameFromVector(std::move(b.values));
+      }
       part->has_values = true;
     }
     if (op == PULL) {

@@ -208,6 +208,10 @@ class KVClient {
                    absl::Span<const float> grads, float* out,
                    DoneCallback done);
   Completion Failed(absl::Status status, DoneCallback done);
+  // Fills what config.data_plane asks of a request with op `op` (a proto
+  // Op): value encodings, and for a sparse request's `keys` its key-list
+  // slot and digest.
+  void SetWireOptions(int op, absl::Span<const uint64_t> keys, RequestHeader* h) const;
   // A message to `server` belonging to `state`, with the fields every
   // request header carries filled in `header`.
   std::unique_ptr<Part> NewPart(uint32_t server, int op, uint32_t table,
@@ -220,6 +224,10 @@ class KVClient {
 
   const Options options_;
   const absl::Duration request_timeout_;
+  // From options_.config.data_plane (set once in the constructor).
+  bool key_caching_ = false;
+  ValueEncoding push_values_ = FLOAT32;
+  ValueEncoding pull_values_ = FLOAT32;
   absl::flat_hash_map<uint32_t, TableInfo> tables_;
   std::atomic<uint64_t> next_request_id_{1};
   // Sequence numbers of state-changing messages (RequestHeader.seq).
