@@ -13,7 +13,7 @@ absl::Status KeyListCache::Store(uint64_t sender, uint32_t slot, uint64_t digest
     return absl::InvalidArgumentError("key-list caching is off (data_plane.key_cache_bytes)");
   }
   Sender& s = senders_[sender];
-  Entry& e = s.slots[slot - 1];
+  List& e = s.slots[slot - 1];
   // The old list goes whatever happens: the sender's record of the slot
   // now names the new one.
   const int64_t old_bytes = static_cast<int64_t>(e.keys.size() * sizeof(uint64_t));
@@ -21,6 +21,7 @@ absl::Status KeyListCache::Store(uint64_t sender, uint32_t slot, uint64_t digest
   total_bytes_ -= old_bytes;
   e.digest = 0;
   e.keys = std::vector<uint64_t>();
+  e.owned_epoch = kNever;
   if (KeyListDigest(keys) != digest) {
     return absl::InvalidArgumentError("key_list_digest does not match the keys");
   }
@@ -37,14 +38,22 @@ absl::Status KeyListCache::Store(uint64_t sender, uint32_t slot, uint64_t digest
   return absl::OkStatus();
 }
 
-absl::Span<const uint64_t> KeyListCache::Find(uint64_t sender, uint32_t slot, uint64_t digest,
-                                              uint64_t num_keys) const {
-  if (slot < 1 || slot > kKeyListSlots) return {};
+KeyListCache::List* KeyListCache::Find(uint64_t sender, uint32_t slot, uint64_t digest,
+                                       uint64_t num_keys) {
+  if (slot < 1 || slot > kKeyListSlots) return nullptr;
   auto it = senders_.find(sender);
-  if (it == senders_.end()) return {};
-  const Entry& e = it->second.slots[slot - 1];
-  if (e.digest != digest || e.keys.size() != num_keys || e.keys.empty()) return {};
-  return absl::MakeConstSpan(e.keys);
+  if (it == senders_.end()) return nullptr;
+  List& e = it->second.slots[slot - 1];
+  if (e.digest != digest || e.keys.size() != num_keys || e.keys.empty()) return nullptr;
+  return &e;
+}
+
+KeyListCache::List* KeyListCache::Stored(uint64_t sender, uint32_t slot) {
+  if (slot < 1 || slot > kKeyListSlots) return nullptr;
+  auto it = senders_.find(sender);
+  if (it == senders_.end()) return nullptr;
+  List& e = it->second.slots[slot - 1];
+  return e.digest == 0 ? nullptr : &e;
 }
 
 void KeyListCache::Retain(const absl::flat_hash_set<uint64_t>& live) {

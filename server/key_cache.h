@@ -38,11 +38,25 @@ class KeyListCache {
   absl::Status Store(uint64_t sender, uint32_t slot, uint64_t digest,
                      absl::Span<const uint64_t> keys);
 
-  // The keys in `sender`'s slot if it holds `num_keys` keys with `digest`;
-  // empty (nullptr data) otherwise. The span is valid until the next Store
-  // or Retain.
-  absl::Span<const uint64_t> Find(uint64_t sender, uint32_t slot, uint64_t digest,
-                                  uint64_t num_keys) const;
+  // A stored list. `owned_epoch` and `owned_table` are for the server:
+  // the view epoch in which it last found every key's slot in that table
+  // its own (kNever: not yet), so a repeated list is not checked key by key
+  // again while the view stands. (Slots depend on the table.)
+  struct List {
+    uint64_t digest = 0;
+    std::vector<uint64_t> keys;
+    uint64_t owned_epoch = kNever;
+    uint32_t owned_table = 0;
+  };
+  static constexpr uint64_t kNever = ~uint64_t{0};
+
+  // The list in `sender`'s slot if it holds `num_keys` keys with `digest`;
+  // nullptr otherwise. Valid until the next Store or Retain.
+  List* Find(uint64_t sender, uint32_t slot, uint64_t digest, uint64_t num_keys);
+
+  // The list Store put in `sender`'s slot last, or nullptr if it refused
+  // it. Valid until the next Store or Retain.
+  List* Stored(uint64_t sender, uint32_t slot);
 
   // Forgets every sender not in `live` (node ids).
   void Retain(const absl::flat_hash_set<uint64_t>& live);
@@ -51,12 +65,8 @@ class KeyListCache {
   int64_t bytes() const { return total_bytes_; }
 
  private:
-  struct Entry {
-    uint64_t digest = 0;
-    std::vector<uint64_t> keys;
-  };
   struct Sender {
-    std::array<Entry, kKeyListSlots> slots;
+    std::array<List, kKeyListSlots> slots;
     int64_t bytes = 0;
   };
 

@@ -519,21 +519,25 @@ absl::Status KVServer::ProcessChecked(std::vector<zmq::message_t>& frames,
     return absl::InvalidArgumentError(
         "replica messages are for servers of a job with cluster.replication 2");
   }
+  // The cached key list the request uses or stores, if any.
+  KeyListCache::List* key_list = nullptr;
   if (h.key_list_slot() != 0) {
     // Before any other check, so this server's record of the sender's
     // slots follows the sender's even when the request fails later.
     if (req.keys_cached) {
-      req.keys = key_cache_.Find(h.sender_node_id(), h.key_list_slot(), h.key_list_digest(),
+      key_list = key_cache_.Find(h.sender_node_id(), h.key_list_slot(), h.key_list_digest(),
                                  h.num_keys());
-      if (req.keys.empty()) {
+      if (key_list == nullptr) {
         rh->set_key_list_unknown(true);
         return absl::FailedPreconditionError(absl::StrCat(
             "key list slot ", h.key_list_slot(), " of node ", h.sender_node_id(),
             " does not hold the list named; send the keys"));
       }
+      req.keys = absl::MakeConstSpan(key_list->keys);
     } else {
       PS_RETURN_IF_ERROR(key_cache_.Store(h.sender_node_id(), h.key_list_slot(),
                                           h.key_list_digest(), req.keys));
+      key_list = key_cache_.Stored(h.sender_node_id(), h.key_list_slot());
     }
   }
   // Requests that are kept (held, deferred) or forwarded to backups carry
@@ -658,9 +662,17 @@ absl::Status KVServer::ProcessChecked(std::vector<zmq::message_t>& frames,
     }
   } else if (!own.all) {
     if (sparse != nullptr) {
-      for (uint64_t key : req.keys) {
-        const uint32_t slot = SparseSlot(h.table_id(), key, num_slots);
-        if (own.slot_owner[slot] != own.rank) return not_owner(slot);
+      // A cached list checked in this view needs no second look.
+      if (key_list == nullptr || key_list->owned_epoch != own.epoch ||
+          key_list->owned_table != h.table_id()) {
+        for (uint64_t key : req.keys) {
+          const uint32_t slot = SparseSlot(h.table_id(), key, num_slots);
+          if (own.slot_owner[slot] != own.rank) return not_owner(slot);
+        }
+        if (key_list != nullptr) {
+          key_list->owned_epoch = own.epoch;
+          key_list->owned_table = h.table_id();
+        }
       }
     } else {
       for (const DenseSegment& s : segments) {

@@ -2,8 +2,10 @@
 // over loopback TCP, each figure beside a baseline measured in the same run
 // on the same machine.
 //
-//   kv_bench --mode=kv     sparse 10K-key messages, Adagrad applied
+//   kv_bench --mode=kv     sparse 10K-key messages, Adagrad applied; then
+//                          the step figures below
 //   kv_bench --mode=dense  dense 4 MB tensors, SGD applied
+//   kv_bench --mode=step   bytes on the wire per training step (StepBench)
 //
 // Baselines (the "raw" side): a hand-written toy server on a plain TCP
 // socket in this process, with the least a server can do.
@@ -55,7 +57,7 @@
 #include "server/server.h"
 #include "worker/kv_client.h"
 
-ABSL_FLAG(std::string, mode, "kv", "kv (sparse) or dense.");
+ABSL_FLAG(std::string, mode, "kv", "kv (sparse), dense, or step (bytes on the wire per step).");
 ABSL_FLAG(uint32_t, message_keys, 10000, "kv: keys per message.");
 ABSL_FLAG(uint32_t, dim, 1, "kv: floats per row.");
 ABSL_FLAG(uint64_t, key_space, 65536, "kv: distinct keys the messages draw from.");
@@ -317,8 +319,10 @@ struct Ps {
   std::unique_ptr<KVClient> client;
 };
 
-Ps StartPs(uint32_t dim, uint64_t dense_floats) {
+// `data_plane`: the job's DataPlaneConfig, as textproto fields.
+Ps StartPs(uint32_t dim, uint64_t dense_floats, const std::string& data_plane = "") {
   const std::string text = absl::StrFormat(R"pb(
+    data_plane { %s }
     cluster { num_servers: 1 num_workers: 1 num_slots: 64 request_timeout_ms: 600000 }
     tables {
       id: 1
@@ -332,7 +336,7 @@ Ps StartPs(uint32_t dim, uint64_t dense_floats) {
       dense { size: %u }
       optimizer { sgd { learning_rate: 0.1 } }
     }
-  )pb", dim, dense_floats);
+  )pb", data_plane, dim, dense_floats);
   auto config = ParseJobConfig(text, "kv_bench");
   if (!config.ok()) Die(config.status().ToString());
   Ps ps;
@@ -521,6 +525,63 @@ int SparseBench() {
   return 0;
 }
 
+// Bytes on the wire per training step, against the minimum a step must
+// move: the step's keys and values in each direction. A step is what
+// worker/trainer.cc sends: pull the batch's unique keys (8192 keys of
+// dimension 16 from 1M ids) and a 64K-float dense tensor, then push their
+// gradients and advance the clock. Measured with key-list caching on (the
+// default) and off, and with FLOAT16 values.
+int StepBench() {
+  g_bench = "kv";
+  constexpr uint32_t kDim = 16;
+  constexpr size_t kKeys = 8192;
+  constexpr uint64_t kDense = 65536;
+  constexpr int kSteps = 200;
+  constexpr size_t kLists = 8;
+  std::vector<std::vector<uint64_t>> lists(kLists, std::vector<uint64_t>(kKeys));
+  uint64_t s = 3;
+  for (auto& l : lists) {
+    for (auto& k : l) {
+      s = Mix64(s);
+      k = Mix64(s % 1000000);
+    }
+  }
+  std::vector<float> grads(kKeys * kDim, 0.01f), out(kKeys * kDim);
+  std::vector<float> dense_grads(kDense, 0.01f), dense_out(kDense);
+  // keys and values of the sparse pull and push, the dense tensor both ways
+  const double minimum = 2.0 * (kKeys * 8.0 + kKeys * kDim * 4.0) + 2.0 * kDense * 4.0;
+  struct Variant {
+    const char* metric;
+    const char* data_plane;
+    const char* note;
+  };
+  for (const Variant& v :
+       {Variant{"step_wire_bytes_uncached", "key_cache_bytes: -1", "no key-list caching"},
+        Variant{"step_wire_bytes", "", "key-list caching (the default)"},
+        Variant{"step_wire_bytes_fp16", "push_values: FLOAT16 pull_values: FLOAT16",
+                "key-list caching, FLOAT16 values both ways"}}) {
+    Ps ps = StartPs(kDim, kDense, v.data_plane);
+    KVClient& c = *ps.client;
+    auto step = [&](int i) {
+      const auto& keys = lists[i % kLists];
+      absl::Status st = c.Pull(1, keys, out.data()).Wait();
+      if (st.ok()) st = c.PullDense(2, 0, kDense, dense_out.data()).Wait();
+      if (st.ok()) st = c.Push(1, keys, grads).Wait();
+      if (st.ok()) st = c.PushDense(2, 0, dense_grads).Wait();
+      if (st.ok()) st = c.AdvanceClock().Wait();
+      if (!st.ok()) Die(st.ToString());
+    };
+    for (int i = 0; i < static_cast<int>(kLists); ++i) step(i);  // warm-up: lists sent once
+    const uint64_t before = TcpBytesReceived();
+    for (int i = 0; i < kSteps; ++i) step(i);
+    const double per_step = static_cast<double>(TcpBytesReceived() - before) / kSteps;
+    Emit(v.metric, per_step, "bytes", minimum);
+    std::fprintf(stderr, "# %s: %.0f bytes per step, minimum %.0f (%s)\n", v.metric, per_step,
+                 minimum, v.note);
+  }
+  return 0;
+}
+
 int DenseBench() {
   g_bench = "dense";
   const uint64_t bytes = absl::GetFlag(FLAGS_dense_bytes) / 4 * 4;
@@ -604,8 +665,9 @@ int main(int argc, char** argv) {
   ps::KeepLargeBuffers();
   (void)ps::SetLogLevel("warn");
   const std::string mode = absl::GetFlag(FLAGS_mode);
-  if (mode == "kv") return ps::SparseBench();
+  if (mode == "kv") return ps::SparseBench() != 0 ? 1 : ps::StepBench();
   if (mode == "dense") return ps::DenseBench();
-  std::fprintf(stderr, "kv_bench: --mode must be kv or dense, not '%s'\n", mode.c_str());
+  if (mode == "step") return ps::StepBench();
+  std::fprintf(stderr, "kv_bench: --mode must be kv, dense or step, not '%s'\n", mode.c_str());
   return 2;
 }
