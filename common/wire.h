@@ -84,6 +84,30 @@ inline bool AllFinite(absl::Span<const float> values) {
   return bad == 0;
 }
 
+// Copies n floats from `src` to `dst` and returns whether all were finite
+// (AllFinite in the same pass): a sender checks a large tensor while it
+// copies it into a frame.
+inline bool CopyFinite(const float* src, size_t n, float* dst) {
+  constexpr uint32_t kExponent = 0x7f800000u;
+  uint32_t lanes[8] = {};
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint32_t bits[8];
+    std::memcpy(bits, src + i, sizeof(bits));
+    std::memcpy(dst + i, bits, sizeof(bits));
+    for (int j = 0; j < 8; ++j) lanes[j] |= (bits[j] & kExponent) == kExponent ? 1u : 0u;
+  }
+  uint32_t bad = 0;
+  for (; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, src + i, sizeof(bits));
+    std::memcpy(dst + i, &bits, sizeof(bits));
+    bad |= (bits & kExponent) == kExponent ? 1u : 0u;
+  }
+  for (uint32_t lane : lanes) bad |= lane;
+  return bad == 0;
+}
+
 // Key-list caching (RequestHeader.key_list_slot): slots per sender on each
 // server, numbered 1..kKeyListSlots.
 inline constexpr uint32_t kKeyListSlots = 64;

@@ -40,5 +40,21 @@ TEST(AllFiniteTest, ANonFiniteValueAnywhereIsFound) {
   }
 }
 
+TEST(CopyFiniteTest, CopiesEverythingAndTellsWhetherAllWereFinite) {
+  for (size_t n : {0, 1, 7, 8, 9, 33}) {
+    std::vector<float> src(n), dst(n, -1.0f);
+    for (size_t i = 0; i < n; ++i) src[i] = static_cast<float>(i) * 1.5f;
+    EXPECT_TRUE(CopyFinite(src.data(), n, dst.data()));
+    EXPECT_EQ(dst, src);
+    for (size_t at = 0; at < n; ++at) {
+      std::vector<float> bad = src;
+      bad[at] = std::numeric_limits<float>::infinity();
+      std::vector<float> out(n, -1.0f);
+      EXPECT_FALSE(CopyFinite(bad.data(), n, out.data())) << n << " " << at;
+      EXPECT_EQ(out[at], bad[at]);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace ps

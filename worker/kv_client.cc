@@ -1256,12 +1256,18 @@ Completion KVClient::Dense(int op_int, uint32_t table, uint64_t begin,
                       table, " of size ", info.size)),
                   std::move(done));
   }
-  if (op != PULL && !AllFinite(grads)) {
+  auto not_finite = [&] {
     return Failed(absl::InvalidArgumentError(absl::StrCat(
                       Op_Name(op), " to table ", table,
                       " carries a value that is not finite (NaN or infinity); nothing was sent")),
                   std::move(done));
-  }
+  };
+  // Pushed values go to the wire in the job's encoding (ASSIGN: float32).
+  const ValueEncoding encoding = op == PUSH ? push_values_ : FLOAT32;
+  const size_t width = EncodedValueBytes(encoding);
+  // Float32 values are checked while they are copied into the frames (one
+  // pass over a large tensor instead of two); others before encoding.
+  if (op != PULL && width != sizeof(float) && !AllFinite(grads)) return not_finite();
   if (count == 0) return Failed(absl::OkStatus(), std::move(done));
   auto routing = this->routing();
   const uint32_t num_slots = static_cast<uint32_t>(routing->slot_owner.size());
@@ -1269,14 +1275,15 @@ Completion KVClient::Dense(int op_int, uint32_t table, uint64_t begin,
 
   struct Builder {
     RequestHeader header;
-    std::vector<float> values;
+    zmq::message_t values;
+    char* fill = nullptr;  // next free byte of `values`
     std::vector<std::pair<uint64_t, uint64_t>> runs;
     uint64_t total = 0;
   };
   std::vector<Builder> builders(num_servers);
   if (op != PULL) {
-    // Reserve each server's values exactly: growing them block by block
-    // would copy a large tensor several times.
+    // Each server's frame is allocated at its exact size and filled in
+    // place: no growth, no zero-filling, no copy into a frame afterwards.
     std::vector<uint64_t> totals(num_servers, 0);
     for (uint64_t pos = begin; pos < begin + count;) {
       const uint64_t block = pos / info.block_size;
@@ -1284,8 +1291,13 @@ Completion KVClient::Dense(int op_int, uint32_t table, uint64_t begin,
       totals[routing->slot_owner[DenseBlockSlot(table, block, num_slots)]] += end - pos;
       pos = end;
     }
-    for (size_t s = 0; s < num_servers; ++s) builders[s].values.reserve(totals[s]);
+    for (size_t s = 0; s < num_servers; ++s) {
+      if (totals[s] == 0) continue;
+      builders[s].values = zmq::message_t(totals[s] * width);
+      builders[s].fill = static_cast<char*>(builders[s].values.data());
+    }
   }
+  bool finite = true;
   // Cut the range at block boundaries; each block lives in one slot.
   for (uint64_t pos = begin; pos < begin + count;) {
     const uint64_t block = pos / info.block_size;
@@ -1297,13 +1309,19 @@ Completion KVClient::Dense(int op_int, uint32_t table, uint64_t begin,
     seg->set_begin(pos);
     seg->set_length(end - pos);
     if (op != PULL) {
-      b.values.insert(b.values.end(), grads.begin() + (pos - begin),
-                      grads.begin() + (end - begin));
+      const float* src = grads.data() + (pos - begin);
+      if (width == sizeof(float)) {
+        finite &= CopyFinite(src, end - pos, reinterpret_cast<float*>(b.fill));
+      } else {
+        EncodeValues(encoding, src, end - pos, b.fill);
+      }
+      b.fill += (end - pos) * width;
     }
     b.runs.emplace_back(pos - begin, end - pos);
     b.total += end - pos;
     pos = end;
   }
+  if (!finite) return not_finite();
   int num_parts = 0;
   for (const auto& b : builders) num_parts += b.total > 0;
   auto state = std::make_shared<Completion::State>(num_parts, std::move(done));
@@ -1318,13 +1336,7 @@ Completion KVClient::Dense(int op_int, uint32_t table, uint64_t begin,
     part->h = b.header;
     part->block_size = info.block_size;
     if (op != PULL) {
-      if (b.header.push_values() != VALUE_ENCODING_UNSPECIFIED &&
-          b.header.push_values() != FLOAT32) {
-        part->values = zmq::message_t(b.values.size() * EncodedValueBytes(push_values_));
-        EncodeValues(push_values_, b.values.data(), b.values.size(), part->values.data());
-      } else {
-        part->values = FrameFromVector(std::move(b.values));
-      }
+      part->values = std::move(b.values);
       part->has_values = true;
     }
     if (op == PULL) {
