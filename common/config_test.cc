@@ -1041,6 +1041,90 @@ TEST(ConfigFingerprintTest, ChangesWithScheduleAndSparseFields) {
   }
 }
 
+// ------------------------------------------------------------ data plane
+
+TEST(ParseJobConfigTest, DataPlaneDefaults) {
+  // Absent block: key-list caching on at 16 MiB, float32 both ways.
+  const JobConfig config = ParseOrDie(kMinimalCluster);
+  EXPECT_EQ(config.data_plane().key_cache_bytes(), int64_t{16} << 20);
+  EXPECT_EQ(config.data_plane().push_values(), FLOAT32);
+  EXPECT_EQ(config.data_plane().pull_values(), FLOAT32);
+  // An explicit 0 and explicit UNSPECIFIED mean the default too.
+  const JobConfig zero = ParseOrDie(absl::StrCat(
+      kMinimalCluster,
+      "data_plane { key_cache_bytes: 0 push_values: VALUE_ENCODING_UNSPECIFIED }\n"));
+  EXPECT_EQ(zero.data_plane().key_cache_bytes(), int64_t{16} << 20);
+  EXPECT_EQ(zero.data_plane().push_values(), FLOAT32);
+  // Explicit values are kept: off, the limits, and the half-width encodings.
+  const JobConfig off = ParseOrDie(absl::StrCat(
+      kMinimalCluster,
+      "data_plane { key_cache_bytes: -1 push_values: FLOAT16 pull_values: BFLOAT16 }\n"));
+  EXPECT_EQ(off.data_plane().key_cache_bytes(), -1);
+  EXPECT_EQ(off.data_plane().push_values(), FLOAT16);
+  EXPECT_EQ(off.data_plane().pull_values(), BFLOAT16);
+  for (const char* bytes : {"1", "8", "1073741824"}) {
+    SCOPED_TRACE(bytes);
+    const JobConfig kept = ParseOrDie(absl::StrCat(
+        kMinimalCluster, "data_plane { key_cache_bytes: ", bytes, " }\n"));
+    EXPECT_EQ(std::to_string(kept.data_plane().key_cache_bytes()), bytes);
+  }
+  // Defaults are idempotent with a data plane block too.
+  JobConfig again = off;
+  ApplyDefaults(&again);
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(off, again));
+  // The data plane is part of the fingerprint (servers and workers must
+  // agree on it).
+  EXPECT_NE(ConfigFingerprint(config), ConfigFingerprint(off));
+}
+
+TEST(ValidateJobConfigTest, DataPlaneErrorsNameTheField) {
+  EXPECT_EQ(RejectionOf(absl::StrCat(kMinimalCluster,
+                                     "data_plane { key_cache_bytes: -2 }\n")),
+            "job.pbtxt: data_plane.key_cache_bytes: must be -1 (off) or "
+            "1..1073741824");
+  EXPECT_THAT(RejectionOf(absl::StrCat(
+                  kMinimalCluster, "data_plane { key_cache_bytes: -9223372036854775808 }\n")),
+              HasSubstr("data_plane.key_cache_bytes: "));
+  EXPECT_THAT(RejectionOf(absl::StrCat(kMinimalCluster,
+                                       "data_plane { key_cache_bytes: 1073741825 }\n")),
+              HasSubstr("data_plane.key_cache_bytes: "));
+  EXPECT_THAT(RejectionOf(absl::StrCat(
+                  kMinimalCluster, "data_plane { key_cache_bytes: 9223372036854775807 }\n")),
+              HasSubstr("data_plane.key_cache_bytes: "));
+  EXPECT_THAT(RejectionOf(absl::StrCat(kMinimalCluster,
+                                       "data_plane { push_values: FLOAT64 }\n")),
+              HasSubstr("\"FLOAT64\""));
+
+  // Configs built in code skip the parser: an encoding outside the enum,
+  // and fields left at 0 (defaults not applied), are refused by validation.
+  JobConfig config = ParseOrDie(kMinimalCluster);
+  ASSERT_TRUE(ValidateJobConfig(config).ok());
+  JobConfig bad = config;
+  bad.mutable_data_plane()->set_push_values(static_cast<ValueEncoding>(7));
+  EXPECT_THAT(std::string(ValidateJobConfig(bad).message()),
+              HasSubstr("data_plane.push_values: must be FLOAT32, FLOAT16 or BFLOAT16"));
+  bad = config;
+  bad.mutable_data_plane()->set_pull_values(static_cast<ValueEncoding>(-1));
+  EXPECT_THAT(std::string(ValidateJobConfig(bad).message()),
+              HasSubstr("data_plane.pull_values: "));
+  bad = config;
+  bad.mutable_data_plane()->set_push_values(VALUE_ENCODING_UNSPECIFIED);
+  EXPECT_THAT(std::string(ValidateJobConfig(bad).message()),
+              HasSubstr("data_plane.push_values: "));
+  bad = config;
+  bad.mutable_data_plane()->set_key_cache_bytes(0);
+  const absl::Status zero = ValidateJobConfig(bad);
+  EXPECT_EQ(zero.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(zero.message()), HasSubstr("data_plane.key_cache_bytes: "));
+  // Both encodings wrong and the budget wrong: every error in one message.
+  bad.mutable_data_plane()->set_push_values(static_cast<ValueEncoding>(4));
+  bad.mutable_data_plane()->set_pull_values(static_cast<ValueEncoding>(4));
+  const std::string all(ValidateJobConfig(bad).message());
+  EXPECT_THAT(all, HasSubstr("data_plane.key_cache_bytes: "));
+  EXPECT_THAT(all, HasSubstr("data_plane.push_values: "));
+  EXPECT_THAT(all, HasSubstr("data_plane.pull_values: "));
+}
+
 }  // namespace
 }  // namespace ps
 

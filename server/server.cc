@@ -543,7 +543,10 @@ absl::Status KVServer::ProcessChecked(std::vector<zmq::message_t>& frames,
   // Requests that are kept (held, deferred) or forwarded to backups carry
   // their keys and float32 values in their own frames: a cached list may
   // be replaced meanwhile, and backups take float32 only.
-  bool self_contained = !req.keys_cached && EncodedValueBytes(h.push_values()) == 4;
+  // A kept request must also not name its slot any more: processed again,
+  // it would store its list a second time, over what the sender may have
+  // put in that slot since.
+  bool self_contained = h.key_list_slot() == 0 && EncodedValueBytes(h.push_values()) == 4;
   auto make_self_contained = [&] {
     if (self_contained) return;
     self_contained = true;
@@ -552,8 +555,10 @@ absl::Status KVServer::ProcessChecked(std::vector<zmq::message_t>& frames,
     plain.clear_key_list_digest();
     plain.clear_push_values();
     frames[0] = SerializeToFrame(plain);
-    frames[1] = zmq::message_t(req.keys.data(), req.keys.size() * sizeof(uint64_t));
-    if (frames.size() == 3) {
+    if (req.keys_cached) {
+      frames[1] = zmq::message_t(req.keys.data(), req.keys.size() * sizeof(uint64_t));
+    }
+    if (frames.size() == 3 && !req.value_copy.empty()) {
       frames[2] = zmq::message_t(req.values.data(), req.values.size() * sizeof(float));
     }
   };

@@ -879,7 +879,10 @@ KVClient::KVClient(Options options, std::shared_ptr<const Routing> routing)
               : 0)) {
   clock_.store(options_.start_clock);
   const DataPlaneConfig& dp = options_.config.data_plane();
-  key_caching_ = dp.key_cache_bytes() > 0;
+  // Only registered clients cache key lists: servers keep lists per node
+  // id, and tools that did not register all send node id 0, so they would
+  // overwrite each other's slots and share one budget.
+  key_caching_ = dp.key_cache_bytes() > 0 && options_.node_id != 0;
   push_values_ = EncodedValueBytes(dp.push_values()) == 2 ? dp.push_values() : FLOAT32;
   pull_values_ = EncodedValueBytes(dp.pull_values()) == 2 ? dp.pull_values() : FLOAT32;
   for (const TableConfig& t : options_.config.tables()) {

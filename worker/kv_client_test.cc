@@ -4,15 +4,21 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <map>
 #include <memory>
 #include <numeric>
+#include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "common/config.h"
 #include "common/hash.h"
+#include "common/value_codec.h"
 #include "gtest/gtest.h"
 #include "scheduler/client.h"
 #include "scheduler/scheduler.h"
@@ -53,8 +59,10 @@ constexpr char kConfig[] = R"pb(
 
 class KVClientTest : public ::testing::Test {
  protected:
+  virtual const char* ConfigText() const { return kConfig; }
+
   void SetUp() override {
-    auto config = ParseJobConfig(kConfig, "test");
+    auto config = ParseJobConfig(ConfigText(), "test");
     ASSERT_TRUE(config.ok()) << config.status();
     config_ = *config;
     SchedulerServer::Options so;
@@ -70,18 +78,54 @@ class KVClientTest : public ::testing::Test {
     ko.config = config_;
     auto server = KVServer::Start(ko);
     ASSERT_TRUE(server.ok()) << server.status();
-    KVServer* kv = server->get();
     SchedulerClient::Options co;
     co.address = scheduler_->address();
     co.role = SERVER;
-    co.data_endpoint = kv->endpoint();
+    co.data_endpoint = server->get()->endpoint();
     co.config_fingerprint = ConfigFingerprint(config_);
     co.heartbeat_interval = absl::Milliseconds(50);
-    co.on_view = [kv](const ClusterView& v, uint32_t rank) { kv->UpdateView(v, rank); };
+    size_t index;
+    {
+      absl::MutexLock lock(&servers_mu_);
+      index = servers_.size();
+      servers_.push_back(std::move(server).value());
+    }
+    // Views go to whichever server holds this place (RestartServer may
+    // replace it).
+    co.on_view = [this, index](const ClusterView& v, uint32_t rank) {
+      absl::MutexLock lock(&servers_mu_);
+      if (servers_[index] != nullptr) servers_[index]->UpdateView(v, rank);
+    };
     auto member = SchedulerClient::Connect(co);
     ASSERT_TRUE(member.ok()) << member.status();
-    servers_.push_back(std::move(server).value());
     members_.push_back(std::move(member).value());
+  }
+
+  // Replaces servers_[index] by a fresh server (tables at their initial
+  // values) bound to the same endpoint, with the scheduler's current view:
+  // as if the process restarted at the same address between two
+  // heartbeats.
+  void RestartServer(size_t index) {
+    absl::MutexLock lock(&servers_mu_);
+    const std::string endpoint = servers_[index]->endpoint();
+    servers_[index].reset();
+    KVServer::Options ko;
+    ko.config = config_;
+    ko.bind_endpoint = endpoint;
+    absl::StatusOr<std::unique_ptr<KVServer>> server = KVServer::Start(ko);
+    // The old socket's port may take a moment to be free again.
+    for (int attempt = 0; !server.ok() && attempt < 200; ++attempt) {
+      absl::SleepFor(absl::Milliseconds(10));
+      server = KVServer::Start(ko);
+    }
+    ASSERT_TRUE(server.ok()) << server.status();
+    servers_[index] = std::move(server).value();
+    const ClusterView view = scheduler_->state()->View();
+    for (const NodeInfo& n : view.nodes()) {
+      if (n.role() == SERVER && n.data_endpoint() == endpoint) {
+        servers_[index]->UpdateView(view, n.rank());
+      }
+    }
   }
 
   std::unique_ptr<KVClient> Client() {
@@ -94,6 +138,7 @@ class KVClientTest : public ::testing::Test {
 
   JobConfig config_;
   std::unique_ptr<SchedulerServer> scheduler_;
+  absl::Mutex servers_mu_;
   std::vector<std::unique_ptr<KVServer>> servers_;
   std::vector<std::unique_ptr<SchedulerClient>> members_;
 };
@@ -606,6 +651,544 @@ TEST_F(KVClientTest, AWaitingRequestFailsAfterTheFailoverTimeout) {
   client->UpdateView(FailedOver(scheduler_->state()->View(), false, 100));
   absl::Status s = pull.Wait();
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+}
+
+// ------------------------------------------- key-list caching, half width
+
+// kConfig's cluster with two alike sparse tables (3 and 6), so one key set
+// can be trained through two clients configured differently; a sparse
+// table of dim 1 (7); and kConfig's dense table.
+constexpr char kTwinConfig[] = R"pb(
+  cluster {
+    num_servers: 2
+    num_workers: 1
+    num_slots: 32
+    heartbeat_interval_ms: 50
+    heartbeat_timeout_ms: 2000
+    request_timeout_ms: 2000
+  }
+  tables {
+    id: 3
+    name: "emb"
+    sparse { dim: 4 }
+    optimizer { sgd { learning_rate: 1 } }
+    init { kind: CONSTANT value: 0.5 }
+  }
+  tables {
+    id: 6
+    name: "emb_twin"
+    sparse { dim: 4 }
+    optimizer { sgd { learning_rate: 1 } }
+    init { kind: CONSTANT value: 0.5 }
+  }
+  tables {
+    id: 7
+    name: "narrow"
+    sparse { dim: 1 }
+    optimizer { sgd { learning_rate: 1 } }
+    init { kind: CONSTANT value: 0.5 }
+  }
+  tables {
+    id: 4
+    name: "dense"
+    dense { size: 100 block_size: 7 }
+    optimizer { sgd { learning_rate: 1 } }
+  }
+)pb";
+
+// What `values` become after a trip through `encoding`.
+std::vector<float> RoundTrip(ValueEncoding encoding, const std::vector<float>& values) {
+  std::vector<char> bytes(values.size() * EncodedValueBytes(encoding));
+  EncodeValues(encoding, values.data(), values.size(), bytes.data());
+  std::vector<float> out(values.size());
+  DecodeValues(encoding, bytes.data(), out.size(), out.data());
+  return out;
+}
+
+class KVClientDataPlaneTest : public KVClientTest {
+ protected:
+  const char* ConfigText() const override { return kTwinConfig; }
+
+  // A client whose config's data_plane is changed by `edit` (the servers
+  // keep config_), routed by `view` (the scheduler's by default).
+  std::unique_ptr<KVClient> ClientWith(const std::function<void(DataPlaneConfig*)>& edit,
+                                       const ClusterView* view = nullptr) {
+    JobConfig config = config_;
+    edit(config.mutable_data_plane());
+    EXPECT_TRUE(ValidateJobConfig(config).ok()) << ValidateJobConfig(config);
+    ClusterView current = scheduler_->state()->AwaitView(0, true, absl::Seconds(5));
+    EXPECT_EQ(current.job_state(), RUNNING);
+    // A node id of its own: servers tell senders apart by it (push
+    // sequence numbers, key-list slots), and Client() uses 0, with which
+    // a client caches no key lists.
+    KVClient::Options options;
+    options.config = config;
+    options.node_id = ++last_node_id_;
+    auto client = KVClient::Create(options, view != nullptr ? *view : current);
+    EXPECT_TRUE(client.ok()) << client.status();
+    return std::move(client).value();
+  }
+
+  static std::function<void(DataPlaneConfig*)> Encodings(ValueEncoding push,
+                                                          ValueEncoding pull) {
+    return [push, pull](DataPlaneConfig* dp) {
+      dp->set_push_values(push);
+      dp->set_pull_values(pull);
+    };
+  }
+
+  uint64_t last_node_id_ = 100;
+
+  // Waits until both servers serve (a server answers UNAVAILABLE, and
+  // counts an error, until the scheduler's view reaches it), so that tests
+  // can count errors and messages. Returns the servers' errors so far.
+  uint64_t WarmUp() {
+    auto client = ClientWith([](DataPlaneConfig* dp) { dp->set_key_cache_bytes(-1); });
+    const std::vector<uint64_t> keys = SplitKeys(64, 999999937);
+    std::vector<float> out(keys.size());
+    const absl::Status s = client->Pull(7, keys, out.data()).Wait();
+    EXPECT_TRUE(s.ok()) << s;
+    return Errors();
+  }
+
+  uint64_t Errors() { return servers_[0]->stats().errors + servers_[1]->stats().errors; }
+
+  // `n` keys from `first`, spread so that both servers own some of them.
+  std::vector<uint64_t> SplitKeys(size_t n, uint64_t first) {
+    std::vector<uint64_t> keys;
+    for (size_t i = 0; i < n; ++i) keys.push_back(first + i * 7919);
+    const ClusterView view = scheduler_->state()->View();
+    size_t on_server0 = 0;
+    for (uint64_t k : keys) on_server0 += view.slot_owner(SparseSlot(3, k, 32)) == 0;
+    EXPECT_GT(on_server0, 0u);
+    EXPECT_LT(on_server0, n);
+    return keys;
+  }
+
+  // Keys of table `table` that server `rank` owns.
+  std::vector<uint64_t> KeysOn(uint32_t rank, uint32_t table, size_t n, uint64_t from) {
+    const ClusterView view = scheduler_->state()->View();
+    std::vector<uint64_t> keys;
+    for (uint64_t k = from; keys.size() < n; ++k) {
+      if (view.slot_owner(SparseSlot(table, k, 32)) == rank) keys.push_back(k);
+    }
+    return keys;
+  }
+};
+
+// Step r's gradient for element i: binary fractions, so sums are exact.
+std::vector<float> StepGrads(size_t n, int r) {
+  std::vector<float> g(n);
+  for (size_t i = 0; i < n; ++i) g[i] = 0.03125f * static_cast<float>((i + 3 * r) % 16) - 0.25f;
+  return g;
+}
+
+TEST_F(KVClientDataPlaneTest, KeyListCachingGivesTheSameResultsWithoutResendingKeys) {
+  ASSERT_EQ(config_.data_plane().key_cache_bytes(), 16 << 20);  // on by default
+  const uint64_t errors = WarmUp();
+  auto cached = ClientWith([](DataPlaneConfig*) {});
+  auto plain = ClientWith([](DataPlaneConfig* dp) { dp->set_key_cache_bytes(-1); });
+  const std::vector<uint64_t> keys = SplitKeys(300, 11);
+  const size_t n = keys.size();
+  std::vector<float> want(n * 4, 0.5f);
+
+  // The same calls through both clients, the cached one on table 3 and the
+  // plain one on table 6; returns the bytes and messages each sent.
+  struct Sent {
+    uint64_t cached_bytes, plain_bytes, cached_messages, plain_messages;
+  };
+  auto both = [&](const std::function<Completion(KVClient*, uint32_t, float*)>& call) {
+    const KVClient::Stats c0 = cached->stats(), p0 = plain->stats();
+    std::vector<float> out_cached(n * 4, -7), out_plain(n * 4, -7);
+    absl::Status s = call(cached.get(), 3, out_cached.data()).Wait();
+    EXPECT_TRUE(s.ok()) << s;
+    s = call(plain.get(), 6, out_plain.data()).Wait();
+    EXPECT_TRUE(s.ok()) << s;
+    EXPECT_EQ(out_cached, out_plain);
+    const KVClient::Stats c1 = cached->stats(), p1 = plain->stats();
+    return std::make_pair(out_cached, Sent{c1.bytes_sent - c0.bytes_sent,
+                                           p1.bytes_sent - p0.bytes_sent,
+                                           c1.messages - c0.messages,
+                                           p1.messages - p0.messages});
+  };
+  auto pull = [&](KVClient* c, uint32_t t, float* out) { return c->Pull(t, keys, out); };
+
+  // The first pull carries the keys either way.
+  auto [out, sent] = both(pull);
+  EXPECT_EQ(out, want);
+  EXPECT_EQ(sent.cached_messages, 2u);
+  EXPECT_GE(sent.cached_bytes, 8 * n);
+  for (int r = 0; r < 3; ++r) {
+    SCOPED_TRACE(r);
+    const std::vector<float> g = StepGrads(n * 4, r);
+    std::tie(out, sent) =
+        both([&](KVClient* c, uint32_t t, float*) { return c->Push(t, keys, g); });
+    for (size_t i = 0; i < want.size(); ++i) want[i] -= g[i];
+    // The push carried no keys: 8 bytes a key fewer (less a few header
+    // bytes naming the list), and no message was sent twice.
+    EXPECT_EQ(sent.cached_messages, sent.plain_messages);
+    EXPECT_NEAR(static_cast<double>(sent.plain_bytes) - static_cast<double>(sent.cached_bytes),
+                8.0 * n, 64.0);
+    std::tie(out, sent) = both(pull);
+    EXPECT_EQ(out, want);
+    EXPECT_EQ(sent.cached_messages, sent.plain_messages);
+    EXPECT_LT(sent.cached_bytes, 200u);  // two headers
+    EXPECT_GE(sent.plain_bytes, 8 * n);
+    std::tie(out, sent) = both([&](KVClient* c, uint32_t t, float* o) {
+      return c->PushPull(t, keys, g, o);
+    });
+    for (size_t i = 0; i < want.size(); ++i) want[i] -= g[i];
+    EXPECT_EQ(out, want);
+    EXPECT_NEAR(static_cast<double>(sent.plain_bytes) - static_cast<double>(sent.cached_bytes),
+                8.0 * n, 64.0);
+  }
+  // The keys in another order are another list: sent again, same results.
+  std::vector<uint64_t> reversed(keys.rbegin(), keys.rend());
+  std::tie(out, sent) =
+      both([&](KVClient* c, uint32_t t, float* o) { return c->Pull(t, reversed, o); });
+  EXPECT_GE(sent.cached_bytes, 8 * n);
+  for (size_t i = 0; i < n; ++i) {
+    for (int e = 0; e < 4; ++e) EXPECT_EQ(out[i * 4 + e], want[(n - 1 - i) * 4 + e]);
+  }
+  // No request was refused anywhere.
+  EXPECT_EQ(Errors(), errors);
+}
+
+TEST_F(KVClientDataPlaneTest, RecentlyUsedKeyListsStayCachedBeyondTheSlotCount) {
+  const uint64_t errors = WarmUp();
+  auto client = ClientWith([](DataPlaneConfig*) {});
+  constexpr int kSets = 70;  // more than the 64 slots a server has
+  constexpr size_t kKeys = 64;
+  std::vector<std::vector<uint64_t>> sets;
+  for (int s = 0; s < kSets; ++s) sets.push_back(SplitKeys(kKeys, 1000000 * (s + 1)));
+  std::vector<float> out(kKeys * 4);
+  for (int s = 0; s < kSets; ++s) {
+    const std::vector<float> g(kKeys * 4, 0.25f * (s % 4));
+    ASSERT_TRUE(client->Push(3, sets[s], g).Wait().ok());
+  }
+  // The ten most recent lists are still held: pulls carry no keys.
+  for (int s = kSets - 10; s < kSets; ++s) {
+    SCOPED_TRACE(s);
+    const KVClient::Stats before = client->stats();
+    ASSERT_TRUE(client->Pull(3, sets[s], out.data()).Wait().ok());
+    const KVClient::Stats after = client->stats();
+    EXPECT_EQ(after.messages - before.messages, 2u);
+    EXPECT_LT(after.bytes_sent - before.bytes_sent, 200u);
+    for (float v : out) EXPECT_EQ(v, 0.5f - 0.25f * (s % 4));
+  }
+  // The oldest were replaced: sent with their keys again, once, and right.
+  for (int s = 0; s < 3; ++s) {
+    SCOPED_TRACE(s);
+    const KVClient::Stats before = client->stats();
+    ASSERT_TRUE(client->Pull(3, sets[s], out.data()).Wait().ok());
+    const KVClient::Stats after = client->stats();
+    EXPECT_EQ(after.messages - before.messages, 2u);
+    EXPECT_GE(after.bytes_sent - before.bytes_sent, 8 * kKeys);
+    for (float v : out) EXPECT_EQ(v, 0.5f - 0.25f * (s % 4));
+  }
+  EXPECT_EQ(Errors(), errors);
+}
+
+TEST_F(KVClientDataPlaneTest, ListsOverTheKeyCacheBudgetAreSentWithTheirKeys) {
+  // 320 bytes: 40 keys a server. 30 keys (about 15 a server) fit, 400 keys
+  // (about 200 a server) do not.
+  const uint64_t errors = WarmUp();
+  auto tiny = ClientWith([](DataPlaneConfig* dp) { dp->set_key_cache_bytes(320); });
+  auto plain = ClientWith([](DataPlaneConfig* dp) { dp->set_key_cache_bytes(-1); });
+  const std::vector<uint64_t> small = SplitKeys(30, 5);
+  const std::vector<uint64_t> big = SplitKeys(400, 500000);
+  std::vector<float> want_small(small.size() * 4, 0.5f), want_big(big.size() * 4, 0.5f);
+  for (int r = 0; r < 4; ++r) {
+    SCOPED_TRACE(r);
+    for (const auto* set : {&big, &small}) {
+      const std::vector<uint64_t>& keys = *set;
+      std::vector<float>& want = set == &big ? want_big : want_small;
+      const std::vector<float> g = StepGrads(keys.size() * 4, r);
+      std::vector<float> out_tiny(keys.size() * 4), out_plain(keys.size() * 4);
+      const KVClient::Stats t0 = tiny->stats(), p0 = plain->stats();
+      ASSERT_TRUE(tiny->PushPull(3, keys, g, out_tiny.data()).Wait().ok());
+      ASSERT_TRUE(plain->PushPull(6, keys, g, out_plain.data()).Wait().ok());
+      const KVClient::Stats t1 = tiny->stats(), p1 = plain->stats();
+      for (size_t i = 0; i < want.size(); ++i) want[i] -= g[i];
+      EXPECT_EQ(out_tiny, want);
+      EXPECT_EQ(out_plain, want);
+      EXPECT_EQ(t1.messages - t0.messages, 2u);  // nothing refused and sent again
+      const double saved = static_cast<double>(p1.bytes_sent - p0.bytes_sent) -
+                           static_cast<double>(t1.bytes_sent - t0.bytes_sent);
+      if (set == &big || r == 0) {
+        // Keys sent: the big list every time, the small one the first time.
+        EXPECT_LT(saved, 64.0);
+      } else {
+        EXPECT_NEAR(saved, 8.0 * keys.size(), 64.0);
+      }
+    }
+  }
+  EXPECT_EQ(Errors(), errors);
+}
+
+TEST_F(KVClientDataPlaneTest, AServerRestartedAtTheSameAddressIsSentTheKeysAgain) {
+  const uint64_t errors = WarmUp();
+  auto client = ClientWith([](DataPlaneConfig*) {});
+  const std::vector<uint64_t> keys = SplitKeys(100, 77);
+  const std::vector<float> g1 = StepGrads(keys.size() * 4, 1);
+  ASSERT_TRUE(client->Push(3, keys, g1).Wait().ok());
+  std::vector<float> out(keys.size() * 4);
+  ASSERT_TRUE(client->Pull(3, keys, out.data()).Wait().ok());
+  ASSERT_EQ(Errors(), errors);
+  const ClusterView view = scheduler_->state()->View();
+  std::vector<bool> on_server0;
+  size_t n0 = 0;
+  for (uint64_t k : keys) {
+    on_server0.push_back(view.slot_owner(SparseSlot(3, k, 32)) == 0);
+    n0 += on_server0.back();
+  }
+
+  // Server 0 restarts empty: it holds neither rows nor key lists.
+  ASSERT_NO_FATAL_FAILURE(RestartServer(0));
+  const KVClient::Stats before = client->stats();
+  absl::Status s = client->Pull(3, keys, out.data()).Wait();
+  ASSERT_TRUE(s.ok()) << s;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    for (int e = 0; e < 4; ++e) {
+      EXPECT_EQ(out[i * 4 + e], on_server0[i] ? 0.5f : 0.5f - g1[i * 4 + e]) << i;
+    }
+  }
+  // The new server refused the list it did not know once; the client sent
+  // that part again with its keys.
+  EXPECT_EQ(servers_[0]->stats().errors, 1u);
+  EXPECT_EQ(servers_[0]->stats().keys_pulled, n0);
+  EXPECT_EQ(client->stats().messages - before.messages, 3u);
+  EXPECT_GE(client->stats().bytes_sent - before.bytes_sent, 8 * n0);
+
+  // It holds the list now: a push through it is applied to those keys.
+  const std::vector<float> g2 = StepGrads(keys.size() * 4, 2);
+  const KVClient::Stats before_push = client->stats();
+  ASSERT_TRUE(client->Push(3, keys, g2).Wait().ok());
+  EXPECT_EQ(client->stats().messages - before_push.messages, 2u);
+  EXPECT_EQ(servers_[0]->stats().errors, 1u);
+  EXPECT_EQ(servers_[0]->stats().keys_pushed, n0);
+  ASSERT_TRUE(client->Pull(3, keys, out.data()).Wait().ok());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    for (int e = 0; e < 4; ++e) {
+      const size_t j = i * 4 + e;
+      EXPECT_EQ(out[j], (on_server0[i] ? 0.5f : 0.5f - g1[j]) - g2[j]) << i;
+    }
+  }
+}
+
+TEST_F(KVClientDataPlaneTest, HalfWidthValuesThroughTheClient) {
+  const uint64_t errors = WarmUp();
+  auto exact = Client();  // float32 both ways: the servers' weights bit for bit
+  const std::vector<uint64_t> keys = SplitKeys(200, 3);
+  const std::vector<uint64_t> on_one = KeysOn(0, 3, 20, 1 << 20);
+  const std::vector<uint64_t> narrow = SplitKeys(64, 9);
+  struct Run {
+    ValueEncoding encoding;
+    uint32_t table;
+    double tolerance;  // relative, for values of normal range
+    uint64_t dense_begin;
+  };
+  for (const Run& run : {Run{FLOAT16, 3, 1e-3, 5}, Run{BFLOAT16, 6, 1e-2, 50}}) {
+    SCOPED_TRACE(ValueEncoding_Name(run.encoding));
+    auto client = ClientWith(Encodings(run.encoding, run.encoding));
+    std::vector<float> g(keys.size() * 4);
+    for (size_t i = 0; i < g.size(); ++i) {
+      g[i] = -(0.25f + 3.7f * static_cast<float>((i * 37) % 101) / 101.0f);
+    }
+    const std::vector<float> sent = RoundTrip(run.encoding, g);
+    ASSERT_NE(sent, g);
+    ASSERT_TRUE(client->Push(run.table, keys, g).Wait().ok());
+    std::vector<float> w(g.size()), out(g.size());
+    ASSERT_TRUE(exact->Pull(run.table, keys, w.data()).Wait().ok());
+    ASSERT_TRUE(client->Pull(run.table, keys, out.data()).Wait().ok());
+    EXPECT_EQ(out, RoundTrip(run.encoding, w));
+    for (size_t i = 0; i < g.size(); ++i) {
+      EXPECT_EQ(w[i], 0.5f - sent[i]) << i;  // computed in float32
+      const double truth = 0.5 - static_cast<double>(g[i]);
+      EXPECT_LT(std::abs(out[i] - truth) / std::abs(truth), run.tolerance) << i;
+    }
+    // PUSH_PULL answers the weights after the push, in caller order.
+    std::vector<uint64_t> reversed(keys.rbegin(), keys.rend());
+    std::vector<float> g2(g.size(), 0.125f);
+    ASSERT_TRUE(client->PushPull(run.table, reversed, g2, out.data()).Wait().ok());
+    ASSERT_TRUE(exact->Pull(run.table, reversed, w.data()).Wait().ok());
+    EXPECT_EQ(out, RoundTrip(run.encoding, w));
+    for (size_t i = 0; i < keys.size(); ++i) {
+      EXPECT_EQ(w[i * 4], 0.5f - sent[(keys.size() - 1 - i) * 4] - 0.125f) << i;
+    }
+
+    // Every key on one server (no gather), and a table of dim 1.
+    std::vector<float> one(on_one.size() * 4, 3.3f);
+    ASSERT_TRUE(client->Push(run.table, on_one, one).Wait().ok());
+    std::vector<float> one_w(one.size());
+    ASSERT_TRUE(exact->Pull(run.table, on_one, one_w.data()).Wait().ok());
+    EXPECT_EQ(one_w, std::vector<float>(one.size(), 0.5f - RoundTrip(run.encoding, {3.3f})[0]));
+    std::vector<float> ng(narrow.size());
+    for (size_t i = 0; i < ng.size(); ++i) ng[i] = 0.1f * static_cast<float>(i) - 3;
+    const std::vector<float> narrow_before = [&] {
+      std::vector<float> v(narrow.size());
+      EXPECT_TRUE(exact->Pull(7, narrow, v.data()).Wait().ok());
+      return v;
+    }();
+    ASSERT_TRUE(client->Push(7, narrow, ng).Wait().ok());
+    std::vector<float> nw(narrow.size()), nout(narrow.size());
+    ASSERT_TRUE(exact->Pull(7, narrow, nw.data()).Wait().ok());
+    ASSERT_TRUE(client->Pull(7, narrow, nout.data()).Wait().ok());
+    const std::vector<float> nsent = RoundTrip(run.encoding, ng);
+    for (size_t i = 0; i < narrow.size(); ++i) EXPECT_EQ(nw[i], narrow_before[i] - nsent[i]) << i;
+    EXPECT_EQ(nout, RoundTrip(run.encoding, nw));
+
+    // Dense, across blocks and servers.
+    std::vector<float> dg(45);
+    for (size_t i = 0; i < dg.size(); ++i) dg[i] = 0.01f * static_cast<float>(i) + 0.3f;
+    ASSERT_TRUE(client->PushDense(4, run.dense_begin, dg).Wait().ok());
+    std::vector<float> dw(45), dout(45);
+    ASSERT_TRUE(exact->PullDense(4, run.dense_begin, 45, dw.data()).Wait().ok());
+    ASSERT_TRUE(client->PullDense(4, run.dense_begin, 45, dout.data()).Wait().ok());
+    EXPECT_EQ(dw, [&] {
+      std::vector<float> v = RoundTrip(run.encoding, dg);
+      for (float& x : v) x = -x;
+      return v;
+    }());
+    EXPECT_EQ(dout, RoundTrip(run.encoding, dw));
+  }
+  EXPECT_EQ(Errors(), errors);
+}
+
+TEST_F(KVClientDataPlaneTest, HugeGradientsSaturateInsteadOfFailing) {
+  auto exact = Client();
+  const std::vector<uint64_t> keys = SplitKeys(50, 123);
+  const float kMax = std::numeric_limits<float>::max();
+  // FLOAT16: beyond +/-65504 a gradient arrives as +/-65504.
+  auto half = ClientWith(Encodings(FLOAT16, FLOAT16));
+  std::vector<float> g(keys.size() * 4);
+  for (size_t i = 0; i < g.size(); ++i) g[i] = i % 2 == 0 ? 1e6f : -kMax;
+  absl::Status s = half->Push(3, keys, g).Wait();
+  ASSERT_TRUE(s.ok()) << s;
+  std::vector<float> w(g.size()), out(g.size());
+  ASSERT_TRUE(exact->Pull(3, keys, w.data()).Wait().ok());
+  for (size_t i = 0; i < w.size(); ++i) {
+    EXPECT_EQ(w[i], i % 2 == 0 ? 0.5f - 65504 : 0.5f + 65504) << i;
+  }
+  // Twice more: weights beyond half's range are pulled saturated.
+  ASSERT_TRUE(half->Push(3, keys, g).Wait().ok());
+  ASSERT_TRUE(half->PushPull(3, keys, g, out.data()).Wait().ok());
+  ASSERT_TRUE(exact->Pull(3, keys, w.data()).Wait().ok());
+  for (size_t i = 0; i < w.size(); ++i) {
+    EXPECT_EQ(w[i], i % 2 == 0 ? 0.5f - 3 * 65504 : 0.5f + 3 * 65504) << i;
+    EXPECT_EQ(out[i], i % 2 == 0 ? -65504.0f : 65504.0f) << i;
+  }
+  // BFLOAT16: float's range, and the largest float saturates at
+  // bfloat16's largest finite value instead of rounding to infinity.
+  auto bf = ClientWith(Encodings(BFLOAT16, BFLOAT16));
+  std::vector<float> big(keys.size() * 4);
+  for (size_t i = 0; i < big.size(); ++i) big[i] = i % 2 == 0 ? kMax : -1e30f;
+  s = bf->PushPull(6, keys, big, out.data()).Wait();
+  ASSERT_TRUE(s.ok()) << s;
+  ASSERT_TRUE(exact->Pull(6, keys, w.data()).Wait().ok());
+  const std::vector<float> sent = RoundTrip(BFLOAT16, big);
+  for (size_t i = 0; i < w.size(); ++i) {
+    EXPECT_TRUE(std::isfinite(sent[i])) << i;
+    EXPECT_TRUE(std::isfinite(w[i])) << i;
+    EXPECT_TRUE(std::isfinite(out[i])) << i;
+    EXPECT_EQ(w[i], 0.5f - sent[i]) << i;
+    EXPECT_EQ(out[i], RoundTrip(BFLOAT16, {w[i]})[0]) << i;
+  }
+  EXPECT_GT(sent[0], 3e38f);
+}
+
+// A client whose view says server 0 owns every slot sends whole requests
+// there; server 0 refuses the keys it does not own (wrong_owner), and once
+// the client has the real view it splits each request between the servers
+// (KVClient Split, values moved as 2-byte values).
+TEST_F(KVClientDataPlaneTest, MisroutedHalfWidthRequestsAreSplitByTheNewView) {
+  auto exact = Client();
+  const ClusterView real = scheduler_->state()->View();
+  ClusterView stale = real;
+  for (int s = 0; s < stale.slot_owner_size(); ++s) stale.set_slot_owner(s, 0);
+  ClusterView fresh = real;
+  fresh.set_epoch(real.epoch() + 1);
+  const std::vector<uint64_t> keys = SplitKeys(120, 31);
+  const std::vector<uint64_t> keys2 = SplitKeys(90, 4000031);
+  std::vector<float> g(keys.size() * 4), g2(keys2.size() * 4), dg(90);
+  for (size_t i = 0; i < g.size(); ++i) g[i] = 0.3f + 0.001f * static_cast<float>(i);
+  for (size_t i = 0; i < g2.size(); ++i) g2[i] = -1.7f + 0.01f * static_cast<float>(i % 50);
+  for (size_t i = 0; i < dg.size(); ++i) dg[i] = 0.7f * static_cast<float>(i) - 20;
+  ASSERT_GT(DenseBlocksOn(real, 1, 0, 13), 0);
+
+  for (ValueEncoding encoding : {FLOAT16, BFLOAT16}) {
+    SCOPED_TRACE(ValueEncoding_Name(encoding));
+    const uint32_t table = encoding == FLOAT16 ? 3 : 6;
+    const uint64_t errors = servers_[0]->stats().errors;
+    auto client = ClientWith(Encodings(encoding, encoding), &stale);
+    Completion push = client->Push(table, keys, g);
+    Completion dense = client->PushDense(4, 5, dg);
+    std::vector<float> out(keys2.size() * 4, -1);
+    Completion push_pull = client->PushPull(table, keys2, g2, out.data());
+    client->UpdateView(fresh);
+    ASSERT_TRUE(push.Wait().ok()) << push.Wait();
+    ASSERT_TRUE(dense.Wait().ok()) << dense.Wait();
+    ASSERT_TRUE(push_pull.Wait().ok()) << push_pull.Wait();
+    EXPECT_GE(servers_[0]->stats().errors, errors + 3);  // each was refused first
+
+    std::vector<float> w(g.size());
+    ASSERT_TRUE(exact->Pull(table, keys, w.data()).Wait().ok());
+    const std::vector<float> sent = RoundTrip(encoding, g);
+    for (size_t i = 0; i < w.size(); ++i) EXPECT_EQ(w[i], 0.5f - sent[i]) << i;
+    std::vector<float> w2(g2.size());
+    ASSERT_TRUE(exact->Pull(table, keys2, w2.data()).Wait().ok());
+    const std::vector<float> sent2 = RoundTrip(encoding, g2);
+    for (size_t i = 0; i < w2.size(); ++i) EXPECT_EQ(w2[i], 0.5f - sent2[i]) << i;
+    EXPECT_EQ(out, RoundTrip(encoding, w2));
+    std::vector<float> dw(90);
+    ASSERT_TRUE(exact->PullDense(4, 5, 90, dw.data()).Wait().ok());
+    // Both encodings pushed to the same dense range: w = -(sum of decoded).
+    const std::vector<float> dsent = RoundTrip(encoding, dg);
+    const std::vector<float> fsent = RoundTrip(FLOAT16, dg);
+    for (size_t i = 0; i < dw.size(); ++i) {
+      const float want = encoding == FLOAT16 ? -dsent[i] : -fsent[i] - dsent[i];
+      EXPECT_EQ(dw[i], want) << i;
+    }
+  }
+}
+
+// RequestsToADeadServerFollowItsSlotsToTheNewOwner with FLOAT16 values and
+// key-list caching: the parts waiting for server 1 go to server 0.
+TEST_F(KVClientDataPlaneTest, HalfWidthRequestsFollowADeadServersSlots) {
+  auto client = ClientWith(Encodings(FLOAT16, FLOAT16));
+  const std::vector<uint64_t> keys = SplitKeys(100, 5000);
+  const std::vector<uint64_t> keys2 = SplitKeys(60, 7000000);
+  std::vector<float> grads(keys.size() * 4), grads2(keys2.size() * 4);
+  for (size_t i = 0; i < grads.size(); ++i) grads[i] = 0.1f * static_cast<float>(i % 13) + 0.05f;
+  for (size_t i = 0; i < grads2.size(); ++i) grads2[i] = -0.3f * static_cast<float>(i % 7) - 0.01f;
+  // Both servers hold the lists of their parts already.
+  std::vector<float> out(keys.size() * 4, -1), out2(keys2.size() * 4, -1);
+  ASSERT_TRUE(client->Pull(3, keys, out.data()).Wait().ok());
+  ASSERT_TRUE(client->Pull(3, keys2, out2.data()).Wait().ok());
+  servers_[1]->Stop();
+  Completion push = client->Push(3, keys, grads);
+  Completion push_pull = client->PushPull(3, keys2, grads2, out2.data());
+  const ClusterView before = scheduler_->state()->View();
+  const ClusterView after = FailedOver(before, /*move_slots=*/true, 101);
+  servers_[0]->UpdateView(after, 0);
+  absl::SleepFor(absl::Milliseconds(100));  // the server's poll period
+  client->UpdateView(after);
+  ASSERT_TRUE(push.Wait().ok()) << push.Wait();
+  ASSERT_TRUE(push_pull.Wait().ok()) << push_pull.Wait();
+  // Server 0 applied each key's gradients: keys it held before, and keys of
+  // server 1's slots, which started at the initial 0.5 there.
+  KVClient::Options options;
+  options.config = config_;
+  auto exact = KVClient::Create(options, after);
+  ASSERT_TRUE(exact.ok());
+  std::vector<float> w(keys.size() * 4), w2(keys2.size() * 4);
+  ASSERT_TRUE((*exact)->Pull(3, keys, w.data()).Wait().ok());
+  ASSERT_TRUE((*exact)->Pull(3, keys2, w2.data()).Wait().ok());
+  const std::vector<float> sent = RoundTrip(FLOAT16, grads);
+  const std::vector<float> sent2 = RoundTrip(FLOAT16, grads2);
+  for (size_t i = 0; i < w.size(); ++i) EXPECT_EQ(w[i], 0.5f - sent[i]) << i;
+  for (size_t i = 0; i < w2.size(); ++i) EXPECT_EQ(w2[i], 0.5f - sent2[i]) << i;
+  EXPECT_EQ(out2, RoundTrip(FLOAT16, w2));
 }
 
 }  // namespace
