@@ -366,14 +366,18 @@ absl::StatusOr<std::vector<uint32_t>> ClusterState::AwaitBarrier(
     completed_barriers_.insert(name);
     // Every caller is told who was there at the release, also one arriving
     // after it (a late replacement must not think it is the only one), as
-    // the ranks of those nodes still alive: a replacement that took a dead
-    // node's rank is not mistaken for it.
+    // the ranks of those nodes still present: a replacement that took a
+    // dead node's rank is not mistaken for it. A node that left after
+    // finishing its work counts as present: a caller that wakes only after
+    // the evaluator evaluated and left must not evaluate again.
+    auto present = [](const Node& node) {
+      return node.info.state() == ALIVE || node.finished;
+    };
     auto [stored, first] = barrier_nodes_.try_emplace(name);
     if (first) {
       const auto& arrived = barriers_[name];
       for (const auto& [id, node] : nodes_) {
-        if (node.info.role() == WORKER && node.info.state() == ALIVE &&
-            arrived.contains(id)) {
+        if (node.info.role() == WORKER && present(node) && arrived.contains(id)) {
           stored->second.push_back(id);
         }
       }
@@ -381,7 +385,7 @@ absl::StatusOr<std::vector<uint32_t>> ClusterState::AwaitBarrier(
     std::vector<uint32_t> ranks;
     for (uint64_t id : stored->second) {
       const Node& node = nodes_.at(id);
-      if (node.info.state() == ALIVE) ranks.push_back(node.info.rank());
+      if (present(node)) ranks.push_back(node.info.rank());
     }
     std::sort(ranks.begin(), ranks.end());
     return ranks;

@@ -250,6 +250,23 @@ TEST_F(RecoveryTest, ALateReplacementIsNotMistakenForTheDeadHolderOfItsRank) {
   EXPECT_EQ(*late, (std::vector<uint32_t>{1}));
 }
 
+// The evaluator (rank 0) evaluates and leaves finished before another
+// worker's barrier answer is computed (8-worker jobs did this): that worker
+// must still be told rank 0 was there, or it evaluates a second time.
+TEST_F(RecoveryTest, AWorkerThatLeftFinishedStillCountsAtTheBarrier) {
+  Start();
+  const Job j = StartJob();
+  auto first = state_->AwaitBarrier(j.w1, "train_done", absl::ZeroDuration());
+  auto released = state_->AwaitBarrier(j.w0, "train_done", absl::ZeroDuration());
+  ASSERT_TRUE(released.ok()) << released.status();
+  EXPECT_EQ(*released, (std::vector<uint32_t>{0, 1}));
+  (void)first;
+  ASSERT_TRUE(Leave(j.w0, /*finished=*/true).ok());
+  auto late = state_->AwaitBarrier(j.w1, "train_done", absl::ZeroDuration());
+  ASSERT_TRUE(late.ok()) << late.status();
+  EXPECT_EQ(*late, (std::vector<uint32_t>{0, 1}));
+}
+
 // ------------------------------------------------------------ checkpoints
 
 TEST_F(RecoveryTest, ACheckpointCommitsOnceEveryServerAndTrainingWorkerReported) {

@@ -99,9 +99,9 @@ absl::StatusOr<std::unique_ptr<KVServer>> KVServer::Start(Options options) {
 KVServer::KVServer(Options options)
     : options_(std::move(options)),
       consistency_(options_.config.consistency()),
+      key_cache_(options_.config.data_plane().key_cache_bytes()),
       replicated_(!options_.standalone &&
                   options_.config.cluster().replication() >= 2),
-      key_cache_(options_.config.data_plane().key_cache_bytes()),
       ownership_(std::make_shared<Ownership>()) {}
 
 KVServer::~KVServer() {

@@ -21,11 +21,15 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
-# One line per bench: its name and the Bazel target of its binary.
+# One line per bench: its name, the Bazel target of its binary, and flags
+# that select the bench when one binary serves several.
 BENCHES=(
-  "consistency //tests/bench:consistency_bench"
+  "kv //tests/bench:kv_bench --mode=kv"
+  "dense //tests/bench:kv_bench --mode=dense"
   "sparse //tests/bench:table_bench"
   "train //tests/bench:train_bench"
+  "scaling //tests/bench:scaling_bench"
+  "consistency //tests/bench:consistency_bench"
 )
 
 names=()
@@ -58,20 +62,27 @@ done
 
 "$ROOT/deploy/install_deps.sh"
 
+# "name target [flag...]" -> target
+target_of() { local rest="${1#* }"; echo "${rest%% *}"; }
+# "name target [flag...]" -> the flags (empty when none)
+flags_of() { local rest="${1#* }"; [ "${rest#* }" = "$rest" ] || echo "${rest#* }"; }
+
 targets=()
-for entry in "${selected[@]}"; do targets+=("${entry#* }"); done
+for entry in "${selected[@]}"; do targets+=("$(target_of "$entry")"); done
 # Always the opt config: benchmarks of an unoptimised build mean nothing,
 # and it is the config everybody builds with, so the cache is shared.
-bazel build --config=opt --noshow_progress "${targets[@]}"
+bazel build --config=opt --noshow_progress $(printf "%s\n" "${targets[@]}" | sort -u)
 BIN="$(bazel info --config=opt bazel-bin 2>/dev/null)"
 
 status=0
 for entry in "${selected[@]}"; do
   name="${entry%% *}"
-  target="${entry#* }"
+  target="$(target_of "$entry")"
   path="${target#//}"
   binary="$BIN/${path/://}"
   extra=()
+  read -r -a own_flags <<< "$(flags_of "$entry")"
+  extra+=(${own_flags[@]+"${own_flags[@]}"})
   if [ "$name" = train ]; then
     # The baseline: PyTorch's CPU build on the same models and batch sizes,
     # measured in this run (Debian's python3-torch; installed when missing).
@@ -83,7 +94,7 @@ for entry in "${selected[@]}"; do
     torch_json="$(mktemp)"
     if /usr/bin/python3 "$ROOT/tests/bench/torch_train.py" > "$torch_json"; then
       cat "$torch_json"
-      extra=(--torch_json="$torch_json")
+      extra+=(--torch_json="$torch_json")
     else
       echo "# bench train: no PyTorch baseline (ratios are null)" >&2
     fi
