@@ -14,6 +14,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <vector>
 
@@ -243,7 +244,11 @@ class SparseTable : public Table {
   size_t max_rows_ = ~size_t{0};
 
   RowIndex index_;
-  std::vector<std::unique_ptr<unsigned char[]>> chunks_;
+  // Chunks come from malloc (possibly aligned_alloc), hence free().
+  struct FreeChunk {
+    void operator()(unsigned char* p) const { std::free(p); }
+  };
+  std::vector<std::unique_ptr<unsigned char[], FreeChunk>> chunks_;
   uint32_t high_water_ = 0;   // rows ever handed out (free ones included)
   uint32_t free_head_ = kNil;
   uint32_t mru_ = kNil;       // recency list ends
