@@ -364,27 +364,50 @@ void SparseTable::Pull(absl::Span<const uint64_t> keys, float* out) {
 
 void SparseTable::Push(absl::Span<const uint64_t> keys, const float* grads,
                        float lr_scale) {
-  constexpr size_t kAhead = 8;
-  for (size_t i = 0; i < keys.size() && i < kAhead; ++i) index_.Prefetch(keys[i]);
-  for (size_t i = 0; i < keys.size(); ++i) {
-    if (i + kAhead < keys.size()) index_.Prefetch(keys[i + kAhead]);
-    uint32_t r = index_.Find(keys[i]);
-    if (r == RowIndex::kNotFound) {
-      if (sketch_ != nullptr && sketch_->Add(keys[i]) < admit_after_) {
-        ++counters_.pushes_filtered;
-        continue;
+  // Blocks of keys as in Pull: look up and prefetch (for writing) a block's
+  // rows, then update them. Creating a row may evict another and hand its
+  // number to the new key, so once a block created a row its remaining
+  // keys are looked up again (which also finds a row a repeated key of the
+  // block just created: duplicates still apply twice, in order).
+  constexpr size_t kBlock = 32;
+  constexpr size_t kMaxLinesPrefetched = 8;
+  const size_t n = keys.size();
+  const size_t row_lines =
+      std::min<size_t>(kMaxLinesPrefetched, (stride_ * sizeof(float) + 63) / 64);
+  uint32_t rows[kBlock];
+  for (size_t i = 0; i < n && i < kBlock; ++i) index_.Prefetch(keys[i]);
+  for (size_t begin = 0; begin < n; begin += kBlock) {
+    const size_t end = std::min(n, begin + kBlock);
+    for (size_t i = begin; i < end; ++i) {
+      if (i + kBlock < n) index_.Prefetch(keys[i + kBlock]);
+      const uint32_t r = index_.Find(keys[i]);
+      rows[i - begin] = r;
+      if (r != RowIndex::kNotFound) {
+        const char* row = reinterpret_cast<const char*>(Values(r));
+        for (size_t l = 0; l < row_lines; ++l) __builtin_prefetch(row + 64 * l, 1);
       }
-      r = CreateRow(keys[i]);
-      if (r == kNil) {
-        ++counters_.keys_dropped;
-        continue;
-      }
-      ++counters_.admissions;
-    } else {
-      Touch(r);
     }
-    float* row = Values(r);
-    optimizer_->Apply(row, row + dim_, grads + i * dim_, dim_, lr_scale);
+    bool created = false;
+    for (size_t i = begin; i < end; ++i) {
+      uint32_t r = created ? index_.Find(keys[i]) : rows[i - begin];
+      if (r == RowIndex::kNotFound) {
+        if (sketch_ != nullptr && sketch_->Add(keys[i]) < admit_after_) {
+          ++counters_.pushes_filtered;
+          continue;
+        }
+        r = CreateRow(keys[i]);
+        if (r == kNil) {
+          ++counters_.keys_dropped;
+          continue;
+        }
+        created = true;
+        ++counters_.admissions;
+      } else {
+        Touch(r);
+      }
+      float* row = Values(r);
+      optimizer_->Apply(row, row + dim_, grads + i * dim_, dim_, lr_scale);
+    }
   }
   counters_.keys_pushed += keys.size();
 }
