@@ -323,6 +323,27 @@ absl::Status SparseTable::CheckPush(absl::Span<const uint64_t> keys) const {
       "servers, or set sparse.eviction."));
 }
 
+void SparseTable::LookUpBlock(absl::Span<const uint64_t> keys, size_t begin, size_t end,
+                              size_t row_bytes, bool for_write, uint32_t* rows) const {
+  constexpr size_t kMaxLinesPrefetched = 8;
+  const size_t lines = std::min<size_t>(kMaxLinesPrefetched, (row_bytes + 63) / 64);
+  for (size_t i = begin; i < end; ++i) {
+    if (i + kLookupBlock < keys.size()) index_.Prefetch(keys[i + kLookupBlock]);
+    const uint32_t r = index_.Find(keys[i]);
+    rows[i - begin] = r;
+    if (r == RowIndex::kNotFound) continue;
+    const char* row = reinterpret_cast<const char*>(Values(r));
+    for (size_t l = 0; l < lines; ++l) {
+      // The hint must be a constant.
+      if (for_write) {
+        __builtin_prefetch(row + 64 * l, 1);
+      } else {
+        __builtin_prefetch(row + 64 * l, 0);
+      }
+    }
+  }
+}
+
 void SparseTable::Pull(absl::Span<const uint64_t> keys, float* out) {
   // Two stages, so the cache misses of many keys overlap instead of
   // following one another (what bounds tables far larger than the caches):
@@ -330,24 +351,12 @@ void SparseTable::Pull(absl::Span<const uint64_t> keys, float* out) {
   // prefetched a block earlier, and their rows prefetched; then the block's
   // rows are copied. A pull creates and drops no row, so the row numbers
   // found stay valid for the block.
-  constexpr size_t kBlock = 32;
-  constexpr size_t kMaxLinesPrefetched = 8;
   const size_t n = keys.size();
-  const size_t row_lines =
-      std::min<size_t>(kMaxLinesPrefetched, (dim_ * sizeof(float) + 63) / 64);
-  uint32_t rows[kBlock];
-  for (size_t i = 0; i < n && i < kBlock; ++i) index_.Prefetch(keys[i]);
-  for (size_t begin = 0; begin < n; begin += kBlock) {
-    const size_t end = std::min(n, begin + kBlock);
-    for (size_t i = begin; i < end; ++i) {
-      if (i + kBlock < n) index_.Prefetch(keys[i + kBlock]);
-      const uint32_t r = index_.Find(keys[i]);
-      rows[i - begin] = r;
-      if (r != RowIndex::kNotFound) {
-        const char* row = reinterpret_cast<const char*>(Values(r));
-        for (size_t l = 0; l < row_lines; ++l) __builtin_prefetch(row + 64 * l);
-      }
-    }
+  uint32_t rows[kLookupBlock];
+  for (size_t i = 0; i < n && i < kLookupBlock; ++i) index_.Prefetch(keys[i]);
+  for (size_t begin = 0; begin < n; begin += kLookupBlock) {
+    const size_t end = std::min(n, begin + kLookupBlock);
+    LookUpBlock(keys, begin, end, dim_ * sizeof(float), /*for_write=*/false, rows);
     for (size_t i = begin; i < end; ++i) {
       const uint32_t r = rows[i - begin];
       if (r != RowIndex::kNotFound) {
@@ -369,24 +378,12 @@ void SparseTable::Push(absl::Span<const uint64_t> keys, const float* grads,
   // number to the new key, so once a block created a row its remaining
   // keys are looked up again (which also finds a row a repeated key of the
   // block just created: duplicates still apply twice, in order).
-  constexpr size_t kBlock = 32;
-  constexpr size_t kMaxLinesPrefetched = 8;
   const size_t n = keys.size();
-  const size_t row_lines =
-      std::min<size_t>(kMaxLinesPrefetched, (stride_ * sizeof(float) + 63) / 64);
-  uint32_t rows[kBlock];
-  for (size_t i = 0; i < n && i < kBlock; ++i) index_.Prefetch(keys[i]);
-  for (size_t begin = 0; begin < n; begin += kBlock) {
-    const size_t end = std::min(n, begin + kBlock);
-    for (size_t i = begin; i < end; ++i) {
-      if (i + kBlock < n) index_.Prefetch(keys[i + kBlock]);
-      const uint32_t r = index_.Find(keys[i]);
-      rows[i - begin] = r;
-      if (r != RowIndex::kNotFound) {
-        const char* row = reinterpret_cast<const char*>(Values(r));
-        for (size_t l = 0; l < row_lines; ++l) __builtin_prefetch(row + 64 * l, 1);
-      }
-    }
+  uint32_t rows[kLookupBlock];
+  for (size_t i = 0; i < n && i < kLookupBlock; ++i) index_.Prefetch(keys[i]);
+  for (size_t begin = 0; begin < n; begin += kLookupBlock) {
+    const size_t end = std::min(n, begin + kLookupBlock);
+    LookUpBlock(keys, begin, end, stride_ * sizeof(float), /*for_write=*/true, rows);
     bool created = false;
     for (size_t i = begin; i < end; ++i) {
       uint32_t r = created ? index_.Find(keys[i]) : rows[i - begin];

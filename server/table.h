@@ -217,6 +217,13 @@ class SparseTable : public Table {
   RowMeta& Meta(uint32_t r) const {
     return *reinterpret_cast<RowMeta*>(RowBytes(r));
   }
+  // Pull and Push work in blocks of keys: LookUpBlock finds the rows of
+  // keys[begin, end) (< kLookupBlock keys) into rows[0..], prefetches the
+  // first row_bytes of each (for writing if for_write) and the index slots
+  // of the next block's keys, so the cache misses of many keys overlap.
+  static constexpr size_t kLookupBlock = 32;
+  void LookUpBlock(absl::Span<const uint64_t> keys, size_t begin, size_t end,
+                   size_t row_bytes, bool for_write, uint32_t* rows) const;
   // Bytes allocated when holding `rows` rows (index grown for them).
   size_t BytesFor(size_t rows) const;
   // Creates the row of `key` (absent), evicting if needed; kNil if it
