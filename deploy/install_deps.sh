@@ -15,6 +15,9 @@ PACKAGES=(
   libopenblas-dev                    # CPU matrix products (worker/compute)
   zlib1g-dev                         # gzip-compressed idx files (worker/data)
   dataset-fashion-mnist              # the MLP example and its test
+  libcpp-httplib-dev                 # HTTP endpoint (/metrics, /healthz, /status)
+  prometheus                         # promtool checks the /metrics format (tests)
+  chromium fonts-dejavu-core         # headless screenshot of /status (tests)
 )
 
 missing=()
