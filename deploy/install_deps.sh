@@ -18,6 +18,7 @@ PACKAGES=(
   libcpp-httplib-dev                 # HTTP endpoint (/metrics, /healthz, /status)
   prometheus                         # promtool checks the /metrics format (tests)
   chromium fonts-dejavu-core         # headless screenshot of /status (tests)
+  gnuplot-nox                        # deploy/plot: metrics files to PNG
 )
 
 missing=()

@@ -306,7 +306,7 @@ absl::StatusOr<DataPosition> Trainer::TrainShard(const TrainerHooks& hooks,
         if (eval.ok()) {
           Log()->info("step {}: {}", result->steps, Describe(*eval));
           PS_RETURN_IF_ERROR(AppendMetrics(
-              *eval, result->steps,
+              *eval, result->steps, result->examples,
               epoch_loss / std::max<uint64_t>(epoch_count, 1)));
         } else if (eval.status().code() != absl::StatusCode::kFailedPrecondition) {
           return eval.status();
@@ -427,6 +427,7 @@ absl::StatusOr<TrainResult> Trainer::Train(const TrainerHooks& hooks,
   TrainResult result;
   result.start_clock = client_->clock();
   const absl::Time began = absl::Now();
+  train_began_ = began;
   bool stopped = false;
   if (result.start_clock == 0) {
     absl::Status init = Initialize(hooks);
@@ -544,13 +545,19 @@ absl::StatusOr<EvalResult> Trainer::Evaluate() {
 }
 
 absl::Status Trainer::AppendMetrics(const EvalResult& eval, uint64_t step,
+                                    uint64_t examples,
                                     double train_loss) const {
   const std::string& path = config_.training().metrics_file();
   if (path.empty()) return absl::OkStatus();
   std::ofstream out(path, std::ios::app);
   out << absl::StrCat(
-      "{\"step\":", step, ",\"rank\":", rank_, ",\"time\":",
+      "{\"step\":", step, ",\"rank\":", rank_, ",\"examples\":", examples,
+      ",\"time\":",
       JsonNumber(absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch())),
+      ",\"seconds\":",
+      JsonNumber(train_began_ == absl::InfinitePast()
+                     ? 0.0
+                     : absl::ToDoubleSeconds(absl::Now() - train_began_)),
       ",\"train_loss\":", JsonNumber(train_loss),
       ",\"test_examples\":", eval.examples, ",\"test_auc\":",
       JsonNumber(eval.auc), ",\"test_logloss\":", JsonNumber(eval.logloss),

@@ -54,6 +54,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "common/model_layout.h"
 #include "proto/config.pb.h"
 #include "proto/scheduler.pb.h"
@@ -155,9 +156,12 @@ class Trainer {
   // FAILED_PRECONDITION when the job has no test data.
   absl::StatusOr<EvalResult> Evaluate();
 
-  // Appends one JSON line for `eval` to training.metrics_file (if set).
+  // Appends one JSON line for `eval` to training.metrics_file (if set):
+  // the step, `examples` this worker has trained, the wall time and the
+  // seconds since Train() began, the training loss and the test metrics.
+  // deploy/plot/plot_metrics.sh plots these files.
   absl::Status AppendMetrics(const EvalResult& eval, uint64_t step,
-                             double train_loss) const;
+                             uint64_t examples, double train_loss) const;
 
   // Saves the model (dense table, every row of the sparse table) to `path`
   // (worker/model_file.h). Call after every worker's training is done.
@@ -234,6 +238,8 @@ class Trainer {
   Step steps_[2];  // the current step and, with prefetch, the next
   Step eval_step_;
   ModelOutput output_;
+  // When Train() began; the metrics file's "seconds" count from it.
+  absl::Time train_began_ = absl::InfinitePast();
 };
 
 }  // namespace ps

@@ -301,7 +301,8 @@ int Evaluate(const ps::JobConfig& config, std::unique_ptr<ps::Trainer>& trainer,
   }
   if (eval.ok()) {
     log->info("{}", ps::Describe(*eval));
-    absl::Status m = trainer->AppendMetrics(*eval, train->steps, train->mean_loss);
+    absl::Status m = trainer->AppendMetrics(*eval, train->steps, train->examples,
+                                              train->mean_loss);
     if (!m.ok()) log->warn("{}", m.message());
   } else {
     log->info("no evaluation: {}", eval.status().message());
