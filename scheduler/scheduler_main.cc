@@ -19,6 +19,12 @@ ABSL_FLAG(int, port, 0, "Port to listen on; 0 picks a free one.");
 ABSL_FLAG(std::string, port_file, "",
           "If set, the bound port is written here once listening.");
 ABSL_FLAG(std::string, log_level, "info", "trace|debug|info|warn|error");
+ABSL_FLAG(int64_t, num_servers, 0,
+          "Overrides cluster.num_servers of --config (0 keeps it); launchers "
+          "set it from the environment. Every process of a job needs the same.");
+ABSL_FLAG(int64_t, num_workers, 0,
+          "Overrides cluster.num_workers of --config (0 keeps it); launchers "
+          "set it from the environment. Every process of a job needs the same.");
 ABSL_FLAG(bool, describe, false,
           "Validate --config, print 'servers=N workers=M mode=X' and exit; "
           "launchers use it to size a job without parsing the file.");
@@ -29,7 +35,9 @@ int main(int argc, char** argv) {
   auto log = ps::GetLogger("scheduler");
   ps::SetLogTag("scheduler");
   std::optional<ps::JobConfig> config = ps::StartNode(
-      *log, absl::GetFlag(FLAGS_log_level), absl::GetFlag(FLAGS_config));
+      *log, absl::GetFlag(FLAGS_log_level), absl::GetFlag(FLAGS_config), {},
+      ps::ClusterSizeOverride{absl::GetFlag(FLAGS_num_servers),
+                              absl::GetFlag(FLAGS_num_workers)});
   if (!config) return 2;
   if (absl::GetFlag(FLAGS_describe)) {
     std::cout << "servers=" << config->cluster().num_servers()

@@ -24,6 +24,12 @@ ABSL_FLAG(std::string, advertise_host, "",
           "Host name workers should use to reach this server, when it differs "
           "from the bound address (e.g. binding 0.0.0.0).");
 ABSL_FLAG(std::string, log_level, "info", "trace|debug|info|warn|error");
+ABSL_FLAG(int64_t, num_servers, 0,
+          "Overrides cluster.num_servers of --config (0 keeps it); launchers "
+          "set it from the environment. Every process of a job needs the same.");
+ABSL_FLAG(int64_t, num_workers, 0,
+          "Overrides cluster.num_workers of --config (0 keeps it); launchers "
+          "set it from the environment. Every process of a job needs the same.");
 
 int main(int argc, char** argv) {
   ps::TerminationSignals signals;
@@ -31,7 +37,9 @@ int main(int argc, char** argv) {
   auto log = ps::GetLogger("server");
   std::optional<ps::JobConfig> config =
       ps::StartNode(*log, absl::GetFlag(FLAGS_log_level), absl::GetFlag(FLAGS_config),
-                    {{"scheduler", absl::GetFlag(FLAGS_scheduler)}});
+                    {{"scheduler", absl::GetFlag(FLAGS_scheduler)}},
+                    ps::ClusterSizeOverride{absl::GetFlag(FLAGS_num_servers),
+                                            absl::GetFlag(FLAGS_num_workers)});
   if (!config) return 2;
   // The scheduler client exists only after the server is bound (it
   // advertises the endpoint); checkpoint reports wait for it.

@@ -49,6 +49,12 @@ ABSL_FLAG(std::string, scheduler, "", "Scheduler host:port. Required.");
 ABSL_FLAG(std::string, summary_out, "",
           "Rank 0 writes the JSON summary line to this file too.");
 ABSL_FLAG(std::string, log_level, "info", "trace|debug|info|warn|error");
+ABSL_FLAG(int64_t, num_servers, 0,
+          "Overrides cluster.num_servers of --config (0 keeps it); launchers "
+          "set it from the environment. Every process of a job needs the same.");
+ABSL_FLAG(int64_t, num_workers, 0,
+          "Overrides cluster.num_workers of --config (0 keeps it); launchers "
+          "set it from the environment. Every process of a job needs the same.");
 
 namespace {
 
@@ -387,7 +393,9 @@ int main(int argc, char** argv) {
   auto log = ps::GetLogger("worker");
   std::optional<ps::JobConfig> config =
       ps::StartNode(*log, absl::GetFlag(FLAGS_log_level), absl::GetFlag(FLAGS_config),
-                    {{"scheduler", absl::GetFlag(FLAGS_scheduler)}});
+                    {{"scheduler", absl::GetFlag(FLAGS_scheduler)}},
+                    ps::ClusterSizeOverride{absl::GetFlag(FLAGS_num_servers),
+                                            absl::GetFlag(FLAGS_num_workers)});
   if (!config) return 2;
   return Run(signals, &*config);
 }
