@@ -19,6 +19,8 @@ PACKAGES=(
   prometheus                         # promtool checks the /metrics format (tests)
   chromium fonts-dejavu-core         # headless screenshot of /status (tests)
   gnuplot-nox                        # deploy/plot: metrics files to PNG
+  python3-yaml                       # deploy/k8s manifests test
+  slurm-wlm munge                    # deploy/slurm test (one-node cluster)
 )
 
 missing=()
