@@ -1,0 +1,190 @@
+// psnode: starts this machine's node of a job from the cluster manager's
+// environment, so the same container command serves every replica.
+//
+//   psnode --config=JOB.pbtxt [--launch_from=auto|tf_config|dmlc]
+//          [--bin_dir=DIR] [--listen_host=0.0.0.0] [--advertise_host=HOST]
+//          [--print] [-- EXTRA_ARGS...]
+//
+// Reads TF_CONFIG (Kubeflow TFJob) or DMLC_* (ps-lite / MXNet launchers),
+// decides the role (common/launch_env.h has the exact rules) and execs
+// scheduler_main, server_main or trainer with the matching flags, the
+// cluster sizes from the environment (--num_servers/--num_workers override
+// the config's) and EXTRA_ARGS appended. --print writes the command (shell-
+// quoted, one line) to stdout instead of running it.
+//
+// Binaries are looked up as DIR/NAME and DIR/PACKAGE/NAME (an install
+// directory or bazel-bin), DIR being --bin_dir, else psnode's own directory
+// and then the bazel-bin root above it.
+//
+// Exit status: 2 for a usage or environment error (the message says which
+// variable), 1 when the binary cannot be found or exec'd; otherwise the
+// exec'd node's own.
+#include <unistd.h>
+
+#include <cstring>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/launch_env.h"
+
+ABSL_FLAG(std::string, config, "", "Job config file (textproto). Required.");
+ABSL_FLAG(std::string, launch_from, "auto",
+          "Which environment to read: auto (exactly one of TF_CONFIG and "
+          "DMLC_ROLE must be set), tf_config or dmlc.");
+ABSL_FLAG(std::string, bin_dir, "",
+          "Where scheduler_main, server_main and trainer are (DIR/NAME or "
+          "DIR/PACKAGE/NAME); default: beside psnode, then the bazel-bin root.");
+ABSL_FLAG(std::string, listen_host, "0.0.0.0",
+          "Address the scheduler and servers listen on.");
+ABSL_FLAG(std::string, advertise_host, "",
+          "Host a server advertises when the environment gives none "
+          "(DMLC without DMLC_NODE_HOST); default: this machine's host name.");
+ABSL_FLAG(bool, print, false,
+          "Print the resolved command instead of running it.");
+
+namespace {
+
+constexpr char kUsage[] =
+    "usage: psnode --config=JOB.pbtxt [--launch_from=auto|tf_config|dmlc] "
+    "[--bin_dir=DIR] [--listen_host=HOST] [--advertise_host=HOST] [--print] "
+    "[-- EXTRA_ARGS...]";
+
+int UsageError(const std::string& message) {
+  std::cerr << "psnode: " << message << "\n" << kUsage << "\n";
+  return 2;
+}
+
+std::string Dirname(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? "." : path.substr(0, slash);
+}
+
+std::string SelfDir() {
+  char buf[4096];
+  const ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n <= 0) return ".";
+  return Dirname(std::string(buf, n));
+}
+
+// The first executable candidate for `name` of Bazel package `package`;
+// "" if none, with the places looked at in `looked`.
+std::string FindBinary(const std::string& name, const std::string& package,
+                       const std::vector<std::string>& dirs,
+                       std::vector<std::string>* looked) {
+  for (const std::string& dir : dirs) {
+    for (const std::string& path :
+         {absl::StrCat(dir, "/", name), absl::StrCat(dir, "/", package, "/", name)}) {
+      if (access(path.c_str(), X_OK) == 0) return path;
+      looked->push_back(path);
+    }
+  }
+  return "";
+}
+
+std::string HostName() {
+  char buf[256] = {0};
+  if (gethostname(buf, sizeof(buf) - 1) != 0) return "";
+  return buf;
+}
+
+// Single-quoted for a POSIX shell when it has anything but safe characters.
+std::string ShellQuote(const std::string& arg) {
+  if (!arg.empty() &&
+      arg.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                            "0123456789-_=./:,@+*") == std::string::npos) {
+    return arg;
+  }
+  std::string out = "'";
+  for (char c : arg) {
+    if (c == '\'') {
+      out += "'\\''";
+    } else {
+      out += c;
+    }
+  }
+  return out + "'";
+}
+
+}  // namespace
+
+extern char** environ;
+
+int main(int argc, char** argv) {
+  // Everything after "--" passes through untouched.
+  int flag_argc = argc;
+  std::vector<std::string> extra;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--") == 0) {
+      flag_argc = i;
+      for (int j = i + 1; j < argc; ++j) extra.emplace_back(argv[j]);
+      break;
+    }
+  }
+  const std::vector<char*> positional = absl::ParseCommandLine(flag_argc, argv);
+  if (positional.size() > 1) {
+    return UsageError(absl::StrCat("unexpected argument '", positional[1],
+                                   "' (extra arguments go after --)"));
+  }
+  if (absl::GetFlag(FLAGS_config).empty()) return UsageError("--config is required");
+  auto source = ps::ParseLaunchSource(absl::GetFlag(FLAGS_launch_from));
+  if (!source.ok()) return UsageError(std::string(source.status().message()));
+
+  ps::Environment env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const char* eq = std::strchr(*e, '=');
+    if (eq != nullptr) env[std::string(*e, eq - *e)] = std::string(eq + 1);
+  }
+  auto plan = ps::PlanLaunch(env, *source);
+  if (!plan.ok()) return UsageError(std::string(plan.status().message()));
+
+  std::vector<std::string> dirs;
+  if (const std::string bin_dir = absl::GetFlag(FLAGS_bin_dir); !bin_dir.empty()) {
+    dirs.push_back(bin_dir);
+  } else {
+    const std::string self = SelfDir();
+    dirs = {self, Dirname(Dirname(self))};  // installed together; bazel-bin/deploy/launch
+  }
+  const char* name = plan->role == ps::LaunchRole::kScheduler ? "scheduler_main"
+                     : plan->role == ps::LaunchRole::kServer  ? "server_main"
+                                                              : "trainer";
+  const char* package = plan->role == ps::LaunchRole::kScheduler ? "scheduler"
+                        : plan->role == ps::LaunchRole::kServer  ? "server"
+                                                                 : "worker";
+  std::vector<std::string> looked;
+  const std::string binary = FindBinary(name, package, dirs, &looked);
+  if (binary.empty()) {
+    std::cerr << "psnode: cannot find " << name << " (looked at "
+              << absl::StrJoin(looked, ", ") << "); pass --bin_dir\n";
+    return 1;
+  }
+  ps::LaunchCommandOptions options;
+  options.scheduler_binary = options.server_binary = options.trainer_binary = binary;
+  options.config = absl::GetFlag(FLAGS_config);
+  options.listen_host = absl::GetFlag(FLAGS_listen_host);
+  options.default_advertise_host = absl::GetFlag(FLAGS_advertise_host);
+  if (options.default_advertise_host.empty()) options.default_advertise_host = HostName();
+  options.extra_args = extra;
+  auto command = ps::LaunchCommand(*plan, options);
+  if (!command.ok()) return UsageError(std::string(command.status().message()));
+
+  std::cerr << "psnode: " << ps::DescribeLaunchPlan(*plan) << "\n";
+  if (absl::GetFlag(FLAGS_print)) {
+    std::vector<std::string> quoted;
+    for (const std::string& arg : *command) quoted.push_back(ShellQuote(arg));
+    std::cout << absl::StrJoin(quoted, " ") << std::endl;
+    return 0;
+  }
+  std::vector<char*> exec_argv;
+  for (std::string& arg : *command) exec_argv.push_back(arg.data());
+  exec_argv.push_back(nullptr);
+  std::cerr.flush();
+  execv(exec_argv[0], exec_argv.data());
+  std::cerr << "psnode: cannot exec " << exec_argv[0] << ": " << std::strerror(errno)
+            << "\n";
+  return 1;
+}
