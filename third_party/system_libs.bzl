@@ -38,6 +38,8 @@ _LIBS = {
     "openblas": (["openblas"], "libopenblas-dev"),
     # gzip-compressed data files (worker/data: Fashion-MNIST idx.gz).
     "zlib": (["zlib"], "zlib1g-dev"),
+    # HTTP endpoint of every process (common/http_endpoint: /metrics, /healthz).
+    "httplib": (["cpp-httplib"], "libcpp-httplib-dev"),
 }
 
 _DEPS = {
