@@ -1,0 +1,185 @@
+#!/usr/bin/env bash
+# Runs deploy/slurm/ps.sbatch on a one-node Slurm cluster started here:
+# munged, slurmctld and slurmd (Debian's slurm-wlm and munge) with their
+# key, sockets, state, spool and logs in a new temporary directory and
+# free ports, so nothing of a Slurm installation on this machine is used
+# or touched. Submits the CTR example on less data with `sbatch --wait` and
+# checks that the job succeeded and its output ends with the trainer's
+# JSON summary, with the model close to the oracle.
+#
+# Needs root (slurmd starts job steps as the submitting user, which only
+# root can do); skips itself with a message otherwise. Every daemon and job
+# process it started is stopped on exit, whether the test passed or not.
+set -euo pipefail
+R="$TEST_SRCDIR/$TEST_WORKSPACE"
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "SKIPPED: slurm_test needs root to run slurmctld and slurmd (running as uid $(id -u))"
+  exit 0
+fi
+# The daemons live in sbin, which the test environment's PATH leaves out.
+export PATH="$PATH:/usr/sbin:/sbin"
+for c in munged munge slurmctld slurmd sbatch sinfo scancel; do
+  command -v "$c" >/dev/null || {
+    echo "FAIL: $c not found; deploy/install_deps.sh installs slurm-wlm and munge"; exit 1; }
+done
+
+# A short path: the munge socket's path must fit in sockaddr_un.
+D="$(mktemp -d /tmp/ps-slurm.XXXXXX)"
+chmod 700 "$D"
+# Every process started below (daemons, sbatch, the job's tasks) carries
+# this variable, so cleanup finds exactly those, also the ones slurmd
+# detaches (slurmstepd).
+MARK="PS_SLURM_TEST_MARK=$D"
+DAEMON_PIDS=()
+
+# Prints the pids of live processes carrying $MARK, except this shell.
+marked_pids() {
+  local f pid
+  for f in /proc/[0-9]*/environ; do
+    pid="${f#/proc/}"; pid="${pid%/environ}"
+    [ "$pid" = "$$" ] && continue
+    { tr '\0' '\n' < "$f"; } 2>/dev/null | grep -qxF "$MARK" && echo "$pid"
+  done
+  return 0
+}
+
+cleanup() {
+  local status=$?
+  trap - EXIT INT TERM
+  set +e
+  if [ "$status" -ne 0 ]; then
+    for f in "$D"/job.out "$D"/log/*.log "$D"/*.out; do
+      [ -f "$f" ] || continue
+      echo "---- last lines of $f"
+      tail -n 30 "$f"
+    done
+  fi
+  [ -n "${SLURM_CONF:-}" ] && timeout 10 scancel --full --quiet --user=root >/dev/null 2>&1
+  for pid in "${DAEMON_PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null; done
+  for _ in $(seq 50); do
+    [ -z "$(marked_pids)" ] && break
+    sleep 0.1
+  done
+  local left
+  left="$(marked_pids)"
+  if [ -n "$left" ]; then
+    echo "cleanup: killing leftover processes $left"
+    # shellcheck disable=SC2086
+    kill -KILL $left 2>/dev/null
+  fi
+  for pid in "${DAEMON_PIDS[@]}"; do wait "$pid" 2>/dev/null; done
+  if [ -n "${TEST_UNDECLARED_OUTPUTS_DIR:-}" ]; then
+    cp -r "$D/log" "$D/job.out" "$TEST_UNDECLARED_OUTPUTS_DIR/" 2>/dev/null
+  fi
+  rm -rf "$D"
+  exit "$status"
+}
+trap cleanup EXIT
+trap 'echo "slurm_test: interrupted"; exit 130' INT TERM
+
+fail() { echo "FAIL: $*"; exit 1; }
+
+# Two free TCP ports for slurmctld and slurmd.
+read -r CTLD_PORT SLURMD_PORT < <(/usr/bin/python3 -c '
+import socket
+socks = [socket.socket() for _ in range(2)]
+for s in socks: s.bind(("127.0.0.1", 0))
+print(*[s.getsockname()[1] for s in socks])')
+
+NODE="$(hostname -s)"
+mkdir -p "$D/munge" "$D/state" "$D/spool" "$D/log" "$D/bin" "$D/run"
+chmod 700 "$D/munge"
+head -c 1024 /dev/urandom > "$D/munge/munge.key"
+chmod 400 "$D/munge/munge.key"
+SOCKET="$D/munge/munge.socket"
+
+# Slurm's own hardware check would drain a node declared with more CPUs
+# than this machine has; config_overrides trusts the declaration, so the
+# job's 5 tasks fit on a 2-core machine.
+cat > "$D/slurm.conf" <<EOF
+ClusterName=pstest
+SlurmctldHost=$NODE(127.0.0.1)
+SlurmctldPort=$CTLD_PORT
+SlurmdPort=$SLURMD_PORT
+AuthType=auth/munge
+AuthInfo=socket=$SOCKET
+CredType=cred/munge
+SlurmUser=root
+SlurmdUser=root
+StateSaveLocation=$D/state
+SlurmdSpoolDir=$D/spool
+SlurmctldPidFile=$D/slurmctld.pid
+SlurmdPidFile=$D/slurmd.pid
+SlurmctldLogFile=$D/log/slurmctld.log
+SlurmdLogFile=$D/log/slurmd.log
+MailProg=/bin/true
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+MpiDefault=none
+SwitchType=switch/none
+ReturnToService=2
+SlurmdParameters=config_overrides
+NodeName=$NODE NodeAddr=127.0.0.1 CPUs=8 State=UNKNOWN
+PartitionName=pstest Nodes=$NODE Default=YES MaxTime=INFINITE State=UP
+EOF
+export SLURM_CONF="$D/slurm.conf"
+
+env "$MARK" munged --foreground --force --socket="$SOCKET" \
+  --key-file="$D/munge/munge.key" --log-file="$D/log/munged.log" \
+  --pid-file="$D/munge/munged.pid" --seed-file="$D/munge/munged.seed" \
+  > "$D/munged.out" 2>&1 &
+DAEMON_PIDS+=($!)
+for _ in $(seq 100); do [ -S "$SOCKET" ] && break; sleep 0.1; done
+munge --socket="$SOCKET" --no-input | unmunge --socket="$SOCKET" >/dev/null \
+  || fail "munged does not answer"
+
+env "$MARK" slurmctld -D -f "$SLURM_CONF" > "$D/slurmctld.out" 2>&1 &
+DAEMON_PIDS+=($!)
+env "$MARK" slurmd -D -f "$SLURM_CONF" -N "$NODE" > "$D/slurmd.out" 2>&1 &
+DAEMON_PIDS+=($!)
+state=""
+for _ in $(seq 300); do
+  state="$(sinfo --noheader --format=%t 2>/dev/null || true)"
+  [ "$state" = "idle" ] && break
+  sleep 0.1
+done
+[ "$state" = "idle" ] || fail "the Slurm node is not idle after 30 s (state '$state')"
+echo "slurm: controller on port $CTLD_PORT, node $NODE idle"
+
+cp "$R/scheduler/scheduler_main" "$R/server/server_main" "$R/worker/trainer" "$D/bin/"
+CONFIG="$D/small.pbtxt"
+sed -e 's/num_train: 1000000/num_train: 200000/' \
+    -e 's/num_test: 100000/num_test: 50000/' \
+    "$R/examples/ctr/async.pbtxt" > "$CONFIG"
+grep -q "num_train: 200000" "$CONFIG" || fail "could not shrink the config"
+
+# The servers advertise the node's host name, as on a real cluster, when
+# it resolves here.
+HOST_ENV=()
+getent hosts "$(hostname)" >/dev/null || HOST_ENV=(PS_HOST=127.0.0.1)
+
+status=0
+(cd "$D" && env "$MARK" PS_BIN_DIR="$D/bin" PS_RUN_DIR="$D/run" "${HOST_ENV[@]}" \
+   timeout 300 sbatch --wait --ntasks=5 --time=5 --output="$D/job.out" \
+   "$R/deploy/slurm/ps.sbatch" "$CONFIG") || status=$?
+[ "$status" -eq 0 ] || fail "sbatch --wait exited $status"
+
+SUMMARY="$(tail -n 1 "$D/job.out")"
+echo "summary: $SUMMARY"
+field() { echo "$SUMMARY" | sed -n "s/.*\"$1\":\([^,}]*\).*/\1/p" | tr -d '"'; }
+[ "$(field mode)" = "ASYNC" ] || fail "the last line is not an ASYNC job summary"
+[ "$(field workers)" = "2" ] && [ "$(field servers)" = "2" ] || fail "wrong counts"
+[ "$(field rank0_examples)" = "300000" ] || fail "wrong example count"
+[ "$(grep -c "registered as server" "$D/job.out")" -eq 2 ] || fail "not 2 servers registered"
+grep -q "job finished; exiting" "$D/job.out" || fail "the scheduler did not see the job finish"
+auc="$(field test_auc)"; oracle="$(field oracle_auc)"
+# Integer arithmetic on AUC x 100000: the gap must be under 0.01.
+gap=$(( $(printf '%.0f' "$(echo "$oracle" | tr -d .)") - $(printf '%.0f' "$(echo "$auc" | tr -d .)") ))
+echo "AUC gap x 1e5: $gap"
+[ "$gap" -lt 1000 ] || fail "test AUC $auc is not within 0.01 of oracle $oracle"
+echo PASS
