@@ -323,52 +323,88 @@ absl::Status SparseTable::CheckPush(absl::Span<const uint64_t> keys) const {
       "servers, or set sparse.eviction."));
 }
 
-void SparseTable::LookUpBlock(absl::Span<const uint64_t> keys, size_t begin, size_t end,
-                              size_t row_bytes, bool for_write, uint32_t* rows) const {
+inline void SparseTable::StartLookUps(const RowIndex::View& index,
+                                      absl::Span<const uint64_t> keys,
+                                      uint64_t* hashes) const {
+  for (size_t i = 0; i < keys.size() && i < kLookupBlock; ++i) {
+    hashes[i] = RowIndex::Hash(keys.data()[i]);
+    index.PrefetchHashed(hashes[i]);
+  }
+}
+
+inline void SparseTable::LookUpBlock(const RowIndex::View& index, const RowLocator& locate,
+                                     absl::Span<const uint64_t> keys, size_t begin,
+                                     size_t end, size_t row_bytes, bool for_write,
+                                     uint64_t* hashes, uint32_t* rows,
+                                     float** values) const {
+  static_assert((kHashRing & (kHashRing - 1)) == 0 && kHashRing >= 2 * kLookupBlock,
+                "the ring holds two blocks of hashes");
   constexpr size_t kMaxLinesPrefetched = 8;
   const size_t lines = std::min<size_t>(kMaxLinesPrefetched, (row_bytes + 63) / 64);
+  const uint64_t* k = keys.data();
+  const size_t n = keys.size();
   for (size_t i = begin; i < end; ++i) {
-    if (i + kLookupBlock < keys.size()) index_.Prefetch(keys[i + kLookupBlock]);
-    const uint32_t r = index_.Find(keys[i]);
+    const size_t ahead = i + kLookupBlock;
+    if (ahead < n) {
+      const uint64_t h = RowIndex::Hash(k[ahead]);
+      hashes[ahead % kHashRing] = h;
+      index.PrefetchHashed(h);
+    }
+    const uint32_t r = index.FindHashed(k[i], hashes[i % kHashRing]);
     rows[i - begin] = r;
-    if (r == RowIndex::kNotFound) continue;
-    const char* row = reinterpret_cast<const char*>(Values(r));
-    for (size_t l = 0; l < lines; ++l) {
-      // The hint must be a constant.
-      if (for_write) {
-        __builtin_prefetch(row + 64 * l, 1);
-      } else {
-        __builtin_prefetch(row + 64 * l, 0);
-      }
+    if (r == RowIndex::kNotFound) {
+      values[i - begin] = nullptr;
+      continue;
+    }
+    float* const v = locate.Values(r);
+    values[i - begin] = v;
+    const char* row = reinterpret_cast<const char*>(v);
+    // The hint must be a constant. A row has at least one line.
+    if (for_write) {
+      __builtin_prefetch(row, 1);
+      for (size_t l = 1; l < lines; ++l) __builtin_prefetch(row + 64 * l, 1);
+    } else {
+      __builtin_prefetch(row, 0);
+      for (size_t l = 1; l < lines; ++l) __builtin_prefetch(row + 64 * l, 0);
     }
   }
 }
 
 void SparseTable::Pull(absl::Span<const uint64_t> keys, float* out) {
-  // Two stages, so the cache misses of many keys overlap instead of
-  // following one another (what bounds tables far larger than the caches):
-  // the keys of a block are looked up, their index slots having been
-  // prefetched a block earlier, and their rows prefetched; then the block's
-  // rows are copied. A pull creates and drops no row, so the row numbers
-  // found stay valid for the block.
+  // Two stages per block (LookUpBlock): the keys are looked up, their
+  // index slots having been prefetched a block earlier, and their rows
+  // prefetched; then the rows are copied. A pull creates and drops no row,
+  // so the row numbers found stay valid for the block, and the index and
+  // chunks do not move.
   const size_t n = keys.size();
+  const uint64_t* k = keys.data();
+  const RowIndex::View index = index_.view();
+  const RowLocator locate = Locator();
+  const uint32_t dim = dim_;
+  uint64_t hashes[kHashRing];
   uint32_t rows[kLookupBlock];
-  for (size_t i = 0; i < n && i < kLookupBlock; ++i) index_.Prefetch(keys[i]);
+  float* values[kLookupBlock];
+  StartLookUps(index, keys, hashes);
   for (size_t begin = 0; begin < n; begin += kLookupBlock) {
     const size_t end = std::min(n, begin + kLookupBlock);
-    LookUpBlock(keys, begin, end, dim_ * sizeof(float), /*for_write=*/false, rows);
+    LookUpBlock(index, locate, keys, begin, end, dim * sizeof(float), /*for_write=*/false,
+                hashes, rows, values);
     for (size_t i = begin; i < end; ++i) {
       const uint32_t r = rows[i - begin];
       if (r != RowIndex::kNotFound) {
-        std::memcpy(out + i * dim_, Values(r), dim_ * sizeof(float));
-        Touch(r);
+        // One float needs no call to memcpy.
+        if (dim == 1) {
+          out[i] = *values[i - begin];
+        } else {
+          std::memcpy(out + i * dim, values[i - begin], dim * sizeof(float));
+        }
+        if (evictable_) Touch(r);
       } else {
-        InitializeValues(config_.init(), config_.id(), keys[i], 0, dim_,
-                         out + i * dim_);
+        InitializeValues(config_.init(), config_.id(), k[i], 0, dim, out + i * dim);
       }
     }
   }
-  counters_.keys_pulled += keys.size();
+  counters_.keys_pulled += n;
 }
 
 void SparseTable::Push(absl::Span<const uint64_t> keys, const float* grads,
@@ -377,36 +413,53 @@ void SparseTable::Push(absl::Span<const uint64_t> keys, const float* grads,
   // rows, then update them. Creating a row may evict another and hand its
   // number to the new key, so once a block created a row its remaining
   // keys are looked up again (which also finds a row a repeated key of the
-  // block just created: duplicates still apply twice, in order).
+  // block just created: duplicates still apply twice, in order). Their
+  // hashes are still in the ring, and their slots in the cache. Creating
+  // a row may also grow the index or add a chunk: the views are then
+  // taken again.
   const size_t n = keys.size();
+  const uint64_t* k = keys.data();
+  RowIndex::View index = index_.view();
+  RowLocator locate = Locator();
+  const uint32_t dim = dim_;
+  uint64_t hashes[kHashRing];
   uint32_t rows[kLookupBlock];
-  for (size_t i = 0; i < n && i < kLookupBlock; ++i) index_.Prefetch(keys[i]);
+  float* values[kLookupBlock];
+  StartLookUps(index, keys, hashes);
   for (size_t begin = 0; begin < n; begin += kLookupBlock) {
     const size_t end = std::min(n, begin + kLookupBlock);
-    LookUpBlock(keys, begin, end, stride_ * sizeof(float), /*for_write=*/true, rows);
+    LookUpBlock(index, locate, keys, begin, end, stride_ * sizeof(float),
+                /*for_write=*/true, hashes, rows, values);
     bool created = false;
     for (size_t i = begin; i < end; ++i) {
-      uint32_t r = created ? index_.Find(keys[i]) : rows[i - begin];
+      uint32_t r = rows[i - begin];
+      float* row = values[i - begin];
+      if (created) {
+        r = index.FindHashed(k[i], hashes[i % kHashRing]);
+        if (r != RowIndex::kNotFound) row = locate.Values(r);
+      }
       if (r == RowIndex::kNotFound) {
-        if (sketch_ != nullptr && sketch_->Add(keys[i]) < admit_after_) {
+        if (sketch_ != nullptr && sketch_->Add(k[i]) < admit_after_) {
           ++counters_.pushes_filtered;
           continue;
         }
-        r = CreateRow(keys[i]);
+        r = CreateRow(k[i]);
         if (r == kNil) {
           ++counters_.keys_dropped;
           continue;
         }
         created = true;
+        index = index_.view();
+        locate = Locator();
+        row = locate.Values(r);
         ++counters_.admissions;
-      } else {
+      } else if (evictable_) {
         Touch(r);
       }
-      float* row = Values(r);
-      optimizer_->Apply(row, row + dim_, grads + i * dim_, dim_, lr_scale);
+      optimizer_->Apply(row, row + dim, grads + i * dim, dim, lr_scale);
     }
   }
-  counters_.keys_pushed += keys.size();
+  counters_.keys_pushed += n;
 }
 
 uint64_t SparseTable::Scan(uint64_t cursor, size_t max_rows, size_t max_slots,

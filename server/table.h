@@ -18,6 +18,7 @@
 #include <memory>
 #include <vector>
 
+#include "absl/base/attributes.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
@@ -217,13 +218,33 @@ class SparseTable : public Table {
   RowMeta& Meta(uint32_t r) const {
     return *reinterpret_cast<RowMeta*>(RowBytes(r));
   }
-  // Pull and Push work in blocks of keys: LookUpBlock finds the rows of
-  // keys[begin, end) (< kLookupBlock keys) into rows[0..], prefetches the
-  // first row_bytes of each (for writing if for_write) and the index slots
-  // of the next block's keys, so the cache misses of many keys overlap.
+  // Pull and Push work in blocks of kLookupBlock keys, so the cache misses
+  // of many keys overlap instead of following one another. LookUpBlock
+  // finds the rows of keys[begin, end) (end - begin <= kLookupBlock) into
+  // rows[0..], the addresses of the found rows' values into values[0..],
+  // and prefetches the first row_bytes of each (for writing if
+  // for_write); meanwhile it hashes the keys one block ahead and
+  // prefetches their index slots. `hashes` is a ring of kHashRing hashes,
+  // indexed by key position modulo kHashRing: on entry it holds those of
+  // keys[begin, begin + kLookupBlock) (StartLookUps fills the first block),
+  // and on return also those of the next block, so each key is hashed once
+  // and a block's hashes stay valid until the next LookUpBlock.
   static constexpr size_t kLookupBlock = 32;
-  void LookUpBlock(absl::Span<const uint64_t> keys, size_t begin, size_t end,
-                   size_t row_bytes, bool for_write, uint32_t* rows) const;
+  static constexpr size_t kHashRing = 2 * kLookupBlock;
+  // Both are inlined into Pull and Push, where the ring and the rows are
+  // local arrays: the compiler then knows that writing them changes no
+  // member, and keeps the index and chunk pointers in registers.
+  ABSL_ATTRIBUTE_ALWAYS_INLINE void StartLookUps(const RowIndex::View& index,
+                                                 absl::Span<const uint64_t> keys,
+                                                 uint64_t* hashes) const;
+  struct RowLocator;
+  ABSL_ATTRIBUTE_ALWAYS_INLINE void LookUpBlock(const RowIndex::View& index,
+                                                const RowLocator& locate,
+                                                absl::Span<const uint64_t> keys,
+                                                size_t begin, size_t end,
+                                                size_t row_bytes, bool for_write,
+                                                uint64_t* hashes, uint32_t* rows,
+                                                float** values) const;
   // Bytes allocated when holding `rows` rows (index grown for them).
   size_t BytesFor(size_t rows) const;
   // Creates the row of `key` (absent), evicting if needed; kNil if it
@@ -256,6 +277,23 @@ class SparseTable : public Table {
     void operator()(unsigned char* p) const { std::free(p); }
   };
   std::vector<std::unique_ptr<unsigned char[], FreeChunk>> chunks_;
+  // Values(r) from locals, for the loops of Pull and Push (as
+  // RowIndex::View). Valid until a chunk is added.
+  struct RowLocator {
+    const std::unique_ptr<unsigned char[], FreeChunk>* chunks;
+    int shift;
+    uint32_t mask;
+    size_t row_bytes;
+    size_t meta_bytes;
+    float* Values(uint32_t r) const {
+      return reinterpret_cast<float*>(chunks[r >> shift].get() +
+                                      static_cast<size_t>(r & mask) * row_bytes +
+                                      meta_bytes);
+    }
+  };
+  RowLocator Locator() const {
+    return {chunks_.data(), chunk_shift_, chunk_rows_ - 1, row_bytes_, meta_bytes_};
+  }
   uint32_t high_water_ = 0;   // rows ever handed out (free ones included)
   uint32_t free_head_ = kNil;
   uint32_t mru_ = kNil;       // recency list ends

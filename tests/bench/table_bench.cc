@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/attributes.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -34,6 +35,12 @@ ABSL_FLAG(uint32_t, message_keys, 10000, "Keys per push or pull.");
 ABSL_FLAG(double, seconds, 1.0, "Time per measurement.");
 ABSL_FLAG(double, big_table_gb, 4.0,
           "Size of the dim-64 table for the large-table pull figure; 0 skips it.");
+ABSL_FLAG(std::string, count_variant, "",
+          "With --count_messages: plain, lru, lfu_half or admit; empty runs all.");
+ABSL_FLAG(int, count_messages, 0,
+          "If > 0: instead of timing, push then pull this many messages per "
+          "variant, each variant's loops in its own function, for instruction "
+          "counts under callgrind (see CountMain).");
 
 namespace ps {
 namespace {
@@ -203,7 +210,70 @@ void BigTable(double gb) {
                rows, kDim, gb, t->MemoryBytes() / double(1ull << 30), limit, naive);
 }
 
+// Instruction-count mode (--count_messages=N). Timings on a shared machine
+// are noisy; instruction counts are not. The measured pushes and pulls run
+// in functions of their own, so that
+//   valgrind --tool=callgrind --toggle-collect='ps::*Counted*' \
+//     table_bench --count_messages=32 --rows=65536 --dim=1 --count_variant=plain
+//   callgrind_annotate --inclusive=yes callgrind.out.* | grep Counted
+// gives the instructions of N pushes and N pulls, the filling excluded.
+// Variants (--count_variant, default all in one run): plain (no
+// eviction); lru (a budget that fits every row); lfu_half (a budget for
+// half of the ids: pushes evict and create rows); admit (an admission
+// filter admitting at the second push, starting empty).
+ABSL_ATTRIBUTE_NOINLINE void CountedPushes(
+    SparseTable* t, const std::vector<std::vector<uint64_t>>& messages, int count,
+    const float* grads) {
+  for (int i = 0; i < count; ++i) t->Push(messages[i % messages.size()], grads);
+}
+ABSL_ATTRIBUTE_NOINLINE void CountedPulls(
+    SparseTable* t, const std::vector<std::vector<uint64_t>>& messages, int count, float* out) {
+  for (int i = 0; i < count; ++i) t->Pull(messages[i % messages.size()], out);
+}
+int CountMain() {
+  const size_t rows = absl::GetFlag(FLAGS_rows);
+  const uint32_t dim = absl::GetFlag(FLAGS_dim);
+  const size_t per = absl::GetFlag(FLAGS_message_keys);
+  const int count = absl::GetFlag(FLAGS_count_messages);
+  const auto messages = Messages(rows, per, 64, 1);
+  std::vector<float> grads(per * dim, 0.01f), out(per * dim);
+  std::vector<uint64_t> all(rows);
+  for (size_t r = 0; r < rows; ++r) all[r] = Mix64(r);
+  std::vector<float> all_grads(rows * dim, 0.01f);
+  const uint64_t fits_all = uint64_t{rows} * (dim * 8 + 64) * 2;
+  const uint64_t half = uint64_t{rows / 2} * (dim * 8 + 32 + 16);
+  double checksum = 0;
+  const std::string only = absl::GetFlag(FLAGS_count_variant);
+  const char* names[] = {"plain", "lru", "lfu_half", "admit"};
+  for (int v = 0; v < 4; ++v) {
+    if (!only.empty() && only != names[v]) continue;
+    TableConfig c = v == 0   ? Config(dim, 0, EVICT_NONE)
+                    : v == 1 ? Config(dim, fits_all, EVICT_LRU)
+                    : v == 2 ? Config(dim, half, EVICT_LFU)
+                             : Config(dim, 0, EVICT_NONE);
+    if (v == 3) c.mutable_sparse()->set_admit_after_pushes(2);
+    auto table = Table::Create(c);
+    if (!table.ok()) {
+      std::fprintf(stderr, "table_bench: %s\n", table.status().ToString().c_str());
+      return 1;
+    }
+    SparseTable* t = (*table)->AsSparse();
+    // The admission variant starts empty: its pushes admit keys as they go.
+    if (v != 3) t->Push(all, all_grads.data());
+    CountedPushes(t, messages, count, grads.data());
+    CountedPulls(t, messages, count, out.data());
+    for (float x : out) checksum += x;
+    std::fprintf(stderr, "# %s: %zu rows, %llu evictions, %llu admissions\n", names[v],
+                 t->num_rows(),
+                 static_cast<unsigned long long>(t->counters().evictions_budget),
+                 static_cast<unsigned long long>(t->counters().admissions));
+  }
+  std::printf("checksum %.6g\n", checksum);
+  return 0;
+}
+
 int Main() {
+  if (absl::GetFlag(FLAGS_count_messages) > 0) return CountMain();
   const size_t rows = absl::GetFlag(FLAGS_rows);
   const uint32_t dim = absl::GetFlag(FLAGS_dim);
   const size_t per = absl::GetFlag(FLAGS_message_keys);
