@@ -90,6 +90,7 @@ absl::StatusOr<std::unique_ptr<KVServer>> KVServer::Start(Options options) {
     absl::MutexLock lock(&server->view_mu_);
     server->ownership_ = std::move(own);
   }
+  if (server->options_.metrics != nullptr) server->RegisterMetrics(server->options_.metrics);
   server->thread_ = std::thread([s = server.get()] { s->Serve(); });
   Log()->info("serving {} tables on {}", server->tables_.size(),
               server->endpoint_);
@@ -105,6 +106,7 @@ KVServer::KVServer(Options options)
       ownership_(std::make_shared<Ownership>()) {}
 
 KVServer::~KVServer() {
+  UnregisterMetrics();
   Stop();
   if (wake_fd_ >= 0) close(wake_fd_);
 }
@@ -483,6 +485,14 @@ KVServer::Outcome KVServer::Process(std::vector<zmq::message_t>& frames,
   rh->set_epoch(own.epoch);
   Outcome outcome = Outcome::kAnswer;
   absl::Status status;
+  // Counted per request, never per key: two clock reads and a few adds.
+  ServerInstruments::TimePoint start;
+  uint64_t bytes_in = 0;
+  if (instruments_ != nullptr) {
+    start = ServerInstruments::Now();
+    for (const zmq::message_t& f : frames) bytes_in += f.size();
+  }
+  request_op_ = 0;
   try {
     status = ProcessChecked(frames, own, rh, values, keys, &outcome);
   } catch (const std::bad_alloc&) {
@@ -500,7 +510,19 @@ KVServer::Outcome KVServer::Process(std::vector<zmq::message_t>& frames,
     *values = zmq::message_t();
     *keys = zmq::message_t();
     Log()->debug("request {} rejected: {}", rh->request_id(), status.ToString());
+    if (instruments_ != nullptr) {
+      instruments_->RecordError(ServerInstruments::Classify(status, *rh));
+      instruments_->Record(request_op_, ServerInstruments::Outcome::kError, bytes_in, 0,
+                           start);
+    }
     return Outcome::kAnswer;
+  }
+  if (instruments_ != nullptr) {
+    instruments_->Record(request_op_,
+                         outcome == Outcome::kDefer  ? ServerInstruments::Outcome::kDeferred
+                         : outcome == Outcome::kHold ? ServerInstruments::Outcome::kHeld
+                                                     : ServerInstruments::Outcome::kOk,
+                         bytes_in, values->size() + keys->size(), start);
   }
   return outcome;
 }
@@ -514,6 +536,7 @@ absl::Status KVServer::ProcessChecked(std::vector<zmq::message_t>& frames,
   rh->set_request_id(req.header.request_id());
   if (!status.ok()) return status;
   const RequestHeader& h = req.header;
+  request_op_ = h.op();
 
   if (h.replica()) {
     return absl::InvalidArgumentError(
@@ -1027,6 +1050,9 @@ void KVServer::Progress(const Ownership& own) {
     ResponseHeader rh;
     zmq::message_t values, keys;
     Process(it->frames, own, &rh, &values, &keys);
+    if (instruments_ != nullptr) {
+      instruments_->RecordHold(absl::ToDoubleSeconds(absl::Now() - it->since));
+    }
     if (replicated_) {
       Answer(it->identity, rh, values, keys, std::move(it->needs), false);
     } else {

@@ -60,12 +60,14 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "common/metrics.h"
 #include "proto/config.pb.h"
 #include "proto/data_plane.pb.h"
 #include "proto/scheduler.pb.h"
 #include "server/consistency.h"
 #include "server/key_cache.h"
 #include "server/replication.h"
+#include "server/server_metrics.h"
 #include "server/table.h"
 #include "zmq.hpp"
 
@@ -91,6 +93,10 @@ class KVServer {
     // the view's checkpoint_clock). server_main.cc forwards it to the
     // scheduler. Must not block for long.
     std::function<void(const ReportCheckpointRequest&)> on_checkpoint;
+    // Where the server adds its metrics (server/server_metrics.h lists
+    // them); null: none. Not owned; must outlive the server. Once the
+    // server is destroyed its scrape-time metrics read as empty.
+    metrics::Registry* metrics = nullptr;
   };
 
   struct Stats {
@@ -417,6 +423,17 @@ class KVServer {
   // Whether the first view with a slot map has been applied (restoring
   // from the view's checkpoint, if it names one).
   bool restored_ = false;
+
+  // Metrics (server_metrics.cc): registers them in `registry`, and stops
+  // the scrape-time ones from reading this server.
+  struct MetricsSource;
+  void RegisterMetrics(metrics::Registry* registry);
+  void UnregisterMetrics();
+  // Null without Options::metrics. The op of the request being processed
+  // (0 until its header is decoded).
+  std::unique_ptr<ServerInstruments> instruments_;
+  std::shared_ptr<MetricsSource> metrics_source_;
+  int request_op_ = 0;
 
   void PublishTableStats();
   absl::Time last_stats_publish_ = absl::InfinitePast();
