@@ -59,6 +59,12 @@ TerminationSignals::TerminationSignals() {
   sigaction(SIGTERM, &forward, nullptr);
 }
 
+void TerminationSignals::RequestTermination() {
+  // Sent to the waiting thread, which has SIGTERM blocked: it stays pending
+  // until sigwait() takes it, as a real one would.
+  pthread_kill(thread_.native_handle(), SIGTERM);
+}
+
 TerminationSignals::~TerminationSignals() {
   // Back to the default actions before the waiter goes away.
   ::signal(SIGINT, SIG_DFL);

@@ -30,6 +30,10 @@ class TerminationSignals {
   }
   // The signal number received, 0 if none.
   int signal() const { return signal_.load(); }
+  // Acts as if SIGTERM had arrived (requested() and signal() follow), so a
+  // stop asked for some other way (the scheduler draining the node) takes
+  // exactly the SIGTERM path. Safe from any thread, any number of times.
+  void RequestTermination();
 
  private:
   absl::Notification notification_;

@@ -254,6 +254,10 @@ void SchedulerClient::HeartbeatLoop() {
       absl::MutexLock lock(&mu_);
       job_state_ = response.job_state();
     }
+    if (response.drain() && !drain_.exchange(true)) {
+      Log()->info("the scheduler is draining this node: leaving as on SIGTERM");
+      if (options_.on_drain) options_.on_drain();
+    }
     if (response.epoch() > request.known_epoch()) {
       GetClusterViewRequest get;
       ClusterView fresh;

@@ -46,6 +46,10 @@ class SchedulerClient {
     // Called with every newer view and this node's rank, on the heartbeat
     // thread (and once from Connect()).
     std::function<void(const ClusterView&, uint32_t rank)> on_view;
+    // Called once, on the heartbeat thread, when a heartbeat first says the
+    // scheduler is draining this node (psctl drain): the node should leave
+    // exactly as on SIGTERM. Must not block.
+    std::function<void()> on_drain;
 
     // Options for a node of the job `config` (fingerprint and heartbeat
     // interval taken from it) reaching the scheduler at `address`.
@@ -91,6 +95,8 @@ class SchedulerClient {
 
   // True once the scheduler said this node is no longer a member.
   bool lost() const { return lost_.load(); }
+  // True once a heartbeat said the scheduler is draining this node.
+  bool drain_requested() const { return drain_.load(); }
 
   // Waits until all servers have registered. DEADLINE_EXCEEDED on timeout.
   absl::StatusOr<ClusterView> WaitForRunning(absl::Duration timeout);
@@ -147,6 +153,7 @@ class SchedulerClient {
   JobState job_state_ ABSL_GUARDED_BY(mu_) = STARTING;
 
   std::atomic<bool> lost_{false};
+  std::atomic<bool> drain_{false};
   absl::Notification stop_;
   // The watch loop's long poll in flight, so stopping can cancel it rather
   // than wait for it to time out.

@@ -184,6 +184,7 @@ absl::StatusOr<HeartbeatResponse> ClusterState::Heartbeat(
   HeartbeatResponse response;
   response.set_epoch(view_.epoch());
   response.set_job_state(view_.job_state());
+  response.set_drain(hb.info.draining());
   return response;
 }
 

@@ -94,6 +94,11 @@ class ClusterState {
   absl::StatusOr<RegisterResponse> Register(const RegisterRequest& request);
   absl::StatusOr<HeartbeatResponse> Heartbeat(const HeartbeatRequest& request);
   absl::Status Leave(const LeaveRequest& request);
+  // Marks a live node as draining (psctl drain): its heartbeats are then
+  // answered with drain set, and it leaves as on SIGTERM. Bumps the epoch
+  // so the view shows it. Errors and what is refused as unsafe: see Drain
+  // in scheduler.proto. (scheduler/cluster_state_drain.cc)
+  absl::StatusOr<DrainResponse> Drain(const DrainRequest& request);
 
   // Returns the view once it satisfies the request or the timeout passes
   // (then the current view, which the caller may inspect).

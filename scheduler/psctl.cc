@@ -12,6 +12,15 @@
 //       Starts a consistent checkpoint a few steps ahead of the fastest
 //       worker and prints its clock; with --wait, waits (up to --timeout_ms)
 //       until it is committed (MANIFEST written).
+//   psctl --scheduler=HOST:PORT drain NODE [--wait]
+//       Asks the scheduler to drain a node, named by its node id (as in
+//       status) or as server:RANK / worker:RANK: it leaves gracefully as on
+//       SIGTERM once its next heartbeat tells it (a worker after its current
+//       step, its shard resumed by another worker; a server after handing
+//       its slots to their backups or checkpointing them). Prints what
+//       follows; with --wait, waits (up to --timeout_ms) until it has left.
+//       Refused (exit 1) for the scheduler, the only live worker, or a
+//       server whose parameters would be lost.
 //
 // Every RPC has a deadline (--timeout_ms). Exit status: 0 on success, 1 when
 // the scheduler cannot be reached or refuses the request (its message is
@@ -30,6 +39,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
@@ -47,8 +57,8 @@ ABSL_FLAG(int64_t, staleness, 0,
           "set-mode SSP: how many steps a worker may run ahead of the "
           "slowest one.");
 ABSL_FLAG(bool, wait, false,
-          "checkpoint: wait until the checkpoint is committed (up to "
-          "--timeout_ms).");
+          "checkpoint: wait until the checkpoint is committed; drain: wait "
+          "until the node has left (both up to --timeout_ms).");
 
 namespace ps {
 namespace {
@@ -59,7 +69,9 @@ constexpr char kUsage[] =
     "  status                               job state, mode, nodes, clocks\n"
     "  set-mode BSP|ASYNC|SSP [--staleness=N]\n"
     "                                       change the consistency mode\n"
-    "  checkpoint [--wait]                  take a consistent checkpoint now\n";
+    "  checkpoint [--wait]                  take a consistent checkpoint now\n"
+    "  drain NODE [--wait]                  make a node leave as on SIGTERM;\n"
+    "                                       NODE: node id, server:R, worker:R\n";
 
 constexpr int kExitOk = 0;
 constexpr int kExitFailed = 1;
@@ -121,6 +133,34 @@ absl::StatusOr<ConsistencyMode> ParseMode(absl::string_view name) {
   return mode;
 }
 
+// "7" (node id), "server:1", "worker:0" or "scheduler".
+absl::StatusOr<DrainRequest> ParseDrainTarget(absl::string_view text) {
+  DrainRequest request;
+  uint64_t id = 0;
+  if (text == "scheduler") {
+    request.set_scheduler(true);
+    return request;
+  }
+  if (absl::SimpleAtoi(text, &id)) {
+    if (id == 0) return absl::InvalidArgumentError("node ids start at 1");
+    request.set_node_id(id);
+    return request;
+  }
+  const size_t colon = text.find(':');
+  uint32_t rank = 0;
+  if (colon != absl::string_view::npos &&
+      absl::SimpleAtoi(text.substr(colon + 1), &rank)) {
+    const absl::string_view role = text.substr(0, colon);
+    if (role == "server" || role == "worker") {
+      request.mutable_rank()->set_role(role == "server" ? SERVER : WORKER);
+      request.mutable_rank()->set_rank(rank);
+      return request;
+    }
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "bad node '", text, "': give a node id, server:RANK or worker:RANK"));
+}
+
 const char* RoleName(Role role) {
   switch (role) {
     case SERVER:
@@ -160,6 +200,7 @@ std::string FormatStatus(const GetStatusResponse& status) {
     absl::StrAppend(&out, "  host ", n.host().empty() ? "-" : n.host(), "  pid ",
                     n.pid());
     if (n.role() == WORKER) absl::StrAppend(&out, "  start_clock ", n.start_clock());
+    if (n.draining() && n.state() == ALIVE) absl::StrAppend(&out, "  draining");
     absl::StrAppend(&out, "\n");
   }
   absl::StrAppend(&out, "worker clocks: ", status.clocks_size(), " live\n");
@@ -227,6 +268,34 @@ absl::Status RunCheckpoint(Scheduler::Stub& stub, absl::Duration timeout,
       "retried at a later clock if a node was too late; see the scheduler log)"));
 }
 
+absl::Status RunDrain(Scheduler::Stub& stub, absl::Duration timeout,
+                      const DrainRequest& request, bool wait) {
+  DrainResponse response;
+  const grpc::Status s = stub.Drain(Context(timeout).get(), request, &response);
+  if (!s.ok()) return Annotate(FromGrpcStatus(s), "Drain");
+  const NodeInfo& node = response.node();
+  std::cout << "draining " << RoleName(node.role()) << " rank " << node.rank()
+            << " (node " << node.node_id() << "): " << response.note() << "\n";
+  if (!wait) return absl::OkStatus();
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    GetStatusResponse status;
+    const grpc::Status g =
+        stub.GetStatus(Context(timeout).get(), GetStatusRequest(), &status);
+    if (!g.ok()) return Annotate(FromGrpcStatus(g), "GetStatus");
+    for (const NodeInfo& n : status.view().nodes()) {
+      if (n.node_id() == node.node_id() && n.state() != ALIVE) {
+        std::cout << "node " << n.node_id() << " " << NodeState_Name(n.state()) << "\n";
+        return absl::OkStatus();
+      }
+    }
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  return absl::DeadlineExceededError(absl::StrCat(
+      "node ", node.node_id(), " has not left yet (a worker leaves after its "
+      "current step, a server after its checkpoint)"));
+}
+
 int UsageError(absl::string_view message) {
   std::cerr << "psctl: " << message << "\n" << kUsage;
   return kExitUsage;
@@ -250,6 +319,7 @@ int main(int argc, char** argv) {
 
   // Parse the whole command before contacting the scheduler.
   ps::ConsistencyMode mode = ps::CONSISTENCY_MODE_UNSPECIFIED;
+  ps::DrainRequest drain;
   if (command == "status") {
     if (args.size() != 2) return ps::UsageError("status takes no arguments");
   } else if (command == "set-mode") {
@@ -262,6 +332,11 @@ int main(int argc, char** argv) {
     }
   } else if (command == "checkpoint") {
     if (args.size() != 2) return ps::UsageError("checkpoint takes no arguments");
+  } else if (command == "drain") {
+    if (args.size() != 3) return ps::UsageError("drain takes one node");
+    absl::StatusOr<ps::DrainRequest> parsed = ps::ParseDrainTarget(args[2]);
+    if (!parsed.ok()) return ps::UsageError(parsed.status().message());
+    drain = *std::move(parsed);
   } else {
     return ps::UsageError(absl::StrCat("unknown command '", command, "'"));
   }
@@ -272,6 +347,7 @@ int main(int argc, char** argv) {
   const absl::Status status =
       command == "status"       ? ps::RunStatus(*stub, timeout)
       : command == "checkpoint" ? ps::RunCheckpoint(*stub, timeout, absl::GetFlag(FLAGS_wait))
+      : command == "drain"      ? ps::RunDrain(*stub, timeout, drain, absl::GetFlag(FLAGS_wait))
                                 : ps::RunSetMode(*stub, timeout, mode,
                                                  static_cast<uint32_t>(staleness));
   if (!status.ok()) {

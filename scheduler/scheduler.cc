@@ -92,6 +92,14 @@ class SchedulerServer::Service final : public Scheduler::Service {
     return ToGrpcStatus(state_->ReportCheckpoint(*request));
   }
 
+  grpc::Status Drain(grpc::ServerContext*, const DrainRequest* request,
+                     DrainResponse* response) override {
+    absl::StatusOr<DrainResponse> result = state_->Drain(*request);
+    if (!result.ok()) return ToGrpcStatus(result.status());
+    *response = std::move(result).value();
+    return grpc::Status::OK;
+  }
+
  private:
   ClusterState* const state_;
 };

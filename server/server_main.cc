@@ -72,6 +72,8 @@ int main(int argc, char** argv) {
       *config, absl::GetFlag(FLAGS_scheduler), ps::SERVER);
   client_options.data_endpoint = endpoint;
   ps::KVServer* kv = server->get();
+  // Drained (psctl drain): leave exactly as on SIGTERM.
+  client_options.on_drain = [&signals] { signals.RequestTermination(); };
   client_options.on_view = [kv](const ps::ClusterView& view, uint32_t rank) {
     kv->UpdateView(view, rank);
   };

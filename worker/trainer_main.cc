@@ -346,6 +346,8 @@ int Run(ps::TerminationSignals& signals, const ps::JobConfig* config) {
       *config, absl::GetFlag(FLAGS_scheduler), ps::WORKER);
   // Its shard is resumed by another worker if it dies or is preempted.
   options.trains_shards = true;
+  // Drained (psctl drain): stop after the current step as on SIGTERM.
+  options.on_drain = [&signals] { signals.RequestTermination(); };
   options.on_view = [&kv](const ps::ClusterView& view, uint32_t) {
     kv.Update(view);
   };
