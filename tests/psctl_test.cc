@@ -1,5 +1,6 @@
 // psctl against a real scheduler process: status output, run-time mode
-// changes, refused requests, usage errors and an unreachable scheduler.
+// changes, refused requests, usage errors and an unreachable scheduler;
+// draining a worker of a real running job.
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -9,6 +10,7 @@
 #include <cstdint>
 #include <fstream>
 #include <memory>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -23,6 +25,7 @@
 #include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
 #include "proto/scheduler.grpc.pb.h"
+#include "tests/testing/job_harness.h"
 #include "tests/testing/subprocess.h"
 
 namespace ps {
@@ -199,6 +202,12 @@ TEST_F(PsctlTest, UsageErrorsExitWithTwoWithoutContactingTheScheduler) {
       {flag, "--no_such_flag=1", "status"},
       {flag, "--timeout_ms=soon", "status"},
       {flag, "--timeout_ms=0", "status"},
+      {flag, "drain"},
+      {flag, "drain", "server"},
+      {flag, "drain", "node:1"},
+      {flag, "drain", "worker:-1"},
+      {flag, "drain", "0"},
+      {flag, "drain", "1", "2"},
   };
   for (const auto& args : bad) {
     const Result r = Psctl(args);
@@ -209,6 +218,8 @@ TEST_F(PsctlTest, UsageErrorsExitWithTwoWithoutContactingTheScheduler) {
   EXPECT_THAT(Psctl({flag, "set-mode", "FOO"}).err, HasSubstr("unknown mode 'FOO'"));
   EXPECT_THAT(Psctl({flag, "frobnicate"}).err,
               HasSubstr("unknown command 'frobnicate'"));
+  EXPECT_THAT(Psctl({flag, "drain", "node:1"}).err,
+              HasSubstr("bad node 'node:1': give a node id, server:RANK or worker:RANK"));
 
   // None of them changed anything.
   const Result r = Psctl({flag, "status"});
@@ -280,6 +291,97 @@ TEST_F(PsctlTest, StatusListsNodesAndWorkerClocks) {
   EXPECT_THAT(r.out, HasSubstr("job: FINISHED\n"));
   EXPECT_THAT(r.out, HasSubstr("  node 2  worker rank 0  LEFT  host hostB"));
   EXPECT_THAT(r.out, HasSubstr("worker clocks: 0 live\n"));
+}
+
+// Sum of "trained N examples" over the workers' logs: what they trained
+// together.
+uint64_t ExamplesTrained(ps::testing::JobHarness& job) {
+  static const std::regex kTrained("trained ([0-9]+) examples");
+  uint64_t total = 0;
+  for (int i = 0; i < job.num_worker_processes(); ++i) {
+    const std::string log = ReadFile(job.worker(i).stderr_path());
+    for (std::sregex_iterator it(log.begin(), log.end(), kTrained), end; it != end;
+         ++it) {
+      total += std::stoull((*it)[1].str());
+    }
+  }
+  return total;
+}
+
+// A real job (1 server, 2 trainers): a worker drained mid-training leaves
+// with its position, the other trains the rest of its shard, and the job
+// ends with every example trained exactly once and one summary. Draining
+// what would be unsafe is refused with the scheduler's reason.
+TEST_F(PsctlTest, DrainsAWorkerOfARunningJob) {
+  constexpr int kNumTrain = 150000;
+  constexpr int kEpochs = 2;
+  ps::testing::JobHarness::Options options;
+  options.dir = dir_ + "/job";
+  options.num_servers = 1;
+  options.num_workers = 2;
+  options.config = absl::StrCat(R"pb(
+    name: "drain"
+    cluster {
+      num_servers: 1 num_workers: 2 num_slots: 64
+      heartbeat_interval_ms: 100 heartbeat_timeout_ms: 5000
+      request_timeout_ms: 10000 on_worker_loss: REASSIGN
+    }
+    consistency { mode: ASYNC }
+    tables {
+      id: 0 name: "w" sparse { dim: 1 }
+      optimizer { adagrad { learning_rate: 0.1 initial_accumulator: 1e-6 } }
+    }
+    tables {
+      id: 1 name: "d" dense { size: 14 }
+      optimizer { adagrad { learning_rate: 0.1 initial_accumulator: 1e-6 } }
+    }
+    data { synthetic_ctr { num_train: )pb", kNumTrain, R"pb( num_test: 20000 seed: 1 } }
+    training { batch_size: 256 epochs: )pb", kEpochs, R"pb( sparse_table: "w" dense_table: "d" }
+  )pb");
+  auto job = ps::testing::JobHarness::Start(options);
+  ASSERT_TRUE(job.ok()) << job.status();
+  const std::string flag =
+      "--scheduler=127.0.0.1:" +
+      std::string(absl::StripAsciiWhitespace(ReadFile(options.dir + "/scheduler.port")));
+  auto rank = (*job)->WaitForRegistration(0, absl::Seconds(30));
+  ASSERT_TRUE(rank.ok()) << rank.status() << (*job)->LogTails(20);
+  auto step = (*job)->WaitForStep(0, 20, absl::Seconds(60));
+  ASSERT_TRUE(step.ok()) << step.status() << (*job)->LogTails(20);
+  ASSERT_LT(*step, uint64_t{1} << 62) << "worker 0 finished before the drain";
+
+  // Refused: the scheduler, the only copy of the server's slots, an
+  // unknown node. Exit 1 with the scheduler's reason; nothing changes.
+  Result r = Psctl({flag, "drain", "scheduler"});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, HasSubstr("FAILED_PRECONDITION"));
+  EXPECT_THAT(r.err, HasSubstr("the scheduler cannot be drained"));
+  r = Psctl({flag, "drain", "server:0"});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, HasSubstr("would lose its parameters"));
+  r = Psctl({flag, "drain", "999"});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, HasSubstr("NOT_FOUND"));
+
+  r = Psctl({flag, "--timeout_ms=30000", "drain", absl::StrCat("worker:", *rank),
+             "--wait"});
+  ASSERT_EQ(r.code, 0) << r.err << (*job)->LogTails(20);
+  EXPECT_THAT(r.out, HasSubstr(absl::StrCat("draining worker rank ", *rank, " (node ",
+                                            (*job)->node_id(0), "): it stops after "
+                                            "its current step; another worker resumes")));
+  EXPECT_THAT(r.out, HasSubstr(absl::StrCat("node ", (*job)->node_id(0), " LEFT\n")));
+
+  auto result = (*job)->Wait(absl::Seconds(120));
+  ASSERT_TRUE(result.ok()) << result.status() << (*job)->LogTails(30);
+  EXPECT_EQ(result->scheduler, 0);
+  EXPECT_EQ(result->servers, std::vector<int>({0}));
+  EXPECT_EQ(result->workers, std::vector<int>({0, 0}));  // drained: exit 0
+  EXPECT_EQ(result->summaries, 1) << (*job)->LogTails(30);
+  EXPECT_THAT(result->summary, HasSubstr("\"test_auc\":0."));
+  const std::string drained_log = ReadFile((*job)->worker(0).stderr_path());
+  EXPECT_THAT(drained_log, HasSubstr("the scheduler is draining this node"));
+  EXPECT_THAT(drained_log, HasSubstr("preempted: left at shard"));
+  EXPECT_EQ(ExamplesTrained(**job), uint64_t{kNumTrain} * kEpochs)
+      << (*job)->LogTails(30);
 }
 
 TEST_F(PsctlTest, NothingListeningFailsAtOnce) {
