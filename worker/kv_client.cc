@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cstring>
 #include <functional>
 #include <string>
@@ -13,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/hash.h"
 #include "common/logging.h"
+#include "common/protocol.h"
 #include "common/value_codec.h"
 #include "common/wire.h"
 #include "proto/data_plane.pb.h"
@@ -42,13 +44,28 @@ struct Completion::State {
   void PartDone(const absl::Status& s) {
     absl::Status final_status;
     bool finished;
+    uint64_t slowest = UINT64_MAX;
     {
       absl::MutexLock lock(&mu);
       if (!s.ok() && status.ok()) status = s;
       finished = --remaining == 0;
       final_status = status;
+      if (finished) slowest = min_clock;
     }
+    if (finished) Observe(final_status, slowest);
     if (finished && done) done(final_status);
+  }
+
+  // KVClient::Options::instruments, once the request completed.
+  void Observe(const absl::Status& s, uint64_t slowest) const {
+    if (latency != nullptr) {
+      latency->Observe(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    }
+    if (staleness != nullptr && s.ok() && slowest != UINT64_MAX &&
+        clock < kFinishedClock) {
+      staleness->Observe(static_cast<double>(clock > slowest ? clock - slowest : 0));
+    }
   }
 
   // A part was split in two or more (rerouted after a failover).
@@ -87,6 +104,12 @@ struct Completion::State {
   uint64_t min_clock ABSL_GUARDED_BY(mu) = UINT64_MAX;
   uint64_t applied_clock ABSL_GUARDED_BY(mu) = UINT64_MAX;
   const DoneCallback done;
+  // Set before the request is submitted (KVClient::Instrument); null: not
+  // observed. `clock`: the sender's clock in the request.
+  metrics::Histogram* latency = nullptr;
+  metrics::Histogram* staleness = nullptr;
+  uint64_t clock = 0;
+  std::chrono::steady_clock::time_point start;
 };
 
 uint64_t Completion::min_clock() const {
@@ -926,6 +949,19 @@ KVClient::Stats KVClient::stats() const {
   return s;
 }
 
+void KVClient::Instrument(int op, Completion::State* state) const {
+  const Options::Instruments& in = options_.instruments;
+  state->latency = op == PUSH        ? in.push_seconds
+                   : op == PULL      ? in.pull_seconds
+                   : op == PUSH_PULL ? in.push_pull_seconds
+                                     : nullptr;
+  if (op == PULL || op == PUSH_PULL) state->staleness = in.staleness;
+  if (state->latency != nullptr || state->staleness != nullptr) {
+    state->clock = clock_.load();
+    state->start = std::chrono::steady_clock::now();
+  }
+}
+
 Completion KVClient::Failed(absl::Status status, DoneCallback done) {
   auto state = std::make_shared<Completion::State>(1, std::move(done));
   state->PartDone(status);
@@ -1165,6 +1201,7 @@ Completion KVClient::Sparse(int op_int, uint32_t table,
   int num_parts = 0;
   for (uint32_t c : counts) num_parts += c > 0;
   auto state = std::make_shared<Completion::State>(num_parts, std::move(done));
+  Instrument(op, state.get());
   std::vector<std::unique_ptr<Part>> parts;
   parts.reserve(num_parts);
   for (uint32_t server = 0; server < num_servers; ++server) {
@@ -1328,6 +1365,7 @@ Completion KVClient::Dense(int op_int, uint32_t table, uint64_t begin,
   int num_parts = 0;
   for (const auto& b : builders) num_parts += b.total > 0;
   auto state = std::make_shared<Completion::State>(num_parts, std::move(done));
+  Instrument(op, state.get());
   std::vector<std::unique_ptr<Part>> parts;
   for (uint32_t server = 0; server < num_servers; ++server) {
     Builder& b = builders[server];

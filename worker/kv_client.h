@@ -34,6 +34,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/metrics.h"
 #include "proto/config.pb.h"
 #include "proto/data_plane.pb.h"
 #include "proto/scheduler.pb.h"
@@ -83,6 +84,22 @@ class KVClient {
     // (common/wire.h); 0 lets the server pick (kDefaultScanRows). Larger
     // values are capped at kMaxScanRows.
     uint64_t scan_page_rows = 0;
+
+    // Metrics (common/metrics.h), each optional; not owned, must outlive
+    // the client. Observed on the I/O thread as a request completes (with
+    // or without an error): the seconds from the call to its completion,
+    // by kind (sparse and dense alike; ASSIGN, ADVANCE_CLOCK, STATS and
+    // SCAN are not observed, nor requests refused before anything is sent). `staleness`: for each successful request that
+    // pulled, how many clocks this worker was ahead of the slowest live
+    // worker as the servers answered (ResponseHeader.min_clock; 0 when it
+    // is the slowest).
+    struct Instruments {
+      metrics::Histogram* push_seconds = nullptr;
+      metrics::Histogram* pull_seconds = nullptr;
+      metrics::Histogram* push_pull_seconds = nullptr;
+      metrics::Histogram* staleness = nullptr;
+    };
+    Instruments instruments;
   };
 
   // `view` must be RUNNING. INVALID_ARGUMENT otherwise.
@@ -208,6 +225,9 @@ class KVClient {
                    absl::Span<const float> grads, float* out,
                    DoneCallback done);
   Completion Failed(absl::Status status, DoneCallback done);
+  // Sets what `state` (of a request with op `op`) observes on completion
+  // (Options::instruments).
+  void Instrument(int op, Completion::State* state) const;
   // Fills what config.data_plane asks of a request with op `op` (a proto
   // Op): value encodings, and for a sparse request's `keys` its key-list
   // slot and digest.

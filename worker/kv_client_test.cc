@@ -18,6 +18,7 @@
 #include "absl/synchronization/notification.h"
 #include "common/config.h"
 #include "common/hash.h"
+#include "common/metrics.h"
 #include "common/value_codec.h"
 #include "gtest/gtest.h"
 #include "scheduler/client.h"
@@ -169,6 +170,45 @@ TEST_F(KVClientTest, SparsePushPullAcrossBothServers) {
   EXPECT_GT(servers_[1]->stats().keys_pushed, 0u);
   EXPECT_EQ(servers_[0]->stats().keys_pushed + servers_[1]->stats().keys_pushed,
             200u);
+}
+
+TEST_F(KVClientTest, InstrumentsObserveLatencyAndStaleness) {
+  metrics::Registry registry;
+  KVClient::Options options{config_, 0};
+  options.instruments.push_seconds = registry.AddHistogram("push", "", {10});
+  options.instruments.pull_seconds = registry.AddHistogram("pull", "", {10});
+  options.instruments.push_pull_seconds = registry.AddHistogram("push_pull", "", {10});
+  options.instruments.staleness = registry.AddHistogram("staleness", "", {0, 1, 2, 3});
+  ClusterView view = scheduler_->state()->AwaitView(0, true, absl::Seconds(5));
+  auto created = KVClient::Create(options, view);
+  ASSERT_TRUE(created.ok()) << created.status();
+  std::unique_ptr<KVClient> client = std::move(created).value();
+  std::vector<uint64_t> keys = {1, 2, 3, 4, 5, 6, 7, 8};
+  std::vector<float> grads(keys.size() * 4, 0.25f);
+  std::vector<float> out(keys.size() * 4);
+  std::vector<float> dense(10);
+  ASSERT_TRUE(client->Push(3, keys, grads).Wait().ok());
+  ASSERT_TRUE(client->PushDense(4, 0, dense).Wait().ok());
+  ASSERT_TRUE(client->Pull(3, keys, out.data()).Wait().ok());
+  ASSERT_TRUE(client->PullDense(4, 0, dense.size(), dense.data()).Wait().ok());
+  ASSERT_TRUE(client->PushPull(3, keys, grads, out.data()).Wait().ok());
+  // Not observed: clock, statistics; nor a request refused before sending.
+  ASSERT_TRUE(client->AdvanceClockTo(3).Wait().ok());
+  EXPECT_FALSE(client->Push(99, keys, grads).Wait().ok());
+  EXPECT_EQ(options.instruments.push_seconds->count(), 2u);
+  EXPECT_EQ(options.instruments.pull_seconds->count(), 2u);
+  EXPECT_EQ(options.instruments.push_pull_seconds->count(), 1u);
+  EXPECT_GT(options.instruments.pull_seconds->sum(), 0);
+  EXPECT_LT(options.instruments.pull_seconds->sum(), 10);
+  // No worker is registered with the scheduler, so the servers answer a
+  // slowest clock of 0: the client at clock 0 is not ahead, at 3 it is 3
+  // ahead.
+  EXPECT_EQ(options.instruments.staleness->count(), 3u);
+  EXPECT_EQ(options.instruments.staleness->sum(), 0);
+  ASSERT_TRUE(client->Pull(3, keys, out.data()).Wait().ok());
+  EXPECT_EQ(options.instruments.staleness->count(), 4u);
+  EXPECT_EQ(options.instruments.staleness->sum(), 3);
+  EXPECT_EQ(options.instruments.staleness->BucketCounts()[3], 1u);  // <= 3
 }
 
 TEST_F(KVClientTest, PushPullReturnsUpdatedValuesAndKeepsCallerOrder) {
