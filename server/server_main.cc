@@ -1,6 +1,7 @@
 // A server process: binds its data-plane socket, registers with the
 // scheduler, serves its slots, and exits 0 when the job finishes or on
-// SIGINT/SIGTERM (after leaving the job).
+// SIGINT/SIGTERM (after leaving the job); the scheduler draining it (psctl
+// drain) takes the SIGTERM path.
 #include <memory>
 #include <string>
 

@@ -8,7 +8,8 @@
 // others wait for it at barrier "evaluated-0"; if it dies first, the lowest
 // of them takes over (barrier "evaluated-1", ...).
 //
-// SIGINT/SIGTERM (preemption): training stops after the current step, its
+// SIGINT/SIGTERM (preemption), or the scheduler draining this worker (psctl
+// drain, learnt from a heartbeat): training stops after the current step, its
 // pushes acknowledged, and the worker leaves with the exact position of its
 // next untrained batch, so another worker trains the rest of the shard with
 // nothing trained twice or skipped; it exits 0. A signal while waiting (for
