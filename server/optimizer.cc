@@ -11,8 +11,28 @@
 namespace ps {
 namespace {
 
+// ApplyRows for a rule with an inline Apply: the calls are not virtual, and
+// with one float per row (scalar embeddings) Apply inlines with n = 1.
+template <typename Rule>
+class RowsByApply : public Optimizer {
+ public:
+  void ApplyRows(float* const* rows, const float* g, size_t count, size_t dim,
+                 float lr_scale) const final {
+    const Rule& rule = static_cast<const Rule&>(*this);
+    if (dim == 1) {
+      for (size_t j = 0; j < count; ++j) {
+        rule.Rule::Apply(rows[j], rows[j] + 1, g + j, 1, lr_scale);
+      }
+      return;
+    }
+    for (size_t j = 0; j < count; ++j) {
+      rule.Rule::Apply(rows[j], rows[j] + dim, g + j * dim, dim, lr_scale);
+    }
+  }
+};
+
 // w -= lr * g
-class Sgd : public Optimizer {
+class Sgd final : public RowsByApply<Sgd> {
  public:
   explicit Sgd(const SgdConfig& c) : lr_(c.learning_rate()) {}
   int state_size() const override { return 0; }
@@ -28,7 +48,7 @@ class Sgd : public Optimizer {
 };
 
 // acc += g^2;  w -= lr * g / (sqrt(acc) + eps)   (Duchi et al., 2011)
-class Adagrad : public Optimizer {
+class Adagrad final : public RowsByApply<Adagrad> {
  public:
   explicit Adagrad(const AdagradConfig& c)
       : lr_(c.learning_rate()),
@@ -55,7 +75,7 @@ class Adagrad : public Optimizer {
 
 // v = mu * v + g;  w -= lr * v,  or with Nesterov  w -= lr * (g + mu * v)
 // (v already updated). State per element: v, starting at 0.
-class Momentum : public Optimizer {
+class Momentum final : public RowsByApply<Momentum> {
  public:
   explicit Momentum(const MomentumConfig& c)
       : lr_(c.learning_rate()), mu_(c.momentum()), nesterov_(c.nesterov()) {}
@@ -88,7 +108,7 @@ class Momentum : public Optimizer {
 // t + 1 rounds back to t and the count saturates. That is harmless for any
 // beta up to 0.999999: beta^(2^24) < 1e-7, so the correction factors are 1
 // to float precision either way.
-class Adam : public Optimizer {
+class Adam final : public RowsByApply<Adam> {
  public:
   explicit Adam(const AdamConfig& c)
       : lr_(c.learning_rate()),
@@ -142,7 +162,7 @@ class Adam : public Optimizer {
 // weight from the state instead of reading w: whatever the table's
 // initializer put in w is ignored (the algorithm starts from w = 0) and
 // simply overwritten by the first update.
-class Ftrl : public Optimizer {
+class Ftrl final : public RowsByApply<Ftrl> {
  public:
   explicit Ftrl(const FtrlConfig& c)
       : alpha_(c.alpha()), beta_(c.beta()), l1_(c.l1()), l2_(c.l2()) {}

@@ -44,6 +44,15 @@ class Optimizer {
   // The caller guarantees the gradients are finite.
   virtual void Apply(float* w, float* state, const float* g, size_t n,
                      float lr_scale) const = 0;
+
+  // Updates `count` rows of a sparse table, in order: row j's dim weights
+  // start at rows[j], its state follows them (rows[j] + dim), and its
+  // gradient is g[j * dim, (j + 1) * dim). Exactly what calling
+  // Apply(rows[j], rows[j] + dim, g + j * dim, dim, lr_scale) for j = 0, 1,
+  // ... in turn does, a row listed twice included (updated twice, in
+  // order); one call per block of rows rather than per row.
+  virtual void ApplyRows(float* const* rows, const float* g, size_t count,
+                         size_t dim, float lr_scale) const = 0;
 };
 
 // The learning-rate multiplier for an update of step `step` pushed with the

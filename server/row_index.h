@@ -50,18 +50,16 @@ class RowIndex {
   // max_entries is a caller bug (the table checks first). Default: no limit.
   void set_max_entries(size_t max_entries) { max_entries_ = max_entries; }
 
-  // The hash that picks `key`'s slots. It does not depend on the capacity,
-  // so it stays valid across growth. A mix unrelated to the slot-routing
-  // hash (common/hash.h): a server holds only keys whose routing hash falls
-  // in its slots, so reusing that hash here would crowd its keys into part
-  // of the index.
+  // The hash that picks `key`'s slots (by its high bits: see HomeIn). It
+  // does not depend on the capacity, so it stays valid across growth. One
+  // multiply (Fibonacci hashing), after folding the high half of the key
+  // into the low one: every key bit then reaches the high bits of the
+  // product, and consecutive keys land evenly spread. It is unrelated to
+  // the slot-routing hash (common/hash.h): a server holds only keys whose
+  // routing hash falls in its slots, so reusing that hash here would crowd
+  // its keys into part of the index.
   static uint64_t Hash(uint64_t key) {
-    key ^= key >> 33;
-    key *= 0xff51afd7ed558ccdULL;
-    key ^= key >> 33;
-    key *= 0xc4ceb9fe1a85ec53ULL;
-    key ^= key >> 33;
-    return key;
+    return (key ^ (key >> 32)) * 0x9e3779b97f4a7c15ULL;
   }
 
   // Where the slots are, for lookup loops: a copy in locals lets the

@@ -410,13 +410,17 @@ void SparseTable::Pull(absl::Span<const uint64_t> keys, float* out) {
 void SparseTable::Push(absl::Span<const uint64_t> keys, const float* grads,
                        float lr_scale) {
   // Blocks of keys as in Pull: look up and prefetch (for writing) a block's
-  // rows, then update them. Creating a row may evict another and hand its
-  // number to the new key, so once a block created a row its remaining
-  // keys are looked up again (which also finds a row a repeated key of the
-  // block just created: duplicates still apply twice, in order). Their
-  // hashes are still in the ring, and their slots in the cache. Creating
-  // a row may also grow the index or add a chunk: the views are then
-  // taken again.
+  // rows, then update them, with one ApplyRows call per run of keys that
+  // found their rows (`pending`; a key listed twice is listed twice and
+  // updated twice, in order). A run ends where a key is filtered, dropped
+  // or creates a row, so its gradients are contiguous in the request.
+  // Creating a row may evict another and hand its number to the new key, so
+  // the pending updates are applied first (the updates then are exactly
+  // those of one key at a time, in order), and the block's remaining keys
+  // are looked up again (which also finds the row a repeated key of the
+  // block just created). Their hashes are still in the ring, and their
+  // slots in the cache. Creating a row may also grow the index or add a
+  // chunk: the views are then taken again.
   const size_t n = keys.size();
   const uint64_t* k = keys.data();
   RowIndex::View index = index_.view();
@@ -425,12 +429,22 @@ void SparseTable::Push(absl::Span<const uint64_t> keys, const float* grads,
   uint64_t hashes[kHashRing];
   uint32_t rows[kLookupBlock];
   float* values[kLookupBlock];
+  float* pending[kLookupBlock];
   StartLookUps(index, keys, hashes);
   for (size_t begin = 0; begin < n; begin += kLookupBlock) {
     const size_t end = std::min(n, begin + kLookupBlock);
     LookUpBlock(index, locate, keys, begin, end, stride_ * sizeof(float),
                 /*for_write=*/true, hashes, rows, values);
     bool created = false;
+    size_t run_begin = begin;  // the key of pending[0]
+    size_t count = 0;          // pending rows: keys [run_begin, run_begin + count)
+    auto flush = [&](size_t next) {
+      if (count > 0) {
+        optimizer_->ApplyRows(pending, grads + run_begin * dim, count, dim, lr_scale);
+      }
+      count = 0;
+      run_begin = next;
+    };
     for (size_t i = begin; i < end; ++i) {
       uint32_t r = rows[i - begin];
       float* row = values[i - begin];
@@ -441,11 +455,14 @@ void SparseTable::Push(absl::Span<const uint64_t> keys, const float* grads,
       if (r == RowIndex::kNotFound) {
         if (sketch_ != nullptr && sketch_->Add(k[i]) < admit_after_) {
           ++counters_.pushes_filtered;
+          flush(i + 1);
           continue;
         }
+        flush(i);
         r = CreateRow(k[i]);
         if (r == kNil) {
           ++counters_.keys_dropped;
+          run_begin = i + 1;
           continue;
         }
         created = true;
@@ -456,8 +473,9 @@ void SparseTable::Push(absl::Span<const uint64_t> keys, const float* grads,
       } else if (evictable_) {
         Touch(r);
       }
-      optimizer_->Apply(row, row + dim, grads + i * dim, dim, lr_scale);
+      pending[count++] = row;
     }
+    flush(end);
   }
   counters_.keys_pushed += n;
 }

@@ -1262,6 +1262,110 @@ TEST(TableCreateTest, RejectsBudgetsTooSmallAndBadSparseFields) {
   EXPECT_LE(fits->max_rows(), 3u);
 }
 
+// Pull and Push work through the keys in blocks (looking a block's rows up
+// before updating them, updating runs of rows with one optimizer call);
+// that must change nothing: a push of a message leaves the table exactly
+// as pushing its keys one at a time in order does, and a pull answers and
+// touches exactly as one-key pulls do. Messages are longer than a block,
+// repeat keys (next to each other and far apart) and create rows; budgets
+// make pushes evict (LRU, LFU), refuse rows (no eviction) or filter them
+// (admission), and TTLs drop rows between messages.
+TEST(SparseTableTest, BlockedPushAndPullEqualOneKeyAtATime) {
+  // Budgets are at least 1 MiB: wide rows make them hold a few hundred.
+  struct Case {
+    const char* text;
+    uint64_t ids;  // distinct keys pushed
+  };
+  const Case kCases[] = {
+      {"optimizer { adagrad { learning_rate: 0.1 } } sparse { dim: 1 }", 600},
+      {"optimizer { adam { learning_rate: 0.01 } } init { kind: UNIFORM scale: 1 } "
+       "sparse { dim: 3 }", 600},
+      {"optimizer { adagrad { learning_rate: 0.1 } } sparse { dim: 128 "
+       "memory_budget_bytes: 1048576 eviction: EVICT_LRU }", 1500},
+      {"optimizer { momentum { learning_rate: 0.1 momentum: 0.9 } } sparse { dim: 256 "
+       "memory_budget_bytes: 1048576 eviction: EVICT_LFU }", 600},
+      {"optimizer { sgd { learning_rate: 0.5 } } sparse { dim: 256 "
+       "memory_budget_bytes: 1048576 eviction: EVICT_NONE }", 1500},
+      {"optimizer { ftrl { alpha: 0.1 beta: 1 l1: 0.01 l2: 0.01 } } sparse { dim: 256 "
+       "admit_after_pushes: 3 admission_sketch_width: 1024 "
+       "memory_budget_bytes: 1048576 eviction: EVICT_LFU }", 600},
+      {"optimizer { adagrad { learning_rate: 0.1 } } sparse { dim: 4 ttl_steps: 2 }", 600},
+  };
+  for (const Case& k : kCases) {
+    SCOPED_TRACE(k.text);
+    const TableConfig c = ParseTable(absl::StrCat("id: 3 name: \"b\" ", k.text));
+    auto blocked = MustCreateSparse(c);
+    auto single = MustCreateSparse(c);
+    ASSERT_NE(blocked, nullptr);
+    ASSERT_NE(single, nullptr);
+    const uint32_t dim = blocked->dim();
+    uint64_t s = 17;
+    uint64_t step = 0;
+    for (int m = 0; m < 40; ++m) {
+      // 300 keys; every seventh repeats the key before it.
+      std::vector<uint64_t> keys(300);
+      for (size_t i = 0; i < keys.size(); ++i) {
+        s = Mix64(s);
+        keys[i] = i % 7 == 6 ? keys[i - 1] : Mix64(s % k.ids);
+      }
+      std::vector<float> grads(keys.size() * dim);
+      for (size_t i = 0; i < grads.size(); ++i) {
+        grads[i] = static_cast<float>(static_cast<int>((i * 37 + m) % 17) - 8) * 0.01f;
+      }
+      const float lr_scale = m % 3 == 0 ? 0.5f : 1.0f;
+      blocked->Push(keys, grads.data(), lr_scale);
+      for (size_t i = 0; i < keys.size(); ++i) {
+        single->Push({keys[i]}, grads.data() + i * dim, lr_scale);
+      }
+      if (m % 4 == 3) {
+        std::vector<float> one(dim);
+        std::vector<float> each;
+        for (uint64_t key : keys) {
+          single->Pull({key}, one.data());
+          each.insert(each.end(), one.begin(), one.end());
+        }
+        EXPECT_EQ(PullSparse(*blocked, keys), each) << "message " << m;
+      }
+      step += 1;
+      blocked->Advance(step, absl::UnixEpoch());
+      single->Advance(step, absl::UnixEpoch());
+    }
+    const TableCounters& a = blocked->counters();
+    const TableCounters& b = single->counters();
+    EXPECT_EQ(a.keys_pushed, b.keys_pushed);
+    EXPECT_EQ(a.admissions, b.admissions);
+    EXPECT_EQ(a.pushes_filtered, b.pushes_filtered);
+    EXPECT_EQ(a.evictions_ttl, b.evictions_ttl);
+    EXPECT_EQ(a.evictions_budget, b.evictions_budget);
+    EXPECT_EQ(a.keys_dropped, b.keys_dropped);
+    EXPECT_EQ(blocked->num_rows(), single->num_rows());
+    // Every case exercises what it is there for.
+    EXPECT_GT(a.admissions, 0u);
+    if (c.sparse().memory_budget_bytes() > 0) {
+      EXPECT_GT(a.evictions_budget + a.keys_dropped, 0u);
+    }
+    if (c.sparse().admit_after_pushes() > 1) EXPECT_GT(a.pushes_filtered, 0u);
+    if (c.sparse().ttl_steps() > 0) EXPECT_GT(a.evictions_ttl, 0u);
+    // The full state of every row, bit for bit.
+    auto rows_of = [](const SparseTable& t) {
+      std::vector<uint64_t> keys;
+      std::vector<float> state;
+      uint64_t cursor = 0;
+      do {
+        cursor = t.ExportRows(cursor, 1000, &keys, &state);
+      } while (cursor != 0);
+      std::vector<std::pair<uint64_t, std::vector<float>>> rows;
+      for (size_t i = 0; i < keys.size(); ++i) {
+        rows.emplace_back(keys[i], std::vector<float>(state.begin() + i * t.state_floats(),
+                                                      state.begin() + (i + 1) * t.state_floats()));
+      }
+      std::sort(rows.begin(), rows.end());
+      return rows;
+    };
+    EXPECT_EQ(rows_of(*blocked), rows_of(*single));
+  }
+}
+
 TEST(TableLearningRateTest, PushScalesTheSgdLearningRateExactly) {
   TableConfig sc = SparseConfig(0, 2, 0.5f, InitializerConfig::CONSTANT);
   sc.mutable_init()->set_value(1.0f);
