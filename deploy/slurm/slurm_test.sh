@@ -165,7 +165,7 @@ getent hosts "$(hostname)" >/dev/null || HOST_ENV=(PS_HOST=127.0.0.1)
 
 status=0
 (cd "$D" && env "$MARK" PS_BIN_DIR="$D/bin" PS_RUN_DIR="$D/run" "${HOST_ENV[@]}" \
-   timeout 300 sbatch --wait --ntasks=5 --time=5 --output="$D/job.out" \
+   timeout 200 sbatch --wait --ntasks=5 --time=3 --output="$D/job.out" \
    "$R/deploy/slurm/ps.sbatch" "$CONFIG") || status=$?
 [ "$status" -eq 0 ] || fail "sbatch --wait exited $status"
 
