@@ -16,6 +16,7 @@ Usage (bazel test //deploy/k8s:manifests_test runs it):
 """
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -271,6 +272,23 @@ class ManifestsTest(unittest.TestCase):
         names = {i["name"] for i in self.kustomization.get("images", [])}
         for kind, name, _, c in containers(self.docs):
             self.assertIn(c["image"].split(":")[0], names, name)
+
+    @unittest.skipUnless(shutil.which("kubectl"), "kubectl is not installed")
+    def test_kustomize_renders_every_object(self):
+        # Copies, not the runfiles' symlinks: kustomize loads no file from
+        # outside the kustomization's directory.
+        with tempfile.TemporaryDirectory() as tmp:
+            for name in os.listdir(K8S_DIR):
+                if name.endswith(".yaml"):
+                    shutil.copy(os.path.join(K8S_DIR, name), tmp)
+            r = subprocess.run(["kubectl", "kustomize", tmp], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, timeout=60)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        rendered = [d for d in yaml.safe_load_all(r.stdout) if d is not None]
+        key = lambda d: (d["kind"], d["metadata"]["name"])
+        self.assertEqual(sorted(map(key, rendered)), sorted(map(key, self.docs)))
+        for d in rendered:
+            self.assertEqual(d["metadata"]["labels"]["app.kubernetes.io/part-of"], "ps")
 
 
 if __name__ == "__main__":
