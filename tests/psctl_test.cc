@@ -384,6 +384,63 @@ TEST_F(PsctlTest, DrainsAWorkerOfARunningJob) {
       << (*job)->LogTails(30);
 }
 
+// A replicated job (2 servers, replication 2): server 1 drained mid-training
+// leaves, its slots are promoted to their backups on server 0, and the job
+// finishes with every example trained once. Server 0 then holds the only
+// copy of every slot, so draining it too is refused.
+TEST_F(PsctlTest, DrainsAReplicatedServerOfARunningJob) {
+  ps::testing::JobHarness::Options options;
+  options.dir = dir_ + "/job";
+  options.num_servers = 2;
+  options.num_workers = 2;
+  options.config = R"pb(
+    name: "drain-server"
+    cluster {
+      num_servers: 2 num_workers: 2 num_slots: 64 replication: 2
+      heartbeat_interval_ms: 100 heartbeat_timeout_ms: 5000
+      request_timeout_ms: 2000 failover_timeout_ms: 20000
+    }
+    consistency { mode: ASYNC }
+    tables {
+      id: 0 name: "w" sparse { dim: 1 }
+      optimizer { adagrad { learning_rate: 0.1 initial_accumulator: 1e-6 } }
+    }
+    tables {
+      id: 1 name: "d" dense { size: 14 }
+      optimizer { adagrad { learning_rate: 0.1 initial_accumulator: 1e-6 } }
+    }
+    data { synthetic_ctr { num_train: 150000 num_test: 20000 seed: 1 } }
+    training { batch_size: 256 epochs: 2 sparse_table: "w" dense_table: "d" }
+  )pb";
+  auto job = ps::testing::JobHarness::Start(options);
+  ASSERT_TRUE(job.ok()) << job.status();
+  const std::string flag =
+      "--scheduler=127.0.0.1:" +
+      std::string(absl::StripAsciiWhitespace(ReadFile(options.dir + "/scheduler.port")));
+  auto rank = (*job)->WaitForRegistration(0, absl::Seconds(30));
+  ASSERT_TRUE(rank.ok()) << rank.status() << (*job)->LogTails(20);
+  auto step = (*job)->WaitForStep(0, 20, absl::Seconds(60));
+  ASSERT_TRUE(step.ok()) << step.status() << (*job)->LogTails(20);
+  ASSERT_LT(*step, uint64_t{1} << 62) << "worker 0 finished before the drain";
+
+  Result r = Psctl({flag, "--timeout_ms=30000", "drain", "server:1", "--wait"});
+  ASSERT_EQ(r.code, 0) << r.err << (*job)->LogTails(20);
+  EXPECT_THAT(r.out, HasSubstr("draining server rank 1 (node "));
+  EXPECT_THAT(r.out, HasSubstr("32 slots are promoted to their backups"));
+  EXPECT_THAT(r.out, HasSubstr(" LEFT\n"));
+  r = Psctl({flag, "drain", "server:0"});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, HasSubstr("holds the only live copy of slot"));
+
+  auto result = (*job)->Wait(absl::Seconds(120));
+  ASSERT_TRUE(result.ok()) << result.status() << (*job)->LogTails(30);
+  EXPECT_EQ(result->scheduler, 0);
+  EXPECT_EQ(result->servers, std::vector<int>({0, 0}));
+  EXPECT_EQ(result->workers, std::vector<int>({0, 0}));
+  EXPECT_EQ(result->summaries, 1) << (*job)->LogTails(30);
+  EXPECT_EQ(ExamplesTrained(**job), uint64_t{150000} * 2) << (*job)->LogTails(30);
+}
+
 TEST_F(PsctlTest, NothingListeningFailsAtOnce) {
   const Port port(/*listen=*/false);
   const Result r =
