@@ -181,6 +181,9 @@ class KVServer {
     uint32_t rank = 0;
     uint64_t epoch = 0;
     std::vector<uint32_t> slot_owner;  // empty: not ready
+    // slot_owner names this server for every slot: requests need no
+    // per-key ownership check (a one-server job).
+    bool owns_every_slot = false;
     bool has_view = false;
     std::vector<ConsistencyController::Worker> live_workers;
     ConsistencyConfig consistency;
