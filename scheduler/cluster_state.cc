@@ -154,6 +154,7 @@ absl::StatusOr<HeartbeatResponse> ClusterState::Heartbeat(
   const absl::Time now = clock_->Now();
   Node& hb = it->second;
   hb.last_heartbeat = now;
+  ++heartbeats_;
   // Clocks only grow, except that a worker that had finished (2^62) may
   // restart at the job's clock to take over a shard.
   if (hb.clock >= kFinishedClock && request.clock() < kFinishedClock &&
@@ -228,6 +229,7 @@ std::vector<uint64_t> ClusterState::ExpireSilentNodes() {
     if (node.info.state() == ALIVE && node.last_heartbeat < deadline) {
       node.info.set_state(DEAD);
       dead.push_back(id);
+      ++declared_dead_;
       if (node.info.role() == WORKER) ReleaseShardLocked(id, false, nullptr);
       Log()->warn("{} rank {} (node {}) declared dead: no heartbeat for {}",
                   RoleName(node.info.role()), node.info.rank(), id,
@@ -427,6 +429,27 @@ GetStatusResponse ClusterState::Status() const {
     wc->set_silent_ms(absl::ToInt64Milliseconds(now - node.last_heartbeat));
   }
   return status;
+}
+
+ClusterState::Monitoring ClusterState::Monitor() const {
+  absl::MutexLock lock(&mu_);
+  Monitoring m;
+  const absl::Time now = clock_->Now();
+  for (const auto& [id, node] : nodes_) {
+    if (node.info.state() != ALIVE) continue;
+    NodeActivity& a = m.nodes[id];
+    a.silent_seconds = std::max(0.0, absl::ToDoubleSeconds(now - node.last_heartbeat));
+    // The pace is measured between heartbeats at least 200 ms apart; it
+    // reads 0 until the first such pair.
+    if (node.info.role() == WORKER && node.clock < kFinishedClock &&
+        node.rate_since != absl::InfinitePast()) {
+      a.steps_per_second = node.steps_per_second;
+    }
+  }
+  m.heartbeats = heartbeats_;
+  m.barriers_completed = completed_barriers_.size();
+  m.nodes_declared_dead = declared_dead_;
+  return m;
 }
 
 std::vector<std::string> ClusterState::CheckProgress() {

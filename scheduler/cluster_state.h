@@ -30,6 +30,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -121,6 +122,25 @@ class ClusterState {
 
   // The view plus live workers' last reported clocks.
   GetStatusResponse Status() const;
+
+  // For monitoring (scheduler/monitoring.h): what the view does not carry.
+  struct NodeActivity {
+    // Since the node's last heartbeat (or its registration).
+    double silent_seconds = 0;
+    // Workers still training: steps per second over recent heartbeats;
+    // -1 when not known yet (or not a training worker).
+    double steps_per_second = -1;
+  };
+  struct Monitoring {
+    // Live nodes, by node id.
+    std::map<uint64_t, NodeActivity> nodes;
+    // Since the scheduler started: heartbeats accepted, distinct barriers
+    // released, nodes declared dead by ExpireSilentNodes.
+    uint64_t heartbeats = 0;
+    uint64_t barriers_completed = 0;
+    uint64_t nodes_declared_dead = 0;
+  };
+  Monitoring Monitor() const;
 
   // Watchdog, called periodically: when the job is synchronous and the
   // slowest live worker's clock has not moved for the watchdog timeout
@@ -249,6 +269,9 @@ class ClusterState {
   absl::Time min_clock_since_ ABSL_GUARDED_BY(mu_);
   absl::Time last_watchdog_log_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  // Monitor(): heartbeats accepted and nodes declared dead.
+  uint64_t heartbeats_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t declared_dead_ ABSL_GUARDED_BY(mu_) = 0;
 
   const CheckpointStore store_;
   std::vector<Shard> shards_ ABSL_GUARDED_BY(mu_);
