@@ -141,4 +141,15 @@ std::string HttpEndpoint::url() const {
   return absl::StrCat("http://", options_.host, ":", port_);
 }
 
+absl::StatusOr<std::unique_ptr<HttpEndpoint>> StartHttpEndpointForMain(
+    spdlog::logger& log, HttpEndpoint::Options options) {
+  if (options.port == -1) {
+    log.info("http endpoint off (--http_port=-1)");
+    return std::unique_ptr<HttpEndpoint>();
+  }
+  auto endpoint = HttpEndpoint::Start(std::move(options));
+  if (endpoint.ok()) log.info("http endpoint on {}", (*endpoint)->url());
+  return endpoint;
+}
+
 }  // namespace ps

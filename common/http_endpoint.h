@@ -22,6 +22,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/metrics.h"
+#include "spdlog/spdlog.h"
 
 namespace httplib {
 class Server;
@@ -80,6 +81,12 @@ class HttpEndpoint {
   int port_ = 0;
   std::thread thread_;
 };
+
+// main()'s start of the endpoint: options.port -1 leaves it off (returns
+// null); otherwise as Start(), and logs "http endpoint on http://HOST:PORT"
+// on `log`.
+absl::StatusOr<std::unique_ptr<HttpEndpoint>> StartHttpEndpointForMain(
+    spdlog::logger& log, HttpEndpoint::Options options);
 
 }  // namespace ps
 

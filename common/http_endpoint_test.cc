@@ -185,5 +185,22 @@ TEST(HttpEndpointTest, PortInUseIsUnavailable) {
   EXPECT_EQ(Get((*first)->port(), "/healthz").status, 200);
 }
 
+TEST(StartHttpEndpointForMainTest, MinusOneIsOffOtherwiseStarts) {
+  auto log = spdlog::default_logger();
+  HttpEndpoint::Options off;
+  off.port = -1;
+  auto none = StartHttpEndpointForMain(*log, off);
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_EQ(*none, nullptr);
+  auto on = StartHttpEndpointForMain(*log, {});
+  ASSERT_TRUE(on.ok()) << on.status();
+  ASSERT_NE(*on, nullptr);
+  EXPECT_EQ(Get((*on)->port(), "/healthz").status, 200);
+  HttpEndpoint::Options bad;
+  bad.port = -2;
+  EXPECT_EQ(StartHttpEndpointForMain(*log, bad).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace ps

@@ -1,12 +1,18 @@
 #include "common/metrics.h"
 
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/logging.h"
 
 namespace ps::metrics {
@@ -364,6 +370,27 @@ void Registry::AddCallbackFamily(absl::string_view name, absl::string_view help,
   e->callback_family = std::move(fn);
   if (!e->callback_family) e->callback_family = [] { return std::vector<Sample>(); };
   Insert(std::move(e));
+}
+
+void AddProcessMetrics(Registry* r) {
+  const double start = absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
+  r->AddCallback("ps_process_start_time_seconds", "Unix time the process started.",
+                 Type::kGauge, [start] { return start; });
+  r->AddCallback("ps_process_cpu_seconds_total", "CPU time used (user and system).",
+                 Type::kCounter, [] {
+                   rusage u{};
+                   if (getrusage(RUSAGE_SELF, &u) != 0) return 0.0;
+                   return double(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+                          double(u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
+                 });
+  r->AddCallback("ps_process_resident_memory_bytes", "Resident set size.", Type::kGauge,
+                 [] {
+                   // statm: size resident shared ... in pages.
+                   std::ifstream statm("/proc/self/statm");
+                   uint64_t size = 0, resident = 0;
+                   if (!(statm >> size >> resident)) return 0.0;
+                   return double(resident) * double(sysconf(_SC_PAGESIZE));
+                 });
 }
 
 std::string Registry::Expose() const {

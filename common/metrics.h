@@ -183,6 +183,12 @@ class Registry {
   std::vector<std::unique_ptr<Entry>> detached_ ABSL_GUARDED_BY(mu_);
 };
 
+// Adds the process's own metrics, read at scrape time:
+// ps_process_start_time_seconds (Unix time of this call, which main()
+// makes at start), ps_process_cpu_seconds_total (user + system) and
+// ps_process_resident_memory_bytes.
+void AddProcessMetrics(Registry* registry);
+
 // Text format helpers, exposed for tests and the status page.
 // A label value with backslash, double quote and line feed escaped.
 std::string EscapeLabelValue(absl::string_view v);

@@ -190,6 +190,15 @@ TEST(RegistryTest, InvalidNamesAreSanitized) {
   EXPECT_THAT(text, HasSubstr("ps_test_h_bucket{le_=\"x\",le=\"1\"} 1\n"));
 }
 
+TEST(ProcessMetricsTest, ReadTheProcess) {
+  Registry r;
+  AddProcessMetrics(&r);
+  const std::string text = r.Expose();
+  EXPECT_THAT(text, HasSubstr("# TYPE ps_process_cpu_seconds_total counter\n"));
+  EXPECT_THAT(text, HasSubstr("ps_process_start_time_seconds 1"));  // 2001..2033
+  EXPECT_THAT(text, Not(HasSubstr("ps_process_resident_memory_bytes 0\n")));
+}
+
 TEST(RegistryTest, ConcurrentUpdatesAreAllCounted) {
   Registry r;
   Counter* c = r.AddCounter("ps_test_total", "C.");

@@ -8,9 +8,12 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "common/config.h"
+#include "common/http_endpoint.h"
+#include "common/metrics.h"
 #include "common/node_main.h"
 #include "common/logging.h"
 #include "common/signals.h"
+#include "scheduler/monitoring.h"
 #include "scheduler/scheduler.h"
 
 ABSL_FLAG(std::string, config, "", "Job config file (textproto). Required.");
@@ -25,6 +28,10 @@ ABSL_FLAG(int64_t, num_servers, 0,
 ABSL_FLAG(int64_t, num_workers, 0,
           "Overrides cluster.num_workers of --config (0 keeps it); launchers "
           "set it from the environment. Every process of a job needs the same.");
+ABSL_FLAG(std::string, http_host, "127.0.0.1",
+          "Address of the HTTP endpoint (/metrics, /healthz, /readyz, /status).");
+ABSL_FLAG(int, http_port, 0,
+          "Port of the HTTP endpoint; 0 picks a free one (logged), -1 turns it off.");
 ABSL_FLAG(bool, describe, false,
           "Validate --config, print 'servers=N workers=M mode=X' and exit; "
           "launchers use it to size a job without parsing the file.");
@@ -58,6 +65,24 @@ int main(int argc, char** argv) {
   log->info("job '{}' listening on {} ({} servers, {} workers)",
             config->name(), (*server)->address(),
             config->cluster().num_servers(), config->cluster().num_workers());
+  // Metrics and the status page, read from the cluster state when asked.
+  // Declared after the server, so they go before it.
+  ps::metrics::Registry registry;
+  ps::metrics::AddProcessMetrics(&registry);
+  ps::SchedulerMonitor monitor((*server)->state(), *config);
+  monitor.RegisterMetrics(&registry);
+  ps::HttpEndpoint::Options http;
+  http.host = absl::GetFlag(FLAGS_http_host);
+  http.port = absl::GetFlag(FLAGS_http_port);
+  http.registry = &registry;
+  http.pages["/status"] = [&monitor] {
+    return ps::HttpEndpoint::Page{"text/html; charset=utf-8", monitor.StatusPage()};
+  };
+  auto endpoint = ps::StartHttpEndpointForMain(*log, std::move(http));
+  if (!endpoint.ok()) {
+    log->error("{}", endpoint.status().message());
+    return 1;
+  }
   if (const std::string path = absl::GetFlag(FLAGS_port_file); !path.empty()) {
     // Written to a temporary name and renamed so readers never see a
     // partial number.

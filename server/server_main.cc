@@ -2,6 +2,7 @@
 // scheduler, serves its slots, and exits 0 when the job finishes or on
 // SIGINT/SIGTERM (after leaving the job); the scheduler draining it (psctl
 // drain) takes the SIGTERM path.
+#include <atomic>
 #include <memory>
 #include <string>
 
@@ -11,6 +12,8 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "common/config.h"
+#include "common/http_endpoint.h"
+#include "common/metrics.h"
 #include "common/node_main.h"
 #include "common/logging.h"
 #include "common/signals.h"
@@ -25,6 +28,10 @@ ABSL_FLAG(std::string, advertise_host, "",
           "Host name workers should use to reach this server, when it differs "
           "from the bound address (e.g. binding 0.0.0.0).");
 ABSL_FLAG(std::string, log_level, "info", "trace|debug|info|warn|error");
+ABSL_FLAG(std::string, http_host, "127.0.0.1",
+          "Address of the HTTP endpoint (/metrics, /healthz, /readyz).");
+ABSL_FLAG(int, http_port, 0,
+          "Port of the HTTP endpoint; 0 picks a free one (logged), -1 turns it off.");
 ABSL_FLAG(int64_t, num_servers, 0,
           "Overrides cluster.num_servers of --config (0 keeps it); launchers "
           "set it from the environment. Every process of a job needs the same.");
@@ -49,8 +56,21 @@ int main(int argc, char** argv) {
     ps::SchedulerClient* client ABSL_GUARDED_BY(mu) = nullptr;
   };
   auto reporter = std::make_shared<Reporter>();
+  // What /healthz and /readyz report, set by the view callback and the
+  // loop below.
+  struct Health {
+    std::atomic<int64_t> rank{-1};
+    std::atomic<bool> has_slots{false};
+    std::atomic<bool> lost{false};
+  };
+  auto health = std::make_shared<Health>();
+  ps::metrics::Registry registry;  // outlives the server, which reports to it
+  ps::metrics::AddProcessMetrics(&registry);
+  registry.AddCallback("ps_server_rank", "This server's rank (-1 before it registered).",
+                       ps::metrics::Type::kGauge, [health] { return double(health->rank); });
   ps::KVServer::Options options;
   options.config = *config;
+  options.metrics = &registry;
   options.bind_endpoint = absl::GetFlag(FLAGS_bind);
   options.on_checkpoint = [reporter, log](const ps::ReportCheckpointRequest& r) {
     absl::MutexLock lock(&reporter->mu);
@@ -64,6 +84,27 @@ int main(int argc, char** argv) {
     log->error("{}", server.status().message());
     return 1;
   }
+  ps::HttpEndpoint::Options http;
+  http.host = absl::GetFlag(FLAGS_http_host);
+  http.port = absl::GetFlag(FLAGS_http_port);
+  http.registry = &registry;
+  http.health = [health, kv = server->get()]() -> absl::Status {
+    if (health->lost) return absl::UnavailableError("lost membership");
+    if (kv->stopped()) return absl::UnavailableError("the serving thread has stopped");
+    return absl::OkStatus();
+  };
+  http.readiness = [health]() -> absl::Status {
+    if (health->rank < 0) return absl::UnavailableError("not registered with the scheduler yet");
+    if (!health->has_slots) {
+      return absl::UnavailableError("no cluster view with a slot map yet (job starting)");
+    }
+    return absl::OkStatus();
+  };
+  auto http_endpoint = ps::StartHttpEndpointForMain(*log, std::move(http));
+  if (!http_endpoint.ok()) {
+    log->error("{}", http_endpoint.status().message());
+    return 1;
+  }
   std::string endpoint = (*server)->endpoint();
   if (const std::string host = absl::GetFlag(FLAGS_advertise_host); !host.empty()) {
     endpoint = absl::StrCat("tcp://", host, ":", (*server)->port());
@@ -75,8 +116,10 @@ int main(int argc, char** argv) {
   ps::KVServer* kv = server->get();
   // Drained (psctl drain): leave exactly as on SIGTERM.
   client_options.on_drain = [&signals] { signals.RequestTermination(); };
-  client_options.on_view = [kv](const ps::ClusterView& view, uint32_t rank) {
+  client_options.on_view = [kv, health](const ps::ClusterView& view, uint32_t rank) {
     kv->UpdateView(view, rank);
+    health->rank = rank;
+    health->has_slots = view.slot_owner_size() > 0;
   };
   auto client = ps::SchedulerClient::Connect(client_options);
   if (!client.ok()) {
@@ -97,6 +140,7 @@ int main(int argc, char** argv) {
   while (!signals.WaitFor(absl::Milliseconds(100))) {
     if ((*client)->job_state() == ps::FINISHED) break;
     if ((*client)->lost()) {
+      health->lost = true;
       log->error("lost membership; exiting");
       return 1;
     }

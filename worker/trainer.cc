@@ -226,6 +226,7 @@ absl::StatusOr<DataPosition> Trainer::TrainShard(const TrainerHooks& hooks,
     uint64_t epoch_count = 0;
     bool next_loaded = false;
     while (true) {
+      const absl::Time step_start = absl::Now();
       const bool stop = hooks.stop && hooks.stop();
       if (stop || (max_steps > 0 && result->steps >= max_steps)) {
         Log()->info("{} after {} steps",
@@ -286,6 +287,7 @@ absl::StatusOr<DataPosition> Trainer::TrainShard(const TrainerHooks& hooks,
       result->examples += n;
       ++result->steps;
       const absl::Time now = absl::Now();
+      if (hooks.on_trained) hooks.on_trained(n, now - step_start);
       if (now - last_log >= log_every) {
         Log()->info(
             "shard {} epoch {} step {}: {} examples, {:.0f} examples/s, loss "

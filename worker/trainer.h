@@ -101,6 +101,11 @@ struct TrainerHooks {
   std::function<void(uint64_t clock, const DataPosition& next)> on_step;
   // The clock alone, at the same points as on_step.
   std::function<void(uint64_t clock)> on_clock;
+  // Metrics: after each step is computed and its pushes are sent, the
+  // step's example count and its wall time (from the start of the step:
+  // reading or waiting for its pull, compute, sending the pushes; a
+  // periodic evaluation is not included). On the training thread.
+  std::function<void(uint64_t examples, absl::Duration step_time)> on_trained;
   // A barrier across all workers of the job (the scheduler's). Without one
   // the workers other than rank 0 do not wait for its initial values. An
   // error ends training with it, unless stop() is true by then (preempted

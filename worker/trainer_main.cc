@@ -38,11 +38,14 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/config.h"
+#include "common/http_endpoint.h"
+#include "common/metrics.h"
 #include "common/node_main.h"
 #include "common/logging.h"
 #include "common/signals.h"
 #include "scheduler/client.h"
 #include "worker/kv_client.h"
+#include "worker/telemetry.h"
 #include "worker/trainer.h"
 
 ABSL_FLAG(std::string, config, "", "Job config file (textproto). Required.");
@@ -50,6 +53,10 @@ ABSL_FLAG(std::string, scheduler, "", "Scheduler host:port. Required.");
 ABSL_FLAG(std::string, summary_out, "",
           "Rank 0 writes the JSON summary line to this file too.");
 ABSL_FLAG(std::string, log_level, "info", "trace|debug|info|warn|error");
+ABSL_FLAG(std::string, http_host, "127.0.0.1",
+          "Address of the HTTP endpoint (/metrics, /healthz, /readyz).");
+ABSL_FLAG(int, http_port, 0,
+          "Port of the HTTP endpoint; 0 picks a free one (logged), -1 turns it off.");
 ABSL_FLAG(int64_t, num_servers, 0,
           "Overrides cluster.num_servers of --config (0 keeps it); launchers "
           "set it from the environment. Every process of a job needs the same.");
@@ -65,10 +72,13 @@ namespace {
 struct PublishedClient {
   absl::Mutex mu;
   ps::KVClient* client ABSL_GUARDED_BY(mu) = nullptr;
+  // Metrics and health; set before any thread uses this, never null.
+  ps::WorkerTelemetry* telemetry = nullptr;
 
   void Set(ps::KVClient* c) {
     absl::MutexLock lock(&mu);
     client = c;
+    telemetry->SetClient(c);
   }
   void Update(const ps::ClusterView& view) {
     absl::MutexLock lock(&mu);
@@ -186,8 +196,10 @@ int TrainAndEvaluate(const ps::JobConfig& config,
     log->error("{}", view.status().message());
     return 1;
   }
-  auto client = ps::KVClient::Create(
-      {config, rank, membership->node_id(), membership->start_clock()}, *view);
+  ps::KVClient::Options client_options{config, rank, membership->node_id(),
+                                       membership->start_clock()};
+  client_options.instruments = kv->telemetry->instruments();
+  auto client = ps::KVClient::Create(client_options, *view);
   if (!client.ok()) {
     log->error("{}", client.status().message());
     return 1;
@@ -208,6 +220,9 @@ int TrainAndEvaluate(const ps::JobConfig& config,
   hooks.stop = [&] { return signals.requested(); };
   hooks.on_step = [membership](uint64_t clock, const ps::DataPosition& next) {
     membership->set_progress(clock, next);
+  };
+  hooks.on_trained = [telemetry = kv->telemetry](uint64_t examples, absl::Duration t) {
+    telemetry->OnTrained(examples, t);
   };
   hooks.barrier = [&](absl::string_view name) {
     return StoppableBarrier(membership, signals, std::string(name),
@@ -336,13 +351,15 @@ std::string DescribePosition(const ps::DataPosition& p) {
                       p.batch(), p.done() ? " (done)" : "");
 }
 
-int Run(ps::TerminationSignals& signals, const ps::JobConfig* config) {
+int Run(ps::TerminationSignals& signals, const ps::JobConfig* config,
+        ps::WorkerTelemetry* telemetry) {
   auto log = ps::GetLogger("worker");
   const absl::Time start = absl::Now();
 
   // The view callback may fire before the KV client exists; it forwards
   // only once the client is published.
   PublishedClient kv;
+  kv.telemetry = telemetry;
   auto options = ps::SchedulerClient::Options::ForJob(
       *config, absl::GetFlag(FLAGS_scheduler), ps::WORKER);
   // Its shard is resumed by another worker if it dies or is preempted.
@@ -357,6 +374,8 @@ int Run(ps::TerminationSignals& signals, const ps::JobConfig* config) {
     log->error("{}", membership.status().message());
     return 1;
   }
+  telemetry->SetMembership(membership->get());
+  auto unset = absl::MakeCleanup([telemetry] { telemetry->SetMembership(nullptr); });
   const uint32_t rank = (*membership)->rank();
   ps::SetLogTag(absl::StrCat("worker/", rank));
   log->info("registered as worker {} of {}{}", rank,
@@ -400,5 +419,19 @@ int main(int argc, char** argv) {
                     ps::ClusterSizeOverride{absl::GetFlag(FLAGS_num_servers),
                                             absl::GetFlag(FLAGS_num_workers)});
   if (!config) return 2;
-  return Run(signals, &*config);
+  ps::metrics::Registry registry;
+  ps::metrics::AddProcessMetrics(&registry);
+  ps::WorkerTelemetry telemetry(&registry);
+  ps::HttpEndpoint::Options http;
+  http.host = absl::GetFlag(FLAGS_http_host);
+  http.port = absl::GetFlag(FLAGS_http_port);
+  http.registry = &registry;
+  http.health = [&telemetry] { return telemetry.Health(); };
+  http.readiness = [&telemetry] { return telemetry.Readiness(); };
+  auto endpoint = ps::StartHttpEndpointForMain(*log, std::move(http));
+  if (!endpoint.ok()) {
+    log->error("{}", endpoint.status().message());
+    return 1;
+  }
+  return Run(signals, &*config, &telemetry);
 }

@@ -1,0 +1,233 @@
+#!/usr/bin/env bash
+# The HTTP endpoint of every process (common/http_endpoint.h), on a real
+# job on loopback (1 scheduler, 2 servers, 2 SSP workers):
+#   1. a server that registered while the job is still starting is alive
+#      (/healthz 200) but not ready (/readyz 503 naming the missing slot
+#      map); once every server is there it is ready;
+#   2. while the workers train, /metrics of the scheduler, a server and a
+#      worker pass `promtool check metrics` and show the job: nodes alive,
+#      worker clocks, requests and latencies by op, table rows, steps,
+#      staleness, bytes;
+#   3. /healthz and /readyz answer 200 on every process; a worker started
+#      with --http_port=-1 serves nothing and says so;
+#   4. the scheduler's /status page, loaded by headless Chromium, names
+#      every node, and its screenshot is a real PNG (kept as status.png in
+#      the test's undeclared outputs);
+#   5. on SIGTERM every process leaves and exits 0 (the endpoint does not
+#      hold it up).
+set -euo pipefail
+R="$TEST_SRCDIR/$TEST_WORKSPACE"
+T="$TEST_TMPDIR"
+OUT_DIR="${TEST_UNDECLARED_OUTPUTS_DIR:-$T/outputs}"
+mkdir -p "$OUT_DIR"
+SCHEDULER="$R/scheduler/scheduler_main"
+SERVER="$R/server/server_main"
+TRAINER="$R/worker/trainer"
+# Bazel runs tests with a fixed PATH: absolute paths (deploy/install_deps.sh
+# installs both).
+PROMTOOL=/usr/bin/promtool
+CHROMIUM=/usr/bin/chromium
+
+PIDS=()
+cleanup() {
+  for pid in "${PIDS[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
+}
+trap cleanup EXIT
+fail() {
+  echo "FAIL: $*" >&2
+  for f in "$T"/*.log; do
+    [ -f "$f" ] || continue
+    echo "---- last lines of $f" >&2
+    tail -n 15 "$f" >&2
+  done
+  exit 1
+}
+
+# http_get PORT PATH: the body goes to $T/body, the status code to stdout
+# (000 when nothing answered). Plain bash (/dev/tcp), no client needed.
+http_get() {
+  (
+    exec 3<>"/dev/tcp/127.0.0.1/$1" || exit 0
+    printf 'GET %s HTTP/1.0\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n' "$2" >&3
+    cat <&3 > "$T/response"
+  ) 2>/dev/null || true
+  if [ ! -s "$T/response" ]; then
+    : > "$T/body"
+    echo 000
+    return
+  fi
+  sed '1,/^\r$/d' "$T/response" > "$T/body"
+  head -n 1 "$T/response" | awk '{print $2}'
+  rm -f "$T/response"
+}
+# http_port LOG: the port the process logged ("http endpoint on http://H:P").
+http_port() {
+  for _ in $(seq 200); do
+    local p
+    p="$(sed -n 's|.*http endpoint on http://[^ ]*:\([0-9][0-9]*\).*|\1|p' "$1" | head -n 1)"
+    [ -n "$p" ] && { echo "$p"; return; }
+    sleep 0.05
+  done
+  fail "no 'http endpoint on' line in $1"
+}
+# metric FILE LINE_PREFIX: the value of the first sample line starting so.
+metric() {
+  awk -v p="$2" 'index($0, p) == 1 { print $NF; exit }' "$1"
+}
+# wait_for PORT PATH PATTERN SECONDS: until the body matches.
+wait_for() {
+  for _ in $(seq $(( $4 * 10 ))); do
+    [ "$(http_get "$1" "$2")" = 200 ] && grep -q "$3" "$T/body" && return 0
+    sleep 0.1
+  done
+  fail "port $1 $2 never matched '$3'; last body: $(head -c 400 "$T/body")"
+}
+
+CONFIG="$T/job.pbtxt"
+cat > "$CONFIG" <<'CONFIG'
+name: "http-test"
+cluster { num_servers: 2 num_workers: 2 num_slots: 256
+          heartbeat_interval_ms: 200 heartbeat_timeout_ms: 5000 }
+consistency { mode: SSP staleness: 2 }
+tables { id: 0 name: "sparse" sparse { dim: 1 }
+         optimizer { adagrad { learning_rate: 0.1 initial_accumulator: 1e-6 } }
+         init { kind: ZEROS } }
+tables { id: 1 name: "dense" dense { size: 14 }
+         optimizer { adagrad { learning_rate: 0.1 initial_accumulator: 1e-6 } }
+         init { kind: ZEROS } }
+data { synthetic_ctr { num_train: 4000000 num_test: 1000 seed: 3 } }
+training { batch_size: 256 epochs: 5 log_interval_s: 5
+           sparse_table: "sparse" dense_table: "dense" }
+CONFIG
+
+# ---- scheduler
+"$SCHEDULER" --config="$CONFIG" --port_file="$T/scheduler.port" > "$T/scheduler.log" 2>&1 &
+SCHED_PID=$!
+PIDS+=("$SCHED_PID")
+for _ in $(seq 200); do
+  [ -s "$T/scheduler.port" ] && break
+  kill -0 "$SCHED_PID" 2>/dev/null || fail "scheduler exited at start"
+  sleep 0.05
+done
+ADDRESS="127.0.0.1:$(cat "$T/scheduler.port")"
+SCHED_HTTP="$(http_port "$T/scheduler.log")"
+echo "scheduler at $ADDRESS, http port $SCHED_HTTP"
+[ "$(http_get "$SCHED_HTTP" /healthz)" = 200 ] || fail "scheduler /healthz"
+[ "$(http_get "$SCHED_HTTP" /nothing)" = 404 ] || fail "scheduler /nothing is not 404"
+
+# ---- 1. one server of two: alive, not ready
+"$SERVER" --config="$CONFIG" --scheduler="$ADDRESS" > "$T/server0.log" 2>&1 &
+SERVER0_PID=$!
+PIDS+=("$SERVER0_PID")
+S0_HTTP="$(http_port "$T/server0.log")"
+for _ in $(seq 100); do
+  grep -q "registered as server" "$T/server0.log" && break
+  sleep 0.1
+done
+[ "$(http_get "$S0_HTTP" /healthz)" = 200 ] || fail "server 0 /healthz while starting"
+code="$(http_get "$S0_HTTP" /readyz)"
+[ "$code" = 503 ] || fail "server 0 /readyz is $code before the job runs, want 503"
+grep -q "slot map" "$T/body" || fail "server 0 /readyz says '$(cat "$T/body")'"
+echo "server 0 before the job runs: /readyz 503 '$(cat "$T/body")'"
+
+"$SERVER" --config="$CONFIG" --scheduler="$ADDRESS" > "$T/server1.log" 2>&1 &
+SERVER1_PID=$!
+PIDS+=("$SERVER1_PID")
+S1_HTTP="$(http_port "$T/server1.log")"
+"$TRAINER" --config="$CONFIG" --scheduler="$ADDRESS" > "$T/worker0.log" 2>&1 &
+WORKER0_PID=$!
+PIDS+=("$WORKER0_PID")
+W0_HTTP="$(http_port "$T/worker0.log")"
+"$TRAINER" --config="$CONFIG" --scheduler="$ADDRESS" --http_port=-1 > "$T/worker1.log" 2>&1 &
+WORKER1_PID=$!
+PIDS+=("$WORKER1_PID")
+wait_for "$S0_HTTP" /readyz ready 20
+echo "server 0 ready once both servers registered"
+
+# ---- 2. metrics while training
+wait_for "$W0_HTTP" /metrics '^ps_worker_steps_total [1-9][0-9]' 90
+wait_for "$S0_HTTP" /metrics '^ps_server_table_rows{table="sparse"} [1-9]' 20
+for name in scheduler:$SCHED_HTTP server0:$S0_HTTP worker0:$W0_HTTP; do
+  port="${name#*:}"
+  [ "$(http_get "$port" /metrics)" = 200 ] || fail "${name%%:*} /metrics"
+  cp "$T/body" "$T/${name%%:*}.prom"
+  cp "$T/body" "$OUT_DIR/${name%%:*}.prom"
+  "$PROMTOOL" check metrics < "$T/${name%%:*}.prom" > "$T/promtool.out" 2>&1 ||
+    fail "promtool check metrics on ${name%%:*}: $(cat "$T/promtool.out")"
+  echo "${name%%:*}: $(grep -c '^ps_' "$T/${name%%:*}.prom") samples, promtool OK"
+done
+M="$T/scheduler.prom"
+[ "$(metric "$M" 'ps_scheduler_nodes{role="server",state="alive"}')" = 2 ] || fail "scheduler: servers alive"
+[ "$(metric "$M" 'ps_scheduler_nodes{role="worker",state="alive"}')" = 2 ] || fail "scheduler: workers alive"
+[ "$(metric "$M" 'ps_scheduler_job_state{state="running"}')" = 1 ] || fail "scheduler: job not running"
+[ "$(metric "$M" 'ps_scheduler_consistency_mode{mode="ssp"}')" = 1 ] || fail "scheduler: mode"
+[ "$(metric "$M" 'ps_scheduler_worker_clock{rank="0"}')" -gt 0 ] || fail "scheduler: worker 0 clock"
+[ "$(metric "$M" 'ps_scheduler_heartbeats_received_total')" -gt 0 ] || fail "scheduler: heartbeats"
+M="$T/server0.prom"
+[ "$(metric "$M" 'ps_server_requests_total{op="push",outcome="ok"}')" -gt 0 ] || fail "server: pushes"
+[ "$(metric "$M" 'ps_server_request_duration_seconds_count{op="pull"}')" -gt 0 ] || fail "server: pull latency"
+[ "$(metric "$M" 'ps_server_received_bytes_total')" -gt 0 ] || fail "server: bytes in"
+[ "$(metric "$M" 'ps_server_view_epoch')" -gt 0 ] || fail "server: epoch"
+[ "$(metric "$M" 'ps_server_rank')" = 0 ] || fail "server: rank"
+M="$T/worker0.prom"
+steps="$(metric "$M" 'ps_worker_steps_total')"
+[ "$steps" -ge 10 ] || fail "worker: steps $steps"
+[ "$(metric "$M" 'ps_worker_examples_total')" -ge $(( (steps - 1) * 256 )) ] || fail "worker: examples"
+[ "$(metric "$M" 'ps_worker_step_duration_seconds_count')" -ge "$steps" ] || fail "worker: step times"
+[ "$(metric "$M" 'ps_worker_request_duration_seconds_count{op="pull"}')" -gt 0 ] || fail "worker: pull latency"
+[ "$(metric "$M" 'ps_worker_request_duration_seconds_count{op="push"}')" -gt 0 ] || fail "worker: push latency"
+[ "$(metric "$M" 'ps_worker_staleness_clocks_count')" -gt 0 ] || fail "worker: staleness"
+[ "$(metric "$M" 'ps_worker_sent_bytes_total')" -gt 0 ] || fail "worker: bytes sent"
+echo "worker 0: $steps steps"
+
+# ---- 3. health and readiness everywhere
+for port in "$SCHED_HTTP" "$S0_HTTP" "$S1_HTTP" "$W0_HTTP"; do
+  [ "$(http_get "$port" /healthz)" = 200 ] && [ "$(cat "$T/body")" = ok ] || fail "port $port /healthz"
+  [ "$(http_get "$port" /readyz)" = 200 ] || fail "port $port /readyz: $(cat "$T/body")"
+done
+grep -q "http endpoint off" "$T/worker1.log" || fail "worker 1 did not say its endpoint is off"
+! grep -q "http endpoint on" "$T/worker1.log" || fail "worker 1 serves http despite --http_port=-1"
+
+# ---- 4. the status page in a real browser
+[ "$(http_get "$SCHED_HTTP" /status)" = 200 ] || fail "scheduler /status"
+grep -q '<meta http-equiv="refresh" content="2">' "$T/body" || fail "/status does not reload itself"
+URL="http://127.0.0.1:$SCHED_HTTP/status"
+mkdir -p "$T/home" "$T/chrome"
+chrome() {
+  HOME="$T/home" XDG_CONFIG_HOME="$T/home/.config" XDG_CACHE_HOME="$T/home/.cache" \
+    timeout 90 "$CHROMIUM" --headless --no-sandbox --disable-gpu --disable-dev-shm-usage \
+    --no-first-run --hide-scrollbars --user-data-dir="$T/chrome" "$@" 2> "$T/chromium.log"
+}
+chrome --dump-dom "$URL" > "$T/status.dom" || fail "chromium --dump-dom: $(tail -n 5 "$T/chromium.log")"
+for node in server/0 server/1 worker/0 worker/1 http-test RUNNING "SSP (staleness 2)"; do
+  grep -qF "$node" "$T/status.dom" || fail "the status page has no '$node'"
+done
+chrome --screenshot="$T/status.png" --window-size=1200,800 "$URL" > /dev/null ||
+  fail "chromium --screenshot: $(tail -n 5 "$T/chromium.log")"
+[ "$(head -c 4 "$T/status.png" | od -An -c | tr -d ' ')" = "211PNG" ] || fail "screenshot is not a PNG"
+size="$(stat -c %s "$T/status.png")"
+# A blank 1200x800 page compresses to a few KB; text and tables take more.
+[ "$size" -gt 20000 ] || fail "screenshot is only $size bytes"
+cp "$T/status.png" "$OUT_DIR/status.png"
+echo "status page: screenshot $size bytes"
+
+# ---- 5. everyone leaves on SIGTERM and exits 0
+stop() {  # stop PID NAME
+  kill -TERM "$1" 2>/dev/null || fail "$2 is not running"
+  for _ in $(seq 300); do
+    kill -0 "$1" 2>/dev/null || break
+    sleep 0.1
+  done
+  kill -0 "$1" 2>/dev/null && fail "$2 did not exit within 30 s of SIGTERM"
+  local rc=0
+  wait "$1" || rc=$?
+  [ "$rc" = 0 ] || fail "$2 exited with $rc after SIGTERM"
+}
+stop "$WORKER0_PID" "worker 0"
+stop "$WORKER1_PID" "worker 1"
+stop "$SERVER0_PID" "server 0"
+stop "$SERVER1_PID" "server 1"
+stop "$SCHED_PID" scheduler
+[ "$(http_get "$SCHED_HTTP" /healthz)" = 000 ] || fail "the scheduler's endpoint still answers"
+PIDS=()
+echo PASS
