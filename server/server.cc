@@ -34,16 +34,9 @@ std::shared_ptr<spdlog::logger> Log() {
 constexpr std::chrono::milliseconds kPollPeriod{50};
 
 absl::Status CheckFinite(absl::Span<const float> values) {
-  // One branch-free pass on the bits, which vectorises (a float is NaN or
-  // infinite exactly when its exponent bits are all ones); the offending
-  // index is looked for only when there is one.
-  uint32_t bad = 0;
-  for (float x : values) {
-    uint32_t bits;
-    std::memcpy(&bits, &x, sizeof(bits));
-    bad |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
-  }
-  if (bad == 0) return absl::OkStatus();
+  // One pass of AllFinite (SIMD compares); the offending index is looked
+  // for only when there is one.
+  if (AllFinite(values)) return absl::OkStatus();
   for (size_t i = 0; i < values.size(); ++i) {
     if (!std::isfinite(values[i])) {
       return absl::InvalidArgumentError(absl::StrCat(
