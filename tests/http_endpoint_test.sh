@@ -7,7 +7,7 @@
 #   2. while the workers train, /metrics of the scheduler, a server and a
 #      worker pass `promtool check metrics` and show the job: nodes alive,
 #      worker clocks, requests and latencies by op, table rows, steps,
-#      staleness, bytes;
+#      staleness (never above the SSP bound), bytes;
 #   3. /healthz and /readyz answer 200 on every process; a worker started
 #      with --http_port=-1 serves nothing and says so;
 #   4. the scheduler's /status page, loaded by headless Chromium, names
@@ -176,7 +176,12 @@ steps="$(metric "$M" 'ps_worker_steps_total')"
 [ "$(metric "$M" 'ps_worker_step_duration_seconds_count')" -ge "$steps" ] || fail "worker: step times"
 [ "$(metric "$M" 'ps_worker_request_duration_seconds_count{op="pull"}')" -gt 0 ] || fail "worker: pull latency"
 [ "$(metric "$M" 'ps_worker_request_duration_seconds_count{op="push"}')" -gt 0 ] || fail "worker: push latency"
-[ "$(metric "$M" 'ps_worker_staleness_clocks_count')" -gt 0 ] || fail "worker: staleness"
+pulls="$(metric "$M" 'ps_worker_staleness_clocks_count')"
+[ "$pulls" -gt 0 ] || fail "worker: staleness"
+# SSP with staleness 2: a pull at clock c is answered only once every live
+# worker reached c - 2, so no answered pull was more than 2 clocks ahead.
+[ "$(metric "$M" 'ps_worker_staleness_clocks_bucket{le="2"}')" = "$pulls" ] ||
+  fail "worker: pulls more than 2 clocks ahead of the slowest under SSP 2"
 [ "$(metric "$M" 'ps_worker_sent_bytes_total')" -gt 0 ] || fail "worker: bytes sent"
 echo "worker 0: $steps steps"
 
