@@ -58,9 +58,13 @@ absl::StatusOr<std::unique_ptr<HttpEndpoint>> HttpEndpoint::Start(Options option
   httplib::Server& server = *e->server_;
   const int threads = std::max(1, o.threads);
   server.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-  server.set_read_timeout(5, 0);
+  // One request per connection: a kept-alive connection holds a pool
+  // thread until it times out, and a browser reloading /status could then
+  // keep a liveness probe waiting. A client that connects and sends
+  // nothing holds one for the read timeout at most.
+  server.set_keep_alive_max_count(1);
+  server.set_read_timeout(2, 0);
   server.set_write_timeout(5, 0);
-  server.set_keep_alive_timeout(5);
   // httplib's default also sets SO_REUSEPORT, which lets a second process
   // bind the same port and take half the requests; a port in use must be
   // an error instead.

@@ -55,8 +55,9 @@ class HttpEndpoint {
     // Extra GET pages by exact path ("/status"); they may not replace the
     // three above.
     std::map<std::string, std::function<Page()>> pages;
-    // Threads answering requests.
-    int threads = 2;
+    // Threads answering requests (one connection each; connections are not
+    // kept alive).
+    int threads = 4;
   };
 
   // INVALID_ARGUMENT for a port outside 0..65535 or a page path that does

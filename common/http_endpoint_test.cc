@@ -7,6 +7,8 @@
 #include <thread>
 #include <vector>
 
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/metrics.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -142,6 +144,28 @@ TEST(HttpEndpointTest, ConcurrentScrapes) {
   }
   for (auto& t : threads) t.join();
   EXPECT_EQ(ok.load(), 60);
+}
+
+TEST(HttpEndpointTest, IdleConnectionsDoNotBlockOthers) {
+  HttpEndpoint::Options options;
+  options.threads = 2;
+  auto endpoint = HttpEndpoint::Start(options);
+  ASSERT_TRUE(endpoint.ok()) << endpoint.status();
+  const int port = (*endpoint)->port();
+  // More clients than threads that asked once and would keep their
+  // connection open.
+  std::vector<std::unique_ptr<httplib::Client>> kept;
+  for (int i = 0; i < 3; ++i) {
+    kept.push_back(std::make_unique<httplib::Client>("127.0.0.1", port));
+    kept.back()->set_keep_alive(true);
+    auto res = kept.back()->Get("/healthz");
+    ASSERT_TRUE(res);
+    EXPECT_EQ(res->get_header_value("Connection"), "close");
+  }
+  const absl::Time start = absl::Now();
+  EXPECT_EQ(Get(port, "/healthz").status, 200);
+  // Not waiting for a kept connection to time out.
+  EXPECT_LT(absl::Now() - start, absl::Seconds(1));
 }
 
 TEST(HttpEndpointTest, StopsWhenDestroyed) {
