@@ -44,15 +44,15 @@ struct Completion::State {
   void PartDone(const absl::Status& s) {
     absl::Status final_status;
     bool finished;
-    uint64_t slowest = UINT64_MAX;
     {
       absl::MutexLock lock(&mu);
       if (!s.ok() && status.ok()) status = s;
+      // Observed before the request counts as complete, so whoever Wait()
+      // released sees it in the metrics. Atomics only: fine under the lock.
+      if (remaining == 1) Observe(status, min_clock);
       finished = --remaining == 0;
       final_status = status;
-      if (finished) slowest = min_clock;
     }
-    if (finished) Observe(final_status, slowest);
     if (finished && done) done(final_status);
   }
 
