@@ -156,6 +156,16 @@ for name in scheduler:$SCHED_HTTP server0:$S0_HTTP worker0:$W0_HTTP; do
     fail "promtool check metrics on ${name%%:*}: $(cat "$T/promtool.out")"
   echo "${name%%:*}: $(grep -c '^ps_' "$T/${name%%:*}.prom") samples, promtool OK"
 done
+# Every metric the Grafana dashboard queries is exported by some process
+# (a histogram's _bucket series by its base name).
+DASH="$TEST_SRCDIR/$TEST_WORKSPACE/deploy/grafana/ps-dashboard.json"
+names="$(grep -o 'ps_[a-z_]*' "$DASH" | sed -E 's/_(bucket|sum|count)$//' | sort -u)"
+[ "$(echo "$names" | wc -l)" -ge 20 ] || fail "dashboard: only $(echo "$names" | wc -l) metric names"
+for n in $names; do
+  grep -qE "^# TYPE $n " "$T/scheduler.prom" "$T/server0.prom" "$T/worker0.prom" ||
+    fail "dashboard queries $n, which no process exports"
+done
+echo "dashboard: $(echo "$names" | wc -l) metric names, all exported"
 M="$T/scheduler.prom"
 [ "$(metric "$M" 'ps_scheduler_nodes{role="server",state="alive"}')" = 2 ] || fail "scheduler: servers alive"
 [ "$(metric "$M" 'ps_scheduler_nodes{role="worker",state="alive"}')" = 2 ] || fail "scheduler: workers alive"
