@@ -260,8 +260,15 @@ int CountMain() {
     SparseTable* t = (*table)->AsSparse();
     // The admission variant starts empty: its pushes admit keys as they go.
     if (v != 3) t->Push(all, all_grads.data());
+    const auto start = Clock::now();
     CountedPushes(t, messages, count, grads.data());
+    const auto pushed = Clock::now();
     CountedPulls(t, messages, count, out.data());
+    const double push_s = std::chrono::duration<double>(pushed - start).count();
+    const double pull_s = std::chrono::duration<double>(Clock::now() - pushed).count();
+    // Wall-clock too, as a check: on a loaded machine only the counts repeat.
+    std::fprintf(stderr, "# %s: push %.3g keys/s, pull %.3g keys/s\n", names[v],
+                 count * per / push_s, count * per / pull_s);
     for (float x : out) checksum += x;
     std::fprintf(stderr, "# %s: %zu rows, %llu evictions, %llu admissions\n", names[v],
                  t->num_rows(),
