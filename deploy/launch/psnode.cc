@@ -92,11 +92,12 @@ std::string HostName() {
   return buf;
 }
 
-// Single-quoted for a POSIX shell when it has anything but safe characters.
+// Single-quoted for a POSIX shell when it has anything but safe characters
+// (not `*`: a bind address like tcp://0.0.0.0:* would glob).
 std::string ShellQuote(const std::string& arg) {
   if (!arg.empty() &&
       arg.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
-                            "0123456789-_=./:,@+*") == std::string::npos) {
+                            "0123456789-_=./:,@+") == std::string::npos) {
     return arg;
   }
   std::string out = "'";
