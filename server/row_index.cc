@@ -18,13 +18,16 @@ constexpr size_t kHugePage = size_t{2} << 20;
 // whole huge pages inside the array are advised, so no more than its bytes
 // (what MemoryBytes reports) can become resident. Smaller arrays are
 // aligned to a cache line. Throws std::bad_alloc like new[].
+// aligned_alloc wants a size that is a multiple of the alignment (C11;
+// sanitizers check it): the rounding reserves address space, and only the
+// bytes the index writes become resident.
 void* AllocateSlots(size_t bytes) {
   void* p = nullptr;
   if (bytes >= kHugePage) {
-    p = std::aligned_alloc(kHugePage, bytes);
+    p = std::aligned_alloc(kHugePage, (bytes + kHugePage - 1) / kHugePage * kHugePage);
     if (p != nullptr) madvise(p, bytes / kHugePage * kHugePage, MADV_HUGEPAGE);
   } else {
-    p = std::aligned_alloc(64, bytes);
+    p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
   }
   if (p == nullptr) throw std::bad_alloc();
   return p;
