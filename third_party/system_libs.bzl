@@ -40,6 +40,8 @@ _LIBS = {
     "zlib": (["zlib"], "zlib1g-dev"),
     # HTTP endpoint of every process (common/http_endpoint: /metrics, /healthz).
     "httplib": (["cpp-httplib"], "libcpp-httplib-dev"),
+    # Checking the control plane's TLS files (common/grpc_security).
+    "openssl": (["openssl"], "libssl-dev"),
 }
 
 _DEPS = {
