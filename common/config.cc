@@ -1,6 +1,11 @@
 #include "common/config.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -152,6 +157,49 @@ void CheckSparseTable(const SparseTableConfig& t, const std::string& path,
              path + ".eviction", "must be EVICT_NONE, EVICT_LRU or EVICT_LFU");
   c->Require(t.eviction() == EVICT_NONE || t.memory_budget_bytes() > 0,
              path + ".eviction", "evicts only under memory_budget_bytes; set it");
+}
+
+// A file the job needs at run time: named, readable by this process, and,
+// for a secret, not readable by every user. Refused rather than warned
+// about: anyone on the machine could copy a world-readable key and join
+// the job, and a warning in one process's log is easily missed.
+void CheckSecurityFile(const std::string& path, absl::string_view field,
+                       bool secret, Checker* c) {
+  if (path.empty()) return;
+  if (access(path.c_str(), R_OK) != 0) {
+    c->Require(false, field,
+              absl::StrCat("'", path, "' cannot be read: ", std::strerror(errno)));
+    return;
+  }
+  struct stat st;
+  c->Require(stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode), field,
+            absl::StrCat("'", path, "' is not a regular file"));
+  c->Require(!secret || (st.st_mode & S_IROTH) == 0, field,
+            absl::StrCat("'", path,
+                         "' is readable by every user; run chmod o-rwx on it"));
+}
+
+// Files only; their contents are checked where they are loaded
+// (common/grpc_security, common/curve_keys).
+void CheckSecurity(const SecurityConfig& sec, Checker* c) {
+  const TlsConfig& tls = sec.tls();
+  const int tls_set = !tls.ca_cert_file().empty() + !tls.cert_file().empty() +
+                      !tls.key_file().empty();
+  c->Require(tls_set == 0 || tls_set == 3, "security.tls",
+            "ca_cert_file, cert_file and key_file are all required (or none, "
+            "for plaintext)");
+  CheckSecurityFile(tls.ca_cert_file(), "security.tls.ca_cert_file", false, c);
+  CheckSecurityFile(tls.cert_file(), "security.tls.cert_file", false, c);
+  CheckSecurityFile(tls.key_file(), "security.tls.key_file", true, c);
+  const CurveConfig& curve = sec.curve();
+  c->Require(curve.public_key_file().empty() == curve.secret_key_file().empty(),
+            "security.curve",
+            "public_key_file and secret_key_file are both required (or none, "
+            "for plaintext)");
+  CheckSecurityFile(curve.public_key_file(), "security.curve.public_key_file",
+                    false, c);
+  CheckSecurityFile(curve.secret_key_file(), "security.curve.secret_key_file",
+                    true, c);
 }
 
 }  // namespace
@@ -341,6 +389,7 @@ absl::Status ValidateJobConfig(const JobConfig& config) {
 
   const absl::Status cons = ValidateConsistency(config.consistency());
   c.Require(cons.ok(), "consistency", cons.message());
+  CheckSecurity(config.security(), &c);
 
   absl::flat_hash_set<uint32_t> ids;
   absl::flat_hash_set<std::string> names;

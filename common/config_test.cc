@@ -1,6 +1,9 @@
 #include "common/config.h"
 
+#include <sys/stat.h>
+
 #include <cmath>
+#include <cstdlib>
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
@@ -1176,6 +1179,48 @@ TEST(ValidateJobConfigTest, ModelsAreCheckedAgainstDataAndTables) {
                   "tables { id: 0 name: \"f\" sparse { dim: 1 } optimizer { "
                   "ftrl { alpha: 0.1 } scale_with_workers: true } }\n")),
               HasSubstr("scale_with_workers: does not apply to FTRL"));
+}
+
+// Security files are checked where the config is loaded: all or none,
+// readable, and a secret key not readable by every user.
+TEST(ConfigTest, SecurityFiles) {
+  const std::string dir = std::getenv("TEST_TMPDIR");
+  const auto write = [&](const std::string& name, int mode) {
+    const std::string path = dir + "/" + name;
+    std::ofstream(path) << "x\n";
+    chmod(path.c_str(), mode);
+    return path;
+  };
+  const std::string ca = write("ca.pem", 0644);
+  const std::string cert = write("job.pem", 0644);
+  const std::string key = write("job.key", 0600);
+  const std::string open_key = write("open.key", 0644);
+  const auto parse = [&](const std::string& security) {
+    return ParseJobConfig(absl::StrCat(kAsyncExample, "security { ", security, " }"),
+                          "s")
+        .status();
+  };
+  const std::string tls = absl::StrCat("tls { ca_cert_file: '", ca,
+                                       "' cert_file: '", cert, "' key_file: '");
+  EXPECT_TRUE(parse(absl::StrCat(tls, key, "' }")).ok())
+      << parse(absl::StrCat(tls, key, "' }"));
+  EXPECT_THAT(parse(absl::StrCat("tls { ca_cert_file: '", ca, "' }")).message(),
+              HasSubstr("security.tls: ca_cert_file, cert_file and key_file are all "
+                        "required"));
+  EXPECT_THAT(parse(absl::StrCat(tls, dir, "/missing.key' }")).message(),
+              HasSubstr("security.tls.key_file: '" + dir +
+                        "/missing.key' cannot be read: No such file"));
+  EXPECT_THAT(parse(absl::StrCat(tls, open_key, "' }")).message(),
+              HasSubstr("security.tls.key_file: '" + open_key +
+                        "' is readable by every user"));
+  EXPECT_THAT(parse(absl::StrCat("curve { public_key_file: '", ca, "' }")).message(),
+              HasSubstr("security.curve: public_key_file and secret_key_file are "
+                        "both required"));
+  EXPECT_THAT(parse(absl::StrCat("curve { public_key_file: '", ca,
+                                 "' secret_key_file: '", open_key, "' }"))
+                  .message(),
+              HasSubstr("security.curve.secret_key_file: '" + open_key +
+                        "' is readable by every user"));
 }
 
 }  // namespace
