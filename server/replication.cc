@@ -160,9 +160,14 @@ absl::Status DecodeReplica(std::vector<zmq::message_t>& frames,
 // ------------------------------------------------------------ BackupLink
 
 absl::StatusOr<std::unique_ptr<BackupLink>> BackupLink::Connect(
-    zmq::context_t& context, uint64_t node_id, const std::string& endpoint) {
+    zmq::context_t& context, uint64_t node_id, const std::string& endpoint,
+    const CurveKeys* curve) {
   try {
     zmq::socket_t socket(context, zmq::socket_type::dealer);
+    if (curve != nullptr) {
+      absl::Status s = ApplyCurveClient(socket, *curve);
+      if (!s.ok()) return s;
+    }
     socket.set(zmq::sockopt::linger, 0);
     // Nothing may be dropped: a lost message would be a lost update.
     socket.set(zmq::sockopt::sndhwm, 0);

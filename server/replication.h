@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/curve_keys.h"
 #include "proto/data_plane.pb.h"
 #include "zmq.hpp"
 
@@ -85,8 +86,11 @@ bool IsReplica(const std::vector<zmq::message_t>& frames, RequestHeader* header)
 class BackupLink {
  public:
   // UNAVAILABLE if the socket cannot be set up.
+  // `curve`: the job's CURVE key pair (the link is a CURVE client with
+  // it), or null for plaintext; not retained.
   static absl::StatusOr<std::unique_ptr<BackupLink>> Connect(
-      zmq::context_t& context, uint64_t node_id, const std::string& endpoint);
+      zmq::context_t& context, uint64_t node_id, const std::string& endpoint,
+      const CurveKeys* curve);
 
   uint64_t node_id() const { return node_id_; }
   const std::string& endpoint() const { return endpoint_; }

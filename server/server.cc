@@ -70,6 +70,14 @@ absl::StatusOr<std::unique_ptr<KVServer>> KVServer::Start(Options options) {
     server->socket_ = zmq::socket_t(server->context_, zmq::socket_type::router);
     server->socket_.set(zmq::sockopt::maxmsgsize, kMaxMessageBytes);
     server->socket_.set(zmq::sockopt::linger, 0);
+    if (server->options_.curve.has_value()) {
+      // The ZAP handler must be bound before the first handshake.
+      auto auth = CurveAuthenticator::Start(server->context_, *server->options_.curve,
+                                            &server->socket_, server->options_.metrics);
+      if (!auth.ok()) return auth.status();
+      server->curve_auth_ = std::move(auth).value();
+      PS_RETURN_IF_ERROR(ApplyCurveServer(server->socket_, *server->options_.curve));
+    }
     server->socket_.bind(server->options_.bind_endpoint);
     server->endpoint_ = server->socket_.get(zmq::sockopt::last_endpoint);
   } catch (const zmq::error_t& e) {
@@ -95,8 +103,8 @@ absl::StatusOr<std::unique_ptr<KVServer>> KVServer::Start(Options options) {
   }
   if (server->options_.metrics != nullptr) server->RegisterMetrics(server->options_.metrics);
   server->thread_ = std::thread([s = server.get()] { s->Serve(); });
-  Log()->info("serving {} tables on {}", server->tables_.size(),
-              server->endpoint_);
+  Log()->info("serving {} tables on {}{}", server->tables_.size(),
+              server->endpoint_, server->curve_auth_ ? " (CURVE)" : "");
   return server;
 }
 
@@ -205,6 +213,7 @@ KVServer::Stats KVServer::stats() const {
   s.rows_copied = rows_copied_.load();
   s.slots_promoted = slots_promoted_.load();
   s.unreplicated_pushes = unreplicated_.load();
+  s.auth_refusals = curve_auth_ ? curve_auth_->refusals() : 0;
   return s;
 }
 

@@ -49,6 +49,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -60,11 +61,13 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "common/curve_keys.h"
 #include "common/metrics.h"
 #include "proto/config.pb.h"
 #include "proto/data_plane.pb.h"
 #include "proto/scheduler.pb.h"
 #include "server/consistency.h"
+#include "server/curve_auth.h"
 #include "server/key_cache.h"
 #include "server/replication.h"
 #include "server/server_metrics.h"
@@ -97,6 +100,12 @@ class KVServer {
     // them); null: none. Not owned; must outlive the server. Once the
     // server is destroyed its scrape-time metrics read as empty.
     metrics::Registry* metrics = nullptr;
+    // The job's CURVE key pair (common/curve_keys.h LoadCurveKeys of
+    // config.security.curve); nullopt: plaintext. With keys the socket
+    // serves CURVE only, a ZAP handler (server/curve_auth.h) admits only
+    // clients holding the job key pair and logs every refusal, and this
+    // server's links to its backups are CURVE clients with the same pair.
+    std::optional<CurveKeys> curve;
   };
 
   struct Stats {
@@ -126,6 +135,9 @@ class KVServer {
     uint64_t slots_promoted = 0;
     // Pushes applied to a slot that had no backup (nothing to copy to).
     uint64_t unreplicated_pushes = 0;
+    // CURVE: data-plane connections refused (a key other than the job's,
+    // no CURVE, a wrong server key); 0 without CURVE.
+    uint64_t auth_refusals = 0;
   };
 
   // Errors: INVALID_ARGUMENT for a bad table config, UNAVAILABLE if the
@@ -357,6 +369,8 @@ class KVServer {
   const Options options_;
   zmq::context_t context_{1};
   zmq::socket_t socket_;
+  // CURVE only; declared after socket_ and context_ so it stops first.
+  std::unique_ptr<CurveAuthenticator> curve_auth_;
   std::string endpoint_;
   int port_ = 0;
 

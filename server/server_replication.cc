@@ -274,7 +274,9 @@ void KVServer::SyncBackups(const Ownership& own) {
   }
   for (uint64_t node : wanted) {
     if (links_.contains(node)) continue;
-    auto link = BackupLink::Connect(context_, node, endpoints[node]);
+    auto link = BackupLink::Connect(
+        context_, node, endpoints[node],
+        options_.curve.has_value() ? &*options_.curve : nullptr);
     if (!link.ok()) {
       Log()->error("{}", link.status().message());
       continue;

@@ -209,8 +209,9 @@ class KVClient::IoLoop {
  public:
   IoLoop(std::shared_ptr<const Routing> routing, absl::Duration request_timeout,
          absl::Duration failover_timeout, std::atomic<uint64_t>* next_request_id,
-         int64_t key_cache_bytes)
-      : event_fd_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)),
+         int64_t key_cache_bytes, std::optional<CurveKeys> curve)
+      : curve_(std::move(curve)),
+        event_fd_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)),
         key_cache_bytes_(key_cache_bytes),
         request_timeout_(request_timeout),
         failover_timeout_(failover_timeout),
@@ -360,6 +361,12 @@ class KVClient::IoLoop {
       socket->set(zmq::sockopt::sndhwm, 0);
       socket->set(zmq::sockopt::rcvhwm, 0);
       socket->set(zmq::sockopt::maxmsgsize, kMaxMessageBytes);
+      if (curve_.has_value()) {
+        if (absl::Status s = ApplyCurveClient(*socket, *curve_); !s.ok()) {
+          Log()->error("server {} at {}: {}", r, want, s.message());
+          continue;
+        }
+      }
       try {
         socket->connect(want);
       } catch (const zmq::error_t& e) {
@@ -798,6 +805,8 @@ class KVClient::IoLoop {
     }
   }
 
+  // The job key pair of Options::curve (nullopt: plaintext).
+  const std::optional<CurveKeys> curve_;
   const int event_fd_;
   // What this client believes each server holds in its key-list slots
   // (RequestHeader.key_list_slot): the digest and key count per slot, the
@@ -899,7 +908,8 @@ KVClient::KVClient(Options options, std::shared_ptr<const Routing> routing)
           &next_request_id_,
           options_.config.data_plane().key_cache_bytes() > 0
               ? options_.config.data_plane().key_cache_bytes()
-              : 0)) {
+              : 0,
+          options_.curve)) {
   clock_.store(options_.start_clock);
   const DataPlaneConfig& dp = options_.config.data_plane();
   // Only registered clients cache key lists: servers keep lists per node

@@ -23,6 +23,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -34,6 +35,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/curve_keys.h"
 #include "common/metrics.h"
 #include "proto/config.pb.h"
 #include "proto/data_plane.pb.h"
@@ -100,6 +102,13 @@ class KVClient {
       metrics::Histogram* staleness = nullptr;
     };
     Instruments instruments;
+
+    // The job's CURVE key pair (common/curve_keys.h LoadCurveKeys of
+    // config.security.curve); nullopt: plaintext. With keys every
+    // connection to a server is a CURVE client presenting the job pair and
+    // expecting the job public key as the server's. A server that refuses
+    // the keys never answers: requests end with DEADLINE_EXCEEDED.
+    std::optional<CurveKeys> curve;
   };
 
   // `view` must be RUNNING. INVALID_ARGUMENT otherwise.
