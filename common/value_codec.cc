@@ -1,5 +1,6 @@
 #include "common/value_codec.h"
 
+#include <cpuid.h>
 #include <immintrin.h>
 
 #include <cmath>
@@ -52,7 +53,17 @@ __attribute__((target("avx,f16c"))) void DecodeHalfF16c(const uint16_t* in, size
 }
 
 bool HasF16c() {
+#if defined(__clang__)
+  // Clang (the fuzzing build) does not know the "f16c" feature name: read
+  // the CPUID bit instead ("avx" also checks that the OS saves YMM state).
+  static const bool has = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    return __builtin_cpu_supports("avx") && __get_cpuid(1, &a, &b, &c, &d) &&
+           (c & bit_F16C) != 0;
+  }();
+#else
   static const bool has = __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+#endif
   return has;
 }
 

@@ -32,7 +32,13 @@ std::pair<uint64_t, uint64_t> ByteRange(uint64_t total, uint32_t rank,
 
 struct LineReaderOptions {
   // Size of each read(2). Large reads keep the reader at disk speed.
+#ifdef FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION
+  // The fuzzing build (tests/fuzz): a small buffer takes the refill and
+  // line-growth paths on small inputs, and no 4 MiB page-in per input.
+  size_t buffer_bytes = 16;
+#else
   size_t buffer_bytes = size_t{4} << 20;
+#endif
   // Longer lines are skipped whole and handed out with too_long set, so a
   // file without newlines cannot make the buffer grow without bound.
   size_t max_line_bytes = size_t{16} << 20;
