@@ -12,6 +12,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "common/config.h"
+#include "common/curve_keys.h"
 #include "common/http_endpoint.h"
 #include "common/metrics.h"
 #include "common/node_main.h"
@@ -68,8 +69,15 @@ int main(int argc, char** argv) {
   ps::metrics::AddProcessMetrics(&registry);
   registry.AddCallback("ps_server_rank", "This server's rank (-1 before it registered).",
                        ps::metrics::Type::kGauge, [health] { return double(health->rank); });
+  absl::StatusOr<std::optional<ps::CurveKeys>> curve =
+      ps::LoadCurveKeys(config->security().curve());
+  if (!curve.ok()) {
+    log->error("{}", curve.status().message());
+    return 2;
+  }
   ps::KVServer::Options options;
   options.config = *config;
+  options.curve = *std::move(curve);
   options.metrics = &registry;
   options.bind_endpoint = absl::GetFlag(FLAGS_bind);
   options.on_checkpoint = [reporter, log](const ps::ReportCheckpointRequest& r) {

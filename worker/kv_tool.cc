@@ -32,6 +32,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "common/config.h"
+#include "common/curve_keys.h"
 #include "common/node_main.h"
 #include "common/logging.h"
 #include "common/status.h"
@@ -246,6 +247,12 @@ int main(int argc, char** argv) {
       ps::StartNode(*log, absl::GetFlag(FLAGS_log_level), absl::GetFlag(FLAGS_config),
                     {{"scheduler", absl::GetFlag(FLAGS_scheduler)}});
   if (!config) return 2;
+  absl::StatusOr<std::optional<ps::CurveKeys>> curve =
+      ps::LoadCurveKeys(config->security().curve());
+  if (!curve.ok()) {
+    log->error("{}", curve.status().message());
+    return 2;
+  }
   auto options = ps::SchedulerClient::Options::ForJob(
       *config, absl::GetFlag(FLAGS_scheduler), ps::WORKER);
   auto membership = ps::SchedulerClient::Connect(options);
@@ -265,10 +272,11 @@ int main(int argc, char** argv) {
                     .ok()) {
       // status holds the barrier's error.
     } else {
-      auto client = ps::KVClient::Create(
-          {*config, (*membership)->rank(), (*membership)->node_id(),
-           (*membership)->start_clock()},
-          *view);
+      ps::KVClient::Options client_options{*config, (*membership)->rank(),
+                                           (*membership)->node_id(),
+                                           (*membership)->start_clock()};
+      client_options.curve = *curve;
+      auto client = ps::KVClient::Create(client_options, *view);
       status = client.ok() ? Run(*config, **client) : client.status();
     }
   }

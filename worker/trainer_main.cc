@@ -38,6 +38,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/config.h"
+#include "common/curve_keys.h"
 #include "common/http_endpoint.h"
 #include "common/metrics.h"
 #include "common/node_main.h"
@@ -74,6 +75,9 @@ struct PublishedClient {
   ps::KVClient* client ABSL_GUARDED_BY(mu) = nullptr;
   // Metrics and health; set before any thread uses this, never null.
   ps::WorkerTelemetry* telemetry = nullptr;
+  // The job's CURVE key pair for the client (loaded in main()); nullopt:
+  // plaintext. Set before any thread uses this.
+  std::optional<ps::CurveKeys> curve;
 
   void Set(ps::KVClient* c) {
     absl::MutexLock lock(&mu);
@@ -199,6 +203,7 @@ int TrainAndEvaluate(const ps::JobConfig& config,
   ps::KVClient::Options client_options{config, rank, membership->node_id(),
                                        membership->start_clock()};
   client_options.instruments = kv->telemetry->instruments();
+  client_options.curve = kv->curve;
   auto client = ps::KVClient::Create(client_options, *view);
   if (!client.ok()) {
     log->error("{}", client.status().message());
@@ -352,7 +357,7 @@ std::string DescribePosition(const ps::DataPosition& p) {
 }
 
 int Run(ps::TerminationSignals& signals, const ps::JobConfig* config,
-        ps::WorkerTelemetry* telemetry) {
+        ps::WorkerTelemetry* telemetry, std::optional<ps::CurveKeys> curve) {
   auto log = ps::GetLogger("worker");
   const absl::Time start = absl::Now();
 
@@ -360,6 +365,7 @@ int Run(ps::TerminationSignals& signals, const ps::JobConfig* config,
   // only once the client is published.
   PublishedClient kv;
   kv.telemetry = telemetry;
+  kv.curve = std::move(curve);
   auto options = ps::SchedulerClient::Options::ForJob(
       *config, absl::GetFlag(FLAGS_scheduler), ps::WORKER);
   // Its shard is resumed by another worker if it dies or is preempted.
@@ -419,6 +425,12 @@ int main(int argc, char** argv) {
                     ps::ClusterSizeOverride{absl::GetFlag(FLAGS_num_servers),
                                             absl::GetFlag(FLAGS_num_workers)});
   if (!config) return 2;
+  absl::StatusOr<std::optional<ps::CurveKeys>> curve =
+      ps::LoadCurveKeys(config->security().curve());
+  if (!curve.ok()) {
+    log->error("{}", curve.status().message());
+    return 2;
+  }
   ps::metrics::Registry registry;
   ps::metrics::AddProcessMetrics(&registry);
   ps::WorkerTelemetry telemetry(&registry);
@@ -433,5 +445,5 @@ int main(int argc, char** argv) {
     log->error("{}", endpoint.status().message());
     return 1;
   }
-  return Run(signals, &*config, &telemetry);
+  return Run(signals, &*config, &telemetry, *std::move(curve));
 }
