@@ -125,7 +125,7 @@ void ForwardGrpcLog(gpr_log_func_args* args) {
   // CA, plaintext) with this message on the refusing side.
   if (args->severity == GPR_LOG_SEVERITY_ERROR &&
       absl::StrContains(args->message, "Handshake failed")) {
-    Log()->warn("refused TLS peer: {}", args->message);
+    Log()->warn("TLS handshake failed, peer refused: {}", args->message);
     return;
   }
   static auto* const logger = new std::shared_ptr<spdlog::logger>(GetLogger("grpc"));

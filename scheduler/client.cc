@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/config.h"
+#include "common/grpc_security.h"
 #include "common/logging.h"
 #include "common/protocol.h"
 #include "common/status.h"
@@ -36,6 +37,7 @@ SchedulerClient::Options SchedulerClient::Options::ForJob(const JobConfig& confi
   options.address = std::move(address);
   options.role = role;
   options.config_fingerprint = ConfigFingerprint(config);
+  options.tls = config.security().tls();
   options.heartbeat_interval =
       absl::Milliseconds(config.cluster().heartbeat_interval_ms());
   return options;
@@ -54,8 +56,11 @@ std::unique_ptr<grpc::ClientContext> SchedulerClient::Context(
 absl::StatusOr<std::unique_ptr<SchedulerClient>> SchedulerClient::Connect(
     Options options) {
   std::unique_ptr<SchedulerClient> c(new SchedulerClient(std::move(options)));
-  c->stub_ = Scheduler::NewStub(grpc::CreateChannel(
-      c->options_.address, grpc::InsecureChannelCredentials()));
+  if (TlsEnabled(c->options_.tls)) InstallGrpcLogging();
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> creds =
+      MakeChannelCredentials(c->options_.tls);
+  if (!creds.ok()) return Annotate(creds.status(), "scheduler client credentials");
+  c->stub_ = Scheduler::NewStub(grpc::CreateChannel(c->options_.address, *creds));
   RegisterRequest request;
   request.set_role(c->options_.role);
   request.set_data_endpoint(c->options_.data_endpoint);

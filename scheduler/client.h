@@ -38,6 +38,9 @@ class SchedulerClient {
     // Workers that train data shards (RegisterRequest.trains_shards).
     bool trains_shards = false;
     absl::Duration heartbeat_interval = absl::Milliseconds(500);
+    // Control-plane TLS files (all empty: plaintext). ForJob copies the
+    // job's; Connect fails with their error if they are unusable.
+    TlsConfig tls;
     // Deadline of each unary RPC.
     absl::Duration rpc_timeout = absl::Seconds(5);
     // How long to keep retrying registration while the scheduler is

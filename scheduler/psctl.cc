@@ -22,6 +22,10 @@
 //       Refused (exit 1) for the scheduler, the only live worker, or a
 //       server whose parameters would be lost.
 //
+// A job with control-plane TLS (security.tls in its config) needs psctl to
+// present the job's certificate: --config=JOB.pbtxt takes the files from
+// the job config, or --tls_ca, --tls_cert and --tls_key name them.
+//
 // Every RPC has a deadline (--timeout_ms). Exit status: 0 on success, 1 when
 // the scheduler cannot be reached or refuses the request (its message is
 // printed), 2 for a usage error (unknown command or flag, bad mode name).
@@ -46,6 +50,8 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/config.h"
+#include "common/grpc_security.h"
 #include "common/status.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
@@ -56,6 +62,15 @@ ABSL_FLAG(int64_t, timeout_ms, 5000, "Deadline of each RPC, in ms (> 0).");
 ABSL_FLAG(int64_t, staleness, 0,
           "set-mode SSP: how many steps a worker may run ahead of the "
           "slowest one.");
+ABSL_FLAG(std::string, config, "",
+          "Job config file; its security.tls files are used to reach a "
+          "scheduler that requires TLS.");
+ABSL_FLAG(std::string, tls_ca, "",
+          "PEM CA bundle of the job (instead of --config's ca_cert_file).");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM certificate to present (instead of --config's cert_file).");
+ABSL_FLAG(std::string, tls_key, "",
+          "PEM private key of --tls_cert (instead of --config's key_file).");
 ABSL_FLAG(bool, wait, false,
           "checkpoint: wait until the checkpoint is committed; drain: wait "
           "until the node has left (both up to --timeout_ms).");
@@ -64,7 +79,8 @@ namespace ps {
 namespace {
 
 constexpr char kUsage[] =
-    "usage: psctl --scheduler=HOST:PORT [--timeout_ms=MS] COMMAND\n"
+    "usage: psctl --scheduler=HOST:PORT [--timeout_ms=MS]\n"
+    "             [--config=JOB.pbtxt | --tls_ca=F --tls_cert=F --tls_key=F] COMMAND\n"
     "commands:\n"
     "  status                               job state, mode, nodes, clocks\n"
     "  set-mode BSP|ASYNC|SSP [--staleness=N]\n"
@@ -301,6 +317,31 @@ int UsageError(absl::string_view message) {
   return kExitUsage;
 }
 
+// The TLS files to present: from the --tls_* flags (all three), else from
+// the job config file, else none (plaintext). INVALID_ARGUMENT for a mix
+// or an unreadable or invalid config.
+absl::StatusOr<TlsConfig> TlsFromFlags(const std::string& config_path,
+                                       const std::string& ca, const std::string& cert,
+                                       const std::string& key) {
+  TlsConfig tls;
+  if (!ca.empty() || !cert.empty() || !key.empty()) {
+    if (!config_path.empty()) {
+      return absl::InvalidArgumentError("--config and --tls_* are exclusive");
+    }
+    if (ca.empty() || cert.empty() || key.empty()) {
+      return absl::InvalidArgumentError(
+          "--tls_ca, --tls_cert and --tls_key go together");
+    }
+    tls.set_ca_cert_file(ca);
+    tls.set_cert_file(cert);
+    tls.set_key_file(key);
+    return tls;
+  }
+  if (config_path.empty()) return tls;
+  PS_ASSIGN_OR_RETURN(JobConfig config, LoadJobConfig(config_path));
+  return config.security().tls();
+}
+
 }  // namespace
 }  // namespace ps
 
@@ -341,8 +382,17 @@ int main(int argc, char** argv) {
     return ps::UsageError(absl::StrCat("unknown command '", command, "'"));
   }
 
-  auto stub = ps::Scheduler::NewStub(
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  absl::StatusOr<ps::TlsConfig> tls = ps::TlsFromFlags(
+      absl::GetFlag(FLAGS_config), absl::GetFlag(FLAGS_tls_ca),
+      absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key));
+  if (!tls.ok()) return ps::UsageError(tls.status().message());
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> creds =
+      ps::MakeChannelCredentials(*tls);
+  if (!creds.ok()) {
+    std::cerr << "psctl: " << creds.status().message() << "\n";
+    return ps::kExitFailed;
+  }
+  auto stub = ps::Scheduler::NewStub(grpc::CreateChannel(address, *creds));
   const absl::Duration timeout = absl::Milliseconds(timeout_ms);
   const absl::Status status =
       command == "status"       ? ps::RunStatus(*stub, timeout)
@@ -352,6 +402,15 @@ int main(int argc, char** argv) {
                                                  static_cast<uint32_t>(staleness));
   if (!status.ok()) {
     std::cerr << "psctl: scheduler " << address << ": " << status.ToString() << "\n";
+    if (status.code() == absl::StatusCode::kUnavailable ||
+        status.code() == absl::StatusCode::kDeadlineExceeded ||
+        status.code() == absl::StatusCode::kUnauthenticated) {
+      std::cerr << (ps::TlsEnabled(*tls)
+                        ? "psctl: if the scheduler is up, check that its TLS "
+                          "certificate and psctl's come from the same job CA\n"
+                        : "psctl: if the scheduler is up and its job uses TLS, "
+                          "pass --config=JOB.pbtxt or --tls_ca/--tls_cert/--tls_key\n");
+    }
     return ps::kExitFailed;
   }
   return ps::kExitOk;

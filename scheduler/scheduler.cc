@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/grpc_security.h"
 #include "common/logging.h"
 #include "common/status.h"
 #include "server/checkpoint.h"
@@ -169,9 +170,14 @@ absl::StatusOr<std::unique_ptr<SchedulerServer>> SchedulerServer::Start(
       return Annotate(latest.status(), "looking for a checkpoint to restore");
     }
   }
+  // Mutual TLS when the job config names its files (see grpc_security.h).
+  const TlsConfig& tls = s->options_.config.security().tls();
+  if (TlsEnabled(tls)) InstallGrpcLogging();
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> creds =
+      MakeServerCredentials(tls);
+  if (!creds.ok()) return Annotate(creds.status(), "scheduler credentials");
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(s->options_.listen_address,
-                           grpc::InsecureServerCredentials(), &s->port_);
+  builder.AddListeningPort(s->options_.listen_address, *creds, &s->port_);
   builder.RegisterService(s->service_.get());
   s->server_ = builder.BuildAndStart();
   if (s->server_ == nullptr || s->port_ == 0) {

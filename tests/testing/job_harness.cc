@@ -16,7 +16,9 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "common/grpc_security.h"
 #include "common/protocol.h"
+#include "google/protobuf/text_format.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 
@@ -67,8 +69,13 @@ absl::StatusOr<std::unique_ptr<JobHarness>> JobHarness::Start(Options options) {
         "the scheduler wrote no port: ", ReadFile(dir + "/scheduler.log")));
   }
   job->address_ = absl::StrCat("127.0.0.1:", absl::StripAsciiWhitespace(*port));
-  job->stub_ = Scheduler::NewStub(
-      grpc::CreateChannel(job->address_, grpc::InsecureChannelCredentials()));
+  // The harness reaches the scheduler as the job's processes do: with the
+  // config's TLS files when it has them.
+  JobConfig config;
+  google::protobuf::TextFormat::ParseFromString(job->options_.config, &config);
+  auto creds = MakeChannelCredentials(config.security().tls());
+  if (!creds.ok()) return creds.status();
+  job->stub_ = Scheduler::NewStub(grpc::CreateChannel(job->address_, *creds));
   for (int i = 0; i < job->options_.num_servers; ++i) {
     const std::string name = absl::StrCat(dir, "/server", i);
     auto server = Subprocess::Start(
