@@ -7,6 +7,13 @@
 // many bytes off an 8-byte boundary the frames after the header start
 // (libzmq may deliver a frame at any offset, which takes the copying
 // path). At most 4 frames; a truncated input is dropped.
+//
+// A decoded request's dense segments then go through the server's table
+// check (DenseTable::ValidateSegments, against a table of 100 elements in
+// blocks of 16), and segments it accepts are pulled, pushed or assigned
+// with exactly-sized buffers, so an accepted segment outside the table is
+// a heap overflow.
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -15,6 +22,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/wire.h"
+#include "proto/config.pb.h"
+#include "server/table.h"
 #include "tests/fuzz/fuzz_input.h"
 #include "zmq.hpp"
 
@@ -31,6 +40,44 @@ uint64_t Touch(absl::Span<const T> span) {
     sum += bits;
   }
   return sum;
+}
+
+ps::DenseTable& Dense() {
+  static ps::DenseTable* table = [] {
+    ps::TableConfig config;
+    config.set_id(2);
+    config.set_name("dense");
+    config.mutable_dense()->set_size(100);
+    config.mutable_dense()->set_block_size(16);
+    config.mutable_optimizer()->mutable_sgd()->set_learning_rate(0.1f);
+    auto created = ps::Table::Create(config);
+    if (!created.ok()) ps::fuzz::Fail(created.status().ToString());
+    return created->release()->AsDense();
+  }();
+  return *table;
+}
+
+// What the server does next with a dense request (server/server.cc
+// ValidateShape, then the table operation).
+void ApplyToDense(const ps::DecodedRequest& req) {
+  const ps::RequestHeader& h = req.header;
+  if (!req.keys.empty() || h.segments_size() == 0) return;
+  ps::DenseTable& dense = Dense();
+  if (!dense.ValidateSegments(h.segments()).ok()) return;
+  uint64_t n = 0;
+  for (const ps::DenseSegment& seg : h.segments()) {
+    PS_FUZZ_CHECK(seg.length() > 0 && seg.begin() < dense.size() &&
+                      seg.length() <= dense.size() - seg.begin(),
+                  absl::StrCat("accepted segment [", seg.begin(), ", +", seg.length(), ")"));
+    n += seg.length();
+  }
+  if (n > (1u << 20)) return;  // the server refuses these (CheckResponseSize)
+  std::vector<float> buffer(n);
+  if (h.op() == ps::PULL || h.op() == ps::PUSH_PULL) dense.Pull(h.segments(), buffer.data());
+  if (req.values.size() != n || !ps::AllFinite(req.values)) return;
+  std::copy(req.values.begin(), req.values.end(), buffer.begin());
+  if (h.op() == ps::PUSH || h.op() == ps::PUSH_PULL) dense.Push(h.segments(), buffer.data());
+  if (h.op() == ps::ASSIGN) dense.Assign(h.segments(), buffer.data());
 }
 
 }  // namespace
@@ -92,5 +139,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   volatile uint64_t sink = Touch(out.keys) + Touch(out.values);
   (void)sink;
+  ApplyToDense(out);
   return 0;
 }
