@@ -40,6 +40,7 @@
 #include <cstring>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -51,6 +52,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/allocator.h"
 #include "common/config.h"
+#include "common/curve_keys.h"
 #include "common/hash.h"
 #include "common/logging.h"
 #include "proto/scheduler.pb.h"
@@ -65,6 +67,8 @@ ABSL_FLAG(uint64_t, dense_bytes, 4 << 20, "dense: bytes per tensor.");
 ABSL_FLAG(int, window, 4, "Messages in flight per client.");
 ABSL_FLAG(double, seconds, 2.0, "Time per measurement.");
 ABSL_FLAG(int, repeat, 3, "Measurements per figure; the best is reported.");
+ABSL_FLAG(bool, curve, false,
+          "Server and client use CURVE (security.curve) with a fresh job key pair.");
 ABSL_FLAG(bool, raw, true, "Measure the raw baselines (false: only the parameter server, e.g. to profile it).");
 
 namespace ps {
@@ -342,6 +346,13 @@ Ps StartPs(uint32_t dim, uint64_t dense_floats, const std::string& data_plane = 
   Ps ps;
   KVServer::Options so;
   so.config = *config;
+  std::optional<CurveKeys> curve;
+  if (absl::GetFlag(FLAGS_curve)) {
+    auto keys = GenerateCurveKeys();
+    if (!keys.ok()) Die(keys.status().ToString());
+    curve = *keys;
+  }
+  so.curve = curve;
   auto server = KVServer::Start(so);
   if (!server.ok()) Die(server.status().ToString());
   ps.server = std::move(*server);
@@ -370,6 +381,7 @@ Ps StartPs(uint32_t dim, uint64_t dense_floats, const std::string& data_plane = 
   co.config = *config;
   co.rank = 0;
   co.node_id = 2;
+  co.curve = curve;
   auto client = KVClient::Create(co, view);
   if (!client.ok()) Die(client.status().ToString());
   ps.client = std::move(*client);
