@@ -797,7 +797,11 @@ class KVClient::IoLoop {
       if (it->second->deadline <= now) {
         it->second->parent->PartDone(absl::DeadlineExceededError(
             absl::StrCat("server ", it->second->server,
-                         " did not answer request ", it->first, " in time")));
+                         " did not answer request ", it->first, " in time",
+                         curve_.has_value()
+                             ? " (CURVE: a server that refuses this job's key pair "
+                               "never answers; see its log)"
+                             : "")));
         pending_.erase(it++);
       } else {
         ++it;

@@ -196,7 +196,9 @@ TEST_F(CurveDataPlaneTest, WrongServerKeyIsRefused) {
   auto client = Client(*other);
   ASSERT_NE(client, nullptr);
   std::vector<float> out;
-  EXPECT_EQ(PullBoth(*client, &out).code(), absl::StatusCode::kDeadlineExceeded);
+  const absl::Status s = PullBoth(*client, &out);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_NE(s.message().find("CURVE"), std::string::npos) << s;
   ASSERT_TRUE(WaitForRefusals(1));
   EXPECT_NE(Logged().find("refused a data-plane connection"), std::string::npos) << Logged();
   EXPECT_EQ(server_->stats().requests, 0u);
