@@ -39,6 +39,11 @@
 //   ps_server_table_keys_pulled_total{table},
 //   ps_server_table_evictions_total{table,cause} (cause ttl or budget),
 //   ps_server_table_pushes_refused_total{table}
+// With CURVE (Options::curve), counted by the ZAP handler
+// (server/curve_auth.h):
+//   ps_server_auth_refusals_total{reason}       connections refused: client_key
+//                                               (not the job key), handshake
+//                                               (no CURVE, wrong server key)
 // (op labels are lower-case op names; table labels the configured table names).
 #ifndef PS_SERVER_SERVER_METRICS_H_
 #define PS_SERVER_SERVER_METRICS_H_
