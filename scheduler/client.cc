@@ -87,8 +87,29 @@ absl::StatusOr<std::unique_ptr<SchedulerClient>> SchedulerClient::Connect(
                        status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
                        full;
     if (!retry || absl::Now() >= give_up) {
-      return Annotate(FromGrpcStatus(status),
-                      absl::StrCat("register with scheduler ", c->options_.address));
+      std::string why;
+      if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+        // Waiting for the channel hides why it never connected (no
+        // listener, or a refused TLS handshake); one fail-fast call
+        // without side effects (not Register: it could take a rank) tells.
+        auto probe = c->Context(absl::Seconds(2));
+        GetStatusResponse ignored;
+        const grpc::Status last =
+            c->stub_->GetStatus(probe.get(), GetStatusRequest(), &ignored);
+        if (last.error_code() == grpc::StatusCode::UNAVAILABLE) {
+          why = absl::StrCat("; the channel's last error: ", last.error_message(),
+                             TlsEnabled(c->options_.tls)
+                                 ? " (with TLS on, check that the scheduler's "
+                                   "certificate and this one come from the same "
+                                   "job CA)"
+                                 : " (if the job uses TLS, this config has none)");
+        }
+      }
+      absl::Status result = Annotate(
+          FromGrpcStatus(status),
+          absl::StrCat("register with scheduler ", c->options_.address, why));
+      Log()->error("{}", result);
+      return result;
     }
     if (full) {
       if (!warned_full) {
