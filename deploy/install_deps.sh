@@ -16,6 +16,7 @@ PACKAGES=(
   zlib1g-dev                         # gzip-compressed idx files (worker/data)
   dataset-fashion-mnist              # the MLP example and its test
   libcpp-httplib-dev                 # HTTP endpoint (/metrics, /healthz, /status)
+  libssl-dev openssl                 # control-plane TLS files; make_job_keys.sh
   prometheus                         # promtool checks the /metrics format (tests)
   chromium fonts-dejavu-core         # headless screenshot of /status (tests)
   gnuplot-nox                        # deploy/plot: metrics files to PNG
