@@ -9,10 +9,11 @@ grace periods); that every container runs a binary of the image directly
 from its `--helpfull`; that the ports in flags, containers, probes and
 Services agree; that --config points into the ConfigMap's mount; and that
 the ConfigMap's job config is valid (`scheduler_main --describe`) and sized
-like the StatefulSet and the Job.
+like the StatefulSet and the Job; and that every pod mounts the Secret of
+the keys its security block names, not readable by other users.
 
 Usage (bazel test //deploy/k8s:manifests_test runs it):
-  manifests_test.py KUSTOMIZATION_YAML SCHEDULER_MAIN SERVER_MAIN TRAINER
+  manifests_test.py KUSTOMIZATION_YAML SCHEDULER_MAIN SERVER_MAIN TRAINER MAKE_JOB_KEYS
 """
 import os
 import re
@@ -25,6 +26,8 @@ import unittest
 import yaml
 
 K8S_DIR = ""
+MAKE_JOB_KEYS = ""  # deploy/security/make_job_keys
+KEYS_MOUNT = "/etc/ps-keys"  # where the Secret ps-job-keys is mounted
 BINARIES = {}  # container command name -> path of the built binary
 
 
@@ -113,10 +116,17 @@ class ManifestsTest(unittest.TestCase):
         return parse_flags(self.container_of(kind, name).get("args", []))
 
     def job_description(self):
-        """servers, workers, mode of the ConfigMap's job, by scheduler_main."""
+        """servers, workers, mode of the ConfigMap's job, by scheduler_main.
+
+        The key files the config names are made by make_job_keys.sh in a
+        temporary directory standing in for the Secret's mount, so their
+        names must be the script's."""
         data = self.get("ConfigMap", "ps-job")["data"]
-        with tempfile.NamedTemporaryFile("w", suffix=".pbtxt") as f:
-            f.write(data["job.pbtxt"])
+        with tempfile.TemporaryDirectory() as keys, \
+             tempfile.NamedTemporaryFile("w", suffix=".pbtxt") as f:
+            subprocess.run([MAKE_JOB_KEYS, keys + "/k"], check=True,
+                           stdout=subprocess.DEVNULL, timeout=60)
+            f.write(data["job.pbtxt"].replace(KEYS_MOUNT + "/", keys + "/k/"))
             f.flush()
             r = subprocess.run([BINARIES["scheduler_main"], "--config=" + f.name,
                                 "--describe"], stdout=subprocess.PIPE,
@@ -255,6 +265,29 @@ class ManifestsTest(unittest.TestCase):
                 self.assertEqual(os.path.dirname(path), mounts[0]["mountPath"].rstrip("/"))
                 self.assertIn(os.path.basename(path), data)
 
+    def test_every_pod_mounts_the_keys_the_config_names(self):
+        config = self.get("ConfigMap", "ps-job")["data"]["job.pbtxt"]
+        paths = re.findall(r'_file: "([^"]+)"', config)
+        self.assertEqual(len(paths), 5, "tls (3 files) and curve (2) expected")
+        for path in paths:
+            self.assertEqual(os.path.dirname(path), KEYS_MOUNT)
+        for kind, name, template, c in containers(self.docs):
+            with self.subTest(workload=name):
+                volumes = {v["name"]: v for v in template["spec"]["volumes"]}
+                mounts = [m for m in c["volumeMounts"]
+                          if volumes[m["name"]].get("secret", {}).get("secretName")
+                          == "ps-job-keys"]
+                self.assertEqual(len(mounts), 1)
+                self.assertEqual(mounts[0]["mountPath"], KEYS_MOUNT)
+                self.assertTrue(mounts[0]["readOnly"])
+                mode = volumes[mounts[0]["name"]]["secret"]["defaultMode"]
+                # The processes refuse keys readable by every user; the pod's
+                # group reads them.
+                self.assertEqual(mode & 0o007, 0, oct(mode))
+                self.assertEqual(mode & 0o040, 0o040, oct(mode))
+                ctx = template["spec"]["securityContext"]
+                self.assertEqual(ctx["fsGroup"], ctx["runAsGroup"])
+
     def test_graceful_termination(self):
         for kind, name, template, c in containers(self.docs):
             with self.subTest(workload=name):
@@ -292,8 +325,9 @@ class ManifestsTest(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 5:
+    if len(sys.argv) != 6:
         sys.exit(__doc__)
     K8S_DIR = os.path.dirname(os.path.abspath(sys.argv[1]))
     BINARIES.update(scheduler_main=sys.argv[2], server_main=sys.argv[3], trainer=sys.argv[4])
+    MAKE_JOB_KEYS = os.path.abspath(sys.argv[5])
     unittest.main(argv=sys.argv[:1], verbosity=2)
