@@ -5,7 +5,8 @@
 # free ports, so nothing of a Slurm installation on this machine is used
 # or touched. Submits the CTR example on less data with `sbatch --wait` and
 # checks that the job succeeded and its output ends with the trainer's
-# JSON summary, with the model close to the oracle.
+# JSON summary, with the model close to the oracle, and that the job made
+# its keys and ran with security on (TLS and CURVE).
 #
 # Needs root (slurmd starts job steps as the submitting user, which only
 # root can do); skips itself with a message otherwise. Every daemon and job
@@ -151,7 +152,8 @@ done
 [ "$state" = "idle" ] || fail "the Slurm node is not idle after 30 s (state '$state')"
 echo "slurm: controller on port $CTLD_PORT, node $NODE idle"
 
-cp "$R/scheduler/scheduler_main" "$R/server/server_main" "$R/worker/trainer" "$D/bin/"
+cp "$R/scheduler/scheduler_main" "$R/server/server_main" "$R/worker/trainer" \
+  "$R/deploy/security/make_job_keys" "$R/deploy/security/curve_keygen" "$D/bin/"
 CONFIG="$D/small.pbtxt"
 sed -e 's/num_train: 1000000/num_train: 200000/' \
     -e 's/num_test: 100000/num_test: 50000/' \
@@ -169,6 +171,15 @@ status=0
    "$R/deploy/slurm/ps.sbatch" "$CONFIG") || status=$?
 [ "$status" -eq 0 ] || fail "sbatch --wait exited $status"
 
+# The config has no security block: the job made its keys and ran with
+# mutual TLS and CURVE, refusing no one.
+grep -q "ps: security on (mutual TLS, CURVE; keys in $D/run/keys)" "$D/job.out" ||
+  fail "the job did not turn security on"
+[ "$(stat -c %a "$D/run/keys/job.key")" = "600" ] || fail "job.key is not mode 0600"
+grep -q "serving .* (CURVE)" "$D/job.out" || fail "no server served CURVE"
+if grep -q "peer refused\|refused a data-plane connection" "$D/job.out"; then
+  fail "a process refused a peer of its own job"
+fi
 SUMMARY="$(tail -n 1 "$D/job.out")"
 echo "summary: $SUMMARY"
 field() { echo "$SUMMARY" | sed -n "s/.*\"$1\":\([^,}]*\).*/\1/p" | tr -d '"'; }
