@@ -575,6 +575,15 @@ TEST_F(ReplicationTest, CatchUpCarriesBufferedBspSteps) {
   ASSERT_TRUE(client.Pull(kAdam, keys, out.data()).Wait().ok());
   ASSERT_TRUE(client.Push(kSgd, keys, std::vector<float>(keys.size(), 0)).Wait().ok());
   ASSERT_TRUE(client.PushDense(kDense, 0, std::vector<float>(60, 0)).Wait().ok());
+  // The replacement backs some of these slots, so copies of these pushes
+  // reach it. Once, with CI running tests side by side, the counter still
+  // read 0 right after the answers (not reproduced in idle runs; the cause
+  // is not understood yet), so the test gives it up to 10 s to arrive.
+  const absl::Time replica_deadline = absl::Now() + absl::Seconds(10);
+  while (servers_.back().server->stats().replica_messages == 0 &&
+         absl::Now() < replica_deadline) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
   EXPECT_GT(servers_.back().server->stats().replica_messages, 0u);
   EXPECT_GT(ExpectReplicasIdentical(), 300u);
 }
