@@ -313,7 +313,10 @@ uint64_t ExamplesTrained(ps::testing::JobHarness& job) {
 // ends with every example trained exactly once and one summary. Draining
 // what would be unsafe is refused with the scheduler's reason.
 TEST_F(PsctlTest, DrainsAWorkerOfARunningJob) {
-  constexpr int kNumTrain = 150000;
+  // Enough data for about 4 s of training per worker: with 150000 examples
+  // a worker on a loaded machine once finished its shard in the 0.7 s
+  // between reaching step 20 and the drain (the refused drains run first).
+  constexpr int kNumTrain = 600000;
   constexpr int kEpochs = 2;
   ps::testing::JobHarness::Options options;
   options.dir = dir_ + "/job";
