@@ -6,6 +6,12 @@
 # timed out) counts as one failure. Exits non-zero when anything failed.
 #
 # Extra arguments go to `bazel test`, e.g. tests/run_all.sh --config=asan.
+# Environment:
+#   PS_BAZEL_OUTPUT_BASE  bazel's output base (a startup option, also given to
+#                         `bazel info`): sanitizer builds use their own so the
+#                         shared opt build is not invalidated, e.g.
+#     PS_BAZEL_OUTPUT_BASE=$HOME/.cache/ps-asan-base tests/run_all.sh --config=asan
+#   PS_TEST_EXCLUDE       test targets left out of //..., separated by spaces.
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -15,15 +21,20 @@ cd "$ROOT"
 CONFIG_ARGS=("$@")
 [ ${#CONFIG_ARGS[@]} -eq 0 ] && CONFIG_ARGS=(--config=opt)
 
+BAZEL=(bazel)
+[ -n "${PS_BAZEL_OUTPUT_BASE:-}" ] && BAZEL+=("--output_base=$PS_BAZEL_OUTPUT_BASE")
+TARGETS=(//...)
+for t in ${PS_TEST_EXCLUDE:-}; do TARGETS+=("-$t"); done
+
 LOG="$(mktemp)"
 trap 'rm -f "$LOG"' EXIT
-bazel test "${CONFIG_ARGS[@]}" --keep_going --noshow_progress //... 2>&1 | tee "$LOG"
+"${BAZEL[@]}" test "${CONFIG_ARGS[@]}" --keep_going --noshow_progress -- "${TARGETS[@]}" 2>&1 | tee "$LOG"
 bazel_status=${PIPESTATUS[0]}
 
 passed=0
 failed=0
 skipped=0
-TESTLOGS="$(bazel info "${CONFIG_ARGS[@]}" bazel-testlogs 2>/dev/null)"
+TESTLOGS="$("${BAZEL[@]}" info "${CONFIG_ARGS[@]}" bazel-testlogs 2>/dev/null)"
 # Lines like "//server:server_test    PASSED in 0.4s" or "(cached) PASSED".
 while read -r target status; do
   xml="$TESTLOGS/$(echo "${target#//}" | tr ':' '/')/test.xml"

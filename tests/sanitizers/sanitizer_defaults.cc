@@ -1,0 +1,43 @@
+// Default options and suppressions for the sanitizer runtimes, linked into
+// every binary of a sanitizer build (see BUILD for why they are compiled in).
+//
+// Rules for what may be suppressed: only reports whose every frame of
+// interest is inside an uninstrumented Debian system library (grpc, protobuf,
+// abseil, libzmq, openblas, ...), each with a comment saying why it is a
+// false positive. Findings in this repository's code are fixed, never
+// suppressed here.
+//
+// The runtimes call these hooks (weak in the runtime, strong here) before
+// main(); an environment variable (ASAN_OPTIONS, ...) set by the user still
+// takes precedence over the defaults below.
+
+extern "C" {
+
+// ASan: a report aborts (so a child process's death is seen by its test),
+// leaks are checked at exit, and use-after-return stays off (gRPC's and
+// libzmq's uninstrumented threads make its fake stacks expensive).
+const char* __asan_default_options() {
+  return "abort_on_error=1:detect_leaks=1:strict_init_order=1:"
+         "detect_stack_use_after_return=0:print_suppressions=0";
+}
+
+// UBSan: every report is fatal and carries a stack.
+const char* __ubsan_default_options() {
+  return "print_stacktrace=1:halt_on_error=1";
+}
+
+const char* __lsan_default_options() { return "print_suppressions=0"; }
+
+const char* __lsan_default_suppressions() {
+  return "";
+}
+
+const char* __tsan_default_options() {
+  return "halt_on_error=1:second_deadlock_stack=1:report_signal_unsafe=0";
+}
+
+const char* __tsan_default_suppressions() {
+  return "";
+}
+
+}  // extern "C"
