@@ -24,6 +24,11 @@
 namespace ps {
 namespace {
 
+// The largest data-plane message any process accepts: kMaxMessageBytes in
+// common/wire.h (wire_test checks that the two agree; this target does not
+// link ZeroMQ).
+constexpr int64_t kMessageBytesCeiling = int64_t{1} << 30;
+
 // Collects every parse error with its position; TextFormat reports 0-based
 // lines and columns.
 class CollectingErrors : public google::protobuf::io::ErrorCollector {
@@ -228,6 +233,15 @@ absl::Status ValidateConsistency(const ConsistencyConfig& c) {
   return check.Result();
 }
 
+DataPlaneLimits LimitsWithDefaults(DataPlaneLimits lim) {
+  if (lim.max_message_bytes() == 0) lim.set_max_message_bytes(kMessageBytesCeiling);
+  if (lim.max_keys_per_message() == 0) lim.set_max_keys_per_message(uint64_t{1} << 26);
+  if (lim.max_connections() == 0) lim.set_max_connections(1024);
+  if (lim.receive_queue_messages() == 0) lim.set_receive_queue_messages(1000);
+  if (lim.max_held_bytes() == 0) lim.set_max_held_bytes(int64_t{1} << 30);
+  return lim;
+}
+
 void ApplyDefaults(JobConfig* config) {
   if (config->name().empty()) config->set_name("job");
   ClusterConfig* cl = config->mutable_cluster();
@@ -248,6 +262,10 @@ void ApplyDefaults(JobConfig* config) {
   if (dp->key_cache_bytes() == 0) dp->set_key_cache_bytes(16 << 20);
   if (dp->push_values() == VALUE_ENCODING_UNSPECIFIED) dp->set_push_values(FLOAT32);
   if (dp->pull_values() == VALUE_ENCODING_UNSPECIFIED) dp->set_pull_values(FLOAT32);
+  *dp->mutable_limits() = LimitsWithDefaults(dp->limits());
+  if (dp->gradients().nonfinite() == GradientPolicy::NONFINITE_UNSPECIFIED) {
+    dp->mutable_gradients()->set_nonfinite(GradientPolicy::REJECT);
+  }
   ConsistencyConfig* cons = config->mutable_consistency();
   if (cons->mode() == CONSISTENCY_MODE_UNSPECIFIED) cons->set_mode(ASYNC);
   if (cons->watchdog_timeout_ms() == 0) cons->set_watchdog_timeout_ms(10000);
@@ -386,6 +404,27 @@ absl::Status ValidateJobConfig(const JobConfig& config) {
   c.Require(ValueEncoding_IsValid(dp.pull_values()) &&
                 dp.pull_values() != VALUE_ENCODING_UNSPECIFIED,
             "data_plane.pull_values", "must be FLOAT32, FLOAT16 or BFLOAT16");
+  const DataPlaneLimits& lim = dp.limits();
+  c.Require(lim.max_message_bytes() >= (int64_t{1} << 20) &&
+                lim.max_message_bytes() <= kMessageBytesCeiling,
+            "data_plane.limits.max_message_bytes", "must be 1048576..1073741824");
+  c.Require(lim.max_keys_per_message() >= 1 && lim.max_keys_per_message() <= (uint64_t{1} << 27),
+            "data_plane.limits.max_keys_per_message", "must be 1..134217728");
+  c.Require(lim.max_connections() >= 1 && lim.max_connections() <= 65536,
+            "data_plane.limits.max_connections", "must be 1..65536");
+  c.Require(lim.receive_queue_messages() >= 1 && lim.receive_queue_messages() <= 100000,
+            "data_plane.limits.receive_queue_messages", "must be 1..100000");
+  c.Require(lim.max_held_bytes() >= (int64_t{1} << 20),
+            "data_plane.limits.max_held_bytes", "must be at least 1048576");
+  const GradientPolicy& grads = dp.gradients();
+  c.Require(GradientPolicy::NonFinite_IsValid(grads.nonfinite()) &&
+                grads.nonfinite() != GradientPolicy::NONFINITE_UNSPECIFIED,
+            "data_plane.gradients.nonfinite", "must be REJECT or CLIP");
+  c.Require(std::isfinite(grads.clip_value()) && grads.clip_value() >= 0,
+            "data_plane.gradients.clip_value", "must be finite and >= 0");
+  c.Require(grads.nonfinite() != GradientPolicy::CLIP || grads.clip_value() > 0,
+            "data_plane.gradients.clip_value",
+            "must be > 0 with nonfinite: CLIP (it is what +/-Inf becomes)");
 
   const absl::Status cons = ValidateConsistency(config.consistency());
   c.Require(cons.ok(), "consistency", cons.message());

@@ -31,6 +31,11 @@ absl::StatusOr<JobConfig> LoadJobConfig(const std::string& path);
 // Fills documented defaults in place. Idempotent.
 void ApplyDefaults(JobConfig* config);
 
+// `limits` with every unset (0) field at its default (proto/config.proto
+// DataPlaneLimits). ApplyDefaults uses it; components use it on configs
+// that may not have been through ApplyDefaults.
+DataPlaneLimits LimitsWithDefaults(DataPlaneLimits limits);
+
 // Checks every field of a config that already has defaults applied.
 absl::Status ValidateJobConfig(const JobConfig& config);
 

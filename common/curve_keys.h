@@ -4,7 +4,7 @@
 // One key pair per job (proto/config.proto CurveConfig): servers serve with
 // it; clients (workers, tools, servers replicating to a backup) present the
 // same pair as their client key and expect its public key as the server's.
-// The server's ZAP handler (server/curve_auth.h) admits only clients that
+// The server's ZAP handler (server/peer_gate.h) admits only clients that
 // present the job public key, so holding the job secret key is what admits
 // a peer.
 //

@@ -32,19 +32,8 @@ std::shared_ptr<spdlog::logger> Log() {
 // Poll period of the serving loop; bounds how long Stop() waits and how
 // late a new view takes effect.
 constexpr std::chrono::milliseconds kPollPeriod{50};
-
-absl::Status CheckFinite(absl::Span<const float> values) {
-  // One pass of AllFinite (SIMD compares); the offending index is looked
-  // for only when there is one.
-  if (AllFinite(values)) return absl::OkStatus();
-  for (size_t i = 0; i < values.size(); ++i) {
-    if (!std::isfinite(values[i])) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "gradient ", i, " is not finite (", values[i], "); push rejected"));
-    }
-  }
-  return absl::OkStatus();
-}
+// Data-plane handshakes must complete within this (see Start).
+constexpr int kHandshakeTimeoutMs = 3000;
 
 // A pull answers with n floats; refuse before allocating what no frame may
 // carry anyway.
@@ -67,15 +56,27 @@ absl::StatusOr<std::unique_ptr<KVServer>> KVServer::Start(Options options) {
     server->tables_[tc.id()] = std::move(table).value();
   }
   try {
+    const DataPlaneLimits& limits = server->limits_;
     server->socket_ = zmq::socket_t(server->context_, zmq::socket_type::router);
-    server->socket_.set(zmq::sockopt::maxmsgsize, kMaxMessageBytes);
+    // A frame over the limit makes ZeroMQ drop the connection as soon as
+    // the frame's size is read: nothing of it is buffered.
+    server->socket_.set(zmq::sockopt::maxmsgsize, limits.max_message_bytes());
+    server->socket_.set(zmq::sockopt::rcvhwm, static_cast<int>(limits.receive_queue_messages()));
     server->socket_.set(zmq::sockopt::linger, 0);
+    // A connection that has not finished its handshake within this is
+    // dropped: idle or stalled peers cannot hold connection places for
+    // libzmq's default 30 s, and a peer the gate told to wait (max_connections)
+    // is dropped and reconnects within it.
+    server->socket_.set(zmq::sockopt::handshake_ivl, static_cast<int>(kHandshakeTimeoutMs));
+    // The gate (ZAP handler) must be bound before the first handshake.
+    PeerGate::Options gate;
+    gate.curve = server->options_.curve;
+    gate.max_connections = limits.max_connections();
+    gate.metrics = server->options_.metrics;
+    auto started = PeerGate::Start(server->context_, server->socket_, std::move(gate));
+    if (!started.ok()) return started.status();
+    server->gate_ = std::move(started).value();
     if (server->options_.curve.has_value()) {
-      // The ZAP handler must be bound before the first handshake.
-      auto auth = CurveAuthenticator::Start(server->context_, *server->options_.curve,
-                                            &server->socket_, server->options_.metrics);
-      if (!auth.ok()) return auth.status();
-      server->curve_auth_ = std::move(auth).value();
       PS_RETURN_IF_ERROR(ApplyCurveServer(server->socket_, *server->options_.curve));
     }
     server->socket_.bind(server->options_.bind_endpoint);
@@ -104,7 +105,7 @@ absl::StatusOr<std::unique_ptr<KVServer>> KVServer::Start(Options options) {
   if (server->options_.metrics != nullptr) server->RegisterMetrics(server->options_.metrics);
   server->thread_ = std::thread([s = server.get()] { s->Serve(); });
   Log()->info("serving {} tables on {}{}", server->tables_.size(),
-              server->endpoint_, server->curve_auth_ ? " (CURVE)" : "");
+              server->endpoint_, server->options_.curve.has_value() ? " (CURVE)" : "");
   return server;
 }
 
@@ -114,7 +115,9 @@ KVServer::KVServer(Options options)
       key_cache_(options_.config.data_plane().key_cache_bytes()),
       replicated_(!options_.standalone &&
                   options_.config.cluster().replication() >= 2),
-      ownership_(std::make_shared<Ownership>()) {}
+      ownership_(std::make_shared<Ownership>()) {
+  limits_ = LimitsWithDefaults(options_.config.data_plane().limits());
+}
 
 KVServer::~KVServer() {
   UnregisterMetrics();
@@ -151,6 +154,7 @@ void KVServer::UpdateView(const ClusterView& view, uint32_t rank) {
   for (const NodeInfo& n : view.nodes()) {
     if (n.role() == WORKER && n.state() == ALIVE) {
       own->live_workers.push_back({n.node_id(), n.rank(), n.start_clock()});
+      own->worker_rank[n.node_id()] = n.rank();
     }
   }
   own->consistency = view.has_consistency() ? view.consistency()
@@ -213,7 +217,13 @@ KVServer::Stats KVServer::stats() const {
   s.rows_copied = rows_copied_.load();
   s.slots_promoted = slots_promoted_.load();
   s.unreplicated_pushes = unreplicated_.load();
-  s.auth_refusals = curve_auth_ ? curve_auth_->refusals() : 0;
+  s.auth_refusals = gate_ ? gate_->auth_refusals() : 0;
+  s.connection_refusals = gate_ ? gate_->connection_refusals() : 0;
+  s.open_connections = gate_ ? gate_->open_connections() : 0;
+  s.limit_refusals = limit_refusals_.load();
+  s.unknown_sender_refusals = sender_refusals_.load();
+  s.nonfinite_values = nonfinite_values_.load();
+  s.nonfinite_pushes_rejected = nonfinite_rejected_.load();
   return s;
 }
 
@@ -409,6 +419,7 @@ void KVServer::HandleMessage(zmq::message_t identity,
   zmq::message_t values, keys;
   const Outcome outcome = Process(frames, own, &rh, &values, &keys);
   if (outcome == Outcome::kHold) {
+    held_bytes_ += FramesBytes(frames);
     held_.push_back({std::move(identity), std::move(frames)});
     return;
   }
@@ -416,6 +427,7 @@ void KVServer::HandleMessage(zmq::message_t identity,
     RequestHeader h;
     h.ParseFromArray(frames[0].data(), static_cast<int>(frames[0].size()));
     pulls_deferred_.fetch_add(1, std::memory_order_relaxed);
+    held_bytes_ += FramesBytes(frames);
     deferred_.push_back({std::move(identity), std::move(frames), h.clock(),
                          h.sender_rank(), absl::Now(), std::move(needs_)});
     needs_.clear();
@@ -558,6 +570,7 @@ absl::Status KVServer::ProcessChecked(std::vector<zmq::message_t>& frames,
     return absl::InvalidArgumentError(
         "replica messages are for servers of a job with cluster.replication 2");
   }
+  PS_RETURN_IF_ERROR(AdmitRequest(frames, h, own));
   // The cached key list the request uses or stores, if any.
   KeyListCache::List* key_list = nullptr;
   if (h.key_list_slot() != 0) {
@@ -606,7 +619,8 @@ absl::Status KVServer::ProcessChecked(std::vector<zmq::message_t>& frames,
     FillStats(rh, own.replicated && !own.slot_owner.empty() ? &own : nullptr);
     return absl::OkStatus();
   }
-  NoteClock(h.clock());
+  // Tools (node 0) do not move the server's clock: only workers' steps do.
+  if (own.all || h.sender_node_id() != 0) NoteClock(h.clock());
   if (h.op() == ADVANCE_CLOCK) {
     if (!req.keys.empty()) {
       return absl::InvalidArgumentError("ADVANCE_CLOCK carries no keys");
@@ -640,6 +654,12 @@ absl::Status KVServer::ProcessChecked(std::vector<zmq::message_t>& frames,
     // Held like a pull, so an export sees every step the sender's clock
     // covers; Progress() runs the request again once it may be answered.
     if (!PullAllowed(h.clock())) {
+      if (!MayHold(FramesBytes(frames))) {
+        limit_refusals_.fetch_add(1, std::memory_order_relaxed);
+        return absl::UnavailableError(absl::StrCat(
+            "server busy: ", held_bytes_, " bytes of requests wait for slower workers "
+            "(data_plane.limits.max_held_bytes ", limits_.max_held_bytes(), "); retry"));
+      }
       *outcome = Outcome::kDefer;
       return absl::OkStatus();
     }
@@ -684,6 +704,12 @@ absl::Status KVServer::ProcessChecked(std::vector<zmq::message_t>& frames,
   // An ASSIGN is validated like a push (values for every element, finite).
   const bool push = h.op() == PUSH || h.op() == PUSH_PULL || assign;
   const bool pull = h.op() == PULL || h.op() == PUSH_PULL;
+  if (push) {
+    // Before the copies below: what is forwarded, buffered or held is the
+    // policed gradient.
+    PS_RETURN_IF_ERROR(PolicePushValues(h, own, assign, const_cast<float*>(req.values.data()),
+                                        req.values.size()));
+  }
   if (own.replicated && push) make_self_contained();
   Table* table = it->second.get();
   SparseTable* sparse = table->AsSparse();
@@ -726,7 +752,6 @@ absl::Status KVServer::ProcessChecked(std::vector<zmq::message_t>& frames,
       }
     }
   }
-  if (push) PS_RETURN_IF_ERROR(CheckFinite(req.values));
   if (push && sparse != nullptr) {
     if (absl::Status room = sparse->CheckPush(req.keys); !room.ok()) {
       sparse->CountRefusedPush();
@@ -739,6 +764,12 @@ absl::Status KVServer::ProcessChecked(std::vector<zmq::message_t>& frames,
   if (push && checkpoint_pending_ != 0 && h.clock() >= checkpoint_pending_ &&
       h.clock() < kFinishedClock && !consistency_.ShouldBuffer(h.clock())) {
     make_self_contained();
+    if (!MayHold(FramesBytes(frames))) {
+      limit_refusals_.fetch_add(1, std::memory_order_relaxed);
+      return absl::UnavailableError(absl::StrCat(
+          "server busy: ", held_bytes_, " bytes of pushes wait for a checkpoint "
+          "(data_plane.limits.max_held_bytes ", limits_.max_held_bytes(), "); retry"));
+    }
     *outcome = Outcome::kHold;
     return absl::OkStatus();
   }
@@ -816,6 +847,15 @@ absl::Status KVServer::ProcessChecked(std::vector<zmq::message_t>& frames,
   }
   if (!pull) return absl::OkStatus();
   if (!PullAllowed(h.clock())) {
+    // A plain pull over the budget is refused (nothing was done). A
+    // PUSH_PULL's push half is applied already: its pull is held anyway
+    // (keys only), so the push is not applied twice.
+    if (h.op() == PULL && !MayHold(FramesBytes(frames))) {
+      limit_refusals_.fetch_add(1, std::memory_order_relaxed);
+      return absl::UnavailableError(absl::StrCat(
+          "server busy: ", held_bytes_, " bytes of requests wait for slower workers "
+          "(data_plane.limits.max_held_bytes ", limits_.max_held_bytes(), "); retry"));
+    }
     // Hold the pull. A PUSH_PULL's push half is done: keep only a PULL.
     make_self_contained();
     if (h.op() == PUSH_PULL) {
@@ -1074,6 +1114,7 @@ void KVServer::Progress(const Ownership& own) {
     } else {
       Send(it->identity, rh, values, keys);
     }
+    held_bytes_ -= FramesBytes(it->frames);
     it = deferred_.erase(it);
   }
 }
@@ -1254,9 +1295,125 @@ void KVServer::MaybeWriteCheckpoint(const Ownership& own) {
 void KVServer::ReleaseHeld(const Ownership& own) {
   std::deque<Held> held;
   held.swap(held_);
+  for (const Held& h : held) held_bytes_ -= FramesBytes(h.frames);
   for (Held& h : held) {
     HandleMessage(std::move(h.identity), std::move(h.frames), own);
   }
+}
+
+uint64_t KVServer::FramesBytes(const std::vector<zmq::message_t>& frames) {
+  uint64_t bytes = 0;
+  for (const zmq::message_t& f : frames) bytes += f.size();
+  return bytes;
+}
+
+bool KVServer::MayHold(uint64_t bytes) const {
+  return held_bytes_ + bytes <= static_cast<uint64_t>(limits_.max_held_bytes());
+}
+
+absl::Status KVServer::AdmitRequest(const std::vector<zmq::message_t>& frames,
+                                    const RequestHeader& h, const Ownership& own) {
+  const uint64_t bytes = FramesBytes(frames);
+  if (bytes > static_cast<uint64_t>(limits_.max_message_bytes())) {
+    limit_refusals_.fetch_add(1, std::memory_order_relaxed);
+    return absl::ResourceExhaustedError(
+        absl::StrCat("request of ", bytes, " bytes exceeds data_plane.limits.max_message_bytes ",
+                     limits_.max_message_bytes()));
+  }
+  if (h.num_keys() > limits_.max_keys_per_message()) {
+    limit_refusals_.fetch_add(1, std::memory_order_relaxed);
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "request of ", h.num_keys(), " keys exceeds data_plane.limits.max_keys_per_message ",
+        limits_.max_keys_per_message()));
+  }
+  const uint64_t sender = h.sender_node_id();
+  if (sender == 0 || h.op() == STATS) return absl::OkStatus();
+  if (own.all) {
+    // No view to check senders against: bound how many get state here.
+    if (!standalone_senders_.contains(sender)) {
+      if (standalone_senders_.size() >= kMaxStandaloneSenders) {
+        limit_refusals_.fetch_add(1, std::memory_order_relaxed);
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "this standalone server already keeps state for ", kMaxStandaloneSenders,
+            " senders; node ", sender, " refused"));
+      }
+      standalone_senders_.insert(sender);
+    }
+    return absl::OkStatus();
+  }
+  if (!own.worker_rank.contains(sender)) {
+    sender_refusals_.fetch_add(1, std::memory_order_relaxed);
+    return absl::UnavailableError(absl::StrCat(
+        "sender node ", sender, " is not a live worker in this server's view (epoch ",
+        own.epoch, "); retry once the view has it"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status KVServer::PolicePushValues(const RequestHeader& h, const Ownership& own,
+                                        bool assign, float* values, size_t n) {
+  const GradientPolicy& policy = options_.config.data_plane().gradients();
+  const float clip = policy.clip_value();
+  if (!AllFinite(absl::MakeConstSpan(values, n))) {
+    uint64_t bad = 0;
+    size_t first = n;
+    for (size_t i = 0; i < n; ++i) {
+      if (!std::isfinite(values[i])) {
+        if (first == n) first = i;
+        ++bad;
+      }
+    }
+    const bool reject = assign || policy.nonfinite() != GradientPolicy::CLIP || clip <= 0;
+    nonfinite_values_.fetch_add(bad, std::memory_order_relaxed);
+    if (reject) nonfinite_rejected_.fetch_add(1, std::memory_order_relaxed);
+    // The rank the view knows for the sender (a header's own claim only on
+    // a standalone server); labels stay bounded by the live workers.
+    std::string worker = "none";
+    if (h.sender_node_id() != 0) {
+      auto it = own.worker_rank.find(h.sender_node_id());
+      if (it != own.worker_rank.end()) {
+        worker = absl::StrCat(it->second);
+      } else if (own.all && h.sender_rank() < kMaxStandaloneSenders) {
+        worker = absl::StrCat(h.sender_rank());
+      } else {
+        worker = "other";
+      }
+    }
+    const char* action = reject ? "rejected" : "clipped";
+    if (nonfinite_family_ != nullptr) nonfinite_family_->With({worker, action})->Add(bad);
+    const absl::Time now = absl::Now();
+    if (now - last_nonfinite_log_ >= absl::Seconds(1)) {
+      Log()->warn(
+          "worker rank {} (node {}) pushed {} non-finite value(s) of {} to table {} at "
+          "step {} (first: element {} = {}); {}{}",
+          worker, h.sender_node_id(), bad, n, h.table_id(), h.clock(), first, values[first],
+          reject ? "push rejected" : "clipped and applied",
+          nonfinite_unlogged_ > 0
+              ? absl::StrCat(" (", nonfinite_unlogged_, " such pushes not logged before it)")
+              : "");
+      last_nonfinite_log_ = now;
+      nonfinite_unlogged_ = 0;
+    } else {
+      ++nonfinite_unlogged_;
+    }
+    if (reject) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          assign ? "ASSIGN value " : "gradient ", first, " is not finite (", values[first],
+          "); ", bad, " of ", n, " values are not; ", assign ? "assign" : "push",
+          " rejected"));
+    }
+    for (size_t i = 0; i < n; ++i) {
+      if (std::isnan(values[i])) {
+        values[i] = 0.0f;
+      } else if (std::isinf(values[i])) {
+        values[i] = values[i] > 0 ? clip : -clip;
+      }
+    }
+  }
+  if (!assign && clip > 0) {
+    for (size_t i = 0; i < n; ++i) values[i] = std::clamp(values[i], -clip, clip);
+  }
+  return absl::OkStatus();
 }
 
 void KVServer::NoteClock(uint64_t clock) {

@@ -61,14 +61,15 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "common/config.h"
 #include "common/curve_keys.h"
 #include "common/metrics.h"
 #include "proto/config.pb.h"
 #include "proto/data_plane.pb.h"
 #include "proto/scheduler.pb.h"
 #include "server/consistency.h"
-#include "server/curve_auth.h"
 #include "server/key_cache.h"
+#include "server/peer_gate.h"
 #include "server/replication.h"
 #include "server/server_metrics.h"
 #include "server/table.h"
@@ -102,11 +103,30 @@ class KVServer {
     metrics::Registry* metrics = nullptr;
     // The job's CURVE key pair (common/curve_keys.h LoadCurveKeys of
     // config.security.curve); nullopt: plaintext. With keys the socket
-    // serves CURVE only, a ZAP handler (server/curve_auth.h) admits only
+    // serves CURVE only, a ZAP handler (server/peer_gate.h) admits only
     // clients holding the job key pair and logs every refusal, and this
     // server's links to its backups are CURVE clients with the same pair.
     std::optional<CurveKeys> curve;
   };
+  // Limits (config.data_plane.limits, proto/config.proto DataPlaneLimits)
+  // apply to every peer, with or without CURVE: connections beyond
+  // max_connections are refused at the handshake (server/peer_gate.h);
+  // a request over max_message_bytes or max_keys_per_message is answered
+  // RESOURCE_EXHAUSTED; a pull or held push that would take the bytes held
+  // aside past max_held_bytes is answered UNAVAILABLE (workers retry).
+  // Once the server has a cluster view, requests whose sender_node_id is
+  // neither 0 (tools) nor a live worker of the view are answered
+  // UNAVAILABLE before anything is kept for the sender (a worker that
+  // joined retries until the server's view has it); standalone servers
+  // keep state for at most kMaxStandaloneSenders senders.
+  //
+  // Gradients (config.data_plane.gradients): non-finite pushed values are
+  // rejected (INVALID_ARGUMENT, nothing applied) or clipped; either way
+  // counted by sending worker (Stats::nonfinite_values,
+  // ps_server_nonfinite_gradients_total{worker,action}) and logged with
+  // the worker's rank. ASSIGN values must always be finite.
+  static constexpr size_t kMaxStandaloneSenders = 4096;
+
 
   struct Stats {
     uint64_t requests = 0;
@@ -138,6 +158,16 @@ class KVServer {
     // CURVE: data-plane connections refused (a key other than the job's,
     // no CURVE, a wrong server key); 0 without CURVE.
     uint64_t auth_refusals = 0;
+    // Connections refused over max_connections; open now.
+    uint64_t connection_refusals = 0;
+    int64_t open_connections = 0;
+    // Requests refused by a limit (message bytes, keys, held bytes,
+    // standalone senders), and from senders not live in the view.
+    uint64_t limit_refusals = 0;
+    uint64_t unknown_sender_refusals = 0;
+    // Non-finite gradient values received, and pushes rejected for them.
+    uint64_t nonfinite_values = 0;
+    uint64_t nonfinite_pushes_rejected = 0;
   };
 
   // Errors: INVALID_ARGUMENT for a bad table config, UNAVAILABLE if the
@@ -198,6 +228,8 @@ class KVServer {
     bool owns_every_slot = false;
     bool has_view = false;
     std::vector<ConsistencyController::Worker> live_workers;
+    // Live worker node id -> rank.
+    absl::flat_hash_map<uint64_t, uint32_t> worker_rank;
     ConsistencyConfig consistency;
     uint64_t checkpoint_clock = 0;
     CheckpointRef restore;
@@ -370,7 +402,7 @@ class KVServer {
   zmq::context_t context_{1};
   zmq::socket_t socket_;
   // CURVE only; declared after socket_ and context_ so it stops first.
-  std::unique_ptr<CurveAuthenticator> curve_auth_;
+  std::unique_ptr<PeerGate> gate_;
   std::string endpoint_;
   int port_ = 0;
 
@@ -433,6 +465,28 @@ class KVServer {
   // those slots become this server's.
   uint64_t max_replica_push_step_ = 0;
   bool any_push_applied_ = false;
+  // Limits (Options comment): config.data_plane.limits with defaults.
+  DataPlaneLimits limits_;
+  // Bytes of the requests in held_, deferred_ and replica_held_.
+  uint64_t held_bytes_ = 0;
+  // Senders a standalone server keeps state for.
+  absl::flat_hash_set<uint64_t> standalone_senders_;
+  // Non-finite gradients: counters by worker label, and the log throttle.
+  metrics::CounterFamily* nonfinite_family_ = nullptr;
+  absl::Time last_nonfinite_log_ = absl::InfinitePast();
+  uint64_t nonfinite_unlogged_ = 0;
+  // Checks a request's sender and message limits (before anything is kept
+  // for the sender). *rank: the sender's rank as the view knows it.
+  absl::Status AdmitRequest(const std::vector<zmq::message_t>& frames,
+                            const RequestHeader& h, const Ownership& own);
+  // Applies config.data_plane.gradients to a push's values (in place):
+  // counts and logs non-finite ones, rejects or clips them, clips by value.
+  absl::Status PolicePushValues(const RequestHeader& h, const Ownership& own,
+                                bool assign, float* values, size_t n);
+  // Whether `bytes` more may be held aside (held_bytes_ + bytes within
+  // max_held_bytes).
+  bool MayHold(uint64_t bytes) const;
+  static uint64_t FramesBytes(const std::vector<zmq::message_t>& frames);
   // Checkpoint in progress (0 = none) and the last one written or refused.
   uint64_t checkpoint_pending_ = 0;
   uint64_t checkpoint_handled_ = 0;
@@ -466,7 +520,8 @@ class KVServer {
   std::atomic<uint64_t> requests_{0}, errors_{0}, keys_pushed_{0},
       keys_pulled_{0}, pulls_deferred_{0}, bsp_steps_{0}, duplicates_{0},
       checkpoints_{0}, rows_restored_{0}, forwards_{0}, replica_messages_{0},
-      catchups_{0}, rows_copied_{0}, slots_promoted_{0}, unreplicated_{0};
+      catchups_{0}, rows_copied_{0}, slots_promoted_{0}, unreplicated_{0},
+      limit_refusals_{0}, sender_refusals_{0}, nonfinite_values_{0}, nonfinite_rejected_{0};
   std::thread thread_;
 };
 

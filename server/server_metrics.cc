@@ -136,6 +136,17 @@ void KVServer::RegisterMetrics(metrics::Registry* r) {
        &Stats::slots_promoted);
   stat("ps_server_unreplicated_pushes_total",
        "Pushes applied to a slot that had no backup copy.", &Stats::unreplicated_pushes);
+  stat("ps_server_limit_refusals_total",
+       "Requests refused by a data_plane.limits limit (message bytes, keys, held bytes).",
+       &Stats::limit_refusals);
+  stat("ps_server_unknown_sender_refusals_total",
+       "Requests refused because their sender is not a live worker in the view.",
+       &Stats::unknown_sender_refusals);
+  nonfinite_family_ = r->AddCounterFamily(
+      "ps_server_nonfinite_gradients_total",
+      "Non-finite gradient values received, by the sending worker's rank and what was "
+      "done (rejected: the push was refused; clipped: replaced and applied).",
+      {"worker", "action"});
   r->AddCallback("ps_server_view_epoch",
                  "Epoch of the cluster view this server holds (0: none yet).",
                  metrics::Type::kGauge, [source] {

@@ -39,8 +39,11 @@
 //   ps_server_table_keys_pulled_total{table},
 //   ps_server_table_evictions_total{table,cause} (cause ttl or budget),
 //   ps_server_table_pushes_refused_total{table}
-// With CURVE (Options::curve), counted by the ZAP handler
-// (server/curve_auth.h):
+//   ps_server_limit_refusals_total, ps_server_unknown_sender_refusals_total,
+//   ps_server_nonfinite_gradients_total{worker,action} (rejected or clipped)
+// Counted by the gate (server/peer_gate.h):
+//   ps_server_connections, ps_server_connections_refused_total,
+//   with CURVE (Options::curve):
 //   ps_server_auth_refusals_total{reason}       connections refused: client_key
 //                                               (not the job key), handshake
 //                                               (no CURVE, wrong server key)

@@ -555,7 +555,25 @@ void KVServer::HandleReplica(zmq::message_t identity,
   if ((held != replica_held_.end() && !held->second.empty()) ||
       header.epoch() > own.epoch || own.slot_owner.empty()) {
     // Sent under a view this server has not seen yet (it may not know it
-    // backs those slots): wait for it, keeping the primary's order.
+    // backs those slots): wait for it, keeping the primary's order. Within
+    // the held-bytes budget: beyond it the primary is told to try again
+    // (it tells its worker), so a flood of such messages cannot grow this
+    // server without bound.
+    const uint64_t bytes = FramesBytes(frames);
+    if (!MayHold(bytes)) {
+      limit_refusals_.fetch_add(1, std::memory_order_relaxed);
+      ResponseHeader rh;
+      rh.set_request_id(header.request_id());
+      rh.set_epoch(own.epoch);
+      rh.set_code(static_cast<int32_t>(absl::StatusCode::kUnavailable));
+      rh.set_message(absl::StrCat("backup busy: ", held_bytes_,
+                                  " bytes of messages wait for a newer view "
+                                  "(data_plane.limits.max_held_bytes); retry"));
+      zmq::message_t values, keys;
+      Send(identity, rh, values, keys);
+      return;
+    }
+    held_bytes_ += bytes;
     replica_held_[primary].push_back(
         {std::move(identity), std::move(frames), header.epoch()});
     return;
@@ -587,6 +605,9 @@ void KVServer::ReleaseReplicas(const Ownership& own) {
   // it, the rest of that primary's messages.
   auto held = std::move(replica_held_);
   replica_held_.clear();
+  for (const auto& [primary, queue] : held) {
+    for (const Held& h : queue) held_bytes_ -= FramesBytes(h.frames);
+  }
   for (auto& [primary, queue] : held) {
     for (Held& h : queue) {
       RequestHeader header;

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/config.h"
 #include "common/hash.h"
 #include "common/logging.h"
 #include "common/protocol.h"
@@ -922,6 +923,9 @@ KVClient::KVClient(Options options, std::shared_ptr<const Routing> routing)
   key_caching_ = dp.key_cache_bytes() > 0 && options_.node_id != 0;
   push_values_ = EncodedValueBytes(dp.push_values()) == 2 ? dp.push_values() : FLOAT32;
   pull_values_ = EncodedValueBytes(dp.pull_values()) == 2 ? dp.pull_values() : FLOAT32;
+  servers_clip_nonfinite_ = dp.gradients().nonfinite() == GradientPolicy::CLIP &&
+                            dp.gradients().clip_value() > 0;
+  limits_ = LimitsWithDefaults(dp.limits());
   for (const TableConfig& t : options_.config.tables()) {
     TableInfo info;
     info.sparse = t.has_sparse();
@@ -1187,7 +1191,7 @@ Completion KVClient::Sparse(int op_int, uint32_t table,
   }
   // Checked before the request is split by server: a server refusing its
   // part while another applies its own would leave the update half done.
-  if (push && !AllFinite(grads)) {
+  if (push && !servers_clip_nonfinite_ && !AllFinite(grads)) {
     return Failed(absl::InvalidArgumentError(absl::StrCat(
                       Op_Name(op), " to table ", table,
                       " carries a value that is not finite (NaN or infinity); nothing was sent")),
@@ -1213,7 +1217,13 @@ Completion KVClient::Sparse(int op_int, uint32_t table,
     ++counts[owner];
   }
   int num_parts = 0;
-  for (uint32_t c : counts) num_parts += c > 0;
+  for (uint32_t c : counts) {
+    num_parts += c > 0;
+    const uint64_t bytes = c * (sizeof(uint64_t) + (push ? dim * EncodedValueBytes(push_values_) : 0));
+    if (absl::Status limit = CheckPartLimits(c, bytes); !limit.ok()) {
+      return Failed(std::move(limit), std::move(done));
+    }
+  }
   auto state = std::make_shared<Completion::State>(num_parts, std::move(done));
   Instrument(op, state.get());
   std::vector<std::unique_ptr<Part>> parts;
@@ -1280,6 +1290,23 @@ Completion KVClient::Sparse(int op_int, uint32_t table,
   return Completion(std::move(state));
 }
 
+absl::Status KVClient::CheckPartLimits(uint64_t keys, uint64_t bytes) const {
+  if (keys > limits_.max_keys_per_message()) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "a request part for one server carries ", keys,
+        " keys; data_plane.limits.max_keys_per_message is ", limits_.max_keys_per_message(),
+        "; nothing was sent (split the request)"));
+  }
+  // Headers are small; leave them 64 KiB.
+  if (bytes + 65536 > static_cast<uint64_t>(limits_.max_message_bytes())) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "a request part for one server carries ", bytes,
+        " bytes; data_plane.limits.max_message_bytes is ", limits_.max_message_bytes(),
+        "; nothing was sent (split the request)"));
+  }
+  return absl::OkStatus();
+}
+
 void KVClient::SetWireOptions(int op_int, absl::Span<const uint64_t> keys,
                               RequestHeader* h) const {
   const Op op = static_cast<Op>(op_int);
@@ -1321,7 +1348,10 @@ Completion KVClient::Dense(int op_int, uint32_t table, uint64_t begin,
   const size_t width = EncodedValueBytes(encoding);
   // Float32 values are checked while they are copied into the frames (one
   // pass over a large tensor instead of two); others before encoding.
-  if (op != PULL && width != sizeof(float) && !AllFinite(grads)) return not_finite();
+  // With CLIP the servers clip pushed gradients; ASSIGN's values must be
+  // finite regardless.
+  const bool check_finite = op != PULL && !(op == PUSH && servers_clip_nonfinite_);
+  if (check_finite && width != sizeof(float) && !AllFinite(grads)) return not_finite();
   if (count == 0) return Failed(absl::OkStatus(), std::move(done));
   auto routing = this->routing();
   const uint32_t num_slots = static_cast<uint32_t>(routing->slot_owner.size());
@@ -1375,9 +1405,14 @@ Completion KVClient::Dense(int op_int, uint32_t table, uint64_t begin,
     b.total += end - pos;
     pos = end;
   }
-  if (!finite) return not_finite();
+  if (check_finite && !finite) return not_finite();
   int num_parts = 0;
-  for (const auto& b : builders) num_parts += b.total > 0;
+  for (const auto& b : builders) {
+    num_parts += b.total > 0;
+    if (absl::Status limit = CheckPartLimits(0, b.values.size()); !limit.ok()) {
+      return Failed(std::move(limit), std::move(done));
+    }
+  }
   auto state = std::make_shared<Completion::State>(num_parts, std::move(done));
   Instrument(op, state.get());
   std::vector<std::unique_ptr<Part>> parts;

@@ -257,6 +257,14 @@ class KVClient {
   bool key_caching_ = false;
   ValueEncoding push_values_ = FLOAT32;
   ValueEncoding pull_values_ = FLOAT32;
+  // data_plane.gradients.nonfinite CLIP: non-finite gradients are sent for
+  // the servers to clip instead of being refused here.
+  bool servers_clip_nonfinite_ = false;
+  // data_plane.limits, with defaults: what servers accept per message.
+  DataPlaneLimits limits_;
+  // RESOURCE_EXHAUSTED, before anything is sent, for a request part that a
+  // server would refuse for its size.
+  absl::Status CheckPartLimits(uint64_t keys, uint64_t bytes) const;
   absl::flat_hash_map<uint32_t, TableInfo> tables_;
   std::atomic<uint64_t> next_request_id_{1};
   // Sequence numbers of state-changing messages (RequestHeader.seq).

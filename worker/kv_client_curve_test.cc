@@ -51,7 +51,7 @@ class CurveDataPlaneTest : public ::testing::Test {
     job_keys_ = *keys;
     // Every refusal the server logs lands here too.
     log_ = std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(64);
-    GetLogger("curve_auth")->sinks().push_back(log_);
+    GetLogger("peer_gate")->sinks().push_back(log_);
 
     KVServer::Options so;
     so.config = config_;
@@ -75,7 +75,7 @@ class CurveDataPlaneTest : public ::testing::Test {
 
   void TearDown() override {
     server_.reset();
-    auto& sinks = GetLogger("curve_auth")->sinks();
+    auto& sinks = GetLogger("peer_gate")->sinks();
     sinks.erase(std::remove(sinks.begin(), sinks.end(), log_), sinks.end());
   }
 

@@ -188,6 +188,7 @@ absl::StatusOr<DataPosition> Trainer::TrainShard(const TrainerHooks& hooks,
   const uint64_t max_steps = tr.max_steps();
   const absl::Duration log_every = absl::Seconds(tr.log_interval_s());
   absl::Time last_log = absl::Now();
+  absl::Time last_nonfinite_log = absl::InfinitePast();
   uint64_t examples_at_log = result->examples;
   double window_loss = 0;
   uint64_t window_count = 0;
@@ -263,11 +264,24 @@ absl::StatusOr<DataPosition> Trainer::TrainShard(const TrainerHooks& hooks,
                                      /*backward=*/true, &output_));
       if (!std::isfinite(output_.loss_sum) || !AllFinite(output_.dense_grad) ||
           !AllFinite(output_.sparse_grad)) {
-        // Pushing would spread the NaN to every worker through the servers.
-        return absl::InternalError(absl::StrCat(
-            "step ", result->steps + 1,
-            ": the loss or a gradient is not finite (learning rate too "
-            "large?); nothing of this step was pushed"));
+        const GradientPolicy& policy = config_.data_plane().gradients();
+        if (policy.nonfinite() != GradientPolicy::CLIP) {
+          // Pushing would spread the NaN to every worker through the servers.
+          return absl::InternalError(absl::StrCat(
+              "worker rank ", rank_, ", step ", result->steps + 1,
+              ": the loss or a gradient is not finite (learning rate too "
+              "large?); nothing of this step was pushed (data_plane.gradients."
+              "nonfinite CLIP would let the servers clip it instead)"));
+        }
+        // The servers clip what is pushed (and count it by worker); the
+        // loss of this step is left out of the averages.
+        if (result->nonfinite_steps++ == 0 || absl::Now() - last_nonfinite_log >= absl::Seconds(10)) {
+          Log()->warn("worker rank {}: step {} has a non-finite loss or gradient ({} such steps "
+                      "so far); pushed for the servers to clip (data_plane.gradients CLIP)",
+                      rank_, result->steps + 1, result->nonfinite_steps);
+          last_nonfinite_log = absl::Now();
+        }
+        if (!std::isfinite(output_.loss_sum)) output_.loss_sum = 0;
       }
       if (layout_.sparse_dim > 0 && !current->sparse.keys.empty()) {
         in_flight.push_back(client_->Push(sparse_table_, current->sparse.keys,

@@ -81,6 +81,11 @@ struct TrainResult {
   std::vector<uint32_t> shards;
   // Training ended because hooks.stop said so, with work left.
   bool preempted = false;
+  // Steps whose loss or gradients were not finite. With
+  // data_plane.gradients.nonfinite CLIP they were pushed for the servers to
+  // clip (and are counted here); otherwise the first one ends training
+  // with an error.
+  uint64_t nonfinite_steps = 0;
   // Where this worker stands. Preempted: the next untrained batch of the
   // shard it held (done when it had finished that shard and was waiting
   // for more work). Otherwise the final position of the last shard it
