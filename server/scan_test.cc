@@ -479,6 +479,11 @@ TEST_F(ScanServerTest, RowsOfSlotsNoLongerOwnedAreScanned) {
   view.set_job_state(RUNNING);
   view.set_num_slots(16);
   for (int s = 0; s < 16; ++s) view.add_slot_owner(0);
+  // Push() sends as node 1: a live worker (servers refuse other senders).
+  NodeInfo* worker = view.add_nodes();
+  worker->set_node_id(1);
+  worker->set_role(WORKER);
+  worker->set_state(ALIVE);
   server_->UpdateView(view, 0);
   std::vector<uint64_t> keys;
   const absl::Time deadline = absl::Now() + absl::Seconds(5);

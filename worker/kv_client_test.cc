@@ -1251,5 +1251,59 @@ TEST_F(KVClientDataPlaneTest, HalfWidthRequestsFollowADeadServersSlots) {
   EXPECT_EQ(out2, RoundTrip(FLOAT16, w2));
 }
 
+// Servers that clip (data_plane.gradients CLIP, clip_value 1) and accept
+// at most 100 keys a message.
+class KVClientClipTest : public KVClientTest {
+ protected:
+  const char* ConfigText() const override {
+    static const std::string text =
+        std::string(kConfig) +
+        "data_plane { gradients { nonfinite: CLIP clip_value: 1 } "
+        "limits { max_keys_per_message: 100 } }";
+    return text.c_str();
+  }
+};
+
+TEST_F(KVClientClipTest, NonFiniteGradientsAreSentForTheServersToClip) {
+  auto client = Client();
+  std::vector<uint64_t> keys(40);
+  std::iota(keys.begin(), keys.end(), 7000);
+  std::vector<float> grads(keys.size() * 4, 0.25f);
+  grads[0] = std::numeric_limits<float>::quiet_NaN();
+  grads[5] = std::numeric_limits<float>::infinity();
+  grads[9] = -std::numeric_limits<float>::infinity();
+  grads[13] = 3.0f;  // clipped by value to 1
+  ASSERT_TRUE(client->Push(3, keys, grads).Wait().ok());
+  std::vector<float> out(keys.size() * 4);
+  ASSERT_TRUE(client->Pull(3, keys, out.data()).Wait().ok());
+  // SGD lr 1 from 0.5: NaN -> 0, +Inf -> 1, -Inf -> -1, 3 -> 1.
+  EXPECT_EQ(out[0], 0.5f);
+  EXPECT_EQ(out[5], -0.5f);
+  EXPECT_EQ(out[9], 1.5f);
+  EXPECT_EQ(out[13], -0.5f);
+  EXPECT_EQ(out[1], 0.25f);
+  EXPECT_EQ(servers_[0]->stats().nonfinite_values + servers_[1]->stats().nonfinite_values, 3u);
+  // Dense pushes likewise; ASSIGN values must still be finite.
+  std::vector<float> dense(10, 0.5f);
+  dense[2] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_TRUE(client->PushDense(4, 0, dense).Wait().ok());
+  EXPECT_EQ(client->AssignDense(4, 0, dense).Wait().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(KVClientClipTest, ARequestOverTheKeyLimitFailsBeforeAnythingIsSent) {
+  auto client = Client();
+  std::vector<uint64_t> keys(400);
+  std::iota(keys.begin(), keys.end(), 1);
+  std::vector<float> out(keys.size() * 4);
+  const uint64_t messages = client->stats().messages;
+  const absl::Status s = client->Pull(3, keys, out.data()).Wait();
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_NE(s.message().find("max_keys_per_message"), std::string::npos) << s;
+  EXPECT_EQ(client->stats().messages, messages);
+  // Within the limit (about 50 keys a server) all is well.
+  keys.resize(100);
+  EXPECT_TRUE(client->Pull(3, keys, out.data()).Wait().ok());
+}
+
 }  // namespace
 }  // namespace ps
