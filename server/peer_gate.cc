@@ -184,10 +184,11 @@ void PeerGate::HandleZap() {
                   mechanism.empty() ? "(none)" : mechanism, reason, more);
     }
   }
+  // zmq::buffer keeps a pointer only: the text must outlive the send.
+  const std::string text = status == "200" ? std::string("OK") : reason;
   std::vector<zmq::const_buffer> reply = {
       zmq::str_buffer("1.0"), zmq::buffer(request_id), zmq::buffer(status),
-      zmq::buffer(status == "200" ? std::string("OK") : reason),
-      zmq::str_buffer(""), zmq::str_buffer("")};
+      zmq::buffer(text), zmq::str_buffer(""), zmq::str_buffer("")};
   // A REP socket must answer; sizes of str_buffer include no terminator.
   zmq::send_multipart(zap_, reply);
 }
