@@ -286,6 +286,11 @@ class KVClient::IoLoop {
         items.push_back({d ? d->handle() : nullptr, d ? 0 : -1,
                          static_cast<short>(d ? ZMQ_POLLIN : 0), 0});
       }
+      const size_t first_monitor = items.size();
+      for (auto& m : monitors_) {
+        items.push_back({m ? m->handle() : nullptr, m ? 0 : -1,
+                         static_cast<short>(m ? ZMQ_POLLIN : 0), 0});
+      }
       try {
         zmq::poll(items.data(), items.size(),
                   retries_.empty() ? kPollPeriod : std::chrono::milliseconds(2));
@@ -297,7 +302,15 @@ class KVClient::IoLoop {
         uint64_t count;
         (void)!read(event_fd_, &count, sizeof(count));
       }
-      for (size_t i = 1; i < items.size(); ++i) {
+      for (size_t i = first_monitor; i < items.size(); ++i) {
+        if (!(items[i].revents & ZMQ_POLLIN)) continue;
+        try {
+          OnMonitorEvent(static_cast<uint32_t>(i - first_monitor));
+        } catch (const zmq::error_t& e) {
+          Log()->warn("monitor of server {}: {}", i - first_monitor, e.what());
+        }
+      }
+      for (size_t i = 1; i < first_monitor; ++i) {
         if (!(items[i].revents & ZMQ_POLLIN)) continue;
         while (true) {
           frames.clear();
@@ -329,7 +342,68 @@ class KVClient::IoLoop {
     }
     pending_.clear();
     retries_.clear();
+    monitors_.clear();
     dealers_.clear();
+  }
+
+  // The server at rank r refused this client's handshake (a CURVE key
+  // other than the job's, no CURVE where the server needs it, or the
+  // reverse): nothing sent to it can be answered, so its pending requests
+  // fail now with UNAUTHENTICATED instead of at their deadline.
+  void OnMonitorEvent(uint32_t r) {
+    std::vector<zmq::message_t> frames;
+    while (zmq::recv_multipart(*monitors_[r], std::back_inserter(frames),
+                               zmq::recv_flags::dontwait)) {
+      if (frames.size() < 2 || frames[0].size() < 6) {
+        frames.clear();
+        continue;
+      }
+      uint16_t event = 0;
+      uint32_t value = 0;
+      std::memcpy(&event, frames[0].data(), sizeof(event));
+      std::memcpy(&value, static_cast<const char*>(frames[0].data()) + 2, sizeof(value));
+      frames.clear();
+      if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
+        refusals_[r].clear();
+        continue;
+      }
+      std::string why;
+      if (event == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) {
+        // Also a server restarting; only a hint for a later timeout, and
+        // never over a precise reason.
+        if (refusals_[r].empty()) {
+          refusals_[r] = absl::StrCat("its handshakes fail (errno ", value,
+                                      "): CURVE on one side only, or other keys?");
+        }
+        continue;
+      }
+      if (event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) {
+        why = absl::StrCat("the server refused this client's credentials (ZAP status ", value,
+                           value == 300 ? ": temporarily, e.g. max_connections" : "", ")");
+      } else if (event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) {
+        why = value == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH
+                  ? std::string("security mechanism mismatch (CURVE on one side only: check "
+                                "security.curve in both configs)")
+                  : absl::StrCat("handshake protocol error 0x", absl::Hex(value),
+                                 " (a CURVE key other than the job's?)");
+      } else {
+        continue;
+      }
+      if (refusals_[r] != why) {
+        Log()->error("server {} at {}: {}", r, endpoints_[r], why);
+      }
+      refusals_[r] = why;
+      if (value == 300) continue;  // ZeroMQ reconnects; requests wait
+      for (auto it = pending_.begin(); it != pending_.end();) {
+        if (it->second->server != r) {
+          ++it;
+          continue;
+        }
+        it->second->parent->PartDone(absl::UnauthenticatedError(
+            absl::StrCat("server ", r, " at ", endpoints_[r], ": ", why)));
+        pending_.erase(it++);
+      }
+    }
   }
 
   void ApplyRouting(const std::shared_ptr<const Routing>& routing) {
@@ -338,6 +412,8 @@ class KVClient::IoLoop {
     if (dealers_.size() < n) {
       dealers_.resize(n);
       endpoints_.resize(n);
+      monitors_.resize(n);
+      refusals_.resize(n);
     }
     for (size_t r = 0; r < dealers_.size(); ++r) {
       const std::string want = r < n ? routing->endpoints[r] : "";
@@ -351,6 +427,8 @@ class KVClient::IoLoop {
                          absl::UnavailableError(absl::StrCat(
                              "server ", r, " changed from ", endpoints_[r], " to ",
                              want.empty() ? "(none)" : want)));
+      monitors_[r].reset();
+      refusals_[r].clear();
       dealers_[r].reset();
       endpoints_[r] = want;
       // A new server holds none of this client's key lists.
@@ -369,6 +447,19 @@ class KVClient::IoLoop {
         }
       }
       try {
+        // Watched before connecting, so no refusal is missed.
+        const std::string monitor =
+            absl::StrCat("inproc://ps-kv-client-", reinterpret_cast<uintptr_t>(this), "-", r,
+                         "-", ++monitor_serial_);
+        if (zmq_socket_monitor(socket->handle(), monitor.c_str(),
+                               ZMQ_EVENT_HANDSHAKE_FAILED_AUTH |
+                                   ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                                   ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
+                                   ZMQ_EVENT_HANDSHAKE_SUCCEEDED) == 0) {
+          monitors_[r] = std::make_unique<zmq::socket_t>(context_, zmq::socket_type::pair);
+          monitors_[r]->set(zmq::sockopt::linger, 0);
+          monitors_[r]->connect(monitor);
+        }
         socket->connect(want);
       } catch (const zmq::error_t& e) {
         Log()->error("cannot connect to server {} at {}: {}", r, want,
@@ -796,13 +887,14 @@ class KVClient::IoLoop {
     if (pending_.empty()) return;
     for (auto it = pending_.begin(); it != pending_.end();) {
       if (it->second->deadline <= now) {
-        it->second->parent->PartDone(absl::DeadlineExceededError(
-            absl::StrCat("server ", it->second->server,
-                         " did not answer request ", it->first, " in time",
-                         curve_.has_value()
-                             ? " (CURVE: a server that refuses this job's key pair "
-                               "never answers; see its log)"
-                             : "")));
+        const uint32_t r = it->second->server;
+        const std::string refused =
+            r < refusals_.size() && !refusals_[r].empty() ? absl::StrCat(" (", refusals_[r], ")")
+            : curve_.has_value() ? std::string(" (CURVE: a server that refuses this job's key "
+                                               "pair never answers; see its log)")
+                                 : std::string();
+        it->second->parent->PartDone(absl::DeadlineExceededError(absl::StrCat(
+            "server ", r, " did not answer request ", it->first, " in time", refused)));
         pending_.erase(it++);
       } else {
         ++it;
@@ -813,6 +905,7 @@ class KVClient::IoLoop {
   // The job key pair of Options::curve (nullopt: plaintext).
   const std::optional<CurveKeys> curve_;
   const int event_fd_;
+  uint64_t monitor_serial_ = 0;
   // What this client believes each server holds in its key-list slots
   // (RequestHeader.key_list_slot): the digest and key count per slot, the
   // bytes they take (by the same rule as the server's KeyListCache), and
@@ -854,6 +947,10 @@ class KVClient::IoLoop {
   std::shared_ptr<const Routing> routing_;
   std::vector<std::unique_ptr<zmq::socket_t>> dealers_;
   std::vector<std::string> endpoints_;
+  // By server rank: the PAIR end of its dealer's socket monitor, and why
+  // the server last refused this client's handshake ("" while none did).
+  std::vector<std::unique_ptr<zmq::socket_t>> monitors_;
+  std::vector<std::string> refusals_;
   absl::flat_hash_map<uint64_t, std::unique_ptr<Part>> pending_;
   std::vector<std::unique_ptr<Part>> retries_;
   // Keyed parts waiting for a live owner of their slots, and parts taken

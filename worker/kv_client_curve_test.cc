@@ -136,12 +136,29 @@ TEST_F(CurveDataPlaneTest, ClientWithoutCurveGetsNoAnswerAndIsLogged) {
   ASSERT_NE(good, nullptr);
   ASSERT_NE(plain, nullptr);
   std::vector<float> out;
-  const absl::Status s = PullBoth(*plain, &out);
+  // The client learns at the handshake: when it sees the server's
+  // mechanism, pending requests fail with UNAUTHENTICATED ("mechanism
+  // mismatch"); when the server hangs up first, a request that times out
+  // says the handshakes fail. (Either may come after the first request's
+  // 600 ms deadline on a busy machine, hence two tries.)
+  auto says_why = [](const absl::Status& s) {
+    return s.message().find("mechanism mismatch") != std::string::npos ||
+           s.message().find("handshakes fail") != std::string::npos;
+  };
+  absl::Status s = PullBoth(*plain, &out);
   EXPECT_FALSE(s.ok());
-  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+  if (!says_why(s)) s = PullBoth(*plain, &out);
+  EXPECT_TRUE(s.code() == absl::StatusCode::kUnauthenticated ||
+              s.code() == absl::StatusCode::kDeadlineExceeded)
+      << s;
+  EXPECT_TRUE(says_why(s)) << s;
   EXPECT_EQ(server_->stats().requests, 0u);
   ASSERT_TRUE(WaitForRefusals(1));
-  EXPECT_NE(Logged().find("mechanism mismatch"), std::string::npos) << Logged();
+  // The server logs the mismatch, or (when this client hung up first, on
+  // seeing the server's mechanism) the failed handshake.
+  EXPECT_TRUE(Logged().find("mechanism mismatch") != std::string::npos ||
+              Logged().find("handshake failed") != std::string::npos)
+      << Logged();
   EXPECT_NE(registry_.Expose().find("ps_server_auth_refusals_total{reason=\"handshake\"}"),
             std::string::npos);
   // The job's client is not disturbed.
