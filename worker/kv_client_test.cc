@@ -776,6 +776,26 @@ class KVClientDataPlaneTest : public KVClientTest {
     options.node_id = member.value()->node_id();
     members_.push_back(std::move(member).value());
     if (view == nullptr) current = scheduler_->state()->View();
+    {
+      // Returned once both servers' views have the new worker: a pull of
+      // keys on both from a throwaway client with its node id succeeds
+      // (until then they answer UNAVAILABLE and it retries), so tests that
+      // count messages see none of those retries.
+      KVClient::Options probe_options = options;
+      probe_options.config = config_;
+      probe_options.config.mutable_data_plane()->set_key_cache_bytes(-1);
+      auto probe = KVClient::Create(probe_options, scheduler_->state()->View());
+      EXPECT_TRUE(probe.ok()) << probe.status();
+      if (!probe.ok()) return nullptr;
+      const std::vector<uint64_t> keys = SplitKeys(16, 777777);
+      uint32_t dim = 1;
+      for (const TableConfig& t : config_.tables()) {
+        if (t.id() == 3) dim = t.sparse().dim();
+      }
+      std::vector<float> out(keys.size() * dim);
+      const absl::Status s = (*probe)->Pull(3, keys, out.data()).Wait();
+      EXPECT_TRUE(s.ok()) << s;
+    }
     auto client = KVClient::Create(options, view != nullptr ? *view : current);
     EXPECT_TRUE(client.ok()) << client.status();
     return std::move(client).value();
