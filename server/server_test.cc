@@ -302,6 +302,31 @@ class ServerTest : public ::testing::Test {
     return all;
   }
 
+  // Gives a non-standalone server a RUNNING BSP view in which it owns
+  // every slot, with workers node 1 (rank 0) and node 2 (rank 1), and waits
+  // until it serves.
+  void InstallBspView() {
+    ClusterView view;
+    view.set_epoch(1);
+    view.set_job_state(RUNNING);
+    view.set_num_slots(16);
+    for (int s = 0; s < 16; ++s) view.add_slot_owner(0);
+    for (uint32_t rank : {0u, 1u}) {
+      NodeInfo* worker = view.add_nodes();
+      worker->set_node_id(rank + 1);
+      worker->set_role(WORKER);
+      worker->set_rank(rank);
+      worker->set_state(ALIVE);
+    }
+    view.mutable_consistency()->set_mode(BSP);
+    server_->UpdateView(view, 0);
+    const absl::Time deadline = absl::Now() + absl::Seconds(5);
+    while (Pull(kSparse, {0}).code() != absl::StatusCode::kOk && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    ASSERT_EQ(Pull(kSparse, {0}).code(), absl::StatusCode::kOk);
+  }
+
   zmq::context_t context_{1};
   zmq::socket_t socket_;
   std::unique_ptr<KVServer> server_;
@@ -1832,25 +1857,7 @@ class BspKeyListServerTest : public ServerTest {
                                "consistency { mode: BSP }\n"
                                "data_plane { key_cache_bytes: 48 }\n";
     ASSERT_NO_FATAL_FAILURE(StartServer(/*standalone=*/false, config.c_str()));
-    ClusterView view;
-    view.set_epoch(1);
-    view.set_job_state(RUNNING);
-    view.set_num_slots(16);
-    for (int s = 0; s < 16; ++s) view.add_slot_owner(0);
-    for (uint32_t rank : {0u, 1u}) {
-      NodeInfo* worker = view.add_nodes();
-      worker->set_node_id(rank + 1);
-      worker->set_role(WORKER);
-      worker->set_rank(rank);
-      worker->set_state(ALIVE);
-    }
-    view.mutable_consistency()->set_mode(BSP);
-    server_->UpdateView(view, 0);
-    const absl::Time deadline = absl::Now() + absl::Seconds(5);
-    while (Pull(kSparse, {0}).code() != absl::StatusCode::kOk && absl::Now() < deadline) {
-      absl::SleepFor(absl::Milliseconds(5));
-    }
-    ASSERT_EQ(Pull(kSparse, {0}).code(), absl::StatusCode::kOk);
+    ASSERT_NO_FATAL_FAILURE(InstallBspView());
   }
 
   static RequestHeader At(RequestHeader h, uint64_t clock) {
@@ -2015,25 +2022,7 @@ class LimitsServerTest : public ServerTest {
                                "max_held_bytes: 1048576 } " +
                                gradients_ + " }\n";
     ASSERT_NO_FATAL_FAILURE(StartServer(/*standalone=*/false, config.c_str()));
-    ClusterView view;
-    view.set_epoch(1);
-    view.set_job_state(RUNNING);
-    view.set_num_slots(16);
-    for (int s = 0; s < 16; ++s) view.add_slot_owner(0);
-    for (uint32_t rank : {0u, 1u}) {
-      NodeInfo* worker = view.add_nodes();
-      worker->set_node_id(rank + 1);
-      worker->set_role(WORKER);
-      worker->set_rank(rank);
-      worker->set_state(ALIVE);
-    }
-    view.mutable_consistency()->set_mode(BSP);
-    server_->UpdateView(view, 0);
-    const absl::Time deadline = absl::Now() + absl::Seconds(5);
-    while (Pull(kSparse, {0}).code() != absl::StatusCode::kOk && absl::Now() < deadline) {
-      absl::SleepFor(absl::Milliseconds(5));
-    }
-    ASSERT_EQ(Pull(kSparse, {0}).code(), absl::StatusCode::kOk);
+    ASSERT_NO_FATAL_FAILURE(InstallBspView());
   }
 
   static RequestHeader From(RequestHeader h, uint64_t node, uint64_t clock) {
