@@ -419,17 +419,19 @@ void KVServer::HandleMessage(zmq::message_t identity,
   zmq::message_t values, keys;
   const Outcome outcome = Process(frames, own, &rh, &values, &keys);
   if (outcome == Outcome::kHold) {
-    held_bytes_ += FramesBytes(frames);
-    held_.push_back({std::move(identity), std::move(frames)});
+    const uint64_t bytes = FramesBytes(frames);
+    held_bytes_ += bytes;
+    held_.push_back({std::move(identity), std::move(frames), 0, bytes});
     return;
   }
   if (outcome == Outcome::kDefer) {
     RequestHeader h;
     h.ParseFromArray(frames[0].data(), static_cast<int>(frames[0].size()));
     pulls_deferred_.fetch_add(1, std::memory_order_relaxed);
-    held_bytes_ += FramesBytes(frames);
+    const uint64_t bytes = FramesBytes(frames);
+    held_bytes_ += bytes;
     deferred_.push_back({std::move(identity), std::move(frames), h.clock(),
-                         h.sender_rank(), absl::Now(), std::move(needs_)});
+                         h.sender_rank(), absl::Now(), std::move(needs_), bytes});
     needs_.clear();
     return;
   }
@@ -1114,7 +1116,7 @@ void KVServer::Progress(const Ownership& own) {
     } else {
       Send(it->identity, rh, values, keys);
     }
-    held_bytes_ -= FramesBytes(it->frames);
+    held_bytes_ -= it->bytes;
     it = deferred_.erase(it);
   }
 }
@@ -1295,7 +1297,7 @@ void KVServer::MaybeWriteCheckpoint(const Ownership& own) {
 void KVServer::ReleaseHeld(const Ownership& own) {
   std::deque<Held> held;
   held.swap(held_);
-  for (const Held& h : held) held_bytes_ -= FramesBytes(h.frames);
+  for (const Held& h : held) held_bytes_ -= h.bytes;
   for (Held& h : held) {
     HandleMessage(std::move(h.identity), std::move(h.frames), own);
   }

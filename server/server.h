@@ -249,6 +249,8 @@ class KVServer {
     zmq::message_t identity;
     std::vector<zmq::message_t> frames;
     uint64_t epoch = 0;  // replica messages: the primary's epoch
+    // Counted in held_bytes_ while held.
+    uint64_t bytes = 0;
   };
   // An answer that waits for backups to answer the replica messages it
   // depends on (BackupLink::waiters() point here).
@@ -290,6 +292,8 @@ class KVServer {
     absl::Time since;
     // A PUSH_PULL's push half: the backups' answers its answer waits for.
     std::vector<Need> needs;
+    // Counted in held_bytes_ while deferred.
+    uint64_t bytes = 0;
   };
   enum class Outcome { kAnswer, kDefer, kHold };
 

@@ -575,7 +575,7 @@ void KVServer::HandleReplica(zmq::message_t identity,
     }
     held_bytes_ += bytes;
     replica_held_[primary].push_back(
-        {std::move(identity), std::move(frames), header.epoch()});
+        {std::move(identity), std::move(frames), header.epoch(), bytes});
     return;
   }
   replica_messages_.fetch_add(1, std::memory_order_relaxed);
@@ -606,7 +606,7 @@ void KVServer::ReleaseReplicas(const Ownership& own) {
   auto held = std::move(replica_held_);
   replica_held_.clear();
   for (const auto& [primary, queue] : held) {
-    for (const Held& h : queue) held_bytes_ -= FramesBytes(h.frames);
+    for (const Held& h : queue) held_bytes_ -= h.bytes;
   }
   for (auto& [primary, queue] : held) {
     for (Held& h : queue) {
