@@ -5,7 +5,7 @@
 // TCP, and random bytes to the scheduler's gRPC port. Then:
 //   - no process crashed, and the job finishes with every example trained;
 //   - the workers' clocks moved on during the flood (they kept training);
-//   - the flooded server's resident memory grew by less than kMaxGrowth;
+//   - the flooded server's resident memory grew by less than MaxGrowth();
 //   - the flooded server answered the well-formed-but-bad messages with
 //     errors and is still serving after the flood.
 //
