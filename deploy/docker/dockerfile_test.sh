@@ -11,6 +11,9 @@ DOCKERFILE="$R/deploy/docker/Dockerfile"
 PACKAGES_FILE="$R/deploy/docker/runtime_packages.txt"
 # Every package of a debian:12 (minbase) image that these binaries use.
 BASE=(libc6 libgcc-s1 libstdc++6)
+# A sanitizer build (.bazelrc sets PS_SANITIZER) links gcc's sanitizer
+# runtimes, which the image (always --config=opt) never needs.
+[ "${PS_SANITIZER:-0}" = 1 ] && BASE+=(libasan8 libubsan1 libtsan2 liblsan0)
 failed=0
 fail() { echo "FAIL: $*"; failed=1; }
 
