@@ -224,6 +224,7 @@ KVServer::Stats KVServer::stats() const {
   s.unknown_sender_refusals = sender_refusals_.load();
   s.nonfinite_values = nonfinite_values_.load();
   s.nonfinite_pushes_rejected = nonfinite_rejected_.load();
+  s.held_bytes = held_bytes_.load();
   return s;
 }
 
@@ -659,7 +660,7 @@ absl::Status KVServer::ProcessChecked(std::vector<zmq::message_t>& frames,
       if (!MayHold(FramesBytes(frames))) {
         limit_refusals_.fetch_add(1, std::memory_order_relaxed);
         return absl::UnavailableError(absl::StrCat(
-            "server busy: ", held_bytes_, " bytes of requests wait for slower workers "
+            "server busy: ", held_bytes_.load(), " bytes of requests wait for slower workers "
             "(data_plane.limits.max_held_bytes ", limits_.max_held_bytes(), "); retry"));
       }
       *outcome = Outcome::kDefer;
@@ -769,7 +770,7 @@ absl::Status KVServer::ProcessChecked(std::vector<zmq::message_t>& frames,
     if (!MayHold(FramesBytes(frames))) {
       limit_refusals_.fetch_add(1, std::memory_order_relaxed);
       return absl::UnavailableError(absl::StrCat(
-          "server busy: ", held_bytes_, " bytes of pushes wait for a checkpoint "
+          "server busy: ", held_bytes_.load(), " bytes of pushes wait for a checkpoint "
           "(data_plane.limits.max_held_bytes ", limits_.max_held_bytes(), "); retry"));
     }
     *outcome = Outcome::kHold;
@@ -855,7 +856,7 @@ absl::Status KVServer::ProcessChecked(std::vector<zmq::message_t>& frames,
     if (h.op() == PULL && !MayHold(FramesBytes(frames))) {
       limit_refusals_.fetch_add(1, std::memory_order_relaxed);
       return absl::UnavailableError(absl::StrCat(
-          "server busy: ", held_bytes_, " bytes of requests wait for slower workers "
+          "server busy: ", held_bytes_.load(), " bytes of requests wait for slower workers "
           "(data_plane.limits.max_held_bytes ", limits_.max_held_bytes(), "); retry"));
     }
     // Hold the pull. A PUSH_PULL's push half is done: keep only a PULL.
@@ -1310,7 +1311,7 @@ uint64_t KVServer::FramesBytes(const std::vector<zmq::message_t>& frames) {
 }
 
 bool KVServer::MayHold(uint64_t bytes) const {
-  return held_bytes_ + bytes <= static_cast<uint64_t>(limits_.max_held_bytes());
+  return held_bytes_.load() + bytes <= static_cast<uint64_t>(limits_.max_held_bytes());
 }
 
 absl::Status KVServer::AdmitRequest(const std::vector<zmq::message_t>& frames,

@@ -168,6 +168,8 @@ class KVServer {
     // Non-finite gradient values received, and pushes rejected for them.
     uint64_t nonfinite_values = 0;
     uint64_t nonfinite_pushes_rejected = 0;
+    // Bytes of requests held aside now (bounded by max_held_bytes).
+    uint64_t held_bytes = 0;
   };
 
   // Errors: INVALID_ARGUMENT for a bad table config, UNAVAILABLE if the
@@ -471,8 +473,9 @@ class KVServer {
   bool any_push_applied_ = false;
   // Limits (Options comment): config.data_plane.limits with defaults.
   DataPlaneLimits limits_;
-  // Bytes of the requests in held_, deferred_ and replica_held_.
-  uint64_t held_bytes_ = 0;
+  // Bytes of the requests in held_, deferred_ and replica_held_. Written
+  // by the serving thread only; atomic so stats() can read it.
+  std::atomic<uint64_t> held_bytes_{0};
   // Senders a standalone server keeps state for.
   absl::flat_hash_set<uint64_t> standalone_senders_;
   // Non-finite gradients: counters by worker label, and the log throttle.

@@ -142,6 +142,14 @@ void KVServer::RegisterMetrics(metrics::Registry* r) {
   stat("ps_server_unknown_sender_refusals_total",
        "Requests refused because their sender is not a live worker in the view.",
        &Stats::unknown_sender_refusals);
+  r->AddCallback("ps_server_held_bytes",
+                 "Bytes of requests held aside (pulls waiting for slower workers, pushes waiting "
+                 "for a checkpoint, replica messages waiting for a view); at most max_held_bytes.",
+                 metrics::Type::kGauge, [source] {
+                   absl::MutexLock lock(&source->mu);
+                   return source->server == nullptr ? 0.0
+                                                    : double(source->server->stats().held_bytes);
+                 });
   nonfinite_family_ = r->AddCounterFamily(
       "ps_server_nonfinite_gradients_total",
       "Non-finite gradient values received, by the sending worker's rank and what was "

@@ -40,6 +40,7 @@
 //   ps_server_table_evictions_total{table,cause} (cause ttl or budget),
 //   ps_server_table_pushes_refused_total{table}
 //   ps_server_limit_refusals_total, ps_server_unknown_sender_refusals_total,
+//   ps_server_held_bytes,
 //   ps_server_nonfinite_gradients_total{worker,action} (rejected or clipped)
 // Counted by the gate (server/peer_gate.h):
 //   ps_server_connections, ps_server_connections_refused_total,

@@ -566,7 +566,7 @@ void KVServer::HandleReplica(zmq::message_t identity,
       rh.set_request_id(header.request_id());
       rh.set_epoch(own.epoch);
       rh.set_code(static_cast<int32_t>(absl::StatusCode::kUnavailable));
-      rh.set_message(absl::StrCat("backup busy: ", held_bytes_,
+      rh.set_message(absl::StrCat("backup busy: ", held_bytes_.load(),
                                   " bytes of messages wait for a newer view "
                                   "(data_plane.limits.max_held_bytes); retry"));
       zmq::message_t values, keys;

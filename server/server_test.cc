@@ -2118,6 +2118,8 @@ TEST_F(LimitsServerTest, PullsHeldBeyondTheBudgetAreRefusedUntilItFrees) {
       << refused.header.message();
   EXPECT_GE(held, 100);
   EXPECT_LE(held, 131);
+  EXPECT_GT(server_->stats().held_bytes, (uint64_t{1} << 20) - 9000);
+  EXPECT_LE(server_->stats().held_bytes, uint64_t{1} << 20);
   EXPECT_EQ(server_->stats().limit_refusals, 1u);
   // Node 2 finishes step 0: every held pull is answered, and the budget is
   // free again.
@@ -2130,6 +2132,7 @@ TEST_F(LimitsServerTest, PullsHeldBeyondTheBudgetAreRefusedUntilItFrees) {
     if (r.header.num_values() == 2000) ++answered;
   }
   EXPECT_EQ(answered, held);
+  EXPECT_EQ(server_->stats().held_bytes, 0u);
   Response r = SendValid(From(Header(PULL, kSparse, keys.size()), 1, 1), Frames(KeysFrame(keys)));
   EXPECT_EQ(r.code(), absl::StatusCode::kOk) << r.header.message();
 }
