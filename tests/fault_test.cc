@@ -24,8 +24,10 @@
 // the environment when the flag is not given (--test_env=FAULT_SEED=5):
 //   --fault_seed=N    (FAULT_SEED)    default 1; 0 picks one from the time
 //   --fault_trials=N  (FAULT_TRIALS)  trials per mode and signal, default 10
+//       (3 under a sanitizer, PS_SANITIZER=1)
 //   --fault_trial=I   (FAULT_TRIAL)   run only trial I (replaying a failure)
 //   --fault_heartbeat_timeout_ms=N (FAULT_HEARTBEAT_TIMEOUT_MS) default 300
+//       (2000 under a sanitizer)
 //   --fault_max_step_percent=P (FAULT_MAX_STEP_PERCENT) default 130: the
 //       latest step a victim is hit at, in percent of a worker's steps in
 //       the baseline; above 100 some victims are hit after training (at
@@ -43,6 +45,7 @@
 #include <random>
 #include <regex>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -104,10 +107,20 @@ uint64_t Seed() {
   }();
   return seed;
 }
-int Trials() { return Setting(absl::GetFlag(FLAGS_fault_trials), "FAULT_TRIALS", 10); }
+// A sanitizer build (.bazelrc's asan/ubsan/tsan set PS_SANITIZER=1) runs
+// every process several times slower: heartbeats fall silent for 300 ms and
+// more on two cores, and ten trials would not fit the test's timeout. There
+// the defaults are a 2 s heartbeat timeout and 3 trials.
+bool Sanitizer() {
+  const char* s = std::getenv("PS_SANITIZER");
+  return s != nullptr && std::string_view(s) == "1";
+}
+int Trials() {
+  return Setting(absl::GetFlag(FLAGS_fault_trials), "FAULT_TRIALS", Sanitizer() ? 3 : 10);
+}
 int HeartbeatTimeoutMs() {
   return Setting(absl::GetFlag(FLAGS_fault_heartbeat_timeout_ms),
-                 "FAULT_HEARTBEAT_TIMEOUT_MS", 300);
+                 "FAULT_HEARTBEAT_TIMEOUT_MS", Sanitizer() ? 2000 : 300);
 }
 int MaxStepPercent() {
   return Setting(absl::GetFlag(FLAGS_fault_max_step_percent), "FAULT_MAX_STEP_PERCENT",
