@@ -37,7 +37,23 @@ const char* __tsan_default_options() {
 }
 
 const char* __tsan_default_suppressions() {
-  return "";
+  return
+      // abseil's Mutex deadlock detector (GraphCycles, on in Debian's
+      // build) keeps its graph under an internal SpinLock that TSan cannot
+      // see (tsan_absl_sync.cc annotates only the public Mutex API); its
+      // memmove calls, seen through TSan's interceptor, race with each
+      // other.
+      "called_from_lib:libabsl_graphcycles_internal.so\n"
+      // libzmq passes message buffers from its I/O threads to ours through
+      // lock-free pipes (atomics in uninstrumented code): our first read of
+      // a received frame looks unordered with the I/O thread's write of it.
+      // Only reports with a libzmq frame in one of the two stacks.
+      "race:libzmq.so\n"
+      // absl::Status's payload is reference-counted with atomics inside
+      // Debian's libabsl_status; the last Unref frees it after every other
+      // holder (gRPC's threads formatting the status) is done, an ordering
+      // TSan cannot see (//common:grpc_security_test).
+      "race:absl::*::Status::UnrefNonInlined\n";
 }
 
 }  // extern "C"

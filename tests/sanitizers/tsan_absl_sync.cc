@@ -70,12 +70,32 @@ void* NotifiedFlag(const absl::Notification* n) {
          sizeof(absl::Mutex);
 }
 
+// A Condition is evaluated inside the library with the mutex held, by the
+// waiter or by whichever thread is unlocking: its reads of guarded data need
+// the mutex's happens-before edges too. Wrapped in acquire/release of the
+// mutex around the caller's condition.
+struct Guarded {
+  const absl::Condition* cond;
+  void* mu;
+};
+bool EvalGuarded(void* arg) {
+  const Guarded* g = static_cast<const Guarded*>(arg);
+  __tsan_acquire(g->mu);
+  const bool r = g->cond->Eval();
+  __tsan_release(g->mu);
+  return r;
+}
+
 }  // namespace
 
 namespace absl {
 ABSL_NAMESPACE_BEGIN
 
 using Cond = const Condition&;
+// The caller's condition `c` of mutex `mu`, annotated (see Guarded).
+#define PS_GUARDED(c, mu)         \
+  Guarded guarded{&(c), (mu)};    \
+  const Condition wrapped(&EvalGuarded, &guarded)
 
 void Mutex::Lock() {
   static auto real = Real<void (*)(Mutex*)>("_ZN", "5Mutex4LockEv");
@@ -118,21 +138,24 @@ void Mutex::ReaderUnlock() {
 void Mutex::LockWhen(Cond c) {
   static auto real =
       Real<void (*)(Mutex*, Cond)>("_ZN", "5Mutex8LockWhenERKNS0_9ConditionE");
-  real(this, c);
+  PS_GUARDED(c, this);
+  real(this, wrapped);
   __tsan_acquire(this);
 }
 
 void Mutex::ReaderLockWhen(Cond c) {
   static auto real = Real<void (*)(Mutex*, Cond)>(
       "_ZN", "5Mutex14ReaderLockWhenERKNS0_9ConditionE");
-  real(this, c);
+  PS_GUARDED(c, this);
+  real(this, wrapped);
   __tsan_acquire(this);
 }
 
 bool Mutex::LockWhenWithTimeout(Cond c, Duration d) {
   static auto real = Real<bool (*)(Mutex*, Cond, Duration)>(
       "_ZN", "5Mutex19LockWhenWithTimeoutERKNS0_9ConditionENS0_8DurationE");
-  const bool r = real(this, c, d);
+  PS_GUARDED(c, this);
+  const bool r = real(this, wrapped, d);
   __tsan_acquire(this);  // held on return either way
   return r;
 }
@@ -140,7 +163,8 @@ bool Mutex::LockWhenWithTimeout(Cond c, Duration d) {
 bool Mutex::LockWhenWithDeadline(Cond c, Time t) {
   static auto real = Real<bool (*)(Mutex*, Cond, Time)>(
       "_ZN", "5Mutex20LockWhenWithDeadlineERKNS0_9ConditionENS0_4TimeE");
-  const bool r = real(this, c, t);
+  PS_GUARDED(c, this);
+  const bool r = real(this, wrapped, t);
   __tsan_acquire(this);
   return r;
 }
@@ -149,7 +173,8 @@ bool Mutex::ReaderLockWhenWithTimeout(Cond c, Duration d) {
   static auto real = Real<bool (*)(Mutex*, Cond, Duration)>(
       "_ZN",
       "5Mutex25ReaderLockWhenWithTimeoutERKNS0_9ConditionENS0_8DurationE");
-  const bool r = real(this, c, d);
+  PS_GUARDED(c, this);
+  const bool r = real(this, wrapped, d);
   __tsan_acquire(this);
   return r;
 }
@@ -157,7 +182,8 @@ bool Mutex::ReaderLockWhenWithTimeout(Cond c, Duration d) {
 bool Mutex::ReaderLockWhenWithDeadline(Cond c, Time t) {
   static auto real = Real<bool (*)(Mutex*, Cond, Time)>(
       "_ZN", "5Mutex26ReaderLockWhenWithDeadlineERKNS0_9ConditionENS0_4TimeE");
-  const bool r = real(this, c, t);
+  PS_GUARDED(c, this);
+  const bool r = real(this, wrapped, t);
   __tsan_acquire(this);
   return r;
 }
@@ -166,7 +192,8 @@ void Mutex::Await(Cond c) {
   static auto real =
       Real<void (*)(Mutex*, Cond)>("_ZN", "5Mutex5AwaitERKNS0_9ConditionE");
   __tsan_release(this);
-  real(this, c);
+  PS_GUARDED(c, this);
+  real(this, wrapped);
   __tsan_acquire(this);
 }
 
@@ -174,7 +201,8 @@ bool Mutex::AwaitWithTimeout(Cond c, Duration d) {
   static auto real = Real<bool (*)(Mutex*, Cond, Duration)>(
       "_ZN", "5Mutex16AwaitWithTimeoutERKNS0_9ConditionENS0_8DurationE");
   __tsan_release(this);
-  const bool r = real(this, c, d);
+  PS_GUARDED(c, this);
+  const bool r = real(this, wrapped, d);
   __tsan_acquire(this);
   return r;
 }
@@ -183,7 +211,8 @@ bool Mutex::AwaitWithDeadline(Cond c, Time t) {
   static auto real = Real<bool (*)(Mutex*, Cond, Time)>(
       "_ZN", "5Mutex17AwaitWithDeadlineERKNS0_9ConditionENS0_4TimeE");
   __tsan_release(this);
-  const bool r = real(this, c, t);
+  PS_GUARDED(c, this);
+  const bool r = real(this, wrapped, t);
   __tsan_acquire(this);
   return r;
 }
