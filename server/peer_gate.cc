@@ -212,8 +212,8 @@ void PeerGate::HandleMonitorEvent(std::vector<zmq::message_t>& frames) {
   std::memcpy(&event, frames[0].data(), sizeof(event));
   std::memcpy(&value, static_cast<const char*>(frames[0].data()) + 2, sizeof(value));
   if (event == ZMQ_EVENT_ACCEPTED || event == ZMQ_EVENT_DISCONNECTED) {
-    const int64_t open = open_.fetch_add(event == ZMQ_EVENT_ACCEPTED ? 1 : -1) +
-                         (event == ZMQ_EVENT_ACCEPTED ? 1 : -1);
+    const int64_t delta = event == ZMQ_EVENT_ACCEPTED ? 1 : -1;
+    const int64_t open = open_.fetch_add(delta) + delta;
     if (connections_ != nullptr) connections_->Set(static_cast<double>(open));
     return;
   }

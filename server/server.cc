@@ -657,12 +657,7 @@ absl::Status KVServer::ProcessChecked(std::vector<zmq::message_t>& frames,
     // Held like a pull, so an export sees every step the sender's clock
     // covers; Progress() runs the request again once it may be answered.
     if (!PullAllowed(h.clock())) {
-      if (!MayHold(FramesBytes(frames))) {
-        limit_refusals_.fetch_add(1, std::memory_order_relaxed);
-        return absl::UnavailableError(absl::StrCat(
-            "server busy: ", held_bytes_.load(), " bytes of requests wait for slower workers "
-            "(data_plane.limits.max_held_bytes ", limits_.max_held_bytes(), "); retry"));
-      }
+      PS_RETURN_IF_ERROR(RoomToHold(frames, "requests wait for slower workers"));
       *outcome = Outcome::kDefer;
       return absl::OkStatus();
     }
@@ -767,12 +762,7 @@ absl::Status KVServer::ProcessChecked(std::vector<zmq::message_t>& frames,
   if (push && checkpoint_pending_ != 0 && h.clock() >= checkpoint_pending_ &&
       h.clock() < kFinishedClock && !consistency_.ShouldBuffer(h.clock())) {
     make_self_contained();
-    if (!MayHold(FramesBytes(frames))) {
-      limit_refusals_.fetch_add(1, std::memory_order_relaxed);
-      return absl::UnavailableError(absl::StrCat(
-          "server busy: ", held_bytes_.load(), " bytes of pushes wait for a checkpoint "
-          "(data_plane.limits.max_held_bytes ", limits_.max_held_bytes(), "); retry"));
-    }
+    PS_RETURN_IF_ERROR(RoomToHold(frames, "pushes wait for a checkpoint"));
     *outcome = Outcome::kHold;
     return absl::OkStatus();
   }
@@ -853,11 +843,8 @@ absl::Status KVServer::ProcessChecked(std::vector<zmq::message_t>& frames,
     // A plain pull over the budget is refused (nothing was done). A
     // PUSH_PULL's push half is applied already: its pull is held anyway
     // (keys only), so the push is not applied twice.
-    if (h.op() == PULL && !MayHold(FramesBytes(frames))) {
-      limit_refusals_.fetch_add(1, std::memory_order_relaxed);
-      return absl::UnavailableError(absl::StrCat(
-          "server busy: ", held_bytes_.load(), " bytes of requests wait for slower workers "
-          "(data_plane.limits.max_held_bytes ", limits_.max_held_bytes(), "); retry"));
+    if (h.op() == PULL) {
+      PS_RETURN_IF_ERROR(RoomToHold(frames, "requests wait for slower workers"));
     }
     // Hold the pull. A PUSH_PULL's push half is done: keep only a PULL.
     make_self_contained();
@@ -1312,6 +1299,15 @@ uint64_t KVServer::FramesBytes(const std::vector<zmq::message_t>& frames) {
 
 bool KVServer::MayHold(uint64_t bytes) const {
   return held_bytes_.load() + bytes <= static_cast<uint64_t>(limits_.max_held_bytes());
+}
+
+absl::Status KVServer::RoomToHold(const std::vector<zmq::message_t>& frames,
+                                  absl::string_view waiting) {
+  if (MayHold(FramesBytes(frames))) return absl::OkStatus();
+  limit_refusals_.fetch_add(1, std::memory_order_relaxed);
+  return absl::UnavailableError(absl::StrCat("server busy: ", held_bytes_.load(), " bytes of ",
+                                             waiting, " (data_plane.limits.max_held_bytes ",
+                                             limits_.max_held_bytes(), "); retry"));
 }
 
 absl::Status KVServer::AdmitRequest(const std::vector<zmq::message_t>& frames,

@@ -58,6 +58,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
@@ -493,6 +494,10 @@ class KVServer {
   // Whether `bytes` more may be held aside (held_bytes_ + bytes within
   // max_held_bytes).
   bool MayHold(uint64_t bytes) const;
+  // OK if a request of `frames` may be held aside; otherwise UNAVAILABLE
+  // naming what `waiting` (e.g. "pushes wait for a checkpoint"), counted
+  // as a limit refusal.
+  absl::Status RoomToHold(const std::vector<zmq::message_t>& frames, absl::string_view waiting);
   static uint64_t FramesBytes(const std::vector<zmq::message_t>& frames);
   // Checkpoint in progress (0 = none) and the last one written or refused.
   uint64_t checkpoint_pending_ = 0;

@@ -179,8 +179,10 @@ class ServerTest : public ::testing::Test {
   void SetUp() override { StartServer(/*standalone=*/true); }
 
   // `clock`, when given, is the server's time source (Options::clock).
+  // `metrics`, when given, gets the server's metrics; it must outlive the
+  // server.
   void StartServer(bool standalone, const char* config_text = kConfig,
-                   Clock* clock = nullptr) {
+                   Clock* clock = nullptr, metrics::Registry* metrics = nullptr) {
     auto config = ParseJobConfig(config_text, "server_test");
     ASSERT_TRUE(config.ok()) << config.status();
     KVServer::Options options;
@@ -188,6 +190,7 @@ class ServerTest : public ::testing::Test {
     options.bind_endpoint = "tcp://127.0.0.1:*";
     options.standalone = standalone;
     if (clock != nullptr) options.clock = clock;
+    options.metrics = metrics;
     auto server = KVServer::Start(std::move(options));
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = std::move(server).value();
@@ -2184,19 +2187,7 @@ TEST_F(ServerTest, NonFiniteGradientsAreRejectedAndCountedByWorker) {
   metrics::Registry registry;
   socket_.close();
   server_.reset();
-  auto config = ParseJobConfig(kConfig, "server_test");
-  ASSERT_TRUE(config.ok());
-  KVServer::Options options;
-  options.config = *config;
-  options.standalone = true;
-  options.metrics = &registry;
-  auto server = KVServer::Start(std::move(options));
-  ASSERT_TRUE(server.ok()) << server.status();
-  server_ = std::move(server).value();
-  socket_ = zmq::socket_t(context_, zmq::socket_type::dealer);
-  socket_.set(zmq::sockopt::rcvtimeo, 5000);
-  socket_.set(zmq::sockopt::linger, 0);
-  socket_.connect(server_->endpoint());
+  ASSERT_NO_FATAL_FAILURE(StartServer(/*standalone=*/true, kConfig, nullptr, &registry));
 
   RequestHeader h = Header(PUSH, kSparse, 2);
   h.set_sender_node_id(4);
