@@ -427,9 +427,13 @@ class Pusher {
     stop_.store(true);
     if (thread_.joinable()) thread_.join();
   }
+  // sums() only after Stop(); pushes() and error() at any time.
   const std::vector<double>& sums() const { return sums_; }
-  int pushes() const { return pushes_; }
-  const absl::Status& error() const { return error_; }
+  int pushes() const { return pushes_.load(); }
+  absl::Status error() const {
+    absl::MutexLock lock(&mu_);
+    return error_;
+  }
 
  private:
   void Run(uint32_t seed) {
@@ -450,6 +454,7 @@ class Pusher {
       for (int j = 0; j < 4; ++j) {
         absl::Status s = done[j].Wait();
         if (!s.ok()) {
+          absl::MutexLock lock(&mu_);
           error_ = s;
           return;
         }
@@ -462,8 +467,9 @@ class Pusher {
   KVClient* const client_;
   std::vector<double> sums_;
   std::atomic<bool> stop_{false};
-  int pushes_ = 0;
-  absl::Status error_;
+  std::atomic<int> pushes_{0};
+  mutable absl::Mutex mu_;
+  absl::Status error_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
 };
 

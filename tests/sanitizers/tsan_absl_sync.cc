@@ -73,12 +73,17 @@ void* NotifiedFlag(const absl::Notification* n) {
 // A Condition is evaluated inside the library with the mutex held, by the
 // waiter or by whichever thread is unlocking: its reads of guarded data need
 // the mutex's happens-before edges too. Wrapped in acquire/release of the
-// mutex around the caller's condition.
+// mutex around the caller's condition. The Guarded record (and the
+// caller's Condition) sit on the waiter's stack and reach an unlocking thread
+// through the library's waiter queue, which TSan cannot see either: the
+// waiter releases on the record's address once it is filled in, and every
+// evaluation acquires it before reading it.
 struct Guarded {
   const absl::Condition* cond;
   void* mu;
 };
 bool EvalGuarded(void* arg) {
+  __tsan_acquire(arg);
   const Guarded* g = static_cast<const Guarded*>(arg);
   __tsan_acquire(g->mu);
   const bool r = g->cond->Eval();
@@ -93,8 +98,9 @@ ABSL_NAMESPACE_BEGIN
 
 using Cond = const Condition&;
 // The caller's condition `c` of mutex `mu`, annotated (see Guarded).
-#define PS_GUARDED(c, mu)         \
-  Guarded guarded{&(c), (mu)};    \
+#define PS_GUARDED(c, mu)                        \
+  Guarded guarded{&(c), (mu)};                   \
+  __tsan_release(&guarded);                      \
   const Condition wrapped(&EvalGuarded, &guarded)
 
 void Mutex::Lock() {
