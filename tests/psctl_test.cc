@@ -72,7 +72,9 @@ class Port {
     socklen_t len = sizeof(addr);
     EXPECT_EQ(getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len), 0);
     port_ = ntohs(addr.sin_port);
-    if (listen) EXPECT_EQ(::listen(fd_, 16), 0);
+    if (listen) {
+      EXPECT_EQ(::listen(fd_, 16), 0);
+    }
   }
   ~Port() { close(fd_); }
   Port(const Port&) = delete;
