@@ -155,6 +155,9 @@ struct KVClient::Part {
   // Where a pull's answer goes: out + positions[i] * dim for sparse key i
   // (identity when positions is empty), or (offset, length) runs for dense.
   float* out = nullptr;
+  // A dense pull answered into a DenseValues (the whole range, one server):
+  // the answer's frame is kept instead of copied into `out`.
+  DenseValues* pulled = nullptr;
   uint32_t dim = 1;
   std::vector<uint32_t> positions;
   std::vector<std::pair<uint64_t, uint64_t>> runs;
@@ -550,6 +553,14 @@ class KVClient::IoLoop {
       return absl::OkStatus();
     }
     part->parent->AddParts(static_cast<int>(distinct.size()) - 1);
+    if (part->pulled != nullptr) {
+      // A whole-range pull into a DenseValues now spans servers: its parts
+      // are copied into the object's own array (runs are offsets into it).
+      part->pulled->copy_.assign(part->expected_values, 0.0f);
+      part->pulled->view_ = absl::MakeConstSpan(part->pulled->copy_);
+      part->out = part->pulled->copy_.data();
+      part->pulled = nullptr;
+    }
     const size_t dim = part->dim;
     for (uint32_t server : distinct) {
       auto p = std::make_unique<Part>();
@@ -793,7 +804,11 @@ class KVClient::IoLoop {
     if (response.header.table_stats_size() > 0) {
       part->parent->RecordTableStats(server, response.header);
     }
-    Scatter(*part, response.values);
+    if (part->pulled != nullptr) {
+      KeepFrame(part->pulled, response, frames);
+    } else {
+      Scatter(*part, response.values);
+    }
     if (part->expected_values > 0) {
       part->parent->RecordClocks(response.header.min_clock(),
                                  response.header.applied_clock());
@@ -829,6 +844,35 @@ class KVClient::IoLoop {
     std::unique_ptr<Part> page = chain.page(next);
     page->scan = std::move(part->scan);
     Send(std::move(page));
+  }
+
+  // A whole-range dense pull's answer: the values stay in their frame (its
+  // decoded view points into it), unless they were decoded from half-width
+  // or copied for alignment, in which case they are moved.
+  static void KeepFrame(DenseValues* out, DecodedResponse& response,
+                        std::vector<zmq::message_t>& frames) {
+    if (!response.value_copy.empty() || frames.size() < 2 ||
+        response.values.data() != frames[1].data()) {
+      out->copy_ = response.value_copy.empty()
+                       ? std::vector<float>(response.values.begin(), response.values.end())
+                       : std::move(response.value_copy);
+      out->view_ = absl::MakeConstSpan(out->copy_);
+      return;
+    }
+    // A moved message_t keeps the address of a large payload but not of a
+    // small one (libzmq stores those inline): the view is taken from the
+    // frame after the move.
+    auto frame = std::make_shared<zmq::message_t>(std::move(frames[1]));
+    const size_t n = response.values.size();
+    const auto* data = static_cast<const float*>(frame->data());
+    if (reinterpret_cast<uintptr_t>(data) % alignof(float) != 0) {
+      out->copy_.resize(n);
+      std::memcpy(out->copy_.data(), data, n * sizeof(float));
+      out->view_ = absl::MakeConstSpan(out->copy_);
+      return;
+    }
+    out->view_ = absl::MakeConstSpan(data, n);
+    out->frame_ = std::move(frame);
   }
 
   static void Scatter(const Part& part, absl::Span<const float> values) {
@@ -1120,6 +1164,28 @@ Completion KVClient::AssignDense(uint32_t table, uint64_t begin,
 Completion KVClient::PullDense(uint32_t table, uint64_t begin, uint64_t count,
                                float* out, DoneCallback done) {
   return Dense(PULL, table, begin, count, {}, out, std::move(done));
+}
+
+Completion KVClient::PushDense(uint32_t table, uint64_t begin,
+                               std::shared_ptr<const std::vector<float>> grads,
+                               DoneCallback done) {
+  if (grads == nullptr) {
+    return Failed(absl::InvalidArgumentError("PushDense: null gradients"), std::move(done));
+  }
+  const absl::Span<const float> span(*grads);
+  return Dense(PUSH, table, begin, span.size(), span, nullptr, std::move(done),
+               std::move(grads));
+}
+
+Completion KVClient::PullDense(uint32_t table, uint64_t begin, uint64_t count,
+                               DenseValues* out, DoneCallback done) {
+  if (out == nullptr) {
+    return Failed(absl::InvalidArgumentError("PullDense: null DenseValues"), std::move(done));
+  }
+  out->frame_.reset();
+  out->copy_.clear();
+  out->view_ = {};
+  return Dense(PULL, table, begin, count, {}, nullptr, std::move(done), nullptr, out);
 }
 
 std::unique_ptr<KVClient::Part> KVClient::NewPart(
@@ -1418,7 +1484,9 @@ void KVClient::SetWireOptions(int op_int, absl::Span<const uint64_t> keys,
 
 Completion KVClient::Dense(int op_int, uint32_t table, uint64_t begin,
                            uint64_t count, absl::Span<const float> grads,
-                           float* out, DoneCallback done) {
+                           float* out, DoneCallback done,
+                           std::shared_ptr<const std::vector<float>> shared,
+                           DenseValues* pulled) {
   requests_.fetch_add(1, std::memory_order_relaxed);
   const Op op = static_cast<Op>(op_int);
   auto it = tables_.find(table);
@@ -1465,15 +1533,43 @@ Completion KVClient::Dense(int op_int, uint32_t table, uint64_t begin,
   if (op != PULL) {
     // Each server's frame is allocated at its exact size and filled in
     // place: no growth, no zero-filling, no copy into a frame afterwards.
+    // With `shared` (zero-copy) a server whose share is one contiguous
+    // piece of float32 values gets a frame pointing into `shared` instead.
     std::vector<uint64_t> totals(num_servers, 0);
+    std::vector<uint64_t> first(num_servers, 0), next(num_servers, 0);
+    std::vector<bool> contiguous(num_servers, true);
     for (uint64_t pos = begin; pos < begin + count;) {
       const uint64_t block = pos / info.block_size;
       const uint64_t end = std::min(begin + count, (block + 1) * info.block_size);
-      totals[routing->slot_owner[DenseBlockSlot(table, block, num_slots)]] += end - pos;
+      const uint32_t s = routing->slot_owner[DenseBlockSlot(table, block, num_slots)];
+      if (totals[s] == 0) {
+        first[s] = pos - begin;
+      } else if (next[s] != pos - begin) {
+        contiguous[s] = false;
+      }
+      next[s] = end - begin;
+      totals[s] += end - pos;
       pos = end;
     }
+    bool checked = false;
     for (size_t s = 0; s < num_servers; ++s) {
       if (totals[s] == 0) continue;
+      if (shared != nullptr && width == sizeof(float) && contiguous[s]) {
+        // One read pass instead of a copy: the check reads every value once
+        // for all the zero-copy frames.
+        if (check_finite && !checked) {
+          if (!AllFinite(grads)) return not_finite();
+          checked = true;
+        }
+        auto* hold = new std::shared_ptr<const std::vector<float>>(shared);
+        builders[s].values = zmq::message_t(
+            const_cast<float*>(shared->data() + first[s]), totals[s] * sizeof(float),
+            [](void*, void* hint) {
+              delete static_cast<std::shared_ptr<const std::vector<float>>*>(hint);
+            },
+            hold);
+        continue;  // fill stays null: nothing to copy
+      }
       builders[s].values = zmq::message_t(totals[s] * width);
       builders[s].fill = static_cast<char*>(builders[s].values.data());
     }
@@ -1489,7 +1585,7 @@ Completion KVClient::Dense(int op_int, uint32_t table, uint64_t begin,
     DenseSegment* seg = b.header.add_segments();
     seg->set_begin(pos);
     seg->set_length(end - pos);
-    if (op != PULL) {
+    if (op != PULL && b.fill != nullptr) {
       const float* src = grads.data() + (pos - begin);
       if (width == sizeof(float)) {
         finite &= CopyFinite(src, end - pos, reinterpret_cast<float*>(b.fill));
@@ -1530,6 +1626,16 @@ Completion KVClient::Dense(int op_int, uint32_t table, uint64_t begin,
       part->out = out;
       part->expected_values = b.total;
       part->runs = std::move(b.runs);
+      if (pulled != nullptr && num_parts == 1) {
+        part->pulled = pulled;
+      } else if (pulled != nullptr) {
+        // Spans servers: copied into the object's own array.
+        if (pulled->copy_.size() != count) {
+          pulled->copy_.assign(count, 0.0f);
+          pulled->view_ = absl::MakeConstSpan(pulled->copy_);
+        }
+        part->out = pulled->copy_.data();
+      }
     }
     parts.push_back(std::move(part));
   }

@@ -10,8 +10,9 @@
 // must not call Wait() on another request.
 //
 // Ownership: keys and gradients are copied before the call returns, so the
-// caller may reuse them at once. A pull's `out` buffer must stay valid
-// until the request completes; it is written only by the I/O thread.
+// caller may reuse them at once (the zero-copy dense forms share them
+// instead, see PushDense). A pull's `out` buffer must stay valid until the
+// request completes; it is written only by the I/O thread.
 //
 // Thread-safe: any number of threads may issue requests concurrently.
 // Requests issued by one thread to the same server are applied in order.
@@ -49,6 +50,25 @@ using DoneCallback = std::function<void(const absl::Status&)>;
 struct ServerTableStats {
   uint32_t server_rank = 0;
   TableStats stats;
+};
+
+// The answer of a dense pull without a caller's buffer
+// (KVClient::PullDense with a DenseValues): when one server holds the whole
+// range, the values are read where they arrived (the answer's ZeroMQ frame,
+// kept alive by this object), with no copy into a caller's array, as
+// ps-lite's ZPull does; otherwise the client copies the servers' parts into
+// an array this object owns. Read values() only after the pull's Completion
+// is done with OK; until then it is empty. Reusing the object for another
+// pull drops the previous values. Thread-compatible.
+class DenseValues {
+ public:
+  absl::Span<const float> values() const { return view_; }
+
+ private:
+  friend class KVClient;
+  std::shared_ptr<const void> frame_;  // the answer frame, when zero-copy
+  std::vector<float> copy_;
+  absl::Span<const float> view_;
 };
 
 // Handle on an asynchronous request. Copyable; all copies share the state.
@@ -146,6 +166,22 @@ class KVClient {
   Completion PullDense(uint32_t table, uint64_t begin, uint64_t count,
                        float* out, DoneCallback done = nullptr);
 
+  // Zero-copy forms for large tensors (as ps-lite's ZPush and ZPull).
+  // PushDense sends each server's values straight from `grads` when they
+  // are one contiguous piece of it and the job sends float32 values
+  // (otherwise they are copied as above); the client holds a reference to
+  // `grads` until ZeroMQ is done with every frame that points into it,
+  // retries included, so the caller must not modify the vector through
+  // another pointer meanwhile. PullDense into `out` (which must stay valid
+  // until the request completes) keeps the answer's frame instead of copying
+  // it when one server holds the whole range. Errors as above; a null
+  // `grads` or `out` is INVALID_ARGUMENT.
+  Completion PushDense(uint32_t table, uint64_t begin,
+                       std::shared_ptr<const std::vector<float>> grads,
+                       DoneCallback done = nullptr);
+  Completion PullDense(uint32_t table, uint64_t begin, uint64_t count,
+                       DenseValues* out, DoneCallback done = nullptr);
+
   // The worker's clock: steps completed. Every request carries it; a pull
   // is answered under BSP/SSP when the servers' state allows that clock.
   uint64_t clock() const { return clock_.load(); }
@@ -230,9 +266,13 @@ class KVClient {
   Completion Sparse(int op, uint32_t table, absl::Span<const uint64_t> keys,
                     absl::Span<const float> grads, float* out,
                     DoneCallback done);
+  // `shared` (optional) owns `grads` for zero-copy frames; `pulled`
+  // (optional, PULL only) receives the answer instead of `out`.
   Completion Dense(int op, uint32_t table, uint64_t begin, uint64_t count,
                    absl::Span<const float> grads, float* out,
-                   DoneCallback done);
+                   DoneCallback done,
+                   std::shared_ptr<const std::vector<float>> shared = nullptr,
+                   DenseValues* pulled = nullptr);
   Completion Failed(absl::Status status, DoneCallback done);
   // Sets what `state` (of a request with op `op`) observes on completion
   // (Options::instruments).

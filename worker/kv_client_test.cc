@@ -243,6 +243,71 @@ TEST_F(KVClientTest, DenseRangesSpanBlocksAndServers) {
   EXPECT_EQ(tail, std::vector<float>({0, 0, 0}));
 }
 
+// The zero-copy forms give what the copying ones give: across servers
+// (copied) and within one server's block (the answer frame kept), for large
+// and tiny answers, and the client lets go of the pushed vector once sent.
+TEST_F(KVClientTest, ZeroCopyDenseFormsMatchTheCopyingOnes) {
+  auto client = Client();
+  auto grads = std::make_shared<std::vector<float>>(90);
+  for (size_t i = 0; i < grads->size(); ++i) (*grads)[i] = 0.5f * i;
+  ASSERT_TRUE(client->PushDense(4, 5, std::shared_ptr<const std::vector<float>>(grads))
+                  .Wait()
+                  .ok());
+  DenseValues all;
+  ASSERT_TRUE(client->PullDense(4, 0, 100, &all).Wait().ok());
+  ASSERT_EQ(all.values().size(), 100u);
+  std::vector<float> copied(100);
+  ASSERT_TRUE(client->PullDense(4, 0, 100, copied.data()).Wait().ok());
+  for (int i = 0; i < 100; ++i) {
+    const float want = (i >= 5 && i < 95) ? -0.5f * (i - 5) : 0.0f;
+    EXPECT_EQ(all.values()[i], want) << i;
+    EXPECT_EQ(copied[i], want) << i;
+  }
+  // One block (7 elements, one server): the answer's own frame. The same
+  // object is reused; the tail is a 3-float frame, which libzmq stores
+  // inline.
+  DenseValues part;
+  ASSERT_TRUE(client->PullDense(4, 14, 7, &part).Wait().ok());
+  EXPECT_EQ(std::vector<float>(part.values().begin(), part.values().end()),
+            std::vector<float>(copied.begin() + 14, copied.begin() + 21));
+  ASSERT_TRUE(client->PullDense(4, 97, 3, &part).Wait().ok());
+  EXPECT_EQ(std::vector<float>(part.values().begin(), part.values().end()),
+            std::vector<float>({0, 0, 0}));
+  // A block pushed zero-copy to its server alone is applied like any push.
+  auto block = std::make_shared<const std::vector<float>>(7, 1.0f);
+  ASSERT_TRUE(client->PushDense(4, 14, block).Wait().ok());
+  ASSERT_TRUE(client->PullDense(4, 14, 7, &part).Wait().ok());
+  for (int i = 0; i < 7; ++i) EXPECT_EQ(part.values()[i], copied[14 + i] - 1.0f) << i;
+  // ZeroMQ drops its references once the frames are sent.
+  const absl::Time give_up = absl::Now() + absl::Seconds(5);
+  while ((grads.use_count() > 1 || block.use_count() > 1) && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_EQ(grads.use_count(), 1);
+  EXPECT_EQ(block.use_count(), 1);
+}
+
+TEST_F(KVClientTest, ZeroCopyDenseFormsRefuseBadInput) {
+  auto client = Client();
+  EXPECT_EQ(client->PushDense(4, 0, std::shared_ptr<const std::vector<float>>()).Wait().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(client->PullDense(4, 0, 10, static_cast<DenseValues*>(nullptr)).Wait().code(),
+            absl::StatusCode::kInvalidArgument);
+  DenseValues out;
+  EXPECT_EQ(client->PullDense(4, 95, 10, &out).Wait().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_TRUE(out.values().empty());
+  // A NaN anywhere, also in a piece that would have gone zero-copy:
+  // nothing is sent, nothing changes.
+  auto bad = std::make_shared<std::vector<float>>(7, 1.0f);
+  (*bad)[6] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_EQ(client->PushDense(4, 14, std::shared_ptr<const std::vector<float>>(bad))
+                .Wait()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(client->PullDense(4, 14, 7, &out).Wait().ok());
+  for (float v : out.values()) EXPECT_EQ(v, 0.0f);
+}
+
 TEST_F(KVClientTest, CallbacksRunOnceWithTheResult) {
   auto client = Client();
   std::vector<uint64_t> keys = {1, 2, 3, 4, 5, 6, 7, 8};
