@@ -18,6 +18,7 @@
 #include "examples/ctr/synthetic_ctr.h"
 #include "gtest/gtest.h"
 #include "tests/testing/cluster.h"
+#include "tests/testing/subprocess.h"
 #include "scheduler/client.h"
 #include "scheduler/scheduler.h"
 #include "server/server.h"
@@ -249,10 +250,14 @@ INSTANTIATE_TEST_SUITE_P(Staleness, SspBoundTest, ::testing::Values(0, 1, 3));
 TEST(AsyncTest, FastWorkersNeverWait) {
   auto cluster = StartCluster(MustParse(StepConfig("mode: ASYNC")));
   std::vector<absl::Duration> times;
-  auto reads = RunSteps(*cluster, 30, absl::Milliseconds(10), &times);
+  // The slow worker's sleep grows with TimeoutScale (ThreadSanitizer slows
+  // every step of the fast ones too).
+  const absl::Duration slow = ::ps::testing::Scaled(absl::Milliseconds(10));
+  auto reads = RunSteps(*cluster, 30, slow, &times);
   EXPECT_EQ(cluster->TotalStats().pulls_deferred, 0u);
-  // The slow worker sleeps 300 ms in all; the fast ones are not held by it.
-  EXPECT_GE(times[0], absl::Milliseconds(300));
+  // The slow worker sleeps 30 times `slow` in all; the fast ones are not
+  // held by it.
+  EXPECT_GE(times[0], slow * 30);
   EXPECT_LT(times[1], times[0] / 2);
   EXPECT_LT(times[2], times[0] / 2);
 }

@@ -11,7 +11,9 @@
 # is stopped on exit, Ctrl-C or failure. The last line of output is the
 # job's JSON summary.
 #
-# Environment: PS_RUN_DIR, PS_BIN_DIR, PS_DEMO_TIMEOUT (seconds, default 900).
+# Environment: PS_RUN_DIR, PS_BIN_DIR, PS_DEMO_TIMEOUT (seconds, default 900),
+# PS_TIMEOUT_SCALE (a whole factor on the timeout, default 1: .bazelrc's
+# tsan config sets it for the tests, whose processes run 5-15 times slower).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -19,6 +21,10 @@ CONFIG="${1:-$ROOT/examples/ctr/async.pbtxt}"
 [ -f "$CONFIG" ] || { echo "demo: no config file '$CONFIG'" >&2; exit 2; }
 CONFIG="$(cd "$(dirname "$CONFIG")" && pwd)/$(basename "$CONFIG")"
 TIMEOUT="${PS_DEMO_TIMEOUT:-900}"
+case "${PS_TIMEOUT_SCALE:-1}" in
+  '' | *[!0-9]* | 0) ;;
+  *) TIMEOUT=$((TIMEOUT * PS_TIMEOUT_SCALE)) ;;
+esac
 
 if [ -z "${PS_BIN_DIR:-}" ]; then
   "$ROOT/deploy/install_deps.sh"

@@ -213,7 +213,7 @@ void BigTable(double gb) {
 // Instruction-count mode (--count_messages=N). Timings on a shared machine
 // are noisy; instruction counts are not. The measured pushes and pulls run
 // in functions of their own, so that
-//   valgrind --tool=callgrind --toggle-collect='ps::*Counted*' \
+//   valgrind --tool=callgrind --toggle-collect='ps::*Counted*'
 //     table_bench --count_messages=32 --rows=65536 --dim=1 --count_variant=plain
 //   callgrind_annotate --inclusive=yes callgrind.out.* | grep Counted
 // gives the instructions of N pushes and N pulls, the filling excluded.

@@ -106,7 +106,7 @@ absl::StatusOr<int> JobHarness::StartWorker() {
 
 absl::StatusOr<GetStatusResponse> JobHarness::Status() {
   grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+  context.set_deadline(absl::ToChronoTime(absl::Now() + Scaled(absl::Seconds(2))));
   GetStatusResponse response;
   const grpc::Status status = stub_->GetStatus(&context, GetStatusRequest(), &response);
   if (!status.ok()) {
@@ -136,7 +136,7 @@ absl::StatusOr<std::optional<NodeInfo>> JobHarness::LiveNode(pid_t pid) {
 
 absl::StatusOr<uint32_t> JobHarness::WaitForRegistration(int i,
                                                          absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
+  const absl::Time deadline = absl::Now() + Scaled(timeout);
   while (true) {
     auto node = LiveNode(workers_[i].pid());
     if (node.ok() && node->has_value()) {
@@ -159,7 +159,7 @@ absl::StatusOr<uint32_t> JobHarness::WaitForRegistration(int i,
 
 absl::StatusOr<uint64_t> JobHarness::WaitForStep(int i, uint64_t step,
                                                  absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
+  const absl::Time deadline = absl::Now() + Scaled(timeout);
   while (true) {
     if (!workers_[i].running()) {
       return absl::FailedPreconditionError(absl::StrCat(WorkerName(i), " exited"));
@@ -200,7 +200,7 @@ bool JobHarness::Signal(int i, int sig) {
 }
 
 absl::Status JobHarness::WaitUntilGone(int i, absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
+  const absl::Time deadline = absl::Now() + Scaled(timeout);
   while (true) {
     auto node = LiveNode(workers_[i].pid());
     if (node.ok() && !node->has_value()) return absl::OkStatus();
@@ -226,7 +226,7 @@ absl::Status JobHarness::CheckAbort() {
 }
 
 absl::StatusOr<JobHarness::Result> JobHarness::Wait(absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
+  const absl::Time deadline = absl::Now() + Scaled(timeout);
   // Every process is polled, so a stop by the abort check is prompt.
   std::vector<std::pair<std::string, Subprocess*>> all;
   for (size_t i = 0; i < workers_.size(); ++i) all.emplace_back(WorkerName(i), &workers_[i]);

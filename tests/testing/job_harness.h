@@ -79,6 +79,10 @@ class JobHarness {
   // "worker<i>": the prefix of its files.
   static std::string WorkerName(int i);
 
+  // Every timeout below (and startup_timeout) is multiplied by
+  // TimeoutScale() (tests/testing/subprocess.h): slower builds such as
+  // ThreadSanitizer's get proportionally longer.
+
   // The scheduler's snapshot (view and live workers' clocks).
   absl::StatusOr<GetStatusResponse> Status();
 

@@ -11,6 +11,7 @@
 #include <sstream>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 
@@ -71,7 +72,7 @@ bool Subprocess::running() {
 }
 
 absl::StatusOr<int> Subprocess::Wait(absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
+  const absl::Time deadline = absl::Now() + Scaled(timeout);
   while (running()) {
     if (absl::Now() >= deadline) {
       return absl::DeadlineExceededError(
@@ -85,6 +86,15 @@ absl::StatusOr<int> Subprocess::Wait(absl::Duration timeout) {
 void Subprocess::Signal(int sig) {
   if (running()) kill(pid_, sig);
 }
+
+double TimeoutScale() {
+  const char* s = std::getenv("PS_TIMEOUT_SCALE");
+  double scale = 1;
+  if (s == nullptr || !absl::SimpleAtod(s, &scale) || !(scale >= 1)) return 1;
+  return scale;
+}
+
+absl::Duration Scaled(absl::Duration d) { return d * TimeoutScale(); }
 
 std::string ReadFile(const std::string& path) {
   std::ifstream in(path);
@@ -102,7 +112,7 @@ std::string Runfile(const std::string& workspace_relative) {
 
 absl::StatusOr<std::string> WaitForFile(const std::string& path,
                                         absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
+  const absl::Time deadline = absl::Now() + Scaled(timeout);
   while (absl::Now() < deadline) {
     std::string contents = ReadFile(path);
     if (!contents.empty()) return contents;

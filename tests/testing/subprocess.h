@@ -31,8 +31,8 @@ class Subprocess {
 
   pid_t pid() const { return pid_; }
   bool running();
-  // Waits for exit; the exit code, 128 + signal for a signal, or
-  // DEADLINE_EXCEEDED (process left running).
+  // Waits for exit (for `timeout` times TimeoutScale()); the exit code,
+  // 128 + signal for a signal, or DEADLINE_EXCEEDED (process left running).
   absl::StatusOr<int> Wait(absl::Duration timeout);
   void Signal(int sig);
 
@@ -46,6 +46,15 @@ class Subprocess {
   std::string stdout_path_, stderr_path_;
 };
 
+// How many times longer than normal a test may wait for processes and
+// files: PS_TIMEOUT_SCALE from the environment (.bazelrc's tsan config sets
+// it: ThreadSanitizer runs every process 5-15 times slower), 1 when unset
+// or not a number >= 1. Subprocess::Wait and WaitForFile apply it to their
+// timeouts; tests apply it to their own time bounds.
+double TimeoutScale();
+// `d` scaled by TimeoutScale().
+absl::Duration Scaled(absl::Duration d);
+
 // The whole file, or "" if it cannot be read.
 std::string ReadFile(const std::string& path);
 
@@ -53,7 +62,8 @@ std::string ReadFile(const std::string& path);
 // e.g. Runfile("server/server_main").
 std::string Runfile(const std::string& workspace_relative);
 
-// Polls until `path` exists and is non-empty, then returns its contents.
+// Polls until `path` exists and is non-empty, then returns its contents
+// (DEADLINE_EXCEEDED after `timeout` times TimeoutScale()).
 absl::StatusOr<std::string> WaitForFile(const std::string& path,
                                         absl::Duration timeout);
 
