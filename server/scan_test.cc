@@ -66,7 +66,9 @@ std::map<uint64_t, std::vector<float>> ScanAll(const SparseTable& t,
     const uint64_t next = t.Scan(cursor, max_rows, max_slots, &keys, &values);
     EXPECT_LE(keys.size(), max_rows);
     EXPECT_EQ(values.size(), keys.size() * t.dim());
-    if (next != 0) EXPECT_GT(next, cursor);
+    if (next != 0) {
+      EXPECT_GT(next, cursor);
+    }
     for (size_t i = 0; i < keys.size(); ++i) {
       const bool inserted =
           rows.emplace(keys[i], std::vector<float>(values.begin() + i * t.dim(),
@@ -108,7 +110,9 @@ TEST(SparseTableScanTest, PagesVisitEveryRowOnceWithItsWeights) {
     SCOPED_TRACE(absl::StrCat("page of ", page));
     int pages = 0;
     EXPECT_EQ(ScanAll(t, page, kU64Max, &pages), want);
-    if (page == 1) EXPECT_GE(pages, 1000);
+    if (page == 1) {
+      EXPECT_GE(pages, 1000);
+    }
   }
   // Few slots per page: pages may come back short or empty, and paging
   // still reaches every row.
@@ -149,7 +153,9 @@ TEST(SparseTableScanTest, AnyCursorIsSafeAndOnePastTheEndEnds) {
       values.clear();
       const uint64_t next = t.Scan(c, 4, 16, &got, &values);
       EXPECT_EQ(values.size(), got.size() * 2);
-      if (next != 0) ASSERT_GT(next, c);
+      if (next != 0) {
+        ASSERT_GT(next, c);
+      }
       c = next;
     } while (c != 0 && ++pages < 1000);
     EXPECT_EQ(c, 0u);
@@ -295,7 +301,9 @@ class ScanServerTest : public ::testing::Test {
     h.set_request_id(++next_request_id_);
     SendOnly(h, std::move(rest));
     Reply r = Receive();
-    if (r.received) EXPECT_EQ(r.header.request_id(), next_request_id_);
+    if (r.received) {
+      EXPECT_EQ(r.header.request_id(), next_request_id_);
+    }
     return r;
   }
 
@@ -341,7 +349,9 @@ class ScanServerTest : public ::testing::Test {
       if (r.code() != absl::StatusCode::kOk) break;
       EXPECT_LE(r.keys.size(), max_rows == 0 ? kDefaultScanRows : max_rows);
       EXPECT_EQ(r.values.size(), r.keys.size() * kDim);
-      if (r.header.next_cursor() != 0) EXPECT_GT(r.header.next_cursor(), cursor);
+      if (r.header.next_cursor() != 0) {
+        EXPECT_GT(r.header.next_cursor(), cursor);
+      }
       for (size_t i = 0; i < r.keys.size(); ++i) {
         EXPECT_TRUE(rows.emplace(r.keys[i],
                                  std::vector<float>(r.values.begin() + i * kDim,
