@@ -21,9 +21,10 @@ CONFIG="${1:-$ROOT/examples/ctr/async.pbtxt}"
 [ -f "$CONFIG" ] || { echo "demo: no config file '$CONFIG'" >&2; exit 2; }
 CONFIG="$(cd "$(dirname "$CONFIG")" && pwd)/$(basename "$CONFIG")"
 TIMEOUT="${PS_DEMO_TIMEOUT:-900}"
-case "${PS_TIMEOUT_SCALE:-1}" in
+SCALE="${PS_TIMEOUT_SCALE:-1}"
+case "$SCALE" in
   '' | *[!0-9]* | 0) ;;
-  *) TIMEOUT=$((TIMEOUT * PS_TIMEOUT_SCALE)) ;;
+  *) TIMEOUT=$((TIMEOUT * SCALE)) ;;
 esac
 
 if [ -z "${PS_BIN_DIR:-}" ]; then
