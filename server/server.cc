@@ -1099,14 +1099,12 @@ void KVServer::Progress(const Ownership& own) {
     if (instruments_ != nullptr) {
       instruments_->RecordHold(absl::ToDoubleSeconds(absl::Now() - it->since));
     }
-    // Freed before the answer goes out: whoever sees the answer (a test
-    // reading stats()) sees the budget freed too.
-    held_bytes_ -= it->bytes;
     if (replicated_) {
       Answer(it->identity, rh, values, keys, std::move(it->needs), false);
     } else {
       Send(it->identity, rh, values, keys);
     }
+    held_bytes_ -= it->bytes;
     it = deferred_.erase(it);
   }
 }
