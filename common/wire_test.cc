@@ -22,15 +22,15 @@ TEST(AllFiniteTest, FiniteValuesPass) {
   }
 }
 
-// Every position relative to the 8-wide blocks and the tail, for each kind
-// of non-finite value.
+// Every position relative to the 16-float blocks (four lanes of four), their
+// lanes and the tail, for each kind of non-finite value.
 TEST(AllFiniteTest, ANonFiniteValueAnywhereIsFound) {
   for (float bad : {std::numeric_limits<float>::quiet_NaN(),
                     -std::numeric_limits<float>::quiet_NaN(),
                     std::numeric_limits<float>::signaling_NaN(),
                     std::numeric_limits<float>::infinity(),
                     -std::numeric_limits<float>::infinity()}) {
-    for (size_t n : {1, 7, 8, 9, 16, 23, 64}) {
+    for (size_t n : {1, 7, 8, 9, 15, 16, 17, 23, 31, 32, 33, 64, 79}) {
       for (size_t at = 0; at < n; ++at) {
         std::vector<float> v(n, 2.5f);
         v[at] = bad;
@@ -41,7 +41,7 @@ TEST(AllFiniteTest, ANonFiniteValueAnywhereIsFound) {
 }
 
 TEST(CopyFiniteTest, CopiesEverythingAndTellsWhetherAllWereFinite) {
-  for (size_t n : {0, 1, 7, 8, 9, 33}) {
+  for (size_t n : {0, 1, 7, 8, 9, 15, 16, 17, 33, 48, 50}) {
     std::vector<float> src(n), dst(n, -1.0f);
     for (size_t i = 0; i < n; ++i) src[i] = static_cast<float>(i) * 1.5f;
     EXPECT_TRUE(CopyFinite(src.data(), n, dst.data()));

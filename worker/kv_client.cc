@@ -149,6 +149,10 @@ struct KVClient::Part {
   std::shared_ptr<Completion::State> parent;
   zmq::message_t header, keys, values;
   bool has_values = false;
+  // Float32 values sent unchecked for finiteness: a zero-copy push that one
+  // server receives whole leaves the check to that server (Dense). Split
+  // checks them before they go to several servers.
+  bool values_unchecked = false;
   // Send the keys frame even if the server should hold the key list (it
   // said it does not).
   bool send_keys = false;
@@ -540,6 +544,17 @@ class KVClient::IoLoop {
     std::vector<uint32_t> distinct = owners;
     std::sort(distinct.begin(), distinct.end());
     distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
+    if (distinct.size() > 1 && part->values_unchecked &&
+        !AllFinite(absl::MakeConstSpan(part->values.data<float>(),
+                                       part->values.size() / sizeof(float)))) {
+      // Several servers would each check only their share: one could apply
+      // its share of a push another rejects.
+      const absl::Status bad = absl::InvalidArgumentError(absl::StrCat(
+          Op_Name(h.op()), " to table ", h.table_id(),
+          " carries a value that is not finite (NaN or infinity); nothing was applied"));
+      part->parent->PartDone(bad);
+      return bad;
+    }
     auto finish = [&](Part* p, uint32_t server) {
       p->server = server;
       p->request_id = next_request_id_->fetch_add(1, std::memory_order_relaxed);
@@ -1528,6 +1543,7 @@ Completion KVClient::Dense(int op_int, uint32_t table, uint64_t begin,
     char* fill = nullptr;  // next free byte of `values`
     std::vector<std::pair<uint64_t, uint64_t>> runs;
     uint64_t total = 0;
+    bool unchecked = false;  // zero-copy values left to the server's check
   };
   std::vector<Builder> builders(num_servers);
   if (op != PULL) {
@@ -1551,7 +1567,16 @@ Completion KVClient::Dense(int op_int, uint32_t table, uint64_t begin,
       totals[s] += end - pos;
       pos = end;
     }
-    bool checked = false;
+    // A push that one server receives whole is all-or-nothing by that
+    // server's own check (it rejects a non-finite value before applying
+    // anything, with the element's index), so the zero-copy form leaves the
+    // check to it: one read pass over the tensor fewer on the sender. Spread
+    // over servers, the sender checks first, so no server applies its share
+    // of a push another would reject.
+    const size_t receivers = static_cast<size_t>(
+        std::count_if(totals.begin(), totals.end(), [](uint64_t t) { return t != 0; }));
+    const bool left_to_server = receivers == 1;
+    bool checked = left_to_server;
     for (size_t s = 0; s < num_servers; ++s) {
       if (totals[s] == 0) continue;
       if (shared != nullptr && width == sizeof(float) && contiguous[s]) {
@@ -1561,6 +1586,7 @@ Completion KVClient::Dense(int op_int, uint32_t table, uint64_t begin,
           if (!AllFinite(grads)) return not_finite();
           checked = true;
         }
+        builders[s].unchecked = check_finite && left_to_server;
         auto* hold = new std::shared_ptr<const std::vector<float>>(shared);
         builders[s].values = zmq::message_t(
             const_cast<float*>(shared->data() + first[s]), totals[s] * sizeof(float),
@@ -1621,6 +1647,7 @@ Completion KVClient::Dense(int op_int, uint32_t table, uint64_t begin,
     if (op != PULL) {
       part->values = std::move(b.values);
       part->has_values = true;
+      part->values_unchecked = b.unchecked;
     }
     if (op == PULL) {
       part->out = out;

@@ -175,7 +175,11 @@ class KVClient {
   // another pointer meanwhile. PullDense into `out` (which must stay valid
   // until the request completes) keeps the answer's frame instead of copying
   // it when one server holds the whole range. Errors as above; a null
-  // `grads` or `out` is INVALID_ARGUMENT.
+  // `grads` or `out` is INVALID_ARGUMENT. A non-finite value is
+  // INVALID_ARGUMENT with nothing applied in every case, but when one server
+  // receives the whole push the client leaves the check to that server (one
+  // pass over the tensor fewer), so the push is sent and the error comes
+  // from the server, naming the element.
   Completion PushDense(uint32_t table, uint64_t begin,
                        std::shared_ptr<const std::vector<float>> grads,
                        DoneCallback done = nullptr);

@@ -758,6 +758,57 @@ TEST_F(KVClientTest, AWaitingRequestFailsAfterTheFailoverTimeout) {
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
 }
 
+// A zero-copy push that one server receives whole is checked for
+// finiteness by that server alone. When a failover splits it between
+// servers, the client checks it first: otherwise the servers would each
+// check only their share and one could apply its share of a push whose
+// other share carries a NaN.
+TEST_F(KVClientTest, AnUncheckedZeroCopyPushSplitByAFailoverIsCheckedFirst) {
+  // A broken check shows as the parked piece timing out instead.
+  config_.mutable_cluster()->set_failover_timeout_ms(5000);
+  const ClusterView real = scheduler_->state()->View();
+  ASSERT_GT(DenseBlocksOn(real, 0, 0, 14), 0);
+  ASSERT_GT(DenseBlocksOn(real, 1, 0, 14), 0);
+  // The client believes server 1 owns every slot, so the push goes to it
+  // whole (and unchecked); server 1 does not answer.
+  ClusterView stale = real;
+  for (int s = 0; s < stale.slot_owner_size(); ++s) stale.set_slot_owner(s, 1);
+  auto client = KVClient::Create({config_, 0}, stale);
+  ASSERT_TRUE(client.ok()) << client.status();
+  servers_[1]->Stop();
+  // The NaN sits in a block that server 1 owns in the real view: server 0's
+  // share alone is finite.
+  auto bad = std::make_shared<std::vector<float>>(100, 1.0f);
+  uint64_t nan_at = 100;
+  for (uint64_t b = 0; b <= 14 && nan_at == 100; ++b) {
+    if (real.slot_owner(DenseBlockSlot(4, b, 32)) == 1) nan_at = b * 7;
+  }
+  ASSERT_LT(nan_at, 100u);
+  (*bad)[nan_at] = std::numeric_limits<float>::quiet_NaN();
+  Completion push = (*client)->PushDense(4, 0, std::shared_ptr<const std::vector<float>>(bad));
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_FALSE(push.done());
+  // Server 1 is declared dead and keeps its slots (real view): the pending
+  // part is routed again and would go to both servers.
+  ClusterView after = real;
+  after.set_epoch(real.epoch() + 100);
+  for (NodeInfo& n : *after.mutable_nodes()) {
+    if (n.role() == SERVER && n.rank() == 1) n.set_state(DEAD);
+  }
+  (*client)->UpdateView(after);
+  const absl::Status status = push.Wait();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  // Nothing reached server 0: its blocks are still 0.
+  auto reader = Client();
+  for (uint64_t b = 0; b <= 14; ++b) {
+    if (real.slot_owner(DenseBlockSlot(4, b, 32)) != 0) continue;
+    const uint64_t begin = b * 7, count = std::min<uint64_t>(7, 100 - begin);
+    std::vector<float> out(count, -1);
+    ASSERT_TRUE(reader->PullDense(4, begin, count, out.data()).Wait().ok());
+    for (float v : out) EXPECT_EQ(v, 0.0f) << "block " << b;
+  }
+}
+
 // ------------------------------------------- key-list caching, half width
 
 // kConfig's cluster with two alike sparse tables (3 and 6), so one key set

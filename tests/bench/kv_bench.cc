@@ -33,6 +33,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -41,6 +42,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -51,6 +53,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "common/allocator.h"
 #include "common/config.h"
@@ -71,6 +74,8 @@ ABSL_FLAG(double, seconds, 2.0, "Time per measurement.");
 ABSL_FLAG(int, repeat, 3, "Measurements per figure; the best is reported.");
 ABSL_FLAG(bool, curve, false,
           "Server and client use CURVE (security.curve) with a fresh job key pair.");
+ABSL_FLAG(std::string, dense_forms, "push,pull,push_copy,pull_copy",
+          "dense: the forms to measure, comma-separated (fewer: e.g. to profile one).");
 ABSL_FLAG(bool, raw, true, "Measure the raw baselines (false: only the parameter server, e.g. to profile it).");
 
 namespace ps {
@@ -410,29 +415,42 @@ double PsPipelined(size_t count, int window, Issue issue) {
   return Seconds(start);
 }
 
-// Best of `repeat` runs of `run(count)`, with count sized from a first
-// probe so that a run takes about `seconds`. Returns items/s; *bytes gets
-// the TCP payload bytes per item of the best run.
-template <typename Run>
-double Best(double items_per_call, Run run, double* bytes_per_item = nullptr) {
-  const double seconds = absl::GetFlag(FLAGS_seconds);
+// One figure to measure: run(count) performs `count` calls and returns the
+// seconds they took; each call moves `items_per_call` items.
+struct Figure {
+  std::function<double(size_t)> run;
+  double items_per_call = 1;
+  double rate = 0;            // best items/s
+  double bytes_per_item = 0;  // TCP payload bytes per item in the best run
   size_t count = 16;
-  const double probe = run(count);
-  count = std::max<size_t>(16, static_cast<size_t>(count * seconds / std::max(probe, 1e-6)));
-  double best = 0;
+};
+
+// Measures every figure `repeat` times and keeps each one's best rate. The
+// runs go in rounds, each round running every figure once, so a figure and
+// the baseline it is divided by sample the same moments of a noisy machine
+// (on 2 vCPUs back-to-back runs of one figure varied by a third; a baseline
+// measured seconds before its figure moved the ratio as much). Each
+// figure's count is sized from a first probe so that a run takes about
+// `seconds`.
+void MeasureInRounds(const std::vector<Figure*>& figures) {
+  const double seconds = absl::GetFlag(FLAGS_seconds);
+  for (Figure* f : figures) {
+    const double probe = f->run(f->count);
+    f->count =
+        std::max<size_t>(16, static_cast<size_t>(f->count * seconds / std::max(probe, 1e-6)));
+  }
   for (int r = 0; r < absl::GetFlag(FLAGS_repeat); ++r) {
-    const uint64_t before = TcpBytesReceived();
-    const double elapsed = run(count);
-    const uint64_t after = TcpBytesReceived();
-    const double rate = count * items_per_call / elapsed;
-    if (rate > best) {
-      best = rate;
-      if (bytes_per_item != nullptr) {
-        *bytes_per_item = static_cast<double>(after - before) / (count * items_per_call);
+    for (Figure* f : figures) {
+      const uint64_t before = TcpBytesReceived();
+      const double elapsed = f->run(f->count);
+      const uint64_t after = TcpBytesReceived();
+      const double rate = f->count * f->items_per_call / elapsed;
+      if (rate > f->rate) {
+        f->rate = rate;
+        f->bytes_per_item = static_cast<double>(after - before) / (f->count * f->items_per_call);
       }
     }
   }
-  return best;
 }
 
 // ---------------------------------------------------------------------------
@@ -460,31 +478,38 @@ int SparseBench() {
   const double min_push = 8.0 + 4.0 * dim;  // a key and its values
   const double min_pull = 8.0 + 4.0 * dim;
 
-  // Raw toy server.
-  double raw_push = 0, raw_pull = 0;
-  if (absl::GetFlag(FLAGS_raw)) {
-    RawServer raw(dim, space);
-    const int fd = ConnectRaw(raw.port());
-    auto push = [&](const std::vector<uint64_t>& keys, const float* g) {
-      RawHeader h{kRawPush, static_cast<uint32_t>(keys.size())};
-      if (!WriteFull(fd, &h, sizeof(h)) || !WriteFull(fd, keys.data(), keys.size() * 8) ||
-          !WriteFull(fd, g, keys.size() * dim * 4)) {
-        Die("raw push: write failed");
-      }
-    };
-    uint64_t ack;
+  // The raw toy server and the parameter server are both up, so their runs
+  // can alternate (MeasureInRounds).
+  const bool raw_wanted = absl::GetFlag(FLAGS_raw);
+  std::optional<RawServer> raw;
+  int fd = -1;
+  Figure raw_push_fig, raw_pull_fig, push_fig, pull_fig;
+  std::vector<Figure*> figures;
+  uint64_t ack;
+  std::vector<float> raw_out(size_t{n} * dim);
+  auto raw_push_message = [&](const std::vector<uint64_t>& keys, const float* g) {
+    RawHeader h{kRawPush, static_cast<uint32_t>(keys.size())};
+    if (!WriteFull(fd, &h, sizeof(h)) || !WriteFull(fd, keys.data(), keys.size() * 8) ||
+        !WriteFull(fd, g, keys.size() * dim * 4)) {
+      Die("raw push: write failed");
+    }
+  };
+  if (raw_wanted) {
+    raw.emplace(dim, space);
+    fd = ConnectRaw(raw->port());
     // Create every row first: the figures are for updates of existing rows.
-    push(all, all_grads.data());
+    raw_push_message(all, all_grads.data());
     if (!ReadFull(fd, &ack, 8)) Die("raw: read failed");
-    raw_push = Best(n, [&](size_t count) {
+    raw_push_fig.items_per_call = n;
+    raw_push_fig.run = [&](size_t count) {
       return Pipelined(
-          count, window, [&](size_t i) { push(messages[i % kMessages], grads.data()); },
+          count, window, [&](size_t i) { raw_push_message(messages[i % kMessages], grads.data()); },
           [&](size_t) {
             if (!ReadFull(fd, &ack, 8)) Die("raw: read failed");
           });
-    });
-    std::vector<float> out(size_t{n} * dim);
-    raw_pull = Best(n, [&](size_t count) {
+    };
+    raw_pull_fig.items_per_call = n;
+    raw_pull_fig.run = [&](size_t count) {
       return Pipelined(
           count, window,
           [&](size_t i) {
@@ -495,34 +520,37 @@ int SparseBench() {
             }
           },
           [&](size_t) {
-            if (!ReadFull(fd, out.data(), out.size() * 4)) Die("raw: read failed");
+            if (!ReadFull(fd, raw_out.data(), raw_out.size() * 4)) Die("raw: read failed");
           });
-    });
-    close(fd);
+    };
   }
 
   Ps ps = StartPs(dim, 1);
   KVClient& client = *ps.client;
   if (absl::Status st = client.Push(1, all, all_grads).Wait(); !st.ok()) Die(st.ToString());
-  double push_bytes = 0, pull_bytes = 0;
-  const double push = Best(
-      n,
-      [&](size_t count) {
-        return PsPipelined(count, window, [&](size_t i) {
-          return client.Push(1, messages[i % kMessages], grads);
-        });
-      },
-      &push_bytes);
+  push_fig.items_per_call = n;
+  push_fig.run = [&](size_t count) {
+    return PsPipelined(count, window,
+                       [&](size_t i) { return client.Push(1, messages[i % kMessages], grads); });
+  };
   // One output buffer per message in flight.
   std::vector<std::vector<float>> outs(window, std::vector<float>(size_t{n} * dim));
-  const double pull = Best(
-      n,
-      [&](size_t count) {
-        return PsPipelined(count, window, [&](size_t i) {
-          return client.Pull(1, messages[i % kMessages], outs[i % window].data());
-        });
-      },
-      &pull_bytes);
+  pull_fig.items_per_call = n;
+  pull_fig.run = [&](size_t count) {
+    return PsPipelined(count, window, [&](size_t i) {
+      return client.Pull(1, messages[i % kMessages], outs[i % window].data());
+    });
+  };
+  if (raw_wanted) figures.push_back(&raw_push_fig);
+  figures.push_back(&push_fig);
+  if (raw_wanted) figures.push_back(&raw_pull_fig);
+  figures.push_back(&pull_fig);
+  MeasureInRounds(figures);
+  if (fd >= 0) close(fd);  // ends the raw server's thread
+  raw.reset();
+  const double raw_push = raw_push_fig.rate, raw_pull = raw_pull_fig.rate;
+  const double push = push_fig.rate, pull = pull_fig.rate;
+  const double push_bytes = push_fig.bytes_per_item, pull_bytes = pull_fig.bytes_per_item;
   Emit(absl::StrCat("push_adagrad_keys_per_s"), push, "keys/s", raw_push);
   Emit(absl::StrCat("pull_keys_per_s"), pull, "keys/s", raw_pull);
   Emit("push_wire_bytes_per_key", push_bytes, "bytes", min_push);
@@ -603,12 +631,25 @@ int DenseBench() {
   const int window = absl::GetFlag(FLAGS_window);
   std::vector<float> grads(floats, 0.001f);
 
-  double pump = 0, raw_pull = 0;
-  if (absl::GetFlag(FLAGS_raw)) {
-    RawServer raw(1, 16);
-    const int fd = ConnectRaw(raw.port());
-    uint64_t ack;
-    pump = Best(static_cast<double>(bytes), [&](size_t count) {
+  const std::vector<std::string> forms = absl::StrSplit(absl::GetFlag(FLAGS_dense_forms), ',');
+  auto wants = [&](const char* form) {
+    return std::find(forms.begin(), forms.end(), form) != forms.end();
+  };
+  // The toy server and the parameter server are both up, so their runs can
+  // alternate (MeasureInRounds).
+  const bool raw_wanted = absl::GetFlag(FLAGS_raw);
+  std::optional<RawServer> raw;
+  int fd = -1;
+  const double items = static_cast<double>(bytes);
+  Figure pump_fig{{}, items}, raw_pull_fig{{}, items}, push_fig{{}, items}, pull_fig{{}, items},
+      push_copy_fig{{}, items}, pull_copy_fig{{}, items};
+  std::vector<Figure*> figures;
+  uint64_t ack;
+  std::vector<char> in(bytes);
+  if (raw_wanted) {
+    raw.emplace(1, 16);
+    fd = ConnectRaw(raw->port());
+    pump_fig.run = [&](size_t count) {
       return Pipelined(
           count, window,
           [&](size_t) {
@@ -620,9 +661,8 @@ int DenseBench() {
           [&](size_t) {
             if (!ReadFull(fd, &ack, 8)) Die("raw: read failed");
           });
-    });
-    std::vector<char> in(bytes);
-    raw_pull = Best(static_cast<double>(bytes), [&](size_t count) {
+    };
+    raw_pull_fig.run = [&](size_t count) {
       return Pipelined(
           count, window,
           [&](size_t) {
@@ -632,8 +672,9 @@ int DenseBench() {
           [&](size_t) {
             if (!ReadFull(fd, in.data(), in.size())) Die("raw: read failed");
           });
-    });
-    close(fd);
+    };
+    figures.push_back(&pump_fig);
+    figures.push_back(&raw_pull_fig);
   }
 
   Ps ps = StartPs(1, floats);
@@ -641,46 +682,44 @@ int DenseBench() {
   // The zero-copy forms (what a large-tensor user calls): frames point into
   // the shared gradients, pulls keep the answer's frame.
   auto shared = std::make_shared<const std::vector<float>>(grads);
-  double push_bytes = 0, pull_bytes = 0, unused_bytes = 0;
-  const double push = Best(
-      static_cast<double>(bytes),
-      [&](size_t count) {
-        return PsPipelined(count, window, [&](size_t) { return client.PushDense(2, 0, shared); });
-      },
-      &push_bytes);
+  push_fig.run = [&](size_t count) {
+    return PsPipelined(count, window, [&](size_t) { return client.PushDense(2, 0, shared); });
+  };
   std::vector<DenseValues> pulled(window);
-  const double pull = Best(
-      static_cast<double>(bytes),
-      [&](size_t count) {
-        return PsPipelined(count, window, [&](size_t i) {
-          return client.PullDense(2, 0, floats, &pulled[i % window]);
-        });
-      },
-      &pull_bytes);
+  pull_fig.run = [&](size_t count) {
+    return PsPipelined(count, window, [&](size_t i) {
+      return client.PullDense(2, 0, floats, &pulled[i % window]);
+    });
+  };
   // The copying forms: values copied into frames, answers into the caller's
   // arrays.
-  const double push_copy = Best(
-      static_cast<double>(bytes),
-      [&](size_t count) {
-        return PsPipelined(count, window, [&](size_t) { return client.PushDense(2, 0, grads); });
-      },
-      &unused_bytes);
+  push_copy_fig.run = [&](size_t count) {
+    return PsPipelined(count, window, [&](size_t) { return client.PushDense(2, 0, grads); });
+  };
   std::vector<std::vector<float>> outs(window, std::vector<float>(floats));
-  const double pull_copy = Best(
-      static_cast<double>(bytes),
-      [&](size_t count) {
-        return PsPipelined(count, window, [&](size_t i) {
-          return client.PullDense(2, 0, floats, outs[i % window].data());
-        });
-      },
-      &unused_bytes);
+  pull_copy_fig.run = [&](size_t count) {
+    return PsPipelined(count, window, [&](size_t i) {
+      return client.PullDense(2, 0, floats, outs[i % window].data());
+    });
+  };
+  if (wants("push")) figures.push_back(&push_fig);
+  if (wants("pull")) figures.push_back(&pull_fig);
+  if (wants("push_copy")) figures.push_back(&push_copy_fig);
+  if (wants("pull_copy")) figures.push_back(&pull_copy_fig);
+  MeasureInRounds(figures);
+  if (fd >= 0) close(fd);  // ends the raw server's thread
+  raw.reset();
+  const double pump = pump_fig.rate, raw_pull = raw_pull_fig.rate;
+  const double push = push_fig.rate, pull = pull_fig.rate;
+  const double push_copy = push_copy_fig.rate, pull_copy = pull_copy_fig.rate;
+  const double push_bytes = push_fig.bytes_per_item, pull_bytes = pull_fig.bytes_per_item;
   const double gb = 1e9;
-  Emit("push_bytes_per_s", push / gb, "GB/s", pump / gb);
-  Emit("pull_bytes_per_s", pull / gb, "GB/s", pump / gb);
-  Emit("push_copy_bytes_per_s", push_copy / gb, "GB/s", pump / gb);
-  Emit("pull_copy_bytes_per_s", pull_copy / gb, "GB/s", pump / gb);
-  Emit("push_wire_bytes_per_value_byte", push_bytes, "bytes", 1.0);
-  Emit("pull_wire_bytes_per_value_byte", pull_bytes, "bytes", 1.0);
+  if (wants("push")) Emit("push_bytes_per_s", push / gb, "GB/s", pump / gb);
+  if (wants("pull")) Emit("pull_bytes_per_s", pull / gb, "GB/s", pump / gb);
+  if (wants("push_copy")) Emit("push_copy_bytes_per_s", push_copy / gb, "GB/s", pump / gb);
+  if (wants("pull_copy")) Emit("pull_copy_bytes_per_s", pull_copy / gb, "GB/s", pump / gb);
+  if (wants("push")) Emit("push_wire_bytes_per_value_byte", push_bytes, "bytes", 1.0);
+  if (wants("pull")) Emit("pull_wire_bytes_per_value_byte", pull_bytes, "bytes", 1.0);
   std::fprintf(stderr,
                "# dense: %llu-byte tensors, window %d; raw socket pump %.3g GB/s, raw toy pull "
                "%.3g GB/s\n",
