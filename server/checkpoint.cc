@@ -44,6 +44,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/finite.h"
 #include "common/hash.h"
 #include "common/status.h"
 #include "server/checkpoint_io.h"
@@ -96,17 +97,6 @@ enum RecordType : uint32_t {
   kTableEndRecord = 4,
   kEndRecord = 5,
 };
-
-bool AllFinite(absl::Span<const float> values) {
-  // Branch-free on the bits, so it vectorises (see table.cc).
-  uint32_t bad = 0;
-  for (float x : values) {
-    uint32_t bits;
-    std::memcpy(&bits, &x, sizeof(bits));
-    bad |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
-  }
-  return bad == 0;
-}
 
 // A slice of a record's payload.
 struct Piece {

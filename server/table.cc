@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/config.h"
+#include "common/finite.h"
 #include "common/hash.h"
 #include "server/initializer.h"
 
@@ -38,18 +39,6 @@ unsigned char* AllocateChunk(size_t bytes) {
 
 constexpr size_t kMaxSparseChunkBytes = size_t{4} << 20;
 constexpr int kMaxSparseChunkShift = 14;
-
-bool AllFinite(absl::Span<const float> values) {
-  // On the bits, branch-free, so that it vectorises without -ffast-math: a
-  // float is NaN or infinite exactly when its exponent bits are all ones.
-  uint32_t bad = 0;
-  for (float x : values) {
-    uint32_t bits;
-    std::memcpy(&bits, &x, sizeof(bits));
-    bad |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
-  }
-  return bad == 0;
-}
 
 }  // namespace
 

@@ -571,9 +571,7 @@ class KVClient::IoLoop {
     if (part->pulled != nullptr) {
       // A whole-range pull into a DenseValues now spans servers: its parts
       // are copied into the object's own array (runs are offsets into it).
-      part->pulled->copy_.assign(part->expected_values, 0.0f);
-      part->pulled->view_ = absl::MakeConstSpan(part->pulled->copy_);
-      part->out = part->pulled->copy_.data();
+      part->out = part->pulled->OwnArray(part->expected_values);
       part->pulled = nullptr;
     }
     const size_t dim = part->dim;
@@ -868,10 +866,9 @@ class KVClient::IoLoop {
                         std::vector<zmq::message_t>& frames) {
     if (!response.value_copy.empty() || frames.size() < 2 ||
         response.values.data() != frames[1].data()) {
-      out->copy_ = response.value_copy.empty()
-                       ? std::vector<float>(response.values.begin(), response.values.end())
-                       : std::move(response.value_copy);
-      out->view_ = absl::MakeConstSpan(out->copy_);
+      out->Own(response.value_copy.empty()
+                   ? std::vector<float>(response.values.begin(), response.values.end())
+                   : std::move(response.value_copy));
       return;
     }
     // A moved message_t keeps the address of a large payload but not of a
@@ -881,9 +878,7 @@ class KVClient::IoLoop {
     const size_t n = response.values.size();
     const auto* data = static_cast<const float*>(frame->data());
     if (reinterpret_cast<uintptr_t>(data) % alignof(float) != 0) {
-      out->copy_.resize(n);
-      std::memcpy(out->copy_.data(), data, n * sizeof(float));
-      out->view_ = absl::MakeConstSpan(out->copy_);
+      std::memcpy(out->OwnArray(n), data, n * sizeof(float));
       return;
     }
     out->view_ = absl::MakeConstSpan(data, n);
@@ -1197,9 +1192,7 @@ Completion KVClient::PullDense(uint32_t table, uint64_t begin, uint64_t count,
   if (out == nullptr) {
     return Failed(absl::InvalidArgumentError("PullDense: null DenseValues"), std::move(done));
   }
-  out->frame_.reset();
-  out->copy_.clear();
-  out->view_ = {};
+  out->Clear();
   return Dense(PULL, table, begin, count, {}, nullptr, std::move(done), nullptr, out);
 }
 
@@ -1587,13 +1580,7 @@ Completion KVClient::Dense(int op_int, uint32_t table, uint64_t begin,
           checked = true;
         }
         builders[s].unchecked = check_finite && left_to_server;
-        auto* hold = new std::shared_ptr<const std::vector<float>>(shared);
-        builders[s].values = zmq::message_t(
-            const_cast<float*>(shared->data() + first[s]), totals[s] * sizeof(float),
-            [](void*, void* hint) {
-              delete static_cast<std::shared_ptr<const std::vector<float>>*>(hint);
-            },
-            hold);
+        builders[s].values = FrameFromShared(shared, first[s], totals[s]);
         continue;  // fill stays null: nothing to copy
       }
       builders[s].values = zmq::message_t(totals[s] * width);
@@ -1634,6 +1621,10 @@ Completion KVClient::Dense(int op_int, uint32_t table, uint64_t begin,
   }
   auto state = std::make_shared<Completion::State>(num_parts, std::move(done));
   Instrument(op, state.get());
+  // A pull into a DenseValues that spans servers is copied into the
+  // object's own array (runs are offsets into it).
+  float* const pulled_array =
+      pulled != nullptr && num_parts > 1 ? pulled->OwnArray(count) : nullptr;
   std::vector<std::unique_ptr<Part>> parts;
   for (uint32_t server = 0; server < num_servers; ++server) {
     Builder& b = builders[server];
@@ -1656,12 +1647,7 @@ Completion KVClient::Dense(int op_int, uint32_t table, uint64_t begin,
       if (pulled != nullptr && num_parts == 1) {
         part->pulled = pulled;
       } else if (pulled != nullptr) {
-        // Spans servers: copied into the object's own array.
-        if (pulled->copy_.size() != count) {
-          pulled->copy_.assign(count, 0.0f);
-          pulled->view_ = absl::MakeConstSpan(pulled->copy_);
-        }
-        part->out = pulled->copy_.data();
+        part->out = pulled_array;
       }
     }
     parts.push_back(std::move(part));

@@ -66,6 +66,27 @@ class DenseValues {
 
  private:
   friend class KVClient;
+  // Drops the values (and the frame they pointed into).
+  void Clear() {
+    frame_.reset();
+    copy_.clear();
+    view_ = {};
+  }
+  // Makes the values this object's own array of n zeros, for answers that
+  // are copied in (a pull spanning servers, an unaligned frame); returns
+  // where they go.
+  float* OwnArray(size_t n) {
+    frame_.reset();
+    copy_.assign(n, 0.0f);
+    view_ = absl::MakeConstSpan(copy_);
+    return copy_.data();
+  }
+  // Takes `values` as its own array.
+  void Own(std::vector<float> values) {
+    frame_.reset();
+    copy_ = std::move(values);
+    view_ = absl::MakeConstSpan(copy_);
+  }
   std::shared_ptr<const void> frame_;  // the answer frame, when zero-copy
   std::vector<float> copy_;
   absl::Span<const float> view_;
