@@ -321,6 +321,17 @@ int ConnectRaw(int port) {
   return fd;
 }
 
+// A toy server and the client's connection to it. Closing the connection
+// first (in the destructor's body) ends the server's thread, which the
+// server's destructor then joins.
+struct RawConnection {
+  RawConnection(uint32_t dim, size_t max_keys)
+      : server(dim, max_keys), fd(ConnectRaw(server.port())) {}
+  ~RawConnection() { close(fd); }
+  RawServer server;
+  const int fd;
+};
+
 // ---------------------------------------------------------------------------
 // The parameter server side: one KVServer (one serving thread, owning every
 // slot of a 64-slot map) and one KVClient, in this process.
@@ -481,7 +492,7 @@ int SparseBench() {
   // The raw toy server and the parameter server are both up, so their runs
   // can alternate (MeasureInRounds).
   const bool raw_wanted = absl::GetFlag(FLAGS_raw);
-  std::optional<RawServer> raw;
+  std::optional<RawConnection> raw;
   int fd = -1;
   Figure raw_push_fig, raw_pull_fig, push_fig, pull_fig;
   std::vector<Figure*> figures;
@@ -495,8 +506,7 @@ int SparseBench() {
     }
   };
   if (raw_wanted) {
-    raw.emplace(dim, space);
-    fd = ConnectRaw(raw->port());
+    fd = raw.emplace(dim, space).fd;
     // Create every row first: the figures are for updates of existing rows.
     raw_push_message(all, all_grads.data());
     if (!ReadFull(fd, &ack, 8)) Die("raw: read failed");
@@ -546,7 +556,6 @@ int SparseBench() {
   if (raw_wanted) figures.push_back(&raw_pull_fig);
   figures.push_back(&pull_fig);
   MeasureInRounds(figures);
-  if (fd >= 0) close(fd);  // ends the raw server's thread
   raw.reset();
   const double raw_push = raw_push_fig.rate, raw_pull = raw_pull_fig.rate;
   const double push = push_fig.rate, pull = pull_fig.rate;
@@ -638,7 +647,7 @@ int DenseBench() {
   // The toy server and the parameter server are both up, so their runs can
   // alternate (MeasureInRounds).
   const bool raw_wanted = absl::GetFlag(FLAGS_raw);
-  std::optional<RawServer> raw;
+  std::optional<RawConnection> raw;
   int fd = -1;
   const double items = static_cast<double>(bytes);
   Figure pump_fig{{}, items}, raw_pull_fig{{}, items}, push_fig{{}, items}, pull_fig{{}, items},
@@ -647,8 +656,7 @@ int DenseBench() {
   uint64_t ack;
   std::vector<char> in(bytes);
   if (raw_wanted) {
-    raw.emplace(1, 16);
-    fd = ConnectRaw(raw->port());
+    fd = raw.emplace(1, 16).fd;
     pump_fig.run = [&](size_t count) {
       return Pipelined(
           count, window,
@@ -707,7 +715,6 @@ int DenseBench() {
   if (wants("push_copy")) figures.push_back(&push_copy_fig);
   if (wants("pull_copy")) figures.push_back(&pull_copy_fig);
   MeasureInRounds(figures);
-  if (fd >= 0) close(fd);  // ends the raw server's thread
   raw.reset();
   const double pump = pump_fig.rate, raw_pull = raw_pull_fig.rate;
   const double push = push_fig.rate, pull = pull_fig.rate;
