@@ -278,6 +278,9 @@ class KVClient {
   struct Routing {
     uint64_t epoch = 0;
     std::vector<uint32_t> slot_owner;
+    // The rank that owns every slot (a one-server job), or -1: its
+    // requests need no per-key routing.
+    int64_t sole_owner = -1;
     std::vector<std::string> endpoints;  // by server rank; "" = not live
   };
   struct Part;
