@@ -129,7 +129,9 @@ TEST(RowIndexTest, CapacityForKeepsLoadAtMostFourFifths) {
   for (size_t n : {0, 1, 7, 8, 100, 1001, 123457}) {
     const size_t c = RowIndex::CapacityFor(n);
     EXPECT_LE(n * 5, c * 4) << n;
-    if (n > 8) EXPECT_GT(n * 5, (c - 1) * 4) << n;
+    if (n > 8) {
+      EXPECT_GT(n * 5, (c - 1) * 4) << n;
+    }
   }
 }
 

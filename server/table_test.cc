@@ -1344,8 +1344,12 @@ TEST(SparseTableTest, BlockedPushAndPullEqualOneKeyAtATime) {
     if (c.sparse().memory_budget_bytes() > 0) {
       EXPECT_GT(a.evictions_budget + a.keys_dropped, 0u);
     }
-    if (c.sparse().admit_after_pushes() > 1) EXPECT_GT(a.pushes_filtered, 0u);
-    if (c.sparse().ttl_steps() > 0) EXPECT_GT(a.evictions_ttl, 0u);
+    if (c.sparse().admit_after_pushes() > 1) {
+      EXPECT_GT(a.pushes_filtered, 0u);
+    }
+    if (c.sparse().ttl_steps() > 0) {
+      EXPECT_GT(a.evictions_ttl, 0u);
+    }
     // The full state of every row, bit for bit.
     auto rows_of = [](const SparseTable& t) {
       std::vector<uint64_t> keys;

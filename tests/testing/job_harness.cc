@@ -255,11 +255,13 @@ absl::StatusOr<JobHarness::Result> JobHarness::Wait(absl::Duration timeout) {
   result.scheduler = code(*scheduler_);
   result.elapsed = absl::Now() - started_;
   for (const Subprocess& w : workers_) {
+    result.worker_summaries.emplace_back();
     for (absl::string_view line :
          absl::StrSplit(ReadFile(w.stdout_path()), '\n', absl::SkipEmpty())) {
       if (absl::StartsWith(line, "{") && line.find("\"test_auc\"") != absl::string_view::npos) {
         ++result.summaries;
         result.summary = std::string(line);
+        result.worker_summaries.back() = result.summary;
       }
     }
   }

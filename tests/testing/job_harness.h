@@ -61,6 +61,8 @@ class JobHarness {
     std::string summary;
     // How many worker processes printed a summary (1 in a sound job).
     int summaries = 0;
+    // Indexed like `workers`: each one's summary line, empty if none.
+    std::vector<std::string> worker_summaries;
     // From Start to the last process's exit.
     absl::Duration elapsed;
   };
