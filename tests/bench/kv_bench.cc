@@ -17,7 +17,12 @@
 //          flight, like the KVClient side.
 //   dense: a socket pump: one thread writes 4 MB messages, the toy server
 //          reads them and acknowledges; nothing is applied. This is the
-//          loopback bandwidth one stream reaches.
+//          loopback bandwidth one stream reaches, the baseline.
+//          Beside it (the *_vs_toy figures), the toy server doing a dense
+//          push's work on its one thread (read, check finiteness, apply
+//          SGD) and answering a pull straight from its array.
+//
+// Figures and baselines run in alternating rounds (MeasureInRounds).
 //
 // Bytes on the wire are measured, not computed: the sum of
 // tcp_info.tcpi_bytes_received over every TCP socket of this process (the
@@ -58,6 +63,7 @@
 #include "common/allocator.h"
 #include "common/config.h"
 #include "common/curve_keys.h"
+#include "common/finite.h"
 #include "common/hash.h"
 #include "common/logging.h"
 #include "proto/scheduler.pb.h"
@@ -146,7 +152,13 @@ bool WriteFull(int fd, const void* buf, size_t n) {
   return true;
 }
 
-enum RawOp : uint32_t { kRawPush = 1, kRawPull = 2, kRawPump = 3, kRawPullDense = 4 };
+enum RawOp : uint32_t {
+  kRawPush = 1,
+  kRawPull = 2,
+  kRawPump = 3,
+  kRawPullDense = 4,
+  kRawPushSgd = 5,  // a dense push, checked for finiteness and applied with SGD
+};
 struct RawHeader {
   uint32_t op;
   uint32_t n;  // keys, or bytes for the pump
@@ -243,6 +255,7 @@ class RawServer {
     std::vector<uint64_t> keys;
     std::vector<float> values;
     std::vector<char> bytes;
+    std::vector<float> dense_in, weights;
     RawHeader h;
     uint64_t ack = 0;
     while (ReadFull(fd, &h, sizeof(h))) {
@@ -258,6 +271,16 @@ class RawServer {
           table_.Pull(keys.data(), keys.size(), values.data());
           if (!WriteFull(fd, values.data(), values.size() * 4)) break;
         }
+      } else if (h.op == kRawPushSgd) {
+        // What the parameter server does with a dense push, and nothing
+        // more: check every value (rejecting changes nothing), then apply.
+        dense_in.resize(h.n / 4);
+        if (!ReadFull(fd, dense_in.data(), dense_in.size() * 4)) break;
+        weights.resize(dense_in.size());
+        if (AllFinite(dense_in)) {
+          for (size_t i = 0; i < weights.size(); ++i) weights[i] -= 0.1f * dense_in[i];
+        }
+        if (!WriteFull(fd, &++ack, sizeof(ack))) break;
       } else if (h.op == kRawPump || h.op == kRawPullDense) {
         bytes.resize(h.n);
         if (h.op == kRawPump) {
@@ -650,8 +673,9 @@ int DenseBench() {
   std::optional<RawConnection> raw;
   int fd = -1;
   const double items = static_cast<double>(bytes);
-  Figure pump_fig{{}, items}, raw_pull_fig{{}, items}, push_fig{{}, items}, pull_fig{{}, items},
-      push_copy_fig{{}, items}, pull_copy_fig{{}, items};
+  Figure pump_fig{{}, items}, raw_sgd_fig{{}, items}, raw_pull_fig{{}, items},
+      push_fig{{}, items}, pull_fig{{}, items}, push_copy_fig{{}, items},
+      pull_copy_fig{{}, items};
   std::vector<Figure*> figures;
   uint64_t ack;
   std::vector<char> in(bytes);
@@ -670,6 +694,19 @@ int DenseBench() {
             if (!ReadFull(fd, &ack, 8)) Die("raw: read failed");
           });
     };
+    raw_sgd_fig.run = [&](size_t count) {
+      return Pipelined(
+          count, window,
+          [&](size_t) {
+            RawHeader h{kRawPushSgd, static_cast<uint32_t>(bytes)};
+            if (!WriteFull(fd, &h, sizeof(h)) || !WriteFull(fd, grads.data(), bytes)) {
+              Die("raw push: write failed");
+            }
+          },
+          [&](size_t) {
+            if (!ReadFull(fd, &ack, 8)) Die("raw: read failed");
+          });
+    };
     raw_pull_fig.run = [&](size_t count) {
       return Pipelined(
           count, window,
@@ -682,6 +719,7 @@ int DenseBench() {
           });
     };
     figures.push_back(&pump_fig);
+    figures.push_back(&raw_sgd_fig);
     figures.push_back(&raw_pull_fig);
   }
 
@@ -716,7 +754,7 @@ int DenseBench() {
   if (wants("pull_copy")) figures.push_back(&pull_copy_fig);
   MeasureInRounds(figures);
   raw.reset();
-  const double pump = pump_fig.rate, raw_pull = raw_pull_fig.rate;
+  const double pump = pump_fig.rate, raw_sgd = raw_sgd_fig.rate, raw_pull = raw_pull_fig.rate;
   const double push = push_fig.rate, pull = pull_fig.rate;
   const double push_copy = push_copy_fig.rate, pull_copy = pull_copy_fig.rate;
   const double push_bytes = push_fig.bytes_per_item, pull_bytes = pull_fig.bytes_per_item;
@@ -725,18 +763,25 @@ int DenseBench() {
   if (wants("pull")) Emit("pull_bytes_per_s", pull / gb, "GB/s", pump / gb);
   if (wants("push_copy")) Emit("push_copy_bytes_per_s", push_copy / gb, "GB/s", pump / gb);
   if (wants("pull_copy")) Emit("pull_copy_bytes_per_s", pull_copy / gb, "GB/s", pump / gb);
+  // The same figures against a toy server doing the same work (as the kv
+  // bench's baseline applies Adagrad): checking and applying a push, and
+  // answering a pull straight from its array.
+  if (wants("push")) Emit("push_bytes_per_s_vs_toy", push / gb, "GB/s", raw_sgd / gb);
+  if (wants("pull")) Emit("pull_bytes_per_s_vs_toy", pull / gb, "GB/s", raw_pull / gb);
   if (wants("push")) Emit("push_wire_bytes_per_value_byte", push_bytes, "bytes", 1.0);
   if (wants("pull")) Emit("pull_wire_bytes_per_value_byte", pull_bytes, "bytes", 1.0);
   std::fprintf(stderr,
-               "# dense: %llu-byte tensors, window %d; raw socket pump %.3g GB/s, raw toy pull "
-               "%.3g GB/s\n",
-               static_cast<unsigned long long>(bytes), window, pump / gb, raw_pull / gb);
+               "# dense: %llu-byte tensors, window %d; raw socket pump %.3g GB/s, toy push "
+               "(check + SGD) %.3g GB/s, toy pull %.3g GB/s\n",
+               static_cast<unsigned long long>(bytes), window, pump / gb, raw_sgd / gb,
+               raw_pull / gb);
   std::printf(
       "{\"bench\":\"dense\",\"summary\":{\"push_gb_per_s\":%.4g,\"push_ratio\":%.3f,"
       "\"pull_gb_per_s\":%.4g,\"pull_ratio\":%.3f,\"push_copy_ratio\":%.3f,"
-      "\"pull_copy_ratio\":%.3f,\"pump_gb_per_s\":%.4g}}\n",
+      "\"pull_copy_ratio\":%.3f,\"pump_gb_per_s\":%.4g,\"push_vs_toy_ratio\":%.3f,"
+      "\"pull_vs_toy_ratio\":%.3f}}\n",
       push / gb, push / pump, pull / gb, pull / pump, push_copy / pump, pull_copy / pump,
-      pump / gb);
+      pump / gb, push / raw_sgd, pull / raw_pull);
   return 0;
 }
 
