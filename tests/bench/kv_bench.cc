@@ -681,32 +681,24 @@ int DenseBench() {
   std::vector<char> in(bytes);
   if (raw_wanted) {
     fd = raw.emplace(1, 16).fd;
-    pump_fig.run = [&](size_t count) {
-      return Pipelined(
-          count, window,
-          [&](size_t) {
-            RawHeader h{kRawPump, static_cast<uint32_t>(bytes)};
-            if (!WriteFull(fd, &h, sizeof(h)) || !WriteFull(fd, grads.data(), bytes)) {
-              Die("raw pump: write failed");
-            }
-          },
-          [&](size_t) {
-            if (!ReadFull(fd, &ack, 8)) Die("raw: read failed");
-          });
+    // The pump and the toy push: the tensor goes out, an ack comes back.
+    auto send_tensors = [&](RawOp op) {
+      return [&, op](size_t count) {
+        return Pipelined(
+            count, window,
+            [&](size_t) {
+              RawHeader h{op, static_cast<uint32_t>(bytes)};
+              if (!WriteFull(fd, &h, sizeof(h)) || !WriteFull(fd, grads.data(), bytes)) {
+                Die("raw: write failed");
+              }
+            },
+            [&](size_t) {
+              if (!ReadFull(fd, &ack, 8)) Die("raw: read failed");
+            });
+      };
     };
-    raw_sgd_fig.run = [&](size_t count) {
-      return Pipelined(
-          count, window,
-          [&](size_t) {
-            RawHeader h{kRawPushSgd, static_cast<uint32_t>(bytes)};
-            if (!WriteFull(fd, &h, sizeof(h)) || !WriteFull(fd, grads.data(), bytes)) {
-              Die("raw push: write failed");
-            }
-          },
-          [&](size_t) {
-            if (!ReadFull(fd, &ack, 8)) Die("raw: read failed");
-          });
-    };
+    pump_fig.run = send_tensors(kRawPump);
+    raw_sgd_fig.run = send_tensors(kRawPushSgd);
     raw_pull_fig.run = [&](size_t count) {
       return Pipelined(
           count, window,
