@@ -11,7 +11,7 @@
 #                         `bazel info`): sanitizer builds use their own so the
 #                         shared opt build is not invalidated, e.g.
 #     PS_BAZEL_OUTPUT_BASE=$HOME/.cache/ps-asan-base tests/run_all.sh --config=asan
-#   PS_TEST_EXCLUDE       test targets left out of //..., separated by spaces.
+#   PS_TEST_EXCLUDE       test targets left out, separated by spaces.
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -23,7 +23,20 @@ CONFIG_ARGS=("$@")
 
 BAZEL=(bazel)
 [ -n "${PS_BAZEL_OUTPUT_BASE:-}" ] && BAZEL+=("--output_base=$PS_BAZEL_OUTPUT_BASE")
-TARGETS=(//...)
+# Every package of the checkout, as //... would name them, but one top-level
+# directory at a time: //... also walks the bazel-<directory name> symlink
+# that another output base's build left in the checkout (a sanitizer run
+# after the opt one; the name follows the clone's directory, so
+# .bazelignore cannot list it), and fails on the Bazel packages it finds
+# there. Excluding it with -//bazel-x/... still loads them.
+TARGETS=()
+[ -f BUILD ] && TARGETS+=("//:all")
+for dir in */; do
+  dir="${dir%/}"
+  [ -L "$dir" ] && continue
+  [ -n "$(find "$dir" \( -name BUILD -o -name BUILD.bazel \) -print -quit)" ] || continue
+  TARGETS+=("//$dir/...")
+done
 for t in ${PS_TEST_EXCLUDE:-}; do TARGETS+=("-$t"); done
 
 LOG="$(mktemp)"
