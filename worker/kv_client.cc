@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "common/config.h"
 #include "common/hash.h"
 #include "common/logging.h"
@@ -207,6 +208,14 @@ void SetKeyList(absl::Span<const uint64_t> keys, RequestHeader* h) {
   const uint64_t digest = KeyListDigest(keys);
   h->set_key_list_digest(digest);
   h->set_key_list_slot(KeyListSlotOf(digest));
+}
+
+// The error for pushed values that are not all finite; `outcome` says what
+// became of the request ("nothing was sent", "nothing was applied").
+absl::Status NonFiniteError(Op op, uint32_t table, absl::string_view outcome) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      Op_Name(op), " to table ", table,
+      " carries a value that is not finite (NaN or infinity); ", outcome));
 }
 
 }  // namespace
@@ -549,9 +558,7 @@ class KVClient::IoLoop {
                                        part->values.size() / sizeof(float)))) {
       // Several servers would each check only their share: one could apply
       // its share of a push another rejects.
-      const absl::Status bad = absl::InvalidArgumentError(absl::StrCat(
-          Op_Name(h.op()), " to table ", h.table_id(),
-          " carries a value that is not finite (NaN or infinity); nothing was applied"));
+      const absl::Status bad = NonFiniteError(h.op(), h.table_id(), "nothing was applied");
       part->parent->PartDone(bad);
       return bad;
     }
@@ -1368,10 +1375,7 @@ Completion KVClient::Sparse(int op_int, uint32_t table,
   // Checked before the request is split by server: a server refusing its
   // part while another applies its own would leave the update half done.
   if (push && !servers_clip_nonfinite_ && !AllFinite(grads)) {
-    return Failed(absl::InvalidArgumentError(absl::StrCat(
-                      Op_Name(op), " to table ", table,
-                      " carries a value that is not finite (NaN or infinity); nothing was sent")),
-                  std::move(done));
+    return Failed(NonFiniteError(op, table, "nothing was sent"), std::move(done));
   }
   if (keys.empty()) return Failed(absl::OkStatus(), std::move(done));
   if (keys.size() > UINT32_MAX) {
@@ -1400,9 +1404,8 @@ Completion KVClient::Sparse(int op_int, uint32_t table,
       owners[i] = owner;
       ++counts4[(i & 3) * num_servers + owner];
     }
-    for (size_t s = 0; s < num_servers; ++s) {
-      counts[s] = counts4[s] + counts4[num_servers + s] + counts4[2 * num_servers + s] +
-                  counts4[3 * num_servers + s];
+    for (size_t k = 0; k < 4; ++k) {
+      for (size_t s = 0; s < num_servers; ++s) counts[s] += counts4[k * num_servers + s];
     }
   }
   int num_parts = 0;
@@ -1529,10 +1532,7 @@ Completion KVClient::Dense(int op_int, uint32_t table, uint64_t begin,
                   std::move(done));
   }
   auto not_finite = [&] {
-    return Failed(absl::InvalidArgumentError(absl::StrCat(
-                      Op_Name(op), " to table ", table,
-                      " carries a value that is not finite (NaN or infinity); nothing was sent")),
-                  std::move(done));
+    return Failed(NonFiniteError(op, table, "nothing was sent"), std::move(done));
   };
   // Pushed values go to the wire in the job's encoding (ASSIGN: float32).
   const ValueEncoding encoding = op == PUSH ? push_values_ : FLOAT32;
