@@ -15,6 +15,12 @@
 # a {"bench":...,"summary":{...}} line; notes on what was run go to stderr.
 # docs/PERFORMANCE.md explains the figures and what limits them.
 #
+# Environment: PS_BIN_DIR, a directory of prebuilt bench binaries (opt
+# builds of the BENCHES targets, by their names): nothing is installed or
+# built, as on a machine lent for a GPU run. PS_PYTHON, the python3 that runs
+# the PyTorch baselines (default /usr/bin/python3; python3-torch is installed
+# when it lacks torch, unless PS_PYTHON is set).
+#
 # Exits 2 on a usage error, non-zero when a build or a bench failed.
 set -euo pipefail
 
@@ -60,7 +66,9 @@ while [ $# -gt 0 ]; do
 done
 [ ${#selected[@]} -eq 0 ] && selected=("${BENCHES[@]}")
 
-"$ROOT/deploy/install_deps.sh"
+if [ -z "${PS_BIN_DIR:-}" ]; then
+  "$ROOT/deploy/install_deps.sh"
+fi
 
 # "name target [flag...]" -> target
 target_of() { local rest="${1#* }"; echo "${rest%% *}"; }
@@ -71,28 +79,41 @@ targets=()
 for entry in "${selected[@]}"; do targets+=("$(target_of "$entry")"); done
 # Always the opt config: benchmarks of an unoptimised build mean nothing,
 # and it is the config everybody builds with, so the cache is shared.
-bazel build --config=opt --noshow_progress $(printf "%s\n" "${targets[@]}" | sort -u)
-BIN="$(bazel info --config=opt bazel-bin 2>/dev/null)"
+if [ -z "${PS_BIN_DIR:-}" ]; then
+  bazel build --config=opt --noshow_progress $(printf "%s\n" "${targets[@]}" | sort -u)
+  BIN="$(bazel info --config=opt bazel-bin 2>/dev/null)"
+fi
+PYTHON="${PS_PYTHON:-/usr/bin/python3}"
 
 status=0
 for entry in "${selected[@]}"; do
   name="${entry%% *}"
   target="$(target_of "$entry")"
   path="${target#//}"
-  binary="$BIN/${path/://}"
+  if [ -n "${PS_BIN_DIR:-}" ]; then
+    binary="$PS_BIN_DIR/${path##*:}"
+  else
+    binary="$BIN/${path/://}"
+  fi
   extra=()
   read -r -a own_flags <<< "$(flags_of "$entry")"
   extra+=(${own_flags[@]+"${own_flags[@]}"})
   if [ "$name" = train ]; then
     # The baseline: PyTorch's CPU build on the same models and batch sizes,
     # measured in this run (Debian's python3-torch; installed when missing).
-    if ! /usr/bin/python3 -c "import torch" 2>/dev/null; then
+    if [ -z "${PS_PYTHON:-}" ] && ! "$PYTHON" -c "import torch" 2>/dev/null; then
       echo "# bench train: installing python3-torch for the PyTorch baseline" >&2
       SUDO=(); [ "$(id -u)" -ne 0 ] && SUDO=(sudo)
       DEBIAN_FRONTEND=noninteractive "${SUDO[@]}" apt-get install -y -qq python3-torch >/dev/null || true
     fi
     torch_json="$(mktemp)"
-    if /usr/bin/python3 "$ROOT/tests/bench/torch_train.py" > "$torch_json"; then
+    if "$PYTHON" "$ROOT/tests/bench/torch_train.py" > "$torch_json"; then
+      # With a GPU PyTorch can use, the GPU figures' baseline: the same
+      # models with PyTorch on that GPU.
+      if "$PYTHON" -c "import sys, torch; sys.exit(not torch.cuda.is_available())" 2>/dev/null; then
+        "$PYTHON" "$ROOT/tests/bench/torch_train.py" --device=cuda >> "$torch_json" ||
+          echo "# bench train: no PyTorch GPU baseline (GPU ratios are null)" >&2
+      fi
       cat "$torch_json"
       extra+=(--torch_json="$torch_json")
     else

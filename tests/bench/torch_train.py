@@ -1,15 +1,24 @@
 #!/usr/bin/python3
-"""PyTorch CPU baseline for `tests/bench.sh train`.
+"""PyTorch baselines for `tests/bench.sh train`.
 
 Trains the same models as worker/models (LR, FM, DLRM-lite) on random
-Criteo-shaped batches (26 categorical fields, 13 numeric features) with
-PyTorch's CPU build, one thread, and prints one JSON line per (model, batch
-size) with examples per second. The step is what a PyTorch user would write:
-forward, binary cross-entropy, backward, and a sparse Adagrad update of the
-embeddings plus Adam on the dense weights, so it does the same work as one
-worker step plus the servers' optimizer step, without any communication.
+Criteo-shaped batches (26 categorical fields, 13 numeric features) and prints
+one JSON line per (model, batch size) with examples per second. The step is
+what a PyTorch user would write: forward, binary cross-entropy, backward, and
+a sparse Adagrad update of the embeddings plus Adam on the dense weights, so
+it does the same work as one worker step plus the servers' optimizer step,
+without any communication.
+
+--device=cpu (default): one thread (torch.set_num_threads(1)); metrics
+  torch_<model>_b<B>_examples_per_s_per_core.
+--device=cuda: the model, its optimizer state and every step on the GPU;
+  each batch is copied from host memory in its step, as a data loader's
+  would be (the parameter server's GPU worker copies its batch too); the
+  clock stops after torch.cuda.synchronize(). Metrics
+  torch_gpu_<model>_b<B>_examples_per_s. Exit status 3 without a GPU.
 
 Usage: torch_train.py --batch_sizes=128,512,2048 --seconds=3 [--models=lr,fm,dlrm]
+                      [--device=cpu|cuda]
 """
 import argparse
 import json
@@ -64,7 +73,10 @@ class DLRM(nn.Module):
         self.bottom = nn.Sequential(nn.Linear(NUMERIC, bottom), nn.ReLU(),
                                     nn.Linear(bottom, d), nn.ReLU())
         n = FIELDS + 1
-        self.li, self.lj = torch.tril_indices(n, n, offset=-1)
+        li, lj = torch.tril_indices(n, n, offset=-1)
+        # Buffers, so that .to(device) moves them with the weights.
+        self.register_buffer("li", li, persistent=False)
+        self.register_buffer("lj", lj, persistent=False)
         self.top = nn.Sequential(nn.Linear(d + n * (n - 1) // 2, top), nn.ReLU(),
                                  nn.Linear(top, 1))
         self.d = d
@@ -78,9 +90,9 @@ class DLRM(nn.Module):
         return self.top(torch.cat([z, inter], dim=1)).squeeze(1)
 
 
-def bench(name, batch, seconds):
+def bench(name, batch, seconds, device):
     torch.manual_seed(1)
-    model = {"lr": LR, "fm": FM, "dlrm": DLRM}[name]()
+    model = {"lr": LR, "fm": FM, "dlrm": DLRM}[name]().to(device)
     sparse = [p for n, p in model.named_parameters() if n.startswith(("w.", "emb."))]
     dense = [p for n, p in model.named_parameters() if not n.startswith(("w.", "emb."))]
     opt_sparse = torch.optim.Adagrad(sparse, lr=0.05)
@@ -96,8 +108,12 @@ def bench(name, batch, seconds):
         y = (torch.rand(batch, generator=gen) < 0.25).float()
         pool.append((ids, x, y))
 
+    cuda = device.type == "cuda"
+    if cuda:  # page-locked, so the per-step copies run at full speed
+        pool = [tuple(t.pin_memory() for t in batch_tensors) for batch_tensors in pool]
+
     def step(i):
-        ids, x, y = pool[i % len(pool)]
+        ids, x, y = (t.to(device, non_blocking=True) for t in pool[i % len(pool)])
         opt_sparse.zero_grad()
         opt_dense.zero_grad()
         loss = loss_fn(model(ids, x), y)
@@ -107,11 +123,15 @@ def bench(name, batch, seconds):
 
     for i in range(5):
         step(i)
+    if cuda:
+        torch.cuda.synchronize()
     steps = 0
     start = time.perf_counter()
     while time.perf_counter() - start < seconds:
         step(steps)
         steps += 1
+    if cuda:
+        torch.cuda.synchronize()
     elapsed = time.perf_counter() - start
     return steps * batch / elapsed
 
@@ -121,15 +141,24 @@ def main():
     ap.add_argument("--batch_sizes", default="128,512,2048")
     ap.add_argument("--models", default="lr,fm,dlrm")
     ap.add_argument("--seconds", type=float, default=3.0)
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     args = ap.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("torch_train.py: no usable GPU for --device=cuda", file=sys.stderr)
+        sys.exit(3)
     torch.set_num_threads(1)
+    device = torch.device(args.device)
+    suffix = "examples_per_s" if device.type == "cuda" else "examples_per_s_per_core"
+    prefix = "torch_gpu" if device.type == "cuda" else "torch"
     for name in args.models.split(","):
         for b in [int(v) for v in args.batch_sizes.split(",")]:
-            eps = bench(name, b, args.seconds)
-            print(json.dumps({"bench": "train", "metric": f"torch_{name}_b{b}_examples_per_s_per_core",
+            eps = bench(name, b, args.seconds, device)
+            print(json.dumps({"bench": "train", "metric": f"{prefix}_{name}_b{b}_{suffix}",
                               "value": round(eps), "unit": "examples/s",
                               "baseline": None, "ratio": None,
-                              "torch": torch.__version__}), flush=True)
+                              "torch": torch.__version__,
+                              "device": torch.cuda.get_device_name() if device.type == "cuda"
+                              else "cpu"}), flush=True)
 
 
 if __name__ == "__main__":

@@ -15,10 +15,17 @@
 //     one worker (worker/trainer.cc, one compute thread): read the batch,
 //     pull, forward/backward, push, the server's optimizer. The server and
 //     the worker's I/O thread run on the machine's other core(s).
-// The baseline of both is PyTorch's examples/s for the same model and batch
-// size with torch.set_num_threads(1), including its optimizer step; ratio
-// is value / baseline. With a usable GPU the compute figure is repeated
-// with device GPU (gpu_<model>_b<B>_compute_examples_per_s).
+// The baseline of all three is PyTorch's examples/s for the same model and
+// batch size with torch.set_num_threads(1), including its optimizer step;
+// ratio is value / baseline.
+//
+// With a usable GPU the three figures are repeated with training.device GPU
+// (gpu_<model>_b<B>_{compute,train,train_prefetch}_examples_per_s). Their
+// baseline is PyTorch on the same GPU (torch_train.py --device=cuda, metric
+// torch_gpu_<model>_b<B>_examples_per_s), whose step includes its optimizer
+// on the GPU; null when that line is missing from --torch_json. A GPU that
+// is usable but fails a measurement fails the bench: the figure would
+// otherwise silently vanish.
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
@@ -220,8 +227,29 @@ int Main() {
                                         *train, name, *prefetch, name, *compute,
                                         baseline > 0 ? absl::StrFormat(",\"%s_torch\":%.0f", name, baseline) : ""));
       if (gpu) {
-        auto g = ComputeRate(config, GPU);
-        if (g.ok()) Print("gpu_" + name + "_compute_examples_per_s", *g, baseline);
+        auto git = baselines.find(absl::StrCat("torch_gpu_", name, "_examples_per_s"));
+        const double gpu_baseline = git == baselines.end() ? 0 : git->second;
+        JobConfig gpu_config = config;
+        gpu_config.mutable_training()->set_device(GPU);
+        auto g = ComputeRate(gpu_config, GPU);
+        if (!g.ok()) {
+          std::fprintf(stderr, "train_bench: GPU: %s\n", g.status().ToString().c_str());
+          return 1;
+        }
+        Print("gpu_" + name + "_compute_examples_per_s", *g, gpu_baseline);
+        auto g_train = TrainRate(gpu_config, *g, /*prefetch=*/false);
+        auto g_prefetch = TrainRate(gpu_config, *g, /*prefetch=*/true);
+        if (!g_train.ok() || !g_prefetch.ok()) {
+          std::fprintf(stderr, "train_bench: GPU: %s\n",
+                       (g_train.ok() ? g_prefetch.status() : g_train.status()).ToString().c_str());
+          return 1;
+        }
+        Print("gpu_" + name + "_train_examples_per_s", *g_train, gpu_baseline);
+        Print("gpu_" + name + "_train_prefetch_examples_per_s", *g_prefetch, gpu_baseline);
+        summary.push_back(absl::StrFormat(
+            "\"gpu_%s_train\":%.0f,\"gpu_%s_train_prefetch\":%.0f,\"gpu_%s_compute\":%.0f%s", name,
+            *g_train, name, *g_prefetch, name, *g,
+            gpu_baseline > 0 ? absl::StrFormat(",\"gpu_%s_torch\":%.0f", name, gpu_baseline) : ""));
       }
     }
   }
