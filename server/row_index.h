@@ -166,9 +166,19 @@ class RowIndex::View {
   // Always inlined: GCC may delete a call to an out-of-line function that
   // only prefetches (it has no side effects). Without slots it prefetches
   // address 0, which is harmless, so there is no branch.
+  //
+  // Two lines when the home slot and the one after it do not share one: a
+  // 12-byte slot straddles a line boundary at 2 of every 16 positions, and
+  // at the loads the index runs at (up to 4/5) a probe often reads the next
+  // slot. A lookup that reaches a line not prefetched waits a whole memory
+  // latency; on a 16-core Xeon VM such waits held a 4 GiB table's pull to
+  // 0.33-0.47 of the raw gather. The second prefetch is a no-op when both
+  // addresses fall in one line.
   ABSL_ATTRIBUTE_ALWAYS_INLINE void PrefetchHashed(uint64_t hash) const {
-    __builtin_prefetch(reinterpret_cast<const void*>(
-        reinterpret_cast<uintptr_t>(slots_) + HomeIn(hash, capacity_) * sizeof(Slot)));
+    const uintptr_t home =
+        reinterpret_cast<uintptr_t>(slots_) + HomeIn(hash, capacity_) * sizeof(Slot);
+    __builtin_prefetch(reinterpret_cast<const void*>(home));
+    __builtin_prefetch(reinterpret_cast<const void*>(home + 2 * sizeof(Slot) - 1));
   }
 
  private:
