@@ -17,6 +17,7 @@ PACKAGES=(
   dataset-fashion-mnist              # the MLP example and its test
   libcpp-httplib-dev                 # HTTP endpoint (/metrics, /healthz, /status)
   libssl-dev openssl                 # control-plane TLS files; make_job_keys.sh
+  xz-utils                           # deploy/bundle.sh (tar -J) and its test
   prometheus                         # promtool checks the /metrics format (tests)
   chromium fonts-dejavu-core         # headless screenshot of /status (tests)
   gnuplot-nox                        # deploy/plot: metrics files to PNG

@@ -191,6 +191,26 @@ void Print(const std::string& metric, double value, double baseline) {
   std::fflush(stdout);
 }
 
+// The three figures of one (model, batch size) on `device`: compute alone,
+// whole steps, whole steps with prefetch. GPU figures are named gpu_*.
+// Appends the summary's fields for them.
+absl::Status MeasureOn(JobConfig config, ComputeDevice device, const std::string& name,
+                       double baseline, std::vector<std::string>* summary) {
+  config.mutable_training()->set_device(device);
+  const std::string n = device == GPU ? "gpu_" + name : name;
+  PS_ASSIGN_OR_RETURN(const double compute, ComputeRate(config, device));
+  Print(n + "_compute_examples_per_s", compute, baseline);
+  PS_ASSIGN_OR_RETURN(const double train, TrainRate(config, compute, /*prefetch=*/false));
+  PS_ASSIGN_OR_RETURN(const double prefetch, TrainRate(config, compute, /*prefetch=*/true));
+  Print(n + "_train_examples_per_s", train, baseline);
+  Print(n + "_train_prefetch_examples_per_s", prefetch, baseline);
+  summary->push_back(absl::StrFormat(
+      "\"%s_train\":%.0f,\"%s_train_prefetch\":%.0f,\"%s_compute\":%.0f%s", n, train, n,
+      prefetch, n, compute,
+      baseline > 0 ? absl::StrFormat(",\"%s_torch\":%.0f", n, baseline) : ""));
+  return absl::OkStatus();
+}
+
 int Main() {
   const auto baselines = ReadBaselines(absl::GetFlag(FLAGS_torch_json));
   std::string why;
@@ -208,48 +228,17 @@ int Main() {
       const JobConfig config = BenchConfig(std::string(model), batch);
       auto it = baselines.find(absl::StrCat("torch_", name, "_examples_per_s_per_core"));
       const double baseline = it == baselines.end() ? 0 : it->second;
-      auto compute = ComputeRate(config, CPU);
-      if (!compute.ok()) {
-        std::fprintf(stderr, "train_bench: %s\n", compute.status().ToString().c_str());
+      if (absl::Status s = MeasureOn(config, CPU, name, baseline, &summary); !s.ok()) {
+        std::fprintf(stderr, "train_bench: %s\n", s.ToString().c_str());
         return 1;
       }
-      Print(name + "_compute_examples_per_s", *compute, baseline);
-      auto train = TrainRate(config, *compute, /*prefetch=*/false);
-      auto prefetch = TrainRate(config, *compute, /*prefetch=*/true);
-      if (!train.ok() || !prefetch.ok()) {
-        std::fprintf(stderr, "train_bench: %s\n",
-                     (train.ok() ? prefetch.status() : train.status()).ToString().c_str());
-        return 1;
-      }
-      Print(name + "_train_examples_per_s", *train, baseline);
-      Print(name + "_train_prefetch_examples_per_s", *prefetch, baseline);
-      summary.push_back(absl::StrFormat("\"%s_train\":%.0f,\"%s_train_prefetch\":%.0f,\"%s_compute\":%.0f%s", name,
-                                        *train, name, *prefetch, name, *compute,
-                                        baseline > 0 ? absl::StrFormat(",\"%s_torch\":%.0f", name, baseline) : ""));
       if (gpu) {
         auto git = baselines.find(absl::StrCat("torch_gpu_", name, "_examples_per_s"));
         const double gpu_baseline = git == baselines.end() ? 0 : git->second;
-        JobConfig gpu_config = config;
-        gpu_config.mutable_training()->set_device(GPU);
-        auto g = ComputeRate(gpu_config, GPU);
-        if (!g.ok()) {
-          std::fprintf(stderr, "train_bench: GPU: %s\n", g.status().ToString().c_str());
+        if (absl::Status s = MeasureOn(config, GPU, name, gpu_baseline, &summary); !s.ok()) {
+          std::fprintf(stderr, "train_bench: GPU: %s\n", s.ToString().c_str());
           return 1;
         }
-        Print("gpu_" + name + "_compute_examples_per_s", *g, gpu_baseline);
-        auto g_train = TrainRate(gpu_config, *g, /*prefetch=*/false);
-        auto g_prefetch = TrainRate(gpu_config, *g, /*prefetch=*/true);
-        if (!g_train.ok() || !g_prefetch.ok()) {
-          std::fprintf(stderr, "train_bench: GPU: %s\n",
-                       (g_train.ok() ? g_prefetch.status() : g_train.status()).ToString().c_str());
-          return 1;
-        }
-        Print("gpu_" + name + "_train_examples_per_s", *g_train, gpu_baseline);
-        Print("gpu_" + name + "_train_prefetch_examples_per_s", *g_prefetch, gpu_baseline);
-        summary.push_back(absl::StrFormat(
-            "\"gpu_%s_train\":%.0f,\"gpu_%s_train_prefetch\":%.0f,\"gpu_%s_compute\":%.0f%s", name,
-            *g_train, name, *g_prefetch, name, *g,
-            gpu_baseline > 0 ? absl::StrFormat(",\"gpu_%s_torch\":%.0f", name, gpu_baseline) : ""));
       }
     }
   }
