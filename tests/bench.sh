@@ -16,8 +16,9 @@
 # docs/PERFORMANCE.md explains the figures and what limits them.
 #
 # Environment: PS_BIN_DIR, a directory of prebuilt bench binaries (opt
-# builds of the BENCHES targets, by their names): nothing is installed or
-# built, as on a machine lent for a GPU run. PS_PYTHON, the python3 that runs
+# builds of the BENCHES targets, by their names, such as the ps/bin of
+# `deploy/bundle.sh OUT --with-tests`): nothing is installed or built, as on
+# a GPU machine without Debian's packages. PS_PYTHON, the python3 that runs
 # the PyTorch baselines (default /usr/bin/python3; python3-torch is installed
 # when it lacks torch, unless PS_PYTHON is set).
 #
