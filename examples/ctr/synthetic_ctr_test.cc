@@ -438,8 +438,12 @@ TEST(SyntheticCtrTest, TrueLogitIncludesThePairwiseInteractions) {
                                                      + f]).second);
       }
     }
-    if (c.num_categorical() == 2) EXPECT_GT(max_id, 65536u);  // the tail
-    if (c.num_categorical() == 100) EXPECT_GT(max_id, 655u);  // uncached
+    if (c.num_categorical() == 2) {
+      EXPECT_GT(max_id, 65536u);  // the tail
+    }
+    if (c.num_categorical() == 100) {
+      EXPECT_GT(max_id, 655u);  // uncached
+    }
   }
 }
 
