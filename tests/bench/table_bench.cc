@@ -151,15 +151,19 @@ TableConfig Config(uint32_t dim, uint64_t budget, EvictionPolicy policy) {
   return c;
 }
 
-// Bytes of the mapping that starts at `start` that sit on transparent huge
-// pages (its AnonHugePages in /proc/self/smaps); -1 if it cannot be read.
+// Bytes on transparent huge pages (AnonHugePages) of the mapping that starts
+// at `start` (/proc/self/smaps), or of the whole process when `start` is
+// null (/proc/self/smaps_rollup, one section); -1 if it cannot be read.
 // The gather limit depends on them, and a kernel may grant none (madvise
-// mode on a fragmented or virtualised host), so the bench reports it.
+// mode on a fragmented or virtualised host), so the bench reports them.
 int64_t HugeBytes(const void* start) {
-  std::ifstream smaps("/proc/self/smaps");
-  const std::string head = absl::StrFormat("%x-", reinterpret_cast<uintptr_t>(start));
+  std::ifstream smaps(start == nullptr ? "/proc/self/smaps_rollup" : "/proc/self/smaps");
+  // Every section starts with "<from>-<to> perms ...": the one wanted
+  // starts with `head` (any, when head is empty).
+  const std::string head =
+      start == nullptr ? "" : absl::StrFormat("%x-", reinterpret_cast<uintptr_t>(start));
   std::string line;
-  bool in = false;
+  bool in = start == nullptr;
   while (std::getline(smaps, line)) {
     if (!line.empty() && std::isxdigit(static_cast<unsigned char>(line[0])) &&
         line.find('-') != std::string::npos && line.find(' ') > line.find('-')) {
@@ -169,21 +173,6 @@ int64_t HugeBytes(const void* start) {
       if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(line.substr(14, line.size() - 17)), &kb)) {
         return -1;
       }
-      return kb * 1024;
-    }
-  }
-  return -1;
-}
-
-// AnonHugePages of the whole process (/proc/self/smaps_rollup); -1 if it
-// cannot be read.
-int64_t ProcessHugeBytes() {
-  std::ifstream rollup("/proc/self/smaps_rollup");
-  std::string line;
-  while (std::getline(rollup, line)) {
-    int64_t kb = 0;
-    if (absl::StartsWith(line, "AnonHugePages:") &&
-        absl::SimpleAtoi(absl::StripAsciiWhitespace(line.substr(14, line.size() - 17)), &kb)) {
       return kb * 1024;
     }
   }
@@ -255,7 +244,6 @@ BigTableResult BigTable(double gb) {
     std::fprintf(stderr, "table_bench: cannot map %zu bytes for the gather limit\n", bytes);
     return result;
   }
-  const int64_t limit_huge = HugeBytes(limit_rows);
 
   TableConfig c;
   c.set_id(2);
@@ -287,9 +275,11 @@ BigTableResult BigTable(double gb) {
                              t->Pull(m, out.data());
                            }));
   }
-  // What the process holds on huge pages beyond the limit's array: the
-  // table's row chunks and index, which are advised likewise.
-  const int64_t table_huge = ProcessHugeBytes() - HugeBytes(limit_rows);
+  // Read once the rounds are over, as they ran. What the process holds on
+  // huge pages beyond the limit's array is the table's: its row chunks and
+  // index are advised likewise.
+  const int64_t limit_huge = HugeBytes(limit_rows);
+  const int64_t table_huge = HugeBytes(nullptr) - limit_huge;
   munmap(limit_rows, bytes);
   std::printf(
       "{\"bench\":\"sparse\",\"metric\":\"pull_dim64_%.0fgb\",\"value\":%.0f,"
