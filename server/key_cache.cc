@@ -22,6 +22,7 @@ absl::Status KeyListCache::Store(uint64_t sender, uint32_t slot, uint64_t digest
   e.digest = 0;
   e.keys = std::vector<uint64_t>();
   e.owned_epoch = kNever;
+  e.rows = RowMemo();
   if (KeyListDigest(keys) != digest) {
     return absl::InvalidArgumentError("key_list_digest does not match the keys");
   }

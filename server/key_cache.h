@@ -8,7 +8,9 @@
 // disagree (this server replaced a dead one, or a misbehaving sender).
 // Memory is bounded per sender by `bytes_per_sender` (8 bytes a key), the
 // same rule the sender applies before it asks for a store. Senders that
-// leave the cluster are forgotten (Retain).
+// leave the cluster are forgotten (Retain). Each list also carries the
+// rows a sparse table found for it (RowMemo: 4 bytes a key once used, so
+// at most half the budget again), which the server passes to the table.
 //
 // Not thread-safe: the serving thread owns it.
 #ifndef PS_SERVER_KEY_CACHE_H_
@@ -23,6 +25,7 @@
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "common/wire.h"
+#include "server/row_memo.h"
 
 namespace ps {
 
@@ -41,12 +44,14 @@ class KeyListCache {
   // A stored list. `owned_epoch` and `owned_table` are for the server:
   // the view epoch in which it last found every key's slot in that table
   // its own (kNever: not yet), so a repeated list is not checked key by key
-  // again while the view stands. (Slots depend on the table.)
+  // again while the view stands. (Slots depend on the table.) `rows`: for
+  // SparseTable::Pull and Push; emptied when the slot gets a new list.
   struct List {
     uint64_t digest = 0;
     std::vector<uint64_t> keys;
     uint64_t owned_epoch = kNever;
     uint32_t owned_table = 0;
+    RowMemo rows;
   };
   static constexpr uint64_t kNever = ~uint64_t{0};
 
@@ -61,7 +66,7 @@ class KeyListCache {
   // Forgets every sender not in `live` (node ids).
   void Retain(const absl::flat_hash_set<uint64_t>& live);
 
-  // Bytes held, over all senders.
+  // Bytes of keys held, over all senders (row memos not included).
   int64_t bytes() const { return total_bytes_; }
 
  private:

@@ -41,9 +41,17 @@ TEST(KeyListCacheTest, AStoreReplacesTheSlotAndAWrongDigestEmptiesIt) {
   KeyListCache cache(1 << 20);
   const std::vector<uint64_t> a = {1, 2, 3}, b = {4, 5};
   ASSERT_TRUE(cache.Store(1, 1, KeyListDigest(a), a).ok());
+  // The rows a table found for a (RowMemo) do not carry over to b.
+  KeyListCache::List* list_a = cache.Stored(1, 1);
+  ASSERT_NE(list_a, nullptr);
+  list_a->rows.generation = 9;
+  list_a->rows.rows = {4, 5, 6};
   ASSERT_TRUE(cache.Store(1, 1, KeyListDigest(b), b).ok());
   EXPECT_EQ(cache.Find(1, 1, KeyListDigest(a), 3), nullptr);
-  ASSERT_NE(cache.Find(1, 1, KeyListDigest(b), 2), nullptr);
+  KeyListCache::List* list_b = cache.Find(1, 1, KeyListDigest(b), 2);
+  ASSERT_NE(list_b, nullptr);
+  EXPECT_EQ(list_b->rows.generation, 0u);
+  EXPECT_TRUE(list_b->rows.rows.empty());
   EXPECT_EQ(cache.bytes(), 16);
   // A lying digest is refused and the slot no longer holds b.
   EXPECT_EQ(cache.Store(1, 1, 12345, a).code(), absl::StatusCode::kInvalidArgument);

@@ -822,7 +822,8 @@ absl::Status KVServer::ProcessChecked(std::vector<zmq::message_t>& frames,
       const float lr_scale = table->RateScale(
           h.clock(), staleness, options_.config.cluster().num_workers());
       if (sparse != nullptr) {
-        sparse->Push(req.keys, req.values.data(), lr_scale);
+        sparse->Push(req.keys, req.values.data(), lr_scale,
+                     key_list != nullptr ? &key_list->rows : nullptr);
       } else {
         dense->Push(segments, req.values.data(), lr_scale);
       }
@@ -874,7 +875,8 @@ absl::Status KVServer::ProcessChecked(std::vector<zmq::message_t>& frames,
     out = pull_scratch_.data();
   }
   if (sparse != nullptr) {
-    sparse->Pull(req.keys, out);
+    // A cached list's rows, found by the pull of a step, serve its push.
+    sparse->Pull(req.keys, out, key_list != nullptr ? &key_list->rows : nullptr);
     keys_pulled_.fetch_add(req.keys.size(), std::memory_order_relaxed);
   } else {
     dense->Pull(segments, out);

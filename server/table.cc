@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <atomic>
 #include <new>
 #include <cstring>
 #include <numeric>
@@ -36,6 +37,11 @@ unsigned char* AllocateChunk(size_t bytes) {
   if (p == nullptr) throw std::bad_alloc();
   return static_cast<unsigned char*>(p);
 }
+
+// Table generations (SparseTable::generation) come from one counter, so
+// that a memo of one table is never current in another.
+std::atomic<uint64_t> g_next_generation{1};
+uint64_t NewGeneration() { return g_next_generation.fetch_add(1, std::memory_order_relaxed); }
 
 constexpr size_t kMaxSparseChunkBytes = size_t{4} << 20;
 constexpr int kMaxSparseChunkShift = 14;
@@ -117,7 +123,8 @@ SparseTable::SparseTable(const TableConfig& config,
       ttl_steps_(config.sparse().ttl_steps()),
       ttl_seconds_(config.sparse().ttl_seconds()),
       eviction_(config.sparse().eviction()),
-      rng_(HashCombine(0x5eed, config.id())) {
+      rng_(HashCombine(0x5eed, config.id())),
+      generation_(NewGeneration()) {
   if (admit_after_ > 1) {
     const uint32_t width = config.sparse().admission_sketch_width() > 0
                                ? config.sparse().admission_sketch_width()
@@ -198,6 +205,9 @@ void SparseTable::Drop(uint32_t r) {
   m.touches = 0;  // marks a free row for LFU sampling
   m.next = free_head_;
   free_head_ = r;
+  // The row's number may be handed to another key: memos of this table
+  // stop being current.
+  generation_ = NewGeneration();
 }
 
 uint32_t SparseTable::PickVictim() {
@@ -359,7 +369,21 @@ inline void SparseTable::LookUpBlock(const RowIndex::View& index, const RowLocat
   }
 }
 
-void SparseTable::Pull(absl::Span<const uint64_t> keys, float* out) {
+void SparseTable::Pull(absl::Span<const uint64_t> keys, float* out, RowMemo* memo) {
+  if (memo == nullptr) {
+    PullLookingUp(keys, out, nullptr);
+  } else if (memo->generation == generation_ && memo->rows.size() == keys.size()) {
+    PullRemembered(keys, out, memo);
+  } else {
+    // A pull drops no row: what it finds stays current.
+    memo->rows.resize(keys.size());
+    PullLookingUp(keys, out, memo->rows.data());
+    memo->generation = generation_;
+  }
+  counters_.keys_pulled += keys.size();
+}
+
+void SparseTable::PullLookingUp(absl::Span<const uint64_t> keys, float* out, uint32_t* found) {
   // Two stages per block (LookUpBlock): the keys are looked up, their
   // index slots having been prefetched a block earlier, and their rows
   // prefetched; then the rows are copied. A pull creates and drops no row,
@@ -378,6 +402,7 @@ void SparseTable::Pull(absl::Span<const uint64_t> keys, float* out) {
     const size_t end = std::min(n, begin + kLookupBlock);
     LookUpBlock(index, locate, keys, begin, end, dim * sizeof(float), /*for_write=*/false,
                 hashes, rows, values);
+    if (found != nullptr) std::memcpy(found + begin, rows, (end - begin) * sizeof(rows[0]));
     for (size_t i = begin; i < end; ++i) {
       const uint32_t r = rows[i - begin];
       if (r != RowIndex::kNotFound) {
@@ -393,11 +418,65 @@ void SparseTable::Pull(absl::Span<const uint64_t> keys, float* out) {
       }
     }
   }
-  counters_.keys_pulled += n;
 }
 
-void SparseTable::Push(absl::Span<const uint64_t> keys, const float* grads,
-                       float lr_scale) {
+void SparseTable::PullRemembered(absl::Span<const uint64_t> keys, float* out, RowMemo* memo) {
+  // No hashing and no probing: the row numbers are read in order, and the
+  // row kLookupBlock keys ahead is prefetched (with its bookkeeping, which
+  // Touch writes, when rows carry it).
+  const size_t n = keys.size();
+  const uint64_t* k = keys.data();
+  uint32_t* rows = memo->rows.data();
+  const RowLocator locate = Locator();
+  const uint32_t dim = dim_;
+  const size_t lines = std::min<size_t>(8, (meta_bytes_ + dim * sizeof(float) + 63) / 64);
+  const bool evictable = evictable_;
+  auto prefetch = [&](uint32_t r) {
+    if (r == RowIndex::kNotFound) return;
+    const unsigned char* row = locate.Bytes(r);
+    for (size_t l = 0; l < lines; ++l) __builtin_prefetch(row + 64 * l, 0);
+  };
+  for (size_t i = 0; i < n && i < kLookupBlock; ++i) prefetch(rows[i]);
+  for (size_t i = 0; i < n; ++i) {
+    if (i + kLookupBlock < n) prefetch(rows[i + kLookupBlock]);
+    uint32_t r = rows[i];
+    if (r == RowIndex::kNotFound) {
+      // Absent when the memo was made; a push may have created it since.
+      r = index_.Find(k[i]);
+      if (r == RowIndex::kNotFound) {
+        InitializeValues(config_.init(), config_.id(), k[i], 0, dim, out + i * dim);
+        continue;
+      }
+      rows[i] = r;
+    }
+    const float* v = locate.Values(r);
+    if (dim == 1) {
+      out[i] = *v;
+    } else {
+      std::memcpy(out + i * dim, v, dim * sizeof(float));
+    }
+    if (evictable) Touch(r);
+  }
+}
+
+void SparseTable::Push(absl::Span<const uint64_t> keys, const float* grads, float lr_scale,
+                       RowMemo* memo) {
+  if (memo == nullptr) {
+    PushLookingUp(keys, grads, lr_scale, nullptr);
+  } else if (memo->generation == generation_ && memo->rows.size() == keys.size()) {
+    PushRemembered(keys, grads, lr_scale, memo);
+  } else {
+    const uint64_t generation = generation_;
+    memo->rows.resize(keys.size());
+    PushLookingUp(keys, grads, lr_scale, memo->rows.data());
+    // An eviction during the push may have taken a row recorded before it.
+    memo->generation = generation_ == generation ? generation_ : 0;
+  }
+  counters_.keys_pushed += keys.size();
+}
+
+void SparseTable::PushLookingUp(absl::Span<const uint64_t> keys, const float* grads,
+                                float lr_scale, uint32_t* found) {
   // Blocks of keys as in Pull: look up and prefetch (for writing) a block's
   // rows, then update them, with one ApplyRows call per run of keys that
   // found their rows (`pending`; a key listed twice is listed twice and
@@ -442,6 +521,7 @@ void SparseTable::Push(absl::Span<const uint64_t> keys, const float* grads,
         if (r != RowIndex::kNotFound) row = locate.Values(r);
       }
       if (r == RowIndex::kNotFound) {
+        if (found != nullptr) found[i] = RowIndex::kNotFound;
         if (sketch_ != nullptr && sketch_->Add(k[i]) < admit_after_) {
           ++counters_.pushes_filtered;
           flush(i + 1);
@@ -462,11 +542,79 @@ void SparseTable::Push(absl::Span<const uint64_t> keys, const float* grads,
       } else if (evictable_) {
         Touch(r);
       }
+      if (found != nullptr) found[i] = r;
       pending[count++] = row;
     }
     flush(end);
   }
-  counters_.keys_pushed += n;
+}
+
+void SparseTable::PushRemembered(absl::Span<const uint64_t> keys, const float* grads,
+                                 float lr_scale, RowMemo* memo) {
+  // As PushLookingUp, one key at a time in order, with runs of found rows
+  // applied by one ApplyRows call; the row numbers come from the memo, and
+  // the row kLookupBlock keys ahead is prefetched for writing.
+  const size_t n = keys.size();
+  const uint64_t* k = keys.data();
+  uint32_t* rows = memo->rows.data();
+  RowLocator locate = Locator();
+  const uint32_t dim = dim_;
+  const size_t lines = std::min<size_t>(8, (row_bytes_ + 63) / 64);
+  auto prefetch = [&](uint32_t r) {
+    if (r == RowIndex::kNotFound) return;
+    const unsigned char* row = locate.Bytes(r);
+    for (size_t l = 0; l < lines; ++l) __builtin_prefetch(row + 64 * l, 1);
+  };
+  float* pending[kLookupBlock];
+  size_t run_begin = 0;  // the key of pending[0]
+  size_t count = 0;      // pending rows: keys [run_begin, run_begin + count)
+  auto flush = [&](size_t next) {
+    if (count > 0) optimizer_->ApplyRows(pending, grads + run_begin * dim, count, dim, lr_scale);
+    count = 0;
+    run_begin = next;
+  };
+  for (size_t i = 0; i < n && i < kLookupBlock; ++i) prefetch(rows[i]);
+  for (size_t i = 0; i < n; ++i) {
+    if (i + kLookupBlock < n) prefetch(rows[i + kLookupBlock]);
+    uint32_t r = rows[i];
+    if (r == RowIndex::kNotFound) r = index_.Find(k[i]);
+    if (r != RowIndex::kNotFound) {
+      rows[i] = r;
+      if (evictable_) Touch(r);
+    } else {
+      if (sketch_ != nullptr && sketch_->Add(k[i]) < admit_after_) {
+        ++counters_.pushes_filtered;
+        flush(i + 1);
+        continue;
+      }
+      flush(i);
+      const uint64_t generation = generation_;
+      r = CreateRow(k[i]);
+      if (r == kNil) {
+        ++counters_.keys_dropped;
+        run_begin = i + 1;
+        continue;
+      }
+      ++counters_.admissions;
+      locate = Locator();
+      if (generation_ != generation) {
+        // The new row evicted one, perhaps a row this memo names (or this
+        // very number, under another key): apply this key's update, then
+        // look the remaining keys up.
+        pending[count++] = locate.Values(r);
+        flush(i + 1);
+        memo->generation = 0;
+        if (i + 1 < n) {
+          PushLookingUp(keys.subspan(i + 1), grads + (i + 1) * dim, lr_scale, nullptr);
+        }
+        return;
+      }
+      rows[i] = r;
+    }
+    pending[count++] = locate.Values(r);
+    if (count == kLookupBlock) flush(i + 1);
+  }
+  flush(n);
 }
 
 uint64_t SparseTable::Scan(uint64_t cursor, size_t max_rows, size_t max_slots,

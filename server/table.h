@@ -30,6 +30,7 @@
 #include "server/admission.h"
 #include "server/optimizer.h"
 #include "server/row_index.h"
+#include "server/row_memo.h"
 
 namespace ps {
 
@@ -134,8 +135,16 @@ class SparseTable : public Table {
   // budget. Changes nothing (not even the admission counts).
   absl::Status CheckPush(absl::Span<const uint64_t> keys) const;
 
+  // Changes whenever a row is dropped (eviction, TTL), i.e. whenever a row
+  // number may stop naming the key it named; never 0, and never the same in
+  // two tables of a process. A RowMemo made in this generation is current.
+  uint64_t generation() const { return generation_; }
+
   // out must hold keys.size() * dim() floats; row i goes to out[i * dim()].
-  void Pull(absl::Span<const uint64_t> keys, float* out);
+  // With a memo (the rows an earlier Pull or Push of the same `keys` found;
+  // see RowMemo), a current one replaces the index lookups, and any other
+  // is refilled with the rows found; the result is the same either way.
+  void Pull(absl::Span<const uint64_t> keys, float* out, RowMemo* memo = nullptr);
 
   // grads holds keys.size() * dim() floats. A key that appears twice is
   // updated twice, in order. lr_scale multiplies the learning rate
@@ -143,9 +152,10 @@ class SparseTable : public Table {
   // and gets a row once admitted; a row that does not fit (no eviction,
   // budget full: CheckPush was not consulted or the table filled since) is
   // not created, and that key's gradient is dropped and counted in
-  // keys_dropped.
+  // keys_dropped. `memo` as for Pull; it is left current unless the push
+  // dropped a row (eviction).
   void Push(absl::Span<const uint64_t> keys, const float* grads,
-            float lr_scale = 1.0f);
+            float lr_scale = 1.0f, RowMemo* memo = nullptr);
 
   // One page of a scan over every row (the SCAN op). Appends to *keys the
   // keys of at most `max_rows` rows, and to *values their weights (dim()
@@ -245,6 +255,18 @@ class SparseTable : public Table {
                                                 size_t row_bytes, bool for_write,
                                                 uint64_t* hashes, uint32_t* rows,
                                                 float** values) const;
+  // Pull and Push by index lookups; `found`, when not null, receives each
+  // key's row (kNotFound: none).
+  void PullLookingUp(absl::Span<const uint64_t> keys, float* out, uint32_t* found);
+  void PushLookingUp(absl::Span<const uint64_t> keys, const float* grads, float lr_scale,
+                     uint32_t* found);
+  // Pull and Push by the rows of a current memo (memo->generation ==
+  // generation_), looking up only the keys it holds as absent; they update
+  // it. A push whose row creation drops a row marks the memo stale and
+  // looks up the rest of its keys.
+  void PullRemembered(absl::Span<const uint64_t> keys, float* out, RowMemo* memo);
+  void PushRemembered(absl::Span<const uint64_t> keys, const float* grads, float lr_scale,
+                      RowMemo* memo);
   // Bytes allocated when holding `rows` rows (index grown for them).
   size_t BytesFor(size_t rows) const;
   // Creates the row of `key` (absent), evicting if needed; kNil if it
@@ -285,10 +307,11 @@ class SparseTable : public Table {
     uint32_t mask;
     size_t row_bytes;
     size_t meta_bytes;
+    unsigned char* Bytes(uint32_t r) const {
+      return chunks[r >> shift].get() + static_cast<size_t>(r & mask) * row_bytes;
+    }
     float* Values(uint32_t r) const {
-      return reinterpret_cast<float*>(chunks[r >> shift].get() +
-                                      static_cast<size_t>(r & mask) * row_bytes +
-                                      meta_bytes);
+      return reinterpret_cast<float*>(Bytes(r) + meta_bytes);
     }
   };
   RowLocator Locator() const {
@@ -303,6 +326,7 @@ class SparseTable : public Table {
   absl::Time created_;
   uint32_t now_second_ = 0;
   uint64_t rng_;              // victim sampling (LFU), deterministic
+  uint64_t generation_;       // see generation(); renewed by Drop
 };
 
 class DenseTable : public Table {

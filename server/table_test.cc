@@ -73,6 +73,23 @@ std::unique_ptr<DenseTable> MustCreateDense(const TableConfig& config) {
   return std::unique_ptr<DenseTable>(static_cast<DenseTable*>(t.release()));
 }
 
+// The full state of every row, by key: the table's contents, bit for bit.
+std::vector<std::pair<uint64_t, std::vector<float>>> AllRows(const SparseTable& t) {
+  std::vector<uint64_t> keys;
+  std::vector<float> state;
+  uint64_t cursor = 0;
+  do {
+    cursor = t.ExportRows(cursor, 1000, &keys, &state);
+  } while (cursor != 0);
+  std::vector<std::pair<uint64_t, std::vector<float>>> rows;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    rows.emplace_back(keys[i], std::vector<float>(state.begin() + i * t.state_floats(),
+                                                  state.begin() + (i + 1) * t.state_floats()));
+  }
+  std::sort(rows.begin(), rows.end());
+  return rows;
+}
+
 std::vector<float> PullSparse(SparseTable& t, const std::vector<uint64_t>& keys) {
   std::vector<float> out(keys.size() * t.dim(), -12345.0f);
   t.Pull(keys, out.data());
@@ -1351,23 +1368,161 @@ TEST(SparseTableTest, BlockedPushAndPullEqualOneKeyAtATime) {
       EXPECT_GT(a.evictions_ttl, 0u);
     }
     // The full state of every row, bit for bit.
-    auto rows_of = [](const SparseTable& t) {
-      std::vector<uint64_t> keys;
-      std::vector<float> state;
-      uint64_t cursor = 0;
-      do {
-        cursor = t.ExportRows(cursor, 1000, &keys, &state);
-      } while (cursor != 0);
-      std::vector<std::pair<uint64_t, std::vector<float>>> rows;
-      for (size_t i = 0; i < keys.size(); ++i) {
-        rows.emplace_back(keys[i], std::vector<float>(state.begin() + i * t.state_floats(),
-                                                      state.begin() + (i + 1) * t.state_floats()));
-      }
-      std::sort(rows.begin(), rows.end());
-      return rows;
-    };
-    EXPECT_EQ(rows_of(*blocked), rows_of(*single));
+    EXPECT_EQ(AllRows(*blocked), AllRows(*single));
   }
+}
+
+// A table used with row memos (one per key list, as the server keeps one
+// per cached list) behaves bit for bit as one that looks every key up:
+// pulls answer the same, and rows, counters and evictions end the same.
+// Each round pulls a list and pushes it (a training step), sometimes twice
+// or after a pull of another list; lists repeat keys and hold keys without
+// rows, and the cases create rows, evict them during a push whose memo is
+// current (LRU, LFU), refuse them, filter them (admission) and drop them
+// (TTL) between rounds.
+TEST(SparseTableTest, MemoizedPullAndPushEqualLookedUp) {
+  struct Case {
+    const char* text;
+    uint64_t ids;  // distinct keys the lists draw from
+  };
+  const Case kCases[] = {
+      {"optimizer { adagrad { learning_rate: 0.1 } } sparse { dim: 1 }", 700},
+      {"optimizer { adam { learning_rate: 0.01 } } init { kind: UNIFORM scale: 1 } "
+       "sparse { dim: 3 }", 700},
+      {"optimizer { adagrad { learning_rate: 0.1 } } sparse { dim: 128 "
+       "memory_budget_bytes: 1048576 eviction: EVICT_LRU }", 3000},
+      {"optimizer { momentum { learning_rate: 0.1 momentum: 0.9 } } sparse { dim: 256 "
+       "memory_budget_bytes: 1048576 eviction: EVICT_LFU }", 700},
+      {"optimizer { sgd { learning_rate: 0.5 } } sparse { dim: 256 "
+       "memory_budget_bytes: 1048576 eviction: EVICT_NONE }", 3000},
+      {"optimizer { ftrl { alpha: 0.1 beta: 1 l1: 0.01 l2: 0.01 } } sparse { dim: 256 "
+       "admit_after_pushes: 3 admission_sketch_width: 1024 "
+       "memory_budget_bytes: 1048576 eviction: EVICT_LFU }", 700},
+      {"optimizer { adagrad { learning_rate: 0.1 } } sparse { dim: 4 ttl_steps: 2 }", 700},
+  };
+  for (const Case& k : kCases) {
+    SCOPED_TRACE(k.text);
+    const TableConfig c = ParseTable(absl::StrCat("id: 3 name: \"m\" ", k.text));
+    auto memoized = MustCreateSparse(c);
+    auto looked_up = MustCreateSparse(c);
+    ASSERT_NE(memoized, nullptr);
+    ASSERT_NE(looked_up, nullptr);
+    const uint32_t dim = memoized->dim();
+    // Eight lists of 300 keys (more rows than the budgets hold); every
+    // seventh key repeats the one before it.
+    constexpr size_t kLists = 8;
+    std::vector<std::vector<uint64_t>> lists(kLists, std::vector<uint64_t>(300));
+    uint64_t s = 5;
+    for (auto& list : lists) {
+      for (size_t i = 0; i < list.size(); ++i) {
+        s = Mix64(s);
+        list[i] = i % 7 == 6 ? list[i - 1] : Mix64(s % k.ids);
+      }
+    }
+    std::vector<RowMemo> memos(kLists);
+    size_t current_pulls = 0, current_pushes = 0;
+    auto pull = [&](size_t l) {
+      std::vector<float> a(lists[l].size() * dim), b(a.size());
+      if (memos[l].generation == memoized->generation()) ++current_pulls;
+      memoized->Pull(lists[l], a.data(), &memos[l]);
+      looked_up->Pull(lists[l], b.data());
+      EXPECT_EQ(a, b) << "pull of list " << l;
+    };
+    auto push = [&](size_t l, int round) {
+      std::vector<float> grads(lists[l].size() * dim);
+      for (size_t i = 0; i < grads.size(); ++i) {
+        grads[i] = static_cast<float>(static_cast<int>((i * 37 + round) % 17) - 8) * 0.01f;
+      }
+      const float lr_scale = round % 3 == 0 ? 0.5f : 1.0f;
+      if (memos[l].generation == memoized->generation()) ++current_pushes;
+      memoized->Push(lists[l], grads.data(), lr_scale, &memos[l]);
+      looked_up->Push(lists[l], grads.data(), lr_scale);
+    };
+    for (int round = 0; round < 60; ++round) {
+      const size_t l = (round * 5 + round / 7) % kLists;
+      pull(l);
+      if (round % 5 == 2) pull((l + 1) % kLists);
+      push(l, round);
+      if (round % 4 == 1) push(l, round + 100);
+      memoized->Advance(round + 1, absl::UnixEpoch());
+      looked_up->Advance(round + 1, absl::UnixEpoch());
+    }
+    for (size_t l = 0; l < kLists; ++l) pull(l);
+    const TableCounters& a = memoized->counters();
+    const TableCounters& b = looked_up->counters();
+    EXPECT_EQ(a.keys_pushed, b.keys_pushed);
+    EXPECT_EQ(a.keys_pulled, b.keys_pulled);
+    EXPECT_EQ(a.admissions, b.admissions);
+    EXPECT_EQ(a.pushes_filtered, b.pushes_filtered);
+    EXPECT_EQ(a.evictions_ttl, b.evictions_ttl);
+    EXPECT_EQ(a.evictions_budget, b.evictions_budget);
+    EXPECT_EQ(a.keys_dropped, b.keys_dropped);
+    EXPECT_EQ(AllRows(*memoized), AllRows(*looked_up));
+    // The memos were used by pushes (after their pull; in the evicting
+    // cases such a push creates rows and evicts) and, except where every
+    // push evicts or every round drops rows, by pulls; every case does what
+    // it is there for.
+    EXPECT_GT(current_pushes, 0u);
+    if (c.sparse().eviction() != EVICT_LFU && c.sparse().ttl_steps() == 0) {
+      EXPECT_GT(current_pulls, 0u);
+    }
+    EXPECT_GT(a.admissions, 0u);
+    if (c.sparse().memory_budget_bytes() > 0) {
+      EXPECT_GT(a.evictions_budget + a.keys_dropped, 0u);
+    }
+    if (c.sparse().admit_after_pushes() > 1) EXPECT_GT(a.pushes_filtered, 0u);
+    if (c.sparse().ttl_steps() > 0) EXPECT_GT(a.evictions_ttl, 0u);
+  }
+}
+
+// Generations: distinct per table, renewed by every dropped row (eviction,
+// TTL) and by nothing else, so a memo is current only in the table and the
+// generation it was made in.
+TEST(SparseTableTest, GenerationChangesExactlyWhenARowIsDropped) {
+  TableConfig c = ParseTable(
+      "id: 1 name: \"g\" optimizer { sgd { learning_rate: 0.5 } } "
+      "sparse { dim: 256 memory_budget_bytes: 1048576 eviction: EVICT_LRU ttl_steps: 3 }");
+  auto t = MustCreateSparse(c);
+  auto other = MustCreateSparse(c);
+  ASSERT_NE(t, nullptr);
+  ASSERT_NE(other, nullptr);
+  EXPECT_NE(t->generation(), 0u);
+  EXPECT_NE(t->generation(), other->generation());
+  const std::vector<float> grads(256, 0.25f);
+  const std::vector<uint64_t> list = {7, 8, 7};
+  RowMemo memo;
+  std::vector<float> out(list.size() * 256);
+  // Creation, pulls and pushes of existing rows keep the generation.
+  uint64_t g = t->generation();
+  t->Push({7}, grads.data());
+  t->Pull(list, out.data(), &memo);
+  EXPECT_EQ(memo.generation, g);
+  EXPECT_EQ(memo.rows[0], memo.rows[2]);
+  EXPECT_EQ(memo.rows[1], RowIndex::kNotFound);  // key 8 has no row
+  const std::vector<float> pushed(list.size() * 256, 0.25f);
+  t->Push(list, pushed.data(), 1.0f, &memo);  // creates key 8's row
+  EXPECT_EQ(t->generation(), g);
+  EXPECT_EQ(memo.generation, g);
+  EXPECT_NE(memo.rows[1], RowIndex::kNotFound);
+  // The memo is not current in another table: it is refilled there, and
+  // answers what a lookup does.
+  std::vector<float> theirs(out.size()), plain(out.size());
+  other->Pull(list, theirs.data(), &memo);
+  EXPECT_EQ(memo.generation, other->generation());
+  other->Pull(list, plain.data());
+  EXPECT_EQ(theirs, plain);
+  // Filling the budget evicts: each eviction renews the generation.
+  t->Pull(list, out.data(), &memo);
+  const size_t max_rows = t->max_rows();
+  for (uint64_t key = 100; key < 100 + max_rows; ++key) t->Push({key}, grads.data());
+  EXPECT_GT(t->counters().evictions_budget, 0u);
+  EXPECT_NE(t->generation(), g);
+  EXPECT_NE(memo.generation, t->generation());
+  // TTL drops renew it too.
+  g = t->generation();
+  t->Advance(100, absl::UnixEpoch());
+  EXPECT_GT(t->counters().evictions_ttl, 0u);
+  EXPECT_NE(t->generation(), g);
 }
 
 TEST(TableLearningRateTest, PushScalesTheSgdLearningRateExactly) {

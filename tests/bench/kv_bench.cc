@@ -2,8 +2,9 @@
 // over loopback TCP, each figure beside a baseline measured in the same run
 // on the same machine.
 //
-//   kv_bench --mode=kv     sparse 10K-key messages, Adagrad applied; then
-//                          the step figures below
+//   kv_bench --mode=kv     sparse 10K-key messages, Adagrad applied, with
+//                          key-list caching (the default) and without
+//                          (*_uncached); then the step figures below
 //   kv_bench --mode=dense  dense 4 MB tensors, SGD applied: the zero-copy
 //                          forms (push_/pull_bytes_per_s), then the
 //                          copying ones (push_/pull_copy_bytes_per_s)
@@ -517,7 +518,7 @@ int SparseBench() {
   const bool raw_wanted = absl::GetFlag(FLAGS_raw);
   std::optional<RawConnection> raw;
   int fd = -1;
-  Figure raw_push_fig, raw_pull_fig, push_fig, pull_fig;
+  Figure raw_push_fig, raw_pull_fig, push_fig, pull_fig, push_uncached_fig, pull_uncached_fig;
   std::vector<Figure*> figures;
   uint64_t ack;
   std::vector<float> raw_out(size_t{n} * dim);
@@ -558,44 +559,61 @@ int SparseBench() {
     };
   }
 
+  // The parameter server as a job runs it (key-list caching on: a repeated
+  // list travels as a digest, and the server reuses the rows it found for
+  // it), and with caching off, where every request carries its keys and
+  // the server looks each one up, as the toy does.
   Ps ps = StartPs(dim, 1);
-  KVClient& client = *ps.client;
-  if (absl::Status st = client.Push(1, all, all_grads).Wait(); !st.ok()) Die(st.ToString());
-  push_fig.items_per_call = n;
-  push_fig.run = [&](size_t count) {
-    return PsPipelined(count, window,
-                       [&](size_t i) { return client.Push(1, messages[i % kMessages], grads); });
-  };
+  Ps uncached = StartPs(dim, 1, "key_cache_bytes: -1");
   // One output buffer per message in flight.
   std::vector<std::vector<float>> outs(window, std::vector<float>(size_t{n} * dim));
-  pull_fig.items_per_call = n;
-  pull_fig.run = [&](size_t count) {
-    return PsPipelined(count, window, [&](size_t i) {
-      return client.Pull(1, messages[i % kMessages], outs[i % window].data());
-    });
+  auto measure = [&](KVClient& client, Figure* push, Figure* pull) {
+    if (absl::Status st = client.Push(1, all, all_grads).Wait(); !st.ok()) Die(st.ToString());
+    push->items_per_call = n;
+    // The runs outlive this call: they hold the client by pointer.
+    push->run = [&, c = &client](size_t count) {
+      return PsPipelined(count, window,
+                         [&](size_t i) { return c->Push(1, messages[i % kMessages], grads); });
+    };
+    pull->items_per_call = n;
+    pull->run = [&, c = &client](size_t count) {
+      return PsPipelined(count, window, [&](size_t i) {
+        return c->Pull(1, messages[i % kMessages], outs[i % window].data());
+      });
+    };
   };
+  measure(*ps.client, &push_fig, &pull_fig);
+  measure(*uncached.client, &push_uncached_fig, &pull_uncached_fig);
   if (raw_wanted) figures.push_back(&raw_push_fig);
   figures.push_back(&push_fig);
+  figures.push_back(&push_uncached_fig);
   if (raw_wanted) figures.push_back(&raw_pull_fig);
   figures.push_back(&pull_fig);
+  figures.push_back(&pull_uncached_fig);
   MeasureInRounds(figures);
   raw.reset();
   const double raw_push = raw_push_fig.rate, raw_pull = raw_pull_fig.rate;
   const double push = push_fig.rate, pull = pull_fig.rate;
+  const double push_uncached = push_uncached_fig.rate, pull_uncached = pull_uncached_fig.rate;
   const double push_bytes = push_fig.bytes_per_item, pull_bytes = pull_fig.bytes_per_item;
-  Emit(absl::StrCat("push_adagrad_keys_per_s"), push, "keys/s", raw_push);
-  Emit(absl::StrCat("pull_keys_per_s"), pull, "keys/s", raw_pull);
+  Emit("push_adagrad_keys_per_s", push, "keys/s", raw_push);
+  Emit("pull_keys_per_s", pull, "keys/s", raw_pull);
+  Emit("push_adagrad_keys_per_s_uncached", push_uncached, "keys/s", raw_push);
+  Emit("pull_keys_per_s_uncached", pull_uncached, "keys/s", raw_pull);
   Emit("push_wire_bytes_per_key", push_bytes, "bytes", min_push);
   Emit("pull_wire_bytes_per_key", pull_bytes, "bytes", min_pull);
+  Emit("push_wire_bytes_per_key_uncached", push_uncached_fig.bytes_per_item, "bytes", min_push);
+  Emit("pull_wire_bytes_per_key_uncached", pull_uncached_fig.bytes_per_item, "bytes", min_pull);
   std::fprintf(stderr,
                "# kv: %u-key messages, dim %u, %llu distinct keys, window %d; raw toy server "
                "push %.3g keys/s, pull %.3g keys/s\n",
                n, dim, static_cast<unsigned long long>(space), window, raw_push, raw_pull);
   std::printf(
       "{\"bench\":\"kv\",\"summary\":{\"push_keys_per_s\":%.4g,\"push_ratio\":%.3f,"
-      "\"pull_keys_per_s\":%.4g,\"pull_ratio\":%.3f,\"push_wire_ratio\":%.4f,"
-      "\"pull_wire_ratio\":%.4f}}\n",
-      push, push / raw_push, pull, pull / raw_pull, push_bytes / min_push, pull_bytes / min_pull);
+      "\"pull_keys_per_s\":%.4g,\"pull_ratio\":%.3f,\"push_uncached_ratio\":%.3f,"
+      "\"pull_uncached_ratio\":%.3f,\"push_wire_ratio\":%.4f,\"pull_wire_ratio\":%.4f}}\n",
+      push, push / raw_push, pull, pull / raw_pull, push_uncached / raw_push,
+      pull_uncached / raw_pull, push_bytes / min_push, pull_bytes / min_pull);
   return 0;
 }
 
