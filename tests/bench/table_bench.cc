@@ -46,6 +46,9 @@ ABSL_FLAG(double, big_table_gb, 4.0,
           "Size of the dim-64 table for the large-table pull figure; 0 skips it.");
 ABSL_FLAG(std::string, count_variant, "",
           "With --count_messages: plain, lru, lfu_half or admit; empty runs all.");
+ABSL_FLAG(bool, count_memo, false,
+          "With --count_messages: pushes and pulls use row memos (as the server does for "
+          "cached key lists), filled by one pull of each message before counting.");
 ABSL_FLAG(int, count_messages, 0,
           "If > 0: instead of timing, push then pull this many messages per "
           "variant, each variant's loops in its own function, for instruction "
@@ -307,15 +310,24 @@ BigTableResult BigTable(double gb) {
 // Variants (--count_variant, default all in one run): plain (no
 // eviction); lru (a budget that fits every row); lfu_half (a budget for
 // half of the ids: pushes evict and create rows); admit (an admission
-// filter admitting at the second push, starting empty).
+// filter admitting at the second push, starting empty). --count_memo:
+// every message has a RowMemo, filled by an uncounted pull (a step's pull
+// before its push), and the counted calls use it.
 ABSL_ATTRIBUTE_NOINLINE void CountedPushes(
     SparseTable* t, const std::vector<std::vector<uint64_t>>& messages, int count,
-    const float* grads) {
-  for (int i = 0; i < count; ++i) t->Push(messages[i % messages.size()], grads);
+    const float* grads, std::vector<RowMemo>* memos) {
+  for (int i = 0; i < count; ++i) {
+    const size_t m = i % messages.size();
+    t->Push(messages[m], grads, 1.0f, memos != nullptr ? &(*memos)[m] : nullptr);
+  }
 }
 ABSL_ATTRIBUTE_NOINLINE void CountedPulls(
-    SparseTable* t, const std::vector<std::vector<uint64_t>>& messages, int count, float* out) {
-  for (int i = 0; i < count; ++i) t->Pull(messages[i % messages.size()], out);
+    SparseTable* t, const std::vector<std::vector<uint64_t>>& messages, int count, float* out,
+    std::vector<RowMemo>* memos) {
+  for (int i = 0; i < count; ++i) {
+    const size_t m = i % messages.size();
+    t->Pull(messages[m], out, memos != nullptr ? &(*memos)[m] : nullptr);
+  }
 }
 int CountMain() {
   const size_t rows = absl::GetFlag(FLAGS_rows);
@@ -347,10 +359,16 @@ int CountMain() {
     SparseTable* t = (*table)->AsSparse();
     // The admission variant starts empty: its pushes admit keys as they go.
     if (v != 3) t->Push(all, all_grads.data());
+    std::vector<RowMemo> memos(messages.size());
+    std::vector<RowMemo>* use_memos = nullptr;
+    if (absl::GetFlag(FLAGS_count_memo)) {
+      use_memos = &memos;
+      for (size_t m = 0; m < messages.size(); ++m) t->Pull(messages[m], out.data(), &memos[m]);
+    }
     const auto start = Clock::now();
-    CountedPushes(t, messages, count, grads.data());
+    CountedPushes(t, messages, count, grads.data(), use_memos);
     const auto pushed = Clock::now();
-    CountedPulls(t, messages, count, out.data());
+    CountedPulls(t, messages, count, out.data(), use_memos);
     const double push_s = std::chrono::duration<double>(pushed - start).count();
     const double pull_s = std::chrono::duration<double>(Clock::now() - pushed).count();
     // Wall-clock too, as a check: on a loaded machine only the counts repeat.
