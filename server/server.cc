@@ -751,7 +751,9 @@ absl::Status KVServer::ProcessChecked(std::vector<zmq::message_t>& frames,
     }
   }
   if (push && sparse != nullptr) {
-    if (absl::Status room = sparse->CheckPush(req.keys); !room.ok()) {
+    if (absl::Status room =
+            sparse->CheckPush(req.keys, key_list != nullptr ? &key_list->rows : nullptr);
+        !room.ok()) {
       sparse->CountRefusedPush();
       return room;
     }

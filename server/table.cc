@@ -301,12 +301,20 @@ void SparseTable::Advance(uint64_t step, absl::Time now) {
   }
 }
 
-absl::Status SparseTable::CheckPush(absl::Span<const uint64_t> keys) const {
+absl::Status SparseTable::CheckPush(absl::Span<const uint64_t> keys,
+                                    const RowMemo* memo) const {
   if (max_rows_ >= kNil - 1 || eviction_ != EVICT_NONE) return absl::OkStatus();
+  // Without eviction no row is dropped, so a current memo's rows are still
+  // there: only the keys it holds as absent need a lookup.
+  const uint32_t* known = memo != nullptr && memo->generation == generation_ &&
+                                  memo->rows.size() == keys.size()
+                              ? memo->rows.data()
+                              : nullptr;
   // Distinct keys without a row, with their pushes in this request.
   absl::flat_hash_map<uint64_t, uint32_t> absent;
-  for (uint64_t key : keys) {
-    if (index_.Find(key) == RowIndex::kNotFound) ++absent[key];
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (known != nullptr && known[i] != RowIndex::kNotFound) continue;
+    if (index_.Find(keys[i]) == RowIndex::kNotFound) ++absent[keys[i]];
   }
   size_t needed = 0;
   for (const auto& [key, pushes] : absent) {

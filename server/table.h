@@ -132,8 +132,10 @@ class SparseTable : public Table {
 
   // Whether a push of `keys` may proceed: RESOURCE_EXHAUSTED when the table
   // does not evict and the rows the push would create do not fit in the
-  // budget. Changes nothing (not even the admission counts).
-  absl::Status CheckPush(absl::Span<const uint64_t> keys) const;
+  // budget. Changes nothing (not even the admission counts). `memo` as for
+  // Pull (read only): a current one spares the lookups of keys it found.
+  absl::Status CheckPush(absl::Span<const uint64_t> keys,
+                         const RowMemo* memo = nullptr) const;
 
   // Changes whenever a row is dropped (eviction, TTL), i.e. whenever a row
   // number may stop naming the key it named; never 0, and never the same in

@@ -1420,7 +1420,7 @@ TEST(SparseTableTest, MemoizedPullAndPushEqualLookedUp) {
       }
     }
     std::vector<RowMemo> memos(kLists);
-    size_t current_pulls = 0, current_pushes = 0;
+    size_t current_pulls = 0, current_pushes = 0, refusals = 0;
     auto pull = [&](size_t l) {
       std::vector<float> a(lists[l].size() * dim), b(a.size());
       if (memos[l].generation == memoized->generation()) ++current_pulls;
@@ -1435,6 +1435,10 @@ TEST(SparseTableTest, MemoizedPullAndPushEqualLookedUp) {
       }
       const float lr_scale = round % 3 == 0 ? 0.5f : 1.0f;
       if (memos[l].generation == memoized->generation()) ++current_pushes;
+      // The budget check answers the same with the memo.
+      const absl::Status room = looked_up->CheckPush(lists[l]);
+      EXPECT_EQ(memoized->CheckPush(lists[l], &memos[l]).code(), room.code());
+      if (!room.ok()) ++refusals;
       memoized->Push(lists[l], grads.data(), lr_scale, &memos[l]);
       looked_up->Push(lists[l], grads.data(), lr_scale);
     };
@@ -1469,6 +1473,9 @@ TEST(SparseTableTest, MemoizedPullAndPushEqualLookedUp) {
     EXPECT_GT(a.admissions, 0u);
     if (c.sparse().memory_budget_bytes() > 0) {
       EXPECT_GT(a.evictions_budget + a.keys_dropped, 0u);
+    }
+    if (c.sparse().memory_budget_bytes() > 0 && c.sparse().eviction() == EVICT_NONE) {
+      EXPECT_GT(refusals, 0u);
     }
     if (c.sparse().admit_after_pushes() > 1) EXPECT_GT(a.pushes_filtered, 0u);
     if (c.sparse().ttl_steps() > 0) EXPECT_GT(a.evictions_ttl, 0u);
