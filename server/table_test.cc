@@ -1279,6 +1279,45 @@ TEST(TableCreateTest, RejectsBudgetsTooSmallAndBadSparseFields) {
   EXPECT_LE(fits->max_rows(), 3u);
 }
 
+// Table variants for the tests below that hold two ways of running the
+// same calls to the same results. Budgets are at least 1 MiB: wide rows make
+// them hold a few hundred, fewer than the `ids` distinct keys drawn, so
+// pushes evict (LRU, LFU), refuse rows (no eviction) or filter them
+// (admission); TTLs drop rows between messages.
+struct TableVariant {
+  const char* text;
+  uint64_t ids;  // distinct keys pushed
+};
+constexpr TableVariant kTableVariants[] = {
+    {"optimizer { adagrad { learning_rate: 0.1 } } sparse { dim: 1 }", 700},
+    {"optimizer { adam { learning_rate: 0.01 } } init { kind: UNIFORM scale: 1 } "
+     "sparse { dim: 3 }", 700},
+    {"optimizer { adagrad { learning_rate: 0.1 } } sparse { dim: 128 "
+     "memory_budget_bytes: 1048576 eviction: EVICT_LRU }", 3000},
+    {"optimizer { momentum { learning_rate: 0.1 momentum: 0.9 } } sparse { dim: 256 "
+     "memory_budget_bytes: 1048576 eviction: EVICT_LFU }", 700},
+    {"optimizer { sgd { learning_rate: 0.5 } } sparse { dim: 256 "
+     "memory_budget_bytes: 1048576 eviction: EVICT_NONE }", 3000},
+    {"optimizer { ftrl { alpha: 0.1 beta: 1 l1: 0.01 l2: 0.01 } } sparse { dim: 256 "
+     "admit_after_pushes: 3 admission_sketch_width: 1024 "
+     "memory_budget_bytes: 1048576 eviction: EVICT_LFU }", 700},
+    {"optimizer { adagrad { learning_rate: 0.1 } } sparse { dim: 4 ttl_steps: 2 }", 700},
+};
+
+// Every variant exercises what it is there for.
+void ExpectVariantExercised(const TableConfig& c, const TableCounters& a) {
+  EXPECT_GT(a.admissions, 0u);
+  if (c.sparse().memory_budget_bytes() > 0) {
+    EXPECT_GT(a.evictions_budget + a.keys_dropped, 0u);
+  }
+  if (c.sparse().admit_after_pushes() > 1) {
+    EXPECT_GT(a.pushes_filtered, 0u);
+  }
+  if (c.sparse().ttl_steps() > 0) {
+    EXPECT_GT(a.evictions_ttl, 0u);
+  }
+}
+
 // Pull and Push work through the keys in blocks (looking a block's rows up
 // before updating them, updating runs of rows with one optimizer call);
 // that must change nothing: a push of a message leaves the table exactly
@@ -1288,27 +1327,7 @@ TEST(TableCreateTest, RejectsBudgetsTooSmallAndBadSparseFields) {
 // make pushes evict (LRU, LFU), refuse rows (no eviction) or filter them
 // (admission), and TTLs drop rows between messages.
 TEST(SparseTableTest, BlockedPushAndPullEqualOneKeyAtATime) {
-  // Budgets are at least 1 MiB: wide rows make them hold a few hundred.
-  struct Case {
-    const char* text;
-    uint64_t ids;  // distinct keys pushed
-  };
-  const Case kCases[] = {
-      {"optimizer { adagrad { learning_rate: 0.1 } } sparse { dim: 1 }", 600},
-      {"optimizer { adam { learning_rate: 0.01 } } init { kind: UNIFORM scale: 1 } "
-       "sparse { dim: 3 }", 600},
-      {"optimizer { adagrad { learning_rate: 0.1 } } sparse { dim: 128 "
-       "memory_budget_bytes: 1048576 eviction: EVICT_LRU }", 1500},
-      {"optimizer { momentum { learning_rate: 0.1 momentum: 0.9 } } sparse { dim: 256 "
-       "memory_budget_bytes: 1048576 eviction: EVICT_LFU }", 600},
-      {"optimizer { sgd { learning_rate: 0.5 } } sparse { dim: 256 "
-       "memory_budget_bytes: 1048576 eviction: EVICT_NONE }", 1500},
-      {"optimizer { ftrl { alpha: 0.1 beta: 1 l1: 0.01 l2: 0.01 } } sparse { dim: 256 "
-       "admit_after_pushes: 3 admission_sketch_width: 1024 "
-       "memory_budget_bytes: 1048576 eviction: EVICT_LFU }", 600},
-      {"optimizer { adagrad { learning_rate: 0.1 } } sparse { dim: 4 ttl_steps: 2 }", 600},
-  };
-  for (const Case& k : kCases) {
+  for (const TableVariant& k : kTableVariants) {
     SCOPED_TRACE(k.text);
     const TableConfig c = ParseTable(absl::StrCat("id: 3 name: \"b\" ", k.text));
     auto blocked = MustCreateSparse(c);
@@ -1356,17 +1375,7 @@ TEST(SparseTableTest, BlockedPushAndPullEqualOneKeyAtATime) {
     EXPECT_EQ(a.evictions_budget, b.evictions_budget);
     EXPECT_EQ(a.keys_dropped, b.keys_dropped);
     EXPECT_EQ(blocked->num_rows(), single->num_rows());
-    // Every case exercises what it is there for.
-    EXPECT_GT(a.admissions, 0u);
-    if (c.sparse().memory_budget_bytes() > 0) {
-      EXPECT_GT(a.evictions_budget + a.keys_dropped, 0u);
-    }
-    if (c.sparse().admit_after_pushes() > 1) {
-      EXPECT_GT(a.pushes_filtered, 0u);
-    }
-    if (c.sparse().ttl_steps() > 0) {
-      EXPECT_GT(a.evictions_ttl, 0u);
-    }
+    ExpectVariantExercised(c, a);
     // The full state of every row, bit for bit.
     EXPECT_EQ(AllRows(*blocked), AllRows(*single));
   }
@@ -1381,26 +1390,7 @@ TEST(SparseTableTest, BlockedPushAndPullEqualOneKeyAtATime) {
 // current (LRU, LFU), refuse them, filter them (admission) and drop them
 // (TTL) between rounds.
 TEST(SparseTableTest, MemoizedPullAndPushEqualLookedUp) {
-  struct Case {
-    const char* text;
-    uint64_t ids;  // distinct keys the lists draw from
-  };
-  const Case kCases[] = {
-      {"optimizer { adagrad { learning_rate: 0.1 } } sparse { dim: 1 }", 700},
-      {"optimizer { adam { learning_rate: 0.01 } } init { kind: UNIFORM scale: 1 } "
-       "sparse { dim: 3 }", 700},
-      {"optimizer { adagrad { learning_rate: 0.1 } } sparse { dim: 128 "
-       "memory_budget_bytes: 1048576 eviction: EVICT_LRU }", 3000},
-      {"optimizer { momentum { learning_rate: 0.1 momentum: 0.9 } } sparse { dim: 256 "
-       "memory_budget_bytes: 1048576 eviction: EVICT_LFU }", 700},
-      {"optimizer { sgd { learning_rate: 0.5 } } sparse { dim: 256 "
-       "memory_budget_bytes: 1048576 eviction: EVICT_NONE }", 3000},
-      {"optimizer { ftrl { alpha: 0.1 beta: 1 l1: 0.01 l2: 0.01 } } sparse { dim: 256 "
-       "admit_after_pushes: 3 admission_sketch_width: 1024 "
-       "memory_budget_bytes: 1048576 eviction: EVICT_LFU }", 700},
-      {"optimizer { adagrad { learning_rate: 0.1 } } sparse { dim: 4 ttl_steps: 2 }", 700},
-  };
-  for (const Case& k : kCases) {
+  for (const TableVariant& k : kTableVariants) {
     SCOPED_TRACE(k.text);
     const TableConfig c = ParseTable(absl::StrCat("id: 3 name: \"m\" ", k.text));
     auto memoized = MustCreateSparse(c);
@@ -1452,15 +1442,7 @@ TEST(SparseTableTest, MemoizedPullAndPushEqualLookedUp) {
       looked_up->Advance(round + 1, absl::UnixEpoch());
     }
     for (size_t l = 0; l < kLists; ++l) pull(l);
-    const TableCounters& a = memoized->counters();
-    const TableCounters& b = looked_up->counters();
-    EXPECT_EQ(a.keys_pushed, b.keys_pushed);
-    EXPECT_EQ(a.keys_pulled, b.keys_pulled);
-    EXPECT_EQ(a.admissions, b.admissions);
-    EXPECT_EQ(a.pushes_filtered, b.pushes_filtered);
-    EXPECT_EQ(a.evictions_ttl, b.evictions_ttl);
-    EXPECT_EQ(a.evictions_budget, b.evictions_budget);
-    EXPECT_EQ(a.keys_dropped, b.keys_dropped);
+    ExpectSameCounters(memoized->counters(), looked_up->counters());
     EXPECT_EQ(AllRows(*memoized), AllRows(*looked_up));
     // The memos were used by pushes (after their pull; in the evicting
     // cases such a push creates rows and evicts) and, except where every
@@ -1470,15 +1452,10 @@ TEST(SparseTableTest, MemoizedPullAndPushEqualLookedUp) {
     if (c.sparse().eviction() != EVICT_LFU && c.sparse().ttl_steps() == 0) {
       EXPECT_GT(current_pulls, 0u);
     }
-    EXPECT_GT(a.admissions, 0u);
-    if (c.sparse().memory_budget_bytes() > 0) {
-      EXPECT_GT(a.evictions_budget + a.keys_dropped, 0u);
-    }
+    ExpectVariantExercised(c, memoized->counters());
     if (c.sparse().memory_budget_bytes() > 0 && c.sparse().eviction() == EVICT_NONE) {
       EXPECT_GT(refusals, 0u);
     }
-    if (c.sparse().admit_after_pushes() > 1) EXPECT_GT(a.pushes_filtered, 0u);
-    if (c.sparse().ttl_steps() > 0) EXPECT_GT(a.evictions_ttl, 0u);
   }
 }
 
