@@ -1592,6 +1592,89 @@ TEST_F(ServerTest, KeyListStoresAndSlotsAreChecked) {
   }
 }
 
+// Two identical tables whose budget holds fewer rows than the keys pushed,
+// so pushes evict (LRU): one used through cached key lists, whose rows the
+// server remembers (server/row_memo.h), the other with keys in every
+// request. Random initial values would differ between them (they depend on
+// the table id); each row's gradients make its values its own.
+constexpr char kMemoConfig[] = R"pb(
+  cluster { num_servers: 1 num_workers: 1 num_slots: 16 }
+  tables {
+    id: 1
+    name: "cached"
+    sparse { dim: 128 memory_budget_bytes: 1048576 eviction: EVICT_LRU }
+    optimizer { adagrad { learning_rate: 0.1 } }
+    init { kind: CONSTANT value: 0.5 }
+  }
+  tables {
+    id: 2
+    name: "plain"
+    sparse { dim: 128 memory_budget_bytes: 1048576 eviction: EVICT_LRU }
+    optimizer { adagrad { learning_rate: 0.1 } }
+    init { kind: CONSTANT value: 0.5 }
+  }
+)pb";
+
+class RowMemoServerTest : public ServerTest {
+ protected:
+  void SetUp() override { ASSERT_NO_FATAL_FAILURE(StartServer(true, kMemoConfig)); }
+};
+
+// Steps through cached lists (pull, then push of the same list, as a
+// worker's step does; sometimes a second push or a PUSH_PULL) answer and
+// evict exactly as the same steps with keys do, while other lists' pushes
+// evict rows the cached lists' memos name.
+TEST_F(RowMemoServerTest, CachedListsAnswerAsKeysDoWhileRowsAreEvicted) {
+  constexpr size_t kLists = 4, kKeys = 600, kDim = 128;
+  std::vector<std::vector<uint64_t>> lists(kLists, std::vector<uint64_t>(kKeys));
+  uint64_t s = 11;
+  for (auto& list : lists) {
+    for (size_t i = 0; i < kKeys; ++i) {
+      s = Mix64(s);
+      list[i] = i % 9 == 8 ? list[i - 1] : s % 4000;
+    }
+  }
+  std::vector<bool> stored(kLists, false);
+  for (int round = 0; round < 24; ++round) {
+    SCOPED_TRACE(round);
+    const size_t l = (round * 3 + round / 5) % kLists;
+    const uint32_t slot = static_cast<uint32_t>(l) + 1;
+    const uint64_t digest = DigestOf(lists[l]);
+    // The first use of a list stores it (keys sent); later ones name it.
+    auto keys_or_none = [&] { return KeysFrame(stored[l] ? std::vector<uint64_t>{} : lists[l]); };
+    Response cached = SendValid(ListHeader(PULL, 1, kKeys, slot, digest), Frames(keys_or_none()));
+    stored[l] = true;
+    Response plain = Pull(2, lists[l]);
+    ASSERT_EQ(cached.code(), absl::StatusCode::kOk) << cached.header.message();
+    ASSERT_EQ(plain.code(), absl::StatusCode::kOk) << plain.header.message();
+    EXPECT_EQ(cached.values, plain.values);
+    std::vector<float> grads(kKeys * kDim);
+    for (size_t i = 0; i < grads.size(); ++i) {
+      grads[i] = static_cast<float>(static_cast<int>((i * 7 + round) % 13) - 6) * 0.01f;
+    }
+    const Op op = round % 4 == 3 ? PUSH_PULL : PUSH;
+    cached = SendValid(ListHeader(op, 1, kKeys, slot, digest),
+                       Frames(KeysFrame({}), ValuesFrame(grads)));
+    plain = Push(2, lists[l], grads, op);
+    ASSERT_EQ(cached.code(), absl::StatusCode::kOk) << cached.header.message();
+    ASSERT_EQ(plain.code(), absl::StatusCode::kOk) << plain.header.message();
+    EXPECT_EQ(cached.values, plain.values);
+  }
+  // Both tables evicted, and the same rows.
+  Response stats = SendValid(Header(STATS, 0, 0), Frames(KeysFrame({})));
+  ASSERT_EQ(stats.code(), absl::StatusCode::kOk) << stats.header.message();
+  std::map<uint32_t, TableStats> by_table;
+  for (const TableStats& t : stats.header.table_stats()) by_table[t.table_id()] = t;
+  ASSERT_EQ(by_table.size(), 2u);
+  EXPECT_GT(by_table[1].evictions_budget(), 0u);
+  EXPECT_EQ(by_table[1].evictions_budget(), by_table[2].evictions_budget());
+  EXPECT_EQ(by_table[1].rows(), by_table[2].rows());
+  std::vector<uint64_t> every(4000);
+  for (uint64_t k = 0; k < every.size(); ++k) every[k] = k;
+  EXPECT_EQ(Pull(1, every).values, Pull(2, every).values);
+  EXPECT_EQ(server_->stats().errors, 0u);
+}
+
 TEST_F(ServerTest, KeyListStoresStayWithinTheSendersBudget) {
   // 32 bytes: four keys a sender.
   const std::string config = std::string(kConfig) + "data_plane { key_cache_bytes: 32 }";
