@@ -15,7 +15,6 @@
 #ifndef PS_SERVER_ROW_MEMO_H_
 #define PS_SERVER_ROW_MEMO_H_
 
-#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -28,13 +27,6 @@ struct RowMemo {
   // rows[i] is the row of the list's key i, or RowIndex::kNotFound when the
   // key had none (it may have one by now: it is looked up again).
   std::vector<uint32_t> rows;
-
-  void Clear() {
-    generation = 0;
-    rows.clear();
-  }
-  // Bytes held.
-  size_t MemoryBytes() const { return rows.capacity() * sizeof(uint32_t); }
 };
 
 }  // namespace ps

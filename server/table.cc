@@ -43,6 +43,19 @@ unsigned char* AllocateChunk(size_t bytes) {
 std::atomic<uint64_t> g_next_generation{1};
 uint64_t NewGeneration() { return g_next_generation.fetch_add(1, std::memory_order_relaxed); }
 
+// Hints the CPU to load `lines` cache lines from `p` on, for writing when
+// kForWrite (the hint must be a constant, hence the template). Rows are
+// prefetched up to kMaxLinesPrefetched lines: wider ones stream in anyway.
+constexpr size_t kMaxLinesPrefetched = 8;
+// `lines` >= 1 (a row has at least one): the first is issued unconditionally,
+// which keeps the common one-line case free of a loop.
+template <int kForWrite>
+ABSL_ATTRIBUTE_ALWAYS_INLINE inline void PrefetchLines(const void* p, size_t lines) {
+  const char* c = static_cast<const char*>(p);
+  __builtin_prefetch(c, kForWrite);
+  for (size_t l = 1; l < lines; ++l) __builtin_prefetch(c + 64 * l, kForWrite);
+}
+
 constexpr size_t kMaxSparseChunkBytes = size_t{4} << 20;
 constexpr int kMaxSparseChunkShift = 14;
 
@@ -306,10 +319,7 @@ absl::Status SparseTable::CheckPush(absl::Span<const uint64_t> keys,
   if (max_rows_ >= kNil - 1 || eviction_ != EVICT_NONE) return absl::OkStatus();
   // Without eviction no row is dropped, so a current memo's rows are still
   // there: only the keys it holds as absent need a lookup.
-  const uint32_t* known = memo != nullptr && memo->generation == generation_ &&
-                                  memo->rows.size() == keys.size()
-                              ? memo->rows.data()
-                              : nullptr;
+  const uint32_t* known = MemoCurrent(memo, keys.size()) ? memo->rows.data() : nullptr;
   // Distinct keys without a row, with their pushes in this request.
   absl::flat_hash_map<uint64_t, uint32_t> absent;
   for (size_t i = 0; i < keys.size(); ++i) {
@@ -346,7 +356,6 @@ inline void SparseTable::LookUpBlock(const RowIndex::View& index, const RowLocat
                                      float** values) const {
   static_assert((kHashRing & (kHashRing - 1)) == 0 && kHashRing >= 2 * kLookupBlock,
                 "the ring holds two blocks of hashes");
-  constexpr size_t kMaxLinesPrefetched = 8;
   const size_t lines = std::min<size_t>(kMaxLinesPrefetched, (row_bytes + 63) / 64);
   const uint64_t* k = keys.data();
   const size_t n = keys.size();
@@ -365,14 +374,10 @@ inline void SparseTable::LookUpBlock(const RowIndex::View& index, const RowLocat
     }
     float* const v = locate.Values(r);
     values[i - begin] = v;
-    const char* row = reinterpret_cast<const char*>(v);
-    // The hint must be a constant. A row has at least one line.
     if (for_write) {
-      __builtin_prefetch(row, 1);
-      for (size_t l = 1; l < lines; ++l) __builtin_prefetch(row + 64 * l, 1);
+      PrefetchLines<1>(v, lines);
     } else {
-      __builtin_prefetch(row, 0);
-      for (size_t l = 1; l < lines; ++l) __builtin_prefetch(row + 64 * l, 0);
+      PrefetchLines<0>(v, lines);
     }
   }
 }
@@ -380,7 +385,7 @@ inline void SparseTable::LookUpBlock(const RowIndex::View& index, const RowLocat
 void SparseTable::Pull(absl::Span<const uint64_t> keys, float* out, RowMemo* memo) {
   if (memo == nullptr) {
     PullLookingUp(keys, out, nullptr);
-  } else if (memo->generation == generation_ && memo->rows.size() == keys.size()) {
+  } else if (MemoCurrent(memo, keys.size())) {
     PullRemembered(keys, out, memo);
   } else {
     // A pull drops no row: what it finds stays current.
@@ -437,12 +442,11 @@ void SparseTable::PullRemembered(absl::Span<const uint64_t> keys, float* out, Ro
   uint32_t* rows = memo->rows.data();
   const RowLocator locate = Locator();
   const uint32_t dim = dim_;
-  const size_t lines = std::min<size_t>(8, (meta_bytes_ + dim * sizeof(float) + 63) / 64);
+  const size_t lines =
+      std::min<size_t>(kMaxLinesPrefetched, (meta_bytes_ + dim * sizeof(float) + 63) / 64);
   const bool evictable = evictable_;
   auto prefetch = [&](uint32_t r) {
-    if (r == RowIndex::kNotFound) return;
-    const unsigned char* row = locate.Bytes(r);
-    for (size_t l = 0; l < lines; ++l) __builtin_prefetch(row + 64 * l, 0);
+    if (r != RowIndex::kNotFound) PrefetchLines<0>(locate.Bytes(r), lines);
   };
   for (size_t i = 0; i < n && i < kLookupBlock; ++i) prefetch(rows[i]);
   for (size_t i = 0; i < n; ++i) {
@@ -471,7 +475,7 @@ void SparseTable::Push(absl::Span<const uint64_t> keys, const float* grads, floa
                        RowMemo* memo) {
   if (memo == nullptr) {
     PushLookingUp(keys, grads, lr_scale, nullptr);
-  } else if (memo->generation == generation_ && memo->rows.size() == keys.size()) {
+  } else if (MemoCurrent(memo, keys.size())) {
     PushRemembered(keys, grads, lr_scale, memo);
   } else {
     const uint64_t generation = generation_;
@@ -567,11 +571,9 @@ void SparseTable::PushRemembered(absl::Span<const uint64_t> keys, const float* g
   uint32_t* rows = memo->rows.data();
   RowLocator locate = Locator();
   const uint32_t dim = dim_;
-  const size_t lines = std::min<size_t>(8, (row_bytes_ + 63) / 64);
+  const size_t lines = std::min<size_t>(kMaxLinesPrefetched, (row_bytes_ + 63) / 64);
   auto prefetch = [&](uint32_t r) {
-    if (r == RowIndex::kNotFound) return;
-    const unsigned char* row = locate.Bytes(r);
-    for (size_t l = 0; l < lines; ++l) __builtin_prefetch(row + 64 * l, 1);
+    if (r != RowIndex::kNotFound) PrefetchLines<1>(locate.Bytes(r), lines);
   };
   float* pending[kLookupBlock];
   size_t run_begin = 0;  // the key of pending[0]

@@ -257,6 +257,10 @@ class SparseTable : public Table {
                                                 size_t row_bytes, bool for_write,
                                                 uint64_t* hashes, uint32_t* rows,
                                                 float** values) const;
+  // Whether `memo` holds rows found in this generation for a list of n keys.
+  bool MemoCurrent(const RowMemo* memo, size_t n) const {
+    return memo != nullptr && memo->generation == generation_ && memo->rows.size() == n;
+  }
   // Pull and Push by index lookups; `found`, when not null, receives each
   // key's row (kNotFound: none).
   void PullLookingUp(absl::Span<const uint64_t> keys, float* out, uint32_t* found);
