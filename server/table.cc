@@ -56,6 +56,28 @@ ABSL_ATTRIBUTE_ALWAYS_INLINE inline void PrefetchLines(const void* p, size_t lin
   for (size_t l = 1; l < lines; ++l) __builtin_prefetch(c + 64 * l, kForWrite);
 }
 
+// Hints the CPU to load every line of [p, p + bytes), bytes >= 1, up to
+// kMaxLinesPrefetched lines: unlike a count of lines from p, it includes the
+// line a row not aligned to one spills into (rows with bookkeeping straddle
+// lines).
+template <int kForWrite>
+ABSL_ATTRIBUTE_ALWAYS_INLINE inline void PrefetchSpan(const void* p, size_t bytes) {
+  const uintptr_t first = reinterpret_cast<uintptr_t>(p) & ~uintptr_t{63};
+  const uintptr_t last = (reinterpret_cast<uintptr_t>(p) + bytes - 1) & ~uintptr_t{63};
+  PrefetchLines<kForWrite>(reinterpret_cast<const void*>(first),
+                           std::min<size_t>(kMaxLinesPrefetched, (last - first) / 64 + 1));
+}
+
+// Prefetches the first `bytes` bytes of row r, if r is a row. A function
+// that must be inlined, not a lambda: GCC found the memo loops' prefetching
+// lambdas free of side effects (a prefetch has none it models) and deleted
+// their calls, so rows read through memos were not prefetched at all.
+template <int kForWrite, typename Locator>
+ABSL_ATTRIBUTE_ALWAYS_INLINE inline void PrefetchRow(const Locator& locate, uint32_t r,
+                                                     size_t bytes) {
+  if (r != RowIndex::kNotFound) PrefetchSpan<kForWrite>(locate.Bytes(r), bytes);
+}
+
 constexpr size_t kMaxSparseChunkBytes = size_t{4} << 20;
 constexpr int kMaxSparseChunkShift = 14;
 
@@ -442,15 +464,11 @@ void SparseTable::PullRemembered(absl::Span<const uint64_t> keys, float* out, Ro
   uint32_t* rows = memo->rows.data();
   const RowLocator locate = Locator();
   const uint32_t dim = dim_;
-  const size_t lines =
-      std::min<size_t>(kMaxLinesPrefetched, (meta_bytes_ + dim * sizeof(float) + 63) / 64);
+  const size_t touched_bytes = meta_bytes_ + dim * sizeof(float);
   const bool evictable = evictable_;
-  auto prefetch = [&](uint32_t r) {
-    if (r != RowIndex::kNotFound) PrefetchLines<0>(locate.Bytes(r), lines);
-  };
-  for (size_t i = 0; i < n && i < kLookupBlock; ++i) prefetch(rows[i]);
+  for (size_t i = 0; i < n && i < kLookupBlock; ++i) PrefetchRow<0>(locate, rows[i], touched_bytes);
   for (size_t i = 0; i < n; ++i) {
-    if (i + kLookupBlock < n) prefetch(rows[i + kLookupBlock]);
+    if (i + kLookupBlock < n) PrefetchRow<0>(locate, rows[i + kLookupBlock], touched_bytes);
     uint32_t r = rows[i];
     if (r == RowIndex::kNotFound) {
       // Absent when the memo was made; a push may have created it since.
@@ -571,10 +589,7 @@ void SparseTable::PushRemembered(absl::Span<const uint64_t> keys, const float* g
   uint32_t* rows = memo->rows.data();
   RowLocator locate = Locator();
   const uint32_t dim = dim_;
-  const size_t lines = std::min<size_t>(kMaxLinesPrefetched, (row_bytes_ + 63) / 64);
-  auto prefetch = [&](uint32_t r) {
-    if (r != RowIndex::kNotFound) PrefetchLines<1>(locate.Bytes(r), lines);
-  };
+  const size_t row_bytes = row_bytes_;
   float* pending[kLookupBlock];
   size_t run_begin = 0;  // the key of pending[0]
   size_t count = 0;      // pending rows: keys [run_begin, run_begin + count)
@@ -583,9 +598,9 @@ void SparseTable::PushRemembered(absl::Span<const uint64_t> keys, const float* g
     count = 0;
     run_begin = next;
   };
-  for (size_t i = 0; i < n && i < kLookupBlock; ++i) prefetch(rows[i]);
+  for (size_t i = 0; i < n && i < kLookupBlock; ++i) PrefetchRow<1>(locate, rows[i], row_bytes);
   for (size_t i = 0; i < n; ++i) {
-    if (i + kLookupBlock < n) prefetch(rows[i + kLookupBlock]);
+    if (i + kLookupBlock < n) PrefetchRow<1>(locate, rows[i + kLookupBlock], row_bytes);
     uint32_t r = rows[i];
     if (r == RowIndex::kNotFound) r = index_.Find(k[i]);
     if (r != RowIndex::kNotFound) {

@@ -183,8 +183,9 @@ int64_t HugeBytes(const void* start) {
 }
 
 struct BigTableResult {
-  double pull = 0;   // rows/s
-  double limit = 0;  // rows/s
+  double pull = 0;       // rows/s
+  double pull_memo = 0;  // rows/s, through row memos (a cached key list)
+  double limit = 0;      // rows/s
 };
 
 // Pull of 64-float rows from a table of `gb` gigabytes of weights (SGD,
@@ -272,11 +273,18 @@ BigTableResult BigTable(double gb) {
   for (auto& m : keys) {
     for (auto& k : m) k = Mix64(k);
   }
+  // A memo per message, made by an uncounted pull: what the server keeps
+  // for a cached key list, so these pulls skip the index.
+  std::vector<RowMemo> memos(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) t->Pull(keys[i], out.data(), &memos[i]);
   for (int round = 0; round < kRounds; ++round) {
     result.limit = std::max(result.limit, gather_rate(limit_rows, true));
     result.pull = std::max(result.pull, Rate(keys, seconds, [&](const auto& m) {
                              t->Pull(m, out.data());
                            }));
+    result.pull_memo = std::max(result.pull_memo, Rate(keys, seconds, [&](const auto& m) {
+                                  t->Pull(m, out.data(), &memos[&m - keys.data()]);
+                                }));
   }
   // Read once the rounds are over, as they ran. What the process holds on
   // huge pages beyond the limit's array is the table's: its row chunks and
@@ -288,6 +296,10 @@ BigTableResult BigTable(double gb) {
       "{\"bench\":\"sparse\",\"metric\":\"pull_dim64_%.0fgb\",\"value\":%.0f,"
       "\"unit\":\"rows/s\",\"baseline\":%.0f,\"ratio\":%.3f}\n",
       gb, result.pull, result.limit, result.pull / result.limit);
+  std::printf(
+      "{\"bench\":\"sparse\",\"metric\":\"pull_dim64_%.0fgb_memo\",\"value\":%.0f,"
+      "\"unit\":\"rows/s\",\"baseline\":%.0f,\"ratio\":%.3f}\n",
+      gb, result.pull_memo, result.limit, result.pull_memo / result.limit);
   std::fflush(stdout);
   std::fprintf(stderr,
                "# big table: %zu rows of %u floats (%.1f GiB of weights, %.2f GiB held); gather "
@@ -444,8 +456,9 @@ int Main() {
     const BigTableResult big = BigTable(gb);
     if (big.limit <= 0) return 1;
     SummaryFields().push_back(absl::StrFormat(
-        "\"pull_dim64_%.0fgb\":%.4g,\"pull_dim64_%.0fgb_ratio\":%.3f", gb, big.pull, gb,
-        big.pull / big.limit));
+        "\"pull_dim64_%.0fgb\":%.4g,\"pull_dim64_%.0fgb_ratio\":%.3f,"
+        "\"pull_dim64_%.0fgb_memo_ratio\":%.3f",
+        gb, big.pull, gb, big.pull / big.limit, gb, big.pull_memo / big.limit));
   }
   std::printf("{\"bench\":\"sparse\",\"summary\":{%s}}\n",
               absl::StrJoin(SummaryFields(), ",").c_str());
