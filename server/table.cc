@@ -419,33 +419,42 @@ void SparseTable::Pull(absl::Span<const uint64_t> keys, float* out, RowMemo* mem
 }
 
 void SparseTable::PullLookingUp(absl::Span<const uint64_t> keys, float* out, uint32_t* found) {
-  // Two stages per block (LookUpBlock): the keys are looked up, their
-  // index slots having been prefetched a block earlier, and their rows
-  // prefetched; then the rows are copied. A pull creates and drops no row,
-  // so the row numbers found stay valid for the block, and the index and
-  // chunks do not move.
+  // Three stages, a block apart: while block b's rows are copied, block
+  // b + 1 has been looked up and its rows prefetched, and block b + 2's
+  // index slots prefetched (LookUpBlock of block b + 1 does both). So a row
+  // is requested a whole block before it is copied, not just before its own
+  // block's copies. A pull creates and drops no row, so the row numbers
+  // found stay valid across blocks, and the index and chunks do not move.
   const size_t n = keys.size();
   const uint64_t* k = keys.data();
   const RowIndex::View index = index_.view();
   const RowLocator locate = Locator();
   const uint32_t dim = dim_;
   uint64_t hashes[kHashRing];
-  uint32_t rows[kLookupBlock];
-  float* values[kLookupBlock];
+  uint32_t rows[2][kLookupBlock];
+  float* values[2][kLookupBlock];
   StartLookUps(index, keys, hashes);
-  for (size_t begin = 0; begin < n; begin += kLookupBlock) {
+  if (n > 0) {
+    LookUpBlock(index, locate, keys, 0, std::min(n, kLookupBlock), dim * sizeof(float),
+                /*for_write=*/false, hashes, rows[0], values[0]);
+  }
+  for (size_t begin = 0, b = 0; begin < n; begin += kLookupBlock, b ^= 1) {
     const size_t end = std::min(n, begin + kLookupBlock);
-    LookUpBlock(index, locate, keys, begin, end, dim * sizeof(float), /*for_write=*/false,
-                hashes, rows, values);
-    if (found != nullptr) std::memcpy(found + begin, rows, (end - begin) * sizeof(rows[0]));
+    if (end < n) {
+      LookUpBlock(index, locate, keys, end, std::min(n, end + kLookupBlock), dim * sizeof(float),
+                  /*for_write=*/false, hashes, rows[b ^ 1], values[b ^ 1]);
+    }
+    const uint32_t* block_rows = rows[b];
+    float* const* block_values = values[b];
+    if (found != nullptr) std::memcpy(found + begin, block_rows, (end - begin) * sizeof(uint32_t));
     for (size_t i = begin; i < end; ++i) {
-      const uint32_t r = rows[i - begin];
+      const uint32_t r = block_rows[i - begin];
       if (r != RowIndex::kNotFound) {
         // One float needs no call to memcpy.
         if (dim == 1) {
-          out[i] = *values[i - begin];
+          out[i] = *block_values[i - begin];
         } else {
-          std::memcpy(out + i * dim, values[i - begin], dim * sizeof(float));
+          std::memcpy(out + i * dim, block_values[i - begin], dim * sizeof(float));
         }
         if (evictable_) Touch(r);
       } else {
