@@ -373,12 +373,13 @@ inline void SparseTable::StartLookUps(const RowIndex::View& index,
 
 inline void SparseTable::LookUpBlock(const RowIndex::View& index, const RowLocator& locate,
                                      absl::Span<const uint64_t> keys, size_t begin,
-                                     size_t end, size_t row_bytes, bool for_write,
+                                     size_t end, size_t value_bytes, bool for_write,
                                      uint64_t* hashes, uint32_t* rows,
                                      float** values) const {
   static_assert((kHashRing & (kHashRing - 1)) == 0 && kHashRing >= 2 * kLookupBlock,
                 "the ring holds two blocks of hashes");
-  const size_t lines = std::min<size_t>(kMaxLinesPrefetched, (row_bytes + 63) / 64);
+  // The bookkeeping in front of the floats too: Touch writes it.
+  const size_t touched_bytes = locate.meta_bytes + value_bytes;
   const uint64_t* k = keys.data();
   const size_t n = keys.size();
   for (size_t i = begin; i < end; ++i) {
@@ -397,9 +398,9 @@ inline void SparseTable::LookUpBlock(const RowIndex::View& index, const RowLocat
     float* const v = locate.Values(r);
     values[i - begin] = v;
     if (for_write) {
-      PrefetchLines<1>(v, lines);
+      PrefetchSpan<1>(locate.Bytes(r), touched_bytes);
     } else {
-      PrefetchLines<0>(v, lines);
+      PrefetchSpan<0>(locate.Bytes(r), touched_bytes);
     }
   }
 }

@@ -234,8 +234,8 @@ class SparseTable : public Table {
   // of many keys overlap instead of following one another. LookUpBlock
   // finds the rows of keys[begin, end) (end - begin <= kLookupBlock) into
   // rows[0..], the addresses of the found rows' values into values[0..],
-  // and prefetches the first row_bytes of each (for writing if
-  // for_write); meanwhile it hashes the keys one block ahead and
+  // and prefetches each row's bookkeeping and the first value_bytes of its
+  // floats (for writing if for_write); meanwhile it hashes the keys one block ahead and
   // prefetches their index slots. `hashes` is a ring of kHashRing hashes,
   // indexed by key position modulo kHashRing: on entry it holds those of
   // keys[begin, begin + kLookupBlock) (StartLookUps fills the first block),
@@ -254,7 +254,7 @@ class SparseTable : public Table {
                                                 const RowLocator& locate,
                                                 absl::Span<const uint64_t> keys,
                                                 size_t begin, size_t end,
-                                                size_t row_bytes, bool for_write,
+                                                size_t value_bytes, bool for_write,
                                                 uint64_t* hashes, uint32_t* rows,
                                                 float** values) const;
   // Whether `memo` holds rows found in this generation for a list of n keys.
