@@ -32,7 +32,8 @@ unsigned char* AllocateChunk(size_t bytes) {
     p = std::aligned_alloc(kHugePage, bytes);
     if (p != nullptr) madvise(p, bytes, MADV_HUGEPAGE);
   } else {
-    p = std::malloc(bytes);
+    // On a cache line, so that RowSpan can count a row's lines once.
+    p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
   }
   if (p == nullptr) throw std::bad_alloc();
   return static_cast<unsigned char*>(p);
@@ -68,14 +69,42 @@ ABSL_ATTRIBUTE_ALWAYS_INLINE inline void PrefetchSpan(const void* p, size_t byte
                            std::min<size_t>(kMaxLinesPrefetched, (last - first) / 64 + 1));
 }
 
-// Prefetches the first `bytes` bytes of row r, if r is a row. A function
-// that must be inlined, not a lambda: GCC found the memo loops' prefetching
-// lambdas free of side effects (a prefetch has none it models) and deleted
-// their calls, so rows read through memos were not prefetched at all.
+// The first `bytes` bytes of every row of a table with rows of `row_bytes`
+// bytes, for prefetching. Chunks start on a cache line, so when rows are
+// whole lines, or evenly divide one, the bytes cover the same number of
+// lines in every row, counted here once; otherwise the count depends on
+// where the row starts (PrefetchSpan, a few instructions more per row).
+struct RowSpan {
+  RowSpan(size_t row_bytes, size_t bytes) : bytes(bytes) {
+    if (row_bytes % 64 == 0) {
+      fixed_lines = std::min<size_t>(kMaxLinesPrefetched, (bytes + 63) / 64);
+    } else if (64 % row_bytes == 0) {
+      fixed_lines = 1;
+    }
+  }
+  size_t bytes;
+  size_t fixed_lines = 0;  // 0: counted per row
+};
+
+// Prefetches `span` of the row at p.
+template <int kForWrite>
+ABSL_ATTRIBUTE_ALWAYS_INLINE inline void PrefetchRowSpan(const unsigned char* p,
+                                                         const RowSpan& span) {
+  if (span.fixed_lines != 0) {
+    PrefetchLines<kForWrite>(p, span.fixed_lines);
+  } else {
+    PrefetchSpan<kForWrite>(p, span.bytes);
+  }
+}
+
+// Prefetches `span` of row r, if r is a row. A function that must be
+// inlined, not a lambda: GCC found the memo loops' prefetching lambdas free
+// of side effects (a prefetch has none it models) and deleted their calls,
+// so rows read through memos were not prefetched at all.
 template <int kForWrite, typename Locator>
 ABSL_ATTRIBUTE_ALWAYS_INLINE inline void PrefetchRow(const Locator& locate, uint32_t r,
-                                                     size_t bytes) {
-  if (r != RowIndex::kNotFound) PrefetchSpan<kForWrite>(locate.Bytes(r), bytes);
+                                                     const RowSpan& span) {
+  if (r != RowIndex::kNotFound) PrefetchRowSpan<kForWrite>(locate.Bytes(r), span);
 }
 
 constexpr size_t kMaxSparseChunkBytes = size_t{4} << 20;
@@ -379,7 +408,7 @@ inline void SparseTable::LookUpBlock(const RowIndex::View& index, const RowLocat
   static_assert((kHashRing & (kHashRing - 1)) == 0 && kHashRing >= 2 * kLookupBlock,
                 "the ring holds two blocks of hashes");
   // The bookkeeping in front of the floats too: Touch writes it.
-  const size_t touched_bytes = locate.meta_bytes + value_bytes;
+  const RowSpan touched(locate.row_bytes, locate.meta_bytes + value_bytes);
   const uint64_t* k = keys.data();
   const size_t n = keys.size();
   for (size_t i = begin; i < end; ++i) {
@@ -398,9 +427,9 @@ inline void SparseTable::LookUpBlock(const RowIndex::View& index, const RowLocat
     float* const v = locate.Values(r);
     values[i - begin] = v;
     if (for_write) {
-      PrefetchSpan<1>(locate.Bytes(r), touched_bytes);
+      PrefetchRowSpan<1>(locate.Bytes(r), touched);
     } else {
-      PrefetchSpan<0>(locate.Bytes(r), touched_bytes);
+      PrefetchRowSpan<0>(locate.Bytes(r), touched);
     }
   }
 }
@@ -474,11 +503,11 @@ void SparseTable::PullRemembered(absl::Span<const uint64_t> keys, float* out, Ro
   uint32_t* rows = memo->rows.data();
   const RowLocator locate = Locator();
   const uint32_t dim = dim_;
-  const size_t touched_bytes = meta_bytes_ + dim * sizeof(float);
+  const RowSpan touched(row_bytes_, meta_bytes_ + dim * sizeof(float));
   const bool evictable = evictable_;
-  for (size_t i = 0; i < n && i < kLookupBlock; ++i) PrefetchRow<0>(locate, rows[i], touched_bytes);
+  for (size_t i = 0; i < n && i < kLookupBlock; ++i) PrefetchRow<0>(locate, rows[i], touched);
   for (size_t i = 0; i < n; ++i) {
-    if (i + kLookupBlock < n) PrefetchRow<0>(locate, rows[i + kLookupBlock], touched_bytes);
+    if (i + kLookupBlock < n) PrefetchRow<0>(locate, rows[i + kLookupBlock], touched);
     uint32_t r = rows[i];
     if (r == RowIndex::kNotFound) {
       // Absent when the memo was made; a push may have created it since.
@@ -599,7 +628,7 @@ void SparseTable::PushRemembered(absl::Span<const uint64_t> keys, const float* g
   uint32_t* rows = memo->rows.data();
   RowLocator locate = Locator();
   const uint32_t dim = dim_;
-  const size_t row_bytes = row_bytes_;
+  const RowSpan row(row_bytes_, row_bytes_);
   float* pending[kLookupBlock];
   size_t run_begin = 0;  // the key of pending[0]
   size_t count = 0;      // pending rows: keys [run_begin, run_begin + count)
@@ -608,9 +637,9 @@ void SparseTable::PushRemembered(absl::Span<const uint64_t> keys, const float* g
     count = 0;
     run_begin = next;
   };
-  for (size_t i = 0; i < n && i < kLookupBlock; ++i) PrefetchRow<1>(locate, rows[i], row_bytes);
+  for (size_t i = 0; i < n && i < kLookupBlock; ++i) PrefetchRow<1>(locate, rows[i], row);
   for (size_t i = 0; i < n; ++i) {
-    if (i + kLookupBlock < n) PrefetchRow<1>(locate, rows[i + kLookupBlock], row_bytes);
+    if (i + kLookupBlock < n) PrefetchRow<1>(locate, rows[i + kLookupBlock], row);
     uint32_t r = rows[i];
     if (r == RowIndex::kNotFound) r = index_.Find(k[i]);
     if (r != RowIndex::kNotFound) {
