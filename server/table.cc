@@ -69,15 +69,16 @@ ABSL_ATTRIBUTE_ALWAYS_INLINE inline void PrefetchSpan(const void* p, size_t byte
                            std::min<size_t>(kMaxLinesPrefetched, (last - first) / 64 + 1));
 }
 
-// The first `bytes` bytes of every row of a table with rows of `row_bytes`
-// bytes, for prefetching. Chunks start on a cache line, so when rows are
-// whole lines, or evenly divide one, the bytes cover the same number of
-// lines in every row, counted here once; otherwise the count depends on
-// where the row starts (PrefetchSpan, a few instructions more per row).
+// The first `first_bytes` bytes of every row of a table with rows of
+// `row_bytes` bytes, for prefetching. Chunks start on a cache line, so when
+// rows are whole lines, or evenly divide one, those bytes cover the same
+// number of lines in every row, counted here once; otherwise the count
+// depends on where the row starts (PrefetchSpan, a few instructions more per
+// row).
 struct RowSpan {
-  RowSpan(size_t row_bytes, size_t bytes) : bytes(bytes) {
+  RowSpan(size_t row_bytes, size_t first_bytes) : bytes(first_bytes) {
     if (row_bytes % 64 == 0) {
-      fixed_lines = std::min<size_t>(kMaxLinesPrefetched, (bytes + 63) / 64);
+      fixed_lines = std::min<size_t>(kMaxLinesPrefetched, (first_bytes + 63) / 64);
     } else if (64 % row_bytes == 0) {
       fixed_lines = 1;
     }

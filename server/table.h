@@ -235,8 +235,8 @@ class SparseTable : public Table {
   // finds the rows of keys[begin, end) (end - begin <= kLookupBlock) into
   // rows[0..], the addresses of the found rows' values into values[0..],
   // and prefetches each row's bookkeeping and the first value_bytes of its
-  // floats (for writing if for_write); meanwhile it hashes the keys one block ahead and
-  // prefetches their index slots. `hashes` is a ring of kHashRing hashes,
+  // floats (for writing if for_write); meanwhile it hashes the keys one
+  // block ahead and prefetches their index slots. `hashes` is a ring of kHashRing hashes,
   // indexed by key position modulo kHashRing: on entry it holds those of
   // keys[begin, begin + kLookupBlock) (StartLookUps fills the first block),
   // and on return also those of the next block, so each key is hashed once

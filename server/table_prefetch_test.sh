@@ -15,7 +15,10 @@ if [ "$(uname -m)" != x86_64 ]; then
   echo "table_prefetch_test: not x86-64 ($(uname -m)); prefetch opcodes differ, skipped"
   exit 0
 fi
-command -v objdump >/dev/null || { echo "table_prefetch_test: objdump (binutils) is missing" >&2; exit 1; }
+if ! command -v objdump >/dev/null; then
+  echo "table_prefetch_test: objdump (binutils) is missing" >&2
+  exit 1
+fi
 
 listing=$(mktemp)
 trap 'rm -f "$listing"' EXIT
