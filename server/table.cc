@@ -108,6 +108,16 @@ ABSL_ATTRIBUTE_ALWAYS_INLINE inline void PrefetchRow(const Locator& locate, uint
   if (r != RowIndex::kNotFound) PrefetchRowSpan<kForWrite>(locate.Bytes(r), span);
 }
 
+// Copies a row's `dim` floats to `out` for a pull. One float needs no call
+// to memcpy (dim-1 tables are the common sparse case).
+ABSL_ATTRIBUTE_ALWAYS_INLINE inline void CopyRow(const float* v, uint32_t dim, float* out) {
+  if (dim == 1) {
+    *out = *v;
+  } else {
+    std::memcpy(out, v, dim * sizeof(float));
+  }
+}
+
 constexpr size_t kMaxSparseChunkBytes = size_t{4} << 20;
 constexpr int kMaxSparseChunkShift = 14;
 
@@ -481,12 +491,7 @@ void SparseTable::PullLookingUp(absl::Span<const uint64_t> keys, float* out, uin
     for (size_t i = begin; i < end; ++i) {
       const uint32_t r = block_rows[i - begin];
       if (r != RowIndex::kNotFound) {
-        // One float needs no call to memcpy.
-        if (dim == 1) {
-          out[i] = *block_values[i - begin];
-        } else {
-          std::memcpy(out + i * dim, block_values[i - begin], dim * sizeof(float));
-        }
+        CopyRow(block_values[i - begin], dim, out + i * dim);
         if (evictable_) Touch(r);
       } else {
         InitializeValues(config_.init(), config_.id(), k[i], 0, dim, out + i * dim);
@@ -519,12 +524,7 @@ void SparseTable::PullRemembered(absl::Span<const uint64_t> keys, float* out, Ro
       }
       rows[i] = r;
     }
-    const float* v = locate.Values(r);
-    if (dim == 1) {
-      out[i] = *v;
-    } else {
-      std::memcpy(out + i * dim, v, dim * sizeof(float));
-    }
+    CopyRow(locate.Values(r), dim, out + i * dim);
     if (evictable) Touch(r);
   }
 }

@@ -282,6 +282,8 @@ BigTableResult BigTable(double gb) {
     result.pull = std::max(result.pull, Rate(keys, seconds, [&](const auto& m) {
                              t->Pull(m, out.data());
                            }));
+    // Rate passes each message by reference into `keys`, so its position
+    // picks its memo.
     result.pull_memo = std::max(result.pull_memo, Rate(keys, seconds, [&](const auto& m) {
                                   t->Pull(m, out.data(), &memos[&m - keys.data()]);
                                 }));
