@@ -165,14 +165,24 @@ absl::StatusOr<HeartbeatResponse> ClusterState::Heartbeat(
   }
   if (hb.clock < kFinishedClock) max_clock_ever_ = std::max(max_clock_ever_, hb.clock);
   if (hb.clock < kFinishedClock) {
+    const absl::Duration window = now - hb.rate_since;
     if (hb.rate_since == absl::InfinitePast()) {
       hb.rate_since = now;
       hb.rate_clock = hb.clock;
-    } else if (now - hb.rate_since >= absl::Milliseconds(200)) {
-      hb.steps_per_second = (hb.clock - hb.rate_clock) /
-                            absl::ToDoubleSeconds(now - hb.rate_since);
+    } else if (window >= kPaceWindow) {
+      hb.steps_per_second =
+          (hb.clock - hb.rate_clock) / absl::ToDoubleSeconds(window);
       hb.rate_since = now;
       hb.rate_clock = hb.clock;
+      hb.pace_measured = true;
+    } else if (!hb.pace_measured && window > absl::ZeroDuration()) {
+      // Until a whole window has passed, the pace so far. A fast job
+      // reaches its first checkpoint interval within one window; with no
+      // pace its first checkpoints were set two steps ahead, were passed
+      // before the view reached the workers, and were abandoned, each retry
+      // costing a round of heartbeats.
+      hb.steps_per_second =
+          (hb.clock - hb.rate_clock) / absl::ToDoubleSeconds(window);
     }
   }
   if (request.has_position() && request.position().shard() < shards_.size()) {
@@ -439,8 +449,9 @@ ClusterState::Monitoring ClusterState::Monitor() const {
     if (node.info.state() != ALIVE) continue;
     NodeActivity& a = m.nodes[id];
     a.silent_seconds = std::max(0.0, absl::ToDoubleSeconds(now - node.last_heartbeat));
-    // The pace is measured between heartbeats at least 200 ms apart; it
-    // reads 0 until the first such pair.
+    // The pace is measured between heartbeats at least kPaceWindow apart;
+    // before the first such pair it is the pace since the first heartbeat
+    // (0 until a second one).
     if (node.info.role() == WORKER && node.clock < kFinishedClock &&
         node.rate_since != absl::InfinitePast()) {
       a.steps_per_second = node.steps_per_second;

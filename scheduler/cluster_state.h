@@ -192,7 +192,12 @@ class ClusterState {
     double steps_per_second = 0;
     uint64_t rate_clock = 0;
     absl::Time rate_since = absl::InfinitePast();
+    // Whether steps_per_second spans a whole kPaceWindow; before, it is the
+    // pace since the first heartbeat.
+    bool pace_measured = false;
   };
+  // Heartbeats at least this far apart measure a worker's pace.
+  static constexpr absl::Duration kPaceWindow = absl::Milliseconds(200);
 
   void BumpEpochLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool Reassign() const;

@@ -363,6 +363,31 @@ TEST_F(RecoveryTest, PeriodicCheckpointsFollowTheFastestWorker) {
   (void)j;
 }
 
+// A job that reaches its first interval within one pace window (200 ms)
+// still sets the checkpoint ahead by its pace: three heartbeat intervals of
+// steps. Set two steps ahead, the workers would pass it before the view
+// reached them.
+TEST_F(RecoveryTest, AFastJobsFirstCheckpointIsSetAheadByItsEarlyPace) {
+  Start();
+  const Job j = StartJob();
+  Beat(j.w0, 0);
+  Beat(j.w1, 0);
+  clock_.Advance(absl::Milliseconds(100));
+  Beat(j.w0, 150);  // 1500 steps/s
+  Beat(j.w1, 140);
+  ASSERT_EQ(state_->CheckCheckpoints().size(), 1u);
+  // 150 + 1500 steps/s * 3 * 100 ms.
+  EXPECT_GE(state_->View().checkpoint_clock(), 150u + 450u);
+  EXPECT_DOUBLE_EQ(state_->Monitor().nodes[j.w0].steps_per_second, 1500);
+  // A whole window later the measured pace replaces the early one.
+  clock_.Advance(absl::Milliseconds(150));
+  Beat(j.w0, 200);  // 200 steps in 250 ms
+  EXPECT_DOUBLE_EQ(state_->Monitor().nodes[j.w0].steps_per_second, 800);
+  clock_.Advance(absl::Milliseconds(200));
+  Beat(j.w0, 300);  // 100 steps in the next 200 ms
+  EXPECT_DOUBLE_EQ(state_->Monitor().nodes[j.w0].steps_per_second, 500);
+}
+
 TEST_F(RecoveryTest, ARestoredJobStartsAtTheCheckpointsClockAndPositions) {
   Start();
   CheckpointManifest m;

@@ -104,7 +104,11 @@ digest() { "$CKPT_TOOL" --digest="$1" 2>/dev/null | head -n 1; }
 # ---------------------------------------------------------------- 1
 RUN="$T/train3"
 CK="$T/ck3"
-config 3 "$CK" false 25 200000 > "$T/train3.pbtxt"
+# 600K examples: about 2,300 steps a worker, 1.5 s or more of training. The
+# scheduler sets each checkpoint about three heartbeats of steps ahead (300
+# ms here), so two commits need a job several times that long; at 200K
+# examples the job trained in 0.5 s and a loaded machine often committed one.
+config 3 "$CK" false 25 600000 > "$T/train3.pbtxt"
 start_scheduler "$RUN" "$T/train3.pbtxt"
 for i in 0 1 2; do start_server "$RUN" "$T/train3.pbtxt" "server$i"; done
 W=()
