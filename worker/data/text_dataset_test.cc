@@ -443,7 +443,9 @@ TEST(CriteoDatasetTest, LargeFileGivesEveryLineOncePerPass) {
       MustOpen(FilesConfig(FileDataConfig::CRITEO, {path}));
   ExampleBatch b;
   for (int pass = 0; pass < 2; ++pass) {
-    if (pass > 0) ASSERT_TRUE(d->Rewind().ok());
+    if (pass > 0) {
+      ASSERT_TRUE(d->Rewind().ok());
+    }
     uint64_t examples = 0;
     for (;;) {
       absl::StatusOr<size_t> n = d->Next(1024, &b);
