@@ -165,24 +165,26 @@ absl::StatusOr<HeartbeatResponse> ClusterState::Heartbeat(
   }
   if (hb.clock < kFinishedClock) max_clock_ever_ = std::max(max_clock_ever_, hb.clock);
   if (hb.clock < kFinishedClock) {
-    const absl::Duration window = now - hb.rate_since;
     if (hb.rate_since == absl::InfinitePast()) {
       hb.rate_since = now;
       hb.rate_clock = hb.clock;
-    } else if (window >= kPaceWindow) {
-      hb.steps_per_second =
-          (hb.clock - hb.rate_clock) / absl::ToDoubleSeconds(window);
-      hb.rate_since = now;
-      hb.rate_clock = hb.clock;
-      hb.pace_measured = true;
-    } else if (!hb.pace_measured && window > absl::ZeroDuration()) {
+    } else {
+      const absl::Duration window = now - hb.rate_since;
+      const bool whole = window >= kPaceWindow;
       // Until a whole window has passed, the pace so far. A fast job
       // reaches its first checkpoint interval within one window; with no
       // pace its first checkpoints were set two steps ahead, were passed
       // before the view reached the workers, and were abandoned, each retry
       // costing a round of heartbeats.
-      hb.steps_per_second =
-          (hb.clock - hb.rate_clock) / absl::ToDoubleSeconds(window);
+      if (whole || (!hb.pace_measured && window > absl::ZeroDuration())) {
+        hb.steps_per_second =
+            (hb.clock - hb.rate_clock) / absl::ToDoubleSeconds(window);
+      }
+      if (whole) {
+        hb.rate_since = now;
+        hb.rate_clock = hb.clock;
+        hb.pace_measured = true;
+      }
     }
   }
   if (request.has_position() && request.position().shard() < shards_.size()) {
