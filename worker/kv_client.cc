@@ -136,6 +136,19 @@ absl::Status Completion::Wait() const {
   return s->status;
 }
 
+bool Completion::WaitFor(absl::Duration timeout, absl::Status* status) const {
+  State* s = state_.get();
+  absl::MutexLock lock(&s->mu);
+  const bool finished = s->mu.AwaitWithTimeout(
+      absl::Condition(
+          +[](State* st)
+               ABSL_EXCLUSIVE_LOCKS_REQUIRED(st->mu) { return st->remaining == 0; },
+          s),
+      timeout);
+  if (finished && status != nullptr) *status = s->status;
+  return finished;
+}
+
 bool Completion::done() const {
   absl::MutexLock lock(&state_->mu);
   return state_->remaining == 0;

@@ -97,6 +97,11 @@ class Completion {
  public:
   // Blocks until the request completes; returns its status.
   absl::Status Wait() const;
+  // Waits at most `timeout` for the request to complete. true and *status
+  // (if not null) set to the request's status when it did; false when it
+  // is still in flight. Bounded waits let a caller react to signals in
+  // between (the Python binding waits in short slices so Ctrl-C works).
+  bool WaitFor(absl::Duration timeout, absl::Status* status = nullptr) const;
   bool done() const;
   // Pulls: the consistency diagnostics the servers answered with (the
   // smallest over the servers involved): the slowest live worker's clock,

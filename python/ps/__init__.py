@@ -1,0 +1,32 @@
+"""ps: train your own NumPy or PyTorch model on the parameter servers.
+
+    import ps
+    sess = ps.init("job.pbtxt")            # scheduler from $PS_SCHEDULER
+    emb, dense = sess.table("emb"), sess.table("dense")
+    rows = emb.pull(keys).result()          # float32 (n, dim)
+    emb.push(keys, grads); dense.push(g)    # the servers run the optimizer
+    sess.end_step()                         # once per step, in every mode
+    if sess.finish(): ...                   # True on the evaluator
+    sess.close()
+
+The servers own the optimizer (SGD, momentum, Adagrad, Adam, FTRL, set per
+table in the job config): push gradients of the mean loss, never updated
+weights. See docs/python.md.
+"""
+
+from .errors import (Aborted, AlreadyExists, Cancelled, DataLoss, FailedPrecondition,
+                     ForkError, Internal, InvalidArgument, NotFound, OutOfRange,
+                     PermissionDenied, PsError, ResourceExhausted, Timeout,
+                     Unauthenticated, Unavailable, Unimplemented)
+from .session import (FINISHED_CLOCK, DataPosition, DenseTable, Future, Session,
+                      SparseTable, as_keys, hash_key, init)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Aborted", "AlreadyExists", "Cancelled", "DataLoss", "DataPosition", "DenseTable",
+    "FINISHED_CLOCK", "FailedPrecondition", "ForkError", "Future", "Internal",
+    "InvalidArgument", "NotFound", "OutOfRange", "PermissionDenied", "PsError",
+    "ResourceExhausted", "Session", "SparseTable", "Timeout", "Unauthenticated",
+    "Unavailable", "Unimplemented", "as_keys", "hash_key", "init",
+]

@@ -1,0 +1,167 @@
+"""Data helpers: the synthetic CTR data of the C++ examples, and sharding.
+
+`synthetic_ctr` produces exactly the examples the C++ trainer reads for the
+same job config (examples/ctr/synthetic_ctr.h), so a Python model and a
+built-in one can be compared on the same data and the same keys.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import os
+from typing import Iterator, Optional, Union
+
+import numpy as np
+
+from . import _native
+from .errors import from_code
+
+
+@dataclasses.dataclass
+class CtrBatch:
+    """A batch of synthetic CTR examples.
+
+    numeric: float32 (n, num_numeric); keys: uint64 (n, num_categorical),
+    one key per categorical field; labels: float32 (n,) of 0/1;
+    true_logits: float32 (n,), the generating model's logits (the oracle).
+    """
+
+    numeric: np.ndarray
+    keys: np.ndarray
+    labels: np.ndarray
+    true_logits: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.labels.shape[0])
+
+
+def describe_config(path: Union[str, os.PathLike], num_servers: int = 0,
+                    num_workers: int = 0) -> dict:
+    """The job config at `path`, validated, as a dict: name, mode, cluster
+    sizes, tables (name, id, sparse, dim, size, optimizer)."""
+    import json
+    out = ctypes.c_void_p()
+    code = _native.lib().ps_describe_config(os.fspath(path).encode(), num_servers,
+                                            num_workers, ctypes.byref(out))
+    if code != 0:
+        raise from_code(code, _native.last_error())
+    return json.loads(_native.take_string(out.value))
+
+
+class SyntheticCtr:
+    """The job's data.synthetic_ctr examples (train split 0, test split 1)."""
+
+    def __init__(self, config: Union[str, os.PathLike]) -> None:
+        import re
+        self.config = os.fspath(config)
+        text = open(self.config, encoding="utf-8").read()
+        block = re.search(r"synthetic_ctr\s*{([^}]*)}", text)
+        if block is None:
+            from .errors import InvalidArgument
+            raise InvalidArgument(f"{self.config}: the job has no data.synthetic_ctr block")
+
+        def field(name: str, default: float) -> float:
+            m = re.search(rf"\b{name}\s*:\s*([0-9.eE+-]+)", block.group(1))
+            return float(m.group(1)) if m else default
+
+        self.num_train = int(field("num_train", 1000000))
+        self.num_test = int(field("num_test", 100000))
+        self.num_categorical = int(field("num_categorical", 26))
+        self.num_numeric = int(field("num_numeric", 13))
+
+    def size(self, split: int) -> int:
+        return self.num_train if split == 0 else self.num_test
+
+    def fill(self, split: int, begin: int, count: int) -> CtrBatch:
+        """Examples [begin, begin + count) of `split` (0 train, 1 test)."""
+        numeric = np.empty((count, self.num_numeric), dtype=np.float32)
+        keys = np.empty((count, self.num_categorical), dtype=np.uint64)
+        labels = np.empty(count, dtype=np.float32)
+        logits = np.empty(count, dtype=np.float32)
+        f32 = ctypes.POINTER(ctypes.c_float)
+        code = _native.lib().ps_synthetic_ctr(
+            self.config.encode(), split, begin, count, numeric.ctypes.data_as(f32),
+            numeric.size, keys.ctypes.data_as(ctypes.POINTER(ctypes.c_uint64)), keys.size,
+            labels.ctypes.data_as(f32), logits.ctypes.data_as(f32))
+        if code != 0:
+            raise from_code(code, _native.last_error())
+        return CtrBatch(numeric, keys, labels, logits)
+
+    def shard_batches(self, shard: int, num_shards: int, batch_size: int,
+                      interleave: bool = True, split: int = 0) -> "ShardBatches":
+        """The batches of data shard `shard` of `num_shards` (see ShardBatches)."""
+        return ShardBatches(self, shard, num_shards, batch_size, interleave, split)
+
+
+class ShardBatches:
+    """Batches of one data shard, with skip(n) for resuming.
+
+    interleave=True: batch i of shard s is the global batch i*k + s of size
+    batch_size (k = num_shards), as training.shard_by_batch does in C++, so
+    k workers of batch b see together what one worker of batch k*b sees
+    (under BSP they then train alike). interleave=False: shard s is a
+    contiguous 1/k of the examples. A last partial batch is kept.
+    """
+
+    def __init__(self, data: SyntheticCtr, shard: int, num_shards: int, batch_size: int,
+                 interleave: bool = True, split: int = 0) -> None:
+        self.data, self.shard, self.k, self.b = data, shard, num_shards, batch_size
+        self.interleave, self.split = interleave, split
+        n = data.size(split)
+        if interleave:
+            self.ranges = []
+            i = shard
+            while i * batch_size < n:
+                lo = i * batch_size
+                self.ranges.append((lo, min(n, lo + batch_size)))
+                i += num_shards
+        else:
+            lo, hi = n * shard // num_shards, n * (shard + 1) // num_shards
+            self.ranges = [(a, min(hi, a + batch_size)) for a in range(lo, hi, batch_size)]
+        self.next = 0
+
+    def __len__(self) -> int:
+        return len(self.ranges)
+
+    def skip(self, n: int) -> None:
+        """Skips the next n batches without generating them."""
+        self.next = min(len(self.ranges), self.next + n)
+
+    def __iter__(self) -> Iterator[CtrBatch]:
+        return self
+
+    def __next__(self) -> CtrBatch:
+        if self.next >= len(self.ranges):
+            raise StopIteration
+        lo, hi = self.ranges[self.next]
+        self.next += 1
+        return self.data.fill(self.split, lo, hi - lo)
+
+
+def initial_values(config: Union[str, os.PathLike], table: str,
+                   keys: Optional[np.ndarray] = None, first: int = 0,
+                   count: int = 0) -> np.ndarray:
+    """The values the servers give new rows of `table` (sparse: keys, float32
+    (n, dim)) or new elements of a dense table ([first, first + count))."""
+    info = next((t for t in describe_config(config)["tables"] if t["name"] == table), None)
+    if info is None:
+        from .errors import InvalidArgument
+        raise InvalidArgument(f"no table {table!r} in {config}")
+    f32 = ctypes.POINTER(ctypes.c_float)
+    u64 = ctypes.POINTER(ctypes.c_uint64)
+    if info["sparse"]:
+        from .session import as_keys
+        k = as_keys(keys if keys is not None else np.empty(0, np.uint64))
+        out = np.empty((k.size, int(info["dim"])), dtype=np.float32)
+        code = _native.lib().ps_initial_values(os.fspath(config).encode(), table.encode(),
+                                               k.ctypes.data_as(u64), k.size, 0,
+                                               out.ctypes.data_as(f32), out.size)
+    else:
+        out = np.empty(count, dtype=np.float32)
+        code = _native.lib().ps_initial_values(os.fspath(config).encode(), table.encode(),
+                                               None, count, first,
+                                               out.ctypes.data_as(f32), out.size)
+    if code != 0:
+        raise from_code(code, _native.last_error())
+    return out

@@ -1,0 +1,99 @@
+"""Typed exceptions carrying the servers' and the scheduler's messages.
+
+Every error from the native library arrives as a PsError subclass chosen by
+its status code; the message is the C++ side's text, which names the table,
+key or element at fault ("non-finite gradient at element 3 ...") and, for
+waits under BSP/SSP, the ranks waited for. Each subclass also derives from
+the closest built-in exception, so `except ValueError` or `except
+TimeoutError` catches what one would expect.
+"""
+
+from __future__ import annotations
+
+
+class PsError(Exception):
+    """Base class. `code` is the Abseil status code (int), `message` the text."""
+
+    code = 2  # UNKNOWN
+
+    def __init__(self, message: str, code: int | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if code is not None:
+            self.code = code
+
+
+class Cancelled(PsError):
+    code = 1
+
+
+class InvalidArgument(PsError, ValueError):
+    code = 3
+
+
+class Timeout(PsError, TimeoutError):
+    code = 4
+
+
+class NotFound(PsError, LookupError):
+    code = 5
+
+
+class AlreadyExists(PsError):
+    code = 6
+
+
+class PermissionDenied(PsError, PermissionError):
+    code = 7
+
+
+class ResourceExhausted(PsError, MemoryError):
+    code = 8
+
+
+class FailedPrecondition(PsError, RuntimeError):
+    code = 9
+
+
+class Aborted(PsError):
+    code = 10
+
+
+class OutOfRange(PsError, IndexError):
+    code = 11
+
+
+class Unimplemented(PsError, NotImplementedError):
+    code = 12
+
+
+class Internal(PsError, RuntimeError):
+    code = 13
+
+
+class Unavailable(PsError, ConnectionError):
+    code = 14
+
+
+class DataLoss(PsError):
+    code = 15
+
+
+class Unauthenticated(PsError, PermissionError):
+    code = 16
+
+
+class ForkError(FailedPrecondition):
+    """A session was used in a process forked after it started."""
+
+
+_BY_CODE = {c.code: c for c in (
+    Cancelled, InvalidArgument, Timeout, NotFound, AlreadyExists, PermissionDenied,
+    ResourceExhausted, FailedPrecondition, Aborted, OutOfRange, Unimplemented,
+    Internal, Unavailable, DataLoss, Unauthenticated)}
+
+
+def from_code(code: int, message: str) -> PsError:
+    """The exception for Abseil status `code` with `message`."""
+    cls = _BY_CODE.get(code, PsError)
+    return cls(message or f"status code {code}", code)

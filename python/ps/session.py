@@ -1,0 +1,846 @@
+"""Sessions, table handles and futures over the native library.
+
+A Session is one worker of a job (or a tool that reads and writes tables):
+it registers with the scheduler, waits for the servers, and then pushes and
+pulls through the data plane. Every data-plane call returns a Future at
+once; the request runs on the library's I/O thread. Every wait releases the
+GIL and wakes every 50 ms, so Ctrl-C (KeyboardInterrupt) and other Python
+signal handlers run within that time.
+
+Arrays: keys are 1-D uint64 (int64 and torch.int64 are bit-cast, no copy;
+other integer types are converted). Values are float32, row-major
+(n, dim) for sparse tables; float16, bfloat16 (torch) and float64 are
+converted to float32 first. Nothing is copied element by element in
+Python: buffers cross to the library as pointers.
+
+Units: timeouts in seconds (float); clocks count steps.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import json
+import os
+import signal
+import threading
+import time
+import weakref
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple, Union
+
+import numpy as np
+
+from . import _native
+from .errors import Cancelled, FailedPrecondition, ForkError, InvalidArgument, PsError, from_code
+
+#: The clock of a worker that has finished training (common/protocol.h).
+FINISHED_CLOCK = 1 << 62
+
+_SLICE = 0.05  # seconds per wait slice: the worst delay before Ctrl-C is seen
+
+
+@dataclasses.dataclass(frozen=True)
+class DataPosition:
+    """Where a data shard stands: shard index, 0-based epoch, next batch."""
+
+    shard: int
+    epoch: int = 0
+    batch: int = 0
+    done: bool = False
+
+
+def _check(code: int) -> None:
+    if code != 0:
+        raise from_code(code, _native.last_error())
+
+
+def _out_ptr() -> ctypes.c_void_p:
+    return ctypes.c_void_p()
+
+
+def _ptr(a: np.ndarray) -> int:
+    return a.ctypes.data
+
+
+def as_keys(keys: Any) -> np.ndarray:
+    """`keys` as a contiguous 1-D uint64 array (bit-cast from int64)."""
+    if hasattr(keys, "detach") and hasattr(keys, "dtype"):  # a torch tensor
+        import torch  # noqa: F401  (present when a tensor is)
+        keys = keys.detach()
+        if keys.device.type != "cpu":
+            keys = keys.cpu()
+        if not keys.dtype.is_floating_point and keys.dtype.itemsize == 8:
+            keys = keys.contiguous().numpy()
+        else:
+            keys = keys.numpy()
+    a = np.asarray(keys)
+    if a.ndim != 1:
+        if a.ndim == 0:
+            a = a.reshape(1)
+        else:
+            raise InvalidArgument(f"keys must be 1-D; got shape {a.shape}")
+    if a.dtype == np.uint64:
+        pass
+    elif a.dtype == np.int64:
+        a = a.view(np.uint64)
+    elif np.issubdtype(a.dtype, np.integer):
+        if np.issubdtype(a.dtype, np.signedinteger) and a.size and a.min() < 0:
+            raise InvalidArgument(
+                f"keys of dtype {a.dtype} must not be negative (use int64 or uint64 "
+                "to pass 64-bit hashes)")
+        a = a.astype(np.uint64)
+    else:
+        raise InvalidArgument(f"keys must be integers (uint64 or int64); got {a.dtype}")
+    return np.ascontiguousarray(a)
+
+
+def as_values(values: Any, what: str = "values") -> np.ndarray:
+    """`values` as a contiguous float32 array (any shape)."""
+    if hasattr(values, "detach") and hasattr(values, "dtype"):  # a torch tensor
+        import torch
+        t = values.detach()
+        if t.device.type != "cpu":
+            t = t.cpu()
+        if t.dtype != torch.float32:
+            if not t.dtype.is_floating_point:
+                raise InvalidArgument(f"{what} must be floating point; got {t.dtype}")
+            t = t.float()
+        values = t.contiguous().numpy()
+    a = np.asarray(values)
+    if a.dtype != np.float32:
+        if not np.issubdtype(a.dtype, np.floating):
+            raise InvalidArgument(f"{what} must be floating point; got {a.dtype}")
+        a = a.astype(np.float32)
+    return np.ascontiguousarray(a)
+
+
+def _first_nonfinite(a: np.ndarray) -> Optional[int]:
+    if np.isfinite(a).all():
+        return None
+    return int(np.flatnonzero(~np.isfinite(a.reshape(-1)))[0])
+
+
+class Future:
+    """The result of an asynchronous call. `result()` waits for it.
+
+    The buffers the request reads or writes are held by the future until
+    it completes; a future dropped before completion is kept by its session
+    until then, so the library never writes into freed memory.
+    """
+
+    def __init__(self, session: "Session", handle: int, keep: Tuple = (),
+                 convert: Optional[Callable[["Future"], Any]] = None,
+                 lifecycle: bool = False) -> None:
+        self._session = session
+        self._handle = handle
+        self._keep = keep
+        self._convert = convert
+        self._lifecycle = lifecycle
+        self._status: Optional[Tuple[int, str]] = None
+        self._value: Any = None
+        self._converted = False
+        self._pid = os.getpid()
+
+    def done(self) -> bool:
+        """True once the request completed (successfully or not)."""
+        if self._status is not None:
+            return True
+        return self._poll(0.0)
+
+    def _poll(self, timeout: float) -> bool:
+        if self._status is not None:
+            return True
+        if os.getpid() != self._pid:
+            raise ForkError("a future of a session started in another process "
+                            "(before fork) cannot be used here")
+        lib = _native.lib()
+        code = lib.ps_future_wait(self._handle, timeout)
+        if code == _native.PENDING:
+            return False
+        self._status = (code, _native.last_error() if code != 0 else "")
+        return True
+
+    def result(self, timeout: Optional[float] = None) -> Any:
+        """Waits for the result (at most `timeout` seconds; None: no limit).
+
+        Raises the PsError subclass of the failure, or ps.Timeout when
+        `timeout` passed (the request goes on; call again to keep waiting).
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            while not self._poll(_SLICE if deadline is None
+                                 else max(0.0, min(_SLICE, deadline - time.monotonic()))):
+                if deadline is not None and time.monotonic() >= deadline:
+                    from .errors import Timeout
+                    raise Timeout(f"no answer within {timeout} s (the request goes on)")
+        except KeyboardInterrupt:
+            if self._lifecycle:
+                # Stop the session's wait, let the operation end, then
+                # propagate the interrupt.
+                self._session._request_stop_native()
+                while not self._poll(_SLICE):
+                    pass
+            raise
+        code, message = self._status
+        if code != 0:
+            raise from_code(code, message)
+        if not self._converted:
+            self._value = self._convert(self) if self._convert else None
+            self._converted = True
+        return self._value
+
+    def exception(self, timeout: Optional[float] = None) -> Optional[PsError]:
+        """The failure as an exception (None on success), after waiting."""
+        try:
+            self.result(timeout)
+        except PsError as e:
+            return e
+        return None
+
+    @property
+    def min_clock(self) -> int:
+        """Pulls: the slowest live worker's clock when the servers answered."""
+        self.result()
+        return int(_native.lib().ps_future_min_clock(self._handle))
+
+    @property
+    def value(self) -> int:
+        return int(_native.lib().ps_future_value(self._handle))
+
+    def text(self) -> Optional[str]:
+        return _native.take_string(_native.lib().ps_future_text(self._handle))
+
+    def _free(self) -> None:
+        h, self._handle = self._handle, None
+        if h and os.getpid() == self._pid:
+            _native.lib().ps_future_free(h)
+
+    def __del__(self) -> None:
+        try:
+            if not self._handle:
+                return
+            if os.getpid() != self._pid:
+                return  # a forked child's copy: the parent owns the handle
+            if self._status is None and not self._lifecycle and not self._poll(0.0):
+                s = self._session
+                if s is not None and not s._closed:
+                    s._orphans.append((self._handle, self._keep))
+                    self._handle = None
+                    return
+            self._free()
+        except Exception:  # noqa: BLE001  (interpreter shutdown)
+            pass
+
+
+class _Table:
+    def __init__(self, session: "Session", info: Dict[str, Any]) -> None:
+        self._session = session
+        self.name: str = info["name"]
+        self.id: int = int(info["id"])
+        self.optimizer: str = info["optimizer"]
+        self.optimizer_config: Dict[str, Any] = info.get("optimizer_config", {})
+
+    def stats(self) -> List[Dict[str, Any]]:
+        """This table's statistics on every live server (list of dicts)."""
+        return [s for s in self._session.stats() if int(s.get("table_id", -1)) == self.id]
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r} id={self.id}>"
+
+
+class SparseTable(_Table):
+    """Rows of `dim` float32 values addressed by uint64 keys.
+
+    A pull of a key that has no row yet answers its initial values and
+    creates nothing. A key listed twice in one push is applied twice: push
+    one summed gradient per distinct key (ps.torch does this for you).
+    """
+
+    def __init__(self, session: "Session", info: Dict[str, Any]) -> None:
+        super().__init__(session, info)
+        self.dim: int = int(info["dim"])
+
+    def _grads(self, keys: np.ndarray, grads: Any) -> np.ndarray:
+        g = as_values(grads, "gradients")
+        if g.size != keys.size * self.dim or (g.ndim == 2 and g.shape != (keys.size, self.dim)):
+            raise InvalidArgument(
+                f"table {self.name!r} (dim {self.dim}): {keys.size} keys need gradients "
+                f"of shape ({keys.size}, {self.dim}); got {tuple(g.shape)}")
+        bad = _first_nonfinite(g)
+        if bad is not None and not self._session._servers_clip:
+            row, col = divmod(bad, self.dim)
+            raise InvalidArgument(
+                f"non-finite gradient at element {bad} (key {int(keys[row])}, column {col}) "
+                f"of the push to table {self.name!r}: {g.reshape(-1)[bad]}; nothing was sent")
+        return g
+
+    def _out(self, keys: np.ndarray, out: Optional[np.ndarray]) -> np.ndarray:
+        if out is None:
+            return np.empty((keys.size, self.dim), dtype=np.float32)
+        if (not isinstance(out, np.ndarray) or out.dtype != np.float32
+                or not out.flags.c_contiguous or out.size != keys.size * self.dim):
+            raise InvalidArgument(
+                f"out must be a C-contiguous float32 array of {keys.size}x{self.dim}")
+        return out
+
+    def pull(self, keys: Any, out: Optional[np.ndarray] = None) -> Future:
+        """Future of the rows of `keys`: float32 array of shape (n, dim)."""
+        k = as_keys(keys)
+        o = self._out(k, out)
+        s = self._session
+        h = _out_ptr()
+        _check(_native.lib().ps_pull(s._handle(), self.id, _ptr(k), k.size, _ptr(o),
+                                     o.size, ctypes.byref(h)))
+        return s._future(h, (k, o), lambda f: o)
+
+    def push(self, keys: Any, grads: Any) -> Future:
+        """Sends gradients (n, dim) of `keys`; Future of None once applied."""
+        k = as_keys(keys)
+        g = self._grads(k, grads)
+        s = self._session
+        h = _out_ptr()
+        _check(_native.lib().ps_push(s._handle(), self.id, _ptr(k), k.size, _ptr(g), g.size,
+                                     ctypes.byref(h)))
+        return s._future(h, ())
+
+    def push_pull(self, keys: Any, grads: Any, out: Optional[np.ndarray] = None) -> Future:
+        """Pushes gradients and pulls the updated rows in one round trip."""
+        k = as_keys(keys)
+        g = self._grads(k, grads)
+        o = self._out(k, out)
+        s = self._session
+        h = _out_ptr()
+        _check(_native.lib().ps_push_pull(s._handle(), self.id, _ptr(k), k.size, _ptr(g),
+                                          g.size, _ptr(o), o.size, ctypes.byref(h)))
+        return s._future(h, (k, o), lambda f: o)
+
+    def scan(self) -> Tuple[np.ndarray, np.ndarray]:
+        """Every row the servers hold: (keys uint64 (n,), rows float32 (n, dim)).
+
+        Call when no rows are being created (after training, or from an
+        observer between steps): rows created or dropped meanwhile may be
+        missed or listed twice.
+        """
+        s = self._session
+        h = _out_ptr()
+        _check(_native.lib().ps_scan(s._handle(), self.id, ctypes.byref(h)))
+        f = s._future(h, ())
+        f.result()
+        rows = ctypes.c_uint64()
+        dim = ctypes.c_uint32()
+        _check(_native.lib().ps_future_scan_size(f._handle, ctypes.byref(rows),
+                                                  ctypes.byref(dim)))
+        keys = np.empty(rows.value, dtype=np.uint64)
+        values = np.empty((rows.value, dim.value), dtype=np.float32)
+        _check(_native.lib().ps_future_scan_copy(f._handle, _ptr(keys), _ptr(values)))
+        return keys, values
+
+
+class DenseTable(_Table):
+    """A float32 vector of `size` elements, split in blocks across servers."""
+
+    def __init__(self, session: "Session", info: Dict[str, Any]) -> None:
+        super().__init__(session, info)
+        self.size: int = int(info["size"])
+
+    def _range(self, begin: int, count: int) -> None:
+        if begin < 0 or count < 0 or begin + count > self.size:
+            raise InvalidArgument(
+                f"dense table {self.name!r} has {self.size} elements: [{begin}, "
+                f"{begin + count}) is out of range")
+
+    def pull(self, begin: int = 0, count: Optional[int] = None,
+             out: Optional[np.ndarray] = None) -> Future:
+        """Future of elements [begin, begin + count) (float32, 1-D)."""
+        if count is None:
+            count = self.size - begin if out is None else out.size
+        self._range(begin, count)
+        if out is None:
+            out = np.empty(count, dtype=np.float32)
+        elif (not isinstance(out, np.ndarray) or out.dtype != np.float32
+              or not out.flags.c_contiguous or out.size != count):
+            raise InvalidArgument(f"out must be a C-contiguous float32 array of {count}")
+        s = self._session
+        h = _out_ptr()
+        _check(_native.lib().ps_pull_dense(s._handle(), self.id, begin, count, _ptr(out),
+                                           ctypes.byref(h)))
+        o = out
+        return s._future(h, (o,), lambda f: o)
+
+    def _values(self, values: Any, begin: int, what: str) -> np.ndarray:
+        v = as_values(values, what).reshape(-1)
+        self._range(begin, v.size)
+        bad = _first_nonfinite(v)
+        if bad is not None and (what != "gradients" or not self._session._servers_clip):
+            raise InvalidArgument(
+                f"non-finite {what[:-1]} at element {bad} (table element {begin + bad}) "
+                f"of dense table {self.name!r}: {v[bad]}; nothing was sent")
+        return v
+
+    def push(self, grads: Any, begin: int = 0) -> Future:
+        """Sends gradients of elements [begin, begin + len(grads))."""
+        g = self._values(grads, begin, "gradients")
+        s = self._session
+        h = _out_ptr()
+        _check(_native.lib().ps_push_dense(s._handle(), self.id, begin, _ptr(g), g.size,
+                                           ctypes.byref(h)))
+        return s._future(h, ())
+
+    def assign(self, values: Any, begin: int = 0) -> Future:
+        """Overwrites elements [begin, begin + len(values)) (optimizer state kept)."""
+        v = self._values(values, begin, "values")
+        s = self._session
+        h = _out_ptr()
+        _check(_native.lib().ps_assign_dense(s._handle(), self.id, begin, _ptr(v), v.size,
+                                             ctypes.byref(h)))
+        return s._future(h, ())
+
+
+class Session:
+    """One worker of a job.
+
+    Args:
+      config: path of the job config file (textproto); every process of the
+        job loads the same file.
+      scheduler: "host:port"; default $PS_SCHEDULER.
+      num_servers, num_workers: override the config's cluster sizes (0
+        keeps them); default $PS_NUM_SERVERS / $PS_NUM_WORKERS, as the
+        launchers set them.
+      trains_shards: a training worker (its data shard is resumed by another
+        worker if it dies or leaves early). False for tools.
+      stop_check: seconds; the longest a scheduler wait (barrier, claim,
+        finish, startup) blocks before noticing a stop request.
+      startup_timeout: seconds to wait for the servers; None: the config's.
+      handle_sigterm: install a SIGTERM handler (main thread only) that asks
+        the session to stop after the current step, as psctl drain does.
+      log_level: the native library's log level (trace..error, off); None
+        leaves it (info).
+
+    Raises the PsError of a failed join (InvalidArgument for a bad config,
+    Unavailable when the scheduler is unreachable, Timeout when the servers
+    do not come, Cancelled on Ctrl-C or SIGTERM while joining).
+    """
+
+    def __init__(self, config: Union[str, os.PathLike], scheduler: Optional[str] = None, *,
+                 num_servers: Optional[int] = None, num_workers: Optional[int] = None,
+                 trains_shards: bool = True, stop_check: float = 0.25,
+                 startup_timeout: Optional[float] = None, handle_sigterm: bool = False,
+                 log_level: Optional[str] = "warn") -> None:
+        self._closed = True
+        self._ptr: Optional[int] = None
+        self._orphans: List[Tuple[int, Tuple]] = []
+        self._pid = os.getpid()
+        self._last_end: Optional[Future] = None
+        self._tables: Dict[str, _Table] = {}
+        self._sigterm_installed = None
+        lib = _native.lib()
+        if log_level is not None:
+            _check(lib.ps_set_log_level(log_level.encode()))
+        scheduler = scheduler or os.environ.get("PS_SCHEDULER", "")
+        if num_servers is None:
+            num_servers = int(os.environ.get("PS_NUM_SERVERS", "0") or 0)
+        if num_workers is None:
+            num_workers = int(os.environ.get("PS_NUM_WORKERS", "0") or 0)
+        self.config_path = os.fspath(config)
+        h = _out_ptr()
+        _check(lib.ps_session_start(self.config_path.encode(), scheduler.encode(),
+                                    num_servers, num_workers, 1 if trains_shards else 0,
+                                    stop_check, startup_timeout or 0.0, ctypes.byref(h)))
+        start = Future(self, h.value, lifecycle=True)
+        start._session = None  # no session to stop yet: the future's stop flag does
+        try:
+            while not start._poll(_SLICE):
+                pass
+        except KeyboardInterrupt:
+            # Freeing a running start stops it (it leaves if it registered).
+            start._free()
+            raise
+        code, message = start._status
+        if code != 0:
+            start._free()
+            raise from_code(code, message)
+        self._ptr = lib.ps_future_take_session(start._handle)
+        start._free()
+        self._closed = False
+        info = json.loads(self._text(lib.ps_session_info))
+        self._info = info
+        job = info["job"]
+        self.rank: int = int(info["rank"])
+        self.node_id: int = int(info["node_id"])
+        self.num_workers: int = int(job["num_workers"])
+        self.num_servers: int = int(job["num_servers"])
+        self.mode: str = job["mode"] if job["mode"] != "CONSISTENCY_MODE_UNSPECIFIED" else "ASYNC"
+        self.staleness: int = int(job["staleness"])
+        self.prefetch: bool = bool(job["prefetch"])
+        self.start_clock: int = int(info["start_clock"])
+        p = info["position"]
+        self.position: Optional[DataPosition] = (
+            DataPosition(int(p["shard"]), int(p["epoch"]), int(p["batch"]), bool(p["done"]))
+            if p is not None else None)
+        self._servers_clip = False
+        self._table_info = {t["name"]: t for t in job["tables"]}
+        self._step_position: Optional[DataPosition] = None
+        self._stop_position: Optional[DataPosition] = None
+        _live.add(self)
+        if handle_sigterm and threading.current_thread() is threading.main_thread():
+            self._install_sigterm()
+
+    # ---- plumbing
+
+    def _handle(self) -> int:
+        if os.getpid() != self._pid:
+            raise ForkError(
+                f"this session was started in process {self._pid} and cannot be used in "
+                f"a forked child ({os.getpid()}): its network threads do not exist here. "
+                "Start a new session in the child, or use forked workers (DataLoader "
+                "num_workers) for data loading only")
+        if self._closed or not self._ptr:
+            raise FailedPrecondition("the session is closed")
+        self._sweep()
+        return self._ptr
+
+    def _sweep(self) -> None:
+        if not self._orphans:
+            return
+        lib = _native.lib()
+        keep = []
+        for h, bufs in self._orphans:
+            if lib.ps_future_done(h):
+                lib.ps_future_free(h)
+            else:
+                keep.append((h, bufs))
+        self._orphans = keep
+
+    def _future(self, h: ctypes.c_void_p, keep: Tuple,
+                convert: Optional[Callable[[Future], Any]] = None,
+                lifecycle: bool = False) -> Future:
+        return Future(self, h.value, keep, convert, lifecycle)
+
+    def _text(self, fn: Callable) -> str:
+        out = ctypes.c_void_p()
+        _check(fn(self._handle(), ctypes.byref(out)))
+        return _native.take_string(out.value) or ""
+
+    def _request_stop_native(self) -> None:
+        if self._ptr and not self._closed and os.getpid() == self._pid:
+            _native.lib().ps_session_request_stop(self._ptr)
+
+    def _install_sigterm(self) -> None:
+        ref = weakref.ref(self)
+        previous = signal.getsignal(signal.SIGTERM)
+
+        def on_sigterm(signum, frame):  # noqa: ARG001
+            s = ref()
+            if s is not None:
+                s.request_stop()
+
+        signal.signal(signal.SIGTERM, on_sigterm)
+        self._sigterm_installed = previous
+
+    # ---- what the session knows
+
+    @property
+    def clock(self) -> int:
+        """Steps this worker completed (FINISHED_CLOCK once finished)."""
+        return int(_native.lib().ps_session_clock(self._handle()))
+
+    @property
+    def resumed(self) -> bool:
+        """True when the job was under way when this worker joined (a
+        replacement, or a job restored from a checkpoint)."""
+        return self.start_clock > 0
+
+    @property
+    def stop_requested(self) -> bool:
+        """SIGTERM (with handle_sigterm), request_stop(), psctl drain, or the
+        scheduler dropped this worker: finish the step, then close()."""
+        if self._closed:
+            return True
+        return bool(_native.lib().ps_session_stop_requested(self._handle()))
+
+    def request_stop(self) -> None:
+        """Asks the session to stop: waits end with Cancelled, and
+        stop_requested turns true. Safe from a signal handler."""
+        self._request_stop_native()
+
+    @property
+    def table_names(self) -> List[str]:
+        return list(self._table_info)
+
+    def table(self, name: str) -> Union[SparseTable, DenseTable]:
+        """The table called `name`; InvalidArgument naming the job's tables if none."""
+        t = self._tables.get(name)
+        if t is not None:
+            return t
+        info = self._table_info.get(name)
+        if info is None:
+            raise InvalidArgument(
+                f"no table {name!r} in this job (its tables: {', '.join(self._table_info)})")
+        t = SparseTable(self, info) if info["sparse"] else DenseTable(self, info)
+        self._tables[name] = t
+        return t
+
+    def stats(self) -> List[Dict[str, Any]]:
+        """Every table's statistics on every live server: a list of dicts with
+        "server" and the fields of proto TableStats (rows, bytes, ...)."""
+        h = _out_ptr()
+        _check(_native.lib().ps_stats(self._handle(), ctypes.byref(h)))
+        f = self._future(h, (), lambda fut: fut.text())
+        text = f.result()
+        out = []
+        for entry in json.loads(text or "[]"):
+            d = {k: (int(v) if isinstance(v, str) and v.isdigit() else v)
+                 for k, v in entry["stats"].items()}
+            d["server"] = entry["server"]
+            out.append(d)
+        return out
+
+    # ---- steps and the job's lifecycle
+
+    def end_step(self, position: Optional[DataPosition] = None) -> Future:
+        """Ends a step: exactly once per step, in every mode (under BSP/SSP
+        the others' pulls wait for it). `position` is the next untrained
+        batch; inside `batches()` it defaults to the loop's. Once the servers
+        acknowledge the step it is reported to the scheduler, so a
+        replacement resumes from there. Returns a Future; the previous
+        step's failure, if any, is raised here."""
+        prev = self._last_end
+        if prev is not None and prev.done():
+            prev.result()
+        if position is None:
+            position = self._step_position
+            self._step_position = None
+        h = _out_ptr()
+        if position is None:
+            _check(_native.lib().ps_session_end_step(self._handle(), 0, 0, 0, 0, 0,
+                                                     ctypes.byref(h)))
+        else:
+            _check(_native.lib().ps_session_end_step(
+                self._handle(), 1, position.shard, position.epoch, position.batch,
+                1 if position.done else 0, ctypes.byref(h)))
+        f = self._future(h, ())
+        self._last_end = f
+        return f
+
+    def _wait_lifecycle(self, h: ctypes.c_void_p) -> Future:
+        f = self._future(h, (), lifecycle=True)
+        f.result()
+        return f
+
+    def barrier(self, name: str, timeout: Optional[float] = None) -> List[int]:
+        """Waits until every live worker reaches barrier `name`; returns the
+        ranks that arrived. Timeout (naming the missing ranks) after
+        `timeout` seconds; Cancelled on a stop."""
+        h = _out_ptr()
+        _check(_native.lib().ps_session_barrier(self._handle(), name.encode(),
+                                                timeout if timeout is not None else 1e12,
+                                                ctypes.byref(h)))
+        return json.loads(self._wait_lifecycle(h).text() or "[]")
+
+    def claim(self, finished: Optional[DataPosition] = None) -> Dict[str, Any]:
+        """Reports `finished` (a shard this worker completed) and asks for
+        work: {"result": "WAIT"|"ASSIGNED"|"ALL_DONE", "position":
+        DataPosition, "start_clock": int}. The clock is set to finished
+        first, so this worker never holds BSP/SSP back while idle. On
+        ASSIGNED call restart(start_clock) before training the shard."""
+        h = _out_ptr()
+        if finished is None:
+            _check(_native.lib().ps_session_claim(self._handle(), 0, 0, 0, 0,
+                                                  ctypes.byref(h)))
+        else:
+            _check(_native.lib().ps_session_claim(self._handle(), 1, finished.shard,
+                                                  finished.epoch, finished.batch,
+                                                  ctypes.byref(h)))
+        r = json.loads(self._wait_lifecycle(h).text())
+        return {"result": r["result"],
+                "position": DataPosition(int(r["shard"]), int(r["epoch"]), int(r["batch"]),
+                                         bool(r["done"])),
+                "start_clock": int(r["start_clock"])}
+
+    def restart(self, clock: int) -> None:
+        """Resumes training at `clock` after claim() answered ASSIGNED."""
+        _check(_native.lib().ps_session_restart(self._handle(), clock))
+
+    def finish(self, timeout: Optional[float] = None) -> bool:
+        """Ends this worker's training (BSP/SSP never wait on it again) and
+        meets the others at barrier "train_done". True on the one worker that
+        evaluates and exports for the job (then call evaluation_done() or
+        close()); the others return False once it is done."""
+        if self._last_end is not None:
+            self._last_end.result()
+        h = _out_ptr()
+        _check(_native.lib().ps_session_finish(self._handle(),
+                                               timeout if timeout is not None else 1e12,
+                                               ctypes.byref(h)))
+        return bool(self._wait_lifecycle(h).value)
+
+    def evaluation_done(self) -> None:
+        """The evaluator tells the others it is done (close() does it too)."""
+        _check(_native.lib().ps_session_evaluation_done(self._handle()))
+
+    def checkpoint(self) -> int:
+        """Asks for a consistent checkpoint of the whole job (every server's
+        parameters and optimizer state, every worker's data position);
+        returns the clock it is taken at. FailedPrecondition when the job's
+        config has no checkpoint.dir."""
+        h = _out_ptr()
+        _check(_native.lib().ps_session_checkpoint(self._handle(), ctypes.byref(h)))
+        return self._wait_lifecycle(h).value
+
+    def batches(self, batches_of: Callable[[int, int], Iterable[Any]],
+                epochs: int = 1) -> Iterator[Any]:
+        """The training loop's batches, with the job's shard protocol.
+
+        `batches_of(shard, epoch)` returns the batches of data shard `shard`
+        (0..num_workers-1) in epoch `epoch`, the same sequence in every
+        process. This generator trains this worker's shard from its position
+        (a replacement resumes where the dead worker's last acknowledged step
+        ended), then takes over shards orphaned by other workers until every
+        shard is done. Call end_step() once per batch (the position is
+        filled in); a step left without one is ended when the next batch is
+        asked for. On a stop request (SIGTERM, drain) it ends after the step
+        in progress, with its pushes acknowledged, and close() hands the
+        exact next position to the scheduler.
+        """
+        pos = self.position
+        finished: Optional[DataPosition] = None
+        while True:
+            if pos is None or pos.done:
+                if pos is not None and pos.done:
+                    finished, pos = pos, None
+                if self.stop_requested:
+                    self._stop_position = None
+                    return
+                try:
+                    r = self.claim(finished)
+                except Cancelled:
+                    return
+                finished = None
+                if r["result"] == "ALL_DONE":
+                    return
+                if r["result"] == "WAIT":
+                    continue
+                self.restart(r["start_clock"])
+                pos = r["position"]
+            for epoch in range(pos.epoch, epochs):
+                first = pos.batch if epoch == pos.epoch else 0
+                it = iter(batches_of(pos.shard, epoch))
+                skip = getattr(it, "skip", None)
+                if first and callable(skip):
+                    skip(first)
+                else:
+                    for _ in range(first):
+                        if next(it, _END) is _END:
+                            break
+                b = first
+                for batch in it:
+                    if self.stop_requested:
+                        self._stop_position = DataPosition(pos.shard, epoch, b)
+                        self._settle()
+                        return
+                    before = self.clock
+                    self._step_position = DataPosition(pos.shard, epoch, b + 1)
+                    yield batch
+                    if self.clock == before:
+                        self.end_step()
+                    b += 1
+            pos = DataPosition(pos.shard, epochs, 0, True)
+            self._settle()
+
+    def _settle(self) -> None:
+        if self._last_end is not None:
+            self._last_end.result()
+
+    def close(self, finished: Optional[bool] = None,
+              position: Optional[DataPosition] = None) -> None:
+        """Leaves the job. finished=None: True unless the loop was stopped
+        with work left (then the exact position is handed over). Pending
+        requests are waited for (pull buffers stay valid), then the data
+        plane is closed. Closing twice does nothing."""
+        if self._closed:
+            return
+        if os.getpid() != self._pid:
+            raise ForkError("close() of a session started in another process")
+        lib = _native.lib()
+        try:
+            if self._last_end is not None:
+                try:
+                    self._last_end.result(timeout=30)
+                except PsError:
+                    pass
+            if position is None:
+                position = self._stop_position
+            if finished is None:
+                finished = position is None and not self.stop_requested
+            if position is None:
+                code = lib.ps_session_leave(self._ptr, 1 if finished else 0, 0, 0, 0, 0, 0)
+            else:
+                code = lib.ps_session_leave(self._ptr, 1 if finished else 0, 1,
+                                            position.shard, position.epoch, position.batch,
+                                            1 if position.done else 0)
+            message = _native.last_error()
+        finally:
+            self._closed = True
+            ptr, self._ptr = self._ptr, None
+            lib.ps_session_free(ptr)  # pending requests end; buffers can go now
+            for h, _ in self._orphans:
+                lib.ps_future_free(h)
+            self._orphans = []
+            _live.discard(self)
+            if self._sigterm_installed is not None:
+                try:
+                    signal.signal(signal.SIGTERM, self._sigterm_installed)
+                except ValueError:
+                    pass
+        if code != 0:
+            raise from_code(code, message)
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if self._closed:
+            return
+        if exc_type is not None:
+            try:
+                self.close(finished=False)
+            except PsError:
+                pass
+        else:
+            self.close()
+
+    def __del__(self) -> None:
+        try:
+            if not self._closed and os.getpid() == self._pid:
+                self.close(finished=False)
+        except Exception:  # noqa: BLE001
+            pass
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"rank {self.rank} of {self.num_workers}"
+        return f"<ps.Session {state}>"
+
+
+_END = object()
+_live: "weakref.WeakSet[Session]" = weakref.WeakSet()
+
+
+def init(config: Union[str, os.PathLike], scheduler: Optional[str] = None,
+         **kwargs: Any) -> Session:
+    """Joins the job as a worker: Session(config, scheduler, **kwargs), with
+    handle_sigterm=True by default (SIGTERM ends the loop after the step)."""
+    kwargs.setdefault("handle_sigterm", True)
+    return Session(config, scheduler, **kwargs)
+
+
+def hash_key(field: int, value: Any) -> Any:
+    """The key the C++ readers give categorical field `field` with `value`
+    (worker/data/keys.h CriteoKey): an int for a scalar value, a uint64
+    array for an array of values."""
+    scalar = np.isscalar(value)
+    v = np.ascontiguousarray(np.asarray(value).reshape(-1).astype(np.uint64))
+    out = np.empty_like(v)
+    lib = _native.lib()
+    lib.ps_hash_keys(int(field), v.ctypes.data_as(ctypes.POINTER(ctypes.c_uint64)), v.size,
+                     out.ctypes.data_as(ctypes.POINTER(ctypes.c_uint64)))
+    return int(out[0]) if scalar else out

@@ -1,0 +1,266 @@
+#include "worker/session.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/logging.h"
+#include "common/protocol.h"
+
+namespace ps {
+namespace {
+
+std::shared_ptr<spdlog::logger> Log() { return GetLogger("session"); }
+
+std::string Describe(const DataPosition& p) {
+  return absl::StrCat("shard ", p.shard(), " epoch ", p.epoch(), " batch ",
+                      p.batch(), p.done() ? " (done)" : "");
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<WorkerSession>> WorkerSession::Start(
+    Options options) {
+  std::unique_ptr<WorkerSession> session(new WorkerSession(std::move(options)));
+  if (absl::Status s = session->Open(); !s.ok()) {
+    // Registered but stopped (or failed) before the data-plane client
+    // existed: hand the shard back where it was given, so the scheduler
+    // never waits for a heartbeat timeout to give it to someone else.
+    if (session->membership_ != nullptr && !session->left_) {
+      const std::optional<DataPosition> at = session->initial_position();
+      absl::Status left = session->Leave(false, at ? &*at : nullptr);
+      if (!left.ok()) Log()->warn("{}", left.message());
+    }
+    return s;
+  }
+  return session;
+}
+
+absl::Status WorkerSession::Open() {
+  const JobConfig& config = options_.config;
+  auto sched = SchedulerClient::Options::ForJob(config, options_.scheduler, WORKER);
+  sched.trains_shards = options_.trains_shards;
+  sched.on_drain = [this] { stop_.store(true); };
+  sched.on_view = [published = published_](const ClusterView& view, uint32_t) {
+    absl::MutexLock lock(&published->mu);
+    if (published->client != nullptr) published->client->UpdateView(view);
+  };
+  auto membership = SchedulerClient::Connect(std::move(sched));
+  if (!membership.ok()) return membership.status();
+  membership_ = *std::move(membership);
+  if (options_.on_membership) options_.on_membership(membership_.get());
+  SetLogTag(absl::StrCat("worker/", rank()));
+  Log()->info("registered as worker {} of {}{}", rank(), num_workers(),
+              membership_->has_initial_shard()
+                  ? absl::StrCat(", to train ", Describe(membership_->initial_shard()))
+                  : std::string(", with no shard of its own"));
+
+  const absl::Duration startup =
+      options_.startup_timeout > absl::ZeroDuration()
+          ? options_.startup_timeout
+          : absl::Milliseconds(config.cluster().startup_timeout_ms());
+  const absl::Time deadline = absl::Now() + startup;
+  absl::StatusOr<ClusterView> view;
+  while (true) {
+    if (StopNow()) {
+      return absl::CancelledError("stop requested while waiting for the servers");
+    }
+    view = membership_->WaitForRunning(
+        std::max(absl::ZeroDuration(),
+                 std::min(options_.stop_check, deadline - absl::Now())));
+    if (view.ok() || view.status().code() != absl::StatusCode::kDeadlineExceeded ||
+        absl::Now() >= deadline) {
+      break;
+    }
+  }
+  if (!view.ok()) return view.status();
+
+  KVClient::Options kv_options;
+  kv_options.config = config;
+  kv_options.rank = rank();
+  kv_options.node_id = node_id();
+  kv_options.start_clock = start_clock();
+  kv_options.instruments = options_.instruments;
+  kv_options.curve = options_.curve;
+  auto kv = KVClient::Create(std::move(kv_options), *view);
+  if (!kv.ok()) return kv.status();
+  kv_ = *std::move(kv);
+  {
+    absl::MutexLock lock(&published_->mu);
+    published_->client = kv_.get();
+  }
+  // A view that arrived between WaitForRunning and publishing.
+  kv_->UpdateView(membership_->view());
+  if (options_.on_client) options_.on_client(kv_.get());
+  return absl::OkStatus();
+}
+
+WorkerSession::~WorkerSession() {
+  if (membership_ != nullptr && !left_) {
+    absl::Status s = Leave(false);
+    if (!s.ok()) Log()->warn("{}", s.message());
+  }
+  if (kv_ != nullptr) {
+    if (options_.on_client) options_.on_client(nullptr);
+    absl::MutexLock lock(&published_->mu);
+    published_->client = nullptr;
+  }
+  kv_.reset();
+  if (membership_ != nullptr && options_.on_membership) options_.on_membership(nullptr);
+  membership_.reset();
+}
+
+std::optional<DataPosition> WorkerSession::initial_position() const {
+  if (!membership_->has_initial_shard()) return std::nullopt;
+  return membership_->initial_shard();
+}
+
+absl::StatusOr<const TableConfig*> WorkerSession::FindTable(
+    absl::string_view name) const {
+  std::vector<std::string> names;
+  for (const TableConfig& t : options_.config.tables()) {
+    if (t.name() == name) return &t;
+    names.push_back(t.name());
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("no table \"", name, "\" in job \"", options_.config.name(),
+                   "\" (its tables: ", absl::StrJoin(names, ", "), ")"));
+}
+
+bool WorkerSession::StopNow() const {
+  if (stop_.load()) return true;
+  return options_.should_stop && options_.should_stop();
+}
+
+bool WorkerSession::stop_requested() const {
+  return StopNow() || membership_->drain_requested() || membership_->lost();
+}
+
+Completion WorkerSession::EndStep(std::optional<DataPosition> next) {
+  SchedulerClient* membership = membership_.get();
+  const uint64_t clock = kv_->clock() + 1;
+  DoneCallback on_ack;
+  if (next) {
+    on_ack = [membership, clock, pos = *next](const absl::Status& s) {
+      if (s.ok()) membership->set_progress(clock, pos);
+    };
+  } else {
+    on_ack = [membership, clock](const absl::Status& s) {
+      if (s.ok()) membership->set_clock(clock);
+    };
+  }
+  return kv_->AdvanceClock(std::move(on_ack));
+}
+
+void WorkerSession::ReportProgress(uint64_t clock, const DataPosition& next) {
+  membership_->set_progress(clock, next);
+}
+
+absl::Status WorkerSession::Barrier(absl::string_view name, absl::Duration timeout,
+                                    std::vector<uint32_t>* ranks) {
+  constexpr absl::Duration kLogEvery = absl::Seconds(10);
+  const std::string barrier(name);
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::Time next_log = absl::Now() + kLogEvery;
+  while (true) {
+    if (StopNow()) {
+      return absl::CancelledError(absl::StrCat("barrier ", barrier, ": stop requested"));
+    }
+    const absl::Duration round =
+        std::max(absl::ZeroDuration(), std::min(options_.stop_check, deadline - absl::Now()));
+    absl::Status s = membership_->Barrier(barrier, round, ranks);
+    // Arriving again is harmless (scheduler.proto).
+    if (s.code() != absl::StatusCode::kDeadlineExceeded || absl::Now() >= deadline) {
+      return s;
+    }
+    if (absl::Now() >= next_log) {
+      Log()->info("{}", s.message());  // the missing ranks
+      next_log = absl::Now() + kLogEvery;
+    }
+  }
+}
+
+absl::StatusOr<ClaimShardResponse> WorkerSession::Claim(const DataPosition* finished) {
+  if (kv_->clock() != kFinishedClock) {
+    if (absl::Status s = kv_->AdvanceClockTo(kFinishedClock).Wait(); !s.ok()) return s;
+  }
+  if (StopNow()) return absl::CancelledError("claim: stop requested");
+  return membership_->ClaimShard(finished, options_.stop_check);
+}
+
+absl::Status WorkerSession::Restart(uint64_t clock) {
+  return kv_->RestartClock(clock).Wait();
+}
+
+absl::StatusOr<bool> WorkerSession::Finish(absl::Duration wait) {
+  if (kv_->clock() != kFinishedClock) {
+    if (absl::Status s = kv_->AdvanceClockTo(kFinishedClock).Wait(); !s.ok()) return s;
+  }
+  membership_->set_clock(kFinishedClock);
+  std::vector<uint32_t> ranks;
+  if (absl::Status s = Barrier("train_done", wait, &ranks); !s.ok()) return s;
+  finished_ranks_ = ranks;
+  // The lowest rank that arrived acts for the job (rank 0 may have died).
+  // The others wait at "evaluated-K" until it is done; if it left first
+  // (it is not among those arriving there), the lowest of them takes over
+  // in round K + 1, so the job never ends without its evaluation.
+  uint32_t evaluator = ranks.empty() ? rank() : ranks.front();
+  for (evaluation_round_ = 0;; ++evaluation_round_) {
+    if (rank() == evaluator) {
+      Log()->info("evaluator: rank {}, the lowest of ranks [{}] that finished training",
+                  rank(), absl::StrJoin(ranks, ","));
+      evaluating_ = true;
+      return true;
+    }
+    std::vector<uint32_t> arrived;
+    if (absl::Status s =
+            Barrier(absl::StrCat("evaluated-", evaluation_round_), wait, &arrived);
+        !s.ok()) {
+      return s;
+    }
+    if (arrived.empty() ||
+        std::find(arrived.begin(), arrived.end(), evaluator) != arrived.end()) {
+      return false;
+    }
+    Log()->warn("the evaluator (rank {}) left before it was done; ranks [{}] remain",
+                evaluator, absl::StrJoin(arrived, ","));
+    ranks = arrived;
+    evaluator = arrived.front();
+  }
+}
+
+absl::Status WorkerSession::EvaluationDone() {
+  if (!evaluating_) return absl::OkStatus();
+  evaluating_ = false;
+  // Arrive even when stopping: without it the others would evaluate again.
+  return membership_->Barrier(absl::StrCat("evaluated-", evaluation_round_),
+                              absl::Seconds(30));
+}
+
+absl::StatusOr<uint64_t> WorkerSession::RequestCheckpoint() {
+  if (options_.config.checkpoint().dir().empty()) {
+    return absl::FailedPreconditionError(
+        "this job takes no checkpoints: its config sets no checkpoint.dir");
+  }
+  return membership_->RequestCheckpoint();
+}
+
+absl::Status WorkerSession::Leave(bool finished, const DataPosition* position) {
+  if (left_) return absl::OkStatus();
+  if (evaluating_) {
+    if (absl::Status s = EvaluationDone(); !s.ok()) Log()->warn("{}", s.message());
+  }
+  left_ = true;
+  absl::Status s = membership_->Leave(finished, position);
+  if (s.ok() && !finished) {
+    if (position != nullptr) {
+      Log()->info("preempted: left at {}", Describe(*position));
+    } else {
+      Log()->info("left holding no shard");
+    }
+  }
+  return s;
+}
+
+}  // namespace ps

@@ -1,0 +1,233 @@
+#include "worker/session.h"
+
+#include <atomic>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/config.h"
+#include "common/protocol.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "scheduler/scheduler.h"
+#include "tests/testing/cluster.h"
+
+namespace ps {
+namespace {
+
+using ::ps::testing::InProcessCluster;
+using ::testing::HasSubstr;
+
+JobConfig Config(const std::string& mode, int workers, const std::string& extra = "") {
+  auto config = ParseJobConfig(
+      absl::StrCat(R"pb(
+        name: "session-test"
+        cluster { num_servers: 2 num_workers: )pb",
+                   workers, R"pb( num_slots: 64
+                  heartbeat_interval_ms: 100 heartbeat_timeout_ms: 5000 }
+        consistency { mode: )pb",
+                   mode, R"pb( }
+        tables { id: 0 name: "emb" sparse { dim: 2 }
+                 optimizer { sgd { learning_rate: 1 } } }
+        tables { id: 1 name: "dense" dense { size: 3 }
+                 optimizer { sgd { learning_rate: 1 } } }
+      )pb",
+                   extra),
+      "test");
+  EXPECT_TRUE(config.ok()) << config.status();
+  return *config;
+}
+
+WorkerSession::Options SessionOptions(const JobConfig& config,
+                                      InProcessCluster& cluster) {
+  WorkerSession::Options o;
+  o.config = config;
+  o.scheduler = cluster.scheduler().address();
+  o.stop_check = absl::Milliseconds(100);
+  return o;
+}
+
+TEST(WorkerSessionTest, JoinsKnowsItsPlaceAndFindsTables) {
+  JobConfig config = Config("ASYNC", 1);
+  auto cluster = InProcessCluster::Start(config);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  auto session = WorkerSession::Start(SessionOptions(config, **cluster));
+  ASSERT_TRUE(session.ok()) << session.status();
+  WorkerSession& s = **session;
+  EXPECT_EQ(s.rank(), 0u);
+  EXPECT_EQ(s.num_workers(), 1u);
+  EXPECT_EQ(s.num_servers(), 2u);
+  EXPECT_EQ(s.start_clock(), 0u);
+  ASSERT_TRUE(s.initial_position().has_value());
+  EXPECT_EQ(s.initial_position()->shard(), 0u);
+  auto emb = s.FindTable("emb");
+  ASSERT_TRUE(emb.ok());
+  EXPECT_EQ((*emb)->id(), 0u);
+  auto missing = s.FindTable("nope");
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(missing.status().message(), HasSubstr("emb, dense"));
+  EXPECT_EQ(s.RequestCheckpoint().status().code(),
+            absl::StatusCode::kFailedPrecondition);
+
+  // A step: push, end the step, pull what it wrote.
+  std::vector<uint64_t> keys = {7, 9};
+  std::vector<float> grads = {1, 2, 3, 4};
+  ASSERT_TRUE(s.kv()->Push(0, keys, grads).Wait().ok());
+  DataPosition next;
+  next.set_batch(1);
+  ASSERT_TRUE(s.EndStep(next).Wait().ok());
+  EXPECT_EQ(s.clock(), 1u);
+  std::vector<float> rows(4);
+  ASSERT_TRUE(s.kv()->Pull(0, keys, rows.data()).Wait().ok());
+  EXPECT_EQ(rows, (std::vector<float>{-1, -2, -3, -4}));
+
+  auto evaluator = s.Finish(absl::Seconds(10));
+  ASSERT_TRUE(evaluator.ok()) << evaluator.status();
+  EXPECT_TRUE(*evaluator);
+  EXPECT_EQ(s.clock(), kFinishedClock);
+  EXPECT_TRUE(s.Leave(true).ok());
+  EXPECT_TRUE(s.left());
+  EXPECT_TRUE(s.Leave(true).ok());  // a second time does nothing
+}
+
+// Two workers finish; the lowest rank evaluates, the other returns only once
+// the evaluator said it is done.
+TEST(WorkerSessionTest, FinishElectsOneEvaluatorAndTheOtherWaitsForIt) {
+  JobConfig config = Config("BSP", 2);
+  auto cluster = InProcessCluster::Start(config);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  auto a = WorkerSession::Start(SessionOptions(config, **cluster));
+  ASSERT_TRUE(a.ok()) << a.status();
+  auto b = WorkerSession::Start(SessionOptions(config, **cluster));
+  ASSERT_TRUE(b.ok()) << b.status();
+  std::atomic<bool> evaluation_done{false};
+  std::atomic<bool> b_returned_before_done{false};
+  std::thread other([&] {
+    // One BSP step each, then finish.
+    std::vector<float> d(3, 1.0f);
+    ASSERT_TRUE((*b)->kv()->PushDense(1, 0, d).Wait().ok());
+    ASSERT_TRUE((*b)->EndStep().Wait().ok());
+    auto e = (*b)->Finish(absl::Seconds(20));
+    ASSERT_TRUE(e.ok()) << e.status();
+    EXPECT_FALSE(*e);
+    b_returned_before_done = !evaluation_done.load();
+    EXPECT_TRUE((*b)->Leave(true).ok());
+  });
+  std::vector<float> d(3, 3.0f);
+  ASSERT_TRUE((*a)->kv()->PushDense(1, 0, d).Wait().ok());
+  ASSERT_TRUE((*a)->EndStep().Wait().ok());
+  auto e = (*a)->Finish(absl::Seconds(20));
+  ASSERT_TRUE(e.ok()) << e.status();
+  EXPECT_TRUE(*e);
+  // BSP averaged the two pushes: -(1 + 3) / 2.
+  std::vector<float> out(3);
+  ASSERT_TRUE((*a)->kv()->PullDense(1, 0, 3, out.data()).Wait().ok());
+  EXPECT_EQ(out, (std::vector<float>{-2, -2, -2}));
+  absl::SleepFor(absl::Milliseconds(300));
+  evaluation_done = true;
+  EXPECT_TRUE((*a)->EvaluationDone().ok());
+  other.join();
+  EXPECT_FALSE(b_returned_before_done.load());
+  EXPECT_TRUE((*a)->Leave(true).ok());
+}
+
+// A stop request ends a barrier wait within a stop_check round, with
+// CANCELLED, and stop_requested() says so.
+TEST(WorkerSessionTest, AStopEndsABarrierWaitPromptly) {
+  JobConfig config = Config("BSP", 2);
+  auto cluster = InProcessCluster::Start(config);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  std::atomic<bool> stop{false};
+  auto options = SessionOptions(config, **cluster);
+  options.should_stop = [&] { return stop.load(); };
+  auto a = WorkerSession::Start(options);
+  ASSERT_TRUE(a.ok()) << a.status();
+  auto b = WorkerSession::Start(SessionOptions(config, **cluster));
+  ASSERT_TRUE(b.ok()) << b.status();
+  std::thread stopper([&] {
+    absl::SleepFor(absl::Milliseconds(300));
+    stop = true;
+  });
+  const absl::Time start = absl::Now();
+  absl::Status s = (*a)->Barrier("never-met", absl::Seconds(30));
+  stopper.join();
+  EXPECT_EQ(s.code(), absl::StatusCode::kCancelled) << s;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(3));
+  EXPECT_TRUE((*a)->stop_requested());
+  EXPECT_FALSE((*b)->stop_requested());
+  (*b)->RequestStop();
+  EXPECT_TRUE((*b)->stop_requested());
+}
+
+// A session whose servers never come notices a stop while it waits for
+// them, leaves (handing its shard back), and returns CANCELLED.
+TEST(WorkerSessionTest, AStopWhileWaitingForServersLeavesWithCancelled) {
+  JobConfig config = Config("ASYNC", 1);
+  SchedulerServer::Options so;
+  so.config = config;
+  auto scheduler = SchedulerServer::Start(so);  // no server ever registers
+  ASSERT_TRUE(scheduler.ok()) << scheduler.status();
+  WorkerSession::Options options;
+  options.config = config;
+  options.scheduler = (*scheduler)->address();
+  options.stop_check = absl::Milliseconds(100);
+  const absl::Time start = absl::Now();
+  options.should_stop = [start] { return absl::Now() - start > absl::Milliseconds(300); };
+  auto s = WorkerSession::Start(options);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kCancelled) << s.status();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(3));
+  int left = 0;
+  const ClusterView view = (*scheduler)->state()->View();
+  for (const NodeInfo& node : view.nodes()) {
+    left += node.role() == WORKER && node.state() == LEFT;
+  }
+  EXPECT_EQ(left, 1);
+}
+
+// Without a stop, the wait for the servers ends at startup_timeout with
+// DEADLINE_EXCEEDED.
+TEST(WorkerSessionTest, ServersThatNeverComeAreADeadline) {
+  JobConfig config = Config("ASYNC", 1);
+  SchedulerServer::Options so;
+  so.config = config;
+  auto scheduler = SchedulerServer::Start(so);
+  ASSERT_TRUE(scheduler.ok()) << scheduler.status();
+  WorkerSession::Options options;
+  options.config = config;
+  options.scheduler = (*scheduler)->address();
+  options.stop_check = absl::Milliseconds(100);
+  options.startup_timeout = absl::Milliseconds(400);
+  auto s = WorkerSession::Start(options);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kDeadlineExceeded) << s.status();
+}
+
+// A claim round with every shard still held by a live worker answers WAIT
+// and sets this worker's clock to finished, so BSP never waits on it.
+TEST(WorkerSessionTest, ClaimFinishesTheClockAndWaitsWhileOthersTrain) {
+  JobConfig config = Config("BSP", 2);
+  auto cluster = InProcessCluster::Start(config);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  auto a = WorkerSession::Start(SessionOptions(config, **cluster));
+  ASSERT_TRUE(a.ok()) << a.status();
+  auto b = WorkerSession::Start(SessionOptions(config, **cluster));
+  ASSERT_TRUE(b.ok()) << b.status();
+  DataPosition done = *(*a)->initial_position();
+  done.set_done(true);
+  auto claim = (*a)->Claim(&done);
+  ASSERT_TRUE(claim.ok()) << claim.status();
+  EXPECT_EQ(claim->result(), ClaimShardResponse::WAIT);
+  EXPECT_EQ((*a)->clock(), kFinishedClock);
+  // b trains a step alone: its pull is not held back by a.
+  std::vector<float> d(3, 1.0f);
+  ASSERT_TRUE((*b)->kv()->PushDense(1, 0, d).Wait().ok());
+  ASSERT_TRUE((*b)->EndStep().Wait().ok());
+  std::vector<float> out(3);
+  absl::Status pulled;
+  ASSERT_TRUE((*b)->kv()->PullDense(1, 0, 3, out.data()).WaitFor(absl::Seconds(10), &pulled));
+  EXPECT_TRUE(pulled.ok()) << pulled;
+  EXPECT_EQ(out, (std::vector<float>{-1, -1, -1}));
+}
+
+}  // namespace
+}  // namespace ps
