@@ -102,14 +102,15 @@ def as_values(values: Any, what: str = "values") -> np.ndarray:
         if t.device.type != "cpu":
             t = t.cpu()
         if t.dtype != torch.float32:
-            if not t.dtype.is_floating_point:
-                raise InvalidArgument(f"{what} must be floating point; got {t.dtype}")
+            if t.dtype == torch.bool or t.dtype.is_complex:
+                raise InvalidArgument(f"{what} must be real numbers; got {t.dtype}")
             t = t.float()
         values = t.contiguous().numpy()
     a = np.asarray(values)
     if a.dtype != np.float32:
-        if not np.issubdtype(a.dtype, np.floating):
-            raise InvalidArgument(f"{what} must be floating point; got {a.dtype}")
+        if a.dtype == np.bool_ or not (np.issubdtype(a.dtype, np.floating)
+                                       or np.issubdtype(a.dtype, np.integer)):
+            raise InvalidArgument(f"{what} must be real numbers; got {a.dtype}")
         a = a.astype(np.float32)
     return np.ascontiguousarray(a)
 

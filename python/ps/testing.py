@@ -28,7 +28,12 @@ def _find_binary(name: str, bazel_path: str) -> str:
         if p.exists():
             return str(p)
     root = pathlib.Path(__file__).resolve().parent.parent.parent
-    for base in (root / "bazel-bin", pathlib.Path(os.environ.get("RUNFILES_DIR", "/nonexistent")) / "ps"):
+    bases = []
+    if os.environ.get("PS_RUNFILES"):  # a Bazel test's runfiles (python/tests)
+        bases.append(pathlib.Path(os.environ["PS_RUNFILES"]))
+    bases.append(root / "bazel-bin")
+    bases.append(root)  # the package inside a runfiles tree
+    for base in bases:
         p = base / bazel_path
         if p.exists():
             return str(p)
