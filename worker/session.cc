@@ -134,7 +134,7 @@ bool WorkerSession::StopNow() const {
 }
 
 bool WorkerSession::stop_requested() const {
-  return StopNow() || membership_->drain_requested() || membership_->lost();
+  return StopNow() || membership_->drain_requested();
 }
 
 Completion WorkerSession::EndStep(std::optional<DataPosition> next) {

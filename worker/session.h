@@ -174,8 +174,9 @@ class WorkerSession {
 
   // Asks every wait to end with CANCELLED and stop_requested() to say so.
   void RequestStop() { stop_.store(true); }
-  // A stop was requested: RequestStop, should_stop, psctl drain, or the
-  // scheduler dropped this worker.
+  // A stop was requested: RequestStop, should_stop, or psctl drain. (A
+  // worker the scheduler dropped is told by lost(), not here: what it does
+  // then is the caller's choice.)
   bool stop_requested() const;
   // The scheduler no longer counts this worker as a member (it was declared
   // dead after a pause, or the job ended).

@@ -30,10 +30,8 @@
 #include <string>
 #include <vector>
 
-#include "absl/cleanup/cleanup.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -46,6 +44,7 @@
 #include "common/signals.h"
 #include "scheduler/client.h"
 #include "worker/kv_client.h"
+#include "worker/session.h"
 #include "worker/telemetry.h"
 #include "worker/trainer.h"
 
@@ -67,29 +66,6 @@ ABSL_FLAG(int64_t, num_workers, 0,
 
 namespace {
 
-// The KV client as seen by the membership thread's view callback. The lock
-// makes unpublishing wait for a callback in progress, so the client can be
-// destroyed right after.
-struct PublishedClient {
-  absl::Mutex mu;
-  ps::KVClient* client ABSL_GUARDED_BY(mu) = nullptr;
-  // Metrics and health; set before any thread uses this, never null.
-  ps::WorkerTelemetry* telemetry = nullptr;
-  // The job's CURVE key pair for the client (loaded in main()); nullopt:
-  // plaintext. Set before any thread uses this.
-  std::optional<ps::CurveKeys> curve;
-
-  void Set(ps::KVClient* c) {
-    absl::MutexLock lock(&mu);
-    client = c;
-    telemetry->SetClient(c);
-  }
-  void Update(const ps::ClusterView& view) {
-    absl::MutexLock lock(&mu);
-    if (client != nullptr) client->UpdateView(view);
-  }
-};
-
 std::string Number(double v) {
   return std::isfinite(v) ? absl::StrFormat("%.5f", v) : std::string("null");
 }
@@ -98,6 +74,7 @@ std::string Number(double v) {
 // before the stop flag is checked again: the worst-case delay between
 // SIGTERM and leaving. Re-asking costs one RPC per interval.
 constexpr absl::Duration kStopCheck = absl::Seconds(2);
+constexpr absl::Duration kBarrierTimeout = absl::Hours(24);
 
 // The rank0_* fields are the evaluating worker's (rank 0 in a job without
 // failures; see evaluator_rank).
@@ -126,123 +103,104 @@ std::string SummaryJson(const ps::JobConfig& config, const ps::Trainer& trainer,
       ",\"start_clock\":", train.start_clock, "}");
 }
 
-// Barrier `name` in rounds of kStopCheck, so a stop request is noticed.
-// CANCELLED once stopped; DEADLINE_EXCEEDED after `timeout`; `ranks` as
-// SchedulerClient::Barrier.
-absl::Status StoppableBarrier(ps::SchedulerClient* membership,
-                              const ps::TerminationSignals& signals,
-                              const std::string& name, absl::Duration timeout,
-                              std::vector<uint32_t>* ranks) {
-  constexpr absl::Duration kLogEvery = absl::Seconds(10);
-  const absl::Time deadline = absl::Now() + timeout;
-  absl::Time next_log = absl::Now() + kLogEvery;
-  while (true) {
-    if (signals.requested()) {
-      return absl::CancelledError(
-          absl::StrCat("barrier ", name, ": stop requested"));
-    }
-    const absl::Duration round = std::min(kStopCheck, deadline - absl::Now());
-    absl::Status s = membership->Barrier(name, round, ranks);
-    // Arriving again is harmless (scheduler.proto).
-    if (s.code() != absl::StatusCode::kDeadlineExceeded ||
-        absl::Now() >= deadline) {
-      return s;
-    }
-    if (absl::Now() >= next_log) {
-      ps::GetLogger("worker")->info("{}", s.message());  // the missing ranks
-      next_log = absl::Now() + kLogEvery;
+// The evaluator's part: evaluate, export, print and write the summary.
+int Evaluate(const ps::JobConfig& config, ps::Trainer& trainer,
+             const ps::TrainResult& train, uint32_t evaluator, absl::Time start) {
+  auto log = ps::GetLogger("worker");
+  const double train_seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  auto eval = trainer.Evaluate();
+  if (!eval.ok() && eval.status().code() != absl::StatusCode::kFailedPrecondition) {
+    log->error("evaluation failed: {}", eval.status().message());
+    return 1;
+  }
+  if (eval.ok()) {
+    log->info("{}", ps::Describe(*eval));
+    absl::Status m = trainer.AppendMetrics(*eval, train.steps, train.examples,
+                                           train.mean_loss);
+    if (!m.ok()) log->warn("{}", m.message());
+  } else {
+    log->info("no evaluation: {}", eval.status().message());
+  }
+  if (const std::string& path = config.training().export_path(); !path.empty()) {
+    absl::Status saved = trainer.Export(path);
+    if (!saved.ok()) {
+      log->error("export failed: {}", saved.message());
+      return 1;
     }
   }
+  const std::string json =
+      SummaryJson(config, trainer, train, eval.ok() ? &*eval : nullptr,
+                  train_seconds, evaluator);
+  std::cout << json << std::endl;
+  if (const std::string path = absl::GetFlag(FLAGS_summary_out); !path.empty()) {
+    std::ofstream(path) << json << "\n";
+  }
+  return 0;
 }
 
-// What the worker tells the scheduler when it leaves.
-struct Outcome {
-  // Every shard is done and this worker's part is complete.
-  bool finished = false;
-  // Stopped by a signal with work left; `position` says where.
-  bool preempted = false;
-  std::optional<ps::DataPosition> position;
-};
-
-int Evaluate(const ps::JobConfig& config, std::unique_ptr<ps::Trainer>& trainer,
-             const ps::TrainResult& train_result, const std::vector<uint32_t>& ranks,
-             uint32_t evaluator, absl::Time start);
-
-int TrainAndEvaluate(const ps::JobConfig& config,
-                     ps::SchedulerClient* membership,
-                     PublishedClient* kv,
-                     const ps::TerminationSignals& signals, absl::Time start,
-                     Outcome* outcome) {
+// Trains and, on the evaluator, evaluates; leaves the job on every path
+// once registered (the session leaves itself if stopped while joining), so
+// the scheduler never waits for a heartbeat timeout to learn this worker
+// is gone.
+int Run(ps::TerminationSignals& signals, const ps::JobConfig& config,
+        ps::WorkerTelemetry* telemetry, std::optional<ps::CurveKeys> curve) {
   auto log = ps::GetLogger("worker");
-  const uint32_t rank = membership->rank();
-  std::optional<ps::DataPosition> initial;
-  if (membership->has_initial_shard()) initial = membership->initial_shard();
-  // Preempted before training: the shard stands where it was given.
-  auto preempt_now = [&] {
-    outcome->preempted = true;
-    outcome->position = initial;
-    return 0;
+  const absl::Time start = absl::Now();
+
+  ps::WorkerSession::Options options;
+  options.config = config;
+  options.scheduler = absl::GetFlag(FLAGS_scheduler);
+  // Its shard is resumed by another worker if it dies or is preempted.
+  options.trains_shards = true;
+  options.curve = std::move(curve);
+  options.instruments = telemetry->instruments();
+  // SIGINT/SIGTERM; a drain (psctl drain) stops the session the same way.
+  options.should_stop = [&signals] { return signals.requested(); };
+  options.stop_check = kStopCheck;
+  options.on_client = [telemetry](ps::KVClient* c) { telemetry->SetClient(c); };
+  options.on_membership = [telemetry](ps::SchedulerClient* m) {
+    telemetry->SetMembership(m);
   };
-
-  const absl::Time startup_deadline =
-      absl::Now() + absl::Milliseconds(config.cluster().startup_timeout_ms());
-  absl::StatusOr<ps::ClusterView> view;
-  while (true) {
-    if (signals.requested()) return preempt_now();
-    view = membership->WaitForRunning(
-        std::min(kStopCheck, startup_deadline - absl::Now()));
-    if (view.ok() || view.status().code() != absl::StatusCode::kDeadlineExceeded ||
-        absl::Now() >= startup_deadline) {
-      break;
-    }
-  }
-  if (!view.ok()) {
-    log->error("{}", view.status().message());
+  auto started = ps::WorkerSession::Start(std::move(options));
+  if (!started.ok()) {
+    // Stopped while joining: the session left with its shard where it was
+    // given (preempted before training).
+    if (started.status().code() == absl::StatusCode::kCancelled) return 0;
+    log->error("{}", started.status().message());
     return 1;
   }
-  ps::KVClient::Options client_options{config, rank, membership->node_id(),
-                                       membership->start_clock()};
-  client_options.instruments = kv->telemetry->instruments();
-  client_options.curve = kv->curve;
-  auto client = ps::KVClient::Create(client_options, *view);
-  if (!client.ok()) {
-    log->error("{}", client.status().message());
-    return 1;
-  }
-  kv->Set(client->get());
-  // Unpublish before the client is destroyed, on every return path.
-  auto unpublish = absl::MakeCleanup([kv] { kv->Set(nullptr); });
-  (*client)->UpdateView(membership->view());
+  ps::WorkerSession& session = **started;
+  const uint32_t rank = session.rank();
 
-  auto trainer = ps::Trainer::Create(config, client->get(), rank,
-                                     config.cluster().num_workers());
+  auto trainer = ps::Trainer::Create(config, session.kv(), rank, session.num_workers());
   if (!trainer.ok()) {
     log->error("{}", trainer.status().message());
     return 2;
   }
-  const absl::Duration barrier_timeout = absl::Hours(24);
   ps::TrainerHooks hooks;
-  hooks.stop = [&] { return signals.requested(); };
-  hooks.on_step = [membership](uint64_t clock, const ps::DataPosition& next) {
-    membership->set_progress(clock, next);
+  hooks.stop = [&session] { return session.stop_requested(); };
+  hooks.on_step = [&session](uint64_t clock, const ps::DataPosition& next) {
+    session.ReportProgress(clock, next);
   };
-  hooks.on_trained = [telemetry = kv->telemetry](uint64_t examples, absl::Duration t) {
+  hooks.on_trained = [telemetry](uint64_t examples, absl::Duration t) {
     telemetry->OnTrained(examples, t);
   };
-  hooks.barrier = [&](absl::string_view name) {
-    return StoppableBarrier(membership, signals, std::string(name),
-                            barrier_timeout, nullptr);
+  hooks.barrier = [&session](absl::string_view name) {
+    return session.Barrier(name, kBarrierTimeout);
   };
-  hooks.claim = [membership](const ps::DataPosition* finished) {
-    return membership->ClaimShard(finished, kStopCheck);
+  hooks.claim = [&session](const ps::DataPosition* finished) {
+    return session.membership()->ClaimShard(finished, kStopCheck);
   };
+  const std::optional<ps::DataPosition> initial = session.initial_position();
   if (!initial) {
     log->info("no shard of its own (joined at clock {}): asking for work",
-              membership->start_clock());
+              session.start_clock());
   }
   auto train = (*trainer)->Train(hooks, initial);
   if (!train.ok()) {
     log->error("training failed: {}", train.status().message());
+    absl::Status left = session.Leave(false);
+    if (!left.ok()) log->warn("{}", left.message());
     return 1;
   }
   log->info("trained {} examples in {:.1f} s ({:.0f} examples/s), shards [{}]",
@@ -257,158 +215,33 @@ int TrainAndEvaluate(const ps::JobConfig& config,
                             "; "));
   }
   if (train->preempted) {
-    outcome->preempted = true;
-    outcome->position = train->position;
+    const ps::DataPosition* at = train->position ? &*train->position : nullptr;
+    absl::Status left = session.Leave(/*finished=*/false, at);
+    if (!left.ok()) log->warn("{}", left.message());
     return 0;
   }
+
   // Every shard is done: a stop from here on only cuts the wrap-up short.
-  outcome->finished = true;
-
-  // Every worker's pushes are acknowledged before it arrives here, so the
-  // evaluation below sees the fully trained model.
-  std::vector<uint32_t> ranks;
-  absl::Status barrier =
-      StoppableBarrier(membership, signals, "train_done", barrier_timeout, &ranks);
-  if (barrier.code() == absl::StatusCode::kCancelled) {
-    log->info("stop requested at the train_done barrier: leaving");
-    return 0;
-  }
-  if (!barrier.ok()) {
-    log->error("{}", barrier.message());
-    return 1;
-  }
-  // The lowest rank that arrived acts for the job: rank 0 may have died.
-  // The others wait at "evaluated-K" until it is done; if it died
-  // meanwhile (it is not among those arriving there), the lowest of them
-  // evaluates instead, and so on, so the job never ends without a summary.
-  uint32_t evaluator = ranks.empty() ? 0 : ranks.front();
-  for (int round = 0;; ++round) {
-    const std::string done_barrier = absl::StrCat("evaluated-", round);
-    if (rank == evaluator) {
-      if (int code = Evaluate(config, *trainer, *train, ranks, evaluator, start);
-          code != 0) {
-        return code;
-      }
-      // Tell the others, even when stopping (a SIGTERM during the
-      // evaluation): without this arrival they would evaluate again.
-      if (absl::Status told = membership->Barrier(done_barrier, absl::Seconds(30));
-          !told.ok()) {
-        log->warn("{}", told.message());
-      }
-      return 0;
-    }
-    std::vector<uint32_t> arrived;
-    barrier = StoppableBarrier(membership, signals, done_barrier, barrier_timeout, &arrived);
-    if (!barrier.ok()) return barrier.code() == absl::StatusCode::kCancelled ? 0 : 1;
-    if (arrived.empty() ||
-        std::find(arrived.begin(), arrived.end(), evaluator) != arrived.end()) {
-      return 0;
-    }
-    log->warn("the evaluator (rank {}) left before it was done; ranks [{}] remain",
-              evaluator, absl::StrJoin(arrived, ","));
-    ranks = arrived;
-    evaluator = arrived.front();
-  }
-}
-
-// The evaluator's part: evaluate, export, print and write the summary.
-int Evaluate(const ps::JobConfig& config, std::unique_ptr<ps::Trainer>& trainer,
-             const ps::TrainResult& train_result, const std::vector<uint32_t>& ranks,
-             uint32_t evaluator, absl::Time start) {
-  auto log = ps::GetLogger("worker");
-  const ps::TrainResult* train = &train_result;
-  const uint32_t rank = evaluator;
-  log->info("evaluator: rank {}, the lowest of ranks [{}] that finished training",
-            rank, absl::StrJoin(ranks, ","));
-  const double train_seconds = absl::ToDoubleSeconds(absl::Now() - start);
-  auto eval = trainer->Evaluate();
-  if (!eval.ok() && eval.status().code() != absl::StatusCode::kFailedPrecondition) {
-    log->error("evaluation failed: {}", eval.status().message());
-    return 1;
-  }
-  if (eval.ok()) {
-    log->info("{}", ps::Describe(*eval));
-    absl::Status m = trainer->AppendMetrics(*eval, train->steps, train->examples,
-                                              train->mean_loss);
-    if (!m.ok()) log->warn("{}", m.message());
-  } else {
-    log->info("no evaluation: {}", eval.status().message());
-  }
-  if (const std::string& path = config.training().export_path(); !path.empty()) {
-    absl::Status saved = trainer->Export(path);
-    if (!saved.ok()) {
-      log->error("export failed: {}", saved.message());
-      return 1;
-    }
-  }
-  const std::string json =
-      SummaryJson(config, *trainer, *train, eval.ok() ? &*eval : nullptr,
-                  train_seconds, evaluator);
-  std::cout << json << std::endl;
-  if (const std::string path = absl::GetFlag(FLAGS_summary_out); !path.empty()) {
-    std::ofstream(path) << json << "\n";
-  }
-  return 0;
-}
-
-std::string DescribePosition(const ps::DataPosition& p) {
-  return absl::StrCat("shard ", p.shard(), " epoch ", p.epoch(), " batch ",
-                      p.batch(), p.done() ? " (done)" : "");
-}
-
-int Run(ps::TerminationSignals& signals, const ps::JobConfig* config,
-        ps::WorkerTelemetry* telemetry, std::optional<ps::CurveKeys> curve) {
-  auto log = ps::GetLogger("worker");
-  const absl::Time start = absl::Now();
-
-  // The view callback may fire before the KV client exists; it forwards
-  // only once the client is published.
-  PublishedClient kv;
-  kv.telemetry = telemetry;
-  kv.curve = std::move(curve);
-  auto options = ps::SchedulerClient::Options::ForJob(
-      *config, absl::GetFlag(FLAGS_scheduler), ps::WORKER);
-  // Its shard is resumed by another worker if it dies or is preempted.
-  options.trains_shards = true;
-  // Drained (psctl drain): stop after the current step as on SIGTERM.
-  options.on_drain = [&signals] { signals.RequestTermination(); };
-  options.on_view = [&kv](const ps::ClusterView& view, uint32_t) {
-    kv.Update(view);
-  };
-  auto membership = ps::SchedulerClient::Connect(options);
-  if (!membership.ok()) {
-    log->error("{}", membership.status().message());
-    return 1;
-  }
-  telemetry->SetMembership(membership->get());
-  auto unset = absl::MakeCleanup([telemetry] { telemetry->SetMembership(nullptr); });
-  const uint32_t rank = (*membership)->rank();
-  ps::SetLogTag(absl::StrCat("worker/", rank));
-  log->info("registered as worker {} of {}{}", rank,
-            config->cluster().num_workers(),
-            (*membership)->has_initial_shard()
-                ? absl::StrCat(", to train ",
-                               DescribePosition((*membership)->initial_shard()))
-                : std::string(", with no shard of its own"));
-  Outcome outcome;
-  const int exit_code = TrainAndEvaluate(*config, membership->get(), &kv,
-                                         signals, start, &outcome);
-  // Leave on every path once registered, so the scheduler never waits for a
-  // heartbeat timeout to learn this worker is gone.
-  if (outcome.preempted) {
-    const ps::DataPosition* at = outcome.position ? &*outcome.position : nullptr;
-    absl::Status left = (*membership)->Leave(/*finished=*/false, at);
-    if (!left.ok()) {
-      log->warn("{}", left.message());
-    } else if (at != nullptr) {
-      log->info("preempted: left at {}", DescribePosition(*at));
+  // Every worker's pushes are acknowledged before it arrives at train_done,
+  // so the evaluation sees the fully trained model.
+  int exit_code = 0;
+  absl::StatusOr<bool> evaluator = session.Finish(kBarrierTimeout);
+  if (!evaluator.ok()) {
+    if (evaluator.status().code() == absl::StatusCode::kCancelled) {
+      log->info("stop requested at the end of training: leaving");
     } else {
-      log->info("preempted: left holding no shard");
+      log->error("{}", evaluator.status().message());
+      exit_code = 1;
     }
-    return exit_code;
+  } else if (*evaluator) {
+    exit_code = Evaluate(config, **trainer, *train, rank, start);
+    // Tell the others, even when stopping (a SIGTERM during the
+    // evaluation): without this arrival they would evaluate again.
+    if (absl::Status told = session.EvaluationDone(); !told.ok()) {
+      log->warn("{}", told.message());
+    }
   }
-  absl::Status left =
-      (*membership)->Leave(/*finished=*/exit_code == 0 && outcome.finished);
+  absl::Status left = session.Leave(/*finished=*/exit_code == 0);
   if (!left.ok()) log->warn("{}", left.message());
   return exit_code;
 }
@@ -445,5 +278,5 @@ int main(int argc, char** argv) {
     log->error("{}", endpoint.status().message());
     return 1;
   }
-  return Run(signals, &*config, &telemetry, *std::move(curve));
+  return Run(signals, *config, &telemetry, *std::move(curve));
 }

@@ -109,8 +109,7 @@ void ps_session_free(ps_session* s);
  * position (null or {shard, epoch, batch, done}), tables. */
 int32_t ps_session_info(ps_session* s, char** out_json);
 uint64_t ps_session_clock(ps_session* s);
-/* 1 when a stop was requested (ps_session_request_stop, psctl drain, or the
- * scheduler dropped this worker). */
+/* 1 when a stop was requested (ps_session_request_stop, psctl drain). */
 int32_t ps_session_stop_requested(ps_session* s);
 void ps_session_request_stop(ps_session* s);
 /* Ends a step (clock + 1 on every live server, after this thread's

@@ -553,8 +553,8 @@ class Session:
 
     @property
     def stop_requested(self) -> bool:
-        """SIGTERM (with handle_sigterm), request_stop(), psctl drain, or the
-        scheduler dropped this worker: finish the step, then close()."""
+        """SIGTERM (with handle_sigterm), request_stop() or psctl drain:
+        finish the step, then close()."""
         if self._closed:
             return True
         return bool(_native.lib().ps_session_stop_requested(self._handle()))
