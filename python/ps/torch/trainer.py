@@ -120,6 +120,7 @@ class Trainer:
         self.steps = 0
         self.nonfinite_steps = 0
         self._push_futures: List[Future] = []
+        self._end_step: Optional[Future] = None
         self._dense_pulls: List[Tuple[_DenseGroup, Future]] = []
 
         self._modules = [m for _, m in table_modules(model)]
@@ -215,6 +216,13 @@ class Trainer:
         for f in futures:
             f.result()
 
+    def wait(self) -> None:
+        """Waits until the servers applied this worker's pushes and
+        acknowledged its last end_step (raises their failure, if any)."""
+        self._check_pushes()
+        if self._end_step is not None:
+            self._end_step.result()
+
     def step(self, loss: Optional[torch.Tensor] = None,
              prefetch: Optional[Callable[[], Any]] = None) -> bool:
         """One training step: backward, pushes, end_step.
@@ -240,9 +248,12 @@ class Trainer:
         for m in self._modules:
             for keys, grad in m.take_records():
                 sparse.setdefault(m.table_name, []).append((keys, grad))
-        dense = [g.flat_grads() for g in self._groups] if finite else []
+        # A group none of whose parameters got a gradient pushes nothing
+        # (a zero push would still advance Adam's step count or momentum).
+        dense = [(g, g.flat_grads()) for g in self._groups
+                 if any(p.grad is not None for _, p in g.params)] if finite else []
         if finite:
-            finite = (all(bool(torch.isfinite(g).all()) for g in dense) and
+            finite = (all(bool(torch.isfinite(flat).all()) for _, flat in dense) and
                       all(bool(torch.isfinite(gr).all())
                           for recs in sparse.values() for _, gr in recs))
         for _, p in self.model.named_parameters():
@@ -258,9 +269,9 @@ class Trainer:
                 keys, grads = self._sum_by_key(recs)
                 self._push_futures.append(
                     self._sparse_tables[name].push(keys.numpy(), grads.numpy()))
-            for g, flat in zip(self._groups, dense):
+            for g, flat in dense:
                 self._push_futures.append(g.table.push(flat.numpy()))
-        self.sess.end_step()
+        self._end_step = self.sess.end_step()
         self.steps += 1
         if prefetch is not None and (not finite or not self.prefetch_early):
             prefetch()
