@@ -11,7 +11,8 @@ torch.no_grad() nothing is recorded, so nothing is pushed.
 
 Keys: int64 tensors (bit-cast to uint64, so negative values are the upper
 half of the hash space), NumPy uint64/int64 arrays, or lists of ints.
-Rows: float32, (n, dim).
+Rows: float32, (n, dim), on the device of the input keys (pulled to and
+pushed from the CPU).
 """
 
 from __future__ import annotations
@@ -162,8 +163,10 @@ class TableModule(nn.Module):
                 return fut
         return None
 
-    def _lookup(self, ids: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        """(inverse int64 like ids.reshape(-1), rows float32 (n, dim))."""
+    def _lookup(self, ids: torch.Tensor,
+                device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(inverse int64 like ids.reshape(-1), rows float32 (n, dim)), both
+        on `device` (the input's: rows travel as float32 through the CPU)."""
         flat = ids.reshape(-1)
         uniq, inverse = torch.unique(flat, sorted=True, return_inverse=True)
         if uniq.numel() == 0:
@@ -176,6 +179,8 @@ class TableModule(nn.Module):
             else:
                 self.prefetch_hits += 1
             rows = torch.from_numpy(fut.result())
+        if device.type != "cpu":
+            rows, inverse = rows.to(device), inverse.to(device)  # still a leaf
         if self.training and torch.is_grad_enabled():
             rows.requires_grad_(True)
             self._records.append((uniq, rows))
@@ -189,7 +194,7 @@ class TableModule(nn.Module):
         out = []
         for keys, rows in self._records:
             if rows.grad is not None:
-                out.append((keys, rows.grad))
+                out.append((keys, rows.grad.detach().cpu()))
         self._records = []
         return out
 
@@ -228,6 +233,7 @@ class EmbeddingBag(TableModule):
 
     def forward(self, input: Any, offsets: Optional[torch.Tensor] = None,
                 per_sample_weights: Optional[torch.Tensor] = None) -> torch.Tensor:
+        device = input.device if isinstance(input, torch.Tensor) else torch.device("cpu")
         ids = as_id_tensor(input)
         if ids.dim() == 2 and offsets is not None:
             raise ValueError("offsets must be None for 2-D input")
@@ -235,7 +241,7 @@ class EmbeddingBag(TableModule):
             raise ValueError("1-D input needs offsets")
         if ids.dim() not in (1, 2):
             raise ValueError(f"input must be 1-D or 2-D; got shape {tuple(ids.shape)}")
-        inverse, rows = self._lookup(ids)
+        inverse, rows = self._lookup(ids, device)
         return F.embedding_bag(inverse.view(ids.shape), rows, offsets, mode=self.mode,
                                per_sample_weights=per_sample_weights,
                                include_last_offset=self.include_last_offset)
@@ -251,8 +257,9 @@ class Embedding(TableModule):
     """
 
     def forward(self, input: Any) -> torch.Tensor:
+        device = input.device if isinstance(input, torch.Tensor) else torch.device("cpu")
         ids = as_id_tensor(input)
-        inverse, rows = self._lookup(ids)
+        inverse, rows = self._lookup(ids, device)
         return F.embedding(inverse.view(ids.shape), rows)
 
 

@@ -46,11 +46,12 @@ class LocalTable(nn.Module):
                                                keys.numpy().view(np.uint64)))
 
     def _lookup(self, ids: torch.Tensor) -> tuple:
+        ids = ids.to(self.keys.device)  # the buffers' device (model.to() moves them)
         uniq, inverse = torch.unique(ids.reshape(-1), sorted=True, return_inverse=True)
         n = self.keys.numel()
         if n == 0:
-            found = torch.zeros(uniq.numel(), dtype=torch.bool)
-            rows = torch.zeros(uniq.numel(), self.embedding_dim)
+            found = torch.zeros(uniq.numel(), dtype=torch.bool, device=uniq.device)
+            rows = torch.zeros(uniq.numel(), self.embedding_dim, device=uniq.device)
         else:
             pos = torch.searchsorted(self.keys, uniq).clamp_(max=n - 1)
             found = self.keys[pos] == uniq
@@ -58,7 +59,7 @@ class LocalTable(nn.Module):
         if not bool(found.all()):
             rows = rows.clone()
             missing = ~found
-            rows[missing] = self._initial(uniq[missing])
+            rows[missing] = self._initial(uniq[missing].cpu()).to(rows.device)
         return inverse, rows
 
     def extra_repr(self) -> str:

@@ -49,12 +49,13 @@ class _DenseGroup:
         """float32 (size,): the parameters' current values."""
         if not self.params:
             return np.zeros(0, np.float32)
-        return torch.cat([p.detach().reshape(-1).float() for _, p in self.params]).numpy()
+        return torch.cat([p.detach().reshape(-1).float().cpu()
+                          for _, p in self.params]).numpy()
 
     def flat_grads(self) -> torch.Tensor:
         """float32 (size,): the parameters' gradients (zeros where None)."""
         return torch.cat([
-            (p.grad.detach().reshape(-1).float() if p.grad is not None
+            (p.grad.detach().reshape(-1).float().cpu() if p.grad is not None
              else torch.zeros(p.numel(), dtype=torch.float32))
             for _, p in self.params])
 
