@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from ..session import DenseTable, Future, Session
-from .embedding import TableModule, table_modules
+from .embedding import table_modules
 
 _log = logging.getLogger("ps.torch")
 
