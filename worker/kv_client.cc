@@ -149,6 +149,12 @@ bool Completion::WaitFor(absl::Duration timeout, absl::Status* status) const {
   return finished;
 }
 
+Completion Completion::Failed(absl::Status status) {
+  auto state = std::make_shared<State>(1, nullptr);
+  state->PartDone(status);
+  return Completion(std::move(state));
+}
+
 bool Completion::done() const {
   absl::MutexLock lock(&state_->mu);
   return state_->remaining == 0;

@@ -109,6 +109,10 @@ class Completion {
   uint64_t min_clock() const;
   uint64_t applied_clock() const;
 
+  // A request that completed at once with `status` (refused before
+  // anything was sent).
+  static Completion Failed(absl::Status status);
+
   struct State;
 
  private:

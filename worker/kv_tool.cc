@@ -14,9 +14,12 @@
 // export would) and prints {"table":...,"table_id":...,"rows":N}, then the
 // --limit rows with the smallest keys as {"key":K,"values":[...]} lines.
 //
-// The tool joins the job as a worker (taking a free worker rank) and leaves
-// when done; with --finish it leaves as a finished worker, which lets the
-// job end once no other worker is alive. Pulled values are printed on one
+// Reads (pull, pull_dense, scan, stats) join as an observer: no worker
+// rank, no clock, answered at once with what the servers hold, beside a
+// running job of any consistency mode. Writes, --barrier and --finish join
+// as a worker (taking a free worker rank) and leave when done; with
+// --finish the tool leaves as a finished worker, which lets the job end once
+// no other worker is alive. Pulled values are printed on one
 // line, separated by spaces, with enough digits to round-trip a float.
 #include <algorithm>
 #include <cstdio>
@@ -36,8 +39,8 @@
 #include "common/node_main.h"
 #include "common/logging.h"
 #include "common/status.h"
-#include "scheduler/client.h"
 #include "worker/kv_client.h"
+#include "worker/session.h"
 
 ABSL_FLAG(std::string, config, "", "Job config file (textproto). Required.");
 ABSL_FLAG(std::string, scheduler, "", "Scheduler host:port. Required.");
@@ -253,34 +256,32 @@ int main(int argc, char** argv) {
     log->error("{}", curve.status().message());
     return 2;
   }
-  auto options = ps::SchedulerClient::Options::ForJob(
-      *config, absl::GetFlag(FLAGS_scheduler), ps::WORKER);
-  auto membership = ps::SchedulerClient::Connect(options);
-  if (!membership.ok()) {
-    log->error("{}", membership.status().message());
+  // Reads join as an observer: no worker rank to wait for, no clock, so
+  // they work beside a running job (also a BSP one, which they never hold
+  // back) and are answered with what the servers hold. Writes, barriers
+  // and --finish join as a worker that trains no shard (leaving early
+  // hands nothing over).
+  const std::string op = absl::GetFlag(FLAGS_op);
+  const bool read_only = (op == "pull" || op == "pull_dense" || op == "scan" ||
+                          op == "stats") &&
+                         absl::GetFlag(FLAGS_barrier).empty() && !absl::GetFlag(FLAGS_finish);
+  ps::WorkerSession::Options options;
+  options.config = *config;
+  options.scheduler = absl::GetFlag(FLAGS_scheduler);
+  options.trains_shards = false;
+  options.observer = read_only;
+  options.curve = *std::move(curve);
+  auto session = ps::WorkerSession::Start(std::move(options));
+  if (!session.ok()) {
+    log->error("{}", session.status().message());
     return 1;
   }
   absl::Status status;
-  {
-    auto view = (*membership)->WaitForRunning(
-        absl::Milliseconds(config->cluster().startup_timeout_ms()));
-    const std::string barrier = absl::GetFlag(FLAGS_barrier);
-    if (!view.ok()) {
-      status = view.status();
-    } else if (!barrier.empty() &&
-               !(status = (*membership)->Barrier(barrier, absl::Seconds(60)))
-                    .ok()) {
-      // status holds the barrier's error.
-    } else {
-      ps::KVClient::Options client_options{*config, (*membership)->rank(),
-                                           (*membership)->node_id(),
-                                           (*membership)->start_clock()};
-      client_options.curve = *curve;
-      auto client = ps::KVClient::Create(client_options, *view);
-      status = client.ok() ? Run(*config, **client) : client.status();
-    }
+  if (const std::string barrier = absl::GetFlag(FLAGS_barrier); !barrier.empty()) {
+    status = (*session)->Barrier(barrier, absl::Seconds(60));
   }
-  absl::Status left = (*membership)->Leave(absl::GetFlag(FLAGS_finish));
+  if (status.ok()) status = Run(*config, *(*session)->kv());
+  absl::Status left = (*session)->Leave(absl::GetFlag(FLAGS_finish));
   if (!status.ok()) {
     log->error("{}", status.message());
     return 1;

@@ -5,8 +5,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/grpc_security.h"
 #include "common/logging.h"
 #include "common/protocol.h"
+#include "common/status.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/scheduler.grpc.pb.h"
 
 namespace ps {
 namespace {
@@ -19,6 +23,93 @@ std::string Describe(const DataPosition& p) {
 }
 
 }  // namespace
+
+// An observer's link to the scheduler: no registration, just the cluster
+// view, by long poll (GetClusterView needs no membership), forwarded to
+// the data-plane client.
+class WorkerSession::ViewWatcher {
+ public:
+  static absl::StatusOr<std::unique_ptr<ViewWatcher>> Connect(const JobConfig& config,
+                                                              const std::string& address) {
+    absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> creds =
+        MakeChannelCredentials(config.security().tls());
+    if (!creds.ok()) return creds.status();
+    std::unique_ptr<ViewWatcher> w(new ViewWatcher);
+    w->stub_ = Scheduler::NewStub(grpc::CreateChannel(address, *creds));
+    return w;
+  }
+  ~ViewWatcher() {
+    {
+      absl::MutexLock lock(&mu_);
+      stopping_ = true;
+      if (poll_ != nullptr) poll_->TryCancel();
+    }
+    if (thread_.joinable()) thread_.join();
+  }
+
+  // One long poll of at most `timeout` for a view newer than `min_epoch`
+  // (and RUNNING or FINISHED when `running`).
+  absl::StatusOr<ClusterView> Poll(uint64_t min_epoch, bool running,
+                                   absl::Duration timeout) {
+    GetClusterViewRequest request;
+    request.set_min_epoch(min_epoch);
+    request.set_wait_for_running(running);
+    request.set_timeout_ms(static_cast<uint32_t>(
+        std::clamp<int64_t>(absl::ToInt64Milliseconds(timeout), 0, 30000)));
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + timeout + absl::Seconds(5)));
+    {
+      absl::MutexLock lock(&mu_);
+      if (stopping_) return absl::CancelledError("observer closing");
+      poll_ = &context;
+    }
+    ClusterView view;
+    const grpc::Status status = stub_->GetClusterView(&context, request, &view);
+    {
+      absl::MutexLock lock(&mu_);
+      poll_ = nullptr;
+    }
+    if (!status.ok()) {
+      return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                          absl::StrCat("cluster view: ", status.error_message()));
+    }
+    return view;
+  }
+
+  // Follows the view from `epoch` on, calling `install` with each newer one.
+  void Follow(uint64_t epoch, std::function<void(const ClusterView&)> install) {
+    thread_ = std::thread([this, epoch, install = std::move(install)]() mutable {
+      while (true) {
+        {
+          absl::MutexLock lock(&mu_);
+          if (stopping_) return;
+        }
+        absl::StatusOr<ClusterView> v = Poll(epoch + 1, false, absl::Seconds(5));
+        if (v.ok()) {
+          if (v->epoch() > epoch) {
+            epoch = v->epoch();
+            install(*v);
+          }
+          continue;
+        }
+        if (v.status().code() == absl::StatusCode::kCancelled) return;
+        // The scheduler is away: try again shortly.
+        absl::MutexLock lock(&mu_);
+        mu_.AwaitWithTimeout(absl::Condition(&stopping_), absl::Milliseconds(200));
+      }
+    });
+  }
+
+ private:
+  ViewWatcher() = default;
+  std::unique_ptr<Scheduler::Stub> stub_;
+  absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::ClientContext* poll_ ABSL_GUARDED_BY(mu_) = nullptr;
+  std::thread thread_;
+};
+
+WorkerSession::WorkerSession(Options options) : options_(std::move(options)) {}
 
 absl::StatusOr<std::unique_ptr<WorkerSession>> WorkerSession::Start(
     Options options) {
@@ -37,7 +128,64 @@ absl::StatusOr<std::unique_ptr<WorkerSession>> WorkerSession::Start(
   return session;
 }
 
+absl::Status WorkerSession::OpenObserver() {
+  const JobConfig& config = options_.config;
+  PS_ASSIGN_OR_RETURN(watcher_, ViewWatcher::Connect(config, options_.scheduler));
+  const absl::Duration startup =
+      options_.startup_timeout > absl::ZeroDuration()
+          ? options_.startup_timeout
+          : absl::Milliseconds(config.cluster().startup_timeout_ms());
+  const absl::Time deadline = absl::Now() + startup;
+  absl::StatusOr<ClusterView> view;
+  while (true) {
+    if (StopNow()) {
+      return absl::CancelledError("stop requested while waiting for the servers");
+    }
+    view = watcher_->Poll(0, /*running=*/true,
+                          std::max(absl::Milliseconds(1),
+                                   std::min(options_.stop_check, deadline - absl::Now())));
+    if (view.ok() && (view->job_state() == RUNNING || view->job_state() == FINISHED)) break;
+    if (absl::Now() >= deadline) {
+      return view.ok() ? absl::DeadlineExceededError(absl::StrCat(
+                             "the servers of the job did not all register within ",
+                             absl::FormatDuration(startup)))
+                       : view.status();
+    }
+    if (!view.ok() && view.status().code() != absl::StatusCode::kDeadlineExceeded &&
+        view.status().code() != absl::StatusCode::kUnavailable) {
+      return view.status();
+    }
+    if (!view.ok()) absl::SleepFor(absl::Milliseconds(100));
+  }
+  KVClient::Options kv_options;
+  kv_options.config = config;
+  kv_options.instruments = options_.instruments;
+  kv_options.curve = options_.curve;
+  // Node 0, clock 0: the servers treat its requests as a tool's, which move
+  // no clock, and answer its pulls with what they hold.
+  PS_ASSIGN_OR_RETURN(kv_, KVClient::Create(std::move(kv_options), *view));
+  {
+    absl::MutexLock lock(&published_->mu);
+    published_->client = kv_.get();
+  }
+  watcher_->Follow(view->epoch(), [published = published_](const ClusterView& v) {
+    absl::MutexLock lock(&published->mu);
+    if (published->client != nullptr) published->client->UpdateView(v);
+  });
+  Log()->info("observing job \"{}\" (epoch {})", config.name(), view->epoch());
+  if (options_.on_client) options_.on_client(kv_.get());
+  return absl::OkStatus();
+}
+
+absl::Status WorkerSession::NotForObservers(absl::string_view what) const {
+  if (!options_.observer) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      what, ": this session is an observer (it has no worker rank and no clock; it "
+      "only reads)"));
+}
+
 absl::Status WorkerSession::Open() {
+  if (options_.observer) return OpenObserver();
   const JobConfig& config = options_.config;
   auto sched = SchedulerClient::Options::ForJob(config, options_.scheduler, WORKER);
   sched.trains_shards = options_.trains_shards;
@@ -106,13 +254,14 @@ WorkerSession::~WorkerSession() {
     absl::MutexLock lock(&published_->mu);
     published_->client = nullptr;
   }
+  watcher_.reset();
   kv_.reset();
   if (membership_ != nullptr && options_.on_membership) options_.on_membership(nullptr);
   membership_.reset();
 }
 
 std::optional<DataPosition> WorkerSession::initial_position() const {
-  if (!membership_->has_initial_shard()) return std::nullopt;
+  if (membership_ == nullptr || !membership_->has_initial_shard()) return std::nullopt;
   return membership_->initial_shard();
 }
 
@@ -134,10 +283,13 @@ bool WorkerSession::StopNow() const {
 }
 
 bool WorkerSession::stop_requested() const {
-  return StopNow() || membership_->drain_requested();
+  return StopNow() || (membership_ != nullptr && membership_->drain_requested());
 }
 
 Completion WorkerSession::EndStep(std::optional<DataPosition> next) {
+  if (absl::Status s = NotForObservers("end a step"); !s.ok()) {
+    return Completion::Failed(std::move(s));
+  }
   SchedulerClient* membership = membership_.get();
   const uint64_t clock = kv_->clock() + 1;
   DoneCallback on_ack;
@@ -154,11 +306,12 @@ Completion WorkerSession::EndStep(std::optional<DataPosition> next) {
 }
 
 void WorkerSession::ReportProgress(uint64_t clock, const DataPosition& next) {
-  membership_->set_progress(clock, next);
+  if (membership_ != nullptr) membership_->set_progress(clock, next);
 }
 
 absl::Status WorkerSession::Barrier(absl::string_view name, absl::Duration timeout,
                                     std::vector<uint32_t>* ranks) {
+  PS_RETURN_IF_ERROR(NotForObservers("a barrier"));
   constexpr absl::Duration kLogEvery = absl::Seconds(10);
   const std::string barrier(name);
   const absl::Time deadline = absl::Now() + timeout;
@@ -182,6 +335,7 @@ absl::Status WorkerSession::Barrier(absl::string_view name, absl::Duration timeo
 }
 
 absl::StatusOr<ClaimShardResponse> WorkerSession::Claim(const DataPosition* finished) {
+  PS_RETURN_IF_ERROR(NotForObservers("claim a shard"));
   if (kv_->clock() != kFinishedClock) {
     if (absl::Status s = kv_->AdvanceClockTo(kFinishedClock).Wait(); !s.ok()) return s;
   }
@@ -190,10 +344,12 @@ absl::StatusOr<ClaimShardResponse> WorkerSession::Claim(const DataPosition* fini
 }
 
 absl::Status WorkerSession::Restart(uint64_t clock) {
+  PS_RETURN_IF_ERROR(NotForObservers("restart the clock"));
   return kv_->RestartClock(clock).Wait();
 }
 
 absl::StatusOr<bool> WorkerSession::Finish(absl::Duration wait) {
+  PS_RETURN_IF_ERROR(NotForObservers("finish training"));
   if (kv_->clock() != kFinishedClock) {
     if (absl::Status s = kv_->AdvanceClockTo(kFinishedClock).Wait(); !s.ok()) return s;
   }
@@ -239,6 +395,7 @@ absl::Status WorkerSession::EvaluationDone() {
 }
 
 absl::StatusOr<uint64_t> WorkerSession::RequestCheckpoint() {
+  PS_RETURN_IF_ERROR(NotForObservers("request a checkpoint"));
   if (options_.config.checkpoint().dir().empty()) {
     return absl::FailedPreconditionError(
         "this job takes no checkpoints: its config sets no checkpoint.dir");
@@ -248,6 +405,10 @@ absl::StatusOr<uint64_t> WorkerSession::RequestCheckpoint() {
 
 absl::Status WorkerSession::Leave(bool finished, const DataPosition* position) {
   if (left_) return absl::OkStatus();
+  if (membership_ == nullptr) {  // an observer: nothing to leave
+    left_ = true;
+    return absl::OkStatus();
+  }
   if (evaluating_) {
     if (absl::Status s = EvaluationDone(); !s.ok()) Log()->warn("{}", s.message());
   }

@@ -64,6 +64,14 @@ class WorkerSession {
     JobConfig config;
     // Scheduler "host:port".
     std::string scheduler;
+    // An observer: joins no worker rank and has no clock, so it never
+    // holds BSP/SSP back and never ends the job; it only reads (pulls,
+    // scans, statistics), answered at once with what the servers hold
+    // (under BSP: every step applied so far). For inspection, sidecar
+    // evaluation and export while training runs. It follows the cluster
+    // view by the scheduler's long poll; the step and lifecycle calls
+    // fail with FAILED_PRECONDITION.
+    bool observer = false;
     // A worker that trains data shards: its shard is resumed by another
     // worker if it dies or leaves early (RegisterRequest.trains_shards).
     // False for tools that only read or write parameters.
@@ -106,14 +114,16 @@ class WorkerSession {
   WorkerSession& operator=(const WorkerSession&) = delete;
 
   const JobConfig& config() const { return options_.config; }
-  uint32_t rank() const { return membership_->rank(); }
-  uint64_t node_id() const { return membership_->node_id(); }
+  bool observer() const { return options_.observer; }
+  // Observers: rank 0, node id 0 (the servers' "tool" sender), clock 0.
+  uint32_t rank() const { return membership_ ? membership_->rank() : 0; }
+  uint64_t node_id() const { return membership_ ? membership_->node_id() : 0; }
   uint32_t num_workers() const { return options_.config.cluster().num_workers(); }
   uint32_t num_servers() const { return options_.config.cluster().num_servers(); }
   ConsistencyMode mode() const { return options_.config.consistency().mode(); }
   // The clock this worker started at: 0 in a fresh job; the job's clock for
   // a replacement or a restored job.
-  uint64_t start_clock() const { return membership_->start_clock(); }
+  uint64_t start_clock() const { return membership_ ? membership_->start_clock() : 0; }
   // The shard to train first and where in it; nullopt: no shard of its own
   // (a worker that joined a job whose shards are all taken asks Claim()).
   std::optional<DataPosition> initial_position() const;
@@ -180,7 +190,7 @@ class WorkerSession {
   bool stop_requested() const;
   // The scheduler no longer counts this worker as a member (it was declared
   // dead after a pause, or the job ended).
-  bool lost() const { return membership_->lost(); }
+  bool lost() const { return membership_ != nullptr && membership_->lost(); }
 
   // Leaves the job. `finished`: this worker completed its part (see
   // LeaveRequest); `position`: where an unfinished worker's shard stands,
@@ -191,19 +201,24 @@ class WorkerSession {
   bool left() const { return left_; }
 
  private:
-  explicit WorkerSession(Options options) : options_(std::move(options)) {}
+  explicit WorkerSession(Options options);
   // The client the view callback forwards to; the lock makes unpublishing
   // wait for a callback in progress.
   struct Published {
     absl::Mutex mu;
     KVClient* client ABSL_GUARDED_BY(mu) = nullptr;
   };
+  class ViewWatcher;
   absl::Status Open();
+  absl::Status OpenObserver();
   bool StopNow() const;
+  // FAILED_PRECONDITION naming `what` for an observer.
+  absl::Status NotForObservers(absl::string_view what) const;
 
   const Options options_;
   std::shared_ptr<Published> published_ = std::make_shared<Published>();
-  std::unique_ptr<SchedulerClient> membership_;
+  std::unique_ptr<SchedulerClient> membership_;  // null for observers
+  std::unique_ptr<ViewWatcher> watcher_;          // observers only
   std::unique_ptr<KVClient> kv_;
   std::atomic<bool> stop_{false};
   bool left_ = false;

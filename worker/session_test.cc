@@ -231,3 +231,64 @@ TEST(WorkerSessionTest, ClaimFinishesTheClockAndWaitsWhileOthersTrain) {
 
 }  // namespace
 }  // namespace ps
+
+namespace ps {
+namespace {
+
+// An observer reads while a BSP job trains: answered at once with what the
+// servers hold, never counted as a worker, refused the lifecycle calls.
+TEST(WorkerSessionTest, AnObserverReadsWithoutHoldingBspBack) {
+  JobConfig config = Config("BSP", 2);
+  auto cluster = InProcessCluster::Start(config);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  auto a = WorkerSession::Start(SessionOptions(config, **cluster));
+  ASSERT_TRUE(a.ok()) << a.status();
+  auto b = WorkerSession::Start(SessionOptions(config, **cluster));
+  ASSERT_TRUE(b.ok()) << b.status();
+  auto observer_options = SessionOptions(config, **cluster);
+  observer_options.observer = true;
+  auto o = WorkerSession::Start(observer_options);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_TRUE((*o)->observer());
+  EXPECT_EQ((*o)->node_id(), 0u);
+  EXPECT_FALSE((*o)->initial_position().has_value());
+
+  // Step 0 of both workers: each pushes 1 and 3; the average is applied.
+  std::vector<float> one(3, 1.0f), three(3, 3.0f);
+  ASSERT_TRUE((*a)->kv()->PushDense(1, 0, one).Wait().ok());
+  ASSERT_TRUE((*b)->kv()->PushDense(1, 0, three).Wait().ok());
+  ASSERT_TRUE((*a)->EndStep().Wait().ok());
+  ASSERT_TRUE((*b)->EndStep().Wait().ok());
+  // Step 1: only a pushes and ends it; b is still computing.
+  ASSERT_TRUE((*a)->kv()->PushDense(1, 0, one).Wait().ok());
+  ASSERT_TRUE((*a)->EndStep().Wait().ok());
+  // The observer is answered at once with step 0 applied, not step 1.
+  std::vector<float> seen(3);
+  absl::Status pulled;
+  ASSERT_TRUE((*o)->kv()->PullDense(1, 0, 3, seen.data()).WaitFor(absl::Seconds(5), &pulled));
+  ASSERT_TRUE(pulled.ok()) << pulled;
+  EXPECT_EQ(seen, (std::vector<float>{-2, -2, -2}));
+  // A worker's pull at clock 2 waits for b, not for the observer.
+  std::vector<float> a_view(3);
+  Completion held = (*a)->kv()->PullDense(1, 0, 3, a_view.data());
+  EXPECT_FALSE(held.WaitFor(absl::Milliseconds(300)));
+  ASSERT_TRUE((*b)->kv()->PushDense(1, 0, three).Wait().ok());
+  ASSERT_TRUE((*b)->EndStep().Wait().ok());
+  ASSERT_TRUE(held.WaitFor(absl::Seconds(10), &pulled));
+  ASSERT_TRUE(pulled.ok()) << pulled;
+  EXPECT_EQ(a_view, (std::vector<float>{-4, -4, -4}));
+
+  EXPECT_EQ((*o)->EndStep().Wait().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*o)->Barrier("x", absl::Seconds(1)).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*o)->Finish().status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE((*o)->Leave(false).ok());
+  // The workers' job knows two workers only.
+  int workers = 0;
+  const ClusterView view = (*cluster)->scheduler().state()->View();
+  for (const NodeInfo& node : view.nodes()) workers += node.role() == WORKER;
+  EXPECT_EQ(workers, 2);
+}
+
+}  // namespace
+}  // namespace ps

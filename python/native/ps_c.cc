@@ -214,6 +214,16 @@ ps_future* FromCompletion(ps::Completion c) {
   return f;
 }
 
+// FAILED_PRECONDITION for a write from an observer.
+int32_t Writable(ps_session* s, const char* what) {
+  if (int32_t e = Usable(s)) return e;
+  if (s->session->observer()) {
+    return Fail(absl::FailedPreconditionError(absl::StrCat(
+        what, ": this session is an observer, which only reads (pull, scan, stats)")));
+  }
+  return 0;
+}
+
 // The sparse table `table` and its row width, or an error status.
 absl::StatusOr<uint32_t> SparseDim(ps_session* s, uint32_t table) {
   for (const ps::TableConfig& t : s->session->config().tables()) {
@@ -336,7 +346,7 @@ int32_t ps_synthetic_ctr(const char* path, int32_t split, uint64_t begin, uint64
 }
 
 int32_t ps_session_start(const char* config_path, const char* scheduler,
-                         int64_t num_servers, int64_t num_workers, int32_t trains_shards,
+                         int64_t num_servers, int64_t num_workers, int32_t flags,
                          double stop_check_s, double startup_timeout_s, ps_future** out) {
   absl::StatusOr<ps::JobConfig> config = LoadConfig(config_path, num_servers, num_workers);
   if (!config.ok()) return Fail(config.status());
@@ -349,7 +359,11 @@ int32_t ps_session_start(const char* config_path, const char* scheduler,
   ps::WorkerSession::Options options;
   options.config = *std::move(config);
   options.scheduler = scheduler;
-  options.trains_shards = trains_shards != 0;
+  options.trains_shards = (flags & PS_TRAINS_SHARDS) != 0;
+  options.observer = (flags & PS_OBSERVER) != 0;
+  if (options.observer && options.trains_shards) {
+    return Invalid("an observer trains no shards");
+  }
   options.curve = *std::move(curve);
   if (stop_check_s > 0) options.stop_check = Seconds(stop_check_s);
   if (startup_timeout_s > 0) options.startup_timeout = Seconds(startup_timeout_s);
@@ -386,6 +400,7 @@ int32_t ps_session_info(ps_session* s, char** out_json) {
   const std::optional<ps::DataPosition> pos = w.initial_position();
   *out_json = CopyString(absl::StrCat(
       "{\"rank\":", w.rank(), ",\"node_id\":", w.node_id(),
+      ",\"observer\":", w.observer() ? "true" : "false",
       ",\"start_clock\":", w.start_clock(),
       ",\"position\":", pos ? PositionJson(*pos) : std::string("null"),
       ",\"job\":", ConfigJson(w.config()), "}"));
@@ -524,7 +539,7 @@ int32_t ps_pull(ps_session* s, uint32_t table, const uint64_t* keys, size_t n, f
 
 int32_t ps_push(ps_session* s, uint32_t table, const uint64_t* keys, size_t n,
                 const float* grads, size_t grads_len, ps_future** f) {
-  if (int32_t e = Usable(s)) return e;
+  if (int32_t e = Writable(s, "push")) return e;
   absl::StatusOr<uint32_t> dim = SparseDim(s, table);
   if (!dim.ok()) return Fail(dim.status());
   if (grads_len != n * *dim) {
@@ -539,7 +554,7 @@ int32_t ps_push(ps_session* s, uint32_t table, const uint64_t* keys, size_t n,
 int32_t ps_push_pull(ps_session* s, uint32_t table, const uint64_t* keys, size_t n,
                      const float* grads, size_t grads_len, float* out, size_t out_len,
                      ps_future** f) {
-  if (int32_t e = Usable(s)) return e;
+  if (int32_t e = Writable(s, "push_pull")) return e;
   absl::StatusOr<uint32_t> dim = SparseDim(s, table);
   if (!dim.ok()) return Fail(dim.status());
   if (grads_len != n * *dim || out_len != n * *dim) {
@@ -562,7 +577,7 @@ int32_t ps_pull_dense(ps_session* s, uint32_t table, uint64_t begin, size_t n, f
 
 int32_t ps_push_dense(ps_session* s, uint32_t table, uint64_t begin, const float* grads,
                       size_t n, ps_future** f) {
-  if (int32_t e = Usable(s)) return e;
+  if (int32_t e = Writable(s, "push_dense")) return e;
   *f = FromCompletion(
       s->session->kv()->PushDense(table, begin, absl::MakeConstSpan(grads, n)));
   return 0;
@@ -570,7 +585,7 @@ int32_t ps_push_dense(ps_session* s, uint32_t table, uint64_t begin, const float
 
 int32_t ps_assign_dense(ps_session* s, uint32_t table, uint64_t begin, const float* values,
                         size_t n, ps_future** f) {
-  if (int32_t e = Usable(s)) return e;
+  if (int32_t e = Writable(s, "assign")) return e;
   *f = FromCompletion(
       s->session->kv()->AssignDense(table, begin, absl::MakeConstSpan(values, n)));
   return 0;

@@ -47,6 +47,10 @@ extern "C" {
 /* Returned by waits whose timeout passed before the operation completed. */
 #define PS_PENDING (-1)
 
+/* ps_session_start flags. */
+#define PS_TRAINS_SHARDS 1
+#define PS_OBSERVER 2
+
 typedef struct ps_session ps_session;
 typedef struct ps_future ps_future;
 
@@ -94,19 +98,23 @@ int32_t ps_synthetic_ctr(const char* path, int32_t split, uint64_t begin,
  * client) on a thread of its own; the future's session is taken with
  * ps_future_take_session once it is done. config_path: the job config
  * file every process of the job loads; num_servers / num_workers: 0 keeps
- * the config's. trains_shards: 1 for a training worker. stop_check_s:
+ * the config's. flags: PS_TRAINS_SHARDS for a training worker (its shard
+ * is resumed by another if it dies), PS_OBSERVER for an observer (no
+ * worker rank, no clock, never holds BSP/SSP back; it only reads: pushes
+ * and the lifecycle calls fail with FAILED_PRECONDITION). stop_check_s:
  * the longest any wait of the session blocks before looking for a stop
  * (ps_session_request_stop); startup_timeout_s 0: the config's. */
 int32_t ps_session_start(const char* config_path, const char* scheduler,
                          int64_t num_servers, int64_t num_workers,
-                         int32_t trains_shards, double stop_check_s,
+                         int32_t flags, double stop_check_s,
                          double startup_timeout_s, ps_future** out);
 /* Leaves (unfinished, no position) unless left, closes the data plane
  * (pending requests end CANCELLED) and frees the session. In a forked
  * child it frees nothing (the parent's threads are not there) and leaks. */
 void ps_session_free(ps_session* s);
-/* JSON: rank, node_id, num_workers, num_servers, mode, start_clock,
- * position (null or {shard, epoch, batch, done}), tables. */
+/* JSON: rank, node_id, observer, start_clock, position (null or {shard,
+ * epoch, batch, done}), job {name, mode, staleness, num_workers,
+ * num_servers, prefetch, checkpoint_dir, tables}. */
 int32_t ps_session_info(ps_session* s, char** out_json);
 uint64_t ps_session_clock(ps_session* s);
 /* 1 when a stop was requested (ps_session_request_stop, psctl drain). */

@@ -19,7 +19,7 @@ from .errors import (Aborted, AlreadyExists, Cancelled, DataLoss, FailedPrecondi
                      PermissionDenied, PsError, ResourceExhausted, Timeout,
                      Unauthenticated, Unavailable, Unimplemented)
 from .session import (FINISHED_CLOCK, DataPosition, DenseTable, Future, Session,
-                      SparseTable, as_keys, hash_key, init)
+                      SparseTable, as_keys, hash_key, init, observe)
 
 __version__ = "0.1.0"
 
@@ -28,5 +28,5 @@ __all__ = [
     "FINISHED_CLOCK", "FailedPrecondition", "ForkError", "Future", "Internal",
     "InvalidArgument", "NotFound", "OutOfRange", "PermissionDenied", "PsError",
     "ResourceExhausted", "Session", "SparseTable", "Timeout", "Unauthenticated",
-    "Unavailable", "Unimplemented", "as_keys", "hash_key", "init",
+    "Unavailable", "Unimplemented", "as_keys", "hash_key", "init", "observe",
 ]

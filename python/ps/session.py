@@ -409,6 +409,12 @@ class Session:
         launchers set them.
       trains_shards: a training worker (its data shard is resumed by another
         worker if it dies or leaves early). False for tools.
+      observer: join as an observer: no worker rank and no clock, so it never
+        holds BSP/SSP back and never ends the job; it only reads (pull, scan,
+        stats), answered at once with what the servers hold (under BSP, the
+        steps applied so far). For inspection, sidecar evaluation and export
+        while training runs. Writes and the lifecycle calls raise
+        FailedPrecondition.
       stop_check: seconds; the longest a scheduler wait (barrier, claim,
         finish, startup) blocks before noticing a stop request.
       startup_timeout: seconds to wait for the servers; None: the config's.
@@ -424,7 +430,8 @@ class Session:
 
     def __init__(self, config: Union[str, os.PathLike], scheduler: Optional[str] = None, *,
                  num_servers: Optional[int] = None, num_workers: Optional[int] = None,
-                 trains_shards: bool = True, stop_check: float = 0.25,
+                 trains_shards: bool = True, observer: bool = False,
+                 stop_check: float = 0.25,
                  startup_timeout: Optional[float] = None, handle_sigterm: bool = False,
                  log_level: Optional[str] = "warn") -> None:
         self._closed = True
@@ -444,8 +451,9 @@ class Session:
             num_workers = int(os.environ.get("PS_NUM_WORKERS", "0") or 0)
         self.config_path = os.fspath(config)
         h = _out_ptr()
+        flags = 2 if observer else (1 if trains_shards else 0)
         _check(lib.ps_session_start(self.config_path.encode(), scheduler.encode(),
-                                    num_servers, num_workers, 1 if trains_shards else 0,
+                                    num_servers, num_workers, flags,
                                     stop_check, startup_timeout or 0.0, ctypes.byref(h)))
         start = Future(self, h.value, lifecycle=True)
         start._session = None  # no session to stop yet: the future's stop flag does
@@ -467,6 +475,7 @@ class Session:
         self._info = info
         job = info["job"]
         self.rank: int = int(info["rank"])
+        self.observer: bool = bool(info["observer"])
         self.node_id: int = int(info["node_id"])
         self.num_workers: int = int(job["num_workers"])
         self.num_servers: int = int(job["num_servers"])
@@ -818,7 +827,8 @@ class Session:
             pass
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else f"rank {self.rank} of {self.num_workers}"
+        state = ("closed" if self._closed else "observer" if self.observer
+                 else f"rank {self.rank} of {self.num_workers}")
         return f"<ps.Session {state}>"
 
 
@@ -832,6 +842,13 @@ def init(config: Union[str, os.PathLike], scheduler: Optional[str] = None,
     handle_sigterm=True by default (SIGTERM ends the loop after the step)."""
     kwargs.setdefault("handle_sigterm", True)
     return Session(config, scheduler, **kwargs)
+
+
+def observe(config: Union[str, os.PathLike], scheduler: Optional[str] = None,
+            **kwargs: Any) -> Session:
+    """Joins the job as an observer (Session(..., observer=True)): reads
+    tables while the job trains, never holding it back."""
+    return Session(config, scheduler, observer=True, **kwargs)
 
 
 def hash_key(field: int, value: Any) -> Any:
