@@ -158,3 +158,39 @@ def test_prefetch_runs_before_the_pushes_in_async_mode_only(write_config, cluste
         # Called right after end_step.
         assert clocks == list(range(1, steps + 1))
         assert model.emb.prefetch_hits == steps - 1
+
+
+def test_parameters_split_over_dense_tables_by_prefix(write_config, cluster_factory):
+    first = (torch_ctr.DIM + torch_ctr.NUM_NUMERIC) * torch_ctr.HIDDEN + torch_ctr.HIDDEN
+    text = torch_ctr.ctr_config(dense_size=first).replace(
+        'tables { id: 1 name: "dense"',
+        f'tables {{ id: 2 name: "head" dense {{ size: {torch_ctr.HIDDEN + 1} }}\n'
+        '         optimizer { sgd { learning_rate: 0.1 } } init { kind: CONSTANT value: 7 } }\n'
+        'tables { id: 1 name: "dense"')
+    config = write_config(text)
+    cluster = cluster_factory(config)
+    data = ps.data.SyntheticCtr(config)
+    with ps.Session(config, cluster.scheduler) as sess:
+        model = torch_ctr.ps_net()
+        initial = {n: p.detach().clone() for n, p in model.named_parameters()}
+        with pytest.raises(ValueError, match="pass dense_table="):
+            ps.torch.Trainer(sess, model)  # two dense tables: which?
+        trainer = ps.torch.Trainer(sess, model, {"": "dense", "mlp.2.": "head"})
+        # Rank 0 wrote the model's own initial values (not the tables' init).
+        head = sess.table("head").pull().result()
+        np.testing.assert_array_equal(
+            head, torch.cat([initial["mlp.2.weight"].reshape(-1),
+                             initial["mlp.2.bias"]]).numpy())
+        body = sess.table("dense").pull().result()
+        np.testing.assert_array_equal(
+            body, torch.cat([initial["mlp.0.weight"].reshape(-1),
+                             initial["mlp.0.bias"]]).numpy())
+        assert trainer.step(torch_ctr.loss_of(model, data.fill(0, 0, B)))
+        trainer.wait()
+        assert np.abs(sess.table("head").pull().result() - head).max() > 0
+        assert np.abs(sess.table("dense").pull().result() - body).max() > 0
+        # The next forward reads the servers' values into the parameters.
+        torch_ctr.loss_of(model, data.fill(0, B, B))
+        trainer.discard()
+        np.testing.assert_array_equal(model.mlp[2].bias.detach().numpy(),
+                                      sess.table("head").pull().result()[-1:])
