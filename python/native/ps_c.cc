@@ -115,6 +115,11 @@ std::string ConfigJson(const ps::JobConfig& config) {
       ",\"num_workers\":", config.cluster().num_workers(),
       ",\"num_servers\":", config.cluster().num_servers(),
       ",\"prefetch\":", config.training().prefetch() ? "true" : "false",
+      ",\"training\":{\"batch_size\":", config.training().batch_size(),
+      ",\"epochs\":", config.training().epochs(),
+      ",\"shard_by_batch\":", config.training().shard_by_batch() ? "true" : "false",
+      ",\"max_steps\":", config.training().max_steps(),
+      ",\"export_path\":", Quote(config.training().export_path()), "}",
       ",\"checkpoint_dir\":", Quote(config.checkpoint().dir()),
       ",\"tables\":", TablesJson(config), "}");
 }

@@ -482,6 +482,10 @@ class Session:
         self.mode: str = job["mode"] if job["mode"] != "CONSISTENCY_MODE_UNSPECIFIED" else "ASYNC"
         self.staleness: int = int(job["staleness"])
         self.prefetch: bool = bool(job["prefetch"])
+        #: The config's training block: batch_size, epochs, shard_by_batch,
+        #: max_steps, export_path (a Python loop may use them or not).
+        self.training: Dict[str, Any] = dict(job["training"])
+        self.job_name: str = job["name"]
         self.start_clock: int = int(info["start_clock"])
         p = info["position"]
         self.position: Optional[DataPosition] = (
