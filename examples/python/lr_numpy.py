@@ -86,6 +86,8 @@ def main() -> int:
 
     start = time.monotonic()
     sess = ps.init(args.config, args.scheduler)
+    print(f"joined as worker {sess.rank} of {sess.num_workers} ({sess.mode}), at clock "
+          f"{sess.start_clock}, position {sess.position}", flush=True)
     sparse, dense = sess.table(args.sparse_table), sess.table(args.dense_table)
     data = ps.data.SyntheticCtr(args.config)
     if dense.size != data.num_numeric + 1 or sparse.dim != 1:
@@ -110,9 +112,13 @@ def main() -> int:
             print(f"step {steps} clock {sess.clock} loss {loss:.4f}", flush=True)
     train_seconds = time.monotonic() - start
 
+    # What this worker trained, for tools and tests (every example once in a
+    # job without failures, also when a worker was stopped and another took
+    # over the rest of its shard).
+    print(json.dumps({"worker_rank": sess.rank, "steps": steps, "examples": examples,
+                      "stopped": sess.stop_requested}), flush=True)
     if sess.stop_requested:               # SIGTERM or drain: hand the rest over
         sess.close()
-        print(f"stopped after {steps} steps", flush=True)
         return 0
     if sess.finish():                     # True on the one worker that evaluates
         summary = {"model": "LR-numpy", "mode": sess.mode, "workers": k,

@@ -722,14 +722,17 @@ class Session:
             if pos is None or pos.done:
                 if pos is not None and pos.done:
                     finished, pos = pos, None
+                # Stopped before the scheduler heard that the shard is done:
+                # close() reports it done (nothing of it is trained again).
+                self._stop_position = finished
                 if self.stop_requested:
-                    self._stop_position = None
                     return
                 try:
                     r = self.claim(finished)
                 except Cancelled:
                     return
                 finished = None
+                self._stop_position = None
                 if r["result"] == "ALL_DONE":
                     return
                 if r["result"] == "WAIT":
