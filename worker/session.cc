@@ -144,7 +144,11 @@ absl::Status WorkerSession::OpenObserver() {
     view = watcher_->Poll(0, /*running=*/true,
                           std::max(absl::Milliseconds(1),
                                    std::min(options_.stop_check, deadline - absl::Now())));
-    if (view.ok() && (view->job_state() == RUNNING || view->job_state() == FINISHED)) break;
+    if (view.ok() && view->job_state() == FINISHED) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job \"", config.name(), "\" has finished: its servers are leaving"));
+    }
+    if (view.ok() && view->job_state() == RUNNING) break;
     if (absl::Now() >= deadline) {
       return view.ok() ? absl::DeadlineExceededError(absl::StrCat(
                              "the servers of the job did not all register within ",
