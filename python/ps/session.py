@@ -494,6 +494,7 @@ class Session:
         self._servers_clip = False
         self._table_info = {t["name"]: t for t in job["tables"]}
         self._step_position: Optional[DataPosition] = None
+        self._started = False
         self._stop_position: Optional[DataPosition] = None
         _live.add(self)
         if handle_sigterm and threading.current_thread() is threading.main_thread():
@@ -712,12 +713,26 @@ class Session:
         ended), then takes over shards orphaned by other workers until every
         shard is done. Call end_step() once per batch (the position is
         filled in); a step left without one is ended when the next batch is
-        asked for. On a stop request (SIGTERM, drain) it ends after the step
+        asked for. In a fresh job it first waits until every worker has
+        joined (barrier "ps-start"), so the first steps count them all (a
+        loop of one's own should do the same). On a stop request (SIGTERM,
+        drain) it ends after the step
         in progress, with its pushes acknowledged, and close() hands the
         exact next position to the scheduler.
         """
         pos = self.position
         finished: Optional[DataPosition] = None
+        if self.start_clock == 0 and not self._started:
+            # A fresh job: wait until every worker has joined, so the first
+            # steps count them all (under BSP, a step applied while a worker
+            # is still joining would not include it, and the job would not
+            # train as the same job run again).
+            self._started = True
+            try:
+                self.barrier("ps-start")
+            except Cancelled:
+                self._stop_position = pos
+                return
         while True:
             if pos is None or pos.done:
                 if pos is not None and pos.done:
