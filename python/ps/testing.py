@@ -44,12 +44,13 @@ def _find_binary(name: str, bazel_path: str) -> str:
 
 def binary(name: str) -> str:
     """Path of one of the job's programs: scheduler_main, server_main,
-    trainer, kv_tool, psctl."""
+    trainer, kv_tool, psctl, ckpt_tool."""
     where = {"scheduler_main": "scheduler/scheduler_main",
              "server_main": "server/server_main",
              "trainer": "worker/trainer",
              "kv_tool": "worker/kv_tool",
-             "psctl": "scheduler/psctl"}
+             "psctl": "scheduler/psctl",
+             "ckpt_tool": "server/ckpt_tool"}
     return _find_binary(name, where[name])
 
 
