@@ -3,7 +3,7 @@ helpers/torch_ctr.py's model on its interleaved shard of the job's synthetic
 CTR data (the config's batch size, one epoch), in one of two phases.
 
     ckpt_worker.py first  CONFIG OUT_DIR CHECKPOINT_DIR REQUEST_AT
-    ckpt_worker.py resume CONFIG OUT_DIR
+    ckpt_worker.py resume CONFIG OUT_DIR [nobarrier]
 
 first: rank 0 asks for a checkpoint (Session.checkpoint()) once its clock is
   REQUEST_AT and writes the clock C it answered to OUT_DIR/requested.json.
@@ -16,8 +16,9 @@ first: rank 0 asks for a checkpoint (Session.checkpoint()) once its clock is
   exits with status 3.
 
 resume: the job was restored from a checkpoint. The workers meet at a
-  barrier before any trains; each writes what its session says then (OUT_DIR/start-RANK.json: start_clock,
-  resumed, position), trains the rest of its shard, and writes
+  barrier before any trains (not with nobarrier); each writes what its
+  session says then (OUT_DIR/start-RANK.json: start_clock, resumed,
+  position), trains the rest of its shard, and writes
   OUT_DIR/done-RANK.json (steps trained). The evaluator scores the test
   split with the PS-backed model (OUT_DIR/eval.json with the AUC,
   OUT_DIR/scores.npy) and exports it (OUT_DIR/model.pt).
@@ -140,14 +141,17 @@ def first(config: str, out: pathlib.Path, checkpoint_dir: str, request_at: int) 
     return RAN_OUT
 
 
-def resume(config: str, out: pathlib.Path) -> int:
+def resume(config: str, out: pathlib.Path, meet: bool = True) -> int:
     """Reports where the restored session starts, trains the rest, and the
-    evaluator scores the test split and exports the model."""
+    evaluator scores the test split and exports the model. meet=False
+    leaves out the barrier before training."""
     sess = ps.init(config)
-    # A restored job does not wait for its workers: the first to join would
-    # train alone (even under BSP) and a later one would join at the job's
-    # clock then, not at the checkpoint's. Meet before anyone trains.
-    sess.barrier("restored")
+    # A restored job does not wait for its workers (Session.batches meets
+    # only in a fresh job): the first to join would train alone (even under
+    # BSP) and a later one would join at the job's clock then, not at the
+    # checkpoint's. Meet before anyone trains.
+    if meet:
+        sess.barrier("restored")
     p = sess.position
     write_json(out / f"start-{sess.rank}.json", {
         "rank": sess.rank, "start_clock": sess.start_clock, "resumed": sess.resumed,
@@ -185,7 +189,8 @@ def main() -> int:
     if phase == "first":
         return first(sys.argv[2], pathlib.Path(sys.argv[3]), sys.argv[4], int(sys.argv[5]))
     if phase == "resume":
-        return resume(sys.argv[2], pathlib.Path(sys.argv[3]))
+        meet = len(sys.argv) < 5 or sys.argv[4] != "nobarrier"
+        return resume(sys.argv[2], pathlib.Path(sys.argv[3]), meet)
     raise SystemExit(f"unknown phase {phase!r}")
 
 
