@@ -16,6 +16,13 @@
 #   ps/lib/           every shared library they link, except the C library's
 #                     own (libc, libm, libpthread, libdl, librt, libresolv,
 #                     the loader) and CUDA's
+#   ps/python/ps/     the Python package (import ps) with its native library
+#                     libps_native.so beside it; ps/bin/ps-python runs the
+#                     target's own python3 (or $PS_PYTHON) with it on
+#                     PYTHONPATH and ps/lib on LD_LIBRARY_PATH, so a GPU
+#                     host's own Python and PyTorch train through the bundle:
+#                       ps/bin/ps-python my_train.py --config=job.pbtxt
+#   ps/examples/python/  the Python example workers
 #   ps/MANIFEST       the commit, the build machine and the library list
 # Programs: scheduler_main, server_main, trainer, predict, kv_tool, psnode,
 # curve_keygen and make_job_keys (which also needs openssl on the target).
@@ -78,7 +85,8 @@ if [ -n "${PS_BUNDLE_FROM:-}" ]; then
 else
   "$ROOT/deploy/install_deps.sh"
   echo "bundle: building (bazel build --config=opt) ..." >&2
-  bazel build --config=opt --noshow_progress "${PROGRAMS[@]}" //worker/compute:libps_cuda.so >&2
+  bazel build --config=opt --noshow_progress "${PROGRAMS[@]}" //worker/compute:libps_cuda.so \
+    //python:libps_native.so >&2
   BIN="$(bazel info --config=opt bazel-bin 2>/dev/null)"
 fi
 
@@ -106,6 +114,28 @@ for label in "${PROGRAMS[@]}"; do
   launcher "$name"
 done
 cp -L "$BIN/worker/compute/libps_cuda.so" "$P/libexec/libps_cuda.so"
+# The Python package: its sources from the build tree when they are there (a
+# test's runfiles), else from the checkout; the native library beside it.
+[ -f "$BIN/python/libps_native.so" ] || { echo "bundle: no $BIN/python/libps_native.so" >&2; exit 1; }
+PKG_SRC="$BIN/python/ps"
+[ -f "$PKG_SRC/__init__.py" ] || PKG_SRC="$ROOT/python/ps"
+mkdir -p "$P/python" "$P/examples/python"
+cp -rL "$PKG_SRC" "$P/python/ps"
+find "$P/python" -name __pycache__ -prune -exec rm -rf {} +
+cp -L "$BIN/python/libps_native.so" "$P/python/ps/libps_native.so"
+for f in "$ROOT"/examples/python/*.py "$ROOT"/examples/python/*.pbtxt; do
+  [ -f "$f" ] && cp -L "$f" "$P/examples/python/"
+done
+cat > "$P/bin/ps-python" <<'EOF2'
+#!/bin/sh
+# The target's Python with the bundle's package and libraries: PS_PYTHON
+# names another interpreter (default python3 on PATH).
+here=$(dirname "$(readlink -f "$0")")
+PYTHONPATH="$here/../python${PYTHONPATH:+:$PYTHONPATH}" \
+LD_LIBRARY_PATH="$here/../lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+  exec "${PS_PYTHON:-python3}" "$@"
+EOF2
+chmod 755 "$P/bin/ps-python"
 # make_job_keys finds curve_keygen beside itself: the launcher.
 cp "$ROOT/deploy/security/make_job_keys.sh" "$P/bin/make_job_keys"
 chmod 755 "$P/bin/make_job_keys"
@@ -124,7 +154,7 @@ fi
 # bazel built it (a test's rpath finds bazel's own shared objects there),
 # less the C library's own and CUDA's.
 SYSTEM='/(libc|libm|libdl|libpthread|librt|libresolv|libutil|ld-linux-x86-64)\.so'
-sources=("$BIN/worker/compute/libps_cuda.so")
+sources=("$BIN/worker/compute/libps_cuda.so" "$BIN/python/libps_native.so")
 for label in "${PROGRAMS[@]}"; do sources+=("$(binary_of "$label")"); done
 libs="$(for f in "${sources[@]}"; do
           ldd "$f" 2>/dev/null | awk '$2 == "=>" && $3 ~ /^\// {print $3}'
@@ -133,7 +163,7 @@ for lib in $libs; do
   cp -L "$lib" "$P/lib/$(basename "$lib")"
 done
 # Every library of every packed binary must now resolve (CUDA's aside).
-missing="$(for f in "$P"/libexec/*; do
+missing="$(for f in "$P"/libexec/* "$P/python/ps/libps_native.so"; do
              [ -f "$f" ] && LD_LIBRARY_PATH="$P/lib" ldd "$f" 2>/dev/null | grep 'not found' || true
            done | grep -v 'libcu' | sort -u || true)"
 if [ -n "$missing" ]; then

@@ -44,6 +44,15 @@ done
 [ -x "$P/bin/make_job_keys" ] || fail "no bin/make_job_keys"
 [ -f "$P/libexec/libps_cuda.so" ] || fail "no libexec/libps_cuda.so"
 grep -q '^libraries:' "$P/MANIFEST" || fail "MANIFEST: $(cat "$P/MANIFEST")"
+[ -f "$P/python/ps/libps_native.so" ] || fail "no python/ps/libps_native.so"
+[ -f "$P/python/ps/session.py" ] || fail "no python/ps/session.py"
+[ -x "$P/bin/ps-python" ] || fail "no bin/ps-python"
+# The package imports and loads its library through the launcher, with
+# nothing of the build tree on the paths.
+env -i PATH=/usr/bin:/bin "$P/bin/ps-python" -c \
+  'import ps; print(ps.hash_key(1, 2), ps.data.describe_config("'"$R"'/examples/ctr/async.pbtxt")["num_servers"])' \
+  > "$T/python.out" 2>&1 || fail "ps-python: $(cat "$T/python.out")"
+grep -q ' 2$' "$T/python.out" || fail "ps-python: $(cat "$T/python.out")"
 
 # Every library resolves into the bundle, but the C library's and CUDA's.
 checked=0

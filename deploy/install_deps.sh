@@ -22,6 +22,8 @@ PACKAGES=(
   chromium fonts-dejavu-core         # headless screenshot of /status (tests)
   gnuplot-nox                        # deploy/plot: metrics files to PNG
   python3-yaml                       # deploy/k8s manifests test
+  python3-numpy python3-pytest       # the Python package (python/ps) and its tests
+  python3-torch                      # ps.torch, its tests and examples (CPU build)
   slurm-wlm munge                    # deploy/slurm test (one-node cluster)
 )
 

@@ -21,6 +21,8 @@ from .errors import (Aborted, AlreadyExists, Cancelled, DataLoss, FailedPrecondi
 from .session import (FINISHED_CLOCK, DataPosition, DenseTable, Future, Session,
                       SparseTable, as_keys, hash_key, init, observe)
 
+from . import data, metrics  # noqa: E402  (numpy only; ps.torch is imported on demand)
+
 __version__ = "0.1.0"
 
 __all__ = [
