@@ -37,6 +37,11 @@ BENCHES=(
   "train //tests/bench:train_bench"
   "scaling //tests/bench:scaling_bench"
   "consistency //tests/bench:consistency_bench"
+  # Not a binary: tests/bench/python_bench.py (the Python binding and
+  # examples/python/dlrm_torch.py against plain PyTorch and the C++
+  # trainer), run with $PS_PYTHON; the target is the native library it
+  # loads, and the job's binaries are built beside it.
+  "python //python:libps_native.so"
 )
 
 names=()
@@ -77,7 +82,12 @@ target_of() { local rest="${1#* }"; echo "${rest%% *}"; }
 flags_of() { local rest="${1#* }"; [ "${rest#* }" = "$rest" ] || echo "${rest#* }"; }
 
 targets=()
-for entry in "${selected[@]}"; do targets+=("$(target_of "$entry")"); done
+for entry in "${selected[@]}"; do
+  targets+=("$(target_of "$entry")")
+  if [ "${entry%% *}" = python ]; then
+    targets+=(//scheduler:scheduler_main //server:server_main //worker:trainer)
+  fi
+done
 # Always the opt config: benchmarks of an unoptimised build mean nothing,
 # and it is the config everybody builds with, so the cache is shared.
 if [ -z "${PS_BIN_DIR:-}" ]; then
@@ -120,6 +130,17 @@ for entry in "${selected[@]}"; do
     else
       echo "# bench train: no PyTorch baseline (ratios are null)" >&2
     fi
+  fi
+  if [ "$name" = python ]; then
+    # The library of the opt build (binaries: PS_BIN_DIR, else bazel-bin,
+    # as ps.testing finds them); the figures' format is the binaries'.
+    [ -z "${PS_BIN_DIR:-}" ] && export PS_NATIVE_LIB="$BIN/python/libps_native.so"
+    echo "# bench python: $PYTHON tests/bench/python_bench.py ${flags[*]:-}" >&2
+    if ! "$PYTHON" "$ROOT/tests/bench/python_bench.py" ${flags[@]+"${flags[@]}"}; then
+      echo "tests/bench.sh: bench python failed" >&2
+      status=1
+    fi
+    continue
   fi
   echo "# bench $name: $binary ${extra[*]:-} ${flags[*]:-}" >&2
   if ! "$binary" ${extra[@]+"${extra[@]}"} ${flags[@]+"${flags[@]}"}; then
