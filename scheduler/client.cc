@@ -244,8 +244,9 @@ absl::Status SchedulerClient::ReportCheckpoint(ReportCheckpointRequest request) 
       absl::StrCat("report checkpoint ", request.clock()));
 }
 
-absl::StatusOr<uint64_t> SchedulerClient::RequestCheckpoint() {
+absl::StatusOr<uint64_t> SchedulerClient::RequestCheckpoint(uint64_t after_clock) {
   CheckpointRequest request;
+  request.set_after_clock(after_clock);
   CheckpointResponse response;
   auto context = Context(options_.rpc_timeout);
   grpc::Status status = stub_->Checkpoint(context.get(), request, &response);

@@ -93,8 +93,9 @@ class SchedulerClient {
   // Servers: reports this server's part of checkpoint `request.clock`
   // (node_id is filled in).
   absl::Status ReportCheckpoint(ReportCheckpointRequest request);
-  // Asks the scheduler to start a checkpoint; returns its clock.
-  absl::StatusOr<uint64_t> RequestCheckpoint();
+  // Asks the scheduler to start a checkpoint; returns its clock, which is
+  // after `after_clock` (a worker's own clock, which heartbeats report late).
+  absl::StatusOr<uint64_t> RequestCheckpoint(uint64_t after_clock = 0);
 
   // True once the scheduler said this node is no longer a member.
   bool lost() const { return lost_.load(); }

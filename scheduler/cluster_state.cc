@@ -679,15 +679,20 @@ void ClusterState::SetRestore(const std::string& path,
   BumpEpochLocked();
 }
 
-absl::StatusOr<uint64_t> ClusterState::StartCheckpoint() {
+absl::StatusOr<uint64_t> ClusterState::StartCheckpoint(uint64_t after_clock) {
   absl::MutexLock lock(&mu_);
-  if (checkpoint_.has_value()) return checkpoint_->clock;
-  auto clock = StartCheckpointLocked("on request");
+  if (checkpoint_.has_value()) {
+    if (checkpoint_->clock > after_clock) return checkpoint_->clock;
+    // The requester has passed it: the servers will refuse it anyway.
+    AbortCheckpointLocked(absl::StrCat("a worker asked for one after clock ", after_clock));
+  }
+  auto clock = StartCheckpointLocked("on request", after_clock);
   if (clock.ok()) checkpoint_wanted_ = true;
   return clock;
 }
 
-absl::StatusOr<uint64_t> ClusterState::StartCheckpointLocked(const char* why) {
+absl::StatusOr<uint64_t> ClusterState::StartCheckpointLocked(const char* why,
+                                                            uint64_t after_clock) {
   if (config_.checkpoint().dir().empty()) {
     return absl::FailedPreconditionError(
         "the job has no checkpoint.dir; checkpoints are off");
@@ -705,7 +710,7 @@ absl::StatusOr<uint64_t> ClusterState::StartCheckpointLocked(const char* why) {
   // is a consistent cut at once (e.g. a final checkpoint, or one of a job
   // restored onto other servers).
   PendingCheckpoint pending;
-  pending.clock = std::max({t.fastest, base_clock_, last_checkpoint_}) +
+  pending.clock = std::max({t.fastest, base_clock_, last_checkpoint_, after_clock}) +
                   (t.any ? ahead : 1);
   pending.started = clock_->Now();
   checkpoint_ = std::move(pending);

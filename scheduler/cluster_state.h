@@ -83,7 +83,7 @@ class ClusterState {
   // Starts a checkpoint a few steps ahead of the fastest worker (the next
   // clock when no worker trains). Returns its clock. FAILED_PRECONDITION
   // without checkpoint.dir or before the job runs.
-  absl::StatusOr<uint64_t> StartCheckpoint();
+  absl::StatusOr<uint64_t> StartCheckpoint(uint64_t after_clock = 0);
   // A server's or worker's part of the checkpoint in progress.
   // FAILED_PRECONDITION for a checkpoint not in progress (stale report).
   absl::Status ReportCheckpoint(const ReportCheckpointRequest& request);
@@ -220,7 +220,7 @@ class ClusterState {
     double rate = 0;
   };
   Training TrainingLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<uint64_t> StartCheckpointLocked(const char* why)
+  absl::StatusOr<uint64_t> StartCheckpointLocked(const char* why, uint64_t after_clock = 0)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AbortCheckpointLocked(const std::string& why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -269,6 +269,28 @@ TEST_F(RecoveryTest, AWorkerThatLeftFinishedStillCountsAtTheBarrier) {
 
 // ------------------------------------------------------------ checkpoints
 
+// A worker asking from its training loop is ahead of what its heartbeats
+// said: the checkpoint goes after its own clock, and a pending one it has
+// passed is replaced.
+TEST_F(RecoveryTest, ACheckpointIsPlacedAfterTheRequestersClock) {
+  Start();
+  const Job j = StartJob();
+  Beat(j.w0, 10);
+  Beat(j.w1, 12);
+  auto first = state_->StartCheckpoint();
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_GT(*first, 12u);
+  // Asked again by a worker that has not reached it: the same checkpoint.
+  auto same = state_->StartCheckpoint(*first - 1);
+  ASSERT_TRUE(same.ok()) << same.status();
+  EXPECT_EQ(*same, *first);
+  // Asked by a worker already at clock 40 (its heartbeat said 12).
+  auto later = state_->StartCheckpoint(40);
+  ASSERT_TRUE(later.ok()) << later.status();
+  EXPECT_GT(*later, 40u);
+  EXPECT_EQ(state_->View().checkpoint_clock(), *later);
+}
+
 TEST_F(RecoveryTest, ACheckpointCommitsOnceEveryServerAndTrainingWorkerReported) {
   Start();
   const Job j = StartJob();

@@ -79,9 +79,9 @@ class SchedulerServer::Service final : public Scheduler::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status Checkpoint(grpc::ServerContext*, const CheckpointRequest*,
+  grpc::Status Checkpoint(grpc::ServerContext*, const CheckpointRequest* request,
                           CheckpointResponse* response) override {
-    auto clock = state_->StartCheckpoint();
+    auto clock = state_->StartCheckpoint(request->after_clock());
     if (!clock.ok()) return ToGrpcStatus(clock.status());
     response->set_clock(*clock);
     return grpc::Status::OK;

@@ -51,6 +51,14 @@ int main(int argc, char** argv) {
               << " workers=" << config->cluster().num_workers()
               << " mode=" << ps::ConsistencyMode_Name(config->consistency().mode())
               << std::endl;
+    // The launchers' worker command as a shell array (empty: the trainer).
+    std::cout << "worker_command=(";
+    for (const std::string& arg : config->launch().worker_command()) {
+      std::string quoted = "'";
+      for (char ch : arg) quoted += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+      std::cout << quoted << "' ";
+    }
+    std::cout << ")" << std::endl;
     return 0;
   }
   ps::SchedulerServer::Options options;

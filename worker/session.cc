@@ -404,7 +404,19 @@ absl::StatusOr<uint64_t> WorkerSession::RequestCheckpoint() {
     return absl::FailedPreconditionError(
         "this job takes no checkpoints: its config sets no checkpoint.dir");
   }
-  return membership_->RequestCheckpoint();
+  // After this worker's own clock: the heartbeats may not show it yet.
+  const uint64_t clock = kv_->clock();
+  return membership_->RequestCheckpoint(clock < kFinishedClock ? clock : 0);
+}
+
+uint64_t WorkerSession::last_checkpoint_clock() const {
+  return membership_ ? membership_->view().last_checkpoint_clock() : 0;
+}
+
+bool WorkerSession::restored_start() const {
+  if (membership_ == nullptr || start_clock() == 0) return false;
+  const ClusterView view = membership_->view();
+  return !view.restore().path().empty() && view.restore().clock() == start_clock();
 }
 
 absl::Status WorkerSession::Leave(bool finished, const DataPosition* position) {

@@ -179,8 +179,18 @@ class WorkerSession {
 
   // Asks the scheduler for a consistent checkpoint; returns the clock it
   // will be taken at (every server's state and every worker's position at
-  // that clock). FAILED_PRECONDITION when the job has no checkpoint.dir.
+  // that clock), after this worker's clock. FAILED_PRECONDITION when the
+  // job has no checkpoint.dir. The scheduler moves a checkpoint that a
+  // worker has passed before it was taken to a later clock:
+  // last_checkpoint_clock() says which one was committed.
   absl::StatusOr<uint64_t> RequestCheckpoint();
+  // The clock of the newest committed checkpoint (0: none yet).
+  uint64_t last_checkpoint_clock() const;
+  // This worker started a job restored from a checkpoint, at its clock
+  // (not a replacement joining later): the workers of a restored job meet
+  // at a barrier before their first step, as a fresh job's do, so that
+  // under BSP none trains alone while the others are still joining.
+  bool restored_start() const;
 
   // Asks every wait to end with CANCELLED and stop_requested() to say so.
   void RequestStop() { stop_.store(true); }

@@ -406,6 +406,7 @@ int32_t ps_session_info(ps_session* s, char** out_json) {
   *out_json = CopyString(absl::StrCat(
       "{\"rank\":", w.rank(), ",\"node_id\":", w.node_id(),
       ",\"observer\":", w.observer() ? "true" : "false",
+      ",\"restored_start\":", w.restored_start() ? "true" : "false",
       ",\"start_clock\":", w.start_clock(),
       ",\"position\":", pos ? PositionJson(*pos) : std::string("null"),
       ",\"job\":", ConfigJson(w.config()), "}"));
@@ -415,6 +416,11 @@ int32_t ps_session_info(ps_session* s, char** out_json) {
 uint64_t ps_session_clock(ps_session* s) {
   if (Usable(s) != 0) return 0;
   return s->session->clock();
+}
+
+uint64_t ps_session_last_checkpoint(ps_session* s) {
+  if (Usable(s) != 0) return 0;
+  return s->session->last_checkpoint_clock();
 }
 
 int32_t ps_session_stop_requested(ps_session* s) {

@@ -112,11 +112,13 @@ int32_t ps_session_start(const char* config_path, const char* scheduler,
  * (pending requests end CANCELLED) and frees the session. In a forked
  * child it frees nothing (the parent's threads are not there) and leaks. */
 void ps_session_free(ps_session* s);
-/* JSON: rank, node_id, observer, start_clock, position (null or {shard,
+/* JSON: rank, node_id, observer, restored_start, start_clock, position (null or {shard,
  * epoch, batch, done}), job {name, mode, staleness, num_workers,
  * num_servers, prefetch, checkpoint_dir, tables}. */
 int32_t ps_session_info(ps_session* s, char** out_json);
 uint64_t ps_session_clock(ps_session* s);
+/* The clock of the newest committed checkpoint of the job (0: none). */
+uint64_t ps_session_last_checkpoint(ps_session* s);
 /* 1 when a stop was requested (ps_session_request_stop, psctl drain). */
 int32_t ps_session_stop_requested(ps_session* s);
 void ps_session_request_stop(ps_session* s);

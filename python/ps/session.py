@@ -487,6 +487,8 @@ class Session:
         self.training: Dict[str, Any] = dict(job["training"])
         self.job_name: str = job["name"]
         self.start_clock: int = int(info["start_clock"])
+        #: This worker starts a job restored from a checkpoint (at its clock).
+        self.restored_start: bool = bool(info["restored_start"])
         p = info["position"]
         self.position: Optional[DataPosition] = (
             DataPosition(int(p["shard"]), int(p["epoch"]), int(p["batch"]), bool(p["done"]))
@@ -558,6 +560,11 @@ class Session:
     def clock(self) -> int:
         """Steps this worker completed (FINISHED_CLOCK once finished)."""
         return int(_native.lib().ps_session_clock(self._handle()))
+
+    @property
+    def last_checkpoint_clock(self) -> int:
+        """The clock of the job's newest committed checkpoint (0: none)."""
+        return int(_native.lib().ps_session_last_checkpoint(self._handle()))
 
     @property
     def resumed(self) -> bool:
@@ -696,8 +703,11 @@ class Session:
     def checkpoint(self) -> int:
         """Asks for a consistent checkpoint of the whole job (every server's
         parameters and optimizer state, every worker's data position);
-        returns the clock it is taken at. FailedPrecondition when the job's
-        config has no checkpoint.dir."""
+        returns the clock it is taken at, after this worker's clock (keep
+        training: it is taken when the workers get there). If a worker passes
+        that clock before the view reaches it, the scheduler takes it at a
+        later clock: last_checkpoint_clock says which checkpoint committed.
+        FailedPrecondition when the job's config has no checkpoint.dir."""
         h = _out_ptr()
         _check(_native.lib().ps_session_checkpoint(self._handle(), ctypes.byref(h)))
         return self._wait_lifecycle(h).value
@@ -713,23 +723,24 @@ class Session:
         ended), then takes over shards orphaned by other workers until every
         shard is done. Call end_step() once per batch (the position is
         filled in); a step left without one is ended when the next batch is
-        asked for. In a fresh job it first waits until every worker has
-        joined (barrier "ps-start"), so the first steps count them all (a
-        loop of one's own should do the same). On a stop request (SIGTERM,
-        drain) it ends after the step
-        in progress, with its pushes acknowledged, and close() hands the
+        asked for. In a fresh job (and at the start of a restored one) it
+        first waits until every worker has joined (barrier "ps-start"), so
+        the first steps count them all (a loop of one's own should do the
+        same). On a stop request (SIGTERM, drain) it ends after the step in
+        progress, with its pushes acknowledged, and close() hands the
         exact next position to the scheduler.
         """
         pos = self.position
         finished: Optional[DataPosition] = None
-        if self.start_clock == 0 and not self._started:
-            # A fresh job: wait until every worker has joined, so the first
-            # steps count them all (under BSP, a step applied while a worker
-            # is still joining would not include it, and the job would not
-            # train as the same job run again).
+        if (self.start_clock == 0 or self.restored_start) and not self._started:
+            # A fresh or restored job: wait until every worker has joined, so
+            # the first steps count them all (under BSP, a step applied while
+            # a worker is still joining would not include it, and the job
+            # would not train as the same job run again).
             self._started = True
             try:
-                self.barrier("ps-start")
+                self.barrier("ps-start" if self.start_clock == 0
+                             else f"ps-restored-{self.start_clock}")
             except Cancelled:
                 self._stop_position = pos
                 return
