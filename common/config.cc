@@ -550,6 +550,14 @@ absl::Status ValidateJobConfig(const JobConfig& config) {
       }
     }
   }
+  for (const auto* command : {&config.launch().worker_command(),
+                              &config.launch().evaluator_command()}) {
+    const std::string field = command == &config.launch().worker_command()
+                                  ? "launch.worker_command"
+                                  : "launch.evaluator_command";
+    c.Require(command->empty() || !(*command)[0].empty(), field,
+              "its first element (the program) must not be empty");
+  }
   return c.Result();
 }
 
