@@ -6,6 +6,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
 
@@ -187,10 +188,10 @@ absl::StatusOr<LaunchPlan> PlanFromTfConfig(const std::string& json) {
     plan.role = LaunchRole::kWorker;
     members = &*workers;
   } else if (type == "evaluator") {
-    return Bad(
-        "TF_CONFIG: task type 'evaluator' is not supported: the lowest live "
-        "worker rank evaluates the model once training is done; remove the "
-        "Evaluator replica spec from the TFJob");
+    // Runs the config's launch.evaluator_command (LaunchCommand refuses the
+    // task when the config has none).
+    plan.role = LaunchRole::kEvaluator;
+    members = &*evaluators;
   } else {
     return Bad(absl::StrCat("TF_CONFIG: unknown task.type '", type,
                             "' (expected chief, ps or worker)"));
@@ -270,6 +271,8 @@ const char* LaunchRoleName(LaunchRole role) {
       return "server";
     case LaunchRole::kWorker:
       return "worker";
+    case LaunchRole::kEvaluator:
+      return "evaluator";
   }
   return "unknown";
 }
@@ -319,10 +322,46 @@ absl::StatusOr<LaunchPlan> PlanLaunch(const Environment& env,
   return PlanFromDmlc(env);
 }
 
+namespace {
+
+// `command` with "{config_dir}" replaced in every element, and a first
+// element "python3" replaced by options.python when set.
+std::vector<std::string> Substitute(const std::vector<std::string>& command,
+                                    const LaunchCommandOptions& options) {
+  std::vector<std::string> out;
+  for (const std::string& arg : command) {
+    out.push_back(absl::StrReplaceAll(arg, {{"{config_dir}", options.config_dir}}));
+  }
+  if (!out.empty() && out[0] == "python3" && !options.python.empty()) out[0] = options.python;
+  return out;
+}
+
+}  // namespace
+
 absl::StatusOr<std::vector<std::string>> LaunchCommand(
     const LaunchPlan& plan, const LaunchCommandOptions& options) {
   if (options.config.empty()) return Bad("no job config given (--config)");
   if (options.listen_host.empty()) return Bad("no listen host given");
+  // The job's own worker or evaluator command: the flags every worker
+  // program takes; the cluster sizes travel in LaunchEnvironment.
+  const std::vector<std::string>* own =
+      plan.role == LaunchRole::kWorker      ? &options.worker_command
+      : plan.role == LaunchRole::kEvaluator ? &options.evaluator_command
+                                            : nullptr;
+  if (plan.role == LaunchRole::kEvaluator && own->empty()) {
+    return Bad(
+        "TF_CONFIG: task type 'evaluator' needs launch.evaluator_command in the job "
+        "config (a script that observes the job, e.g. with ps.observe); without "
+        "one the lowest live worker rank evaluates the model once training is "
+        "done: remove the Evaluator replica spec from the TFJob");
+  }
+  if (own != nullptr && !own->empty()) {
+    std::vector<std::string> argv = Substitute(*own, options);
+    argv.push_back(absl::StrCat("--config=", options.config));
+    argv.push_back(absl::StrCat("--scheduler=", plan.scheduler_address));
+    argv.insert(argv.end(), options.extra_args.begin(), options.extra_args.end());
+    return argv;
+  }
   const std::string& binary = plan.role == LaunchRole::kScheduler
                                   ? options.scheduler_binary
                               : plan.role == LaunchRole::kServer
@@ -358,11 +397,20 @@ absl::StatusOr<std::vector<std::string>> LaunchCommand(
       break;
     }
     case LaunchRole::kWorker:
+    case LaunchRole::kEvaluator:
       argv.push_back(absl::StrCat("--scheduler=", plan.scheduler_address));
       break;
   }
   argv.insert(argv.end(), options.extra_args.begin(), options.extra_args.end());
   return argv;
+}
+
+Environment LaunchEnvironment(const LaunchPlan& plan, const LaunchCommandOptions& options) {
+  return {{"PS_CONFIG", options.config},
+          {"PS_SCHEDULER", plan.scheduler_address},
+          {"PS_NUM_SERVERS", absl::StrCat(plan.num_servers)},
+          {"PS_NUM_WORKERS", absl::StrCat(plan.num_workers)},
+          {"PS_ROLE", LaunchRoleName(plan.role)}};
 }
 
 std::string DescribeLaunchPlan(const LaunchPlan& plan) {

@@ -17,9 +17,10 @@
 //   - `worker` task i runs a trainer (its address is not used);
 //   - num_servers = len(cluster.ps) and num_workers = len(cluster.worker),
 //     both required and >= 1;
-//   - `evaluator` is refused: the job is evaluated by the lowest live worker
-//     rank once training is done, so an evaluator replica would have
-//     nothing to do. Any other task type is refused too.
+//   - `evaluator` task i runs the job config's launch.evaluator_command (a
+//     sidecar that observes the job, e.g. with ps.observe); LaunchCommand
+//     refuses it when the config has none (the lowest live worker rank
+//     evaluates once training is done). Any other task type is refused.
 //   Ranks are assigned by the scheduler in registration order, not from
 //   task.index; the index only picks this task's address.
 //
@@ -57,7 +58,7 @@
 
 namespace ps {
 
-enum class LaunchRole { kScheduler, kServer, kWorker };
+enum class LaunchRole { kScheduler, kServer, kWorker, kEvaluator };
 enum class LaunchSource { kAuto, kTfConfig, kDmlc };
 
 // "scheduler", "server", "worker".
@@ -106,6 +107,14 @@ struct LaunchCommandOptions {
   std::string default_advertise_host;
   // Appended as given (arguments after `--`).
   std::vector<std::string> extra_args;
+  // The job config's launch.worker_command and launch.evaluator_command: a
+  // worker runs the first instead of the trainer when it is not empty; an
+  // evaluator needs the second. "{config_dir}" in them becomes config_dir;
+  // a first element "python3" becomes `python` when that is not empty.
+  std::vector<std::string> worker_command;
+  std::vector<std::string> evaluator_command;
+  std::string config_dir = ".";
+  std::string python;
 };
 
 // argv of the binary to exec for `plan`: the binary, --config,
@@ -115,11 +124,18 @@ struct LaunchCommandOptions {
 //   server:    --scheduler=<address> --bind=tcp://<listen_host>:<port or *>
 //              [--advertise_host=<host>]
 //   worker:    --scheduler=<address>
-// then extra_args. INVALID_ARGUMENT when config or the role's binary is
+// then extra_args. A worker with a worker_command, or an evaluator, runs
+// that command instead, with --config, --scheduler and extra_args appended
+// (the cluster sizes come from LaunchEnvironment). INVALID_ARGUMENT when config or the role's binary is
 // empty, or a server would bind a wildcard address with nothing to
 // advertise.
 absl::StatusOr<std::vector<std::string>> LaunchCommand(
     const LaunchPlan& plan, const LaunchCommandOptions& options);
+
+// Variables the launched command gets: PS_CONFIG, PS_SCHEDULER,
+// PS_NUM_SERVERS, PS_NUM_WORKERS and PS_ROLE (scheduler, server, worker,
+// evaluator), as ps.Session reads them.
+Environment LaunchEnvironment(const LaunchPlan& plan, const LaunchCommandOptions& options);
 
 // A one-line description of the plan for logs and --print.
 std::string DescribeLaunchPlan(const LaunchPlan& plan);

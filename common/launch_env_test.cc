@@ -101,8 +101,6 @@ TEST(LaunchEnvTest, TfConfigErrors) {
   EXPECT_THAT(Error(tf(std::string("{") + kCluster +
                        R"(, "task": {"type": "ps", "index": "0"}})")),
               HasSubstr("task.index must be a whole number >= 0"));
-  EXPECT_THAT(Error(tf(TfConfig("evaluator", 0))),
-              HasSubstr("task type 'evaluator' is not supported"));
   EXPECT_THAT(Error(tf(TfConfig("trainer", 0))), HasSubstr("unknown task.type 'trainer'"));
   EXPECT_THAT(Error(tf(R"({"cluster": {"ps": ["p:1"], "worker": ["w:1"]},
                            "task": {"type": "ps", "index": 0}})")),
@@ -281,6 +279,48 @@ TEST(LaunchEnvTest, Commands) {
   o.trainer_binary = "";
   EXPECT_THAT(std::string(LaunchCommand(*worker, o).status().message()),
               HasSubstr("no binary for the worker role"));
+}
+
+// The job config's own worker command replaces the trainer, and a TFJob
+// evaluator task runs its evaluator command (refused without one).
+TEST(LaunchEnvTest, TheJobsOwnWorkerAndEvaluatorCommands) {
+  auto worker = PlanLaunch({{"TF_CONFIG", TfConfig("worker", 2)}});
+  ASSERT_TRUE(worker.ok());
+  LaunchCommandOptions o = Binaries();
+  o.worker_command = {"python3", "{config_dir}/train.py", "--epochs=2"};
+  o.config_dir = "/c";
+  o.extra_args = {"--log_every_steps=10"};
+  EXPECT_THAT(*LaunchCommand(*worker, o),
+              ElementsAre("python3", "/c/train.py", "--epochs=2", "--config=/c/job.pbtxt",
+                          "--scheduler=chief-0:2222", "--log_every_steps=10"));
+  o.python = "/opt/conda/bin/python";
+  EXPECT_EQ((*LaunchCommand(*worker, o))[0], "/opt/conda/bin/python");
+  const Environment env = LaunchEnvironment(*worker, o);
+  EXPECT_EQ(env.at("PS_SCHEDULER"), "chief-0:2222");
+  EXPECT_EQ(env.at("PS_NUM_SERVERS"), "2");
+  EXPECT_EQ(env.at("PS_NUM_WORKERS"), "3");
+  EXPECT_EQ(env.at("PS_CONFIG"), "/c/job.pbtxt");
+  EXPECT_EQ(env.at("PS_ROLE"), "worker");
+
+  const std::string with_evaluator =
+      R"({"cluster": {"chief": ["c:1"], "ps": ["p:1"], "worker": ["w:1"],
+                      "evaluator": ["e:1"]},
+          "task": {"type": "evaluator", "index": 0}})";
+  auto evaluator = PlanLaunch({{"TF_CONFIG", with_evaluator}});
+  ASSERT_TRUE(evaluator.ok()) << evaluator.status();
+  EXPECT_EQ(evaluator->role, LaunchRole::kEvaluator);
+  EXPECT_THAT(std::string(LaunchCommand(*evaluator, Binaries()).status().message()),
+              HasSubstr("needs launch.evaluator_command"));
+  o = Binaries();
+  o.evaluator_command = {"python3", "eval.py"};
+  EXPECT_THAT(*LaunchCommand(*evaluator, o),
+              ElementsAre("python3", "eval.py", "--config=/c/job.pbtxt", "--scheduler=c:1"));
+  EXPECT_EQ(LaunchEnvironment(*evaluator, o).at("PS_ROLE"), "evaluator");
+  // Index past the evaluators listed.
+  EXPECT_THAT(Error({{"TF_CONFIG", R"({"cluster": {"chief": ["c:1"], "ps": ["p:1"],
+                                                   "worker": ["w:1"]},
+                                       "task": {"type": "evaluator", "index": 0}})"}}),
+              HasSubstr("out of range"));
 }
 
 }  // namespace

@@ -7,7 +7,10 @@
 //
 // Reads TF_CONFIG (Kubeflow TFJob) or DMLC_* (ps-lite / MXNet launchers),
 // decides the role (common/launch_env.h has the exact rules) and execs
-// scheduler_main, server_main or trainer with the matching flags, the
+// scheduler_main, server_main or trainer (or the config's
+// launch.worker_command, and for a TFJob evaluator task its
+// launch.evaluator_command, found on PATH, with PS_CONFIG, PS_SCHEDULER,
+// PS_NUM_SERVERS, PS_NUM_WORKERS and PS_ROLE set) with the matching flags, the
 // cluster sizes from the environment (--num_servers/--num_workers override
 // the config's) and EXTRA_ARGS appended. --print writes the command (shell-
 // quoted, one line) to stdout instead of running it.
@@ -21,6 +24,7 @@
 // exec'd node's own.
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <string>
@@ -30,6 +34,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/config.h"
 #include "common/launch_env.h"
 
 ABSL_FLAG(std::string, config, "", "Job config file (textproto). Required.");
@@ -156,14 +161,29 @@ int main(int argc, char** argv) {
   const char* package = plan->role == ps::LaunchRole::kScheduler ? "scheduler"
                         : plan->role == ps::LaunchRole::kServer  ? "server"
                                                                  : "worker";
+  // The job's own worker or evaluator command, if its config names one.
+  absl::StatusOr<ps::JobConfig> config = ps::LoadJobConfig(absl::GetFlag(FLAGS_config));
+  if (!config.ok()) return UsageError(std::string(config.status().message()));
+  ps::LaunchCommandOptions options;
+  options.worker_command.assign(config->launch().worker_command().begin(),
+                                config->launch().worker_command().end());
+  options.evaluator_command.assign(config->launch().evaluator_command().begin(),
+                                   config->launch().evaluator_command().end());
+  options.config_dir = Dirname(absl::GetFlag(FLAGS_config));
+  if (const char* python = std::getenv("PS_PYTHON"); python != nullptr) {
+    options.python = python;
+  }
+  const bool own_command = (plan->role == ps::LaunchRole::kWorker &&
+                            !options.worker_command.empty()) ||
+                           plan->role == ps::LaunchRole::kEvaluator;
   std::vector<std::string> looked;
-  const std::string binary = FindBinary(name, package, dirs, &looked);
+  const std::string binary =
+      own_command ? std::string("-") : FindBinary(name, package, dirs, &looked);
   if (binary.empty()) {
     std::cerr << "psnode: cannot find " << name << " (looked at "
               << absl::StrJoin(looked, ", ") << "); pass --bin_dir\n";
     return 1;
   }
-  ps::LaunchCommandOptions options;
   options.scheduler_binary = options.server_binary = options.trainer_binary = binary;
   options.config = absl::GetFlag(FLAGS_config);
   options.listen_host = absl::GetFlag(FLAGS_listen_host);
@@ -180,11 +200,19 @@ int main(int argc, char** argv) {
     std::cout << absl::StrJoin(quoted, " ") << std::endl;
     return 0;
   }
+  for (const auto& [variable, value] : ps::LaunchEnvironment(*plan, options)) {
+    setenv(variable.c_str(), value.c_str(), 1);
+  }
   std::vector<char*> exec_argv;
   for (std::string& arg : *command) exec_argv.push_back(arg.data());
   exec_argv.push_back(nullptr);
   std::cerr.flush();
-  execv(exec_argv[0], exec_argv.data());
+  // The job's own command is found on PATH, like a shell would.
+  if (own_command) {
+    execvp(exec_argv[0], exec_argv.data());
+  } else {
+    execv(exec_argv[0], exec_argv.data());
+  }
   std::cerr << "psnode: cannot exec " << exec_argv[0] << ": " << std::strerror(errno)
             << "\n";
   return 1;

@@ -5,7 +5,11 @@
 #   deploy/local/demo.sh [CONFIG]      (default examples/ctr/async.pbtxt)
 #
 # Installs missing Debian packages and builds first, unless PS_BIN_DIR
-# points at prebuilt binaries (scheduler_main, server_main, trainer).
+# points at prebuilt binaries (scheduler_main, server_main, trainer). A
+# config with launch { worker_command: [...] } runs that command for every
+# worker instead of the trainer (e.g. examples/python/lr_numpy.pbtxt, a
+# NumPy model on the Python package); PYTHONPATH then has the checkout's
+# python/ (or $PS_PYTHONPATH) in front.
 # Worker progress goes to the terminal; every process's log goes to
 # $PS_RUN_DIR (default: a new directory under .runs/). Every process started
 # is stopped on exit, Ctrl-C or failure. The last line of output is the
@@ -31,7 +35,8 @@ if [ -z "${PS_BIN_DIR:-}" ]; then
   "$ROOT/deploy/install_deps.sh"
   echo "demo: building (bazel build --config=opt) ..." >&2
   (cd "$ROOT" && bazel build --config=opt --noshow_progress \
-      //scheduler:scheduler_main //server:server_main //worker:trainer >&2)
+      //scheduler:scheduler_main //server:server_main //worker:trainer \
+      //python:libps_native.so >&2)
   BIN="$ROOT/bazel-bin"
   SCHEDULER="$BIN/scheduler/scheduler_main"
   SERVER="$BIN/server/server_main"
@@ -48,8 +53,18 @@ mkdir -p "$RUN_DIR"
 # Validates the config before anything starts, and sizes the job.
 DESCRIPTION="$("$SCHEDULER" --config="$CONFIG" --describe)" || {
   echo "demo: invalid config $CONFIG" >&2; exit 2; }
-eval "$DESCRIPTION"   # sets servers, workers, mode
-echo "demo: $mode job, $servers servers, $workers workers; logs in $RUN_DIR" >&2
+eval "$DESCRIPTION"   # sets servers, workers, mode, worker_command
+# The config's launch.worker_command (a Python script on the ps package, say)
+# runs instead of the trainer, given the same flags and PS_* variables.
+CONFIG_DIR="$(dirname "$CONFIG")"
+WORKER=("$TRAINER")
+if [ ${#worker_command[@]} -gt 0 ]; then
+  WORKER=("${worker_command[@]//\{config_dir\}/$CONFIG_DIR}")
+  # PS_PYTHON picks the interpreter a "python3" command runs.
+  [ "${WORKER[0]}" = python3 ] && [ -n "${PS_PYTHON:-}" ] && WORKER[0]="$PS_PYTHON"
+  export PYTHONPATH="${PS_PYTHONPATH:-$ROOT/python}${PYTHONPATH:+:$PYTHONPATH}"
+fi
+echo "demo: $mode job, $servers servers, $workers workers ($(basename "${WORKER[0]}")${WORKER[1]:+ $(basename "${WORKER[1]}")}); logs in $RUN_DIR" >&2
 
 PIDS=()
 cleanup() {
@@ -107,7 +122,8 @@ WORKER_PIDS=()
 for i in $(seq 0 $((workers - 1))); do
   # Progress lines go to the terminal and to the log. Log files are numbered
   # in launch order; the rank each worker got is in its log lines.
-  "$TRAINER" --config="$CONFIG" --scheduler="$ADDRESS" \
+  PS_CONFIG="$CONFIG" PS_SCHEDULER="$ADDRESS" PS_NUM_SERVERS="$servers" PS_NUM_WORKERS="$workers" \
+  "${WORKER[@]}" --config="$CONFIG" --scheduler="$ADDRESS" \
     --summary_out="$RUN_DIR/summary.json" \
     > "$RUN_DIR/worker$i.out" 2> >(tee "$RUN_DIR/worker$i.log" | grep --line-buffered -E "trainer|worker:" >&2) &
   WORKER_PIDS+=($!)

@@ -44,13 +44,14 @@ def _find_binary(name: str, bazel_path: str) -> str:
 
 def binary(name: str) -> str:
     """Path of one of the job's programs: scheduler_main, server_main,
-    trainer, kv_tool, psctl, ckpt_tool."""
+    trainer, kv_tool, psctl, ckpt_tool, psnode."""
     where = {"scheduler_main": "scheduler/scheduler_main",
              "server_main": "server/server_main",
              "trainer": "worker/trainer",
              "kv_tool": "worker/kv_tool",
              "psctl": "scheduler/psctl",
-             "ckpt_tool": "server/ckpt_tool"}
+             "ckpt_tool": "server/ckpt_tool",
+             "psnode": "deploy/launch/psnode"}
     return _find_binary(name, where[name])
 
 
