@@ -191,6 +191,23 @@ int Run(ps::TerminationSignals& signals, const ps::JobConfig& config,
   hooks.claim = [&session](const ps::DataPosition* finished) {
     return session.membership()->ClaimShard(finished, kStopCheck);
   };
+  // The workers of a job restored from a checkpoint meet before their
+  // first step, as a fresh job's do at dense_init: under BSP none may train
+  // alone while the others are still joining.
+  if (session.restored_start()) {
+    absl::Status met = session.Barrier(
+        absl::StrCat("ps-restored-", session.start_clock()), kBarrierTimeout);
+    if (met.code() == absl::StatusCode::kCancelled) {
+      const std::optional<ps::DataPosition> at = session.initial_position();
+      absl::Status left = session.Leave(false, at ? &*at : nullptr);
+      if (!left.ok()) log->warn("{}", left.message());
+      return 0;
+    }
+    if (!met.ok()) {
+      log->error("{}", met.message());
+      return 1;
+    }
+  }
   const std::optional<ps::DataPosition> initial = session.initial_position();
   if (!initial) {
     log->info("no shard of its own (joined at clock {}): asking for work",
