@@ -244,6 +244,15 @@ absl::Status SchedulerClient::ReportCheckpoint(ReportCheckpointRequest request) 
       absl::StrCat("report checkpoint ", request.clock()));
 }
 
+absl::StatusOr<GetStatusResponse> SchedulerClient::GetStatus() {
+  GetStatusRequest request;
+  GetStatusResponse response;
+  auto context = Context(options_.rpc_timeout);
+  grpc::Status status = stub_->GetStatus(context.get(), request, &response);
+  if (!status.ok()) return Annotate(FromGrpcStatus(status), "status");
+  return response;
+}
+
 absl::StatusOr<uint64_t> SchedulerClient::RequestCheckpoint(uint64_t after_clock) {
   CheckpointRequest request;
   request.set_after_clock(after_clock);

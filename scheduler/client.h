@@ -93,6 +93,9 @@ class SchedulerClient {
   // Servers: reports this server's part of checkpoint `request.clock`
   // (node_id is filled in).
   absl::Status ReportCheckpoint(ReportCheckpointRequest request);
+  // The scheduler's snapshot for operators (psctl status): the view and the
+  // live workers' last reported clocks.
+  absl::StatusOr<GetStatusResponse> GetStatus();
   // Asks the scheduler to start a checkpoint; returns its clock, which is
   // after `after_clock` (a worker's own clock, which heartbeats report late).
   absl::StatusOr<uint64_t> RequestCheckpoint(uint64_t after_clock = 0);

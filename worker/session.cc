@@ -409,6 +409,28 @@ absl::StatusOr<uint64_t> WorkerSession::RequestCheckpoint() {
   return membership_->RequestCheckpoint(clock < kFinishedClock ? clock : 0);
 }
 
+std::string WorkerSession::DescribeSlowWorkers() {
+  if (membership_ == nullptr || mode() == ASYNC || mode() == CONSISTENCY_MODE_UNSPECIFIED) {
+    return "";
+  }
+  absl::StatusOr<GetStatusResponse> status = membership_->GetStatus();
+  if (!status.ok()) return "";
+  const uint64_t mine = kv_->clock();
+  // BSP answers a pull at clock c once everybody finished step c - 1; SSP
+  // once the slowest is within the staleness bound.
+  const uint64_t slack = mode() == SSP ? options_.config.consistency().staleness() : 0;
+  std::vector<std::string> slow;
+  for (const WorkerClock& w : status->clocks()) {
+    if (w.rank() == rank() || w.clock() >= kFinishedClock) continue;
+    if (w.clock() + slack < mine) {
+      slow.push_back(absl::StrCat(w.rank(), " (clock ", w.clock(), ", last heard ",
+                                  w.silent_ms(), " ms ago)"));
+    }
+  }
+  if (slow.empty()) return "";
+  return absl::StrCat("worker rank", slow.size() > 1 ? "s " : " ", absl::StrJoin(slow, ", "));
+}
+
 uint64_t WorkerSession::last_checkpoint_clock() const {
   return membership_ ? membership_->view().last_checkpoint_clock() : 0;
 }

@@ -184,6 +184,11 @@ class WorkerSession {
   // worker has passed before it was taken to a later clock:
   // last_checkpoint_clock() says which one was committed.
   absl::StatusOr<uint64_t> RequestCheckpoint();
+  // Who this worker's BSP/SSP waits are waiting for, for error messages:
+  // "worker ranks 1 (clock 3), 4 (clock 2)" for the live workers whose last
+  // reported clock is below this worker's; "" when none is (or in ASYNC,
+  // or for an observer). Asks the scheduler (one RPC).
+  std::string DescribeSlowWorkers();
   // The clock of the newest committed checkpoint (0: none yet).
   uint64_t last_checkpoint_clock() const;
   // This worker started a job restored from a checkpoint, at its clock

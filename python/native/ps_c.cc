@@ -418,6 +418,11 @@ uint64_t ps_session_clock(ps_session* s) {
   return s->session->clock();
 }
 
+char* ps_session_slow_workers(ps_session* s) {
+  if (Usable(s) != 0) return nullptr;
+  return CopyString(s->session->DescribeSlowWorkers());
+}
+
 uint64_t ps_session_last_checkpoint(ps_session* s) {
   if (Usable(s) != 0) return 0;
   return s->session->last_checkpoint_clock();

@@ -117,6 +117,10 @@ void ps_session_free(ps_session* s);
  * num_servers, prefetch, checkpoint_dir, tables}. */
 int32_t ps_session_info(ps_session* s, char** out_json);
 uint64_t ps_session_clock(ps_session* s);
+/* For timeout messages under BSP/SSP: the live workers this one waits
+ * for, e.g. "worker rank 1 (clock 3, last heard 20 ms ago)"; "" if none.
+ * Free with ps_free_string. */
+char* ps_session_slow_workers(ps_session* s);
 /* The clock of the newest committed checkpoint of the job (0: none). */
 uint64_t ps_session_last_checkpoint(ps_session* s);
 /* 1 when a stop was requested (ps_session_request_stop, psctl drain). */

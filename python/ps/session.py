@@ -173,7 +173,9 @@ class Future:
                                  else max(0.0, min(_SLICE, deadline - time.monotonic()))):
                 if deadline is not None and time.monotonic() >= deadline:
                     from .errors import Timeout
-                    raise Timeout(f"no answer within {timeout} s (the request goes on)")
+                    waiting = self._session._slow_workers() if self._session else ""
+                    raise Timeout(f"no answer within {timeout} s (the request goes on)"
+                                  + (f"; waiting for {waiting}" if waiting else ""))
         except KeyboardInterrupt:
             if self._lifecycle:
                 # Stop the session's wait, let the operation end, then
@@ -537,6 +539,12 @@ class Session:
         out = ctypes.c_void_p()
         _check(fn(self._handle(), ctypes.byref(out)))
         return _native.take_string(out.value) or ""
+
+    def _slow_workers(self) -> str:
+        """The workers a BSP/SSP wait is waiting for ("" if none or unknown)."""
+        if self._closed or not self._ptr or os.getpid() != self._pid:
+            return ""
+        return _native.take_string(_native.lib().ps_session_slow_workers(self._ptr)) or ""
 
     def _request_stop_native(self) -> None:
         if self._ptr and not self._closed and os.getpid() == self._pid:

@@ -314,3 +314,27 @@ def test_a_forked_child_gets_a_clear_error_not_a_hang(write_config, cluster_fact
     assert "child exit 0" in out, out + cluster.log("w0")
     assert "forked child" in out
     assert "parent still works (1, 4)" in out
+
+
+def test_a_timed_out_bsp_wait_names_the_workers_it_waits_for(write_config, cluster_factory):
+    config = job(write_config, mode="BSP", workers=2)
+    cluster = cluster_factory(config)
+    a = ps.Session(config, cluster.scheduler)
+    b = ps.Session(config, cluster.scheduler)
+    try:
+        dense = a.table("dense")
+        dense.push(np.ones(10)).result()
+        a.end_step().result()
+        held = dense.pull()   # at clock 1: waits for b's step 0
+        with pytest.raises(ps.Timeout) as e:
+            held.result(timeout=0.5)
+        assert isinstance(e.value, TimeoutError)
+        assert f"waiting for worker rank {b.rank} (clock 0" in str(e.value), str(e.value)
+        # The request goes on and is answered once b ends its step.
+        b.end_step().result()
+        np.testing.assert_array_equal(held.result(timeout=10),
+                                      ps.data.initial_values(config, "dense", first=0,
+                                                             count=10) - 0.5)
+    finally:
+        a.close(finished=False)
+        b.close(finished=False)
