@@ -15,11 +15,21 @@ learn the interactions: up to ~1M examples the test AUC still climbs
 steeply and differs by +-0.01 between runs of the *same* C++ trainer with
 different initial weights. By 1.6M examples seen (800k x 2 epochs) it is
 within a few thousandths of its plateau (~0.894), where runs agree.
+
+ASYNC and SSP run only with PS_QUALITY_ALL_MODES=1. One run of each side
+cannot be held to 0.005 there: the order in which two workers' updates
+interleave decides when the model learns the interactions, so the C++
+trainer alone, on this exact job, scored 0.803, 0.875, 0.884, 0.879, 0.869,
+0.880, 0.886, 0.870 and 0.835 in nine ASYNC runs with prefetch (0.857-0.892
+without) and 0.873-0.889 in five SSP runs, while the Python example scored
+0.862-0.867 (prefetch), 0.866-0.889 (none) and 0.849/0.883 (SSP): the two
+distributions overlap, and the deterministic BSP job agrees to 0.0005.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import re
 import time
@@ -110,7 +120,14 @@ def run_job(cluster_factory, config: str, workers: Dict[str, List[str]],
     return json.loads(out.read_text())
 
 
-@pytest.mark.parametrize("mode", ["async", "bsp", "ssp"])
+ALL_MODES = bool(os.environ.get("PS_QUALITY_ALL_MODES"))
+NOISY = pytest.mark.skipif(
+    not ALL_MODES, reason="ASYNC/SSP AUC varies by more than 0.005 between runs of the same "
+    "trainer (see the module docstring); set PS_QUALITY_ALL_MODES=1 to run")
+
+
+@pytest.mark.parametrize("mode", [pytest.param("async", marks=NOISY), "bsp",
+                                  pytest.param("ssp", marks=NOISY)])
 def test_dlrm_torch_matches_cpp_dlrm(mode: str, write_config, cluster_factory) -> None:
     text = resize((EXAMPLES / f"dlrm_{mode}.pbtxt").read_text(), DLRM_TRAIN, DLRM_TEST,
                   DLRM_EPOCHS)
