@@ -316,6 +316,14 @@ void WorkerSession::ReportProgress(uint64_t clock, const DataPosition& next) {
 absl::Status WorkerSession::Barrier(absl::string_view name, absl::Duration timeout,
                                     std::vector<uint32_t>* ranks) {
   PS_RETURN_IF_ERROR(NotForObservers("a barrier"));
+  // First make sure every live server's view lists this worker: a server
+  // answers a worker it does not know yet UNAVAILABLE and the client tries
+  // again, so this returns once every server counts it. After the barrier,
+  // every server then counts every worker that arrived: no BSP step is
+  // applied without one that is still reaching the servers' views.
+  if (absl::Status known = kv_->AdvanceClockTo(kv_->clock()).Wait(); !known.ok()) {
+    return known;
+  }
   constexpr absl::Duration kLogEvery = absl::Seconds(10);
   const std::string barrier(name);
   const absl::Time deadline = absl::Now() + timeout;

@@ -149,6 +149,8 @@ class WorkerSession {
 
   // Waits until every live worker reaches barrier `name`, in rounds of
   // stop_check. `ranks` (optional) receives the live ranks that arrived.
+  // Every live server's view lists each worker that arrived, so a BSP step
+  // after a barrier counts them all.
   // CANCELLED once a stop is requested; DEADLINE_EXCEEDED after `timeout`,
   // naming the missing ranks.
   absl::Status Barrier(absl::string_view name, absl::Duration timeout,

@@ -322,6 +322,11 @@ def test_a_timed_out_bsp_wait_names_the_workers_it_waits_for(write_config, clust
     a = ps.Session(config, cluster.scheduler)
     b = ps.Session(config, cluster.scheduler)
     try:
+        # After a barrier every server counts both workers.
+        met = threading.Thread(target=b.barrier, args=("both",))
+        met.start()
+        a.barrier("both")
+        met.join()
         dense = a.table("dense")
         dense.push(np.ones(10)).result()
         a.end_step().result()
