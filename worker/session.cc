@@ -131,10 +131,7 @@ absl::StatusOr<std::unique_ptr<WorkerSession>> WorkerSession::Start(
 absl::Status WorkerSession::OpenObserver() {
   const JobConfig& config = options_.config;
   PS_ASSIGN_OR_RETURN(watcher_, ViewWatcher::Connect(config, options_.scheduler));
-  const absl::Duration startup =
-      options_.startup_timeout > absl::ZeroDuration()
-          ? options_.startup_timeout
-          : absl::Milliseconds(config.cluster().startup_timeout_ms());
+  const absl::Duration startup = StartupTimeout();
   const absl::Time deadline = absl::Now() + startup;
   absl::StatusOr<ClusterView> view;
   while (true) {
@@ -168,10 +165,7 @@ absl::Status WorkerSession::OpenObserver() {
   // Node 0, clock 0: the servers treat its requests as a tool's, which move
   // no clock, and answer its pulls with what they hold.
   PS_ASSIGN_OR_RETURN(kv_, KVClient::Create(std::move(kv_options), *view));
-  {
-    absl::MutexLock lock(&published_->mu);
-    published_->client = kv_.get();
-  }
+  Publish(kv_.get());
   watcher_->Follow(view->epoch(), [published = published_](const ClusterView& v) {
     absl::MutexLock lock(&published->mu);
     if (published->client != nullptr) published->client->UpdateView(v);
@@ -179,6 +173,17 @@ absl::Status WorkerSession::OpenObserver() {
   Log()->info("observing job \"{}\" (epoch {})", config.name(), view->epoch());
   if (options_.on_client) options_.on_client(kv_.get());
   return absl::OkStatus();
+}
+
+absl::Duration WorkerSession::StartupTimeout() const {
+  return options_.startup_timeout > absl::ZeroDuration()
+             ? options_.startup_timeout
+             : absl::Milliseconds(options_.config.cluster().startup_timeout_ms());
+}
+
+void WorkerSession::Publish(KVClient* client) {
+  absl::MutexLock lock(&published_->mu);
+  published_->client = client;
 }
 
 absl::Status WorkerSession::NotForObservers(absl::string_view what) const {
@@ -208,10 +213,7 @@ absl::Status WorkerSession::Open() {
                   ? absl::StrCat(", to train ", Describe(membership_->initial_shard()))
                   : std::string(", with no shard of its own"));
 
-  const absl::Duration startup =
-      options_.startup_timeout > absl::ZeroDuration()
-          ? options_.startup_timeout
-          : absl::Milliseconds(config.cluster().startup_timeout_ms());
+  const absl::Duration startup = StartupTimeout();
   const absl::Time deadline = absl::Now() + startup;
   absl::StatusOr<ClusterView> view;
   while (true) {
@@ -238,10 +240,7 @@ absl::Status WorkerSession::Open() {
   auto kv = KVClient::Create(std::move(kv_options), *view);
   if (!kv.ok()) return kv.status();
   kv_ = *std::move(kv);
-  {
-    absl::MutexLock lock(&published_->mu);
-    published_->client = kv_.get();
-  }
+  Publish(kv_.get());
   // A view that arrived between WaitForRunning and publishing.
   kv_->UpdateView(membership_->view());
   if (options_.on_client) options_.on_client(kv_.get());
@@ -255,8 +254,7 @@ WorkerSession::~WorkerSession() {
   }
   if (kv_ != nullptr) {
     if (options_.on_client) options_.on_client(nullptr);
-    absl::MutexLock lock(&published_->mu);
-    published_->client = nullptr;
+    Publish(nullptr);
   }
   watcher_.reset();
   kv_.reset();

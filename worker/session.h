@@ -228,6 +228,11 @@ class WorkerSession {
   class ViewWatcher;
   absl::Status Open();
   absl::Status OpenObserver();
+  // Options::startup_timeout, or the config's when 0.
+  absl::Duration StartupTimeout() const;
+  // Makes the view callbacks forward to `client` (null: to nobody; waits
+  // for a callback in progress).
+  void Publish(KVClient* client);
   bool StopNow() const;
   // FAILED_PRECONDITION naming `what` for an observer.
   absl::Status NotForObservers(absl::string_view what) const;
