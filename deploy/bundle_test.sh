@@ -49,7 +49,15 @@ grep -q '^libraries:' "$P/MANIFEST" || fail "MANIFEST: $(cat "$P/MANIFEST")"
 [ -x "$P/bin/ps-python" ] || fail "no bin/ps-python"
 # The package imports and loads its library through the launcher, with
 # nothing of the build tree on the paths.
-env -i PATH=/usr/bin:/bin "$P/bin/ps-python" -c \
+# A sanitizer build's library needs its runtime loaded first into the
+# (uninstrumented) interpreter.
+sanitizer_env=()
+if [ "${PS_SANITIZER:-0}" = 1 ] && ldd "$P/python/ps/libps_native.so" > "$T/native.ldd" &&
+   grep -q libasan "$T/native.ldd"; then
+  sanitizer_env=("LD_PRELOAD=$(gcc -print-file-name=libasan.so):$(gcc -print-file-name=libubsan.so)"
+                 "ASAN_OPTIONS=detect_leaks=0")
+fi
+env -i PATH=/usr/bin:/bin "${sanitizer_env[@]}" "$P/bin/ps-python" -c \
   'import ps; print(ps.hash_key(1, 2), ps.data.describe_config("'"$R"'/examples/ctr/async.pbtxt")["num_servers"])' \
   > "$T/python.out" 2>&1 || fail "ps-python: $(cat "$T/python.out")"
 grep -q ' 2$' "$T/python.out" || fail "ps-python: $(cat "$T/python.out")"

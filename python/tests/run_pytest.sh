@@ -15,7 +15,10 @@ export PS_NATIVE_LIB="$RUNFILES/python/libps_native.so"
 export PS_RUNFILES="$RUNFILES"
 export PYTHONDONTWRITEBYTECODE=1
 PY=/usr/bin/python3
-if ldd "$PS_NATIVE_LIB" | grep -q libasan; then
+# (No pipe into grep -q: with pipefail, ldd's SIGPIPE when grep stops early
+# would read as "not an ASan build" now and then.)
+libs="$(ldd "$PS_NATIVE_LIB")"
+if [[ "$libs" == *libasan* ]]; then
   preload="$(gcc -print-file-name=libasan.so)"
   ubsan="$(gcc -print-file-name=libubsan.so)"
   [ -f "$ubsan" ] && preload="$preload:$ubsan"
