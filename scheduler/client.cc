@@ -376,8 +376,12 @@ absl::Status SchedulerClient::Barrier(const std::string& name,
       if (ranks != nullptr) ranks->assign(response.ranks().begin(), response.ranks().end());
       return absl::OkStatus();
     }
+    // The scheduler waits whole milliseconds and may answer a moment before
+    // the deadline: that is the deadline, not a round to log and repeat (a
+    // caller waiting in short rounds, like a Python session, logged a
+    // warning each round).
     if (status.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED ||
-        absl::Now() >= deadline) {
+        absl::Now() + absl::Milliseconds(5) >= deadline) {
       return Annotate(FromGrpcStatus(status), absl::StrCat("barrier ", name));
     }
     Log()->warn("{}", status.error_message());
