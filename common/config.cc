@@ -251,6 +251,9 @@ void ApplyDefaults(JobConfig* config) {
   if (cl->request_timeout_ms() == 0) cl->set_request_timeout_ms(30000);
   if (cl->startup_timeout_ms() == 0) cl->set_startup_timeout_ms(60000);
   if (cl->failover_timeout_ms() == 0) cl->set_failover_timeout_ms(120000);
+  if (cl->scheduler_unreachable_timeout_ms() == 0) {
+    cl->set_scheduler_unreachable_timeout_ms(60000);
+  }
   if (cl->on_worker_loss() == WORKER_LOSS_POLICY_UNSPECIFIED) {
     cl->set_on_worker_loss(REASSIGN);
   }
@@ -382,6 +385,9 @@ absl::Status ValidateJobConfig(const JobConfig& config) {
   c.Require(cl.heartbeat_timeout_ms() > cl.heartbeat_interval_ms(),
             "cluster.heartbeat_timeout_ms",
             "must exceed cluster.heartbeat_interval_ms");
+  c.Require(cl.scheduler_unreachable_timeout_ms() >= cl.heartbeat_timeout_ms(),
+            "cluster.scheduler_unreachable_timeout_ms",
+            "must be at least cluster.heartbeat_timeout_ms");
   c.Require(cl.replication() <= 2, "cluster.replication",
             "must be 1 (one copy of every slot) or 2 (a backup copy on "
             "another server)");
