@@ -25,6 +25,7 @@ PACKAGES=(
   python3-numpy python3-pytest       # the Python package (python/ps) and its tests
   python3-torch                      # ps.torch, its tests and examples (CPU build)
   slurm-wlm munge                    # deploy/slurm test (one-node cluster)
+  iproute2 nftables                  # network-fault tests (namespaces, veth, partitions, tc)
 )
 
 missing=()
