@@ -53,22 +53,9 @@ absl::StatusOr<std::unique_ptr<JobHarness>> JobHarness::Start(Options options) {
     out << job->options_.config;
     if (!out) return absl::InternalError("cannot write " + job->config_path_);
   }
-  const std::string port_file = dir + "/scheduler.port";
-  std::remove(port_file.c_str());
   std::remove((dir + "/summary.json").c_str());
   job->started_ = absl::Now();
-  auto scheduler = Subprocess::Start(
-      {Runfile(job->options_.scheduler_binary), "--config=" + job->config_path_,
-       "--port_file=" + port_file},
-      dir + "/scheduler.out", dir + "/scheduler.log");
-  if (!scheduler.ok()) return scheduler.status();
-  job->scheduler_.emplace(*std::move(scheduler));
-  auto port = WaitForFile(port_file, job->options_.startup_timeout);
-  if (!port.ok()) {
-    return absl::DeadlineExceededError(absl::StrCat(
-        "the scheduler wrote no port: ", ReadFile(dir + "/scheduler.log")));
-  }
-  job->address_ = absl::StrCat("127.0.0.1:", absl::StripAsciiWhitespace(*port));
+  PS_HARNESS_RETURN_IF_ERROR(job->LaunchScheduler(0, 0));
   // The harness reaches the scheduler as the job's processes do: with the
   // config's TLS files when it has them.
   JobConfig config;
@@ -77,13 +64,8 @@ absl::StatusOr<std::unique_ptr<JobHarness>> JobHarness::Start(Options options) {
   if (!creds.ok()) return creds.status();
   job->stub_ = Scheduler::NewStub(grpc::CreateChannel(job->address_, *creds));
   for (int i = 0; i < job->options_.num_servers; ++i) {
-    const std::string name = absl::StrCat(dir, "/server", i);
-    auto server = Subprocess::Start(
-        {Runfile(job->options_.server_binary), "--config=" + job->config_path_,
-         "--scheduler=" + job->address_},
-        name + ".out", name + ".log");
+    auto server = job->StartServer();
     if (!server.ok()) return server.status();
-    job->servers_.push_back(*std::move(server));
   }
   for (int i = 0; i < job->options_.num_workers; ++i) {
     auto worker = job->StartWorker();
@@ -92,16 +74,105 @@ absl::StatusOr<std::unique_ptr<JobHarness>> JobHarness::Start(Options options) {
   return job;
 }
 
+absl::StatusOr<Subprocess> JobHarness::Launch(const std::string& name,
+                                              const std::string& file_prefix,
+                                              const std::string& binary,
+                                              std::vector<std::string> args) {
+  std::vector<std::string> argv;
+  if (options_.wrap) argv = options_.wrap(name);
+  argv.push_back(Runfile(binary));
+  for (std::string& a : args) argv.push_back(std::move(a));
+  if (options_.extra_args) {
+    for (std::string& a : options_.extra_args(name)) argv.push_back(std::move(a));
+  }
+  const std::string prefix = absl::StrCat(options_.dir, "/", file_prefix);
+  return Subprocess::Start(argv, prefix + ".out", prefix + ".log");
+}
+
+absl::Status JobHarness::LaunchScheduler(int n, int port) {
+  const std::string name = n == 0 ? "scheduler" : absl::StrCat("scheduler.", n);
+  const std::string port_file = absl::StrCat(options_.dir, "/", name, ".port");
+  const std::string shared_port_file = options_.dir + "/scheduler.port";
+  const absl::Time deadline = absl::Now() + Scaled(options_.startup_timeout);
+  // A restart may find the port still held a moment after the old
+  // process died (its socket closing): it then exits, and is tried again.
+  while (true) {
+    std::remove(port_file.c_str());
+    auto scheduler = Launch(
+        "scheduler", name, options_.scheduler_binary,
+        {"--config=" + config_path_, "--port_file=" + port_file,
+         "--host=" + options_.scheduler_host, absl::StrCat("--port=", port)});
+    if (!scheduler.ok()) return scheduler.status();
+    Subprocess& p = schedulers_.emplace_back(*std::move(scheduler));
+    while (ReadFile(port_file).empty() && p.running() && absl::Now() < deadline) {
+      absl::SleepFor(kPoll);
+    }
+    const std::string text = ReadFile(port_file);
+    if (!text.empty()) {
+      int bound = 0;
+      if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(text), &bound)) {
+        return absl::InternalError("bad port file: " + text);
+      }
+      port_ = bound;
+      address_ = absl::StrCat(options_.scheduler_host, ":", port_);
+      if (n == 0) {
+        std::ofstream(shared_port_file) << port_ << "\n";
+      }
+      return absl::OkStatus();
+    }
+    if (p.running() || n == 0 || absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          name, " wrote no port: ", ReadFile(p.stderr_path())));
+    }
+    // It exited (the bind failed): this try's files are overwritten by the
+    // next one; the dead process stays in schedulers_ with the others.
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+}
+
+absl::Status JobHarness::RestartScheduler() {
+  if (schedulers_.back().running()) {
+    return absl::FailedPreconditionError("the scheduler still runs");
+  }
+  return LaunchScheduler(static_cast<int>(schedulers_.size()), port_);
+}
+
+std::string JobHarness::ServerName(int i) { return absl::StrCat("server", i); }
+
+absl::StatusOr<int> JobHarness::StartServer() {
+  const int i = static_cast<int>(servers_.size());
+  auto server = Launch(ServerName(i), ServerName(i), options_.server_binary,
+                       {"--config=" + config_path_, "--scheduler=" + address_});
+  if (!server.ok()) return server.status();
+  servers_.push_back(*std::move(server));
+  return i;
+}
+
 absl::StatusOr<int> JobHarness::StartWorker() {
   const int i = static_cast<int>(workers_.size());
-  const std::string name = absl::StrCat(options_.dir, "/", WorkerName(i));
-  auto worker = Subprocess::Start(
-      {Runfile(options_.worker_binary), "--config=" + config_path_,
-       "--scheduler=" + address_, "--summary_out=" + options_.dir + "/summary.json"},
-      name + ".out", name + ".log");
+  std::vector<std::string> args = {"--config=" + config_path_,
+                                   "--scheduler=" + address_,
+                                   "--summary_out=" + options_.dir + "/summary.json"};
+  for (const std::string& a : options_.worker_args) args.push_back(a);
+  auto worker = Launch(WorkerName(i), WorkerName(i), options_.worker_binary,
+                       std::move(args));
   if (!worker.ok()) return worker.status();
   workers_.push_back(*std::move(worker));
   return i;
+}
+
+bool JobHarness::SignalServer(int i, int sig) {
+  if (!servers_[i].running()) return false;
+  signalled_ = true;
+  servers_[i].Signal(sig);
+  return true;
+}
+
+bool JobHarness::SignalScheduler(int sig) {
+  if (!schedulers_.back().running()) return false;
+  signalled_ = true;
+  schedulers_.back().Signal(sig);
+  return true;
 }
 
 absl::StatusOr<GetStatusResponse> JobHarness::Status() {
@@ -204,7 +275,7 @@ absl::Status JobHarness::WaitUntilGone(int i, absl::Duration timeout) {
   while (true) {
     auto node = LiveNode(workers_[i].pid());
     if (node.ok() && !node->has_value()) return absl::OkStatus();
-    if (!node.ok() && !scheduler_->running()) return absl::OkStatus();
+    if (!node.ok() && !schedulers_.back().running()) return absl::OkStatus();
     PS_HARNESS_RETURN_IF_ERROR(CheckAbort());
     if (absl::Now() >= deadline) {
       return absl::DeadlineExceededError(absl::StrCat(
@@ -231,9 +302,11 @@ absl::StatusOr<JobHarness::Result> JobHarness::Wait(absl::Duration timeout) {
   std::vector<std::pair<std::string, Subprocess*>> all;
   for (size_t i = 0; i < workers_.size(); ++i) all.emplace_back(WorkerName(i), &workers_[i]);
   for (size_t i = 0; i < servers_.size(); ++i) {
-    all.emplace_back(absl::StrCat("server", i), &servers_[i]);
+    all.emplace_back(ServerName(i), &servers_[i]);
   }
-  all.emplace_back("scheduler", &*scheduler_);
+  for (size_t n = 0; n < schedulers_.size(); ++n) {
+    all.emplace_back(n == 0 ? "scheduler" : absl::StrCat("scheduler.", n), &schedulers_[n]);
+  }
   while (true) {
     std::vector<std::string> running;
     for (auto& [name, p] : all) {
@@ -252,7 +325,7 @@ absl::StatusOr<JobHarness::Result> JobHarness::Wait(absl::Duration timeout) {
   auto code = [](Subprocess& p) { return *p.Wait(absl::ZeroDuration()); };
   for (Subprocess& w : workers_) result.workers.push_back(code(w));
   for (Subprocess& s : servers_) result.servers.push_back(code(s));
-  result.scheduler = code(*scheduler_);
+  for (Subprocess& s : schedulers_) result.scheduler = code(s);
   result.elapsed = absl::Now() - started_;
   for (const Subprocess& w : workers_) {
     result.worker_summaries.emplace_back();
@@ -271,7 +344,12 @@ absl::StatusOr<JobHarness::Result> JobHarness::Wait(absl::Duration timeout) {
 std::vector<uint64_t> JobHarness::DeclaredDead() const {
   // "worker rank 2 (node 5) declared dead: no heartbeat for 322ms"
   static const std::regex kDead("\\(node ([0-9]+)\\) declared dead");
-  const std::string log = ReadFile(options_.dir + "/scheduler.log");
+  std::string log;
+  for (const Subprocess& s : schedulers_) {
+    // A retried restart's files were overwritten by the next try: once.
+    if (&s != &schedulers_.front() && s.stderr_path() == (&s - 1)->stderr_path()) continue;
+    log += ReadFile(s.stderr_path());
+  }
   std::vector<uint64_t> ids;
   for (std::sregex_iterator it(log.begin(), log.end(), kDead), end; it != end; ++it) {
     ids.push_back(std::stoull((*it)[1].str()));
@@ -281,7 +359,11 @@ std::vector<uint64_t> JobHarness::DeclaredDead() const {
 
 std::string JobHarness::LogTails(int lines) const {
   std::vector<const Subprocess*> all;
-  if (scheduler_) all.push_back(&*scheduler_);
+  for (const Subprocess& s : schedulers_) {
+    // A retried restart's files were overwritten by the next try: once.
+    if (!all.empty() && all.back()->stderr_path() == s.stderr_path()) all.pop_back();
+    all.push_back(&s);
+  }
   for (const Subprocess& s : servers_) all.push_back(&s);
   for (const Subprocess& w : workers_) all.push_back(&w);
   std::string out;

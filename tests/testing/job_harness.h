@@ -8,8 +8,9 @@
 // Files in Options::dir: job.pbtxt, scheduler.port, and for every process
 // NAME.out (stdout) and NAME.log (stderr), NAME being "scheduler",
 // "server<i>" or "worker<i>" (i counts launches, not ranks: a replacement
-// is worker<num_workers>, ...). Workers write the summary to
-// summary.json.
+// is worker<num_workers>, ...). A restarted scheduler (RestartScheduler)
+// is "scheduler.<n>" for restart n = 1, 2, ... Workers write the summary
+// to summary.json.
 //
 // Not thread-safe. Destroying the harness SIGKILLs every process still
 // running.
@@ -45,14 +46,30 @@ class JobHarness {
     std::string scheduler_binary = "scheduler/scheduler_main";
     std::string server_binary = "server/server_main";
     std::string worker_binary = "worker/trainer";
-    // How long Start waits for the scheduler's port.
+    // How long Start (and RestartScheduler) waits for the scheduler's port.
     absl::Duration startup_timeout = absl::Seconds(20);
+    // An argv prefix for the process named `name` ("scheduler",
+    // "server<i>", "worker<i>"), e.g. {"ip", "netns", "exec", "psnet-w1"}
+    // to run it in a network namespace; unset or empty = none. A prefix's
+    // first word without a '/' is looked up in PATH.
+    std::function<std::vector<std::string>(const std::string& name)> wrap;
+    // Extra flags for the process named `name` (after the harness's own),
+    // e.g. a server's --bind / --advertise_host inside a namespace.
+    std::function<std::vector<std::string>(const std::string& name)> extra_args;
+    // The scheduler listens here (--host) and every process, and the
+    // harness's own gRPC stub, reach it at scheduler_host:port.
+    std::string scheduler_host = "127.0.0.1";
+    // Extra flags for every worker (before extra_args' own).
+    std::vector<std::string> worker_args;
   };
 
   // Exit codes (Subprocess::Wait: 128 + signal for a signal) and output of
   // a job whose processes all exited.
   struct Result {
+    // The last scheduler incarnation's exit code (earlier ones were
+    // killed by the test).
     int scheduler = -1;
+    // Indexed like server(i): the initial servers, then replacements.
     std::vector<int> servers;
     // Indexed like worker(i): the initial workers, then replacements.
     std::vector<int> workers;
@@ -76,10 +93,20 @@ class JobHarness {
   ~JobHarness();
 
   const std::string& dir() const { return options_.dir; }
+  // The scheduler's host:port (the same across RestartScheduler).
+  const std::string& address() const { return address_; }
   int num_worker_processes() const { return static_cast<int>(workers_.size()); }
   Subprocess& worker(int i) { return workers_[i]; }
   // "worker<i>": the prefix of its files.
   static std::string WorkerName(int i);
+  // Server processes started so far (initial ones, then replacements).
+  int num_servers() const { return static_cast<int>(servers_.size()); }
+  Subprocess& server(int i) { return servers_[i]; }
+  // "server<i>": the prefix of its files.
+  static std::string ServerName(int i);
+  // The current scheduler incarnation, and how many restarts so far.
+  Subprocess& scheduler() { return schedulers_.back(); }
+  int scheduler_restarts() const { return static_cast<int>(schedulers_.size()) - 1; }
 
   // Every timeout below (and startup_timeout) is multiplied by
   // TimeoutScale() (tests/testing/subprocess.h): slower builds such as
@@ -122,6 +149,22 @@ class JobHarness {
   // Starts one more worker process (a replacement); its index.
   absl::StatusOr<int> StartWorker();
 
+  // Sends `sig` to server(i) / the current scheduler if it is still
+  // running; false if it was not.
+  bool SignalServer(int i, int sig);
+  bool SignalScheduler(int sig);
+
+  // Starts one more server process (a replacement); its index.
+  absl::StatusOr<int> StartServer();
+
+  // Starts a new scheduler process on the same host and port, with the
+  // same config (the caller has stopped the previous one, e.g. SIGKILL;
+  // FAILED_PRECONDITION if it still runs). Its files are
+  // scheduler.<n>.out/.log for restart n. Retries the bind for up to
+  // startup_timeout (a port the dead one held may be free only a moment
+  // later). Wait, LogTails and DeclaredDead cover every incarnation.
+  absl::Status RestartScheduler();
+
   // Every wait below also calls `check` (at most every 50 ms) and ends
   // with ABORTED and its answer when that is not empty: a way to give up
   // at once on a job that can no longer pass.
@@ -146,13 +189,24 @@ class JobHarness {
   absl::Status CheckAbort();
   // The live membership record of `pid`, if the scheduler has one.
   absl::StatusOr<std::optional<NodeInfo>> LiveNode(pid_t pid);
+  // Starts `binary` as the process `name` with `args`, applying the
+  // options' wrap and extra_args; files dir/<file_prefix>.out/.log.
+  absl::StatusOr<Subprocess> Launch(const std::string& name,
+                                    const std::string& file_prefix,
+                                    const std::string& binary,
+                                    std::vector<std::string> args);
+  // Starts scheduler incarnation `n` (0 = first) with `port` (0 = any);
+  // waits for its port file and sets address_.
+  absl::Status LaunchScheduler(int n, int port);
 
   Options options_;
   std::string config_path_;
   std::string address_;
   std::unique_ptr<Scheduler::Stub> stub_;
   absl::Time started_;
-  std::optional<Subprocess> scheduler_;
+  // Every scheduler incarnation, the current one last.
+  std::vector<Subprocess> schedulers_;
+  int port_ = 0;
   std::vector<Subprocess> servers_;
   std::vector<Subprocess> workers_;
   std::vector<uint64_t> node_ids_;  // by worker index; 0 = not seen yet

@@ -33,8 +33,11 @@ absl::StatusOr<Subprocess> Subprocess::Start(
   for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
   Subprocess p;
-  const int rc = posix_spawn(&p.pid_, argv[0].c_str(), &actions, nullptr,
-                             args.data(), environ);
+  // A bare name ("ip") is looked up in PATH, a path is run as given.
+  const int rc =
+      argv[0].find('/') == std::string::npos
+          ? posix_spawnp(&p.pid_, argv[0].c_str(), &actions, nullptr, args.data(), environ)
+          : posix_spawn(&p.pid_, argv[0].c_str(), &actions, nullptr, args.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
   if (rc != 0) {
     return absl::InternalError(absl::StrCat("cannot start ", argv[0], ": errno ", rc));

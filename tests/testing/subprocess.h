@@ -20,8 +20,9 @@ namespace ps::testing {
 
 class Subprocess {
  public:
-  // Starts `argv[0]` with `argv`; output goes to `stdout_path` and
-  // `stderr_path` (created or truncated).
+  // Starts `argv[0]` with `argv` (a name without '/' is looked up in
+  // PATH); output goes to `stdout_path` and `stderr_path` (created or
+  // truncated).
   static absl::StatusOr<Subprocess> Start(const std::vector<std::string>& argv,
                                           const std::string& stdout_path,
                                           const std::string& stderr_path);
