@@ -200,6 +200,78 @@ void KVServer::UpdateView(const ClusterView& view, uint32_t rank) {
   }
 }
 
+void KVServer::SetLease(std::chrono::steady_clock::time_point until) {
+  int64_t ticks = until.time_since_epoch().count();
+  // kNoLease means "not enforced"; a lease that far away is the same.
+  if (ticks == kNoLease) --ticks;
+  lease_until_.store(ticks, std::memory_order_release);
+}
+
+void KVServer::Fence(std::string why) {
+  {
+    absl::MutexLock lock(&fence_mu_);
+    if (fenced_.load()) return;
+    fence_why_ = std::move(why);
+    Log()->warn("fenced: {}; refusing every request from now on", fence_why_);
+  }
+  fenced_.store(true, std::memory_order_release);
+}
+
+absl::Status KVServer::CheckServing(const Ownership& own, ServerRefusal* refusal) {
+  absl::Status refused;
+  if (fenced_.load(std::memory_order_acquire)) {
+    fenced_refusals_.fetch_add(1, std::memory_order_relaxed);
+    *refusal = NOT_MEMBER;
+    std::string why;
+    {
+      absl::MutexLock lock(&fence_mu_);
+      why = fence_why_;
+    }
+    refused = absl::UnavailableError(absl::StrCat(
+        "server ", own.rank, " is no longer a member of the job (", why,
+        "): refresh the cluster view and retry with the slots' new owner"));
+  } else {
+    const int64_t until = lease_until_.load(std::memory_order_acquire);
+    if (until == kNoLease) return absl::OkStatus();
+    using SteadyClock = std::chrono::steady_clock;
+    const SteadyClock::time_point now = SteadyClock::now();
+    const SteadyClock::time_point end{SteadyClock::duration(until)};
+    if (now < end) {
+      if (refusing_ != 0) {
+        Log()->info("lease renewed: serving again after refusing {} requests", refusing_);
+        refusing_ = 0;
+      }
+      return absl::OkStatus();
+    }
+    lease_refusals_.fetch_add(1, std::memory_order_relaxed);
+    *refusal = LEASE_LAPSED;
+    refused = absl::UnavailableError(absl::StrCat(
+        "server ", own.rank, "'s lease lapsed ",
+        std::chrono::duration_cast<std::chrono::milliseconds>(now - end).count(),
+        "ms ago: it has not reached the scheduler; retry"));
+  }
+  if (refusing_++ == 0) Log()->warn("refusing requests: {}", refused.message());
+  return refused;
+}
+
+void KVServer::SendRefusal(zmq::message_t& identity, const zmq::message_t& header,
+                           const absl::Status& status, ServerRefusal refusal,
+                           uint64_t epoch) {
+  // The request id is all that is read of the request: its answer must
+  // find its way back, and nothing else of it matters.
+  RequestHeader h;
+  ResponseHeader rh;
+  if (h.ParseFromArray(header.data(), static_cast<int>(header.size()))) {
+    rh.set_request_id(h.request_id());
+  }
+  rh.set_epoch(epoch);
+  rh.set_code(static_cast<int32_t>(status.code()));
+  rh.set_message(std::string(status.message()));
+  rh.set_refusal(refusal);
+  zmq::message_t values, keys;
+  Send(identity, rh, values, keys);
+}
+
 KVServer::Stats KVServer::stats() const {
   Stats s;
   s.requests = requests_.load();
@@ -225,6 +297,8 @@ KVServer::Stats KVServer::stats() const {
   s.nonfinite_values = nonfinite_values_.load();
   s.nonfinite_pushes_rejected = nonfinite_rejected_.load();
   s.held_bytes = held_bytes_.load();
+  s.lease_refusals = lease_refusals_.load();
+  s.fenced_refusals = fenced_refusals_.load();
   return s;
 }
 
@@ -414,6 +488,16 @@ void KVServer::HandleMessage(zmq::message_t identity,
     }
     needs_.clear();
     first_promoted_ = false;
+  }
+  // Checked when the request is taken up, not when it arrived: what queued
+  // while the process was paused is refused once it resumes with a lapsed
+  // lease. Nothing of the request is looked at before (no clock, no key
+  // list, no sequence number).
+  ServerRefusal refusal = REFUSAL_NONE;
+  if (absl::Status serving = CheckServing(own, &refusal); !serving.ok()) {
+    static const zmq::message_t kEmpty;
+    SendRefusal(identity, frames.empty() ? kEmpty : frames[0], serving, refusal, own.epoch);
+    return;
   }
   requests_.fetch_add(1, std::memory_order_relaxed);
   ResponseHeader rh;
@@ -1099,6 +1183,16 @@ void KVServer::Progress(const Ownership& own) {
     }
     ResponseHeader rh;
     zmq::message_t values, keys;
+    ServerRefusal refusal = REFUSAL_NONE;
+    if (absl::Status serving = CheckServing(own, &refusal); !serving.ok()) {
+      // Not answered from a view that may be stale. A PUSH_PULL's push half
+      // was applied when it arrived: the client's retry (same sequence
+      // number) is answered as a duplicate by whoever owns the slots then.
+      SendRefusal(it->identity, it->frames[0], serving, refusal, own.epoch);
+      held_bytes_ -= it->bytes;
+      it = deferred_.erase(it);
+      continue;
+    }
     Process(it->frames, own, &rh, &values, &keys);
     if (instruments_ != nullptr) {
       instruments_->RecordHold(absl::ToDoubleSeconds(absl::Now() - it->since));

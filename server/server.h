@@ -40,10 +40,34 @@
 //
 // Registration with the scheduler is the caller's business (server_main.cc
 // does it); the server only needs the view through UpdateView().
+//
+// Fencing (a server declared dead that comes back must not act on a stale
+// view). The scheduler moves a server's slots away (to their backup or a
+// replacement) only heartbeat_timeout after the last heartbeat it received
+// from it. server_main.cc therefore grants the server a lease with every
+// acknowledged heartbeat, SetLease(send time + 3/4 heartbeat_timeout), which
+// always ends before that: a server paused (SIGSTOP) or cut off from the
+// scheduler stops serving before anyone else may serve its slots. Once a
+// lease has been set, every request is checked against it when the serving
+// thread takes it up (not when it arrived: a process resumed from SIGSTOP
+// refuses what queued while it was paused), and after the lease lapsed it
+// is refused with UNAVAILABLE and ResponseHeader.refusal LEASE_LAPSED,
+// changing nothing (nothing applied, no sequence number recorded, nothing
+// buffered, no clock or key list noted; only Stats::lease_refusals counts
+// it): the client sends it again, to whoever owns its slots by then. This
+// covers workers' requests (also pushes held for a checkpoint and pulls
+// held for consistency, when they are taken up again) and replica messages
+// from primaries (a refused one makes the primary copy the slots again
+// once this server serves). Fence() refuses everything for good
+// (refusal NOT_MEMBER): the scheduler dropped this server. Without a lease
+// (standalone servers, tests, tools) nothing of this applies. Independently,
+// a request for a slot that the installed view gives another server is
+// refused with wrong_owner at once, applied nowhere here.
 #ifndef PS_SERVER_SERVER_H_
 #define PS_SERVER_SERVER_H_
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -171,6 +195,11 @@ class KVServer {
     uint64_t nonfinite_pushes_rejected = 0;
     // Bytes of requests held aside now (bounded by max_held_bytes).
     uint64_t held_bytes = 0;
+    // Requests (worker requests and replica messages) refused because the
+    // lease had lapsed, or because the server was fenced. Counted nowhere
+    // else (not in requests or errors).
+    uint64_t lease_refusals = 0;
+    uint64_t fenced_refusals = 0;
   };
 
   // Errors: INVALID_ARGUMENT for a bad table config, UNAVAILABLE if the
@@ -193,6 +222,15 @@ class KVServer {
 
   // Thread-safe snapshot of the counters.
   Stats stats() const;
+
+  // Fencing (file comment). SetLease: this server serves until `until`
+  // (steady clock); the first call starts enforcement, later ones move the
+  // end (earlier or later). Fence: from now on every request is refused,
+  // for good; `why` is logged and sent to clients. Both thread-safe, from
+  // any thread at any time, and cheap (the serving thread reads them per
+  // request).
+  void SetLease(std::chrono::steady_clock::time_point until);
+  void Fence(std::string why);
 
   // Thread-safe: every table's statistics (ordered by table id) as the
   // serving thread last published them, at most kStatsPeriod ago, and
@@ -526,6 +564,25 @@ class KVServer {
   mutable absl::Mutex view_mu_;
   std::shared_ptr<const Ownership> ownership_ ABSL_GUARDED_BY(view_mu_);
 
+  // Fencing. lease_until_: the lease's end in steady-clock ticks
+  // (time_since_epoch().count()); kNoLease until SetLease is called.
+  static constexpr int64_t kNoLease = INT64_MAX;
+  std::atomic<int64_t> lease_until_{kNoLease};
+  std::atomic<bool> fenced_{false};
+  mutable absl::Mutex fence_mu_;
+  std::string fence_why_ ABSL_GUARDED_BY(fence_mu_);
+  // Whether the serving thread may act on a request now: OK, or the
+  // refusal (UNAVAILABLE; *refusal says why), counted and logged (the first
+  // of a run of refusals, and the end of the run). Serving thread.
+  absl::Status CheckServing(const Ownership& own, ServerRefusal* refusal);
+  // Answers a request (its header frame `header`) with a refusal of
+  // CheckServing.
+  void SendRefusal(zmq::message_t& identity, const zmq::message_t& header,
+                   const absl::Status& status, ServerRefusal refusal,
+                   uint64_t epoch);
+  // Refusals since the server last served a request (0: serving).
+  uint64_t refusing_ = 0;
+
   std::atomic<bool> stop_{false};
   std::atomic<bool> stop_after_checkpoint_{false};
   std::atomic<bool> stopped_{false};
@@ -533,7 +590,8 @@ class KVServer {
       keys_pulled_{0}, pulls_deferred_{0}, bsp_steps_{0}, duplicates_{0},
       checkpoints_{0}, rows_restored_{0}, forwards_{0}, replica_messages_{0},
       catchups_{0}, rows_copied_{0}, slots_promoted_{0}, unreplicated_{0},
-      limit_refusals_{0}, sender_refusals_{0}, nonfinite_values_{0}, nonfinite_rejected_{0};
+      limit_refusals_{0}, sender_refusals_{0}, nonfinite_values_{0}, nonfinite_rejected_{0},
+      lease_refusals_{0}, fenced_refusals_{0};
   std::thread thread_;
 };
 

@@ -578,6 +578,15 @@ void KVServer::HandleReplica(zmq::message_t identity,
         {std::move(identity), std::move(frames), header.epoch(), bytes});
     return;
   }
+  // A message held above is checked when it is taken up: the primary's
+  // messages are answered in order.
+  ServerRefusal refusal = REFUSAL_NONE;
+  if (absl::Status serving = CheckServing(own, &refusal); !serving.ok()) {
+    // The primary marks the link for a new catch-up, sent once this
+    // server serves again (or the view names another backup).
+    SendRefusal(identity, frames[0], serving, refusal, own.epoch);
+    return;
+  }
   replica_messages_.fetch_add(1, std::memory_order_relaxed);
   ResponseHeader rh;
   rh.set_request_id(header.request_id());

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -190,6 +191,11 @@ struct KVClient::Part {
   // Retries of answers that say the request was not applied (UNAVAILABLE).
   int attempts = 0;
   absl::Time retry_at;
+  // Refusals by a server whose lease lapsed or that was dropped
+  // (ResponseHeader.refusal), and until when they are retried
+  // (InfinitePast: none yet).
+  int refusals = 0;
+  absl::Time refused_until = absl::InfinitePast();
   // Keyed requests (PUSH, PULL, PUSH_PULL, ASSIGN) can be routed again when
   // their server dies or no longer owns their slots: `h` is the header
   // (frame `header` serialized), `block_size` routes dense segments.
@@ -267,9 +273,30 @@ class KVClient::IoLoop {
   }
 
   void Enqueue(std::vector<std::unique_ptr<Part>> parts) {
+    absl::Status aborted;
     {
       absl::MutexLock lock(&mu_);
-      for (auto& p : parts) queue_.push_back(std::move(p));
+      if (abort_.has_value()) {
+        aborted = *abort_;
+      } else {
+        for (auto& p : parts) queue_.push_back(std::move(p));
+      }
+    }
+    if (!aborted.ok()) {
+      // Outside the lock: completion callbacks may issue requests.
+      for (auto& p : parts) p->parent->PartDone(aborted);
+      return;
+    }
+    Wake();
+  }
+
+  // Fails every part in flight with `why` (on the I/O thread, at once) and
+  // every part enqueued later (in Enqueue). The first call's status sticks.
+  void Abort(absl::Status why) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (abort_.has_value()) return;
+      abort_ = std::move(why);
     }
     Wake();
   }
@@ -305,13 +332,20 @@ class KVClient::IoLoop {
       std::deque<std::unique_ptr<Part>> incoming;
       std::shared_ptr<const Routing> routing;
       bool stop;
+      std::optional<absl::Status> abort;
       {
         absl::MutexLock lock(&mu_);
         incoming.swap(queue_);
         routing.swap(new_routing_);
         stop = stop_;
+        abort = abort_;
       }
       if (stop) break;
+      if (abort.has_value()) {
+        for (auto& part : incoming) part->parent->PartDone(*abort);
+        incoming.clear();
+        FailAll(*abort);
+      }
       if (routing != nullptr) ApplyRouting(routing);
       for (auto& part : incoming) Send(std::move(part));
 
@@ -365,20 +399,21 @@ class KVClient::IoLoop {
       ExpireDeadlines();
       ResendDue();
     }
-    for (auto& [id, part] : pending_) {
-      part->parent->PartDone(absl::CancelledError("client shut down"));
-    }
-    for (auto& part : parked_) {
-      part->parent->PartDone(absl::CancelledError("client shut down"));
-    }
-    parked_.clear();
-    for (auto& part : retries_) {
-      part->parent->PartDone(absl::CancelledError("client shut down"));
-    }
-    pending_.clear();
-    retries_.clear();
+    FailAll(absl::CancelledError("client shut down"));
     monitors_.clear();
     dealers_.clear();
+  }
+
+  // Completes every part this thread holds with `status`.
+  void FailAll(const absl::Status& status) {
+    for (auto& [id, part] : pending_) part->parent->PartDone(status);
+    for (auto& part : parked_) part->parent->PartDone(status);
+    for (auto& part : retries_) part->parent->PartDone(status);
+    for (auto& part : moved_) part->parent->PartDone(status);
+    pending_.clear();
+    parked_.clear();
+    retries_.clear();
+    moved_.clear();
   }
 
   // The server at rank r refused this client's handshake (a CURVE key
@@ -609,6 +644,8 @@ class KVClient::IoLoop {
       p->has_values = part->has_values;
       p->deadline = part->deadline;
       p->failover_deadline = part->failover_deadline;
+      p->refusals = part->refusals;
+      p->refused_until = part->refused_until;
       p->reroutable = true;
       p->block_size = part->block_size;
       p->h = h;
@@ -809,9 +846,30 @@ class KVClient::IoLoop {
       Send(std::move(part));
       return;
     }
+    const bool unavailable =
+        response.header.code() == static_cast<int>(absl::StatusCode::kUnavailable);
+    if (unavailable && response.header.refusal() != REFUSAL_NONE) {
+      // The server refused without looking (its lease lapsed, or it was
+      // dropped): nothing was applied or recorded. Until the scheduler
+      // renews its lease or moves its slots, try again, routed by the
+      // newest view each time; bounded from the first refusal, since a
+      // reroutable part's own deadline moves with every routing.
+      const absl::Time now = absl::Now();
+      if (part->refused_until == absl::InfinitePast()) {
+        part->refused_until = now + std::max(request_timeout_, failover_timeout_);
+      }
+      const absl::Duration backoff =
+          std::min(absl::Milliseconds(20) * (1 << std::min(part->refusals, 4)),
+                   absl::Milliseconds(200));
+      part->retry_at = now + backoff;
+      if (part->retry_at < part->refused_until) {
+        ++part->refusals;
+        retries_.push_back(std::move(part));
+        return;
+      }
+    }
     const bool misrouted = part->reroutable && response.header.wrong_owner();
-    if (response.header.code() == static_cast<int>(absl::StatusCode::kUnavailable) ||
-        misrouted) {
+    if ((unavailable && response.header.refusal() == REFUSAL_NONE) || misrouted) {
       // The server applied nothing (e.g. it has not received the cluster
       // view yet); try again with exponential backoff until the deadline.
       const absl::Duration backoff =
@@ -1021,6 +1079,7 @@ class KVClient::IoLoop {
   std::deque<std::unique_ptr<Part>> queue_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<const Routing> new_routing_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::optional<absl::Status> abort_ ABSL_GUARDED_BY(mu_);
 
   // Owned by the I/O thread.
   zmq::context_t context_{1};
@@ -1138,6 +1197,18 @@ void KVClient::UpdateView(const ClusterView& view) {
   io_->SetRouting(std::move(routing));
 }
 
+void KVClient::Abort(absl::Status why) {
+  if (why.ok()) why = absl::CancelledError("KVClient aborted");
+  {
+    absl::MutexLock lock(&abort_mu_);
+    if (aborted_.load()) return;
+    abort_status_ = why;
+    aborted_.store(true);
+  }
+  Log()->warn("data plane aborted: {}", why.ToString());
+  io_->Abort(std::move(why));
+}
+
 std::shared_ptr<const KVClient::Routing> KVClient::routing() const {
   absl::MutexLock lock(&routing_mu_);
   return routing_;
@@ -1163,6 +1234,12 @@ void KVClient::Instrument(int op, Completion::State* state) const {
 }
 
 Completion KVClient::Failed(absl::Status status, DoneCallback done) {
+  if (aborted_.load()) {
+    // After Abort() nothing succeeds, not even a request with nothing to
+    // send.
+    absl::MutexLock lock(&abort_mu_);
+    status = abort_status_;
+  }
   auto state = std::make_shared<Completion::State>(1, std::move(done));
   state->PartDone(status);
   return Completion(std::move(state));

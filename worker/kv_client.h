@@ -172,10 +172,29 @@ class KVClient {
   // Routes later requests by `view` (ignored unless newer). Thread-safe.
   void UpdateView(const ClusterView& view);
 
+  // Ends this client's traffic for good: every request still in flight
+  // (sent, waiting to be retried, waiting for a server to take over its
+  // slots) completes at once with `why`, and so does every later request,
+  // before anything is sent (its callback then runs on the caller's
+  // thread). A push in flight may or may not have been applied. Used when
+  // the scheduler dropped this worker: nothing it sends may count any
+  // more. The first call's `why` sticks; an OK `why` reads as CANCELLED.
+  // Thread-safe; may be called from a completion callback.
+  void Abort(absl::Status why);
+
+  // Retries: a server's answer that it applied nothing (UNAVAILABLE: no
+  // view yet, a backup busy, a slot moved: wrong_owner) is retried with a
+  // backoff until the request timeout. A server that refuses because its
+  // lease lapsed or it was dropped (ResponseHeader.refusal, server/server.h
+  // "Fencing") is retried every 20 ms to 200 ms, routed by the newest view
+  // each time, for at most the larger of the request and failover timeouts
+  // from its first refusal; such a refusal recorded nothing, so a push
+  // retried this way is applied exactly once.
+  //
   // Sparse tables. `grads` holds keys.size() * dim floats, `out` room for
   // as many. Errors: INVALID_ARGUMENT (unknown or dense table, wrong
   // sizes), the server's error, DEADLINE_EXCEEDED, UNAVAILABLE (no live
-  // server owns a slot).
+  // server owns a slot), Abort()'s status.
   Completion Push(uint32_t table, absl::Span<const uint64_t> keys,
                   absl::Span<const float> grads, DoneCallback done = nullptr);
   Completion Pull(uint32_t table, absl::Span<const uint64_t> keys, float* out,
@@ -348,6 +367,11 @@ class KVClient {
   std::atomic<uint64_t> next_seq_{1};
   std::atomic<uint64_t> clock_{0};
   std::atomic<uint64_t> requests_{0};
+
+  // Abort(): set once; abort_status_ is read only after aborted_.
+  std::atomic<bool> aborted_{false};
+  mutable absl::Mutex abort_mu_;
+  absl::Status abort_status_ ABSL_GUARDED_BY(abort_mu_);
 
   mutable absl::Mutex routing_mu_;
   std::shared_ptr<const Routing> routing_ ABSL_GUARDED_BY(routing_mu_);
