@@ -1,5 +1,6 @@
 #include "common/config.h"
 
+#include <algorithm>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -252,7 +253,7 @@ void ApplyDefaults(JobConfig* config) {
   if (cl->startup_timeout_ms() == 0) cl->set_startup_timeout_ms(60000);
   if (cl->failover_timeout_ms() == 0) cl->set_failover_timeout_ms(120000);
   if (cl->scheduler_unreachable_timeout_ms() == 0) {
-    cl->set_scheduler_unreachable_timeout_ms(60000);
+    cl->set_scheduler_unreachable_timeout_ms(std::max(60000u, cl->heartbeat_timeout_ms()));
   }
   if (cl->on_worker_loss() == WORKER_LOSS_POLICY_UNSPECIFIED) {
     cl->set_on_worker_loss(REASSIGN);

@@ -75,6 +75,7 @@ absl::StatusOr<RegisterResponse> ClusterState::Register(
     }
   }
   absl::MutexLock lock(&mu_);
+  JournalScope journal(this);
   if (view_.job_state() == FINISHED) {
     return absl::FailedPreconditionError("the job has finished");
   }
@@ -203,6 +204,7 @@ absl::StatusOr<HeartbeatResponse> ClusterState::Heartbeat(
 
 absl::Status ClusterState::Leave(const LeaveRequest& request) {
   absl::MutexLock lock(&mu_);
+  JournalScope journal(this);
   auto it = nodes_.find(request.node_id());
   if (it == nodes_.end() || it->second.info.state() != ALIVE) {
     return absl::NotFoundError(
@@ -237,6 +239,7 @@ std::vector<uint64_t> ClusterState::ExpireSilentNodes() {
       absl::Milliseconds(config_.cluster().heartbeat_timeout_ms());
   std::vector<uint64_t> dead;
   absl::MutexLock lock(&mu_);
+  JournalScope journal(this);
   for (auto& [id, node] : nodes_) {
     if (node.info.state() == ALIVE && node.last_heartbeat < deadline) {
       node.info.set_state(DEAD);
@@ -272,6 +275,7 @@ std::vector<uint64_t> ClusterState::ExpireSilentNodes() {
 }
 
 void ClusterState::BumpEpochLocked() {
+  journal_dirty_ = true;
   view_.set_epoch(view_.epoch() + 1);
   view_.clear_nodes();
   for (const auto& [id, node] : nodes_) *view_.add_nodes() = node.info;
@@ -362,6 +366,7 @@ absl::StatusOr<std::vector<uint32_t>> ClusterState::AwaitBarrier(
     return absl::InvalidArgumentError("barrier name must have 1..256 bytes");
   }
   absl::MutexLock lock(&mu_);
+  JournalScope journal(this);
   auto it = nodes_.find(node_id);
   if (it == nodes_.end() || it->second.info.state() != ALIVE) {
     return absl::NotFoundError(
@@ -378,7 +383,7 @@ absl::StatusOr<std::vector<uint32_t>> ClusterState::AwaitBarrier(
   mu_.AwaitWithTimeout(absl::Condition(&complete_or_closed),
                        std::min(timeout, kMaxWait));
   if (BarrierCompleteLocked(name)) {
-    completed_barriers_.insert(name);
+    if (completed_barriers_.insert(name).second) journal_dirty_ = true;
     // Every caller is told who was there at the release, also one arriving
     // after it (a late replacement must not think it is the only one), as
     // the ranks of those nodes still present: a replacement that took a
@@ -418,6 +423,7 @@ absl::StatusOr<uint64_t> ClusterState::SetConsistency(
   absl::Status valid = ValidateConsistency(consistency);
   if (!valid.ok()) return valid;
   absl::MutexLock lock(&mu_);
+  JournalScope journal(this);
   ConsistencyConfig* c = view_.mutable_consistency();
   c->set_mode(consistency.mode());
   c->set_staleness(consistency.staleness());
@@ -611,6 +617,7 @@ bool ClusterState::AllShardsDoneLocked() const {
 absl::StatusOr<ClaimShardResponse> ClusterState::ClaimShard(
     const ClaimShardRequest& request, absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
+  JournalScope journal(this);
   auto it = nodes_.find(request.node_id());
   if (it == nodes_.end() || it->second.info.state() != ALIVE ||
       it->second.info.role() != WORKER) {
@@ -630,6 +637,26 @@ absl::StatusOr<ClaimShardResponse> ClusterState::ClaimShard(
     }
   }
   const uint64_t id = request.node_id();
+  if (request.has_finished()) {
+    // A retry of a claim whose answer was lost (the scheduler restarted
+    // between assigning and answering): the worker still holds the shard it
+    // was given; it gets that one again, not a second.
+    for (uint32_t s = 0; s < shards_.size(); ++s) {
+      if (s != request.finished().shard() && shards_[s].state == ShardState::kActive &&
+          shards_[s].holder == id) {
+        ClaimShardResponse again;
+        again.set_result(ClaimShardResponse::ASSIGNED);
+        again.set_start_clock(JobClockLocked());
+        nodes_[id].clock = again.start_clock();
+        *again.mutable_shard() = shards_[s].position;
+        again.mutable_shard()->set_done(false);
+        Log()->info("node {} asked again for work: shard {} is still its own", id, s);
+        return again;
+      }
+    }
+  }
+  // A finished shard is on record before the wait, which may be long.
+  FlushJournalLocked();
   auto decided = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     auto n = nodes_.find(id);
     return closed_ || n->second.info.state() != ALIVE || OrphanLocked() >= 0 ||
@@ -657,6 +684,7 @@ absl::StatusOr<ClaimShardResponse> ClusterState::ClaimShard(
 void ClusterState::SetRestore(const std::string& path,
                               const CheckpointManifest& manifest) {
   absl::MutexLock lock(&mu_);
+  JournalScope journal(this);
   view_.mutable_restore()->set_path(path);
   view_.mutable_restore()->set_clock(manifest.clock());
   view_.set_last_checkpoint_clock(manifest.clock());
@@ -681,6 +709,7 @@ void ClusterState::SetRestore(const std::string& path,
 
 absl::StatusOr<uint64_t> ClusterState::StartCheckpoint(uint64_t after_clock) {
   absl::MutexLock lock(&mu_);
+  JournalScope journal(this);
   if (checkpoint_.has_value()) {
     if (checkpoint_->clock > after_clock) return checkpoint_->clock;
     // The requester has passed it: the servers will refuse it anyway.
@@ -730,6 +759,7 @@ void ClusterState::AbortCheckpointLocked(const std::string& why) {
 
 absl::Status ClusterState::ReportCheckpoint(const ReportCheckpointRequest& request) {
   absl::MutexLock lock(&mu_);
+  JournalScope journal(this);
   auto it = nodes_.find(request.node_id());
   if (it == nodes_.end() || it->second.info.state() != ALIVE) {
     return absl::NotFoundError(
@@ -753,6 +783,7 @@ absl::Status ClusterState::ReportCheckpoint(const ReportCheckpointRequest& reque
     return absl::OkStatus();
   }
   checkpoint_->reports[request.node_id()] = request;
+  journal_dirty_ = true;
   TryCommitCheckpointLocked();
   return absl::OkStatus();
 }
@@ -821,6 +852,7 @@ void ClusterState::TryCommitCheckpointLocked() {
 std::vector<std::string> ClusterState::CheckCheckpoints() {
   std::vector<std::string> lines;
   absl::MutexLock lock(&mu_);
+  JournalScope journal(this);
   if (config_.checkpoint().dir().empty() || view_.job_state() != RUNNING) return lines;
   const absl::Time now = clock_->Now();
   if (checkpoint_.has_value()) {

@@ -45,6 +45,7 @@
 #include "common/clock.h"
 #include "proto/config.pb.h"
 #include "proto/checkpoint.pb.h"
+#include "proto/journal.pb.h"
 #include "proto/scheduler.pb.h"
 
 namespace ps {
@@ -68,6 +69,30 @@ class ClusterState {
 
   ClusterState(const JobConfig& config, Clock* clock,
                CheckpointStore store = {});
+
+  // Journaling, so a restarted scheduler takes the job back
+  // (scheduler/journal.h): `write` gets the whole state, under the state's
+  // lock, before any call that changed it returns (sync false: durable
+  // against the scheduler being killed), and from SyncJournal (sync true).
+  // Errors are logged (at most every 10 s) and the job goes on: a failing
+  // disk costs the ability to restart, not the running job. Set before any
+  // node registers; no journal without it.
+  using JournalWriter =
+      std::function<absl::Status(const SchedulerJournal& journal, bool sync)>;
+  void SetJournal(JournalWriter write);
+  // Writes the journal, synced, with the workers' newest clocks and data
+  // positions (which heartbeats change without a journal write). Called
+  // about once a second. (scheduler/cluster_state_journal.cc)
+  void SyncJournal();
+  // A restarted scheduler takes the running job back from `journal`, which
+  // is validated against the job config first (it comes from a file):
+  // FAILED_PRECONDITION for another job's journal, DATA_LOSS naming the
+  // first inconsistency otherwise; the state is then unchanged. Every node
+  // alive in the journal keeps its id, rank, role, slots and clock and has a
+  // whole heartbeat timeout from now to be heard from; the epoch goes up by
+  // one and the view counts the restart (scheduler_restarts,
+  // recovered_epoch, recovered_nodes). Call before serving.
+  absl::Status Recover(const SchedulerJournal& journal);
 
   // The job starts from checkpoint `path` (its manifest): workers start at
   // its clock and resume their shards from its positions; servers restore
@@ -199,7 +224,26 @@ class ClusterState {
   // Heartbeats at least this far apart measure a worker's pace.
   static constexpr absl::Duration kPaceWindow = absl::Milliseconds(200);
 
+  // Flushes the journal when a mutating call returns (declared after the
+  // call's MutexLock, so it runs under the lock).
+  class JournalScope {
+   public:
+    explicit JournalScope(ClusterState* state) : state_(state) {}
+    JournalScope(const JournalScope&) = delete;
+    JournalScope& operator=(const JournalScope&) = delete;
+    ~JournalScope() ABSL_NO_THREAD_SAFETY_ANALYSIS { state_->FlushJournalLocked(); }
+
+   private:
+    ClusterState* const state_;
+  };
   void BumpEpochLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Writes the journal if the state changed since the last write.
+  void FlushJournalLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void WriteJournalLocked(bool sync) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  SchedulerJournal SnapshotLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Recover's validation: the first thing in `journal` that does not fit
+  // this job's config, or OK.
+  absl::Status ValidateJournal(const SchedulerJournal& journal) const;
   bool Reassign() const;
   // Hands shard `s` to worker node `id`; fills `out`.
   void AssignShardLocked(uint32_t s, uint64_t id, DataPosition* out)
@@ -291,6 +335,11 @@ class ClusterState {
   uint64_t checkpoint_margin_ ABSL_GUARDED_BY(mu_) = 2;
   // A requested checkpoint that was abandoned and must be taken again.
   bool checkpoint_wanted_ ABSL_GUARDED_BY(mu_) = false;
+
+  JournalWriter journal_;  // set before serving, then only read
+  // The state changed since the journal was last written.
+  bool journal_dirty_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Time last_journal_error_log_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 };
 
 }  // namespace ps

@@ -43,6 +43,7 @@ absl::StatusOr<DrainResponse> ClusterState::Drain(const DrainRequest& request) {
     return absl::InvalidArgumentError("rank.role must be SERVER or WORKER");
   }
   absl::MutexLock lock(&mu_);
+  JournalScope journal(this);
   Node* target = nullptr;
   for (auto& [id, node] : nodes_) {
     if (node.info.state() != ALIVE) continue;

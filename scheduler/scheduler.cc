@@ -4,9 +4,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/config.h"
 #include "common/grpc_security.h"
 #include "common/logging.h"
 #include "common/status.h"
+#include "scheduler/journal.h"
 #include "server/checkpoint.h"
 #include "grpcpp/server_builder.h"
 
@@ -156,7 +158,8 @@ absl::StatusOr<std::unique_ptr<SchedulerServer>> SchedulerServer::Start(
     Options options) {
   std::unique_ptr<SchedulerServer> s(new SchedulerServer(std::move(options)));
   const CheckpointConfig& ckpt = s->options_.config.checkpoint();
-  if (ckpt.restore() && !ckpt.dir().empty()) {
+  PS_ASSIGN_OR_RETURN(const bool recovered, s->TakeBackJob());
+  if (!recovered && ckpt.restore() && !ckpt.dir().empty()) {
     auto latest = FindLatestCheckpoint(ckpt.dir());
     if (latest.ok()) {
       for (const std::string& skipped : latest->skipped) {
@@ -190,6 +193,67 @@ absl::StatusOr<std::unique_ptr<SchedulerServer>> SchedulerServer::Start(
   return s;
 }
 
+std::string SchedulerStateDir(const JobConfig& config) {
+  if (!config.cluster().scheduler_state_dir().empty()) {
+    return config.cluster().scheduler_state_dir();
+  }
+  if (!config.checkpoint().dir().empty()) return config.checkpoint().dir() + "/scheduler";
+  return "";
+}
+
+absl::StatusOr<bool> SchedulerServer::TakeBackJob() {
+  const JobConfig& config = options_.config;
+  const std::string dir = SchedulerStateDir(config);
+  if (dir.empty()) {
+    Log()->warn("no cluster.scheduler_state_dir and no checkpoint.dir: the scheduler "
+                "keeps no journal, and a scheduler restart loses the job");
+    return false;
+  }
+  auto file = std::make_shared<JournalFile>(dir);
+  absl::StatusOr<SchedulerJournal> journal = file->Read();
+  bool recovered = false;
+  const absl::Time now = options_.clock->Now();
+  const absl::Duration bound =
+      absl::Milliseconds(config.cluster().scheduler_unreachable_timeout_ms());
+  if (journal.ok()) {
+    const absl::Duration age = now - absl::FromUnixMillis(journal->written_unix_ms());
+    // Set aside rather than deleted: an operator may want to see it.
+    const std::string aside = absl::StrCat("old-", absl::ToUnixSeconds(now));
+    if (journal->config_fingerprint() != ConfigFingerprint(config)) {
+      Log()->warn("the journal {} is of a job with another config; starting a new job "
+                  "(the old journal is kept as {}.{})",
+                  file->path(), file->path(), aside);
+      PS_RETURN_IF_ERROR(file->SetAside(aside));
+    } else if (journal->view().job_state() == FINISHED) {
+      Log()->info("the journal {} is of a finished job; starting a new job", file->path());
+    } else if (age > bound) {
+      Log()->warn("the journal {} was last written {} ago, longer than "
+                  "cluster.scheduler_unreachable_timeout_ms ({}): its nodes have given "
+                  "up; starting a new job (the old journal is kept as {}.{})",
+                  file->path(), absl::FormatDuration(absl::Trunc(age, absl::Seconds(1))),
+                  absl::FormatDuration(bound), file->path(), aside);
+      PS_RETURN_IF_ERROR(file->SetAside(aside));
+    } else {
+      absl::Status taken = state_->Recover(*journal);
+      if (!taken.ok()) {
+        return Annotate(taken, absl::StrCat("taking the job back from ", file->path(),
+                                            " (move it aside to start a new job)"));
+      }
+      recovered = true;
+    }
+  } else if (journal.status().code() != absl::StatusCode::kNotFound) {
+    return Annotate(journal.status(),
+                    absl::StrCat("reading the scheduler journal (it was written less than ",
+                                 "a moment ago or is damaged; move it aside to start a "
+                                 "new job)"));
+  }
+  state_->SetJournal([file](const SchedulerJournal& j, bool sync) {
+    return file->Write(j, sync);
+  });
+  Log()->info("journal: {}", file->path());
+  return recovered;
+}
+
 SchedulerServer::~SchedulerServer() { Shutdown(); }
 
 std::string SchedulerServer::address() const {
@@ -203,10 +267,18 @@ void SchedulerServer::DetectFailures() {
   const absl::Duration period = std::max(
       absl::Milliseconds(options_.config.cluster().heartbeat_interval_ms()) / 4,
       absl::Milliseconds(10));
+  absl::Time last_sync = absl::Now();
   while (!stop_.WaitForNotificationWithTimeout(period)) {
     state_->ExpireSilentNodes();
     state_->CheckProgress();
     state_->CheckCheckpoints();
+    // The workers' clocks and positions, which heartbeats change without a
+    // journal write, and the journal's age (how a new scheduler tells a
+    // live job from an abandoned one).
+    if (absl::Now() - last_sync >= absl::Seconds(1)) {
+      last_sync = absl::Now();
+      state_->SyncJournal();
+    }
   }
 }
 

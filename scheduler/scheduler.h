@@ -2,6 +2,11 @@
 // barriers (proto/scheduler.proto), plus a failure detector that declares
 // silent nodes dead.
 //
+// Restart: a scheduler started with the config of a job whose scheduler
+// died takes the job back from the journal it left (SchedulerStateDir,
+// scheduler/journal.h) when it was written within
+// cluster.scheduler_unreachable_timeout_ms, before the job's nodes gave up.
+//
 // Start() returns a running handle; the destructor shuts it down. Thread-
 // safe. Requests are validated and answered with gRPC status codes; a bad
 // request never affects other nodes.
@@ -23,6 +28,10 @@
 #include "scheduler/cluster_state.h"
 
 namespace ps {
+
+// Where the scheduler of `config` journals: cluster.scheduler_state_dir,
+// else <checkpoint.dir>/scheduler, else "" (no journal).
+std::string SchedulerStateDir(const JobConfig& config);
 
 class SchedulerServer {
  public:
@@ -58,6 +67,10 @@ class SchedulerServer {
   class Service;
   explicit SchedulerServer(Options options);
   void DetectFailures();
+  // Takes a running job back from the journal in the job's scheduler state
+  // dir when there is a live one (true), and starts journaling there.
+  // Errors for a damaged or inconsistent journal of a live job.
+  absl::StatusOr<bool> TakeBackJob();
 
   const Options options_;
   std::unique_ptr<ClusterState> state_;

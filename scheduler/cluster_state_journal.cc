@@ -1,0 +1,265 @@
+// ClusterState's journal: the snapshot a restarted scheduler takes the job
+// back from, and its validation (the journal is a file: not trusted).
+#include <algorithm>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "common/config.h"
+#include "common/logging.h"
+#include "scheduler/cluster_state.h"
+
+namespace ps {
+namespace {
+
+std::shared_ptr<spdlog::logger> Log() {
+  static auto* const logger =
+      new std::shared_ptr<spdlog::logger>(GetLogger("scheduler"));
+  return *logger;
+}
+
+}  // namespace
+
+void ClusterState::SetJournal(JournalWriter write) {
+  absl::MutexLock lock(&mu_);
+  journal_ = std::move(write);
+  journal_dirty_ = true;
+  FlushJournalLocked();
+}
+
+void ClusterState::SyncJournal() {
+  absl::MutexLock lock(&mu_);
+  WriteJournalLocked(/*sync=*/true);
+}
+
+void ClusterState::FlushJournalLocked() {
+  if (journal_dirty_) WriteJournalLocked(/*sync=*/false);
+}
+
+void ClusterState::WriteJournalLocked(bool sync) {
+  if (!journal_) return;
+  const absl::Status written = journal_(SnapshotLocked(), sync);
+  if (written.ok()) {
+    journal_dirty_ = false;
+    return;
+  }
+  // Still dirty: the next call tries again.
+  const absl::Time now = clock_->Now();
+  if (now - last_journal_error_log_ >= absl::Seconds(10)) {
+    last_journal_error_log_ = now;
+    Log()->error("cannot write the scheduler journal ({}): a scheduler restart now "
+                 "would lose the job",
+                 written.message());
+  }
+}
+
+SchedulerJournal ClusterState::SnapshotLocked() const {
+  SchedulerJournal j;
+  j.set_config_fingerprint(fingerprint_);
+  j.set_written_unix_ms(absl::ToUnixMillis(clock_->Now()));
+  *j.mutable_view() = view_;
+  j.set_next_node_id(next_node_id_);
+  for (const auto& [id, node] : nodes_) {
+    JournalNode* n = j.add_nodes();
+    *n->mutable_info() = node.info;
+    n->set_clock(node.clock);
+    n->set_finished(node.finished);
+    n->set_trains_shards(node.trains_shards);
+  }
+  std::vector<uint32_t> ever(worker_ranks_ever_.begin(), worker_ranks_ever_.end());
+  std::sort(ever.begin(), ever.end());
+  for (uint32_t r : ever) j.add_worker_ranks_ever(r);
+  j.set_some_worker_finished(some_worker_finished_);
+  for (const Shard& shard : shards_) {
+    JournalShard* s = j.add_shards();
+    s->set_state(static_cast<JournalShard::State>(shard.state));
+    *s->mutable_position() = shard.position;
+    s->set_holder(shard.holder);
+  }
+  for (const auto& [name, arrived] : barriers_) {
+    JournalBarrier* b = j.add_barriers();
+    b->set_name(name);
+    for (uint64_t id : arrived) b->add_arrived(id);
+    b->set_completed(completed_barriers_.contains(name));
+    if (auto it = barrier_nodes_.find(name); it != barrier_nodes_.end()) {
+      for (uint64_t id : it->second) b->add_released(id);
+    }
+  }
+  j.set_base_clock(base_clock_);
+  j.set_max_clock_ever(max_clock_ever_);
+  j.set_last_checkpoint(last_checkpoint_);
+  j.set_checkpoint_margin(checkpoint_margin_);
+  j.set_checkpoint_wanted(checkpoint_wanted_);
+  if (checkpoint_.has_value()) {
+    j.mutable_checkpoint()->set_clock(checkpoint_->clock);
+    for (const auto& [id, report] : checkpoint_->reports) {
+      *j.mutable_checkpoint()->add_reports() = report;
+    }
+  }
+  return j;
+}
+
+absl::Status ClusterState::ValidateJournal(const SchedulerJournal& j) const {
+  if (j.config_fingerprint() != fingerprint_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the journal is of a job with config fingerprint ", j.config_fingerprint(),
+        ", this scheduler's is ", fingerprint_));
+  }
+  auto bad = [](auto&&... what) {
+    return absl::DataLossError(absl::StrCat("scheduler journal: ", what...));
+  };
+  const ClusterView& v = j.view();
+  const uint32_t num_servers = config_.cluster().num_servers();
+  const uint32_t num_workers = config_.cluster().num_workers();
+  const uint32_t num_slots = config_.cluster().num_slots();
+  if (v.epoch() == 0) return bad("view epoch 0");
+  if (!JobState_IsValid(v.job_state())) return bad("unknown job state ", v.job_state());
+  if (v.num_slots() != num_slots) {
+    return bad("the view has ", v.num_slots(), " slots, the config ", num_slots);
+  }
+  if (v.slot_owner_size() != 0 && static_cast<uint32_t>(v.slot_owner_size()) != num_slots) {
+    return bad("slot_owner has ", v.slot_owner_size(), " entries for ", num_slots, " slots");
+  }
+  for (uint32_t owner : v.slot_owner()) {
+    if (owner >= num_servers) return bad("a slot is owned by server rank ", owner);
+  }
+  if (v.slot_backup_size() != 0 && v.slot_backup_size() != v.slot_owner_size()) {
+    return bad("slot_backup has ", v.slot_backup_size(), " entries for ",
+               v.slot_owner_size(), " owners");
+  }
+  for (uint32_t backup : v.slot_backup()) {
+    if (backup >= num_servers && backup != kNoBackup) {
+      return bad("a slot is backed by server rank ", backup);
+    }
+  }
+  if (ValidateConsistency(v.consistency()) != absl::OkStatus()) {
+    return bad("invalid consistency settings");
+  }
+  absl::flat_hash_set<uint64_t> ids;
+  absl::flat_hash_set<std::pair<int, uint32_t>> live_ranks;
+  for (const JournalNode& n : j.nodes()) {
+    const NodeInfo& info = n.info();
+    if (info.node_id() == 0 || info.node_id() >= j.next_node_id()) {
+      return bad("node id ", info.node_id(), " outside 1..", j.next_node_id() - 1);
+    }
+    if (!ids.insert(info.node_id()).second) return bad("node ", info.node_id(), " twice");
+    if (info.role() != SERVER && info.role() != WORKER) {
+      return bad("node ", info.node_id(), " has no role");
+    }
+    if (info.rank() >= ExpectedCount(info.role())) {
+      return bad("node ", info.node_id(), " has rank ", info.rank());
+    }
+    if (!NodeState_IsValid(info.state())) return bad("node ", info.node_id(), " bad state");
+    if (info.state() == ALIVE && !live_ranks.insert({info.role(), info.rank()}).second) {
+      return bad("two live nodes hold ", info.role() == SERVER ? "server" : "worker",
+                 " rank ", info.rank());
+    }
+  }
+  for (uint32_t r : j.worker_ranks_ever()) {
+    if (r >= num_workers) return bad("worker rank ", r, " in worker_ranks_ever");
+  }
+  if (static_cast<uint32_t>(j.shards_size()) != num_workers) {
+    return bad(j.shards_size(), " shards for ", num_workers, " workers");
+  }
+  for (int s = 0; s < j.shards_size(); ++s) {
+    const JournalShard& shard = j.shards(s);
+    if (!JournalShard::State_IsValid(shard.state())) return bad("shard ", s, " bad state");
+    if (shard.position().shard() != static_cast<uint32_t>(s)) {
+      return bad("shard ", s, " has the position of shard ", shard.position().shard());
+    }
+    if (shard.state() == JournalShard::ACTIVE && !ids.contains(shard.holder())) {
+      return bad("shard ", s, " is held by unknown node ", shard.holder());
+    }
+  }
+  for (const JournalBarrier& b : j.barriers()) {
+    if (b.name().empty() || b.name().size() > 256) return bad("a barrier name");
+    for (uint64_t id : b.released()) {
+      if (!ids.contains(id)) return bad("barrier '", b.name(), "' lists unknown node ", id);
+    }
+  }
+  for (const ReportCheckpointRequest& r : j.checkpoint().reports()) {
+    if (!ids.contains(r.node_id())) return bad("a checkpoint report of unknown node ", r.node_id());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ClusterState::Recover(const SchedulerJournal& j) {
+  if (absl::Status valid = ValidateJournal(j); !valid.ok()) return valid;
+  absl::MutexLock lock(&mu_);
+  JournalScope journal(this);
+  const absl::Time now = clock_->Now();
+  view_ = j.view();
+  next_node_id_ = j.next_node_id();
+  nodes_.clear();
+  uint32_t alive = 0;
+  for (const JournalNode& n : j.nodes()) {
+    Node& node = nodes_[n.info().node_id()];
+    node.info = n.info();
+    node.clock = n.clock();
+    node.finished = n.finished();
+    node.trains_shards = n.trains_shards();
+    // A whole heartbeat timeout to be heard from the new scheduler.
+    node.last_heartbeat = now;
+    alive += node.info.state() == ALIVE;
+  }
+  worker_ranks_ever_.clear();
+  worker_ranks_ever_.insert(j.worker_ranks_ever().begin(), j.worker_ranks_ever().end());
+  some_worker_finished_ = j.some_worker_finished();
+  for (int s = 0; s < j.shards_size(); ++s) {
+    Shard& shard = shards_[s];
+    shard.state = static_cast<ShardState>(j.shards(s).state());
+    shard.position = j.shards(s).position();
+    shard.holder = shard.state == ShardState::kActive ? j.shards(s).holder() : 0;
+  }
+  barriers_.clear();
+  completed_barriers_.clear();
+  barrier_nodes_.clear();
+  barrier_started_.clear();
+  for (const JournalBarrier& b : j.barriers()) {
+    auto& arrived = barriers_[b.name()];
+    arrived.insert(b.arrived().begin(), b.arrived().end());
+    barrier_started_[b.name()] = now;
+    if (b.completed()) {
+      completed_barriers_.insert(b.name());
+      barrier_nodes_[b.name()].assign(b.released().begin(), b.released().end());
+    }
+  }
+  base_clock_ = j.base_clock();
+  max_clock_ever_ = j.max_clock_ever();
+  last_checkpoint_ = j.last_checkpoint();
+  checkpoint_margin_ = std::max<uint64_t>(2, j.checkpoint_margin());
+  checkpoint_wanted_ = j.checkpoint_wanted();
+  checkpoint_.reset();
+  if (j.checkpoint().clock() != 0) {
+    // The checkpoint in progress goes on: the nodes that reported keep
+    // their reports, the others report when they get there (or a node that
+    // died meanwhile abandons it, as usual).
+    PendingCheckpoint pending;
+    pending.clock = j.checkpoint().clock();
+    pending.started = now;
+    for (const ReportCheckpointRequest& r : j.checkpoint().reports()) {
+      pending.reports[r.node_id()] = r;
+    }
+    checkpoint_ = std::move(pending);
+    view_.set_checkpoint_clock(checkpoint_->clock);
+  } else {
+    view_.set_checkpoint_clock(0);
+  }
+  min_clock_since_ = now;
+  view_.set_scheduler_restarts(view_.scheduler_restarts() + 1);
+  view_.set_recovered_nodes(alive);
+  view_.set_recovered_epoch(view_.epoch() + 1);
+  BumpEpochLocked();
+  uint32_t done = 0;
+  for (const Shard& shard : shards_) done += shard.state == ShardState::kDone;
+  Log()->info(
+      "took the job back from its journal (restart {}): epoch {}, job {}, {} live nodes, "
+      "{} of {} shards done{}",
+      view_.scheduler_restarts(), view_.epoch(), JobState_Name(view_.job_state()), alive,
+      done, shards_.size(),
+      checkpoint_.has_value() ? absl::StrCat(", checkpoint at clock ", checkpoint_->clock,
+                                             " in progress")
+                              : std::string());
+  return absl::OkStatus();
+}
+
+}  // namespace ps
