@@ -5,13 +5,16 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/config.h"
 #include "common/grpc_security.h"
 #include "common/logging.h"
 #include "common/protocol.h"
 #include "common/status.h"
 #include "grpcpp/create_channel.h"
+#include "grpcpp/support/channel_arguments.h"
 
 namespace ps {
 namespace {
@@ -28,7 +31,35 @@ std::string HostName() {
   return buf;
 }
 
+using SteadyClock = std::chrono::steady_clock;
+
+constexpr char kDropped[] = "dropped by the scheduler";
+constexpr char kUnreachableField[] = "cluster.scheduler_unreachable_timeout_ms";
+// While the scheduler is away: the first failure is logged, then at most
+// one line per kWarnEvery.
+constexpr absl::Duration kWarnEvery = absl::Seconds(5);
+constexpr absl::Duration kFirstBackoff = absl::Milliseconds(100);
+constexpr absl::Duration kMaxBackoff = absl::Seconds(1);
+
+double Seconds(SteadyClock::duration d) {
+  return std::chrono::duration<double>(d).count();
+}
+
 }  // namespace
+
+absl::Status DroppedError(absl::string_view detail) {
+  return absl::AbortedError(absl::StrCat(kDropped, ": ", detail));
+}
+
+bool IsDropped(const absl::Status& status) {
+  return status.code() == absl::StatusCode::kAborted &&
+         absl::StrContains(status.message(), kDropped);
+}
+
+bool IsSchedulerGone(const absl::Status& status) {
+  return status.code() == absl::StatusCode::kUnavailable &&
+         absl::StrContains(status.message(), kUnreachableField);
+}
 
 SchedulerClient::Options SchedulerClient::Options::ForJob(const JobConfig& config,
                                                           std::string address,
@@ -40,6 +71,14 @@ SchedulerClient::Options SchedulerClient::Options::ForJob(const JobConfig& confi
   options.tls = config.security().tls();
   options.heartbeat_interval =
       absl::Milliseconds(config.cluster().heartbeat_interval_ms());
+  if (config.cluster().heartbeat_timeout_ms() > 0) {
+    options.heartbeat_timeout =
+        absl::Milliseconds(config.cluster().heartbeat_timeout_ms());
+  }
+  if (config.cluster().scheduler_unreachable_timeout_ms() > 0) {
+    options.unreachable_timeout =
+        absl::Milliseconds(config.cluster().scheduler_unreachable_timeout_ms());
+  }
   return options;
 }
 
@@ -60,7 +99,14 @@ absl::StatusOr<std::unique_ptr<SchedulerClient>> SchedulerClient::Connect(
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> creds =
       MakeChannelCredentials(c->options_.tls);
   if (!creds.ok()) return Annotate(creds.status(), "scheduler client credentials");
-  c->stub_ = Scheduler::NewStub(grpc::CreateChannel(c->options_.address, *creds));
+  // Reconnect within a second of a restarted scheduler listening again
+  // (gRPC's default backoff grows to two minutes over a long outage).
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  c->stub_ = Scheduler::NewStub(
+      grpc::CreateCustomChannel(c->options_.address, *creds, args));
   RegisterRequest request;
   request.set_role(c->options_.role);
   request.set_data_endpoint(c->options_.data_endpoint);
@@ -71,7 +117,9 @@ absl::StatusOr<std::unique_ptr<SchedulerClient>> SchedulerClient::Connect(
   const absl::Time give_up = absl::Now() + c->options_.connect_timeout;
   RegisterResponse response;
   bool warned_full = false;
+  SteadyClock::time_point sent;
   while (true) {
+    sent = SteadyClock::now();
     auto context = c->Context(c->options_.rpc_timeout);
     // Wait for the channel to connect instead of failing fast, so nodes
     // started before the scheduler simply wait for it.
@@ -127,6 +175,14 @@ absl::StatusOr<std::unique_ptr<SchedulerClient>> SchedulerClient::Connect(
     if (n.node_id() == c->node_id_) c->start_clock_ = n.start_clock();
   }
   c->clock_.store(c->start_clock_);
+  {
+    absl::MutexLock lock(&c->reach_mu_);
+    c->last_ack_ = SteadyClock::now();
+  }
+  if (c->options_.on_lease) {
+    c->options_.on_lease(
+        sent + absl::ToChronoNanoseconds(c->options_.heartbeat_timeout * 3 / 4));
+  }
   c->InstallView(response.view());
   c->heartbeat_ = std::thread([p = c.get()] { p->HeartbeatLoop(); });
   c->watcher_ = std::thread([p = c.get()] { p->WatchLoop(); });
@@ -210,10 +266,172 @@ void SchedulerClient::MaybeReportCheckpoint(uint64_t checkpoint_clock) {
     reported_checkpoint_ = checkpoint_clock;
   }
   ReportCheckpointResponse response;
-  auto context = Context(options_.rpc_timeout);
-  grpc::Status status = stub_->ReportCheckpoint(context.get(), request, &response);
+  // One attempt (the heartbeat thread calls this): a checkpoint the
+  // scheduler does not hear of in time is abandoned and retried later.
+  bool transport = false;
+  grpc::Status status = Attempt(
+      options_.rpc_timeout,
+      [&](grpc::ClientContext* c) { return stub_->ReportCheckpoint(c, request, &response); },
+      &transport);
   if (!status.ok() && status.error_code() != grpc::StatusCode::FAILED_PRECONDITION) {
     Log()->warn("reporting checkpoint {}: {}", checkpoint_clock, status.error_message());
+  }
+}
+
+absl::Status SchedulerClient::lost_status() const {
+  absl::MutexLock lock(&reach_mu_);
+  return lost_status_;
+}
+
+absl::Status SchedulerClient::scheduler_gone() const {
+  absl::MutexLock lock(&reach_mu_);
+  return gone_status_;
+}
+
+grpc::Status SchedulerClient::EndedStatus() const {
+  if (lost_.load()) return ToGrpcStatus(lost_status());
+  if (gone_.load()) return ToGrpcStatus(scheduler_gone());
+  return grpc::Status::OK;
+}
+
+void SchedulerClient::NoteReached() {
+  absl::MutexLock lock(&reach_mu_);
+  if (gone_.load()) return;  // for good
+  const SteadyClock::time_point now = SteadyClock::now();
+  if (unreachable_) {
+    unreachable_ = false;
+    Log()->info("scheduler reachable again after {:.1f} s", Seconds(now - last_ack_));
+  }
+  last_ack_ = now;
+}
+
+void SchedulerClient::NoteUnreachable(const grpc::Status& status) {
+  absl::Status gone;
+  {
+    absl::MutexLock lock(&reach_mu_);
+    if (gone_.load()) return;
+    const SteadyClock::time_point now = SteadyClock::now();
+    last_error_ = status.error_message().empty()
+                      ? absl::StrCat("gRPC status ", status.error_code())
+                      : status.error_message();
+    const double silent = Seconds(now - last_ack_);
+    if (!unreachable_) {
+      unreachable_ = true;
+      unreachable_since_ = now;
+      last_warning_ = now;
+      Log()->warn("scheduler at {} unreachable ({}); retrying for up to {} ({})",
+                  options_.address, last_error_,
+                  absl::FormatDuration(options_.unreachable_timeout), kUnreachableField);
+    } else if (now - last_warning_ >= absl::ToChronoNanoseconds(kWarnEvery)) {
+      last_warning_ = now;
+      Log()->warn("scheduler at {} unreachable for {:.1f} s: {}", options_.address,
+                  silent, last_error_);
+    }
+    if (now - last_ack_ > absl::ToChronoNanoseconds(options_.unreachable_timeout)) {
+      gone_status_ = absl::UnavailableError(absl::StrFormat(
+          "scheduler at %s unreachable for %.1f s (%s %d): %s", options_.address,
+          silent, kUnreachableField,
+          absl::ToInt64Milliseconds(options_.unreachable_timeout), last_error_));
+      gone_.store(true);
+      gone = gone_status_;
+    }
+  }
+  if (!gone.ok()) {
+    CancelCalls();
+    if (options_.on_scheduler_gone) options_.on_scheduler_gone(gone);
+  }
+}
+
+void SchedulerClient::MarkLost(const std::string& why) {
+  absl::Status lost;
+  {
+    absl::MutexLock lock(&reach_mu_);
+    if (lost_.load()) return;
+    lost_status_ = DroppedError(why);
+    lost_.store(true);
+    lost = lost_status_;
+  }
+  Log()->error("{}", lost.message());
+  CancelCalls();
+  if (options_.on_lost) options_.on_lost();
+}
+
+void SchedulerClient::CancelCalls() {
+  absl::MutexLock lock(&calls_mu_);
+  ended_ = true;
+  for (grpc::ClientContext* c : calls_) c->TryCancel();
+}
+
+grpc::Status SchedulerClient::Attempt(
+    absl::Duration timeout,
+    const std::function<grpc::Status(grpc::ClientContext*)>& rpc, bool* transport) {
+  *transport = false;
+  // Taken before the context's own, so "past it" below is never early.
+  const absl::Time deadline = absl::Now() + timeout;
+  auto context = Context(timeout);
+  {
+    absl::MutexLock lock(&calls_mu_);
+    if (!ended_) calls_.insert(context.get());
+  }
+  if (grpc::Status ended = EndedStatus(); !ended.ok()) {
+    absl::MutexLock lock(&calls_mu_);
+    calls_.erase(context.get());
+    return ended;
+  }
+  grpc::Status status = rpc(context.get());
+  {
+    absl::MutexLock lock(&calls_mu_);
+    calls_.erase(context.get());
+  }
+  if (status.ok()) {
+    NoteReached();
+    return status;
+  }
+  if (grpc::Status ended = EndedStatus(); !ended.ok()) return ended;
+  // UNAVAILABLE: no connection, or the scheduler shutting down (maybe to
+  // restart). DEADLINE_EXCEEDED once the deadline passed: no answer in
+  // time (a partition). A DEADLINE_EXCEEDED before it is the scheduler's
+  // own answer (a barrier's wait ended).
+  const bool failed =
+      status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+      (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED &&
+       absl::Now() >= deadline - absl::Milliseconds(1));
+  if (!failed) {
+    NoteReached();
+    return status;
+  }
+  *transport = true;
+  NoteUnreachable(status);
+  if (grpc::Status ended = EndedStatus(); !ended.ok()) {
+    *transport = false;
+    return ended;
+  }
+  return status;
+}
+
+bool SchedulerClient::Backoff(absl::Duration* delay, absl::Time give_up) {
+  const absl::Duration left = give_up - absl::Now();
+  if (left <= absl::ZeroDuration()) return false;
+  const absl::Duration sleep = std::min(*delay, left);
+  *delay = std::min(*delay * 2, kMaxBackoff);
+  absl::MutexLock lock(&calls_mu_);
+  calls_mu_.AwaitWithTimeout(absl::Condition(&ended_), sleep);
+  return !ended_ && absl::Now() < give_up;
+}
+
+grpc::Status SchedulerClient::CallWithRetry(
+    absl::Duration timeout, absl::Time give_up,
+    const std::function<grpc::Status(grpc::ClientContext*)>& rpc) {
+  absl::Duration delay = kFirstBackoff;
+  while (true) {
+    bool transport = false;
+    grpc::Status status = Attempt(
+        std::min(timeout, std::max(give_up - absl::Now(), kFirstBackoff)), rpc, &transport);
+    if (!transport) return status;
+    if (!Backoff(&delay, give_up)) {
+      grpc::Status ended = EndedStatus();
+      return ended.ok() ? status : ended;
+    }
   }
 }
 
@@ -222,33 +440,47 @@ absl::StatusOr<ClaimShardResponse> SchedulerClient::ClaimShard(
   ClaimShardRequest request;
   request.set_node_id(node_id_);
   if (finished != nullptr) *request.mutable_finished() = *finished;
-  request.set_timeout_ms(static_cast<uint32_t>(
-      std::clamp<int64_t>(absl::ToInt64Milliseconds(timeout), 0, 30000)));
   if (finished != nullptr) {
     absl::MutexLock lock(&progress_mu_);
     has_position_ = false;  // it trains no shard until it gets one
   }
+  const absl::Time give_up = absl::Now() + timeout;
+  absl::Duration delay = kFirstBackoff;
   ClaimShardResponse response;
-  auto context = Context(timeout + options_.rpc_timeout);
-  grpc::Status status = stub_->ClaimShard(context.get(), request, &response);
-  if (!status.ok()) return Annotate(FromGrpcStatus(status), "claim a shard");
-  return response;
+  while (true) {
+    const absl::Duration left = std::max(absl::ZeroDuration(), give_up - absl::Now());
+    request.set_timeout_ms(static_cast<uint32_t>(
+        std::clamp<int64_t>(absl::ToInt64Milliseconds(left), 0, 30000)));
+    bool transport = false;
+    grpc::Status status = Attempt(
+        left + options_.rpc_timeout,
+        [&](grpc::ClientContext* c) { return stub_->ClaimShard(c, request, &response); },
+        &transport);
+    if (status.ok()) return response;
+    // A retry repeats `finished`: the scheduler answers a worker that
+    // still holds an assignment with that one again.
+    if (transport && Backoff(&delay, give_up)) continue;
+    grpc::Status ended = EndedStatus();
+    return Annotate(FromGrpcStatus(ended.ok() ? status : ended), "claim a shard");
+  }
 }
 
 absl::Status SchedulerClient::ReportCheckpoint(ReportCheckpointRequest request) {
   request.set_node_id(node_id_);
   ReportCheckpointResponse response;
-  auto context = Context(options_.rpc_timeout);
-  return Annotate(
-      FromGrpcStatus(stub_->ReportCheckpoint(context.get(), request, &response)),
-      absl::StrCat("report checkpoint ", request.clock()));
+  const grpc::Status status = CallWithRetry(
+      options_.rpc_timeout, absl::Now() + options_.rpc_timeout,
+      [&](grpc::ClientContext* c) { return stub_->ReportCheckpoint(c, request, &response); });
+  return Annotate(FromGrpcStatus(status),
+                  absl::StrCat("report checkpoint ", request.clock()));
 }
 
 absl::StatusOr<GetStatusResponse> SchedulerClient::GetStatus() {
   GetStatusRequest request;
   GetStatusResponse response;
-  auto context = Context(options_.rpc_timeout);
-  grpc::Status status = stub_->GetStatus(context.get(), request, &response);
+  const grpc::Status status = CallWithRetry(
+      options_.rpc_timeout, absl::Now() + options_.rpc_timeout,
+      [&](grpc::ClientContext* c) { return stub_->GetStatus(c, request, &response); });
   if (!status.ok()) return Annotate(FromGrpcStatus(status), "status");
   return response;
 }
@@ -257,14 +489,23 @@ absl::StatusOr<uint64_t> SchedulerClient::RequestCheckpoint(uint64_t after_clock
   CheckpointRequest request;
   request.set_after_clock(after_clock);
   CheckpointResponse response;
-  auto context = Context(options_.rpc_timeout);
-  grpc::Status status = stub_->Checkpoint(context.get(), request, &response);
+  const grpc::Status status = CallWithRetry(
+      options_.rpc_timeout, absl::Now() + options_.rpc_timeout,
+      [&](grpc::ClientContext* c) { return stub_->Checkpoint(c, request, &response); });
   if (!status.ok()) return Annotate(FromGrpcStatus(status), "checkpoint");
   return response.clock();
 }
 
 void SchedulerClient::HeartbeatLoop() {
-  while (!stop_.WaitForNotificationWithTimeout(options_.heartbeat_interval)) {
+  // A heartbeat lost in a partition must not stall the loop past the point
+  // where the scheduler would declare this node dead anyway.
+  const absl::Duration rpc_deadline =
+      std::min(options_.rpc_timeout, options_.heartbeat_timeout);
+  absl::Duration wait = options_.heartbeat_interval;
+  while (!stop_.WaitForNotificationWithTimeout(wait)) {
+    wait = options_.heartbeat_interval;
+    // Dropped or given up: nothing more to tell the scheduler.
+    if (lost_.load() || gone_.load()) continue;
     HeartbeatRequest request;
     request.set_node_id(node_id_);
     request.set_known_epoch(view().epoch());
@@ -274,17 +515,30 @@ void SchedulerClient::HeartbeatLoop() {
       if (has_position_) *request.mutable_position() = position_;
     }
     HeartbeatResponse response;
-    auto context = Context(options_.rpc_timeout);
+    // Before sending: the scheduler's deadline for this node starts later.
+    const SteadyClock::time_point sent = SteadyClock::now();
+    auto context = Context(rpc_deadline);
     grpc::Status status = stub_->Heartbeat(context.get(), request, &response);
     if (!status.ok()) {
       if (status.error_code() == grpc::StatusCode::NOT_FOUND) {
-        if (!lost_.exchange(true)) {
-          Log()->error("scheduler dropped this node: {}", status.error_message());
-        }
-      } else {
-        Log()->warn("heartbeat failed: {}", status.error_message());
+        NoteReached();
+        MarkLost(status.error_message());
+        continue;
       }
+      NoteUnreachable(status);
+      // Try again no later than when the scheduler counts as gone, so
+      // giving up is not late by a heartbeat interval.
+      absl::MutexLock lock(&reach_mu_);
+      const auto until_gone = last_ack_ +
+                              absl::ToChronoNanoseconds(options_.unreachable_timeout) -
+                              SteadyClock::now();
+      wait = std::clamp(absl::FromChrono(until_gone) + absl::Milliseconds(1),
+                        absl::Milliseconds(1), options_.heartbeat_interval);
       continue;
+    }
+    NoteReached();
+    if (options_.on_lease) {
+      options_.on_lease(sent + absl::ToChronoNanoseconds(options_.heartbeat_timeout * 3 / 4));
     }
     {
       absl::MutexLock lock(&mu_);
@@ -297,7 +551,7 @@ void SchedulerClient::HeartbeatLoop() {
     if (response.epoch() > request.known_epoch()) {
       GetClusterViewRequest get;
       ClusterView fresh;
-      auto ctx = Context(options_.rpc_timeout);
+      auto ctx = Context(rpc_deadline);
       if (stub_->GetClusterView(ctx.get(), get, &fresh).ok()) InstallView(fresh);
     }
   }
@@ -306,6 +560,7 @@ void SchedulerClient::HeartbeatLoop() {
 void SchedulerClient::WatchLoop() {
   // Stopping cancels the poll in flight, so polls can be long.
   constexpr absl::Duration kPoll = absl::Seconds(5);
+  absl::Duration backoff = kFirstBackoff;
   while (true) {
     GetClusterViewRequest request;
     request.set_min_epoch(view().epoch() + 1);
@@ -326,9 +581,12 @@ void SchedulerClient::WatchLoop() {
     }
     if (status.ok()) {
       InstallView(fresh);
+      backoff = kFirstBackoff;
     } else {
-      // Scheduler unreachable: the heartbeat thread reports it; back off.
-      stop_.WaitForNotificationWithTimeout(options_.heartbeat_interval);
+      // Scheduler unreachable (the heartbeat thread reports it) or
+      // restarting: try again soon, then less often.
+      stop_.WaitForNotificationWithTimeout(backoff);
+      backoff = std::min(backoff * 2, kMaxBackoff);
     }
   }
 }
@@ -336,6 +594,8 @@ void SchedulerClient::WatchLoop() {
 absl::StatusOr<ClusterView> SchedulerClient::WaitForRunning(
     absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
+  absl::Duration delay = kFirstBackoff;
+  grpc::Status failed = grpc::Status::OK;
   while (true) {
     const absl::Duration left = deadline - absl::Now();
     if (left <= absl::ZeroDuration()) break;
@@ -344,15 +604,26 @@ absl::StatusOr<ClusterView> SchedulerClient::WaitForRunning(
     request.set_timeout_ms(static_cast<uint32_t>(
         absl::ToInt64Milliseconds(std::min(left, absl::Seconds(10)))));
     ClusterView view;
-    auto context = Context(std::min(left, absl::Seconds(10)) + options_.rpc_timeout);
-    grpc::Status status = stub_->GetClusterView(context.get(), request, &view);
+    bool transport = false;
+    grpc::Status status = Attempt(
+        std::min(left, absl::Seconds(10)) + options_.rpc_timeout,
+        [&](grpc::ClientContext* c) { return stub_->GetClusterView(c, request, &view); },
+        &transport);
     if (!status.ok()) {
+      if (transport) {
+        failed = status;
+        if (Backoff(&delay, deadline)) continue;
+        if (grpc::Status ended = EndedStatus(); !ended.ok()) status = ended;
+      }
       return Annotate(FromGrpcStatus(status), "waiting for the cluster");
     }
+    failed = grpc::Status::OK;
+    delay = kFirstBackoff;
     InstallView(view);
     if (view.job_state() != STARTING) return view;
     Log()->info("waiting for servers to register (epoch {})", view.epoch());
   }
+  if (!failed.ok()) return Annotate(FromGrpcStatus(failed), "waiting for the cluster");
   return absl::DeadlineExceededError(
       "the cluster did not start in time: not every server registered");
 }
@@ -361,21 +632,33 @@ absl::Status SchedulerClient::Barrier(const std::string& name,
                                       absl::Duration timeout,
                                       std::vector<uint32_t>* ranks) {
   const absl::Time deadline = absl::Now() + timeout;
+  absl::Duration delay = kFirstBackoff;
   while (true) {
-    const absl::Duration chunk =
-        std::min(deadline - absl::Now(), absl::Seconds(10));
+    const absl::Duration chunk = std::max(
+        absl::ZeroDuration(), std::min(deadline - absl::Now(), absl::Seconds(10)));
     BarrierRequest request;
     request.set_node_id(node_id_);
     request.set_name(name);
     request.set_timeout_ms(static_cast<uint32_t>(
         std::max<int64_t>(0, absl::ToInt64Milliseconds(chunk))));
     BarrierResponse response;
-    auto context = Context(chunk + options_.rpc_timeout);
-    grpc::Status status = stub_->Barrier(context.get(), request, &response);
+    bool transport = false;
+    grpc::Status status = Attempt(
+        chunk + options_.rpc_timeout,
+        [&](grpc::ClientContext* c) { return stub_->Barrier(c, request, &response); },
+        &transport);
     if (status.ok()) {
       if (ranks != nullptr) ranks->assign(response.ranks().begin(), response.ranks().end());
       return absl::OkStatus();
     }
+    if (transport) {
+      // Arriving again is harmless (scheduler.proto), also at a restarted
+      // scheduler.
+      if (Backoff(&delay, deadline)) continue;
+      if (grpc::Status ended = EndedStatus(); !ended.ok()) status = ended;
+      return Annotate(FromGrpcStatus(status), absl::StrCat("barrier ", name));
+    }
+    delay = kFirstBackoff;
     // The scheduler waits whole milliseconds and may answer a moment before
     // the deadline: that is the deadline, not a round to log and repeat (a
     // caller waiting in short rounds, like a Python session, logged a
@@ -390,14 +673,34 @@ absl::Status SchedulerClient::Barrier(const std::string& name,
 
 absl::Status SchedulerClient::Leave(bool finished, const DataPosition* position) {
   StopHeartbeats();
+  // Dropped: the scheduler already counts this node gone (and gave its
+  // shard to others from its last heartbeat's position).
+  if (lost_.load()) return absl::OkStatus();
   LeaveRequest request;
   request.set_node_id(node_id_);
   request.set_finished(finished);
   if (position != nullptr) *request.mutable_position() = *position;
   LeaveResponse response;
-  auto context = Context(options_.rpc_timeout);
-  return Annotate(FromGrpcStatus(stub_->Leave(context.get(), request, &response)),
-                  "leave");
+  absl::Duration delay = kFirstBackoff;
+  bool retried = false;
+  while (true) {
+    bool transport = false;
+    // Until the scheduler counts as gone (Attempt then answers so).
+    grpc::Status status = Attempt(
+        options_.rpc_timeout,
+        [&](grpc::ClientContext* c) { return stub_->Leave(c, request, &response); },
+        &transport);
+    // An earlier attempt arrived, only its answer was lost.
+    if (retried && status.error_code() == grpc::StatusCode::NOT_FOUND) {
+      return absl::OkStatus();
+    }
+    if (transport && Backoff(&delay, absl::InfiniteFuture())) {
+      retried = true;
+      continue;
+    }
+    if (grpc::Status ended = EndedStatus(); !ended.ok()) status = ended;
+    return Annotate(FromGrpcStatus(status), "leave");
+  }
 }
 
 }  // namespace ps

@@ -1,12 +1,39 @@
 // A node's link to the scheduler: registers, heartbeats in the background,
 // keeps the newest cluster view, and offers barriers and leaving.
 //
-// Thread-safe. The view callback runs on the heartbeat thread; it must not
+// While the scheduler is away (restarting, partitioned) the node goes on:
+// heartbeats keep being sent (the first failure and then one line every 5 s
+// are logged, and "scheduler reachable again after 2.3 s" when it is back),
+// and the unary calls (claims, barriers, checkpoints, status, leaving, the
+// polls of WaitForRunning) retry what the transport failed (UNAVAILABLE, a
+// deadline that passed in flight) with backoff from 100 ms to 1 s, within
+// the caller's bound. A scheduler restarted with the job's journal answers
+// the same node ids again: nothing changes for the node. Two things end
+// it:
+//  - lost(): a heartbeat answered NOT_FOUND, the scheduler no longer counts
+//    this node (declared dead after a pause or a partition, or it forgot it
+//    on a restart without journal). on_lost runs once; every call in flight
+//    and later ends with DroppedError (ABORTED "dropped by the scheduler:
+//    ...").
+//  - scheduler_gone(): nothing acknowledged for longer than
+//    Options::unreachable_timeout. on_scheduler_gone runs once; every call
+//    in flight and later ends with that status (UNAVAILABLE naming the
+//    address, how long, cluster.scheduler_unreachable_timeout_ms and the last
+//    gRPC error).
+// Leases (servers' fencing, server/server.h): every acknowledged heartbeat
+// (and the registration) calls on_lease(send time + 3/4 heartbeat_timeout).
+// The scheduler declares a node dead heartbeat_timeout after the last
+// heartbeat it received, which was sent after that send time, so a lease
+// always lapses before anyone else may take over the node's slots.
+//
+// Thread-safe. The callbacks run on the heartbeat thread (on_scheduler_gone
+// possibly on the thread of a call that noticed it first); they must not
 // block for long or call back into this client's blocking methods.
 #ifndef PS_SCHEDULER_CLIENT_H_
 #define PS_SCHEDULER_CLIENT_H_
 
 #include <atomic>
+#include <chrono>
 #include <deque>
 #include <utility>
 #include <functional>
@@ -16,7 +43,10 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
@@ -24,6 +54,14 @@
 #include "proto/scheduler.grpc.pb.h"
 
 namespace ps {
+
+// The status of every wait of a node the scheduler dropped: ABORTED,
+// "dropped by the scheduler: <detail>". IsDropped recognises it (also
+// annotated: it looks for the code and the phrase).
+absl::Status DroppedError(absl::string_view detail);
+bool IsDropped(const absl::Status& status);
+// True for the status of scheduler_gone() (also annotated).
+bool IsSchedulerGone(const absl::Status& status);
 
 class SchedulerClient {
  public:
@@ -46,6 +84,22 @@ class SchedulerClient {
     // How long to keep retrying registration while the scheduler is
     // unreachable (processes of a job may start in any order).
     absl::Duration connect_timeout = absl::Seconds(30);
+    // cluster.heartbeat_timeout_ms: after it the scheduler declares a silent
+    // node dead. Bounds each heartbeat RPC (a partition that drops packets
+    // must not stall the loop) and sets the lease.
+    absl::Duration heartbeat_timeout = absl::Seconds(5);
+    // cluster.scheduler_unreachable_timeout_ms: how long the node goes on
+    // without any acknowledgement before scheduler_gone().
+    absl::Duration unreachable_timeout = absl::Seconds(60);
+    // Called after each acknowledged heartbeat (and at registration) with
+    // send time + 3/4 heartbeat_timeout (steady clock): until then no other
+    // node can have taken over this one's slots. Must not block.
+    std::function<void(std::chrono::steady_clock::time_point until)> on_lease;
+    // Called once when the scheduler answers that this node is no longer a
+    // member (lost()). Must not block.
+    std::function<void()> on_lost;
+    // Called once with scheduler_gone(). Must not block.
+    std::function<void(const absl::Status&)> on_scheduler_gone;
     // Called with every newer view and this node's rank, on the heartbeat
     // thread (and once from Connect()).
     std::function<void(const ClusterView&, uint32_t rank)> on_view;
@@ -54,8 +108,9 @@ class SchedulerClient {
     // exactly as on SIGTERM. Must not block.
     std::function<void()> on_drain;
 
-    // Options for a node of the job `config` (fingerprint and heartbeat
-    // interval taken from it) reaching the scheduler at `address`.
+    // Options for a node of the job `config` (fingerprint, heartbeat
+    // interval and timeout, unreachable timeout and TLS taken from it)
+    // reaching the scheduler at `address`.
     static Options ForJob(const JobConfig& config, std::string address, Role role);
   };
 
@@ -88,10 +143,14 @@ class SchedulerClient {
   void set_progress(uint64_t clock, const DataPosition& position);
   // Workers: reports `finished` (if not null) as done and asks for an
   // orphaned shard, waiting up to `timeout` (see ClaimShardResponse).
+  // Retried while the scheduler is away, with `finished` again (the
+  // scheduler answers a repeated claim with the shard it assigned), until
+  // `timeout`: UNAVAILABLE then.
   absl::StatusOr<ClaimShardResponse> ClaimShard(const DataPosition* finished,
                                                 absl::Duration timeout);
   // Servers: reports this server's part of checkpoint `request.clock`
-  // (node_id is filled in).
+  // (node_id is filled in). This and the two below retry for at most
+  // Options::rpc_timeout.
   absl::Status ReportCheckpoint(ReportCheckpointRequest request);
   // The scheduler's snapshot for operators (psctl status): the view and the
   // live workers' last reported clocks.
@@ -102,10 +161,16 @@ class SchedulerClient {
 
   // True once the scheduler said this node is no longer a member.
   bool lost() const { return lost_.load(); }
+  // DroppedError with the scheduler's answer once lost(); OK before.
+  absl::Status lost_status() const;
+  // OK while the scheduler is reachable or was within unreachable_timeout;
+  // for good after that (see the file comment).
+  absl::Status scheduler_gone() const;
   // True once a heartbeat said the scheduler is draining this node.
   bool drain_requested() const { return drain_.load(); }
 
-  // Waits until all servers have registered. DEADLINE_EXCEEDED on timeout.
+  // Waits until all servers have registered. DEADLINE_EXCEEDED on timeout
+  // (UNAVAILABLE when the scheduler was away until then).
   absl::StatusOr<ClusterView> WaitForRunning(absl::Duration timeout);
 
   // Waits until every live worker reaches barrier `name`. Every 10 s of
@@ -118,7 +183,9 @@ class SchedulerClient {
 
   // Leaves the job and stops heartbeating. `finished`: see LeaveRequest.
   // `position`: a worker leaving before its shard is done says where it
-  // stands, so the rest is reassigned from exactly there.
+  // stands, so the rest is reassigned from exactly there. Retried while the
+  // scheduler is away (until scheduler_gone()); a retry answered NOT_FOUND
+  // (the first attempt had arrived) and a node already lost are done: OK.
   absl::Status Leave(bool finished, const DataPosition* position = nullptr);
 
  private:
@@ -132,6 +199,34 @@ class SchedulerClient {
   void MaybeReportCheckpoint(uint64_t checkpoint_clock);
   std::unique_ptr<grpc::ClientContext> Context(absl::Duration timeout) const;
   void StopHeartbeats();
+
+  // One attempt of a unary call with a deadline of `timeout`. The context
+  // is registered so that a drop or the scheduler being gone cancels it;
+  // those end the call with lost_status() / scheduler_gone(). Sets
+  // *transport when the transport failed (worth retrying) rather than the
+  // scheduler answering; notes whether the scheduler was reached.
+  grpc::Status Attempt(absl::Duration timeout,
+                       const std::function<grpc::Status(grpc::ClientContext*)>& rpc,
+                       bool* transport);
+  // Calls `rpc` (Attempt), retrying transport failures with backoff until
+  // `give_up`; each attempt's deadline is at most `timeout`.
+  grpc::Status CallWithRetry(absl::Duration timeout, absl::Time give_up,
+                             const std::function<grpc::Status(grpc::ClientContext*)>& rpc);
+  // Sleeps the backoff `*delay` (then doubles it up to 1 s), at most until
+  // `give_up`; false when retrying must stop instead (past `give_up`, lost,
+  // gone).
+  bool Backoff(absl::Duration* delay, absl::Time give_up);
+  // The scheduler answered (anything but a transport failure).
+  void NoteReached();
+  // A call failed in transport with `status`: logs (rate-limited) and
+  // declares the scheduler gone once unreachable for too long.
+  void NoteUnreachable(const grpc::Status& status);
+  // The heartbeat was answered NOT_FOUND.
+  void MarkLost(const std::string& why);
+  // Ends every call in flight (after lost or gone).
+  void CancelCalls();
+  // lost_status() or scheduler_gone() as a gRPC status, OK when neither.
+  grpc::Status EndedStatus() const;
 
   const Options options_;
   std::unique_ptr<Scheduler::Stub> stub_;
@@ -160,7 +255,23 @@ class SchedulerClient {
   JobState job_state_ ABSL_GUARDED_BY(mu_) = STARTING;
 
   std::atomic<bool> lost_{false};
+  std::atomic<bool> gone_{false};
   std::atomic<bool> drain_{false};
+  // Reachability of the scheduler (steady clock).
+  mutable absl::Mutex reach_mu_;
+  std::chrono::steady_clock::time_point last_ack_ ABSL_GUARDED_BY(reach_mu_);
+  // Since when calls fail in transport (none while reachable).
+  bool unreachable_ ABSL_GUARDED_BY(reach_mu_) = false;
+  std::chrono::steady_clock::time_point unreachable_since_ ABSL_GUARDED_BY(reach_mu_);
+  std::chrono::steady_clock::time_point last_warning_ ABSL_GUARDED_BY(reach_mu_);
+  std::string last_error_ ABSL_GUARDED_BY(reach_mu_);
+  absl::Status lost_status_ ABSL_GUARDED_BY(reach_mu_);
+  absl::Status gone_status_ ABSL_GUARDED_BY(reach_mu_);
+  // Unary calls in flight, cancelled when the node is dropped or the
+  // scheduler is gone; `ended_` wakes their backoff sleeps.
+  absl::Mutex calls_mu_;
+  absl::flat_hash_set<grpc::ClientContext*> calls_ ABSL_GUARDED_BY(calls_mu_);
+  bool ended_ ABSL_GUARDED_BY(calls_mu_) = false;
   absl::Notification stop_;
   // The watch loop's long poll in flight, so stopping can cancel it rather
   // than wait for it to time out.
