@@ -22,6 +22,14 @@ std::string Describe(const DataPosition& p) {
                       p.batch(), p.done() ? " (done)" : "");
 }
 
+// The scheduler did not answer (it is away, restarting): worth asking
+// again, unlike its own answers, a drop, or its being gone for good.
+bool SchedulerAway(const absl::Status& s) {
+  return (s.code() == absl::StatusCode::kUnavailable ||
+          s.code() == absl::StatusCode::kDeadlineExceeded) &&
+         !IsSchedulerGone(s);
+}
+
 }  // namespace
 
 // An observer's link to the scheduler: no registration, just the cluster
@@ -184,6 +192,20 @@ absl::Duration WorkerSession::StartupTimeout() const {
 void WorkerSession::Publish(KVClient* client) {
   absl::MutexLock lock(&published_->mu);
   published_->client = client;
+  if (client != nullptr && !published_->ended.ok()) client->Abort(published_->ended);
+}
+
+void WorkerSession::End(Published* published, absl::Status why) {
+  absl::MutexLock lock(&published->mu);
+  if (!published->ended.ok()) return;
+  published->ended = why;
+  if (published->client != nullptr) published->client->Abort(std::move(why));
+}
+
+absl::Status WorkerSession::ended() const {
+  if (membership_ == nullptr) return absl::OkStatus();
+  if (membership_->lost()) return membership_->lost_status();
+  return membership_->scheduler_gone();
 }
 
 absl::Status WorkerSession::NotForObservers(absl::string_view what) const {
@@ -199,6 +221,18 @@ absl::Status WorkerSession::Open() {
   auto sched = SchedulerClient::Options::ForJob(config, options_.scheduler, WORKER);
   sched.trains_shards = options_.trains_shards;
   sched.on_drain = [this] { stop_.store(true); };
+  // Dropped: nothing this worker sends may count any more; every request
+  // ends at once (the caller stops training and may join again).
+  // `membership` is read under the lock only once Connect returned.
+  sched.on_lost = [published = published_] {
+    End(published.get(),
+        DroppedError("this worker was declared dead (no heartbeat within "
+                     "cluster.heartbeat_timeout_ms) or is unknown to the "
+                     "scheduler; it must join again as a new worker"));
+  };
+  sched.on_scheduler_gone = [published = published_](const absl::Status& why) {
+    End(published.get(), why);
+  };
   sched.on_view = [published = published_](const ClusterView& view, uint32_t) {
     absl::MutexLock lock(&published->mu);
     if (published->client != nullptr) published->client->UpdateView(view);
@@ -220,11 +254,11 @@ absl::Status WorkerSession::Open() {
     if (StopNow()) {
       return absl::CancelledError("stop requested while waiting for the servers");
     }
+    if (absl::Status e = ended(); !e.ok()) return e;
     view = membership_->WaitForRunning(
         std::max(absl::ZeroDuration(),
                  std::min(options_.stop_check, deadline - absl::Now())));
-    if (view.ok() || view.status().code() != absl::StatusCode::kDeadlineExceeded ||
-        absl::Now() >= deadline) {
+    if (view.ok() || !SchedulerAway(view.status()) || absl::Now() >= deadline) {
       break;
     }
   }
@@ -327,16 +361,16 @@ absl::Status WorkerSession::Barrier(absl::string_view name, absl::Duration timeo
   const absl::Time deadline = absl::Now() + timeout;
   absl::Time next_log = absl::Now() + kLogEvery;
   while (true) {
+    if (absl::Status e = ended(); !e.ok()) return Annotate(e, absl::StrCat("barrier ", barrier));
     if (StopNow()) {
       return absl::CancelledError(absl::StrCat("barrier ", barrier, ": stop requested"));
     }
     const absl::Duration round =
         std::max(absl::ZeroDuration(), std::min(options_.stop_check, deadline - absl::Now()));
     absl::Status s = membership_->Barrier(barrier, round, ranks);
-    // Arriving again is harmless (scheduler.proto).
-    if (s.code() != absl::StatusCode::kDeadlineExceeded || absl::Now() >= deadline) {
-      return s;
-    }
+    // Arriving again is harmless (scheduler.proto), also at a scheduler
+    // that restarted meanwhile.
+    if (!SchedulerAway(s) || absl::Now() >= deadline) return s;
     if (absl::Now() >= next_log) {
       Log()->info("{}", s.message());  // the missing ranks
       next_log = absl::Now() + kLogEvery;
@@ -349,8 +383,15 @@ absl::StatusOr<ClaimShardResponse> WorkerSession::Claim(const DataPosition* fini
   if (kv_->clock() != kFinishedClock) {
     if (absl::Status s = kv_->AdvanceClockTo(kFinishedClock).Wait(); !s.ok()) return s;
   }
+  if (absl::Status e = ended(); !e.ok()) return Annotate(e, "claim");
   if (StopNow()) return absl::CancelledError("claim: stop requested");
-  return membership_->ClaimShard(finished, options_.stop_check);
+  while (true) {
+    absl::StatusOr<ClaimShardResponse> r = membership_->ClaimShard(finished, options_.stop_check);
+    // Scheduler away for a whole round: ask again (with `finished` again:
+    // the scheduler answers a repeated claim with what it assigned), unless
+    // stopping, which the caller learns from stop_requested().
+    if (r.ok() || !SchedulerAway(r.status()) || StopNow()) return r;
+  }
 }
 
 absl::Status WorkerSession::Restart(uint64_t clock) {
@@ -457,8 +498,11 @@ absl::Status WorkerSession::Leave(bool finished, const DataPosition* position) {
     if (absl::Status s = EvaluationDone(); !s.ok()) Log()->warn("{}", s.message());
   }
   left_ = true;
+  // A dropped worker has nothing to leave (and must not say it left at a
+  // position: the scheduler resumed its shard from its last heartbeat's).
+  const bool dropped = lost();
   absl::Status s = membership_->Leave(finished, position);
-  if (s.ok() && !finished) {
+  if (s.ok() && !finished && !dropped) {
     if (position != nullptr) {
       Log()->info("preempted: left at {}", Describe(*position));
     } else {

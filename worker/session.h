@@ -26,6 +26,16 @@
 // A worker asked to stop (should_stop, RequestStop, psctl drain) finishes
 // its step, waits for its pushes, and calls Leave(false, &next position).
 //
+// The scheduler away: waits go on (the membership client retries) until it
+// is back, or until cluster.scheduler_unreachable_timeout_ms: then every
+// wait and every data-plane request ends with scheduler_gone() (UNAVAILABLE
+// naming the scheduler's address; IsSchedulerGone). A worker the scheduler
+// dropped (declared dead after a pause or a partition) must not train on:
+// every wait and every data-plane request in flight or later ends at once
+// with ABORTED "dropped by the scheduler: ..." (IsDropped, lost()); the
+// caller stops and may join again as a new worker (trainer_main re-executes
+// itself). Both are told by ended().
+//
 // Thread safety: the accessors, stop_requested(), RequestStop() and kv()
 // are thread-safe. The step and lifecycle calls (EndStep, Barrier, Claim,
 // Restart, Finish, EvaluationDone, Leave) are meant for one thread, the
@@ -158,7 +168,8 @@ class WorkerSession {
 
   // Reports `finished` (the final position of the shard this worker just
   // ended; null when asking again) and asks for a shard to train: one round
-  // of at most stop_check. Sets the clock to kFinishedClock first, so this
+  // of at most stop_check (while the scheduler is away, rounds are repeated
+  // until it is back, a stop (then its UNAVAILABLE) or ended()). Sets the clock to kFinishedClock first, so this
   // worker never holds the others' BSP/SSP waits back while it has no
   // work. On ASSIGNED call Restart(response.start_clock()) before training.
   absl::StatusOr<ClaimShardResponse> Claim(const DataPosition* finished);
@@ -208,6 +219,13 @@ class WorkerSession {
   // The scheduler no longer counts this worker as a member (it was declared
   // dead after a pause, or the job ended).
   bool lost() const { return membership_ != nullptr && membership_->lost(); }
+  // The scheduler stayed unreachable past its timeout.
+  bool scheduler_gone() const {
+    return membership_ != nullptr && !membership_->scheduler_gone().ok();
+  }
+  // Why this session can do nothing more: the dropped status (lost()) or
+  // the scheduler's being gone; OK otherwise.
+  absl::Status ended() const;
 
   // Leaves the job. `finished`: this worker completed its part (see
   // LeaveRequest); `position`: where an unfinished worker's shard stands,
@@ -224,6 +242,9 @@ class WorkerSession {
   struct Published {
     absl::Mutex mu;
     KVClient* client ABSL_GUARDED_BY(mu) = nullptr;
+    // Set when the scheduler dropped this worker or is gone: the client
+    // (and one published later) is aborted with it.
+    absl::Status ended ABSL_GUARDED_BY(mu);
   };
   class ViewWatcher;
   absl::Status Open();
@@ -231,8 +252,11 @@ class WorkerSession {
   // Options::startup_timeout, or the config's when 0.
   absl::Duration StartupTimeout() const;
   // Makes the view callbacks forward to `client` (null: to nobody; waits
-  // for a callback in progress).
+  // for a callback in progress). A client published after the session
+  // ended is aborted at once.
   void Publish(KVClient* client);
+  // Ends the data plane with `why` (dropped, or the scheduler gone).
+  static void End(Published* published, absl::Status why);
   bool StopNow() const;
   // FAILED_PRECONDITION naming `what` for an observer.
   absl::Status NotForObservers(absl::string_view what) const;

@@ -9,7 +9,9 @@
 #include "common/config.h"
 #include "common/protocol.h"
 #include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "proto/scheduler.grpc.pb.h"
 #include "scheduler/scheduler.h"
 #include "tests/testing/cluster.h"
 
@@ -288,6 +290,72 @@ TEST(WorkerSessionTest, AnObserverReadsWithoutHoldingBspBack) {
   const ClusterView view = (*cluster)->scheduler().state()->View();
   for (const NodeInfo& node : view.nodes()) workers += node.role() == WORKER;
   EXPECT_EQ(workers, 2);
+}
+
+// The scheduler drops a worker (here: as if another process had left in
+// its name; to the worker this is what being declared dead looks like, a
+// heartbeat answered NOT_FOUND): every wait of its session ends within
+// about a heartbeat with the dropped status, and later ones at once.
+TEST(WorkerSessionTest, ADroppedWorkerEndsEveryWaitAtOnce) {
+  JobConfig config = Config("BSP", 2);
+  auto cluster = InProcessCluster::Start(config);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  auto options = SessionOptions(config, **cluster);
+  options.stop_check = absl::Seconds(30);  // rounds never end the waits here
+  auto a = WorkerSession::Start(options);
+  ASSERT_TRUE(a.ok()) << a.status();
+  auto b = WorkerSession::Start(SessionOptions(config, **cluster));
+  ASSERT_TRUE(b.ok()) << b.status();
+  WorkerSession& s = **a;
+
+  // A step, then a pull of the next step: under BSP it waits for b.
+  std::vector<float> d(3, 1.0f);
+  ASSERT_TRUE(s.kv()->PushDense(1, 0, d).Wait().ok());
+  ASSERT_TRUE(s.EndStep().Wait().ok());
+  std::vector<float> out(3);
+  Completion pull = s.kv()->PullDense(1, 0, 3, out.data());
+  // And a barrier b never reaches.
+  absl::Status barrier;
+  std::atomic<bool> barrier_done{false};
+  std::thread waiter([&] {
+    barrier = s.Barrier("never-met", absl::Seconds(60));
+    barrier_done = true;
+  });
+  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_FALSE(pull.done());
+  EXPECT_FALSE(barrier_done.load());
+
+  auto channel = grpc::CreateChannel((*cluster)->scheduler().address(),
+                                     grpc::InsecureChannelCredentials());
+  auto stub = Scheduler::NewStub(channel);
+  LeaveRequest leave;
+  leave.set_node_id(s.node_id());
+  LeaveResponse left;
+  grpc::ClientContext context;
+  ASSERT_TRUE(stub->Leave(&context, leave, &left).ok());
+  const absl::Time dropped = absl::Now();
+
+  const absl::Status pulled = pull.Wait();
+  waiter.join();
+  // A heartbeat is 100 ms; generous for a loaded machine, far below the
+  // 60 s barrier.
+  EXPECT_LT(absl::Now() - dropped, absl::Seconds(10));
+  EXPECT_TRUE(IsDropped(pulled)) << pulled;
+  EXPECT_TRUE(IsDropped(barrier)) << barrier;
+  EXPECT_THAT(std::string(barrier.message()), HasSubstr("dropped by the scheduler"));
+  EXPECT_TRUE(s.lost());
+  EXPECT_TRUE(IsDropped(s.ended()));
+  EXPECT_FALSE(s.stop_requested());
+  // Later waits end at once; leaving has nothing to do.
+  const absl::Time later = absl::Now();
+  EXPECT_TRUE(IsDropped(s.kv()->PushDense(1, 0, d).Wait()));
+  EXPECT_TRUE(IsDropped(s.Claim(nullptr).status()));
+  EXPECT_TRUE(IsDropped(s.Finish(absl::Seconds(60)).status()));
+  EXPECT_LT(absl::Now() - later, absl::Seconds(5));
+  EXPECT_TRUE(s.Leave(false).ok());
+  // The other worker is unaffected.
+  EXPECT_FALSE((*b)->lost());
+  EXPECT_TRUE((*b)->ended().ok());
 }
 
 }  // namespace
