@@ -1188,8 +1188,8 @@ void KVServer::Progress(const Ownership& own) {
       // Not answered from a view that may be stale. A PUSH_PULL's push half
       // was applied when it arrived: the client's retry (same sequence
       // number) is answered as a duplicate by whoever owns the slots then.
-      SendRefusal(it->identity, it->frames[0], serving, refusal, own.epoch);
       held_bytes_ -= it->bytes;
+      SendRefusal(it->identity, it->frames[0], serving, refusal, own.epoch);
       it = deferred_.erase(it);
       continue;
     }
