@@ -148,6 +148,12 @@ std::string RenderStatusPage(const ClusterSnapshot& snap) {
   };
   row("Consistency", HtmlEscape(ModeText(view.consistency())));
   row("View epoch", absl::StrCat(view.epoch()));
+  row("Scheduler restarts",
+      view.scheduler_restarts() == 0
+          ? std::string("none")
+          : absl::StrCat(view.scheduler_restarts(), " (the newest took the job back at epoch ",
+                         view.recovered_epoch(), " with ", view.recovered_nodes(),
+                         " live nodes)"));
   row("Servers", role_summary(SERVER));
   row("Workers", role_summary(WORKER));
   row("Slowest / fastest clock", clocks);
@@ -266,6 +272,10 @@ void SchedulerMonitor::RegisterMetrics(metrics::Registry* r) const {
   r->AddCallback("ps_scheduler_view_epoch",
                  "Epoch of the cluster view; every membership or slot change increments it.",
                  Type::kGauge, [this] { return double(Snapshot().status.view().epoch()); });
+  r->AddCallback("ps_scheduler_restarts",
+                 "How many times a restarted scheduler took this job back from its journal.",
+                 Type::kGauge,
+                 [this] { return double(Snapshot().status.view().scheduler_restarts()); });
   r->AddCallbackFamily(
       "ps_scheduler_job_state", "1 for the job's current state, 0 for the others.",
       Type::kGauge, {"state"}, [this] {

@@ -1,5 +1,6 @@
 #include "scheduler/monitoring.h"
 
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -175,6 +176,31 @@ TEST_F(MonitoringTest, Metrics) {
                               "rank=\"1\"} 0.5\n"));
   EXPECT_THAT(text, HasSubstr("# TYPE ps_scheduler_nodes_declared_dead_total counter\n"
                               "ps_scheduler_nodes_declared_dead_total 0\n"));
+}
+
+TEST_F(MonitoringTest, ASchedulerRestartShowsOnThePageAndInTheMetrics) {
+  {
+    SchedulerMonitor monitor(state_.get(), config_, &clock_);
+    EXPECT_THAT(monitor.StatusPage(), HasSubstr("<td>Scheduler restarts</td><td>none</td>"));
+  }
+  std::optional<SchedulerJournal> journal;
+  state_->SetJournal([&](const SchedulerJournal& j, bool) {
+    journal = j;
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(journal.has_value());
+  // The scheduler dies; its successor takes the job back.
+  ClusterState restarted(config_, &clock_);
+  ASSERT_TRUE(restarted.Recover(*journal).ok());
+  const ClusterView view = restarted.View();
+  SchedulerMonitor monitor(&restarted, config_, &clock_);
+  EXPECT_THAT(monitor.StatusPage(),
+              HasSubstr(absl::StrCat("<td>Scheduler restarts</td><td>1 (the newest took the "
+                                     "job back at epoch ",
+                                     view.epoch(), " with 4 live nodes)</td>")));
+  metrics::Registry registry;
+  monitor.RegisterMetrics(&registry);
+  EXPECT_THAT(registry.Expose(), HasSubstr("ps_scheduler_restarts 1\n"));
 }
 
 TEST(HtmlEscapeTest, EscapesTheFiveCharacters) {

@@ -200,6 +200,11 @@ std::string FormatStatus(const GetStatusResponse& status) {
   std::string out;
   absl::StrAppend(&out, "job: ", JobState_Name(view.job_state()), "\n");
   absl::StrAppend(&out, "epoch: ", view.epoch(), "\n");
+  if (view.scheduler_restarts() > 0) {
+    absl::StrAppend(&out, "scheduler restarts: ", view.scheduler_restarts(),
+                    " (the newest took the job back at epoch ", view.recovered_epoch(),
+                    " with ", view.recovered_nodes(), " live nodes)\n");
+  }
   absl::StrAppend(&out, "consistency: ", ModeText(view.consistency()),
                   " (watchdog after ", view.consistency().watchdog_timeout_ms(),
                   " ms, every ", view.consistency().watchdog_interval_ms(),
