@@ -2,8 +2,23 @@
 // scheduler, serves its slots, and exits 0 when the job finishes or on
 // SIGINT/SIGTERM (after leaving the job); the scheduler draining it (psctl
 // drain) takes the SIGTERM path.
+//
+// Fencing: each acknowledged heartbeat grants the server a lease (send time
+// + 3/4 cluster.heartbeat_timeout_ms, server/server.h); while the scheduler
+// is away it serves until the lease lapses and then refuses requests until
+// a heartbeat is acknowledged again. Exit codes besides 0, 1 (error) and 2
+// (bad flags or config):
+//   3  the scheduler dropped this server (declared it dead after a pause or
+//      a partition): it is fenced at once (refuses every request; its slots
+//      belong to a backup or a replacement now) and exits.
+//   4  the scheduler stayed unreachable for
+//      cluster.scheduler_unreachable_timeout_ms; the last error line names
+//      its address and how long. No checkpoint is attempted: the newest
+//      committed one stays as it is.
 #include <atomic>
+#include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/cleanup/cleanup.h"
@@ -124,6 +139,19 @@ int main(int argc, char** argv) {
   ps::KVServer* kv = server->get();
   // Drained (psctl drain): leave exactly as on SIGTERM.
   client_options.on_drain = [&signals] { signals.RequestTermination(); };
+  // Leases, the drop and the scheduler's being gone arrive on the heartbeat
+  // thread; the fence takes effect before the next request is taken up.
+  client_options.on_lease = [kv](std::chrono::steady_clock::time_point until) {
+    kv->SetLease(until);
+  };
+  client_options.on_lost = [kv, health] {
+    health->lost = true;
+    kv->Fence("dropped by the scheduler (declared dead: no heartbeat within "
+              "cluster.heartbeat_timeout_ms); this server no longer owns slots");
+  };
+  client_options.on_scheduler_gone = [kv](const absl::Status& why) {
+    kv->Fence(std::string(why.message()));
+  };
   client_options.on_view = [kv, health](const ps::ClusterView& view, uint32_t rank) {
     kv->UpdateView(view, rank);
     health->rank = rank;
@@ -145,14 +173,29 @@ int main(int argc, char** argv) {
     reporter->client = nullptr;
   });
 
-  while (!signals.WaitFor(absl::Milliseconds(100))) {
-    if ((*client)->job_state() == ps::FINISHED) break;
+  // Dropped or given up on the scheduler: exit at once (already fenced),
+  // without leaving (there is nothing to leave) or checkpointing (this
+  // server's view may be stale; the newest committed checkpoint stays).
+  auto ended = [&]() -> std::optional<int> {
     if ((*client)->lost()) {
       health->lost = true;
-      log->error("lost membership; exiting");
-      return 1;
+      (*server)->Stop();
+      log->error("{}; exiting", (*client)->lost_status().message());
+      return 3;
     }
+    if (absl::Status gone = (*client)->scheduler_gone(); !gone.ok()) {
+      health->lost = true;
+      (*server)->Stop();
+      log->error("{}", gone.message());
+      return 4;
+    }
+    return std::nullopt;
+  };
+  while (!signals.WaitFor(absl::Milliseconds(100))) {
+    if ((*client)->job_state() == ps::FINISHED) break;
+    if (std::optional<int> code = ended()) return *code;
   }
+  if (std::optional<int> code = ended()) return *code;
   if (signals.requested() && (*client)->job_state() == ps::RUNNING &&
       !config->checkpoint().dir().empty()) {
     // Preempted: checkpoint first, so a replacement restores every update
