@@ -52,6 +52,7 @@ Subprocess::Subprocess(Subprocess&& other) noexcept { *this = std::move(other); 
 Subprocess& Subprocess::operator=(Subprocess&& other) noexcept {
   std::swap(pid_, other.pid_);
   std::swap(exit_code_, other.exit_code_);
+  std::swap(exited_at_, other.exited_at_);
   std::swap(stdout_path_, other.stdout_path_);
   std::swap(stderr_path_, other.stderr_path_);
   return *this;
@@ -69,6 +70,7 @@ bool Subprocess::running() {
   int status = 0;
   if (waitpid(pid_, &status, WNOHANG) == pid_) {
     exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    exited_at_ = absl::Now();
     return false;
   }
   return true;

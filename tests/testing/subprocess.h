@@ -36,6 +36,9 @@ class Subprocess {
   // 128 + signal for a signal, or DEADLINE_EXCEEDED (process left running).
   absl::StatusOr<int> Wait(absl::Duration timeout);
   void Signal(int sig);
+  // When running() or Wait() first saw the process gone (so as precise as
+  // the caller's polling); nullopt while it runs.
+  std::optional<absl::Time> exited_at() const { return exited_at_; }
 
   const std::string& stdout_path() const { return stdout_path_; }
   const std::string& stderr_path() const { return stderr_path_; }
@@ -44,6 +47,7 @@ class Subprocess {
   Subprocess() = default;
   pid_t pid_ = -1;
   std::optional<int> exit_code_;
+  std::optional<absl::Time> exited_at_;
   std::string stdout_path_, stderr_path_;
 };
 

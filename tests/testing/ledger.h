@@ -1,0 +1,75 @@
+// Exactly-once checks on a running job, as tests/replication_test.cc does
+// them: pushers (tests/replication_pusher) push integer gradients to the
+// keys 0..N-1 of a sparse SGD table (dim 1, learning rate 1, zero initial
+// values: every sum is exact) and keep a ledger of what was acknowledged;
+// at the end a fresh kv_tool reads every key back (--finish: the job ends)
+// and every key must equal exactly minus the sum of its acknowledged
+// gradients: no acknowledged push lost, none applied twice.
+//
+// The job's config must have such a table and room for `pushers` workers
+// (cluster.num_workers); the pushers are its workers. Their files go to
+// Options::dir: pusher<i>.out/.log, ledger<i>, progress<i>, stop, and
+// reader.out/.log.
+//
+// Not thread-safe. Destroying it SIGKILLs pushers still running.
+#ifndef PS_TESTS_TESTING_LEDGER_H_
+#define PS_TESTS_TESTING_LEDGER_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "tests/testing/subprocess.h"
+
+namespace ps::testing {
+
+class LedgerPushers {
+ public:
+  struct Options {
+    std::string dir;
+    std::string config_path;        // the job's textproto
+    std::string scheduler_address;  // host:port
+    std::string table = "sgd";
+    int pushers = 2;
+    int keys = 2000;
+    // Pusher i gets seed * 10 + i.
+    uint64_t seed = 1;
+    // Binaries, as Runfile() paths.
+    std::string pusher_binary = "tests/replication_pusher";
+    std::string reader_binary = "worker/kv_tool";
+  };
+
+  // What StopAndVerify found.
+  struct Verdict {
+    // Empty when the ledger holds (and every pusher and the reader exited 0).
+    std::vector<std::string> problems;
+    size_t acknowledged = 0;  // pushes acknowledged, all pushers together
+    // When each was acknowledged (Unix microseconds).
+    std::vector<int64_t> ack_times_us;
+  };
+
+  // Starts the pushers and waits (up to `timeout`, scaled) until each had
+  // 100 pushes acknowledged.
+  static absl::StatusOr<LedgerPushers> Start(Options options, absl::Duration timeout);
+
+  LedgerPushers(LedgerPushers&&) = default;
+  LedgerPushers& operator=(LedgerPushers&&) = default;
+
+  Subprocess& pusher(int i) { return pushers_[i]; }
+
+  // Stops the pushers, reads their ledgers and reads every key back with a
+  // kv_tool that finishes the job; compares.
+  Verdict StopAndVerify();
+
+ private:
+  LedgerPushers() = default;
+  Options options_;
+  std::vector<Subprocess> pushers_;
+};
+
+}  // namespace ps::testing
+
+#endif  // PS_TESTS_TESTING_LEDGER_H_
