@@ -4,6 +4,7 @@
 // losing an acknowledged push, and a replacement server catches up.
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -698,6 +699,96 @@ TEST_F(ReplicationTest, ReplicaMessagesFromAnyoneButTheSlotsPrimaryAreRefused) {
   ASSERT_TRUE(workers_[0]->client->Pull(kSgd, {key}, &out).Wait().ok());
   EXPECT_EQ(out, 0.0f);
   EXPECT_EQ(ExpectReplicasIdentical(), 0u);
+}
+
+// The header of a sparse push of one kSgd key, as worker `node` with
+// `seq`, routed by view `epoch`.
+RequestHeader RawPush(uint64_t node, uint64_t seq, uint64_t epoch) {
+  RequestHeader h;
+  h.set_op(PUSH);
+  h.set_table_id(kSgd);
+  h.set_num_keys(1);
+  h.set_epoch(epoch);
+  h.set_sender_node_id(node);
+  h.set_seq(seq);
+  return h;
+}
+
+// A primary declared dead that comes back (paused, partitioned) must not
+// acknowledge a push for the slots its backup took over: with its old view
+// the backup refuses its copy, and once its view shows the slots moved it
+// refuses the push itself.
+TEST_F(ReplicationTest, AResumedExPrimaryAcknowledgesNoPushForItsMovedSlots) {
+  Start("ASYNC", 2, 1);
+  const ClusterView before = scheduler_->state()->View();
+  uint64_t key = 0;
+  while (before.slot_owner(SparseSlot(kSgd, key, kSlots)) != 0) ++key;
+  ASSERT_EQ(before.slot_backup(SparseSlot(kSgd, key, kSlots)), 1u);
+  KVClient& client = *workers_[0]->client;
+  const uint64_t worker = workers_[0]->member->node_id();
+  const float one = 1;
+  ASSERT_TRUE(client.Push(kSgd, {key}, absl::MakeConstSpan(&one, 1)).Wait().ok());
+
+  // Server 0 stops heartbeating but keeps serving with the view it has.
+  ServerNode& s0 = ServerWithRank(0);
+  KVServer* ex = s0.server.get();
+  s0.member.reset();
+  const ClusterView after = WaitForView([](const ClusterView& v) { return Dead(v, 0); });
+  ASSERT_EQ(after.slot_owner(SparseSlot(kSgd, key, kSlots)), 1u);
+
+  uint64_t seq = uint64_t{1} << 40;
+  ResponseHeader rh = RoundTrip(ex->endpoint(), RawPush(worker, ++seq, before.epoch()),
+                                {key}, {5.0f});
+  EXPECT_EQ(rh.code(), static_cast<int>(absl::StatusCode::kUnavailable)) << rh.message();
+  EXPECT_NE(rh.message().find("not acknowledged"), std::string::npos) << rh.message();
+
+  // Its view shows the slot moved: refused at once, applied nowhere.
+  ex->UpdateView(after, 0);
+  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+  do {
+    rh = RoundTrip(ex->endpoint(), RawPush(worker, ++seq, before.epoch()), {key}, {5.0f});
+  } while (!rh.wrong_owner() && absl::Now() < give_up);
+  EXPECT_EQ(rh.code(), static_cast<int>(absl::StatusCode::kFailedPrecondition)) << rh.message();
+  EXPECT_TRUE(rh.wrong_owner());
+  EXPECT_EQ(rh.epoch(), after.epoch());
+
+  // The new owner holds exactly the worker's push.
+  float out = -1;
+  ASSERT_TRUE(client.Pull(kSgd, {key}, &out).Wait().ok());
+  EXPECT_EQ(out, -1.0f);
+  ASSERT_TRUE(client.Push(kSgd, {key}, absl::MakeConstSpan(&one, 1)).Wait().ok());
+  ASSERT_TRUE(client.Pull(kSgd, {key}, &out).Wait().ok());
+  EXPECT_EQ(out, -2.0f);
+  ex->Stop();
+}
+
+// A backup whose lease lapsed refuses its primary's copies (the push is
+// not acknowledged meanwhile); once renewed it is copied again and the
+// worker's retry completes, applied once on both.
+TEST_F(ReplicationTest, ABackupWithALapsedLeaseRefusesCopiesUntilRenewed) {
+  Start("ASYNC", 2, 1);
+  const ClusterView view = scheduler_->state()->View();
+  uint64_t key = 0;
+  while (view.slot_owner(SparseSlot(kSgd, key, kSlots)) != 0) ++key;
+  ASSERT_EQ(view.slot_backup(SparseSlot(kSgd, key, kSlots)), 1u);
+  KVClient& client = *workers_[0]->client;
+  KVServer& backup = *ServerWithRank(1).server;
+  backup.SetLease(std::chrono::steady_clock::now() - std::chrono::milliseconds(1));
+  const float one = 1;
+  Completion push = client.Push(kSgd, {key}, absl::MakeConstSpan(&one, 1));
+  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+  while (backup.stats().lease_refusals == 0 && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_GT(backup.stats().lease_refusals, 0u);
+  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_FALSE(push.done());
+  backup.SetLease(std::chrono::steady_clock::now() + std::chrono::seconds(600));
+  ASSERT_TRUE(push.Wait().ok()) << push.Wait();
+  float out = 0;
+  ASSERT_TRUE(client.Pull(kSgd, {key}, &out).Wait().ok());
+  EXPECT_EQ(out, -1.0f);
+  EXPECT_GT(ExpectReplicasIdentical(), 0u);
 }
 
 TEST_F(ReplicationTest, WithoutReplicationReplicaMessagesAreRefused) {
