@@ -1,0 +1,853 @@
+// Issue 25 acceptance, network faults: real processes of a job, each in
+// its own network namespace of a NetworkLab (tests/testing/netns.h), with
+// links cut (nftables) or slowed (tc tbf) while the job trains.
+//
+// The job: 1 scheduler, 3 servers (replication 2), 2 workers training
+// logistic regression on synthetic click data in ASYNC mode, heartbeats
+// every 100 ms, a node silent for 1000 ms declared dead,
+// request_timeout_ms 5000 and failover_timeout_ms 8000 (small, so "never
+// hangs" is checked within test time). Every scenario first needs an
+// undisturbed run of the same job in the same lab topology (the
+// reference, once per test process) for its test AUC and examples.
+//
+// Scenarios (each a TEST; seeded choices printed with a replay command):
+//  ServerCutFromScheduler (acceptance 3): a server (every server is the
+//    primary of some slots) cut from the scheduler both ways, workers still
+//    reaching it, until the scheduler declared it dead, then healed. The
+//    job finishes at the reference AUC (within 0.005); the cut-off server
+//    exits 3 (dropped) once it learns it was dropped, every other process
+//    0.
+//  LedgerSurvivesServerCutFromScheduler (acceptance 3, exact): the same
+//    cut under replication_test's ledger pushers (integer SGD pushes, a
+//    ledger of what was acknowledged): every key ends at exactly minus
+//    the sum of its acknowledged pushes, so a server that lost its slots
+//    acknowledged no push it did not keep.
+//  WorkerCutFromScheduler / WorkerCutFromEverything (acceptance 4): a
+//    worker cut from the scheduler (or from every node) until declared
+//    dead, then healed. It stops or rejoins (exit 0 or 3); the job
+//    finishes, the workers trained together at least the reference's
+//    examples, AUC within the bound, and no process runs on longer than
+//    kOutlive after the job's summary.
+//  WorkerServerOneWay / WorkerServerBothWays (acceptance 5): a worker and
+//    a server cut one way (seeded direction) or both ways, healed after a
+//    seeded time up to 1.5 x request_timeout_ms. WorkerServerNeverHealed:
+//    cut both ways until the job ends. SlowWorkerLink: a worker's link
+//    limited to 2 mbit each way for the whole job. Each must end within
+//    its bound (the reference's time + the cut + request and failover
+//    timeouts + slack); either finishing (every process 0, AUC within the
+//    bound) or with the affected worker failed with one of kExpectedErrors
+//    in its log (the other processes still end, the job's summary still
+//    printed).
+//
+// A node that the test did not cut declared dead (the machine stalled it
+// past the timeout) makes a job prove nothing: it is run again once.
+//
+// Flags (--test_arg=--net_seed=5), each also read from the environment:
+//   --net_seed=N   (NET_SEED)   default 1; 0 picks one from the time
+//   --net_trials=N (NET_TRIALS) trials per scenario, default 1
+// Needs root, ip, nft and tc: skips with the reason otherwise.
+#include <signal.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cinttypes>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <random>
+#include <regex>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "gtest/gtest.h"
+#include "tests/testing/job_harness.h"
+#include "tests/testing/netns.h"
+#include "tests/testing/subprocess.h"
+
+ABSL_FLAG(int64_t, net_seed, -1,
+          "Seed of the scenarios' choices; 0 picks one from the time. Default: "
+          "$NET_SEED, else 1.");
+ABSL_FLAG(int32_t, net_trials, -1, "Trials per scenario. Default: $NET_TRIALS, else 1.");
+
+namespace ps {
+namespace {
+
+using ::ps::testing::JobHarness;
+using ::ps::testing::JsonNumber;
+using ::ps::testing::NetworkLab;
+using ::ps::testing::ReadFile;
+using ::ps::testing::Runfile;
+using ::ps::testing::Scaled;
+using ::ps::testing::Subprocess;
+
+constexpr int kServers = 3;
+constexpr int kWorkers = 2;
+constexpr double kAucTolerance = 0.005;
+constexpr int kRequestTimeoutMs = 5000;
+constexpr int kFailoverTimeoutMs = 8000;
+// A node cut from the scheduler gives up (exit 4) after this long.
+constexpr int kSchedulerUnreachableMs = 8000;
+// Exit code of a node the scheduler dropped (declared dead) that did not
+// rejoin.
+constexpr int kExitDropped = 3;
+// How long a process may run on after the job's summary was printed.
+constexpr absl::Duration kOutlive = absl::Seconds(10);
+// Errors a worker may fail with when a server stays unreachable to it
+// (worker/kv_client.cc): a request unanswered past request_timeout_ms,
+// or no live owner of a slot past failover_timeout_ms.
+const char* const kExpectedErrors[] = {"did not answer request", "no live server owns"};
+
+int64_t Setting(int64_t flag, const char* env, int64_t fallback) {
+  if (flag >= 0) return flag;
+  int64_t v;
+  if (const char* s = std::getenv(env); s != nullptr && absl::SimpleAtoi(s, &v)) return v;
+  return fallback;
+}
+
+uint64_t Seed() {
+  static const uint64_t seed = [] {
+    int64_t s = Setting(absl::GetFlag(FLAGS_net_seed), "NET_SEED", 1);
+    if (s == 0) s = absl::ToUnixMicros(absl::Now()) & 0x7fffffff;
+    return static_cast<uint64_t>(s);
+  }();
+  return seed;
+}
+bool Sanitizer() {
+  const char* s = std::getenv("PS_SANITIZER");
+  return s != nullptr && std::string_view(s) == "1";
+}
+int Trials() { return Setting(absl::GetFlag(FLAGS_net_trials), "NET_TRIALS", 1); }
+// A sanitizer build runs every process several times slower: a 1 s
+// timeout would declare live nodes dead.
+int HeartbeatTimeoutMs() { return Sanitizer() ? 3000 : 1000; }
+
+std::string JobConfig() {
+  return absl::StrFormat(R"pb(
+    name: "netfault"
+    cluster {
+      num_servers: %d
+      num_workers: %d
+      num_slots: 256
+      heartbeat_interval_ms: 100
+      heartbeat_timeout_ms: %d
+      request_timeout_ms: %d
+      failover_timeout_ms: %d
+      scheduler_unreachable_timeout_ms: %d
+      replication: 2
+      on_worker_loss: REASSIGN
+    }
+    consistency { mode: ASYNC }
+    tables {
+      id: 0 name: "w" sparse { dim: 1 }
+      optimizer { adagrad { learning_rate: 0.1 initial_accumulator: 1e-6 } }
+    }
+    tables {
+      id: 1 name: "d" dense { size: 14 }
+      optimizer { adagrad { learning_rate: 0.1 initial_accumulator: 1e-6 } }
+    }
+    data { synthetic_ctr { num_train: 600000 num_test: 20000 seed: 1 } }
+    training {
+      batch_size: 256 epochs: 2 log_interval_s: 1
+      sparse_table: "w" dense_table: "d"
+    }
+  )pb", kServers, kWorkers, HeartbeatTimeoutMs(), kRequestTimeoutMs, kFailoverTimeoutMs,
+      kSchedulerUnreachableMs);
+}
+
+std::vector<std::string> NodeNames() {
+  std::vector<std::string> names = {"scheduler"};
+  for (int i = 0; i < kServers; ++i) names.push_back(JobHarness::ServerName(i));
+  for (int i = 0; i < kWorkers; ++i) names.push_back(JobHarness::WorkerName(i));
+  return names;
+}
+
+// Sum of "trained N examples" over every worker's log.
+uint64_t ExamplesTrained(JobHarness& job) {
+  static const std::regex kTrained("trained ([0-9]+) examples");
+  uint64_t total = 0;
+  for (int i = 0; i < job.num_worker_processes(); ++i) {
+    const std::string log = ReadFile(job.worker(i).stderr_path());
+    for (std::sregex_iterator it(log.begin(), log.end(), kTrained), end; it != end; ++it) {
+      total += std::stoull((*it)[1].str());
+    }
+  }
+  return total;
+}
+
+std::string LineWith(const std::string& text, const std::string& needle) {
+  const size_t at = text.find(needle);
+  if (at == std::string::npos) return "";
+  const size_t begin = text.rfind('\n', at) + 1;
+  return text.substr(begin, text.find('\n', at) - begin);
+}
+
+// The reference: the undisturbed job, once per process.
+struct Reference {
+  double auc = NAN;
+  uint64_t examples = 0;
+  uint64_t steps = 0;  // the evaluator's steps
+  absl::Duration elapsed;
+};
+
+// What a scenario does to a running job, between registration and the end.
+struct Disturbance {
+  std::string what;  // for messages
+  // Processes the disturbance may get declared dead ("server1",
+  // "worker0"): their deaths are not stalls.
+  std::set<std::string> victims;
+  // Acts on the job; returns an error to fail the trial. Called once
+  // every node has registered.
+  std::function<absl::Status(JobHarness&, NetworkLab&)> act;
+  // How much longer than the reference the job may take.
+  absl::Duration extra;
+  // How long a process may run on after the job's summary was written.
+  absl::Duration outlive = kOutlive;
+};
+
+class NetworkFaultTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {}
+
+  void SetUp() override {
+    if (std::string why = NetworkLab::Unavailable(); !why.empty()) {
+      GTEST_SKIP() << "no network lab here: " << why;
+    }
+    if (!NetworkLab::InPrivateNetwork()) {
+      GTEST_SKIP() << "this process could not enter a private network namespace";
+    }
+    start_ = absl::Now();
+  }
+
+  void TearDown() override {
+    std::printf("%s: %.1f s\n",
+                ::testing::UnitTest::GetInstance()->current_test_info()->name(),
+                absl::ToDoubleSeconds(absl::Now() - start_));
+    std::fflush(stdout);
+  }
+
+  static std::string TestName() {
+    return ::testing::UnitTest::GetInstance()->current_test_info()->name();
+  }
+
+  static std::string ReplayCommand() {
+    return absl::StrCat("bazel test --config=opt //tests:network_fault_test "
+                        "--test_filter=",
+                        ::testing::UnitTest::GetInstance()->current_test_info()->test_suite_name(),
+                        ".", TestName(), " --test_arg=--net_seed=", Seed());
+  }
+
+  // The generator of trial `trial` of this test: its choices depend only
+  // on (seed, test name, trial).
+  static std::mt19937_64 Rng(int trial) {
+    const std::string name = TestName();
+    std::vector<uint32_t> seeds = {static_cast<uint32_t>(Seed()),
+                                   static_cast<uint32_t>(Seed() >> 32),
+                                   static_cast<uint32_t>(trial)};
+    for (char c : name) seeds.push_back(static_cast<unsigned char>(c));
+    std::seed_seq seq(seeds.begin(), seeds.end());
+    return std::mt19937_64(seq);
+  }
+
+  // A lab with a namespace per process and a harness running the job in
+  // it; null (with a failure added) when either cannot start.
+  struct Job {
+    std::unique_ptr<NetworkLab> lab;
+    std::unique_ptr<JobHarness> harness;
+  };
+  Job StartJob(const std::string& run) {
+    Job job;
+    auto lab = NetworkLab::Create(NodeNames());
+    if (!lab.ok()) {
+      ADD_FAILURE() << lab.status();
+      return job;
+    }
+    job.lab = *std::move(lab);
+    NetworkLab* l = job.lab.get();
+    JobHarness::Options options;
+    const std::string dir = absl::StrCat(::testing::TempDir(), "/netfault");
+    mkdir(dir.c_str(), 0755);
+    options.dir = absl::StrCat(dir, "/", run);
+    options.config = JobConfig();
+    options.num_servers = kServers;
+    options.num_workers = kWorkers;
+    options.scheduler_host = l->Address("scheduler");
+    // A process the lab has no namespace for (a replacement) runs on the
+    // hub, which reaches every node.
+    options.wrap = [l](const std::string& name) { return l->ExecPrefix(name); };
+    options.extra_args = [l](const std::string& name) {
+      std::vector<std::string> args;
+      if (absl::StartsWith(name, "server") && !l->Address(name).empty()) {
+        // Bound to its namespace's address, which it advertises.
+        args.push_back(absl::StrCat("--bind=tcp://", l->Address(name), ":*"));
+      }
+      return args;
+    };
+    auto harness = JobHarness::Start(options);
+    if (!harness.ok()) {
+      ADD_FAILURE() << run << ": " << harness.status();
+      return job;
+    }
+    job.harness = *std::move(harness);
+    return job;
+  }
+
+  // Waits until every server and worker is a live member; their node ids
+  // by process name.
+  static absl::StatusOr<std::map<std::string, uint64_t>> WaitForMembers(JobHarness& job) {
+    const absl::Time deadline = absl::Now() + Scaled(absl::Seconds(60));
+    while (true) {
+      auto status = job.Status();
+      if (status.ok()) {
+        std::map<std::string, uint64_t> ids;
+        for (const NodeInfo& node : status->view().nodes()) {
+          if (node.state() != ALIVE) continue;
+          for (int i = 0; i < job.num_servers(); ++i) {
+            if (node.role() == SERVER && node.pid() == static_cast<uint32_t>(job.server(i).pid())) {
+              ids[JobHarness::ServerName(i)] = node.node_id();
+            }
+          }
+          for (int i = 0; i < job.num_worker_processes(); ++i) {
+            if (node.role() == WORKER && node.pid() == static_cast<uint32_t>(job.worker(i).pid())) {
+              ids[JobHarness::WorkerName(i)] = node.node_id();
+            }
+          }
+        }
+        if (ids.size() == static_cast<size_t>(kServers + kWorkers)) return ids;
+      }
+      if (absl::Now() > deadline) {
+        return absl::DeadlineExceededError("not every server and worker registered in 60 s");
+      }
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+  }
+
+  // The scheduler's "declared dead" line of a node that is not one of
+  // `victims`, or "".
+  static std::string FalseDeath(JobHarness& job, const std::map<std::string, uint64_t>& ids,
+                                const std::set<std::string>& victims) {
+    const std::vector<uint64_t> dead = job.DeclaredDead();
+    for (const auto& [name, id] : ids) {
+      if (victims.count(name) > 0) continue;
+      if (std::find(dead.begin(), dead.end(), id) == dead.end()) continue;
+      std::string log;
+      for (int n = 0; n <= job.scheduler_restarts(); ++n) {
+        log += ReadFile(job.dir() + (n == 0 ? "/scheduler.log"
+                                            : absl::StrCat("/scheduler.", n, ".log")));
+      }
+      return LineWith(log, absl::StrCat("(node ", id, ") declared dead"));
+    }
+    return "";
+  }
+
+  // Waits until the scheduler declared `name` dead.
+  static absl::Status WaitDeclaredDead(JobHarness& job, uint64_t id, absl::Duration timeout) {
+    const absl::Time deadline = absl::Now() + Scaled(timeout);
+    while (absl::Now() < deadline) {
+      const std::vector<uint64_t> dead = job.DeclaredDead();
+      if (std::find(dead.begin(), dead.end(), id) != dead.end()) return absl::OkStatus();
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    return absl::DeadlineExceededError(
+        absl::StrCat("node ", id, " not declared dead within ", absl::FormatDuration(timeout)));
+  }
+
+  // What a job ended with.
+  struct Ended {
+    std::optional<JobHarness::Result> result;  // nullopt: it did not end
+    std::string stall;                         // a false death: run again
+    std::string problem;                       // why it did not end
+    uint64_t examples = 0;
+  };
+
+  // Runs `d` on a fresh job and waits for its end: every process must exit
+  // within the bound, and none more than kOutlive after the summary.
+  Ended RunJob(const std::string& run, const Disturbance& d) {
+    Ended ended;
+    Job job = StartJob(run);
+    if (job.harness == nullptr) {
+      ended.problem = "the job did not start";
+      return ended;
+    }
+    JobHarness& h = *job.harness;
+    auto ids = WaitForMembers(h);
+    if (!ids.ok()) {
+      ended.problem = absl::StrCat(ids.status().ToString(), "\n", h.LogTails(30));
+      return ended;
+    }
+    h.set_abort_check([&] { return FalseDeath(h, *ids, d.victims); });
+    if (d.act) {
+      absl::Status acted = d.act(h, *job.lab);
+      if (absl::IsAborted(acted)) {
+        ended.stall = std::string(acted.message());
+        return ended;
+      }
+      if (!acted.ok()) {
+        ended.problem = absl::StrCat(acted.ToString(), "\n", h.LogTails(30));
+        return ended;
+      }
+    }
+    // The bound: the reference's time three times over (a loaded machine,
+    // a rejoin), plus the scenario's own, plus request and failover
+    // timeouts and slack. Past it the job hangs.
+    const absl::Duration bound =
+        Scaled(reference_.elapsed * 3 + d.extra +
+               absl::Milliseconds(kRequestTimeoutMs + kFailoverTimeoutMs) + absl::Seconds(30));
+    const absl::Time deadline = absl::Now() + bound;
+    const std::string summary_path = h.dir() + "/summary.json";
+    absl::Time summary_at = absl::InfiniteFuture();
+    while (true) {
+      std::vector<std::string> running;
+      if (h.scheduler().running()) running.push_back("scheduler");
+      for (int i = 0; i < h.num_servers(); ++i) {
+        if (h.server(i).running()) running.push_back(JobHarness::ServerName(i));
+      }
+      for (int i = 0; i < h.num_worker_processes(); ++i) {
+        if (h.worker(i).running()) running.push_back(JobHarness::WorkerName(i));
+      }
+      if (running.empty()) break;
+      if (std::string stall = FalseDeath(h, *ids, d.victims); !stall.empty()) {
+        ended.stall = stall;
+        return ended;
+      }
+      struct stat st;
+      if (summary_at == absl::InfiniteFuture() && stat(summary_path.c_str(), &st) == 0) {
+        summary_at = absl::Now();
+      }
+      if (absl::Now() > summary_at + Scaled(d.outlive)) {
+        ended.problem = absl::StrCat(absl::StrJoin(running, ", "), " still running ",
+                                     absl::FormatDuration(d.outlive),
+                                     " after the job's summary was written\n",
+                                     h.LogTails(30));
+        return ended;
+      }
+      if (absl::Now() > deadline) {
+        ended.problem = absl::StrCat("HANG: ", absl::StrJoin(running, ", "),
+                                     " still running after ", absl::FormatDuration(bound),
+                                     "\n", h.LogTails(40));
+        return ended;
+      }
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    auto result = h.Wait(absl::Seconds(5));
+    if (!result.ok()) {
+      ended.problem = absl::StrCat(result.status().ToString(), "\n", h.LogTails(30));
+      return ended;
+    }
+    ended.result = *result;
+    ended.examples = ExamplesTrained(h);
+    last_logs_ = h.LogTails(40);
+    last_dir_ = h.dir();
+    return ended;
+  }
+
+  // Runs `d` (again once after a stall); the job's end, or nullopt with a
+  // failure added.
+  std::optional<Ended> Run(const std::string& run, const Disturbance& d) {
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      Ended ended = RunJob(attempt == 0 ? run : run + "-again", d);
+      if (!ended.stall.empty()) {
+        std::printf("  STALLED, a node the test did not cut was declared dead: %s%s\n",
+                    ended.stall.c_str(), attempt == 0 ? "; running it again" : "");
+        std::fflush(stdout);
+        continue;
+      }
+      if (!ended.result.has_value()) {
+        ADD_FAILURE() << d.what << ": " << ended.problem;
+        return std::nullopt;
+      }
+      return ended;
+    }
+    ADD_FAILURE() << d.what << ": stalled twice: the machine is too busy for a "
+                  << HeartbeatTimeoutMs() << " ms heartbeat timeout";
+    return std::nullopt;
+  }
+
+  // The reference run, once per process.
+  bool EnsureReference() {
+    if (have_reference_) return true;
+    Disturbance none;
+    none.what = "reference (undisturbed)";
+    reference_.elapsed = absl::Seconds(60);  // its own bound
+    auto ended = Run("reference", none);
+    if (!ended) return false;
+    const JobHarness::Result& r = *ended->result;
+    bool ok = r.scheduler == 0 && r.summaries == 1;
+    for (int c : r.servers) ok &= c == 0;
+    for (int c : r.workers) ok &= c == 0;
+    const std::optional<double> auc = JsonNumber(r.summary, "test_auc");
+    if (!ok || !auc.has_value()) {
+      ADD_FAILURE() << "the undisturbed reference job failed in the lab: " << r.summary
+                    << "\n" << last_logs_;
+      return false;
+    }
+    reference_.auc = *auc;
+    reference_.examples = ended->examples;
+    reference_.steps = static_cast<uint64_t>(JsonNumber(r.summary, "rank0_steps").value_or(0));
+    reference_.elapsed = r.elapsed;
+    have_reference_ = true;
+    std::printf("reference: test AUC %.5f, %" PRIu64 " examples, %" PRIu64
+                " steps per worker, %.1f s\n",
+                reference_.auc, reference_.examples, reference_.steps,
+                absl::ToDoubleSeconds(reference_.elapsed));
+    std::fflush(stdout);
+    return true;
+  }
+
+  // Waits until worker(i)'s clock reaches `step` (or it finished).
+  static absl::Status AtStep(JobHarness& job, int i, uint64_t step) {
+    auto clock = job.WaitForStep(i, step, absl::Seconds(60));
+    return clock.status();
+  }
+
+  // Checks a finished job: exit codes per `allowed` (name -> set of
+  // codes; others must be 0), one summary, AUC within the bound, and at
+  // least the reference's examples.
+  void CheckFinished(const Ended& e, const std::string& what,
+                     const std::map<std::string, std::set<int>>& allowed) {
+    const JobHarness::Result& r = *e.result;
+    auto check_code = [&](const std::string& name, int code) {
+      auto it = allowed.find(name);
+      const std::set<int> ok = it != allowed.end() ? it->second : std::set<int>{0};
+      EXPECT_TRUE(ok.count(code) > 0)
+          << what << ": " << name << " exited with " << code << ", expected one of {"
+          << absl::StrJoin(ok, ",") << "}\n" << last_logs_;
+    };
+    check_code("scheduler", r.scheduler);
+    for (size_t i = 0; i < r.servers.size(); ++i) {
+      check_code(JobHarness::ServerName(i), r.servers[i]);
+    }
+    for (size_t i = 0; i < r.workers.size(); ++i) {
+      check_code(JobHarness::WorkerName(i), r.workers[i]);
+    }
+    EXPECT_EQ(r.summaries, 1) << what << ": workers printing a summary\n" << last_logs_;
+    const std::optional<double> auc = JsonNumber(r.summary, "test_auc");
+    ASSERT_TRUE(auc.has_value()) << what << ": no test AUC in '" << r.summary << "'\n"
+                                 << last_logs_;
+    EXPECT_NEAR(*auc, reference_.auc, kAucTolerance)
+        << what << ": test AUC against the undisturbed reference\n" << last_logs_;
+    EXPECT_GE(e.examples, reference_.examples)
+        << what << ": the workers trained fewer examples than the reference: some of "
+        << "the data was never trained\n" << last_logs_;
+    std::printf("  finished: test AUC %.5f (%+.5f), %" PRIu64 " examples (reference %" PRIu64
+                "), %.1f s; exit codes scheduler %d servers [%s] workers [%s]\n",
+                *auc, *auc - reference_.auc, e.examples, reference_.examples,
+                absl::ToDoubleSeconds(r.elapsed), r.scheduler,
+                absl::StrJoin(r.servers, ",").c_str(), absl::StrJoin(r.workers, ",").c_str());
+    std::fflush(stdout);
+  }
+
+  // A step of a worker a seeded fraction into its part of the reference.
+  uint64_t StepAt(std::mt19937_64& rng, int lo_percent, int hi_percent) const {
+    const uint64_t percent = lo_percent + rng() % (hi_percent - lo_percent + 1);
+    return reference_.steps * percent / 100;
+  }
+
+  // Partitions `a` and `b` once worker(`watch`) reaches `step`, waits
+  // until the scheduler declared `victim` dead when given (the cut
+  // outlasted the timeout), holds the cut for `hold` more, then heals it.
+  static absl::Status CutAndHeal(JobHarness& job, NetworkLab& lab, int watch, uint64_t step,
+                                 const std::vector<std::pair<std::string, std::string>>& cuts,
+                                 NetworkLab::Direction direction, uint64_t victim_id,
+                                 absl::Duration hold, std::string* notes) {
+    absl::Status at = AtStep(job, watch, step);
+    if (absl::IsAborted(at)) return at;
+    absl::StrAppend(notes, at.ok() ? absl::StrCat("cut at step >= ", step)
+                                   : absl::StrCat("cut late (", at.message(), ")"));
+    for (const auto& [a, b] : cuts) {
+      if (auto s = lab.Partition(a, b, direction); !s.ok()) return s;
+    }
+    const absl::Time cut_at = absl::Now();
+    if (victim_id != 0) {
+      absl::Status dead = WaitDeclaredDead(job, victim_id,
+                                           absl::Milliseconds(HeartbeatTimeoutMs()) +
+                                               absl::Seconds(10));
+      if (!dead.ok()) return dead;
+      absl::StrAppend(notes, absl::StrFormat("; declared dead %.2f s after the cut",
+                                             absl::ToDoubleSeconds(absl::Now() - cut_at)));
+    }
+    absl::SleepFor(hold);
+    absl::StrAppend(notes, absl::StrFormat("; healed %.2f s after the cut",
+                                           absl::ToDoubleSeconds(absl::Now() - cut_at)));
+    return lab.HealAll();
+  }
+
+  Reference reference_;
+  bool have_reference_ = false;
+  std::string last_logs_;
+  std::string last_dir_;
+  absl::Time start_;
+};
+
+// Shared across the tests of one process (the gtest fixture is not).
+Reference* shared_reference = nullptr;
+
+class NetworkFault : public NetworkFaultTest {
+ protected:
+  void SetUp() override {
+    NetworkFaultTest::SetUp();
+    if (IsSkipped()) return;
+    if (shared_reference != nullptr) {
+      reference_ = *shared_reference;
+      have_reference_ = true;
+      return;
+    }
+    ASSERT_TRUE(EnsureReference());
+    shared_reference = new Reference(reference_);
+  }
+};
+
+TEST_F(NetworkFault, ServerCutFromScheduler) {
+  for (int trial = 0; trial < Trials(); ++trial) {
+    std::mt19937_64 rng = Rng(trial);
+    const int server = static_cast<int>(rng() % kServers);
+    const uint64_t step = StepAt(rng, 10, 30);
+    const absl::Duration hold = absl::Milliseconds(rng() % 1500);
+    const std::string name = JobHarness::ServerName(server);
+    Disturbance d;
+    d.what = absl::StrFormat("trial %d: %s cut from the scheduler at step %d, healed %d ms "
+                             "after declared dead; replay: %s",
+                             trial, name, step, absl::ToInt64Milliseconds(hold),
+                             ReplayCommand());
+    std::printf("%s\n", d.what.c_str());
+    d.victims = {name};
+    d.extra = hold + absl::Seconds(15);
+    // Healed only after the job ended, it cannot learn it was dropped: it
+    // gives up on the scheduler (exit 4) after kSchedulerUnreachableMs.
+    d.outlive = absl::Milliseconds(kSchedulerUnreachableMs) + kOutlive;
+    std::string notes;
+    bool healed_after_end = false;
+    d.act = [&](JobHarness& job, NetworkLab& lab) {
+      auto ids = WaitForMembers(job);
+      if (!ids.ok()) return ids.status();
+      absl::Status s = CutAndHeal(job, lab, 0, step, {{name, "scheduler"}},
+                                  NetworkLab::Direction::kBoth, (*ids)[name], hold, &notes);
+      struct stat st;
+      healed_after_end = stat((job.dir() + "/summary.json").c_str(), &st) == 0;
+      if (healed_after_end) absl::StrAppend(&notes, "; healed after the job's end");
+      return s;
+    };
+    auto ended = Run(absl::StrCat("server-cut-", trial), d);
+    std::printf("  %s\n", notes.c_str());
+    if (!ended) continue;
+    CheckFinished(*ended, d.what,
+                  {{name, healed_after_end ? std::set<int>{kExitDropped, 4}
+                                           : std::set<int>{kExitDropped}}});
+    // Whether it refused requests on a lapsed lease before the workers
+    // moved on (a window of about a heartbeat; not asserted).
+    const std::string lapsed =
+        LineWith(ReadFile(absl::StrCat(last_dir_, "/", name, ".log")), "lease");
+    std::printf("  %s's lease: %s\n", name.c_str(), lapsed.empty() ? "(no line)" : lapsed.c_str());
+  }
+}
+
+TEST_F(NetworkFault, WorkerCutFromScheduler) {
+  for (int trial = 0; trial < Trials(); ++trial) {
+    std::mt19937_64 rng = Rng(trial);
+    const int worker = static_cast<int>(rng() % kWorkers);
+    const uint64_t step = StepAt(rng, 10, 60);
+    const absl::Duration hold = absl::Milliseconds(rng() % 1500);
+    const std::string name = JobHarness::WorkerName(worker);
+    Disturbance d;
+    d.what = absl::StrFormat("trial %d: %s cut from the scheduler at step %d, healed %d ms "
+                             "after declared dead; replay: %s",
+                             trial, name, step, absl::ToInt64Milliseconds(hold),
+                             ReplayCommand());
+    std::printf("%s\n", d.what.c_str());
+    d.victims = {name};
+    d.extra = hold + absl::Seconds(15);
+    std::string notes;
+    d.act = [&](JobHarness& job, NetworkLab& lab) {
+      auto ids = WaitForMembers(job);
+      if (!ids.ok()) return ids.status();
+      return CutAndHeal(job, lab, worker, step, {{name, "scheduler"}},
+                        NetworkLab::Direction::kBoth, (*ids)[name], hold, &notes);
+    };
+    auto ended = Run(absl::StrCat("worker-cut-", trial), d);
+    std::printf("  %s\n", notes.c_str());
+    if (!ended) continue;
+    // It stops (dropped: 3) or rejoins and finishes (0).
+    CheckFinished(*ended, d.what, {{name, {0, kExitDropped}}});
+  }
+}
+
+TEST_F(NetworkFault, WorkerCutFromEverything) {
+  for (int trial = 0; trial < Trials(); ++trial) {
+    std::mt19937_64 rng = Rng(trial);
+    const int worker = static_cast<int>(rng() % kWorkers);
+    const uint64_t step = StepAt(rng, 10, 60);
+    const absl::Duration hold = absl::Milliseconds(rng() % 1500);
+    const std::string name = JobHarness::WorkerName(worker);
+    Disturbance d;
+    d.what = absl::StrFormat("trial %d: %s cut from every node at step %d, healed %d ms "
+                             "after declared dead; replay: %s",
+                             trial, name, step, absl::ToInt64Milliseconds(hold),
+                             ReplayCommand());
+    std::printf("%s\n", d.what.c_str());
+    d.victims = {name};
+    d.extra = hold + absl::Seconds(15);
+    std::string notes;
+    d.act = [&](JobHarness& job, NetworkLab& lab) {
+      auto ids = WaitForMembers(job);
+      if (!ids.ok()) return ids.status();
+      std::vector<std::pair<std::string, std::string>> cuts;
+      for (const std::string& other : NodeNames()) {
+        if (other != name) cuts.emplace_back(name, other);
+      }
+      return CutAndHeal(job, lab, worker, step, cuts, NetworkLab::Direction::kBoth,
+                        (*ids)[name], hold, &notes);
+    };
+    auto ended = Run(absl::StrCat("worker-isolated-", trial), d);
+    std::printf("  %s\n", notes.c_str());
+    if (!ended) continue;
+    CheckFinished(*ended, d.what, {{name, {0, kExitDropped}}});
+  }
+}
+
+// Acceptance 5: a worker and a server cut from each other while both still
+// reach the scheduler. The job finishes, or the worker fails with one of
+// kExpectedErrors (and the job still ends, with its summary, at the
+// reference's AUC: its shard goes to the other worker).
+class WorkerServerCut : public NetworkFault {
+ protected:
+  void RunCut(const std::string& kind, bool heal, std::optional<NetworkLab::Direction> fixed) {
+    for (int trial = 0; trial < Trials(); ++trial) {
+      std::mt19937_64 rng = Rng(trial);
+      const int worker = static_cast<int>(rng() % kWorkers);
+      const int server = static_cast<int>(rng() % kServers);
+      const uint64_t step = StepAt(rng, 10, 50);
+      const absl::Duration hold =
+          absl::Milliseconds(rng() % (kRequestTimeoutMs * 3 / 2 + 1));
+      const NetworkLab::Direction direction =
+          fixed.has_value() ? *fixed
+                            : (rng() % 2 == 0 ? NetworkLab::Direction::kAtoB
+                                              : NetworkLab::Direction::kBtoA);
+      const std::string w = JobHarness::WorkerName(worker);
+      const std::string s = JobHarness::ServerName(server);
+      const std::string how = direction == NetworkLab::Direction::kBoth ? "both ways"
+                              : direction == NetworkLab::Direction::kAtoB
+                                  ? absl::StrCat("one way (", w, " -> ", s, " dropped)")
+                                  : absl::StrCat("one way (", s, " -> ", w, " dropped)");
+      Disturbance d;
+      d.what = absl::StrFormat("trial %d: %s and %s cut %s at step %d, %s; replay: %s", trial,
+                               w, s, how, step,
+                               heal ? absl::StrCat("healed after ",
+                                                   absl::ToInt64Milliseconds(hold), " ms")
+                                    : "never healed",
+                               ReplayCommand());
+      std::printf("%s\n", d.what.c_str());
+      // The worker may fail (and then be declared dead if it did not
+      // leave); the server must not.
+      d.victims = {w};
+      d.extra = hold;
+      std::string notes;
+      d.act = [&](JobHarness& job, NetworkLab& lab) -> absl::Status {
+        absl::Status at = AtStep(job, worker, step);
+        if (absl::IsAborted(at)) return at;
+        notes = at.ok() ? absl::StrCat("cut at step >= ", step)
+                        : absl::StrCat("cut late (", at.message(), ")");
+        if (auto st = lab.Partition(w, s, direction); !st.ok()) return st;
+        if (!heal) return absl::OkStatus();
+        absl::SleepFor(hold);
+        return lab.HealAll();
+      };
+      auto ended = Run(absl::StrCat(kind, "-", trial), d);
+      std::printf("  %s\n", notes.c_str());
+      if (!ended) continue;
+      const JobHarness::Result& r = *ended->result;
+      const int code = r.workers[worker];
+      if (code != 0) {
+        const std::string log = ReadFile(absl::StrCat(last_dir_, "/", w, ".log"));
+        std::string line;
+        for (const char* e : kExpectedErrors) {
+          if (line.empty()) line = LineWith(log, e);
+        }
+        EXPECT_FALSE(line.empty())
+            << d.what << ": " << w << " exited with " << code
+            << " without any of the documented errors ('" << absl::StrJoin(kExpectedErrors, "', '")
+            << "')\n" << last_logs_;
+        std::printf("  %s failed as documented (exit %d): %s\n", w.c_str(), code, line.c_str());
+      }
+      CheckFinished(*ended, d.what, {{w, {0, 1}}});
+    }
+  }
+};
+
+TEST_F(WorkerServerCut, OneWayHealed) { RunCut("oneway", true, std::nullopt); }
+TEST_F(WorkerServerCut, BothWaysHealed) {
+  RunCut("bothways", true, NetworkLab::Direction::kBoth);
+}
+TEST_F(WorkerServerCut, BothWaysNeverHealed) {
+  RunCut("never", false, NetworkLab::Direction::kBoth);
+}
+
+TEST_F(NetworkFault, SlowWorkerLink) {
+  for (int trial = 0; trial < Trials(); ++trial) {
+    std::mt19937_64 rng = Rng(trial);
+    const int worker = static_cast<int>(rng() % kWorkers);
+    const std::string w = JobHarness::WorkerName(worker);
+    Disturbance d;
+    d.what = absl::StrFormat("trial %d: %s's link limited to 2 mbit each way; replay: %s",
+                             trial, w, ReplayCommand());
+    std::printf("%s\n", d.what.c_str());
+    d.victims = {};
+    d.extra = absl::Seconds(60);
+    d.act = [&](JobHarness& job, NetworkLab& lab) {
+      return lab.LimitBandwidth(w, "2mbit", "64kbit", "200ms");
+    };
+    auto ended = Run(absl::StrCat("slow-", trial), d);
+    if (!ended) continue;
+    const JobHarness::Result& r = *ended->result;
+    if (r.workers[worker] != 0) {
+      const std::string log = ReadFile(absl::StrCat(last_dir_, "/", w, ".log"));
+      std::string line;
+      for (const char* e : kExpectedErrors) {
+        if (line.empty()) line = LineWith(log, e);
+      }
+      EXPECT_FALSE(line.empty()) << d.what << ": " << w << " exited with " << r.workers[worker]
+                                 << " without a documented error\n" << last_logs_;
+    }
+    CheckFinished(*ended, d.what, {{w, {0, 1}}});
+  }
+}
+
+}  // namespace
+}  // namespace ps
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  absl::ParseCommandLine(argc, argv);
+  // Before any thread: this process becomes the hub of the labs, so the
+  // harness's gRPC stub reaches the scheduler in its namespace.
+  if (ps::testing::NetworkLab::Unavailable().empty()) {
+    if (absl::Status s = ps::testing::NetworkLab::EnterPrivateNetwork(); !s.ok()) {
+      std::fprintf(stderr, "EnterPrivateNetwork: %s\n", std::string(s.message()).c_str());
+      return 1;
+    }
+  }
+  std::printf("network fault seed %" PRIu64 ", %d trial(s) per scenario, heartbeat timeout "
+              "%d ms\n",
+              ps::Seed(), ps::Trials(), ps::HeartbeatTimeoutMs());
+  const absl::Time start = absl::Now();
+  const int rc = RUN_ALL_TESTS();
+  std::printf("network_fault_test: %.1f s in all\n",
+              absl::ToDoubleSeconds(absl::Now() - start));
+  return rc;
+}
