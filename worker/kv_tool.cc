@@ -21,6 +21,10 @@
 // --finish the tool leaves as a finished worker, which lets the job end once
 // no other worker is alive. Pulled values are printed on one
 // line, separated by spaces, with enough digits to round-trip a float.
+//
+// Exit codes: 0 done, 1 error, 2 bad flags or config, 3 dropped by the
+// scheduler while joined as a worker (nothing more it sends counts), 4 the
+// scheduler unreachable for cluster.scheduler_unreachable_timeout_ms.
 #include <algorithm>
 #include <cstdio>
 #include <numeric>
@@ -274,6 +278,8 @@ int main(int argc, char** argv) {
   auto session = ps::WorkerSession::Start(std::move(options));
   if (!session.ok()) {
     log->error("{}", session.status().message());
+    if (ps::IsDropped(session.status())) return 3;
+    if (ps::IsSchedulerGone(session.status())) return 4;
     return 1;
   }
   absl::Status status;
@@ -282,6 +288,12 @@ int main(int argc, char** argv) {
   }
   if (status.ok()) status = Run(*config, *(*session)->kv());
   absl::Status left = (*session)->Leave(absl::GetFlag(FLAGS_finish));
+  // Dropped or the scheduler gone: the session's status says so whatever
+  // request noticed it first.
+  if (absl::Status ended = (*session)->ended(); !ended.ok()) {
+    log->error("{}", ended.message());
+    return ps::IsDropped(ended) ? 3 : 4;
+  }
   if (!status.ok()) {
     log->error("{}", status.message());
     return 1;

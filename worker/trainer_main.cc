@@ -17,12 +17,28 @@
 // A worker killed outright is resumed from its last heartbeat's position
 // instead (worker/trainer.h: the batches after it are trained twice).
 //
+// Dropped by the scheduler (declared dead after a pause or a partition,
+// learnt from a heartbeat): training stops at once (every wait and request
+// ends; nothing more is pushed), and the worker joins again as a new worker
+// by re-executing itself (at most kMaxRejoins times, counted in
+// $PS_TRAINER_REJOINS): it registers fresh, takes a free rank and the
+// remaining work, or exits 0 if the job finished meanwhile or has no free
+// rank. Exit codes besides 0, 1 (error) and 2 (bad flags or config):
+//   3  dropped by the scheduler, and rejoining was not possible;
+//   4  the scheduler unreachable for cluster.scheduler_unreachable_timeout_ms
+//      (the last error line names its address and how long).
+//
 // Log lines meant for tools (positions 0-based, as in DataPosition):
 //   "training shard S from epoch E batch B at clock C"   (trainer)
 //   "preempted: left at shard S epoch E batch B"         (+ " (done)")
 //   "evaluator: rank R, the lowest of ranks [...] that finished training"
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -34,6 +50,8 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
 #include "common/config.h"
 #include "common/curve_keys.h"
@@ -75,6 +93,65 @@ std::string Number(double v) {
 // SIGTERM and leaving. Re-asking costs one RPC per interval.
 constexpr absl::Duration kStopCheck = absl::Seconds(2);
 constexpr absl::Duration kBarrierTimeout = absl::Hours(24);
+
+// Run()'s answer for a worker the scheduler dropped: main re-executes it.
+constexpr int kRejoin = -1;
+constexpr int kExitDropped = 3;
+constexpr int kExitSchedulerGone = 4;
+// How often one process joins again after being dropped, counted across
+// its re-executions in this environment variable.
+constexpr int kMaxRejoins = 3;
+constexpr char kRejoinsEnv[] = "PS_TRAINER_REJOINS";
+
+int Rejoins() {
+  int n = 0;
+  const char* v = std::getenv(kRejoinsEnv);
+  if (v == nullptr || !absl::SimpleAtoi(v, &n) || n < 0) return 0;
+  return n;
+}
+
+// The exit for a session that ended (dropped: kRejoin; the scheduler gone:
+// its status as the last error line, exit 4), or nullopt while it goes on.
+std::optional<int> Ended(const ps::WorkerSession& session) {
+  const absl::Status ended = session.ended();
+  if (ended.ok()) return std::nullopt;
+  auto log = ps::GetLogger("worker");
+  if (ps::IsDropped(ended)) {
+    log->warn("{}: training stopped", ended.message());
+    return kRejoin;
+  }
+  log->error("{}", ended.message());
+  return kExitSchedulerGone;
+}
+
+// Joins the job again as a new worker: re-executes this program with the
+// same arguments (the new image starts from scratch: registration, a free
+// rank, the remaining work). Returns only when that is not possible.
+int Rejoin(const std::vector<std::string>& args) {
+  auto log = ps::GetLogger("worker");
+  const int done = Rejoins();
+  if (done >= kMaxRejoins) {
+    log->error("dropped by the scheduler, and this worker already joined again {} "
+               "times: giving up",
+               done);
+    return kExitDropped;
+  }
+  log->info("dropped by the scheduler: joining the job again as a new worker ({} of "
+            "at most {})",
+            done + 1, kMaxRejoins);
+  setenv(kRejoinsEnv, std::to_string(done + 1).c_str(), 1);
+  spdlog::apply_all([](const std::shared_ptr<spdlog::logger>& l) { l->flush(); });
+  std::cout.flush();
+  std::cerr.flush();
+  std::fflush(nullptr);
+  std::vector<char*> argv;
+  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  execv("/proc/self/exe", argv.data());
+  log->error("dropped by the scheduler, and joining again failed: execv: {}",
+             std::strerror(errno));
+  return kExitDropped;
+}
 
 // The rank0_* fields are the evaluating worker's (rank 0 in a job without
 // failures; see evaluator_rank).
@@ -163,10 +240,28 @@ int Run(ps::TerminationSignals& signals, const ps::JobConfig& config,
   };
   auto started = ps::WorkerSession::Start(std::move(options));
   if (!started.ok()) {
+    const absl::Status& s = started.status();
     // Stopped while joining: the session left with its shard where it was
     // given (preempted before training).
-    if (started.status().code() == absl::StatusCode::kCancelled) return 0;
-    log->error("{}", started.status().message());
+    if (s.code() == absl::StatusCode::kCancelled) return 0;
+    if (ps::IsDropped(s)) {
+      log->warn("{}", s.message());
+      return kRejoin;
+    }
+    if (ps::IsSchedulerGone(s)) {
+      log->error("{}", s.message());
+      return kExitSchedulerGone;
+    }
+    // Joining again after a drop: a job that finished meanwhile, or whose
+    // ranks are all taken (replacements took over), needs nothing more.
+    if (Rejoins() > 0 &&
+        (s.code() == absl::StatusCode::kResourceExhausted ||
+         (s.code() == absl::StatusCode::kFailedPrecondition &&
+          absl::StrContains(s.message(), "has finished")))) {
+      log->info("not joining again: {}", s.message());
+      return 0;
+    }
+    log->error("{}", s.message());
     return 1;
   }
   ps::WorkerSession& session = **started;
@@ -178,7 +273,8 @@ int Run(ps::TerminationSignals& signals, const ps::JobConfig& config,
     return 2;
   }
   ps::TrainerHooks hooks;
-  hooks.stop = [&session] { return session.stop_requested(); };
+  // Dropped or the scheduler gone: stop at once (and say why below).
+  hooks.stop = [&session] { return session.stop_requested() || !session.ended().ok(); };
   hooks.on_step = [&session](uint64_t clock, const ps::DataPosition& next) {
     session.ReportProgress(clock, next);
   };
@@ -188,8 +284,15 @@ int Run(ps::TerminationSignals& signals, const ps::JobConfig& config,
   hooks.barrier = [&session](absl::string_view name) {
     return session.Barrier(name, kBarrierTimeout);
   };
-  hooks.claim = [&session](const ps::DataPosition* finished) {
-    return session.membership()->ClaimShard(finished, kStopCheck);
+  hooks.claim = [&session](const ps::DataPosition* finished)
+      -> absl::StatusOr<ps::ClaimShardResponse> {
+    // Keeps asking while the scheduler is away; a stop noticed meanwhile
+    // reads as a failed attempt, after which the trainer sees the stop.
+    absl::StatusOr<ps::ClaimShardResponse> r = session.Claim(finished);
+    if (r.status().code() == absl::StatusCode::kCancelled) {
+      return absl::UnavailableError("stop requested while asking for work");
+    }
+    return r;
   };
   // The workers of a job restored from a checkpoint meet before their
   // first step, as a fresh job's do at dense_init: under BSP none may train
@@ -197,6 +300,7 @@ int Run(ps::TerminationSignals& signals, const ps::JobConfig& config,
   if (session.restored_start()) {
     absl::Status met = session.Barrier(
         absl::StrCat("ps-restored-", session.start_clock()), kBarrierTimeout);
+    if (std::optional<int> code = Ended(session)) return *code;
     if (met.code() == absl::StatusCode::kCancelled) {
       const std::optional<ps::DataPosition> at = session.initial_position();
       absl::Status left = session.Leave(false, at ? &*at : nullptr);
@@ -214,6 +318,7 @@ int Run(ps::TerminationSignals& signals, const ps::JobConfig& config,
               session.start_clock());
   }
   auto train = (*trainer)->Train(hooks, initial);
+  if (std::optional<int> code = Ended(session)) return *code;
   if (!train.ok()) {
     log->error("training failed: {}", train.status().message());
     absl::Status left = session.Leave(false);
@@ -243,6 +348,7 @@ int Run(ps::TerminationSignals& signals, const ps::JobConfig& config,
   // so the evaluation sees the fully trained model.
   int exit_code = 0;
   absl::StatusOr<bool> evaluator = session.Finish(kBarrierTimeout);
+  if (std::optional<int> code = Ended(session)) return *code;
   if (!evaluator.ok()) {
     if (evaluator.status().code() == absl::StatusCode::kCancelled) {
       log->info("stop requested at the end of training: leaving");
@@ -252,6 +358,7 @@ int Run(ps::TerminationSignals& signals, const ps::JobConfig& config,
     }
   } else if (*evaluator) {
     exit_code = Evaluate(config, **trainer, *train, rank, start);
+    if (std::optional<int> code = Ended(session)) return *code;
     // Tell the others, even when stopping (a SIGTERM during the
     // evaluation): without this arrival they would evaluate again.
     if (absl::Status told = session.EvaluationDone(); !told.ok()) {
@@ -267,6 +374,7 @@ int Run(ps::TerminationSignals& signals, const ps::JobConfig& config,
 
 int main(int argc, char** argv) {
   ps::TerminationSignals signals;
+  const std::vector<std::string> args(argv, argv + argc);  // to rejoin with
   absl::ParseCommandLine(argc, argv);
   auto log = ps::GetLogger("worker");
   std::optional<ps::JobConfig> config =
@@ -295,5 +403,10 @@ int main(int argc, char** argv) {
     log->error("{}", endpoint.status().message());
     return 1;
   }
-  return Run(signals, *config, &telemetry, *std::move(curve));
+  const int code = Run(signals, *config, &telemetry, *std::move(curve));
+  if (code != kRejoin) return code;
+  // The session is closed; free the HTTP port (a fixed --http_port is
+  // bound again by the new image) before re-executing.
+  endpoint->reset();
+  return Rejoin(args);
 }
