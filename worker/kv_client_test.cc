@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -756,6 +757,131 @@ TEST_F(KVClientTest, AWaitingRequestFailsAfterTheFailoverTimeout) {
   client->UpdateView(FailedOver(scheduler_->state()->View(), false, 100));
   absl::Status s = pull.Wait();
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+}
+
+// ------------------------------------------------------------- fencing
+
+using SteadyClock = std::chrono::steady_clock;
+
+// A server whose lease lapsed refuses without recording anything: the
+// client retries (by the newest view) until the lease is renewed, and the
+// push is applied exactly once.
+TEST_F(KVClientTest, APushRefusedByALapsedLeaseSucceedsOnceTheLeaseIsRenewed) {
+  auto client = Client();
+  std::vector<uint64_t> keys(100);
+  std::iota(keys.begin(), keys.end(), 7000);
+  std::vector<float> grads(keys.size() * 4, 0.25f);
+  servers_[0]->SetLease(SteadyClock::now() + std::chrono::seconds(600));
+  servers_[1]->SetLease(SteadyClock::now() - std::chrono::milliseconds(1));
+  Completion push = client->Push(3, keys, grads);
+  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+  while (servers_[1]->stats().lease_refusals < 3 && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  // Refused and retried several times, and still waiting.
+  EXPECT_GE(servers_[1]->stats().lease_refusals, 3u);
+  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_FALSE(push.done());
+  servers_[1]->SetLease(SteadyClock::now() + std::chrono::seconds(600));
+  ASSERT_TRUE(push.Wait().ok()) << push.Wait();
+  std::vector<float> out(keys.size() * 4, -1);
+  ASSERT_TRUE(client->Pull(3, keys, out.data()).Wait().ok());
+  for (float v : out) EXPECT_EQ(v, 0.25f);  // 0.5 - 0.25, once
+  EXPECT_EQ(servers_[0]->stats().duplicate_pushes + servers_[1]->stats().duplicate_pushes, 0u);
+  EXPECT_GT(servers_[1]->stats().keys_pushed, 0u);
+  EXPECT_EQ(servers_[0]->stats().keys_pushed + servers_[1]->stats().keys_pushed, 100u);
+}
+
+// Refusals are retried for a bounded time: the larger of the request and
+// failover timeouts from the first one.
+TEST_F(KVClientTest, ALeaseThatIsNeverRenewedFailsTheRequestInTheEnd) {
+  config_.mutable_cluster()->set_failover_timeout_ms(300);
+  auto client = Client();
+  servers_[0]->SetLease(SteadyClock::now() - std::chrono::milliseconds(1));
+  servers_[1]->SetLease(SteadyClock::now() - std::chrono::milliseconds(1));
+  std::vector<uint64_t> keys = {1, 2, 3};
+  std::vector<float> out(12);
+  Completion pull = client->Pull(3, keys, out.data());
+  absl::Status s;
+  // request_timeout_ms is 2000.
+  ASSERT_TRUE(pull.WaitFor(absl::Seconds(60), &s));
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_NE(s.message().find("lease lapsed"), std::string::npos) << s;
+  EXPECT_GE(servers_[0]->stats().lease_refusals + servers_[1]->stats().lease_refusals, 3u);
+}
+
+// A fenced server (dropped by the scheduler) refuses for good: the client
+// retries until its view names the slots' new owner, which applies the
+// push once.
+TEST_F(KVClientTest, RequestsRefusedByAFencedServerGoToTheSlotsNewOwner) {
+  auto client = Client();
+  std::vector<uint64_t> keys(100);
+  std::iota(keys.begin(), keys.end(), 8000);
+  std::vector<float> grads(keys.size() * 4, 0.25f);
+  servers_[1]->Fence("declared dead by the scheduler");
+  Completion push = client->Push(3, keys, grads);
+  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+  while (servers_[1]->stats().fenced_refusals < 2 && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_GE(servers_[1]->stats().fenced_refusals, 2u);
+  EXPECT_FALSE(push.done());
+  const ClusterView after = FailedOver(scheduler_->state()->View(), /*move_slots=*/true, 100);
+  servers_[0]->UpdateView(after, 0);
+  absl::SleepFor(absl::Milliseconds(100));  // the server's poll period
+  client->UpdateView(after);
+  ASSERT_TRUE(push.Wait().ok()) << push.Wait();
+  std::vector<float> out(keys.size() * 4, -1);
+  ASSERT_TRUE(client->Pull(3, keys, out.data()).Wait().ok());
+  for (float v : out) EXPECT_EQ(v, 0.25f);
+  EXPECT_EQ(servers_[1]->stats().keys_pushed, 0u);
+  EXPECT_EQ(servers_[0]->stats().keys_pushed, 100u);
+  EXPECT_EQ(servers_[0]->stats().duplicate_pushes, 0u);
+}
+
+TEST_F(KVClientTest, AbortEndsPendingAndLaterRequestsWithItsStatus) {
+  auto client = Client();
+  std::vector<uint64_t> keys(100);
+  std::iota(keys.begin(), keys.end(), 9000);
+  std::vector<float> grads(keys.size() * 4, 0.25f);
+  std::vector<float> out(keys.size() * 4);
+  // Parts sent to server 0 wait for an answer; parts of server 1 wait to
+  // be retried.
+  servers_[0]->Stop();
+  servers_[1]->SetLease(SteadyClock::now() - std::chrono::milliseconds(1));
+  absl::Status called;
+  absl::Notification callback;
+  Completion push = client->Push(3, keys, grads, [&](const absl::Status& s) {
+    called = s;
+    callback.Notify();
+  });
+  Completion pull = client->Pull(3, keys, out.data());
+  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+  while (servers_[1]->stats().lease_refusals < 2 && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_FALSE(push.done());
+  const absl::Status why = absl::AbortedError("this worker was dropped by the scheduler");
+  client->Abort(why);
+  // Long before the request timeout would end them (DEADLINE_EXCEEDED).
+  absl::Status s;
+  ASSERT_TRUE(push.WaitFor(absl::Seconds(60), &s));
+  EXPECT_EQ(s, why);
+  ASSERT_TRUE(pull.WaitFor(absl::Seconds(60), &s));
+  EXPECT_EQ(s, why);
+  callback.WaitForNotification();
+  EXPECT_EQ(called, why);
+  // Later requests end before anything is sent, even those with nothing
+  // to send; a second Abort changes nothing.
+  client->Abort(absl::CancelledError("later"));
+  const uint64_t messages = client->stats().messages;
+  Completion later = client->Push(3, keys, grads);
+  EXPECT_TRUE(later.done());
+  EXPECT_EQ(later.Wait(), why);
+  EXPECT_EQ(client->Push(3, {}, {}).Wait(), why);
+  EXPECT_EQ(client->AdvanceClock().Wait(), why);
+  EXPECT_EQ(client->PullDense(4, 0, 10, out.data()).Wait(), why);
+  EXPECT_EQ(client->stats().messages, messages);
 }
 
 // A zero-copy push that one server receives whole is checked for
