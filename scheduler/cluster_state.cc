@@ -240,6 +240,7 @@ std::vector<uint64_t> ClusterState::ExpireSilentNodes() {
   std::vector<uint64_t> dead;
   absl::MutexLock lock(&mu_);
   JournalScope journal(this);
+  if (clock_->Now() < recovery_grace_until_) return dead;
   for (auto& [id, node] : nodes_) {
     if (node.info.state() == ALIVE && node.last_heartbeat < deadline) {
       node.info.set_state(DEAD);

@@ -89,7 +89,8 @@ class ClusterState {
   // FAILED_PRECONDITION for another job's journal, DATA_LOSS naming the
   // first inconsistency otherwise; the state is then unchanged. Every node
   // alive in the journal keeps its id, rank, role, slots and clock and has a
-  // whole heartbeat timeout from now to be heard from; the epoch goes up by
+  // heartbeat timeout plus kRecoveryGrace from now to be heard from (the
+  // nodes' reconnect backoff); the epoch goes up by
   // one and the view counts the restart (scheduler_restarts,
   // recovered_epoch, recovered_nodes). Call before serving.
   absl::Status Recover(const SchedulerJournal& journal);
@@ -221,6 +222,10 @@ class ClusterState {
     // pace since the first heartbeat.
     bool pace_measured = false;
   };
+  // What a node taken back by a restarted scheduler gets on top of the
+  // heartbeat timeout to be heard from: its scheduler client reconnects
+  // with a backoff of up to 1 s (scheduler/client.cc), plus jitter.
+  static constexpr absl::Duration kRecoveryGrace = absl::Seconds(2);
   // Heartbeats at least this far apart measure a worker's pace.
   static constexpr absl::Duration kPaceWindow = absl::Milliseconds(200);
 
@@ -335,6 +340,9 @@ class ClusterState {
   uint64_t checkpoint_margin_ ABSL_GUARDED_BY(mu_) = 2;
   // A requested checkpoint that was abandoned and must be taken again.
   bool checkpoint_wanted_ ABSL_GUARDED_BY(mu_) = false;
+  // After Recover: until then no node taken back is declared dead (see
+  // kRecoveryGrace).
+  absl::Time recovery_grace_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 
   JournalWriter journal_;  // set before serving, then only read
   // The state changed since the journal was last written.
