@@ -433,6 +433,11 @@ int32_t ps_session_stop_requested(ps_session* s) {
   return s->session->stop_requested() ? 1 : 0;
 }
 
+int32_t ps_session_ended(ps_session* s) {
+  if (int32_t bad = Usable(s); bad != 0) return bad;
+  return Fail(s->session->ended());
+}
+
 void ps_session_request_stop(ps_session* s) {
   if (Usable(s) != 0) return;
   s->session->RequestStop();

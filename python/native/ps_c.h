@@ -125,6 +125,11 @@ char* ps_session_slow_workers(ps_session* s);
 uint64_t ps_session_last_checkpoint(ps_session* s);
 /* 1 when a stop was requested (ps_session_request_stop, psctl drain). */
 int32_t ps_session_stop_requested(ps_session* s);
+/* 0 while the session can go on; else the status that ended it (message in
+ * ps_last_error()): 10 ABORTED "dropped by the scheduler: ..." (declared
+ * dead; every wait and request fails with it), or 14 UNAVAILABLE naming
+ * cluster.scheduler_unreachable_timeout_ms (the scheduler gone). */
+int32_t ps_session_ended(ps_session* s);
 void ps_session_request_stop(ps_session* s);
 /* Ends a step (clock + 1 on every live server, after this thread's
  * pushes); once acknowledged the position (if has_position) is reported

@@ -14,10 +14,11 @@ table in the job config): push gradients of the mean loss, never updated
 weights. See docs/python.md.
 """
 
-from .errors import (Aborted, AlreadyExists, Cancelled, DataLoss, FailedPrecondition,
-                     ForkError, Internal, InvalidArgument, NotFound, OutOfRange,
-                     PermissionDenied, PsError, ResourceExhausted, Timeout,
-                     Unauthenticated, Unavailable, Unimplemented)
+from .errors import (Aborted, AlreadyExists, Cancelled, DataLoss, Dropped,
+                     FailedPrecondition, ForkError, Internal, InvalidArgument, NotFound,
+                     OutOfRange, PermissionDenied, PsError, ResourceExhausted,
+                     SchedulerUnreachable, Timeout, Unauthenticated, Unavailable,
+                     Unimplemented)
 from .session import (FINISHED_CLOCK, DataPosition, DenseTable, Future, Session,
                       SparseTable, as_keys, hash_key, init, observe)
 
@@ -27,8 +28,9 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Aborted", "AlreadyExists", "Cancelled", "DataLoss", "DataPosition", "DenseTable",
-    "FINISHED_CLOCK", "FailedPrecondition", "ForkError", "Future", "Internal",
+    "Dropped", "FINISHED_CLOCK", "FailedPrecondition", "ForkError", "Future", "Internal",
     "InvalidArgument", "NotFound", "OutOfRange", "PermissionDenied", "PsError",
-    "ResourceExhausted", "Session", "SparseTable", "Timeout", "Unauthenticated",
-    "Unavailable", "Unimplemented", "as_keys", "hash_key", "init", "observe",
+    "ResourceExhausted", "SchedulerUnreachable", "Session", "SparseTable", "Timeout",
+    "Unauthenticated", "Unavailable", "Unimplemented", "as_keys", "hash_key", "init",
+    "observe",
 ]

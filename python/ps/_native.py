@@ -59,6 +59,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "ps_session_last_checkpoint": (c_uint64, [c_void_p]),
         "ps_session_slow_workers": (c_void_p, [c_void_p]),
         "ps_session_stop_requested": (c_int32, [c_void_p]),
+        "ps_session_ended": (c_int32, [c_void_p]),
         "ps_session_request_stop": (None, [c_void_p]),
         "ps_session_end_step": (c_int32, [c_void_p, c_int32, c_uint32, c_uint64,
                                           c_uint64, c_int32, f]),

@@ -87,6 +87,26 @@ class ForkError(FailedPrecondition):
     """A session was used in a process forked after it started."""
 
 
+class Dropped(Aborted):
+    """The scheduler dropped this worker (declared it dead after a pause or a
+    network partition): every wait and request of the session ends with it,
+    and nothing it sends counts any more. Stop training and close(); to keep
+    helping, start a new session (it joins as a new worker and takes over
+    the remaining work)."""
+
+
+class SchedulerUnreachable(Unavailable):
+    """The scheduler stayed unreachable for longer than
+    cluster.scheduler_unreachable_timeout_ms; the message names its address
+    and how long. The session can do nothing more."""
+
+
+# Markers of the C++ statuses (scheduler/client.h: DroppedError, the
+# scheduler-gone status), which keep their Abseil codes.
+_DROPPED = "dropped by the scheduler"
+_UNREACHABLE = "cluster.scheduler_unreachable_timeout_ms"
+
+
 _BY_CODE = {c.code: c for c in (
     Cancelled, InvalidArgument, Timeout, NotFound, AlreadyExists, PermissionDenied,
     ResourceExhausted, FailedPrecondition, Aborted, OutOfRange, Unimplemented,
@@ -96,4 +116,8 @@ _BY_CODE = {c.code: c for c in (
 def from_code(code: int, message: str) -> PsError:
     """The exception for Abseil status `code` with `message`."""
     cls = _BY_CODE.get(code, PsError)
+    if cls is Aborted and _DROPPED in (message or ""):
+        cls = Dropped
+    elif cls is Unavailable and _UNREACHABLE in (message or ""):
+        cls = SchedulerUnreachable
     return cls(message or f"status code {code}", code)

@@ -736,7 +736,9 @@ class Session:
         the first steps count them all (a loop of one's own should do the
         same). On a stop request (SIGTERM, drain) it ends after the step in
         progress, with its pushes acknowledged, and close() hands the
-        exact next position to the scheduler.
+        exact next position to the scheduler. If the scheduler dropped
+        this worker it raises Dropped (SchedulerUnreachable when the
+        scheduler is gone) instead of yielding another batch.
         """
         pos = self.position
         finished: Optional[DataPosition] = None
@@ -785,6 +787,9 @@ class Session:
                             break
                 b = first
                 for batch in it:
+                    # Dropped by the scheduler (or it is gone): raise
+                    # Dropped / SchedulerUnreachable rather than train on.
+                    _check(_native.lib().ps_session_ended(self._handle()))
                     if self.stop_requested:
                         self._stop_position = DataPosition(pos.shard, epoch, b)
                         self._settle()

@@ -343,3 +343,66 @@ def test_a_timed_out_bsp_wait_names_the_workers_it_waits_for(write_config, clust
     finally:
         a.close(finished=False)
         b.close(finished=False)
+
+
+DROP_JOB = """
+name: "py-dropped"
+cluster {{ num_servers: 1 num_workers: 1 num_slots: 16
+          heartbeat_interval_ms: 100 heartbeat_timeout_ms: {timeout_ms} }}
+tables {{ id: 0 name: "dense" dense {{ size: 4 }} optimizer {{ sgd {{ learning_rate: 1 }} }} }}
+"""
+
+DROP_SCRIPT = textwrap.dedent("""
+    import sys, time
+    import numpy as np
+    import ps
+    s = ps.Session(sys.argv[1], sys.argv[2])
+    dense = s.table("dense")
+    print("training", flush=True)
+    deadline = time.monotonic() + 120
+    try:
+        while time.monotonic() < deadline:
+            try:
+                dense.push(np.ones(4)).result()
+                s.end_step().result()
+            except ps.Dropped:
+                raise
+            except ps.PsError as e:
+                print("other:", type(e).__name__, e, flush=True)
+            time.sleep(0.02)
+        print("never dropped", flush=True)
+    except ps.Dropped as e:
+        print("dropped:", isinstance(e, ps.Aborted), e, flush=True)
+        try:
+            s.barrier("after")
+        except ps.Dropped:
+            print("later waits too", flush=True)
+    s.close()
+    print("closed", flush=True)
+""")
+
+
+def test_a_worker_paused_past_the_heartbeat_timeout_gets_dropped(
+        write_config, cluster_factory, tmp_path):
+    timeout_ms = int(1000 * timeout_scale())
+    config = write_config(DROP_JOB.format(timeout_ms=timeout_ms))
+    cluster = cluster_factory(config)
+    script = tmp_path / "dropped.py"
+    script.write_text(DROP_SCRIPT)
+    p = cluster.python_worker("w0", str(script), [config, cluster.scheduler])
+    deadline = time.monotonic() + 60 * timeout_scale()
+    while "training" not in cluster.output("w0"):
+        assert time.monotonic() < deadline and p.poll() is None, cluster.log("w0")
+        time.sleep(0.05)
+    time.sleep(0.3)
+    # Paused past the heartbeat timeout: the scheduler declares it dead; it
+    # learns so from its first heartbeat after SIGCONT.
+    os.kill(p.pid, signal.SIGSTOP)
+    time.sleep(3 * timeout_ms / 1000)
+    os.kill(p.pid, signal.SIGCONT)
+    assert p.wait(timeout=60 * timeout_scale()) == 0, cluster.log("w0")
+    out = cluster.output("w0")
+    assert "dropped: True" in out, out + cluster.log("w0")
+    assert "dropped by the scheduler" in out
+    assert "later waits too" in out
+    assert "closed" in out
