@@ -863,6 +863,9 @@ class KVClient::IoLoop {
                    absl::Milliseconds(200));
       part->retry_at = now + backoff;
       if (part->retry_at < part->refused_until) {
+        // A part sent again as it is (not routed again) keeps its deadline:
+        // it is moved so that the retry has a request timeout of its own.
+        part->deadline = std::max(part->deadline, part->retry_at + request_timeout_);
         ++part->refusals;
         retries_.push_back(std::move(part));
         return;

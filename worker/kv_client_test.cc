@@ -810,6 +810,28 @@ TEST_F(KVClientTest, ALeaseThatIsNeverRenewedFailsTheRequestInTheEnd) {
   EXPECT_GE(servers_[0]->stats().lease_refusals + servers_[1]->stats().lease_refusals, 3u);
 }
 
+// Requests that are not routed by key (clock messages, statistics) are
+// retried past the request timeout too while a lease is lapsed.
+TEST_F(KVClientTest, ClockAndStatisticsOutlastALapseLongerThanTheRequestTimeout) {
+  config_.mutable_cluster()->set_failover_timeout_ms(20000);
+  auto client = Client();
+  servers_[1]->SetLease(SteadyClock::now() - std::chrono::milliseconds(1));
+  Completion clock = client->AdvanceClock();
+  std::vector<ServerTableStats> stats;
+  Completion statistics = client->TableStatistics(&stats);
+  // request_timeout_ms is 2000.
+  absl::SleepFor(absl::Milliseconds(2500));
+  EXPECT_FALSE(clock.done());
+  EXPECT_FALSE(statistics.done());
+  servers_[1]->SetLease(SteadyClock::now() + std::chrono::seconds(600));
+  absl::Status s;
+  ASSERT_TRUE(clock.WaitFor(absl::Seconds(60), &s));
+  EXPECT_TRUE(s.ok()) << s;
+  ASSERT_TRUE(statistics.WaitFor(absl::Seconds(60), &s));
+  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_EQ(stats.size(), 6u);  // 2 servers, 3 tables
+}
+
 // A fenced server (dropped by the scheduler) refuses for good: the client
 // retries until its view names the slots' new owner, which applies the
 // push once.
