@@ -182,9 +182,9 @@ class KVClient {
   // Thread-safe; may be called from a completion callback.
   void Abort(absl::Status why);
 
-  // Retries: a server's answer that it applied nothing (UNAVAILABLE: no
-  // view yet, a backup busy, a slot moved: wrong_owner) is retried with a
-  // backoff until the request timeout. A server that refuses because its
+  // Retries: a server's answer that it applied nothing (UNAVAILABLE, e.g.
+  // no view yet or a backup busy; wrong_owner: the slot moved) is retried
+  // with a backoff, routed again by key. A server that refuses because its
   // lease lapsed or it was dropped (ResponseHeader.refusal, server/server.h
   // "Fencing") is retried every 20 ms to 200 ms, routed by the newest view
   // each time, for at most the larger of the request and failover timeouts
