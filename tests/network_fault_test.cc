@@ -32,7 +32,8 @@
 //    a server cut one way (seeded direction) or both ways, healed after a
 //    seeded time up to 1.5 x request_timeout_ms. WorkerServerNeverHealed:
 //    cut both ways until the job ends. SlowWorkerLink: a worker's link
-//    limited to 2 mbit each way for the whole job. Each must end within
+//    limited to 2 mbit each way for a seeded 2-4 s (the whole job at that
+//    rate would take minutes). Each must end within
 //    its bound (the reference's time + the cut + request and failover
 //    timeouts + slack); either finishing (every process 0, AUC within the
 //    bound) or with the affected worker failed with one of kExpectedErrors
@@ -163,7 +164,7 @@ std::string JobConfig() {
       id: 1 name: "d" dense { size: 14 }
       optimizer { adagrad { learning_rate: 0.1 initial_accumulator: 1e-6 } }
     }
-    data { synthetic_ctr { num_train: 600000 num_test: 20000 seed: 1 } }
+    data { synthetic_ctr { num_train: 1200000 num_test: 20000 seed: 1 } }
     training {
       batch_size: 256 epochs: 2 log_interval_s: 1
       sparse_table: "w" dense_table: "d"
@@ -179,15 +180,30 @@ std::vector<std::string> NodeNames() {
   return names;
 }
 
-// Sum of "trained N examples" over every worker's log.
-uint64_t ExamplesTrained(JobHarness& job) {
+constexpr uint64_t kBatch = 256;
+
+// What the workers trained together: the sum of "trained N examples" over
+// every worker's log (a worker that rejoined prints only what it trained
+// after rejoining; one dropped for good prints nothing), plus the part of
+// every orphaned shard that its dropped worker had reported done when the
+// scheduler handed the rest on ("shard S orphaned at epoch E batch B": E
+// epochs of `shard_epoch_examples` and B batches). Whoever took the shard
+// over counts the rest from there, so the total reaches the reference's
+// only if nothing of the shard was skipped.
+uint64_t ExamplesTrained(JobHarness& job, uint64_t shard_epoch_examples) {
   static const std::regex kTrained("trained ([0-9]+) examples");
+  static const std::regex kOrphaned("shard [0-9]+ orphaned at epoch ([0-9]+) batch ([0-9]+)");
   uint64_t total = 0;
   for (int i = 0; i < job.num_worker_processes(); ++i) {
     const std::string log = ReadFile(job.worker(i).stderr_path());
     for (std::sregex_iterator it(log.begin(), log.end(), kTrained), end; it != end; ++it) {
       total += std::stoull((*it)[1].str());
     }
+  }
+  const std::string log = ReadFile(job.dir() + "/scheduler.log");
+  for (std::sregex_iterator it(log.begin(), log.end(), kOrphaned), end; it != end; ++it) {
+    total += std::stoull((*it)[1].str()) * shard_epoch_examples +
+             std::stoull((*it)[2].str()) * kBatch;
   }
   return total;
 }
@@ -452,7 +468,9 @@ class NetworkFaultTest : public ::testing::Test {
       return ended;
     }
     ended.result = *result;
-    ended.examples = ExamplesTrained(h);
+    // The reference trains 2 epochs of kWorkers shards.
+    ended.examples = ExamplesTrained(
+        h, have_reference_ ? reference_.examples / kWorkers / 2 : 0);
     last_logs_ = h.LogTails(40);
     last_dir_ = h.dir();
     return ended;
@@ -618,8 +636,8 @@ TEST_F(NetworkFault, ServerCutFromScheduler) {
   for (int trial = 0; trial < Trials(); ++trial) {
     std::mt19937_64 rng = Rng(trial);
     const int server = static_cast<int>(rng() % kServers);
-    const uint64_t step = StepAt(rng, 10, 30);
-    const absl::Duration hold = absl::Milliseconds(rng() % 1500);
+    const uint64_t step = StepAt(rng, 10, 25);
+    const absl::Duration hold = absl::Milliseconds(rng() % 1000);
     const std::string name = JobHarness::ServerName(server);
     Disturbance d;
     d.what = absl::StrFormat("trial %d: %s cut from the scheduler at step %d, healed %d ms "
@@ -662,8 +680,12 @@ TEST_F(NetworkFault, WorkerCutFromScheduler) {
   for (int trial = 0; trial < Trials(); ++trial) {
     std::mt19937_64 rng = Rng(trial);
     const int worker = static_cast<int>(rng() % kWorkers);
-    const uint64_t step = StepAt(rng, 10, 60);
-    const absl::Duration hold = absl::Milliseconds(rng() % 1500);
+    // Early, and healed soon: the job must outlast the cut by enough for
+    // the worker to reach the scheduler again and learn it was dropped
+    // (after the job's end the scheduler is gone; the worker would give up
+    // only after kSchedulerUnreachableMs, exit 4).
+    const uint64_t step = StepAt(rng, 10, 25);
+    const absl::Duration hold = absl::Milliseconds(rng() % 1000);
     const std::string name = JobHarness::WorkerName(worker);
     Disturbance d;
     d.what = absl::StrFormat("trial %d: %s cut from the scheduler at step %d, healed %d ms "
@@ -692,8 +714,12 @@ TEST_F(NetworkFault, WorkerCutFromEverything) {
   for (int trial = 0; trial < Trials(); ++trial) {
     std::mt19937_64 rng = Rng(trial);
     const int worker = static_cast<int>(rng() % kWorkers);
-    const uint64_t step = StepAt(rng, 10, 60);
-    const absl::Duration hold = absl::Milliseconds(rng() % 1500);
+    // Early, and healed soon: the job must outlast the cut by enough for
+    // the worker to reach the scheduler again and learn it was dropped
+    // (after the job's end the scheduler is gone; the worker would give up
+    // only after kSchedulerUnreachableMs, exit 4).
+    const uint64_t step = StepAt(rng, 10, 25);
+    const absl::Duration hold = absl::Milliseconds(rng() % 1000);
     const std::string name = JobHarness::WorkerName(worker);
     Disturbance d;
     d.what = absl::StrFormat("trial %d: %s cut from every node at step %d, healed %d ms "
@@ -802,17 +828,31 @@ TEST_F(NetworkFault, SlowWorkerLink) {
   for (int trial = 0; trial < Trials(); ++trial) {
     std::mt19937_64 rng = Rng(trial);
     const int worker = static_cast<int>(rng() % kWorkers);
+    const uint64_t step = StepAt(rng, 10, 40);
+    // The whole job at 2 mbit would take minutes: a seeded window.
+    const absl::Duration window = absl::Milliseconds(2000 + rng() % 2000);
     const std::string w = JobHarness::WorkerName(worker);
     Disturbance d;
-    d.what = absl::StrFormat("trial %d: %s's link limited to 2 mbit each way; replay: %s",
-                             trial, w, ReplayCommand());
+    d.what = absl::StrFormat("trial %d: %s's link limited to 2 mbit each way from step %d "
+                             "for %d ms; replay: %s",
+                             trial, w, step, absl::ToInt64Milliseconds(window),
+                             ReplayCommand());
     std::printf("%s\n", d.what.c_str());
-    d.victims = {};
-    d.extra = absl::Seconds(60);
-    d.act = [&](JobHarness& job, NetworkLab& lab) {
-      return lab.LimitBandwidth(w, "2mbit", "64kbit", "200ms");
+    d.victims = {w};
+    d.extra = window + absl::Seconds(30);
+    std::string notes;
+    d.act = [&](JobHarness& job, NetworkLab& lab) -> absl::Status {
+      absl::Status at = AtStep(job, worker, step);
+      if (absl::IsAborted(at)) return at;
+      if (auto s = lab.LimitBandwidth(w, "2mbit", "64kbit", "200ms"); !s.ok()) return s;
+      absl::SleepFor(window);
+      auto drops = lab.LimitDrops(w);
+      notes = absl::StrCat("packets dropped by the limit: ",
+                           drops.ok() ? absl::StrCat(*drops) : drops.status().ToString());
+      return lab.ClearLimits(w);
     };
     auto ended = Run(absl::StrCat("slow-", trial), d);
+    std::printf("  %s\n", notes.c_str());
     if (!ended) continue;
     const JobHarness::Result& r = *ended->result;
     if (r.workers[worker] != 0) {
