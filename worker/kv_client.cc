@@ -1110,6 +1110,9 @@ std::shared_ptr<const KVClient::Routing> KVClient::MakeRouting(
     const ClusterView& view) {
   auto routing = std::make_shared<Routing>();
   routing->epoch = view.epoch();
+  routing->mode = view.consistency().mode() == CONSISTENCY_MODE_UNSPECIFIED
+                      ? ASYNC
+                      : view.consistency().mode();
   routing->slot_owner.assign(view.slot_owner().begin(),
                              view.slot_owner().end());
   if (!routing->slot_owner.empty() &&

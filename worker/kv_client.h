@@ -171,6 +171,9 @@ class KVClient {
 
   // Routes later requests by `view` (ignored unless newer). Thread-safe.
   void UpdateView(const ClusterView& view);
+  // The consistency mode of the newest view routed by (it may change at run
+  // time: SetConsistency). Thread-safe.
+  ConsistencyMode consistency_mode() const { return routing()->mode; }
 
   // Ends this client's traffic for good: every request still in flight
   // (sent, waiting to be retried, waiting for a server to take over its
@@ -310,6 +313,7 @@ class KVClient {
     // requests need no per-key routing.
     int64_t sole_owner = -1;
     std::vector<std::string> endpoints;  // by server rank; "" = not live
+    ConsistencyMode mode = ASYNC;
   };
   struct Part;
   struct ScanChain;

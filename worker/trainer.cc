@@ -85,7 +85,13 @@ void Trainer::StartPull(Step* step) {
 }
 
 absl::Status Trainer::FinishPull(Step* step) {
-  constexpr int kAttempts = 20;
+  // Under BSP/SSP the servers hold a pull until slower workers catch up,
+  // which may take longer than a request timeout: such a pull is asked
+  // again, up to 20 times. Under ASYNC nothing holds a pull, so one that is
+  // not answered in time means the server cannot be reached: the worker
+  // fails at once (within cluster.request_timeout_ms, as documented) and
+  // its shard goes on elsewhere, rather than hanging 20 timeouts long.
+  const int kAttempts = client_->consistency_mode() == ASYNC ? 1 : 20;
   for (int attempt = 1;; ++attempt) {
     const absl::Status s =
         step->sparse_pull ? step->sparse_pull->Wait() : absl::OkStatus();
