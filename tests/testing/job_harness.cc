@@ -285,6 +285,18 @@ absl::Status JobHarness::WaitUntilGone(int i, absl::Duration timeout) {
   }
 }
 
+void JobHarness::SleepFor(absl::Duration d) {
+  const absl::Time until = absl::Now() + d;
+  while (true) {
+    for (Subprocess& p : schedulers_) p.running();
+    for (Subprocess& p : servers_) p.running();
+    for (Subprocess& p : workers_) p.running();
+    const absl::Duration left = until - absl::Now();
+    if (left <= absl::ZeroDuration()) return;
+    absl::SleepFor(std::min(left, kPoll));
+  }
+}
+
 absl::Status JobHarness::CheckAbort() {
   if (!abort_check_) return absl::OkStatus();
   // Reading logs is the usual check: not on every poll.

@@ -165,6 +165,10 @@ class JobHarness {
   // later). Wait, LogTails and DeclaredDead cover every incarnation.
   absl::Status RestartScheduler();
 
+  // Sleeps for `d` (not scaled), looking at every process every 10 ms so
+  // their Subprocess::exited_at() stay as precise while the test waits.
+  void SleepFor(absl::Duration d);
+
   // Every wait below also calls `check` (at most every 50 ms) and ends
   // with ABORTED and its answer when that is not empty: a way to give up
   // at once on a job that can no longer pass.
