@@ -113,8 +113,10 @@ constexpr double kAucTolerance = 0.005;
 constexpr absl::Duration kJobTimeout = absl::Seconds(120);
 // The longest a scheduler stays dead before its restart.
 constexpr int kMaxRestartDelayMs = 3000;
-// Acceptance 1c's cluster.scheduler_unreachable_timeout_ms.
+// Acceptance 1c's cluster.scheduler_unreachable_timeout_ms, and its job's
+// training set.
 constexpr int kUnreachableMs = 3000;
+constexpr int kGoneNumTrain = 1000000;
 // A stalled job is run again once; a second stall fails the test.
 constexpr int kAttempts = 2;
 
@@ -190,11 +192,12 @@ Variant VariantOf(int trial) { return {trial % 2 == 1, (trial / 2) % 2 == 1}; }
 // A checkpoint every this many steps of the job's clock: a few per job.
 constexpr int kCheckpointInterval = 100;
 
-// Small enough that a job trains for a few seconds on two cores.
+// Small enough that a job takes about 3 s on two cores (1 s of it
+// training: the scheduler is killed while the workers train).
 // `dir` holds the job's scheduler state or checkpoints.
 std::string JobConfig(const Mode& mode, const Variant& variant, const std::string& dir,
                       const std::string& extra_cluster = "",
-                      const std::string& checkpoint_extra = "") {
+                      const std::string& checkpoint_extra = "", int num_train = 300000) {
   return absl::StrFormat(R"pb(
     name: "restart-%s"
     cluster {
@@ -219,7 +222,7 @@ std::string JobConfig(const Mode& mode, const Variant& variant, const std::strin
       id: 1 name: "d" dense { size: 14 }
       optimizer { adagrad { learning_rate: 0.1 initial_accumulator: 1e-6 } }
     }
-    data { synthetic_ctr { num_train: 120000 num_test: 20000 seed: 1 } }
+    data { synthetic_ctr { num_train: %d num_test: 20000 seed: 1 } }
     training {
       batch_size: 256 epochs: 2 log_interval_s: 1
       sparse_table: "w" dense_table: "d"
@@ -231,7 +234,7 @@ std::string JobConfig(const Mode& mode, const Variant& variant, const std::strin
                          variant.checkpoints
                              ? ""
                              : absl::StrCat("scheduler_state_dir: \"", dir, "/state\""),
-                         extra_cluster, mode.consistency,
+                         extra_cluster, mode.consistency, num_train,
                          variant.checkpoints
                              ? absl::StrCat("checkpoint { dir: \"", dir,
                                             "/ckpt\" interval_steps: ", kCheckpointInterval,
@@ -574,7 +577,7 @@ TEST_P(SchedulerRestartTest, KilledSchedulerIsRestartedAndTakesTheJobBack) {
         return Finish(*job, what);
       }
       (void)job->scheduler().Wait(absl::Seconds(10));
-      absl::SleepFor(absl::Milliseconds(delay_ms));
+      job->SleepFor(absl::Milliseconds(delay_ms));
       if (absl::Status s = job->RestartScheduler(); !s.ok()) return fail(s);
       absl::StrAppend(&notes, "; ", CheckRestartCounted(*job, what));
       JobRun r = Finish(*job, what);
@@ -770,8 +773,9 @@ TEST_F(SchedulerRestartLedgerTest, SchedulerGoneForGoodEndsEveryProcessThenARest
     const std::string dir = absl::StrCat(BaseDir("restart-gone"), "/attempt-", attempt);
     mkdir(dir.c_str(), 0755);
     ckpt_dir = dir + "/ckpt";
+    // Long enough (about 4 s of training) that the kill comes mid-training.
     std::unique_ptr<JobHarness> job =
-        StartJob(dir + "/first", JobConfig(mode, variant, dir, unreachable));
+        StartJob(dir + "/first", JobConfig(mode, variant, dir, unreachable, "", kGoneNumTrain));
     if (job == nullptr) return JobRun();
     job->set_abort_check([&] { return FalseDeath(*job); });
     JobRun r;
@@ -855,7 +859,8 @@ TEST_F(SchedulerRestartLedgerTest, SchedulerGoneForGoodEndsEveryProcessThenARest
       newest = CommittedCheckpoints(ckpt_dir).back();
     }
     std::unique_ptr<JobHarness> job =
-        StartJob(dir, JobConfig(mode, variant, run_dir, unreachable, "restore: true"));
+        StartJob(dir, JobConfig(mode, variant, run_dir, unreachable, "restore: true",
+                                kGoneNumTrain));
     if (job == nullptr) return JobRun();
     job->set_abort_check([&] { return FalseDeath(*job); });
     JobRun r = Finish(*job, restore_what);
