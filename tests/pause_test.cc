@@ -38,7 +38,7 @@
 // Flags (--test_arg=--fault_seed=5 under bazel test), each also read from
 // the environment when the flag is not given (--test_env=FAULT_SEED=5):
 //   --fault_seed=N    (FAULT_SEED)    default 1; 0 picks one from the time
-//   --fault_trials=N  (FAULT_TRIALS)  worker trials per mode, default 3 (1
+//   --fault_trials=N  (FAULT_TRIALS)  worker trials per mode, default 2 (1
 //       under a sanitizer, PS_SANITIZER=1); server trials: 1
 //   --fault_trial=I   (FAULT_TRIAL)   run only trial I (replaying a failure)
 //   --fault_heartbeat_timeout_ms=N (FAULT_HEARTBEAT_TIMEOUT_MS) default
@@ -78,7 +78,7 @@ ABSL_FLAG(int64_t, fault_seed, -1,
           "Seed of the trials' choices; 0 picks one from the time. Default: "
           "$FAULT_SEED, else 1.");
 ABSL_FLAG(int32_t, fault_trials, -1,
-          "Worker trials per mode. Default: $FAULT_TRIALS, else 3 (1 under a "
+          "Worker trials per mode. Default: $FAULT_TRIALS, else 2 (1 under a "
           "sanitizer).");
 ABSL_FLAG(int32_t, fault_trial, -1,
           "Run only this trial (0-based). Default: $FAULT_TRIAL, else all.");
@@ -125,7 +125,7 @@ bool Sanitizer() {
   return s != nullptr && std::string_view(s) == "1";
 }
 int Trials() {
-  return Setting(absl::GetFlag(FLAGS_fault_trials), "FAULT_TRIALS", Sanitizer() ? 1 : 3);
+  return Setting(absl::GetFlag(FLAGS_fault_trials), "FAULT_TRIALS", Sanitizer() ? 1 : 2);
 }
 int OnlyTrial() { return Setting(absl::GetFlag(FLAGS_fault_trial), "FAULT_TRIAL", -1); }
 int HeartbeatTimeoutMs() {
@@ -702,5 +702,8 @@ INSTANTIATE_TEST_SUITE_P(Modes, PausedWorkerTest, ::testing::Values(0, 1),
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
   absl::ParseCommandLine(argc, argv);
-  return RUN_ALL_TESTS();
+  const absl::Time start = absl::Now();
+  const int status = RUN_ALL_TESTS();
+  std::printf("%s: %.1f s in all\n", "pause_test", absl::ToDoubleSeconds(absl::Now() - start));
+  return status;
 }

@@ -899,5 +899,8 @@ TEST_F(SchedulerRestartLedgerTest, SchedulerGoneForGoodEndsEveryProcessThenARest
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);  // takes the --gtest_* flags
   absl::ParseCommandLine(argc, argv);
-  return RUN_ALL_TESTS();
+  const absl::Time start = absl::Now();
+  const int status = RUN_ALL_TESTS();
+  std::printf("%s: %.1f s in all\n", "scheduler_restart_test", absl::ToDoubleSeconds(absl::Now() - start));
+  return status;
 }
