@@ -17,11 +17,20 @@
 //    job finishes at the reference AUC (within 0.005); the cut-off server
 //    exits 3 (dropped) once it learns it was dropped, every other process
 //    0.
-//  LedgerSurvivesServerCutFromScheduler (acceptance 3, exact): the same
-//    cut under replication_test's ledger pushers (integer SGD pushes, a
-//    ledger of what was acknowledged): every key ends at exactly minus
-//    the sum of its acknowledged pushes, so a server that lost its slots
-//    acknowledged no push it did not keep.
+//  NetworkFaultLedger.LedgerSurvivesServerCutFromScheduler (acceptance 3,
+//    exact; no reference run): instead of trainers, the ledger pushers of
+//    pause_test's server case (tests/testing/ledger.h: integer SGD
+//    pushes, a ledger of what was acknowledged), each in a worker's
+//    namespace, push to 3 servers (replication 2); a seeded server rank
+//    is cut from the scheduler both ways 0-0.5 s into the pushes until
+//    declared dead and a seeded 0-1 s more, the pushers still reaching
+//    it, then healed. Every key ends at exactly minus the sum of its
+//    acknowledged pushes (none lost, none applied twice: a server that
+//    lost its slots acknowledged no push it did not keep); the pushers
+//    wrote to its slots across the cut; it refused requests once its
+//    lease lapsed ("lease lapsed" in its log) and exited 3 after the heal
+//    (the job cannot end before the ledger's reader finishes it, so exit
+//    4 is no outcome); every other process exits 0. About 5 s.
 //  WorkerCutFromScheduler / WorkerCutFromEverything (acceptance 4): a
 //    worker cut from the scheduler (or from every node) until declared
 //    dead, then healed. It stops or rejoins (exit 0 or 3); the job
@@ -80,6 +89,7 @@
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "tests/testing/job_harness.h"
+#include "tests/testing/ledger.h"
 #include "tests/testing/netns.h"
 #include "tests/testing/subprocess.h"
 
@@ -93,6 +103,7 @@ namespace {
 
 using ::ps::testing::JobHarness;
 using ::ps::testing::JsonNumber;
+using ::ps::testing::LedgerPushers;
 using ::ps::testing::NetworkLab;
 using ::ps::testing::ReadFile;
 using ::ps::testing::Runfile;
@@ -283,12 +294,15 @@ class NetworkFaultTest : public ::testing::Test {
   }
 
   // A lab with a namespace per process and a harness running the job in
-  // it; null (with a failure added) when either cannot start.
+  // it (`config`, JobConfig() by default, with `num_workers` trainers);
+  // null (with a failure added) when either cannot start. The lab has
+  // namespaces "worker0".."worker<kWorkers-1>" even for fewer trainers.
   struct Job {
     std::unique_ptr<NetworkLab> lab;
     std::unique_ptr<JobHarness> harness;
   };
-  Job StartJob(const std::string& run) {
+  Job StartJob(const std::string& run, const std::string& config = JobConfig(),
+               int num_workers = kWorkers) {
     Job job;
     auto lab = NetworkLab::Create(NodeNames());
     if (!lab.ok()) {
@@ -301,9 +315,9 @@ class NetworkFaultTest : public ::testing::Test {
     const std::string dir = absl::StrCat(::testing::TempDir(), "/netfault");
     mkdir(dir.c_str(), 0755);
     options.dir = absl::StrCat(dir, "/", run);
-    options.config = JobConfig();
+    options.config = config;
     options.num_servers = kServers;
-    options.num_workers = kWorkers;
+    options.num_workers = num_workers;
     options.scheduler_host = l->Address("scheduler");
     // A process the lab has no namespace for (a replacement) runs on the
     // hub, which reaches every node.
@@ -673,6 +687,287 @@ TEST_F(NetworkFault, ServerCutFromScheduler) {
     const std::string lapsed =
         LineWith(ReadFile(absl::StrCat(last_dir_, "/", name, ".log")), "lease");
     std::printf("  %s's lease: %s\n", name.c_str(), lapsed.empty() ? "(no line)" : lapsed.c_str());
+  }
+}
+
+// ---- Acceptance 3, exact: the push ledger under a server cut ----
+
+// The ledger job (tests/testing/ledger.h): a sparse SGD table of integer
+// sums, kWorkers pushers as the workers. Request and failover timeouts are
+// long, so a push fails only on a lost view, never on a slow machine.
+std::string LedgerConfig() {
+  return absl::StrFormat(R"pb(
+    name: "netfault-ledger"
+    cluster {
+      num_servers: %d
+      num_workers: %d
+      num_slots: 64
+      heartbeat_interval_ms: 100
+      heartbeat_timeout_ms: %d
+      request_timeout_ms: 60000
+      failover_timeout_ms: 60000
+      scheduler_unreachable_timeout_ms: %d
+      replication: 2
+    }
+    tables {
+      id: 0
+      name: "sgd"
+      sparse { dim: 1 }
+      optimizer { sgd { learning_rate: 1 } }
+      init { kind: ZEROS }
+    }
+  )pb", kServers, kWorkers, HeartbeatTimeoutMs(), kSchedulerUnreachableMs);
+}
+
+std::vector<std::string> LinesWith(const std::string& text, const std::string& needle) {
+  std::vector<std::string> lines;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    if (absl::StrContains(line, needle)) lines.emplace_back(line);
+  }
+  return lines;
+}
+
+// The rank server(i) registered as, once it logged it (up to 20 s).
+std::optional<uint32_t> ServerRank(JobHarness& job, int i) {
+  static const std::regex kRank("registered as server ([0-9]+)");
+  const absl::Time give_up = absl::Now() + Scaled(absl::Seconds(20));
+  while (absl::Now() < give_up) {
+    const std::string log = ReadFile(job.server(i).stderr_path());
+    std::smatch m;
+    if (std::regex_search(log, m, kRank)) return static_cast<uint32_t>(std::stoul(m[1].str()));
+    if (!job.server(i).running()) return std::nullopt;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return std::nullopt;
+}
+
+// Acknowledged pushes in the pushers' ledgers (dir/ledger<i>) whose keys
+// belonged to server rank `group` when the pushers started: all of them,
+// and those acknowledged at or after `since`.
+struct GroupAcks {
+  uint64_t all = 0;
+  uint64_t since = 0;
+};
+GroupAcks AcksOfGroup(const std::string& dir, uint32_t group, absl::Time since) {
+  GroupAcks acks;
+  const int64_t since_us = absl::ToUnixMicros(since);
+  for (int i = 0; i < kWorkers; ++i) {
+    for (const std::string& line : LinesWith(ReadFile(absl::StrCat(dir, "/ledger", i)), "ack ")) {
+      std::vector<std::string> f = absl::StrSplit(line, ' ', absl::SkipEmpty());
+      uint32_t g;
+      int64_t ack_us;
+      if (f.size() != 4 || f[0] != "ack" || !absl::SimpleAtoi(f[1], &g) ||
+          !absl::SimpleAtoi(f[3], &ack_us) || g != group) {
+        continue;
+      }
+      ++acks.all;
+      if (ack_us >= since_us) ++acks.since;
+    }
+  }
+  return acks;
+}
+
+// Acceptance 3 with the exact check of pause_test's server case, for a
+// partition instead of a pause: the pushers (each in its own namespace,
+// reaching every server) push while a primary is cut from the scheduler
+// both ways until declared dead and a seeded hold more, then healed. No
+// reference run is needed.
+class NetworkFaultLedger : public NetworkFaultTest {
+ protected:
+  // One attempt; the "declared dead" line of a node the test did not cut
+  // when the machine stalled one (run again), else "" (failures added).
+  std::string LedgerCut(const std::string& run, int trial, uint32_t victim_rank,
+                        absl::Duration cut_after, absl::Duration hold, const std::string& what,
+                        std::string* notes) {
+    Job job = StartJob(run, LedgerConfig(), /*num_workers=*/0);
+    if (job.harness == nullptr) return "";
+    JobHarness& h = *job.harness;
+    NetworkLab& lab = *job.lab;
+    int victim = -1;
+    for (int i = 0; i < h.num_servers(); ++i) {
+      std::optional<uint32_t> rank = ServerRank(h, i);
+      if (!rank) {
+        ADD_FAILURE() << what << ": server" << i << " did not register\n" << h.LogTails(20);
+        return "";
+      }
+      if (*rank == victim_rank) victim = i;
+    }
+    if (victim < 0) {
+      ADD_FAILURE() << what << ": no server registered as rank " << victim_rank << "\n"
+                    << h.LogTails(20);
+      return "";
+    }
+    const std::string name = JobHarness::ServerName(victim);
+    // The scheduler names nodes "server rank R (node N)".
+    const std::string victim_tag = absl::StrCat("server rank ", victim_rank, " (node");
+    const std::string scheduler_log = h.dir() + "/scheduler.log";
+    auto false_death = [&]() -> std::string {
+      for (const std::string& line : LinesWith(ReadFile(scheduler_log), "declared dead")) {
+        if (!absl::StrContains(line, victim_tag)) return line;
+      }
+      return "";
+    };
+    auto victim_dead = [&] {
+      for (const std::string& line : LinesWith(ReadFile(scheduler_log), "declared dead")) {
+        if (absl::StrContains(line, victim_tag)) return true;
+      }
+      return false;
+    };
+    h.set_abort_check(false_death);
+
+    LedgerPushers::Options ledger;
+    ledger.dir = h.dir();
+    ledger.config_path = h.dir() + "/job.pbtxt";
+    ledger.scheduler_address = h.address();
+    ledger.pushers = kWorkers;
+    ledger.seed = Seed() * 100 + trial;
+    // Pusher i in worker<i>'s namespace; the reader (after the heal) on
+    // the hub, which reaches every node.
+    ledger.wrap = [&lab](const std::string& process) {
+      return absl::StartsWith(process, "pusher")
+                 ? lab.ExecPrefix(absl::StrCat("worker", process.substr(6)))
+                 : std::vector<std::string>{};
+    };
+    auto pushers = LedgerPushers::Start(ledger, absl::Seconds(30));
+    if (!pushers.ok()) {
+      std::string stall = false_death();
+      if (stall.empty()) ADD_FAILURE() << what << ": " << pushers.status() << "\n"
+                                       << h.LogTails(20);
+      return stall;
+    }
+
+    absl::SleepFor(cut_after);
+    if (absl::Status s = lab.Partition(name, "scheduler", NetworkLab::Direction::kBoth);
+        !s.ok()) {
+      ADD_FAILURE() << what << ": " << s;
+      return "";
+    }
+    const absl::Time cut_at = absl::Now();
+    bool declared = false;
+    while (absl::Now() < cut_at + Scaled(absl::Seconds(20))) {
+      if (std::string stall = false_death(); !stall.empty()) return stall;
+      if ((declared = victim_dead())) break;
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    const absl::Time declared_at = absl::Now();
+    absl::SleepFor(hold);
+    if (absl::Status s = lab.HealAll(); !s.ok()) {
+      ADD_FAILURE() << what << ": " << s;
+      return "";
+    }
+    const absl::Time healed_at = absl::Now();
+    *notes = absl::StrFormat("%s %.2f s after the cut, healed %.2f s after it",
+                             declared ? "declared dead" : "NOT declared dead", absl::ToDoubleSeconds(declared_at - cut_at),
+                             absl::ToDoubleSeconds(healed_at - cut_at));
+    if (!declared) {
+      ADD_FAILURE() << what << ": the scheduler did not declare " << name
+                    << " dead within 20 s of the cut\n" << h.LogTails(20);
+      return "";
+    }
+    // Healed, it reaches the scheduler, learns it was dropped and exits;
+    // the job cannot end before StopAndVerify's reader finishes it, so
+    // exit 4 (the scheduler gone) is no outcome here. The pushes go on
+    // through the backups that took its slots over.
+    auto code = h.server(victim).Wait(absl::Seconds(15));
+    absl::SleepFor(absl::Seconds(1));
+    LedgerPushers::Verdict verdict = pushers->StopAndVerify();
+    auto result = h.Wait(absl::Seconds(60));
+    if (std::string stall = false_death(); !stall.empty()) return stall;
+
+    bool ok = true;
+    for (const std::string& p : verdict.problems) {
+      ok = false;
+      ADD_FAILURE() << what << ": " << p;
+    }
+    const GroupAcks acks = AcksOfGroup(h.dir(), victim_rank, cut_at);
+    absl::StrAppendFormat(notes,
+                          "; %d pushes acknowledged, %d of them to rank %u's slots (%d after "
+                          "the cut)",
+                          verdict.acknowledged, acks.all, victim_rank, acks.since);
+    // A primary of what the pushers write, and written to across the cut.
+    if (acks.all == 0 || acks.since == 0) {
+      ok = false;
+      ADD_FAILURE() << what << ": " << acks.all << " pushes to rank " << victim_rank
+                    << "'s slots acknowledged (" << acks.since
+                    << " after the cut): the cut server was no primary the pushers used";
+    }
+    const std::string log = ReadFile(h.server(victim).stderr_path());
+    // The lease (3/4 of the heartbeat timeout from the last acknowledged
+    // heartbeat) lapses before the scheduler declares the server dead,
+    // and the pushers, which reach it, keep sending until they get the
+    // view without it: it must refuse them.
+    const std::vector<std::string> lapsed = LinesWith(log, "lease lapsed");
+    const std::vector<std::string> fenced = LinesWith(log, "no longer a member");
+    absl::StrAppendFormat(notes, "; %s refused on its lapsed lease: %s", name,
+                          lapsed.empty() ? "NO" : lapsed.front());
+    if (!fenced.empty()) absl::StrAppendFormat(notes, "; refused as dropped: %s", fenced.front());
+    if (lapsed.empty()) {
+      ok = false;
+      ADD_FAILURE() << what << ": " << name
+                    << " never refused a request on its lapsed lease (no 'lease lapsed' in "
+                       "its log) though the pushers reached it";
+    }
+    if (!code.ok()) {
+      ok = false;
+      ADD_FAILURE() << what << ": " << name << " still ran 15 s after the heal";
+    } else {
+      absl::StrAppendFormat(notes, "; %s exited with %d %.2f s after the heal", name, *code,
+                            absl::ToDoubleSeconds(*h.server(victim).exited_at() - healed_at));
+      if (*code != kExitDropped || !absl::StrContains(log, "dropped by the scheduler")) {
+        ok = false;
+        ADD_FAILURE() << what << ": " << name << " exited with " << *code << " (expected "
+                      << kExitDropped << ", 'dropped by the scheduler' in its log)";
+      }
+    }
+    if (!result.ok()) {
+      ok = false;
+      ADD_FAILURE() << what << ": " << result.status();
+    } else {
+      if (result->scheduler != 0) {
+        ok = false;
+        ADD_FAILURE() << what << ": the scheduler exited with " << result->scheduler;
+      }
+      for (int i = 0; i < h.num_servers(); ++i) {
+        if (i != victim && result->servers[i] != 0) {
+          ok = false;
+          ADD_FAILURE() << what << ": server" << i << " exited with " << result->servers[i];
+        }
+      }
+    }
+    if (!ok) ADD_FAILURE() << what << ": logs of " << h.dir() << "\n" << h.LogTails(30);
+    return "";
+  }
+};
+
+TEST_F(NetworkFaultLedger, LedgerSurvivesServerCutFromScheduler) {
+  for (int trial = 0; trial < Trials(); ++trial) {
+    std::mt19937_64 rng = Rng(trial);
+    const uint32_t victim_rank = static_cast<uint32_t>(rng() % kServers);
+    const absl::Duration cut_after = absl::Milliseconds(rng() % 500);
+    const absl::Duration hold = absl::Milliseconds(rng() % 1000);
+    const std::string what = absl::StrFormat(
+        "trial %d: server rank %u cut from the scheduler %d ms into the pushes, healed %d ms "
+        "after declared dead; replay: %s",
+        trial, victim_rank, absl::ToInt64Milliseconds(cut_after),
+        absl::ToInt64Milliseconds(hold), ReplayCommand());
+    std::printf("%s\n", what.c_str());
+    std::fflush(stdout);
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      std::string notes;
+      const std::string stall =
+          LedgerCut(absl::StrCat("ledger-cut-", trial, attempt == 0 ? "" : "-again"), trial,
+                    victim_rank, cut_after, hold, what, &notes);
+      std::printf("  %s\n", notes.c_str());
+      if (stall.empty()) break;
+      std::printf("  STALLED, a node the test did not cut was declared dead: %s%s\n",
+                  stall.c_str(), attempt == 0 ? "; running it again" : "");
+      std::fflush(stdout);
+      if (attempt == 1) {
+        ADD_FAILURE() << what << ": stalled twice: the machine is too busy for a "
+                      << HeartbeatTimeoutMs() << " ms heartbeat timeout";
+      }
+    }
+    std::fflush(stdout);
   }
 }
 

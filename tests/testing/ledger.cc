@@ -10,6 +10,18 @@
 #include "absl/strings/strip.h"
 
 namespace ps::testing {
+namespace {
+
+// `argv` behind the options' prefix for the process `name`.
+std::vector<std::string> Wrapped(const LedgerPushers::Options& o, const std::string& name,
+                                 std::vector<std::string> argv) {
+  if (!o.wrap) return argv;
+  std::vector<std::string> wrapped = o.wrap(name);
+  wrapped.insert(wrapped.end(), argv.begin(), argv.end());
+  return wrapped;
+}
+
+}  // namespace
 
 absl::StatusOr<LedgerPushers> LedgerPushers::Start(Options options,
                                                    absl::Duration timeout) {
@@ -20,12 +32,13 @@ absl::StatusOr<LedgerPushers> LedgerPushers::Start(Options options,
   for (int i = 0; i < o.pushers; ++i) {
     std::remove(absl::StrCat(o.dir, "/progress", i).c_str());
     auto pusher = Subprocess::Start(
-        {Runfile(o.pusher_binary), "--config=" + o.config_path,
-         "--scheduler=" + o.scheduler_address, "--table=" + o.table,
-         absl::StrCat("--keys=", o.keys), absl::StrCat("--seed=", o.seed * 10 + i),
-         "--stop_file=" + o.dir + "/stop",
-         absl::StrCat("--progress_file=", o.dir, "/progress", i),
-         absl::StrCat("--ledger=", o.dir, "/ledger", i)},
+        Wrapped(o, absl::StrCat("pusher", i),
+                {Runfile(o.pusher_binary), "--config=" + o.config_path,
+                 "--scheduler=" + o.scheduler_address, "--table=" + o.table,
+                 absl::StrCat("--keys=", o.keys), absl::StrCat("--seed=", o.seed * 10 + i),
+                 "--stop_file=" + o.dir + "/stop",
+                 absl::StrCat("--progress_file=", o.dir, "/progress", i),
+                 absl::StrCat("--ledger=", o.dir, "/ledger", i)}),
         absl::StrCat(o.dir, "/pusher", i, ".out"), absl::StrCat(o.dir, "/pusher", i, ".log"));
     if (!pusher.ok()) return pusher.status();
     p.pushers_.push_back(*std::move(pusher));
@@ -83,9 +96,10 @@ LedgerPushers::Verdict LedgerPushers::StopAndVerify() {
   // Read everything back through a fresh worker, which leaves as finished:
   // the job ends.
   auto reader = Subprocess::Start(
-      {Runfile(o.reader_binary), "--config=" + o.config_path,
-       "--scheduler=" + o.scheduler_address, "--table=" + o.table, "--op=pull",
-       absl::StrCat("--keys=0-", o.keys - 1), "--finish"},
+      Wrapped(o, "reader",
+              {Runfile(o.reader_binary), "--config=" + o.config_path,
+               "--scheduler=" + o.scheduler_address, "--table=" + o.table, "--op=pull",
+               absl::StrCat("--keys=0-", o.keys - 1), "--finish"}),
       o.dir + "/reader.out", o.dir + "/reader.log");
   if (!reader.ok()) {
     problem(reader.status().ToString());

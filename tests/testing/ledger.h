@@ -40,6 +40,10 @@ class LedgerPushers {
     // Binaries, as Runfile() paths.
     std::string pusher_binary = "tests/replication_pusher";
     std::string reader_binary = "worker/kv_tool";
+    // An argv prefix for the process named `name` ("pusher<i>", "reader"),
+    // e.g. a NetworkLab's ExecPrefix to run it in a network namespace;
+    // unset or empty = none.
+    std::function<std::vector<std::string>(const std::string& name)> wrap;
   };
 
   // What StopAndVerify found.
