@@ -89,6 +89,12 @@ std::unique_ptr<grpc::ClientContext> SchedulerClient::Context(
     absl::Duration timeout) const {
   auto context = std::make_unique<grpc::ClientContext>();
   context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  // Every call waits (within its deadline) for the channel to connect
+  // rather than failing at once while it reconnects: a call waiting for
+  // the connection is what notices it at once. (A fail-fast call leaves a
+  // reconnection that succeeded to gRPC's backup poller, up to 5 s later:
+  // a restarted scheduler would wait that long for heartbeats.)
+  context->set_wait_for_ready(true);
   return context;
 }
 
@@ -100,10 +106,13 @@ absl::StatusOr<std::unique_ptr<SchedulerClient>> SchedulerClient::Connect(
       MakeChannelCredentials(c->options_.tls);
   if (!creds.ok()) return Annotate(creds.status(), "scheduler client credentials");
   // Reconnect within a second of a restarted scheduler listening again
-  // (gRPC's default backoff grows to two minutes over a long outage).
+  // (gRPC's default backoff grows to two minutes over a long outage). The
+  // "minimum backoff" is also the least time a connection attempt gets
+  // (handshake included): a loaded scheduler must not be given up on too
+  // soon, or attempts keep timing out while it is already back.
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 1000);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   c->stub_ = Scheduler::NewStub(
       grpc::CreateCustomChannel(c->options_.address, *creds, args));
@@ -141,6 +150,7 @@ absl::StatusOr<std::unique_ptr<SchedulerClient>> SchedulerClient::Connect(
         // listener, or a refused TLS handshake); one fail-fast call
         // without side effects (not Register: it could take a rank) tells.
         auto probe = c->Context(absl::Seconds(2));
+        probe->set_wait_for_ready(false);
         GetStatusResponse ignored;
         const grpc::Status last =
             c->stub_->GetStatus(probe.get(), GetStatusRequest(), &ignored);
@@ -389,11 +399,13 @@ grpc::Status SchedulerClient::Attempt(
   }
   if (grpc::Status ended = EndedStatus(); !ended.ok()) return ended;
   // UNAVAILABLE: no connection, or the scheduler shutting down (maybe to
-  // restart). DEADLINE_EXCEEDED once the deadline passed: no answer in
-  // time (a partition). A DEADLINE_EXCEEDED before it is the scheduler's
-  // own answer (a barrier's wait ended).
+  // restart); CANCELLED (not by this client): the scheduler shut down with
+  // the call pending. DEADLINE_EXCEEDED once the deadline passed: no
+  // connection or no answer in time (a partition). A DEADLINE_EXCEEDED
+  // before it is the scheduler's own answer (a barrier's wait ended).
   const bool failed =
       status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+      status.error_code() == grpc::StatusCode::CANCELLED ||
       (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED &&
        absl::Now() >= deadline - absl::Milliseconds(1));
   if (!failed) {
@@ -406,7 +418,11 @@ grpc::Status SchedulerClient::Attempt(
     *transport = false;
     return ended;
   }
-  return status;
+  // One code for "the scheduler did not answer", whatever the transport
+  // said, so callers never take it for the scheduler's own answer.
+  return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                      absl::StrCat("scheduler at ", options_.address,
+                                   " unreachable: ", status.error_message()));
 }
 
 bool SchedulerClient::Backoff(absl::Duration* delay, absl::Time give_up) {
@@ -518,6 +534,11 @@ void SchedulerClient::HeartbeatLoop() {
     // Before sending: the scheduler's deadline for this node starts later.
     const SteadyClock::time_point sent = SteadyClock::now();
     auto context = Context(rpc_deadline);
+    // Fail fast while the channel cannot connect: the error then says why
+    // (refused, no route...), for the logs and scheduler_gone(). The watch
+    // loop's long poll, which waits for the connection, notices the
+    // scheduler coming back.
+    context->set_wait_for_ready(false);
     grpc::Status status = stub_->Heartbeat(context.get(), request, &response);
     if (!status.ok()) {
       if (status.error_code() == grpc::StatusCode::NOT_FOUND) {
@@ -584,7 +605,8 @@ void SchedulerClient::WatchLoop() {
       backoff = kFirstBackoff;
     } else {
       // Scheduler unreachable (the heartbeat thread reports it) or
-      // restarting: try again soon, then less often.
+      // restarting: try again soon, then less often. (The poll waits for
+      // the connection within its deadline, so this is rarely reached.)
       stop_.WaitForNotificationWithTimeout(backoff);
       backoff = std::min(backoff * 2, kMaxBackoff);
     }

@@ -284,7 +284,8 @@ absl::Status WorkerSession::Open() {
 WorkerSession::~WorkerSession() {
   if (membership_ != nullptr && !left_) {
     absl::Status s = Leave(false);
-    if (!s.ok()) Log()->warn("{}", s.message());
+    // After a drop or with the scheduler gone the caller has said why.
+    if (!s.ok() && ended().ok()) Log()->warn("{}", s.message());
   }
   if (kv_ != nullptr) {
     if (options_.on_client) options_.on_client(nullptr);
