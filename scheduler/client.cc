@@ -89,12 +89,10 @@ std::unique_ptr<grpc::ClientContext> SchedulerClient::Context(
     absl::Duration timeout) const {
   auto context = std::make_unique<grpc::ClientContext>();
   context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-  // Every call waits (within its deadline) for the channel to connect
-  // rather than failing at once while it reconnects: a call waiting for
-  // the connection is what notices it at once. (A fail-fast call leaves a
-  // reconnection that succeeded to gRPC's backup poller, up to 5 s later:
-  // a restarted scheduler would wait that long for heartbeats.)
-  context->set_wait_for_ready(true);
+  // Fail fast while the channel cannot connect: the error says why
+  // (refused, no route...), and callers retry with backoff within their
+  // bound. The watch loop's long poll waits for the connection instead,
+  // which is what notices a restarted scheduler at once.
   return context;
 }
 
@@ -150,7 +148,6 @@ absl::StatusOr<std::unique_ptr<SchedulerClient>> SchedulerClient::Connect(
         // listener, or a refused TLS handshake); one fail-fast call
         // without side effects (not Register: it could take a rank) tells.
         auto probe = c->Context(absl::Seconds(2));
-        probe->set_wait_for_ready(false);
         GetStatusResponse ignored;
         const grpc::Status last =
             c->stub_->GetStatus(probe.get(), GetStatusRequest(), &ignored);
@@ -534,11 +531,6 @@ void SchedulerClient::HeartbeatLoop() {
     // Before sending: the scheduler's deadline for this node starts later.
     const SteadyClock::time_point sent = SteadyClock::now();
     auto context = Context(rpc_deadline);
-    // Fail fast while the channel cannot connect: the error then says why
-    // (refused, no route...), for the logs and scheduler_gone(). The watch
-    // loop's long poll, which waits for the connection, notices the
-    // scheduler coming back.
-    context->set_wait_for_ready(false);
     grpc::Status status = stub_->Heartbeat(context.get(), request, &response);
     if (!status.ok()) {
       if (status.error_code() == grpc::StatusCode::NOT_FOUND) {
@@ -588,6 +580,12 @@ void SchedulerClient::WatchLoop() {
     request.set_timeout_ms(absl::ToInt64Milliseconds(kPoll));
     ClusterView fresh;
     auto context = Context(kPoll + options_.rpc_timeout);
+    // Waits for the connection while the scheduler is away: a call waiting
+    // for it is what notices the channel connecting again at once (a
+    // reconnection seen by fail-fast calls alone is left to gRPC's backup
+    // poller, up to 5 s later, and a restarted scheduler would wait that
+    // long for this node's heartbeats).
+    context->set_wait_for_ready(true);
     {
       // Checked under the lock StopHeartbeats() takes after notifying, so
       // either it sees this context and cancels it, or this sees the stop.
@@ -605,8 +603,7 @@ void SchedulerClient::WatchLoop() {
       backoff = kFirstBackoff;
     } else {
       // Scheduler unreachable (the heartbeat thread reports it) or
-      // restarting: try again soon, then less often. (The poll waits for
-      // the connection within its deadline, so this is rarely reached.)
+      // restarting: try again soon, then less often.
       stop_.WaitForNotificationWithTimeout(backoff);
       backoff = std::min(backoff * 2, kMaxBackoff);
     }
