@@ -211,7 +211,9 @@ TEST_F(RecoveryTest, AClaimRetriedAfterALostAnswerGetsTheSameShard) {
   clock_.Advance(absl::Milliseconds(600));
   const ClusterView view = state_->View();
   for (const NodeInfo& n : view.nodes()) {
-    if (n.node_id() != w1->node_id()) ASSERT_TRUE(Beat(state_.get(), n.node_id()).ok());
+    if (n.node_id() != w1->node_id()) {
+      ASSERT_TRUE(Beat(state_.get(), n.node_id()).ok());
+    }
   }
   clock_.Advance(absl::Milliseconds(600));
   ASSERT_EQ(state_->ExpireSilentNodes().size(), 1u);

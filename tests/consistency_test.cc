@@ -343,17 +343,25 @@ TEST(RuntimeSwitchTest, AsyncToBspMidJob) {
   });
   ASSERT_NE(switched_at.load(), UINT64_MAX);
   EXPECT_GT(cluster->TotalStats().bsp_steps_applied, 0u);
-  // Once the new mode has reached the servers (give it a few steps), every
-  // read is synchronous: it includes all steps before the reader's clock.
-  int synchronous = 0;
+  // Once the new mode has reached the servers, every read is synchronous:
+  // it includes all steps before the reader's clock. When that happens is
+  // not a fixed step: the fast workers may run ten ASYNC steps in the few
+  // milliseconds the view takes to reach the servers (seen in CI: a read at
+  // clock 20 answered before the switch), so each worker's reads must turn
+  // synchronous at some point after the switch and stay so.
   for (int r = 0; r < 3; ++r) {
+    bool synchronous = false;
+    int count = 0;
     for (const Read& read : reads[r]) {
-      if (read.clock < 20) continue;
-      EXPECT_GE(read.applied_clock, read.clock) << "rank " << r;
-      ++synchronous;
+      if (read.clock <= switched_at.load()) continue;
+      if (read.applied_clock >= read.clock) synchronous = true;
+      if (synchronous) {
+        EXPECT_GE(read.applied_clock, read.clock) << "rank " << r << ": back to ASYNC";
+        ++count;
+      }
     }
+    EXPECT_GE(count, 5) << "rank " << r << ": too few synchronous reads after the switch";
   }
-  EXPECT_EQ(synchronous, 3 * 20);
 }
 
 }  // namespace
