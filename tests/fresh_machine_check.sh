@@ -23,8 +23,13 @@ git clone -q "$REPO" "$ROOTFS/root/ps"
 mounts=(proc sys dev dev/pts)
 cleanup() {
   for ((i=${#mounts[@]}-1; i>=0; i--)); do umount -l "$ROOTFS/${mounts[$i]}" 2>/dev/null || true; done
+  umount -l "$ROOTFS" 2>/dev/null || true
 }
 trap cleanup EXIT
+# The root a mount point of its own, as on a real machine: `ip netns exec`
+# (the network-fault tests) remounts / as a slave, which fails on a plain
+# directory.
+mount --bind "$ROOTFS" "$ROOTFS"
 mount -t proc proc "$ROOTFS/proc"
 mount --rbind /sys "$ROOTFS/sys"
 mount --rbind /dev "$ROOTFS/dev"
