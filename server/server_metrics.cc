@@ -142,6 +142,13 @@ void KVServer::RegisterMetrics(metrics::Registry* r) {
   stat("ps_server_unknown_sender_refusals_total",
        "Requests refused because their sender is not a live worker in the view.",
        &Stats::unknown_sender_refusals);
+  stat("ps_server_lease_refusals_total",
+       "Requests refused because this server's lease had lapsed (it had not reached the "
+       "scheduler for 3/4 of the heartbeat timeout); the workers retry them.",
+       &Stats::lease_refusals);
+  stat("ps_server_fenced_refusals_total",
+       "Requests refused because the scheduler dropped this server (fenced for good).",
+       &Stats::fenced_refusals);
   r->AddCallback("ps_server_held_bytes",
                  "Bytes of requests held aside (pulls waiting for slower workers, pushes waiting "
                  "for a checkpoint, replica messages waiting for a view); at most max_held_bytes.",

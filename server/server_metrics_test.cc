@@ -137,6 +137,21 @@ TEST_F(ServerMetricsTest, CountsRequestsBytesErrorsAndTables) {
   EXPECT_THAT(text, Not(HasSubstr("ps_server_table_bytes{table=\"emb\"} 0\n")));
 }
 
+TEST_F(ServerMetricsTest, CountsLeaseAndFenceRefusals) {
+  uint64_t sent = 0;
+  // A lease that lapsed a second ago: refused, and counted as such.
+  server_->SetLease(std::chrono::steady_clock::now() - std::chrono::seconds(1));
+  EXPECT_NE(Send(Request(PUSH, 0, {1}, {1, 1}), &sent).code(), 0);
+  EXPECT_NE(Send(Request(PULL, 0, {1}, {}), &sent).code(), 0);
+  server_->SetLease(std::chrono::steady_clock::now() + std::chrono::seconds(60));
+  EXPECT_EQ(Send(Request(PULL, 0, {1}, {}), &sent).code(), 0);
+  server_->Fence("dropped by the test");
+  EXPECT_NE(Send(Request(PULL, 0, {1}, {}), &sent).code(), 0);
+  const std::string text = registry_.Expose();
+  EXPECT_THAT(text, HasSubstr("ps_server_lease_refusals_total 2\n"));
+  EXPECT_THAT(text, HasSubstr("ps_server_fenced_refusals_total 1\n"));
+}
+
 TEST_F(ServerMetricsTest, ScrapingAfterTheServerIsGoneReadsNothing) {
   uint64_t sent = 0;
   EXPECT_EQ(Send(Request(PUSH, 0, {1}, {1, 1}), &sent).code(), 0);
