@@ -1,10 +1,29 @@
 #!/usr/bin/env bash
-# Installs the Debian 12 packages needed to build and test the project.
+# Installs the Debian 12 packages the project needs, in groups:
+#
+#   deploy/install_deps.sh             a job: build it (bazel build) and run it
+#   deploy/install_deps.sh --python    ... and Python workers on the ps package
+#   deploy/install_deps.sh --tests     ... and the whole test suite (implies --python)
+#   deploy/install_deps.sh --list [--python|--tests]
+#                                      prints the group's package names, one a
+#                                      line, and installs nothing
+#
+# deploy/local/demo.sh and the Dockerfile's build stage install only the
+# job's packages (a newcomer's first run downloads no browser, Slurm or
+# PyTorch); tests/run_all.sh installs --tests.
+#
 # Idempotent: when everything is present it prints nothing and changes
-# nothing. Runs apt-get as root, or through sudo for other users.
+# nothing. Runs apt-get as root, or through sudo for other users. When
+# another apt or dpkg holds the lock (unattended-upgrades on a fresh
+# machine, a second install beside this one) it waits for it, up to
+# PS_APT_LOCK_WAIT seconds (default 600), then fails with the reason.
 set -euo pipefail
 
-PACKAGES=(
+# Build and run a job: Bazel and the libraries' -dev packages (the runtime
+# libraries come with them). gtest/gmock are here because the @system
+# repository rule resolves every library it declares when Bazel fetches it,
+# whatever the targets (third_party/system_libs.bzl).
+JOB_PACKAGES=(
   bazel-bootstrap bazel-rules-java   # build (Bazel 4.2.3, offline)
   g++ pkg-config
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
@@ -14,19 +33,41 @@ PACKAGES=(
   libgtest-dev libgmock-dev
   libopenblas-dev                    # CPU matrix products (worker/compute)
   zlib1g-dev                         # gzip-compressed idx files (worker/data)
-  dataset-fashion-mnist              # the MLP example and its test
   libcpp-httplib-dev                 # HTTP endpoint (/metrics, /healthz, /status)
-  libssl-dev openssl                 # control-plane TLS files; make_job_keys.sh
-  xz-utils                           # deploy/bundle.sh (tar -J) and its test
+  libssl-dev openssl                 # control-plane TLS files; make_job_keys.sh (ps.sbatch)
+  xz-utils                           # deploy/bundle.sh (tar -J)
+)
+# Python workers (a config's launch.worker_command: examples/python).
+PYTHON_PACKAGES=(
+  python3-numpy                      # the Python package (python/ps)
+)
+# Only the test suite (and a few developer tools) use these.
+TEST_PACKAGES=(
+  dataset-fashion-mnist              # the MLP example and its test
   prometheus                         # promtool checks the /metrics format (tests)
   chromium fonts-dejavu-core         # headless screenshot of /status (tests)
-  gnuplot-nox                        # deploy/plot: metrics files to PNG
+  gnuplot-nox                        # deploy/plot: metrics files to PNG, and its test
   python3-yaml                       # deploy/k8s manifests test
-  python3-numpy python3-pytest       # the Python package (python/ps) and its tests
+  python3-pytest                     # the Python package's tests
   python3-torch                      # ps.torch, its tests and examples (CPU build)
   slurm-wlm munge                    # deploy/slurm test (one-node cluster)
   iproute2 nftables                  # network-fault tests (namespaces, veth, partitions, tc)
+  buildah debootstrap                # the container image test (tests/image_test.sh)
 )
+
+PACKAGES=("${JOB_PACKAGES[@]}")
+list=0
+for arg in "$@"; do
+  case "$arg" in
+    --python) PACKAGES+=("${PYTHON_PACKAGES[@]}") ;;
+    --tests) PACKAGES+=("${PYTHON_PACKAGES[@]}" "${TEST_PACKAGES[@]}") ;;
+    --list) list=1 ;;
+    *) echo "install_deps: unknown argument '$arg' (--python, --tests, --list)" >&2; exit 2 ;;
+  esac
+done
+# --python --tests names python3-numpy twice.
+mapfile -t PACKAGES < <(printf '%s\n' "${PACKAGES[@]}" | awk '!seen[$0]++')
+if [ $list -eq 1 ]; then printf '%s\n' "${PACKAGES[@]}"; exit 0; fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -41,8 +82,42 @@ if [ "$(id -u)" -ne 0 ]; then
   command -v sudo >/dev/null || { echo "install_deps: need root or sudo to install: ${missing[*]}" >&2; exit 1; }
   SUDO=(sudo)
 fi
+
+LOCK_WAIT="${PS_APT_LOCK_WAIT:-600}"
+deadline=$((SECONDS + LOCK_WAIT))
+ERR="$(mktemp)"
+trap 'rm -f "$ERR"' EXIT
+# Runs apt-get with its arguments; while it fails because another process
+# holds apt's or dpkg's lock, waits and tries again until the deadline.
+# DPkg::Lock::Timeout makes apt itself wait for dpkg's frontend lock; the
+# loop also covers the lists lock of `apt-get update`, which that option
+# does not.
+apt_get() {
+  local waited=0
+  while true; do
+    if "${SUDO[@]}" apt-get -o DPkg::Lock::Timeout=$((deadline > SECONDS ? deadline - SECONDS : 0)) \
+         "$@" 2>"$ERR"; then
+      grep -v '^$' "$ERR" >&2 || true
+      return 0
+    fi
+    if grep -qiE 'could not get lock|unable to acquire the dpkg frontend lock|unable to lock' "$ERR" \
+        && [ $SECONDS -lt $deadline ]; then
+      [ $waited -eq 0 ] && echo "install_deps: another apt/dpkg holds the lock" \
+        "($(grep -m1 -oiE 'held by process [0-9]+[^)]*' "$ERR" || echo 'process unknown'));" \
+        "waiting up to $((deadline - SECONDS)) s (PS_APT_LOCK_WAIT) ..." >&2
+      waited=1
+      sleep 5
+      continue
+    fi
+    cat "$ERR" >&2
+    grep -qiE 'could not get lock|unable to acquire' "$ERR" \
+      && echo "install_deps: the apt/dpkg lock was still held after ${LOCK_WAIT} s (PS_APT_LOCK_WAIT)" >&2
+    return 1
+  done
+}
+
 echo "install_deps: installing ${missing[*]}" >&2
 export DEBIAN_FRONTEND=noninteractive
-"${SUDO[@]}" apt-get update -qq
-"${SUDO[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+apt_get update -qq
+apt_get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 echo "install_deps: done" >&2

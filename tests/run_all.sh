@@ -16,7 +16,8 @@ set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
-"$ROOT/deploy/install_deps.sh" || { echo "0 passed, 1 failed"; exit 1; }
+# The job's packages and the test suite's (Chromium, Prometheus, Slurm, ...).
+"$ROOT/deploy/install_deps.sh" --tests || { echo "0 passed, 1 failed"; exit 1; }
 
 CONFIG_ARGS=("$@")
 [ ${#CONFIG_ARGS[@]} -eq 0 ] && CONFIG_ARGS=(--config=opt)

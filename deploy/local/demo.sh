@@ -4,12 +4,15 @@
 #
 #   deploy/local/demo.sh [CONFIG]      (default examples/ctr/async.pbtxt)
 #
-# Installs missing Debian packages and builds first, unless PS_BIN_DIR
-# points at prebuilt binaries (scheduler_main, server_main, trainer). A
+# Installs the job's missing Debian packages (deploy/install_deps.sh: the
+# build and the runtime, none of the test suite's) and builds first, unless
+# PS_BIN_DIR points at prebuilt binaries (scheduler_main, server_main,
+# trainer). A
 # config with launch { worker_command: [...] } runs that command for every
 # worker instead of the trainer (e.g. examples/python/lr_numpy.pbtxt, a
 # NumPy model on the Python package); PYTHONPATH then has the checkout's
-# python/ (or $PS_PYTHONPATH) in front.
+# python/ (or $PS_PYTHONPATH) in front, and NumPy is installed first
+# (install_deps.sh --python) unless PS_BIN_DIR or PS_PYTHON is set.
 # Worker progress goes to the terminal; every process's log goes to
 # $PS_RUN_DIR (default: a new directory under .runs/). Every process started
 # is stopped on exit, Ctrl-C or failure. The last line of output is the
@@ -62,6 +65,10 @@ if [ ${#worker_command[@]} -gt 0 ]; then
   WORKER=("${worker_command[@]//\{config_dir\}/$CONFIG_DIR}")
   # PS_PYTHON picks the interpreter a "python3" command runs.
   [ "${WORKER[0]}" = python3 ] && [ -n "${PS_PYTHON:-}" ] && WORKER[0]="$PS_PYTHON"
+  # The system python3 gets NumPy from Debian, like the job's other packages.
+  if [ "${WORKER[0]}" = python3 ] && [ -z "${PS_BIN_DIR:-}" ]; then
+    "$ROOT/deploy/install_deps.sh" --python
+  fi
   export PYTHONPATH="${PS_PYTHONPATH:-$ROOT/python}${PYTHONPATH:+:$PYTHONPATH}"
 fi
 echo "demo: $mode job, $servers servers, $workers workers ($(basename "${WORKER[0]}")${WORKER[1]:+ $(basename "${WORKER[1]}")}); logs in $RUN_DIR" >&2
