@@ -53,6 +53,7 @@ TEST_PACKAGES=(
   slurm-wlm munge                    # deploy/slurm test (one-node cluster)
   iproute2 nftables                  # network-fault tests (namespaces, veth, partitions, tc)
   buildah debootstrap                # the container image test (tests/image_test.sh)
+  clang                              # .ci/run's thread-safety build (--config=clang)
 )
 
 PACKAGES=("${JOB_PACKAGES[@]}")
