@@ -7,7 +7,10 @@
 #
 # Creates the root file system if it does not exist, clones this
 # repository's HEAD into it, and runs deploy/local/demo.sh and
-# tests/run_all.sh inside a chroot. Prints both commands' last lines.
+# tests/run_all.sh inside a chroot. Prints both commands' last lines, and
+# the demo's time from nothing (apt, build, job) to its JSON line.
+# PS_FRESH_STEPS=demo runs only the demo (the README's first-run figure;
+# use a new ROOTFS each time, since a second run finds the packages).
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 ROOTFS="${1:-/var/tmp/ps-fresh}"
@@ -36,7 +39,14 @@ mount --rbind /dev "$ROOTFS/dev"
 mount -t devpts devpts "$ROOTFS/dev/pts" 2>/dev/null || true
 
 run() { chroot "$ROOTFS" /usr/bin/env -i HOME=/root PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8 bash -lc "$1"; }
-echo "== demo" >&2
-run "cd /root/ps && time deploy/local/demo.sh" 2>&1 | tee "$ROOTFS/root/demo.log" | tail -n 3
-echo "== tests" >&2
-run "cd /root/ps && time tests/run_all.sh" 2>&1 | tee "$ROOTFS/root/tests.log" | tail -n 5
+STEPS="${PS_FRESH_STEPS:-demo tests}"
+if [[ " $STEPS " == *" demo "* ]]; then
+  echo "== demo" >&2
+  start=$SECONDS
+  run "cd /root/ps && time deploy/local/demo.sh" 2>&1 | tee "$ROOTFS/root/demo.log" | tail -n 3
+  echo "== demo: $((SECONDS - start)) s from nothing to its JSON line (log: $ROOTFS/root/demo.log)" >&2
+fi
+if [[ " $STEPS " == *" tests "* ]]; then
+  echo "== tests" >&2
+  run "cd /root/ps && time tests/run_all.sh" 2>&1 | tee "$ROOTFS/root/tests.log" | tail -n 5
+fi
