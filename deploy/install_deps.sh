@@ -89,23 +89,24 @@ deadline=$((SECONDS + LOCK_WAIT))
 ERR="$(mktemp)"
 trap 'rm -f "$ERR"' EXIT
 # Runs apt-get with its arguments; while it fails because another process
-# holds apt's or dpkg's lock, waits and tries again until the deadline.
-# DPkg::Lock::Timeout makes apt itself wait for dpkg's frontend lock; the
-# loop also covers the lists lock of `apt-get update`, which that option
-# does not.
+# holds apt's or dpkg's lock (the lists lock of `apt-get update` or dpkg's),
+# says so once, then tries again every 5 s until the deadline. (apt's own
+# DPkg::Lock::Timeout would wait silently, and only for dpkg's lock.)
 apt_get() {
-  local waited=0
+  local waited=0 holder
   while true; do
-    if "${SUDO[@]}" apt-get -o DPkg::Lock::Timeout=$((deadline > SECONDS ? deadline - SECONDS : 0)) \
-         "$@" 2>"$ERR"; then
+    if "${SUDO[@]}" apt-get "$@" 2>"$ERR"; then
       grep -v '^$' "$ERR" >&2 || true
+      [ $waited -eq 0 ] || echo "install_deps: got the lock" >&2
       return 0
     fi
     if grep -qiE 'could not get lock|unable to acquire the dpkg frontend lock|unable to lock' "$ERR" \
         && [ $SECONDS -lt $deadline ]; then
-      [ $waited -eq 0 ] && echo "install_deps: another apt/dpkg holds the lock" \
-        "($(grep -m1 -oiE 'held by process [0-9]+[^)]*' "$ERR" || echo 'process unknown'));" \
-        "waiting up to $((deadline - SECONDS)) s (PS_APT_LOCK_WAIT) ..." >&2
+      if [ $waited -eq 0 ]; then
+        holder="$(grep -m1 -oiE 'held by process [0-9]+( \([^)]*\))?' "$ERR" || true)"
+        echo "install_deps: another apt or dpkg holds the lock${holder:+ ($holder)};" \
+          "waiting up to $((deadline - SECONDS)) s for it (PS_APT_LOCK_WAIT) ..." >&2
+      fi
       waited=1
       sleep 5
       continue
