@@ -13,6 +13,10 @@ namespace ps {
 // are not counted as steps taken.
 inline constexpr uint64_t kFinishedClock = uint64_t{1} << 62;
 
+// ClusterView.slot_backup of a slot without a backup (scheduler.proto). The
+// scheduler writes it and servers read it, so both take it from here.
+inline constexpr uint32_t kNoBackup = 0xFFFFFFFF;
+
 }  // namespace ps
 
 #endif  // PS_COMMON_PROTOCOL_H_

@@ -22,6 +22,14 @@ constexpr absl::Duration kMaxWait = absl::Seconds(30);
 
 const char* RoleName(Role r) { return r == SERVER ? "server" : "worker"; }
 
+void LogNewBackups(const SlotMap::Assigned& assigned) {
+  if (assigned.assigned > 0) Log()->info("{} slots got a new backup", assigned.assigned);
+  if (assigned.without > 0) {
+    Log()->warn("{} slots have no backup: no other live server to hold one",
+                assigned.without);
+  }
+}
+
 }  // namespace
 
 ClusterState::ClusterState(const JobConfig& config, Clock* clock,
@@ -29,9 +37,8 @@ ClusterState::ClusterState(const JobConfig& config, Clock* clock,
     : config_(config),
       fingerprint_(ConfigFingerprint(config)),
       clock_(clock),
-      store_(std::move(store)) {
-  shards_.resize(config_.cluster().num_workers());
-  for (uint32_t s = 0; s < shards_.size(); ++s) shards_[s].position.set_shard(s);
+      store_(std::move(store)),
+      shards_(config_.cluster().num_workers(), Reassign()) {
   view_.set_epoch(1);
   view_.set_job_state(STARTING);
   view_.set_num_slots(config_.cluster().num_slots());
@@ -120,12 +127,10 @@ absl::StatusOr<RegisterResponse> ClusterState::Register(
     // Its own shard if it is new or (REASSIGN) waits for a worker; else
     // any orphaned shard (REASSIGN); else none (it may claim one later).
     const uint32_t own = info.rank();
-    const ShardState state = shards_[own].state;
-    if (state == ShardState::kUnstarted ||
-        (state == ShardState::kOrphaned && Reassign())) {
-      AssignShardLocked(own, info.node_id(), response.mutable_shard());
-    } else if (int orphan = OrphanLocked(); orphan >= 0) {
-      AssignShardLocked(orphan, info.node_id(), response.mutable_shard());
+    if (shards_.Available(own)) {
+      *response.mutable_shard() = shards_.Assign(own, info.node_id());
+    } else if (int orphan = shards_.Orphan(); orphan >= 0) {
+      *response.mutable_shard() = shards_.Assign(orphan, info.node_id());
     }
   }
   Log()->info("{} rank {} registered (node {}, {} pid {}{}{})",
@@ -164,37 +169,11 @@ absl::StatusOr<HeartbeatResponse> ClusterState::Heartbeat(
   } else {
     hb.clock = std::max(hb.clock, request.clock());
   }
-  if (hb.clock < kFinishedClock) max_clock_ever_ = std::max(max_clock_ever_, hb.clock);
   if (hb.clock < kFinishedClock) {
-    if (hb.rate_since == absl::InfinitePast()) {
-      hb.rate_since = now;
-      hb.rate_clock = hb.clock;
-    } else {
-      const absl::Duration window = now - hb.rate_since;
-      const bool whole = window >= kPaceWindow;
-      // Until a whole window has passed, the pace so far. A fast job
-      // reaches its first checkpoint interval within one window; with no
-      // pace its first checkpoints were set two steps ahead, were passed
-      // before the view reached the workers, and were abandoned, each retry
-      // costing a round of heartbeats.
-      if (whole || (!hb.pace_measured && window > absl::ZeroDuration())) {
-        hb.steps_per_second =
-            (hb.clock - hb.rate_clock) / absl::ToDoubleSeconds(window);
-      }
-      if (whole) {
-        hb.rate_since = now;
-        hb.rate_clock = hb.clock;
-        hb.pace_measured = true;
-      }
-    }
+    max_clock_ever_ = std::max(max_clock_ever_, hb.clock);
+    hb.pace.Observe(hb.clock, now);
   }
-  if (request.has_position() && request.position().shard() < shards_.size()) {
-    Shard& shard = shards_[request.position().shard()];
-    if (shard.state == ShardState::kActive && shard.holder == request.node_id()) {
-      shard.position = request.position();
-      shard.position.set_done(false);
-    }
-  }
+  if (request.has_position()) shards_.Report(request.node_id(), request.position());
   HeartbeatResponse response;
   response.set_epoch(view_.epoch());
   response.set_job_state(view_.job_state());
@@ -290,22 +269,15 @@ void ClusterState::UpdateJobStateLocked() {
     }
     if (servers == config_.cluster().num_servers()) {
       const uint32_t num_slots = config_.cluster().num_slots();
-      const uint64_t num_servers = config_.cluster().num_servers();
-      view_.clear_slot_owner();
-      view_.clear_slot_backup();
-      for (uint32_t s = 0; s < num_slots; ++s) {
-        view_.add_slot_owner(CanonicalOwner(s));
-        if (Replicated()) {
-          view_.add_slot_backup(num_servers >= 2 ? CanonicalBackup(s) : kNoBackup);
-        }
-      }
+      const uint32_t num_servers = config_.cluster().num_servers();
+      SetSlotsLocked(SlotMap::Initial(num_slots, num_servers, Replicated()));
       view_.set_job_state(RUNNING);
       Log()->info("all {} servers registered; job running", num_servers);
     }
   }
   if (view_.job_state() == RUNNING && some_worker_finished_ &&
       worker_ranks_ever_.size() >= config_.cluster().num_workers() &&
-      AllShardsDoneLocked()) {
+      shards_.AllDone()) {
     bool worker_alive = false;
     for (const auto& [id, node] : nodes_) {
       worker_alive |= node.info.role() == WORKER && node.info.state() == ALIVE;
@@ -458,12 +430,11 @@ ClusterState::Monitoring ClusterState::Monitor() const {
     if (node.info.state() != ALIVE) continue;
     NodeActivity& a = m.nodes[id];
     a.silent_seconds = std::max(0.0, absl::ToDoubleSeconds(now - node.last_heartbeat));
-    // The pace is measured between heartbeats at least kPaceWindow apart;
-    // before the first such pair it is the pace since the first heartbeat
-    // (0 until a second one).
-    if (node.info.role() == WORKER && node.clock < kFinishedClock &&
-        node.rate_since != absl::InfinitePast()) {
-      a.steps_per_second = node.steps_per_second;
+    // The pace is measured between heartbeats at least
+    // PaceEstimator::kWindow apart; before the first such pair it is the
+    // pace since the first heartbeat (0 until a second one).
+    if (node.info.role() == WORKER && node.clock < kFinishedClock && node.pace.started()) {
+      a.steps_per_second = node.pace.steps_per_second();
     }
   }
   m.heartbeats = heartbeats_;
@@ -547,72 +518,18 @@ ClusterState::Training ClusterState::TrainingLocked() const {
         node.clock < kFinishedClock) {
       t.any = true;
       t.fastest = std::max(t.fastest, node.clock);
-      t.rate = std::max(t.rate, node.steps_per_second);
+      t.rate = std::max(t.rate, node.pace.steps_per_second());
     }
   }
   return t;
 }
 
-void ClusterState::AssignShardLocked(uint32_t s, uint64_t id, DataPosition* out) {
-  Shard& shard = shards_[s];
-  const bool resumed = shard.state == ShardState::kOrphaned;
-  shard.state = ShardState::kActive;
-  shard.holder = id;
-  shard.position.set_shard(s);
-  shard.position.set_done(false);
-  *out = shard.position;
-  if (resumed || shard.position.epoch() > 0 || shard.position.batch() > 0) {
-    Log()->info("shard {} goes to node {} from epoch {} batch {}", s, id,
-                shard.position.epoch(), shard.position.batch());
-  }
-}
-
 void ClusterState::ReleaseShardLocked(uint64_t id, bool done,
                                       const DataPosition* position) {
-  for (uint32_t s = 0; s < shards_.size(); ++s) {
-    Shard& shard = shards_[s];
-    if (shard.state != ShardState::kActive || shard.holder != id) continue;
-    shard.holder = 0;
-    auto node = nodes_.find(id);
-    if (done || node == nodes_.end() || !node->second.trains_shards) {
-      shard.state = ShardState::kDone;
-      shard.position.set_done(true);
-      continue;
-    }
-    if (position != nullptr && position->shard() == s) {
-      shard.position = *position;
-    }
-    if (shard.position.done()) {
-      shard.state = ShardState::kDone;
-      continue;
-    }
-    if (Reassign()) {
-      shard.state = ShardState::kOrphaned;
-      Log()->warn("shard {} orphaned at epoch {} batch {}: it goes to the next "
-                  "worker that asks",
-                  s, shard.position.epoch(), shard.position.batch());
-    } else {
-      shard.state = ShardState::kDone;
-      Log()->warn("shard {} dropped at epoch {} batch {} (on_worker_loss: "
-                  "SKIP_REST)",
-                  s, shard.position.epoch(), shard.position.batch());
-    }
-  }
-}
-
-int ClusterState::OrphanLocked() const {
-  if (!Reassign()) return -1;
-  for (uint32_t s = 0; s < shards_.size(); ++s) {
-    if (shards_[s].state == ShardState::kOrphaned) return static_cast<int>(s);
-  }
-  return -1;
-}
-
-bool ClusterState::AllShardsDoneLocked() const {
-  for (const Shard& s : shards_) {
-    if (s.state != ShardState::kDone) return false;
-  }
-  return true;
+  // A node that trains no shards (a tool) was handed one at registration
+  // that it never trained: nobody resumes it.
+  auto node = nodes_.find(id);
+  shards_.Release(id, done || node == nodes_.end() || !node->second.trains_shards, position);
 }
 
 absl::StatusOr<ClaimShardResponse> ClusterState::ClaimShard(
@@ -625,56 +542,45 @@ absl::StatusOr<ClaimShardResponse> ClusterState::ClaimShard(
     return absl::NotFoundError(absl::StrCat(
         "node ", request.node_id(), " is not a live worker"));
   }
-  if (request.has_finished()) {
-    const uint32_t s = request.finished().shard();
-    if (s < shards_.size() && shards_[s].state == ShardState::kActive &&
-        shards_[s].holder == request.node_id()) {
-      shards_[s].state = ShardState::kDone;
-      shards_[s].holder = 0;
-      shards_[s].position = request.finished();
-      shards_[s].position.set_done(true);
-      UpdateJobStateLocked();
-      BumpEpochLocked();
-    }
+  if (request.has_finished() && shards_.Finish(request.node_id(), request.finished())) {
+    UpdateJobStateLocked();
+    BumpEpochLocked();
   }
   const uint64_t id = request.node_id();
   if (request.has_finished()) {
     // A retry of a claim whose answer was lost (the scheduler restarted
     // between assigning and answering): the worker still holds the shard it
     // was given; it gets that one again, not a second.
-    for (uint32_t s = 0; s < shards_.size(); ++s) {
-      if (s != request.finished().shard() && shards_[s].state == ShardState::kActive &&
-          shards_[s].holder == id) {
-        ClaimShardResponse again;
-        again.set_result(ClaimShardResponse::ASSIGNED);
-        again.set_start_clock(JobClockLocked());
-        nodes_[id].clock = again.start_clock();
-        *again.mutable_shard() = shards_[s].position;
-        again.mutable_shard()->set_done(false);
-        Log()->info("node {} asked again for work: shard {} is still its own", id, s);
-        return again;
-      }
+    if (int s = shards_.HeldBy(id, request.finished().shard()); s >= 0) {
+      ClaimShardResponse again;
+      again.set_result(ClaimShardResponse::ASSIGNED);
+      again.set_start_clock(JobClockLocked());
+      nodes_[id].clock = again.start_clock();
+      *again.mutable_shard() = shards_.shard(s).position;
+      again.mutable_shard()->set_done(false);
+      Log()->info("node {} asked again for work: shard {} is still its own", id, s);
+      return again;
     }
   }
   // A finished shard is on record before the wait, which may be long.
   FlushJournalLocked();
   auto decided = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     auto n = nodes_.find(id);
-    return closed_ || n->second.info.state() != ALIVE || OrphanLocked() >= 0 ||
-           AllShardsDoneLocked();
+    return closed_ || n->second.info.state() != ALIVE || shards_.Orphan() >= 0 ||
+           shards_.AllDone();
   };
   mu_.AwaitWithTimeout(absl::Condition(&decided), std::min(timeout, kMaxWait));
   ClaimShardResponse response;
   if (nodes_[id].info.state() != ALIVE) {
     return absl::NotFoundError(absl::StrCat("node ", id, " is not a live worker"));
   }
-  if (int orphan = OrphanLocked(); orphan >= 0) {
+  if (int orphan = shards_.Orphan(); orphan >= 0) {
     response.set_result(ClaimShardResponse::ASSIGNED);
     response.set_start_clock(JobClockLocked());
     nodes_[id].clock = response.start_clock();
-    AssignShardLocked(orphan, id, response.mutable_shard());
+    *response.mutable_shard() = shards_.Assign(orphan, id);
     BumpEpochLocked();
-  } else if (AllShardsDoneLocked()) {
+  } else if (shards_.AllDone()) {
     response.set_result(ClaimShardResponse::ALL_DONE);
   } else {
     response.set_result(ClaimShardResponse::WAIT);
@@ -691,14 +597,7 @@ void ClusterState::SetRestore(const std::string& path,
   view_.set_last_checkpoint_clock(manifest.clock());
   base_clock_ = manifest.clock();
   last_checkpoint_ = manifest.clock();
-  if (static_cast<size_t>(manifest.positions_size()) == shards_.size()) {
-    for (const DataPosition& p : manifest.positions()) {
-      if (p.shard() >= shards_.size()) continue;
-      Shard& shard = shards_[p.shard()];
-      shard.position = p;
-      shard.state = p.done() ? ShardState::kDone : ShardState::kUnstarted;
-    }
-  } else {
+  if (!shards_.Restore(manifest.positions())) {
     Log()->warn(
         "checkpoint has data positions for {} workers, the job has {}: every "
         "shard starts from its beginning",
@@ -820,12 +719,7 @@ void ClusterState::TryCommitCheckpointLocked() {
       reported[r->second.position().shard()] = &r->second.position();
     }
   }
-  for (uint32_t s = 0; s < shards_.size(); ++s) {
-    DataPosition* p = manifest.add_positions();
-    *p = reported[s] != nullptr ? *reported[s] : shards_[s].position;
-    p->set_shard(s);
-    if (shards_[s].state == ShardState::kDone && reported[s] == nullptr) p->set_done(true);
-  }
+  shards_.FillManifest(reported, &manifest);
   std::sort(manifest.mutable_shards()->begin(), manifest.mutable_shards()->end(),
             [](const ShardFile& a, const ShardFile& b) { return a.rank() < b.rank(); });
   const std::string dir = absl::StrCat(
@@ -881,112 +775,55 @@ std::vector<std::string> ClusterState::CheckCheckpoints() {
   return lines;
 }
 
-uint32_t ClusterState::CanonicalOwner(uint32_t slot) const {
-  return static_cast<uint32_t>(uint64_t{slot} * config_.cluster().num_servers() /
-                               config_.cluster().num_slots());
+SlotMap ClusterState::SlotsLocked() const {
+  return SlotMap(config_.cluster().num_servers(),
+                 {view_.slot_owner().begin(), view_.slot_owner().end()},
+                 {view_.slot_backup().begin(), view_.slot_backup().end()});
 }
 
-uint32_t ClusterState::CanonicalBackup(uint32_t slot) const {
-  return (CanonicalOwner(slot) + 1) % config_.cluster().num_servers();
+void ClusterState::SetSlotsLocked(const SlotMap& slots) {
+  view_.clear_slot_owner();
+  view_.clear_slot_backup();
+  for (uint32_t owner : slots.owner()) view_.add_slot_owner(owner);
+  for (uint32_t backup : slots.backup()) view_.add_slot_backup(backup);
 }
 
-bool ClusterState::ServerAliveLocked(uint32_t rank) const {
+std::vector<bool> ClusterState::LiveServersLocked() const {
+  std::vector<bool> live(config_.cluster().num_servers(), false);
   for (const auto& [id, node] : nodes_) {
-    if (node.info.role() == SERVER && node.info.rank() == rank &&
-        node.info.state() == ALIVE) {
-      return true;
+    if (node.info.role() == SERVER && node.info.state() == ALIVE &&
+        node.info.rank() < live.size()) {
+      live[node.info.rank()] = true;
     }
   }
-  return false;
+  return live;
 }
 
 void ClusterState::FailServerLocked(uint32_t rank) {
   if (view_.slot_backup_size() != view_.slot_owner_size()) return;
-  uint32_t promoted = 0, lost_backup = 0, orphaned = 0;
-  for (int s = 0; s < view_.slot_owner_size(); ++s) {
-    const uint32_t backup = view_.slot_backup(s);
-    if (view_.slot_owner(s) == rank) {
-      if (backup != kNoBackup && ServerAliveLocked(backup)) {
-        // The backup holds every update the dead primary acknowledged.
-        view_.set_slot_owner(s, backup);
-        view_.set_slot_backup(s, kNoBackup);
-        ++promoted;
-      } else {
-        // No live copy: the slot waits for a replacement at this rank,
-        // which restores it from the newest checkpoint.
-        view_.set_slot_backup(s, kNoBackup);
-        ++orphaned;
-      }
-    } else if (backup == rank) {
-      view_.set_slot_backup(s, kNoBackup);
-      ++lost_backup;
-    }
-  }
+  SlotMap slots = SlotsLocked();
+  const std::vector<bool> live = LiveServersLocked();
+  const SlotMap::Failed failed = slots.Fail(rank, live);
   Log()->warn("server {} is gone: {} of its slots promoted to their backups, {} "
               "slots lost their backup{}",
-              rank, promoted, lost_backup,
-              orphaned > 0 ? absl::StrCat(", ", orphaned,
-                                          " slots have no live copy (a replacement "
-                                          "restores them from the newest checkpoint)")
-                           : std::string());
-  AssignBackupsLocked();
+              rank, failed.promoted, failed.lost_backup,
+              failed.orphaned > 0
+                  ? absl::StrCat(", ", failed.orphaned,
+                                 " slots have no live copy (a replacement "
+                                 "restores them from the newest checkpoint)")
+                  : std::string());
+  LogNewBackups(slots.AssignBackups(live));
+  SetSlotsLocked(slots);
 }
 
 void ClusterState::AdoptReplacementLocked(uint32_t rank) {
   if (view_.slot_backup_size() != view_.slot_owner_size()) return;
-  // The replacement takes back the backup copies its rank holds in the
-  // initial layout: of the slots it owned there (now served by the server
-  // they were promoted to) and of the slots it backed. The copies they had
-  // meanwhile on other servers are released.
-  uint32_t moved = 0;
-  for (int s = 0; s < view_.slot_owner_size(); ++s) {
-    const uint32_t slot = static_cast<uint32_t>(s);
-    if (view_.slot_owner(s) == rank) continue;  // owned: restored, not backed
-    if ((CanonicalOwner(slot) == rank || CanonicalBackup(slot) == rank) &&
-        view_.slot_backup(s) != rank && ServerAliveLocked(view_.slot_owner(s))) {
-      view_.set_slot_backup(s, rank);
-      ++moved;
-    }
-  }
+  SlotMap slots = SlotsLocked();
+  const std::vector<bool> live = LiveServersLocked();
+  const uint32_t moved = slots.Adopt(rank, live);
   Log()->info("server {} (replacement) becomes the backup of {} slots", rank, moved);
-  AssignBackupsLocked();
-}
-
-void ClusterState::AssignBackupsLocked() {
-  const uint32_t n = config_.cluster().num_servers();
-  std::vector<bool> alive(n, false);
-  for (const auto& [id, node] : nodes_) {
-    if (node.info.role() == SERVER && node.info.state() == ALIVE) {
-      alive[node.info.rank()] = true;
-    }
-  }
-  std::vector<uint64_t> load(n, 0);  // backup copies per rank
-  for (uint32_t b : view_.slot_backup()) {
-    if (b != kNoBackup && b < n) ++load[b];
-  }
-  uint32_t assigned = 0, without = 0;
-  for (int s = 0; s < view_.slot_owner_size(); ++s) {
-    const uint32_t owner = view_.slot_owner(s);
-    if (view_.slot_backup(s) != kNoBackup || owner >= n || !alive[owner]) continue;
-    // The least loaded live server other than the owner; ties go to the
-    // next rank after the owner, as in the initial layout.
-    uint32_t best = kNoBackup;
-    for (uint32_t i = 1; i < n; ++i) {
-      const uint32_t r = (owner + i) % n;
-      if (alive[r] && (best == kNoBackup || load[r] < load[best])) best = r;
-    }
-    if (best == kNoBackup) {
-      ++without;
-      continue;
-    }
-    view_.set_slot_backup(s, best);
-    ++load[best];
-    ++assigned;
-  }
-  if (assigned > 0) Log()->info("{} slots got a new backup", assigned);
-  if (without > 0) {
-    Log()->warn("{} slots have no backup: no other live server to hold one", without);
-  }
+  LogNewBackups(slots.AssignBackups(live));
+  SetSlotsLocked(slots);
 }
 
 void ClusterState::Close() {

@@ -43,10 +43,14 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "common/protocol.h"
 #include "proto/config.pb.h"
 #include "proto/checkpoint.pb.h"
 #include "proto/journal.pb.h"
 #include "proto/scheduler.pb.h"
+#include "scheduler/pace_estimator.h"
+#include "scheduler/shard_ledger.h"
+#include "scheduler/slot_map.h"
 
 namespace ps {
 
@@ -64,8 +68,8 @@ class ClusterState {
     std::function<absl::StatusOr<CheckpointRef>()> latest;
   };
 
-  // ClusterView.slot_backup of a slot without a backup.
-  static constexpr uint32_t kNoBackup = 0xFFFFFFFF;
+  // ClusterView.slot_backup of a slot without a backup (common/protocol.h).
+  static constexpr uint32_t kNoBackup = ::ps::kNoBackup;
 
   ClusterState(const JobConfig& config, Clock* clock,
                CheckpointStore store = {});
@@ -190,15 +194,6 @@ class ClusterState {
   bool AllDone() const;
 
  private:
-  // A data shard's life: never handed out, trained by a live worker,
-  // waiting for a new worker (its holder died or was preempted), or done
-  // (trained, or skipped under SKIP_REST).
-  enum class ShardState { kUnstarted, kActive, kOrphaned, kDone };
-  struct Shard {
-    ShardState state = ShardState::kUnstarted;
-    DataPosition position;
-    uint64_t holder = 0;  // node id while kActive
-  };
   struct PendingCheckpoint {
     uint64_t clock = 0;
     absl::Time started;
@@ -215,19 +210,12 @@ class ClusterState {
     // Workers: steps per second over recent heartbeats, so a checkpoint's
     // clock can be set far enough ahead for the view to reach everyone
     // before the fastest worker gets there.
-    double steps_per_second = 0;
-    uint64_t rate_clock = 0;
-    absl::Time rate_since = absl::InfinitePast();
-    // Whether steps_per_second spans a whole kPaceWindow; before, it is the
-    // pace since the first heartbeat.
-    bool pace_measured = false;
+    PaceEstimator pace;
   };
   // What a node taken back by a restarted scheduler gets on top of the
   // heartbeat timeout to be heard from: its scheduler client reconnects
   // with a backoff of up to 1 s (scheduler/client.cc), plus jitter.
   static constexpr absl::Duration kRecoveryGrace = absl::Seconds(2);
-  // Heartbeats at least this far apart measure a worker's pace.
-  static constexpr absl::Duration kPaceWindow = absl::Milliseconds(200);
 
   // Flushes the journal when a mutating call returns (declared after the
   // call's MutexLock, so it runs under the lock).
@@ -250,15 +238,11 @@ class ClusterState {
   // this job's config, or OK.
   absl::Status ValidateJournal(const SchedulerJournal& journal) const;
   bool Reassign() const;
-  // Hands shard `s` to worker node `id`; fills `out`.
-  void AssignShardLocked(uint32_t s, uint64_t id, DataPosition* out)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The shard worker `id` holds, if any: orphaned (or dropped under
-  // SKIP_REST) at `position` (null: its last reported one) or done.
+  // SKIP_REST) at `position` (null: its last reported one) or done
+  // (ShardLedger::Release).
   void ReleaseShardLocked(uint64_t id, bool done, const DataPosition* position)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  int OrphanLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  bool AllShardsDoneLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The clock a worker joining now starts at.
   uint64_t JobClockLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Live workers still training (clock short of finished): whether there
@@ -283,19 +267,16 @@ class ClusterState {
 
   // Replication (cluster.replication 2): see the class comment.
   bool Replicated() const { return config_.cluster().replication() >= 2; }
-  // The initial layout: contiguous slot ranges, each backed by the next rank.
-  uint32_t CanonicalOwner(uint32_t slot) const;
-  uint32_t CanonicalBackup(uint32_t slot) const;
-  bool ServerAliveLocked(uint32_t rank) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The view's slot placement (SlotMap) and which server ranks are alive.
+  SlotMap SlotsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SetSlotsLocked(const SlotMap& slots) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::vector<bool> LiveServersLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Server `rank` died or left: its slots go to their live backups, slots
   // it backed lose their backup, then new backups are assigned.
   void FailServerLocked(uint32_t rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A replacement registered at `rank`: it becomes the backup of the slots
   // its rank holds (owns or backs) in the initial layout.
   void AdoptReplacementLocked(uint32_t rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Gives every slot with a live owner and no backup one: the least loaded
-  // other live server.
-  void AssignBackupsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const JobConfig config_;
   const uint64_t fingerprint_;
@@ -328,7 +309,7 @@ class ClusterState {
   uint64_t declared_dead_ ABSL_GUARDED_BY(mu_) = 0;
 
   const CheckpointStore store_;
-  std::vector<Shard> shards_ ABSL_GUARDED_BY(mu_);
+  ShardLedger shards_ ABSL_GUARDED_BY(mu_);
   // Clock the job started at (a restored checkpoint's).
   uint64_t base_clock_ ABSL_GUARDED_BY(mu_) = 0;
   // The largest clock short of finished any worker reported.

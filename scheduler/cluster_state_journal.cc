@@ -69,12 +69,7 @@ SchedulerJournal ClusterState::SnapshotLocked() const {
   std::sort(ever.begin(), ever.end());
   for (uint32_t r : ever) j.add_worker_ranks_ever(r);
   j.set_some_worker_finished(some_worker_finished_);
-  for (const Shard& shard : shards_) {
-    JournalShard* s = j.add_shards();
-    s->set_state(static_cast<JournalShard::State>(shard.state));
-    *s->mutable_position() = shard.position;
-    s->set_holder(shard.holder);
-  }
+  shards_.ToJournal(&j);
   for (const auto& [name, arrived] : barriers_) {
     JournalBarrier* b = j.add_barriers();
     b->set_name(name);
@@ -204,12 +199,7 @@ absl::Status ClusterState::Recover(const SchedulerJournal& j) {
   worker_ranks_ever_.clear();
   worker_ranks_ever_.insert(j.worker_ranks_ever().begin(), j.worker_ranks_ever().end());
   some_worker_finished_ = j.some_worker_finished();
-  for (int s = 0; s < j.shards_size(); ++s) {
-    Shard& shard = shards_[s];
-    shard.state = static_cast<ShardState>(j.shards(s).state());
-    shard.position = j.shards(s).position();
-    shard.holder = shard.state == ShardState::kActive ? j.shards(s).holder() : 0;
-  }
+  shards_.FromJournal(j);
   barriers_.clear();
   completed_barriers_.clear();
   barrier_nodes_.clear();
@@ -251,8 +241,7 @@ absl::Status ClusterState::Recover(const SchedulerJournal& j) {
   view_.set_recovered_nodes(alive);
   view_.set_recovered_epoch(view_.epoch() + 1);
   BumpEpochLocked();
-  uint32_t done = 0;
-  for (const Shard& shard : shards_) done += shard.state == ShardState::kDone;
+  const uint32_t done = shards_.CountDone();
   Log()->info(
       "took the job back from its journal (restart {}): epoch {}, job {}, {} live nodes, "
       "{} of {} shards done{}",

@@ -1,0 +1,169 @@
+#include "scheduler/shard_ledger.h"
+
+#include "common/logging.h"
+
+namespace ps {
+namespace {
+
+std::shared_ptr<spdlog::logger> Log() {
+  static auto *const logger = new std::shared_ptr<spdlog::logger>(GetLogger("scheduler"));
+  return *logger;
+}
+
+// The journal stores State as JournalShard::State.
+static_assert(static_cast<int>(ShardLedger::State::kUnstarted) == JournalShard::UNSTARTED);
+static_assert(static_cast<int>(ShardLedger::State::kActive) == JournalShard::ACTIVE);
+static_assert(static_cast<int>(ShardLedger::State::kOrphaned) == JournalShard::ORPHANED);
+static_assert(static_cast<int>(ShardLedger::State::kDone) == JournalShard::DONE);
+
+}  // namespace
+
+ShardLedger::ShardLedger(uint32_t num_shards, bool reassign)
+    : reassign_(reassign), shards_(num_shards) {
+  for (uint32_t s = 0; s < num_shards; ++s) shards_[s].position.set_shard(s);
+}
+
+bool ShardLedger::Available(uint32_t s) const {
+  const State state = shards_.at(s).state;
+  return state == State::kUnstarted || (state == State::kOrphaned && reassign_);
+}
+
+int ShardLedger::Orphan() const {
+  if (!reassign_) return -1;
+  for (uint32_t s = 0; s < shards_.size(); ++s) {
+    if (shards_[s].state == State::kOrphaned) return static_cast<int>(s);
+  }
+  return -1;
+}
+
+bool ShardLedger::AllDone() const {
+  for (const Shard &s : shards_) {
+    if (s.state != State::kDone) return false;
+  }
+  return true;
+}
+
+uint32_t ShardLedger::CountDone() const {
+  uint32_t done = 0;
+  for (const Shard &s : shards_) done += s.state == State::kDone;
+  return done;
+}
+
+int ShardLedger::HeldBy(uint64_t holder, uint32_t except) const {
+  for (uint32_t s = 0; s < shards_.size(); ++s) {
+    if (s != except && shards_[s].state == State::kActive && shards_[s].holder == holder) {
+      return static_cast<int>(s);
+    }
+  }
+  return -1;
+}
+
+DataPosition ShardLedger::Assign(uint32_t s, uint64_t holder) {
+  Shard &shard = shards_.at(s);
+  const bool resumed = shard.state == State::kOrphaned;
+  shard.state = State::kActive;
+  shard.holder = holder;
+  shard.position.set_shard(s);
+  shard.position.set_done(false);
+  if (resumed || shard.position.epoch() > 0 || shard.position.batch() > 0) {
+    Log()->info("shard {} goes to node {} from epoch {} batch {}", s, holder,
+                shard.position.epoch(), shard.position.batch());
+  }
+  return shard.position;
+}
+
+void ShardLedger::Report(uint64_t holder, const DataPosition &position) {
+  if (position.shard() >= shards_.size()) return;
+  Shard &shard = shards_[position.shard()];
+  if (shard.state == State::kActive && shard.holder == holder) {
+    shard.position = position;
+    shard.position.set_done(false);
+  }
+}
+
+bool ShardLedger::Finish(uint64_t holder, const DataPosition &position) {
+  const uint32_t s = position.shard();
+  if (s >= shards_.size() || shards_[s].state != State::kActive || shards_[s].holder != holder) {
+    return false;
+  }
+  shards_[s].state = State::kDone;
+  shards_[s].holder = 0;
+  shards_[s].position = position;
+  shards_[s].position.set_done(true);
+  return true;
+}
+
+void ShardLedger::Release(uint64_t holder, bool done, const DataPosition *position) {
+  for (uint32_t s = 0; s < shards_.size(); ++s) {
+    Shard &shard = shards_[s];
+    if (shard.state != State::kActive || shard.holder != holder) continue;
+    shard.holder = 0;
+    if (done) {
+      shard.state = State::kDone;
+      shard.position.set_done(true);
+      continue;
+    }
+    if (position != nullptr && position->shard() == s) {
+      shard.position = *position;
+    }
+    if (shard.position.done()) {
+      shard.state = State::kDone;
+      continue;
+    }
+    if (reassign_) {
+      shard.state = State::kOrphaned;
+      Log()->warn(
+          "shard {} orphaned at epoch {} batch {}: it goes to the next "
+          "worker that asks",
+          s, shard.position.epoch(), shard.position.batch());
+    } else {
+      shard.state = State::kDone;
+      Log()->warn(
+          "shard {} dropped at epoch {} batch {} (on_worker_loss: "
+          "SKIP_REST)",
+          s, shard.position.epoch(), shard.position.batch());
+    }
+  }
+}
+
+bool ShardLedger::Restore(const google::protobuf::RepeatedPtrField<DataPosition> &positions) {
+  if (static_cast<size_t>(positions.size()) != shards_.size()) return false;
+  for (const DataPosition &p : positions) {
+    if (p.shard() >= shards_.size()) continue;
+    Shard &shard = shards_[p.shard()];
+    shard.position = p;
+    shard.state = p.done() ? State::kDone : State::kUnstarted;
+  }
+  return true;
+}
+
+void ShardLedger::FillManifest(const std::vector<const DataPosition *> &reported,
+                               CheckpointManifest *manifest) const {
+  for (uint32_t s = 0; s < shards_.size(); ++s) {
+    const bool has_report = s < reported.size() && reported[s] != nullptr;
+    DataPosition *p = manifest->add_positions();
+    *p = has_report ? *reported[s] : shards_[s].position;
+    p->set_shard(s);
+    if (shards_[s].state == State::kDone && !has_report) p->set_done(true);
+  }
+}
+
+void ShardLedger::ToJournal(SchedulerJournal *journal) const {
+  for (const Shard &shard : shards_) {
+    JournalShard *s = journal->add_shards();
+    s->set_state(static_cast<JournalShard::State>(shard.state));
+    *s->mutable_position() = shard.position;
+    s->set_holder(shard.holder);
+  }
+}
+
+void ShardLedger::FromJournal(const SchedulerJournal &journal) {
+  for (int s = 0; s < journal.shards_size() && s < static_cast<int>(shards_.size()); ++s) {
+    Shard &shard = shards_[s];
+    shard.state = static_cast<State>(journal.shards(s).state());
+    shard.position = journal.shards(s).position();
+    shard.holder = shard.state == State::kActive ? journal.shards(s).holder() : 0;
+  }
+}
+
+}  // namespace ps
