@@ -6,7 +6,7 @@
 //          [--print] [-- EXTRA_ARGS...]
 //
 // Reads TF_CONFIG (Kubeflow TFJob) or DMLC_* (ps-lite / MXNet launchers),
-// decides the role (common/launch_env.h has the exact rules) and execs
+// decides the role (deploy/launch/launch_env.h has the exact rules) and execs
 // scheduler_main, server_main or trainer (or the config's
 // launch.worker_command, and for a TFJob evaluator task its
 // launch.evaluator_command, found on PATH, with PS_CONFIG, PS_SCHEDULER,
@@ -35,7 +35,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/config.h"
-#include "common/launch_env.h"
+#include "deploy/launch/launch_env.h"
 
 ABSL_FLAG(std::string, config, "", "Job config file (textproto). Required.");
 ABSL_FLAG(std::string, launch_from, "auto",

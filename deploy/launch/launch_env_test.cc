@@ -1,4 +1,4 @@
-#include "common/launch_env.h"
+#include "deploy/launch/launch_env.h"
 
 #include <string>
 #include <vector>

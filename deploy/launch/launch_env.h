@@ -46,8 +46,8 @@
 // cluster has 2 ps tasks").
 //
 // Thread-safe (pure functions).
-#ifndef PS_COMMON_LAUNCH_ENV_H_
-#define PS_COMMON_LAUNCH_ENV_H_
+#ifndef PS_DEPLOY_LAUNCH_LAUNCH_ENV_H_
+#define PS_DEPLOY_LAUNCH_LAUNCH_ENV_H_
 
 #include <map>
 #include <string>
@@ -142,4 +142,4 @@ std::string DescribeLaunchPlan(const LaunchPlan& plan);
 
 }  // namespace ps
 
-#endif  // PS_COMMON_LAUNCH_ENV_H_
+#endif  // PS_DEPLOY_LAUNCH_LAUNCH_ENV_H_
