@@ -44,6 +44,15 @@
 
 namespace ps {
 
+// Internal to the client (worker/io_loop.h); declared here so that the
+// private members below need no ZeroMQ include.
+namespace kv_internal {
+struct Routing;
+struct Part;
+struct ScanChain;
+class IoLoop;
+}  // namespace kv_internal
+
 using DoneCallback = std::function<void(const absl::Status&)>;
 
 // One server's statistics of one table (KVClient::TableStatistics).
@@ -66,6 +75,7 @@ class DenseValues {
 
  private:
   friend class KVClient;
+  friend class kv_internal::IoLoop;  // keeps a pull's answer frame
   // Drops the values (and the frame they pointed into).
   void Clear() {
     frame_.reset();
@@ -173,7 +183,7 @@ class KVClient {
   void UpdateView(const ClusterView& view);
   // The consistency mode of the newest view routed by (it may change at run
   // time: SetConsistency). Thread-safe.
-  ConsistencyMode consistency_mode() const { return routing()->mode; }
+  ConsistencyMode consistency_mode() const;
 
   // Ends this client's traffic for good: every request still in flight
   // (sent, waiting to be retried, waiting for a server to take over its
@@ -306,18 +316,10 @@ class KVClient {
     uint64_t size = 0;
     uint64_t block_size = 1;
   };
-  struct Routing {
-    uint64_t epoch = 0;
-    std::vector<uint32_t> slot_owner;
-    // The rank that owns every slot (a one-server job), or -1: its
-    // requests need no per-key routing.
-    int64_t sole_owner = -1;
-    std::vector<std::string> endpoints;  // by server rank; "" = not live
-    ConsistencyMode mode = ASYNC;
-  };
-  struct Part;
-  struct ScanChain;
-  class IoLoop;
+  using Routing = kv_internal::Routing;
+  using Part = kv_internal::Part;
+  using ScanChain = kv_internal::ScanChain;
+  using IoLoop = kv_internal::IoLoop;
 
   KVClient(Options options, std::shared_ptr<const Routing> routing);
   static std::shared_ptr<const Routing> MakeRouting(const ClusterView& view);
