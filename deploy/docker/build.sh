@@ -100,7 +100,7 @@ start=$SECONDS
 BUD_LOG="$(mktemp)"
 trap 'rm -f "$BUD_LOG"' EXIT
 # Every line goes to stderr; the log keeps them for the failure message.
-if ! "${NICE[@]}" buildah bud --isolation chroot --layers --pull-never --format docker \
+if ! "${NICE[@]}" buildah bud --isolation chroot --layers --force-rm --pull-never --format docker \
      -f "$DOCKERFILE" -t "$TAG" "$ROOT" 2>&1 | tee "$BUD_LOG" >&2; then
   # buildah prints each instruction as "[STAGE/STAGES] STEP N/M: ..." before
   # its output: name the last one it reached, and the errors it printed.
