@@ -852,6 +852,15 @@ absl::Status KVServer::ProcessChecked(std::vector<zmq::message_t>& frames,
     *outcome = Outcome::kHold;
     return absl::OkStatus();
   }
+  // Before the sequence number is recorded: a refused push is not applied,
+  // so its resend must not be taken for a duplicate.
+  if (push && !assign && consistency_.ShouldBuffer(h.clock()) &&
+      h.clock() - consistency_.applied_clock() > ConsistencyController::kMaxStepsAhead) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "push for step ", h.clock(), " is more than ",
+        ConsistencyController::kMaxStepsAhead, " steps ahead of the applied step ",
+        consistency_.applied_clock()));
+  }
   bool duplicate = false;
   if (push && h.seq() != 0) {
     auto window = seqs_.find(h.sender_node_id());
@@ -885,13 +894,6 @@ absl::Status KVServer::ProcessChecked(std::vector<zmq::message_t>& frames,
               slots_scratch_);
     }
     return absl::OkStatus();
-  }
-  if (push && consistency_.ShouldBuffer(h.clock()) &&
-      h.clock() - consistency_.applied_clock() > ConsistencyController::kMaxStepsAhead) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "push for step ", h.clock(), " is more than ",
-        ConsistencyController::kMaxStepsAhead, " steps ahead of the applied step ",
-        consistency_.applied_clock()));
   }
 
   if (push && !duplicate) {

@@ -26,6 +26,7 @@
 #include "gtest/gtest.h"
 #include "proto/data_plane.pb.h"
 #include "proto/scheduler.pb.h"
+#include "server/consistency.h"
 #include "server/initializer.h"
 #include "server/table.h"
 #include "zmq.hpp"
@@ -2093,6 +2094,33 @@ TEST_F(BspKeyListServerTest, AKeptRequestDoesNotStoreItsListAgain) {
     EXPECT_EQ(r.code(), absl::StatusCode::kOk) << r.header.message();
     EXPECT_FALSE(r.header.key_list_unknown());
   }
+}
+
+// "A rejected request changes nothing" includes the record of applied
+// sequence numbers: a push refused as too far ahead of the applied BSP step
+// must not be remembered as applied, or the worker's next push with that
+// sequence number (a valid one) would be answered as a duplicate and lost.
+TEST_F(BspKeyListServerTest, APushRefusedAsTooFarAheadIsNotRememberedAsApplied) {
+  const uint64_t too_far = ConsistencyController::kMaxStepsAhead + 1;
+  RequestHeader far = At(SeqHeader(PUSH, kSparse, 1, /*node=*/1, /*seq=*/5), too_far);
+  Response r = SendValid(far, Frames(KeysFrame({7}), ValuesFrame({2, 4})));
+  ASSERT_EQ(r.code(), absl::StatusCode::kInvalidArgument) << r.header.message();
+  EXPECT_FALSE(r.header.duplicate());
+
+  // The same sequence number on a valid push of step 0: new, buffered.
+  r = SendValid(At(SeqHeader(PUSH, kSparse, 1, 1, 5), 0),
+                Frames(KeysFrame({7}), ValuesFrame({2, 4})));
+  ASSERT_EQ(r.code(), absl::StatusCode::kOk) << r.header.message();
+  EXPECT_FALSE(r.header.duplicate());
+  EXPECT_EQ(server_->stats().duplicate_pushes, 0u);
+
+  // Node 2 finishes step 0: the push is applied, averaged over both workers.
+  const uint64_t advance_id = Advance(2, 1);
+  std::map<uint64_t, Response> replies = ReceiveAll(1);
+  ASSERT_EQ(replies.count(advance_id), 1u);
+  r = SendValid(At(Header(PULL, kSparse, 1), 1), Frames(KeysFrame({7})));
+  ASSERT_EQ(r.code(), absl::StatusCode::kOk) << r.header.message();
+  EXPECT_EQ(r.values, (std::vector<float>{-0.5f, -1.0f}));
 }
 
 // ------------------------------------------------ limits and gradients
