@@ -1,4 +1,4 @@
-#include "server/checkpoint_io.h"
+#include "checkpoint/checkpoint_io.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>

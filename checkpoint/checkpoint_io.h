@@ -1,9 +1,10 @@
-// File primitives of server/checkpoint.cc: a streaming XXH64, a buffered
-// writer and reader that checksum everything they pass, and durable
+// File primitives of the checkpoint format (checkpoint/format.cc,
+// checkpoint/catalog.cc): a streaming XXH64, a buffered writer and reader
+// that checksum everything they pass, and durable
 // (tmp + fsync + rename) file replacement. Internal to checkpoints; not a
 // general-purpose API. Thread-compatible.
-#ifndef PS_SERVER_CHECKPOINT_IO_H_
-#define PS_SERVER_CHECKPOINT_IO_H_
+#ifndef PS_CHECKPOINT_CHECKPOINT_IO_H_
+#define PS_CHECKPOINT_CHECKPOINT_IO_H_
 
 #include <unistd.h>
 
@@ -177,4 +178,4 @@ absl::StatusOr<uint64_t> WriteFileAtomically(const std::string& dir,
 }  // namespace checkpoint_internal
 }  // namespace ps
 
-#endif  // PS_SERVER_CHECKPOINT_IO_H_
+#endif  // PS_CHECKPOINT_CHECKPOINT_IO_H_

@@ -4,12 +4,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "checkpoint/catalog.h"
 #include "common/config.h"
 #include "common/grpc_security.h"
 #include "common/logging.h"
 #include "common/status.h"
 #include "scheduler/journal.h"
-#include "server/checkpoint.h"
 #include "grpcpp/server_builder.h"
 
 namespace ps {
@@ -115,7 +115,7 @@ std::shared_ptr<spdlog::logger> Log() {
   return *logger;
 }
 
-// Checkpoints on the file system (server/checkpoint.h).
+// Checkpoints on the file system (checkpoint/catalog.h).
 ClusterState::CheckpointStore FileStore(const JobConfig& config) {
   ClusterState::CheckpointStore store;
   const std::string root = config.checkpoint().dir();

@@ -1,18 +1,8 @@
 // Consistent checkpoints of the servers' tables, restorable onto any number
-// of servers.
-//
-// A checkpoint of job clock C lives in its own directory
-//
-//   <root>/ckpt-<C as 20 zero-padded digits>/shard-<rank>.ckpt   one per server
-//   <root>/ckpt-<C as 20 zero-padded digits>/MANIFEST
-//
-// Every server writes its shard file (WriteShard); once all of them are
-// durable, one process (the scheduler) writes the MANIFEST
-// (WriteManifest), which lists the shard files with their sizes and
-// checksums. The MANIFEST is the commit point: a directory without a valid
-// one is an incomplete checkpoint and is never restored. Every file is
-// written to "<name>.tmp", fsync'd and renamed, and the directory fsync'd,
-// so a crash leaves either the old state or the new file, never a torn one.
+// of servers: the server's side of //checkpoint, which holds the file format
+// (checkpoint/format.h) and the catalog of checkpoints on disk
+// (checkpoint/catalog.h: names, MANIFEST, verify, latest, prune; included
+// here, so servers and tests see one API).
 //
 // A shard file holds a header (proto/checkpoint.proto ShardHeader: clock,
 // rank, the TableConfig of every table) and then every row of every table
@@ -39,7 +29,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -47,25 +36,11 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "checkpoint/catalog.h"
 #include "proto/checkpoint.pb.h"
 #include "server/table.h"
 
 namespace ps {
-
-inline constexpr char kManifestFileName[] = "MANIFEST";
-
-// "ckpt-00000000000000000400" for clock 400.
-std::string CheckpointDirName(uint64_t clock);
-// The clock of a name CheckpointDirName made; nullopt for any other name.
-std::optional<uint64_t> ParseCheckpointDirName(absl::string_view name);
-// root + "/" + CheckpointDirName(clock).
-std::string CheckpointPath(absl::string_view root, uint64_t clock);
-// "shard-3.ckpt" for rank 3.
-std::string ShardFileName(uint32_t rank);
-
-// XXH64 of n bytes: the checksum used by every checkpoint file (and
-// ShardFile.checksum).
-uint64_t Checksum64(const void* data, size_t n, uint64_t seed = 0);
 
 // Selects the rows (by table id and key) and dense blocks (by table id and
 // block index) a write or restore takes. An empty function selects all.
@@ -99,57 +74,6 @@ absl::StatusOr<ShardFile> WriteShard(const std::string& checkpoint_dir,
                                      uint32_t num_slots,
                                      absl::Span<const Table* const> tables,
                                      const RowFilter& keep = {});
-
-// Writes `checkpoint_dir`/MANIFEST durably (tmp file, fsync, rename,
-// directory fsync), committing the checkpoint. INVALID_ARGUMENT if the
-// manifest is inconsistent (num_servers is 0 or does not match the shards,
-// a rank repeats or is out of range, a file is not ShardFileName(rank));
-// FAILED_PRECONDITION if a listed shard file is missing or its size
-// differs; the errno's code for an I/O error.
-absl::Status WriteManifest(const std::string& checkpoint_dir,
-                           const CheckpointManifest& manifest);
-
-// Reads and checks `checkpoint_dir`/MANIFEST alone (magic, checksum,
-// consistency as WriteManifest requires it, clock matching the directory's
-// name when that is a CheckpointDirName). NOT_FOUND if there is no
-// MANIFEST (an incomplete checkpoint) or no such directory; DATA_LOSS
-// naming what is wrong.
-absl::StatusOr<CheckpointManifest> ReadManifest(
-    const std::string& checkpoint_dir);
-
-// ReadManifest, then checks that every listed shard file exists with the
-// listed size, starts with the right magic number and matches the listed
-// whole-file checksum (this reads every byte). NOT_FOUND if there is no
-// MANIFEST; DATA_LOSS naming the file and what is wrong otherwise.
-absl::StatusOr<CheckpointManifest> VerifyCheckpoint(
-    const std::string& checkpoint_dir);
-
-// A checkpoint directory found under a root.
-struct CheckpointDirEntry {
-  uint64_t clock = 0;
-  std::string path;  // root + "/" + CheckpointDirName(clock)
-};
-
-// The checkpoint directories under `root` (names CheckpointDirName makes;
-// anything else is ignored), newest (largest clock) first, complete or
-// not. NOT_FOUND if root does not exist; the errno's code if it cannot be
-// read.
-absl::StatusOr<std::vector<CheckpointDirEntry>> ListCheckpoints(
-    const std::string& root);
-
-struct LatestCheckpoint {
-  std::string dir;  // the checkpoint's directory
-  CheckpointManifest manifest;
-  // Every newer checkpoint directory that was passed over, newest first,
-  // as "ckpt-...: reason" (incomplete, or what VerifyCheckpoint found).
-  // The caller should log them: "checkpoint X is corrupt (...); using Y".
-  std::vector<std::string> skipped;
-};
-
-// The newest checkpoint under `root` that VerifyCheckpoint accepts.
-// NOT_FOUND if there is none (the message lists what was skipped); the
-// errno's code if root cannot be read.
-absl::StatusOr<LatestCheckpoint> FindLatestCheckpoint(const std::string& root);
 
 struct RestoreStats {
   uint64_t files = 0;         // shard files read
@@ -185,17 +109,6 @@ absl::StatusOr<RestoreStats> RestoreShards(const std::string& checkpoint_dir,
                                            const CheckpointManifest& manifest,
                                            absl::Span<Table* const> tables,
                                            const RowFilter& keep = {});
-
-// Deletes all but the newest `keep` complete checkpoints under `root`
-// (complete: ReadManifest succeeds), and every incomplete checkpoint
-// directory older than the newest complete one (newer ones may be in the
-// middle of being written). A MANIFEST is deleted first, so a deletion
-// interrupted half way leaves an incomplete checkpoint, never a complete
-// one with missing shards. Returns the names of the directories deleted.
-// INVALID_ARGUMENT if keep is 0; NOT_FOUND if root does not exist; on an
-// I/O error, goes on with the others and returns the first error.
-absl::StatusOr<std::vector<std::string>> PruneCheckpoints(
-    const std::string& root, uint32_t keep);
 
 // A digest of parameters that does not depend on how rows are split into
 // servers or shard files, nor on their order: the sum (mod 2^64) of a hash

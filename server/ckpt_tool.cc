@@ -1,4 +1,4 @@
-// ckpt_tool: inspect checkpoints (server/checkpoint.h) offline.
+// ckpt_tool: inspect checkpoints (checkpoint/catalog.h) offline.
 //
 //   ckpt_tool --root=DIR          one line per checkpoint directory under DIR,
 //                                 newest first, with its validity
@@ -29,6 +29,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
 #include "absl/time/time.h"
+#include "checkpoint/catalog.h"
+// DigestCheckpoint: the digest needs the optimizer rules' state sizes.
 #include "server/checkpoint.h"
 
 ABSL_FLAG(std::string, root, "", "List the checkpoints under this directory.");
