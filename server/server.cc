@@ -1,4 +1,4 @@
-#include "server/server.h"
+#include "server/server_impl.h"
 
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -49,7 +49,30 @@ absl::Status CheckResponseSize(uint64_t n) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<KVServer>> KVServer::Start(Options options) {
-  std::unique_ptr<KVServer> server(new KVServer(std::move(options)));
+  PS_ASSIGN_OR_RETURN(std::unique_ptr<Impl> impl, Impl::Start(std::move(options)));
+  return std::unique_ptr<KVServer>(new KVServer(std::move(impl)));
+}
+
+KVServer::KVServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+KVServer::~KVServer() = default;
+const std::string& KVServer::endpoint() const { return impl_->endpoint(); }
+int KVServer::port() const { return impl_->port(); }
+void KVServer::UpdateView(const ClusterView& view, uint32_t rank) {
+  impl_->UpdateView(view, rank);
+}
+KVServer::Stats KVServer::stats() const { return impl_->stats(); }
+void KVServer::SetLease(std::chrono::steady_clock::time_point until) {
+  impl_->SetLease(until);
+}
+void KVServer::Fence(std::string why) { impl_->Fence(std::move(why)); }
+std::vector<TableStats> KVServer::table_stats() const { return impl_->table_stats(); }
+void KVServer::Stop() { impl_->Stop(); }
+std::vector<const Table*> KVServer::StoppedTables() const { return impl_->StoppedTables(); }
+void KVServer::StopAfterNextCheckpoint() { impl_->StopAfterNextCheckpoint(); }
+bool KVServer::stopped() const { return impl_->stopped(); }
+
+absl::StatusOr<std::unique_ptr<KVServer::Impl>> KVServer::Impl::Start(Options options) {
+  std::unique_ptr<Impl> server(new Impl(std::move(options)));
   for (const TableConfig& tc : server->options_.config.tables()) {
     auto table = Table::Create(tc);
     if (!table.ok()) return table.status();
@@ -109,7 +132,7 @@ absl::StatusOr<std::unique_ptr<KVServer>> KVServer::Start(Options options) {
   return server;
 }
 
-KVServer::KVServer(Options options)
+KVServer::Impl::Impl(Options options)
     : options_(std::move(options)),
       consistency_(options_.config.consistency()),
       key_cache_(options_.config.data_plane().key_cache_bytes()),
@@ -119,13 +142,13 @@ KVServer::KVServer(Options options)
   limits_ = LimitsWithDefaults(options_.config.data_plane().limits());
 }
 
-KVServer::~KVServer() {
+KVServer::Impl::~Impl() {
   UnregisterMetrics();
   Stop();
   if (wake_fd_ >= 0) close(wake_fd_);
 }
 
-std::vector<const Table*> KVServer::StoppedTables() const {
+std::vector<const Table*> KVServer::Impl::StoppedTables() const {
   std::vector<const Table*> tables;
   if (!stopped_.load()) return tables;
   for (const auto& [id, table] : tables_) tables.push_back(table.get());
@@ -134,12 +157,12 @@ std::vector<const Table*> KVServer::StoppedTables() const {
   return tables;
 }
 
-void KVServer::Stop() {
+void KVServer::Impl::Stop() {
   stop_.store(true);
   if (thread_.joinable()) thread_.join();
 }
 
-void KVServer::UpdateView(const ClusterView& view, uint32_t rank) {
+void KVServer::Impl::UpdateView(const ClusterView& view, uint32_t rank) {
   auto own = std::make_shared<Ownership>();
   own->rank = rank;
   own->epoch = view.epoch();
@@ -200,14 +223,14 @@ void KVServer::UpdateView(const ClusterView& view, uint32_t rank) {
   }
 }
 
-void KVServer::SetLease(std::chrono::steady_clock::time_point until) {
+void KVServer::Impl::SetLease(std::chrono::steady_clock::time_point until) {
   int64_t ticks = until.time_since_epoch().count();
   // kNoLease means "not enforced"; a lease that far away is the same.
   if (ticks == kNoLease) --ticks;
   lease_until_.store(ticks, std::memory_order_release);
 }
 
-void KVServer::Fence(std::string why) {
+void KVServer::Impl::Fence(std::string why) {
   {
     absl::MutexLock lock(&fence_mu_);
     if (fenced_.load()) return;
@@ -217,7 +240,7 @@ void KVServer::Fence(std::string why) {
   fenced_.store(true, std::memory_order_release);
 }
 
-absl::Status KVServer::CheckServing(const Ownership& own, ServerRefusal* refusal) {
+absl::Status KVServer::Impl::CheckServing(const Ownership& own, ServerRefusal* refusal) {
   absl::Status refused;
   if (fenced_.load(std::memory_order_acquire)) {
     fenced_refusals_.fetch_add(1, std::memory_order_relaxed);
@@ -254,7 +277,7 @@ absl::Status KVServer::CheckServing(const Ownership& own, ServerRefusal* refusal
   return refused;
 }
 
-void KVServer::SendRefusal(zmq::message_t& identity, const zmq::message_t& header,
+void KVServer::Impl::SendRefusal(zmq::message_t& identity, const zmq::message_t& header,
                            const absl::Status& status, ServerRefusal refusal,
                            uint64_t epoch) {
   // The request id is all that is read of the request: its answer must
@@ -272,7 +295,7 @@ void KVServer::SendRefusal(zmq::message_t& identity, const zmq::message_t& heade
   Send(identity, rh, values, keys);
 }
 
-KVServer::Stats KVServer::stats() const {
+KVServer::Stats KVServer::Impl::stats() const {
   Stats s;
   s.requests = requests_.load();
   s.errors = errors_.load();
@@ -302,7 +325,7 @@ KVServer::Stats KVServer::stats() const {
   return s;
 }
 
-void KVServer::ApplyView(const Ownership& own) {
+void KVServer::Impl::ApplyView(const Ownership& own) {
   if (!own.has_view) return;
   if (!restored_ && !own.slot_owner.empty()) Restore(own);
   consistency_.SetLiveWorkers(own.live_workers);
@@ -355,7 +378,7 @@ void KVServer::ApplyView(const Ownership& own) {
   if (checkpoint_pending_ == 0 && !held_.empty()) ReleaseHeld(own);
 }
 
-void KVServer::Serve() {
+void KVServer::Impl::Serve() {
   std::vector<zmq::message_t> frames;
   std::shared_ptr<const Ownership> applied;
   // The newest view, applied if it changed. Read after every poll so a view
@@ -448,7 +471,7 @@ void KVServer::Serve() {
   stopped_.store(true);
 }
 
-void KVServer::PublishTableStats() {
+void KVServer::Impl::PublishTableStats() {
   ResponseHeader rh;
   FillStats(&rh);
   std::vector<TableStats> stats(rh.table_stats().begin(), rh.table_stats().end());
@@ -457,12 +480,12 @@ void KVServer::PublishTableStats() {
   table_stats_ = std::move(stats);
 }
 
-std::vector<TableStats> KVServer::table_stats() const {
+std::vector<TableStats> KVServer::Impl::table_stats() const {
   absl::MutexLock lock(&stats_mu_);
   return table_stats_;
 }
 
-void KVServer::Send(zmq::message_t& identity, const ResponseHeader& rh,
+void KVServer::Impl::Send(zmq::message_t& identity, const ResponseHeader& rh,
                     zmq::message_t& values, zmq::message_t& keys) {
   // header, [values, [keys]]: a keys frame needs the values frame before
   // it, even if empty.
@@ -477,7 +500,7 @@ void KVServer::Send(zmq::message_t& identity, const ResponseHeader& rh,
   if (has_keys) socket_.send(keys, zmq::send_flags::none);
 }
 
-void KVServer::HandleMessage(zmq::message_t identity,
+void KVServer::Impl::HandleMessage(zmq::message_t identity,
                              std::vector<zmq::message_t> frames,
                              const Ownership& own) {
   if (replicated_) {
@@ -528,7 +551,7 @@ void KVServer::HandleMessage(zmq::message_t identity,
   needs_.clear();
 }
 
-void KVServer::Answer(zmq::message_t& identity, ResponseHeader& rh,
+void KVServer::Impl::Answer(zmq::message_t& identity, ResponseHeader& rh,
                       zmq::message_t& values, zmq::message_t& keys,
                       std::vector<Need> needs, bool first_promoted) {
   std::vector<Need> open;
@@ -569,7 +592,7 @@ void KVServer::Answer(zmq::message_t& identity, ResponseHeader& rh,
   for (const Need& need : open) links_[need.first]->waiters().emplace(need.second, id);
 }
 
-void KVServer::NotAcknowledged(ResponseHeader* rh, zmq::message_t* values,
+void KVServer::Impl::NotAcknowledged(ResponseHeader* rh, zmq::message_t* values,
                                zmq::message_t* keys, const std::string& why) {
   // Applied here, perhaps, but not held by a backup: the worker sends it
   // again with the same sequence number, and whoever owns its slots then
@@ -583,7 +606,7 @@ void KVServer::NotAcknowledged(ResponseHeader* rh, zmq::message_t* values,
   *keys = zmq::message_t();
 }
 
-void KVServer::LogFirstPromotedServed() {
+void KVServer::Impl::LogFirstPromotedServed() {
   if (!awaiting_first_promoted_) return;
   awaiting_first_promoted_ = false;
   const absl::Time now = absl::Now();
@@ -594,484 +617,14 @@ void KVServer::LogFirstPromotedServed() {
       absl::ToUnixMicros(now));
 }
 
-KVServer::Outcome KVServer::Process(std::vector<zmq::message_t>& frames,
-                                    const Ownership& own, ResponseHeader* rh,
-                                    zmq::message_t* values, zmq::message_t* keys) {
-  rh->set_epoch(own.epoch);
-  Outcome outcome = Outcome::kAnswer;
-  absl::Status status;
-  // Counted per request, never per key: two clock reads and a few adds.
-  ServerInstruments::TimePoint start;
-  uint64_t bytes_in = 0;
-  if (instruments_ != nullptr) {
-    start = ServerInstruments::Now();
-    for (const zmq::message_t& f : frames) bytes_in += f.size();
-  }
-  request_op_ = 0;
-  try {
-    status = ProcessChecked(frames, own, rh, values, keys, &outcome);
-  } catch (const std::bad_alloc&) {
-    // Validation already refuses oversized requests; this is the machine
-    // running out of memory. The request fails, the server keeps serving.
-    status = absl::ResourceExhaustedError("server out of memory for this request");
-  }
-  if (!status.ok()) {
-    errors_.fetch_add(1, std::memory_order_relaxed);
-    rh->set_code(static_cast<int32_t>(status.code()));
-    rh->set_message(std::string(status.message()));
-    rh->set_num_values(0);
-    rh->set_num_keys(0);
-    rh->set_next_cursor(0);
-    *values = zmq::message_t();
-    *keys = zmq::message_t();
-    Log()->debug("request {} rejected: {}", rh->request_id(), status.ToString());
-    if (instruments_ != nullptr) {
-      instruments_->RecordError(ServerInstruments::Classify(status, *rh));
-      instruments_->Record(request_op_, ServerInstruments::Outcome::kError, bytes_in, 0,
-                           start);
-    }
-    return Outcome::kAnswer;
-  }
-  if (instruments_ != nullptr) {
-    instruments_->Record(request_op_,
-                         outcome == Outcome::kDefer  ? ServerInstruments::Outcome::kDeferred
-                         : outcome == Outcome::kHold ? ServerInstruments::Outcome::kHeld
-                                                     : ServerInstruments::Outcome::kOk,
-                         bytes_in, values->size() + keys->size(), start);
-  }
-  return outcome;
-}
-
-absl::Status KVServer::ProcessChecked(std::vector<zmq::message_t>& frames,
-                                      const Ownership& own, ResponseHeader* rh,
-                                      zmq::message_t* values, zmq::message_t* keys,
-                                      Outcome* outcome) {
-  DecodedRequest req;
-  absl::Status status = DecodeRequest(frames, &req);
-  rh->set_request_id(req.header.request_id());
-  if (!status.ok()) return status;
-  const RequestHeader& h = req.header;
-  request_op_ = h.op();
-
-  if (h.replica()) {
-    return absl::InvalidArgumentError(
-        "replica messages are for servers of a job with cluster.replication 2");
-  }
-  PS_RETURN_IF_ERROR(AdmitRequest(frames, h, own));
-  // The cached key list the request uses or stores, if any.
-  KeyListCache::List* key_list = nullptr;
-  if (h.key_list_slot() != 0) {
-    // Before any other check, so this server's record of the sender's
-    // slots follows the sender's even when the request fails later.
-    if (req.keys_cached) {
-      key_list = key_cache_.Find(h.sender_node_id(), h.key_list_slot(), h.key_list_digest(),
-                                 h.num_keys());
-      if (key_list == nullptr) {
-        rh->set_key_list_unknown(true);
-        return absl::FailedPreconditionError(absl::StrCat(
-            "key list slot ", h.key_list_slot(), " of node ", h.sender_node_id(),
-            " does not hold the list named; send the keys"));
-      }
-      req.keys = absl::MakeConstSpan(key_list->keys);
-    } else {
-      PS_RETURN_IF_ERROR(key_cache_.Store(h.sender_node_id(), h.key_list_slot(),
-                                          h.key_list_digest(), req.keys));
-      key_list = key_cache_.Stored(h.sender_node_id(), h.key_list_slot());
-    }
-  }
-  // Requests that are kept (held, deferred) or forwarded to backups carry
-  // their keys and float32 values in their own frames: a cached list may
-  // be replaced meanwhile, and backups take float32 only.
-  // A kept request must also not name its slot any more: processed again,
-  // it would store its list a second time, over what the sender may have
-  // put in that slot since.
-  bool self_contained = h.key_list_slot() == 0 && EncodedValueBytes(h.push_values()) == 4;
-  auto make_self_contained = [&] {
-    if (self_contained) return;
-    self_contained = true;
-    RequestHeader plain = h;
-    plain.clear_key_list_slot();
-    plain.clear_key_list_digest();
-    plain.clear_push_values();
-    frames[0] = SerializeToFrame(plain);
-    if (req.keys_cached) {
-      frames[1] = zmq::message_t(req.keys.data(), req.keys.size() * sizeof(uint64_t));
-    }
-    if (frames.size() == 3 && !req.value_copy.empty()) {
-      frames[2] = zmq::message_t(req.values.data(), req.values.size() * sizeof(float));
-    }
-  };
-  if (h.op() == STATS) {
-    if (!req.keys.empty()) return absl::InvalidArgumentError("STATS carries no keys");
-    FillStats(rh, own.replicated && !own.slot_owner.empty() ? &own : nullptr);
-    return absl::OkStatus();
-  }
-  // Tools (node 0) do not move the server's clock: only workers' steps do.
-  if (own.all || h.sender_node_id() != 0) NoteClock(h.clock());
-  if (h.op() == ADVANCE_CLOCK) {
-    if (!req.keys.empty()) {
-      return absl::InvalidArgumentError("ADVANCE_CLOCK carries no keys");
-    }
-    if (h.restart()) {
-      consistency_.Restart(h.sender_node_id(), h.clock());
-    } else {
-      consistency_.Advance(h.sender_node_id(), h.clock());
-    }
-    return absl::OkStatus();
-  }
-  // Any request at clock c tells that its sender completed c steps, and
-  // its pushes of those steps to this server arrived before it (messages of
-  // one sender to one server keep their order). A server that replaced a
-  // dead one learns live workers' clocks this way without waiting for
-  // their next ADVANCE_CLOCK.
-  if (h.clock() < kFinishedClock && h.sender_node_id() != 0) {
-    consistency_.Advance(h.sender_node_id(), h.clock());
-  }
-  if (h.op() == SCAN) {
-    auto it = tables_.find(h.table_id());
-    if (it == tables_.end()) {
-      return absl::NotFoundError(absl::StrCat("unknown table ", h.table_id()));
-    }
-    const SparseTable* sparse = it->second->AsSparse();
-    if (sparse == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "table ", h.table_id(), " is dense; SCAN reads sparse tables (read "
-          "dense ones with PULL)"));
-    }
-    // Held like a pull, so an export sees every step the sender's clock
-    // covers; Progress() runs the request again once it may be answered.
-    if (!PullAllowed(h.clock())) {
-      PS_RETURN_IF_ERROR(RoomToHold(frames, "requests wait for slower workers"));
-      *outcome = Outcome::kDefer;
-      return absl::OkStatus();
-    }
-    Scan(*sparse, h, rh, values, keys);
-    if (own.replicated && !own.slot_owner.empty() && rh->num_keys() > 0) {
-      // Backup copies of other servers' slots stay out of an export.
-      const uint32_t num_slots = static_cast<uint32_t>(own.slot_owner.size());
-      const uint32_t dim = sparse->dim();
-      const uint64_t* k = keys->data<uint64_t>();
-      const float* v = values->data<float>();
-      std::vector<uint64_t> kept_keys;
-      std::vector<float> kept_values;
-      for (uint64_t i = 0; i < rh->num_keys(); ++i) {
-        if (own.slot_owner[SparseSlot(h.table_id(), k[i], num_slots)] != own.rank) continue;
-        kept_keys.push_back(k[i]);
-        kept_values.insert(kept_values.end(), v + i * dim, v + (i + 1) * dim);
-      }
-      rh->set_num_keys(kept_keys.size());
-      rh->set_num_values(kept_values.size());
-      *keys = FrameFromVector(std::move(kept_keys));
-      *values = FrameFromVector(std::move(kept_values));
-    }
-    return absl::OkStatus();
-  }
-
-  auto it = tables_.find(h.table_id());
-  if (it == tables_.end()) {
-    return absl::NotFoundError(absl::StrCat("unknown table ", h.table_id()));
-  }
-  if (!own.all && own.slot_owner.empty()) {
-    return absl::UnavailableError("server has no cluster view yet");
-  }
-  const uint32_t num_slots = static_cast<uint32_t>(own.slot_owner.size());
-  auto not_owner = [&](uint32_t slot) {
-    rh->set_wrong_owner(true);
-    return absl::FailedPreconditionError(absl::StrCat(
-        "slot ", slot, " is owned by server ", own.slot_owner[slot],
-        ", not this server (rank ", own.rank, ") in epoch ", own.epoch,
-        "; refresh the cluster view"));
-  };
-  const bool assign = h.op() == ASSIGN;
-  // An ASSIGN is validated like a push (values for every element, finite).
-  const bool push = h.op() == PUSH || h.op() == PUSH_PULL || assign;
-  const bool pull = h.op() == PULL || h.op() == PUSH_PULL;
-  if (push) {
-    // Before the copies below: what is forwarded, buffered or held is the
-    // policed gradient.
-    PS_RETURN_IF_ERROR(PolicePushValues(h, own, assign, const_cast<float*>(req.values.data()),
-                                        req.values.size()));
-  }
-  if (own.replicated && push) make_self_contained();
-  Table* table = it->second.get();
-  SparseTable* sparse = table->AsSparse();
-  DenseTable* dense = table->AsDense();
-  const Segments& segments = h.segments();
-
-  // Validate everything first: a rejected request must change nothing.
-  uint64_t n = 0;
-  PS_RETURN_IF_ERROR(ValidateShape(h, *table, req.keys, req.values, push, &n));
-  if (own.replicated) {
-    // The slots are kept: forwarding to backups needs them too.
-    SlotsOf(h, *table, req.keys, num_slots, &slots_scratch_);
-    for (uint32_t slot : slots_scratch_) {
-      if (own.slot_owner[slot] != own.rank) return not_owner(slot);
-    }
-    if (awaiting_first_promoted_) {
-      for (uint32_t slot : slots_scratch_) {
-        if (promoted_[slot]) first_promoted_ = true;
-      }
-    }
-  } else if (!own.all && !own.owns_every_slot) {
-    if (sparse != nullptr) {
-      // A cached list checked in this view needs no second look.
-      if (key_list == nullptr || key_list->owned_epoch != own.epoch ||
-          key_list->owned_table != h.table_id()) {
-        for (uint64_t key : req.keys) {
-          const uint32_t slot = SparseSlot(h.table_id(), key, num_slots);
-          if (own.slot_owner[slot] != own.rank) return not_owner(slot);
-        }
-        if (key_list != nullptr) {
-          key_list->owned_epoch = own.epoch;
-          key_list->owned_table = h.table_id();
-        }
-      }
-    } else {
-      for (const DenseSegment& s : segments) {
-        const uint32_t slot =
-            DenseBlockSlot(h.table_id(), s.begin() / dense->block_size(), num_slots);
-        if (own.slot_owner[slot] != own.rank) return not_owner(slot);
-      }
-    }
-  }
-  if (push && sparse != nullptr) {
-    if (absl::Status room =
-            sparse->CheckPush(req.keys, key_list != nullptr ? &key_list->rows : nullptr);
-        !room.ok()) {
-      sparse->CountRefusedPush();
-      return room;
-    }
-  }
-  // A push of a step at or after a checkpoint in progress waits until the
-  // shard is written (BSP buffers it anyway: buffered steps >= the
-  // checkpoint's clock are not applied before it).
-  if (push && checkpoint_pending_ != 0 && h.clock() >= checkpoint_pending_ &&
-      h.clock() < kFinishedClock && !consistency_.ShouldBuffer(h.clock())) {
-    make_self_contained();
-    PS_RETURN_IF_ERROR(RoomToHold(frames, "pushes wait for a checkpoint"));
-    *outcome = Outcome::kHold;
-    return absl::OkStatus();
-  }
-  // Before the sequence number is recorded: a refused push is not applied,
-  // so its resend must not be taken for a duplicate.
-  if (push && !assign && consistency_.ShouldBuffer(h.clock()) &&
-      h.clock() - consistency_.applied_clock() > ConsistencyController::kMaxStepsAhead) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "push for step ", h.clock(), " is more than ",
-        ConsistencyController::kMaxStepsAhead, " steps ahead of the applied step ",
-        consistency_.applied_clock()));
-  }
-  bool duplicate = false;
-  if (push && h.seq() != 0) {
-    auto window = seqs_.find(h.sender_node_id());
-    switch (window == seqs_.end() ? SeqWindow::Check::kNew
-                                  : window->second.Test(h.seq())) {
-      case SeqWindow::Check::kNew:
-        break;
-      case SeqWindow::Check::kDuplicate:
-        duplicate = true;
-        break;
-      case SeqWindow::Check::kTooOld:
-        return absl::AbortedError(absl::StrCat(
-            "push sequence number ", h.seq(), " of node ", h.sender_node_id(),
-            " is too old to tell whether it was applied; not applied"));
-    }
-  }
-  if (duplicate) {
-    rh->set_duplicate(true);
-    duplicates_.fetch_add(1, std::memory_order_relaxed);
-    // Acknowledged only once the backups hold it (they may still be
-    // taking it, from this server or in a catch-up).
-    if (own.replicated) PS_RETURN_IF_ERROR(NeedsForDuplicate(own, slots_scratch_));
-    if (!pull) return absl::OkStatus();
-  } else if (push && h.seq() != 0) {
-    seqs_[h.sender_node_id()].Record(h.seq());
-  }
-  if (assign) {
-    dense->Assign(segments, req.values.data());
-    if (own.replicated) {
-      Forward(own, h, REPLICA_APPLY, 1.0f, *table, req.keys, req.values, frames,
-              slots_scratch_);
-    }
-    return absl::OkStatus();
-  }
-
-  if (push && !duplicate) {
-    if (consistency_.ShouldBuffer(h.clock())) {
-      Buffer(h.clock(), h.sender_node_id(), table, req.keys, segments, req.values);
-      if (own.replicated) {
-        Forward(own, h, REPLICA_BUFFER, 1.0f, *table, req.keys, req.values, frames,
-                slots_scratch_);
-      }
-    } else {
-      // Staleness: how far this push's step is behind the server's clock.
-      const uint64_t staleness =
-          server_clock_ > h.clock() ? server_clock_ - h.clock() : 0;
-      const float lr_scale = table->RateScale(
-          h.clock(), staleness, options_.config.cluster().num_workers());
-      if (sparse != nullptr) {
-        sparse->Push(req.keys, req.values.data(), lr_scale,
-                     key_list != nullptr ? &key_list->rows : nullptr);
-      } else {
-        dense->Push(segments, req.values.data(), lr_scale);
-      }
-      if (own.replicated) {
-        Forward(own, h, REPLICA_APPLY, lr_scale, *table, req.keys, req.values,
-                frames, slots_scratch_);
-      }
-      if (h.clock() < kFinishedClock) {
-        max_applied_push_step_ = std::max(max_applied_push_step_, h.clock());
-        any_push_applied_ = true;
-      }
-    }
-    keys_pushed_.fetch_add(sparse != nullptr ? req.keys.size() : n,
-                           std::memory_order_relaxed);
-  }
-  if (!pull) return absl::OkStatus();
-  if (!PullAllowed(h.clock())) {
-    // A plain pull over the budget is refused (nothing was done). A
-    // PUSH_PULL's push half is applied already: its pull is held anyway
-    // (keys only), so the push is not applied twice.
-    if (h.op() == PULL) {
-      PS_RETURN_IF_ERROR(RoomToHold(frames, "requests wait for slower workers"));
-    }
-    // Hold the pull. A PUSH_PULL's push half is done: keep only a PULL.
-    make_self_contained();
-    if (h.op() == PUSH_PULL) {
-      RequestHeader pull_only = h;
-      pull_only.set_op(PULL);
-      pull_only.clear_key_list_slot();
-      pull_only.clear_key_list_digest();
-      pull_only.clear_push_values();
-      frames[0] = SerializeToFrame(pull_only);
-      frames.resize(2);
-    }
-    *outcome = Outcome::kDefer;
-    return absl::OkStatus();
-  }
-  // Written in place: zmq::message_t(size) does not initialise its bytes,
-  // and libzmq sends it without another copy. Half-width answers are
-  // gathered into a scratch buffer and encoded into the frame.
-  const ValueEncoding encoding =
-      EncodedValueBytes(h.pull_values()) == 4 ? FLOAT32 : h.pull_values();
-  float* out;
-  if (encoding == FLOAT32) {
-    *values = zmq::message_t(n * sizeof(float));
-    out = static_cast<float*>(values->data());
-  } else {
-    pull_scratch_.resize(n);
-    out = pull_scratch_.data();
-  }
-  if (sparse != nullptr) {
-    // A cached list's rows, found by the pull of a step, serve its push.
-    sparse->Pull(req.keys, out, key_list != nullptr ? &key_list->rows : nullptr);
-    keys_pulled_.fetch_add(req.keys.size(), std::memory_order_relaxed);
-  } else {
-    dense->Pull(segments, out);
-    keys_pulled_.fetch_add(n, std::memory_order_relaxed);
-  }
-  if (encoding != FLOAT32) {
-    *values = zmq::message_t(n * EncodedValueBytes(encoding));
-    EncodeValues(encoding, out, n, values->data());
-    rh->set_values_encoding(encoding);
-  }
-  rh->set_num_values(n);
-  const uint64_t min_clock = consistency_.MinClock();
-  rh->set_min_clock(min_clock == ConsistencyController::kNoWorkers ? 0 : min_clock);
-  rh->set_applied_clock(consistency_.applied_clock());
-  return absl::OkStatus();
-}
-
-absl::Status KVServer::ValidateShape(const RequestHeader& h, const Table& table,
-                                     absl::Span<const uint64_t> keys,
-                                     absl::Span<const float> values, bool push,
-                                     uint64_t* n) const {
-  const SparseTable* sparse = table.AsSparse();
-  const DenseTable* dense = table.AsDense();
-  *n = 0;
-  if (h.op() == ASSIGN && sparse != nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "table ", h.table_id(), " is sparse; ASSIGN writes dense tables"));
-  }
-  if (sparse != nullptr) {
-    if (h.segments_size() != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "table ", h.table_id(), " is sparse; requests carry keys, not segments"));
-    }
-    *n = keys.size() * uint64_t{sparse->dim()};
-    PS_RETURN_IF_ERROR(CheckResponseSize(*n));
-    if (push && values.size() != *n) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "push of ", keys.size(), " keys to table ", h.table_id(), " (dim ",
-          sparse->dim(), ") needs ", *n, " values, got ", values.size()));
-    }
-    return absl::OkStatus();
-  }
-  if (!keys.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "table ", h.table_id(), " is dense; requests carry segments, not keys"));
-  }
-  PS_RETURN_IF_ERROR(dense->ValidateSegments(h.segments()));
-  for (const DenseSegment& s : h.segments()) *n += s.length();
-  PS_RETURN_IF_ERROR(CheckResponseSize(*n));
-  if (push && values.size() != *n) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("dense push addresses ", *n, " elements but carries ",
-                     values.size(), " values"));
-  }
-  return absl::OkStatus();
-}
-
-void KVServer::SlotsOf(const RequestHeader& h, const Table& table,
-                       absl::Span<const uint64_t> keys, uint32_t num_slots,
-                       std::vector<uint32_t>* slots) const {
-  slots->clear();
-  if (table.AsSparse() != nullptr) {
-    slots->reserve(keys.size());
-    for (uint64_t key : keys) slots->push_back(SparseSlot(h.table_id(), key, num_slots));
-    return;
-  }
-  const uint64_t block_size = table.AsDense()->block_size();
-  for (const DenseSegment& s : h.segments()) {
-    slots->push_back(DenseBlockSlot(h.table_id(), s.begin() / block_size, num_slots));
-  }
-}
-
-void KVServer::Scan(const SparseTable& sparse, const RequestHeader& h,
-                    ResponseHeader* rh, zmq::message_t* values,
-                    zmq::message_t* keys) {
-  // Slot ownership is not checked: an export wants every row this server
-  // holds, including rows of slots it no longer owns.
-  uint64_t max_rows = h.scan_max_rows() == 0 ? kDefaultScanRows : h.scan_max_rows();
-  // Keep the page (keys and values) under the message limit for wide rows.
-  const uint64_t row_bytes = uint64_t{sparse.dim()} * sizeof(float) + sizeof(uint64_t);
-  max_rows = std::max<uint64_t>(
-      1, std::min<uint64_t>(max_rows, kMaxMessageBytes / 2 / row_bytes));
-  // Bounds the work of one page when the index is mostly empty (rows
-  // dropped by TTL or eviction leave the index at its largest size), so a
-  // scan never stalls the serving loop for long.
-  const uint64_t max_slots = std::max<uint64_t>(max_rows * 8, 65536);
-  std::vector<uint64_t> page_keys;
-  std::vector<float> page_values;
-  page_keys.reserve(std::min<uint64_t>(max_rows, sparse.num_rows()));
-  page_values.reserve(page_keys.capacity() * sparse.dim());
-  const uint64_t next =
-      sparse.Scan(h.scan_cursor(), max_rows, max_slots, &page_keys, &page_values);
-  rh->set_num_keys(page_keys.size());
-  rh->set_num_values(page_values.size());
-  rh->set_next_cursor(next);
-  *keys = FrameFromVector(std::move(page_keys));
-  *values = FrameFromVector(std::move(page_values));
-}
-
-void KVServer::Buffer(uint64_t step, uint64_t node_id, Table* table,
+void KVServer::Impl::Buffer(uint64_t step, uint64_t node_id, Table* table,
                       absl::Span<const uint64_t> keys, const Segments& segments,
                       absl::Span<const float> grads) {
   consistency_.NoteBuffered(step);
   BufferInto(buffers_[step], node_id, table, keys, segments, grads);
 }
 
-void KVServer::BufferInto(StepBuffer& buffer, uint64_t node_id, Table* table,
+void KVServer::Impl::BufferInto(StepBuffer& buffer, uint64_t node_id, Table* table,
                           absl::Span<const uint64_t> keys,
                           const Segments& segments,
                           absl::Span<const float> grads) {
@@ -1114,7 +667,7 @@ void KVServer::BufferInto(StepBuffer& buffer, uint64_t node_id, Table* table,
   }
 }
 
-void KVServer::ApplyBuffered(uint64_t step, StepBuffer& buffer, uint32_t divisor) {
+void KVServer::Impl::ApplyBuffered(uint64_t step, StepBuffer& buffer, uint32_t divisor) {
   // scale_with_workers scales by the configured cluster size, not by
   // `divisor`: the schedule must not jump when one step has fewer pushers.
   const uint32_t num_workers = options_.config.cluster().num_workers();
@@ -1149,7 +702,7 @@ void KVServer::ApplyBuffered(uint64_t step, StepBuffer& buffer, uint32_t divisor
   Log()->debug("BSP step {} applied: {} workers averaged", step, divisor);
 }
 
-void KVServer::Progress(const Ownership& own) {
+void KVServer::Impl::Progress(const Ownership& own) {
   uint64_t step;
   MaybeWriteCheckpoint(own);
   while (consistency_.NextCompleteStep(
@@ -1209,7 +762,7 @@ void KVServer::Progress(const Ownership& own) {
   }
 }
 
-void KVServer::FlushBuffers() {
+void KVServer::Impl::FlushBuffers() {
   // Leaving BSP: apply what was gathered, step by step, averaged over the
   // workers that took part.
   for (auto& [step, buffer] : buffers_) {
@@ -1223,7 +776,7 @@ void KVServer::FlushBuffers() {
   buffers_.clear();
 }
 
-void KVServer::StepDone(uint64_t step, uint32_t divisor) {
+void KVServer::Impl::StepDone(uint64_t step, uint32_t divisor) {
   if (!replicated_) return;
   recent_divisors_[step] = divisor;
   while (recent_divisors_.size() > 64) recent_divisors_.erase(recent_divisors_.begin());
@@ -1241,7 +794,7 @@ void KVServer::StepDone(uint64_t step, uint32_t divisor) {
   }
 }
 
-bool KVServer::PullAllowed(uint64_t clock) const {
+bool KVServer::Impl::PullAllowed(uint64_t clock) const {
   if (checkpoint_pending_ != 0 && clock > checkpoint_pending_ &&
       clock < kFinishedClock) {
     return false;
@@ -1249,7 +802,7 @@ bool KVServer::PullAllowed(uint64_t clock) const {
   return consistency_.PullReady(clock);
 }
 
-void KVServer::Restore(const Ownership& own) {
+void KVServer::Impl::Restore(const Ownership& own) {
   restored_ = true;
   if (own.restore.path().empty()) return;
   // With replication a replacement server usually owns nothing (its old
@@ -1297,7 +850,7 @@ void KVServer::Restore(const Ownership& own) {
   checkpoint_handled_ = std::max(checkpoint_handled_, clock);
 }
 
-void KVServer::NoteCheckpointClock(const Ownership& own) {
+void KVServer::Impl::NoteCheckpointClock(const Ownership& own) {
   const uint64_t c = own.checkpoint_clock;
   if (c == 0) {
     if (checkpoint_pending_ != 0) {
@@ -1333,7 +886,7 @@ void KVServer::NoteCheckpointClock(const Ownership& own) {
   Log()->debug("checkpoint at clock {} pending", c);
 }
 
-void KVServer::MaybeWriteCheckpoint(const Ownership& own) {
+void KVServer::Impl::MaybeWriteCheckpoint(const Ownership& own) {
   const uint64_t c = checkpoint_pending_;
   if (c == 0) return;
   // Every live worker finished the steps < c (and their pushes, sent
@@ -1382,7 +935,7 @@ void KVServer::MaybeWriteCheckpoint(const Ownership& own) {
   ReleaseHeld(own);
 }
 
-void KVServer::ReleaseHeld(const Ownership& own) {
+void KVServer::Impl::ReleaseHeld(const Ownership& own) {
   std::deque<Held> held;
   held.swap(held_);
   for (const Held& h : held) held_bytes_ -= h.bytes;
@@ -1391,142 +944,18 @@ void KVServer::ReleaseHeld(const Ownership& own) {
   }
 }
 
-uint64_t KVServer::FramesBytes(const std::vector<zmq::message_t>& frames) {
-  uint64_t bytes = 0;
-  for (const zmq::message_t& f : frames) bytes += f.size();
-  return bytes;
-}
-
-bool KVServer::MayHold(uint64_t bytes) const {
-  return held_bytes_.load() + bytes <= static_cast<uint64_t>(limits_.max_held_bytes());
-}
-
-absl::Status KVServer::RoomToHold(const std::vector<zmq::message_t>& frames,
-                                  absl::string_view waiting) {
-  if (MayHold(FramesBytes(frames))) return absl::OkStatus();
-  limit_refusals_.fetch_add(1, std::memory_order_relaxed);
-  return absl::UnavailableError(absl::StrCat("server busy: ", held_bytes_.load(), " bytes of ",
-                                             waiting, " (data_plane.limits.max_held_bytes ",
-                                             limits_.max_held_bytes(), "); retry"));
-}
-
-absl::Status KVServer::AdmitRequest(const std::vector<zmq::message_t>& frames,
-                                    const RequestHeader& h, const Ownership& own) {
-  const uint64_t bytes = FramesBytes(frames);
-  if (bytes > static_cast<uint64_t>(limits_.max_message_bytes())) {
-    limit_refusals_.fetch_add(1, std::memory_order_relaxed);
-    return absl::ResourceExhaustedError(
-        absl::StrCat("request of ", bytes, " bytes exceeds data_plane.limits.max_message_bytes ",
-                     limits_.max_message_bytes()));
-  }
-  if (h.num_keys() > limits_.max_keys_per_message()) {
-    limit_refusals_.fetch_add(1, std::memory_order_relaxed);
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "request of ", h.num_keys(), " keys exceeds data_plane.limits.max_keys_per_message ",
-        limits_.max_keys_per_message()));
-  }
-  const uint64_t sender = h.sender_node_id();
-  if (sender == 0 || h.op() == STATS) return absl::OkStatus();
-  if (own.all) {
-    // No view to check senders against: bound how many get state here.
-    if (!standalone_senders_.contains(sender)) {
-      if (standalone_senders_.size() >= kMaxStandaloneSenders) {
-        limit_refusals_.fetch_add(1, std::memory_order_relaxed);
-        return absl::ResourceExhaustedError(absl::StrCat(
-            "this standalone server already keeps state for ", kMaxStandaloneSenders,
-            " senders; node ", sender, " refused"));
-      }
-      standalone_senders_.insert(sender);
-    }
-    return absl::OkStatus();
-  }
-  if (!own.worker_rank.contains(sender)) {
-    sender_refusals_.fetch_add(1, std::memory_order_relaxed);
-    return absl::UnavailableError(absl::StrCat(
-        "sender node ", sender, " is not a live worker in this server's view (epoch ",
-        own.epoch, "); retry once the view has it"));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status KVServer::PolicePushValues(const RequestHeader& h, const Ownership& own,
-                                        bool assign, float* values, size_t n) {
-  const GradientPolicy& policy = options_.config.data_plane().gradients();
-  const float clip = policy.clip_value();
-  if (!AllFinite(absl::MakeConstSpan(values, n))) {
-    uint64_t bad = 0;
-    size_t first = n;
-    for (size_t i = 0; i < n; ++i) {
-      if (!std::isfinite(values[i])) {
-        if (first == n) first = i;
-        ++bad;
-      }
-    }
-    const bool reject = assign || policy.nonfinite() != GradientPolicy::CLIP || clip <= 0;
-    nonfinite_values_.fetch_add(bad, std::memory_order_relaxed);
-    if (reject) nonfinite_rejected_.fetch_add(1, std::memory_order_relaxed);
-    // The rank the view knows for the sender (a header's own claim only on
-    // a standalone server); labels stay bounded by the live workers.
-    std::string worker = "none";
-    if (h.sender_node_id() != 0) {
-      auto it = own.worker_rank.find(h.sender_node_id());
-      if (it != own.worker_rank.end()) {
-        worker = absl::StrCat(it->second);
-      } else if (own.all && h.sender_rank() < kMaxStandaloneSenders) {
-        worker = absl::StrCat(h.sender_rank());
-      } else {
-        worker = "other";
-      }
-    }
-    const char* action = reject ? "rejected" : "clipped";
-    if (nonfinite_family_ != nullptr) nonfinite_family_->With({worker, action})->Add(bad);
-    const absl::Time now = absl::Now();
-    if (now - last_nonfinite_log_ >= absl::Seconds(1)) {
-      Log()->warn(
-          "worker rank {} (node {}) pushed {} non-finite value(s) of {} to table {} at "
-          "step {} (first: element {} = {}); {}{}",
-          worker, h.sender_node_id(), bad, n, h.table_id(), h.clock(), first, values[first],
-          reject ? "push rejected" : "clipped and applied",
-          nonfinite_unlogged_ > 0
-              ? absl::StrCat(" (", nonfinite_unlogged_, " such pushes not logged before it)")
-              : "");
-      last_nonfinite_log_ = now;
-      nonfinite_unlogged_ = 0;
-    } else {
-      ++nonfinite_unlogged_;
-    }
-    if (reject) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          assign ? "ASSIGN value " : "gradient ", first, " is not finite (", values[first],
-          "); ", bad, " of ", n, " values are not; ", assign ? "assign" : "push",
-          " rejected"));
-    }
-    for (size_t i = 0; i < n; ++i) {
-      if (std::isnan(values[i])) {
-        values[i] = 0.0f;
-      } else if (std::isinf(values[i])) {
-        values[i] = values[i] > 0 ? clip : -clip;
-      }
-    }
-  }
-  if (!assign && clip > 0) {
-    for (size_t i = 0; i < n; ++i) values[i] = std::clamp(values[i], -clip, clip);
-  }
-  return absl::OkStatus();
-}
-
-void KVServer::NoteClock(uint64_t clock) {
+void KVServer::Impl::NoteClock(uint64_t clock) {
   if (clock < kFinishedClock) server_clock_ = std::max(server_clock_, clock);
 }
 
-void KVServer::AdvanceTables() {
+void KVServer::Impl::AdvanceTables() {
   const absl::Time now = options_.clock->Now();
   for (auto& [id, table] : tables_) {
     if (SparseTable* sparse = table->AsSparse()) sparse->Advance(server_clock_, now);
   }
 }
 
-void KVServer::FillStats(ResponseHeader* rh, const Ownership* own) const {
+void KVServer::Impl::FillStats(ResponseHeader* rh, const Ownership* own) const {
   std::vector<uint32_t> ids;
   for (const auto& [id, table] : tables_) ids.push_back(id);
   std::sort(ids.begin(), ids.end());
@@ -1566,7 +995,7 @@ void KVServer::FillStats(ResponseHeader* rh, const Ownership* own) const {
   }
 }
 
-void KVServer::Watchdog() {
+void KVServer::Impl::Watchdog() {
   if (deferred_.empty()) return;
   const ConsistencyConfig& c = consistency_.config();
   const absl::Time now = absl::Now();

@@ -66,24 +66,15 @@
 #ifndef PS_SERVER_SERVER_H_
 #define PS_SERVER_SERVER_H_
 
-#include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <deque>
 #include <functional>
-#include <map>
 #include <memory>
 #include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
-#include "absl/container/flat_hash_map.h"
-#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/string_view.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/config.h"
@@ -92,16 +83,14 @@
 #include "proto/config.pb.h"
 #include "proto/data_plane.pb.h"
 #include "proto/scheduler.pb.h"
-#include "server/consistency.h"
-#include "server/key_cache.h"
-#include "server/peer_gate.h"
-#include "server/replication.h"
-#include "server/server_metrics.h"
-#include "server/table.h"
-#include "zmq.hpp"
 
 namespace ps {
 
+class Table;
+
+// The public handle. Everything the serving thread owns lives in the
+// private Impl (server/server_impl.h), so this header carries no ZeroMQ
+// socket, table or consistency state.
 class KVServer {
  public:
   struct Options {
@@ -212,8 +201,8 @@ class KVServer {
   KVServer& operator=(const KVServer&) = delete;
 
   // The endpoint actually bound, e.g. "tcp://127.0.0.1:41577".
-  const std::string& endpoint() const { return endpoint_; }
-  int port() const { return port_; }
+  const std::string& endpoint() const;
+  int port() const;
 
   // Installs a cluster view; `rank` is this server's rank in it. Its slot
   // map (present from RUNNING on), backups, live workers and consistency
@@ -255,344 +244,13 @@ class KVServer {
   // every update it acknowledged is in the checkpoint a replacement
   // restores. Requests left unanswered are routed again by the workers
   // once this server leaves the view. stopped() tells when it happened.
-  void StopAfterNextCheckpoint() { stop_after_checkpoint_.store(true); }
-  bool stopped() const { return stopped_.load(); }
+  void StopAfterNextCheckpoint();
+  bool stopped() const;
 
  private:
-  struct Ownership {
-    bool all = false;  // standalone
-    uint32_t rank = 0;
-    uint64_t epoch = 0;
-    std::vector<uint32_t> slot_owner;  // empty: not ready
-    // slot_owner names this server for every slot: requests need no
-    // per-key ownership check (a one-server job).
-    bool owns_every_slot = false;
-    bool has_view = false;
-    std::vector<ConsistencyController::Worker> live_workers;
-    // Live worker node id -> rank.
-    absl::flat_hash_map<uint64_t, uint32_t> worker_rank;
-    ConsistencyConfig consistency;
-    uint64_t checkpoint_clock = 0;
-    CheckpointRef restore;
-    // Replication (cluster.replication 2; never standalone).
-    bool replicated = false;
-    std::vector<uint32_t> slot_backup;  // as slot_owner; kNoBackup = none
-    uint64_t node_id = 0;               // this server's; 0 = not live
-    // Live servers by rank: node id (0 = none) and data endpoint.
-    std::vector<uint64_t> server_node;
-    std::vector<std::string> server_endpoint;
-  };
-  using SeqWindow = replication::SeqWindow;
-  // A message put aside: a request held while a checkpoint is taken
-  // (pushes of steps at or after its clock), processed once the shard is
-  // written; or a replica message from a view newer than this server's.
-  struct Held {
-    zmq::message_t identity;
-    std::vector<zmq::message_t> frames;
-    uint64_t epoch = 0;  // replica messages: the primary's epoch
-    // Counted in held_bytes_ while held.
-    uint64_t bytes = 0;
-  };
-  // An answer that waits for backups to answer the replica messages it
-  // depends on (BackupLink::waiters() point here).
-  struct Wait {
-    zmq::message_t identity;
-    ResponseHeader rh;
-    zmq::message_t values, keys;
-    int remaining = 0;
-    // A backup refused its copy: the worker is told to send again.
-    bool failed = false;
-    std::string error;
-    bool first_promoted = false;
-  };
-  // (backup node id, replica message id) an answer depends on.
-  using Need = std::pair<uint64_t, uint64_t>;
-  // Gradients of one BSP step, summed per element until the step completes.
-  struct StepBuffer {
-    // Sums are kept in double so the average does not depend on the order
-    // in which workers' pushes arrive (to float precision).
-    struct Sparse {
-      absl::flat_hash_map<uint64_t, uint32_t> index;  // key -> row
-      std::vector<uint64_t> keys;
-      std::vector<double> sums;
-    };
-    struct Dense {
-      // block -> sums over the block, and the touched element range.
-      absl::flat_hash_map<uint64_t, std::vector<double>> blocks;
-      absl::flat_hash_map<uint64_t, std::pair<uint64_t, uint64_t>> touched;
-    };
-    absl::flat_hash_map<uint32_t, Sparse> sparse;
-    absl::flat_hash_map<uint32_t, Dense> dense;
-    absl::flat_hash_set<uint64_t> pushers;  // node ids
-  };
-  struct Deferred {
-    zmq::message_t identity;
-    std::vector<zmq::message_t> frames;  // a PULL request
-    uint64_t clock = 0;
-    uint32_t rank = 0;
-    absl::Time since;
-    // A PUSH_PULL's push half: the backups' answers its answer waits for.
-    std::vector<Need> needs;
-    // Counted in held_bytes_ while deferred.
-    uint64_t bytes = 0;
-  };
-  enum class Outcome { kAnswer, kDefer, kHold };
-
-  explicit KVServer(Options options);
-  void Serve();
-  void ApplyView(const Ownership& own);
-  void HandleMessage(zmq::message_t identity, std::vector<zmq::message_t> frames,
-                     const Ownership& own);
-  // Processes one request. kDefer: the (pull) request is not answered yet;
-  // the frames were rewritten into a plain PULL to run again later.
-  // `keys` is filled by SCAN only.
-  Outcome Process(std::vector<zmq::message_t>& frames, const Ownership& own,
-                  ResponseHeader* rh, zmq::message_t* values,
-                  zmq::message_t* keys);
-  absl::Status ProcessChecked(std::vector<zmq::message_t>& frames,
-                              const Ownership& own, ResponseHeader* rh,
-                              zmq::message_t* values, zmq::message_t* keys,
-                              Outcome* outcome);
-  // Answers a validated SCAN request of `sparse` with one page.
-  void Scan(const SparseTable& sparse, const RequestHeader& h,
-            ResponseHeader* rh, zmq::message_t* values, zmq::message_t* keys);
-  void Buffer(uint64_t step, uint64_t node_id, Table* table,
-              absl::Span<const uint64_t> keys, const Segments& segments,
-              absl::Span<const float> grads);
-  static void BufferInto(StepBuffer& buffer, uint64_t node_id, Table* table,
-                         absl::Span<const uint64_t> keys,
-                         const Segments& segments, absl::Span<const float> grads);
-  void ApplyBuffered(uint64_t step, StepBuffer& buffer, uint32_t divisor);
-  // A BSP step applied here: recorded, and (replication) announced to the
-  // backups.
-  void StepDone(uint64_t step, uint32_t divisor);
-  // Checks a sparse or dense request's shape against its table (sizes,
-  // segments, finiteness of pushed values); *n is the number of values it
-  // addresses.
-  absl::Status ValidateShape(const RequestHeader& h, const Table& table,
-                             absl::Span<const uint64_t> keys,
-                             absl::Span<const float> values, bool push,
-                             uint64_t* n) const;
-  void Answer(zmq::message_t& identity, ResponseHeader& rh,
-              zmq::message_t& values, zmq::message_t& keys,
-              std::vector<Need> needs, bool first_promoted);
-  void LogFirstPromotedServed();
-  // Turns an answer into UNAVAILABLE "not acknowledged, send again".
-  static void NotAcknowledged(ResponseHeader* rh, zmq::message_t* values,
-                              zmq::message_t* keys, const std::string& why);
-
-  // Replication, primary side (server_replication.cc).
-  // Slot of every key (sparse) or segment (dense) of a request.
-  void SlotsOf(const RequestHeader& h, const Table& table,
-               absl::Span<const uint64_t> keys, uint32_t num_slots,
-               std::vector<uint32_t>* slots) const;
-  // Forwards an applied (or BSP-buffered) worker push or assign of `table`
-  // to the backups of its slots; adds what the answer waits for to needs_.
-  void Forward(const Ownership& own, const RequestHeader& h, ReplicaKind kind,
-               float lr_scale, const Table& table,
-               absl::Span<const uint64_t> keys, absl::Span<const float> values,
-               std::vector<zmq::message_t>& frames,
-               const std::vector<uint32_t>& slots);
-  // A duplicate push: its answer waits until the backups of its slots have
-  // answered everything sent to them so far. UNAVAILABLE while a backup is
-  // being copied again.
-  absl::Status NeedsForDuplicate(const Ownership& own,
-                                 const std::vector<uint32_t>& slots);
-  // Links to the backups the view names, catch-ups of slots whose backup
-  // changed; answers waiting on a backup that is gone wait for the
-  // catch-ups instead (or go out, when there is none).
-  void SyncBackups(const Ownership& own);
-  // Copies the state of `slots` (owned here) to backup `link`.
-  void SendCatchUp(const Ownership& own, replication::BackupLink& link,
-                   const std::vector<uint32_t>& slots);
-  void OnBackupAnswer(uint64_t node, std::vector<zmq::message_t>& frames);
-  void ReleaseWait(uint64_t wait_id);
-  void MaybeResync(const Ownership& own);
-
-  // Replication, backup side.
-  void HandleReplica(zmq::message_t identity, std::vector<zmq::message_t> frames,
-                     const RequestHeader& header, const Ownership& own);
-  absl::Status ApplyReplica(std::vector<zmq::message_t>& frames,
-                            const Ownership& own, ResponseHeader* rh);
-  // Replica messages held for a newer view that this view allows.
-  void ReleaseReplicas(const Ownership& own);
-  // Slots this server owns now and backed in `prev`: their primary's
-  // sequence records and buffered steps become this server's.
-  void Promote(const Ownership& prev, const Ownership& own);
-  void DropDeadPrimaries(const Ownership& own);
-  // Applies completed BSP steps and answers held pulls that may be answered.
-  void Progress(const Ownership& own);
-  void FlushBuffers();
-  void Watchdog();
-  // Moves the tables' step and time forward (TTL expiry).
-  void AdvanceTables();
-  // Notes a worker's clock for the server's clock (staleness, TTL steps).
-  void NoteClock(uint64_t clock);
-  // Answers a STATS request. With replication and `own`, separates the
-  // backup copies (a pass over every table).
-  void FillStats(ResponseHeader* rh, const Ownership* own = nullptr) const;
-  // Whether a pull at `clock` may be answered: the consistency rule, and no
-  // pull past a checkpoint in progress.
-  bool PullAllowed(uint64_t clock) const;
-  // Checkpoints: takes up the view's checkpoint clock, writes the shard
-  // when the cut is reached, restores from the view's checkpoint once.
-  void NoteCheckpointClock(const Ownership& own);
-  void MaybeWriteCheckpoint(const Ownership& own);
-  void ReleaseHeld(const Ownership& own);
-  void Restore(const Ownership& own);
-  void Send(zmq::message_t& identity, const ResponseHeader& rh,
-            zmq::message_t& values, zmq::message_t& keys);
-
-  const Options options_;
-  zmq::context_t context_{1};
-  zmq::socket_t socket_;
-  // CURVE only; declared after socket_ and context_ so it stops first.
-  std::unique_ptr<PeerGate> gate_;
-  std::string endpoint_;
-  int port_ = 0;
-
-  // Owned by the serving thread once it runs.
-  absl::flat_hash_map<uint32_t, std::unique_ptr<Table>> tables_;
-  ConsistencyController consistency_;
-  std::map<uint64_t, StepBuffer> buffers_;  // BSP step -> sums
-  std::deque<Deferred> deferred_;
-  absl::Time last_watchdog_log_ = absl::InfinitePast();
-  // The largest clock any worker has reported (requests and ADVANCE_CLOCK;
-  // the finished marker excluded): the server's clock.
-  uint64_t server_clock_ = 0;
-  // Sender node id -> applied sequence numbers.
-  absl::flat_hash_map<uint64_t, SeqWindow> seqs_;
-  // Workers' key lists (RequestHeader.key_list_slot).
-  KeyListCache key_cache_;
-  // Pull answers in a half-width encoding are gathered here first.
-  std::vector<float> pull_scratch_;
-
-  // Replication state, owned by the serving thread (see the file comment).
-  const bool replicated_;
-  // The view applied last (promotions compare it with the next).
-  std::shared_ptr<const Ownership> last_applied_;
-  // Primary side: backup node id -> link; slot -> the backup node that
-  // holds a copy of it (0 = none); answers waiting for backups; what the
-  // request being processed waits for.
-  absl::flat_hash_map<uint64_t, std::unique_ptr<replication::BackupLink>> links_;
-  std::vector<uint64_t> paired_;
-  uint32_t unbacked_slots_ = 0;  // owned slots without a backup, last logged
-  std::map<uint64_t, Wait> waits_;
-  uint64_t next_wait_ = 1;
-  std::vector<Need> needs_;
-  bool first_promoted_ = false;  // the request being processed
-  std::vector<uint32_t> slots_scratch_;
-  // Backup side, by primary node id: its applied sequence numbers (by
-  // sender), its buffered BSP steps, messages waiting for a newer view.
-  absl::flat_hash_map<uint64_t, absl::flat_hash_map<uint64_t, SeqWindow>>
-      replica_seqs_;
-  absl::flat_hash_map<uint64_t, std::map<uint64_t, StepBuffer>> replica_buffers_;
-  absl::flat_hash_map<uint64_t, std::deque<Held>> replica_held_;
-  // Slot -> a catch-up of it completed here since this server became its
-  // backup.
-  std::vector<bool> caught_up_;
-  // Keys (sparse) or elements (dense) applied to backup copies, by table.
-  absl::flat_hash_map<uint32_t, uint64_t> replica_keys_;
-  // Divisors of the BSP steps applied last (step -> divisor).
-  std::map<uint64_t, uint32_t> recent_divisors_;
-  // Failover measurement: slots promoted here, and whether the first
-  // request for one of them has been answered since.
-  std::vector<bool> promoted_;
-  bool awaiting_first_promoted_ = false;
-  absl::Time promoted_at_;
-  uint64_t promoted_epoch_ = 0;
-  // Wakes the serving thread when a view arrives.
-  int wake_fd_ = -1;
-  // The largest step of a push applied on arrival (not BSP-buffered): a
-  // checkpoint at a clock <= it can no longer be a consistent cut here.
-  uint64_t max_applied_push_step_ = 0;
-  // The same for pushes applied to backup copies; it joins the above when
-  // those slots become this server's.
-  uint64_t max_replica_push_step_ = 0;
-  bool any_push_applied_ = false;
-  // Limits (Options comment): config.data_plane.limits with defaults.
-  DataPlaneLimits limits_;
-  // Bytes of the requests in held_, deferred_ and replica_held_. Written
-  // by the serving thread only; atomic so stats() can read it.
-  std::atomic<uint64_t> held_bytes_{0};
-  // Senders a standalone server keeps state for.
-  absl::flat_hash_set<uint64_t> standalone_senders_;
-  // Non-finite gradients: counters by worker label, and the log throttle.
-  metrics::CounterFamily* nonfinite_family_ = nullptr;
-  absl::Time last_nonfinite_log_ = absl::InfinitePast();
-  uint64_t nonfinite_unlogged_ = 0;
-  // Checks a request's sender and message limits (before anything is kept
-  // for the sender). *rank: the sender's rank as the view knows it.
-  absl::Status AdmitRequest(const std::vector<zmq::message_t>& frames,
-                            const RequestHeader& h, const Ownership& own);
-  // Applies config.data_plane.gradients to a push's values (in place):
-  // counts and logs non-finite ones, rejects or clips them, clips by value.
-  absl::Status PolicePushValues(const RequestHeader& h, const Ownership& own,
-                                bool assign, float* values, size_t n);
-  // Whether `bytes` more may be held aside (held_bytes_ + bytes within
-  // max_held_bytes).
-  bool MayHold(uint64_t bytes) const;
-  // OK if a request of `frames` may be held aside; otherwise UNAVAILABLE
-  // naming what `waiting` (e.g. "pushes wait for a checkpoint"), counted
-  // as a limit refusal.
-  absl::Status RoomToHold(const std::vector<zmq::message_t>& frames, absl::string_view waiting);
-  static uint64_t FramesBytes(const std::vector<zmq::message_t>& frames);
-  // Checkpoint in progress (0 = none) and the last one written or refused.
-  uint64_t checkpoint_pending_ = 0;
-  uint64_t checkpoint_handled_ = 0;
-  std::deque<Held> held_;
-  // Whether the first view with a slot map has been applied (restoring
-  // from the view's checkpoint, if it names one).
-  bool restored_ = false;
-
-  // Metrics (server_metrics.cc): registers them in `registry`, and stops
-  // the scrape-time ones from reading this server.
-  struct MetricsSource;
-  void RegisterMetrics(metrics::Registry* registry);
-  void UnregisterMetrics();
-  // Null without Options::metrics. The op of the request being processed
-  // (0 until its header is decoded).
-  std::unique_ptr<ServerInstruments> instruments_;
-  std::shared_ptr<MetricsSource> metrics_source_;
-  int request_op_ = 0;
-
-  void PublishTableStats();
-  absl::Time last_stats_publish_ = absl::InfinitePast();
-  mutable absl::Mutex stats_mu_;
-  std::vector<TableStats> table_stats_ ABSL_GUARDED_BY(stats_mu_);
-
-  mutable absl::Mutex view_mu_;
-  std::shared_ptr<const Ownership> ownership_ ABSL_GUARDED_BY(view_mu_);
-
-  // Fencing. lease_until_: the lease's end in steady-clock ticks
-  // (time_since_epoch().count()); kNoLease until SetLease is called.
-  static constexpr int64_t kNoLease = INT64_MAX;
-  std::atomic<int64_t> lease_until_{kNoLease};
-  std::atomic<bool> fenced_{false};
-  mutable absl::Mutex fence_mu_;
-  std::string fence_why_ ABSL_GUARDED_BY(fence_mu_);
-  // Whether the serving thread may act on a request now: OK, or the
-  // refusal (UNAVAILABLE; *refusal says why), counted and logged (the first
-  // of a run of refusals, and the end of the run). Serving thread.
-  absl::Status CheckServing(const Ownership& own, ServerRefusal* refusal);
-  // Answers a request (its header frame `header`) with a refusal of
-  // CheckServing.
-  void SendRefusal(zmq::message_t& identity, const zmq::message_t& header,
-                   const absl::Status& status, ServerRefusal refusal,
-                   uint64_t epoch);
-  // Refusals since the server last served a request (0: serving).
-  uint64_t refusing_ = 0;
-
-  std::atomic<bool> stop_{false};
-  std::atomic<bool> stop_after_checkpoint_{false};
-  std::atomic<bool> stopped_{false};
-  std::atomic<uint64_t> requests_{0}, errors_{0}, keys_pushed_{0},
-      keys_pulled_{0}, pulls_deferred_{0}, bsp_steps_{0}, duplicates_{0},
-      checkpoints_{0}, rows_restored_{0}, forwards_{0}, replica_messages_{0},
-      catchups_{0}, rows_copied_{0}, slots_promoted_{0}, unreplicated_{0},
-      limit_refusals_{0}, sender_refusals_{0}, nonfinite_values_{0}, nonfinite_rejected_{0},
-      lease_refusals_{0}, fenced_refusals_{0};
-  std::thread thread_;
+  class Impl;
+  explicit KVServer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace ps

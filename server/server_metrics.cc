@@ -6,7 +6,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "server/server.h"
+#include "server/server_impl.h"
 
 namespace ps {
 namespace {
@@ -92,12 +92,12 @@ ServerInstruments::Reason ServerInstruments::Classify(const absl::Status& status
 
 // The scrape-time metrics read the server through this, so a registry
 // scraped after the server is gone reads nothing instead of freed memory.
-struct KVServer::MetricsSource {
+struct KVServer::Impl::MetricsSource {
   absl::Mutex mu;
-  const KVServer* server ABSL_GUARDED_BY(mu) = nullptr;
+  const KVServer::Impl* server ABSL_GUARDED_BY(mu) = nullptr;
 };
 
-void KVServer::RegisterMetrics(metrics::Registry* r) {
+void KVServer::Impl::RegisterMetrics(metrics::Registry* r) {
   instruments_ = std::make_unique<ServerInstruments>(r);
   metrics_source_ = std::make_shared<MetricsSource>();
   {
@@ -213,7 +213,7 @@ void KVServer::RegisterMetrics(metrics::Registry* r) {
       });
 }
 
-void KVServer::UnregisterMetrics() {
+void KVServer::Impl::UnregisterMetrics() {
   if (metrics_source_ == nullptr) return;
   absl::MutexLock lock(&metrics_source_->mu);
   metrics_source_->server = nullptr;

@@ -12,7 +12,7 @@
 #include "common/protocol.h"
 #include "common/status.h"
 #include "common/wire.h"
-#include "server/server.h"
+#include "server/server_impl.h"
 
 namespace ps {
 namespace {
@@ -23,7 +23,6 @@ std::shared_ptr<spdlog::logger> Log() {
 }
 
 using replication::BackupLink;
-using replication::kNoBackup;
 
 // A catch-up is sent in messages of about this many bytes.
 constexpr size_t kCatchUpBytes = size_t{8} << 20;
@@ -113,7 +112,7 @@ bool BufferEmpty(const Buffer& b) {
 
 // ------------------------------------------------------------ primary side
 
-void KVServer::Forward(const Ownership& own, const RequestHeader& h,
+void KVServer::Impl::Forward(const Ownership& own, const RequestHeader& h,
                        ReplicaKind kind, float lr_scale, const Table& table,
                        absl::Span<const uint64_t> keys,
                        absl::Span<const float> values,
@@ -210,7 +209,7 @@ void KVServer::Forward(const Ownership& own, const RequestHeader& h,
   if (unreplicated) unreplicated_.fetch_add(1, std::memory_order_relaxed);
 }
 
-absl::Status KVServer::NeedsForDuplicate(const Ownership& own,
+absl::Status KVServer::Impl::NeedsForDuplicate(const Ownership& own,
                                          const std::vector<uint32_t>& slots) {
   std::vector<uint32_t> backups;
   for (uint32_t slot : slots) {
@@ -232,7 +231,7 @@ absl::Status KVServer::NeedsForDuplicate(const Ownership& own,
   return absl::OkStatus();
 }
 
-void KVServer::SyncBackups(const Ownership& own) {
+void KVServer::Impl::SyncBackups(const Ownership& own) {
   const uint32_t num_slots = static_cast<uint32_t>(own.slot_owner.size());
   if (paired_.size() != num_slots) paired_.assign(num_slots, 0);
   if (caught_up_.size() != num_slots) caught_up_.assign(num_slots, false);
@@ -324,7 +323,7 @@ void KVServer::SyncBackups(const Ownership& own) {
   }
 }
 
-void KVServer::SendCatchUp(const Ownership& own, BackupLink& link,
+void KVServer::Impl::SendCatchUp(const Ownership& own, BackupLink& link,
                            const std::vector<uint32_t>& slots) {
   const absl::Time start = absl::Now();
   const uint32_t num_slots = static_cast<uint32_t>(own.slot_owner.size());
@@ -474,7 +473,7 @@ void KVServer::SendCatchUp(const Ownership& own, BackupLink& link,
               buffers_.size(), absl::ToDoubleMilliseconds(absl::Now() - start));
 }
 
-void KVServer::OnBackupAnswer(uint64_t node, std::vector<zmq::message_t>& frames) {
+void KVServer::Impl::OnBackupAnswer(uint64_t node, std::vector<zmq::message_t>& frames) {
   auto it = links_.find(node);
   if (it == links_.end()) return;
   BackupLink& link = *it->second;
@@ -518,7 +517,7 @@ void KVServer::OnBackupAnswer(uint64_t node, std::vector<zmq::message_t>& frames
   for (uint64_t wait_id : ready) ReleaseWait(wait_id);
 }
 
-void KVServer::ReleaseWait(uint64_t wait_id) {
+void KVServer::Impl::ReleaseWait(uint64_t wait_id) {
   auto it = waits_.find(wait_id);
   if (it == waits_.end()) return;
   Wait w = std::move(it->second);
@@ -531,7 +530,7 @@ void KVServer::ReleaseWait(uint64_t wait_id) {
   if (!w.failed && w.first_promoted) LogFirstPromotedServed();
 }
 
-void KVServer::MaybeResync(const Ownership& own) {
+void KVServer::Impl::MaybeResync(const Ownership& own) {
   const absl::Time now = absl::Now();
   for (auto& [node, link] : links_) {
     if (!link->resync || now - link->last_resync < kResyncPeriod) continue;
@@ -547,7 +546,7 @@ void KVServer::MaybeResync(const Ownership& own) {
 
 // ------------------------------------------------------------- backup side
 
-void KVServer::HandleReplica(zmq::message_t identity,
+void KVServer::Impl::HandleReplica(zmq::message_t identity,
                              std::vector<zmq::message_t> frames,
                              const RequestHeader& header, const Ownership& own) {
   const uint64_t primary = header.replica_info().primary_node_id();
@@ -608,7 +607,7 @@ void KVServer::HandleReplica(zmq::message_t identity,
   Send(identity, rh, values, keys);
 }
 
-void KVServer::ReleaseReplicas(const Ownership& own) {
+void KVServer::Impl::ReleaseReplicas(const Ownership& own) {
   if (replica_held_.empty()) return;
   // HandleReplica holds again what still needs a newer view, and, behind
   // it, the rest of that primary's messages.
@@ -626,7 +625,7 @@ void KVServer::ReleaseReplicas(const Ownership& own) {
   }
 }
 
-absl::Status KVServer::ApplyReplica(std::vector<zmq::message_t>& frames,
+absl::Status KVServer::Impl::ApplyReplica(std::vector<zmq::message_t>& frames,
                                     const Ownership& own, ResponseHeader* rh) {
   replication::ReplicaMessage m;
   PS_RETURN_IF_ERROR(replication::DecodeReplica(frames, &m));
@@ -872,7 +871,7 @@ absl::Status KVServer::ApplyReplica(std::vector<zmq::message_t>& frames,
   }
 }
 
-void KVServer::Promote(const Ownership& prev, const Ownership& own) {
+void KVServer::Impl::Promote(const Ownership& prev, const Ownership& own) {
   const uint32_t num_slots = static_cast<uint32_t>(own.slot_owner.size());
   if (own.node_id == 0 || prev.slot_owner.size() != num_slots ||
       prev.slot_backup.size() != num_slots) {
@@ -962,7 +961,7 @@ void KVServer::Promote(const Ownership& prev, const Ownership& own) {
   }
 }
 
-void KVServer::DropDeadPrimaries(const Ownership& own) {
+void KVServer::Impl::DropDeadPrimaries(const Ownership& own) {
   absl::flat_hash_set<uint64_t> live(own.server_node.begin(), own.server_node.end());
   auto drop = [&](auto& map) {
     for (auto it = map.begin(); it != map.end();) {
