@@ -17,6 +17,8 @@
 #   R4 anything outside examples/                          -> no "examples/..."
 #   R5 common/ -> no role folder (server/ worker/ scheduler/ checkpoint/
 #      deploy/ python/ tests/ examples/)
+#   R0 no include path starts with ./ or ../ (paths are workspace-relative,
+#      and a relative one would slip past the rules above)
 #
 # Exempt: integration tests, which start a scheduler, servers and workers
 # in one process and so need every role: everything under tests/, any
@@ -103,6 +105,10 @@ scan() {
         if (!sub(/^[^"]*"/, "", inc)) next
         sub(/".*/, "", inc)
         if (exempt(path)) next
+        if (inc ~ /^\.\.?\//) {
+          violation(path, line, inc, "R0: include paths are relative to the workspace root, not to the file")
+          next
+        }
         top = path; sub(/\/.*/, "", top)
         itop = inc; if (!sub(/\/.*/, "", itop)) next  # "foo.h": no folder
         if (top == "common" && itop ~ /^(server|worker|scheduler|checkpoint|deploy|python|tests|examples)$/) {
@@ -166,6 +172,7 @@ self_test() {
     "python/native/planted.cc|examples/ctr/synthetic_ctr.h|fail"
     "common/planted.cc|scheduler/client.h|fail"
     "common/planted.h|deploy/launch/launch_env.h|fail"
+    "scheduler/planted.cc|../server/server.h|fail"
     "worker/planted.cc|scheduler/client.h|pass"
     "server/planted.cc|scheduler/client.h|pass"
     "server/planted_test.cc|worker/kv_client.h|pass"
