@@ -25,6 +25,11 @@
 //
 // Thread-safe: all methods lock an internal mutex. The Await* methods block
 // the calling thread (a gRPC handler thread) for at most their timeout.
+//
+// The rules that need no membership are value types kept under that mutex,
+// each with its own test: slot placement (scheduler/slot_map.h), the data
+// shards (scheduler/shard_ledger.h), a worker's pace
+// (scheduler/pace_estimator.h).
 #ifndef PS_SCHEDULER_CLUSTER_STATE_H_
 #define PS_SCHEDULER_CLUSTER_STATE_H_
 
