@@ -69,7 +69,7 @@ KVServer::Impl::Outcome KVServer::Impl::Process(std::vector<zmq::message_t>& fra
     status = absl::ResourceExhaustedError("server out of memory for this request");
   }
   if (!status.ok()) {
-    errors_.fetch_add(1, std::memory_order_relaxed);
+    counters_.errors.fetch_add(1, std::memory_order_relaxed);
     rh->set_code(static_cast<int32_t>(status.code()));
     rh->set_message(std::string(status.message()));
     rh->set_num_values(0);
@@ -378,7 +378,7 @@ absl::Status KVServer::Impl::Apply(const Request& r, const ValidatedUpdate& v,
   const absl::Span<const float> values = r.req.values;
   if (v.duplicate) {
     rh->set_duplicate(true);
-    duplicates_.fetch_add(1, std::memory_order_relaxed);
+    counters_.duplicate_pushes.fetch_add(1, std::memory_order_relaxed);
     // Acknowledged only once the backups hold it (they may still be
     // taking it, from this server or in a catch-up). UNAVAILABLE while a
     // backup is copied again: a duplicate applies nothing either way.
@@ -418,7 +418,7 @@ absl::Status KVServer::Impl::Apply(const Request& r, const ValidatedUpdate& v,
       any_push_applied_ = true;
     }
   }
-  keys_pushed_.fetch_add(v.sparse != nullptr ? keys.size() : v.n, std::memory_order_relaxed);
+  counters_.keys_pushed.fetch_add(v.sparse != nullptr ? keys.size() : v.n, std::memory_order_relaxed);
   return absl::OkStatus();
 }
 
@@ -442,10 +442,10 @@ void KVServer::Impl::AnswerPull(const Request& r, const ValidatedUpdate& v, Resp
   if (v.sparse != nullptr) {
     // A cached list's rows, found by the pull of a step, serve its push.
     v.sparse->Pull(r.req.keys, out, r.key_list != nullptr ? &r.key_list->rows : nullptr);
-    keys_pulled_.fetch_add(r.req.keys.size(), std::memory_order_relaxed);
+    counters_.keys_pulled.fetch_add(r.req.keys.size(), std::memory_order_relaxed);
   } else {
     v.dense->Pull(h.segments(), out);
-    keys_pulled_.fetch_add(n, std::memory_order_relaxed);
+    counters_.keys_pulled.fetch_add(n, std::memory_order_relaxed);
   }
   if (encoding != FLOAT32) {
     *values = zmq::message_t(n * EncodedValueBytes(encoding));
@@ -520,14 +520,14 @@ uint64_t KVServer::Impl::FramesBytes(const std::vector<zmq::message_t>& frames) 
 }
 
 bool KVServer::Impl::MayHold(uint64_t bytes) const {
-  return held_bytes_.load() + bytes <= static_cast<uint64_t>(limits_.max_held_bytes());
+  return counters_.held_bytes.load() + bytes <= static_cast<uint64_t>(limits_.max_held_bytes());
 }
 
 absl::Status KVServer::Impl::RoomToHold(const std::vector<zmq::message_t>& frames,
                                   absl::string_view waiting) {
   if (MayHold(FramesBytes(frames))) return absl::OkStatus();
-  limit_refusals_.fetch_add(1, std::memory_order_relaxed);
-  return absl::UnavailableError(absl::StrCat("server busy: ", held_bytes_.load(), " bytes of ",
+  counters_.limit_refusals.fetch_add(1, std::memory_order_relaxed);
+  return absl::UnavailableError(absl::StrCat("server busy: ", counters_.held_bytes.load(), " bytes of ",
                                              waiting, " (data_plane.limits.max_held_bytes ",
                                              limits_.max_held_bytes(), "); retry"));
 }
@@ -536,13 +536,13 @@ absl::Status KVServer::Impl::AdmitRequest(const std::vector<zmq::message_t>& fra
                                     const RequestHeader& h, const Ownership& own) {
   const uint64_t bytes = FramesBytes(frames);
   if (bytes > static_cast<uint64_t>(limits_.max_message_bytes())) {
-    limit_refusals_.fetch_add(1, std::memory_order_relaxed);
+    counters_.limit_refusals.fetch_add(1, std::memory_order_relaxed);
     return absl::ResourceExhaustedError(
         absl::StrCat("request of ", bytes, " bytes exceeds data_plane.limits.max_message_bytes ",
                      limits_.max_message_bytes()));
   }
   if (h.num_keys() > limits_.max_keys_per_message()) {
-    limit_refusals_.fetch_add(1, std::memory_order_relaxed);
+    counters_.limit_refusals.fetch_add(1, std::memory_order_relaxed);
     return absl::ResourceExhaustedError(absl::StrCat(
         "request of ", h.num_keys(), " keys exceeds data_plane.limits.max_keys_per_message ",
         limits_.max_keys_per_message()));
@@ -553,7 +553,7 @@ absl::Status KVServer::Impl::AdmitRequest(const std::vector<zmq::message_t>& fra
     // No view to check senders against: bound how many get state here.
     if (!standalone_senders_.contains(sender)) {
       if (standalone_senders_.size() >= kMaxStandaloneSenders) {
-        limit_refusals_.fetch_add(1, std::memory_order_relaxed);
+        counters_.limit_refusals.fetch_add(1, std::memory_order_relaxed);
         return absl::ResourceExhaustedError(absl::StrCat(
             "this standalone server already keeps state for ", kMaxStandaloneSenders,
             " senders; node ", sender, " refused"));
@@ -563,7 +563,7 @@ absl::Status KVServer::Impl::AdmitRequest(const std::vector<zmq::message_t>& fra
     return absl::OkStatus();
   }
   if (!own.worker_rank.contains(sender)) {
-    sender_refusals_.fetch_add(1, std::memory_order_relaxed);
+    counters_.unknown_sender_refusals.fetch_add(1, std::memory_order_relaxed);
     return absl::UnavailableError(absl::StrCat(
         "sender node ", sender, " is not a live worker in this server's view (epoch ",
         own.epoch, "); retry once the view has it"));
@@ -585,8 +585,8 @@ absl::Status KVServer::Impl::PolicePushValues(const RequestHeader& h, const Owne
       }
     }
     const bool reject = assign || policy.nonfinite() != GradientPolicy::CLIP || clip <= 0;
-    nonfinite_values_.fetch_add(bad, std::memory_order_relaxed);
-    if (reject) nonfinite_rejected_.fetch_add(1, std::memory_order_relaxed);
+    counters_.nonfinite_values.fetch_add(bad, std::memory_order_relaxed);
+    if (reject) counters_.nonfinite_pushes_rejected.fetch_add(1, std::memory_order_relaxed);
     // The rank the view knows for the sender (a header's own claim only on
     // a standalone server); labels stay bounded by the live workers.
     std::string worker = "none";
@@ -602,7 +602,7 @@ absl::Status KVServer::Impl::PolicePushValues(const RequestHeader& h, const Owne
     }
     const char* action = reject ? "rejected" : "clipped";
     if (nonfinite_family_ != nullptr) nonfinite_family_->With({worker, action})->Add(bad);
-    const absl::Time now = absl::Now();
+    const absl::Time now = options_.clock->Now();
     if (now - last_nonfinite_log_ >= absl::Seconds(1)) {
       Log()->warn(
           "worker rank {} (node {}) pushed {} non-finite value(s) of {} to table {} at "

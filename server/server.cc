@@ -243,7 +243,7 @@ void KVServer::Impl::Fence(std::string why) {
 absl::Status KVServer::Impl::CheckServing(const Ownership& own, ServerRefusal* refusal) {
   absl::Status refused;
   if (fenced_.load(std::memory_order_acquire)) {
-    fenced_refusals_.fetch_add(1, std::memory_order_relaxed);
+    counters_.fenced_refusals.fetch_add(1, std::memory_order_relaxed);
     *refusal = NOT_MEMBER;
     std::string why;
     {
@@ -266,7 +266,7 @@ absl::Status KVServer::Impl::CheckServing(const Ownership& own, ServerRefusal* r
       }
       return absl::OkStatus();
     }
-    lease_refusals_.fetch_add(1, std::memory_order_relaxed);
+    counters_.lease_refusals.fetch_add(1, std::memory_order_relaxed);
     *refusal = LEASE_LAPSED;
     refused = absl::UnavailableError(absl::StrCat(
         "server ", own.rank, "'s lease lapsed ",
@@ -296,32 +296,10 @@ void KVServer::Impl::SendRefusal(zmq::message_t& identity, const zmq::message_t&
 }
 
 KVServer::Stats KVServer::Impl::stats() const {
-  Stats s;
-  s.requests = requests_.load();
-  s.errors = errors_.load();
-  s.keys_pushed = keys_pushed_.load();
-  s.keys_pulled = keys_pulled_.load();
-  s.pulls_deferred = pulls_deferred_.load();
-  s.bsp_steps_applied = bsp_steps_.load();
-  s.duplicate_pushes = duplicates_.load();
-  s.checkpoints_written = checkpoints_.load();
-  s.rows_restored = rows_restored_.load();
-  s.forwards = forwards_.load();
-  s.replica_messages = replica_messages_.load();
-  s.catchups_sent = catchups_.load();
-  s.rows_copied = rows_copied_.load();
-  s.slots_promoted = slots_promoted_.load();
-  s.unreplicated_pushes = unreplicated_.load();
+  Stats s = counters_.Snapshot();
   s.auth_refusals = gate_ ? gate_->auth_refusals() : 0;
   s.connection_refusals = gate_ ? gate_->connection_refusals() : 0;
   s.open_connections = gate_ ? gate_->open_connections() : 0;
-  s.limit_refusals = limit_refusals_.load();
-  s.unknown_sender_refusals = sender_refusals_.load();
-  s.nonfinite_values = nonfinite_values_.load();
-  s.nonfinite_pushes_rejected = nonfinite_rejected_.load();
-  s.held_bytes = held_bytes_.load();
-  s.lease_refusals = lease_refusals_.load();
-  s.fenced_refusals = fenced_refusals_.load();
   return s;
 }
 
@@ -452,7 +430,7 @@ void KVServer::Impl::Serve() {
       }
       AdvanceTables();
       Watchdog();
-      if (absl::Now() - last_stats_publish_ >= kStatsPeriod) PublishTableStats();
+      if (options_.clock->Now() - last_stats_publish_ >= kStatsPeriod) PublishTableStats();
     } catch (const zmq::error_t& e) {
       // A send to a vanished peer or an interrupted poll must not take the
       // server down; log and keep serving.
@@ -465,8 +443,8 @@ void KVServer::Impl::Serve() {
         "replication: {} updates forwarded to backups, {} replica messages applied "
         "as a backup, {} catch-ups sent ({} rows and blocks), {} slots taken over, "
         "{} duplicate pushes answered, {} pushes without a backup copy",
-        forwards_.load(), replica_messages_.load(), catchups_.load(), rows_copied_.load(),
-        slots_promoted_.load(), duplicates_.load(), unreplicated_.load());
+        counters_.forwards.load(), counters_.replica_messages.load(), counters_.catchups_sent.load(), counters_.rows_copied.load(),
+        counters_.slots_promoted.load(), counters_.duplicate_pushes.load(), counters_.unreplicated_pushes.load());
   }
   stopped_.store(true);
 }
@@ -475,7 +453,7 @@ void KVServer::Impl::PublishTableStats() {
   ResponseHeader rh;
   FillStats(&rh);
   std::vector<TableStats> stats(rh.table_stats().begin(), rh.table_stats().end());
-  last_stats_publish_ = absl::Now();
+  last_stats_publish_ = options_.clock->Now();
   absl::MutexLock lock(&stats_mu_);
   table_stats_ = std::move(stats);
 }
@@ -522,24 +500,24 @@ void KVServer::Impl::HandleMessage(zmq::message_t identity,
     SendRefusal(identity, frames.empty() ? kEmpty : frames[0], serving, refusal, own.epoch);
     return;
   }
-  requests_.fetch_add(1, std::memory_order_relaxed);
+  counters_.requests.fetch_add(1, std::memory_order_relaxed);
   ResponseHeader rh;
   zmq::message_t values, keys;
   const Outcome outcome = Process(frames, own, &rh, &values, &keys);
   if (outcome == Outcome::kHold) {
     const uint64_t bytes = FramesBytes(frames);
-    held_bytes_ += bytes;
+    counters_.held_bytes += bytes;
     held_.push_back({std::move(identity), std::move(frames), 0, bytes});
     return;
   }
   if (outcome == Outcome::kDefer) {
     RequestHeader h;
     h.ParseFromArray(frames[0].data(), static_cast<int>(frames[0].size()));
-    pulls_deferred_.fetch_add(1, std::memory_order_relaxed);
+    counters_.pulls_deferred.fetch_add(1, std::memory_order_relaxed);
     const uint64_t bytes = FramesBytes(frames);
-    held_bytes_ += bytes;
+    counters_.held_bytes += bytes;
     deferred_.push_back({std::move(identity), std::move(frames), h.clock(),
-                         h.sender_rank(), absl::Now(), std::move(needs_), bytes});
+                         h.sender_rank(), options_.clock->Now(), std::move(needs_), bytes});
     needs_.clear();
     return;
   }
@@ -609,7 +587,7 @@ void KVServer::Impl::NotAcknowledged(ResponseHeader* rh, zmq::message_t* values,
 void KVServer::Impl::LogFirstPromotedServed() {
   if (!awaiting_first_promoted_) return;
   awaiting_first_promoted_ = false;
-  const absl::Time now = absl::Now();
+  const absl::Time now = options_.clock->Now();
   Log()->info(
       "failover: first request for the slots promoted at epoch {} answered "
       "{:.1f} ms after that view was applied (unix_us={})",
@@ -720,7 +698,7 @@ void KVServer::Impl::Progress(const Ownership& own) {
     }
     consistency_.ForgetStep(step);
     consistency_.StepApplied();
-    bsp_steps_.fetch_add(1, std::memory_order_relaxed);
+    counters_.bsp_steps_applied.fetch_add(1, std::memory_order_relaxed);
   }
   if (checkpoint_pending_ != 0) {
     MaybeWriteCheckpoint(own);
@@ -743,21 +721,21 @@ void KVServer::Impl::Progress(const Ownership& own) {
       // Not answered from a view that may be stale. A PUSH_PULL's push half
       // was applied when it arrived: the client's retry (same sequence
       // number) is answered as a duplicate by whoever owns the slots then.
-      held_bytes_ -= it->bytes;
+      counters_.held_bytes -= it->bytes;
       SendRefusal(it->identity, it->frames[0], serving, refusal, own.epoch);
       it = deferred_.erase(it);
       continue;
     }
     Process(it->frames, own, &rh, &values, &keys);
     if (instruments_ != nullptr) {
-      instruments_->RecordHold(absl::ToDoubleSeconds(absl::Now() - it->since));
+      instruments_->RecordHold(absl::ToDoubleSeconds(options_.clock->Now() - it->since));
     }
     if (replicated_) {
       Answer(it->identity, rh, values, keys, std::move(it->needs), false);
     } else {
       Send(it->identity, rh, values, keys);
     }
-    held_bytes_ -= it->bytes;
+    counters_.held_bytes -= it->bytes;
     it = deferred_.erase(it);
   }
 }
@@ -820,18 +798,18 @@ void KVServer::Impl::Restore(const Ownership& own) {
   if (manifest.ok()) {
     std::vector<Table*> tables;
     for (auto& [id, table] : tables_) tables.push_back(table.get());
-    const absl::Time start = absl::Now();
+    const absl::Time start = options_.clock->Now();
     auto restored = RestoreShards(own.restore.path(), *manifest, tables,
                                   OwnedSlotsFilter(own.slot_owner, own.rank));
     status = restored.status();
     if (restored.ok()) {
-      rows_restored_.fetch_add(restored->rows_restored, std::memory_order_relaxed);
+      counters_.rows_restored.fetch_add(restored->rows_restored, std::memory_order_relaxed);
       Log()->info(
           "restored {} rows and {} dense blocks of my slots from {} (clock {}, "
           "{} shard files of {} servers, {:.1f} MB read) in {:.2f} s",
           restored->rows_restored, restored->blocks_restored, own.restore.path(),
           clock, restored->files, manifest->num_servers(), restored->bytes / 1e6,
-          absl::ToDoubleSeconds(absl::Now() - start));
+          absl::ToDoubleSeconds(options_.clock->Now() - start));
     }
   }
   if (!status.ok()) {
@@ -902,7 +880,7 @@ void KVServer::Impl::MaybeWriteCheckpoint(const Ownership& own) {
   const std::string dir = CheckpointPath(options_.config.checkpoint().dir(), c);
   std::vector<const Table*> tables;
   for (const auto& [id, table] : tables_) tables.push_back(table.get());
-  const absl::Time start = absl::Now();
+  const absl::Time start = options_.clock->Now();
   // With replication this server also holds backup copies of other
   // servers' slots; each slot is written by its owner only.
   auto written = WriteShard(dir, own.rank, c, static_cast<uint32_t>(own.slot_owner.size()),
@@ -913,13 +891,13 @@ void KVServer::Impl::MaybeWriteCheckpoint(const Ownership& own) {
   report.set_clock(c);
   report.set_ok(written.ok());
   if (written.ok()) {
-    checkpoints_.fetch_add(1, std::memory_order_relaxed);
+    counters_.checkpoints_written.fetch_add(1, std::memory_order_relaxed);
     report.set_file(written->file());
     report.set_bytes(written->bytes());
     report.set_checksum(written->checksum());
     Log()->info("checkpoint at clock {}: wrote {} ({:.1f} MB) in {:.2f} s", c,
                 written->file(), written->bytes() / 1e6,
-                absl::ToDoubleSeconds(absl::Now() - start));
+                absl::ToDoubleSeconds(options_.clock->Now() - start));
   } else {
     report.set_error(std::string(written.status().message()));
     Log()->error("checkpoint at clock {}: {}", c, written.status().ToString());
@@ -938,7 +916,7 @@ void KVServer::Impl::MaybeWriteCheckpoint(const Ownership& own) {
 void KVServer::Impl::ReleaseHeld(const Ownership& own) {
   std::deque<Held> held;
   held.swap(held_);
-  for (const Held& h : held) held_bytes_ -= h.bytes;
+  for (const Held& h : held) counters_.held_bytes -= h.bytes;
   for (Held& h : held) {
     HandleMessage(std::move(h.identity), std::move(h.frames), own);
   }
@@ -998,7 +976,7 @@ void KVServer::Impl::FillStats(ResponseHeader* rh, const Ownership* own) const {
 void KVServer::Impl::Watchdog() {
   if (deferred_.empty()) return;
   const ConsistencyConfig& c = consistency_.config();
-  const absl::Time now = absl::Now();
+  const absl::Time now = options_.clock->Now();
   const Deferred& oldest = deferred_.front();
   if (now - oldest.since < absl::Milliseconds(c.watchdog_timeout_ms()) ||
       now - last_watchdog_log_ < absl::Milliseconds(c.watchdog_interval_ms())) {

@@ -35,6 +35,7 @@
 #include "server/peer_gate.h"
 #include "server/replication.h"
 #include "server/server.h"
+#include "server/server_counters.h"
 #include "server/server_metrics.h"
 #include "server/table.h"
 #include "zmq.hpp"
@@ -93,7 +94,7 @@ class KVServer::Impl {
     zmq::message_t identity;
     std::vector<zmq::message_t> frames;
     uint64_t epoch = 0;  // replica messages: the primary's epoch
-    // Counted in held_bytes_ while held.
+    // Counted in counters_.held_bytes while held.
     uint64_t bytes = 0;
   };
   // An answer that waits for backups to answer the replica messages it
@@ -136,7 +137,7 @@ class KVServer::Impl {
     absl::Time since;
     // A PUSH_PULL's push half: the backups' answers its answer waits for.
     std::vector<Need> needs;
-    // Counted in held_bytes_ while deferred.
+    // Counted in counters_.held_bytes while deferred.
     uint64_t bytes = 0;
   };
   enum class Outcome { kAnswer, kDefer, kHold };
@@ -384,9 +385,8 @@ class KVServer::Impl {
   bool any_push_applied_ = false;
   // Limits (Options comment): config.data_plane.limits with defaults.
   DataPlaneLimits limits_;
-  // Bytes of the requests in held_, deferred_ and replica_held_. Written
-  // by the serving thread only; atomic so stats() can read it.
-  std::atomic<uint64_t> held_bytes_{0};
+  // (counters_.held_bytes: bytes of the requests in held_, deferred_ and
+  // replica_held_.)
   // Senders a standalone server keeps state for.
   absl::flat_hash_set<uint64_t> standalone_senders_;
   // Non-finite gradients: counters by worker label, and the log throttle.
@@ -401,7 +401,7 @@ class KVServer::Impl {
   // counts and logs non-finite ones, rejects or clips them, clips by value.
   absl::Status PolicePushValues(const RequestHeader& h, const Ownership& own,
                                 bool assign, float* values, size_t n);
-  // Whether `bytes` more may be held aside (held_bytes_ + bytes within
+  // Whether `bytes` more may be held aside (counters_.held_bytes + bytes within
   // max_held_bytes).
   bool MayHold(uint64_t bytes) const;
   // OK if a request of `frames` may be held aside; otherwise UNAVAILABLE
@@ -458,12 +458,8 @@ class KVServer::Impl {
   std::atomic<bool> stop_{false};
   std::atomic<bool> stop_after_checkpoint_{false};
   std::atomic<bool> stopped_{false};
-  std::atomic<uint64_t> requests_{0}, errors_{0}, keys_pushed_{0},
-      keys_pulled_{0}, pulls_deferred_{0}, bsp_steps_{0}, duplicates_{0},
-      checkpoints_{0}, rows_restored_{0}, forwards_{0}, replica_messages_{0},
-      catchups_{0}, rows_copied_{0}, slots_promoted_{0}, unreplicated_{0},
-      limit_refusals_{0}, sender_refusals_{0}, nonfinite_values_{0}, nonfinite_rejected_{0},
-      lease_refusals_{0}, fenced_refusals_{0};
+  // Every counter of Stats (server/server_counters.h).
+  ServerCounters counters_;
   std::thread thread_;
 };
 

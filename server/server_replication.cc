@@ -149,7 +149,7 @@ void KVServer::Impl::Forward(const Ownership& own, const RequestHeader& h,
     // gets the worker's own key and value frames (shared, not copied).
     BackupLink* link = link_of(first);
     if (link == nullptr) {
-      unreplicated_.fetch_add(1, std::memory_order_relaxed);
+      counters_.unreplicated_pushes.fetch_add(1, std::memory_order_relaxed);
       return;
     }
     RequestHeader r = replica_header();
@@ -157,7 +157,7 @@ void KVServer::Impl::Forward(const Ownership& own, const RequestHeader& h,
     k.copy(frames[1]);
     v.copy(frames[2]);
     needs_.emplace_back(link->node_id(), link->Send(r, std::move(k), std::move(v), true));
-    forwards_.fetch_add(1, std::memory_order_relaxed);
+    counters_.forwards.fetch_add(1, std::memory_order_relaxed);
     return;
   }
   std::map<uint32_t, std::vector<size_t>> groups;  // backup rank -> indices
@@ -204,9 +204,9 @@ void KVServer::Impl::Forward(const Ownership& own, const RequestHeader& h,
     }
     needs_.emplace_back(link->node_id(),
                         link->Send(r, std::move(k), FrameFromVector(std::move(v)), true));
-    forwards_.fetch_add(1, std::memory_order_relaxed);
+    counters_.forwards.fetch_add(1, std::memory_order_relaxed);
   }
-  if (unreplicated) unreplicated_.fetch_add(1, std::memory_order_relaxed);
+  if (unreplicated) counters_.unreplicated_pushes.fetch_add(1, std::memory_order_relaxed);
 }
 
 absl::Status KVServer::Impl::NeedsForDuplicate(const Ownership& own,
@@ -325,7 +325,7 @@ void KVServer::Impl::SyncBackups(const Ownership& own) {
 
 void KVServer::Impl::SendCatchUp(const Ownership& own, BackupLink& link,
                            const std::vector<uint32_t>& slots) {
-  const absl::Time start = absl::Now();
+  const absl::Time start = options_.clock->Now();
   const uint32_t num_slots = static_cast<uint32_t>(own.slot_owner.size());
   std::vector<bool> mask(num_slots, false);
   for (uint32_t s : slots) mask[s] = true;
@@ -465,12 +465,12 @@ void KVServer::Impl::SendCatchUp(const Ownership& own, BackupLink& link,
     }
   }
   link.Send(end, zmq::message_t(), zmq::message_t(), false);
-  catchups_.fetch_add(1, std::memory_order_relaxed);
-  rows_copied_.fetch_add(copied, std::memory_order_relaxed);
+  counters_.catchups_sent.fetch_add(1, std::memory_order_relaxed);
+  counters_.rows_copied.fetch_add(copied, std::memory_order_relaxed);
   Log()->info("catch-up of {} slots to backup node {} ({}): {} rows and blocks, "
               "{} senders' sequence records, {} buffered steps, read in {:.1f} ms",
               slots.size(), link.node_id(), link.endpoint(), copied, seqs_.size(),
-              buffers_.size(), absl::ToDoubleMilliseconds(absl::Now() - start));
+              buffers_.size(), absl::ToDoubleMilliseconds(options_.clock->Now() - start));
 }
 
 void KVServer::Impl::OnBackupAnswer(uint64_t node, std::vector<zmq::message_t>& frames) {
@@ -531,7 +531,7 @@ void KVServer::Impl::ReleaseWait(uint64_t wait_id) {
 }
 
 void KVServer::Impl::MaybeResync(const Ownership& own) {
-  const absl::Time now = absl::Now();
+  const absl::Time now = options_.clock->Now();
   for (auto& [node, link] : links_) {
     if (!link->resync || now - link->last_resync < kResyncPeriod) continue;
     std::vector<uint32_t> slots;
@@ -560,19 +560,19 @@ void KVServer::Impl::HandleReplica(zmq::message_t identity,
     // server without bound.
     const uint64_t bytes = FramesBytes(frames);
     if (!MayHold(bytes)) {
-      limit_refusals_.fetch_add(1, std::memory_order_relaxed);
+      counters_.limit_refusals.fetch_add(1, std::memory_order_relaxed);
       ResponseHeader rh;
       rh.set_request_id(header.request_id());
       rh.set_epoch(own.epoch);
       rh.set_code(static_cast<int32_t>(absl::StatusCode::kUnavailable));
-      rh.set_message(absl::StrCat("backup busy: ", held_bytes_.load(),
+      rh.set_message(absl::StrCat("backup busy: ", counters_.held_bytes.load(),
                                   " bytes of messages wait for a newer view "
                                   "(data_plane.limits.max_held_bytes); retry"));
       zmq::message_t values, keys;
       Send(identity, rh, values, keys);
       return;
     }
-    held_bytes_ += bytes;
+    counters_.held_bytes += bytes;
     replica_held_[primary].push_back(
         {std::move(identity), std::move(frames), header.epoch(), bytes});
     return;
@@ -586,7 +586,7 @@ void KVServer::Impl::HandleReplica(zmq::message_t identity,
     SendRefusal(identity, frames[0], serving, refusal, own.epoch);
     return;
   }
-  replica_messages_.fetch_add(1, std::memory_order_relaxed);
+  counters_.replica_messages.fetch_add(1, std::memory_order_relaxed);
   ResponseHeader rh;
   rh.set_request_id(header.request_id());
   rh.set_epoch(own.epoch);
@@ -597,7 +597,7 @@ void KVServer::Impl::HandleReplica(zmq::message_t identity,
     status = absl::ResourceExhaustedError("backup out of memory for this replica message");
   }
   if (!status.ok()) {
-    errors_.fetch_add(1, std::memory_order_relaxed);
+    counters_.errors.fetch_add(1, std::memory_order_relaxed);
     rh.set_code(static_cast<int32_t>(status.code()));
     rh.set_message(std::string(status.message()));
     Log()->warn("replica message {} from server node {} refused: {}",
@@ -614,7 +614,7 @@ void KVServer::Impl::ReleaseReplicas(const Ownership& own) {
   auto held = std::move(replica_held_);
   replica_held_.clear();
   for (const auto& [primary, queue] : held) {
-    for (const Held& h : queue) held_bytes_ -= h.bytes;
+    for (const Held& h : queue) counters_.held_bytes -= h.bytes;
   }
   for (auto& [primary, queue] : held) {
     for (Held& h : queue) {
@@ -946,9 +946,9 @@ void KVServer::Impl::Promote(const Ownership& prev, const Ownership& own) {
     max_applied_push_step_ = std::max(max_applied_push_step_, max_replica_push_step_);
     any_push_applied_ = true;
   }
-  slots_promoted_.fetch_add(count, std::memory_order_relaxed);
+  counters_.slots_promoted.fetch_add(count, std::memory_order_relaxed);
   awaiting_first_promoted_ = true;
-  promoted_at_ = absl::Now();
+  promoted_at_ = options_.clock->Now();
   promoted_epoch_ = own.epoch;
   Log()->warn("failover: serving {} slots of server(s) {} as their new primary (epoch "
               "{}; {} buffered steps joined, {} applied)",
