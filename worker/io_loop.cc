@@ -365,7 +365,7 @@ void IoLoop::ApplyRouting(const std::shared_ptr<const Routing> &routing) {
 // Sends a keyed part to the servers that own its slots now, splitting it
 // when they are several; parks it while a slot has no live owner.
 void IoLoop::Route(std::unique_ptr<Part> part) {
-  const absl::Time now = absl::Now();
+  const absl::Time now = options_.clock->Now();
   std::vector<std::unique_ptr<Part>> pieces;
   const absl::Status split = Split(std::move(part), &pieces);
   if (!split.ok()) return;  // the part was completed with the error
@@ -665,7 +665,7 @@ void IoLoop::OnResponse(uint32_t server, std::vector<zmq::message_t> &frames) {
     // renews its lease or moves its slots, try again, routed by the
     // newest view each time; bounded from the first refusal, since a
     // reroutable part's own deadline moves with every routing.
-    const absl::Time now = absl::Now();
+    const absl::Time now = options_.clock->Now();
     if (part->refused_until == absl::InfinitePast()) {
       part->refused_until = now + std::max(options_.request_timeout, options_.failover_timeout);
     }
@@ -687,7 +687,7 @@ void IoLoop::OnResponse(uint32_t server, std::vector<zmq::message_t> &frames) {
     // view yet); try again with exponential backoff until the deadline.
     const absl::Duration backoff = std::min(
         absl::Milliseconds(2) * (1 << std::min(part->attempts, 8)), absl::Milliseconds(200));
-    part->retry_at = absl::Now() + backoff;
+    part->retry_at = options_.clock->Now() + backoff;
     if (part->retry_at < part->deadline) {
       ++part->attempts;
       retries_.push_back(std::move(part));
@@ -800,7 +800,7 @@ void IoLoop::Scatter(const Part &part, absl::Span<const float> values) {
 
 void IoLoop::ResendDue() {
   if (retries_.empty()) return;
-  const absl::Time now = absl::Now();
+  const absl::Time now = options_.clock->Now();
   std::vector<std::unique_ptr<Part>> due;
   for (auto it = retries_.begin(); it != retries_.end();) {
     if ((*it)->retry_at <= now) {
@@ -820,7 +820,7 @@ void IoLoop::ResendDue() {
 }
 
 void IoLoop::ExpireDeadlines() {
-  const absl::Time now = absl::Now();
+  const absl::Time now = options_.clock->Now();
   for (auto it = parked_.begin(); it != parked_.end();) {
     if ((*it)->failover_deadline <= now) {
       (*it)->parent->PartDone(

@@ -31,6 +31,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/clock.h"
 #include "common/curve_keys.h"
 #include "common/metrics.h"
 #include "common/protocol.h"
@@ -207,6 +208,9 @@ class IoLoop {
     int64_t key_cache_bytes = 0;
     // The job key pair (nullopt: plaintext).
     std::optional<CurveKeys> curve;
+    // Deadlines, retry backoffs and failover waits are measured on it; not
+    // owned, never null.
+    Clock* clock = Clock::Real();
   };
   // Starts the I/O thread, routing by `routing`. `next_request_id` (not
   // owned, shared with the request builders) numbers re-split parts.

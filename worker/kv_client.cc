@@ -30,6 +30,12 @@ std::shared_ptr<spdlog::logger> Log() {
   return *logger;
 }
 
+// A null Options::clock means the real one.
+KVClient::Options WithClock(KVClient::Options options) {
+  if (options.clock == nullptr) options.clock = Clock::Real();
+  return options;
+}
+
 }  // namespace
 
 // ------------------------------------------------------------ Completion
@@ -128,7 +134,7 @@ absl::StatusOr<std::unique_ptr<KVClient>> KVClient::Create(
 }
 
 KVClient::KVClient(Options options, std::shared_ptr<const Routing> routing)
-    : options_(std::move(options)),
+    : options_(WithClock(std::move(options))),
       request_timeout_(
           absl::Milliseconds(options_.config.cluster().request_timeout_ms())),
       routing_(routing),
@@ -142,7 +148,7 @@ KVClient::KVClient(Options options, std::shared_ptr<const Routing> routing)
               options_.config.data_plane().key_cache_bytes() > 0
                   ? options_.config.data_plane().key_cache_bytes()
                   : 0,
-              options_.curve},
+              options_.curve, options_.clock},
           &next_request_id_)) {
   clock_.store(options_.start_clock);
   const DataPlaneConfig& dp = options_.config.data_plane();
@@ -301,7 +307,7 @@ std::unique_ptr<kv_internal::Part> KVClient::NewPart(
   part->request_id = next_request_id_.fetch_add(1, std::memory_order_relaxed);
   part->server = server;
   part->parent = state;
-  part->deadline = absl::Now() + request_timeout_;
+  part->deadline = options_.clock->Now() + request_timeout_;
   header->set_request_id(part->request_id);
   header->set_op(static_cast<Op>(op));
   header->set_table_id(table);

@@ -36,6 +36,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/clock.h"
 #include "common/curve_keys.h"
 #include "common/metrics.h"
 #include "proto/config.pb.h"
@@ -169,6 +170,14 @@ class KVClient {
     // expecting the job public key as the server's. A server that refuses
     // the keys never answers: requests end with DEADLINE_EXCEEDED.
     std::optional<CurveKeys> curve;
+
+    // Time for request deadlines (request_timeout_ms), retry backoffs,
+    // lease-refusal retries and failover waits (failover_timeout_ms), so
+    // tests can drive them (common/clock.h FakeClock). Not owned; must
+    // outlive the client; nullptr means Clock::Real(). The I/O thread
+    // looks at it at least every 20 ms, so a FakeClock's Advance takes
+    // effect within that. Latency metrics (instruments) use real time.
+    Clock* clock = Clock::Real();
   };
 
   // `view` must be RUNNING. INVALID_ARGUMENT otherwise.

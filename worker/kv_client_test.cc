@@ -17,6 +17,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "common/clock.h"
 #include "common/config.h"
 #include "common/hash.h"
 #include "common/metrics.h"
@@ -381,18 +382,32 @@ TEST_F(KVClientTest, RetriesWhileAServerHasNoViewYet) {
   for (float v : out) EXPECT_EQ(v, 0.5f);
 }
 
+// Time is the client's injected clock (KVClient::Options::clock): the
+// deadline passes when the test says so, with no sleeping through it.
 TEST_F(KVClientTest, UnansweredRequestsTimeOut) {
-  auto client = Client();
+  FakeClock clock(absl::Now());
+  KVClient::Options options{config_, 0};
+  options.clock = &clock;
+  auto client = KVClient::Create(
+      options, scheduler_->state()->AwaitView(0, true, absl::Seconds(5)));
+  ASSERT_TRUE(client.ok()) << client.status();
   servers_[0]->Stop();
   servers_[1]->Stop();
   std::vector<uint64_t> keys = {1, 2, 3};
   std::vector<float> out(12);
-  const absl::Time start = absl::Now();
-  absl::Status s = client->Pull(3, keys, out.data()).Wait();
+  const absl::Time start = clock.Now();
+  const absl::Time real_start = absl::Now();
+  Completion pull = (*client)->Pull(3, keys, out.data());
+  // request_timeout_ms is 2000: not over at 1900 ms (the I/O thread looks
+  // at the clock every 20 ms; 100 ms of real time gives it a few looks).
+  clock.Advance(absl::Milliseconds(1900));
+  EXPECT_FALSE(pull.WaitFor(absl::Milliseconds(100)));
+  clock.Advance(absl::Milliseconds(101));
+  absl::Status s = pull.Wait();
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
-  // request_timeout_ms is 2000.
-  EXPECT_GE(absl::Now() - start, absl::Milliseconds(1900));
-  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  EXPECT_GE(clock.Now() - start, absl::Milliseconds(1900));
+  EXPECT_LT(clock.Now() - start, absl::Seconds(10));
+  EXPECT_LT(absl::Now() - real_start, absl::Seconds(10));
 }
 
 TEST_F(KVClientTest, ManyConcurrentRequestsFromSeveralThreads) {
