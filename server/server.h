@@ -103,8 +103,10 @@ class KVServer {
     // (single-server tools and tests). Otherwise it answers UNAVAILABLE
     // until UpdateView() gives it a view with a slot map.
     bool standalone = false;
-    // Time source for row TTLs in seconds. Not owned; must outlive the
-    // server.
+    // Time source for row TTLs in seconds and for the server's own timing
+    // (watchdog, hold ages, stats publishing, checkpoint and catch-up
+    // durations, replication resync, failover). Not owned; must outlive the
+    // server. Leases (SetLease) use the steady clock.
     Clock* clock = Clock::Real();
     // Called on the serving thread when this server has written its shard
     // of a checkpoint (or failed to, or found it too late to take one at

@@ -37,6 +37,7 @@
 #include "server/server.h"
 #include "server/server_counters.h"
 #include "server/server_metrics.h"
+#include "server/step_buffers.h"
 #include "server/table.h"
 #include "zmq.hpp"
 
@@ -111,24 +112,6 @@ class KVServer::Impl {
   };
   // (backup node id, replica message id) an answer depends on.
   using Need = std::pair<uint64_t, uint64_t>;
-  // Gradients of one BSP step, summed per element until the step completes.
-  struct StepBuffer {
-    // Sums are kept in double so the average does not depend on the order
-    // in which workers' pushes arrive (to float precision).
-    struct Sparse {
-      absl::flat_hash_map<uint64_t, uint32_t> index;  // key -> row
-      std::vector<uint64_t> keys;
-      std::vector<double> sums;
-    };
-    struct Dense {
-      // block -> sums over the block, and the touched element range.
-      absl::flat_hash_map<uint64_t, std::vector<double>> blocks;
-      absl::flat_hash_map<uint64_t, std::pair<uint64_t, uint64_t>> touched;
-    };
-    absl::flat_hash_map<uint32_t, Sparse> sparse;
-    absl::flat_hash_map<uint32_t, Dense> dense;
-    absl::flat_hash_set<uint64_t> pushers;  // node ids
-  };
   struct Deferred {
     zmq::message_t identity;
     std::vector<zmq::message_t> frames;  // a PULL request
@@ -232,9 +215,6 @@ class KVServer::Impl {
   void Buffer(uint64_t step, uint64_t node_id, Table* table,
               absl::Span<const uint64_t> keys, const Segments& segments,
               absl::Span<const float> grads);
-  static void BufferInto(StepBuffer& buffer, uint64_t node_id, Table* table,
-                         absl::Span<const uint64_t> keys,
-                         const Segments& segments, absl::Span<const float> grads);
   void ApplyBuffered(uint64_t step, StepBuffer& buffer, uint32_t divisor);
   // A BSP step applied here: recorded, and (replication) announced to the
   // backups.

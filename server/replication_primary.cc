@@ -1,0 +1,469 @@
+// KVServer: replication (cluster.replication 2), the primary side
+// (server/replication_backup.cc has the backup side). See the
+// comment at the top of server/server.h for what it does; this file says
+// why it is done so.
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/hash.h"
+#include "common/logging.h"
+#include "common/protocol.h"
+#include "common/status.h"
+#include "common/wire.h"
+#include "server/server_impl.h"
+
+namespace ps {
+namespace {
+
+std::shared_ptr<spdlog::logger> Log() {
+  static auto* const logger = new std::shared_ptr<spdlog::logger>(GetLogger("server"));
+  return *logger;
+}
+
+using replication::BackupLink;
+
+// A catch-up is sent in messages of about this many bytes.
+constexpr size_t kCatchUpBytes = size_t{8} << 20;
+// A backup that refused a message is copied again at most this often.
+constexpr absl::Duration kResyncPeriod = absl::Milliseconds(200);
+
+}  // namespace
+
+// ------------------------------------------------------------ primary side
+
+void KVServer::Impl::Forward(const Ownership& own, const RequestHeader& h,
+                       ReplicaKind kind, float lr_scale, const Table& table,
+                       absl::Span<const uint64_t> keys,
+                       absl::Span<const float> values,
+                       std::vector<zmq::message_t>& frames,
+                       const std::vector<uint32_t>& slots) {
+  if (slots.empty()) return;
+  auto link_of = [&](uint32_t backup) -> BackupLink* {
+    if (backup == kNoBackup || backup >= own.server_node.size()) return nullptr;
+    auto it = links_.find(own.server_node[backup]);
+    return it == links_.end() ? nullptr : it->second.get();
+  };
+  auto replica_header = [&]() {
+    RequestHeader r = h;
+    r.set_op(h.op() == ASSIGN ? ASSIGN : PUSH);
+    // The frames forwarded are self-contained float32 ones (the primary
+    // made them so), whatever the worker sent.
+    r.clear_key_list_slot();
+    r.clear_key_list_digest();
+    r.clear_push_values();
+    r.clear_pull_values();
+    r.set_epoch(own.epoch);
+    r.set_replica(true);
+    ReplicaInfo* info = r.mutable_replica_info();
+    info->set_kind(kind);
+    info->set_primary_node_id(own.node_id);
+    info->set_lr_scale(lr_scale);
+    return r;
+  };
+  const uint32_t first = own.slot_backup[slots[0]];
+  bool uniform = true;
+  for (uint32_t slot : slots) uniform &= own.slot_backup[slot] == first;
+  if (uniform) {
+    // The usual case: every slot of the request has the same backup, which
+    // gets the worker's own key and value frames (shared, not copied).
+    BackupLink* link = link_of(first);
+    if (link == nullptr) {
+      counters_.unreplicated_pushes.fetch_add(1, std::memory_order_relaxed);
+      return;
+    }
+    RequestHeader r = replica_header();
+    zmq::message_t k, v;
+    k.copy(frames[1]);
+    v.copy(frames[2]);
+    needs_.emplace_back(link->node_id(), link->Send(r, std::move(k), std::move(v), true));
+    counters_.forwards.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  std::map<uint32_t, std::vector<size_t>> groups;  // backup rank -> indices
+  for (size_t i = 0; i < slots.size(); ++i) groups[own.slot_backup[slots[i]]].push_back(i);
+  const SparseTable* sparse = table.AsSparse();
+  // Value offset of every dense segment.
+  std::vector<uint64_t> offsets;
+  if (sparse == nullptr) {
+    uint64_t offset = 0;
+    for (const DenseSegment& s : h.segments()) {
+      offsets.push_back(offset);
+      offset += s.length();
+    }
+  }
+  bool unreplicated = false;
+  for (const auto& [backup, idx] : groups) {
+    BackupLink* link = link_of(backup);
+    if (link == nullptr) {
+      unreplicated = true;
+      continue;
+    }
+    RequestHeader r = replica_header();
+    std::vector<float> v;
+    zmq::message_t k;
+    if (sparse != nullptr) {
+      const uint32_t dim = sparse->dim();
+      std::vector<uint64_t> subset;
+      subset.reserve(idx.size());
+      v.reserve(idx.size() * dim);
+      for (size_t i : idx) {
+        subset.push_back(keys[i]);
+        v.insert(v.end(), values.begin() + i * dim, values.begin() + (i + 1) * dim);
+      }
+      r.set_num_keys(subset.size());
+      k = FrameFromVector(std::move(subset));
+    } else {
+      r.clear_segments();
+      for (size_t i : idx) {
+        const DenseSegment& s = h.segments(static_cast<int>(i));
+        *r.add_segments() = s;
+        v.insert(v.end(), values.begin() + offsets[i],
+                 values.begin() + offsets[i] + s.length());
+      }
+    }
+    needs_.emplace_back(link->node_id(),
+                        link->Send(r, std::move(k), FrameFromVector(std::move(v)), true));
+    counters_.forwards.fetch_add(1, std::memory_order_relaxed);
+  }
+  if (unreplicated) counters_.unreplicated_pushes.fetch_add(1, std::memory_order_relaxed);
+}
+
+absl::Status KVServer::Impl::NeedsForDuplicate(const Ownership& own,
+                                         const std::vector<uint32_t>& slots) {
+  std::vector<uint32_t> backups;
+  for (uint32_t slot : slots) {
+    const uint32_t b = own.slot_backup[slot];
+    if (b == kNoBackup || b >= own.server_node.size()) continue;
+    if (std::find(backups.begin(), backups.end(), b) != backups.end()) continue;
+    backups.push_back(b);
+    auto it = links_.find(own.server_node[b]);
+    if (it == links_.end()) continue;
+    BackupLink& link = *it->second;
+    if (link.resync) {
+      return absl::UnavailableError(absl::StrCat(
+          "server ", b, " is being copied this server's slots again; retry"));
+    }
+    // Everything sent to the backup so far covers the update, whether it
+    // went as its own message or as part of a catch-up.
+    if (!link.all_acked()) needs_.emplace_back(link.node_id(), link.last_sent());
+  }
+  return absl::OkStatus();
+}
+
+void KVServer::Impl::SyncBackups(const Ownership& own) {
+  const uint32_t num_slots = static_cast<uint32_t>(own.slot_owner.size());
+  if (paired_.size() != num_slots) paired_.assign(num_slots, 0);
+  if (caught_up_.size() != num_slots) caught_up_.assign(num_slots, false);
+  if (promoted_.size() != num_slots) promoted_.assign(num_slots, false);
+  absl::flat_hash_map<uint64_t, std::string> endpoints;  // live server nodes
+  for (size_t r = 0; r < own.server_node.size(); ++r) {
+    if (own.server_node[r] != 0) endpoints[own.server_node[r]] = own.server_endpoint[r];
+  }
+  // The backup node each owned slot should have, and the slots whose
+  // backup does not hold a copy yet.
+  std::map<uint64_t, std::vector<uint32_t>> catch_up;
+  absl::flat_hash_set<uint64_t> wanted;
+  std::vector<uint64_t> desired(num_slots, 0);
+  uint32_t unbacked = 0;
+  for (uint32_t s = 0; s < num_slots; ++s) {
+    if (own.slot_owner[s] != own.rank || own.node_id == 0) continue;
+    const uint32_t b = own.slot_backup[s];
+    if (b != kNoBackup && b != own.rank && b < own.server_node.size()) {
+      desired[s] = own.server_node[b];
+    }
+    if (desired[s] == 0) {
+      ++unbacked;
+      continue;
+    }
+    wanted.insert(desired[s]);
+  }
+  // Links to servers that back nothing of this server any more go; what
+  // waited for them waits for the catch-ups below instead.
+  absl::flat_hash_map<uint64_t, int> orphaned;  // wait id -> needs dropped
+  for (auto it = links_.begin(); it != links_.end();) {
+    if (wanted.contains(it->first)) {
+      ++it;
+      continue;
+    }
+    for (const auto& [id, wait] : it->second->waiters()) ++orphaned[wait];
+    Log()->info("server node {} ({}) no longer backs any slot of this server",
+                it->first, it->second->endpoint());
+    links_.erase(it++);
+  }
+  for (uint64_t node : wanted) {
+    if (links_.contains(node)) continue;
+    auto link = BackupLink::Connect(
+        context_, node, endpoints[node],
+        options_.curve.has_value() ? &*options_.curve : nullptr);
+    if (!link.ok()) {
+      Log()->error("{}", link.status().message());
+      continue;
+    }
+    links_[node] = std::move(link).value();
+  }
+  for (uint32_t s = 0; s < num_slots; ++s) {
+    const uint64_t node = links_.contains(desired[s]) ? desired[s] : 0;
+    if (node != 0 && paired_[s] != node) catch_up[node].push_back(s);
+    paired_[s] = node;
+  }
+  std::vector<Need> ends;
+  for (const auto& [node, slots] : catch_up) {
+    BackupLink& link = *links_[node];
+    SendCatchUp(own, link, slots);
+    ends.emplace_back(node, link.last_sent());
+  }
+  for (const auto& [wait_id, dropped] : orphaned) {
+    auto w = waits_.find(wait_id);
+    if (w == waits_.end()) continue;
+    w->second.remaining -= dropped;
+    for (const Need& end : ends) {
+      ++w->second.remaining;
+      links_[end.first]->waiters().emplace(end.second, wait_id);
+    }
+    // With no catch-up to wait for, a live server answers with its single
+    // copy (the slot has no backup now); one that is no longer a member
+    // (its slots went to their backups) must not acknowledge what they may
+    // not hold.
+    if (ends.empty() && own.node_id == 0) {
+      w->second.failed = true;
+      w->second.error = "this server is no longer a live member";
+    }
+    if (w->second.remaining <= 0) ReleaseWait(wait_id);
+  }
+  if (unbacked != unbacked_slots_) {
+    if (unbacked > 0) {
+      Log()->warn("{} of this server's slots have no backup (epoch {}): pushes to "
+                  "them are acknowledged with a single copy",
+                  unbacked, own.epoch);
+    } else if (unbacked_slots_ > 0) {
+      Log()->info("every slot of this server has a backup again (epoch {})", own.epoch);
+    }
+    unbacked_slots_ = unbacked;
+  }
+}
+
+void KVServer::Impl::SendCatchUp(const Ownership& own, BackupLink& link,
+                           const std::vector<uint32_t>& slots) {
+  const absl::Time start = options_.clock->Now();
+  const uint32_t num_slots = static_cast<uint32_t>(own.slot_owner.size());
+  std::vector<bool> mask(num_slots, false);
+  for (uint32_t s : slots) mask[s] = true;
+  auto header = [&](ReplicaKind kind) {
+    RequestHeader h;
+    h.set_replica(true);
+    h.set_epoch(own.epoch);
+    h.mutable_replica_info()->set_kind(kind);
+    h.mutable_replica_info()->set_primary_node_id(own.node_id);
+    return h;
+  };
+  RequestHeader begin = header(REPLICA_SNAPSHOT_BEGIN);
+  for (uint32_t s : slots) begin.mutable_replica_info()->add_slots(s);
+  RequestHeader end = begin;
+  end.mutable_replica_info()->set_kind(REPLICA_SNAPSHOT_END);
+  link.Send(begin, zmq::message_t(), zmq::message_t(), false);
+
+  // Which (sender, seq) were applied: retries of pushes applied here must
+  // be recognised by the backup once it is promoted.
+  {
+    constexpr size_t kPerMessage = 1000;
+    std::vector<uint64_t> words;
+    size_t senders = 0;
+    auto flush = [&] {
+      if (senders == 0) return;
+      RequestHeader h = header(REPLICA_SEQS);
+      h.set_num_keys(words.size());
+      link.Send(h, FrameFromVector(std::move(words)), zmq::message_t(), false);
+      words = std::vector<uint64_t>();
+      senders = 0;
+    };
+    for (const auto& [sender, window] : seqs_) {
+      words.push_back(sender);
+      words.push_back(window.top());
+      const std::vector<uint64_t> bits = window.Words();
+      words.insert(words.end(), bits.begin(), bits.end());
+      if (++senders == kPerMessage) flush();
+    }
+    flush();
+  }
+
+  // Rows and blocks with their optimizer state, read in one pass per table
+  // while nothing else runs: a cursor over a table that changes in between
+  // could miss rows.
+  std::vector<uint32_t> ids;
+  for (const auto& [id, table] : tables_) ids.push_back(id);
+  std::sort(ids.begin(), ids.end());
+  uint64_t copied = 0;
+  for (uint32_t id : ids) {
+    std::vector<uint64_t> out_keys;
+    std::vector<float> out_values;
+    auto flush = [&](ReplicaKind kind) {
+      if (out_keys.empty()) return;
+      RequestHeader h = header(kind);
+      h.set_table_id(id);
+      h.set_num_keys(out_keys.size());
+      copied += out_keys.size();
+      link.Send(h, FrameFromVector(std::move(out_keys)),
+                FrameFromVector(std::move(out_values)), true);
+      out_keys = std::vector<uint64_t>();
+      out_values = std::vector<float>();
+    };
+    if (const SparseTable* sparse = tables_[id]->AsSparse()) {
+      const size_t stride = sparse->state_floats();
+      std::vector<uint64_t> keys;
+      std::vector<float> state;
+      uint64_t cursor = 0;
+      do {
+        keys.clear();
+        state.clear();
+        cursor = sparse->ExportRows(cursor, 65536, &keys, &state);
+        for (size_t i = 0; i < keys.size(); ++i) {
+          if (!mask[SparseSlot(id, keys[i], num_slots)]) continue;
+          out_keys.push_back(keys[i]);
+          out_values.insert(out_values.end(), state.begin() + i * stride,
+                            state.begin() + (i + 1) * stride);
+          if (out_values.size() * sizeof(float) >= kCatchUpBytes) flush(REPLICA_ROWS);
+        }
+      } while (cursor != 0);
+      flush(REPLICA_ROWS);
+    } else {
+      const DenseTable* dense = tables_[id]->AsDense();
+      (void)dense->ForEachBlock([&](uint64_t block, absl::Span<const float> values,
+                                    absl::Span<const float> state) {
+        if (!mask[DenseBlockSlot(id, block, num_slots)]) return absl::OkStatus();
+        out_keys.push_back(block);
+        out_values.insert(out_values.end(), values.begin(), values.end());
+        out_values.insert(out_values.end(), state.begin(), state.end());
+        if (out_values.size() * sizeof(float) >= kCatchUpBytes) flush(REPLICA_BLOCKS);
+        return absl::OkStatus();
+      });
+      flush(REPLICA_BLOCKS);
+    }
+  }
+
+  // BSP steps buffered and not yet applied: the backup applies them with
+  // this server when it is told the divisor.
+  for (auto& [step, buffer] : buffers_) {
+    std::vector<uint64_t> pushers(buffer.pushers.begin(), buffer.pushers.end());
+    for (auto& [id, b] : buffer.sparse) {
+      const uint32_t dim = tables_[id]->AsSparse()->dim();
+      std::vector<uint64_t> keys;
+      std::vector<double> sums;
+      for (size_t i = 0; i < b.keys.size(); ++i) {
+        if (!mask[SparseSlot(id, b.keys[i], num_slots)]) continue;
+        keys.push_back(b.keys[i]);
+        sums.insert(sums.end(), b.sums.begin() + i * dim, b.sums.begin() + (i + 1) * dim);
+      }
+      if (keys.empty()) continue;
+      RequestHeader h = header(REPLICA_STEP_BUFFER);
+      h.set_table_id(id);
+      h.set_num_keys(keys.size());
+      h.mutable_replica_info()->set_step(step);
+      for (uint64_t p : pushers) h.mutable_replica_info()->add_pushers(p);
+      link.Send(h, FrameFromVector(std::move(keys)), FrameFromVector(std::move(sums)), true);
+    }
+    for (auto& [id, b] : buffer.dense) {
+      std::vector<uint64_t> triples;
+      std::vector<double> sums;
+      std::vector<uint64_t> blocks;
+      for (const auto& [block, s] : b.blocks) blocks.push_back(block);
+      std::sort(blocks.begin(), blocks.end());
+      for (uint64_t block : blocks) {
+        if (!mask[DenseBlockSlot(id, block, num_slots)]) continue;
+        const auto range = b.touched[block];
+        triples.insert(triples.end(), {block, range.first, range.second});
+        const std::vector<double>& s = b.blocks[block];
+        sums.insert(sums.end(), s.begin(), s.end());
+      }
+      if (triples.empty()) continue;
+      RequestHeader h = header(REPLICA_STEP_BUFFER);
+      h.set_table_id(id);
+      h.set_num_keys(triples.size());
+      h.mutable_replica_info()->set_step(step);
+      for (uint64_t p : pushers) h.mutable_replica_info()->add_pushers(p);
+      link.Send(h, FrameFromVector(std::move(triples)), FrameFromVector(std::move(sums)), true);
+    }
+  }
+  link.Send(end, zmq::message_t(), zmq::message_t(), false);
+  counters_.catchups_sent.fetch_add(1, std::memory_order_relaxed);
+  counters_.rows_copied.fetch_add(copied, std::memory_order_relaxed);
+  Log()->info("catch-up of {} slots to backup node {} ({}): {} rows and blocks, "
+              "{} senders' sequence records, {} buffered steps, read in {:.1f} ms",
+              slots.size(), link.node_id(), link.endpoint(), copied, seqs_.size(),
+              buffers_.size(), absl::ToDoubleMilliseconds(options_.clock->Now() - start));
+}
+
+void KVServer::Impl::OnBackupAnswer(uint64_t node, std::vector<zmq::message_t>& frames) {
+  auto it = links_.find(node);
+  if (it == links_.end()) return;
+  BackupLink& link = *it->second;
+  DecodedResponse response;
+  if (absl::Status s = DecodeResponse(frames, &response); !s.ok()) {
+    Log()->error("bad answer from backup node {}: {}", node, s.message());
+    return;
+  }
+  const uint64_t id = response.header.request_id();
+  if (id == 0 || id > link.last_sent() || id <= link.acked()) {
+    Log()->warn("backup node {} answered message {} out of order (sent {}, answered {})",
+                node, id, link.last_sent(), link.acked());
+    return;
+  }
+  const bool ok = response.header.code() == 0;
+  if (!ok) {
+    // The backup's copy may now lack an update: copy its slots again, and
+    // let the workers concerned send again (as duplicates, answered once
+    // the new copy is in).
+    if (!link.resync) {
+      Log()->warn("backup node {} refused replica message {}: {}; copying its "
+                  "slots to it again",
+                  node, id, response.header.message());
+    }
+    link.resync = true;
+  }
+  link.set_acked(id);
+  std::vector<uint64_t> ready;
+  auto& waiters = link.waiters();
+  while (!waiters.empty() && waiters.begin()->first <= link.acked()) {
+    const auto [message, wait_id] = *waiters.begin();
+    waiters.erase(waiters.begin());
+    auto w = waits_.find(wait_id);
+    if (w == waits_.end()) continue;
+    if (!ok && message == id) {
+      w->second.failed = true;
+      w->second.error = response.header.message();
+    }
+    if (--w->second.remaining <= 0) ready.push_back(wait_id);
+  }
+  for (uint64_t wait_id : ready) ReleaseWait(wait_id);
+}
+
+void KVServer::Impl::ReleaseWait(uint64_t wait_id) {
+  auto it = waits_.find(wait_id);
+  if (it == waits_.end()) return;
+  Wait w = std::move(it->second);
+  waits_.erase(it);
+  if (w.failed) {
+    NotAcknowledged(&w.rh, &w.values, &w.keys,
+                    absl::StrCat("the backup did not take its copy (", w.error, ")"));
+  }
+  Send(w.identity, w.rh, w.values, w.keys);
+  if (!w.failed && w.first_promoted) LogFirstPromotedServed();
+}
+
+void KVServer::Impl::MaybeResync(const Ownership& own) {
+  const absl::Time now = options_.clock->Now();
+  for (auto& [node, link] : links_) {
+    if (!link->resync || now - link->last_resync < kResyncPeriod) continue;
+    std::vector<uint32_t> slots;
+    for (uint32_t s = 0; s < paired_.size(); ++s) {
+      if (paired_[s] == node) slots.push_back(s);
+    }
+    link->resync = false;
+    link->last_resync = now;
+    if (!slots.empty()) SendCatchUp(own, *link, slots);
+  }
+}
+
+}  // namespace ps
