@@ -11,7 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/finite.h"
-#include "server/initializer.h"
+#include "common/initializer.h"
 
 namespace ps {
 

@@ -1,21 +1,9 @@
-// Deterministic parameter initialisation: the initial value of element e of
-// key k in table t depends only on (init config, t, k, e), so every run and
-// every server (also after a row migrates) agree without coordination.
+// Forwarding header: the deterministic initialiser is common/initializer.h
+// (//common:initializer). Kept only while server/server_test.cc, which is
+// being restructured, still includes it; include common/initializer.h.
 #ifndef PS_SERVER_INITIALIZER_H_
 #define PS_SERVER_INITIALIZER_H_
 
-#include <cstddef>
-#include <cstdint>
-
-#include "proto/config.pb.h"
-
-namespace ps {
-
-// Writes n initial values for elements first_element.. of key `key`.
-void InitializeValues(const InitializerConfig& init, uint32_t table_id,
-                      uint64_t key, uint64_t first_element, size_t n,
-                      float* out);
-
-}  // namespace ps
+#include "common/initializer.h"
 
 #endif  // PS_SERVER_INITIALIZER_H_

@@ -13,7 +13,7 @@
 #include "common/config.h"
 #include "common/finite.h"
 #include "common/hash.h"
-#include "server/initializer.h"
+#include "common/initializer.h"
 
 namespace ps {
 

@@ -15,12 +15,12 @@
 #include "absl/time/time.h"
 #include "common/config.h"
 #include "common/hash.h"
+#include "common/initializer.h"
 #include "google/protobuf/text_format.h"
 #include "server/optimizer.h"
 #include "gtest/gtest.h"
 #include "proto/config.pb.h"
 #include "proto/data_plane.pb.h"
-#include "server/initializer.h"
 
 namespace ps {
 namespace {

@@ -23,12 +23,12 @@
 #include "absl/time/time.h"
 #include "common/config.h"
 #include "common/curve_keys.h"
+#include "common/initializer.h"
 #include "common/logging.h"
 #include "common/node_main.h"
 #include "common/protocol.h"
 #include "examples/ctr/synthetic_ctr.h"
 #include "google/protobuf/util/json_util.h"
-#include "server/initializer.h"
 #include "worker/data/keys.h"
 #include "worker/kv_client.h"
 #include "worker/session.h"
@@ -294,7 +294,7 @@ int32_t ps_initial_values(const char* path, const char* table, const uint64_t* k
                                 " elements: [", first, ", ", first + n,
                                 ") is out of range or the output is not ", n, " floats"));
   }
-  // Dense tables use key 0 with the element index (server/table.cc).
+  // Dense tables use key 0 with the element index (server/dense_table.cc).
   ps::InitializeValues(tc.init(), tc.id(), 0, first, n, out);
   return 0;
 }

@@ -1,4 +1,4 @@
-#include "server/initializer.h"
+#include "common/initializer.h"
 
 #include <cmath>
 
