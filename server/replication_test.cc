@@ -31,6 +31,7 @@
 #include "server/server.h"
 #include "server/table.h"
 #include "worker/kv_client.h"
+#include "worker/session.h"
 #include "zmq.hpp"
 #include "zmq_addon.hpp"
 
@@ -88,12 +89,12 @@ struct ServerNode {
   uint32_t rank = 0;
 };
 
-// A worker: its membership and its client, which follows the views.
+// A worker: its session owns the membership and the client, which follows
+// the views; `member` and `client` point into it.
 struct WorkerNode {
-  absl::Mutex mu;
-  KVClient* client_for_views ABSL_GUARDED_BY(mu) = nullptr;
-  std::unique_ptr<SchedulerClient> member;
-  std::unique_ptr<KVClient> client;
+  std::unique_ptr<WorkerSession> session;
+  SchedulerClient* member = nullptr;
+  KVClient* client = nullptr;
 };
 
 class ReplicationTest : public ::testing::Test {
@@ -113,14 +114,7 @@ class ReplicationTest : public ::testing::Test {
   }
 
   void TearDown() override {
-    for (auto& w : workers_) {
-      {
-        absl::MutexLock lock(&w->mu);
-        w->client_for_views = nullptr;
-      }
-      w->member.reset();
-      w->client.reset();
-    }
+    for (auto& w : workers_) w->session.reset();
     for (auto& s : servers_) {
       s.member.reset();
       s.server.reset();
@@ -149,32 +143,17 @@ class ReplicationTest : public ::testing::Test {
   }
 
   WorkerNode& StartWorker() {
+    WorkerSession::Options o;
+    o.config = config_;
+    o.scheduler = scheduler_->address();
+    o.trains_shards = false;
+    o.startup_timeout = absl::Seconds(10);
+    auto session = WorkerSession::Start(std::move(o));
+    EXPECT_TRUE(session.ok()) << session.status();
     auto w = std::make_unique<WorkerNode>();
-    WorkerNode* raw = w.get();
-    SchedulerClient::Options co =
-        SchedulerClient::Options::ForJob(config_, scheduler_->address(), WORKER);
-    co.on_view = [raw](const ClusterView& v, uint32_t) {
-      absl::MutexLock lock(&raw->mu);
-      if (raw->client_for_views != nullptr) raw->client_for_views->UpdateView(v);
-    };
-    auto member = SchedulerClient::Connect(co);
-    EXPECT_TRUE(member.ok()) << member.status();
-    w->member = std::move(member).value();
-    auto view = w->member->WaitForRunning(absl::Seconds(10));
-    EXPECT_TRUE(view.ok()) << view.status();
-    KVClient::Options ko;
-    ko.config = config_;
-    ko.rank = w->member->rank();
-    ko.node_id = w->member->node_id();
-    ko.start_clock = w->member->start_clock();
-    auto client = KVClient::Create(ko, *view);
-    EXPECT_TRUE(client.ok()) << client.status();
-    w->client = std::move(client).value();
-    {
-      absl::MutexLock lock(&w->mu);
-      w->client_for_views = w->client.get();
-    }
-    w->client->UpdateView(w->member->view());
+    w->session = std::move(session).value();
+    w->member = w->session->membership();
+    w->client = w->session->kv();
     workers_.push_back(std::move(w));
     return *workers_.back();
   }

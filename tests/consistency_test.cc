@@ -80,7 +80,7 @@ std::vector<float> TrainAndRead(const JobConfig& config) {
   for (uint32_t i = 0; i < n; ++i) {
     threads.emplace_back([&, i] {
       Worker& w = workers[i];
-      auto trainer = Trainer::Create(config, w.kv.get(), w.member->rank(), n);
+      auto trainer = Trainer::Create(config, w.kv, w.member->rank(), n);
       ASSERT_TRUE(trainer.ok()) << trainer.status();
       TrainerHooks hooks;
       hooks.on_clock = [&w](uint64_t c) { w.member->set_clock(c); };

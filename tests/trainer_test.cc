@@ -74,7 +74,7 @@ JobRun Train(const JobConfig& config) {
   for (int i = 0; i < n; ++i) {
     threads.emplace_back([&, i] {
       InProcessWorker& w = (*workers)[i];
-      auto trainer = Trainer::Create(config, w.kv.get(), w.member->rank(), n);
+      auto trainer = Trainer::Create(config, w.kv, w.member->rank(), n);
       ASSERT_TRUE(trainer.ok()) << trainer.status();
       TrainerHooks hooks;
       hooks.on_clock = [&w](uint64_t c) { w.member->set_clock(c); };
@@ -240,7 +240,7 @@ struct Reports {
 TEST(TrainerFaultTest, TrainsFromAPositionThenTheShardsItClaims) {
   const JobConfig config = SmallConfig(2);
   OneWorker job = OneWorker::Start(config);
-  auto trainer = Trainer::Create(config, job.w().kv.get(), 0, 2);
+  auto trainer = Trainer::Create(config, job.w().kv, 0, 2);
   ASSERT_TRUE(trainer.ok()) << trainer.status();
   TrainerHooks hooks;
   Reports reports;
@@ -311,7 +311,7 @@ TEST(TrainerFaultTest, PreemptionStopsAtTheExactNextBatch) {
     SCOPED_TRACE(prefetch ? "prefetch" : "no prefetch");
     const JobConfig config = SmallConfig(2, prefetch);
     OneWorker job = OneWorker::Start(config);
-    auto first = Trainer::Create(config, job.w().kv.get(), 0, 2);
+    auto first = Trainer::Create(config, job.w().kv, 0, 2);
     ASSERT_TRUE(first.ok()) << first.status();
     TrainerHooks hooks;
     Reports reports;
@@ -335,7 +335,7 @@ TEST(TrainerFaultTest, PreemptionStopsAtTheExactNextBatch) {
 
     // A replacement resumes at the job's clock from that position.
     ASSERT_TRUE(job.w().kv->RestartClock(12).Wait().ok());
-    auto second = Trainer::Create(config, job.w().kv.get(), 0, 2);
+    auto second = Trainer::Create(config, job.w().kv, 0, 2);
     ASSERT_TRUE(second.ok()) << second.status();
     TrainerHooks plain;
     auto rest = (*second)->Train(plain, *stopped->position);
@@ -353,7 +353,7 @@ TEST(TrainerFaultTest, PreemptionStopsAtTheExactNextBatch) {
 TEST(TrainerFaultTest, StopWhileWaitingForWork) {
   const JobConfig config = SmallConfig(1);
   OneWorker job = OneWorker::Start(config);
-  auto trainer = Trainer::Create(config, job.w().kv.get(), 0, 2);
+  auto trainer = Trainer::Create(config, job.w().kv, 0, 2);
   ASSERT_TRUE(trainer.ok()) << trainer.status();
   std::atomic<bool> stop{false};
   std::vector<bool> with_finished;
@@ -382,7 +382,7 @@ TEST(TrainerFaultTest, StopWhileWaitingForWork) {
 TEST(TrainerFaultTest, ClaimErrorsAndNoShardOfItsOwn) {
   const JobConfig config = SmallConfig(1);
   OneWorker job = OneWorker::Start(config);
-  auto trainer = Trainer::Create(config, job.w().kv.get(), 0, 2);
+  auto trainer = Trainer::Create(config, job.w().kv, 0, 2);
   ASSERT_TRUE(trainer.ok()) << trainer.status();
   int calls = 0;
   TrainerHooks hooks;
@@ -411,7 +411,7 @@ TEST(TrainerFaultTest, MaxStepsEndsTheWorkersPart) {
   JobConfig config = SmallConfig(1);
   config.mutable_training()->set_max_steps(3);
   OneWorker job = OneWorker::Start(config);
-  auto trainer = Trainer::Create(config, job.w().kv.get(), 0, 2);
+  auto trainer = Trainer::Create(config, job.w().kv, 0, 2);
   ASSERT_TRUE(trainer.ok()) << trainer.status();
   std::vector<DataPosition> finished;
   TrainerHooks hooks;
@@ -444,7 +444,7 @@ TEST(TrainerFaultTest, InitialisesOnlyAFreshJob) {
   JobConfig config = Config("", "ASYNC", 2, "kind: DLRM embedding_dim: 8", 8, 5000);
   config.mutable_training()->set_max_steps(2);
   OneWorker job = OneWorker::Start(config);
-  KVClient* kv = job.w().kv.get();
+  KVClient* kv = job.w().kv;
   auto layout = LayoutModel(config);
   ASSERT_TRUE(layout.ok()) << layout.status();
   std::vector<std::string> barriers;
@@ -477,33 +477,6 @@ TEST(TrainerFaultTest, InitialisesOnlyAFreshJob) {
   EXPECT_EQ(after, trained);
 }
 
-// Like InProcessCluster::AddWorkers, for workers that train data shards
-// (RegisterRequest.trains_shards), as trainer_main's do: their shards are
-// handed to others when they leave unfinished.
-absl::StatusOr<std::vector<InProcessWorker>> AddShardWorkers(
-    InProcessCluster& cluster, const JobConfig& config, int n) {
-  std::vector<InProcessWorker> workers(n);
-  for (InProcessWorker& w : workers) {
-    auto holder = std::make_shared<std::atomic<KVClient*>>(nullptr);
-    auto options = SchedulerClient::Options::ForJob(
-        config, cluster.scheduler().address(), WORKER);
-    options.trains_shards = true;
-    options.on_view = [holder](const ClusterView& v, uint32_t) {
-      if (KVClient* c = holder->load()) c->UpdateView(v);
-    };
-    PS_ASSIGN_OR_RETURN(w.member, SchedulerClient::Connect(options));
-    PS_ASSIGN_OR_RETURN(ClusterView view,
-                        w.member->WaitForRunning(absl::Seconds(30)));
-    PS_ASSIGN_OR_RETURN(w.kv, KVClient::Create({config, w.member->rank(),
-                                                w.member->node_id(),
-                                                w.member->start_clock()},
-                                               view));
-    holder->store(w.kv.get());
-    w.kv->UpdateView(w.member->view());
-  }
-  return workers;
-}
-
 // Through the real scheduler: worker 1 is preempted after 10 steps and
 // leaves with its position; worker 0 finishes its own shard, claims the
 // rest of shard 1 and trains it. Every example is trained exactly once.
@@ -511,7 +484,7 @@ TEST(TrainerFaultTest, PreemptedShardIsFinishedByAnotherWorker) {
   JobConfig config = Config("", "ASYNC", 2, "kind: FM embedding_dim: 4", 5, 20000);
   auto cluster = InProcessCluster::Start(config);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
-  auto workers = AddShardWorkers(**cluster, config, 2);
+  auto workers = (*cluster)->AddWorkers(2, /*trains_shards=*/true);
   ASSERT_TRUE(workers.ok()) << workers.status();
   std::vector<TrainResult> results(2);
   std::vector<std::vector<uint32_t>> ranks(2);
@@ -522,7 +495,7 @@ TEST(TrainerFaultTest, PreemptedShardIsFinishedByAnotherWorker) {
       const uint32_t rank = w.member->rank();
       ASSERT_TRUE(w.member->has_initial_shard());
       EXPECT_EQ(w.member->initial_shard().shard(), rank);
-      auto trainer = Trainer::Create(config, w.kv.get(), rank, 2);
+      auto trainer = Trainer::Create(config, w.kv, rank, 2);
       ASSERT_TRUE(trainer.ok()) << trainer.status();
       TrainerHooks hooks;
       int steps = 0;

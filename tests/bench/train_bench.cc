@@ -152,7 +152,7 @@ absl::StatusOr<double> TrainRate(JobConfig config, double compute_rate,
   PS_ASSIGN_OR_RETURN(auto cluster, testing::InProcessCluster::Start(config));
   PS_ASSIGN_OR_RETURN(auto workers, cluster->AddWorkers(1));
   testing::InProcessWorker& w = workers[0];
-  PS_ASSIGN_OR_RETURN(auto trainer, Trainer::Create(config, w.kv.get(), 0, 1));
+  PS_ASSIGN_OR_RETURN(auto trainer, Trainer::Create(config, w.kv, 0, 1));
   TrainerHooks hooks;
   hooks.on_clock = [&w](uint64_t c) { w.member->set_clock(c); };
   PS_ASSIGN_OR_RETURN(TrainResult result, trainer->Train(hooks));

@@ -1,6 +1,5 @@
 #include "tests/testing/cluster.h"
 
-#include <atomic>
 #include <utility>
 
 #include "absl/time/clock.h"
@@ -10,33 +9,33 @@
 namespace ps::testing {
 namespace {
 
-int LiveWorkers(const ClusterView& view) {
+int LiveWorkers(const ClusterView &view) {
   int n = 0;
-  for (const NodeInfo& node : view.nodes()) {
+  for (const NodeInfo &node : view.nodes()) {
     n += node.role() == WORKER && node.state() == ALIVE;
   }
   return n;
 }
 
-}  // namespace
+} // namespace
 
-absl::StatusOr<std::unique_ptr<InProcessCluster>> InProcessCluster::Start(
-    const JobConfig& config) {
+absl::StatusOr<std::unique_ptr<InProcessCluster>>
+InProcessCluster::Start(const JobConfig &config) {
   std::unique_ptr<InProcessCluster> c(new InProcessCluster(config));
   SchedulerServer::Options so;
   so.config = config;
   PS_ASSIGN_OR_RETURN(c->scheduler_, SchedulerServer::Start(so));
   for (uint32_t i = 0; i < config.cluster().num_servers(); ++i) {
-    KVServer::Options ko;
-    ko.config = config;
-    PS_ASSIGN_OR_RETURN(std::unique_ptr<KVServer> server, KVServer::Start(ko));
-    KVServer* kv = server.get();
-    c->servers_.push_back(std::move(server));
-    PS_ASSIGN_OR_RETURN(
-        std::unique_ptr<SchedulerClient> member,
-        c->Connect(SERVER, kv->endpoint(),
-                   [kv](const ClusterView& v, uint32_t rank) { kv->UpdateView(v, rank); }));
-    c->server_members_.push_back(std::move(member));
+    ServerNode::Options o;
+    o.config = config;
+    o.scheduler = c->scheduler_->address();
+    // Nodes share this process: no HTTP endpoint, process metrics or log
+    // tag of their own.
+    o.own_process = false;
+    o.http_port = -1;
+    PS_ASSIGN_OR_RETURN(std::unique_ptr<ServerNode> node,
+                        ServerNode::Start(std::move(o)));
+    c->servers_.push_back(std::move(node));
   }
   return c;
 }
@@ -45,60 +44,50 @@ InProcessCluster::~InProcessCluster() {
   // Closing the scheduler's state first makes every long poll return at
   // once, so the memberships stop without waiting out a poll period.
   scheduler_->state()->Close();
-  server_members_.clear();
-  scheduler_->Shutdown();
   servers_.clear();
+  scheduler_->Shutdown();
 }
 
 void InProcessCluster::CloseWaits() { scheduler_->state()->Close(); }
 
-absl::StatusOr<std::unique_ptr<SchedulerClient>> InProcessCluster::Connect(
-    Role role, const std::string& endpoint,
-    std::function<void(const ClusterView&, uint32_t)> on_view) {
-  auto options = SchedulerClient::Options::ForJob(config_, scheduler_->address(), role);
-  options.data_endpoint = endpoint;
-  options.on_view = std::move(on_view);
-  return SchedulerClient::Connect(options);
-}
-
-absl::StatusOr<std::vector<InProcessWorker>> InProcessCluster::AddWorkers(int n) {
+absl::StatusOr<std::vector<InProcessWorker>>
+InProcessCluster::AddWorkers(int n, bool trains_shards) {
   std::vector<InProcessWorker> workers(n);
-  for (InProcessWorker& w : workers) {
-    auto holder = std::make_shared<std::atomic<KVClient*>>(nullptr);
-    PS_ASSIGN_OR_RETURN(w.member,
-                        Connect(WORKER, "", [holder](const ClusterView& v, uint32_t) {
-                          if (KVClient* c = holder->load()) c->UpdateView(v);
-                        }));
-    PS_ASSIGN_OR_RETURN(ClusterView view, w.member->WaitForRunning(absl::Seconds(30)));
-    PS_ASSIGN_OR_RETURN(w.kv, KVClient::Create({config_, w.member->rank(),
-                                                w.member->node_id(),
-                                                w.member->start_clock()},
-                                               view));
-    holder->store(w.kv.get());
-    w.kv->UpdateView(w.member->view());
+  for (InProcessWorker &w : workers) {
+    WorkerSession::Options o;
+    o.config = config_;
+    o.scheduler = scheduler_->address();
+    o.trains_shards = trains_shards;
+    o.startup_timeout = absl::Seconds(30);
+    PS_ASSIGN_OR_RETURN(w.session, WorkerSession::Start(std::move(o)));
+    w.kv = w.session->kv();
+    w.member = w.session->membership();
   }
   const absl::Time deadline = absl::Now() + absl::Seconds(30);
-  for (auto& m : server_members_) {
-    while (LiveWorkers(m->view()) < n) {
+  for (const auto &node : servers_) {
+    while (LiveWorkers(node->membership().view()) < n) {
       if (absl::Now() > deadline) {
-        return absl::DeadlineExceededError("servers did not see every worker register");
+        return absl::DeadlineExceededError(
+            "servers did not see every worker register");
       }
       absl::SleepFor(absl::Milliseconds(2));
     }
   }
-  for (InProcessWorker& w : workers) w.kv->UpdateView(w.member->view());
+  for (InProcessWorker &w : workers)
+    w.kv->UpdateView(w.member->view());
   return workers;
 }
 
 absl::StatusOr<std::unique_ptr<KVClient>> InProcessCluster::Reader() {
-  return KVClient::Create({config_, 0, 0, kFinishedClock},
-                          scheduler_->state()->AwaitView(0, true, absl::Seconds(5)));
+  return KVClient::Create(
+      {config_, 0, 0, kFinishedClock},
+      scheduler_->state()->AwaitView(0, true, absl::Seconds(5)));
 }
 
 KVServer::Stats InProcessCluster::TotalStats() const {
   KVServer::Stats total;
-  for (const auto& s : servers_) {
-    const KVServer::Stats x = s->stats();
+  for (const auto &s : servers_) {
+    const KVServer::Stats x = s->server().stats();
     total.requests += x.requests;
     total.errors += x.errors;
     total.keys_pushed += x.keys_pushed;
@@ -109,4 +98,4 @@ KVServer::Stats InProcessCluster::TotalStats() const {
   return total;
 }
 
-}  // namespace ps::testing
+} // namespace ps::testing

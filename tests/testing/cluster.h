@@ -1,14 +1,14 @@
 // A whole job in one process, for tests and benchmarks: an in-process
-// scheduler on loopback port 0, real servers registered through the
-// membership client, and workers, each with its own membership and KV
-// client (so its own sockets and node id).
+// scheduler on loopback port 0, servers that are ServerNodes (the wiring
+// server_main runs: views, leases, fencing, checkpoint reports), and
+// workers that are WorkerSessions (each with its own membership and KV
+// client, so its own sockets and node id).
 //
 // Not thread-safe to set up; the workers it returns may each be driven from
 // their own thread.
 #ifndef PS_TESTS_TESTING_CLUSTER_H_
 #define PS_TESTS_TESTING_CLUSTER_H_
 
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -18,27 +18,36 @@
 #include "scheduler/client.h"
 #include "scheduler/scheduler.h"
 #include "server/server.h"
+#include "server/server_node.h"
 #include "worker/kv_client.h"
+#include "worker/session.h"
 
 namespace ps::testing {
 
-// A worker's membership and data-plane client. `kv` is declared first so
-// `member`, whose view callback uses kv, is destroyed first.
+// A worker: its session owns the membership and the data-plane client;
+// `kv` and `member` point into it, for tests that drive them directly.
+// Destroying the session leaves the job unless it was left through
+// session->Leave() (a test that left through `member` is told NOT_FOUND,
+// logged).
 struct InProcessWorker {
-  std::unique_ptr<KVClient> kv;
-  std::unique_ptr<SchedulerClient> member;
+  std::unique_ptr<WorkerSession> session;
+  KVClient *kv = nullptr;
+  SchedulerClient *member = nullptr;
 };
 
 class InProcessCluster {
- public:
+public:
   // Starts the scheduler and config.cluster().num_servers() servers.
-  static absl::StatusOr<std::unique_ptr<InProcessCluster>> Start(
-      const JobConfig& config);
+  static absl::StatusOr<std::unique_ptr<InProcessCluster>>
+  Start(const JobConfig &config);
   ~InProcessCluster();
 
   // Registers `n` workers, then waits until every server's view lists all
   // of them, so no worker's first steps are synchronised without the others.
-  absl::StatusOr<std::vector<InProcessWorker>> AddWorkers(int n);
+  // `trains_shards`: workers that train data shards, as trainer_main's do
+  // (their shards are handed to others when they leave unfinished).
+  absl::StatusOr<std::vector<InProcessWorker>>
+  AddWorkers(int n, bool trains_shards = false);
 
   // A KV client that reads the final parameters once training is over: it
   // pulls at the finished clock, so under BSP/SSP its pulls are answered
@@ -49,23 +58,20 @@ class InProcessCluster {
   // leaving is quick. Barriers fail after this.
   void CloseWaits();
 
-  SchedulerServer& scheduler() { return *scheduler_; }
-  KVServer& server(int i) { return *servers_[i]; }
+  SchedulerServer &scheduler() { return *scheduler_; }
+  KVServer &server(int i) { return servers_[i]->server(); }
+  ServerNode &node(int i) { return *servers_[i]; }
   // Counters summed over the servers.
   KVServer::Stats TotalStats() const;
 
- private:
-  explicit InProcessCluster(const JobConfig& config) : config_(config) {}
-  absl::StatusOr<std::unique_ptr<SchedulerClient>> Connect(
-      Role role, const std::string& endpoint,
-      std::function<void(const ClusterView&, uint32_t)> on_view);
+private:
+  explicit InProcessCluster(const JobConfig &config) : config_(config) {}
 
   const JobConfig config_;
   std::unique_ptr<SchedulerServer> scheduler_;
-  std::vector<std::unique_ptr<KVServer>> servers_;
-  std::vector<std::unique_ptr<SchedulerClient>> server_members_;
+  std::vector<std::unique_ptr<ServerNode>> servers_;
 };
 
-}  // namespace ps::testing
+} // namespace ps::testing
 
-#endif  // PS_TESTS_TESTING_CLUSTER_H_
+#endif // PS_TESTS_TESTING_CLUSTER_H_
