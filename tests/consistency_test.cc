@@ -15,7 +15,6 @@
 #include "common/config.h"
 #include "common/logging.h"
 #include "common/wire.h"
-#include "examples/ctr/synthetic_ctr.h"
 #include "gtest/gtest.h"
 #include "tests/testing/cluster.h"
 #include "tests/testing/subprocess.h"
@@ -25,6 +24,7 @@
 #include "spdlog/sinks/ostream_sink.h"
 #include "worker/kv_client.h"
 #include "worker/trainer.h"
+#include "worker/data/synthetic_ctr.h"
 
 namespace ps {
 namespace {

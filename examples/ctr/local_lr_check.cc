@@ -30,8 +30,8 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/config.h"
-#include "examples/ctr/synthetic_ctr.h"
 #include "proto/config.pb.h"
+#include "worker/data/synthetic_ctr.h"
 #include "worker/metrics.h"
 
 ABSL_FLAG(double, lr, 0.05, "Adagrad learning rate");

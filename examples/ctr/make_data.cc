@@ -1,4 +1,4 @@
-// Writes synthetic CTR data (examples/ctr/synthetic_ctr.h) to text files in
+// Writes synthetic CTR data (worker/data/synthetic_ctr.h) to text files in
 // the Criteo TSV or the libsvm format, for tests and benchmarks of the file
 // readers (FileDataConfig in proto/config.proto).
 //
@@ -63,8 +63,8 @@
 #include "absl/strings/str_format.h"
 #include "common/config.h"
 #include "common/hash.h"
-#include "examples/ctr/synthetic_ctr.h"
 #include "proto/config.pb.h"
+#include "worker/data/synthetic_ctr.h"
 
 ABSL_FLAG(std::string, out_prefix, "",
           "write PREFIX.train.txt (or PREFIX.train-i-of-K.txt) and "

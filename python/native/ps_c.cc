@@ -27,9 +27,9 @@
 #include "common/logging.h"
 #include "common/node_main.h"
 #include "common/protocol.h"
-#include "examples/ctr/synthetic_ctr.h"
 #include "google/protobuf/util/json_util.h"
 #include "worker/data/keys.h"
+#include "worker/data/synthetic_ctr.h"
 #include "worker/kv_client.h"
 #include "worker/session.h"
 

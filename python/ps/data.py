@@ -1,7 +1,7 @@
 """Data helpers: the synthetic CTR data of the C++ examples, and sharding.
 
 `synthetic_ctr` produces exactly the examples the C++ trainer reads for the
-same job config (examples/ctr/synthetic_ctr.h), so a Python model and a
+same job config (worker/data/synthetic_ctr.h), so a Python model and a
 built-in one can be compared on the same data and the same keys.
 """
 

@@ -11,10 +11,10 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
-#include "examples/ctr/synthetic_ctr.h"
 #include "worker/data/dataset.h"
 #include "worker/data/idx.h"
 #include "worker/data/readers.h"
+#include "worker/data/synthetic_ctr.h"
 
 namespace ps::data::internal {
 namespace {

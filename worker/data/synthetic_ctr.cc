@@ -1,4 +1,4 @@
-#include "examples/ctr/synthetic_ctr.h"
+#include "worker/data/synthetic_ctr.h"
 
 #include <algorithm>
 #include <cmath>

@@ -77,8 +77,8 @@
 //
 // Thread safety: a SyntheticCtr is immutable after Create(); concurrent
 // calls of const methods are safe (each with its own Batch).
-#ifndef PS_EXAMPLES_CTR_SYNTHETIC_CTR_H_
-#define PS_EXAMPLES_CTR_SYNTHETIC_CTR_H_
+#ifndef PS_WORKER_DATA_SYNTHETIC_CTR_H_
+#define PS_WORKER_DATA_SYNTHETIC_CTR_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -221,4 +221,4 @@ std::pair<uint64_t, uint64_t> ShardRange(uint64_t total, uint32_t rank,
 
 }  // namespace ps::ctr
 
-#endif  // PS_EXAMPLES_CTR_SYNTHETIC_CTR_H_
+#endif  // PS_WORKER_DATA_SYNTHETIC_CTR_H_

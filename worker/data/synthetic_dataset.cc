@@ -8,9 +8,9 @@
 #include "absl/status/status.h"
 #include "common/config.h"
 #include "common/status.h"
-#include "examples/ctr/synthetic_ctr.h"
 #include "worker/data/dataset.h"
 #include "worker/data/readers.h"
+#include "worker/data/synthetic_ctr.h"
 
 namespace ps::data::internal {
 namespace {

@@ -1,9 +1,9 @@
 #include <memory>
 #include <vector>
 
-#include "examples/ctr/synthetic_ctr.h"
 #include "gtest/gtest.h"
 #include "worker/data/dataset.h"
+#include "worker/data/synthetic_ctr.h"
 
 namespace ps::data {
 namespace {
