@@ -639,7 +639,8 @@ absl::StatusOr<uint64_t> ClusterState::StartCheckpointLocked(const char* why,
   // is a consistent cut at once (e.g. a final checkpoint, or one of a job
   // restored onto other servers).
   PendingCheckpoint pending;
-  pending.clock = std::max({t.fastest, base_clock_, last_checkpoint_, after_clock}) +
+  pending.clock = std::max({t.fastest, base_clock_, last_checkpoint_, after_clock,
+                            abandoned_checkpoint_}) +
                   (t.any ? ahead : 1);
   pending.started = clock_->Now();
   checkpoint_ = std::move(pending);
@@ -652,6 +653,7 @@ absl::StatusOr<uint64_t> ClusterState::StartCheckpointLocked(const char* why,
 void ClusterState::AbortCheckpointLocked(const std::string& why) {
   if (!checkpoint_.has_value()) return;
   Log()->warn("checkpoint at clock {} abandoned: {}", checkpoint_->clock, why);
+  abandoned_checkpoint_ = std::max(abandoned_checkpoint_, checkpoint_->clock);
   checkpoint_.reset();
   view_.set_checkpoint_clock(0);
   BumpEpochLocked();

@@ -326,6 +326,11 @@ class ClusterState {
   uint64_t checkpoint_margin_ ABSL_GUARDED_BY(mu_) = 2;
   // A requested checkpoint that was abandoned and must be taken again.
   bool checkpoint_wanted_ ABSL_GUARDED_BY(mu_) = false;
+  // The largest clock of an abandoned checkpoint. Every later checkpoint is
+  // set above it: a server answers a checkpoint clock once (a refusal as
+  // "too late" included) and ignores it afterwards, so a retry at the same
+  // clock would wait for reports that never come.
+  uint64_t abandoned_checkpoint_ ABSL_GUARDED_BY(mu_) = 0;
   // After Recover: until then no node taken back is declared dead (see
   // kRecoveryGrace).
   absl::Time recovery_grace_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();

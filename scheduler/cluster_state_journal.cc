@@ -84,6 +84,7 @@ SchedulerJournal ClusterState::SnapshotLocked() const {
   j.set_last_checkpoint(last_checkpoint_);
   j.set_checkpoint_margin(checkpoint_margin_);
   j.set_checkpoint_wanted(checkpoint_wanted_);
+  j.set_abandoned_checkpoint(abandoned_checkpoint_);
   if (checkpoint_.has_value()) {
     j.mutable_checkpoint()->set_clock(checkpoint_->clock);
     for (const auto& [id, report] : checkpoint_->reports) {
@@ -218,6 +219,7 @@ absl::Status ClusterState::Recover(const SchedulerJournal& j) {
   last_checkpoint_ = j.last_checkpoint();
   checkpoint_margin_ = std::max<uint64_t>(2, j.checkpoint_margin());
   checkpoint_wanted_ = j.checkpoint_wanted();
+  abandoned_checkpoint_ = j.abandoned_checkpoint();
   checkpoint_.reset();
   if (j.checkpoint().clock() != 0) {
     // The checkpoint in progress goes on: the nodes that reported keep

@@ -360,6 +360,32 @@ TEST_F(RecoveryTest, ANodeTooLateAbandonsTheCheckpointAndItIsRetriedFurtherAhead
   EXPECT_GT(second - 10, *first - 10);
 }
 
+// The workers' pace, not the margin, sets how far ahead a fast job's
+// checkpoint goes, and no heartbeat came between the refusal and the retry:
+// the retry must still come after the abandoned clock. A server answers each
+// checkpoint clock once and ignores it afterwards, so a retry at the same
+// clock waited for reports that never came (seen in tests/checkpoint_test:
+// the job ended before any checkpoint committed).
+TEST_F(RecoveryTest, ARetryIsSetAfterTheAbandonedClockWhenThePaceSetsTheMargin) {
+  Start();
+  const Job j = StartJob();
+  Beat(j.w0, 0);
+  Beat(j.w1, 0);
+  clock_.Advance(absl::Milliseconds(100));
+  Beat(j.w0, 150);  // 1500 steps/s: 450 steps ahead, far above the margin
+  Beat(j.w1, 150);
+  auto first = state_->StartCheckpoint();
+  ASSERT_TRUE(first.ok()) << first.status();
+  ReportCheckpointRequest late;
+  late.set_node_id(j.s0);
+  late.set_clock(*first);
+  late.set_ok(false);
+  late.set_error("server 0 already applied pushes of step 99");
+  ASSERT_TRUE(state_->ReportCheckpoint(late).ok());
+  ASSERT_EQ(state_->CheckCheckpoints().size(), 1u);
+  EXPECT_GT(state_->View().checkpoint_clock(), *first);
+}
+
 TEST_F(RecoveryTest, ADeadServerAbandonsTheCheckpoint) {
   Start();
   const Job j = StartJob();
