@@ -4,7 +4,7 @@ Bazel 4.2.3 offline has no proto rules we can fetch, so a genrule runs
 /usr/bin/protoc directly and a cc_library compiles what it wrote.
 """
 
-def ps_cc_proto_library(name, src, deps = [], grpc = False):
+def ps_cc_proto_library(name, src, deps = [], grpc = False, visibility = None):
     """Generates and compiles C++ for one .proto file.
 
     Args:
@@ -12,6 +12,8 @@ def ps_cc_proto_library(name, src, deps = [], grpc = False):
       src: the .proto file, in this package.
       deps: other ps_cc_proto_library targets this file imports.
       grpc: also generate gRPC service stubs.
+      visibility: visibility of the cc_library; the genrule and the
+        _srcs filegroup keep the package default (private).
     """
     base = src[:-len(".proto")]
     outs = [base + ".pb.h", base + ".pb.cc"]
@@ -31,4 +33,5 @@ def ps_cc_proto_library(name, src, deps = [], grpc = False):
         srcs = [o for o in outs if o.endswith(".cc")],
         hdrs = [o for o in outs if o.endswith(".h")],
         deps = deps + ["@system//:protobuf"] + (["@system//:grpc"] if grpc else []),
+        visibility = visibility,
     )
