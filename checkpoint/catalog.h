@@ -33,9 +33,8 @@
 #include <string>
 #include <vector>
 
-#include "absl/status/status.h"
-#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/status.h"
 #include "proto/checkpoint.pb.h"
 
 namespace ps {

@@ -7,10 +7,10 @@
 #include <string>
 #include <vector>
 
-#include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "checkpoint/test_shards.h"
 #include "gtest/gtest.h"
+#include "common/status.h"
 #include "proto/checkpoint.pb.h"
 
 namespace ps {

@@ -18,8 +18,6 @@
 #include <utility>
 
 #include "absl/cleanup/cleanup.h"
-#include "absl/status/status.h"
-#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "common/status.h"
 

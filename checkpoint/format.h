@@ -26,10 +26,9 @@
 #include <string>
 #include <vector>
 
-#include "absl/status/status.h"
-#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "common/status.h"
 #include "proto/checkpoint.pb.h"
 #include "proto/config.pb.h"
 

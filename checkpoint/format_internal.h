@@ -9,9 +9,8 @@
 #include <memory>
 #include <string>
 
-#include "absl/status/status.h"
-#include "absl/status/statusor.h"
 #include "checkpoint/checkpoint_io.h"
+#include "common/status.h"
 
 namespace ps {
 namespace checkpoint_internal {

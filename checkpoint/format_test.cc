@@ -5,13 +5,13 @@
 #include <string>
 #include <vector>
 
-#include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "checkpoint/catalog.h"
 #include "checkpoint/test_shards.h"
 #include "gtest/gtest.h"
+#include "common/status.h"
 #include "proto/checkpoint.pb.h"
 
 namespace ps {

@@ -11,12 +11,11 @@
 #include <string>
 #include <vector>
 
-#include "absl/status/status.h"
-#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "checkpoint/catalog.h"
 #include "checkpoint/format.h"
 #include "gtest/gtest.h"
+#include "common/status.h"
 #include "proto/checkpoint.pb.h"
 #include "proto/config.pb.h"
 

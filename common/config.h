@@ -11,9 +11,8 @@
 #include <cstdint>
 #include <string>
 
-#include "absl/status/status.h"
-#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/status.h"
 #include "proto/config.pb.h"
 
 namespace ps {

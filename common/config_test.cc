@@ -1,4 +1,5 @@
 #include "common/config.h"
+#include "common/status.h"
 
 #include <sys/stat.h>
 
@@ -12,7 +13,6 @@
 #include <utility>
 #include <vector>
 
-#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/text_format.h"

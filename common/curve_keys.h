@@ -16,9 +16,8 @@
 #include <optional>
 #include <string>
 
-#include "absl/status/status.h"
-#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/status.h"
 #include "proto/config.pb.h"
 #include "zmq.hpp"
 

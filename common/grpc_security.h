@@ -14,10 +14,9 @@
 #include <memory>
 #include <string>
 
-#include "absl/status/status.h"
-#include "absl/status/statusor.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/security/server_credentials.h"
+#include "common/status.h"
 #include "proto/config.pb.h"
 
 namespace ps {

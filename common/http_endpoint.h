@@ -19,9 +19,8 @@
 #include <string>
 #include <thread>
 
-#include "absl/status/status.h"
-#include "absl/status/statusor.h"
 #include "common/metrics.h"
+#include "common/status.h"
 #include "spdlog/spdlog.h"
 
 namespace httplib {

@@ -9,10 +9,11 @@
 #include <memory>
 #include <string>
 
-#include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "fmt/format.h"
 #include "spdlog/spdlog.h"
+
+#include "common/status.h"
 
 // Debian builds Abseil with its own string_view type (not std::string_view),
 // which fmt cannot format by itself; absl::Status is logged often too.

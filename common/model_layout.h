@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "absl/status/statusor.h"
+#include "common/status.h"
 #include "proto/config.pb.h"
 
 namespace ps {

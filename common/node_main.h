@@ -11,8 +11,8 @@
 #include <utility>
 #include <vector>
 
-#include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "common/status.h"
 #include "proto/config.pb.h"
 #include "spdlog/spdlog.h"
 

@@ -1,16 +1,44 @@
 // Status helpers shared by every component.
 //
 // Every function that can fail returns absl::Status or absl::StatusOr<T>.
-// The macros below keep call sites short; the gRPC conversions are the only
-// place absl and gRPC status codes meet.
+// The macros below keep call sites short. The gRPC conversions are in
+// common/grpc_status.h.
 #ifndef PS_COMMON_STATUS_H_
 #define PS_COMMON_STATUS_H_
 
 #include <utility>
 
+// Every absl::Status and absl::StatusOr<T> returned by value must be used,
+// or dropped on purpose with an explicit (void). Debian's abseil 20220623
+// leaves its class attribute out (absl/status/status.h: the
+// `class ABSL_MUST_USE_RESULT Status;` line is commented out), so a dropped
+// Status compiled silently. A class is nodiscard when a declaration of it
+// says so; these redeclarations make every function returning one
+// nodiscard: ours, lambdas and std::function alike. Project code includes
+// this header, never abseil's status headers directly (tests/layering_test
+// checks); the clang build makes a dropped Status an error
+// (-Werror=unused-result in .bazelrc's build:clang).
+#include "absl/base/config.h"
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+// When another header brought in abseil's definition first, GCC still
+// applies the attribute but says it is ignored.
+#pragma GCC diagnostic ignored "-Wattributes"
+#endif
+namespace absl {
+ABSL_NAMESPACE_BEGIN
+class [[nodiscard]] Status;
+template <typename T>
+class [[nodiscard]] StatusOr;
+ABSL_NAMESPACE_END
+}  // namespace absl
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "grpcpp/support/status.h"
+#include "absl/strings/string_view.h"
 
 #define PS_STATUS_CONCAT_INNER_(a, b) a##b
 #define PS_STATUS_CONCAT_(a, b) PS_STATUS_CONCAT_INNER_(a, b)
@@ -32,10 +60,6 @@
   lhs = std::move(tmp).value()
 
 namespace ps {
-
-// absl and gRPC share the canonical code numbering, so the codes map 1:1.
-grpc::Status ToGrpcStatus(const absl::Status& status);
-absl::Status FromGrpcStatus(const grpc::Status& status);
 
 // Prefixes the message of a non-OK status with `context: `, keeping the code.
 absl::Status Annotate(const absl::Status& status, absl::string_view context);

@@ -14,11 +14,11 @@
 #include <memory>
 #include <vector>
 
-#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "common/finite.h"
 #include "common/protocol.h"
+#include "common/status.h"
 #include "proto/data_plane.pb.h"
 #include "zmq.hpp"
 

@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "common/config.h"
 #include "common/grpc_security.h"
+#include "common/grpc_status.h"
 #include "common/logging.h"
 #include "common/protocol.h"
 #include "common/status.h"

@@ -7,6 +7,7 @@
 // decides exactly what the scheduler answers and when it is away ("restart"
 // = a new service on the same port, knowing the same node id, as a
 // scheduler restarted from its journal does).
+#include "common/status.h"
 #include "scheduler/client.h"
 
 #include <atomic>
@@ -17,7 +18,6 @@
 #include <string>
 #include <utility>
 
-#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"

@@ -6,8 +6,6 @@
 #include <string>
 #include <vector>
 
-#include "absl/status/status.h"
-#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
@@ -15,6 +13,7 @@
 #include "common/protocol.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "common/status.h"
 #include "proto/checkpoint.pb.h"
 #include "proto/config.pb.h"
 #include "proto/scheduler.pb.h"

@@ -5,13 +5,13 @@
 #include <string>
 #include <vector>
 
-#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/config.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "common/status.h"
 #include "proto/config.pb.h"
 #include "proto/scheduler.pb.h"
 #include "scheduler/cluster_state.h"

@@ -1,3 +1,4 @@
+#include "common/status.h"
 #include "scheduler/cluster_state.h"
 
 #include <chrono>
@@ -8,8 +9,6 @@
 #include <thread>
 #include <vector>
 
-#include "absl/status/status.h"
-#include "absl/status/statusor.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
@@ -607,7 +606,6 @@ TEST_F(ClusterStateTest, CloseWakesBlockedWaitersAndAnswersLaterOnesAtOnce) {
   // w1's arrival above completed barrier "b": it passes despite closing.
   EXPECT_TRUE(state_->AwaitBarrier(c.w1, "b", kLongWait).status().ok());
 }
-
 
 // --- Consistency, clocks and the watchdog -----------------------------------
 

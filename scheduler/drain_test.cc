@@ -5,7 +5,6 @@
 #include <memory>
 #include <string>
 
-#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -15,6 +14,7 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
+#include "common/status.h"
 #include "proto/scheduler.grpc.pb.h"
 #include "scheduler/client.h"
 #include "scheduler/cluster_state.h"

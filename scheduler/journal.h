@@ -25,8 +25,7 @@
 
 #include <string>
 
-#include "absl/status/status.h"
-#include "absl/status/statusor.h"
+#include "common/status.h"
 #include "proto/journal.pb.h"
 
 namespace ps {

@@ -1,6 +1,7 @@
 // The scheduler's journal: the file format refuses damage, and a state
 // rebuilt from a journal serves the same job (ids, ranks, slots, shards,
 // barriers, checkpoint) to the nodes that were already there.
+#include "common/status.h"
 #include "scheduler/journal.h"
 
 #include <cstdio>
@@ -9,7 +10,6 @@
 #include <optional>
 #include <string>
 
-#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/clock.h"

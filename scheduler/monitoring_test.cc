@@ -1,3 +1,4 @@
+#include "common/status.h"
 #include "scheduler/monitoring.h"
 
 #include <optional>
@@ -5,7 +6,6 @@
 #include <thread>
 #include <vector>
 
-#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/clock.h"

@@ -8,6 +8,7 @@
 #include "common/config.h"
 #include "common/grpc_security.h"
 #include "common/logging.h"
+#include "common/grpc_status.h"
 #include "common/status.h"
 #include "scheduler/journal.h"
 #include "grpcpp/server_builder.h"

@@ -18,11 +18,11 @@
 #include <string>
 #include <thread>
 
-#include "absl/status/statusor.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "grpcpp/server.h"
+#include "common/status.h"
 #include "proto/config.pb.h"
 #include "proto/scheduler.grpc.pb.h"
 #include "scheduler/cluster_state.h"

@@ -1,5 +1,6 @@
 // End-to-end tests of the scheduler service and its client over real gRPC on
 // a loopback port.
+#include "common/status.h"
 #include "scheduler/scheduler.h"
 
 #include <chrono>
@@ -11,8 +12,6 @@
 #include <utility>
 #include <vector>
 
-#include "absl/status/status.h"
-#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"

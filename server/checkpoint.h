@@ -32,11 +32,10 @@
 #include <string>
 #include <vector>
 
-#include "absl/status/status.h"
-#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "checkpoint/catalog.h"
+#include "common/status.h"
 #include "proto/checkpoint.pb.h"
 #include "server/table.h"
 

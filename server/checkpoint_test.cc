@@ -1,3 +1,4 @@
+#include "common/status.h"
 #include "server/checkpoint.h"
 
 #include <stdlib.h>
@@ -19,7 +20,6 @@
 #include <utility>
 #include <vector>
 
-#include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"

@@ -24,13 +24,13 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
 #include "absl/time/time.h"
 #include "checkpoint/catalog.h"
 // DigestCheckpoint: the digest needs the optimizer rules' state sizes.
+#include "common/status.h"
 #include "server/checkpoint.h"
 
 ABSL_FLAG(std::string, root, "", "List the checkpoints under this directory.");

@@ -22,8 +22,8 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
-#include "absl/status/status.h"
 #include "absl/types/span.h"
+#include "common/status.h"
 #include "common/wire.h"
 #include "server/row_memo.h"
 

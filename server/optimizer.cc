@@ -5,8 +5,8 @@
 #include <limits>
 #include <memory>
 
-#include "absl/status/status.h"
 #include "common/config.h"
+#include "common/status.h"
 
 namespace ps {
 namespace {

@@ -15,7 +15,7 @@
 #include <cstdint>
 #include <memory>
 
-#include "absl/status/statusor.h"
+#include "common/status.h"
 #include "proto/config.pb.h"
 
 namespace ps {

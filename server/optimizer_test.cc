@@ -1,3 +1,4 @@
+#include "common/status.h"
 #include "server/optimizer.h"
 
 #include <cmath>
@@ -6,7 +7,6 @@
 #include <memory>
 #include <vector>
 
-#include "absl/status/status.h"
 #include "gtest/gtest.h"
 #include "proto/config.pb.h"
 

@@ -45,10 +45,10 @@
 #include <string>
 #include <thread>
 
-#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/curve_keys.h"
 #include "common/metrics.h"
+#include "common/status.h"
 #include "zmq.hpp"
 
 namespace ps {

@@ -12,11 +12,10 @@
 #include <string>
 #include <vector>
 
-#include "absl/status/status.h"
-#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/curve_keys.h"
+#include "common/status.h"
 #include "proto/data_plane.pb.h"
 #include "zmq.hpp"
 

@@ -14,7 +14,6 @@
 #include <thread>
 #include <vector>
 
-#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -22,6 +21,7 @@
 #include "common/config.h"
 #include "common/hash.h"
 #include "common/protocol.h"
+#include "common/status.h"
 #include "common/wire.h"
 #include "gtest/gtest.h"
 #include "proto/data_plane.pb.h"

@@ -10,12 +10,12 @@
 #include <utility>
 #include <vector>
 
-#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/config.h"
 #include "common/hash.h"
+#include "common/status.h"
 #include "common/wire.h"
 #include "gtest/gtest.h"
 #include "proto/data_plane.pb.h"

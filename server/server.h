@@ -74,12 +74,12 @@
 #include <string>
 #include <vector>
 
-#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/config.h"
 #include "common/curve_keys.h"
 #include "common/metrics.h"
+#include "common/status.h"
 #include "proto/config.pb.h"
 #include "proto/data_plane.pb.h"
 #include "proto/scheduler.pb.h"
@@ -142,7 +142,6 @@ class KVServer {
   // ps_server_nonfinite_gradients_total{worker,action}) and logged with
   // the worker's rank. ASSIGN values must always be finite.
   static constexpr size_t kMaxStandaloneSenders = 4096;
-
 
   struct Stats {
     uint64_t requests = 0;

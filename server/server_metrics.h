@@ -55,8 +55,8 @@
 #include <chrono>
 #include <cstdint>
 
-#include "absl/status/status.h"
 #include "common/metrics.h"
+#include "common/status.h"
 #include "proto/data_plane.pb.h"
 
 namespace ps {

@@ -35,8 +35,6 @@
 #include <optional>
 #include <string>
 
-#include "absl/status/status.h"
-#include "absl/status/statusor.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
@@ -44,6 +42,7 @@
 #include "common/http_endpoint.h"
 #include "common/logging.h"
 #include "common/metrics.h"
+#include "common/status.h"
 #include "proto/config.pb.h"
 #include "proto/scheduler.pb.h"
 #include "scheduler/client.h"

@@ -1,3 +1,4 @@
+#include "common/status.h"
 #include "server/server.h"
 
 #include <algorithm>
@@ -15,7 +16,6 @@
 #include <utility>
 #include <vector>
 
-#include "absl/status/status.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
@@ -338,7 +338,6 @@ class ServerTest : public ::testing::Test {
   std::unique_ptr<KVServer> server_;
   uint64_t next_request_id_ = 1000;
 };
-
 
 // ------------------------------------------------- idempotent pushes
 
@@ -925,7 +924,6 @@ TEST_F(NonStandaloneServerTest, KeysOfOtherServersAreRefused) {
   ASSERT_EQ(r.code(), absl::StatusCode::kOk) << r.header.message();
   EXPECT_EQ(r.values, (std::vector<float>{-1, -2}));
 }
-
 
 // ------------------------------------- sparse table features over the wire
 

@@ -1,3 +1,4 @@
+#include "common/status.h"
 #include "server/table.h"
 
 #include <algorithm>
@@ -10,7 +11,6 @@
 #include <string>
 #include <vector>
 
-#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/config.h"
@@ -611,7 +611,6 @@ TEST(SparseTableTest, WiderOptimizerStateIsKeptPerRowAndElement) {
     }
   }
 }
-
 
 // ------------------------------------------- admission, TTL, memory budget
 

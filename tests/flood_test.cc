@@ -35,7 +35,6 @@
 #include <thread>
 #include <vector>
 
-#include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -44,6 +43,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
+#include "common/status.h"
 #include "proto/data_plane.pb.h"
 #include "tests/testing/job_harness.h"
 #include "zmq.hpp"

@@ -19,6 +19,10 @@
 #      deploy/ python/ tests/ examples/)
 #   R0 no include path starts with ./ or ../ (paths are workspace-relative,
 #      and a relative one would slip past the rules above)
+#   R6 every file, tests included -> no "absl/status/status.h" or
+#      "absl/status/statusor.h" except common/status.h: code includes
+#      common/status.h, whose [[nodiscard]] redeclarations make a dropped
+#      Status a warning (an error in the clang build)
 #
 # Exempt: integration tests, which start a scheduler, servers and workers
 # in one process and so need every role: everything under tests/, any
@@ -99,6 +103,10 @@ scan() {
         inc = rest
         if (!sub(/^[^"]*"/, "", inc)) next
         sub(/".*/, "", inc)
+        if (inc ~ /^absl\/status\/(status|statusor)\.h$/ && path != "common/status.h") {
+          violation(path, line, inc, "R6: include common/status.h instead, so a dropped Status is caught (its [[nodiscard]] redeclarations)")
+          next
+        }
         if (exempt(path)) next
         if (inc ~ /^\.\.?\//) {
           violation(path, line, inc, "R0: include paths are relative to the workspace root, not to the file")
@@ -174,6 +182,9 @@ self_test() {
     "worker/testing/planted.h|server/server.h|pass"
     "tests/planted.cc|examples/ctr/synthetic_ctr.h|pass"
     "scheduler/planted.cc|common/protocol.h|pass"
+    "server/planted.cc|absl/status/status.h|fail"
+    "tests/planted_test.cc|absl/status/statusor.h|fail"
+    "worker/planted.cc|common/status.h|pass"
   )
   local c file inc want line
   for c in "${cases[@]}"; do

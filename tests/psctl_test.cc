@@ -14,7 +14,6 @@
 #include <string>
 #include <vector>
 
-#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
@@ -24,6 +23,7 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
+#include "common/status.h"
 #include "proto/scheduler.grpc.pb.h"
 #include "tests/testing/job_harness.h"
 #include "tests/testing/subprocess.h"

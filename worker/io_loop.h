@@ -26,7 +26,6 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
-#include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -35,6 +34,7 @@
 #include "common/curve_keys.h"
 #include "common/metrics.h"
 #include "common/protocol.h"
+#include "common/status.h"
 #include "common/wire.h"
 #include "proto/config.pb.h"
 #include "proto/data_plane.pb.h"

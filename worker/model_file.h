@@ -15,8 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "absl/status/status.h"
-#include "absl/status/statusor.h"
+#include "common/status.h"
 #include "proto/config.pb.h"
 
 namespace ps {

@@ -53,12 +53,11 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/status/status.h"
-#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/curve_keys.h"
+#include "common/status.h"
 #include "proto/config.pb.h"
 #include "proto/scheduler.pb.h"
 #include "scheduler/client.h"

@@ -27,10 +27,10 @@
 #include <cstdint>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/metrics.h"
+#include "common/status.h"
 #include "scheduler/client.h"
 #include "worker/kv_client.h"
 

@@ -52,10 +52,10 @@
 #include <string>
 #include <vector>
 
-#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "common/model_layout.h"
+#include "common/status.h"
 #include "proto/config.pb.h"
 #include "proto/scheduler.pb.h"
 #include "worker/compute/compute.h"

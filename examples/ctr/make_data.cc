@@ -58,11 +58,11 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/config.h"
 #include "common/hash.h"
+#include "common/status.h"
 #include "proto/config.pb.h"
 #include "worker/data/synthetic_ctr.h"
 

@@ -15,8 +15,6 @@
 #include <utility>
 #include <vector>
 
-#include "absl/status/status.h"
-#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
@@ -28,6 +26,7 @@
 #include "common/node_main.h"
 #include "common/protocol.h"
 #include "google/protobuf/util/json_util.h"
+#include "common/status.h"
 #include "worker/data/keys.h"
 #include "worker/data/synthetic_ctr.h"
 #include "worker/kv_client.h"

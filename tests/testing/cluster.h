@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "absl/status/statusor.h"
+#include "common/status.h"
 #include "proto/config.pb.h"
 #include "scheduler/client.h"
 #include "scheduler/scheduler.h"

@@ -24,9 +24,8 @@
 #include <string>
 #include <vector>
 
-#include "absl/status/status.h"
-#include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/status.h"
 #include "proto/scheduler.grpc.pb.h"
 #include "tests/testing/subprocess.h"
 

@@ -20,8 +20,8 @@
 #include <string>
 #include <vector>
 
-#include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/status.h"
 #include "tests/testing/subprocess.h"
 
 namespace ps::testing {

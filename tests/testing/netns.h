@@ -45,8 +45,7 @@
 #include <string>
 #include <vector>
 
-#include "absl/status/status.h"
-#include "absl/status/statusor.h"
+#include "common/status.h"
 
 namespace ps::testing {
 

@@ -13,8 +13,9 @@
 #include <string>
 #include <vector>
 
-#include "absl/status/statusor.h"
 #include "absl/time/time.h"
+
+#include "common/status.h"
 
 namespace ps::testing {
 

@@ -10,9 +10,9 @@
 #include <utility>
 #include <vector>
 
-#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/status.h"
 #include "worker/compute/cpu_compute.h"
 
 // Exported by libps_cuda.so (cuda_compute.cu).

@@ -20,7 +20,7 @@
 #include <memory>
 #include <string>
 
-#include "absl/status/statusor.h"
+#include "common/status.h"
 #include "proto/config.pb.h"
 #include "worker/compute/compute.h"
 

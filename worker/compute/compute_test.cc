@@ -15,9 +15,9 @@
 #include <utility>
 #include <vector>
 
-#include "absl/status/status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "common/status.h"
 #include "proto/config.pb.h"
 #include "worker/compute/compute.h"
 #include "worker/compute/compute_factory.h"

@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <memory>
 
-#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/status.h"
 #include "worker/data/readers.h"
 
 namespace ps::data {

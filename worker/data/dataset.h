@@ -27,8 +27,7 @@
 #include <string>
 #include <vector>
 
-#include "absl/status/status.h"
-#include "absl/status/statusor.h"
+#include "common/status.h"
 #include "proto/config.pb.h"
 #include "worker/data/keys.h"
 

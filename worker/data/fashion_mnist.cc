@@ -8,7 +8,6 @@
 #include <utility>
 #include <vector>
 
-#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "worker/data/dataset.h"

@@ -8,8 +8,9 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/container/flat_hash_set.h"
-#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+
+#include "common/status.h"
 
 namespace ps::data {
 

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "absl/status/statusor.h"
+#include "common/status.h"
 
 namespace ps::data {
 

@@ -9,9 +9,10 @@
 #include <vector>
 
 #include "absl/cleanup/cleanup.h"
-#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+
+#include "common/status.h"
 
 namespace ps::data {
 namespace {

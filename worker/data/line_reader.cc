@@ -12,8 +12,9 @@
 #include <vector>
 
 #include "absl/cleanup/cleanup.h"
-#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+
+#include "common/status.h"
 
 namespace ps::data::internal {
 namespace {

@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
-#include "absl/status/status.h"
-#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+
+#include "common/status.h"
 
 namespace ps::data::internal {
 

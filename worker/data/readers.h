@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <memory>
 
-#include "absl/status/statusor.h"
+#include "common/status.h"
 #include "proto/config.pb.h"
 #include "worker/data/dataset.h"
 #include "worker/data/line_reader.h"

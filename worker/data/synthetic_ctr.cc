@@ -9,10 +9,9 @@
 #include <vector>
 
 #include "absl/base/optimization.h"
-#include "absl/status/status.h"
-#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "common/hash.h"
+#include "common/status.h"
 
 namespace ps::ctr {
 namespace {

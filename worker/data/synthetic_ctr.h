@@ -85,8 +85,7 @@
 #include <utility>
 #include <vector>
 
-#include "absl/status/status.h"
-#include "absl/status/statusor.h"
+#include "common/status.h"
 #include "proto/config.pb.h"
 
 namespace ps::ctr {

@@ -1,3 +1,4 @@
+#include "common/status.h"
 #include "worker/data/synthetic_ctr.h"
 
 #include <algorithm>
@@ -9,7 +10,6 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
-#include "absl/status/status.h"
 #include "common/config.h"
 #include "gtest/gtest.h"
 #include "proto/config.pb.h"

@@ -5,7 +5,6 @@
 #include <utility>
 #include <vector>
 
-#include "absl/status/status.h"
 #include "common/config.h"
 #include "common/status.h"
 #include "worker/data/dataset.h"

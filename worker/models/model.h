@@ -18,9 +18,8 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
-#include "absl/status/status.h"
-#include "absl/status/statusor.h"
 #include "common/model_layout.h"
+#include "common/status.h"
 #include "worker/compute/compute.h"
 #include "worker/data/dataset.h"
 
