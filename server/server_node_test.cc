@@ -187,6 +187,15 @@ TEST_F(ServerNodeTest, CheckpointReportIsSentOffTheServingThread) {
   ASSERT_NE(worker, nullptr);
   absl::StatusOr<uint64_t> clock = worker->RequestCheckpoint();
   ASSERT_TRUE(clock.ok()) << clock.status();
+  // Step only once the worker's view names the checkpoint: a worker that
+  // passes its clock first makes the scheduler abandon it and retry later
+  // (seen on a loaded machine), and this test is about the first one.
+  const absl::Time seen_by = absl::Now() + absl::Seconds(30);
+  while (worker->membership()->view().checkpoint_clock() != *clock &&
+         absl::Now() < seen_by) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_EQ(worker->membership()->view().checkpoint_clock(), *clock);
   while (worker->clock() <= *clock) {
     ASSERT_TRUE(worker->EndStep().WaitFor(absl::Seconds(10)));
   }
