@@ -147,6 +147,9 @@ echo "server 0 ready once both servers registered"
 # ---- 2. metrics while training
 wait_for "$W0_HTTP" /metrics '^ps_worker_steps_total [1-9][0-9]' 90
 wait_for "$S0_HTTP" /metrics '^ps_server_table_rows{table="sparse"} [1-9]' 20
+# The scheduler learns worker clocks from heartbeats (every 200 ms here), so
+# it lags the worker's own counter: a loaded machine scraped it at 0.
+wait_for "$SCHED_HTTP" /metrics '^ps_scheduler_worker_clock{rank="0"} [1-9]' 20
 for name in scheduler:$SCHED_HTTP server0:$S0_HTTP worker0:$W0_HTTP; do
   port="${name#*:}"
   [ "$(http_get "$port" /metrics)" = 200 ] || fail "${name%%:*} /metrics"
