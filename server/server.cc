@@ -35,17 +35,6 @@ constexpr std::chrono::milliseconds kPollPeriod{50};
 // Data-plane handshakes must complete within this (see Start).
 constexpr int kHandshakeTimeoutMs = 3000;
 
-// A pull answers with n floats; refuse before allocating what no frame may
-// carry anyway.
-absl::Status CheckResponseSize(uint64_t n) {
-  if (n > static_cast<uint64_t>(kMaxMessageBytes) / sizeof(float)) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "request addresses ", n, " values; the limit per message is ",
-        kMaxMessageBytes / sizeof(float)));
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<KVServer>> KVServer::Start(Options options) {
