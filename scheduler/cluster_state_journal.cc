@@ -172,6 +172,16 @@ absl::Status ClusterState::ValidateJournal(const SchedulerJournal& j) const {
       if (!ids.contains(id)) return bad("barrier '", b.name(), "' lists unknown node ", id);
     }
   }
+  // Checkpoint clocks are set above these; one at or past "finished" would
+  // push every later checkpoint out of reach.
+  for (const auto& [name, clock] :
+       {std::pair<const char*, uint64_t>{"base_clock", j.base_clock()},
+        {"max_clock_ever", j.max_clock_ever()},
+        {"last_checkpoint", j.last_checkpoint()},
+        {"abandoned_checkpoint", j.abandoned_checkpoint()},
+        {"checkpoint.clock", j.checkpoint().clock()}}) {
+    if (clock >= kFinishedClock) return bad(name, " ", clock, " is not a training clock");
+  }
   for (const ReportCheckpointRequest& r : j.checkpoint().reports()) {
     if (!ids.contains(r.node_id())) return bad("a checkpoint report of unknown node ", r.node_id());
   }

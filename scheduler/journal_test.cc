@@ -251,6 +251,11 @@ TEST_F(RecoveryTest, AJournalThatDoesNotFitIsRefusedAndChangesNothing) {
   SchedulerJournal bad_shards = saved;
   bad_shards.mutable_shards()->RemoveLast();
   EXPECT_EQ(fresh->Recover(bad_shards).code(), absl::StatusCode::kDataLoss);
+  SchedulerJournal bad_clock = saved;
+  bad_clock.set_abandoned_checkpoint(kFinishedClock);
+  s = fresh->Recover(bad_clock);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_THAT(s.message(), HasSubstr("abandoned_checkpoint"));
   SchedulerJournal other_job = saved;
   other_job.set_config_fingerprint(saved.config_fingerprint() + 1);
   EXPECT_EQ(fresh->Recover(other_job).code(), absl::StatusCode::kFailedPrecondition);
