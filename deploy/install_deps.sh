@@ -47,6 +47,7 @@ TEST_PACKAGES=(
   prometheus                         # promtool checks the /metrics format (tests)
   chromium fonts-dejavu-core         # headless screenshot of /status (tests)
   gnuplot-nox                        # deploy/plot: metrics files to PNG, and its test
+  python3                            # the shell tests read JSON (tests/testing/test_lib.sh)
   python3-yaml                       # deploy/k8s manifests test
   python3-pytest                     # the Python package's tests
   python3-torch                      # ps.torch, its tests and examples (CPU build)
