@@ -1,167 +1,99 @@
-// KVServer's checkpoint gate: takes up the view's checkpoint clock, holds
-// the pushes of steps at or after it, writes this server's shard once the
-// cut is reached (server/checkpoint.h), releases what waited, and restores
-// from the view's checkpoint once. Runs on the serving thread.
+#include "server/checkpoint_gate.h"
+
 #include <algorithm>
 #include <utility>
 
-#include "absl/strings/str_cat.h"
-#include "common/logging.h"
 #include "common/protocol.h"
-#include "common/status.h"
-#include "server/checkpoint.h"
-#include "server/server_impl.h"
 
 namespace ps {
-namespace {
 
-std::shared_ptr<spdlog::logger> Log() {
-  static auto* const logger = new std::shared_ptr<spdlog::logger>(GetLogger("server"));
-  return *logger;
-}
-
-}  // namespace
-
-void KVServer::Impl::Restore(const Ownership& own) {
-  restored_ = true;
-  if (own.restore.path().empty()) return;
-  // With replication a replacement server usually owns nothing (its old
-  // slots went to their backups) and copies what it backs from the
-  // primaries: reading the whole checkpoint would be for nothing.
-  if (own.replicated &&
-      std::find(own.slot_owner.begin(), own.slot_owner.end(), own.rank) ==
-          own.slot_owner.end()) {
-    return;
-  }
-  const uint64_t clock = own.restore.clock();
-  // RestoreShards checks every record and file checksum as it reads.
-  auto manifest = ReadManifest(own.restore.path());
-  absl::Status status = manifest.status();
-  if (manifest.ok()) {
-    std::vector<Table*> tables;
-    for (auto& [id, table] : tables_) tables.push_back(table.get());
-    const absl::Time start = options_.clock->Now();
-    auto restored = RestoreShards(own.restore.path(), *manifest, tables,
-                                  OwnedSlotsFilter(own.slot_owner, own.rank));
-    status = restored.status();
-    if (restored.ok()) {
-      counters_.rows_restored.fetch_add(restored->rows_restored, std::memory_order_relaxed);
-      Log()->info(
-          "restored {} rows and {} dense blocks of my slots from {} (clock {}, "
-          "{} shard files of {} servers, {:.1f} MB read) in {:.2f} s",
-          restored->rows_restored, restored->blocks_restored, own.restore.path(),
-          clock, restored->files, manifest->num_servers(), restored->bytes / 1e6,
-          absl::ToDoubleSeconds(options_.clock->Now() - start));
-    }
-  }
-  if (!status.ok()) {
-    // Serving half-restored tables would hand workers parameters from no
-    // consistent state: start from the initial values instead, loudly.
-    Log()->error("cannot restore checkpoint {}: {}; serving initial values",
-                 own.restore.path(), status.ToString());
-    for (const TableConfig& tc : options_.config.tables()) {
-      auto table = Table::Create(tc);
-      if (table.ok()) tables_[tc.id()] = std::move(table).value();
-    }
-    return;
-  }
-  server_clock_ = std::max(server_clock_, clock);
-  consistency_.SetAppliedClock(clock);
-  checkpoint_handled_ = std::max(checkpoint_handled_, clock);
-}
-
-void KVServer::Impl::NoteCheckpointClock(const Ownership& own) {
-  const uint64_t c = own.checkpoint_clock;
-  if (c == 0) {
-    if (checkpoint_pending_ != 0) {
+CheckpointGate::TakeUpResult CheckpointGate::TakeUp(uint64_t clock, bool enabled,
+                                                    const ConsistencyController& consistency) {
+  TakeUpResult result;
+  if (clock == 0) {
+    if (pending_ != 0) {
       // Abandoned by the scheduler (e.g. a server died meanwhile).
-      Log()->warn("checkpoint at clock {} abandoned", checkpoint_pending_);
-      checkpoint_pending_ = 0;
+      result.kind = TakeUpResult::kAbandoned;
+      result.clock = pending_;
+      pending_ = 0;
     }
-    return;
+    return result;
   }
-  if (c == checkpoint_pending_ || c <= checkpoint_handled_) return;
-  checkpoint_pending_ = 0;
-  if (options_.config.checkpoint().dir().empty() || own.all) return;
-  // The cut at c must hold no push of a step >= c. Under BSP pushes of
-  // steps >= the applied clock are only buffered.
-  const bool too_late = consistency_.mode() == BSP
-                            ? consistency_.applied_clock() > c
-                            : any_push_applied_ && max_applied_push_step_ >= c;
+  if (clock == pending_ || clock <= handled_) return result;
+  pending_ = 0;
+  if (!enabled) {
+    result.kind = TakeUpResult::kOff;
+    return result;
+  }
+  result.clock = clock;
+  // The cut at `clock` must hold no push of a step >= clock. Under BSP
+  // pushes of steps >= the applied clock are only buffered.
+  const bool bsp = consistency.mode() == BSP;
+  const bool too_late = bsp ? consistency.applied_clock() > clock
+                            : any_push_applied_ && max_applied_push_step_ >= clock;
   if (too_late) {
-    checkpoint_handled_ = c;
-    ReportCheckpointRequest report;
-    report.set_clock(c);
-    report.set_ok(false);
-    report.set_error(absl::StrCat(
-        "server ", own.rank, " already applied pushes of step ",
-        consistency_.mode() == BSP ? consistency_.applied_clock() - 1
-                                   : max_applied_push_step_,
-        " >= ", c, "; retry at a later clock"));
-    Log()->info("checkpoint at clock {}: too late here ({})", c, report.error());
-    if (options_.on_checkpoint) options_.on_checkpoint(report);
-    return;
+    handled_ = clock;
+    result.kind = TakeUpResult::kTooLate;
+    result.applied_step = bsp ? consistency.applied_clock() - 1 : max_applied_push_step_;
+    return result;
   }
-  checkpoint_pending_ = c;
-  Log()->debug("checkpoint at clock {} pending", c);
+  pending_ = clock;
+  result.kind = TakeUpResult::kPending;
+  return result;
 }
 
-void KVServer::Impl::MaybeWriteCheckpoint(const Ownership& own) {
-  const uint64_t c = checkpoint_pending_;
-  if (c == 0) return;
-  // Every live worker finished the steps < c (and their pushes, sent
-  // before their clocks, are here); under BSP they are applied too.
-  const uint64_t min_clock = consistency_.MinClock();
-  if (min_clock != ConsistencyController::kNoWorkers && min_clock < c) return;
-  if (consistency_.mode() == BSP && consistency_.applied_clock() < c &&
-      min_clock != ConsistencyController::kNoWorkers) {
-    return;
-  }
-  checkpoint_pending_ = 0;
-  checkpoint_handled_ = c;
-  const std::string dir = CheckpointPath(options_.config.checkpoint().dir(), c);
-  std::vector<const Table*> tables;
-  for (const auto& [id, table] : tables_) tables.push_back(table.get());
-  const absl::Time start = options_.clock->Now();
-  // With replication this server also holds backup copies of other
-  // servers' slots; each slot is written by its owner only.
-  auto written = WriteShard(dir, own.rank, c, static_cast<uint32_t>(own.slot_owner.size()),
-                            tables,
-                            own.replicated ? OwnedSlotsFilter(own.slot_owner, own.rank)
-                                           : RowFilter{});
-  ReportCheckpointRequest report;
-  report.set_clock(c);
-  report.set_ok(written.ok());
-  if (written.ok()) {
-    counters_.checkpoints_written.fetch_add(1, std::memory_order_relaxed);
-    report.set_file(written->file());
-    report.set_bytes(written->bytes());
-    report.set_checksum(written->checksum());
-    Log()->info("checkpoint at clock {}: wrote {} ({:.1f} MB) in {:.2f} s", c,
-                written->file(), written->bytes() / 1e6,
-                absl::ToDoubleSeconds(options_.clock->Now() - start));
-  } else {
-    report.set_error(std::string(written.status().message()));
-    Log()->error("checkpoint at clock {}: {}", c, written.status().ToString());
-  }
-  if (options_.on_checkpoint) options_.on_checkpoint(report);
-  if (written.ok() && stop_after_checkpoint_.load()) {
-    Log()->info("stopping after checkpoint at clock {}: {} held request(s) left "
-                "for the workers to route again",
-                c, held_.size());
-    stop_.store(true);
-    return;
-  }
-  ReleaseHeld(own);
+bool CheckpointGate::MustHold(uint64_t step, bool buffered) const {
+  return pending_ != 0 && step >= pending_ && step < kFinishedClock && !buffered;
 }
 
-void KVServer::Impl::ReleaseHeld(const Ownership& own) {
+bool CheckpointGate::PullAllowed(uint64_t clock) const {
+  return !(pending_ != 0 && clock > pending_ && clock < kFinishedClock);
+}
+
+uint64_t CheckpointGate::StepLimit() const {
+  return pending_ != 0 ? pending_ : ConsistencyController::kNoWorkers;
+}
+
+void CheckpointGate::NoteApplied(uint64_t step) {
+  if (step >= kFinishedClock) return;
+  max_applied_push_step_ = std::max(max_applied_push_step_, step);
+  any_push_applied_ = true;
+}
+
+void CheckpointGate::NoteReplicaApplied(uint64_t step) {
+  if (step >= kFinishedClock) return;
+  max_replica_push_step_ = std::max(max_replica_push_step_, step);
+}
+
+void CheckpointGate::Promoted() {
+  // The promoted rows hold pushes of steps up to this.
+  if (max_replica_push_step_ > 0) {
+    max_applied_push_step_ = std::max(max_applied_push_step_, max_replica_push_step_);
+    any_push_applied_ = true;
+  }
+}
+
+bool CheckpointGate::ReadyToWrite(const ConsistencyController& consistency) const {
+  if (pending_ == 0) return false;
+  const uint64_t min_clock = consistency.MinClock();
+  if (min_clock == ConsistencyController::kNoWorkers) return true;
+  if (min_clock < pending_) return false;
+  return consistency.mode() != BSP || consistency.applied_clock() >= pending_;
+}
+
+uint64_t CheckpointGate::StartWrite() {
+  const uint64_t clock = pending_;
+  handled_ = clock;
+  pending_ = 0;
+  return clock;
+}
+
+void CheckpointGate::NoteRestored(uint64_t clock) { handled_ = std::max(handled_, clock); }
+
+std::deque<CheckpointGate::Held> CheckpointGate::TakeHeld() {
   std::deque<Held> held;
-  held.swap(held_);
-  for (const Held& h : held) counters_.held_bytes -= h.bytes;
-  for (Held& h : held) {
-    HandleMessage(std::move(h.identity), std::move(h.frames), own);
-  }
+  if (pending_ == 0) held.swap(held_);
+  return held;
 }
 
 }  // namespace ps

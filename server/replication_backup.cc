@@ -38,8 +38,8 @@ void KVServer::Impl::HandleReplica(zmq::message_t identity,
     // the held-bytes budget: beyond it the primary is told to try again
     // (it tells its worker), so a flood of such messages cannot grow this
     // server without bound.
-    const uint64_t bytes = FramesBytes(frames);
-    if (!MayHold(bytes)) {
+    const uint64_t bytes = Admission::FramesBytes(frames);
+    if (!admission_.MayHold(bytes)) {
       counters_.limit_refusals.fetch_add(1, std::memory_order_relaxed);
       ResponseHeader rh;
       rh.set_request_id(header.request_id());
@@ -173,8 +173,8 @@ absl::Status KVServer::Impl::ApplyReplica(std::vector<zmq::message_t>& frames,
         }
         w.Record(h.seq());
       }
-      if (r.kind() == REPLICA_APPLY && h.op() == PUSH && h.clock() < kFinishedClock) {
-        max_replica_push_step_ = std::max(max_replica_push_step_, h.clock());
+      if (r.kind() == REPLICA_APPLY && h.op() == PUSH) {
+        checkpoint_gate_.NoteReplicaApplied(h.clock());
       }
       if (r.kind() == REPLICA_BUFFER) {
         replica_buffers_[primary][h.clock()].Add(h.sender_node_id(), table,
@@ -421,11 +421,8 @@ void KVServer::Impl::Promote(const Ownership& prev, const Ownership& own) {
       }
     }
   }
-  // Checkpoints: the promoted rows hold pushes of steps up to this.
-  if (max_replica_push_step_ > 0) {
-    max_applied_push_step_ = std::max(max_applied_push_step_, max_replica_push_step_);
-    any_push_applied_ = true;
-  }
+  // Checkpoints: the promoted rows hold pushes of the steps applied to them.
+  checkpoint_gate_.Promoted();
   counters_.slots_promoted.fetch_add(count, std::memory_order_relaxed);
   awaiting_first_promoted_ = true;
   promoted_at_ = options_.clock->Now();

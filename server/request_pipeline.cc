@@ -13,7 +13,6 @@
 // and counters of refusals. Keep (hold for a checkpoint, defer a pull)
 // only puts the request aside, to run through the pipeline again.
 #include <algorithm>
-#include <cmath>
 #include <new>
 #include <utility>
 
@@ -137,9 +136,9 @@ absl::Status KVServer::Impl::ProcessChecked(std::vector<zmq::message_t>& frames,
   if (v.push) {
     // Before the copies below: what is forwarded, buffered or held is the
     // policed gradient. Rewrites only the request's own values.
-    PS_RETURN_IF_ERROR(PolicePushValues(h, own, v.assign,
-                                        const_cast<float*>(r.req.values.data()),
-                                        r.req.values.size()));
+    PS_RETURN_IF_ERROR(admission_.PolicePushValues(h, own.all, own.worker_rank, v.assign,
+                                                   const_cast<float*>(r.req.values.data()),
+                                                   r.req.values.size()));
   }
   if (own.replicated && v.push) MakeSelfContained(r, frames);
 
@@ -157,13 +156,13 @@ absl::Status KVServer::Impl::ProcessChecked(std::vector<zmq::message_t>& frames,
   // Keep: put aside to run again (nothing applied yet).
   if (v.hold) {
     MakeSelfContained(r, frames);
-    PS_RETURN_IF_ERROR(RoomToHold(frames, "pushes wait for a checkpoint"));
+    PS_RETURN_IF_ERROR(admission_.RoomToHold(frames, "pushes wait for a checkpoint"));
     *outcome = Outcome::kHold;
     return absl::OkStatus();
   }
   if (v.defer_pull && h.op() == PULL) {
     // A plain pull over the budget is refused (nothing was done).
-    PS_RETURN_IF_ERROR(RoomToHold(frames, "requests wait for slower workers"));
+    PS_RETURN_IF_ERROR(admission_.RoomToHold(frames, "requests wait for slower workers"));
   }
 
   PS_RETURN_IF_ERROR(Apply(r, v, frames, own, rh));
@@ -210,7 +209,8 @@ absl::Status KVServer::Impl::Admit(const std::vector<zmq::message_t>& frames,
     return absl::InvalidArgumentError(
         "replica messages are for servers of a job with cluster.replication 2");
   }
-  PS_RETURN_IF_ERROR(AdmitRequest(frames, h, own));
+  PS_RETURN_IF_ERROR(admission_.AdmitRequest(Admission::FramesBytes(frames), h, own.all,
+                                             own.worker_rank, own.epoch));
   if (h.key_list_slot() == 0) return absl::OkStatus();
   // The cached key list the request uses or stores. Before any other
   // check, so this server's record of the sender's slots follows the
@@ -339,8 +339,7 @@ absl::Status KVServer::Impl::Validate(const Request& r, const Ownership& own,
   // A push of a step at or after a checkpoint in progress waits until the
   // shard is written (BSP buffers it anyway: buffered steps >= the
   // checkpoint's clock are not applied before it).
-  if (checkpoint_pending_ != 0 && h.clock() >= checkpoint_pending_ &&
-      h.clock() < kFinishedClock && !buffered) {
+  if (checkpoint_gate_.MustHold(h.clock(), buffered)) {
     v->hold = true;
     return absl::OkStatus();
   }
@@ -413,10 +412,7 @@ absl::Status KVServer::Impl::Apply(const Request& r, const ValidatedUpdate& v,
     if (own.replicated) {
       Forward(own, h, REPLICA_APPLY, lr_scale, *table, keys, values, frames, slots_scratch_);
     }
-    if (h.clock() < kFinishedClock) {
-      max_applied_push_step_ = std::max(max_applied_push_step_, h.clock());
-      any_push_applied_ = true;
-    }
+    checkpoint_gate_.NoteApplied(h.clock());
   }
   counters_.keys_pushed.fetch_add(v.sparse != nullptr ? keys.size() : v.n, std::memory_order_relaxed);
   return absl::OkStatus();
@@ -511,130 +507,6 @@ void KVServer::Impl::SlotsOf(const RequestHeader& h, const Table& table,
   for (const DenseSegment& s : h.segments()) {
     slots->push_back(DenseBlockSlot(h.table_id(), s.begin() / block_size, num_slots));
   }
-}
-
-uint64_t KVServer::Impl::FramesBytes(const std::vector<zmq::message_t>& frames) {
-  uint64_t bytes = 0;
-  for (const zmq::message_t& f : frames) bytes += f.size();
-  return bytes;
-}
-
-bool KVServer::Impl::MayHold(uint64_t bytes) const {
-  return counters_.held_bytes.load() + bytes <= static_cast<uint64_t>(limits_.max_held_bytes());
-}
-
-absl::Status KVServer::Impl::RoomToHold(const std::vector<zmq::message_t>& frames,
-                                  absl::string_view waiting) {
-  if (MayHold(FramesBytes(frames))) return absl::OkStatus();
-  counters_.limit_refusals.fetch_add(1, std::memory_order_relaxed);
-  return absl::UnavailableError(absl::StrCat("server busy: ", counters_.held_bytes.load(), " bytes of ",
-                                             waiting, " (data_plane.limits.max_held_bytes ",
-                                             limits_.max_held_bytes(), "); retry"));
-}
-
-absl::Status KVServer::Impl::AdmitRequest(const std::vector<zmq::message_t>& frames,
-                                    const RequestHeader& h, const Ownership& own) {
-  const uint64_t bytes = FramesBytes(frames);
-  if (bytes > static_cast<uint64_t>(limits_.max_message_bytes())) {
-    counters_.limit_refusals.fetch_add(1, std::memory_order_relaxed);
-    return absl::ResourceExhaustedError(
-        absl::StrCat("request of ", bytes, " bytes exceeds data_plane.limits.max_message_bytes ",
-                     limits_.max_message_bytes()));
-  }
-  if (h.num_keys() > limits_.max_keys_per_message()) {
-    counters_.limit_refusals.fetch_add(1, std::memory_order_relaxed);
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "request of ", h.num_keys(), " keys exceeds data_plane.limits.max_keys_per_message ",
-        limits_.max_keys_per_message()));
-  }
-  const uint64_t sender = h.sender_node_id();
-  if (sender == 0 || h.op() == STATS) return absl::OkStatus();
-  if (own.all) {
-    // No view to check senders against: bound how many get state here.
-    if (!standalone_senders_.contains(sender)) {
-      if (standalone_senders_.size() >= kMaxStandaloneSenders) {
-        counters_.limit_refusals.fetch_add(1, std::memory_order_relaxed);
-        return absl::ResourceExhaustedError(absl::StrCat(
-            "this standalone server already keeps state for ", kMaxStandaloneSenders,
-            " senders; node ", sender, " refused"));
-      }
-      standalone_senders_.insert(sender);
-    }
-    return absl::OkStatus();
-  }
-  if (!own.worker_rank.contains(sender)) {
-    counters_.unknown_sender_refusals.fetch_add(1, std::memory_order_relaxed);
-    return absl::UnavailableError(absl::StrCat(
-        "sender node ", sender, " is not a live worker in this server's view (epoch ",
-        own.epoch, "); retry once the view has it"));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status KVServer::Impl::PolicePushValues(const RequestHeader& h, const Ownership& own,
-                                        bool assign, float* values, size_t n) {
-  const GradientPolicy& policy = options_.config.data_plane().gradients();
-  const float clip = policy.clip_value();
-  if (!AllFinite(absl::MakeConstSpan(values, n))) {
-    uint64_t bad = 0;
-    size_t first = n;
-    for (size_t i = 0; i < n; ++i) {
-      if (!std::isfinite(values[i])) {
-        if (first == n) first = i;
-        ++bad;
-      }
-    }
-    const bool reject = assign || policy.nonfinite() != GradientPolicy::CLIP || clip <= 0;
-    counters_.nonfinite_values.fetch_add(bad, std::memory_order_relaxed);
-    if (reject) counters_.nonfinite_pushes_rejected.fetch_add(1, std::memory_order_relaxed);
-    // The rank the view knows for the sender (a header's own claim only on
-    // a standalone server); labels stay bounded by the live workers.
-    std::string worker = "none";
-    if (h.sender_node_id() != 0) {
-      auto it = own.worker_rank.find(h.sender_node_id());
-      if (it != own.worker_rank.end()) {
-        worker = absl::StrCat(it->second);
-      } else if (own.all && h.sender_rank() < kMaxStandaloneSenders) {
-        worker = absl::StrCat(h.sender_rank());
-      } else {
-        worker = "other";
-      }
-    }
-    const char* action = reject ? "rejected" : "clipped";
-    if (nonfinite_family_ != nullptr) nonfinite_family_->With({worker, action})->Add(bad);
-    const absl::Time now = options_.clock->Now();
-    if (now - last_nonfinite_log_ >= absl::Seconds(1)) {
-      Log()->warn(
-          "worker rank {} (node {}) pushed {} non-finite value(s) of {} to table {} at "
-          "step {} (first: element {} = {}); {}{}",
-          worker, h.sender_node_id(), bad, n, h.table_id(), h.clock(), first, values[first],
-          reject ? "push rejected" : "clipped and applied",
-          nonfinite_unlogged_ > 0
-              ? absl::StrCat(" (", nonfinite_unlogged_, " such pushes not logged before it)")
-              : "");
-      last_nonfinite_log_ = now;
-      nonfinite_unlogged_ = 0;
-    } else {
-      ++nonfinite_unlogged_;
-    }
-    if (reject) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          assign ? "ASSIGN value " : "gradient ", first, " is not finite (", values[first],
-          "); ", bad, " of ", n, " values are not; ", assign ? "assign" : "push",
-          " rejected"));
-    }
-    for (size_t i = 0; i < n; ++i) {
-      if (std::isnan(values[i])) {
-        values[i] = 0.0f;
-      } else if (std::isinf(values[i])) {
-        values[i] = values[i] > 0 ? clip : -clip;
-      }
-    }
-  }
-  if (!assign && clip > 0) {
-    for (size_t i = 0; i < n; ++i) values[i] = std::clamp(values[i], -clip, clip);
-  }
-  return absl::OkStatus();
 }
 
 }  // namespace ps

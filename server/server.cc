@@ -68,7 +68,7 @@ absl::StatusOr<std::unique_ptr<KVServer::Impl>> KVServer::Impl::Start(Options op
     server->tables_[tc.id()] = std::move(table).value();
   }
   try {
-    const DataPlaneLimits& limits = server->limits_;
+    const DataPlaneLimits& limits = server->admission_.limits();
     server->socket_ = zmq::socket_t(server->context_, zmq::socket_type::router);
     // A frame over the limit makes ZeroMQ drop the connection as soon as
     // the frame's size is read: nothing of it is buffered.
@@ -127,9 +127,7 @@ KVServer::Impl::Impl(Options options)
       key_cache_(options_.config.data_plane().key_cache_bytes()),
       replicated_(!options_.standalone &&
                   options_.config.cluster().replication() >= 2),
-      ownership_(std::make_shared<Ownership>()) {
-  limits_ = LimitsWithDefaults(options_.config.data_plane().limits());
-}
+      ownership_(std::make_shared<Ownership>()) {}
 
 KVServer::Impl::~Impl() {
   UnregisterMetrics();
@@ -294,7 +292,7 @@ KVServer::Stats KVServer::Impl::stats() const {
 
 void KVServer::Impl::ApplyView(const Ownership& own) {
   if (!own.has_view) return;
-  if (!restored_ && !own.slot_owner.empty()) Restore(own);
+  if (!checkpoint_gate_.restore_tried() && !own.slot_owner.empty()) Restore(own);
   consistency_.SetLiveWorkers(own.live_workers);
   // Sequence windows of senders that are gone: their retries cannot come.
   auto forget_gone = [&](absl::flat_hash_map<uint64_t, SeqWindow>& windows) {
@@ -342,7 +340,7 @@ void KVServer::Impl::ApplyView(const Ownership& own) {
     SyncBackups(own);
     ReleaseReplicas(own);
   }
-  if (checkpoint_pending_ == 0 && !held_.empty()) ReleaseHeld(own);
+  if (checkpoint_gate_.pending() == 0 && checkpoint_gate_.held_count() > 0) ReleaseHeld(own);
 }
 
 void KVServer::Impl::Serve() {
@@ -494,16 +492,16 @@ void KVServer::Impl::HandleMessage(zmq::message_t identity,
   zmq::message_t values, keys;
   const Outcome outcome = Process(frames, own, &rh, &values, &keys);
   if (outcome == Outcome::kHold) {
-    const uint64_t bytes = FramesBytes(frames);
+    const uint64_t bytes = Admission::FramesBytes(frames);
     counters_.held_bytes += bytes;
-    held_.push_back({std::move(identity), std::move(frames), 0, bytes});
+    checkpoint_gate_.Hold({std::move(identity), std::move(frames), bytes});
     return;
   }
   if (outcome == Outcome::kDefer) {
     RequestHeader h;
     h.ParseFromArray(frames[0].data(), static_cast<int>(frames[0].size()));
     counters_.pulls_deferred.fetch_add(1, std::memory_order_relaxed);
-    const uint64_t bytes = FramesBytes(frames);
+    const uint64_t bytes = Admission::FramesBytes(frames);
     counters_.held_bytes += bytes;
     deferred_.push_back({std::move(identity), std::move(frames), h.clock(),
                          h.sender_rank(), options_.clock->Now(), std::move(needs_), bytes});
@@ -601,9 +599,7 @@ void KVServer::Impl::ApplyBuffered(uint64_t step, StepBuffer& buffer, uint32_t d
 void KVServer::Impl::Progress(const Ownership& own) {
   uint64_t step;
   MaybeWriteCheckpoint(own);
-  while (consistency_.NextCompleteStep(
-      &step, checkpoint_pending_ != 0 ? checkpoint_pending_
-                                      : ConsistencyController::kNoWorkers)) {
+  while (consistency_.NextCompleteStep(&step, checkpoint_gate_.StepLimit())) {
     auto it = buffers_.find(step);
     // finished_ marks exactly the buffered steps, so the buffer exists.
     if (it != buffers_.end()) {
@@ -618,9 +614,9 @@ void KVServer::Impl::Progress(const Ownership& own) {
     consistency_.StepApplied();
     counters_.bsp_steps_applied.fetch_add(1, std::memory_order_relaxed);
   }
-  if (checkpoint_pending_ != 0) {
+  if (checkpoint_gate_.pending() != 0) {
     MaybeWriteCheckpoint(own);
-    if (checkpoint_pending_ == 0) {
+    if (checkpoint_gate_.pending() == 0) {
       // Written: apply what waited for it.
       Progress(own);
       return;
@@ -691,11 +687,7 @@ void KVServer::Impl::StepDone(uint64_t step, uint32_t divisor) {
 }
 
 bool KVServer::Impl::PullAllowed(uint64_t clock) const {
-  if (checkpoint_pending_ != 0 && clock > checkpoint_pending_ &&
-      clock < kFinishedClock) {
-    return false;
-  }
-  return consistency_.PullReady(clock);
+  return checkpoint_gate_.PullAllowed(clock) && consistency_.PullReady(clock);
 }
 
 void KVServer::Impl::NoteClock(uint64_t clock) {

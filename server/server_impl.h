@@ -30,10 +30,12 @@
 #include "proto/config.pb.h"
 #include "proto/data_plane.pb.h"
 #include "proto/scheduler.pb.h"
+#include "server/checkpoint_gate.h"
 #include "server/consistency.h"
 #include "server/key_cache.h"
 #include "server/peer_gate.h"
 #include "server/replication.h"
+#include "server/request_admission.h"
 #include "server/server.h"
 #include "server/server_counters.h"
 #include "server/server_metrics.h"
@@ -88,9 +90,8 @@ class KVServer::Impl {
     std::vector<std::string> server_endpoint;
   };
   using SeqWindow = replication::SeqWindow;
-  // A message put aside: a request held while a checkpoint is taken
-  // (pushes of steps at or after its clock), processed once the shard is
-  // written; or a replica message from a view newer than this server's.
+  // A replica message put aside: from a view newer than this server's.
+  // (Requests held for a checkpoint are the CheckpointGate's.)
   struct Held {
     zmq::message_t identity;
     std::vector<zmq::message_t> frames;
@@ -356,46 +357,17 @@ class KVServer::Impl {
   uint64_t promoted_epoch_ = 0;
   // Wakes the serving thread when a view arrives.
   int wake_fd_ = -1;
-  // The largest step of a push applied on arrival (not BSP-buffered): a
-  // checkpoint at a clock <= it can no longer be a consistent cut here.
-  uint64_t max_applied_push_step_ = 0;
-  // The same for pushes applied to backup copies; it joins the above when
-  // those slots become this server's.
-  uint64_t max_replica_push_step_ = 0;
-  bool any_push_applied_ = false;
-  // Limits (Options comment): config.data_plane.limits with defaults.
-  DataPlaneLimits limits_;
-  // (counters_.held_bytes: bytes of the requests in held_, deferred_ and
-  // replica_held_.)
-  // Senders a standalone server keeps state for.
-  absl::flat_hash_set<uint64_t> standalone_senders_;
-  // Non-finite gradients: counters by worker label, and the log throttle.
-  metrics::CounterFamily* nonfinite_family_ = nullptr;
-  absl::Time last_nonfinite_log_ = absl::InfinitePast();
-  uint64_t nonfinite_unlogged_ = 0;
-  // Checks a request's sender and message limits (before anything is kept
-  // for the sender). *rank: the sender's rank as the view knows it.
-  absl::Status AdmitRequest(const std::vector<zmq::message_t>& frames,
-                            const RequestHeader& h, const Ownership& own);
-  // Applies config.data_plane.gradients to a push's values (in place):
-  // counts and logs non-finite ones, rejects or clips them, clips by value.
-  absl::Status PolicePushValues(const RequestHeader& h, const Ownership& own,
-                                bool assign, float* values, size_t n);
-  // Whether `bytes` more may be held aside (counters_.held_bytes + bytes within
-  // max_held_bytes).
-  bool MayHold(uint64_t bytes) const;
-  // OK if a request of `frames` may be held aside; otherwise UNAVAILABLE
-  // naming what `waiting` (e.g. "pushes wait for a checkpoint"), counted
-  // as a limit refusal.
-  absl::Status RoomToHold(const std::vector<zmq::message_t>& frames, absl::string_view waiting);
-  static uint64_t FramesBytes(const std::vector<zmq::message_t>& frames);
-  // Checkpoint in progress (0 = none) and the last one written or refused.
-  uint64_t checkpoint_pending_ = 0;
-  uint64_t checkpoint_handled_ = 0;
-  std::deque<Held> held_;
-  // Whether the first view with a slot map has been applied (restoring
-  // from the view's checkpoint, if it names one).
-  bool restored_ = false;
+  // Limits (Options comment), held bytes (counters_.held_bytes: the
+  // requests the gate holds, deferred_ and replica_held_) and the gradient
+  // policy.
+  Admission admission_{options_.config.data_plane(), KVServer::kMaxStandaloneSenders,
+                       options_.clock,
+                       {&counters_.held_bytes, &counters_.limit_refusals,
+                        &counters_.unknown_sender_refusals, &counters_.nonfinite_values,
+                        &counters_.nonfinite_pushes_rejected}};
+  // The checkpoint in progress, pushes held for it, and what was applied
+  // (server/server_checkpoint.cc does the I/O).
+  CheckpointGate checkpoint_gate_;
 
   // Metrics (server_metrics.cc): registers them in `registry`, and stops
   // the scrape-time ones from reading this server.

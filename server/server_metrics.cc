@@ -157,11 +157,11 @@ void KVServer::Impl::RegisterMetrics(metrics::Registry* r) {
                    return source->server == nullptr ? 0.0
                                                     : double(source->server->stats().held_bytes);
                  });
-  nonfinite_family_ = r->AddCounterFamily(
+  admission_.set_nonfinite_family(r->AddCounterFamily(
       "ps_server_nonfinite_gradients_total",
       "Non-finite gradient values received, by the sending worker's rank and what was "
       "done (rejected: the push was refused; clipped: replaced and applied).",
-      {"worker", "action"});
+      {"worker", "action"}));
   r->AddCallback("ps_server_view_epoch",
                  "Epoch of the cluster view this server holds (0: none yet).",
                  metrics::Type::kGauge, [source] {

@@ -29,7 +29,7 @@ absl::Status KVServer::Impl::ScanOp(std::vector<zmq::message_t>& frames, const O
   // Held like a pull, so an export sees every step the sender's clock
   // covers; Progress() runs the request again once it may be answered.
   if (!PullAllowed(h.clock())) {
-    PS_RETURN_IF_ERROR(RoomToHold(frames, "requests wait for slower workers"));
+    PS_RETURN_IF_ERROR(admission_.RoomToHold(frames, "requests wait for slower workers"));
     *outcome = Outcome::kDefer;
     return absl::OkStatus();
   }
