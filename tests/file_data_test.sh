@@ -7,16 +7,10 @@
 # exports its model; `predict` must score the test file with exactly the
 # job's test AUC, and refuse a corrupted model file with a clear error.
 set -euo pipefail
-R="$TEST_SRCDIR/$TEST_WORKSPACE"
-T="$TEST_TMPDIR"
-BIN="$T/bin"
-mkdir -p "$BIN"
-cp "$R/scheduler/scheduler_main" "$R/server/server_main" "$R/worker/trainer" "$BIN/"
+source "$TEST_SRCDIR/$TEST_WORKSPACE/tests/testing/test_lib.sh"
+stage_binaries
 MAKE_DATA="$R/examples/ctr/make_data"
 PREDICT="$R/worker/predict"
-
-field() { echo "$1" | sed -n "s/.*\"$2\":\([^,}]*\).*/\1/p" | tr -d '"'; }
-fail() { echo "FAIL: $*" >&2; exit 1; }
 
 # job NAME FORMAT MODEL SPARSE_DIM: trains on $T/NAME.* and prints the summary.
 job() {
@@ -34,12 +28,7 @@ training { batch_size: 256 epochs: 1 sparse_table: "sparse" dense_table: "dense"
            export_path: "$T/$name.model" metrics_file: "$T/$name.metrics"
            model { $model } }
 CONFIG
-  PS_BIN_DIR="$BIN" PS_RUN_DIR="$T/run-$name" PS_DEMO_TIMEOUT=120 \
-    bash "$R/deploy/local/demo.sh" "$T/$name.pbtxt" > "$T/$name.out" 2> "$T/$name.err" || {
-    tail -n 30 "$T/$name.err" >&2
-    grep -h " E \[\|demo:" "$T/$name.err" "$T/$name.out" "$T"/run-"$name"/*.log >&2 || true
-    fail "$name job failed"; }
-  tail -n 1 "$T/$name.out"
+  run_demo "$name" "$T/$name.pbtxt" 120
 }
 
 # check_bad_lines NAME: every bad line make_data reported is named in a
@@ -64,8 +53,8 @@ check_bad_lines() {
 summary="$(job criteo CRITEO "kind: FM embedding_dim: 4" 5)"
 echo "criteo: $summary"
 check_bad_lines criteo
-auc="$(field "$summary" test_auc)"
-awk "BEGIN { exit !($auc > 0.6) }" || fail "criteo: test AUC $auc: the model did not learn"
+auc="$(json_field "$summary" test_auc)"
+check "$auc > 0.6" "criteo: test AUC $auc: the model did not learn"
 [ -s "$T/criteo.metrics" ] || fail "criteo: no metrics file"
 
 # The exported model scores the test file exactly as the job's evaluation did.
@@ -73,7 +62,7 @@ awk "BEGIN { exit !($auc > 0.6) }" || fail "criteo: test AUC $auc: the model did
   > "$T/predict.out"
 cat "$T/predict.out"
 [ "$(wc -l < "$T/scores.txt")" -eq 20000 ] || fail "predict wrote $(wc -l < "$T/scores.txt") scores"
-[ "$(field "$(cat "$T/predict.out")" auc)" = "$auc" ] || fail "predict AUC differs from the job's $auc"
+expect_field "$(cat "$T/predict.out")" auc "$auc" "predict AUC differs from the job's $auc"
 # A corrupted model is refused, naming the problem.
 cp "$T/criteo.model" "$T/bad.model"
 printf 'xx' | dd of="$T/bad.model" bs=1 seek=100 conv=notrunc 2>/dev/null
@@ -87,6 +76,6 @@ grep -q "checksum mismatch\|corrupt" "$T/bad.err" || { cat "$T/bad.err"; fail "n
 summary="$(job libsvm LIBSVM "kind: LR" 1)"
 echo "libsvm: $summary"
 check_bad_lines libsvm
-auc="$(field "$summary" test_auc)"
-awk "BEGIN { exit !($auc > 0.6) }" || fail "libsvm: test AUC $auc: the model did not learn"
+auc="$(json_field "$summary" test_auc)"
+check "$auc > 0.6" "libsvm: test AUC $auc: the model did not learn"
 echo PASS
