@@ -12,29 +12,12 @@
 #   5. a server sent SIGTERM mid-training checkpoints, stops and exits 0; a
 #      replacement restores and the job finishes.
 set -euo pipefail
-R="$TEST_SRCDIR/$TEST_WORKSPACE"
-T="$TEST_TMPDIR"
-SCHEDULER="$R/scheduler/scheduler_main"
-SERVER="$R/server/server_main"
-TRAINER="$R/worker/trainer"
+source "$TEST_SRCDIR/$TEST_WORKSPACE/tests/testing/test_lib.sh"
 PSCTL="$R/scheduler/psctl"
 CKPT_TOOL="$R/server/ckpt_tool"
-
-PIDS=()
-cleanup() {
-  for pid in "${PIDS[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
-}
-trap cleanup EXIT
-fail() {
-  echo "FAIL: $*" >&2
-  for f in "$T"/*/*.log; do
-    [ -f "$f" ] || continue
-    echo "---- last lines of $f" >&2
-    tail -n 12 "$f" >&2
-  done
-  exit 1
-}
-field() { echo "$1" | sed -n "s/.*\"$2\":\([^,}]*\).*/\1/p" | tr -d '"'; }
+# fail shows the end of every process's log.
+FAIL_LOGS='*/*.log'
+FAIL_LOG_LINES=12
 
 # config SERVERS DIR RESTORE INTERVAL NUM_TRAIN: a job config on stdout.
 config() {
@@ -56,43 +39,11 @@ checkpoint { dir: "$2" interval_steps: $4 keep: 4 restore: $3 }
 CONFIG
 }
 
-# start_scheduler RUN CONFIG: starts it, sets ADDRESS and SCHED_PID.
-start_scheduler() {
-  local run="$1" cfg="$2"
-  mkdir -p "$run"
-  rm -f "$run/scheduler.port"
-  "$SCHEDULER" --config="$cfg" --port_file="$run/scheduler.port" > "$run/scheduler.log" 2>&1 &
-  SCHED_PID=$!
-  PIDS+=("$SCHED_PID")
-  for _ in $(seq 200); do
-    [ -s "$run/scheduler.port" ] && break
-    kill -0 "$SCHED_PID" 2>/dev/null || fail "scheduler exited at start"
-    sleep 0.05
-  done
-  ADDRESS="127.0.0.1:$(cat "$run/scheduler.port")"
-}
-# start_server RUN CONFIG NAME: sets LAST_PID.
-start_server() {
-  "$SERVER" --config="$2" --scheduler="$ADDRESS" > "$1/$3.log" 2>&1 &
-  LAST_PID=$!
-  PIDS+=("$LAST_PID")
-}
-start_worker() {
-  "$TRAINER" --config="$2" --scheduler="$ADDRESS" --summary_out="$1/summary.json" \
-    > "$1/$3.out" 2> "$1/$3.log" &
-  LAST_PID=$!
-  PIDS+=("$LAST_PID")
-}
-# wait_exit PID SECONDS: waits for the process and returns its exit status.
-wait_exit() {
-  local pid="$1" limit="$2"
-  for _ in $(seq $((limit * 10))); do
-    kill -0 "$pid" 2>/dev/null || break
-    sleep 0.1
-  done
-  kill -0 "$pid" 2>/dev/null && return 124
-  wait "$pid"
-}
+# start_trainer RUN CONFIG NAME: a worker writing the job's summary to
+# RUN/summary.json; sets LAST_PID.
+start_trainer() { start_worker "$1" "$2" "$3" --summary_out="$1/summary.json"; }
+# job_running: psctl says the job at ADDRESS runs.
+job_running() { "$PSCTL" --scheduler="$ADDRESS" status 2>/dev/null | grep -q "job: RUNNING"; }
 # newest_complete ROOT: the newest checkpoint directory with a MANIFEST.
 newest_complete() {
   ls -d "$1"/ckpt-* 2>/dev/null | sort | while read -r d; do
@@ -112,7 +63,7 @@ config 3 "$CK" false 25 600000 > "$T/train3.pbtxt"
 start_scheduler "$RUN" "$T/train3.pbtxt"
 for i in 0 1 2; do start_server "$RUN" "$T/train3.pbtxt" "server$i"; done
 W=()
-for i in 0 1; do start_worker "$RUN" "$T/train3.pbtxt" "worker$i"; W+=("$LAST_PID"); done
+for i in 0 1; do start_trainer "$RUN" "$T/train3.pbtxt" "worker$i"; W+=("$LAST_PID"); done
 for pid in "${W[@]}"; do wait_exit "$pid" 120 || fail "train3: a worker failed"; done
 wait_exit "$SCHED_PID" 30 || fail "train3: scheduler did not finish"
 summary="$(cat "$RUN/summary.json")"
@@ -139,10 +90,7 @@ for m in 2 4; do
   for i in $(seq 0 $((m - 1))); do
     start_server "$RUN" "$T/reshard$m.pbtxt" "server$i"; S+=("$LAST_PID")
   done
-  for _ in $(seq 100); do
-    "$PSCTL" --scheduler="$ADDRESS" status 2>/dev/null | grep -q "job: RUNNING" && break
-    sleep 0.1
-  done
+  wait_until 10 job_running || true
   # With no worker training, a checkpoint is a cut at the next clock: it
   # holds exactly what the servers restored.
   "$PSCTL" --scheduler="$ADDRESS" --timeout_ms=30000 checkpoint --wait \
@@ -176,6 +124,13 @@ grep -h "not usable\|resumes from" "$RUN/scheduler.log"
 kill -KILL "$SCHED_PID"
 
 # ---------------------------------------------------------- 4 and 5
+# committed_or_workers_done: the scheduler of RUN logged a committed
+# checkpoint, or both workers W already exited.
+committed_or_workers_done() {
+  grep -q "committed" "$RUN/scheduler.log" && return 0
+  kill -0 "${W[0]}" 2>/dev/null || kill -0 "${W[1]}" 2>/dev/null || return 0
+  return 1
+}
 # replace_server SIGNAL: train on 2 servers; once a checkpoint is committed
 # send SIGNAL to server 1, start a replacement, and finish the job.
 replace_server() {
@@ -188,15 +143,11 @@ replace_server() {
   start_server "$RUN" "$RUN.pbtxt" server1
   local victim=$LAST_PID
   W=()
-  for i in 0 1; do start_worker "$RUN" "$RUN.pbtxt" "worker$i"; W+=("$LAST_PID"); done
+  for i in 0 1; do start_trainer "$RUN" "$RUN.pbtxt" "worker$i"; W+=("$LAST_PID"); done
   # The first commit normally comes within a second; a loaded CI machine
   # (two cores shared with other multi-process tests) has needed more than
   # 15 s, so wait up to 90 s, and say whether the job ended first.
-  for _ in $(seq 1800); do
-    grep -q "committed" "$RUN/scheduler.log" && break
-    kill -0 "${W[0]}" 2>/dev/null || kill -0 "${W[1]}" 2>/dev/null || break
-    sleep 0.05
-  done
+  wait_until 90 committed_or_workers_done || true
   if ! grep -q "committed" "$RUN/scheduler.log"; then
     echo "---- $RUN/scheduler.log" >&2
     cat "$RUN/scheduler.log" >&2
@@ -216,8 +167,8 @@ replace_server() {
   s="$(cat "$RUN/summary.json")"
   echo "server $sig: $s"
   local auc
-  auc="$(field "$s" test_auc)"
-  awk "BEGIN { exit !($auc > 0.7) }" || fail "$sig: test AUC $auc"
+  auc="$(json_field "$s" test_auc)"
+  check "$auc > 0.7" "$sig: test AUC $auc"
 }
 replace_server KILL
 replace_server TERM

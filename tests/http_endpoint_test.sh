@@ -16,32 +16,16 @@
 #   5. on SIGTERM every process leaves and exits 0 (the endpoint does not
 #      hold it up).
 set -euo pipefail
-R="$TEST_SRCDIR/$TEST_WORKSPACE"
-T="$TEST_TMPDIR"
+source "$TEST_SRCDIR/$TEST_WORKSPACE/tests/testing/test_lib.sh"
 OUT_DIR="${TEST_UNDECLARED_OUTPUTS_DIR:-$T/outputs}"
 mkdir -p "$OUT_DIR"
-SCHEDULER="$R/scheduler/scheduler_main"
-SERVER="$R/server/server_main"
-TRAINER="$R/worker/trainer"
 # Bazel runs tests with a fixed PATH: absolute paths (deploy/install_deps.sh
 # installs both).
 PROMTOOL=/usr/bin/promtool
 CHROMIUM=/usr/bin/chromium
-
-PIDS=()
-cleanup() {
-  for pid in "${PIDS[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
-}
-trap cleanup EXIT
-fail() {
-  echo "FAIL: $*" >&2
-  for f in "$T"/*.log; do
-    [ -f "$f" ] || continue
-    echo "---- last lines of $f" >&2
-    tail -n 15 "$f" >&2
-  done
-  exit 1
-}
+# fail shows the end of every process's log.
+FAIL_LOGS='*.log'
+FAIL_LOG_LINES=15
 
 # http_get PORT PATH: the body goes to $T/body, the status code to stdout
 # (000 when nothing answered). Plain bash (/dev/tcp), no client needed.
@@ -60,27 +44,23 @@ http_get() {
   head -n 1 "$T/response" | awk '{print $2}'
   rm -f "$T/response"
 }
-# http_port LOG: the port the process logged ("http endpoint on http://H:P").
-http_port() {
-  for _ in $(seq 200); do
-    local p
-    p="$(sed -n 's|.*http endpoint on http://[^ ]*:\([0-9][0-9]*\).*|\1|p' "$1" | head -n 1)"
-    [ -n "$p" ] && { echo "$p"; return; }
-    sleep 0.05
-  done
-  fail "no 'http endpoint on' line in $1"
+# logged_port LOG: prints the port the process logged ("http endpoint on
+# http://H:P"); fails if it has not logged it yet.
+logged_port() {
+  sed -n 's|.*http endpoint on http://[^ ]*:\([0-9][0-9]*\).*|\1|p' "$1" | head -n 1 | grep .
 }
+# http_port LOG: the port, once the process logged it.
+http_port() { wait_until 10 logged_port "$1" || fail "no 'http endpoint on' line in $1"; }
 # metric FILE LINE_PREFIX: the value of the first sample line starting so.
 metric() {
   awk -v p="$2" 'index($0, p) == 1 { print $NF; exit }' "$1"
 }
+# body_matches PORT PATH PATTERN: PATH answers 200 with a body matching.
+body_matches() { [ "$(http_get "$1" "$2")" = 200 ] && grep -q "$3" "$T/body"; }
 # wait_for PORT PATH PATTERN SECONDS: until the body matches.
 wait_for() {
-  for _ in $(seq $(( $4 * 10 ))); do
-    [ "$(http_get "$1" "$2")" = 200 ] && grep -q "$3" "$T/body" && return 0
-    sleep 0.1
-  done
-  fail "port $1 $2 never matched '$3'; last body: $(head -c 400 "$T/body")"
+  wait_until "$4" body_matches "$1" "$2" "$3" ||
+    fail "port $1 $2 never matched '$3'; last body: $(head -c 400 "$T/body")"
 }
 
 CONFIG="$T/job.pbtxt"
@@ -101,46 +81,31 @@ training { batch_size: 256 epochs: 5 log_interval_s: 5
 CONFIG
 
 # ---- scheduler
-"$SCHEDULER" --config="$CONFIG" --port_file="$T/scheduler.port" > "$T/scheduler.log" 2>&1 &
-SCHED_PID=$!
-PIDS+=("$SCHED_PID")
-for _ in $(seq 200); do
-  [ -s "$T/scheduler.port" ] && break
-  kill -0 "$SCHED_PID" 2>/dev/null || fail "scheduler exited at start"
-  sleep 0.05
-done
-ADDRESS="127.0.0.1:$(cat "$T/scheduler.port")"
+start_scheduler "$T" "$CONFIG"
 SCHED_HTTP="$(http_port "$T/scheduler.log")"
 echo "scheduler at $ADDRESS, http port $SCHED_HTTP"
 [ "$(http_get "$SCHED_HTTP" /healthz)" = 200 ] || fail "scheduler /healthz"
 [ "$(http_get "$SCHED_HTTP" /nothing)" = 404 ] || fail "scheduler /nothing is not 404"
 
 # ---- 1. one server of two: alive, not ready
-"$SERVER" --config="$CONFIG" --scheduler="$ADDRESS" > "$T/server0.log" 2>&1 &
-SERVER0_PID=$!
-PIDS+=("$SERVER0_PID")
+start_server "$T" "$CONFIG" server0
+SERVER0_PID=$LAST_PID
 S0_HTTP="$(http_port "$T/server0.log")"
-for _ in $(seq 100); do
-  grep -q "registered as server" "$T/server0.log" && break
-  sleep 0.1
-done
+wait_until 10 grep -q "registered as server" "$T/server0.log" || true
 [ "$(http_get "$S0_HTTP" /healthz)" = 200 ] || fail "server 0 /healthz while starting"
 code="$(http_get "$S0_HTTP" /readyz)"
 [ "$code" = 503 ] || fail "server 0 /readyz is $code before the job runs, want 503"
 grep -q "slot map" "$T/body" || fail "server 0 /readyz says '$(cat "$T/body")'"
 echo "server 0 before the job runs: /readyz 503 '$(cat "$T/body")'"
 
-"$SERVER" --config="$CONFIG" --scheduler="$ADDRESS" > "$T/server1.log" 2>&1 &
-SERVER1_PID=$!
-PIDS+=("$SERVER1_PID")
+start_server "$T" "$CONFIG" server1
+SERVER1_PID=$LAST_PID
 S1_HTTP="$(http_port "$T/server1.log")"
-"$TRAINER" --config="$CONFIG" --scheduler="$ADDRESS" > "$T/worker0.log" 2>&1 &
-WORKER0_PID=$!
-PIDS+=("$WORKER0_PID")
+start_worker "$T" "$CONFIG" worker0
+WORKER0_PID=$LAST_PID
 W0_HTTP="$(http_port "$T/worker0.log")"
-"$TRAINER" --config="$CONFIG" --scheduler="$ADDRESS" --http_port=-1 > "$T/worker1.log" 2>&1 &
-WORKER1_PID=$!
-PIDS+=("$WORKER1_PID")
+start_worker "$T" "$CONFIG" worker1 --http_port=-1
+WORKER1_PID=$LAST_PID
 wait_for "$S0_HTTP" /readyz ready 20
 echo "server 0 ready once both servers registered"
 
@@ -232,13 +197,9 @@ echo "status page: screenshot $size bytes"
 # ---- 5. everyone leaves on SIGTERM and exits 0
 stop() {  # stop PID NAME
   kill -TERM "$1" 2>/dev/null || fail "$2 is not running"
-  for _ in $(seq 300); do
-    kill -0 "$1" 2>/dev/null || break
-    sleep 0.1
-  done
-  kill -0 "$1" 2>/dev/null && fail "$2 did not exit within 30 s of SIGTERM"
   local rc=0
-  wait "$1" || rc=$?
+  wait_exit "$1" 30 || rc=$?
+  [ "$rc" != 124 ] || fail "$2 did not exit within 30 s of SIGTERM"
   [ "$rc" = 0 ] || fail "$2 exited with $rc after SIGTERM"
 }
 stop "$WORKER0_PID" "worker 0"

@@ -16,43 +16,27 @@
 # FTRL over 0.8696..0.8700 and Adam over 0.8654..0.8680: FTRL led SGD by at
 # least 0.0029 in every run (0.0152 when the workers start together).
 set -euo pipefail
-R="$TEST_SRCDIR/$TEST_WORKSPACE"
-BIN="$TEST_TMPDIR/bin"
-mkdir -p "$BIN"
-cp "$R/scheduler/scheduler_main" "$R/server/server_main" "$R/worker/trainer" "$BIN/"
+source "$TEST_SRCDIR/$TEST_WORKSPACE/tests/testing/test_lib.sh"
+stage_binaries
 
 # Prints the job's JSON summary line for example config $1.
 run_job() {
   local name="$1"
-  local config="$TEST_TMPDIR/$name.pbtxt"
-  sed -e 's/num_train: 1000000/num_train: 200000/' \
-      -e 's/num_test: 100000/num_test: 50000/' \
-      -e 's/mode: ASYNC/mode: BSP/' \
-      "$R/examples/ctr/$name.pbtxt" > "$config"
-  grep -q "num_train: 200000" "$config" && grep -q "num_test: 50000" "$config" \
-    && grep -q "mode: BSP" "$config" || { echo "could not change $name.pbtxt" >&2; return 1; }
-  PS_BIN_DIR="$BIN" PS_RUN_DIR="$TEST_TMPDIR/run-$name" PS_DEMO_TIMEOUT=120 \
-    bash "$R/deploy/local/demo.sh" "$config" > "$TEST_TMPDIR/$name.out" \
-    2> "$TEST_TMPDIR/$name.err" || {
-    echo "demo with $name.pbtxt failed:" >&2; cat "$TEST_TMPDIR/$name.err" >&2; return 1; }
-  tail -n 1 "$TEST_TMPDIR/$name.out"
+  local config="$T/$name.pbtxt"
+  shrink_config "$R/examples/ctr/$name.pbtxt" "$config" 200000 50000 's/mode: ASYNC/mode: BSP/'
+  grep -q "mode: BSP" "$config" || fail "could not change $name.pbtxt"
+  run_demo "$name" "$config" 120
 }
-
-# field SUMMARY NAME: the value of NAME in the JSON line, quotes removed.
-field() { echo "$1" | sed -n "s/.*\"$2\":\([^,}]*\).*/\1/p" | tr -d '"'; }
-
-# check CONDITION MESSAGE: CONDITION is an awk expression.
-check() { awk "BEGIN { exit !($1) }" || { echo "FAIL: $2"; exit 1; }; }
 
 declare -A AUC
 for name in sgd ftrl adam; do
   summary="$(run_job "$name")"
   echo "$name: $summary"
-  [ "$(field "$summary" mode)" = "BSP" ] || { echo "FAIL: $name did not run BSP"; exit 1; }
-  [ "$(field "$summary" rank0_examples)" = "300000" ] || { echo "FAIL: $name: wrong example count"; exit 1; }
-  AUC[$name]="$(field "$summary" test_auc)"
-  ORACLE="$(field "$summary" oracle_auc)"
-  [ -n "${AUC[$name]}" ] && [ -n "$ORACLE" ] || { echo "FAIL: $name: no AUC in the summary"; exit 1; }
+  expect_field "$summary" mode BSP "$name did not run BSP"
+  expect_field "$summary" rank0_examples 300000 "$name: wrong example count"
+  AUC[$name]="$(json_field "$summary" test_auc)"
+  ORACLE="$(json_field "$summary" oracle_auc)"
+  [ -n "${AUC[$name]}" ] && [ -n "$ORACLE" ] || fail "$name: no AUC in the summary"
 done
 
 sgd=${AUC[sgd]}; ftrl=${AUC[ftrl]}; adam=${AUC[adam]}
