@@ -12,7 +12,6 @@
 // moves the sender's slots), the clock notes, Police's non-finite counts,
 // and counters of refusals. Keep (hold for a checkpoint, defer a pull)
 // only puts the request aside, to run through the pipeline again.
-#include <algorithm>
 #include <new>
 #include <utility>
 

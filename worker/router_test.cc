@@ -44,7 +44,9 @@ TEST(RouterTest, SplitSparseRoutesEveryKeyOnce) {
     EXPECT_EQ(idx.size(), split.counts[s]);
     for (size_t j = 0; j < idx.size(); ++j) {
       EXPECT_EQ(split.owners[idx[j]], s);
-      if (j > 0) EXPECT_LT(idx[j - 1], idx[j]);  // request order
+      if (j > 0) {
+        EXPECT_LT(idx[j - 1], idx[j]);  // request order
+      }
     }
     seen += idx.size();
   }
