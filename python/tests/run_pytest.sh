@@ -7,7 +7,8 @@
 # Under --config=asan the library is built with ASan+UBSan: their runtimes
 # are preloaded into Python (which is not instrumented), leak checking is
 # off (the interpreter's own allocations would be reported), and any error
-# in the library aborts the test.
+# in the library aborts the test. Under --config=tsan TSan's runtime is
+# preloaded the same way.
 set -euo pipefail
 RUNFILES="${TEST_SRCDIR:-$PWD/..}/ps"
 export PYTHONPATH="$RUNFILES/python${PYTHONPATH:+:$PYTHONPATH}"
@@ -25,6 +26,14 @@ if [[ "$libs" == *libasan* ]]; then
   export LD_PRELOAD="$preload"
   export ASAN_OPTIONS="detect_leaks=0:abort_on_error=1:${ASAN_OPTIONS:-}"
   export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:${UBSAN_OPTIONS:-}"
+  export PS_SANITIZER=1
+elif [[ "$libs" == *libtsan* ]]; then
+  # TSan's runtime cannot be dlopen'ed (it needs static TLS, "cannot
+  # allocate memory in static TLS block"): it must be in the process from
+  # its start. Only the library is instrumented; races inside the
+  # interpreter, NumPy or PyTorch are not looked for.
+  export LD_PRELOAD="$(gcc -print-file-name=libtsan.so)"
+  export TSAN_OPTIONS="halt_on_error=1:${TSAN_OPTIONS:-}"
   export PS_SANITIZER=1
 fi
 xml=()
