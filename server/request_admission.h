@@ -31,11 +31,11 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
-#include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/metrics.h"
+#include "common/status.h"
 #include "proto/config.pb.h"
 #include "proto/data_plane.pb.h"
 #include "zmq.hpp"
@@ -43,16 +43,16 @@
 namespace ps {
 
 class Admission {
- public:
+public:
   // The server's counters this adds to; each must outlive the Admission.
   struct Counters {
     // Bytes of requests held aside now (the caller adds and subtracts what
     // it holds and releases; read here).
-    std::atomic<uint64_t>* held_bytes = nullptr;
-    std::atomic<uint64_t>* limit_refusals = nullptr;
-    std::atomic<uint64_t>* unknown_sender_refusals = nullptr;
-    std::atomic<uint64_t>* nonfinite_values = nullptr;
-    std::atomic<uint64_t>* nonfinite_pushes_rejected = nullptr;
+    std::atomic<uint64_t> *held_bytes = nullptr;
+    std::atomic<uint64_t> *limit_refusals = nullptr;
+    std::atomic<uint64_t> *unknown_sender_refusals = nullptr;
+    std::atomic<uint64_t> *nonfinite_values = nullptr;
+    std::atomic<uint64_t> *nonfinite_pushes_rejected = nullptr;
   };
   // Live worker node id -> rank, as the installed view has it.
   using WorkerRanks = absl::flat_hash_map<uint64_t, uint32_t>;
@@ -60,17 +60,19 @@ class Admission {
   // `data_plane`: the job's config (limits left 0 take their defaults);
   // `max_standalone_senders`: senders a standalone server keeps state for;
   // `clock` (not owned, outlives this): the non-finite log's throttle.
-  Admission(const DataPlaneConfig& data_plane, size_t max_standalone_senders, const Clock* clock,
-            Counters counters);
-  Admission(const Admission&) = delete;
-  Admission& operator=(const Admission&) = delete;
+  Admission(const DataPlaneConfig &data_plane, size_t max_standalone_senders,
+            const Clock *clock, Counters counters);
+  Admission(const Admission &) = delete;
+  Admission &operator=(const Admission &) = delete;
 
   // The limits, defaults applied.
-  const DataPlaneLimits& limits() const { return limits_; }
+  const DataPlaneLimits &limits() const { return limits_; }
 
   // Counts non-finite values by {worker, action} there too (null: not).
   // Set before the serving thread starts.
-  void set_nonfinite_family(metrics::CounterFamily* family) { nonfinite_family_ = family; }
+  void set_nonfinite_family(metrics::CounterFamily *family) {
+    nonfinite_family_ = family;
+  }
 
   // Checks a request's size (all frames: `message_bytes`), key count and
   // sender before anything is kept for the sender. Senders: node 0 (a
@@ -79,8 +81,9 @@ class Admission {
   // the sender must be in `worker_rank` (the view of `epoch`).
   // RESOURCE_EXHAUSTED over a limit, UNAVAILABLE for a sender the view
   // does not have.
-  absl::Status AdmitRequest(uint64_t message_bytes, const RequestHeader& h, bool standalone,
-                            const WorkerRanks& worker_rank, uint64_t epoch);
+  absl::Status AdmitRequest(uint64_t message_bytes, const RequestHeader &h,
+                            bool standalone, const WorkerRanks &worker_rank,
+                            uint64_t epoch);
 
   // Applies the gradient policy to a push's (or, `assign`, an ASSIGN's)
   // `n` values, in place: non-finite values are counted (by the sender's
@@ -89,9 +92,9 @@ class Admission {
   // (INVALID_ARGUMENT; always for an ASSIGN, and unless the policy is CLIP
   // with clip_value > 0) or NaN becomes 0 and +/-Inf +/-clip_value. A push
   // is then clipped to [-clip_value, clip_value] when clip_value > 0.
-  absl::Status PolicePushValues(const RequestHeader& h, bool standalone,
-                                const WorkerRanks& worker_rank, bool assign, float* values,
-                                size_t n);
+  absl::Status PolicePushValues(const RequestHeader &h, bool standalone,
+                                const WorkerRanks &worker_rank, bool assign,
+                                float *values, size_t n);
 
   // Whether `bytes` more may be held aside: held_bytes + bytes within
   // max_held_bytes.
@@ -99,25 +102,26 @@ class Admission {
   // OK if a request of `frames` may be held aside; otherwise UNAVAILABLE
   // naming what `waiting` (e.g. "pushes wait for a checkpoint") and the
   // bytes held, counted as a limit refusal.
-  absl::Status RoomToHold(const std::vector<zmq::message_t>& frames, absl::string_view waiting);
+  absl::Status RoomToHold(const std::vector<zmq::message_t> &frames,
+                          absl::string_view waiting);
 
   // Bytes of a message, all frames together.
-  static uint64_t FramesBytes(const std::vector<zmq::message_t>& frames);
+  static uint64_t FramesBytes(const std::vector<zmq::message_t> &frames);
 
- private:
+private:
   const DataPlaneLimits limits_;
   const GradientPolicy gradients_;
   const size_t max_standalone_senders_;
-  const Clock* const clock_;
+  const Clock *const clock_;
   const Counters counters_;
   // Senders a standalone server keeps state for.
   absl::flat_hash_set<uint64_t> standalone_senders_;
   // Non-finite gradients: counters by worker label, and the log throttle.
-  metrics::CounterFamily* nonfinite_family_ = nullptr;
+  metrics::CounterFamily *nonfinite_family_ = nullptr;
   absl::Time last_nonfinite_log_ = absl::InfinitePast();
   uint64_t nonfinite_unlogged_ = 0;
 };
 
-}  // namespace ps
+} // namespace ps
 
-#endif  // PS_SERVER_REQUEST_ADMISSION_H_
+#endif // PS_SERVER_REQUEST_ADMISSION_H_
