@@ -119,6 +119,7 @@ absl::Status KVServer::Impl::ProcessChecked(std::vector<zmq::message_t>& frames,
     } else {
       consistency_.Advance(h.sender_node_id(), h.clock());
     }
+    progress_due_ = true;
     return absl::OkStatus();
   }
   if (h.op() == SCAN) return ScanOp(frames, own, h, rh, values, keys, outcome);

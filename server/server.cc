@@ -412,6 +412,11 @@ void KVServer::Impl::Serve() {
           frames.erase(frames.begin());
           HandleMessage(std::move(identity), std::move(frames), *own);
           frames = std::vector<zmq::message_t>();
+          if (progress_due_) {
+            // Before the next message: see Progress in server_impl.h.
+            progress_due_ = false;
+            Progress(*own);
+          }
         }
         Progress(*own);
       }

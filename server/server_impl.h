@@ -275,6 +275,11 @@ class KVServer::Impl {
   void Promote(const Ownership& prev, const Ownership& own);
   void DropDeadPrimaries(const Ownership& own);
   // Applies completed BSP steps and answers held pulls that may be answered.
+  // Runs after each drain of the socket and, when a worker's ADVANCE_CLOCK
+  // was handled (progress_due_), before the next message is read: a step
+  // that clock completed is applied before any later request (e.g. STATS)
+  // is answered, so a worker that saw its ADVANCE_CLOCK acknowledged reads
+  // the step applied when its clock was the last one missing.
   void Progress(const Ownership& own);
   void FlushBuffers();
   void Watchdog();
@@ -335,6 +340,7 @@ class KVServer::Impl {
   uint64_t next_wait_ = 1;
   std::vector<Need> needs_;
   bool first_promoted_ = false;  // the request being processed
+  bool progress_due_ = false;    // an ADVANCE_CLOCK was handled (Progress)
   std::vector<uint32_t> slots_scratch_;
   // Backup side, by primary node id: its applied sequence numbers (by
   // sender), its buffered BSP steps, messages waiting for a newer view.

@@ -2051,17 +2051,11 @@ TEST_F(BspKeyListServerTest, DeferredRequestsKeepTheirKeysWhenTheSlotChanges) {
   EXPECT_EQ(r.values, (std::vector<float>{-0.25, -0.25, -0.25, -0.25, -0.5, -1, -1.5, -2}));
 }
 
-// KNOWN BUG, disabled so the suite stays green: a kept (deferred) request
-// that carried its keys under a slot, with float32 values, keeps its
-// key_list_slot, so answering it later (Progress -> Process) stores its
-// list in that slot again. That overwrites what the sender stored there
-// since (its next cached request gets key_list_unknown and a resend), and
-// can put the sender over key_cache_bytes, failing the kept request with
-// INVALID_ARGUMENT. server/server.cc ProcessChecked: self_contained should
-// also be false when h.key_list_slot() != 0 (i.e. `bool self_contained =
-// h.key_list_slot() == 0 && EncodedValueBytes(h.push_values()) == 4;`), so
-// make_self_contained strips the slot; held pushes (checkpoints) have the
-// same path. This test passes with that change.
+// A kept (deferred) request that carried its keys under a slot keeps them
+// as its own (MakeSelfContained strips the slot): answering it later
+// (Progress -> Process) does not store its list in that slot again, which
+// would overwrite what the sender stored there since and could put the
+// sender over key_cache_bytes. Held pushes (checkpoints) take the same path.
 TEST_F(BspKeyListServerTest, AKeptRequestDoesNotStoreItsListAgain) {
   const std::vector<uint64_t> e = {11, 12}, f = {13}, g = {14, 15, 16}, h = {17, 18};
   // A float32 pull of step 1 storing E in slot 7 waits for step 0.
@@ -2628,6 +2622,66 @@ TEST_F(GatedServerTest, ARequestQueuedWhileTheLeaseHeldAndTakenUpAfterItLapsedIs
   EXPECT_FALSE(r.header.duplicate());
   r = Pull(kSparse, {7});
   EXPECT_EQ(r.values, (std::vector<float>{-1.0f, -2.0f}));
+}
+
+// The serving thread reads a worker's ADVANCE_CLOCK and, queued behind
+// it, a STATS request. When that clock was the last one a BSP step waited
+// for, the step is applied before the STATS is answered: a worker that saw
+// its ADVANCE_CLOCK acknowledged reads its pushes applied (the Python
+// Trainer.wait() relies on it). Before the fix the step was applied only
+// once the whole queue was drained, and STATS counted nothing pushed.
+class GatedBspServerTest : public ServerTest {
+ protected:
+  void SetUp() override {
+    const std::string config = std::string(kConfig) + "consistency { mode: BSP }\n";
+    ASSERT_NO_FATAL_FAILURE(StartServer(/*standalone=*/false, config.c_str(), &gate_));
+    ASSERT_NO_FATAL_FAILURE(InstallBspView());
+  }
+  void TearDown() override {
+    gate_.Open();  // a failed test may leave it closed
+    ServerTest::TearDown();
+  }
+  // Outlives the server (TearDown destroys it).
+  GateClock gate_;
+};
+
+TEST_F(GatedBspServerTest, AStepCompletedByAnAdvanceIsAppliedBeforeTheNextRequest) {
+  GateClock& gate = gate_;
+  auto advance = [&](uint64_t node, uint64_t clock) {
+    RequestHeader h = Header(ADVANCE_CLOCK, 0, 0);
+    h.set_clock(clock);
+    h.set_sender_node_id(node);
+    return SendOnly(h, Frames(KeysFrame({})));
+  };
+  // Both workers push step 0: buffered (2 keys).
+  for (uint64_t node : {1u, 2u}) {
+    RequestHeader h = SeqHeader(PUSH, kSparse, 1, node, /*seq=*/1);
+    h.set_clock(0);
+    Response r = SendValid(h, Frames(KeysFrame({node == 1 ? 7u : 42u}), ValuesFrame({2, 4})));
+    ASSERT_EQ(r.code(), absl::StatusCode::kOk) << r.header.message();
+  }
+  // Queue both workers' ADVANCE_CLOCK and a STATS while the server is
+  // stopped between two loops, so that one drain reads all three.
+  gate.Close();
+  ASSERT_TRUE(gate.AwaitHeld());
+  advance(1, 1);
+  advance(2, 1);
+  const uint64_t stats_id = SendOnly(Header(STATS, 0, 0), Frames(KeysFrame({})));
+  absl::SleepFor(absl::Milliseconds(100));  // let the socket take them in
+  gate.Open();
+  Response stats;
+  for (int i = 0; i < 3; ++i) {
+    Response r = Receive();
+    ASSERT_TRUE(r.received);
+    EXPECT_EQ(r.code(), absl::StatusCode::kOk) << r.header.message();
+    if (r.header.request_id() == stats_id) stats = r;
+  }
+  ASSERT_TRUE(stats.received);
+  uint64_t pushed = 0;
+  for (const TableStats& t : stats.header.table_stats()) {
+    if (t.table_id() == kSparse) pushed = t.keys_pushed();
+  }
+  EXPECT_EQ(pushed, 2u);
 }
 
 }  // namespace

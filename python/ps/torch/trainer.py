@@ -218,8 +218,13 @@ class Trainer:
             f.result()
 
     def wait(self) -> None:
-        """Waits until the servers applied this worker's pushes and
-        acknowledged its last end_step (raises their failure, if any)."""
+        """Waits until the servers accepted this worker's pushes and
+        acknowledged its last end_step (raises their failure, if any).
+
+        ASYNC/SSP: the pushes are applied. BSP: a step is applied once every
+        live worker has ended it, before a server answers anything after the
+        last of those end_steps; so with one worker, or on the worker whose
+        end_step completed the step, the step is applied on return."""
         self._check_pushes()
         if self._end_step is not None:
             self._end_step.result()
