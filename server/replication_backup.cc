@@ -165,20 +165,16 @@ absl::Status KVServer::Impl::ApplyReplica(std::vector<zmq::message_t>& frames,
         // The primary applied it; a backup without room would fall behind.
         PS_RETURN_IF_ERROR(sparse->CheckPush(m.keys));
       }
-      if (h.seq() != 0) {
-        SeqWindow& w = replica_seqs_[primary][h.sender_node_id()];
-        if (w.Test(h.seq()) == SeqWindow::Check::kDuplicate) {
-          rh->set_duplicate(true);
-          return absl::OkStatus();
-        }
-        w.Record(h.seq());
+      if (replicas_.SeenOrRecord(primary, h.sender_node_id(), h.seq())) {
+        rh->set_duplicate(true);
+        return absl::OkStatus();
       }
       if (r.kind() == REPLICA_APPLY && h.op() == PUSH) {
         checkpoint_gate_.NoteReplicaApplied(h.clock());
       }
       if (r.kind() == REPLICA_BUFFER) {
-        replica_buffers_[primary][h.clock()].Add(h.sender_node_id(), table,
-                   m.keys, h.segments(), m.floats);
+        replicas_.Buffer(primary, h.clock())
+            .Add(h.sender_node_id(), table, m.keys, h.segments(), m.floats);
       } else if (h.op() == ASSIGN) {
         dense->Assign(h.segments(), m.floats.data());
       } else if (sparse != nullptr) {
@@ -186,38 +182,25 @@ absl::Status KVServer::Impl::ApplyReplica(std::vector<zmq::message_t>& frames,
       } else {
         dense->Push(h.segments(), m.floats.data(), scale);
       }
-      replica_keys_[h.table_id()] += sparse != nullptr ? m.keys.size() : n;
+      replicas_.CountApplied(h.table_id(), sparse != nullptr ? m.keys.size() : n);
       return absl::OkStatus();
     }
     case REPLICA_APPLY_STEP: {
       if (r.divisor() == 0) return absl::InvalidArgumentError("divisor 0");
-      auto buffers = replica_buffers_.find(primary);
-      if (buffers == replica_buffers_.end()) return absl::OkStatus();
-      auto step = buffers->second.find(r.step());
-      if (step == buffers->second.end()) return absl::OkStatus();
-      ApplyBuffered(r.step(), step->second, r.divisor());
-      buffers->second.erase(step);
+      StepBuffer step;
+      if (replicas_.TakeStep(primary, r.step(), &step)) {
+        ApplyBuffered(r.step(), step, r.divisor());
+      }
       return absl::OkStatus();
     }
     case REPLICA_SNAPSHOT_BEGIN:
     case REPLICA_SNAPSHOT_END: {
       for (uint32_t slot : r.slots()) PS_RETURN_IF_ERROR(check_slot(slot));
-      if (caught_up_.size() != num_slots) caught_up_.assign(num_slots, false);
-      const bool begin = r.kind() == REPLICA_SNAPSHOT_BEGIN;
-      for (uint32_t slot : r.slots()) caught_up_[slot] = !begin;
-      if (begin) {
-        // What was buffered of these slots before is in the copy that follows.
-        std::vector<bool> mask(num_slots, false);
-        for (uint32_t slot : r.slots()) mask[slot] = true;
-        absl::flat_hash_map<uint32_t, uint32_t> dims;
-        for (const auto& [id, t] : tables_) dims[id] = t->AsSparse() ? t->AsSparse()->dim() : 1;
-        auto buffers = replica_buffers_.find(primary);
-        if (buffers != replica_buffers_.end()) {
-          for (auto& [step, buffer] : buffers->second) {
-            buffer.ExtractSlots(mask, num_slots, dims, nullptr);
-          }
-        }
+      replicas_.SizeSlots(num_slots);
+      if (r.kind() == REPLICA_SNAPSHOT_BEGIN) {
+        replicas_.BeginCatchUp(primary, r.slots(), TableDims());
       } else {
+        replicas_.EndCatchUp(r.slots());
         Log()->info("caught up with {} slots of server {} (node {})", r.slots_size(), prank,
                     primary);
       }
@@ -228,12 +211,11 @@ absl::Status KVServer::Impl::ApplyReplica(std::vector<zmq::message_t>& frames,
       if (m.keys.size() % kEntry != 0) {
         return absl::InvalidArgumentError("sequence records of the wrong size");
       }
-      auto& windows = replica_seqs_[primary];
       for (size_t i = 0; i < m.keys.size(); i += kEntry) {
         PS_ASSIGN_OR_RETURN(SeqWindow w,
                             SeqWindow::FromWords(m.keys[i + 1],
                                                  m.keys.subspan(i + 2, SeqWindow::kWords)));
-        windows[m.keys[i]].Merge(w);
+        replicas_.MergeSeqs(primary, m.keys[i], w);
       }
       return absl::OkStatus();
     }
@@ -295,7 +277,7 @@ absl::Status KVServer::Impl::ApplyReplica(std::vector<zmq::message_t>& frames,
         for (uint64_t key : m.keys) {
           PS_RETURN_IF_ERROR(check_slot(SparseSlot(h.table_id(), key, num_slots)));
         }
-        StepBuffer& buffer = replica_buffers_[primary][r.step()];
+        StepBuffer& buffer = replicas_.Buffer(primary, r.step());
         auto& b = buffer.sparse[h.table_id()];
         for (size_t i = 0; i < m.keys.size(); ++i) {
           auto [it, inserted] =
@@ -326,7 +308,7 @@ absl::Status KVServer::Impl::ApplyReplica(std::vector<zmq::message_t>& frames,
       if (m.doubles.size() != total) {
         return absl::InvalidArgumentError("buffered dense sums of the wrong size");
       }
-      StepBuffer& buffer = replica_buffers_[primary][r.step()];
+      StepBuffer& buffer = replicas_.Buffer(primary, r.step());
       auto& b = buffer.dense[h.table_id()];
       size_t offset = 0;
       for (size_t i = 0; i < m.keys.size(); i += 3) {
@@ -357,7 +339,7 @@ void KVServer::Impl::Promote(const Ownership& prev, const Ownership& own) {
       prev.slot_backup.size() != num_slots) {
     return;
   }
-  if (caught_up_.size() != num_slots) caught_up_.assign(num_slots, false);
+  replicas_.SizeSlots(num_slots);
   if (promoted_.size() != num_slots) promoted_.assign(num_slots, false);
   // Old primary node -> the slots this server takes over from it.
   std::map<uint64_t, std::vector<bool>> from;
@@ -378,7 +360,7 @@ void KVServer::Impl::Promote(const Ownership& prev, const Ownership& own) {
       old_ranks.push_back(old);
     }
     ++count;
-    incomplete += !caught_up_[s];
+    incomplete += !replicas_.caught_up(s);
     promoted_[s] = true;
   }
   if (without_copy > 0) {
@@ -387,27 +369,16 @@ void KVServer::Impl::Promote(const Ownership& prev, const Ownership& own) {
                 without_copy, own.epoch);
   }
   if (count == 0) return;
-  absl::flat_hash_map<uint32_t, uint32_t> dims;
-  for (const auto& [id, t] : tables_) dims[id] = t->AsSparse() ? t->AsSparse()->dim() : 1;
+  const ReplicaStore::Dims dims = TableDims();
   uint64_t merged_steps = 0, applied_steps = 0;
-  for (auto& [node, mask] : from) {
-    // Retries of pushes the old primary applied and copied here must be
-    // answered as duplicates.
-    auto windows = replica_seqs_.find(node);
-    if (windows != replica_seqs_.end()) {
-      for (const auto& [sender, w] : windows->second) seqs_[sender].Merge(w);
-    }
-    auto buffers = replica_buffers_.find(node);
-    if (buffers == replica_buffers_.end()) continue;
-    for (auto& [step, buffer] : buffers->second) {
-      StepBuffer moved;
-      buffer.ExtractSlots(mask, num_slots, dims, &moved);
-      if (moved.Empty()) continue;
+  for (const auto& [node, mask] : from) {
+    replicas_.TakeOver(node, mask, num_slots, dims, &seqs_,
+                       [&](uint64_t step, StepBuffer&& moved) {
       if (consistency_.ShouldBuffer(step)) {
         // Joins this server's own step, applied with it.
         consistency_.NoteBuffered(step);
         moved.ExtractSlots(std::vector<bool>(num_slots, true), num_slots, dims,
-                     &buffers_[step]);
+                           &buffers_[step]);
         ++merged_steps;
       } else {
         // A step this server already applied for its own slots (or BSP was
@@ -419,7 +390,7 @@ void KVServer::Impl::Promote(const Ownership& prev, const Ownership& own) {
         ApplyBuffered(step, moved, std::max<uint32_t>(divisor, 1));
         ++applied_steps;
       }
-    }
+    });
   }
   // Checkpoints: the promoted rows hold pushes of the steps applied to them.
   checkpoint_gate_.Promoted();
@@ -438,21 +409,10 @@ void KVServer::Impl::Promote(const Ownership& prev, const Ownership& own) {
   }
 }
 
-void KVServer::Impl::DropDeadPrimaries(const Ownership& own) {
-  absl::flat_hash_set<uint64_t> live(own.server_node.begin(), own.server_node.end());
-  auto drop = [&](auto& map) {
-    for (auto it = map.begin(); it != map.end();) {
-      if (!live.contains(it->first)) {
-        map.erase(it++);
-      } else {
-        ++it;
-      }
-    }
-  };
-  // Held messages stay: they may come from a primary this view does not
-  // know yet; ReleaseReplicas refuses those of dead ones.
-  drop(replica_seqs_);
-  drop(replica_buffers_);
+ReplicaStore::Dims KVServer::Impl::TableDims() const {
+  ReplicaStore::Dims dims;
+  for (const auto& [id, t] : tables_) dims[id] = t->AsSparse() ? t->AsSparse()->dim() : 1;
+  return dims;
 }
 
 }  // namespace ps

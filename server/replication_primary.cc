@@ -156,7 +156,7 @@ absl::Status KVServer::Impl::NeedsForDuplicate(const Ownership& own,
 void KVServer::Impl::SyncBackups(const Ownership& own) {
   const uint32_t num_slots = static_cast<uint32_t>(own.slot_owner.size());
   if (paired_.size() != num_slots) paired_.assign(num_slots, 0);
-  if (caught_up_.size() != num_slots) caught_up_.assign(num_slots, false);
+  replicas_.SizeSlots(num_slots);
   if (promoted_.size() != num_slots) promoted_.assign(num_slots, false);
   absl::flat_hash_map<uint64_t, std::string> endpoints;  // live server nodes
   for (size_t r = 0; r < own.server_node.size(); ++r) {

@@ -318,8 +318,12 @@ void KVServer::Impl::ApplyView(const Ownership& own) {
     // worker's retry comes here). Promotion first, so the catch-ups of the
     // promoted slots to their new backups include what was promoted.
     if (last_applied_ != nullptr) Promote(*last_applied_, own);
-    DropDeadPrimaries(own);
-    for (auto& [node, windows] : replica_seqs_) forget_gone(windows);
+    // Held replica messages stay: they may come from a primary this view
+    // does not know yet; ReleaseReplicas refuses those of dead ones.
+    absl::flat_hash_set<uint64_t> live_servers(own.server_node.begin(), own.server_node.end());
+    absl::flat_hash_set<uint64_t> live_workers;
+    for (const auto& w : own.live_workers) live_workers.insert(w.node_id);
+    replicas_.Retain(live_servers, live_workers);
   }
   const ConsistencyMode before = consistency_.mode();
   const uint32_t staleness_before = consistency_.config().staleness();
@@ -738,11 +742,8 @@ void KVServer::Impl::FillStats(ResponseHeader* rh, const Ownership* own) const {
     }
     stats->set_rows(stats->rows() - std::min(stats->rows(), backup));
     stats->set_backup_rows(backup);
-    auto replica = replica_keys_.find(id);
-    if (replica != replica_keys_.end()) {
-      stats->set_keys_pushed(stats->keys_pushed() -
-                             std::min(stats->keys_pushed(), replica->second));
-    }
+    stats->set_keys_pushed(stats->keys_pushed() -
+                           std::min(stats->keys_pushed(), replicas_.applied(id)));
   }
 }
 

@@ -34,6 +34,7 @@
 #include "server/consistency.h"
 #include "server/key_cache.h"
 #include "server/peer_gate.h"
+#include "server/replica_store.h"
 #include "server/replication.h"
 #include "server/request_admission.h"
 #include "server/server.h"
@@ -273,7 +274,8 @@ class KVServer::Impl {
   // Slots this server owns now and backed in `prev`: their primary's
   // sequence records and buffered steps become this server's.
   void Promote(const Ownership& prev, const Ownership& own);
-  void DropDeadPrimaries(const Ownership& own);
+  // Sparse table id -> row dim, dense -> 1 (StepBuffer::ExtractSlots).
+  ReplicaStore::Dims TableDims() const;
   // Applies completed BSP steps and answers held pulls that may be answered.
   // Runs after each drain of the socket and, when a worker's ADVANCE_CLOCK
   // was handled (progress_due_), before the next message is read: a step
@@ -342,17 +344,11 @@ class KVServer::Impl {
   bool first_promoted_ = false;  // the request being processed
   bool progress_due_ = false;    // an ADVANCE_CLOCK was handled (Progress)
   std::vector<uint32_t> slots_scratch_;
-  // Backup side, by primary node id: its applied sequence numbers (by
-  // sender), its buffered BSP steps, messages waiting for a newer view.
-  absl::flat_hash_map<uint64_t, absl::flat_hash_map<uint64_t, SeqWindow>>
-      replica_seqs_;
-  absl::flat_hash_map<uint64_t, std::map<uint64_t, StepBuffer>> replica_buffers_;
+  // Backup side: the primaries' sequence records and buffered steps, the
+  // slots caught up, keys applied to copies; and, by primary node id,
+  // messages waiting for a newer view (I/O, so kept here).
+  ReplicaStore replicas_;
   absl::flat_hash_map<uint64_t, std::deque<Held>> replica_held_;
-  // Slot -> a catch-up of it completed here since this server became its
-  // backup.
-  std::vector<bool> caught_up_;
-  // Keys (sparse) or elements (dense) applied to backup copies, by table.
-  absl::flat_hash_map<uint32_t, uint64_t> replica_keys_;
   // Divisors of the BSP steps applied last (step -> divisor).
   std::map<uint64_t, uint32_t> recent_divisors_;
   // Failover measurement: slots promoted here, and whether the first
