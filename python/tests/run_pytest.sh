@@ -31,8 +31,12 @@ elif [[ "$libs" == *libtsan* ]]; then
   # TSan's runtime cannot be dlopen'ed (it needs static TLS, "cannot
   # allocate memory in static TLS block"): it must be in the process from
   # its start. Only the library is instrumented; races inside the
-  # interpreter, NumPy or PyTorch are not looked for.
-  export LD_PRELOAD="$(gcc -print-file-name=libtsan.so)"
+  # interpreter, NumPy or PyTorch are not looked for. The project's
+  # suppressions and abseil annotations (tests/sanitizers) come first: the
+  # runtime reads its suppressions at start, before libps_native.so loads.
+  hooks="$RUNFILES/tests/sanitizers/libps_tsan_preload.so"
+  [ -f "$hooks" ] || { echo "run_pytest.sh: $hooks missing (a TSan build has it)" >&2; exit 1; }
+  export LD_PRELOAD="$hooks:$(gcc -print-file-name=libtsan.so)"
   export TSAN_OPTIONS="halt_on_error=1:${TSAN_OPTIONS:-}"
   export PS_SANITIZER=1
 fi
