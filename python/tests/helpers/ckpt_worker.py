@@ -53,10 +53,12 @@ RAN_OUT = 3
 #: Seconds rank 0 waits before asking for the checkpoint: three heartbeats
 #: of the test's config (heartbeat_interval_ms: 100).
 HEARTBEAT_WAIT = 0.35
-#: Seconds each first-phase worker pauses after a step. It bounds the pace
-#: (so the checkpoint, placed about three heartbeats of steps ahead, falls
-#: well inside the shards), above all under ASYNC, where rank 1 keeps
-#: training while rank 0 waits for the heartbeats.
+#: Seconds each first-phase worker pauses after a step, times slowdown(). It
+#: bounds the pace (so the checkpoint, placed about three heartbeats of steps
+#: ahead, falls well inside the shards), above all under ASYNC, where rank 1
+#: keeps training while rank 0 waits for the heartbeats. Scaled as that wait
+#: is: under TSan (8x) an unscaled pause let rank 1 run 260 steps ahead
+#: during rank 0's 2.8 s wait, and the checkpoint fell at clock 288 of 300.
 STEP_PAUSE = 0.005
 
 
@@ -110,9 +112,10 @@ def first(config: str, out: pathlib.Path, checkpoint_dir: str, request_at: int) 
     k, b = sess.num_workers, int(sess.training["batch_size"])
     clock: Optional[int] = None
     recorded = sess.mode != "BSP"
+    pause = STEP_PAUSE * slowdown()
     for batch in sess.batches(lambda shard, epoch: data.shard_batches(shard, k, b)):
         trainer.step(torch_ctr.loss_of(model, batch))
-        time.sleep(STEP_PAUSE)
+        time.sleep(pause)
         if sess.rank == 0 and clock is None and sess.clock == request_at:
             at = sess.clock
             # The scheduler places the checkpoint a margin past the workers'
