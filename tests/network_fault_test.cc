@@ -4,9 +4,10 @@
 //
 // The job: 1 scheduler, 3 servers (replication 2), 2 workers training
 // logistic regression on synthetic click data in ASYNC mode, heartbeats
-// every 100 ms, a node silent for 1000 ms declared dead,
-// request_timeout_ms 5000 and failover_timeout_ms 8000 (small, so "never
-// hangs" is checked within test time). Every scenario first needs an
+// every 100 ms, a node silent for 1000 ms declared dead (3000 ms under
+// sanitizers), request_timeout_ms 5000 (10000 under sanitizers) and
+// failover_timeout_ms 8000 (small, so "never hangs" is checked within test
+// time). Every scenario first needs an
 // undisturbed run of the same job in the same lab topology (the
 // reference, once per test process) for its test AUC and examples.
 //
@@ -113,7 +114,6 @@ using ::ps::testing::Subprocess;
 constexpr int kServers = 3;
 constexpr int kWorkers = 2;
 constexpr double kAucTolerance = 0.005;
-constexpr int kRequestTimeoutMs = 5000;
 constexpr int kFailoverTimeoutMs = 8000;
 // A node cut from the scheduler gives up (exit 4) after this long.
 constexpr int kSchedulerUnreachableMs = 8000;
@@ -150,6 +150,13 @@ int Trials() { return Setting(absl::GetFlag(FLAGS_net_trials), "NET_TRIALS", 1);
 // A sanitizer build runs every process several times slower: a 1 s
 // timeout would declare live nodes dead.
 int HeartbeatTimeoutMs() { return Sanitizer() ? 3000 : 1000; }
+// Kept 2.5 times the heartbeat timeout: WorkerCutFromEverything heals its
+// cut up to 1 s after the worker is declared dead, and a request sent at
+// the cut must still be answered in time (after TCP's retransmission
+// backoff) so the worker learns it was dropped (exit 3) instead of failing
+// the request (exit 1). With 5000 ms under TSan (a 3.7 s cut) the request
+// timed out first.
+int RequestTimeoutMs() { return Sanitizer() ? 10000 : 5000; }
 
 std::string JobConfig() {
   return absl::StrFormat(R"pb(
@@ -180,7 +187,7 @@ std::string JobConfig() {
       batch_size: 256 epochs: 2 log_interval_s: 1
       sparse_table: "w" dense_table: "d"
     }
-  )pb", kServers, kWorkers, HeartbeatTimeoutMs(), kRequestTimeoutMs, kFailoverTimeoutMs,
+  )pb", kServers, kWorkers, HeartbeatTimeoutMs(), RequestTimeoutMs(), kFailoverTimeoutMs,
       kSchedulerUnreachableMs);
 }
 
@@ -439,7 +446,7 @@ class NetworkFaultTest : public ::testing::Test {
     // timeouts and slack. Past it the job hangs.
     const absl::Duration bound =
         Scaled(reference_.elapsed * 3 + d.extra +
-               absl::Milliseconds(kRequestTimeoutMs + kFailoverTimeoutMs) + absl::Seconds(30));
+               absl::Milliseconds(RequestTimeoutMs() + kFailoverTimeoutMs) + absl::Seconds(30));
     const absl::Time deadline = absl::Now() + bound;
     const std::string summary_path = h.dir() + "/summary.json";
     absl::Time summary_at = absl::InfiniteFuture();
@@ -1055,7 +1062,7 @@ class WorkerServerCut : public NetworkFault {
       const int server = static_cast<int>(rng() % kServers);
       const uint64_t step = StepAt(rng, 10, 50);
       const absl::Duration hold =
-          absl::Milliseconds(rng() % (kRequestTimeoutMs * 3 / 2 + 1));
+          absl::Milliseconds(rng() % (RequestTimeoutMs() * 3 / 2 + 1));
       const NetworkLab::Direction direction =
           fixed.has_value() ? *fixed
                             : (rng() % 2 == 0 ? NetworkLab::Direction::kAtoB
