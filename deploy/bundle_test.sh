@@ -57,8 +57,11 @@ if [ "${PS_SANITIZER:-0}" = 1 ] && ldd "$P/python/ps/libps_native.so" > "$T/nati
   sanitizer_env=("LD_PRELOAD=$(gcc -print-file-name=libasan.so):$(gcc -print-file-name=libubsan.so)"
                  "ASAN_OPTIONS=detect_leaks=0")
 elif [ "${PS_SANITIZER:-0}" = 1 ] && grep -q libtsan "$T/native.ldd"; then
-  # TSan's runtime cannot be dlopen'ed (static TLS): preloaded as well.
-  sanitizer_env=("LD_PRELOAD=$(gcc -print-file-name=libtsan.so)")
+  # TSan's runtime cannot be dlopen'ed (static TLS): preloaded as well,
+  # behind the project's hooks (python/tests/run_pytest.sh says why).
+  hooks="$R/tests/sanitizers/libps_tsan_preload.so"
+  [ -f "$hooks" ] || fail "$hooks missing (a TSan build has it)"
+  sanitizer_env=("LD_PRELOAD=$hooks:$(gcc -print-file-name=libtsan.so)")
 fi
 env -i PATH=/usr/bin:/bin "${sanitizer_env[@]}" "$P/bin/ps-python" -c \
   'import ps; print(ps.hash_key(1, 2), ps.data.describe_config("'"$R"'/examples/ctr/async.pbtxt")["num_servers"])' \
