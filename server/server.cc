@@ -294,24 +294,18 @@ void KVServer::Impl::ApplyView(const Ownership& own) {
   if (!own.has_view) return;
   if (!checkpoint_gate_.restore_tried() && !own.slot_owner.empty()) Restore(own);
   consistency_.SetLiveWorkers(own.live_workers);
-  // Sequence windows of senders that are gone: their retries cannot come.
-  auto forget_gone = [&](absl::flat_hash_map<uint64_t, SeqWindow>& windows) {
-    absl::flat_hash_set<uint64_t> live;
-    for (const auto& w : own.live_workers) live.insert(w.node_id);
-    for (auto it = windows.begin(); it != windows.end();) {
-      if (!live.contains(it->first)) {
-        windows.erase(it++);
-      } else {
-        ++it;
-      }
+  // Senders that are gone: their retries cannot come, so their sequence
+  // windows and stored key lists go.
+  absl::flat_hash_set<uint64_t> live_workers;
+  for (const auto& w : own.live_workers) live_workers.insert(w.node_id);
+  for (auto it = seqs_.begin(); it != seqs_.end();) {
+    if (!live_workers.contains(it->first)) {
+      seqs_.erase(it++);
+    } else {
+      ++it;
     }
-  };
-  if (!seqs_.empty()) forget_gone(seqs_);
-  {
-    absl::flat_hash_set<uint64_t> live;
-    for (const auto& w : own.live_workers) live.insert(w.node_id);
-    key_cache_.Retain(live);
   }
+  key_cache_.Retain(live_workers);
   if (own.replicated && !own.slot_owner.empty()) {
     // A message from the old primary of a slot may still be on its way
     // when the view promoting this server arrives: it is refused (its
@@ -321,8 +315,6 @@ void KVServer::Impl::ApplyView(const Ownership& own) {
     // Held replica messages stay: they may come from a primary this view
     // does not know yet; ReleaseReplicas refuses those of dead ones.
     absl::flat_hash_set<uint64_t> live_servers(own.server_node.begin(), own.server_node.end());
-    absl::flat_hash_set<uint64_t> live_workers;
-    for (const auto& w : own.live_workers) live_workers.insert(w.node_id);
     replicas_.Retain(live_servers, live_workers);
   }
   const ConsistencyMode before = consistency_.mode();

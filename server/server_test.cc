@@ -266,6 +266,15 @@ class ServerTest : public ::testing::Test {
     return next_request_id_;
   }
 
+  // Sends node `node`'s ADVANCE_CLOCK to `clock` without waiting for its
+  // answer; returns its request id.
+  uint64_t Advance(uint64_t node, uint64_t clock) {
+    RequestHeader h = Header(ADVANCE_CLOCK, 0, 0);
+    h.set_clock(clock);
+    h.set_sender_node_id(node);
+    return SendOnly(h, Frames(KeysFrame({})));
+  }
+
   // Sends a well-formed request and checks that the request id is echoed.
   Response SendValid(RequestHeader h, std::vector<zmq::message_t> rest) {
     h.set_request_id(++next_request_id_);
@@ -1952,13 +1961,6 @@ class BspKeyListServerTest : public ServerTest {
     return h;
   }
 
-  uint64_t Advance(uint64_t node, uint64_t clock) {
-    RequestHeader h = Header(ADVANCE_CLOCK, 0, 0);
-    h.set_clock(clock);
-    h.set_sender_node_id(node);
-    return SendOnly(h, Frames(KeysFrame({})));
-  }
-
   // Waits until `n` pulls have been deferred in all.
   void AwaitDeferred(uint64_t n) {
     const absl::Time deadline = absl::Now() + absl::Seconds(5);
@@ -2630,29 +2632,17 @@ TEST_F(GatedServerTest, ARequestQueuedWhileTheLeaseHeldAndTakenUpAfterItLapsedIs
 // its ADVANCE_CLOCK acknowledged reads its pushes applied (the Python
 // Trainer.wait() relies on it). Before the fix the step was applied only
 // once the whole queue was drained, and STATS counted nothing pushed.
-class GatedBspServerTest : public ServerTest {
+class GatedBspServerTest : public GatedServerTest {
  protected:
   void SetUp() override {
     const std::string config = std::string(kConfig) + "consistency { mode: BSP }\n";
     ASSERT_NO_FATAL_FAILURE(StartServer(/*standalone=*/false, config.c_str(), &gate_));
     ASSERT_NO_FATAL_FAILURE(InstallBspView());
   }
-  void TearDown() override {
-    gate_.Open();  // a failed test may leave it closed
-    ServerTest::TearDown();
-  }
-  // Outlives the server (TearDown destroys it).
-  GateClock gate_;
 };
 
 TEST_F(GatedBspServerTest, AStepCompletedByAnAdvanceIsAppliedBeforeTheNextRequest) {
   GateClock& gate = gate_;
-  auto advance = [&](uint64_t node, uint64_t clock) {
-    RequestHeader h = Header(ADVANCE_CLOCK, 0, 0);
-    h.set_clock(clock);
-    h.set_sender_node_id(node);
-    return SendOnly(h, Frames(KeysFrame({})));
-  };
   // Both workers push step 0: buffered (2 keys).
   for (uint64_t node : {1u, 2u}) {
     RequestHeader h = SeqHeader(PUSH, kSparse, 1, node, /*seq=*/1);
@@ -2664,8 +2654,8 @@ TEST_F(GatedBspServerTest, AStepCompletedByAnAdvanceIsAppliedBeforeTheNextReques
   // stopped between two loops, so that one drain reads all three.
   gate.Close();
   ASSERT_TRUE(gate.AwaitHeld());
-  advance(1, 1);
-  advance(2, 1);
+  Advance(1, 1);
+  Advance(2, 1);
   const uint64_t stats_id = SendOnly(Header(STATS, 0, 0), Frames(KeysFrame({})));
   absl::SleepFor(absl::Milliseconds(100));  // let the socket take them in
   gate.Open();
