@@ -171,18 +171,20 @@ void PeerGate::HandleZap() {
   if (status == "200") {
     admitted_.fetch_add(1);
   } else if (status == "300") {
-    connection_refusals_.fetch_add(1);
-    if (refused_limit_ != nullptr) refused_limit_->Add();
+    // Logged before counted, here and below: whoever reads the count sees
+    // the line (tests wait for the count, then read the log).
     if (std::string more; limit_log_.ShouldLog(&more)) {
       Log()->warn("refused a data-plane connection from {}: {}{}", address, reason, more);
     }
+    connection_refusals_.fetch_add(1);
+    if (refused_limit_ != nullptr) refused_limit_->Add();
   } else {
-    auth_refusals_.fetch_add(1);
-    if (refused_key_ != nullptr) refused_key_->Add();
     if (std::string more; key_log_.ShouldLog(&more)) {
       Log()->warn("refused a data-plane connection from {} (mechanism {}): {}{}", address,
                   mechanism.empty() ? "(none)" : mechanism, reason, more);
     }
+    auth_refusals_.fetch_add(1);
+    if (refused_key_ != nullptr) refused_key_->Add();
   }
   // zmq::buffer keeps a pointer only: the text must outlive the send.
   const std::string text = status == "200" ? std::string("OK") : reason;
@@ -235,12 +237,13 @@ void PeerGate::HandleMonitorEvent(std::vector<zmq::message_t>& frames) {
     }
     return;
   }
-  auth_refusals_.fetch_add(1);
-  if (refused_handshake_ != nullptr) refused_handshake_->Add();
+  // Logged before counted (see HandleZap).
   if (std::string more; handshake_log_.ShouldLog(&more)) {
     Log()->warn("refused a data-plane connection on {} (mechanism CURVE expected): {}{}",
                 frames[1].to_string(), reason, more);
   }
+  auth_refusals_.fetch_add(1);
+  if (refused_handshake_ != nullptr) refused_handshake_->Add();
 }
 
 }  // namespace ps
