@@ -1,10 +1,12 @@
 """Trainer: runs a PyTorch model's steps against the parameter servers.
 
-    model = Net()                                  # ps.torch.EmbeddingBag("emb", dim=8) inside
+    model = Net()                       # ps.torch.EmbeddingBag("emb", embedding_dim=8) inside
     trainer = ps.torch.Trainer(sess, model)        # binds tables, dense init, barrier
     for batch in sess.batches(batches_of):
         loss = loss_fn(model(batch), batch.labels)  # mean loss over the batch
         trainer.step(loss)                          # backward, pushes, end_step
+    if sess.finish():                               # True on the evaluator
+        evaluate(model)                             # the servers' final dense values
 
 The servers own the optimizer: the trainer pushes gradients (of the mean
 loss over this worker's batch) and reads the updated values back; there is
@@ -21,7 +23,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..session import DenseTable, Future, Session
+from ..errors import PsError
+from ..session import FINISHED_CLOCK, DenseTable, Future, Session
 from .embedding import table_modules
 
 _log = logging.getLogger("ps.torch")
@@ -52,6 +55,10 @@ class _DenseGroup:
         return torch.cat([p.detach().reshape(-1).float().cpu()
                           for _, p in self.params]).numpy()
 
+    def pull(self) -> "Future[np.ndarray]":
+        """Future of the table's values: float32 (size,)."""
+        return self.table.pull()
+
     def flat_grads(self) -> torch.Tensor:
         """float32 (size,): the parameters' gradients (zeros where None)."""
         return torch.cat([
@@ -60,6 +67,7 @@ class _DenseGroup:
             for _, p in self.params])
 
     def load(self, flat: np.ndarray) -> None:
+        """Copies float32 (size,) values into the parameters."""
         t = torch.from_numpy(flat)
         with torch.no_grad():
             for (_, p), off in zip(self.params, self.offsets):
@@ -96,7 +104,10 @@ class Trainer:
     0: a replacement, or a restored job) only pulls. Each step's dense
     values are pulled after end_step and copied into the parameters just
     before the model's next forward (a forward pre-hook; call sync() to do
-    it by hand).
+    it by hand). The first forward after sess.finish() reads the servers'
+    final values instead (every worker's last pushes are in by then), so
+    evaluation scores what export() writes; pull_dense() does the same at
+    any time, e.g. after close() removed the hook.
 
     Counters: steps (steps ended through the trainer), nonfinite_steps
     (steps whose loss or gradients were not finite: nothing was pushed).
@@ -120,9 +131,13 @@ class Trainer:
         self.model = model
         self.steps = 0
         self.nonfinite_steps = 0
-        self._push_futures: List[Future] = []
-        self._end_step: Optional[Future] = None
-        self._dense_pulls: List[Tuple[_DenseGroup, Future]] = []
+        self._push_futures: List[Future[None]] = []
+        # end_step futures not yet seen answered, oldest first: a step's
+        # failure is raised by a later step(), wait() or close().
+        self._end_steps: List[Future[None]] = []
+        self._dense_pulls: List[Tuple[_DenseGroup, Future[np.ndarray]]] = []
+        # The dense values were read after this worker finished (final).
+        self._pulled_final = False
 
         self._modules = [m for _, m in table_modules(model)]
         for m in self._modules:
@@ -201,11 +216,39 @@ class Trainer:
     # ---- dense values
 
     def _pull_dense(self) -> None:
-        self._dense_pulls = [(g, g.table.pull()) for g in self._groups]
+        self._dense_pulls = [(g, g.pull()) for g in self._groups]
+
+    def pull_dense(self) -> None:
+        """Reads the servers' current dense values into the parameters now.
+
+        Waits for this worker's pushes and ended steps first (raising their
+        failure), so the values include every update of this worker. Call
+        it before scoring when the forward pre-hook is gone (after close());
+        after sess.finish() they are the job's final values, the ones
+        export() writes.
+        """
+        self.wait()
+        pulls = [(g, g.pull()) for g in self._groups]
+        self._dense_pulls = []  # older than these
+        for g, f in pulls:
+            g.load(f.result())
+        self._pulled_final = self._session_finished()
+
+    def _session_finished(self) -> bool:
+        try:
+            return self.sess.clock == FINISHED_CLOCK
+        except PsError:  # closed: nothing more to read
+            return False
 
     def sync(self) -> None:
         """Copies the pulled dense values into the parameters (waits for
-        the pulls if they are in flight). The forward pre-hook calls it."""
+        the pulls if they are in flight). The forward pre-hook calls it.
+        The first call after sess.finish() reads the servers' final values
+        (pull_dense()) instead of those pulled after this worker's last
+        step, which miss the other workers' later pushes."""
+        if not self._pulled_final and self._groups and self._session_finished():
+            self.pull_dense()
+            return
         pulls, self._dense_pulls = self._dense_pulls, []
         for g, f in pulls:
             g.load(f.result())
@@ -217,6 +260,23 @@ class Trainer:
         for f in futures:
             f.result()
 
+    def _check_end_steps(self, wait: bool) -> None:
+        """Raises the failure of an ended step: of any answered one, or,
+        with `wait`, of every one (waiting for them). A raised failure is
+        raised once; the steps after it stay to be checked."""
+        futures, self._end_steps = self._end_steps, []
+        pending: List[Future[None]] = []
+        for i, f in enumerate(futures):
+            if not wait and not f.done():
+                pending.append(f)
+                continue
+            try:
+                f.result()
+            except BaseException:
+                self._end_steps = pending + futures[i + 1:]
+                raise
+        self._end_steps = pending
+
     def wait(self) -> None:
         """Waits until the servers accepted this worker's pushes and
         acknowledged its last end_step (raises their failure, if any).
@@ -226,8 +286,7 @@ class Trainer:
         last of those end_steps; so with one worker, or on the worker whose
         end_step completed the step, the step is applied on return."""
         self._check_pushes()
-        if self._end_step is not None:
-            self._end_step.result()
+        self._check_end_steps(wait=True)
 
     def step(self, loss: Optional[torch.Tensor] = None,
              prefetch: Optional[Callable[[], Any]] = None) -> bool:
@@ -242,8 +301,14 @@ class Trainer:
         a gradient was not finite: then nothing is pushed, nonfinite_steps
         grows, and the step is still ended (end_step), so BSP peers do not
         stall.
+
+        Raises, before anything of this step is done, the failure of the
+        previous step's pushes (waiting for them) or of an earlier step's
+        end_step once answered (an unanswered one is checked by a later
+        step, wait() or close()).
         """
         self._check_pushes()
+        self._check_end_steps(wait=False)
         finite = True
         if loss is not None:
             if not bool(torch.isfinite(loss.detach()).all()):
@@ -277,7 +342,7 @@ class Trainer:
                     self._sparse_tables[name].push(keys.numpy(), grads.numpy()))
             for g, flat in dense:
                 self._push_futures.append(g.table.push(flat.numpy()))
-        self._end_step = self.sess.end_step()
+        self._end_steps.append(self.sess.end_step())
         self.steps += 1
         if prefetch is not None and (not finite or not self.prefetch_early):
             prefetch()
@@ -311,20 +376,21 @@ class Trainer:
     # ---- export
 
     def export(self, path: Any) -> None:
-        """Writes a plain PyTorch state dict to `path` (torch.save): the
-        model's parameters with the servers' dense values, its buffers as
-        this process holds them, and per sparse table TABLE_PREFIX +
-        name + ".keys" (int64, the uint64 keys' bits) and ".rows" (float32
-        (n, dim)) of every row the servers hold (table.scan(): call it
-        between steps, e.g. after training). Keys never pushed have no row.
+        """Writes a plain PyTorch state dict to `path` (torch.save; tensors
+        only, so torch.load(path, weights_only=True) reads it): the
+        model's parameters with the servers' dense values (read into the
+        live model too, by pull_dense(), so it scores as the file does),
+        its buffers as this process holds them, and per sparse table
+        TABLE_PREFIX + name + ".keys" (int64, the uint64 keys' bits) and
+        ".rows" (float32 (n, dim)) of every row the servers hold
+        (table.scan(): call it between steps, e.g. after training). Keys
+        never pushed have no row.
         """
-        self._check_pushes()
+        self.pull_dense()
         state: Dict[str, torch.Tensor] = {}
-        pulls = [(g, g.table.pull()) for g in self._groups]
-        for g, f in pulls:
-            flat = torch.from_numpy(f.result())
-            for (name, p), off in zip(g.params, g.offsets):
-                state[name] = flat[off:off + p.numel()].view_as(p).clone()
+        for g in self._groups:
+            for name, p in g.params:
+                state[name] = p.detach().float().cpu().clone()
         for name, b in self.model.named_buffers():
             state[name] = b.detach().clone()
         for name, table in self._sparse_tables.items():
@@ -334,9 +400,10 @@ class Trainer:
         torch.save(state, path)
 
     def close(self) -> None:
-        """Removes the forward pre-hook and waits for the pushes."""
+        """Removes the forward pre-hook and waits for the pushes and ended
+        steps (raising their failure)."""
         self._hook.remove()
-        self._check_pushes()
+        self.wait()
 
     def __repr__(self) -> str:
         dense = ", ".join(f"{g.table.name}[{g.size}]" for g in self._groups)

@@ -169,11 +169,7 @@ def resume(config: str, out: pathlib.Path, meet: bool = True) -> int:
     write_json(out / f"done-{sess.rank}.json", {"steps": trainer.steps,
                                                 "nonfinite": trainer.nonfinite_steps})
     if sess.finish():
-        # The dense values the trainer pulled after this worker's last step
-        # miss the other workers' later steps (ASYNC): read them again.
-        trainer.sync()
-        flat = torch.from_numpy(sess.table("dense").pull().result())
-        torch.nn.utils.vector_to_parameters(flat, model.parameters())
+        trainer.pull_dense()  # every worker's last steps (ASYNC: after this one's)
         test = data.fill(1, 0, data.num_test)
         keys, numeric, labels = torch_ctr.batch_tensors(test)
         model.eval()
