@@ -67,3 +67,23 @@ def test_exported_model_scores_like_the_ps_model_without_servers(
     k = torch.from_numpy(known)
     torch.testing.assert_close(got0[k], expected[k], rtol=1e-6, atol=1e-6)
     assert (got0[~k] - expected[~k]).abs().min() > 0
+
+
+class _RunsCodeWhenLoaded:
+    """A pickled object whose unpickling calls a function (here: appends to
+    a list), as a crafted model file could run anything."""
+
+    def __reduce__(self):
+        return (_LOADED.append, ("code ran",))
+
+
+_LOADED: list = []
+
+
+def test_load_for_inference_loads_tensors_only(tmp_path):
+    path = str(tmp_path / "crafted.pt")
+    torch.save({"mlp.0.bias": torch.zeros(torch_ctr.HIDDEN), "x": _RunsCodeWhenLoaded()},
+               path)
+    with pytest.raises(ValueError, match="not a file of tensors only.*weights_only=True"):
+        ps.torch.load_for_inference(path, torch_ctr.ps_net)
+    assert _LOADED == []

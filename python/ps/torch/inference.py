@@ -8,11 +8,17 @@ a local module over the exported key -> row map. A key with no exported row
 (never pushed) gets zeros by default; pass the job config as `config` to
 give it the row the servers would have served instead (the table's
 initializer, computed by the native library: no servers needed).
+
+The file is read with torch.load(..., weights_only=True): tensors only, so
+a crafted file cannot run code. The returned model is plain PyTorch: its
+state_dict() (dense parameters, and each local table's "keys" and "rows"
+buffers) loads strictly into another model from load_for_inference.
 """
 
 from __future__ import annotations
 
 import os
+import pickle
 from typing import Any, Callable, Dict, Optional, Union
 
 import numpy as np
@@ -65,7 +71,7 @@ class LocalTable(nn.Module):
     def extra_repr(self) -> str:
         init = "initializer" if self.config else "zeros"
         return (f"table={self.table_name!r}, rows={self.keys.numel()}, "
-                f"dim={self.embedding_dim}, unknown keys={init}")
+                f"embedding_dim={self.embedding_dim}, unknown keys={init}")
 
 
 class LocalEmbeddingBag(LocalTable):
@@ -109,14 +115,21 @@ def load_for_inference(path: Union[str, os.PathLike], model_factory: Callable[[]
                        config: Optional[Union[str, os.PathLike]] = None) -> nn.Module:
     """A plain module that scores like the exported PS-backed model.
 
-    path: a file written by Trainer.export. model_factory(): builds the same
-    model without a session (its ps.torch modules given by table name and
-    dim). config: the job config; given, keys without an exported row get
-    the table's initial values (as the servers answer); None: zeros.
-    Returns the model in eval mode, its dense parameters and buffers
-    loaded (strictly: names must match), its table modules replaced.
+    path: a file written by Trainer.export (read with weights_only=True:
+    a file holding anything but tensors is refused with ValueError).
+    model_factory(): builds the same model without a session (its ps.torch
+    modules given by table name and embedding_dim). config: the job
+    config; given, keys without an exported row get the table's initial
+    values (as the servers answer); None: zeros. Returns the model in eval
+    mode, its table modules replaced by local ones, its dense parameters
+    and buffers loaded (strictly: names must match).
     """
-    state: Dict[str, torch.Tensor] = torch.load(path, map_location="cpu")
+    try:
+        state: Dict[str, torch.Tensor] = torch.load(path, map_location="cpu",
+                                                    weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise ValueError(f"{os.fspath(path)}: not a file of tensors only, as Trainer.export "
+                         f"writes (read with weights_only=True): {e}") from e
     tables: Dict[str, Dict[str, torch.Tensor]] = {}
     dense: Dict[str, torch.Tensor] = {}
     for k, v in state.items():
@@ -126,7 +139,6 @@ def load_for_inference(path: Union[str, os.PathLike], model_factory: Callable[[]
         else:
             dense[k] = v
     model = model_factory()
-    model.load_state_dict(dense, strict=True)
     cfg = os.fspath(config) if config is not None else None
     for qualified, module in table_modules(model):
         t = tables.get(module.table_name)
@@ -138,10 +150,13 @@ def load_for_inference(path: Union[str, os.PathLike], model_factory: Callable[[]
                              f"{t['rows'].shape[1]}, module of dim {module.embedding_dim}")
         rows = t["rows"].reshape(-1, module.embedding_dim)
         local = _local(module, t["keys"], rows, cfg)
+        # The local module's buffers join the strict load below.
+        dense.update(local.state_dict(prefix=f"{qualified}." if qualified else ""))
         if not qualified:
             model = local
             break
         parent_name, _, child = qualified.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         setattr(parent, child, local)
+    model.load_state_dict(dense, strict=True)
     return model.eval()
