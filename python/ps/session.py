@@ -26,7 +26,8 @@ import signal
 import threading
 import time
 import weakref
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple, Union
+from typing import (Any, Callable, Dict, Generic, Iterable, Iterator, List, Optional, Tuple,
+                    TypeVar, Union)
 
 import numpy as np
 
@@ -121,8 +122,13 @@ def _first_nonfinite(a: np.ndarray) -> Optional[int]:
     return int(np.flatnonzero(~np.isfinite(a.reshape(-1)))[0])
 
 
-class Future:
-    """The result of an asynchronous call. `result()` waits for it.
+#: What a Future's result() returns.
+_T = TypeVar("_T")
+
+
+class Future(Generic[_T]):
+    """The result of an asynchronous call. `result()` waits for it and
+    returns a _T (Future[np.ndarray] for pulls, Future[None] for writes).
 
     The buffers the request reads or writes are held by the future until
     it completes; a future dropped before completion is kept by its session
@@ -161,7 +167,7 @@ class Future:
         self._status = (code, _native.last_error() if code != 0 else "")
         return True
 
-    def result(self, timeout: Optional[float] = None) -> Any:
+    def result(self, timeout: Optional[float] = None) -> _T:
         """Waits for the result (at most `timeout` seconds; None: no limit).
 
         Raises the PsError subclass of the failure, or ps.Timeout when
@@ -286,7 +292,7 @@ class SparseTable(_Table):
                 f"out must be a C-contiguous float32 array of {keys.size}x{self.dim}")
         return out
 
-    def pull(self, keys: Any, out: Optional[np.ndarray] = None) -> Future:
+    def pull(self, keys: Any, out: Optional[np.ndarray] = None) -> Future[np.ndarray]:
         """Future of the rows of `keys`: float32 array of shape (n, dim)."""
         k = as_keys(keys)
         o = self._out(k, out)
@@ -296,7 +302,7 @@ class SparseTable(_Table):
                                      o.size, ctypes.byref(h)))
         return s._future(h, (k, o), lambda f: o)
 
-    def push(self, keys: Any, grads: Any) -> Future:
+    def push(self, keys: Any, grads: Any) -> Future[None]:
         """Sends gradients (n, dim) of `keys`; Future of None once applied."""
         k = as_keys(keys)
         g = self._grads(k, grads)
@@ -306,7 +312,8 @@ class SparseTable(_Table):
                                      ctypes.byref(h)))
         return s._future(h, ())
 
-    def push_pull(self, keys: Any, grads: Any, out: Optional[np.ndarray] = None) -> Future:
+    def push_pull(self, keys: Any, grads: Any,
+                  out: Optional[np.ndarray] = None) -> Future[np.ndarray]:
         """Pushes gradients and pulls the updated rows in one round trip."""
         k = as_keys(keys)
         g = self._grads(k, grads)
@@ -353,7 +360,7 @@ class DenseTable(_Table):
                 f"{begin + count}) is out of range")
 
     def pull(self, begin: int = 0, count: Optional[int] = None,
-             out: Optional[np.ndarray] = None) -> Future:
+             out: Optional[np.ndarray] = None) -> Future[np.ndarray]:
         """Future of elements [begin, begin + count) (float32, 1-D)."""
         if count is None:
             count = self.size - begin if out is None else out.size
@@ -380,7 +387,7 @@ class DenseTable(_Table):
                 f"of dense table {self.name!r}: {v[bad]}; nothing was sent")
         return v
 
-    def push(self, grads: Any, begin: int = 0) -> Future:
+    def push(self, grads: Any, begin: int = 0) -> Future[None]:
         """Sends gradients of elements [begin, begin + len(grads))."""
         g = self._values(grads, begin, "gradients")
         s = self._session
@@ -389,7 +396,7 @@ class DenseTable(_Table):
                                            ctypes.byref(h)))
         return s._future(h, ())
 
-    def assign(self, values: Any, begin: int = 0) -> Future:
+    def assign(self, values: Any, begin: int = 0) -> Future[None]:
         """Overwrites elements [begin, begin + len(values)) (optimizer state kept)."""
         v = self._values(values, begin, "values")
         s = self._session
@@ -627,7 +634,7 @@ class Session:
 
     # ---- steps and the job's lifecycle
 
-    def end_step(self, position: Optional[DataPosition] = None) -> Future:
+    def end_step(self, position: Optional[DataPosition] = None) -> Future[None]:
         """Ends a step: exactly once per step, in every mode (under BSP/SSP
         the others' pulls wait for it). `position` is the next untrained
         batch; inside `batches()` it defaults to the loop's. Once the servers

@@ -6,7 +6,7 @@
     class Net(nn.Module):
         def __init__(self):
             super().__init__()
-            self.emb = ps.torch.EmbeddingBag("emb", dim=8, mode="sum")
+            self.emb = ps.torch.EmbeddingBag("emb", embedding_dim=8, mode="sum")
             self.mlp = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
         def forward(self, keys):                      # keys: int64 (B, L)
             return self.mlp(self.emb(keys)).squeeze(1)
@@ -17,8 +17,9 @@
     for batch in sess.batches(batches_of):
         loss = F.binary_cross_entropy_with_logits(model(keys), labels)  # mean loss
         trainer.step(loss)                            # pushes, then sess.end_step()
-    if sess.finish():
-        trainer.export("model.pt")
+    if sess.finish():                                 # True on the evaluator
+        evaluate(model)                               # the servers' final dense values
+        trainer.export("model.pt")                    # the same values, and the rows
     sess.close()
     scorer = ps.torch.load_for_inference("model.pt", Net)   # no servers needed
 

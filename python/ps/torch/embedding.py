@@ -9,15 +9,21 @@ after backward, sums the gradients of each key over every module of the
 same table, and pushes one row per distinct key. Under model.eval() or
 torch.no_grad() nothing is recorded, so nothing is pushed.
 
+The rows are not the module's: state_dict() and load_state_dict() of a
+model holding these modules are refused (a state dict without the rows
+would lose them silently). Trainer.export writes the dense parameters and
+every table's rows; ps.torch.load_for_inference builds a plain model from
+that file, whose own state dict then round-trips as usual.
+
 Keys: int64 tensors (bit-cast to uint64, so negative values are the upper
 half of the hash space), NumPy uint64/int64 arrays, or lists of ints.
-Rows: float32, (n, dim), on the device of the input keys (pulled to and
-pushed from the CPU).
+Rows: float32, (n, embedding_dim), on the device of the input keys
+(pulled to and pushed from the CPU).
 """
 
 from __future__ import annotations
 
-from typing import Any, List, Optional, Tuple, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 import torch
@@ -28,6 +34,15 @@ from ..session import Future, Session, SparseTable
 
 #: Prefetched pulls kept per module; older unmatched ones are dropped.
 _MAX_PREFETCHED = 4
+
+
+def _embedding_dim(embedding_dim: Optional[int], dim: Optional[int]) -> Optional[int]:
+    """The row width given as embedding_dim= or its other name dim=."""
+    if embedding_dim is not None and dim is not None and int(embedding_dim) != int(dim):
+        raise TypeError(f"embedding_dim={embedding_dim} and dim={dim} differ (dim is "
+                        "another name for embedding_dim: give one)")
+    width = embedding_dim if embedding_dim is not None else dim
+    return None if width is None else int(width)
 
 
 def as_id_tensor(ids: Any) -> torch.Tensor:
@@ -69,17 +84,22 @@ class TableModule(nn.Module):
 
     Args:
       table: a SparseTable; or a Session (then `table_name` names the
-        table); or the table's name alone (then `dim` is required and the
-        module is bound to a session later, by ps.torch.Trainer or bind()).
-        The name-only form lets the same model factory build a PS-backed
-        model and, with ps.torch.load_for_inference, a local one.
+        table); or the table's name alone (then `embedding_dim` is
+        required and the module is bound to a session later, by
+        ps.torch.Trainer or bind()). The name-only form lets the same model
+        factory build a PS-backed model and, with
+        ps.torch.load_for_inference, a local one.
       table_name: the table's name when `table` is a Session.
-      dim: the row width; checked against the table when both are known.
+      embedding_dim: the row width (floats per row), as torch.nn.Embedding
+        names it; checked against the table when both are known. `dim` is
+        another name for it.
     """
 
     def __init__(self, table: Union[SparseTable, Session, str],
-                 table_name: Optional[str] = None, *, dim: Optional[int] = None) -> None:
+                 table_name: Optional[str] = None, *, embedding_dim: Optional[int] = None,
+                 dim: Optional[int] = None) -> None:
         super().__init__()
+        dim = _embedding_dim(embedding_dim, dim)
         self._table: Optional[SparseTable] = None
         if isinstance(table, Session):
             if table_name is None:
@@ -97,18 +117,19 @@ class TableModule(nn.Module):
             self.bind(table)
         elif isinstance(table, str):
             if dim is None:
-                raise TypeError(f"dim is required for table {table!r} given by name")
+                raise TypeError(f"embedding_dim is required for table {table!r} given "
+                                "by name")
             self.table_name = table
             self.embedding_dim = int(dim)
         else:
             raise TypeError("table must be a ps.SparseTable, a ps.Session (with "
                             f"table_name) or a table name; got {type(table).__name__}")
         if self.embedding_dim < 1:
-            raise ValueError(f"dim must be >= 1; got {self.embedding_dim}")
+            raise ValueError(f"embedding_dim must be >= 1; got {self.embedding_dim}")
         # (distinct keys int64 (n,), rows leaf float32 (n, dim)) per recorded
         # forward since the trainer last took them.
         self._records: List[Tuple[torch.Tensor, torch.Tensor]] = []
-        self._prefetched: List[Tuple[torch.Tensor, Future]] = []
+        self._prefetched: List[Tuple[torch.Tensor, Future[np.ndarray]]] = []
         #: Pulls this module issued (prefetches included), and forwards
         #: that found their rows prefetched.
         self.pulls = 0
@@ -125,7 +146,7 @@ class TableModule(nn.Module):
                              f"{table.name!r}")
         if table.dim != self.embedding_dim:
             raise ValueError(f"table {table.name!r} has dim {table.dim}; the module was "
-                             f"built with dim {self.embedding_dim}")
+                             f"built with embedding_dim {self.embedding_dim}")
         self._table = table
 
     @property
@@ -156,7 +177,7 @@ class TableModule(nn.Module):
         self._prefetched.append((uniq, self.table.pull(uniq.numpy())))
         del self._prefetched[:-_MAX_PREFETCHED]
 
-    def _take_prefetched(self, uniq: torch.Tensor) -> Optional[Future]:
+    def _take_prefetched(self, uniq: torch.Tensor) -> Optional[Future[np.ndarray]]:
         for i, (keys, fut) in enumerate(self._prefetched):
             if keys.shape == uniq.shape and torch.equal(keys, uniq):
                 del self._prefetched[:i + 1]  # older ones are of skipped batches
@@ -186,6 +207,28 @@ class TableModule(nn.Module):
             self._records.append((uniq, rows))
         return inverse, rows
 
+    # ---- state dicts: the rows are the servers'
+
+    def _save_to_state_dict(self, destination: Dict[str, Any], prefix: str,
+                            keep_vars: bool) -> None:
+        where = f" (module {prefix[:-1]!r})" if prefix else ""
+        raise RuntimeError(
+            f"the rows of table {self.table_name!r}{where} live on the servers, not in "
+            "the model: its state_dict() would leave them out. Save a trained model with "
+            "ps.torch.Trainer.export(path) (dense parameters and every table's rows) and "
+            "load it with ps.torch.load_for_inference(path, model_factory); the state_dict() "
+            "of a submodule without tables holds its dense parameters alone")
+
+    def _load_from_state_dict(self, state_dict: Dict[str, Any], prefix: str,
+                              local_metadata: Any, strict: bool, missing_keys: List[str],
+                              unexpected_keys: List[str], error_msgs: List[str]) -> None:
+        where = f" (module {prefix[:-1]!r})" if prefix else ""
+        raise RuntimeError(
+            f"the rows of table {self.table_name!r}{where} live on the servers: a state "
+            "dict cannot be loaded into a model that holds them. Score an exported model "
+            "with ps.torch.load_for_inference(path, model_factory); load dense "
+            "parameters alone into the submodules without tables")
+
     # ---- what the trainer takes
 
     def take_records(self) -> List[Tuple[torch.Tensor, torch.Tensor]]:
@@ -208,7 +251,7 @@ class TableModule(nn.Module):
         return len(self._records)
 
     def extra_repr(self) -> str:
-        return f"table={self.table_name!r}, dim={self.embedding_dim}"
+        return f"table={self.table_name!r}, embedding_dim={self.embedding_dim}"
 
 
 class EmbeddingBag(TableModule):
@@ -218,14 +261,15 @@ class EmbeddingBag(TableModule):
       input: 2-D (B, L) keys (B bags of L keys), or 1-D keys with `offsets`
         (int64 (B,) start of each bag; bags may be empty or of any length).
       per_sample_weights: float32 like input, only with mode "sum".
-    Returns float32 (B, dim): the sum, mean or max of each bag's rows
+    Returns float32 (B, embedding_dim): the sum, mean or max of each bag's rows
     (an empty bag gives zeros).
     """
 
     def __init__(self, table: Union[SparseTable, Session, str],
                  table_name: Optional[str] = None, *, mode: str = "sum",
-                 dim: Optional[int] = None, include_last_offset: bool = False) -> None:
-        super().__init__(table, table_name, dim=dim)
+                 embedding_dim: Optional[int] = None, dim: Optional[int] = None,
+                 include_last_offset: bool = False) -> None:
+        super().__init__(table, table_name, embedding_dim=embedding_dim, dim=dim)
         if mode not in ("sum", "mean", "max"):
             raise ValueError(f"mode must be 'sum', 'mean' or 'max'; got {mode!r}")
         self.mode = mode
@@ -253,7 +297,7 @@ class EmbeddingBag(TableModule):
 class Embedding(TableModule):
     """Like torch.nn.Embedding, with its rows in a sparse table.
 
-    forward(input): keys of any shape S; returns float32 S + (dim,).
+    forward(input): keys of any shape S; returns float32 S + (embedding_dim,).
     """
 
     def forward(self, input: Any) -> torch.Tensor:

@@ -349,9 +349,6 @@ class Trainer:
         self._pull_dense()
         return finite
 
-    #: The same as step().
-    backward = step
-
     @staticmethod
     def _sum_by_key(recs: List[Tuple[torch.Tensor, torch.Tensor]]
                     ) -> Tuple[torch.Tensor, torch.Tensor]:

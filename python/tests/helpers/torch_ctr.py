@@ -67,7 +67,7 @@ class CtrNet(nn.Module):
 def ps_net(seed: int = 0) -> CtrNet:
     """The PS-backed model (table "emb" by name), dense init from `seed`."""
     torch.manual_seed(seed)
-    return CtrNet(ps.torch.EmbeddingBag("emb", dim=DIM, mode="sum"))
+    return CtrNet(ps.torch.EmbeddingBag("emb", embedding_dim=DIM, mode="sum"))
 
 
 def batch_tensors(batch: ps.data.CtrBatch) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
