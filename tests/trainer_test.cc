@@ -456,7 +456,7 @@ TEST(TrainerFaultTest, InitialisesOnlyAFreshJob) {
   auto fresh = Trainer::Create(config, kv, 0, 2);
   ASSERT_TRUE(fresh.ok()) << fresh.status();
   ASSERT_TRUE((*fresh)->Train(hooks, Position(0, 0, 0)).ok());
-  EXPECT_EQ(barriers, (std::vector<std::string>{"dense_init"}));
+  EXPECT_EQ(barriers, (std::vector<std::string>{"ps-start"}));
   std::vector<float> trained(layout->dense_size);
   ASSERT_TRUE(kv->PullDense(1, 0, trained.size(), trained.data()).Wait().ok());
 

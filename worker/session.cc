@@ -37,8 +37,8 @@ bool SchedulerAway(const absl::Status& s) {
 // the data-plane client.
 class WorkerSession::ViewWatcher {
  public:
-  static absl::StatusOr<std::unique_ptr<ViewWatcher>> Connect(const JobConfig& config,
-                                                              const std::string& address) {
+  static absl::StatusOr<std::unique_ptr<ViewWatcher>> Connect(
+      const JobConfig& config, const std::string& address) {
     absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> creds =
         MakeChannelCredentials(config.security().tls());
     if (!creds.ok()) return creds.status();
@@ -65,7 +65,9 @@ class WorkerSession::ViewWatcher {
     request.set_timeout_ms(static_cast<uint32_t>(
         std::clamp<int64_t>(absl::ToInt64Milliseconds(timeout), 0, 30000)));
     grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(absl::Now() + timeout + absl::Seconds(5)));
+    // gRPC deadlines are wall-clock times, whatever clock the session uses.
+    context.set_deadline(
+        absl::ToChronoTime(absl::Now() + timeout + absl::Seconds(5)));
     {
       absl::MutexLock lock(&mu_);
       if (stopping_) return absl::CancelledError("observer closing");
@@ -78,34 +80,38 @@ class WorkerSession::ViewWatcher {
       poll_ = nullptr;
     }
     if (!status.ok()) {
-      return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                          absl::StrCat("cluster view: ", status.error_message()));
+      return absl::Status(
+          static_cast<absl::StatusCode>(status.error_code()),
+          absl::StrCat("cluster view: ", status.error_message()));
     }
     return view;
   }
 
   // Follows the view from `epoch` on, calling `install` with each newer one.
   void Follow(uint64_t epoch, std::function<void(const ClusterView&)> install) {
-    thread_ = std::thread([this, epoch, install = std::move(install)]() mutable {
-      while (true) {
-        {
-          absl::MutexLock lock(&mu_);
-          if (stopping_) return;
-        }
-        absl::StatusOr<ClusterView> v = Poll(epoch + 1, false, absl::Seconds(5));
-        if (v.ok()) {
-          if (v->epoch() > epoch) {
-            epoch = v->epoch();
-            install(*v);
+    thread_ =
+        std::thread([this, epoch, install = std::move(install)]() mutable {
+          while (true) {
+            {
+              absl::MutexLock lock(&mu_);
+              if (stopping_) return;
+            }
+            absl::StatusOr<ClusterView> v =
+                Poll(epoch + 1, false, absl::Seconds(5));
+            if (v.ok()) {
+              if (v->epoch() > epoch) {
+                epoch = v->epoch();
+                install(*v);
+              }
+              continue;
+            }
+            if (v.status().code() == absl::StatusCode::kCancelled) return;
+            // The scheduler is away: try again shortly.
+            absl::MutexLock lock(&mu_);
+            mu_.AwaitWithTimeout(absl::Condition(&stopping_),
+                                 absl::Milliseconds(200));
           }
-          continue;
-        }
-        if (v.status().code() == absl::StatusCode::kCancelled) return;
-        // The scheduler is away: try again shortly.
-        absl::MutexLock lock(&mu_);
-        mu_.AwaitWithTimeout(absl::Condition(&stopping_), absl::Milliseconds(200));
-      }
-    });
+        });
   }
 
  private:
@@ -138,29 +144,34 @@ absl::StatusOr<std::unique_ptr<WorkerSession>> WorkerSession::Start(
 
 absl::Status WorkerSession::OpenObserver() {
   const JobConfig& config = options_.config;
-  PS_ASSIGN_OR_RETURN(watcher_, ViewWatcher::Connect(config, options_.scheduler));
+  PS_ASSIGN_OR_RETURN(watcher_,
+                      ViewWatcher::Connect(config, options_.scheduler));
   const absl::Duration startup = StartupTimeout();
-  const absl::Time deadline = absl::Now() + startup;
+  const absl::Time deadline = options_.clock->Now() + startup;
   absl::StatusOr<ClusterView> view;
   while (true) {
     if (StopNow()) {
-      return absl::CancelledError("stop requested while waiting for the servers");
+      return absl::CancelledError(
+          "stop requested while waiting for the servers");
     }
     view = watcher_->Poll(0, /*running=*/true,
                           std::max(absl::Milliseconds(1),
-                                   std::min(options_.stop_check, deadline - absl::Now())));
+                                   std::min(options_.stop_check,
+                                            deadline - options_.clock->Now())));
     if (view.ok() && view->job_state() == FINISHED) {
       return absl::FailedPreconditionError(absl::StrCat(
           "job \"", config.name(), "\" has finished: its servers are leaving"));
     }
     if (view.ok() && view->job_state() == RUNNING) break;
-    if (absl::Now() >= deadline) {
-      return view.ok() ? absl::DeadlineExceededError(absl::StrCat(
-                             "the servers of the job did not all register within ",
-                             absl::FormatDuration(startup)))
-                       : view.status();
+    if (options_.clock->Now() >= deadline) {
+      return view.ok()
+                 ? absl::DeadlineExceededError(absl::StrCat(
+                       "the servers of the job did not all register within ",
+                       absl::FormatDuration(startup)))
+                 : view.status();
     }
-    if (!view.ok() && view.status().code() != absl::StatusCode::kDeadlineExceeded &&
+    if (!view.ok() &&
+        view.status().code() != absl::StatusCode::kDeadlineExceeded &&
         view.status().code() != absl::StatusCode::kUnavailable) {
       return view.status();
     }
@@ -174,10 +185,12 @@ absl::Status WorkerSession::OpenObserver() {
   // no clock, and answer its pulls with what they hold.
   PS_ASSIGN_OR_RETURN(kv_, KVClient::Create(std::move(kv_options), *view));
   Publish(kv_.get());
-  watcher_->Follow(view->epoch(), [published = published_](const ClusterView& v) {
-    absl::MutexLock lock(&published->mu);
-    if (published->client != nullptr) published->client->UpdateView(v);
-  });
+  watcher_->Follow(view->epoch(),
+                   [published = published_](const ClusterView& v) {
+                     absl::MutexLock lock(&published->mu);
+                     if (published->client != nullptr)
+                       published->client->UpdateView(v);
+                   });
   Log()->info("observing job \"{}\" (epoch {})", config.name(), view->epoch());
   if (options_.on_client) options_.on_client(kv_.get());
   return absl::OkStatus();
@@ -186,13 +199,15 @@ absl::Status WorkerSession::OpenObserver() {
 absl::Duration WorkerSession::StartupTimeout() const {
   return options_.startup_timeout > absl::ZeroDuration()
              ? options_.startup_timeout
-             : absl::Milliseconds(options_.config.cluster().startup_timeout_ms());
+             : absl::Milliseconds(
+                   options_.config.cluster().startup_timeout_ms());
 }
 
 void WorkerSession::Publish(KVClient* client) {
   absl::MutexLock lock(&published_->mu);
   published_->client = client;
-  if (client != nullptr && !published_->ended.ok()) client->Abort(published_->ended);
+  if (client != nullptr && !published_->ended.ok())
+    client->Abort(published_->ended);
 }
 
 void WorkerSession::End(Published* published, absl::Status why) {
@@ -211,14 +226,16 @@ absl::Status WorkerSession::ended() const {
 absl::Status WorkerSession::NotForObservers(absl::string_view what) const {
   if (!options_.observer) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrCat(
-      what, ": this session is an observer (it has no worker rank and no clock; it "
+      what,
+      ": this session is an observer (it has no worker rank and no clock; it "
       "only reads)"));
 }
 
 absl::Status WorkerSession::Open() {
   if (options_.observer) return OpenObserver();
   const JobConfig& config = options_.config;
-  auto sched = SchedulerClient::Options::ForJob(config, options_.scheduler, WORKER);
+  auto sched =
+      SchedulerClient::Options::ForJob(config, options_.scheduler, WORKER);
   sched.trains_shards = options_.trains_shards;
   sched.on_drain = [this] { stop_.store(true); };
   // Dropped: nothing this worker sends may count any more; every request
@@ -242,23 +259,26 @@ absl::Status WorkerSession::Open() {
   membership_ = *std::move(membership);
   if (options_.on_membership) options_.on_membership(membership_.get());
   SetLogTag(absl::StrCat("worker/", rank()));
-  Log()->info("registered as worker {} of {}{}", rank(), num_workers(),
-              membership_->has_initial_shard()
-                  ? absl::StrCat(", to train ", Describe(membership_->initial_shard()))
-                  : std::string(", with no shard of its own"));
+  Log()->info(
+      "registered as worker {} of {}{}", rank(), num_workers(),
+      membership_->has_initial_shard()
+          ? absl::StrCat(", to train ", Describe(membership_->initial_shard()))
+          : std::string(", with no shard of its own"));
 
   const absl::Duration startup = StartupTimeout();
-  const absl::Time deadline = absl::Now() + startup;
+  const absl::Time deadline = options_.clock->Now() + startup;
   absl::StatusOr<ClusterView> view;
   while (true) {
     if (StopNow()) {
-      return absl::CancelledError("stop requested while waiting for the servers");
+      return absl::CancelledError(
+          "stop requested while waiting for the servers");
     }
     if (absl::Status e = ended(); !e.ok()) return e;
-    view = membership_->WaitForRunning(
-        std::max(absl::ZeroDuration(),
-                 std::min(options_.stop_check, deadline - absl::Now())));
-    if (view.ok() || !SchedulerAway(view.status()) || absl::Now() >= deadline) {
+    view = membership_->WaitForRunning(std::max(
+        absl::ZeroDuration(),
+        std::min(options_.stop_check, deadline - options_.clock->Now())));
+    if (view.ok() || !SchedulerAway(view.status()) ||
+        options_.clock->Now() >= deadline) {
       break;
     }
   }
@@ -293,12 +313,14 @@ WorkerSession::~WorkerSession() {
   }
   watcher_.reset();
   kv_.reset();
-  if (membership_ != nullptr && options_.on_membership) options_.on_membership(nullptr);
+  if (membership_ != nullptr && options_.on_membership)
+    options_.on_membership(nullptr);
   membership_.reset();
 }
 
 std::optional<DataPosition> WorkerSession::initial_position() const {
-  if (membership_ == nullptr || !membership_->has_initial_shard()) return std::nullopt;
+  if (membership_ == nullptr || !membership_->has_initial_shard())
+    return std::nullopt;
   return membership_->initial_shard();
 }
 
@@ -320,7 +342,8 @@ bool WorkerSession::StopNow() const {
 }
 
 bool WorkerSession::stop_requested() const {
-  return StopNow() || (membership_ != nullptr && membership_->drain_requested());
+  return StopNow() ||
+         (membership_ != nullptr && membership_->drain_requested());
 }
 
 Completion WorkerSession::EndStep(std::optional<DataPosition> next) {
@@ -346,7 +369,8 @@ void WorkerSession::ReportProgress(uint64_t clock, const DataPosition& next) {
   if (membership_ != nullptr) membership_->set_progress(clock, next);
 }
 
-absl::Status WorkerSession::Barrier(absl::string_view name, absl::Duration timeout,
+absl::Status WorkerSession::Barrier(absl::string_view name,
+                                    absl::Duration timeout,
                                     std::vector<uint32_t>* ranks) {
   PS_RETURN_IF_ERROR(NotForObservers("a barrier"));
   // First make sure every live server's view lists this worker: a server
@@ -354,45 +378,74 @@ absl::Status WorkerSession::Barrier(absl::string_view name, absl::Duration timeo
   // again, so this returns once every server counts it. After the barrier,
   // every server then counts every worker that arrived: no BSP step is
   // applied without one that is still reaching the servers' views.
-  if (absl::Status known = kv_->AdvanceClockTo(kv_->clock()).Wait(); !known.ok()) {
+  if (absl::Status known = kv_->AdvanceClockTo(kv_->clock()).Wait();
+      !known.ok()) {
     return known;
   }
   constexpr absl::Duration kLogEvery = absl::Seconds(10);
   const std::string barrier(name);
-  const absl::Time deadline = absl::Now() + timeout;
-  absl::Time next_log = absl::Now() + kLogEvery;
+  const absl::Time deadline = options_.clock->Now() + timeout;
+  absl::Time next_log = options_.clock->Now() + kLogEvery;
   while (true) {
-    if (absl::Status e = ended(); !e.ok()) return Annotate(e, absl::StrCat("barrier ", barrier));
+    if (absl::Status e = ended(); !e.ok())
+      return Annotate(e, absl::StrCat("barrier ", barrier));
     if (StopNow()) {
-      return absl::CancelledError(absl::StrCat("barrier ", barrier, ": stop requested"));
+      return absl::CancelledError(
+          absl::StrCat("barrier ", barrier, ": stop requested"));
     }
-    const absl::Duration round =
-        std::max(absl::ZeroDuration(), std::min(options_.stop_check, deadline - absl::Now()));
+    const absl::Duration round = std::max(
+        absl::ZeroDuration(),
+        std::min(options_.stop_check, deadline - options_.clock->Now()));
     absl::Status s = membership_->Barrier(barrier, round, ranks);
     // Arriving again is harmless (scheduler.proto), also at a scheduler
     // that restarted meanwhile.
-    if (!SchedulerAway(s) || absl::Now() >= deadline) return s;
-    if (absl::Now() >= next_log) {
+    if (!SchedulerAway(s) || options_.clock->Now() >= deadline) return s;
+    if (options_.clock->Now() >= next_log) {
       Log()->info("{}", s.message());  // the missing ranks
-      next_log = absl::Now() + kLogEvery;
+      next_log = options_.clock->Now() + kLogEvery;
     }
   }
 }
 
-absl::StatusOr<ClaimShardResponse> WorkerSession::Claim(const DataPosition* finished) {
+absl::StatusOr<ClaimShardResponse> WorkerSession::Claim(
+    const DataPosition* finished) {
   PS_RETURN_IF_ERROR(NotForObservers("claim a shard"));
   if (kv_->clock() != kFinishedClock) {
-    if (absl::Status s = kv_->AdvanceClockTo(kFinishedClock).Wait(); !s.ok()) return s;
+    if (absl::Status s = kv_->AdvanceClockTo(kFinishedClock).Wait(); !s.ok())
+      return s;
   }
   if (absl::Status e = ended(); !e.ok()) return Annotate(e, "claim");
   if (StopNow()) return absl::CancelledError("claim: stop requested");
   while (true) {
-    absl::StatusOr<ClaimShardResponse> r = membership_->ClaimShard(finished, options_.stop_check);
+    absl::StatusOr<ClaimShardResponse> r =
+        membership_->ClaimShard(finished, options_.stop_check);
     // Scheduler away for a whole round: ask again (with `finished` again:
     // the scheduler answers a repeated claim with what it assigned), unless
     // stopping, which the caller learns from stop_requested().
     if (r.ok() || !SchedulerAway(r.status()) || StopNow()) return r;
   }
+}
+
+ShardCursor* WorkerSession::shards() {
+  if (shards_ != nullptr) return shards_.get();
+  ShardCursor::Job job;
+  // No deadline of its own: a start barrier waits for the slowest worker
+  // to join, and a stop ends it.
+  job.barrier = [this](absl::string_view name) {
+    return Barrier(name, absl::InfiniteDuration());
+  };
+  job.claim = [this](const DataPosition* finished) { return Claim(finished); };
+  job.restart = [this](uint64_t clock) { return Restart(clock); };
+  job.stop = [this] { return stop_requested(); };
+  job.ended = [this] { return ended(); };
+  ShardCursor::Options options;
+  options.num_shards = num_workers();
+  options.start_clock = start_clock();
+  options.restored_start = restored_start();
+  options.initial = initial_position();
+  options.clock = options_.clock;
+  shards_ = std::make_unique<ShardCursor>(std::move(job), std::move(options));
+  return shards_.get();
 }
 
 absl::Status WorkerSession::Restart(uint64_t clock) {
@@ -403,7 +456,8 @@ absl::Status WorkerSession::Restart(uint64_t clock) {
 absl::StatusOr<bool> WorkerSession::Finish(absl::Duration wait) {
   PS_RETURN_IF_ERROR(NotForObservers("finish training"));
   if (kv_->clock() != kFinishedClock) {
-    if (absl::Status s = kv_->AdvanceClockTo(kFinishedClock).Wait(); !s.ok()) return s;
+    if (absl::Status s = kv_->AdvanceClockTo(kFinishedClock).Wait(); !s.ok())
+      return s;
   }
   membership_->set_clock(kFinishedClock);
   std::vector<uint32_t> ranks;
@@ -416,14 +470,15 @@ absl::StatusOr<bool> WorkerSession::Finish(absl::Duration wait) {
   uint32_t evaluator = ranks.empty() ? rank() : ranks.front();
   for (evaluation_round_ = 0;; ++evaluation_round_) {
     if (rank() == evaluator) {
-      Log()->info("evaluator: rank {}, the lowest of ranks [{}] that finished training",
-                  rank(), absl::StrJoin(ranks, ","));
+      Log()->info(
+          "evaluator: rank {}, the lowest of ranks [{}] that finished training",
+          rank(), absl::StrJoin(ranks, ","));
       evaluating_ = true;
       return true;
     }
     std::vector<uint32_t> arrived;
-    if (absl::Status s =
-            Barrier(absl::StrCat("evaluated-", evaluation_round_), wait, &arrived);
+    if (absl::Status s = Barrier(absl::StrCat("evaluated-", evaluation_round_),
+                                 wait, &arrived);
         !s.ok()) {
       return s;
     }
@@ -431,8 +486,9 @@ absl::StatusOr<bool> WorkerSession::Finish(absl::Duration wait) {
         std::find(arrived.begin(), arrived.end(), evaluator) != arrived.end()) {
       return false;
     }
-    Log()->warn("the evaluator (rank {}) left before it was done; ranks [{}] remain",
-                evaluator, absl::StrJoin(arrived, ","));
+    Log()->warn(
+        "the evaluator (rank {}) left before it was done; ranks [{}] remain",
+        evaluator, absl::StrJoin(arrived, ","));
     ranks = arrived;
     evaluator = arrived.front();
   }
@@ -458,7 +514,8 @@ absl::StatusOr<uint64_t> WorkerSession::RequestCheckpoint() {
 }
 
 std::string WorkerSession::DescribeSlowWorkers() {
-  if (membership_ == nullptr || mode() == ASYNC || mode() == CONSISTENCY_MODE_UNSPECIFIED) {
+  if (membership_ == nullptr || mode() == ASYNC ||
+      mode() == CONSISTENCY_MODE_UNSPECIFIED) {
     return "";
   }
   absl::StatusOr<GetStatusResponse> status = membership_->GetStatus();
@@ -466,17 +523,19 @@ std::string WorkerSession::DescribeSlowWorkers() {
   const uint64_t mine = kv_->clock();
   // BSP answers a pull at clock c once everybody finished step c - 1; SSP
   // once the slowest is within the staleness bound.
-  const uint64_t slack = mode() == SSP ? options_.config.consistency().staleness() : 0;
+  const uint64_t slack =
+      mode() == SSP ? options_.config.consistency().staleness() : 0;
   std::vector<std::string> slow;
   for (const WorkerClock& w : status->clocks()) {
     if (w.rank() == rank() || w.clock() >= kFinishedClock) continue;
     if (w.clock() + slack < mine) {
-      slow.push_back(absl::StrCat(w.rank(), " (clock ", w.clock(), ", last heard ",
-                                  w.silent_ms(), " ms ago)"));
+      slow.push_back(absl::StrCat(w.rank(), " (clock ", w.clock(),
+                                  ", last heard ", w.silent_ms(), " ms ago)"));
     }
   }
   if (slow.empty()) return "";
-  return absl::StrCat("worker rank", slow.size() > 1 ? "s " : " ", absl::StrJoin(slow, ", "));
+  return absl::StrCat("worker rank", slow.size() > 1 ? "s " : " ",
+                      absl::StrJoin(slow, ", "));
 }
 
 uint64_t WorkerSession::last_checkpoint_clock() const {
@@ -486,7 +545,8 @@ uint64_t WorkerSession::last_checkpoint_clock() const {
 bool WorkerSession::restored_start() const {
   if (membership_ == nullptr || start_clock() == 0) return false;
   const ClusterView view = membership_->view();
-  return !view.restore().path().empty() && view.restore().clock() == start_clock();
+  return !view.restore().path().empty() &&
+         view.restore().clock() == start_clock();
 }
 
 absl::Status WorkerSession::Leave(bool finished, const DataPosition* position) {
@@ -496,7 +556,8 @@ absl::Status WorkerSession::Leave(bool finished, const DataPosition* position) {
     return absl::OkStatus();
   }
   if (evaluating_) {
-    if (absl::Status s = EvaluationDone(); !s.ok()) Log()->warn("{}", s.message());
+    if (absl::Status s = EvaluationDone(); !s.ok())
+      Log()->warn("{}", s.message());
   }
   left_ = true;
   // A dropped worker has nothing to leave (and must not say it left at a

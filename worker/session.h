@@ -16,10 +16,11 @@
 //
 //   Start ─ register ─ wait for the servers ─ KV client at start_clock()
 //   [start_clock() == 0: rank 0 writes initial dense values, then everyone
-//    meets at Barrier("dense_init")]
+//    meets at Barrier("ps-start"); a restored job at "ps-restored-<clock>"]
 //   per step: pushes ─ EndStep(next position)  (progress reported on ack)
 //   shard done: Claim(&final position) ─ ASSIGNED: Restart ─ train it
 //                                      ─ ALL_DONE: Finish()
+//   (shards() runs this protocol, start barrier included: a ShardCursor)
 //   Finish() ─ true on the one worker that evaluates ─ EvaluationDone()
 //   Leave(finished)   (the destructor leaves if nobody did)
 //
@@ -56,12 +57,14 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "common/curve_keys.h"
 #include "common/status.h"
 #include "proto/config.pb.h"
 #include "proto/scheduler.pb.h"
 #include "scheduler/client.h"
 #include "worker/kv_client.h"
+#include "worker/shard_cursor.h"
 
 namespace ps {
 
@@ -104,6 +107,9 @@ class WorkerSession {
     // Called with the membership client once registered, and with nullptr
     // before it is destroyed. Optional.
     std::function<void(SchedulerClient*)> on_membership;
+    // Time for deadlines, pacing and logs. Not owned; must outlive the
+    // session.
+    Clock* clock = Clock::Real();
   };
 
   // Registers with the scheduler as a worker, waits until every server has
@@ -127,12 +133,18 @@ class WorkerSession {
   // Observers: rank 0, node id 0 (the servers' "tool" sender), clock 0.
   uint32_t rank() const { return membership_ ? membership_->rank() : 0; }
   uint64_t node_id() const { return membership_ ? membership_->node_id() : 0; }
-  uint32_t num_workers() const { return options_.config.cluster().num_workers(); }
-  uint32_t num_servers() const { return options_.config.cluster().num_servers(); }
+  uint32_t num_workers() const {
+    return options_.config.cluster().num_workers();
+  }
+  uint32_t num_servers() const {
+    return options_.config.cluster().num_servers();
+  }
   ConsistencyMode mode() const { return options_.config.consistency().mode(); }
   // The clock this worker started at: 0 in a fresh job; the job's clock for
   // a replacement or a restored job.
-  uint64_t start_clock() const { return membership_ ? membership_->start_clock() : 0; }
+  uint64_t start_clock() const {
+    return membership_ ? membership_->start_clock() : 0;
+  }
   // The shard to train first and where in it; nullopt: no shard of its own
   // (a worker that joined a job whose shards are all taken asks Claim()).
   std::optional<DataPosition> initial_position() const;
@@ -165,12 +177,20 @@ class WorkerSession {
   absl::Status Barrier(absl::string_view name, absl::Duration timeout,
                        std::vector<uint32_t>* ranks = nullptr);
 
+  // The job's shard protocol for this worker (worker/shard_cursor.h),
+  // made on first use: this worker's initial shard, then claims; its
+  // barriers, claims and restarts go through this session, its stop is
+  // stop_requested() and its end ended(). Used by the lifecycle thread;
+  // owned by the session.
+  ShardCursor* shards();
+
   // Reports `finished` (the final position of the shard this worker just
   // ended; null when asking again) and asks for a shard to train: one round
   // of at most stop_check (while the scheduler is away, rounds are repeated
-  // until it is back, a stop (then its UNAVAILABLE) or ended()). Sets the clock to kFinishedClock first, so this
-  // worker never holds the others' BSP/SSP waits back while it has no
-  // work. On ASSIGNED call Restart(response.start_clock()) before training.
+  // until it is back, a stop (then its UNAVAILABLE) or ended()). Sets the clock
+  // to kFinishedClock first, so this worker never holds the others' BSP/SSP
+  // waits back while it has no work. On ASSIGNED call
+  // Restart(response.start_clock()) before training.
   absl::StatusOr<ClaimShardResponse> Claim(const DataPosition* finished);
   // Resumes training at `clock` after an assignment (KVClient::RestartClock).
   absl::Status Restart(uint64_t clock);
@@ -187,7 +207,9 @@ class WorkerSession {
   // The evaluator tells the others that the job's evaluation is done.
   absl::Status EvaluationDone();
   // The ranks that arrived at train_done (after Finish).
-  const std::vector<uint32_t>& finished_ranks() const { return finished_ranks_; }
+  const std::vector<uint32_t>& finished_ranks() const {
+    return finished_ranks_;
+  }
 
   // Asks the scheduler for a consistent checkpoint; returns the clock it
   // will be taken at (every server's state and every worker's position at
@@ -263,7 +285,7 @@ class WorkerSession {
   const Options options_;
   std::shared_ptr<Published> published_ = std::make_shared<Published>();
   std::unique_ptr<SchedulerClient> membership_;  // null for observers
-  std::unique_ptr<ViewWatcher> watcher_;          // observers only
+  std::unique_ptr<ViewWatcher> watcher_;         // observers only
   std::unique_ptr<KVClient> kv_;
   std::atomic<bool> stop_{false};
   bool left_ = false;
@@ -272,6 +294,7 @@ class WorkerSession {
   bool evaluating_ = false;
   int evaluation_round_ = 0;
   std::vector<uint32_t> finished_ranks_;
+  std::unique_ptr<ShardCursor> shards_;
 };
 
 }  // namespace ps

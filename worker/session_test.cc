@@ -231,6 +231,66 @@ TEST(WorkerSessionTest, ClaimFinishesTheClockAndWaitsWhileOthersTrain) {
   EXPECT_EQ(out, (std::vector<float>{-1, -1, -1}));
 }
 
+// The session's shard protocol through the real scheduler: both workers
+// meet at the start barrier and get their own shards; one is preempted
+// mid-shard and leaves with its position; the other finishes its own,
+// takes over the rest of the preempted one from exactly there, and then
+// learns that every shard is done.
+TEST(WorkerSessionTest, ShardsRunTheJobsShardProtocol) {
+  JobConfig config = Config("ASYNC", 2);
+  auto cluster = InProcessCluster::Start(config);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  auto a = WorkerSession::Start(SessionOptions(config, **cluster));
+  ASSERT_TRUE(a.ok()) << a.status();
+  auto b = WorkerSession::Start(SessionOptions(config, **cluster));
+  ASSERT_TRUE(b.ok()) << b.status();
+  absl::StatusOr<std::optional<DataPosition>> b_first;
+  std::thread other([&] { b_first = (*b)->shards()->Next(); });
+  auto a_first = (*a)->shards()->Next();
+  other.join();
+  ASSERT_TRUE(a_first.ok()) << a_first.status();
+  ASSERT_TRUE(b_first.ok()) << b_first.status();
+  ASSERT_TRUE(a_first->has_value() && b_first->has_value());
+  EXPECT_EQ((*a_first)->shard(), (*a)->rank());
+  EXPECT_EQ((*b_first)->shard(), (*b)->rank());
+
+  // b is stopped before batch 3 and leaves with that position.
+  DataPosition stopped_at = **b_first;
+  stopped_at.set_epoch(0);
+  stopped_at.set_batch(3);
+  ShardCursor* b_shards = (*b)->shards();
+  b_shards->Ended(stopped_at);
+  auto b_next = b_shards->Next();
+  ASSERT_TRUE(b_next.ok()) << b_next.status();
+  EXPECT_FALSE(b_next->has_value());
+  EXPECT_TRUE(b_shards->stopped());
+  ASSERT_TRUE(b_shards->position().has_value());
+  ASSERT_TRUE((*b)->Leave(false, &*b_shards->position()).ok());
+
+  // a finishes its own shard and is given the rest of b's.
+  DataPosition done = **a_first;
+  done.set_epoch(1);
+  done.set_done(true);
+  ShardCursor* a_shards = (*a)->shards();
+  a_shards->Ended(done);
+  auto taken = a_shards->Next();
+  ASSERT_TRUE(taken.ok()) << taken.status();
+  ASSERT_TRUE(taken->has_value());
+  EXPECT_EQ((*taken)->shard(), stopped_at.shard());
+  EXPECT_EQ((*taken)->epoch(), 0u);
+  EXPECT_EQ((*taken)->batch(), 3u);
+  EXPECT_NE((*a)->clock(), kFinishedClock) << "restarted at the job's clock";
+  DataPosition rest = **taken;
+  rest.set_epoch(1);
+  rest.set_batch(0);
+  rest.set_done(true);
+  a_shards->Ended(rest);
+  auto last = a_shards->Next();
+  ASSERT_TRUE(last.ok()) << last.status();
+  EXPECT_FALSE(last->has_value());
+  EXPECT_TRUE(a_shards->all_done());
+}
+
 }  // namespace
 }  // namespace ps
 

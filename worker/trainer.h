@@ -11,14 +11,14 @@
 // Data shards and positions. Shard s of a job is what worker rank s reads
 // (data::OpenDataset with rank s). A DataPosition (proto/scheduler.proto)
 // says where a shard stands: the epoch being read and the index of the next
-// batch to train in it, both 0-based, or done. A worker trains the shard it
-// was given from its position (skipping the batches before it with
-// Dataset::Skip), through the remaining epochs, and then asks the scheduler
-// for more work (TrainerHooks::claim): the rest of a shard whose worker died
-// or was preempted, until every shard is done. A worker that is idle, or
-// waits for work, has its clock at kFinishedClock, so it never holds back
-// the others' BSP/SSP waits; it restarts at the job's clock when it gets a
-// shard (KVClient::RestartClock).
+// batch to train in it, both 0-based, or done. A worker trains the shards a
+// ShardCursor (worker/shard_cursor.h, the job's shard protocol) hands out,
+// each from its position (skipping the batches before it with
+// Dataset::Skip) through the remaining epochs: its own shard, then the rest
+// of shards whose workers died or were preempted, until every shard is
+// done. A worker that is idle, or waits for work, has its clock at
+// kFinishedClock, so it never holds back the others' BSP/SSP waits; the
+// cursor restarts it at the job's clock when it gets a shard.
 //
 // Progress is reported (TrainerHooks::on_step) once a step's pushes are
 // acknowledged, so a reported position never runs ahead of what the
@@ -33,15 +33,16 @@
 // Initialisation: in a fresh job (the client's clock is 0 when Train
 // starts) rank 0 writes the model's dense initial values (He initialisation
 // for MLP layers) to the servers before its first step, and the workers
-// meet at barrier "dense_init" before they pull, so every worker starts
-// from the same parameters. A worker that joins a running job, or a job
-// restored from a checkpoint (clock > 0), neither writes nor waits: it
-// pulls the current parameters.
+// meet at the cursor's start barrier ("ps-start") before they pull, so
+// every worker starts from the same parameters. A worker that joins a running
+// job, or a job restored from a checkpoint (clock > 0), neither writes nor
+// waits: it pulls the current parameters.
 //
 // Log lines meant for tools (positions 0-based, as in DataPosition):
 //   "training shard S from epoch E batch B at clock C"
 //
 // Not thread-safe: one trainer per thread. The KVClient is not owned.
+// Time comes from the Clock given to Create (not owned).
 #ifndef PS_WORKER_TRAINER_H_
 #define PS_WORKER_TRAINER_H_
 
@@ -54,6 +55,7 @@
 
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "common/model_layout.h"
 #include "common/status.h"
 #include "proto/config.pb.h"
@@ -63,6 +65,7 @@
 #include "worker/evaluation.h"
 #include "worker/kv_client.h"
 #include "worker/models/model.h"
+#include "worker/shard_cursor.h"
 
 namespace ps {
 
@@ -71,8 +74,8 @@ struct TrainResult {
   uint64_t examples = 0;
   uint64_t steps = 0;
   double seconds = 0;
-  double mean_loss = 0;  // over the last epoch trained
-  data::ReadStats read;  // of the training data
+  double mean_loss = 0;                // over the last epoch trained
+  data::ReadStats read;                // of the training data
   std::vector<std::string> bad_lines;  // "file:line: reason", the first 100
   // The client's clock when training began (0: a fresh job).
   uint64_t start_clock = 0;
@@ -93,7 +96,9 @@ struct TrainResult {
   std::optional<DataPosition> position;
 };
 
-// How the trainer reaches the rest of the job. All optional.
+// How the trainer reaches the rest of the job. All optional. stop, barrier
+// and claim serve Train(hooks, start) only, which builds its ShardCursor
+// from them; Train(shards, hooks) uses the cursor's.
 struct TrainerHooks {
   // Polled between steps, and between requests for work; true ends
   // training (see Trainer::Train).
@@ -123,7 +128,8 @@ struct TrainerHooks {
   // exit. UNAVAILABLE and DEADLINE_EXCEEDED are retried, with `finished`
   // again; other errors end training. Without a claim hook the worker ends
   // after its first shard.
-  std::function<absl::StatusOr<ClaimShardResponse>(const DataPosition* finished)>
+  std::function<absl::StatusOr<ClaimShardResponse>(
+      const DataPosition* finished)>
       claim;
 };
 
@@ -135,28 +141,35 @@ class Trainer {
   // for and none is usable.
   static absl::StatusOr<std::unique_ptr<Trainer>> Create(
       const JobConfig& config, KVClient* client, uint32_t rank,
-      uint32_t num_workers);
+      uint32_t num_workers, Clock* clock = Clock::Real());
 
-  // Trains shard start->shard from *start through the remaining epochs of
-  // training.epochs; then, with hooks.claim, trains whatever shards the
-  // scheduler assigns, each from its position, until it answers ALL_DONE.
-  // Without `start` the worker has no shard of its own and asks at once.
+  // Trains the shards `shards` hands out, each from its position through
+  // the remaining epochs of training.epochs, until it hands out no more
+  // (every shard done, or a stop). Starts the cursor first: in a fresh job
+  // rank 0 writes the initial dense values before the start barrier.
   // training.max_steps caps this worker's steps over all shards: reaching
   // it ends the shard being trained as done where it stands (the rest is
   // not trained, by anyone), and later assignments are reported done
-  // without training. Rank 0 evaluates every training.eval_interval_steps
-  // of its own steps and appends each evaluation to training.metrics_file.
+  // without training (ShardCursor::Cap). Rank 0 evaluates every
+  // training.eval_interval_steps of its own steps and appends each
+  // evaluation to training.metrics_file.
   //
-  // hooks.stop ends training promptly: after the step in progress (its
-  // pushes acknowledged), while waiting at the initial barrier, or between
-  // requests for work; the result is then `preempted` with the exact
-  // position to resume from. Ends with the clock at kFinishedClock, so
-  // this worker never holds back the others' synchronous waits.
+  // A stop (shards->stop_requested()) ends training promptly: after the
+  // step in progress (its pushes acknowledged), while waiting at the start
+  // barrier, or between requests for work; the result is then `preempted`
+  // with the exact position to resume from. Ends with the clock at
+  // kFinishedClock, so this worker never holds back the others'
+  // synchronous waits.
   //
-  // Errors: INVALID_ARGUMENT for a position that names no shard of this
-  // job (shard >= num_workers) or a claim answer that makes no sense; the
-  // data reader's, the servers' and the hooks' errors; INTERNAL for a
-  // non-finite loss or gradient (nothing of that step is pushed).
+  // Errors: the cursor's (INVALID_ARGUMENT for a shard outside the job or
+  // a claim answer that makes no sense); the data reader's, the servers'
+  // and the hooks' errors; INTERNAL for a non-finite loss or gradient
+  // (nothing of that step is pushed).
+  absl::StatusOr<TrainResult> Train(ShardCursor* shards,
+                                    const TrainerHooks& hooks);
+  // Train over a cursor built from hooks.claim, hooks.barrier and
+  // hooks.stop, starting with shard start->shard from *start (none: the
+  // worker asks at once); without hooks.claim the worker ends after it.
   absl::StatusOr<TrainResult> Train(const TrainerHooks& hooks,
                                     std::optional<DataPosition> start);
   // Trains shard `rank` from its beginning (a job without failures).
@@ -185,7 +198,7 @@ class Trainer {
 
  private:
   Trainer(const JobConfig& config, KVClient* client, uint32_t rank,
-          uint32_t num_workers, ModelLayout layout);
+          uint32_t num_workers, ModelLayout layout, Clock* clock);
 
   // One step's batch, its keys and the parameters pulled for it.
   struct Step {
@@ -206,22 +219,53 @@ class Trainer {
   // Waits for them. Under BSP/SSP a pull may wait for slower workers: a
   // pull that times out is sent again a few times, with a log line each.
   absl::Status FinishPull(Step* step);
-  // Rank 0 writes the initial dense values; everyone meets at a barrier.
-  absl::Status Initialize(const TrainerHooks& hooks);
+  // Rank 0 writes the initial dense values (the cursor's start barrier
+  // follows).
+  absl::Status Initialize();
 
   // How TrainShard ended.
   enum class ShardEnd { kDone, kStopped, kCapped };
-  // Trains shard from.shard from `from` until it is done, hooks.stop or
+  // The state of the shard being trained, across its steps.
+  struct ShardRun {
+    const TrainerHooks* hooks = nullptr;
+    std::function<bool()> stop;
+    DataPosition at;  // the next batch to train
+    // The previous step's pushes; waited for before the next step's
+    // compute so at most one step of updates is in flight per worker.
+    std::vector<Completion> in_flight;
+    // That step's clock and next position: reported only once its pushes
+    // are acknowledged, so a position never runs ahead of the servers.
+    std::optional<std::pair<uint64_t, DataPosition>> unreported;
+    absl::Time last_log = absl::InfinitePast();
+    absl::Time last_nonfinite_log = absl::InfinitePast();
+    uint64_t examples_at_log = 0;
+    double window_loss = 0;
+    uint64_t window_count = 0;
+    double epoch_loss = 0;
+    uint64_t epoch_count = 0;
+  };
+  // Trains shard from.shard from `from` until it is done, `stop` or
   // max_steps; adds to *result. Returns the position reached (done for
   // kDone) with every push acknowledged; *end says why it returned.
-  absl::StatusOr<DataPosition> TrainShard(const TrainerHooks& hooks,
+  absl::StatusOr<DataPosition> TrainShard(const std::function<bool()>& stop,
+                                          const TrainerHooks& hooks,
                                           const DataPosition& from,
                                           TrainResult* result, ShardEnd* end);
-  // Asks hooks.claim for work until it answers ASSIGNED or ALL_DONE, or
-  // hooks.stop; `finished` is reported with the first successful call.
-  // nullopt with *stopped set when stopped; nullopt for ALL_DONE.
-  absl::StatusOr<std::optional<ClaimShardResponse>> Claim(
-      const TrainerHooks& hooks, const DataPosition* finished, bool* stopped);
+  // The rest of the epoch run->at is in: kDone at its end.
+  absl::StatusOr<ShardEnd> TrainEpoch(ShardRun* run, TrainResult* result);
+  // Skips to batch at.batch() of the pass; false when the pass ends first.
+  absl::StatusOr<bool> SkipTo(const DataPosition& at, uint64_t batch_size);
+  // Waits for the previous step's pushes, then reports its progress.
+  absl::Status Settle(ShardRun* run);
+  // Forward and backward on `current`, then its pushes and clock advance.
+  absl::Status RunStep(Step* current, ShardRun* run, TrainResult* result);
+  // A non-finite loss or gradient: INTERNAL, or counted under CLIP.
+  absl::Status CheckFinite(ShardRun* run, TrainResult* result);
+  // Counts the step, logs, and evaluates on rank 0 when due.
+  absl::Status AfterStep(size_t n, absl::Time step_start, ShardRun* run,
+                         TrainResult* result);
+  // The read statistics of every shard read, into *result.
+  void AddReadStats(TrainResult* result);
   // Positions train_data_ at the start of a pass over `shard`.
   absl::Status OpenShard(uint32_t shard);
   // Progress after a step, reported once its pushes are acknowledged.
@@ -233,6 +277,7 @@ class Trainer {
   const uint32_t rank_;
   const uint32_t num_workers_;
   const ModelLayout layout_;
+  Clock* const clock_;
   uint32_t sparse_table_ = 0;
   uint32_t dense_table_ = 0;
 

@@ -48,17 +48,17 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/config.h"
 #include "common/curve_keys.h"
 #include "common/http_endpoint.h"
+#include "common/logging.h"
 #include "common/metrics.h"
 #include "common/node_main.h"
-#include "common/logging.h"
 #include "common/signals.h"
 #include "scheduler/client.h"
 #include "worker/kv_client.h"
@@ -73,14 +73,17 @@ ABSL_FLAG(std::string, summary_out, "",
 ABSL_FLAG(std::string, log_level, "info", "trace|debug|info|warn|error");
 ABSL_FLAG(std::string, http_host, "127.0.0.1",
           "Address of the HTTP endpoint (/metrics, /healthz, /readyz).");
-ABSL_FLAG(int, http_port, 0,
-          "Port of the HTTP endpoint; 0 picks a free one (logged), -1 turns it off.");
-ABSL_FLAG(int64_t, num_servers, 0,
-          "Overrides cluster.num_servers of --config (0 keeps it); launchers "
-          "set it from the environment. Every process of a job needs the same.");
-ABSL_FLAG(int64_t, num_workers, 0,
-          "Overrides cluster.num_workers of --config (0 keeps it); launchers "
-          "set it from the environment. Every process of a job needs the same.");
+ABSL_FLAG(
+    int, http_port, 0,
+    "Port of the HTTP endpoint; 0 picks a free one (logged), -1 turns it off.");
+ABSL_FLAG(
+    int64_t, num_servers, 0,
+    "Overrides cluster.num_servers of --config (0 keeps it); launchers "
+    "set it from the environment. Every process of a job needs the same.");
+ABSL_FLAG(
+    int64_t, num_workers, 0,
+    "Overrides cluster.num_workers of --config (0 keeps it); launchers "
+    "set it from the environment. Every process of a job needs the same.");
 
 namespace {
 
@@ -131,21 +134,25 @@ int Rejoin(const std::vector<std::string>& args) {
   auto log = ps::GetLogger("worker");
   const int done = Rejoins();
   if (done >= kMaxRejoins) {
-    log->error("dropped by the scheduler, and this worker already joined again {} "
-               "times: giving up",
-               done);
+    log->error(
+        "dropped by the scheduler, and this worker already joined again {} "
+        "times: giving up",
+        done);
     return kExitDropped;
   }
-  log->info("dropped by the scheduler: joining the job again as a new worker ({} of "
-            "at most {})",
-            done + 1, kMaxRejoins);
+  log->info(
+      "dropped by the scheduler: joining the job again as a new worker ({} of "
+      "at most {})",
+      done + 1, kMaxRejoins);
   setenv(kRejoinsEnv, std::to_string(done + 1).c_str(), 1);
-  spdlog::apply_all([](const std::shared_ptr<spdlog::logger>& l) { l->flush(); });
+  spdlog::apply_all(
+      [](const std::shared_ptr<spdlog::logger>& l) { l->flush(); });
   std::cout.flush();
   std::cerr.flush();
   std::fflush(nullptr);
   std::vector<char*> argv;
-  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  for (const std::string& a : args)
+    argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
   execv("/proc/self/exe", argv.data());
   log->error("dropped by the scheduler, and joining again failed: execv: {}",
@@ -160,7 +167,8 @@ std::string SummaryJson(const ps::JobConfig& config, const ps::Trainer& trainer,
                         const ps::EvalResult* eval, double seconds,
                         uint32_t evaluator) {
   return absl::StrCat(
-      "{\"model\":\"", ps::ModelConfig::Kind_Name(config.training().model().kind()),
+      "{\"model\":\"",
+      ps::ModelConfig::Kind_Name(config.training().model().kind()),
       "\",\"mode\":\"", ps::ConsistencyMode_Name(config.consistency().mode()),
       "\",\"device\":\"", trainer.device_name(),
       "\",\"workers\":", config.cluster().num_workers(),
@@ -174,19 +182,22 @@ std::string SummaryJson(const ps::JobConfig& config, const ps::Trainer& trainer,
       ",\"oracle_auc\":", Number(eval ? eval->oracle_auc : NAN),
       ",\"oracle_logloss\":", Number(eval ? eval->oracle_logloss : NAN),
       ",\"rank0_examples_per_s\":",
-      absl::StrFormat("%.0f", train.seconds > 0 ? train.examples / train.seconds : 0.0),
-      ",\"evaluator_rank\":", evaluator,
-      ",\"shards_trained\":[", absl::StrJoin(train.shards, ","), "]",
+      absl::StrFormat("%.0f",
+                      train.seconds > 0 ? train.examples / train.seconds : 0.0),
+      ",\"evaluator_rank\":", evaluator, ",\"shards_trained\":[",
+      absl::StrJoin(train.shards, ","), "]",
       ",\"start_clock\":", train.start_clock, "}");
 }
 
 // The evaluator's part: evaluate, export, print and write the summary.
 int Evaluate(const ps::JobConfig& config, ps::Trainer& trainer,
-             const ps::TrainResult& train, uint32_t evaluator, absl::Time start) {
+             const ps::TrainResult& train, uint32_t evaluator,
+             absl::Time start) {
   auto log = ps::GetLogger("worker");
   const double train_seconds = absl::ToDoubleSeconds(absl::Now() - start);
   auto eval = trainer.Evaluate();
-  if (!eval.ok() && eval.status().code() != absl::StatusCode::kFailedPrecondition) {
+  if (!eval.ok() &&
+      eval.status().code() != absl::StatusCode::kFailedPrecondition) {
     log->error("evaluation failed: {}", eval.status().message());
     return 1;
   }
@@ -198,7 +209,8 @@ int Evaluate(const ps::JobConfig& config, ps::Trainer& trainer,
   } else {
     log->info("no evaluation: {}", eval.status().message());
   }
-  if (const std::string& path = config.training().export_path(); !path.empty()) {
+  if (const std::string& path = config.training().export_path();
+      !path.empty()) {
     absl::Status saved = trainer.Export(path);
     if (!saved.ok()) {
       log->error("export failed: {}", saved.message());
@@ -209,21 +221,18 @@ int Evaluate(const ps::JobConfig& config, ps::Trainer& trainer,
       SummaryJson(config, trainer, train, eval.ok() ? &*eval : nullptr,
                   train_seconds, evaluator);
   std::cout << json << std::endl;
-  if (const std::string path = absl::GetFlag(FLAGS_summary_out); !path.empty()) {
+  if (const std::string path = absl::GetFlag(FLAGS_summary_out);
+      !path.empty()) {
     std::ofstream(path) << json << "\n";
   }
   return 0;
 }
 
-// Trains and, on the evaluator, evaluates; leaves the job on every path
-// once registered (the session leaves itself if stopped while joining), so
-// the scheduler never waits for a heartbeat timeout to learn this worker
-// is gone.
-int Run(ps::TerminationSignals& signals, const ps::JobConfig& config,
-        ps::WorkerTelemetry* telemetry, std::optional<ps::CurveKeys> curve) {
-  auto log = ps::GetLogger("worker");
-  const absl::Time start = absl::Now();
-
+// Joins the job as a training worker, stopping on SIGINT/SIGTERM or a
+// drain.
+absl::StatusOr<std::unique_ptr<ps::WorkerSession>> StartSession(
+    ps::TerminationSignals& signals, const ps::JobConfig& config,
+    ps::WorkerTelemetry* telemetry, std::optional<ps::CurveKeys> curve) {
   ps::WorkerSession::Options options;
   options.config = config;
   options.scheduler = absl::GetFlag(FLAGS_scheduler);
@@ -238,114 +247,59 @@ int Run(ps::TerminationSignals& signals, const ps::JobConfig& config,
   options.on_membership = [telemetry](ps::SchedulerClient* m) {
     telemetry->SetMembership(m);
   };
-  auto started = ps::WorkerSession::Start(std::move(options));
-  if (!started.ok()) {
-    const absl::Status& s = started.status();
-    // Stopped while joining: the session left with its shard where it was
-    // given (preempted before training).
-    if (s.code() == absl::StatusCode::kCancelled) return 0;
-    if (ps::IsDropped(s)) {
-      log->warn("{}", s.message());
-      return kRejoin;
-    }
-    if (ps::IsSchedulerGone(s)) {
-      log->error("{}", s.message());
-      return kExitSchedulerGone;
-    }
-    // Joining again after a drop: a job that finished meanwhile, or whose
-    // ranks are all taken (replacements took over), needs nothing more.
-    if (Rejoins() > 0 &&
-        (s.code() == absl::StatusCode::kResourceExhausted ||
-         (s.code() == absl::StatusCode::kFailedPrecondition &&
-          absl::StrContains(s.message(), "has finished")))) {
-      log->info("not joining again: {}", s.message());
-      return 0;
-    }
-    log->error("{}", s.message());
-    return 1;
-  }
-  ps::WorkerSession& session = **started;
-  const uint32_t rank = session.rank();
+  return ps::WorkerSession::Start(std::move(options));
+}
 
-  auto trainer = ps::Trainer::Create(config, session.kv(), rank, session.num_workers());
-  if (!trainer.ok()) {
-    log->error("{}", trainer.status().message());
-    return 2;
+// The exit code for a session that did not start.
+int StartFailed(const absl::Status& s) {
+  auto log = ps::GetLogger("worker");
+  // Stopped while joining: the session left with its shard where it was
+  // given (preempted before training).
+  if (s.code() == absl::StatusCode::kCancelled) return 0;
+  if (ps::IsDropped(s)) {
+    log->warn("{}", s.message());
+    return kRejoin;
   }
-  ps::TrainerHooks hooks;
-  // Dropped or the scheduler gone: stop at once (and say why below).
-  hooks.stop = [&session] { return session.stop_requested() || !session.ended().ok(); };
-  hooks.on_step = [&session](uint64_t clock, const ps::DataPosition& next) {
-    session.ReportProgress(clock, next);
-  };
-  hooks.on_trained = [telemetry](uint64_t examples, absl::Duration t) {
-    telemetry->OnTrained(examples, t);
-  };
-  hooks.barrier = [&session](absl::string_view name) {
-    return session.Barrier(name, kBarrierTimeout);
-  };
-  hooks.claim = [&session](const ps::DataPosition* finished)
-      -> absl::StatusOr<ps::ClaimShardResponse> {
-    // Keeps asking while the scheduler is away; a stop noticed meanwhile
-    // reads as a failed attempt, after which the trainer sees the stop.
-    absl::StatusOr<ps::ClaimShardResponse> r = session.Claim(finished);
-    if (r.status().code() == absl::StatusCode::kCancelled) {
-      return absl::UnavailableError("stop requested while asking for work");
-    }
-    return r;
-  };
-  // The workers of a job restored from a checkpoint meet before their
-  // first step, as a fresh job's do at dense_init: under BSP none may train
-  // alone while the others are still joining.
-  if (session.restored_start()) {
-    absl::Status met = session.Barrier(
-        absl::StrCat("ps-restored-", session.start_clock()), kBarrierTimeout);
-    if (std::optional<int> code = Ended(session)) return *code;
-    if (met.code() == absl::StatusCode::kCancelled) {
-      const std::optional<ps::DataPosition> at = session.initial_position();
-      absl::Status left = session.Leave(false, at ? &*at : nullptr);
-      if (!left.ok()) log->warn("{}", left.message());
-      return 0;
-    }
-    if (!met.ok()) {
-      log->error("{}", met.message());
-      return 1;
-    }
+  if (ps::IsSchedulerGone(s)) {
+    log->error("{}", s.message());
+    return kExitSchedulerGone;
   }
-  const std::optional<ps::DataPosition> initial = session.initial_position();
-  if (!initial) {
-    log->info("no shard of its own (joined at clock {}): asking for work",
-              session.start_clock());
-  }
-  auto train = (*trainer)->Train(hooks, initial);
-  if (std::optional<int> code = Ended(session)) return *code;
-  if (!train.ok()) {
-    log->error("training failed: {}", train.status().message());
-    absl::Status left = session.Leave(false);
-    if (!left.ok()) log->warn("{}", left.message());
-    return 1;
-  }
-  log->info("trained {} examples in {:.1f} s ({:.0f} examples/s), shards [{}]",
-            train->examples, train->seconds,
-            train->seconds > 0 ? train->examples / train->seconds : 0.0,
-            absl::StrJoin(train->shards, ","));
-  if (train->read.bad_lines > 0) {
-    log->warn("{} malformed line(s) skipped; the first: {}", train->read.bad_lines,
-              absl::StrJoin(train->bad_lines.begin(),
-                            train->bad_lines.begin() +
-                                std::min<size_t>(train->bad_lines.size(), 5),
-                            "; "));
-  }
-  if (train->preempted) {
-    const ps::DataPosition* at = train->position ? &*train->position : nullptr;
-    absl::Status left = session.Leave(/*finished=*/false, at);
-    if (!left.ok()) log->warn("{}", left.message());
+  // Joining again after a drop: a job that finished meanwhile, or whose
+  // ranks are all taken (replacements took over), needs nothing more.
+  if (Rejoins() > 0 && (s.code() == absl::StatusCode::kResourceExhausted ||
+                        (s.code() == absl::StatusCode::kFailedPrecondition &&
+                         absl::StrContains(s.message(), "has finished")))) {
+    log->info("not joining again: {}", s.message());
     return 0;
   }
+  log->error("{}", s.message());
+  return 1;
+}
 
-  // Every shard is done: a stop from here on only cuts the wrap-up short.
-  // Every worker's pushes are acknowledged before it arrives at train_done,
-  // so the evaluation sees the fully trained model.
+void LogTrained(const ps::TrainResult& train) {
+  auto log = ps::GetLogger("worker");
+  log->info("trained {} examples in {:.1f} s ({:.0f} examples/s), shards [{}]",
+            train.examples, train.seconds,
+            train.seconds > 0 ? train.examples / train.seconds : 0.0,
+            absl::StrJoin(train.shards, ","));
+  if (train.read.bad_lines > 0) {
+    log->warn("{} malformed line(s) skipped; the first: {}",
+              train.read.bad_lines,
+              absl::StrJoin(train.bad_lines.begin(),
+                            train.bad_lines.begin() +
+                                std::min<size_t>(train.bad_lines.size(), 5),
+                            "; "));
+  }
+}
+
+// Every shard is done: meets the others at train_done and, on the
+// evaluator, evaluates and exports; leaves. A stop from here on only cuts
+// the wrap-up short. Every worker's pushes are acknowledged before it
+// arrives at train_done, so the evaluation sees the fully trained model.
+int Finish(ps::WorkerSession& session, const ps::JobConfig& config,
+           ps::Trainer& trainer, const ps::TrainResult& train,
+           absl::Time start) {
+  auto log = ps::GetLogger("worker");
   int exit_code = 0;
   absl::StatusOr<bool> evaluator = session.Finish(kBarrierTimeout);
   if (std::optional<int> code = Ended(session)) return *code;
@@ -357,7 +311,7 @@ int Run(ps::TerminationSignals& signals, const ps::JobConfig& config,
       exit_code = 1;
     }
   } else if (*evaluator) {
-    exit_code = Evaluate(config, **trainer, *train, rank, start);
+    exit_code = Evaluate(config, trainer, train, session.rank(), start);
     if (std::optional<int> code = Ended(session)) return *code;
     // Tell the others, even when stopping (a SIGTERM during the
     // evaluation): without this arrival they would evaluate again.
@@ -370,6 +324,56 @@ int Run(ps::TerminationSignals& signals, const ps::JobConfig& config,
   return exit_code;
 }
 
+// Trains and, on the evaluator, evaluates; leaves the job on every path
+// once registered (the session leaves itself if stopped while joining), so
+// the scheduler never waits for a heartbeat timeout to learn this worker
+// is gone.
+int Run(ps::TerminationSignals& signals, const ps::JobConfig& config,
+        ps::WorkerTelemetry* telemetry, std::optional<ps::CurveKeys> curve) {
+  auto log = ps::GetLogger("worker");
+  const absl::Time start = absl::Now();
+  auto started = StartSession(signals, config, telemetry, std::move(curve));
+  if (!started.ok()) return StartFailed(started.status());
+  ps::WorkerSession& session = **started;
+
+  auto trainer = ps::Trainer::Create(config, session.kv(), session.rank(),
+                                     session.num_workers());
+  if (!trainer.ok()) {
+    log->error("{}", trainer.status().message());
+    return 2;
+  }
+  ps::TrainerHooks hooks;
+  hooks.on_step = [&session](uint64_t clock, const ps::DataPosition& next) {
+    session.ReportProgress(clock, next);
+  };
+  hooks.on_trained = [telemetry](uint64_t examples, absl::Duration t) {
+    telemetry->OnTrained(examples, t);
+  };
+  if (!session.initial_position()) {
+    log->info("no shard of its own (joined at clock {}): asking for work",
+              session.start_clock());
+  }
+  // The session's shard protocol: the start barrier of a fresh or restored
+  // job, this worker's shard, then claims; a stop, a drain, a drop or the
+  // scheduler gone end it.
+  auto train = (*trainer)->Train(session.shards(), hooks);
+  if (std::optional<int> code = Ended(session)) return *code;
+  if (!train.ok()) {
+    log->error("training failed: {}", train.status().message());
+    absl::Status left = session.Leave(false);
+    if (!left.ok()) log->warn("{}", left.message());
+    return 1;
+  }
+  LogTrained(*train);
+  if (train->preempted) {
+    const ps::DataPosition* at = train->position ? &*train->position : nullptr;
+    absl::Status left = session.Leave(/*finished=*/false, at);
+    if (!left.ok()) log->warn("{}", left.message());
+    return 0;
+  }
+  return Finish(session, config, **trainer, *train, start);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -377,11 +381,11 @@ int main(int argc, char** argv) {
   const std::vector<std::string> args(argv, argv + argc);  // to rejoin with
   absl::ParseCommandLine(argc, argv);
   auto log = ps::GetLogger("worker");
-  std::optional<ps::JobConfig> config =
-      ps::StartNode(*log, absl::GetFlag(FLAGS_log_level), absl::GetFlag(FLAGS_config),
-                    {{"scheduler", absl::GetFlag(FLAGS_scheduler)}},
-                    ps::ClusterSizeOverride{absl::GetFlag(FLAGS_num_servers),
-                                            absl::GetFlag(FLAGS_num_workers)});
+  std::optional<ps::JobConfig> config = ps::StartNode(
+      *log, absl::GetFlag(FLAGS_log_level), absl::GetFlag(FLAGS_config),
+      {{"scheduler", absl::GetFlag(FLAGS_scheduler)}},
+      ps::ClusterSizeOverride{absl::GetFlag(FLAGS_num_servers),
+                              absl::GetFlag(FLAGS_num_workers)});
   if (!config) return 2;
   absl::StatusOr<std::optional<ps::CurveKeys>> curve =
       ps::LoadCurveKeys(config->security().curve());

@@ -544,6 +544,36 @@ int32_t ps_session_leave(ps_session* s, int32_t finished, int32_t has_position,
   return Fail(s->session->Leave(finished != 0, pos ? &*pos : nullptr));
 }
 
+// ---- the shard protocol: Session.batches over WorkerSession::shards().
+
+int32_t ps_session_next_shard(ps_session* s, int32_t has_ended, uint32_t shard,
+                              uint64_t epoch, uint64_t batch, int32_t done,
+                              ps_future** out) {
+  if (int32_t e = Usable(s)) return e;
+  std::optional<ps::DataPosition> ended;
+  if (has_ended) ended = Position(shard, epoch, batch, done);
+  auto* f = new ps_future;
+  ps::WorkerSession* w = s->session.get();
+  f->stop = [w] { w->RequestStop(); };
+  RunAsync(f, [f, w, ended]() -> absl::Status {
+    ps::ShardCursor* shards = w->shards();
+    if (ended) shards->Ended(*ended);
+    absl::StatusOr<std::optional<ps::DataPosition>> next = shards->Next();
+    if (!next.ok()) return next.status();
+    const char* result = next->has_value()    ? "TRAIN"
+                         : shards->all_done() ? "ALL_DONE"
+                                              : "STOPPED";
+    std::optional<ps::DataPosition> at = *next;
+    if (!at && !shards->all_done()) at = shards->position();
+    f->text = absl::StrCat("{\"result\":\"", result, "\",\"position\":",
+                           at ? PositionJson(*at) : std::string("null"), "}");
+    f->has_text = true;
+    return absl::OkStatus();
+  });
+  *out = f;
+  return 0;
+}
+
 int32_t ps_pull(ps_session* s, uint32_t table, const uint64_t* keys, size_t n, float* out,
                 size_t out_len, ps_future** f) {
   if (int32_t e = Usable(s)) return e;

@@ -157,6 +157,24 @@ int32_t ps_session_leave(ps_session* s, int32_t finished, int32_t has_position,
                          uint32_t shard, uint64_t epoch, uint64_t batch,
                          int32_t done);
 
+/* ---- the shard protocol (worker/shard_cursor.h) ------------------------ */
+
+/* The training loop's shards, for Session.batches: reports where the shard
+ * of the previous call ended (has_ended 0 on the first call; done, or
+ * stopped before its end at the next untrained batch) and asks for the next
+ * one, on a thread of its own (stopped when the future is freed). The
+ * first call meets the other workers at the start barrier of a fresh or
+ * restored job; then this worker's own shard, then claims: WAIT is asked
+ * again (paced), shard numbers are checked against the job (INVALID_ARGUMENT
+ * naming a bad one), a claimed shard's clock is restarted. The future's text
+ * is JSON {"result":"TRAIN|ALL_DONE|STOPPED","position":null|{"shard":..,
+ * "epoch":..,"batch":..,"done":..}}: TRAIN: the shard to train, from that
+ * position; STOPPED (a stop request): the position to hand back with
+ * ps_session_leave (null: none); ALL_DONE: every shard is done. */
+int32_t ps_session_next_shard(ps_session* s, int32_t has_ended, uint32_t shard,
+                              uint64_t epoch, uint64_t batch, int32_t done,
+                              ps_future** out);
+
 /* ---- data plane ------------------------------------------------------ */
 
 /* Sparse tables: grads holds n * dim floats, out room for as many. */

@@ -67,6 +67,8 @@ def _declare(lib: ctypes.CDLL) -> None:
         "ps_session_claim": (c_int32, [c_void_p, c_int32, c_uint32, c_uint64, c_uint64,
                                        f]),
         "ps_session_restart": (c_int32, [c_void_p, c_uint64]),
+        "ps_session_next_shard": (c_int32, [c_void_p, c_int32, c_uint32, c_uint64, c_uint64,
+                                            c_int32, f]),
         "ps_session_finish": (c_int32, [c_void_p, c_double, f]),
         "ps_session_evaluation_done": (c_int32, [c_void_p]),
         "ps_session_checkpoint": (c_int32, [c_void_p, f]),

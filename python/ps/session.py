@@ -505,7 +505,6 @@ class Session:
         self._servers_clip = False
         self._table_info = {t["name"]: t for t in job["tables"]}
         self._step_position: Optional[DataPosition] = None
-        self._started = False
         self._stop_position: Optional[DataPosition] = None
         _live.add(self)
         if handle_sigterm and threading.current_thread() is threading.main_thread():
@@ -747,41 +746,44 @@ class Session:
         this worker it raises Dropped (SchedulerUnreachable when the
         scheduler is gone) instead of yielding another batch.
         """
-        pos = self.position
-        finished: Optional[DataPosition] = None
-        if (self.start_clock == 0 or self.restored_start) and not self._started:
-            # A fresh or restored job: wait until every worker has joined, so
-            # the first steps count them all (under BSP, a step applied while
-            # a worker is still joining would not include it, and the job
-            # would not train as the same job run again).
-            self._started = True
-            try:
-                self.barrier("ps-start" if self.start_clock == 0
-                             else f"ps-restored-{self.start_clock}")
-            except Cancelled:
-                self._stop_position = pos
-                return
+        lib = _native.lib()
+        # Where the shard being trained ended: done, or stopped before its
+        # end at the next untrained batch; None before the first shard.
+        ended: Optional[DataPosition] = None
+
+        def next_shard() -> Optional[DataPosition]:
+            # The job's shard protocol, run by the library (one
+            # implementation with the C++ trainer: worker/shard_cursor.h):
+            # the start barrier of a fresh or restored job, this worker's own
+            # shard, then claims (WAIT paced, shard numbers checked, the
+            # clock restarted at the scheduler's). None once there is nothing
+            # more: every shard is done, or a stop (close() then hands the
+            # position over).
+            h = _out_ptr()
+            if ended is None:
+                _check(lib.ps_session_next_shard(self._handle(), 0, 0, 0, 0, 0,
+                                                 ctypes.byref(h)))
+            else:
+                _check(lib.ps_session_next_shard(self._handle(), 1, ended.shard, ended.epoch,
+                                                 ended.batch, 1 if ended.done else 0,
+                                                 ctypes.byref(h)))
+            r = json.loads(self._wait_lifecycle(h).text())
+            p = r["position"]
+            at = (DataPosition(int(p["shard"]), int(p["epoch"]), int(p["batch"]), bool(p["done"]))
+                  if p is not None else None)
+            if r["result"] == "TRAIN":
+                return at
+            self._stop_position = at if r["result"] == "STOPPED" else None
+            return None
+
         while True:
-            if pos is None or pos.done:
-                if pos is not None and pos.done:
-                    finished, pos = pos, None
-                # Stopped before the scheduler heard that the shard is done:
-                # close() reports it done (nothing of it is trained again).
-                self._stop_position = finished
-                if self.stop_requested:
-                    return
-                try:
-                    r = self.claim(finished)
-                except Cancelled:
-                    return
-                finished = None
-                self._stop_position = None
-                if r["result"] == "ALL_DONE":
-                    return
-                if r["result"] == "WAIT":
-                    continue
-                self.restart(r["start_clock"])
-                pos = r["position"]
+            try:
+                pos = next_shard()
+            except Cancelled:
+                return
+            if pos is None:
+                return
+            ended = None
             for epoch in range(pos.epoch, epochs):
                 first = pos.batch if epoch == pos.epoch else 0
                 it = iter(batches_of(pos.shard, epoch))
@@ -796,19 +798,22 @@ class Session:
                 for batch in it:
                     # Dropped by the scheduler (or it is gone): raise
                     # Dropped / SchedulerUnreachable rather than train on.
-                    _check(_native.lib().ps_session_ended(self._handle()))
+                    _check(lib.ps_session_ended(self._handle()))
                     if self.stop_requested:
-                        self._stop_position = DataPosition(pos.shard, epoch, b)
                         self._settle()
-                        return
+                        ended = DataPosition(pos.shard, epoch, b)
+                        break
                     before = self.clock
                     self._step_position = DataPosition(pos.shard, epoch, b + 1)
                     yield batch
                     if self.clock == before:
                         self.end_step()
                     b += 1
-            pos = DataPosition(pos.shard, epochs, 0, True)
-            self._settle()
+                if ended is not None:
+                    break
+            if ended is None:
+                self._settle()
+                ended = DataPosition(pos.shard, epochs, 0, True)
 
     def _settle(self) -> None:
         if self._last_end is not None:
