@@ -1,9 +1,9 @@
 #include "common/config.h"
 
-#include <algorithm>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -117,8 +117,7 @@ void CheckOptimizer(const OptimizerConfig& opt, const std::string& path,
                  "must be >= 0");
       break;
     case OptimizerConfig::KIND_NOT_SET:
-      c->Require(false, path,
-                 "set one of sgd, adagrad, momentum, adam, ftrl");
+      c->Require(false, path, "set one of sgd, adagrad, momentum, adam, ftrl");
       break;
   }
   const LearningRateSchedule& sched = opt.schedule();
@@ -157,12 +156,14 @@ void CheckSparseTable(const SparseTableConfig& t, const std::string& path,
              "must be at most 2^31");
   c->Require(t.memory_budget_bytes() == 0 ||
                  t.memory_budget_bytes() >= (uint64_t{1} << 20),
-             path + ".memory_budget_bytes", "must be 0 (no budget) or >= 1 MiB");
+             path + ".memory_budget_bytes",
+             "must be 0 (no budget) or >= 1 MiB");
   c->Require(t.eviction() == EVICT_NONE || t.eviction() == EVICT_LRU ||
                  t.eviction() == EVICT_LFU,
              path + ".eviction", "must be EVICT_NONE, EVICT_LRU or EVICT_LFU");
   c->Require(t.eviction() == EVICT_NONE || t.memory_budget_bytes() > 0,
-             path + ".eviction", "evicts only under memory_budget_bytes; set it");
+             path + ".eviction",
+             "evicts only under memory_budget_bytes; set it");
 }
 
 // A file the job needs at run time: named, readable by this process, and,
@@ -173,16 +174,18 @@ void CheckSecurityFile(const std::string& path, absl::string_view field,
                        bool secret, Checker* c) {
   if (path.empty()) return;
   if (access(path.c_str(), R_OK) != 0) {
-    c->Require(false, field,
-              absl::StrCat("'", path, "' cannot be read: ", std::strerror(errno)));
+    c->Require(
+        false, field,
+        absl::StrCat("'", path, "' cannot be read: ", std::strerror(errno)));
     return;
   }
   struct stat st;
   c->Require(stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode), field,
-            absl::StrCat("'", path, "' is not a regular file"));
-  c->Require(!secret || (st.st_mode & S_IROTH) == 0, field,
-            absl::StrCat("'", path,
-                         "' is readable by every user; run chmod o-rwx on it"));
+             absl::StrCat("'", path, "' is not a regular file"));
+  c->Require(
+      !secret || (st.st_mode & S_IROTH) == 0, field,
+      absl::StrCat("'", path,
+                   "' is readable by every user; run chmod o-rwx on it"));
 }
 
 // Files only; their contents are checked where they are loaded
@@ -192,16 +195,16 @@ void CheckSecurity(const SecurityConfig& sec, Checker* c) {
   const int tls_set = !tls.ca_cert_file().empty() + !tls.cert_file().empty() +
                       !tls.key_file().empty();
   c->Require(tls_set == 0 || tls_set == 3, "security.tls",
-            "ca_cert_file, cert_file and key_file are all required (or none, "
-            "for plaintext)");
+             "ca_cert_file, cert_file and key_file are all required (or none, "
+             "for plaintext)");
   CheckSecurityFile(tls.ca_cert_file(), "security.tls.ca_cert_file", false, c);
   CheckSecurityFile(tls.cert_file(), "security.tls.cert_file", false, c);
   CheckSecurityFile(tls.key_file(), "security.tls.key_file", true, c);
   const CurveConfig& curve = sec.curve();
   c->Require(curve.public_key_file().empty() == curve.secret_key_file().empty(),
-            "security.curve",
-            "public_key_file and secret_key_file are both required (or none, "
-            "for plaintext)");
+             "security.curve",
+             "public_key_file and secret_key_file are both required (or none, "
+             "for plaintext)");
   CheckSecurityFile(curve.public_key_file(), "security.curve.public_key_file",
                     false, c);
   CheckSecurityFile(curve.secret_key_file(), "security.curve.secret_key_file",
@@ -228,15 +231,18 @@ absl::Status ValidateConsistency(const ConsistencyConfig& c) {
   Checker check;
   check.Require(c.mode() == ASYNC || c.mode() == BSP || c.mode() == SSP, "mode",
                 "must be ASYNC, BSP or SSP");
-  check.Require(c.staleness() <= 1000000, "staleness", "must be at most 1000000");
+  check.Require(c.staleness() <= 1000000, "staleness",
+                "must be at most 1000000");
   check.Require(c.mode() == SSP || c.staleness() == 0, "staleness",
                 "is only meaningful with mode SSP");
   return check.Result();
 }
 
 DataPlaneLimits LimitsWithDefaults(DataPlaneLimits lim) {
-  if (lim.max_message_bytes() == 0) lim.set_max_message_bytes(kMessageBytesCeiling);
-  if (lim.max_keys_per_message() == 0) lim.set_max_keys_per_message(uint64_t{1} << 26);
+  if (lim.max_message_bytes() == 0)
+    lim.set_max_message_bytes(kMessageBytesCeiling);
+  if (lim.max_keys_per_message() == 0)
+    lim.set_max_keys_per_message(uint64_t{1} << 26);
   if (lim.max_connections() == 0) lim.set_max_connections(1024);
   if (lim.receive_queue_messages() == 0) lim.set_receive_queue_messages(1000);
   if (lim.max_held_bytes() == 0) lim.set_max_held_bytes(int64_t{1} << 30);
@@ -253,7 +259,8 @@ void ApplyDefaults(JobConfig* config) {
   if (cl->startup_timeout_ms() == 0) cl->set_startup_timeout_ms(60000);
   if (cl->failover_timeout_ms() == 0) cl->set_failover_timeout_ms(120000);
   if (cl->scheduler_unreachable_timeout_ms() == 0) {
-    cl->set_scheduler_unreachable_timeout_ms(std::max(60000u, cl->heartbeat_timeout_ms()));
+    cl->set_scheduler_unreachable_timeout_ms(
+        std::max(60000u, cl->heartbeat_timeout_ms()));
   }
   if (cl->on_worker_loss() == WORKER_LOSS_POLICY_UNSPECIFIED) {
     cl->set_on_worker_loss(REASSIGN);
@@ -264,8 +271,10 @@ void ApplyDefaults(JobConfig* config) {
   }
   DataPlaneConfig* dp = config->mutable_data_plane();
   if (dp->key_cache_bytes() == 0) dp->set_key_cache_bytes(16 << 20);
-  if (dp->push_values() == VALUE_ENCODING_UNSPECIFIED) dp->set_push_values(FLOAT32);
-  if (dp->pull_values() == VALUE_ENCODING_UNSPECIFIED) dp->set_pull_values(FLOAT32);
+  if (dp->push_values() == VALUE_ENCODING_UNSPECIFIED)
+    dp->set_push_values(FLOAT32);
+  if (dp->pull_values() == VALUE_ENCODING_UNSPECIFIED)
+    dp->set_pull_values(FLOAT32);
   *dp->mutable_limits() = LimitsWithDefaults(dp->limits());
   if (dp->gradients().nonfinite() == GradientPolicy::NONFINITE_UNSPECIFIED) {
     dp->mutable_gradients()->set_nonfinite(GradientPolicy::REJECT);
@@ -392,10 +401,11 @@ absl::Status ValidateJobConfig(const JobConfig& config) {
   c.Require(cl.replication() <= 2, "cluster.replication",
             "must be 1 (one copy of every slot) or 2 (a backup copy on "
             "another server)");
-  c.Require(cl.replication() < 2 || cl.num_servers() >= 2, "cluster.replication",
+  c.Require(cl.replication() < 2 || cl.num_servers() >= 2,
+            "cluster.replication",
             "2 needs at least 2 servers (a backup lives on another server)");
-  c.Require(WorkerLossPolicy_IsValid(cl.on_worker_loss()), "cluster.on_worker_loss",
-            "must be REASSIGN or SKIP_REST");
+  c.Require(WorkerLossPolicy_IsValid(cl.on_worker_loss()),
+            "cluster.on_worker_loss", "must be REASSIGN or SKIP_REST");
   const CheckpointConfig& ck = config.checkpoint();
   c.Require(ck.dir().size() <= 4096, "checkpoint.dir", "is too long");
   c.Require(ck.dir().empty() ? ck.interval_steps() == 0 && !ck.restore() : true,
@@ -403,7 +413,8 @@ absl::Status ValidateJobConfig(const JobConfig& config) {
   c.Require(ck.keep() <= 1000, "checkpoint.keep", "must be at most 1000");
   const DataPlaneConfig& dp = config.data_plane();
   c.Require(dp.key_cache_bytes() == -1 ||
-                (dp.key_cache_bytes() >= 1 && dp.key_cache_bytes() <= (int64_t{1} << 30)),
+                (dp.key_cache_bytes() >= 1 &&
+                 dp.key_cache_bytes() <= (int64_t{1} << 30)),
             "data_plane.key_cache_bytes", "must be -1 (off) or 1..1073741824");
   c.Require(ValueEncoding_IsValid(dp.push_values()) &&
                 dp.push_values() != VALUE_ENCODING_UNSPECIFIED,
@@ -414,12 +425,15 @@ absl::Status ValidateJobConfig(const JobConfig& config) {
   const DataPlaneLimits& lim = dp.limits();
   c.Require(lim.max_message_bytes() >= (int64_t{1} << 20) &&
                 lim.max_message_bytes() <= kMessageBytesCeiling,
-            "data_plane.limits.max_message_bytes", "must be 1048576..1073741824");
-  c.Require(lim.max_keys_per_message() >= 1 && lim.max_keys_per_message() <= (uint64_t{1} << 27),
+            "data_plane.limits.max_message_bytes",
+            "must be 1048576..1073741824");
+  c.Require(lim.max_keys_per_message() >= 1 &&
+                lim.max_keys_per_message() <= (uint64_t{1} << 27),
             "data_plane.limits.max_keys_per_message", "must be 1..134217728");
   c.Require(lim.max_connections() >= 1 && lim.max_connections() <= 65536,
             "data_plane.limits.max_connections", "must be 1..65536");
-  c.Require(lim.receive_queue_messages() >= 1 && lim.receive_queue_messages() <= 100000,
+  c.Require(lim.receive_queue_messages() >= 1 &&
+                lim.receive_queue_messages() <= 100000,
             "data_plane.limits.receive_queue_messages", "must be 1..100000");
   c.Require(lim.max_held_bytes() >= (int64_t{1} << 20),
             "data_plane.limits.max_held_bytes", "must be at least 1048576");
@@ -455,9 +469,9 @@ absl::Status ValidateJobConfig(const JobConfig& config) {
       case TableConfig::kDense:
         c.Require(t.dense().size() >= 1 && t.dense().size() <= (1ULL << 40),
                   path + ".dense.size", "must be in 1..2^40");
-        c.Require(t.dense().block_size() >= 1 &&
-                      t.dense().block_size() <= (1u << 26),
-                  path + ".dense.block_size", "must be in 1..2^26");
+        c.Require(
+            t.dense().block_size() >= 1 && t.dense().block_size() <= (1u << 26),
+            path + ".dense.block_size", "must be in 1..2^26");
         break;
       case TableConfig::KIND_NOT_SET:
         c.Require(false, path, "set one of sparse, dense");
@@ -490,16 +504,15 @@ absl::Status ValidateJobConfig(const JobConfig& config) {
               p + ".min_vocab", "must be in 1..max_vocab");
     c.Require(d.max_vocab() <= 10000000, p + ".max_vocab",
               "must be at most 10000000");
-    c.Require(Positive(d.zipf_exponent()), p + ".zipf_exponent",
-              "must be > 0");
+    c.Require(Positive(d.zipf_exponent()), p + ".zipf_exponent", "must be > 0");
     c.Require(Positive(d.weight_scale()), p + ".weight_scale", "must be > 0");
     c.Require(std::isfinite(d.bias()), p + ".bias", "must be finite");
   }
 
   if (config.data().has_synthetic_ctr()) {
     const SyntheticCtrConfig& d = config.data().synthetic_ctr();
-    c.Require(d.interaction_rank() <= 64,
-              "data.synthetic_ctr.interaction_rank", "must be at most 64");
+    c.Require(d.interaction_rank() <= 64, "data.synthetic_ctr.interaction_rank",
+              "must be at most 64");
     c.Require(d.interaction_rank() == 0 || Positive(d.interaction_scale()),
               "data.synthetic_ctr.interaction_scale", "must be > 0");
   }
@@ -526,8 +539,9 @@ absl::Status ValidateJobConfig(const JobConfig& config) {
             "training.prefetch",
             "needs consistency mode ASYNC (under BSP and SSP a step must read "
             "the previous step's updates)");
-  c.Require(std::isfinite(tr.model().init_gain()) && tr.model().init_gain() >= 0,
-            "training.model.init_gain", "must be finite and >= 0");
+  c.Require(
+      std::isfinite(tr.model().init_gain()) && tr.model().init_gain() >= 0,
+      "training.model.init_gain", "must be finite and >= 0");
   // The model's shape is checked only for jobs that train (a config may
   // describe tables alone, e.g. for the KV tools).
   if (!tr.dense_table().empty() || !tr.sparse_table().empty()) {
@@ -536,14 +550,14 @@ absl::Status ValidateJobConfig(const JobConfig& config) {
               layout.ok() ? "" : std::string(layout.status().message()));
     if (layout.ok()) {
       auto t = FindTable(config, tr.dense_table());
-      c.Require(t.ok() && (*t)->has_dense() &&
-                    (*t)->dense().size() == layout->dense_size,
-                "training.dense_table",
-                absl::StrCat("'", tr.dense_table(),
-                             "' must name a dense table of size ",
-                             layout->dense_size, " for this ",
-                             ModelConfig::Kind_Name(layout->kind),
-                             " model (or size 0, which sizes it)"));
+      c.Require(
+          t.ok() && (*t)->has_dense() &&
+              (*t)->dense().size() == layout->dense_size,
+          "training.dense_table",
+          absl::StrCat("'", tr.dense_table(),
+                       "' must name a dense table of size ", layout->dense_size,
+                       " for this ", ModelConfig::Kind_Name(layout->kind),
+                       " model (or size 0, which sizes it)"));
       if (layout->sparse_dim > 0) {
         auto sp = FindTable(config, tr.sparse_table());
         c.Require(sp.ok() && (*sp)->has_sparse() &&
@@ -552,8 +566,7 @@ absl::Status ValidateJobConfig(const JobConfig& config) {
                   absl::StrCat("'", tr.sparse_table(),
                                "' must name a sparse table with dim ",
                                layout->sparse_dim, " for this ",
-                               ModelConfig::Kind_Name(layout->kind),
-                               " model"));
+                               ModelConfig::Kind_Name(layout->kind), " model"));
       }
     }
   }

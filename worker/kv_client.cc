@@ -43,7 +43,9 @@ KVClient::Options WithClock(KVClient::Options options) {
 
 uint64_t Completion::min_clock() const {
   absl::MutexLock lock(&state_->mu);
-  return state_->remaining == 0 && state_->min_clock != UINT64_MAX ? state_->min_clock : 0;
+  return state_->remaining == 0 && state_->min_clock != UINT64_MAX
+             ? state_->min_clock
+             : 0;
 }
 
 uint64_t Completion::applied_clock() const {
@@ -66,12 +68,12 @@ absl::Status Completion::Wait() const {
 bool Completion::WaitFor(absl::Duration timeout, absl::Status* status) const {
   State* s = state_.get();
   absl::MutexLock lock(&s->mu);
-  const bool finished = s->mu.AwaitWithTimeout(
-      absl::Condition(
-          +[](State* st)
-               ABSL_EXCLUSIVE_LOCKS_REQUIRED(st->mu) { return st->remaining == 0; },
-          s),
-      timeout);
+  const bool finished =
+      s->mu.AwaitWithTimeout(absl::Condition(
+                                 +[](State* st) ABSL_EXCLUSIVE_LOCKS_REQUIRED(
+                                      st->mu) { return st->remaining == 0; },
+                                 s),
+                             timeout);
   if (finished && status != nullptr) *status = s->status;
   return finished;
 }
@@ -99,8 +101,9 @@ std::shared_ptr<const KVClient::Routing> KVClient::MakeRouting(
   routing->slot_owner.assign(view.slot_owner().begin(),
                              view.slot_owner().end());
   if (!routing->slot_owner.empty() &&
-      std::all_of(routing->slot_owner.begin(), routing->slot_owner.end(),
-                  [&](uint32_t owner) { return owner == routing->slot_owner[0]; })) {
+      std::all_of(
+          routing->slot_owner.begin(), routing->slot_owner.end(),
+          [&](uint32_t owner) { return owner == routing->slot_owner[0]; })) {
     routing->sole_owner = routing->slot_owner[0];
   }
   for (uint32_t owner : routing->slot_owner) {
@@ -142,9 +145,10 @@ KVClient::KVClient(Options options, std::shared_ptr<const Routing> routing)
           routing,
           IoLoop::Options{
               request_timeout_,
-              absl::Milliseconds(options_.config.cluster().failover_timeout_ms() > 0
-                                     ? options_.config.cluster().failover_timeout_ms()
-                                     : 120000),
+              absl::Milliseconds(
+                  options_.config.cluster().failover_timeout_ms() > 0
+                      ? options_.config.cluster().failover_timeout_ms()
+                      : 120000),
               options_.config.data_plane().key_cache_bytes() > 0
                   ? options_.config.data_plane().key_cache_bytes()
                   : 0,
@@ -156,10 +160,13 @@ KVClient::KVClient(Options options, std::shared_ptr<const Routing> routing)
   // id, and tools that did not register all send node id 0, so they would
   // overwrite each other's slots and share one budget.
   key_caching_ = dp.key_cache_bytes() > 0 && options_.node_id != 0;
-  push_values_ = EncodedValueBytes(dp.push_values()) == 2 ? dp.push_values() : FLOAT32;
-  pull_values_ = EncodedValueBytes(dp.pull_values()) == 2 ? dp.pull_values() : FLOAT32;
-  servers_clip_nonfinite_ = dp.gradients().nonfinite() == GradientPolicy::CLIP &&
-                            dp.gradients().clip_value() > 0;
+  push_values_ =
+      EncodedValueBytes(dp.push_values()) == 2 ? dp.push_values() : FLOAT32;
+  pull_values_ =
+      EncodedValueBytes(dp.pull_values()) == 2 ? dp.pull_values() : FLOAT32;
+  servers_clip_nonfinite_ =
+      dp.gradients().nonfinite() == GradientPolicy::CLIP &&
+      dp.gradients().clip_value() > 0;
   limits_ = LimitsWithDefaults(dp.limits());
   for (const TableConfig& t : options_.config.tables()) {
     TableInfo info;
@@ -284,7 +291,8 @@ Completion KVClient::PushDense(uint32_t table, uint64_t begin,
                                std::shared_ptr<const std::vector<float>> grads,
                                DoneCallback done) {
   if (grads == nullptr) {
-    return Failed(absl::InvalidArgumentError("PushDense: null gradients"), std::move(done));
+    return Failed(absl::InvalidArgumentError("PushDense: null gradients"),
+                  std::move(done));
   }
   const absl::Span<const float> span(*grads);
   return Dense(PUSH, table, begin, span.size(), span, nullptr, std::move(done),
@@ -294,10 +302,12 @@ Completion KVClient::PushDense(uint32_t table, uint64_t begin,
 Completion KVClient::PullDense(uint32_t table, uint64_t begin, uint64_t count,
                                DenseValues* out, DoneCallback done) {
   if (out == nullptr) {
-    return Failed(absl::InvalidArgumentError("PullDense: null DenseValues"), std::move(done));
+    return Failed(absl::InvalidArgumentError("PullDense: null DenseValues"),
+                  std::move(done));
   }
   out->Clear();
-  return Dense(PULL, table, begin, count, {}, nullptr, std::move(done), nullptr, out);
+  return Dense(PULL, table, begin, count, {}, nullptr, std::move(done), nullptr,
+               out);
 }
 
 std::unique_ptr<kv_internal::Part> KVClient::NewPart(
@@ -338,15 +348,16 @@ Completion KVClient::RestartClock(uint64_t clock, DoneCallback done) {
   return SendClock(clock, /*restart=*/true, std::move(done));
 }
 
-Completion KVClient::SendClock(uint64_t clock, bool restart, DoneCallback done) {
+Completion KVClient::SendClock(uint64_t clock, bool restart,
+                               DoneCallback done) {
   auto routing = this->routing();
   std::vector<uint32_t> servers;
   for (uint32_t r = 0; r < routing->endpoints.size(); ++r) {
     if (!routing->endpoints[r].empty()) servers.push_back(r);
   }
   if (servers.empty()) return Failed(absl::OkStatus(), std::move(done));
-  auto state = std::make_shared<Completion::State>(static_cast<int>(servers.size()),
-                                                   std::move(done));
+  auto state = std::make_shared<Completion::State>(
+      static_cast<int>(servers.size()), std::move(done));
   std::vector<std::unique_ptr<Part>> parts;
   for (uint32_t server : servers) {
     RequestHeader h;
@@ -373,8 +384,8 @@ Completion KVClient::TableStatistics(std::vector<ServerTableStats>* out,
   if (servers.empty()) {
     return Failed(absl::UnavailableError("no live server"), std::move(done));
   }
-  auto state = std::make_shared<Completion::State>(static_cast<int>(servers.size()),
-                                                   std::move(done));
+  auto state = std::make_shared<Completion::State>(
+      static_cast<int>(servers.size()), std::move(done));
   {
     absl::MutexLock lock(&state->mu);
     state->table_stats = out;
@@ -400,8 +411,9 @@ Completion KVClient::Scan(uint32_t table, std::vector<uint64_t>* keys,
                   std::move(done));
   }
   if (keys == nullptr || values == nullptr) {
-    return Failed(absl::InvalidArgumentError("Scan needs keys and values outputs"),
-                  std::move(done));
+    return Failed(
+        absl::InvalidArgumentError("Scan needs keys and values outputs"),
+        std::move(done));
   }
   auto routing = this->routing();
   std::vector<uint32_t> servers;
@@ -411,8 +423,8 @@ Completion KVClient::Scan(uint32_t table, std::vector<uint64_t>* keys,
   if (servers.empty()) {
     return Failed(absl::UnavailableError("no live server"), std::move(done));
   }
-  auto state = std::make_shared<Completion::State>(static_cast<int>(servers.size()),
-                                                   std::move(done));
+  auto state = std::make_shared<Completion::State>(
+      static_cast<int>(servers.size()), std::move(done));
   const uint64_t page_rows = std::min(options_.scan_page_rows, kMaxScanRows);
   std::vector<std::unique_ptr<Part>> parts;
   for (uint32_t server : servers) {
@@ -467,7 +479,8 @@ Completion KVClient::Sparse(int op_int, uint32_t table,
   // Checked before the request is split by server: a server refusing its
   // part while another applies its own would leave the update half done.
   if (push && !servers_clip_nonfinite_ && !AllFinite(grads)) {
-    return Failed(NonFiniteError(op, table, "nothing was sent"), std::move(done));
+    return Failed(NonFiniteError(op, table, "nothing was sent"),
+                  std::move(done));
   }
   if (keys.empty()) return Failed(absl::OkStatus(), std::move(done));
   if (keys.size() > UINT32_MAX) {
@@ -477,14 +490,17 @@ Completion KVClient::Sparse(int op_int, uint32_t table,
   auto routing = this->routing();
   // Owner of every key, and how many keys each server gets. The frames are
   // then filled in place: no per-key allocation, one pass per frame.
-  const kv_internal::SparseSplit split = kv_internal::SplitSparse(
-      routing->slot_owner, routing->sole_owner, routing->num_servers, table, keys);
+  const kv_internal::SparseSplit split =
+      kv_internal::SplitSparse(routing->slot_owner, routing->sole_owner,
+                               routing->num_servers, table, keys);
   const std::vector<uint32_t>& counts = split.counts;
   const size_t num_servers = counts.size();
   int num_parts = 0;
   for (uint32_t c : counts) {
     num_parts += c > 0;
-    const uint64_t bytes = c * (sizeof(uint64_t) + (push ? dim * EncodedValueBytes(push_values_) : 0));
+    const uint64_t bytes =
+        c *
+        (sizeof(uint64_t) + (push ? dim * EncodedValueBytes(push_values_) : 0));
     if (absl::Status limit = CheckPartLimits(c, bytes); !limit.ok()) {
       return Failed(std::move(limit), std::move(done));
     }
@@ -513,7 +529,9 @@ Completion KVClient::Sparse(int op_int, uint32_t table,
     if (n == keys.size()) {
       // Every key on one server, in order: plain copies, no scatter map.
       std::memcpy(k, keys.data(), n * sizeof(uint64_t));
-      if (push) EncodeValues(push_values_, grads.data(), grads.size(), part->values.data());
+      if (push)
+        EncodeValues(push_values_, grads.data(), grads.size(),
+                     part->values.data());
     } else {
       std::vector<uint32_t> idx = split.IndicesOf(server);
       for (size_t j = 0; j < n; ++j) k[j] = keys[idx[j]];
@@ -534,7 +552,8 @@ Completion KVClient::Sparse(int op_int, uint32_t table,
                         dim * sizeof(float));
           }
         }
-        if (width != sizeof(float)) EncodeValues(push_values_, v, n * dim, part->values.data());
+        if (width != sizeof(float))
+          EncodeValues(push_values_, v, n * dim, part->values.data());
       }
       if (op != PUSH) part->positions = std::move(idx);
     }
@@ -553,17 +572,18 @@ Completion KVClient::Sparse(int op_int, uint32_t table,
 
 absl::Status KVClient::CheckPartLimits(uint64_t keys, uint64_t bytes) const {
   if (keys > limits_.max_keys_per_message()) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "a request part for one server carries ", keys,
-        " keys; data_plane.limits.max_keys_per_message is ", limits_.max_keys_per_message(),
-        "; nothing was sent (split the request)"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("a request part for one server carries ", keys,
+                     " keys; data_plane.limits.max_keys_per_message is ",
+                     limits_.max_keys_per_message(),
+                     "; nothing was sent (split the request)"));
   }
   // Headers are small; leave them 64 KiB.
   if (bytes + 65536 > static_cast<uint64_t>(limits_.max_message_bytes())) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "a request part for one server carries ", bytes,
-        " bytes; data_plane.limits.max_message_bytes is ", limits_.max_message_bytes(),
-        "; nothing was sent (split the request)"));
+        " bytes; data_plane.limits.max_message_bytes is ",
+        limits_.max_message_bytes(), "; nothing was sent (split the request)"));
   }
   return absl::OkStatus();
 }
@@ -577,7 +597,8 @@ void KVClient::SetWireOptions(int op_int, absl::Span<const uint64_t> keys,
   if ((op == PULL || op == PUSH_PULL) && pull_values_ != FLOAT32) {
     h->set_pull_values(pull_values_);
   }
-  if (key_caching_ && !keys.empty() && op != ASSIGN) kv_internal::SetKeyList(keys, h);
+  if (key_caching_ && !keys.empty() && op != ASSIGN)
+    kv_internal::SetKeyList(keys, h);
 }
 
 Completion KVClient::Dense(int op_int, uint32_t table, uint64_t begin,
@@ -601,7 +622,8 @@ Completion KVClient::Dense(int op_int, uint32_t table, uint64_t begin,
                   std::move(done));
   }
   auto not_finite = [&] {
-    return Failed(NonFiniteError(op, table, "nothing was sent"), std::move(done));
+    return Failed(NonFiniteError(op, table, "nothing was sent"),
+                  std::move(done));
   };
   // Pushed values go to the wire in the job's encoding (ASSIGN: float32).
   const ValueEncoding encoding = op == PUSH ? push_values_ : FLOAT32;
@@ -610,8 +632,10 @@ Completion KVClient::Dense(int op_int, uint32_t table, uint64_t begin,
   // pass over a large tensor instead of two); others before encoding.
   // With CLIP the servers clip pushed gradients; ASSIGN's values must be
   // finite regardless.
-  const bool check_finite = op != PULL && !(op == PUSH && servers_clip_nonfinite_);
-  if (check_finite && width != sizeof(float) && !AllFinite(grads)) return not_finite();
+  const bool check_finite =
+      op != PULL && !(op == PUSH && servers_clip_nonfinite_);
+  if (check_finite && width != sizeof(float) && !AllFinite(grads))
+    return not_finite();
   if (count == 0) return Failed(absl::OkStatus(), std::move(done));
   auto routing = this->routing();
   // The range cut at block boundaries (each block lives in one slot), by
@@ -643,8 +667,8 @@ Completion KVClient::Dense(int op_int, uint32_t table, uint64_t begin,
     // check to it: one read pass over the tensor fewer on the sender. Spread
     // over servers, the sender checks first, so no server applies its share
     // of a push another would reject.
-    const size_t receivers = static_cast<size_t>(
-        std::count_if(totals.begin(), totals.end(), [](uint64_t t) { return t != 0; }));
+    const size_t receivers = static_cast<size_t>(std::count_if(
+        totals.begin(), totals.end(), [](uint64_t t) { return t != 0; }));
     const bool left_to_server = receivers == 1;
     bool checked = left_to_server;
     for (size_t s = 0; s < num_servers; ++s) {
@@ -673,7 +697,8 @@ Completion KVClient::Dense(int op_int, uint32_t table, uint64_t begin,
     if (op != PULL && b.fill != nullptr) {
       const float* src = grads.data() + piece.offset;
       if (width == sizeof(float)) {
-        finite &= CopyFinite(src, piece.length, reinterpret_cast<float*>(b.fill));
+        finite &=
+            CopyFinite(src, piece.length, reinterpret_cast<float*>(b.fill));
       } else {
         EncodeValues(encoding, src, piece.length, b.fill);
       }

@@ -83,9 +83,9 @@ absl::Status Predict(const std::string& model_path, const std::string& data,
                       CreateCompute(CPU, 1, &why_cpu));
   PS_ASSIGN_OR_RETURN(std::unique_ptr<Model> model,
                       Model::Create(layout, compute.get()));
-  PS_ASSIGN_OR_RETURN(std::unique_ptr<data::Dataset> dataset,
-                      data::OpenDataset(config.data(), data::Split::kTest, 0,
-                                        1, 8192, false));
+  PS_ASSIGN_OR_RETURN(
+      std::unique_ptr<data::Dataset> dataset,
+      data::OpenDataset(config.data(), data::Split::kTest, 0, 1, 8192, false));
   std::FILE* out = nullptr;
   if (!out_path.empty()) {
     out = std::fopen(out_path.c_str(), "w");
@@ -163,8 +163,8 @@ int main(int argc, char** argv) {
     std::cerr << "predict: --model is required\n";
     return 2;
   }
-  absl::Status s = ps::Predict(model, absl::GetFlag(FLAGS_data),
-                               absl::GetFlag(FLAGS_out));
+  absl::Status s =
+      ps::Predict(model, absl::GetFlag(FLAGS_data), absl::GetFlag(FLAGS_out));
   if (!s.ok()) {
     std::cerr << "predict: " << s << "\n";
     return 1;

@@ -174,8 +174,8 @@ absl::StatusOr<SyntheticCtr> SyntheticCtr::Create(
   const uint32_t max_factor_cache =
       rank == 0 ? 0
                 : static_cast<uint32_t>(std::clamp<uint64_t>(
-                      kFactorBudget / (uint64_t{std::max<uint32_t>(nf, 1)} *
-                                       g.stride_),
+                      kFactorBudget /
+                          (uint64_t{std::max<uint32_t>(nf, 1)} * g.stride_),
                       kMinFactorCache, kMaxTableRanks));
   const double s = g.zipf_;
   const double one_minus_s = 1.0 - s;
@@ -303,8 +303,7 @@ float SyntheticCtr::TrueWeight(uint32_t field, uint32_t id) const {
                             fields_[field].weight_offset);
 }
 
-double SyntheticCtr::RawFactor(uint32_t field, uint32_t id,
-                               uint32_t c) const {
+double SyntheticCtr::RawFactor(uint32_t field, uint32_t id, uint32_t c) const {
   return cfg_.interaction_scale() *
          Normal(HashCombine(HashCombine(factor_salt_, FieldId(field, id)), c));
 }

@@ -29,11 +29,11 @@ enum BufferId : size_t {
   kFmSums,
   kDSparse,
   kDDense,
-  kVectors,      // DLRM: batch x num_vectors x dim
+  kVectors,  // DLRM: batch x num_vectors x dim
   kDVectors,
-  kTopIn,        // DLRM: batch x top_input
+  kTopIn,  // DLRM: batch x top_input
   kDTopIn,
-  kDBottomOut,   // DLRM: batch x dim
+  kDBottomOut,  // DLRM: batch x dim
   kNumFixed,
 };
 
@@ -65,9 +65,9 @@ absl::Status SparseIndexer::Index(const ModelLayout& layout,
   out->offsets.assign(n * fields + 1, 0);
   for (size_t i = 0; i < features; ++i) {
     if (batch.fields[i] >= fields) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "feature field ", batch.fields[i], " is not below the model's ",
-          fields, " fields"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("feature field ", batch.fields[i],
+                       " is not below the model's ", fields, " fields"));
     }
   }
   for (size_t b = 0; b < n; ++b) {
@@ -75,7 +75,8 @@ absl::Status SparseIndexer::Index(const ModelLayout& layout,
       ++out->offsets[b * fields + batch.fields[i] + 1];
     }
   }
-  for (size_t j = 0; j < n * fields; ++j) out->offsets[j + 1] += out->offsets[j];
+  for (size_t j = 0; j < n * fields; ++j)
+    out->offsets[j + 1] += out->offsets[j];
   counts_.assign(out->offsets.begin(), out->offsets.end() - 1);
   for (size_t b = 0; b < n; ++b) {
     for (uint32_t i = batch.offsets[b]; i < batch.offsets[b + 1]; ++i) {
@@ -155,8 +156,8 @@ void Model::LayerBackward(const DenseLayer& l, int batch, const float* in,
 }
 
 const float* Model::MlpForward(const std::vector<DenseLayer>& layers,
-                              size_t first, int batch, const float* in,
-                              const float* dense, float* last_out) {
+                               size_t first, int batch, const float* in,
+                               const float* dense, float* last_out) {
   for (size_t i = 0; i < layers.size(); ++i) {
     float* y = i + 1 == layers.size() && last_out != nullptr
                    ? last_out
@@ -174,12 +175,14 @@ bool Model::MlpBackward(const std::vector<DenseLayer>& layers, size_t first,
                         float* dy, float* d_dense, float* d_in) {
   for (size_t i = layers.size(); i-- > 0;) {
     // Layer i's input: the stack's input, or layer i - 1's ReLU output.
-    const float* x =
-        i == 0 ? in
-               : static_cast<const float*>(buffers_[kNumFixed + 2 * (first + i - 1)].ptr);
-    float* dx = i == 0 ? d_in
-                       : Ensure<float>(&buffers_[kNumFixed + 2 * (first + i - 1) + 1],
-                                       size_t(batch) * layers[i].in);
+    const float* x = i == 0
+                         ? in
+                         : static_cast<const float*>(
+                               buffers_[kNumFixed + 2 * (first + i - 1)].ptr);
+    float* dx =
+        i == 0 ? d_in
+               : Ensure<float>(&buffers_[kNumFixed + 2 * (first + i - 1) + 1],
+                               size_t(batch) * layers[i].in);
     if (i > 0 && dx == nullptr) return false;
     LayerBackward(layers[i], batch, x, dense, dy, d_dense, dx);
     if (i > 0) compute_->ReluBackward(size_t(batch) * layers[i].in, x, dx);
@@ -199,9 +202,9 @@ absl::Status Model::Prepare(const data::ExampleBatch& batch,
   const bool uses_sparse = L.kind != ModelConfig::MLP;
   if (batch.labels.size() < batch.size ||
       batch.dense.size() < batch.size * nd ||
-      (uses_sparse && (sparse.offsets.empty() ||
-                       sparse.rows.size() < sparse.offsets.back() ||
-                       sparse.values.size() < sparse.offsets.back()))) {
+      (uses_sparse &&
+       (sparse.offsets.empty() || sparse.rows.size() < sparse.offsets.back() ||
+        sparse.values.size() < sparse.offsets.back()))) {
     return absl::InvalidArgumentError("batch arrays are shorter than its size");
   }
   for (int b = 0; b < n; ++b) {
@@ -317,14 +320,15 @@ absl::Status Model::Run(const data::ExampleBatch& batch,
     case ModelConfig::LR:
     case ModelConfig::FM: {
       const int k = static_cast<int>(L.embedding_dim);
-      float* sums = check(Ensure<float>(&buffers_[kFmSums], size_t(n) * std::max(k, 1)));
+      float* sums =
+          check(Ensure<float>(&buffers_[kFmSums], size_t(n) * std::max(k, 1)));
       if (oom) break;
       c.Fill(n, 0.0f, d_logits);
       c.FmForward(n, k, d_offsets, d_index, d_values, d_rows, L.sparse_dim,
                   sums, d_logits);
       if (nd > 0) {
-        c.Gemm(false, true, n, 1, nd, 1.0f, d_features, nd, d_dense_params,
-               nd, 1.0f, d_logits, 1);
+        c.Gemm(false, true, n, 1, nd, 1.0f, d_features, nd, d_dense_params, nd,
+               1.0f, d_logits, 1);
       }
       c.AddBias(n, 1, d_dense_params + nd, d_logits, 1);
       c.SigmoidCrossEntropy(n, d_logits, d_labels, scale, d_probs, d_loss,
@@ -336,8 +340,8 @@ absl::Status Model::Run(const data::ExampleBatch& batch,
                      sums, d_dlogits, d_dsparse);
       }
       if (nd > 0) {
-        c.Gemm(true, false, 1, nd, n, 1.0f, d_dlogits, 1, d_features, nd,
-               0.0f, d_ddense, nd);
+        c.Gemm(true, false, 1, nd, n, 1.0f, d_dlogits, 1, d_features, nd, 0.0f,
+               d_ddense, nd);
       }
       c.ColumnSum(n, 1, d_dlogits, 1, 0.0f, d_ddense + nd);
       break;
@@ -361,15 +365,16 @@ absl::Status Model::Run(const data::ExampleBatch& batch,
       const int ti = static_cast<int>(L.top_input);
       const bool has_bottom = !L.bottom.empty();
       const size_t nb = L.bottom.size();
-      float* vectors = check(Ensure<float>(&buffers_[kVectors], size_t(n) * nv * d));
+      float* vectors =
+          check(Ensure<float>(&buffers_[kVectors], size_t(n) * nv * d));
       float* top_in = check(Ensure<float>(&buffers_[kTopIn], size_t(n) * ti));
       if (oom) break;
-      c.EmbeddingBag(n, fields, nv, d, d_offsets, d_index, d_values, d_rows,
-                     d, vectors);
+      c.EmbeddingBag(n, fields, nv, d, d_offsets, d_index, d_values, d_rows, d,
+                     vectors);
       const float* bottom_out = nullptr;
       if (has_bottom) {
-        bottom_out = MlpForward(L.bottom, 0, n, d_features, d_dense_params,
-                                nullptr);
+        bottom_out =
+            MlpForward(L.bottom, 0, n, d_features, d_dense_params, nullptr);
         if (bottom_out == nullptr) {
           oom = true;
           break;
@@ -386,8 +391,10 @@ absl::Status Model::Run(const data::ExampleBatch& batch,
       c.SigmoidCrossEntropy(n, d_logits, d_labels, scale, d_probs, d_loss,
                             d_dlogits);
       if (!backward) break;
-      float* d_top_in = check(Ensure<float>(&buffers_[kDTopIn], size_t(n) * ti));
-      float* d_vectors = check(Ensure<float>(&buffers_[kDVectors], size_t(n) * nv * d));
+      float* d_top_in =
+          check(Ensure<float>(&buffers_[kDTopIn], size_t(n) * ti));
+      float* d_vectors =
+          check(Ensure<float>(&buffers_[kDVectors], size_t(n) * nv * d));
       if (oom) break;
       // The top MLP's input (interactions) has no activation.
       if (!MlpBackward(L.top, nb, n, top_in, d_dense_params, d_dlogits,
@@ -404,13 +411,14 @@ absl::Status Model::Run(const data::ExampleBatch& batch,
       }
       if (has_bottom) {
         // The bottom output feeds both the interactions and the top input.
-        float* d_bottom = check(Ensure<float>(&buffers_[kDBottomOut], size_t(n) * d));
+        float* d_bottom =
+            check(Ensure<float>(&buffers_[kDBottomOut], size_t(n) * d));
         if (oom) break;
         c.Copy2D(n, d, d_vectors + size_t(fields) * d, nv * d, d_bottom, d);
         c.Add2D(n, d, d_top_in, ti, d_bottom, d);
         c.ReluBackward(size_t(n) * d, bottom_out, d_bottom);
-        oom = !MlpBackward(L.bottom, 0, n, d_features, d_dense_params,
-                           d_bottom, d_ddense, nullptr);
+        oom = !MlpBackward(L.bottom, 0, n, d_features, d_dense_params, d_bottom,
+                           d_ddense, nullptr);
       }
       break;
     }
@@ -445,14 +453,14 @@ absl::Status Model::Run(const data::ExampleBatch& batch,
   return absl::OkStatus();
 }
 
-std::vector<float> InitialDenseParameters(const ModelLayout& layout,
-                                          float gain, uint64_t seed) {
+std::vector<float> InitialDenseParameters(const ModelLayout& layout, float gain,
+                                          uint64_t seed) {
   std::vector<float> params(layout.dense_size, 0.0f);
   std::mt19937_64 rng(seed);
   auto fill = [&](const std::vector<DenseLayer>& layers) {
     for (const DenseLayer& l : layers) {
-      const double stddev =
-          (l.relu ? gain * std::sqrt(2.0 / l.in) : gain * std::sqrt(1.0 / l.in));
+      const double stddev = (l.relu ? gain * std::sqrt(2.0 / l.in)
+                                    : gain * std::sqrt(1.0 / l.in));
       std::normal_distribution<double> normal(0.0, stddev);
       for (uint64_t i = 0; i < uint64_t{l.in} * l.out; ++i) {
         params[l.w_offset + i] = static_cast<float>(normal(rng));
