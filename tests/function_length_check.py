@@ -61,7 +61,6 @@ KNOWN_LONG_FUNCTIONS: tuple[str, ...] = (
     "worker/io_loop.cc IoLoop::Split",
     "worker/kv_client.cc KVClient::Dense",
     "worker/kv_client.cc KVClient::Sparse",
-    "worker/models/model.cc Model::Run",
     "worker/predict.cc Predict",
     "worker/trainer.cc Trainer::Train",
     "worker/trainer.cc Trainer::TrainShard",
