@@ -47,6 +47,118 @@ std::shared_ptr<spdlog::logger> Log() {
 
 constexpr std::chrono::milliseconds kPollPeriod{20};
 
+// IoLoop::Split's pieces. A piece of `part` for another server: same
+// request, deadlines and answer destination, without keys, values or
+// segments (FillDensePiece and FillSparsePiece add its share).
+std::unique_ptr<Part> NewPiece(const Part& part) {
+  auto p = std::make_unique<Part>();
+  p->parent = part.parent;
+  p->dim = part.dim;
+  p->out = part.out;
+  p->has_values = part.has_values;
+  p->deadline = part.deadline;
+  p->failover_deadline = part.failover_deadline;
+  p->refusals = part.refusals;
+  p->refused_until = part.refused_until;
+  p->reroutable = true;
+  p->block_size = part.block_size;
+  p->h = part.h;
+  return p;
+}
+
+// Gives `p` the segments of a dense `part` that `server` owns, their
+// values (bytes of `width` each, as encoded on the wire: `src`, null when
+// the part carries none) and where their answers go.
+void FillDensePiece(const Part& part, const DenseSplit& split, uint32_t server,
+                    const char* src, size_t width, Part* p,
+                    std::vector<char>* values) {
+  const RequestHeader& h = part.h;
+  p->h.clear_segments();
+  for (const DensePiece& piece : split.pieces) {
+    if (piece.owner != server) continue;
+    DenseSegment* seg = p->h.add_segments();
+    seg->set_begin(piece.begin);
+    seg->set_length(piece.length);
+    if (src != nullptr) {
+      values->insert(values->end(), src + piece.offset * width,
+                     src + (piece.offset + piece.length) * width);
+    }
+    if (!part.runs.empty()) {
+      // Where the piece's answer goes: its segment's run, shifted by
+      // where the piece starts in the segment.
+      const auto& run = part.runs[piece.source];
+      p->runs.emplace_back(
+          run.first + (piece.begin - h.segments(piece.source).begin()),
+          piece.length);
+    }
+    if (part.expected_values > 0) p->expected_values += piece.length;
+  }
+}
+
+// Gives `p` the keys of a sparse `part` that `server` owns, their values
+// (rows of part.dim values of `width` bytes: `src`, null when the part
+// carries none) and where their answers go.
+void FillSparsePiece(const Part& part, const SparseSplit& split,
+                     uint32_t server, const char* src, size_t width, Part* p,
+                     std::vector<char>* values) {
+  const uint64_t* keys = part.keys.data<uint64_t>();
+  const size_t dim = part.dim;
+  std::vector<uint32_t> idx = split.IndicesOf(server);
+  std::vector<uint64_t> k;
+  k.reserve(idx.size());
+  for (uint32_t i : idx) {
+    k.push_back(keys[i]);
+    if (src != nullptr) {
+      values->insert(values->end(), src + i * dim * width,
+                     src + (i + 1) * dim * width);
+    }
+    if (part.expected_values > 0) {
+      p->positions.push_back(part.positions.empty() ? i : part.positions[i]);
+      p->expected_values += dim;
+    }
+  }
+  p->h.set_num_keys(k.size());
+  if (part.h.key_list_slot() != 0) SetKeyList(k, &p->h);
+  p->keys = FrameFromVector(std::move(k));
+}
+
+// IoLoop::OnResponse's retries. A part a server refused without looking
+// (its lease lapsed, or it was dropped): nothing was applied or recorded.
+// Until the scheduler renews the lease or moves the slots it is tried
+// again, routed by the newest view each time; bounded from the first
+// refusal, since a reroutable part's own deadline moves with every
+// routing. True when `part` is to be retried at part->retry_at.
+bool RetryRefused(absl::Time now, const IoLoop::Options& options, Part* part) {
+  if (part->refused_until == absl::InfinitePast()) {
+    part->refused_until =
+        now + std::max(options.request_timeout, options.failover_timeout);
+  }
+  const absl::Duration backoff =
+      std::min(absl::Milliseconds(20) * (1 << std::min(part->refusals, 4)),
+               absl::Milliseconds(200));
+  part->retry_at = now + backoff;
+  if (part->retry_at >= part->refused_until) return false;
+  // A part sent again as it is (not routed again) keeps its deadline: it
+  // is moved so that the retry has a request timeout of its own.
+  part->deadline =
+      std::max(part->deadline, part->retry_at + options.request_timeout);
+  ++part->refusals;
+  return true;
+}
+
+// A part the server applied nothing of (e.g. it has not received the
+// cluster view yet): tried again with exponential backoff until its
+// deadline. True when `part` is to be retried at part->retry_at.
+bool RetryNotApplied(absl::Time now, Part* part) {
+  const absl::Duration backoff =
+      std::min(absl::Milliseconds(2) * (1 << std::min(part->attempts, 8)),
+               absl::Milliseconds(200));
+  part->retry_at = now + backoff;
+  if (part->retry_at >= part->deadline) return false;
+  ++part->attempts;
+  return true;
+}
+
 }  // namespace
 
 void SetKeyList(absl::Span<const uint64_t> keys, RequestHeader* h) {
@@ -463,64 +575,16 @@ absl::Status IoLoop::Split(std::unique_ptr<Part> part,
     part->out = part->pulled->OwnArray(part->expected_values);
     part->pulled = nullptr;
   }
-  const size_t dim = part->dim;
   // Values are moved as bytes: they may be half-width on the wire.
   const size_t width = EncodedValueBytes(h.push_values());
   const char* src = part->has_values ? part->values.data<char>() : nullptr;
   for (uint32_t server : distinct) {
-    auto p = std::make_unique<Part>();
-    p->parent = part->parent;
-    p->dim = part->dim;
-    p->out = part->out;
-    p->has_values = part->has_values;
-    p->deadline = part->deadline;
-    p->failover_deadline = part->failover_deadline;
-    p->refusals = part->refusals;
-    p->refused_until = part->refused_until;
-    p->reroutable = true;
-    p->block_size = part->block_size;
-    p->h = h;
+    std::unique_ptr<Part> p = NewPiece(*part);
     std::vector<char> values;
     if (dense) {
-      p->h.clear_segments();
-      for (const DensePiece& piece : by_block.pieces) {
-        if (piece.owner != server) continue;
-        DenseSegment* seg = p->h.add_segments();
-        seg->set_begin(piece.begin);
-        seg->set_length(piece.length);
-        if (src != nullptr) {
-          values.insert(values.end(), src + piece.offset * width,
-                        src + (piece.offset + piece.length) * width);
-        }
-        if (!part->runs.empty()) {
-          // Where the piece's answer goes: its segment's run, shifted by
-          // where the piece starts in the segment.
-          const auto& run = part->runs[piece.source];
-          p->runs.emplace_back(
-              run.first + (piece.begin - h.segments(piece.source).begin()),
-              piece.length);
-        }
-        if (part->expected_values > 0) p->expected_values += piece.length;
-      }
+      FillDensePiece(*part, by_block, server, src, width, p.get(), &values);
     } else {
-      std::vector<uint32_t> idx = sparse.IndicesOf(server);
-      std::vector<uint64_t> k;
-      k.reserve(idx.size());
-      for (uint32_t i : idx) {
-        k.push_back(keys[i]);
-        if (src != nullptr) {
-          values.insert(values.end(), src + i * dim * width,
-                        src + (i + 1) * dim * width);
-        }
-        if (part->expected_values > 0) {
-          p->positions.push_back(part->positions.empty() ? i
-                                                         : part->positions[i]);
-          p->expected_values += dim;
-        }
-      }
-      p->h.set_num_keys(k.size());
-      if (h.key_list_slot() != 0) SetKeyList(k, &p->h);
-      p->keys = FrameFromVector(std::move(k));
+      FillSparsePiece(*part, sparse, server, src, width, p.get(), &values);
     }
     if (part->has_values) p->values = FrameFromVector(std::move(values));
     finish(p.get(), server);
@@ -683,44 +747,17 @@ void IoLoop::OnResponse(uint32_t server, std::vector<zmq::message_t>& frames) {
   }
   const bool unavailable = response.header.code() ==
                            static_cast<int>(absl::StatusCode::kUnavailable);
-  if (unavailable && response.header.refusal() != REFUSAL_NONE) {
-    // The server refused without looking (its lease lapsed, or it was
-    // dropped): nothing was applied or recorded. Until the scheduler
-    // renews its lease or moves its slots, try again, routed by the
-    // newest view each time; bounded from the first refusal, since a
-    // reroutable part's own deadline moves with every routing.
-    const absl::Time now = options_.clock->Now();
-    if (part->refused_until == absl::InfinitePast()) {
-      part->refused_until =
-          now + std::max(options_.request_timeout, options_.failover_timeout);
-    }
-    const absl::Duration backoff =
-        std::min(absl::Milliseconds(20) * (1 << std::min(part->refusals, 4)),
-                 absl::Milliseconds(200));
-    part->retry_at = now + backoff;
-    if (part->retry_at < part->refused_until) {
-      // A part sent again as it is (not routed again) keeps its deadline:
-      // it is moved so that the retry has a request timeout of its own.
-      part->deadline =
-          std::max(part->deadline, part->retry_at + options_.request_timeout);
-      ++part->refusals;
-      retries_.push_back(std::move(part));
-      return;
-    }
+  if (unavailable && response.header.refusal() != REFUSAL_NONE &&
+      RetryRefused(options_.clock->Now(), options_, part.get())) {
+    retries_.push_back(std::move(part));
+    return;
   }
   const bool misrouted = part->reroutable && response.header.wrong_owner();
-  if ((unavailable && response.header.refusal() == REFUSAL_NONE) || misrouted) {
-    // The server applied nothing (e.g. it has not received the cluster
-    // view yet); try again with exponential backoff until the deadline.
-    const absl::Duration backoff =
-        std::min(absl::Milliseconds(2) * (1 << std::min(part->attempts, 8)),
-                 absl::Milliseconds(200));
-    part->retry_at = options_.clock->Now() + backoff;
-    if (part->retry_at < part->deadline) {
-      ++part->attempts;
-      retries_.push_back(std::move(part));
-      return;
-    }
+  if (((unavailable && response.header.refusal() == REFUSAL_NONE) ||
+       misrouted) &&
+      RetryNotApplied(options_.clock->Now(), part.get())) {
+    retries_.push_back(std::move(part));
+    return;
   }
   if (response.header.code() != 0) {
     part->parent->PartDone(absl::Status(

@@ -36,6 +36,139 @@ KVClient::Options WithClock(KVClient::Options options) {
   return options;
 }
 
+// Fills a sparse request part's key frame, and for a push its value frame
+// in `encoding`, with the keys (and their rows of `dim` gradients) at
+// `idx`, or with all of them in order when `idx` is empty. The frames are
+// allocated at their exact size and each byte is written once.
+void FillSparseFrames(absl::Span<const uint64_t> keys,
+                      absl::Span<const float> grads, uint32_t dim, bool push,
+                      ValueEncoding encoding, const std::vector<uint32_t>& idx,
+                      kv_internal::Part* part) {
+  const size_t n = idx.empty() ? keys.size() : idx.size();
+  // zmq::message_t(size) allocates without initialising (malloc), so each
+  // byte is written once.
+  part->keys = zmq::message_t(n * sizeof(uint64_t));
+  const size_t width = EncodedValueBytes(encoding);
+  if (push) {
+    part->values = zmq::message_t(n * dim * width);
+    part->has_values = true;
+  }
+  auto* k = static_cast<uint64_t*>(part->keys.data());
+  if (idx.empty()) {
+    // Every key on one server, in order: plain copies, no scatter map.
+    std::memcpy(k, keys.data(), n * sizeof(uint64_t));
+    if (push) {
+      EncodeValues(encoding, grads.data(), grads.size(), part->values.data());
+    }
+    return;
+  }
+  for (size_t j = 0; j < n; ++j) k[j] = keys[idx[j]];
+  if (!push) return;
+  // Gathered straight into the frame, or for a half-width encoding into a
+  // scratch buffer that is then encoded into it.
+  std::vector<float> scratch;
+  float* v = static_cast<float*>(part->values.data());
+  if (width != sizeof(float)) {
+    scratch.resize(n * dim);
+    v = scratch.data();
+  }
+  if (dim == 1) {
+    for (size_t j = 0; j < n; ++j) v[j] = grads[idx[j]];
+  } else {
+    for (size_t j = 0; j < n; ++j) {
+      std::memcpy(v + j * dim, &grads[static_cast<size_t>(idx[j]) * dim],
+                  dim * sizeof(float));
+    }
+  }
+  if (width != sizeof(float)) {
+    EncodeValues(encoding, v, n * dim, part->values.data());
+  }
+}
+
+// One server's share of a dense request while it is built.
+struct DenseFrame {
+  RequestHeader header;
+  zmq::message_t values;
+  char* fill = nullptr;  // next free byte of `values`
+  std::vector<std::pair<uint64_t, uint64_t>> runs;
+  uint64_t total = 0;
+  bool unchecked = false;  // zero-copy values left to the server's check
+};
+
+// Gives each server that receives values of a dense push or assign its
+// value frame. Each frame is allocated at its exact size and filled in
+// place later (FillDenseFrames): no growth, no zero-filling, no copy into
+// a frame afterwards. With `shared` (zero-copy) a server whose share is
+// one contiguous piece of float32 values gets a frame pointing into
+// `shared` instead.
+//
+// A push that one server receives whole is all-or-nothing by that
+// server's own check (it rejects a non-finite value before applying
+// anything, with the element's index), so the zero-copy form leaves the
+// check to it: one read pass over the tensor fewer on the sender. Spread
+// over servers, the sender checks first, so no server applies its share
+// of a push another would reject. False when that check finds a
+// non-finite value in `grads`.
+bool AllocateDenseFrames(
+    const kv_internal::DenseSplit& split, absl::Span<const float> grads,
+    size_t width, bool check_finite,
+    const std::shared_ptr<const std::vector<float>>& shared,
+    std::vector<DenseFrame>* frames) {
+  const std::vector<uint64_t>& totals = split.totals;
+  const size_t receivers = static_cast<size_t>(std::count_if(
+      totals.begin(), totals.end(), [](uint64_t t) { return t != 0; }));
+  const bool left_to_server = receivers == 1;
+  bool checked = left_to_server;
+  for (size_t s = 0; s < totals.size(); ++s) {
+    DenseFrame& f = (*frames)[s];
+    if (totals[s] == 0) continue;
+    if (shared != nullptr && width == sizeof(float) && split.contiguous[s]) {
+      // One read pass instead of a copy: the check reads every value once
+      // for all the zero-copy frames.
+      if (check_finite && !checked) {
+        if (!AllFinite(grads)) return false;
+        checked = true;
+      }
+      f.unchecked = check_finite && left_to_server;
+      f.values = FrameFromShared(shared, split.first[s], totals[s]);
+      continue;  // fill stays null: nothing to copy
+    }
+    f.values = zmq::message_t(totals[s] * width);
+    f.fill = static_cast<char*>(f.values.data());
+  }
+  return true;
+}
+
+// Adds each piece of `split` to its server's frame: the segment, where
+// its answer goes and (for a push or assign, `values`) its values in
+// `encoding`. False when a float32 value copied is not finite (the
+// caller decides whether that matters).
+bool FillDenseFrames(const kv_internal::DenseSplit& split, bool values,
+                     absl::Span<const float> grads, ValueEncoding encoding,
+                     std::vector<DenseFrame>* frames) {
+  const size_t width = EncodedValueBytes(encoding);
+  bool finite = true;
+  for (const kv_internal::DensePiece& piece : split.pieces) {
+    DenseFrame& b = (*frames)[piece.owner];
+    DenseSegment* seg = b.header.add_segments();
+    seg->set_begin(piece.begin);
+    seg->set_length(piece.length);
+    if (values && b.fill != nullptr) {
+      const float* src = grads.data() + piece.offset;
+      if (width == sizeof(float)) {
+        finite &=
+            CopyFinite(src, piece.length, reinterpret_cast<float*>(b.fill));
+      } else {
+        EncodeValues(encoding, src, piece.length, b.fill);
+      }
+      b.fill += piece.length * width;
+    }
+    b.runs.emplace_back(piece.offset, piece.length);
+    b.total += piece.length;
+  }
+  return finite;
+}
+
 }  // namespace
 
 // ------------------------------------------------------------ Completion
@@ -517,46 +650,12 @@ Completion KVClient::Sparse(int op_int, uint32_t table,
     part->dim = dim;
     h.set_num_keys(n);
     part->reroutable = true;
-    // zmq::message_t(size) allocates without initialising (malloc), so each
-    // byte is written once.
-    part->keys = zmq::message_t(n * sizeof(uint64_t));
-    const size_t width = EncodedValueBytes(push_values_);
-    if (push) {
-      part->values = zmq::message_t(n * dim * width);
-      part->has_values = true;
-    }
-    auto* k = static_cast<uint64_t*>(part->keys.data());
-    if (n == keys.size()) {
-      // Every key on one server, in order: plain copies, no scatter map.
-      std::memcpy(k, keys.data(), n * sizeof(uint64_t));
-      if (push)
-        EncodeValues(push_values_, grads.data(), grads.size(),
-                     part->values.data());
-    } else {
-      std::vector<uint32_t> idx = split.IndicesOf(server);
-      for (size_t j = 0; j < n; ++j) k[j] = keys[idx[j]];
-      if (push) {
-        // Gathered straight into the frame, or for a half-width encoding
-        // into a scratch buffer that is then encoded into it.
-        std::vector<float> scratch;
-        float* v = static_cast<float*>(part->values.data());
-        if (width != sizeof(float)) {
-          scratch.resize(n * dim);
-          v = scratch.data();
-        }
-        if (dim == 1) {
-          for (size_t j = 0; j < n; ++j) v[j] = grads[idx[j]];
-        } else {
-          for (size_t j = 0; j < n; ++j) {
-            std::memcpy(v + j * dim, &grads[static_cast<size_t>(idx[j]) * dim],
-                        dim * sizeof(float));
-          }
-        }
-        if (width != sizeof(float))
-          EncodeValues(push_values_, v, n * dim, part->values.data());
-      }
-      if (op != PUSH) part->positions = std::move(idx);
-    }
+    // Every key on one server: in order, no scatter map (idx stays empty).
+    std::vector<uint32_t> idx;
+    if (n != keys.size()) idx = split.IndicesOf(server);
+    FillSparseFrames(keys, grads, dim, push, push_values_, idx, part.get());
+    if (op != PUSH && !idx.empty()) part->positions = std::move(idx);
+    const auto* k = static_cast<const uint64_t*>(part->keys.data());
     SetWireOptions(op, absl::MakeConstSpan(k, n), &h);
     part->header = SerializeToFrame(h);
     part->h = h;
@@ -647,69 +746,16 @@ Completion KVClient::Dense(int op_int, uint32_t table, uint64_t begin,
   const std::vector<uint64_t>& totals = split.totals;
   const size_t num_servers = totals.size();
 
-  struct Builder {
-    RequestHeader header;
-    zmq::message_t values;
-    char* fill = nullptr;  // next free byte of `values`
-    std::vector<std::pair<uint64_t, uint64_t>> runs;
-    uint64_t total = 0;
-    bool unchecked = false;  // zero-copy values left to the server's check
-  };
-  std::vector<Builder> builders(num_servers);
-  if (op != PULL) {
-    // Each server's frame is allocated at its exact size and filled in
-    // place: no growth, no zero-filling, no copy into a frame afterwards.
-    // With `shared` (zero-copy) a server whose share is one contiguous
-    // piece of float32 values gets a frame pointing into `shared` instead.
-    // A push that one server receives whole is all-or-nothing by that
-    // server's own check (it rejects a non-finite value before applying
-    // anything, with the element's index), so the zero-copy form leaves the
-    // check to it: one read pass over the tensor fewer on the sender. Spread
-    // over servers, the sender checks first, so no server applies its share
-    // of a push another would reject.
-    const size_t receivers = static_cast<size_t>(std::count_if(
-        totals.begin(), totals.end(), [](uint64_t t) { return t != 0; }));
-    const bool left_to_server = receivers == 1;
-    bool checked = left_to_server;
-    for (size_t s = 0; s < num_servers; ++s) {
-      if (totals[s] == 0) continue;
-      if (shared != nullptr && width == sizeof(float) && split.contiguous[s]) {
-        // One read pass instead of a copy: the check reads every value once
-        // for all the zero-copy frames.
-        if (check_finite && !checked) {
-          if (!AllFinite(grads)) return not_finite();
-          checked = true;
-        }
-        builders[s].unchecked = check_finite && left_to_server;
-        builders[s].values = FrameFromShared(shared, split.first[s], totals[s]);
-        continue;  // fill stays null: nothing to copy
-      }
-      builders[s].values = zmq::message_t(totals[s] * width);
-      builders[s].fill = static_cast<char*>(builders[s].values.data());
-    }
+  std::vector<DenseFrame> frames(num_servers);
+  if (op != PULL && !AllocateDenseFrames(split, grads, width, check_finite,
+                                         shared, &frames)) {
+    return not_finite();
   }
-  bool finite = true;
-  for (const kv_internal::DensePiece& piece : split.pieces) {
-    Builder& b = builders[piece.owner];
-    DenseSegment* seg = b.header.add_segments();
-    seg->set_begin(piece.begin);
-    seg->set_length(piece.length);
-    if (op != PULL && b.fill != nullptr) {
-      const float* src = grads.data() + piece.offset;
-      if (width == sizeof(float)) {
-        finite &=
-            CopyFinite(src, piece.length, reinterpret_cast<float*>(b.fill));
-      } else {
-        EncodeValues(encoding, src, piece.length, b.fill);
-      }
-      b.fill += piece.length * width;
-    }
-    b.runs.emplace_back(piece.offset, piece.length);
-    b.total += piece.length;
-  }
+  const bool finite =
+      FillDenseFrames(split, op != PULL, grads, encoding, &frames);
   if (check_finite && !finite) return not_finite();
   int num_parts = 0;
-  for (const auto& b : builders) {
+  for (const DenseFrame& b : frames) {
     num_parts += b.total > 0;
     if (absl::Status limit = CheckPartLimits(0, b.values.size()); !limit.ok()) {
       return Failed(std::move(limit), std::move(done));
@@ -723,7 +769,7 @@ Completion KVClient::Dense(int op_int, uint32_t table, uint64_t begin,
       pulled != nullptr && num_parts > 1 ? pulled->OwnArray(count) : nullptr;
   std::vector<std::unique_ptr<Part>> parts;
   for (uint32_t server = 0; server < num_servers; ++server) {
-    Builder& b = builders[server];
+    DenseFrame& b = frames[server];
     if (b.total == 0) continue;
     auto part = NewPart(server, op, table, *routing, state, &b.header);
     SetWireOptions(op, {}, &b.header);
