@@ -92,6 +92,91 @@ absl::StatusOr<std::vector<std::string>> AddressList(const Struct& cluster,
   return out;
 }
 
+// TF_CONFIG's "task": this pod's type and index.
+struct TfTask {
+  std::string type;
+  int index = 0;
+};
+
+absl::StatusOr<TfTask> ParseTfTask(const Struct& root) {
+  auto task_it = root.fields().find("task");
+  if (task_it == root.fields().end() ||
+      task_it->second.kind_case() != Value::kStructValue) {
+    return Bad("TF_CONFIG: no \"task\" object (this pod's type and index)");
+  }
+  const Struct& task = task_it->second.struct_value();
+  auto type_it = task.fields().find("type");
+  if (type_it == task.fields().end() ||
+      type_it->second.kind_case() != Value::kStringValue) {
+    return Bad("TF_CONFIG: task.type must be a string");
+  }
+  TfTask out;
+  out.type = type_it->second.string_value();
+  auto index_it = task.fields().find("index");
+  if (index_it != task.fields().end()) {
+    const Value& v = index_it->second;
+    if (v.kind_case() != Value::kNumberValue || v.number_value() < 0 ||
+        v.number_value() != std::floor(v.number_value()) ||
+        v.number_value() > 1e6) {
+      return Bad("TF_CONFIG: task.index must be a whole number >= 0");
+    }
+    out.index = static_cast<int>(v.number_value());
+  }
+  return out;
+}
+
+// TF_CONFIG's "cluster": the addresses of each task type, checked to make
+// a job (one scheduler task, named chief or master; at least one ps and
+// one worker).
+struct TfCluster {
+  std::vector<std::string> schedulers;   // the chief's or the master's
+  const char* scheduler_type = "chief";  // or "master"
+  std::vector<std::string> ps;
+  std::vector<std::string> workers;
+  std::vector<std::string> evaluators;
+};
+
+absl::StatusOr<TfCluster> ParseTfCluster(const Struct& cluster) {
+  for (const auto& [name, value] : cluster.fields()) {
+    if (name != "chief" && name != "master" && name != "ps" &&
+        name != "worker" && name != "evaluator") {
+      return Bad(absl::StrCat("TF_CONFIG: unknown task type '", name,
+                              "' in cluster (expected chief, ps, worker)"));
+    }
+  }
+  TfCluster out;
+  PS_ASSIGN_OR_RETURN(std::vector<std::string> chief,
+                      AddressList(cluster, "chief"));
+  PS_ASSIGN_OR_RETURN(std::vector<std::string> master,
+                      AddressList(cluster, "master"));
+  PS_ASSIGN_OR_RETURN(out.ps, AddressList(cluster, "ps"));
+  PS_ASSIGN_OR_RETURN(out.workers, AddressList(cluster, "worker"));
+  PS_ASSIGN_OR_RETURN(out.evaluators, AddressList(cluster, "evaluator"));
+  if (!chief.empty() && !master.empty()) {
+    return Bad("TF_CONFIG: cluster has both chief and master; give one");
+  }
+  const bool use_master = chief.empty() && !master.empty();
+  out.schedulers = use_master ? std::move(master) : std::move(chief);
+  out.scheduler_type = use_master ? "master" : "chief";
+  if (out.schedulers.size() != 1) {
+    return Bad(absl::StrCat("TF_CONFIG: cluster.", out.scheduler_type,
+                            " must have exactly one address (it runs "
+                            "the scheduler), has ",
+                            out.schedulers.size()));
+  }
+  if (out.ps.empty()) {
+    return Bad(
+        "TF_CONFIG: cluster.ps is empty: the job needs at least one ps "
+        "task (a server)");
+  }
+  if (out.workers.empty()) {
+    return Bad(
+        "TF_CONFIG: cluster.worker is empty: the job needs at least one "
+        "worker task");
+  }
+  return out;
+}
+
 absl::StatusOr<LaunchPlan> PlanFromTfConfig(const std::string& json) {
   Struct root;
   google::protobuf::util::JsonParseOptions options;
@@ -106,98 +191,37 @@ absl::StatusOr<LaunchPlan> PlanFromTfConfig(const std::string& json) {
       cluster_it->second.kind_case() != Value::kStructValue) {
     return Bad("TF_CONFIG: no \"cluster\" object");
   }
-  const Struct& cluster = cluster_it->second.struct_value();
-  auto task_it = root.fields().find("task");
-  if (task_it == root.fields().end() ||
-      task_it->second.kind_case() != Value::kStructValue) {
-    return Bad("TF_CONFIG: no \"task\" object (this pod's type and index)");
-  }
-  const Struct& task = task_it->second.struct_value();
-  auto type_it = task.fields().find("type");
-  if (type_it == task.fields().end() ||
-      type_it->second.kind_case() != Value::kStringValue) {
-    return Bad("TF_CONFIG: task.type must be a string");
-  }
-  const std::string type = type_it->second.string_value();
-  int index = 0;
-  auto index_it = task.fields().find("index");
-  if (index_it != task.fields().end()) {
-    const Value& v = index_it->second;
-    if (v.kind_case() != Value::kNumberValue || v.number_value() < 0 ||
-        v.number_value() != std::floor(v.number_value()) ||
-        v.number_value() > 1e6) {
-      return Bad("TF_CONFIG: task.index must be a whole number >= 0");
-    }
-    index = static_cast<int>(v.number_value());
-  }
-
-  for (const auto& [name, value] : cluster.fields()) {
-    if (name != "chief" && name != "master" && name != "ps" &&
-        name != "worker" && name != "evaluator") {
-      return Bad(absl::StrCat("TF_CONFIG: unknown task type '", name,
-                              "' in cluster (expected chief, ps, worker)"));
-    }
-  }
-  auto chief = AddressList(cluster, "chief");
-  if (!chief.ok()) return chief.status();
-  auto master = AddressList(cluster, "master");
-  if (!master.ok()) return master.status();
-  auto ps = AddressList(cluster, "ps");
-  if (!ps.ok()) return ps.status();
-  auto workers = AddressList(cluster, "worker");
-  if (!workers.ok()) return workers.status();
-  auto evaluators = AddressList(cluster, "evaluator");
-  if (!evaluators.ok()) return evaluators.status();
-
-  if (!chief->empty() && !master->empty()) {
-    return Bad("TF_CONFIG: cluster has both chief and master; give one");
-  }
-  const bool use_master = chief->empty() && !master->empty();
-  const std::vector<std::string>& schedulers = use_master ? *master : *chief;
-  const char* chief_name = use_master ? "master" : "chief";
-  if (schedulers.size() != 1) {
-    return Bad(absl::StrCat("TF_CONFIG: cluster.", chief_name,
-                            " must have exactly one address (it runs "
-                            "the scheduler), has ",
-                            schedulers.size()));
-  }
-  if (ps->empty()) {
-    return Bad(
-        "TF_CONFIG: cluster.ps is empty: the job needs at least one ps "
-        "task (a server)");
-  }
-  if (workers->empty()) {
-    return Bad(
-        "TF_CONFIG: cluster.worker is empty: the job needs at least one "
-        "worker task");
-  }
-
+  PS_ASSIGN_OR_RETURN(const TfTask task, ParseTfTask(root));
+  PS_ASSIGN_OR_RETURN(const TfCluster cluster,
+                      ParseTfCluster(cluster_it->second.struct_value()));
+  const std::string& type = task.type;
+  const int index = task.index;
   LaunchPlan plan;
   plan.source = LaunchSource::kTfConfig;
-  plan.scheduler_address = schedulers[0];
-  plan.num_servers = static_cast<int>(ps->size());
-  plan.num_workers = static_cast<int>(workers->size());
+  plan.scheduler_address = cluster.schedulers[0];
+  plan.num_servers = static_cast<int>(cluster.ps.size());
+  plan.num_workers = static_cast<int>(cluster.workers.size());
   plan.task_index = index;
   const std::vector<std::string>* members = nullptr;
   if (type == "chief" || type == "master") {
-    if ((type == "master") != use_master) {
+    if (type != cluster.scheduler_type) {
       return Bad(absl::StrCat("TF_CONFIG: task.type is '", type,
                               "' but the cluster names its scheduler task '",
-                              chief_name, "'"));
+                              cluster.scheduler_type, "'"));
     }
     plan.role = LaunchRole::kScheduler;
-    members = &schedulers;
+    members = &cluster.schedulers;
   } else if (type == "ps") {
     plan.role = LaunchRole::kServer;
-    members = &*ps;
+    members = &cluster.ps;
   } else if (type == "worker") {
     plan.role = LaunchRole::kWorker;
-    members = &*workers;
+    members = &cluster.workers;
   } else if (type == "evaluator") {
     // Runs the config's launch.evaluator_command (LaunchCommand refuses the
     // task when the config has none).
     plan.role = LaunchRole::kEvaluator;
-    members = &*evaluators;
+    members = &cluster.evaluators;
   } else {
     return Bad(absl::StrCat("TF_CONFIG: unknown task.type '", type,
                             "' (expected chief, ps or worker)"));
