@@ -36,6 +36,139 @@ KVClient::Options WithClock(KVClient::Options options) {
   return options;
 }
 
+// Fills a sparse request part's key frame, and for a push its value frame
+// in `encoding`, with the keys (and their rows of `dim` gradients) at
+// `idx`, or with all of them in order when `idx` is empty. The frames are
+// allocated at their exact size and each byte is written once.
+void FillSparseFrames(absl::Span<const uint64_t> keys,
+                      absl::Span<const float> grads, uint32_t dim, bool push,
+                      ValueEncoding encoding, const std::vector<uint32_t>& idx,
+                      kv_internal::Part* part) {
+  const size_t n = idx.empty() ? keys.size() : idx.size();
+  // zmq::message_t(size) allocates without initialising (malloc), so each
+  // byte is written once.
+  part->keys = zmq::message_t(n * sizeof(uint64_t));
+  const size_t width = EncodedValueBytes(encoding);
+  if (push) {
+    part->values = zmq::message_t(n * dim * width);
+    part->has_values = true;
+  }
+  auto* k = static_cast<uint64_t*>(part->keys.data());
+  if (idx.empty()) {
+    // Every key on one server, in order: plain copies, no scatter map.
+    std::memcpy(k, keys.data(), n * sizeof(uint64_t));
+    if (push) {
+      EncodeValues(encoding, grads.data(), grads.size(), part->values.data());
+    }
+    return;
+  }
+  for (size_t j = 0; j < n; ++j) k[j] = keys[idx[j]];
+  if (!push) return;
+  // Gathered straight into the frame, or for a half-width encoding into a
+  // scratch buffer that is then encoded into it.
+  std::vector<float> scratch;
+  float* v = static_cast<float*>(part->values.data());
+  if (width != sizeof(float)) {
+    scratch.resize(n * dim);
+    v = scratch.data();
+  }
+  if (dim == 1) {
+    for (size_t j = 0; j < n; ++j) v[j] = grads[idx[j]];
+  } else {
+    for (size_t j = 0; j < n; ++j) {
+      std::memcpy(v + j * dim, &grads[static_cast<size_t>(idx[j]) * dim],
+                  dim * sizeof(float));
+    }
+  }
+  if (width != sizeof(float)) {
+    EncodeValues(encoding, v, n * dim, part->values.data());
+  }
+}
+
+// One server's share of a dense request while it is built.
+struct DenseFrame {
+  RequestHeader header;
+  zmq::message_t values;
+  char* fill = nullptr;  // next free byte of `values`
+  std::vector<std::pair<uint64_t, uint64_t>> runs;
+  uint64_t total = 0;
+  bool unchecked = false;  // zero-copy values left to the server's check
+};
+
+// Gives each server that receives values of a dense push or assign its
+// value frame. Each frame is allocated at its exact size and filled in
+// place later (FillDenseFrames): no growth, no zero-filling, no copy into
+// a frame afterwards. With `shared` (zero-copy) a server whose share is
+// one contiguous piece of float32 values gets a frame pointing into
+// `shared` instead.
+//
+// A push that one server receives whole is all-or-nothing by that
+// server's own check (it rejects a non-finite value before applying
+// anything, with the element's index), so the zero-copy form leaves the
+// check to it: one read pass over the tensor fewer on the sender. Spread
+// over servers, the sender checks first, so no server applies its share
+// of a push another would reject. False when that check finds a
+// non-finite value in `grads`.
+bool AllocateDenseFrames(
+    const kv_internal::DenseSplit& split, absl::Span<const float> grads,
+    size_t width, bool check_finite,
+    const std::shared_ptr<const std::vector<float>>& shared,
+    std::vector<DenseFrame>* frames) {
+  const std::vector<uint64_t>& totals = split.totals;
+  const size_t receivers = static_cast<size_t>(std::count_if(
+      totals.begin(), totals.end(), [](uint64_t t) { return t != 0; }));
+  const bool left_to_server = receivers == 1;
+  bool checked = left_to_server;
+  for (size_t s = 0; s < totals.size(); ++s) {
+    DenseFrame& f = (*frames)[s];
+    if (totals[s] == 0) continue;
+    if (shared != nullptr && width == sizeof(float) && split.contiguous[s]) {
+      // One read pass instead of a copy: the check reads every value once
+      // for all the zero-copy frames.
+      if (check_finite && !checked) {
+        if (!AllFinite(grads)) return false;
+        checked = true;
+      }
+      f.unchecked = check_finite && left_to_server;
+      f.values = FrameFromShared(shared, split.first[s], totals[s]);
+      continue;  // fill stays null: nothing to copy
+    }
+    f.values = zmq::message_t(totals[s] * width);
+    f.fill = static_cast<char*>(f.values.data());
+  }
+  return true;
+}
+
+// Adds each piece of `split` to its server's frame: the segment, where
+// its answer goes and (for a push or assign, `values`) its values in
+// `encoding`. False when a float32 value copied is not finite (the
+// caller decides whether that matters).
+bool FillDenseFrames(const kv_internal::DenseSplit& split, bool values,
+                     absl::Span<const float> grads, ValueEncoding encoding,
+                     std::vector<DenseFrame>* frames) {
+  const size_t width = EncodedValueBytes(encoding);
+  bool finite = true;
+  for (const kv_internal::DensePiece& piece : split.pieces) {
+    DenseFrame& b = (*frames)[piece.owner];
+    DenseSegment* seg = b.header.add_segments();
+    seg->set_begin(piece.begin);
+    seg->set_length(piece.length);
+    if (values && b.fill != nullptr) {
+      const float* src = grads.data() + piece.offset;
+      if (width == sizeof(float)) {
+        finite &=
+            CopyFinite(src, piece.length, reinterpret_cast<float*>(b.fill));
+      } else {
+        EncodeValues(encoding, src, piece.length, b.fill);
+      }
+      b.fill += piece.length * width;
+    }
+    b.runs.emplace_back(piece.offset, piece.length);
+    b.total += piece.length;
+  }
+  return finite;
+}
+
 }  // namespace
 
 // ------------------------------------------------------------ Completion
@@ -43,7 +176,9 @@ KVClient::Options WithClock(KVClient::Options options) {
 
 uint64_t Completion::min_clock() const {
   absl::MutexLock lock(&state_->mu);
-  return state_->remaining == 0 && state_->min_clock != UINT64_MAX ? state_->min_clock : 0;
+  return state_->remaining == 0 && state_->min_clock != UINT64_MAX
+             ? state_->min_clock
+             : 0;
 }
 
 uint64_t Completion::applied_clock() const {
@@ -66,12 +201,12 @@ absl::Status Completion::Wait() const {
 bool Completion::WaitFor(absl::Duration timeout, absl::Status* status) const {
   State* s = state_.get();
   absl::MutexLock lock(&s->mu);
-  const bool finished = s->mu.AwaitWithTimeout(
-      absl::Condition(
-          +[](State* st)
-               ABSL_EXCLUSIVE_LOCKS_REQUIRED(st->mu) { return st->remaining == 0; },
-          s),
-      timeout);
+  const bool finished =
+      s->mu.AwaitWithTimeout(absl::Condition(
+                                 +[](State* st) ABSL_EXCLUSIVE_LOCKS_REQUIRED(
+                                      st->mu) { return st->remaining == 0; },
+                                 s),
+                             timeout);
   if (finished && status != nullptr) *status = s->status;
   return finished;
 }
@@ -99,8 +234,9 @@ std::shared_ptr<const KVClient::Routing> KVClient::MakeRouting(
   routing->slot_owner.assign(view.slot_owner().begin(),
                              view.slot_owner().end());
   if (!routing->slot_owner.empty() &&
-      std::all_of(routing->slot_owner.begin(), routing->slot_owner.end(),
-                  [&](uint32_t owner) { return owner == routing->slot_owner[0]; })) {
+      std::all_of(
+          routing->slot_owner.begin(), routing->slot_owner.end(),
+          [&](uint32_t owner) { return owner == routing->slot_owner[0]; })) {
     routing->sole_owner = routing->slot_owner[0];
   }
   for (uint32_t owner : routing->slot_owner) {
@@ -142,9 +278,10 @@ KVClient::KVClient(Options options, std::shared_ptr<const Routing> routing)
           routing,
           IoLoop::Options{
               request_timeout_,
-              absl::Milliseconds(options_.config.cluster().failover_timeout_ms() > 0
-                                     ? options_.config.cluster().failover_timeout_ms()
-                                     : 120000),
+              absl::Milliseconds(
+                  options_.config.cluster().failover_timeout_ms() > 0
+                      ? options_.config.cluster().failover_timeout_ms()
+                      : 120000),
               options_.config.data_plane().key_cache_bytes() > 0
                   ? options_.config.data_plane().key_cache_bytes()
                   : 0,
@@ -156,10 +293,13 @@ KVClient::KVClient(Options options, std::shared_ptr<const Routing> routing)
   // id, and tools that did not register all send node id 0, so they would
   // overwrite each other's slots and share one budget.
   key_caching_ = dp.key_cache_bytes() > 0 && options_.node_id != 0;
-  push_values_ = EncodedValueBytes(dp.push_values()) == 2 ? dp.push_values() : FLOAT32;
-  pull_values_ = EncodedValueBytes(dp.pull_values()) == 2 ? dp.pull_values() : FLOAT32;
-  servers_clip_nonfinite_ = dp.gradients().nonfinite() == GradientPolicy::CLIP &&
-                            dp.gradients().clip_value() > 0;
+  push_values_ =
+      EncodedValueBytes(dp.push_values()) == 2 ? dp.push_values() : FLOAT32;
+  pull_values_ =
+      EncodedValueBytes(dp.pull_values()) == 2 ? dp.pull_values() : FLOAT32;
+  servers_clip_nonfinite_ =
+      dp.gradients().nonfinite() == GradientPolicy::CLIP &&
+      dp.gradients().clip_value() > 0;
   limits_ = LimitsWithDefaults(dp.limits());
   for (const TableConfig& t : options_.config.tables()) {
     TableInfo info;
@@ -284,7 +424,8 @@ Completion KVClient::PushDense(uint32_t table, uint64_t begin,
                                std::shared_ptr<const std::vector<float>> grads,
                                DoneCallback done) {
   if (grads == nullptr) {
-    return Failed(absl::InvalidArgumentError("PushDense: null gradients"), std::move(done));
+    return Failed(absl::InvalidArgumentError("PushDense: null gradients"),
+                  std::move(done));
   }
   const absl::Span<const float> span(*grads);
   return Dense(PUSH, table, begin, span.size(), span, nullptr, std::move(done),
@@ -294,10 +435,12 @@ Completion KVClient::PushDense(uint32_t table, uint64_t begin,
 Completion KVClient::PullDense(uint32_t table, uint64_t begin, uint64_t count,
                                DenseValues* out, DoneCallback done) {
   if (out == nullptr) {
-    return Failed(absl::InvalidArgumentError("PullDense: null DenseValues"), std::move(done));
+    return Failed(absl::InvalidArgumentError("PullDense: null DenseValues"),
+                  std::move(done));
   }
   out->Clear();
-  return Dense(PULL, table, begin, count, {}, nullptr, std::move(done), nullptr, out);
+  return Dense(PULL, table, begin, count, {}, nullptr, std::move(done), nullptr,
+               out);
 }
 
 std::unique_ptr<kv_internal::Part> KVClient::NewPart(
@@ -338,15 +481,16 @@ Completion KVClient::RestartClock(uint64_t clock, DoneCallback done) {
   return SendClock(clock, /*restart=*/true, std::move(done));
 }
 
-Completion KVClient::SendClock(uint64_t clock, bool restart, DoneCallback done) {
+Completion KVClient::SendClock(uint64_t clock, bool restart,
+                               DoneCallback done) {
   auto routing = this->routing();
   std::vector<uint32_t> servers;
   for (uint32_t r = 0; r < routing->endpoints.size(); ++r) {
     if (!routing->endpoints[r].empty()) servers.push_back(r);
   }
   if (servers.empty()) return Failed(absl::OkStatus(), std::move(done));
-  auto state = std::make_shared<Completion::State>(static_cast<int>(servers.size()),
-                                                   std::move(done));
+  auto state = std::make_shared<Completion::State>(
+      static_cast<int>(servers.size()), std::move(done));
   std::vector<std::unique_ptr<Part>> parts;
   for (uint32_t server : servers) {
     RequestHeader h;
@@ -373,8 +517,8 @@ Completion KVClient::TableStatistics(std::vector<ServerTableStats>* out,
   if (servers.empty()) {
     return Failed(absl::UnavailableError("no live server"), std::move(done));
   }
-  auto state = std::make_shared<Completion::State>(static_cast<int>(servers.size()),
-                                                   std::move(done));
+  auto state = std::make_shared<Completion::State>(
+      static_cast<int>(servers.size()), std::move(done));
   {
     absl::MutexLock lock(&state->mu);
     state->table_stats = out;
@@ -400,8 +544,9 @@ Completion KVClient::Scan(uint32_t table, std::vector<uint64_t>* keys,
                   std::move(done));
   }
   if (keys == nullptr || values == nullptr) {
-    return Failed(absl::InvalidArgumentError("Scan needs keys and values outputs"),
-                  std::move(done));
+    return Failed(
+        absl::InvalidArgumentError("Scan needs keys and values outputs"),
+        std::move(done));
   }
   auto routing = this->routing();
   std::vector<uint32_t> servers;
@@ -411,8 +556,8 @@ Completion KVClient::Scan(uint32_t table, std::vector<uint64_t>* keys,
   if (servers.empty()) {
     return Failed(absl::UnavailableError("no live server"), std::move(done));
   }
-  auto state = std::make_shared<Completion::State>(static_cast<int>(servers.size()),
-                                                   std::move(done));
+  auto state = std::make_shared<Completion::State>(
+      static_cast<int>(servers.size()), std::move(done));
   const uint64_t page_rows = std::min(options_.scan_page_rows, kMaxScanRows);
   std::vector<std::unique_ptr<Part>> parts;
   for (uint32_t server : servers) {
@@ -467,7 +612,8 @@ Completion KVClient::Sparse(int op_int, uint32_t table,
   // Checked before the request is split by server: a server refusing its
   // part while another applies its own would leave the update half done.
   if (push && !servers_clip_nonfinite_ && !AllFinite(grads)) {
-    return Failed(NonFiniteError(op, table, "nothing was sent"), std::move(done));
+    return Failed(NonFiniteError(op, table, "nothing was sent"),
+                  std::move(done));
   }
   if (keys.empty()) return Failed(absl::OkStatus(), std::move(done));
   if (keys.size() > UINT32_MAX) {
@@ -477,14 +623,17 @@ Completion KVClient::Sparse(int op_int, uint32_t table,
   auto routing = this->routing();
   // Owner of every key, and how many keys each server gets. The frames are
   // then filled in place: no per-key allocation, one pass per frame.
-  const kv_internal::SparseSplit split = kv_internal::SplitSparse(
-      routing->slot_owner, routing->sole_owner, routing->num_servers, table, keys);
+  const kv_internal::SparseSplit split =
+      kv_internal::SplitSparse(routing->slot_owner, routing->sole_owner,
+                               routing->num_servers, table, keys);
   const std::vector<uint32_t>& counts = split.counts;
   const size_t num_servers = counts.size();
   int num_parts = 0;
   for (uint32_t c : counts) {
     num_parts += c > 0;
-    const uint64_t bytes = c * (sizeof(uint64_t) + (push ? dim * EncodedValueBytes(push_values_) : 0));
+    const uint64_t bytes =
+        c *
+        (sizeof(uint64_t) + (push ? dim * EncodedValueBytes(push_values_) : 0));
     if (absl::Status limit = CheckPartLimits(c, bytes); !limit.ok()) {
       return Failed(std::move(limit), std::move(done));
     }
@@ -501,43 +650,12 @@ Completion KVClient::Sparse(int op_int, uint32_t table,
     part->dim = dim;
     h.set_num_keys(n);
     part->reroutable = true;
-    // zmq::message_t(size) allocates without initialising (malloc), so each
-    // byte is written once.
-    part->keys = zmq::message_t(n * sizeof(uint64_t));
-    const size_t width = EncodedValueBytes(push_values_);
-    if (push) {
-      part->values = zmq::message_t(n * dim * width);
-      part->has_values = true;
-    }
-    auto* k = static_cast<uint64_t*>(part->keys.data());
-    if (n == keys.size()) {
-      // Every key on one server, in order: plain copies, no scatter map.
-      std::memcpy(k, keys.data(), n * sizeof(uint64_t));
-      if (push) EncodeValues(push_values_, grads.data(), grads.size(), part->values.data());
-    } else {
-      std::vector<uint32_t> idx = split.IndicesOf(server);
-      for (size_t j = 0; j < n; ++j) k[j] = keys[idx[j]];
-      if (push) {
-        // Gathered straight into the frame, or for a half-width encoding
-        // into a scratch buffer that is then encoded into it.
-        std::vector<float> scratch;
-        float* v = static_cast<float*>(part->values.data());
-        if (width != sizeof(float)) {
-          scratch.resize(n * dim);
-          v = scratch.data();
-        }
-        if (dim == 1) {
-          for (size_t j = 0; j < n; ++j) v[j] = grads[idx[j]];
-        } else {
-          for (size_t j = 0; j < n; ++j) {
-            std::memcpy(v + j * dim, &grads[static_cast<size_t>(idx[j]) * dim],
-                        dim * sizeof(float));
-          }
-        }
-        if (width != sizeof(float)) EncodeValues(push_values_, v, n * dim, part->values.data());
-      }
-      if (op != PUSH) part->positions = std::move(idx);
-    }
+    // Every key on one server: in order, no scatter map (idx stays empty).
+    std::vector<uint32_t> idx;
+    if (n != keys.size()) idx = split.IndicesOf(server);
+    FillSparseFrames(keys, grads, dim, push, push_values_, idx, part.get());
+    if (op != PUSH && !idx.empty()) part->positions = std::move(idx);
+    const auto* k = static_cast<const uint64_t*>(part->keys.data());
     SetWireOptions(op, absl::MakeConstSpan(k, n), &h);
     part->header = SerializeToFrame(h);
     part->h = h;
@@ -553,17 +671,18 @@ Completion KVClient::Sparse(int op_int, uint32_t table,
 
 absl::Status KVClient::CheckPartLimits(uint64_t keys, uint64_t bytes) const {
   if (keys > limits_.max_keys_per_message()) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "a request part for one server carries ", keys,
-        " keys; data_plane.limits.max_keys_per_message is ", limits_.max_keys_per_message(),
-        "; nothing was sent (split the request)"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("a request part for one server carries ", keys,
+                     " keys; data_plane.limits.max_keys_per_message is ",
+                     limits_.max_keys_per_message(),
+                     "; nothing was sent (split the request)"));
   }
   // Headers are small; leave them 64 KiB.
   if (bytes + 65536 > static_cast<uint64_t>(limits_.max_message_bytes())) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "a request part for one server carries ", bytes,
-        " bytes; data_plane.limits.max_message_bytes is ", limits_.max_message_bytes(),
-        "; nothing was sent (split the request)"));
+        " bytes; data_plane.limits.max_message_bytes is ",
+        limits_.max_message_bytes(), "; nothing was sent (split the request)"));
   }
   return absl::OkStatus();
 }
@@ -577,7 +696,8 @@ void KVClient::SetWireOptions(int op_int, absl::Span<const uint64_t> keys,
   if ((op == PULL || op == PUSH_PULL) && pull_values_ != FLOAT32) {
     h->set_pull_values(pull_values_);
   }
-  if (key_caching_ && !keys.empty() && op != ASSIGN) kv_internal::SetKeyList(keys, h);
+  if (key_caching_ && !keys.empty() && op != ASSIGN)
+    kv_internal::SetKeyList(keys, h);
 }
 
 Completion KVClient::Dense(int op_int, uint32_t table, uint64_t begin,
@@ -601,7 +721,8 @@ Completion KVClient::Dense(int op_int, uint32_t table, uint64_t begin,
                   std::move(done));
   }
   auto not_finite = [&] {
-    return Failed(NonFiniteError(op, table, "nothing was sent"), std::move(done));
+    return Failed(NonFiniteError(op, table, "nothing was sent"),
+                  std::move(done));
   };
   // Pushed values go to the wire in the job's encoding (ASSIGN: float32).
   const ValueEncoding encoding = op == PUSH ? push_values_ : FLOAT32;
@@ -610,8 +731,10 @@ Completion KVClient::Dense(int op_int, uint32_t table, uint64_t begin,
   // pass over a large tensor instead of two); others before encoding.
   // With CLIP the servers clip pushed gradients; ASSIGN's values must be
   // finite regardless.
-  const bool check_finite = op != PULL && !(op == PUSH && servers_clip_nonfinite_);
-  if (check_finite && width != sizeof(float) && !AllFinite(grads)) return not_finite();
+  const bool check_finite =
+      op != PULL && !(op == PUSH && servers_clip_nonfinite_);
+  if (check_finite && width != sizeof(float) && !AllFinite(grads))
+    return not_finite();
   if (count == 0) return Failed(absl::OkStatus(), std::move(done));
   auto routing = this->routing();
   // The range cut at block boundaries (each block lives in one slot), by
@@ -623,68 +746,16 @@ Completion KVClient::Dense(int op_int, uint32_t table, uint64_t begin,
   const std::vector<uint64_t>& totals = split.totals;
   const size_t num_servers = totals.size();
 
-  struct Builder {
-    RequestHeader header;
-    zmq::message_t values;
-    char* fill = nullptr;  // next free byte of `values`
-    std::vector<std::pair<uint64_t, uint64_t>> runs;
-    uint64_t total = 0;
-    bool unchecked = false;  // zero-copy values left to the server's check
-  };
-  std::vector<Builder> builders(num_servers);
-  if (op != PULL) {
-    // Each server's frame is allocated at its exact size and filled in
-    // place: no growth, no zero-filling, no copy into a frame afterwards.
-    // With `shared` (zero-copy) a server whose share is one contiguous
-    // piece of float32 values gets a frame pointing into `shared` instead.
-    // A push that one server receives whole is all-or-nothing by that
-    // server's own check (it rejects a non-finite value before applying
-    // anything, with the element's index), so the zero-copy form leaves the
-    // check to it: one read pass over the tensor fewer on the sender. Spread
-    // over servers, the sender checks first, so no server applies its share
-    // of a push another would reject.
-    const size_t receivers = static_cast<size_t>(
-        std::count_if(totals.begin(), totals.end(), [](uint64_t t) { return t != 0; }));
-    const bool left_to_server = receivers == 1;
-    bool checked = left_to_server;
-    for (size_t s = 0; s < num_servers; ++s) {
-      if (totals[s] == 0) continue;
-      if (shared != nullptr && width == sizeof(float) && split.contiguous[s]) {
-        // One read pass instead of a copy: the check reads every value once
-        // for all the zero-copy frames.
-        if (check_finite && !checked) {
-          if (!AllFinite(grads)) return not_finite();
-          checked = true;
-        }
-        builders[s].unchecked = check_finite && left_to_server;
-        builders[s].values = FrameFromShared(shared, split.first[s], totals[s]);
-        continue;  // fill stays null: nothing to copy
-      }
-      builders[s].values = zmq::message_t(totals[s] * width);
-      builders[s].fill = static_cast<char*>(builders[s].values.data());
-    }
+  std::vector<DenseFrame> frames(num_servers);
+  if (op != PULL && !AllocateDenseFrames(split, grads, width, check_finite,
+                                         shared, &frames)) {
+    return not_finite();
   }
-  bool finite = true;
-  for (const kv_internal::DensePiece& piece : split.pieces) {
-    Builder& b = builders[piece.owner];
-    DenseSegment* seg = b.header.add_segments();
-    seg->set_begin(piece.begin);
-    seg->set_length(piece.length);
-    if (op != PULL && b.fill != nullptr) {
-      const float* src = grads.data() + piece.offset;
-      if (width == sizeof(float)) {
-        finite &= CopyFinite(src, piece.length, reinterpret_cast<float*>(b.fill));
-      } else {
-        EncodeValues(encoding, src, piece.length, b.fill);
-      }
-      b.fill += piece.length * width;
-    }
-    b.runs.emplace_back(piece.offset, piece.length);
-    b.total += piece.length;
-  }
+  const bool finite =
+      FillDenseFrames(split, op != PULL, grads, encoding, &frames);
   if (check_finite && !finite) return not_finite();
   int num_parts = 0;
-  for (const auto& b : builders) {
+  for (const DenseFrame& b : frames) {
     num_parts += b.total > 0;
     if (absl::Status limit = CheckPartLimits(0, b.values.size()); !limit.ok()) {
       return Failed(std::move(limit), std::move(done));
@@ -698,7 +769,7 @@ Completion KVClient::Dense(int op_int, uint32_t table, uint64_t begin,
       pulled != nullptr && num_parts > 1 ? pulled->OwnArray(count) : nullptr;
   std::vector<std::unique_ptr<Part>> parts;
   for (uint32_t server = 0; server < num_servers; ++server) {
-    Builder& b = builders[server];
+    DenseFrame& b = frames[server];
     if (b.total == 0) continue;
     auto part = NewPart(server, op, table, *routing, state, &b.header);
     SetWireOptions(op, {}, &b.header);

@@ -43,25 +43,69 @@ ABSL_FLAG(std::string, log_level, "info", "trace|debug|info|warn|error");
 namespace ps {
 namespace {
 
+// Points the config's test data at --data (files or globs, or the idx
+// directory); a model trained on synthetic data has no --data to take.
+absl::Status SetTestData(const std::string& data, DataConfig* d) {
+  if (d->has_files()) {
+    d->mutable_files()->clear_test_files();
+    for (absl::string_view f : absl::StrSplit(data, ',', absl::SkipEmpty())) {
+      d->mutable_files()->add_test_files(std::string(f));
+    }
+  } else if (d->has_fashion_mnist()) {
+    d->mutable_fashion_mnist()->set_dir(data);
+  } else {
+    return absl::InvalidArgumentError(
+        "--data: this model was trained on synthetic data; leave --data "
+        "out to score its test split");
+  }
+  return absl::OkStatus();
+}
+
+// The saved model's sparse rows for `keys` into `rows` (keys.size() x
+// sparse_dim), keys it never saw with `table`'s initial values as the
+// servers would answer; returns how many keys were unseen.
+uint64_t SavedRows(const SavedModel& saved,
+                   const absl::flat_hash_map<uint64_t, uint32_t>& row_of,
+                   const TableConfig& table, uint32_t sparse_dim,
+                   absl::Span<const uint64_t> keys, std::vector<float>* rows) {
+  uint64_t unseen = 0;
+  rows->resize(keys.size() * sparse_dim);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    float* row = &(*rows)[i * sparse_dim];
+    auto it = row_of.find(keys[i]);
+    if (it != row_of.end()) {
+      std::copy_n(&saved.rows[size_t{it->second} * sparse_dim], sparse_dim,
+                  row);
+    } else {
+      ++unseen;
+      InitializeValues(table.init(), table.id(), keys[i], 0, sparse_dim, row);
+    }
+  }
+  return unseen;
+}
+
+// The JSON summary line on stdout.
+void PrintSummary(const EvalResult& eval, const data::ReadStats& stats,
+                  uint64_t unseen) {
+  auto number = [](double v) {
+    return std::isfinite(v) ? absl::StrFormat("%.5f", v) : std::string("null");
+  };
+  std::cout << absl::StrCat("{\"examples\":", eval.examples,
+                            ",\"bad_lines\":", stats.bad_lines,
+                            ",\"unseen_keys\":", unseen,
+                            ",\"auc\":", number(eval.auc),
+                            ",\"logloss\":", number(eval.logloss),
+                            ",\"accuracy\":", number(eval.accuracy), "}")
+            << std::endl;
+}
+
 absl::Status Predict(const std::string& model_path, const std::string& data,
                      const std::string& out_path) {
   auto log = GetLogger("predict");
   PS_ASSIGN_OR_RETURN(SavedModel saved, LoadModel(model_path));
   JobConfig config = saved.config;
   if (!data.empty()) {
-    DataConfig* d = config.mutable_data();
-    if (d->has_files()) {
-      d->mutable_files()->clear_test_files();
-      for (absl::string_view f : absl::StrSplit(data, ',', absl::SkipEmpty())) {
-        d->mutable_files()->add_test_files(std::string(f));
-      }
-    } else if (d->has_fashion_mnist()) {
-      d->mutable_fashion_mnist()->set_dir(data);
-    } else {
-      return absl::InvalidArgumentError(
-          "--data: this model was trained on synthetic data; leave --data "
-          "out to score its test split");
-    }
+    PS_RETURN_IF_ERROR(SetTestData(data, config.mutable_data()));
   }
   PS_ASSIGN_OR_RETURN(ModelLayout layout, LayoutModel(config));
   if (saved.dense.size() != layout.dense_size ||
@@ -83,9 +127,9 @@ absl::Status Predict(const std::string& model_path, const std::string& data,
                       CreateCompute(CPU, 1, &why_cpu));
   PS_ASSIGN_OR_RETURN(std::unique_ptr<Model> model,
                       Model::Create(layout, compute.get()));
-  PS_ASSIGN_OR_RETURN(std::unique_ptr<data::Dataset> dataset,
-                      data::OpenDataset(config.data(), data::Split::kTest, 0,
-                                        1, 8192, false));
+  PS_ASSIGN_OR_RETURN(
+      std::unique_ptr<data::Dataset> dataset,
+      data::OpenDataset(config.data(), data::Split::kTest, 0, 1, 8192, false));
   std::FILE* out = nullptr;
   if (!out_path.empty()) {
     out = std::fopen(out_path.c_str(), "w");
@@ -106,18 +150,9 @@ absl::Status Predict(const std::string& model_path, const std::string& data,
     PS_ASSIGN_OR_RETURN(size_t n, dataset->Next(8192, &batch));
     if (n == 0) break;
     PS_RETURN_IF_ERROR(indexer.Index(layout, batch, &sparse));
-    rows.resize(sparse.keys.size() * layout.sparse_dim);
-    for (size_t i = 0; i < sparse.keys.size(); ++i) {
-      float* row = &rows[i * layout.sparse_dim];
-      auto it = row_of.find(sparse.keys[i]);
-      if (it != row_of.end()) {
-        std::copy_n(&saved.rows[size_t{it->second} * layout.sparse_dim],
-                    layout.sparse_dim, row);
-      } else {
-        ++unseen;
-        InitializeValues(sparse_table->init(), sparse_table->id(),
-                         sparse.keys[i], 0, layout.sparse_dim, row);
-      }
+    if (sparse_table != nullptr) {
+      unseen += SavedRows(saved, row_of, *sparse_table, layout.sparse_dim,
+                          sparse.keys, &rows);
     }
     PS_RETURN_IF_ERROR(model->Run(batch, sparse, rows.data(),
                                   saved.dense.data(), false, &output));
@@ -134,17 +169,7 @@ absl::Status Predict(const std::string& model_path, const std::string& data,
   }
   const data::ReadStats stats = dataset->stats();
   for (const std::string& r : dataset->bad_line_reports()) log->warn("{}", r);
-  auto number = [](double v) {
-    return std::isfinite(v) ? absl::StrFormat("%.5f", v) : std::string("null");
-  };
-  const EvalResult eval = scores.Result();
-  std::cout << absl::StrCat("{\"examples\":", eval.examples,
-                            ",\"bad_lines\":", stats.bad_lines,
-                            ",\"unseen_keys\":", unseen,
-                            ",\"auc\":", number(eval.auc),
-                            ",\"logloss\":", number(eval.logloss),
-                            ",\"accuracy\":", number(eval.accuracy), "}")
-            << std::endl;
+  PrintSummary(scores.Result(), stats, unseen);
   return absl::OkStatus();
 }
 
@@ -163,8 +188,8 @@ int main(int argc, char** argv) {
     std::cerr << "predict: --model is required\n";
     return 2;
   }
-  absl::Status s = ps::Predict(model, absl::GetFlag(FLAGS_data),
-                               absl::GetFlag(FLAGS_out));
+  absl::Status s =
+      ps::Predict(model, absl::GetFlag(FLAGS_data), absl::GetFlag(FLAGS_out));
   if (!s.ok()) {
     std::cerr << "predict: " << s << "\n";
     return 1;

@@ -43,8 +43,9 @@ absl::StatusOr<HostPort> ParseHostPort(absl::string_view text,
   hp.host = std::string(text.substr(0, colon));
   if (!absl::SimpleAtoi(text.substr(colon + 1), &hp.port) || hp.port < 1 ||
       hp.port > 65535) {
-    return Bad(absl::StrCat(what, ": '", text,
-                            "' has no valid port (1..65535 after the last ':')"));
+    return Bad(
+        absl::StrCat(what, ": '", text,
+                     "' has no valid port (1..65535 after the last ':')"));
   }
   return hp;
 }
@@ -57,7 +58,8 @@ absl::StatusOr<int> ParsePort(const std::string& text, absl::string_view what) {
   return port;
 }
 
-absl::StatusOr<int> ParseCount(const std::string& text, absl::string_view what) {
+absl::StatusOr<int> ParseCount(const std::string& text,
+                               absl::string_view what) {
   int n = 0;
   if (!absl::SimpleAtoi(text, &n) || n < 1 || n > 65536) {
     return Bad(absl::StrCat(what, "='", text, "' is not a count (1..65536)"));
@@ -82,9 +84,95 @@ absl::StatusOr<std::vector<std::string>> AddressList(const Struct& cluster,
                               "] must be a \"host:port\" string"));
     }
     const std::string& addr = list.values(i).string_value();
-    auto hp = ParseHostPort(addr, absl::StrCat("TF_CONFIG: cluster.", name, "[", i, "]"));
+    auto hp = ParseHostPort(
+        addr, absl::StrCat("TF_CONFIG: cluster.", name, "[", i, "]"));
     if (!hp.ok()) return hp.status();
     out.push_back(addr);
+  }
+  return out;
+}
+
+// TF_CONFIG's "task": this pod's type and index.
+struct TfTask {
+  std::string type;
+  int index = 0;
+};
+
+absl::StatusOr<TfTask> ParseTfTask(const Struct& root) {
+  auto task_it = root.fields().find("task");
+  if (task_it == root.fields().end() ||
+      task_it->second.kind_case() != Value::kStructValue) {
+    return Bad("TF_CONFIG: no \"task\" object (this pod's type and index)");
+  }
+  const Struct& task = task_it->second.struct_value();
+  auto type_it = task.fields().find("type");
+  if (type_it == task.fields().end() ||
+      type_it->second.kind_case() != Value::kStringValue) {
+    return Bad("TF_CONFIG: task.type must be a string");
+  }
+  TfTask out;
+  out.type = type_it->second.string_value();
+  auto index_it = task.fields().find("index");
+  if (index_it != task.fields().end()) {
+    const Value& v = index_it->second;
+    if (v.kind_case() != Value::kNumberValue || v.number_value() < 0 ||
+        v.number_value() != std::floor(v.number_value()) ||
+        v.number_value() > 1e6) {
+      return Bad("TF_CONFIG: task.index must be a whole number >= 0");
+    }
+    out.index = static_cast<int>(v.number_value());
+  }
+  return out;
+}
+
+// TF_CONFIG's "cluster": the addresses of each task type, checked to make
+// a job (one scheduler task, named chief or master; at least one ps and
+// one worker).
+struct TfCluster {
+  std::vector<std::string> schedulers;   // the chief's or the master's
+  const char* scheduler_type = "chief";  // or "master"
+  std::vector<std::string> ps;
+  std::vector<std::string> workers;
+  std::vector<std::string> evaluators;
+};
+
+absl::StatusOr<TfCluster> ParseTfCluster(const Struct& cluster) {
+  for (const auto& [name, value] : cluster.fields()) {
+    if (name != "chief" && name != "master" && name != "ps" &&
+        name != "worker" && name != "evaluator") {
+      return Bad(absl::StrCat("TF_CONFIG: unknown task type '", name,
+                              "' in cluster (expected chief, ps, worker)"));
+    }
+  }
+  TfCluster out;
+  PS_ASSIGN_OR_RETURN(std::vector<std::string> chief,
+                      AddressList(cluster, "chief"));
+  PS_ASSIGN_OR_RETURN(std::vector<std::string> master,
+                      AddressList(cluster, "master"));
+  PS_ASSIGN_OR_RETURN(out.ps, AddressList(cluster, "ps"));
+  PS_ASSIGN_OR_RETURN(out.workers, AddressList(cluster, "worker"));
+  PS_ASSIGN_OR_RETURN(out.evaluators, AddressList(cluster, "evaluator"));
+  if (!chief.empty() && !master.empty()) {
+    return Bad("TF_CONFIG: cluster has both chief and master; give one");
+  }
+  const bool use_master = chief.empty() && !master.empty();
+  out.schedulers = use_master ? std::move(master) : std::move(chief);
+  out.scheduler_type = use_master ? "master" : "chief";
+  if (out.schedulers.size() != 1) {
+    return Bad(absl::StrCat("TF_CONFIG: cluster.", out.scheduler_type,
+                            " must have exactly one address (it runs "
+                            "the scheduler), has ",
+                            out.schedulers.size()));
+  }
+  if (out.ps.empty()) {
+    return Bad(
+        "TF_CONFIG: cluster.ps is empty: the job needs at least one ps "
+        "task (a server)");
+  }
+  if (out.workers.empty()) {
+    return Bad(
+        "TF_CONFIG: cluster.worker is empty: the job needs at least one "
+        "worker task");
   }
   return out;
 }
@@ -103,103 +191,45 @@ absl::StatusOr<LaunchPlan> PlanFromTfConfig(const std::string& json) {
       cluster_it->second.kind_case() != Value::kStructValue) {
     return Bad("TF_CONFIG: no \"cluster\" object");
   }
-  const Struct& cluster = cluster_it->second.struct_value();
-  auto task_it = root.fields().find("task");
-  if (task_it == root.fields().end() ||
-      task_it->second.kind_case() != Value::kStructValue) {
-    return Bad("TF_CONFIG: no \"task\" object (this pod's type and index)");
-  }
-  const Struct& task = task_it->second.struct_value();
-  auto type_it = task.fields().find("type");
-  if (type_it == task.fields().end() ||
-      type_it->second.kind_case() != Value::kStringValue) {
-    return Bad("TF_CONFIG: task.type must be a string");
-  }
-  const std::string type = type_it->second.string_value();
-  int index = 0;
-  auto index_it = task.fields().find("index");
-  if (index_it != task.fields().end()) {
-    const Value& v = index_it->second;
-    if (v.kind_case() != Value::kNumberValue || v.number_value() < 0 ||
-        v.number_value() != std::floor(v.number_value()) ||
-        v.number_value() > 1e6) {
-      return Bad("TF_CONFIG: task.index must be a whole number >= 0");
-    }
-    index = static_cast<int>(v.number_value());
-  }
-
-  for (const auto& [name, value] : cluster.fields()) {
-    if (name != "chief" && name != "master" && name != "ps" && name != "worker" &&
-        name != "evaluator") {
-      return Bad(absl::StrCat("TF_CONFIG: unknown task type '", name,
-                              "' in cluster (expected chief, ps, worker)"));
-    }
-  }
-  auto chief = AddressList(cluster, "chief");
-  if (!chief.ok()) return chief.status();
-  auto master = AddressList(cluster, "master");
-  if (!master.ok()) return master.status();
-  auto ps = AddressList(cluster, "ps");
-  if (!ps.ok()) return ps.status();
-  auto workers = AddressList(cluster, "worker");
-  if (!workers.ok()) return workers.status();
-  auto evaluators = AddressList(cluster, "evaluator");
-  if (!evaluators.ok()) return evaluators.status();
-
-  if (!chief->empty() && !master->empty()) {
-    return Bad("TF_CONFIG: cluster has both chief and master; give one");
-  }
-  const bool use_master = chief->empty() && !master->empty();
-  const std::vector<std::string>& schedulers = use_master ? *master : *chief;
-  const char* chief_name = use_master ? "master" : "chief";
-  if (schedulers.size() != 1) {
-    return Bad(absl::StrCat(
-        "TF_CONFIG: cluster.", chief_name, " must have exactly one address (it runs "
-        "the scheduler), has ", schedulers.size()));
-  }
-  if (ps->empty()) {
-    return Bad("TF_CONFIG: cluster.ps is empty: the job needs at least one ps "
-               "task (a server)");
-  }
-  if (workers->empty()) {
-    return Bad("TF_CONFIG: cluster.worker is empty: the job needs at least one "
-               "worker task");
-  }
-
+  PS_ASSIGN_OR_RETURN(const TfTask task, ParseTfTask(root));
+  PS_ASSIGN_OR_RETURN(const TfCluster cluster,
+                      ParseTfCluster(cluster_it->second.struct_value()));
+  const std::string& type = task.type;
+  const int index = task.index;
   LaunchPlan plan;
   plan.source = LaunchSource::kTfConfig;
-  plan.scheduler_address = schedulers[0];
-  plan.num_servers = static_cast<int>(ps->size());
-  plan.num_workers = static_cast<int>(workers->size());
+  plan.scheduler_address = cluster.schedulers[0];
+  plan.num_servers = static_cast<int>(cluster.ps.size());
+  plan.num_workers = static_cast<int>(cluster.workers.size());
   plan.task_index = index;
   const std::vector<std::string>* members = nullptr;
   if (type == "chief" || type == "master") {
-    if ((type == "master") != use_master) {
+    if (type != cluster.scheduler_type) {
       return Bad(absl::StrCat("TF_CONFIG: task.type is '", type,
                               "' but the cluster names its scheduler task '",
-                              chief_name, "'"));
+                              cluster.scheduler_type, "'"));
     }
     plan.role = LaunchRole::kScheduler;
-    members = &schedulers;
+    members = &cluster.schedulers;
   } else if (type == "ps") {
     plan.role = LaunchRole::kServer;
-    members = &*ps;
+    members = &cluster.ps;
   } else if (type == "worker") {
     plan.role = LaunchRole::kWorker;
-    members = &*workers;
+    members = &cluster.workers;
   } else if (type == "evaluator") {
     // Runs the config's launch.evaluator_command (LaunchCommand refuses the
     // task when the config has none).
     plan.role = LaunchRole::kEvaluator;
-    members = &*evaluators;
+    members = &cluster.evaluators;
   } else {
     return Bad(absl::StrCat("TF_CONFIG: unknown task.type '", type,
                             "' (expected chief, ps or worker)"));
   }
   if (index >= static_cast<int>(members->size())) {
     return Bad(absl::StrCat("TF_CONFIG: task.index ", index,
-                            " is out of range: the cluster has ", members->size(),
-                            " ", type, " task(s)"));
+                            " is out of range: the cluster has ",
+                            members->size(), " ", type, " task(s)"));
   }
   auto self = ParseHostPort((*members)[index], "TF_CONFIG");
   if (!self.ok()) return self.status();
@@ -233,8 +263,9 @@ absl::StatusOr<LaunchPlan> PlanFromDmlc(const Environment& env) {
   auto uri = require("DMLC_PS_ROOT_URI");
   if (!uri.ok()) return uri.status();
   if (uri->find_first_of(" /:") != std::string::npos && uri->front() != '[') {
-    return Bad(absl::StrCat("DMLC_PS_ROOT_URI='", *uri,
-                            "' must be a bare host (the port is DMLC_PS_ROOT_PORT)"));
+    return Bad(
+        absl::StrCat("DMLC_PS_ROOT_URI='", *uri,
+                     "' must be a bare host (the port is DMLC_PS_ROOT_PORT)"));
   }
   auto port_text = require("DMLC_PS_ROOT_PORT");
   if (!port_text.ok()) return port_text.status();
@@ -254,7 +285,8 @@ absl::StatusOr<LaunchPlan> PlanFromDmlc(const Environment& env) {
   if (plan.role == LaunchRole::kScheduler) plan.listen_port = *port;
   if (const std::string* host = Find(env, "DMLC_NODE_HOST"); host != nullptr) {
     if (host->find_first_of(" /") != std::string::npos) {
-      return Bad(absl::StrCat("DMLC_NODE_HOST='", *host, "' is not a host name"));
+      return Bad(
+          absl::StrCat("DMLC_NODE_HOST='", *host, "' is not a host name"));
     }
     plan.advertise_host = *host;
   }
@@ -306,12 +338,14 @@ absl::StatusOr<LaunchPlan> PlanLaunch(const Environment& env,
   const bool has_dmlc = dmlc != nullptr && !dmlc->empty();
   if (source == LaunchSource::kAuto) {
     if (has_tf && has_dmlc) {
-      return Bad("both TF_CONFIG and DMLC_ROLE are set; choose one with "
-                 "--launch_from=tf_config or --launch_from=dmlc");
+      return Bad(
+          "both TF_CONFIG and DMLC_ROLE are set; choose one with "
+          "--launch_from=tf_config or --launch_from=dmlc");
     }
     if (!has_tf && !has_dmlc) {
-      return Bad("neither TF_CONFIG (Kubeflow TFJob) nor DMLC_ROLE (ps-lite) "
-                 "is set: nothing says which node this is");
+      return Bad(
+          "neither TF_CONFIG (Kubeflow TFJob) nor DMLC_ROLE (ps-lite) "
+          "is set: nothing says which node this is");
     }
     source = has_tf ? LaunchSource::kTfConfig : LaunchSource::kDmlc;
   }
@@ -330,9 +364,11 @@ std::vector<std::string> Substitute(const std::vector<std::string>& command,
                                     const LaunchCommandOptions& options) {
   std::vector<std::string> out;
   for (const std::string& arg : command) {
-    out.push_back(absl::StrReplaceAll(arg, {{"{config_dir}", options.config_dir}}));
+    out.push_back(
+        absl::StrReplaceAll(arg, {{"{config_dir}", options.config_dir}}));
   }
-  if (!out.empty() && out[0] == "python3" && !options.python.empty()) out[0] = options.python;
+  if (!out.empty() && out[0] == "python3" && !options.python.empty())
+    out[0] = options.python;
   return out;
 }
 
@@ -350,8 +386,10 @@ absl::StatusOr<std::vector<std::string>> LaunchCommand(
                                             : nullptr;
   if (plan.role == LaunchRole::kEvaluator && own->empty()) {
     return Bad(
-        "TF_CONFIG: task type 'evaluator' needs launch.evaluator_command in the job "
-        "config (a script that observes the job, e.g. with ps.observe); without "
+        "TF_CONFIG: task type 'evaluator' needs launch.evaluator_command in "
+        "the job "
+        "config (a script that observes the job, e.g. with ps.observe); "
+        "without "
         "one the lowest live worker rank evaluates the model once training is "
         "done: remove the Evaluator replica spec from the TFJob");
   }
@@ -359,16 +397,17 @@ absl::StatusOr<std::vector<std::string>> LaunchCommand(
     std::vector<std::string> argv = Substitute(*own, options);
     argv.push_back(absl::StrCat("--config=", options.config));
     argv.push_back(absl::StrCat("--scheduler=", plan.scheduler_address));
-    argv.insert(argv.end(), options.extra_args.begin(), options.extra_args.end());
+    argv.insert(argv.end(), options.extra_args.begin(),
+                options.extra_args.end());
     return argv;
   }
-  const std::string& binary = plan.role == LaunchRole::kScheduler
-                                  ? options.scheduler_binary
-                              : plan.role == LaunchRole::kServer
-                                  ? options.server_binary
-                                  : options.trainer_binary;
+  const std::string& binary =
+      plan.role == LaunchRole::kScheduler ? options.scheduler_binary
+      : plan.role == LaunchRole::kServer  ? options.server_binary
+                                          : options.trainer_binary;
   if (binary.empty()) {
-    return Bad(absl::StrCat("no binary for the ", LaunchRoleName(plan.role), " role"));
+    return Bad(
+        absl::StrCat("no binary for the ", LaunchRoleName(plan.role), " role"));
   }
   std::vector<std::string> argv = {
       binary, absl::StrCat("--config=", options.config),
@@ -381,18 +420,20 @@ absl::StatusOr<std::vector<std::string>> LaunchCommand(
       break;
     case LaunchRole::kServer: {
       argv.push_back(absl::StrCat("--scheduler=", plan.scheduler_address));
-      argv.push_back(absl::StrCat(
-          "--bind=tcp://", options.listen_host, ":",
-          plan.listen_port > 0 ? absl::StrCat(plan.listen_port) : std::string("*")));
+      argv.push_back(absl::StrCat("--bind=tcp://", options.listen_host, ":",
+                                  plan.listen_port > 0
+                                      ? absl::StrCat(plan.listen_port)
+                                      : std::string("*")));
       const std::string& host = plan.advertise_host.empty()
                                     ? options.default_advertise_host
                                     : plan.advertise_host;
       if (!host.empty()) {
         argv.push_back(absl::StrCat("--advertise_host=", host));
-      } else if (options.listen_host == "0.0.0.0" || options.listen_host == "*" ||
-                 options.listen_host == "::") {
-        return Bad("a server binding a wildcard address needs a host to "
-                   "advertise (DMLC_NODE_HOST or --advertise_host)");
+      } else if (options.listen_host == "0.0.0.0" ||
+                 options.listen_host == "*" || options.listen_host == "::") {
+        return Bad(
+            "a server binding a wildcard address needs a host to "
+            "advertise (DMLC_NODE_HOST or --advertise_host)");
       }
       break;
     }
@@ -405,7 +446,8 @@ absl::StatusOr<std::vector<std::string>> LaunchCommand(
   return argv;
 }
 
-Environment LaunchEnvironment(const LaunchPlan& plan, const LaunchCommandOptions& options) {
+Environment LaunchEnvironment(const LaunchPlan& plan,
+                              const LaunchCommandOptions& options) {
   return {{"PS_CONFIG", options.config},
           {"PS_SCHEDULER", plan.scheduler_address},
           {"PS_NUM_SERVERS", absl::StrCat(plan.num_servers)},
@@ -414,12 +456,14 @@ Environment LaunchEnvironment(const LaunchPlan& plan, const LaunchCommandOptions
 }
 
 std::string DescribeLaunchPlan(const LaunchPlan& plan) {
-  std::string out = absl::StrCat(
-      LaunchRoleName(plan.role), " (from ", LaunchSourceName(plan.source),
-      "): scheduler ", plan.scheduler_address, ", ", plan.num_servers,
-      " servers, ", plan.num_workers, " workers");
-  if (plan.task_index >= 0) absl::StrAppend(&out, ", task index ", plan.task_index);
-  if (plan.listen_port > 0) absl::StrAppend(&out, ", listen port ", plan.listen_port);
+  std::string out = absl::StrCat(LaunchRoleName(plan.role), " (from ",
+                                 LaunchSourceName(plan.source), "): scheduler ",
+                                 plan.scheduler_address, ", ", plan.num_servers,
+                                 " servers, ", plan.num_workers, " workers");
+  if (plan.task_index >= 0)
+    absl::StrAppend(&out, ", task index ", plan.task_index);
+  if (plan.listen_port > 0)
+    absl::StrAppend(&out, ", listen port ", plan.listen_port);
   if (!plan.advertise_host.empty()) {
     absl::StrAppend(&out, ", advertised as ", plan.advertise_host);
   }

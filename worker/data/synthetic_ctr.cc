@@ -174,11 +174,10 @@ absl::StatusOr<SyntheticCtr> SyntheticCtr::Create(
   const uint32_t max_factor_cache =
       rank == 0 ? 0
                 : static_cast<uint32_t>(std::clamp<uint64_t>(
-                      kFactorBudget / (uint64_t{std::max<uint32_t>(nf, 1)} *
-                                       g.stride_),
+                      kFactorBudget /
+                          (uint64_t{std::max<uint32_t>(nf, 1)} * g.stride_),
                       kMinFactorCache, kMaxTableRanks));
   const double s = g.zipf_;
-  const double one_minus_s = 1.0 - s;
   const double log_max = std::log(static_cast<double>(cfg.max_vocab()));
   const double log_min = std::log(static_cast<double>(cfg.min_vocab()));
 
@@ -193,85 +192,8 @@ absl::StatusOr<SyntheticCtr> SyntheticCtr::Create(
     fd.vocab = static_cast<uint32_t>(
         std::clamp<double>(v, cfg.min_vocab(), cfg.max_vocab()));
     fd.table_size = std::min(fd.vocab, max_table);
-
-    // Unnormalised masses: table ranks exactly, the tail as an integral.
-    const uint32_t k = fd.table_size;
-    fd.cdf.resize(k);
-    double sum = 0;
-    for (uint32_t r = 0; r < k; ++r) {
-      sum += std::pow(static_cast<double>(r) + 1.0, -s);
-      fd.cdf[r] = sum;
-    }
-    double tail_mass = 0;
-    if (k < fd.vocab) {
-      fd.tail_lo = PowerIntegral(k + 0.5, one_minus_s);
-      fd.tail_hi = PowerIntegral(fd.vocab + 0.5, one_minus_s);
-      tail_mass = one_minus_s == 0 ? fd.tail_hi - fd.tail_lo
-                                   : (fd.tail_hi - fd.tail_lo) / one_minus_s;
-    }
-    const double total = sum + tail_mass;
-    for (double& c : fd.cdf) c /= total;
-    // Exact end points: u < 1 always, so the search below cannot run off
-    // the table when there is no tail.
-    fd.head_mass = k < fd.vocab ? fd.cdf[k - 1] : 1.0;
-    fd.cdf[k - 1] = fd.head_mass;
-
-    // Guide table of a power-of-two size G >= 4k (and >= 2, so that the
-    // shift below stays < 64). With a power of two, bucket g holds exactly
-    // the u in [g / G, (g + 1) / G), so guide[g] is a safe place to start.
-    // 4k buckets leave few buckets that span several ranks, so the search
-    // rarely takes a second (mispredicted) step; 8k gained under 5%.
-    uint32_t log2g = 1;
-    while ((uint64_t{1} << log2g) < 4 * uint64_t{k}) ++log2g;
-    const uint32_t gsize = 1u << log2g;
-    fd.guide_shift = 64 - log2g;
-    fd.guide.resize(gsize);
-    uint32_t i = 0;
-    for (uint32_t b = 0; b < gsize; ++b) {
-      const double lo = static_cast<double>(b) / gsize;
-      while (i + 1 < k && fd.cdf[i] <= lo) ++i;
-      fd.guide[b] = i;
-    }
-
-    // Center the field: subtract the frequency-weighted mean of its table
-    // weights, so that a field's expected contribution to the logit is ~0
-    // and `bias` alone sets the average logit. Without this the click rate
-    // moved from 15% to 27% between seeds, because a few random head weights
-    // (id 0 of a 10-id field is drawn ~35% of the time) shift every logit.
-    // The tail is left out: its mean is 0 up to a tiny random term.
-    double mean = 0, prev = 0;
-    for (uint32_t r = 0; r < k; ++r) {
-      mean += (fd.cdf[r] - prev) * g.RawWeight(f, r);
-      prev = fd.cdf[r];
-    }
-    fd.weight_offset = mean;
-    // Cached exactly as TrueWeight() computes them, which the tail uses.
-    fd.weights.resize(k);
-    for (uint32_t r = 0; r < k; ++r) fd.weights[r] = g.TrueWeight(f, r);
-
-    if (rank > 0) {
-      // The same centring for the latent vectors. Without it the mean of
-      // an interaction, <d_f, d_g> summed over pairs, is a seed-dependent
-      // shift of the logit (frequent ids of small fields recur in most
-      // examples) that grows with interaction_scale^2.
-      fd.factor_offset.assign(rank, 0.0);
-      prev = 0;
-      for (uint32_t r = 0; r < k; ++r) {
-        const double p = fd.cdf[r] - prev;
-        prev = fd.cdf[r];
-        for (uint32_t c = 0; c < rank; ++c) {
-          fd.factor_offset[c] += p * g.RawFactor(f, r, c);
-        }
-      }
-      fd.factor_cache_size = std::min(k, max_factor_cache);
-      // Zeros pad each row to the stride.
-      fd.factors.assign(size_t{fd.factor_cache_size} * g.stride_, 0.0f);
-      for (uint32_t r = 0; r < fd.factor_cache_size; ++r) {
-        for (uint32_t c = 0; c < rank; ++c) {
-          fd.factors[size_t{r} * g.stride_ + c] = g.TrueFactor(f, r, c);
-        }
-      }
-    }
+    BuildSampling(s, &fd);
+    g.CenterField(f, max_factor_cache);
   }
 
   g.numeric_weights_.resize(g.num_numeric_);
@@ -281,6 +203,91 @@ absl::StatusOr<SyntheticCtr> SyntheticCtr::Create(
                                                Normal(HashCombine(nw_salt, j)));
   }
   return g;
+}
+
+void SyntheticCtr::BuildSampling(double s, Field* fd) {
+  const double one_minus_s = 1.0 - s;
+  // Unnormalised masses: table ranks exactly, the tail as an integral.
+  const uint32_t k = fd->table_size;
+  fd->cdf.resize(k);
+  double sum = 0;
+  for (uint32_t r = 0; r < k; ++r) {
+    sum += std::pow(static_cast<double>(r) + 1.0, -s);
+    fd->cdf[r] = sum;
+  }
+  double tail_mass = 0;
+  if (k < fd->vocab) {
+    fd->tail_lo = PowerIntegral(k + 0.5, one_minus_s);
+    fd->tail_hi = PowerIntegral(fd->vocab + 0.5, one_minus_s);
+    tail_mass = one_minus_s == 0 ? fd->tail_hi - fd->tail_lo
+                                 : (fd->tail_hi - fd->tail_lo) / one_minus_s;
+  }
+  const double total = sum + tail_mass;
+  for (double& c : fd->cdf) c /= total;
+  // Exact end points: u < 1 always, so the search below cannot run off
+  // the table when there is no tail.
+  fd->head_mass = k < fd->vocab ? fd->cdf[k - 1] : 1.0;
+  fd->cdf[k - 1] = fd->head_mass;
+
+  // Guide table of a power-of-two size G >= 4k (and >= 2, so that the
+  // shift below stays < 64). With a power of two, bucket g holds exactly
+  // the u in [g / G, (g + 1) / G), so guide[g] is a safe place to start.
+  // 4k buckets leave few buckets that span several ranks, so the search
+  // rarely takes a second (mispredicted) step; 8k gained under 5%.
+  uint32_t log2g = 1;
+  while ((uint64_t{1} << log2g) < 4 * uint64_t{k}) ++log2g;
+  const uint32_t gsize = 1u << log2g;
+  fd->guide_shift = 64 - log2g;
+  fd->guide.resize(gsize);
+  uint32_t i = 0;
+  for (uint32_t b = 0; b < gsize; ++b) {
+    const double lo = static_cast<double>(b) / gsize;
+    while (i + 1 < k && fd->cdf[i] <= lo) ++i;
+    fd->guide[b] = i;
+  }
+}
+
+void SyntheticCtr::CenterField(uint32_t f, uint32_t max_factor_cache) {
+  Field& fd = fields_[f];
+  const uint32_t k = fd.table_size;
+  const uint32_t rank = rank_;
+  // Center the field: subtract the frequency-weighted mean of its table
+  // weights, so that a field's expected contribution to the logit is ~0
+  // and `bias` alone sets the average logit. Without this the click rate
+  // moved from 15% to 27% between seeds, because a few random head weights
+  // (id 0 of a 10-id field is drawn ~35% of the time) shift every logit.
+  // The tail is left out: its mean is 0 up to a tiny random term.
+  double mean = 0, prev = 0;
+  for (uint32_t r = 0; r < k; ++r) {
+    mean += (fd.cdf[r] - prev) * RawWeight(f, r);
+    prev = fd.cdf[r];
+  }
+  fd.weight_offset = mean;
+  // Cached exactly as TrueWeight() computes them, which the tail uses.
+  fd.weights.resize(k);
+  for (uint32_t r = 0; r < k; ++r) fd.weights[r] = TrueWeight(f, r);
+  if (rank == 0) return;
+  // The same centring for the latent vectors. Without it the mean of an
+  // interaction, <d_f, d_g> summed over pairs, is a seed-dependent shift
+  // of the logit (frequent ids of small fields recur in most examples)
+  // that grows with interaction_scale^2.
+  fd.factor_offset.assign(rank, 0.0);
+  prev = 0;
+  for (uint32_t r = 0; r < k; ++r) {
+    const double p = fd.cdf[r] - prev;
+    prev = fd.cdf[r];
+    for (uint32_t c = 0; c < rank; ++c) {
+      fd.factor_offset[c] += p * RawFactor(f, r, c);
+    }
+  }
+  fd.factor_cache_size = std::min(k, max_factor_cache);
+  // Zeros pad each row to the stride.
+  fd.factors.assign(size_t{fd.factor_cache_size} * stride_, 0.0f);
+  for (uint32_t r = 0; r < fd.factor_cache_size; ++r) {
+    for (uint32_t c = 0; c < rank; ++c) {
+      fd.factors[size_t{r} * stride_ + c] = TrueFactor(f, r, c);
+    }
+  }
 }
 
 uint64_t SyntheticCtr::size(Split split) const {
@@ -303,8 +310,7 @@ float SyntheticCtr::TrueWeight(uint32_t field, uint32_t id) const {
                             fields_[field].weight_offset);
 }
 
-double SyntheticCtr::RawFactor(uint32_t field, uint32_t id,
-                               uint32_t c) const {
+double SyntheticCtr::RawFactor(uint32_t field, uint32_t id, uint32_t c) const {
   return cfg_.interaction_scale() *
          Normal(HashCombine(HashCombine(factor_salt_, FieldId(field, id)), c));
 }

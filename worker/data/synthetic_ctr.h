@@ -95,9 +95,9 @@ enum class Split { kTrain, kTest };
 // A batch in struct-of-arrays layout. Fill() resizes the vectors to the
 // batch; reusing one Batch for equal or smaller batches does not reallocate.
 struct Batch {
-  size_t size = 0;                 // examples in the batch
-  std::vector<float> labels;       // size; 0 or 1
-  std::vector<uint64_t> keys;      // size * num_categorical, row-major
+  size_t size = 0;             // examples in the batch
+  std::vector<float> labels;   // size; 0 or 1
+  std::vector<uint64_t> keys;  // size * num_categorical, row-major
   // The ids behind `keys` (keys[i] == Key(i % num_categorical, ids[i])).
   std::vector<uint32_t> ids;
   std::vector<float> numeric;      // size * num_numeric, row-major
@@ -181,6 +181,13 @@ class SyntheticCtr {
   };
 
   SyntheticCtr() = default;
+
+  // Create()'s steps for one field. BuildSampling fills the sampling
+  // tables of `fd` (vocab and table_size set) for Zipf exponent `s`;
+  // CenterField then fills field `f`'s weight offset and caches, which
+  // read its sampling tables.
+  static void BuildSampling(double s, Field* fd);
+  void CenterField(uint32_t f, uint32_t max_factor_cache);
 
   // weight_scale * N(0, 1), a pure function of (seed, field, id).
   double RawWeight(uint32_t field, uint32_t id) const;

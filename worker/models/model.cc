@@ -29,11 +29,11 @@ enum BufferId : size_t {
   kFmSums,
   kDSparse,
   kDDense,
-  kVectors,      // DLRM: batch x num_vectors x dim
+  kVectors,  // DLRM: batch x num_vectors x dim
   kDVectors,
-  kTopIn,        // DLRM: batch x top_input
+  kTopIn,  // DLRM: batch x top_input
   kDTopIn,
-  kDBottomOut,   // DLRM: batch x dim
+  kDBottomOut,  // DLRM: batch x dim
   kNumFixed,
 };
 
@@ -65,9 +65,9 @@ absl::Status SparseIndexer::Index(const ModelLayout& layout,
   out->offsets.assign(n * fields + 1, 0);
   for (size_t i = 0; i < features; ++i) {
     if (batch.fields[i] >= fields) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "feature field ", batch.fields[i], " is not below the model's ",
-          fields, " fields"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("feature field ", batch.fields[i],
+                       " is not below the model's ", fields, " fields"));
     }
   }
   for (size_t b = 0; b < n; ++b) {
@@ -75,7 +75,8 @@ absl::Status SparseIndexer::Index(const ModelLayout& layout,
       ++out->offsets[b * fields + batch.fields[i] + 1];
     }
   }
-  for (size_t j = 0; j < n * fields; ++j) out->offsets[j + 1] += out->offsets[j];
+  for (size_t j = 0; j < n * fields; ++j)
+    out->offsets[j + 1] += out->offsets[j];
   counts_.assign(out->offsets.begin(), out->offsets.end() - 1);
   for (size_t b = 0; b < n; ++b) {
     for (uint32_t i = batch.offsets[b]; i < batch.offsets[b + 1]; ++i) {
@@ -155,8 +156,8 @@ void Model::LayerBackward(const DenseLayer& l, int batch, const float* in,
 }
 
 const float* Model::MlpForward(const std::vector<DenseLayer>& layers,
-                              size_t first, int batch, const float* in,
-                              const float* dense, float* last_out) {
+                               size_t first, int batch, const float* in,
+                               const float* dense, float* last_out) {
   for (size_t i = 0; i < layers.size(); ++i) {
     float* y = i + 1 == layers.size() && last_out != nullptr
                    ? last_out
@@ -174,12 +175,14 @@ bool Model::MlpBackward(const std::vector<DenseLayer>& layers, size_t first,
                         float* dy, float* d_dense, float* d_in) {
   for (size_t i = layers.size(); i-- > 0;) {
     // Layer i's input: the stack's input, or layer i - 1's ReLU output.
-    const float* x =
-        i == 0 ? in
-               : static_cast<const float*>(buffers_[kNumFixed + 2 * (first + i - 1)].ptr);
-    float* dx = i == 0 ? d_in
-                       : Ensure<float>(&buffers_[kNumFixed + 2 * (first + i - 1) + 1],
-                                       size_t(batch) * layers[i].in);
+    const float* x = i == 0
+                         ? in
+                         : static_cast<const float*>(
+                               buffers_[kNumFixed + 2 * (first + i - 1)].ptr);
+    float* dx =
+        i == 0 ? d_in
+               : Ensure<float>(&buffers_[kNumFixed + 2 * (first + i - 1) + 1],
+                               size_t(batch) * layers[i].in);
     if (i > 0 && dx == nullptr) return false;
     LayerBackward(layers[i], batch, x, dense, dy, d_dense, dx);
     if (i > 0) compute_->ReluBackward(size_t(batch) * layers[i].in, x, dx);
@@ -199,9 +202,9 @@ absl::Status Model::Prepare(const data::ExampleBatch& batch,
   const bool uses_sparse = L.kind != ModelConfig::MLP;
   if (batch.labels.size() < batch.size ||
       batch.dense.size() < batch.size * nd ||
-      (uses_sparse && (sparse.offsets.empty() ||
-                       sparse.rows.size() < sparse.offsets.back() ||
-                       sparse.values.size() < sparse.offsets.back()))) {
+      (uses_sparse &&
+       (sparse.offsets.empty() || sparse.rows.size() < sparse.offsets.back() ||
+        sparse.values.size() < sparse.offsets.back()))) {
     return absl::InvalidArgumentError("batch arrays are shorter than its size");
   }
   for (int b = 0; b < n; ++b) {
@@ -259,14 +262,12 @@ absl::Status Model::Run(const data::ExampleBatch& batch,
   prepared_ = nullptr;
   const ModelLayout& L = layout_;
   const int n = static_cast<int>(batch.size);
-  const uint32_t nd = L.data.num_dense;
-  const bool binary = L.kind != ModelConfig::MLP;
-  const int classes = binary ? 1 : static_cast<int>(L.top.back().out);
+  const int classes =
+      L.kind != ModelConfig::MLP ? 1 : static_cast<int>(L.top.back().out);
   const size_t num_rows = sparse.keys.size();
-  const bool uses_sparse = L.kind != ModelConfig::MLP;
   out->loss_sum = 0;
-  // Every element is overwritten by the downloads below (or by zeros for
-  // an empty batch), so no fill pass.
+  // Every element is overwritten by the downloads (or by zeros for an
+  // empty batch), so no fill pass.
   out->probs.resize(size_t(n) * classes);
   if (backward) {
     out->sparse_grad.resize(num_rows * L.sparse_dim);
@@ -277,163 +278,186 @@ absl::Status Model::Run(const data::ExampleBatch& batch,
     std::fill(out->dense_grad.begin(), out->dense_grad.end(), 0.0f);
     return absl::OkStatus();
   }
-
-  Compute& c = *compute_;
-  // Inputs uploaded by Prepare().
-  float* d_features = static_cast<float*>(buffers_[kFeatures].ptr);
-  float* d_labels = static_cast<float*>(buffers_[kLabels].ptr);
-  uint32_t* d_offsets = static_cast<uint32_t*>(buffers_[kOffsets].ptr);
-  uint32_t* d_index = static_cast<uint32_t*>(buffers_[kRowIndex].ptr);
-  float* d_values = static_cast<float*>(buffers_[kValues].ptr);
-  float* d_dense_params = Ensure<float>(&buffers_[kDense], L.dense_size);
-  float* d_logits = Ensure<float>(&buffers_[kLogits], size_t(n) * classes);
-  float* d_probs = Ensure<float>(&buffers_[kProbs], size_t(n) * classes);
-  float* d_loss = Ensure<float>(&buffers_[kLoss], n);
-  float* d_dlogits = Ensure<float>(&buffers_[kDLogits], size_t(n) * classes);
-  float* d_ddense = Ensure<float>(&buffers_[kDDense], L.dense_size);
-  float* d_rows = nullptr;
-  float* d_dsparse = nullptr;
-  if (uses_sparse) {
-    d_rows = Ensure<float>(&buffers_[kRows], num_rows * L.sparse_dim);
-    d_dsparse = Ensure<float>(&buffers_[kDSparse], num_rows * L.sparse_dim);
-  }
-  if (!d_dense_params || !d_logits || !d_probs || !d_loss || !d_dlogits ||
-      !d_ddense || (uses_sparse && (!d_rows || !d_dsparse))) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat(c.name(), ": out of device memory"));
-  }
-  c.Upload(d_dense_params, dense, L.dense_size * sizeof(float));
-  if (uses_sparse && num_rows > 0) {
-    c.Upload(d_rows, sparse_rows, num_rows * L.sparse_dim * sizeof(float));
-  }
-  const float scale = 1.0f / static_cast<float>(n);
-  bool oom = false;
-  auto check = [&oom](float* p) {
-    if (p == nullptr) oom = true;
-    return p;
-  };
-
+  Pass p;
+  PS_RETURN_IF_ERROR(StartPass(n, num_rows, backward, sparse_rows, dense, &p));
+  bool ok = false;
   switch (L.kind) {
     case ModelConfig::LR:
-    case ModelConfig::FM: {
-      const int k = static_cast<int>(L.embedding_dim);
-      float* sums = check(Ensure<float>(&buffers_[kFmSums], size_t(n) * std::max(k, 1)));
-      if (oom) break;
-      c.Fill(n, 0.0f, d_logits);
-      c.FmForward(n, k, d_offsets, d_index, d_values, d_rows, L.sparse_dim,
-                  sums, d_logits);
-      if (nd > 0) {
-        c.Gemm(false, true, n, 1, nd, 1.0f, d_features, nd, d_dense_params,
-               nd, 1.0f, d_logits, 1);
-      }
-      c.AddBias(n, 1, d_dense_params + nd, d_logits, 1);
-      c.SigmoidCrossEntropy(n, d_logits, d_labels, scale, d_probs, d_loss,
-                            d_dlogits);
-      if (!backward) break;
-      if (num_rows > 0) {
-        c.Fill(num_rows * L.sparse_dim, 0.0f, d_dsparse);
-        c.FmBackward(n, k, d_offsets, d_index, d_values, d_rows, L.sparse_dim,
-                     sums, d_dlogits, d_dsparse);
-      }
-      if (nd > 0) {
-        c.Gemm(true, false, 1, nd, n, 1.0f, d_dlogits, 1, d_features, nd,
-               0.0f, d_ddense, nd);
-      }
-      c.ColumnSum(n, 1, d_dlogits, 1, 0.0f, d_ddense + nd);
+    case ModelConfig::FM:
+      ok = RunLinear(p);
       break;
-    }
-    case ModelConfig::MLP: {
-      if (!MlpForward(L.top, 0, n, d_features, d_dense_params, d_logits)) {
-        oom = true;
-        break;
-      }
-      c.SoftmaxCrossEntropy(n, classes, d_logits, d_labels, scale, d_probs,
-                            d_loss, d_dlogits);
-      if (!backward) break;
-      oom = !MlpBackward(L.top, 0, n, d_features, d_dense_params, d_dlogits,
-                         d_ddense, nullptr);
+    case ModelConfig::MLP:
+      ok = RunMlp(p);
       break;
-    }
-    case ModelConfig::DLRM: {
-      const int d = static_cast<int>(L.embedding_dim);
-      const int fields = static_cast<int>(L.data.num_fields);
-      const int nv = static_cast<int>(L.num_vectors);
-      const int ti = static_cast<int>(L.top_input);
-      const bool has_bottom = !L.bottom.empty();
-      const size_t nb = L.bottom.size();
-      float* vectors = check(Ensure<float>(&buffers_[kVectors], size_t(n) * nv * d));
-      float* top_in = check(Ensure<float>(&buffers_[kTopIn], size_t(n) * ti));
-      if (oom) break;
-      c.EmbeddingBag(n, fields, nv, d, d_offsets, d_index, d_values, d_rows,
-                     d, vectors);
-      const float* bottom_out = nullptr;
-      if (has_bottom) {
-        bottom_out = MlpForward(L.bottom, 0, n, d_features, d_dense_params,
-                                nullptr);
-        if (bottom_out == nullptr) {
-          oom = true;
-          break;
-        }
-        c.Copy2D(n, d, bottom_out, d, vectors + size_t(fields) * d, nv * d);
-        c.Copy2D(n, d, bottom_out, d, top_in, ti);
-      }
-      const int pair_offset = has_bottom ? d : 0;
-      c.DotInteraction(n, nv, d, vectors, top_in + pair_offset, ti);
-      if (!MlpForward(L.top, nb, n, top_in, d_dense_params, d_logits)) {
-        oom = true;
-        break;
-      }
-      c.SigmoidCrossEntropy(n, d_logits, d_labels, scale, d_probs, d_loss,
-                            d_dlogits);
-      if (!backward) break;
-      float* d_top_in = check(Ensure<float>(&buffers_[kDTopIn], size_t(n) * ti));
-      float* d_vectors = check(Ensure<float>(&buffers_[kDVectors], size_t(n) * nv * d));
-      if (oom) break;
-      // The top MLP's input (interactions) has no activation.
-      if (!MlpBackward(L.top, nb, n, top_in, d_dense_params, d_dlogits,
-                       d_ddense, d_top_in)) {
-        oom = true;
-        break;
-      }
-      c.DotInteractionBackward(n, nv, d, vectors, d_top_in + pair_offset, ti,
-                               d_vectors);
-      if (num_rows > 0) {
-        c.Fill(num_rows * L.sparse_dim, 0.0f, d_dsparse);
-        c.EmbeddingBagBackward(n, fields, nv, d, d_offsets, d_index, d_values,
-                               d_vectors, d_dsparse, d);
-      }
-      if (has_bottom) {
-        // The bottom output feeds both the interactions and the top input.
-        float* d_bottom = check(Ensure<float>(&buffers_[kDBottomOut], size_t(n) * d));
-        if (oom) break;
-        c.Copy2D(n, d, d_vectors + size_t(fields) * d, nv * d, d_bottom, d);
-        c.Add2D(n, d, d_top_in, ti, d_bottom, d);
-        c.ReluBackward(size_t(n) * d, bottom_out, d_bottom);
-        oom = !MlpBackward(L.bottom, 0, n, d_features, d_dense_params,
-                           d_bottom, d_ddense, nullptr);
-      }
+    case ModelConfig::DLRM:
+      ok = RunDlrm(p);
       break;
-    }
     default:
       return absl::InvalidArgumentError("unknown model kind");
   }
-  if (oom) {
+  if (!ok) {
     return absl::ResourceExhaustedError(
-        absl::StrCat(c.name(), ": out of device memory"));
+        absl::StrCat(compute_->name(), ": out of device memory"));
   }
-  // Results back to the host (Download waits for the queued kernels).
-  std::vector<float> loss(n);
-  std::string err = c.Download(loss.data(), d_loss, size_t(n) * sizeof(float));
+  return FinishPass(p, out);
+}
+
+absl::Status Model::StartPass(int n, size_t num_rows, bool backward,
+                              const float* sparse_rows, const float* dense,
+                              Pass* p) {
+  const ModelLayout& L = layout_;
+  const bool uses_sparse = L.kind != ModelConfig::MLP;
+  p->n = n;
+  p->classes =
+      L.kind != ModelConfig::MLP ? 1 : static_cast<int>(L.top.back().out);
+  p->num_rows = num_rows;
+  p->backward = backward;
+  p->scale = 1.0f / static_cast<float>(n);
+  // Inputs uploaded by Prepare().
+  p->features = static_cast<const float*>(buffers_[kFeatures].ptr);
+  p->labels = static_cast<const float*>(buffers_[kLabels].ptr);
+  p->offsets = static_cast<const uint32_t*>(buffers_[kOffsets].ptr);
+  p->index = static_cast<const uint32_t*>(buffers_[kRowIndex].ptr);
+  p->values = static_cast<const float*>(buffers_[kValues].ptr);
+  float* d_dense = Ensure<float>(&buffers_[kDense], L.dense_size);
+  p->dense = d_dense;
+  p->logits = Ensure<float>(&buffers_[kLogits], size_t(n) * p->classes);
+  p->probs = Ensure<float>(&buffers_[kProbs], size_t(n) * p->classes);
+  p->loss = Ensure<float>(&buffers_[kLoss], n);
+  p->dlogits = Ensure<float>(&buffers_[kDLogits], size_t(n) * p->classes);
+  p->ddense = Ensure<float>(&buffers_[kDDense], L.dense_size);
+  float* d_rows = nullptr;
+  if (uses_sparse) {
+    d_rows = Ensure<float>(&buffers_[kRows], num_rows * L.sparse_dim);
+    p->rows = d_rows;
+    p->dsparse = Ensure<float>(&buffers_[kDSparse], num_rows * L.sparse_dim);
+  }
+  if (!d_dense || !p->logits || !p->probs || !p->loss || !p->dlogits ||
+      !p->ddense || (uses_sparse && (!d_rows || !p->dsparse))) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(compute_->name(), ": out of device memory"));
+  }
+  compute_->Upload(d_dense, dense, L.dense_size * sizeof(float));
+  if (uses_sparse && num_rows > 0) {
+    compute_->Upload(d_rows, sparse_rows,
+                     num_rows * L.sparse_dim * sizeof(float));
+  }
+  return absl::OkStatus();
+}
+
+bool Model::RunLinear(const Pass& p) {
+  const ModelLayout& L = layout_;
+  Compute& c = *compute_;
+  const int n = p.n;
+  const uint32_t nd = L.data.num_dense;
+  const int k = static_cast<int>(L.embedding_dim);
+  float* sums = Ensure<float>(&buffers_[kFmSums], size_t(n) * std::max(k, 1));
+  if (sums == nullptr) return false;
+  c.Fill(n, 0.0f, p.logits);
+  c.FmForward(n, k, p.offsets, p.index, p.values, p.rows, L.sparse_dim, sums,
+              p.logits);
+  if (nd > 0) {
+    c.Gemm(false, true, n, 1, nd, 1.0f, p.features, nd, p.dense, nd, 1.0f,
+           p.logits, 1);
+  }
+  c.AddBias(n, 1, p.dense + nd, p.logits, 1);
+  c.SigmoidCrossEntropy(n, p.logits, p.labels, p.scale, p.probs, p.loss,
+                        p.dlogits);
+  if (!p.backward) return true;
+  if (p.num_rows > 0) {
+    c.Fill(p.num_rows * L.sparse_dim, 0.0f, p.dsparse);
+    c.FmBackward(n, k, p.offsets, p.index, p.values, p.rows, L.sparse_dim, sums,
+                 p.dlogits, p.dsparse);
+  }
+  if (nd > 0) {
+    c.Gemm(true, false, 1, nd, n, 1.0f, p.dlogits, 1, p.features, nd, 0.0f,
+           p.ddense, nd);
+  }
+  c.ColumnSum(n, 1, p.dlogits, 1, 0.0f, p.ddense + nd);
+  return true;
+}
+
+bool Model::RunMlp(const Pass& p) {
+  const ModelLayout& L = layout_;
+  if (!MlpForward(L.top, 0, p.n, p.features, p.dense, p.logits)) return false;
+  compute_->SoftmaxCrossEntropy(p.n, p.classes, p.logits, p.labels, p.scale,
+                                p.probs, p.loss, p.dlogits);
+  if (!p.backward) return true;
+  return MlpBackward(L.top, 0, p.n, p.features, p.dense, p.dlogits, p.ddense,
+                     nullptr);
+}
+
+bool Model::RunDlrm(const Pass& p) {
+  const ModelLayout& L = layout_;
+  Compute& c = *compute_;
+  const int n = p.n;
+  const int d = static_cast<int>(L.embedding_dim);
+  const int fields = static_cast<int>(L.data.num_fields);
+  const int nv = static_cast<int>(L.num_vectors);
+  const int ti = static_cast<int>(L.top_input);
+  const bool has_bottom = !L.bottom.empty();
+  const size_t nb = L.bottom.size();
+  float* vectors = Ensure<float>(&buffers_[kVectors], size_t(n) * nv * d);
+  float* top_in = Ensure<float>(&buffers_[kTopIn], size_t(n) * ti);
+  if (vectors == nullptr || top_in == nullptr) return false;
+  c.EmbeddingBag(n, fields, nv, d, p.offsets, p.index, p.values, p.rows, d,
+                 vectors);
+  const float* bottom_out = nullptr;
+  if (has_bottom) {
+    bottom_out = MlpForward(L.bottom, 0, n, p.features, p.dense, nullptr);
+    if (bottom_out == nullptr) return false;
+    c.Copy2D(n, d, bottom_out, d, vectors + size_t(fields) * d, nv * d);
+    c.Copy2D(n, d, bottom_out, d, top_in, ti);
+  }
+  const int pair_offset = has_bottom ? d : 0;
+  c.DotInteraction(n, nv, d, vectors, top_in + pair_offset, ti);
+  if (!MlpForward(L.top, nb, n, top_in, p.dense, p.logits)) return false;
+  c.SigmoidCrossEntropy(n, p.logits, p.labels, p.scale, p.probs, p.loss,
+                        p.dlogits);
+  if (!p.backward) return true;
+  float* d_top_in = Ensure<float>(&buffers_[kDTopIn], size_t(n) * ti);
+  float* d_vectors = Ensure<float>(&buffers_[kDVectors], size_t(n) * nv * d);
+  if (d_top_in == nullptr || d_vectors == nullptr) return false;
+  // The top MLP's input (interactions) has no activation.
+  if (!MlpBackward(L.top, nb, n, top_in, p.dense, p.dlogits, p.ddense,
+                   d_top_in)) {
+    return false;
+  }
+  c.DotInteractionBackward(n, nv, d, vectors, d_top_in + pair_offset, ti,
+                           d_vectors);
+  if (p.num_rows > 0) {
+    c.Fill(p.num_rows * L.sparse_dim, 0.0f, p.dsparse);
+    c.EmbeddingBagBackward(n, fields, nv, d, p.offsets, p.index, p.values,
+                           d_vectors, p.dsparse, d);
+  }
+  if (!has_bottom) return true;
+  // The bottom output feeds both the interactions and the top input.
+  float* d_bottom = Ensure<float>(&buffers_[kDBottomOut], size_t(n) * d);
+  if (d_bottom == nullptr) return false;
+  c.Copy2D(n, d, d_vectors + size_t(fields) * d, nv * d, d_bottom, d);
+  c.Add2D(n, d, d_top_in, ti, d_bottom, d);
+  c.ReluBackward(size_t(n) * d, bottom_out, d_bottom);
+  return MlpBackward(L.bottom, 0, n, p.features, p.dense, d_bottom, p.ddense,
+                     nullptr);
+}
+
+absl::Status Model::FinishPass(const Pass& p, ModelOutput* out) {
+  const ModelLayout& L = layout_;
+  Compute& c = *compute_;
+  const bool uses_sparse = L.kind != ModelConfig::MLP;
+  std::vector<float> loss(p.n);
+  std::string err =
+      c.Download(loss.data(), p.loss, size_t(p.n) * sizeof(float));
   if (err.empty()) {
-    err = c.Download(out->probs.data(), d_probs,
-                     size_t(n) * classes * sizeof(float));
+    err = c.Download(out->probs.data(), p.probs,
+                     size_t(p.n) * p.classes * sizeof(float));
   }
-  if (err.empty() && backward) {
-    err = c.Download(out->dense_grad.data(), d_ddense,
+  if (err.empty() && p.backward) {
+    err = c.Download(out->dense_grad.data(), p.ddense,
                      L.dense_size * sizeof(float));
-    if (err.empty() && uses_sparse && num_rows > 0) {
-      err = c.Download(out->sparse_grad.data(), d_dsparse,
-                       num_rows * L.sparse_dim * sizeof(float));
+    if (err.empty() && uses_sparse && p.num_rows > 0) {
+      err = c.Download(out->sparse_grad.data(), p.dsparse,
+                       p.num_rows * L.sparse_dim * sizeof(float));
     }
   }
   if (!err.empty()) {
@@ -445,14 +469,14 @@ absl::Status Model::Run(const data::ExampleBatch& batch,
   return absl::OkStatus();
 }
 
-std::vector<float> InitialDenseParameters(const ModelLayout& layout,
-                                          float gain, uint64_t seed) {
+std::vector<float> InitialDenseParameters(const ModelLayout& layout, float gain,
+                                          uint64_t seed) {
   std::vector<float> params(layout.dense_size, 0.0f);
   std::mt19937_64 rng(seed);
   auto fill = [&](const std::vector<DenseLayer>& layers) {
     for (const DenseLayer& l : layers) {
-      const double stddev =
-          (l.relu ? gain * std::sqrt(2.0 / l.in) : gain * std::sqrt(1.0 / l.in));
+      const double stddev = (l.relu ? gain * std::sqrt(2.0 / l.in)
+                                    : gain * std::sqrt(1.0 / l.in));
       std::normal_distribution<double> normal(0.0, stddev);
       for (uint64_t i = 0; i < uint64_t{l.in} * l.out; ++i) {
         params[l.w_offset + i] = static_cast<float>(normal(rng));

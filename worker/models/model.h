@@ -30,9 +30,9 @@ namespace ps {
 // DLRM: one bag per (example, field), bag b * num_fields + f (offsets has
 // batch * num_fields + 1 entries), so features are regrouped by field.
 struct SparseInput {
-  std::vector<uint64_t> keys;    // distinct keys, in order of first use
+  std::vector<uint64_t> keys;  // distinct keys, in order of first use
   std::vector<uint32_t> offsets;
-  std::vector<uint32_t> rows;    // index into keys, one per feature
+  std::vector<uint32_t> rows;  // index into keys, one per feature
   std::vector<float> values;
 };
 
@@ -80,8 +80,8 @@ class Model {
   // RESOURCE_EXHAUSTED when device memory runs out; INTERNAL for a device
   // error.
   absl::Status Run(const data::ExampleBatch& batch, const SparseInput& sparse,
-                   const float* sparse_rows, const float* dense,
-                   bool backward, ModelOutput* out);
+                   const float* sparse_rows, const float* dense, bool backward,
+                   ModelOutput* out);
 
   // Validates `batch` and copies its inputs (features, labels, feature
   // lists) to the device, so that on a GPU the copy overlaps with the
@@ -125,6 +125,42 @@ class Model {
                    int batch, const float* in, const float* dense, float* dy,
                    float* d_dense, float* d_in);
 
+  // One Run's sizes and device pointers: the inputs Prepare uploaded, the
+  // parameters, and the pass's outputs and gradients. Only the sparse
+  // pointers are null, for a model without sparse features.
+  struct Pass {
+    int n = 0;              // examples in the batch, > 0
+    int classes = 1;        // outputs per example
+    size_t num_rows = 0;    // distinct sparse rows
+    bool backward = false;  // gradients too
+    float scale = 0;        // 1 / n: the loss is the batch's mean
+    const float* features = nullptr;
+    const float* labels = nullptr;
+    const uint32_t* offsets = nullptr;
+    const uint32_t* index = nullptr;
+    const float* values = nullptr;
+    const float* dense = nullptr;
+    const float* rows = nullptr;
+    float* logits = nullptr;
+    float* probs = nullptr;
+    float* loss = nullptr;
+    float* dlogits = nullptr;
+    float* ddense = nullptr;
+    float* dsparse = nullptr;
+  };
+  // Fills `p` for a prepared batch of n > 0 examples and uploads the
+  // parameters; RESOURCE_EXHAUSTED when device memory runs out.
+  absl::Status StartPass(int n, size_t num_rows, bool backward,
+                         const float* sparse_rows, const float* dense, Pass* p);
+  // The forward pass (and with p.backward the backward pass) of each model
+  // kind, queued on the device; false when device memory runs out.
+  bool RunLinear(const Pass& p);  // LR and FM
+  bool RunMlp(const Pass& p);
+  bool RunDlrm(const Pass& p);
+  // Copies the loss, the probabilities and the gradients to `out` (the
+  // download waits for the queued kernels); INTERNAL on a device error.
+  absl::Status FinishPass(const Pass& p, ModelOutput* out);
+
   const ModelLayout layout_;
   Compute* const compute_;
   std::vector<Buffer> buffers_;
@@ -135,8 +171,8 @@ class Model {
 // Dense initial values: He-normal weights (standard deviation
 // gain * sqrt(2 / fan_in); sqrt(1 / fan_in) for a final layer without
 // ReLU), zero biases; all zeros for LR and FM. Deterministic in `seed`.
-std::vector<float> InitialDenseParameters(const ModelLayout& layout,
-                                          float gain, uint64_t seed);
+std::vector<float> InitialDenseParameters(const ModelLayout& layout, float gain,
+                                          uint64_t seed);
 
 }  // namespace ps
 
