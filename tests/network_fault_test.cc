@@ -97,7 +97,8 @@
 ABSL_FLAG(int64_t, net_seed, -1,
           "Seed of the scenarios' choices; 0 picks one from the time. Default: "
           "$NET_SEED, else 1.");
-ABSL_FLAG(int32_t, net_trials, -1, "Trials per scenario. Default: $NET_TRIALS, else 1.");
+ABSL_FLAG(int32_t, net_trials, -1,
+          "Trials per scenario. Default: $NET_TRIALS, else 1.");
 
 namespace ps {
 namespace {
@@ -125,12 +126,14 @@ constexpr absl::Duration kOutlive = absl::Seconds(10);
 // Errors a worker may fail with when a server stays unreachable to it
 // (worker/kv_client.cc): a request unanswered past request_timeout_ms,
 // or no live owner of a slot past failover_timeout_ms.
-const char* const kExpectedErrors[] = {"did not answer request", "no live server owns"};
+const char* const kExpectedErrors[] = {"did not answer request",
+                                       "no live server owns"};
 
 int64_t Setting(int64_t flag, const char* env, int64_t fallback) {
   if (flag >= 0) return flag;
   int64_t v;
-  if (const char* s = std::getenv(env); s != nullptr && absl::SimpleAtoi(s, &v)) return v;
+  if (const char* s = std::getenv(env); s != nullptr && absl::SimpleAtoi(s, &v))
+    return v;
   return fallback;
 }
 
@@ -146,7 +149,9 @@ bool Sanitizer() {
   const char* s = std::getenv("PS_SANITIZER");
   return s != nullptr && std::string_view(s) == "1";
 }
-int Trials() { return Setting(absl::GetFlag(FLAGS_net_trials), "NET_TRIALS", 1); }
+int Trials() {
+  return Setting(absl::GetFlag(FLAGS_net_trials), "NET_TRIALS", 1);
+}
 // A sanitizer build runs every process several times slower: a 1 s
 // timeout would declare live nodes dead.
 int HeartbeatTimeoutMs() { return Sanitizer() ? 3000 : 1000; }
@@ -159,36 +164,45 @@ int HeartbeatTimeoutMs() { return Sanitizer() ? 3000 : 1000; }
 int RequestTimeoutMs() { return Sanitizer() ? 10000 : 5000; }
 
 std::string JobConfig() {
-  return absl::StrFormat(R"pb(
-    name: "netfault"
-    cluster {
-      num_servers: %d
-      num_workers: %d
-      num_slots: 256
-      heartbeat_interval_ms: 100
-      heartbeat_timeout_ms: %d
-      request_timeout_ms: %d
-      failover_timeout_ms: %d
-      scheduler_unreachable_timeout_ms: %d
-      replication: 2
-      on_worker_loss: REASSIGN
-    }
-    consistency { mode: ASYNC }
-    tables {
-      id: 0 name: "w" sparse { dim: 1 }
-      optimizer { adagrad { learning_rate: 0.1 initial_accumulator: 1e-6 } }
-    }
-    tables {
-      id: 1 name: "d" dense { size: 14 }
-      optimizer { adagrad { learning_rate: 0.1 initial_accumulator: 1e-6 } }
-    }
-    data { synthetic_ctr { num_train: 1200000 num_test: 20000 seed: 1 } }
-    training {
-      batch_size: 256 epochs: 2 log_interval_s: 1
-      sparse_table: "w" dense_table: "d"
-    }
-  )pb", kServers, kWorkers, HeartbeatTimeoutMs(), RequestTimeoutMs(), kFailoverTimeoutMs,
-      kSchedulerUnreachableMs);
+  return absl::StrFormat(
+      R"pb(
+        name: "netfault"
+        cluster {
+          num_servers: %d
+          num_workers: %d
+          num_slots: 256
+          heartbeat_interval_ms: 100
+          heartbeat_timeout_ms: %d
+          request_timeout_ms: %d
+          failover_timeout_ms: %d
+          scheduler_unreachable_timeout_ms: %d
+          replication: 2
+          on_worker_loss: REASSIGN
+        }
+        consistency { mode: ASYNC }
+        tables {
+          id: 0
+          name: "w"
+          sparse { dim: 1 }
+          optimizer { adagrad { learning_rate: 0.1 initial_accumulator: 1e-6 } }
+        }
+        tables {
+          id: 1
+          name: "d"
+          dense { size: 14 }
+          optimizer { adagrad { learning_rate: 0.1 initial_accumulator: 1e-6 } }
+        }
+        data { synthetic_ctr { num_train: 1200000 num_test: 20000 seed: 1 } }
+        training {
+          batch_size: 256
+          epochs: 2
+          log_interval_s: 1
+          sparse_table: "w"
+          dense_table: "d"
+        }
+      )pb",
+      kServers, kWorkers, HeartbeatTimeoutMs(), RequestTimeoutMs(),
+      kFailoverTimeoutMs, kSchedulerUnreachableMs);
 }
 
 std::vector<std::string> NodeNames() {
@@ -210,16 +224,19 @@ constexpr uint64_t kBatch = 256;
 // only if nothing of the shard was skipped.
 uint64_t ExamplesTrained(JobHarness& job, uint64_t shard_epoch_examples) {
   static const std::regex kTrained("trained ([0-9]+) examples");
-  static const std::regex kOrphaned("shard [0-9]+ orphaned at epoch ([0-9]+) batch ([0-9]+)");
+  static const std::regex kOrphaned(
+      "shard [0-9]+ orphaned at epoch ([0-9]+) batch ([0-9]+)");
   uint64_t total = 0;
   for (int i = 0; i < job.num_worker_processes(); ++i) {
     const std::string log = ReadFile(job.worker(i).stderr_path());
-    for (std::sregex_iterator it(log.begin(), log.end(), kTrained), end; it != end; ++it) {
+    for (std::sregex_iterator it(log.begin(), log.end(), kTrained), end;
+         it != end; ++it) {
       total += std::stoull((*it)[1].str());
     }
   }
   const std::string log = ReadFile(job.dir() + "/scheduler.log");
-  for (std::sregex_iterator it(log.begin(), log.end(), kOrphaned), end; it != end; ++it) {
+  for (std::sregex_iterator it(log.begin(), log.end(), kOrphaned), end;
+       it != end; ++it) {
     total += std::stoull((*it)[1].str()) * shard_epoch_examples +
              std::stoull((*it)[2].str()) * kBatch;
   }
@@ -265,7 +282,8 @@ class NetworkFaultTest : public ::testing::Test {
       GTEST_SKIP() << "no network lab here: " << why;
     }
     if (!NetworkLab::InPrivateNetwork()) {
-      GTEST_SKIP() << "this process could not enter a private network namespace";
+      GTEST_SKIP()
+          << "this process could not enter a private network namespace";
     }
     start_ = absl::Now();
   }
@@ -282,10 +300,13 @@ class NetworkFaultTest : public ::testing::Test {
   }
 
   static std::string ReplayCommand() {
-    return absl::StrCat("bazel test --config=opt //tests:network_fault_test "
-                        "--test_filter=",
-                        ::testing::UnitTest::GetInstance()->current_test_info()->test_suite_name(),
-                        ".", TestName(), " --test_arg=--net_seed=", Seed());
+    return absl::StrCat(
+        "bazel test --config=opt //tests:network_fault_test "
+        "--test_filter=",
+        ::testing::UnitTest::GetInstance()
+            ->current_test_info()
+            ->test_suite_name(),
+        ".", TestName(), " --test_arg=--net_seed=", Seed());
   }
 
   // The generator of trial `trial` of this test: its choices depend only
@@ -348,7 +369,8 @@ class NetworkFaultTest : public ::testing::Test {
 
   // Waits until every server and worker is a live member; their node ids
   // by process name.
-  static absl::StatusOr<std::map<std::string, uint64_t>> WaitForMembers(JobHarness& job) {
+  static absl::StatusOr<std::map<std::string, uint64_t>> WaitForMembers(
+      JobHarness& job) {
     const absl::Time deadline = absl::Now() + Scaled(absl::Seconds(60));
     while (true) {
       auto status = job.Status();
@@ -357,12 +379,14 @@ class NetworkFaultTest : public ::testing::Test {
         for (const NodeInfo& node : status->view().nodes()) {
           if (node.state() != ALIVE) continue;
           for (int i = 0; i < job.num_servers(); ++i) {
-            if (node.role() == SERVER && node.pid() == static_cast<uint32_t>(job.server(i).pid())) {
+            if (node.role() == SERVER &&
+                node.pid() == static_cast<uint32_t>(job.server(i).pid())) {
               ids[JobHarness::ServerName(i)] = node.node_id();
             }
           }
           for (int i = 0; i < job.num_worker_processes(); ++i) {
-            if (node.role() == WORKER && node.pid() == static_cast<uint32_t>(job.worker(i).pid())) {
+            if (node.role() == WORKER &&
+                node.pid() == static_cast<uint32_t>(job.worker(i).pid())) {
               ids[JobHarness::WorkerName(i)] = node.node_id();
             }
           }
@@ -370,7 +394,8 @@ class NetworkFaultTest : public ::testing::Test {
         if (ids.size() == static_cast<size_t>(kServers + kWorkers)) return ids;
       }
       if (absl::Now() > deadline) {
-        return absl::DeadlineExceededError("not every server and worker registered in 60 s");
+        return absl::DeadlineExceededError(
+            "not every server and worker registered in 60 s");
       }
       absl::SleepFor(absl::Milliseconds(20));
     }
@@ -378,7 +403,8 @@ class NetworkFaultTest : public ::testing::Test {
 
   // The scheduler's "declared dead" line of a node that is not one of
   // `victims`, or "".
-  static std::string FalseDeath(JobHarness& job, const std::map<std::string, uint64_t>& ids,
+  static std::string FalseDeath(JobHarness& job,
+                                const std::map<std::string, uint64_t>& ids,
                                 const std::set<std::string>& victims) {
     const std::vector<uint64_t> dead = job.DeclaredDead();
     for (const auto& [name, id] : ids) {
@@ -386,8 +412,9 @@ class NetworkFaultTest : public ::testing::Test {
       if (std::find(dead.begin(), dead.end(), id) == dead.end()) continue;
       std::string log;
       for (int n = 0; n <= job.scheduler_restarts(); ++n) {
-        log += ReadFile(job.dir() + (n == 0 ? "/scheduler.log"
-                                            : absl::StrCat("/scheduler.", n, ".log")));
+        log += ReadFile(job.dir() +
+                        (n == 0 ? "/scheduler.log"
+                                : absl::StrCat("/scheduler.", n, ".log")));
       }
       return LineWith(log, absl::StrCat("(node ", id, ") declared dead"));
     }
@@ -395,15 +422,18 @@ class NetworkFaultTest : public ::testing::Test {
   }
 
   // Waits until the scheduler declared `name` dead.
-  static absl::Status WaitDeclaredDead(JobHarness& job, uint64_t id, absl::Duration timeout) {
+  static absl::Status WaitDeclaredDead(JobHarness& job, uint64_t id,
+                                       absl::Duration timeout) {
     const absl::Time deadline = absl::Now() + Scaled(timeout);
     while (absl::Now() < deadline) {
       const std::vector<uint64_t> dead = job.DeclaredDead();
-      if (std::find(dead.begin(), dead.end(), id) != dead.end()) return absl::OkStatus();
+      if (std::find(dead.begin(), dead.end(), id) != dead.end())
+        return absl::OkStatus();
       absl::SleepFor(absl::Milliseconds(20));
     }
     return absl::DeadlineExceededError(
-        absl::StrCat("node ", id, " not declared dead within ", absl::FormatDuration(timeout)));
+        absl::StrCat("node ", id, " not declared dead within ",
+                     absl::FormatDuration(timeout)));
   }
 
   // What a job ended with.
@@ -426,7 +456,8 @@ class NetworkFaultTest : public ::testing::Test {
     JobHarness& h = *job.harness;
     auto ids = WaitForMembers(h);
     if (!ids.ok()) {
-      ended.problem = absl::StrCat(ids.status().ToString(), "\n", h.LogTails(30));
+      ended.problem =
+          absl::StrCat(ids.status().ToString(), "\n", h.LogTails(30));
       return ended;
     }
     h.set_abort_check([&] { return FalseDeath(h, *ids, d.victims); });
@@ -446,7 +477,8 @@ class NetworkFaultTest : public ::testing::Test {
     // timeouts and slack. Past it the job hangs.
     const absl::Duration bound =
         Scaled(reference_.elapsed * 3 + d.extra +
-               absl::Milliseconds(RequestTimeoutMs() + kFailoverTimeoutMs) + absl::Seconds(30));
+               absl::Milliseconds(RequestTimeoutMs() + kFailoverTimeoutMs) +
+               absl::Seconds(30));
     const absl::Time deadline = absl::Now() + bound;
     const std::string summary_path = h.dir() + "/summary.json";
     absl::Time summary_at = absl::InfiniteFuture();
@@ -465,27 +497,29 @@ class NetworkFaultTest : public ::testing::Test {
         return ended;
       }
       struct stat st;
-      if (summary_at == absl::InfiniteFuture() && stat(summary_path.c_str(), &st) == 0) {
+      if (summary_at == absl::InfiniteFuture() &&
+          stat(summary_path.c_str(), &st) == 0) {
         summary_at = absl::Now();
       }
       if (absl::Now() > summary_at + Scaled(d.outlive)) {
-        ended.problem = absl::StrCat(absl::StrJoin(running, ", "), " still running ",
-                                     absl::FormatDuration(d.outlive),
-                                     " after the job's summary was written\n",
-                                     h.LogTails(30));
+        ended.problem = absl::StrCat(
+            absl::StrJoin(running, ", "), " still running ",
+            absl::FormatDuration(d.outlive),
+            " after the job's summary was written\n", h.LogTails(30));
         return ended;
       }
       if (absl::Now() > deadline) {
-        ended.problem = absl::StrCat("HANG: ", absl::StrJoin(running, ", "),
-                                     " still running after ", absl::FormatDuration(bound),
-                                     "\n", h.LogTails(40));
+        ended.problem = absl::StrCat(
+            "HANG: ", absl::StrJoin(running, ", "), " still running after ",
+            absl::FormatDuration(bound), "\n", h.LogTails(40));
         return ended;
       }
       absl::SleepFor(absl::Milliseconds(50));
     }
     auto result = h.Wait(absl::Seconds(5));
     if (!result.ok()) {
-      ended.problem = absl::StrCat(result.status().ToString(), "\n", h.LogTails(30));
+      ended.problem =
+          absl::StrCat(result.status().ToString(), "\n", h.LogTails(30));
       return ended;
     }
     ended.result = *result;
@@ -503,8 +537,9 @@ class NetworkFaultTest : public ::testing::Test {
     for (int attempt = 0; attempt < 2; ++attempt) {
       Ended ended = RunJob(attempt == 0 ? run : run + "-again", d);
       if (!ended.stall.empty()) {
-        std::printf("  STALLED, a node the test did not cut was declared dead: %s%s\n",
-                    ended.stall.c_str(), attempt == 0 ? "; running it again" : "");
+        std::printf(
+            "  STALLED, a node the test did not cut was declared dead: %s%s\n",
+            ended.stall.c_str(), attempt == 0 ? "; running it again" : "");
         std::fflush(stdout);
         continue;
       }
@@ -533,13 +568,15 @@ class NetworkFaultTest : public ::testing::Test {
     for (int c : r.workers) ok &= c == 0;
     const std::optional<double> auc = JsonNumber(r.summary, "test_auc");
     if (!ok || !auc.has_value()) {
-      ADD_FAILURE() << "the undisturbed reference job failed in the lab: " << r.summary
-                    << "\n" << last_logs_;
+      ADD_FAILURE() << "the undisturbed reference job failed in the lab: "
+                    << r.summary << "\n"
+                    << last_logs_;
       return false;
     }
     reference_.auc = *auc;
     reference_.examples = ended->examples;
-    reference_.steps = static_cast<uint64_t>(JsonNumber(r.summary, "rank0_steps").value_or(0));
+    reference_.steps =
+        static_cast<uint64_t>(JsonNumber(r.summary, "rank0_steps").value_or(0));
     reference_.elapsed = r.elapsed;
     have_reference_ = true;
     std::printf("reference: test AUC %.5f, %" PRIu64 " examples, %" PRIu64
@@ -564,10 +601,12 @@ class NetworkFaultTest : public ::testing::Test {
     const JobHarness::Result& r = *e.result;
     auto check_code = [&](const std::string& name, int code) {
       auto it = allowed.find(name);
-      const std::set<int> ok = it != allowed.end() ? it->second : std::set<int>{0};
+      const std::set<int> ok =
+          it != allowed.end() ? it->second : std::set<int>{0};
       EXPECT_TRUE(ok.count(code) > 0)
-          << what << ": " << name << " exited with " << code << ", expected one of {"
-          << absl::StrJoin(ok, ",") << "}\n" << last_logs_;
+          << what << ": " << name << " exited with " << code
+          << ", expected one of {" << absl::StrJoin(ok, ",") << "}\n"
+          << last_logs_;
     };
     check_code("scheduler", r.scheduler);
     for (size_t i = 0; i < r.servers.size(); ++i) {
@@ -576,20 +615,28 @@ class NetworkFaultTest : public ::testing::Test {
     for (size_t i = 0; i < r.workers.size(); ++i) {
       check_code(JobHarness::WorkerName(i), r.workers[i]);
     }
-    EXPECT_EQ(r.summaries, 1) << what << ": workers printing a summary\n" << last_logs_;
+    EXPECT_EQ(r.summaries, 1) << what << ": workers printing a summary\n"
+                              << last_logs_;
     const std::optional<double> auc = JsonNumber(r.summary, "test_auc");
-    ASSERT_TRUE(auc.has_value()) << what << ": no test AUC in '" << r.summary << "'\n"
-                                 << last_logs_;
+    ASSERT_TRUE(auc.has_value())
+        << what << ": no test AUC in '" << r.summary << "'\n"
+        << last_logs_;
     EXPECT_NEAR(*auc, reference_.auc, kAucTolerance)
-        << what << ": test AUC against the undisturbed reference\n" << last_logs_;
+        << what << ": test AUC against the undisturbed reference\n"
+        << last_logs_;
     EXPECT_GE(e.examples, reference_.examples)
-        << what << ": the workers trained fewer examples than the reference: some of "
-        << "the data was never trained\n" << last_logs_;
-    std::printf("  finished: test AUC %.5f (%+.5f), %" PRIu64 " examples (reference %" PRIu64
-                "), %.1f s; exit codes scheduler %d servers [%s] workers [%s]\n",
-                *auc, *auc - reference_.auc, e.examples, reference_.examples,
-                absl::ToDoubleSeconds(r.elapsed), r.scheduler,
-                absl::StrJoin(r.servers, ",").c_str(), absl::StrJoin(r.workers, ",").c_str());
+        << what
+        << ": the workers trained fewer examples than the reference: some of "
+        << "the data was never trained\n"
+        << last_logs_;
+    std::printf(
+        "  finished: test AUC %.5f (%+.5f), %" PRIu64
+        " examples (reference %" PRIu64
+        "), %.1f s; exit codes scheduler %d servers [%s] workers [%s]\n",
+        *auc, *auc - reference_.auc, e.examples, reference_.examples,
+        absl::ToDoubleSeconds(r.elapsed), r.scheduler,
+        absl::StrJoin(r.servers, ",").c_str(),
+        absl::StrJoin(r.workers, ",").c_str());
     std::fflush(stdout);
   }
 
@@ -602,29 +649,33 @@ class NetworkFaultTest : public ::testing::Test {
   // Partitions `a` and `b` once worker(`watch`) reaches `step`, waits
   // until the scheduler declared `victim` dead when given (the cut
   // outlasted the timeout), holds the cut for `hold` more, then heals it.
-  static absl::Status CutAndHeal(JobHarness& job, NetworkLab& lab, int watch, uint64_t step,
-                                 const std::vector<std::pair<std::string, std::string>>& cuts,
-                                 NetworkLab::Direction direction, uint64_t victim_id,
-                                 absl::Duration hold, std::string* notes) {
+  static absl::Status CutAndHeal(
+      JobHarness& job, NetworkLab& lab, int watch, uint64_t step,
+      const std::vector<std::pair<std::string, std::string>>& cuts,
+      NetworkLab::Direction direction, uint64_t victim_id, absl::Duration hold,
+      std::string* notes) {
     absl::Status at = AtStep(job, watch, step);
     if (absl::IsAborted(at)) return at;
-    absl::StrAppend(notes, at.ok() ? absl::StrCat("cut at step >= ", step)
-                                   : absl::StrCat("cut late (", at.message(), ")"));
+    absl::StrAppend(notes, at.ok()
+                               ? absl::StrCat("cut at step >= ", step)
+                               : absl::StrCat("cut late (", at.message(), ")"));
     for (const auto& [a, b] : cuts) {
       if (auto s = lab.Partition(a, b, direction); !s.ok()) return s;
     }
     const absl::Time cut_at = absl::Now();
     if (victim_id != 0) {
-      absl::Status dead = WaitDeclaredDead(job, victim_id,
-                                           absl::Milliseconds(HeartbeatTimeoutMs()) +
-                                               absl::Seconds(10));
+      absl::Status dead = WaitDeclaredDead(
+          job, victim_id,
+          absl::Milliseconds(HeartbeatTimeoutMs()) + absl::Seconds(10));
       if (!dead.ok()) return dead;
-      absl::StrAppend(notes, absl::StrFormat("; declared dead %.2f s after the cut",
-                                             absl::ToDoubleSeconds(absl::Now() - cut_at)));
+      absl::StrAppend(
+          notes, absl::StrFormat("; declared dead %.2f s after the cut",
+                                 absl::ToDoubleSeconds(absl::Now() - cut_at)));
     }
     absl::SleepFor(hold);
-    absl::StrAppend(notes, absl::StrFormat("; healed %.2f s after the cut",
-                                           absl::ToDoubleSeconds(absl::Now() - cut_at)));
+    absl::StrAppend(
+        notes, absl::StrFormat("; healed %.2f s after the cut",
+                               absl::ToDoubleSeconds(absl::Now() - cut_at)));
     return lab.HealAll();
   }
 
@@ -661,10 +712,10 @@ TEST_F(NetworkFault, ServerCutFromScheduler) {
     const absl::Duration hold = absl::Milliseconds(rng() % 1000);
     const std::string name = JobHarness::ServerName(server);
     Disturbance d;
-    d.what = absl::StrFormat("trial %d: %s cut from the scheduler at step %d, healed %d ms "
-                             "after declared dead; replay: %s",
-                             trial, name, step, absl::ToInt64Milliseconds(hold),
-                             ReplayCommand());
+    d.what = absl::StrFormat(
+        "trial %d: %s cut from the scheduler at step %d, healed %d ms "
+        "after declared dead; replay: %s",
+        trial, name, step, absl::ToInt64Milliseconds(hold), ReplayCommand());
     std::printf("%s\n", d.what.c_str());
     d.victims = {name};
     d.extra = hold + absl::Seconds(15);
@@ -676,11 +727,13 @@ TEST_F(NetworkFault, ServerCutFromScheduler) {
     d.act = [&](JobHarness& job, NetworkLab& lab) {
       auto ids = WaitForMembers(job);
       if (!ids.ok()) return ids.status();
-      absl::Status s = CutAndHeal(job, lab, 0, step, {{name, "scheduler"}},
-                                  NetworkLab::Direction::kBoth, (*ids)[name], hold, &notes);
+      absl::Status s =
+          CutAndHeal(job, lab, 0, step, {{name, "scheduler"}},
+                     NetworkLab::Direction::kBoth, (*ids)[name], hold, &notes);
       struct stat st;
       healed_after_end = stat((job.dir() + "/summary.json").c_str(), &st) == 0;
-      if (healed_after_end) absl::StrAppend(&notes, "; healed after the job's end");
+      if (healed_after_end)
+        absl::StrAppend(&notes, "; healed after the job's end");
       return s;
     };
     auto ended = Run(absl::StrCat("server-cut-", trial), d);
@@ -693,7 +746,8 @@ TEST_F(NetworkFault, ServerCutFromScheduler) {
     // moved on (a window of about a heartbeat; not asserted).
     const std::string lapsed =
         LineWith(ReadFile(absl::StrCat(last_dir_, "/", name, ".log")), "lease");
-    std::printf("  %s's lease: %s\n", name.c_str(), lapsed.empty() ? "(no line)" : lapsed.c_str());
+    std::printf("  %s's lease: %s\n", name.c_str(),
+                lapsed.empty() ? "(no line)" : lapsed.c_str());
   }
 }
 
@@ -704,29 +758,32 @@ TEST_F(NetworkFault, ServerCutFromScheduler) {
 // long, so a push fails only on a lost view, never on a slow machine.
 std::string LedgerConfig() {
   return absl::StrFormat(R"pb(
-    name: "netfault-ledger"
-    cluster {
-      num_servers: %d
-      num_workers: %d
-      num_slots: 64
-      heartbeat_interval_ms: 100
-      heartbeat_timeout_ms: %d
-      request_timeout_ms: 60000
-      failover_timeout_ms: 60000
-      scheduler_unreachable_timeout_ms: %d
-      replication: 2
-    }
-    tables {
-      id: 0
-      name: "sgd"
-      sparse { dim: 1 }
-      optimizer { sgd { learning_rate: 1 } }
-      init { kind: ZEROS }
-    }
-  )pb", kServers, kWorkers, HeartbeatTimeoutMs(), kSchedulerUnreachableMs);
+                           name: "netfault-ledger"
+                           cluster {
+                             num_servers: %d
+                             num_workers: %d
+                             num_slots: 64
+                             heartbeat_interval_ms: 100
+                             heartbeat_timeout_ms: %d
+                             request_timeout_ms: 60000
+                             failover_timeout_ms: 60000
+                             scheduler_unreachable_timeout_ms: %d
+                             replication: 2
+                           }
+                           tables {
+                             id: 0
+                             name: "sgd"
+                             sparse { dim: 1 }
+                             optimizer { sgd { learning_rate: 1 } }
+                             init { kind: ZEROS }
+                           }
+                         )pb",
+                         kServers, kWorkers, HeartbeatTimeoutMs(),
+                         kSchedulerUnreachableMs);
 }
 
-std::vector<std::string> LinesWith(const std::string& text, const std::string& needle) {
+std::vector<std::string> LinesWith(const std::string& text,
+                                   const std::string& needle) {
   std::vector<std::string> lines;
   for (absl::string_view line : absl::StrSplit(text, '\n')) {
     if (absl::StrContains(line, needle)) lines.emplace_back(line);
@@ -741,7 +798,8 @@ std::optional<uint32_t> ServerRank(JobHarness& job, int i) {
   while (absl::Now() < give_up) {
     const std::string log = ReadFile(job.server(i).stderr_path());
     std::smatch m;
-    if (std::regex_search(log, m, kRank)) return static_cast<uint32_t>(std::stoul(m[1].str()));
+    if (std::regex_search(log, m, kRank))
+      return static_cast<uint32_t>(std::stoul(m[1].str()));
     if (!job.server(i).running()) return std::nullopt;
     absl::SleepFor(absl::Milliseconds(10));
   }
@@ -755,11 +813,13 @@ struct GroupAcks {
   uint64_t all = 0;
   uint64_t since = 0;
 };
-GroupAcks AcksOfGroup(const std::string& dir, uint32_t group, absl::Time since) {
+GroupAcks AcksOfGroup(const std::string& dir, uint32_t group,
+                      absl::Time since) {
   GroupAcks acks;
   const int64_t since_us = absl::ToUnixMicros(since);
   for (int i = 0; i < kWorkers; ++i) {
-    for (const std::string& line : LinesWith(ReadFile(absl::StrCat(dir, "/ledger", i)), "ack ")) {
+    for (const std::string& line :
+         LinesWith(ReadFile(absl::StrCat(dir, "/ledger", i)), "ack ")) {
       std::vector<std::string> f = absl::StrSplit(line, ' ', absl::SkipEmpty());
       uint32_t g;
       int64_t ack_us;
@@ -784,8 +844,8 @@ class NetworkFaultLedger : public NetworkFaultTest {
   // One attempt; the "declared dead" line of a node the test did not cut
   // when the machine stalled one (run again), else "" (failures added).
   std::string LedgerCut(const std::string& run, int trial, uint32_t victim_rank,
-                        absl::Duration cut_after, absl::Duration hold, const std::string& what,
-                        std::string* notes) {
+                        absl::Duration cut_after, absl::Duration hold,
+                        const std::string& what, std::string* notes) {
     Job job = StartJob(run, LedgerConfig(), /*num_workers=*/0);
     if (job.harness == nullptr) return "";
     JobHarness& h = *job.harness;
@@ -794,28 +854,33 @@ class NetworkFaultLedger : public NetworkFaultTest {
     for (int i = 0; i < h.num_servers(); ++i) {
       std::optional<uint32_t> rank = ServerRank(h, i);
       if (!rank) {
-        ADD_FAILURE() << what << ": server" << i << " did not register\n" << h.LogTails(20);
+        ADD_FAILURE() << what << ": server" << i << " did not register\n"
+                      << h.LogTails(20);
         return "";
       }
       if (*rank == victim_rank) victim = i;
     }
     if (victim < 0) {
-      ADD_FAILURE() << what << ": no server registered as rank " << victim_rank << "\n"
+      ADD_FAILURE() << what << ": no server registered as rank " << victim_rank
+                    << "\n"
                     << h.LogTails(20);
       return "";
     }
     const std::string name = JobHarness::ServerName(victim);
     // The scheduler names nodes "server rank R (node N)".
-    const std::string victim_tag = absl::StrCat("server rank ", victim_rank, " (node");
+    const std::string victim_tag =
+        absl::StrCat("server rank ", victim_rank, " (node");
     const std::string scheduler_log = h.dir() + "/scheduler.log";
     auto false_death = [&]() -> std::string {
-      for (const std::string& line : LinesWith(ReadFile(scheduler_log), "declared dead")) {
+      for (const std::string& line :
+           LinesWith(ReadFile(scheduler_log), "declared dead")) {
         if (!absl::StrContains(line, victim_tag)) return line;
       }
       return "";
     };
     auto victim_dead = [&] {
-      for (const std::string& line : LinesWith(ReadFile(scheduler_log), "declared dead")) {
+      for (const std::string& line :
+           LinesWith(ReadFile(scheduler_log), "declared dead")) {
         if (absl::StrContains(line, victim_tag)) return true;
       }
       return false;
@@ -838,13 +903,15 @@ class NetworkFaultLedger : public NetworkFaultTest {
     auto pushers = LedgerPushers::Start(ledger, absl::Seconds(30));
     if (!pushers.ok()) {
       std::string stall = false_death();
-      if (stall.empty()) ADD_FAILURE() << what << ": " << pushers.status() << "\n"
-                                       << h.LogTails(20);
+      if (stall.empty())
+        ADD_FAILURE() << what << ": " << pushers.status() << "\n"
+                      << h.LogTails(20);
       return stall;
     }
 
     absl::SleepFor(cut_after);
-    if (absl::Status s = lab.Partition(name, "scheduler", NetworkLab::Direction::kBoth);
+    if (absl::Status s =
+            lab.Partition(name, "scheduler", NetworkLab::Direction::kBoth);
         !s.ok()) {
       ADD_FAILURE() << what << ": " << s;
       return "";
@@ -864,11 +931,13 @@ class NetworkFaultLedger : public NetworkFaultTest {
     }
     const absl::Time healed_at = absl::Now();
     *notes = absl::StrFormat("%s %.2f s after the cut, healed %.2f s after it",
-                             declared ? "declared dead" : "NOT declared dead", absl::ToDoubleSeconds(declared_at - cut_at),
+                             declared ? "declared dead" : "NOT declared dead",
+                             absl::ToDoubleSeconds(declared_at - cut_at),
                              absl::ToDoubleSeconds(healed_at - cut_at));
     if (!declared) {
       ADD_FAILURE() << what << ": the scheduler did not declare " << name
-                    << " dead within 20 s of the cut\n" << h.LogTails(20);
+                    << " dead within 20 s of the cut\n"
+                    << h.LogTails(20);
       return "";
     }
     // Healed, it reaches the scheduler, learns it was dropped and exits;
@@ -887,16 +956,18 @@ class NetworkFaultLedger : public NetworkFaultTest {
       ADD_FAILURE() << what << ": " << p;
     }
     const GroupAcks acks = AcksOfGroup(h.dir(), victim_rank, cut_at);
-    absl::StrAppendFormat(notes,
-                          "; %d pushes acknowledged, %d of them to rank %u's slots (%d after "
-                          "the cut)",
-                          verdict.acknowledged, acks.all, victim_rank, acks.since);
+    absl::StrAppendFormat(
+        notes,
+        "; %d pushes acknowledged, %d of them to rank %u's slots (%d after "
+        "the cut)",
+        verdict.acknowledged, acks.all, victim_rank, acks.since);
     // A primary of what the pushers write, and written to across the cut.
     if (acks.all == 0 || acks.since == 0) {
       ok = false;
-      ADD_FAILURE() << what << ": " << acks.all << " pushes to rank " << victim_rank
-                    << "'s slots acknowledged (" << acks.since
-                    << " after the cut): the cut server was no primary the pushers used";
+      ADD_FAILURE()
+          << what << ": " << acks.all << " pushes to rank " << victim_rank
+          << "'s slots acknowledged (" << acks.since
+          << " after the cut): the cut server was no primary the pushers used";
     }
     const std::string log = ReadFile(h.server(victim).stderr_path());
     // The lease (3/4 of the heartbeat timeout from the last acknowledged
@@ -904,26 +975,32 @@ class NetworkFaultLedger : public NetworkFaultTest {
     // and the pushers, which reach it, keep sending until they get the
     // view without it: it must refuse them.
     const std::vector<std::string> lapsed = LinesWith(log, "lease lapsed");
-    const std::vector<std::string> fenced = LinesWith(log, "no longer a member");
+    const std::vector<std::string> fenced =
+        LinesWith(log, "no longer a member");
     absl::StrAppendFormat(notes, "; %s refused on its lapsed lease: %s", name,
                           lapsed.empty() ? "NO" : lapsed.front());
-    if (!fenced.empty()) absl::StrAppendFormat(notes, "; refused as dropped: %s", fenced.front());
+    if (!fenced.empty())
+      absl::StrAppendFormat(notes, "; refused as dropped: %s", fenced.front());
     if (lapsed.empty()) {
       ok = false;
       ADD_FAILURE() << what << ": " << name
-                    << " never refused a request on its lapsed lease (no 'lease lapsed' in "
+                    << " never refused a request on its lapsed lease (no "
+                       "'lease lapsed' in "
                        "its log) though the pushers reached it";
     }
     if (!code.ok()) {
       ok = false;
       ADD_FAILURE() << what << ": " << name << " still ran 15 s after the heal";
     } else {
-      absl::StrAppendFormat(notes, "; %s exited with %d %.2f s after the heal", name, *code,
-                            absl::ToDoubleSeconds(*h.server(victim).exited_at() - healed_at));
-      if (*code != kExitDropped || !absl::StrContains(log, "dropped by the scheduler")) {
+      absl::StrAppendFormat(
+          notes, "; %s exited with %d %.2f s after the heal", name, *code,
+          absl::ToDoubleSeconds(*h.server(victim).exited_at() - healed_at));
+      if (*code != kExitDropped ||
+          !absl::StrContains(log, "dropped by the scheduler")) {
         ok = false;
-        ADD_FAILURE() << what << ": " << name << " exited with " << *code << " (expected "
-                      << kExitDropped << ", 'dropped by the scheduler' in its log)";
+        ADD_FAILURE() << what << ": " << name << " exited with " << *code
+                      << " (expected " << kExitDropped
+                      << ", 'dropped by the scheduler' in its log)";
       }
     }
     if (!result.ok()) {
@@ -932,16 +1009,20 @@ class NetworkFaultLedger : public NetworkFaultTest {
     } else {
       if (result->scheduler != 0) {
         ok = false;
-        ADD_FAILURE() << what << ": the scheduler exited with " << result->scheduler;
+        ADD_FAILURE() << what << ": the scheduler exited with "
+                      << result->scheduler;
       }
       for (int i = 0; i < h.num_servers(); ++i) {
         if (i != victim && result->servers[i] != 0) {
           ok = false;
-          ADD_FAILURE() << what << ": server" << i << " exited with " << result->servers[i];
+          ADD_FAILURE() << what << ": server" << i << " exited with "
+                        << result->servers[i];
         }
       }
     }
-    if (!ok) ADD_FAILURE() << what << ": logs of " << h.dir() << "\n" << h.LogTails(30);
+    if (!ok)
+      ADD_FAILURE() << what << ": logs of " << h.dir() << "\n"
+                    << h.LogTails(30);
     return "";
   }
 };
@@ -953,7 +1034,8 @@ TEST_F(NetworkFaultLedger, LedgerSurvivesServerCutFromScheduler) {
     const absl::Duration cut_after = absl::Milliseconds(rng() % 500);
     const absl::Duration hold = absl::Milliseconds(rng() % 1000);
     const std::string what = absl::StrFormat(
-        "trial %d: server rank %u cut from the scheduler %d ms into the pushes, healed %d ms "
+        "trial %d: server rank %u cut from the scheduler %d ms into the "
+        "pushes, healed %d ms "
         "after declared dead; replay: %s",
         trial, victim_rank, absl::ToInt64Milliseconds(cut_after),
         absl::ToInt64Milliseconds(hold), ReplayCommand());
@@ -961,16 +1043,18 @@ TEST_F(NetworkFaultLedger, LedgerSurvivesServerCutFromScheduler) {
     std::fflush(stdout);
     for (int attempt = 0; attempt < 2; ++attempt) {
       std::string notes;
-      const std::string stall =
-          LedgerCut(absl::StrCat("ledger-cut-", trial, attempt == 0 ? "" : "-again"), trial,
-                    victim_rank, cut_after, hold, what, &notes);
+      const std::string stall = LedgerCut(
+          absl::StrCat("ledger-cut-", trial, attempt == 0 ? "" : "-again"),
+          trial, victim_rank, cut_after, hold, what, &notes);
       std::printf("  %s\n", notes.c_str());
       if (stall.empty()) break;
-      std::printf("  STALLED, a node the test did not cut was declared dead: %s%s\n",
-                  stall.c_str(), attempt == 0 ? "; running it again" : "");
+      std::printf(
+          "  STALLED, a node the test did not cut was declared dead: %s%s\n",
+          stall.c_str(), attempt == 0 ? "; running it again" : "");
       std::fflush(stdout);
       if (attempt == 1) {
-        ADD_FAILURE() << what << ": stalled twice: the machine is too busy for a "
+        ADD_FAILURE() << what
+                      << ": stalled twice: the machine is too busy for a "
                       << HeartbeatTimeoutMs() << " ms heartbeat timeout";
       }
     }
@@ -990,10 +1074,10 @@ TEST_F(NetworkFault, WorkerCutFromScheduler) {
     const absl::Duration hold = absl::Milliseconds(rng() % 1000);
     const std::string name = JobHarness::WorkerName(worker);
     Disturbance d;
-    d.what = absl::StrFormat("trial %d: %s cut from the scheduler at step %d, healed %d ms "
-                             "after declared dead; replay: %s",
-                             trial, name, step, absl::ToInt64Milliseconds(hold),
-                             ReplayCommand());
+    d.what = absl::StrFormat(
+        "trial %d: %s cut from the scheduler at step %d, healed %d ms "
+        "after declared dead; replay: %s",
+        trial, name, step, absl::ToInt64Milliseconds(hold), ReplayCommand());
     std::printf("%s\n", d.what.c_str());
     d.victims = {name};
     d.extra = hold + absl::Seconds(15);
@@ -1002,7 +1086,8 @@ TEST_F(NetworkFault, WorkerCutFromScheduler) {
       auto ids = WaitForMembers(job);
       if (!ids.ok()) return ids.status();
       return CutAndHeal(job, lab, worker, step, {{name, "scheduler"}},
-                        NetworkLab::Direction::kBoth, (*ids)[name], hold, &notes);
+                        NetworkLab::Direction::kBoth, (*ids)[name], hold,
+                        &notes);
     };
     auto ended = Run(absl::StrCat("worker-cut-", trial), d);
     std::printf("  %s\n", notes.c_str());
@@ -1024,10 +1109,10 @@ TEST_F(NetworkFault, WorkerCutFromEverything) {
     const absl::Duration hold = absl::Milliseconds(rng() % 1000);
     const std::string name = JobHarness::WorkerName(worker);
     Disturbance d;
-    d.what = absl::StrFormat("trial %d: %s cut from every node at step %d, healed %d ms "
-                             "after declared dead; replay: %s",
-                             trial, name, step, absl::ToInt64Milliseconds(hold),
-                             ReplayCommand());
+    d.what = absl::StrFormat(
+        "trial %d: %s cut from every node at step %d, healed %d ms "
+        "after declared dead; replay: %s",
+        trial, name, step, absl::ToInt64Milliseconds(hold), ReplayCommand());
     std::printf("%s\n", d.what.c_str());
     d.victims = {name};
     d.extra = hold + absl::Seconds(15);
@@ -1039,8 +1124,9 @@ TEST_F(NetworkFault, WorkerCutFromEverything) {
       for (const std::string& other : NodeNames()) {
         if (other != name) cuts.emplace_back(name, other);
       }
-      return CutAndHeal(job, lab, worker, step, cuts, NetworkLab::Direction::kBoth,
-                        (*ids)[name], hold, &notes);
+      return CutAndHeal(job, lab, worker, step, cuts,
+                        NetworkLab::Direction::kBoth, (*ids)[name], hold,
+                        &notes);
     };
     auto ended = Run(absl::StrCat("worker-isolated-", trial), d);
     std::printf("  %s\n", notes.c_str());
@@ -1055,7 +1141,8 @@ TEST_F(NetworkFault, WorkerCutFromEverything) {
 // reference's AUC: its shard goes to the other worker).
 class WorkerServerCut : public NetworkFault {
  protected:
-  void RunCut(const std::string& kind, bool heal, std::optional<NetworkLab::Direction> fixed) {
+  void RunCut(const std::string& kind, bool heal,
+              std::optional<NetworkLab::Direction> fixed) {
     for (int trial = 0; trial < Trials(); ++trial) {
       std::mt19937_64 rng = Rng(trial);
       const int worker = static_cast<int>(rng() % kWorkers);
@@ -1069,17 +1156,19 @@ class WorkerServerCut : public NetworkFault {
                                               : NetworkLab::Direction::kBtoA);
       const std::string w = JobHarness::WorkerName(worker);
       const std::string s = JobHarness::ServerName(server);
-      const std::string how = direction == NetworkLab::Direction::kBoth ? "both ways"
-                              : direction == NetworkLab::Direction::kAtoB
-                                  ? absl::StrCat("one way (", w, " -> ", s, " dropped)")
-                                  : absl::StrCat("one way (", s, " -> ", w, " dropped)");
+      const std::string how =
+          direction == NetworkLab::Direction::kBoth ? "both ways"
+          : direction == NetworkLab::Direction::kAtoB
+              ? absl::StrCat("one way (", w, " -> ", s, " dropped)")
+              : absl::StrCat("one way (", s, " -> ", w, " dropped)");
       Disturbance d;
-      d.what = absl::StrFormat("trial %d: %s and %s cut %s at step %d, %s; replay: %s", trial,
-                               w, s, how, step,
-                               heal ? absl::StrCat("healed after ",
-                                                   absl::ToInt64Milliseconds(hold), " ms")
-                                    : "never healed",
-                               ReplayCommand());
+      d.what = absl::StrFormat(
+          "trial %d: %s and %s cut %s at step %d, %s; replay: %s", trial, w, s,
+          how, step,
+          heal ? absl::StrCat("healed after ", absl::ToInt64Milliseconds(hold),
+                              " ms")
+               : "never healed",
+          ReplayCommand());
       std::printf("%s\n", d.what.c_str());
       // The worker may fail (and then be declared dead if it did not
       // leave); the server must not.
@@ -1102,16 +1191,19 @@ class WorkerServerCut : public NetworkFault {
       const JobHarness::Result& r = *ended->result;
       const int code = r.workers[worker];
       if (code != 0) {
-        const std::string log = ReadFile(absl::StrCat(last_dir_, "/", w, ".log"));
+        const std::string log =
+            ReadFile(absl::StrCat(last_dir_, "/", w, ".log"));
         std::string line;
         for (const char* e : kExpectedErrors) {
           if (line.empty()) line = LineWith(log, e);
         }
         EXPECT_FALSE(line.empty())
             << d.what << ": " << w << " exited with " << code
-            << " without any of the documented errors ('" << absl::StrJoin(kExpectedErrors, "', '")
-            << "')\n" << last_logs_;
-        std::printf("  %s failed as documented (exit %d): %s\n", w.c_str(), code, line.c_str());
+            << " without any of the documented errors ('"
+            << absl::StrJoin(kExpectedErrors, "', '") << "')\n"
+            << last_logs_;
+        std::printf("  %s failed as documented (exit %d): %s\n", w.c_str(),
+                    code, line.c_str());
       }
       CheckFinished(*ended, d.what, {{w, {0, 1}}});
     }
@@ -1135,10 +1227,10 @@ TEST_F(NetworkFault, SlowWorkerLink) {
     const absl::Duration window = absl::Milliseconds(2000 + rng() % 2000);
     const std::string w = JobHarness::WorkerName(worker);
     Disturbance d;
-    d.what = absl::StrFormat("trial %d: %s's link limited to 2 mbit each way from step %d "
-                             "for %d ms; replay: %s",
-                             trial, w, step, absl::ToInt64Milliseconds(window),
-                             ReplayCommand());
+    d.what = absl::StrFormat(
+        "trial %d: %s's link limited to 2 mbit each way from step %d "
+        "for %d ms; replay: %s",
+        trial, w, step, absl::ToInt64Milliseconds(window), ReplayCommand());
     std::printf("%s\n", d.what.c_str());
     d.victims = {w};
     d.extra = window + absl::Seconds(30);
@@ -1146,11 +1238,13 @@ TEST_F(NetworkFault, SlowWorkerLink) {
     d.act = [&](JobHarness& job, NetworkLab& lab) -> absl::Status {
       absl::Status at = AtStep(job, worker, step);
       if (absl::IsAborted(at)) return at;
-      if (auto s = lab.LimitBandwidth(w, "2mbit", "64kbit", "200ms"); !s.ok()) return s;
+      if (auto s = lab.LimitBandwidth(w, "2mbit", "64kbit", "200ms"); !s.ok())
+        return s;
       absl::SleepFor(window);
       auto drops = lab.LimitDrops(w);
-      notes = absl::StrCat("packets dropped by the limit: ",
-                           drops.ok() ? absl::StrCat(*drops) : drops.status().ToString());
+      notes = absl::StrCat(
+          "packets dropped by the limit: ",
+          drops.ok() ? absl::StrCat(*drops) : drops.status().ToString());
       return lab.ClearLimits(w);
     };
     auto ended = Run(absl::StrCat("slow-", trial), d);
@@ -1163,8 +1257,10 @@ TEST_F(NetworkFault, SlowWorkerLink) {
       for (const char* e : kExpectedErrors) {
         if (line.empty()) line = LineWith(log, e);
       }
-      EXPECT_FALSE(line.empty()) << d.what << ": " << w << " exited with " << r.workers[worker]
-                                 << " without a documented error\n" << last_logs_;
+      EXPECT_FALSE(line.empty())
+          << d.what << ": " << w << " exited with " << r.workers[worker]
+          << " without a documented error\n"
+          << last_logs_;
     }
     CheckFinished(*ended, d.what, {{w, {0, 1}}});
   }
@@ -1179,12 +1275,15 @@ int main(int argc, char** argv) {
   // Before any thread: this process becomes the hub of the labs, so the
   // harness's gRPC stub reaches the scheduler in its namespace.
   if (ps::testing::NetworkLab::Unavailable().empty()) {
-    if (absl::Status s = ps::testing::NetworkLab::EnterPrivateNetwork(); !s.ok()) {
-      std::fprintf(stderr, "EnterPrivateNetwork: %s\n", std::string(s.message()).c_str());
+    if (absl::Status s = ps::testing::NetworkLab::EnterPrivateNetwork();
+        !s.ok()) {
+      std::fprintf(stderr, "EnterPrivateNetwork: %s\n",
+                   std::string(s.message()).c_str());
       return 1;
     }
   }
-  std::printf("network fault seed %" PRIu64 ", %d trial(s) per scenario, heartbeat timeout "
+  std::printf("network fault seed %" PRIu64
+              ", %d trial(s) per scenario, heartbeat timeout "
               "%d ms\n",
               ps::Seed(), ps::Trials(), ps::HeartbeatTimeoutMs());
   const absl::Time start = absl::Now();

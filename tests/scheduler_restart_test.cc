@@ -87,8 +87,9 @@
 ABSL_FLAG(int64_t, fault_seed, -1,
           "Seed of the trials' choices; 0 picks one from the time. Default: "
           "$FAULT_SEED, else 1.");
-ABSL_FLAG(int32_t, fault_trials, -1,
-          "Trials per mode. Default: $FAULT_TRIALS, else 10 (3 under a sanitizer).");
+ABSL_FLAG(
+    int32_t, fault_trials, -1,
+    "Trials per mode. Default: $FAULT_TRIALS, else 10 (3 under a sanitizer).");
 ABSL_FLAG(int32_t, fault_trial, -1,
           "Run only this trial (0-based). Default: $FAULT_TRIAL, else all.");
 ABSL_FLAG(int32_t, fault_heartbeat_timeout_ms, -1,
@@ -124,7 +125,8 @@ constexpr int kAttempts = 2;
 int64_t Setting(int64_t flag, const char* env, int64_t fallback) {
   if (flag >= 0) return flag;
   int64_t v;
-  if (const char* s = std::getenv(env); s != nullptr && absl::SimpleAtoi(s, &v)) {
+  if (const char* s = std::getenv(env);
+      s != nullptr && absl::SimpleAtoi(s, &v)) {
     return v;
   }
   return fallback;
@@ -146,9 +148,12 @@ bool Sanitizer() {
   return s != nullptr && std::string_view(s) == "1";
 }
 int Trials() {
-  return Setting(absl::GetFlag(FLAGS_fault_trials), "FAULT_TRIALS", Sanitizer() ? 3 : 10);
+  return Setting(absl::GetFlag(FLAGS_fault_trials), "FAULT_TRIALS",
+                 Sanitizer() ? 3 : 10);
 }
-int OnlyTrial() { return Setting(absl::GetFlag(FLAGS_fault_trial), "FAULT_TRIAL", -1); }
+int OnlyTrial() {
+  return Setting(absl::GetFlag(FLAGS_fault_trial), "FAULT_TRIAL", -1);
+}
 int HeartbeatTimeoutMs() {
   return Setting(absl::GetFlag(FLAGS_fault_heartbeat_timeout_ms),
                  "FAULT_HEARTBEAT_TIMEOUT_MS", Sanitizer() ? 3000 : 1000);
@@ -161,8 +166,8 @@ int HeartbeatTimeoutMs() {
 // everywhere.
 std::mt19937_64 TrialRng(uint32_t test, uint32_t mode, uint32_t trial) {
   const uint64_t seed = Seed();
-  std::seed_seq seq{static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32), test,
-                    mode, trial};
+  std::seed_seq seq{static_cast<uint32_t>(seed),
+                    static_cast<uint32_t>(seed >> 32), test, mode, trial};
   return std::mt19937_64(seq);
 }
 
@@ -181,10 +186,12 @@ struct Variant {
   bool replication = false;  // cluster.replication 2
   bool checkpoints = false;  // checkpoint.dir (journal in <dir>/scheduler)
   std::string Name() const {
-    return absl::StrCat(replication ? "repl2" : "repl1", checkpoints ? "-ckpt" : "-state_dir");
+    return absl::StrCat(replication ? "repl2" : "repl1",
+                        checkpoints ? "-ckpt" : "-state_dir");
   }
   bool operator<(const Variant& o) const {
-    return std::tie(replication, checkpoints) < std::tie(o.replication, o.checkpoints);
+    return std::tie(replication, checkpoints) <
+           std::tie(o.replication, o.checkpoints);
   }
 };
 Variant VariantOf(int trial) { return {trial % 2 == 1, (trial / 2) % 2 == 1}; }
@@ -195,55 +202,62 @@ constexpr int kCheckpointInterval = 100;
 // Small enough that a job takes about 3 s on two cores (1 s of it
 // training: the scheduler is killed while the workers train).
 // `dir` holds the job's scheduler state or checkpoints.
-std::string JobConfig(const Mode& mode, const Variant& variant, const std::string& dir,
+std::string JobConfig(const Mode& mode, const Variant& variant,
+                      const std::string& dir,
                       const std::string& extra_cluster = "",
-                      const std::string& checkpoint_extra = "", int num_train = 300000) {
-  return absl::StrFormat(R"pb(
-    name: "restart-%s"
-    cluster {
-      num_servers: %d
-      num_workers: %d
-      num_slots: 256
-      heartbeat_interval_ms: 100
-      heartbeat_timeout_ms: %d
-      request_timeout_ms: 60000
-      failover_timeout_ms: 60000
-      on_worker_loss: REASSIGN
-      %s
-      %s
-      %s
-    }
-    consistency { %s }
-    tables {
-      id: 0 name: "w" sparse { dim: 1 }
-      optimizer { adagrad { learning_rate: 0.1 initial_accumulator: 1e-6 } }
-    }
-    tables {
-      id: 1 name: "d" dense { size: 14 }
-      optimizer { adagrad { learning_rate: 0.1 initial_accumulator: 1e-6 } }
-    }
-    data { synthetic_ctr { num_train: %d num_test: 20000 seed: 1 } }
-    training {
-      batch_size: 256 epochs: 2 log_interval_s: 1
-      sparse_table: "w" dense_table: "d"
-    }
-    %s
-  )pb",
-                         mode.name, kServers, kWorkers, HeartbeatTimeoutMs(),
-                         variant.replication ? "replication: 2" : "",
-                         variant.checkpoints
-                             ? ""
-                             : absl::StrCat("scheduler_state_dir: \"", dir, "/state\""),
-                         extra_cluster, mode.consistency, num_train,
-                         variant.checkpoints
-                             ? absl::StrCat("checkpoint { dir: \"", dir,
-                                            "/ckpt\" interval_steps: ", kCheckpointInterval,
-                                            " keep: 3 ", checkpoint_extra, " }")
-                             : "");
+                      const std::string& checkpoint_extra = "",
+                      int num_train = 300000) {
+  return absl::StrFormat(
+      R"pb(
+        name: "restart-%s"
+        cluster {
+          num_servers: %d
+          num_workers: %d
+          num_slots: 256
+          heartbeat_interval_ms: 100
+          heartbeat_timeout_ms: %d
+          request_timeout_ms: 60000
+          failover_timeout_ms: 60000
+          on_worker_loss: REASSIGN %s %s %s
+        }
+        consistency { %s }
+        tables {
+          id: 0
+          name: "w"
+          sparse { dim: 1 }
+          optimizer { adagrad { learning_rate: 0.1 initial_accumulator: 1e-6 } }
+        }
+        tables {
+          id: 1
+          name: "d"
+          dense { size: 14 }
+          optimizer { adagrad { learning_rate: 0.1 initial_accumulator: 1e-6 } }
+        }
+        data { synthetic_ctr { num_train: %d num_test: 20000 seed: 1 } }
+        training {
+          batch_size: 256
+          epochs: 2
+          log_interval_s: 1
+          sparse_table: "w"
+          dense_table: "d"
+        } %s
+      )pb",
+      mode.name, kServers, kWorkers, HeartbeatTimeoutMs(),
+      variant.replication ? "replication: 2" : "",
+      variant.checkpoints
+          ? ""
+          : absl::StrCat("scheduler_state_dir: \"", dir, "/state\""),
+      extra_cluster, mode.consistency, num_train,
+      variant.checkpoints
+          ? absl::StrCat("checkpoint { dir: \"", dir,
+                         "/ckpt\" interval_steps: ", kCheckpointInterval,
+                         " keep: 3 ", checkpoint_extra, " }")
+          : "");
 }
 
 // Lines of `text` containing `needle`.
-std::vector<std::string> LinesWith(const std::string& text, const std::string& needle) {
+std::vector<std::string> LinesWith(const std::string& text,
+                                   const std::string& needle) {
   std::vector<std::string> lines;
   for (absl::string_view line : absl::StrSplit(text, '\n')) {
     if (line.find(needle) != absl::string_view::npos) lines.emplace_back(line);
@@ -269,7 +283,8 @@ std::string SchedulerLogs(const std::string& dir) {
 // did not take its nodes back).
 std::string FalseDeath(const JobHarness& job) {
   if (job.DeclaredDead().empty()) return "";
-  std::vector<std::string> lines = LinesWith(SchedulerLogs(job.dir()), "declared dead");
+  std::vector<std::string> lines =
+      LinesWith(SchedulerLogs(job.dir()), "declared dead");
   return lines.empty() ? "a node was declared dead" : lines[0];
 }
 
@@ -279,7 +294,8 @@ uint64_t ExamplesTrained(JobHarness& job) {
   uint64_t total = 0;
   for (int i = 0; i < job.num_worker_processes(); ++i) {
     const std::string log = ReadFile(job.worker(i).stderr_path());
-    for (std::sregex_iterator it(log.begin(), log.end(), kTrained), end; it != end; ++it) {
+    for (std::sregex_iterator it(log.begin(), log.end(), kTrained), end;
+         it != end; ++it) {
       total += std::stoull((*it)[1].str());
     }
   }
@@ -295,11 +311,13 @@ std::vector<uint64_t> CommittedCheckpoints(const std::string& dir) {
   while (dirent* e = readdir(d)) {
     const std::string name = e->d_name;
     uint64_t clock;
-    if (!absl::StartsWith(name, "ckpt-") || !absl::SimpleAtoi(name.substr(5), &clock)) {
+    if (!absl::StartsWith(name, "ckpt-") ||
+        !absl::SimpleAtoi(name.substr(5), &clock)) {
       continue;
     }
     struct stat st;
-    if (stat((dir + "/" + name + "/MANIFEST").c_str(), &st) == 0) clocks.push_back(clock);
+    if (stat((dir + "/" + name + "/MANIFEST").c_str(), &st) == 0)
+      clocks.push_back(clock);
   }
   closedir(d);
   std::sort(clocks.begin(), clocks.end());
@@ -344,7 +362,8 @@ class SchedulerRestartTest : public ::testing::TestWithParam<int> {
 
   // A fresh job in `dir` (created; files of an earlier run are
   // overwritten, but not its checkpoints: each run has its own dir).
-  std::unique_ptr<JobHarness> StartJob(const std::string& dir, const std::string& config,
+  std::unique_ptr<JobHarness> StartJob(const std::string& dir,
+                                       const std::string& config,
                                        int workers = kWorkers) {
     JobHarness::Options options;
     options.dir = dir;
@@ -365,14 +384,16 @@ class SchedulerRestartTest : public ::testing::TestWithParam<int> {
     run.stall = FalseDeath(job);
     if (!run.stall.empty()) return run;
     if (!result.ok()) {
-      ADD_FAILURE() << what << ": " << result.status() << "\n" << job.LogTails(40);
+      ADD_FAILURE() << what << ": " << result.status() << "\n"
+                    << job.LogTails(40);
       return run;
     }
     bool ok = true;
     auto expect_code = [&](int code, const std::string& name) {
       if (code == 0) return;
       ok = false;
-      ADD_FAILURE() << what << ": " << name << " exited with " << code << ", expected 0";
+      ADD_FAILURE() << what << ": " << name << " exited with " << code
+                    << ", expected 0";
     };
     expect_code(result->scheduler, "the (last) scheduler");
     for (size_t i = 0; i < result->servers.size(); ++i) {
@@ -390,14 +411,17 @@ class SchedulerRestartTest : public ::testing::TestWithParam<int> {
     out.summary = result->summary;
     out.elapsed = result->elapsed;
     out.auc = JsonNumber(result->summary, "test_auc").value_or(NAN);
-    out.steps = static_cast<uint64_t>(JsonNumber(result->summary, "rank0_steps").value_or(0));
+    out.steps = static_cast<uint64_t>(
+        JsonNumber(result->summary, "rank0_steps").value_or(0));
     out.examples = ExamplesTrained(job);
     if (!std::isfinite(out.auc)) {
       ok = false;
-      ADD_FAILURE() << what << ": no test_auc in the summary '" << result->summary << "'";
+      ADD_FAILURE() << what << ": no test_auc in the summary '"
+                    << result->summary << "'";
     }
     if (!ok) {
-      ADD_FAILURE() << what << ": logs of " << job.dir() << "\n" << job.LogTails(40);
+      ADD_FAILURE() << what << ": logs of " << job.dir() << "\n"
+                    << job.LogTails(40);
       return run;
     }
     run.outcome = out;
@@ -406,27 +430,32 @@ class SchedulerRestartTest : public ::testing::TestWithParam<int> {
 
   // Runs `attempt_fn(attempt)` until it does not stall, at most kAttempts
   // times; a second stall fails the test.
-  JobRun WithRetry(const std::string& what, const std::function<JobRun(int)>& attempt_fn) {
+  JobRun WithRetry(const std::string& what,
+                   const std::function<JobRun(int)>& attempt_fn) {
     JobRun run;
     for (int attempt = 0; attempt < kAttempts; ++attempt) {
       run = attempt_fn(attempt);
       if (run.stall.empty()) return run;
       ++stalls_;
-      std::printf("  STALLED, a node was declared dead: %s\n", run.stall.c_str());
+      std::printf("  STALLED, a node was declared dead: %s\n",
+                  run.stall.c_str());
       std::fflush(stdout);
     }
-    ADD_FAILURE() << what << ": stalled again (" << run.stall
-                  << "): either the machine is too busy for a heartbeat timeout of "
-                  << HeartbeatTimeoutMs()
-                  << " ms (--fault_heartbeat_timeout_ms) or a restarted scheduler "
-                     "declares its recovered nodes dead";
+    ADD_FAILURE()
+        << what << ": stalled again (" << run.stall
+        << "): either the machine is too busy for a heartbeat timeout of "
+        << HeartbeatTimeoutMs()
+        << " ms (--fault_heartbeat_timeout_ms) or a restarted scheduler "
+           "declares its recovered nodes dead";
     return JobRun();
   }
 
   std::string ReplayCommand(const std::string& filter, int trial) const {
     std::string command = absl::StrCat(
-        "bazel test --config=opt //tests:scheduler_restart_test --test_filter='", filter,
-        "' --test_arg=--fault_seed=", Seed(), " --test_arg=--fault_trial=", trial);
+        "bazel test --config=opt //tests:scheduler_restart_test "
+        "--test_filter='",
+        filter, "' --test_arg=--fault_seed=", Seed(),
+        " --test_arg=--fault_trial=", trial);
     if (HeartbeatTimeoutMs() != (Sanitizer() ? 3000 : 1000)) {
       absl::StrAppend(&command, " --test_arg=--fault_heartbeat_timeout_ms=",
                       HeartbeatTimeoutMs());
@@ -436,14 +465,18 @@ class SchedulerRestartTest : public ::testing::TestWithParam<int> {
 
   // The undisturbed run of `variant` in this mode (run once per test run).
   const Outcome* Reference(const Variant& variant) {
-    if (auto it = references_.find(variant); it != references_.end()) return &it->second;
+    if (auto it = references_.find(variant); it != references_.end())
+      return &it->second;
     const Mode& mode = kModes[GetParam()];
-    const std::string what = absl::StrCat(mode.name, " reference ", variant.Name());
+    const std::string what =
+        absl::StrCat(mode.name, " reference ", variant.Name());
     JobRun run = WithRetry(what, [&](int attempt) {
-      const std::string dir = absl::StrCat(BaseDir(absl::StrCat("restart-", mode.name)),
-                                           "/reference-", variant.Name(), "-", attempt);
+      const std::string dir =
+          absl::StrCat(BaseDir(absl::StrCat("restart-", mode.name)),
+                       "/reference-", variant.Name(), "-", attempt);
       mkdir(dir.c_str(), 0755);
-      std::unique_ptr<JobHarness> job = StartJob(dir, JobConfig(mode, variant, dir));
+      std::unique_ptr<JobHarness> job =
+          StartJob(dir, JobConfig(mode, variant, dir));
       if (job == nullptr) return JobRun();
       job->set_abort_check([&] { return FalseDeath(*job); });
       return Finish(*job, what);
@@ -451,7 +484,8 @@ class SchedulerRestartTest : public ::testing::TestWithParam<int> {
     if (!run.outcome) return nullptr;
     std::printf("%s: test AUC %.5f, %" PRIu64 " steps per worker, %" PRIu64
                 " examples, %.1f s\n",
-                what.c_str(), run.outcome->auc, run.outcome->steps, run.outcome->examples,
+                what.c_str(), run.outcome->auc, run.outcome->steps,
+                run.outcome->examples,
                 absl::ToDoubleSeconds(run.outcome->elapsed));
     std::fflush(stdout);
     return &references_.emplace(variant, *run.outcome).first->second;
@@ -462,7 +496,8 @@ class SchedulerRestartTest : public ::testing::TestWithParam<int> {
   // undisturbed references of this test run (one per variant; the variant
   // does not change what is learnt), printed when it is the larger.
   double Tolerance() {
-    if (std::string_view(kModes[GetParam()].name) != "ASYNC" || references_.size() < 2) {
+    if (std::string_view(kModes[GetParam()].name) != "ASYNC" ||
+        references_.size() < 2) {
       return kAucTolerance;
     }
     double lo = INFINITY, hi = -INFINITY;
@@ -471,9 +506,11 @@ class SchedulerRestartTest : public ::testing::TestWithParam<int> {
       hi = std::max(hi, out.auc);
     }
     if (hi - lo > kAucTolerance) {
-      std::printf("  ASYNC: the undisturbed runs alone spread %.5f (> %.3f): that is the "
-                  "tolerance\n",
-                  hi - lo, kAucTolerance);
+      std::printf(
+          "  ASYNC: the undisturbed runs alone spread %.5f (> %.3f): that is "
+          "the "
+          "tolerance\n",
+          hi - lo, kAucTolerance);
     }
     return std::max(kAucTolerance, hi - lo);
   }
@@ -492,14 +529,17 @@ class SchedulerRestartTest : public ::testing::TestWithParam<int> {
           ADD_FAILURE() << what << ": the restarted scheduler's view counts "
                         << view.scheduler_restarts() << " scheduler restarts";
         }
-        return absl::StrCat("view: scheduler_restarts ", view.scheduler_restarts(),
-                            ", recovered epoch ", view.recovered_epoch(), ", ",
+        return absl::StrCat("view: scheduler_restarts ",
+                            view.scheduler_restarts(), ", recovered epoch ",
+                            view.recovered_epoch(), ", ",
                             view.recovered_nodes(), " nodes recovered");
       }
-      if (!job.scheduler().running()) return "the restarted scheduler ended before asked";
+      if (!job.scheduler().running())
+        return "the restarted scheduler ended before asked";
       absl::SleepFor(absl::Milliseconds(20));
     }
-    ADD_FAILURE() << what << ": the restarted scheduler did not answer GetStatus in 10 s";
+    ADD_FAILURE()
+        << what << ": the restarted scheduler did not answer GetStatus in 10 s";
     return "no status";
   }
 
@@ -510,9 +550,11 @@ class SchedulerRestartTest : public ::testing::TestWithParam<int> {
 TEST_P(SchedulerRestartTest, KilledSchedulerIsRestartedAndTakesTheJobBack) {
   const Mode& mode = kModes[GetParam()];
   const absl::Time start = absl::Now();
-  std::printf("%s: fault seed %" PRIu64 ", %d trials, heartbeat timeout %d ms%s\n",
-              mode.name, Seed(), Trials(), HeartbeatTimeoutMs(),
-              OnlyTrial() >= 0 ? absl::StrCat(" (only trial ", OnlyTrial(), ")").c_str() : "");
+  std::printf(
+      "%s: fault seed %" PRIu64 ", %d trials, heartbeat timeout %d ms%s\n",
+      mode.name, Seed(), Trials(), HeartbeatTimeoutMs(),
+      OnlyTrial() >= 0 ? absl::StrCat(" (only trial ", OnlyTrial(), ")").c_str()
+                       : "");
   std::fflush(stdout);
   double min_delta = INFINITY, max_delta = -INFINITY;
   int jobs = 0, failed = 0;
@@ -527,11 +569,12 @@ TEST_P(SchedulerRestartTest, KilledSchedulerIsRestartedAndTakesTheJobBack) {
     // From its first step to 80% through its shard: the job still runs.
     const uint64_t step = 1 + rng() % (reference->steps * 8 / 10);
     const int delay_ms = static_cast<int>(rng() % (kMaxRestartDelayMs + 1));
-    const std::string what =
-        absl::StrFormat("%s trial %d (%s): scheduler killed at worker rank %u's step %d, "
-                        "restarted %d ms later",
-                        mode.name, trial, variant.Name(), victim_rank, step, delay_ms);
-    const std::string replay = ReplayCommand(absl::StrCat("*/", mode.name), trial);
+    const std::string what = absl::StrFormat(
+        "%s trial %d (%s): scheduler killed at worker rank %u's step %d, "
+        "restarted %d ms later",
+        mode.name, trial, variant.Name(), victim_rank, step, delay_ms);
+    const std::string replay =
+        ReplayCommand(absl::StrCat("*/", mode.name), trial);
     std::printf("%s\n", what.c_str());
     std::fflush(stdout);
     SCOPED_TRACE(absl::StrCat(what, "; seed ", Seed(), "; replay: ", replay));
@@ -539,10 +582,12 @@ TEST_P(SchedulerRestartTest, KilledSchedulerIsRestartedAndTakesTheJobBack) {
     JobRun run = WithRetry(what, [&](int attempt) -> JobRun {
       notes.clear();
       ++jobs;
-      const std::string dir = absl::StrCat(BaseDir(absl::StrCat("restart-", mode.name)),
-                                           "/trial-", trial, "-", attempt);
+      const std::string dir =
+          absl::StrCat(BaseDir(absl::StrCat("restart-", mode.name)), "/trial-",
+                       trial, "-", attempt);
       mkdir(dir.c_str(), 0755);
-      std::unique_ptr<JobHarness> job = StartJob(dir, JobConfig(mode, variant, dir));
+      std::unique_ptr<JobHarness> job =
+          StartJob(dir, JobConfig(mode, variant, dir));
       if (job == nullptr) return JobRun();
       job->set_abort_check([&] { return FalseDeath(*job); });
       auto fail = [&](const absl::Status& status) {
@@ -561,19 +606,22 @@ TEST_P(SchedulerRestartTest, KilledSchedulerIsRestartedAndTakesTheJobBack) {
         if (*rank == victim_rank) victim = i;
       }
       if (victim < 0) {
-        return fail(absl::NotFoundError(absl::StrCat("no worker got rank ", victim_rank)));
+        return fail(absl::NotFoundError(
+            absl::StrCat("no worker got rank ", victim_rank)));
       }
       auto clock = job->WaitForStep(victim, step, absl::Seconds(60));
       if (absl::IsAborted(clock.status())) return fail(clock.status());
       if (!clock.ok() || *clock >= kFinishedClock) {
         // The worker finished before the step: the job may be over.
         notes = absl::StrCat("the worker did not reach the step (",
-                             clock.ok() ? "finished" : clock.status().message(), ")");
+                             clock.ok() ? "finished" : clock.status().message(),
+                             ")");
       } else {
         notes = absl::StrCat("killed at clock ", *clock);
       }
       if (!job->SignalScheduler(SIGKILL)) {
-        absl::StrAppend(&notes, "; the scheduler had ended: nothing to restart");
+        absl::StrAppend(&notes,
+                        "; the scheduler had ended: nothing to restart");
         return Finish(*job, what);
       }
       (void)job->scheduler().Wait(absl::Seconds(10));
@@ -582,11 +630,14 @@ TEST_P(SchedulerRestartTest, KilledSchedulerIsRestartedAndTakesTheJobBack) {
       absl::StrAppend(&notes, "; ", CheckRestartCounted(*job, what));
       JobRun r = Finish(*job, what);
       if (!r.outcome) return r;
-      const std::vector<std::string> took =
-          LinesWith(ReadFile(job->scheduler().stderr_path()), "took the job back");
+      const std::vector<std::string> took = LinesWith(
+          ReadFile(job->scheduler().stderr_path()), "took the job back");
       if (took.empty()) {
-        ADD_FAILURE() << what << ": the restarted scheduler's log does not say it took the "
-                      << "job back\n" << job->LogTails(40);
+        ADD_FAILURE()
+            << what
+            << ": the restarted scheduler's log does not say it took the "
+            << "job back\n"
+            << job->LogTails(40);
         return JobRun();
       }
       return r;
@@ -603,9 +654,10 @@ TEST_P(SchedulerRestartTest, KilledSchedulerIsRestartedAndTakesTheJobBack) {
     max_delta = std::max(max_delta, delta);
     if (std::fabs(delta) > tolerance) {
       ++failed;
-      ADD_FAILURE() << what << ": test AUC " << run.outcome->auc << " is more than "
-                    << tolerance << " from the undisturbed " << variant.Name() << " run's "
-                    << reference->auc << "\n" << run.outcome->summary;
+      ADD_FAILURE() << what << ": test AUC " << run.outcome->auc
+                    << " is more than " << tolerance << " from the undisturbed "
+                    << variant.Name() << " run's " << reference->auc << "\n"
+                    << run.outcome->summary;
       std::printf("  FAILED (AUC); replay: %s\n", replay.c_str());
     } else {
       std::printf("  test AUC %.5f (%+.5f), %" PRIu64 " examples, %.1f s: %s\n",
@@ -614,35 +666,38 @@ TEST_P(SchedulerRestartTest, KilledSchedulerIsRestartedAndTakesTheJobBack) {
     }
     std::fflush(stdout);
   }
-  std::printf("SUMMARY %s: AUC minus reference min %+.5f max %+.5f, %d disturbed jobs "
-              "(%d failed, %d stalled and run again), %zu references, seed %" PRIu64
-              ", %.1f s\n",
-              mode.name, min_delta, max_delta, jobs, failed, stalls_, references_.size(),
-              Seed(), absl::ToDoubleSeconds(absl::Now() - start));
+  std::printf(
+      "SUMMARY %s: AUC minus reference min %+.5f max %+.5f, %d disturbed jobs "
+      "(%d failed, %d stalled and run again), %zu references, seed %" PRIu64
+      ", %.1f s\n",
+      mode.name, min_delta, max_delta, jobs, failed, stalls_,
+      references_.size(), Seed(), absl::ToDoubleSeconds(absl::Now() - start));
   std::fflush(stdout);
 }
 
-INSTANTIATE_TEST_SUITE_P(Modes, SchedulerRestartTest, ::testing::Values(0, 1, 2),
+INSTANTIATE_TEST_SUITE_P(Modes, SchedulerRestartTest,
+                         ::testing::Values(0, 1, 2),
                          [](const ::testing::TestParamInfo<int>& info) {
                            return std::string(kModes[info.param].name);
                          });
 
 // The ledger job of tests/replication_test.cc: 3 servers, replication 2,
 // an SGD table the pushers push integers to.
-std::string LedgerConfig(const std::string& dir, const std::string& extra_cluster = "") {
+std::string LedgerConfig(const std::string& dir,
+                         const std::string& extra_cluster = "") {
   return absl::StrCat(R"pb(
-    name: "restart-ledger"
-    cluster {
-      num_servers: 3
-      num_workers: 2
-      num_slots: 64
-      heartbeat_interval_ms: 100
-      heartbeat_timeout_ms: )pb", HeartbeatTimeoutMs(), R"pb(
-      request_timeout_ms: 60000
-      failover_timeout_ms: 60000
-      replication: 2
-      scheduler_state_dir: ")pb", dir, R"pb(/state"
-      )pb", extra_cluster, R"pb(
+                        name: "restart-ledger"
+                        cluster { num_servers: 3 num_workers: 2 num_slots: 64
+                                  heartbeat_interval_ms: 100
+                                  heartbeat_timeout_ms:)pb",
+                      HeartbeatTimeoutMs(), R"pb(
+                        request_timeout_ms: 60000
+                        failover_timeout_ms: 60000
+                        replication: 2
+                        scheduler_state_dir: ")pb",
+                      dir, R"pb(/state "
+                      )pb",
+                      extra_cluster, R"pb(
     }
     tables {
       id: 0
@@ -665,7 +720,8 @@ TEST_F(SchedulerRestartLedgerTest, LedgerHoldsAcrossASchedulerRestart) {
     const int kill_after_ms = static_cast<int>(rng() % 500);
     const int delay_ms = static_cast<int>(rng() % (kMaxRestartDelayMs + 1));
     const std::string what = absl::StrFormat(
-        "ledger trial %d: scheduler killed %d ms into the pushes, restarted %d ms later",
+        "ledger trial %d: scheduler killed %d ms into the pushes, restarted %d "
+        "ms later",
         trial, kill_after_ms, delay_ms);
     const std::string replay = ReplayCommand("*LedgerHolds*", trial);
     std::printf("%s\n", what.c_str());
@@ -673,10 +729,11 @@ TEST_F(SchedulerRestartLedgerTest, LedgerHoldsAcrossASchedulerRestart) {
     SCOPED_TRACE(absl::StrCat(what, "; seed ", Seed(), "; replay: ", replay));
     std::string notes;
     JobRun run = WithRetry(what, [&](int attempt) -> JobRun {
-      const std::string dir =
-          absl::StrCat(BaseDir("restart-ledger"), "/trial-", trial, "-", attempt);
+      const std::string dir = absl::StrCat(BaseDir("restart-ledger"), "/trial-",
+                                           trial, "-", attempt);
       mkdir(dir.c_str(), 0755);
-      std::unique_ptr<JobHarness> job = StartJob(dir, LedgerConfig(dir), /*workers=*/0);
+      std::unique_ptr<JobHarness> job =
+          StartJob(dir, LedgerConfig(dir), /*workers=*/0);
       if (job == nullptr) return JobRun();
       job->set_abort_check([&] { return FalseDeath(*job); });
       JobRun r;
@@ -707,36 +764,46 @@ TEST_F(SchedulerRestartLedgerTest, LedgerHoldsAcrossASchedulerRestart) {
       auto result = job->Wait(absl::Seconds(60));
       r.stall = FalseDeath(*job);
       if (!r.stall.empty()) return r;
-      for (const std::string& p : verdict.problems) ADD_FAILURE() << what << ": " << p;
-      const size_t after = std::count_if(verdict.ack_times_us.begin(), verdict.ack_times_us.end(),
-                                         [&](int64_t t) { return t > restarted_us; });
-      absl::StrAppend(&notes, "; ", verdict.acknowledged, " pushes acknowledged, ", after,
-                      " after the restart");
+      for (const std::string& p : verdict.problems)
+        ADD_FAILURE() << what << ": " << p;
+      const size_t after = std::count_if(
+          verdict.ack_times_us.begin(), verdict.ack_times_us.end(),
+          [&](int64_t t) { return t > restarted_us; });
+      absl::StrAppend(&notes, "; ", verdict.acknowledged,
+                      " pushes acknowledged, ", after, " after the restart");
       if (after == 0 && verdict.problems.empty()) {
         ADD_FAILURE() << what << ": no push was acknowledged after the restart";
       }
       if (!result.ok()) {
-        ADD_FAILURE() << what << ": " << result.status() << "\n" << job->LogTails(40);
+        ADD_FAILURE() << what << ": " << result.status() << "\n"
+                      << job->LogTails(40);
         return r;
       }
       bool ok = verdict.problems.empty() && after > 0;
       if (result->scheduler != 0) {
         ok = false;
-        ADD_FAILURE() << what << ": the restarted scheduler exited with " << result->scheduler;
+        ADD_FAILURE() << what << ": the restarted scheduler exited with "
+                      << result->scheduler;
       }
       for (size_t i = 0; i < result->servers.size(); ++i) {
         if (result->servers[i] != 0) {
           ok = false;
-          ADD_FAILURE() << what << ": server" << i << " exited with " << result->servers[i];
+          ADD_FAILURE() << what << ": server" << i << " exited with "
+                        << result->servers[i];
         }
       }
-      if (LinesWith(ReadFile(job->scheduler().stderr_path()), "took the job back").empty()) {
+      if (LinesWith(ReadFile(job->scheduler().stderr_path()),
+                    "took the job back")
+              .empty()) {
         ok = false;
-        ADD_FAILURE() << what << ": the restarted scheduler's log does not say it took the "
-                      << "job back";
+        ADD_FAILURE()
+            << what
+            << ": the restarted scheduler's log does not say it took the "
+            << "job back";
       }
       if (!ok) {
-        ADD_FAILURE() << what << ": logs of " << dir << "\n" << job->LogTails(30);
+        ADD_FAILURE() << what << ": logs of " << dir << "\n"
+                      << job->LogTails(30);
         return r;
       }
       r.outcome = Outcome();
@@ -748,13 +815,15 @@ TEST_F(SchedulerRestartLedgerTest, LedgerHoldsAcrossASchedulerRestart) {
   }
 }
 
-TEST_F(SchedulerRestartLedgerTest, SchedulerGoneForGoodEndsEveryProcessThenARestoreResumes) {
+TEST_F(SchedulerRestartLedgerTest,
+       SchedulerGoneForGoodEndsEveryProcessThenARestoreResumes) {
   const Mode& mode = kModes[1];  // BSP
   const Variant variant{false, true};
   std::mt19937_64 rng = TrialRng(3, 0, 0);
   const int kill_after_ms = static_cast<int>(rng() % 500);
   const std::string what = absl::StrFormat(
-      "gone for good: scheduler killed %d ms after the first committed checkpoint, "
+      "gone for good: scheduler killed %d ms after the first committed "
+      "checkpoint, "
       "not restarted (unreachable timeout %d ms)",
       kill_after_ms, kUnreachableMs);
   std::printf("%s; seed %" PRIu64 "\n", what.c_str(), Seed());
@@ -766,16 +835,19 @@ TEST_F(SchedulerRestartLedgerTest, SchedulerGoneForGoodEndsEveryProcessThenARest
   // heartbeat (at most a heartbeat timeout before the kill); 10 s more for
   // a loaded two-core machine.
   const absl::Duration bound =
-      Scaled(absl::Milliseconds(kUnreachableMs + HeartbeatTimeoutMs()) + absl::Seconds(10));
+      Scaled(absl::Milliseconds(kUnreachableMs + HeartbeatTimeoutMs()) +
+             absl::Seconds(10));
   std::string ckpt_dir;
   uint64_t newest = 0;
   JobRun killed = WithRetry(what, [&](int attempt) -> JobRun {
-    const std::string dir = absl::StrCat(BaseDir("restart-gone"), "/attempt-", attempt);
+    const std::string dir =
+        absl::StrCat(BaseDir("restart-gone"), "/attempt-", attempt);
     mkdir(dir.c_str(), 0755);
     ckpt_dir = dir + "/ckpt";
     // Long enough (about 4 s of training) that the kill comes mid-training.
     std::unique_ptr<JobHarness> job =
-        StartJob(dir + "/first", JobConfig(mode, variant, dir, unreachable, "", kGoneNumTrain));
+        StartJob(dir + "/first",
+                 JobConfig(mode, variant, dir, unreachable, "", kGoneNumTrain));
     if (job == nullptr) return JobRun();
     job->set_abort_check([&] { return FalseDeath(*job); });
     JobRun r;
@@ -786,14 +858,16 @@ TEST_F(SchedulerRestartLedgerTest, SchedulerGoneForGoodEndsEveryProcessThenARest
       absl::SleepFor(absl::Milliseconds(10));
     }
     if (CommittedCheckpoints(ckpt_dir).empty()) {
-      ADD_FAILURE() << what << ": no checkpoint committed\n" << job->LogTails(30);
+      ADD_FAILURE() << what << ": no checkpoint committed\n"
+                    << job->LogTails(30);
       return r;
     }
     absl::SleepFor(absl::Milliseconds(kill_after_ms));
     if (!(r.stall = FalseDeath(*job)).empty()) return r;
     const absl::Time killed_at = absl::Now();
     if (!job->SignalScheduler(SIGKILL)) {
-      ADD_FAILURE() << what << ": the job was over before the kill (make it longer)\n"
+      ADD_FAILURE() << what
+                    << ": the job was over before the kill (make it longer)\n"
                     << job->LogTails(30);
       return r;
     }
@@ -819,16 +893,19 @@ TEST_F(SchedulerRestartLedgerTest, SchedulerGoneForGoodEndsEveryProcessThenARest
       }
       const absl::Duration took = *p->exited_at() - killed_at;
       const std::string last_error = LastErrorLine(ReadFile(p->stderr_path()));
-      std::printf("  %s exited with %d %.1f s after the kill; last error: %s\n", name.c_str(),
-                  *code, absl::ToDoubleSeconds(took), last_error.c_str());
+      std::printf("  %s exited with %d %.1f s after the kill; last error: %s\n",
+                  name.c_str(), *code, absl::ToDoubleSeconds(took),
+                  last_error.c_str());
       if (*code != 4) {
         ok = false;
-        ADD_FAILURE() << what << ": " << name << " exited with " << *code << ", expected 4";
+        ADD_FAILURE() << what << ": " << name << " exited with " << *code
+                      << ", expected 4";
       }
       if (last_error.find(job->address()) == std::string::npos) {
         ok = false;
-        ADD_FAILURE() << what << ": " << name << "'s last error line does not name "
-                      << job->address() << ": '" << last_error << "'";
+        ADD_FAILURE() << what << ": " << name
+                      << "'s last error line does not name " << job->address()
+                      << ": '" << last_error << "'";
       }
     }
     if (!(r.stall = FalseDeath(*job)).empty()) return r;
@@ -843,13 +920,16 @@ TEST_F(SchedulerRestartLedgerTest, SchedulerGoneForGoodEndsEveryProcessThenARest
   const std::vector<uint64_t> committed = CommittedCheckpoints(ckpt_dir);
   ASSERT_FALSE(committed.empty());
   newest = committed.back();
-  std::printf("  newest committed checkpoint: clock %" PRIu64 " (%zu committed)\n", newest,
-              committed.size());
+  std::printf("  newest committed checkpoint: clock %" PRIu64
+              " (%zu committed)\n",
+              newest, committed.size());
   std::fflush(stdout);
 
   // A new job over the same checkpoints resumes from the newest one.
-  const std::string restore_what = absl::StrCat("restore after the scheduler was gone");
-  const std::string run_dir = ckpt_dir.substr(0, ckpt_dir.size() - 5);  // strip "/ckpt"
+  const std::string restore_what =
+      absl::StrCat("restore after the scheduler was gone");
+  const std::string run_dir =
+      ckpt_dir.substr(0, ckpt_dir.size() - 5);  // strip "/ckpt"
   JobRun restored = WithRetry(restore_what, [&](int attempt) -> JobRun {
     const std::string dir = absl::StrCat(run_dir, "/restored-", attempt);
     if (attempt > 0) {
@@ -859,8 +939,8 @@ TEST_F(SchedulerRestartLedgerTest, SchedulerGoneForGoodEndsEveryProcessThenARest
       newest = CommittedCheckpoints(ckpt_dir).back();
     }
     std::unique_ptr<JobHarness> job =
-        StartJob(dir, JobConfig(mode, variant, run_dir, unreachable, "restore: true",
-                                kGoneNumTrain));
+        StartJob(dir, JobConfig(mode, variant, run_dir, unreachable,
+                                "restore: true", kGoneNumTrain));
     if (job == nullptr) return JobRun();
     job->set_abort_check([&] { return FalseDeath(*job); });
     JobRun r = Finish(*job, restore_what);
@@ -874,18 +954,21 @@ TEST_F(SchedulerRestartLedgerTest, SchedulerGoneForGoodEndsEveryProcessThenARest
         if (!std::regex_search(line, m, kClock)) continue;
         ++restored_servers;
         if (std::stoull(m[1].str()) != newest) {
-          ADD_FAILURE() << restore_what << ": server" << i << " restored clock " << m[1]
-                        << ", the newest committed checkpoint is " << newest << ": " << line;
+          ADD_FAILURE() << restore_what << ": server" << i << " restored clock "
+                        << m[1] << ", the newest committed checkpoint is "
+                        << newest << ": " << line;
           return JobRun();
         }
       }
     }
     std::printf("  restored job: %d servers restored clock %" PRIu64
                 ", summary start_clock %s, test AUC %.5f\n",
-                restored_servers, newest, JsonRaw(r.outcome->summary, "start_clock").c_str(),
+                restored_servers, newest,
+                JsonRaw(r.outcome->summary, "start_clock").c_str(),
                 r.outcome->auc);
     if (restored_servers == 0) {
-      ADD_FAILURE() << restore_what << ": no server logged a restore\n" << job->LogTails(30);
+      ADD_FAILURE() << restore_what << ": no server logged a restore\n"
+                    << job->LogTails(30);
       return JobRun();
     }
     return r;
@@ -901,6 +984,7 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   const absl::Time start = absl::Now();
   const int status = RUN_ALL_TESTS();
-  std::printf("%s: %.1f s in all\n", "scheduler_restart_test", absl::ToDoubleSeconds(absl::Now() - start));
+  std::printf("%s: %.1f s in all\n", "scheduler_restart_test",
+              absl::ToDoubleSeconds(absl::Now() - start));
   return status;
 }
