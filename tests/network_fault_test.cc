@@ -1,4 +1,4 @@
-// Issue 25 acceptance, network faults: real processes of a job, each in
+// Network faults: real processes of a job, each in
 // its own network namespace of a NetworkLab (tests/testing/netns.h), with
 // links cut (nftables) or slowed (tc tbf) while the job trains.
 //
@@ -12,18 +12,17 @@
 // reference, once per test process) for its test AUC and examples.
 //
 // Scenarios (each a TEST; seeded choices printed with a replay command):
-//  ServerCutFromScheduler (acceptance 3): a server (every server is the
-//    primary of some slots) cut from the scheduler both ways, workers still
-//    reaching it, until the scheduler declared it dead, then healed. The
-//    job finishes at the reference AUC (within 0.005); the cut-off server
-//    exits 3 (dropped) once it learns it was dropped, every other process
-//    0.
-//  NetworkFaultLedger.LedgerSurvivesServerCutFromScheduler (acceptance 3,
-//    exact; no reference run): instead of trainers, the ledger pushers of
-//    pause_test's server case (tests/testing/ledger.h: integer SGD
-//    pushes, a ledger of what was acknowledged), each in a worker's
-//    namespace, push to 3 servers (replication 2); a seeded server rank
-//    is cut from the scheduler both ways 0-0.5 s into the pushes until
+//  ServerCutFromScheduler: a server (every server is the primary of some
+//    slots) cut from the scheduler both ways, workers still reaching it,
+//    until the scheduler declared it dead, then healed. The job finishes at the
+//    reference AUC (within 0.005); the cut-off server exits 3 (dropped) once it
+//    learns it was dropped, every other process 0.
+//  NetworkFaultLedger.LedgerSurvivesServerCutFromScheduler (the exact
+//    form of the case above; no reference run): instead of trainers, the
+//    ledger pushers of pause_test's server case (tests/testing/ledger.h:
+//    integer SGD pushes, a ledger of what was acknowledged), each in a
+//    worker's namespace, push to 3 servers (replication 2); a seeded server
+//    rank is cut from the scheduler both ways 0-0.5 s into the pushes until
 //    declared dead and a seeded 0-1 s more, the pushers still reaching
 //    it, then healed. Every key ends at exactly minus the sum of its
 //    acknowledged pushes (none lost, none applied twice: a server that
@@ -32,15 +31,15 @@
 //    lease lapsed ("lease lapsed" in its log) and exited 3 after the heal
 //    (the job cannot end before the ledger's reader finishes it, so exit
 //    4 is no outcome); every other process exits 0. About 5 s.
-//  WorkerCutFromScheduler / WorkerCutFromEverything (acceptance 4): a
-//    worker cut from the scheduler (or from every node) until declared
+//  WorkerCutFromScheduler / WorkerCutFromEverything: a worker cut from
+//    the scheduler (or from every node) until declared
 //    dead, then healed. It stops or rejoins (exit 0 or 3); the job
 //    finishes, the workers trained together at least the reference's
 //    examples, AUC within the bound, and no process runs on longer than
 //    kOutlive after the job's summary.
-//  WorkerServerOneWay / WorkerServerBothWays (acceptance 5): a worker and
-//    a server cut one way (seeded direction) or both ways, healed after a
-//    seeded time up to 1.5 x request_timeout_ms. WorkerServerNeverHealed:
+//  WorkerServerCut.OneWayHealed / BothWaysHealed: a worker and a server
+//    cut one way (seeded direction) or both ways, healed after a seeded
+//    time up to 1.5 x request_timeout_ms. WorkerServerCut.BothWaysNeverHealed:
 //    cut both ways until the job ends. SlowWorkerLink: a worker's link
 //    limited to 2 mbit each way for a seeded 2-4 s (the whole job at that
 //    rate would take minutes). Each must end within
@@ -64,17 +63,13 @@
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
-#include <fstream>
 #include <functional>
 #include <map>
 #include <memory>
 #include <optional>
 #include <random>
-#include <regex>
 #include <set>
 #include <string>
-#include <string_view>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -85,10 +80,10 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
+#include "tests/testing/fault_trials.h"
 #include "tests/testing/job_harness.h"
 #include "tests/testing/ledger.h"
 #include "tests/testing/netns.h"
@@ -100,21 +95,11 @@ ABSL_FLAG(int64_t, net_seed, -1,
 ABSL_FLAG(int32_t, net_trials, -1,
           "Trials per scenario. Default: $NET_TRIALS, else 1.");
 
-namespace ps {
+namespace ps::testing {
 namespace {
-
-using ::ps::testing::JobHarness;
-using ::ps::testing::JsonNumber;
-using ::ps::testing::LedgerPushers;
-using ::ps::testing::NetworkLab;
-using ::ps::testing::ReadFile;
-using ::ps::testing::Runfile;
-using ::ps::testing::Scaled;
-using ::ps::testing::Subprocess;
 
 constexpr int kServers = 3;
 constexpr int kWorkers = 2;
-constexpr double kAucTolerance = 0.005;
 constexpr int kFailoverTimeoutMs = 8000;
 // A node cut from the scheduler gives up (exit 4) after this long.
 constexpr int kSchedulerUnreachableMs = 8000;
@@ -129,25 +114,10 @@ constexpr absl::Duration kOutlive = absl::Seconds(10);
 const char* const kExpectedErrors[] = {"did not answer request",
                                        "no live server owns"};
 
-int64_t Setting(int64_t flag, const char* env, int64_t fallback) {
-  if (flag >= 0) return flag;
-  int64_t v;
-  if (const char* s = std::getenv(env); s != nullptr && absl::SimpleAtoi(s, &v))
-    return v;
-  return fallback;
-}
-
 uint64_t Seed() {
-  static const uint64_t seed = [] {
-    int64_t s = Setting(absl::GetFlag(FLAGS_net_seed), "NET_SEED", 1);
-    if (s == 0) s = absl::ToUnixMicros(absl::Now()) & 0x7fffffff;
-    return static_cast<uint64_t>(s);
-  }();
+  static const uint64_t seed =
+      SeedSetting(absl::GetFlag(FLAGS_net_seed), "NET_SEED");
   return seed;
-}
-bool Sanitizer() {
-  const char* s = std::getenv("PS_SANITIZER");
-  return s != nullptr && std::string_view(s) == "1";
 }
 int Trials() {
   return Setting(absl::GetFlag(FLAGS_net_trials), "NET_TRIALS", 1);
@@ -164,45 +134,14 @@ int HeartbeatTimeoutMs() { return Sanitizer() ? 3000 : 1000; }
 int RequestTimeoutMs() { return Sanitizer() ? 10000 : 5000; }
 
 std::string JobConfig() {
-  return absl::StrFormat(
-      R"pb(
-        name: "netfault"
-        cluster {
-          num_servers: %d
-          num_workers: %d
-          num_slots: 256
-          heartbeat_interval_ms: 100
-          heartbeat_timeout_ms: %d
-          request_timeout_ms: %d
-          failover_timeout_ms: %d
-          scheduler_unreachable_timeout_ms: %d
-          replication: 2
-          on_worker_loss: REASSIGN
-        }
-        consistency { mode: ASYNC }
-        tables {
-          id: 0
-          name: "w"
-          sparse { dim: 1 }
-          optimizer { adagrad { learning_rate: 0.1 initial_accumulator: 1e-6 } }
-        }
-        tables {
-          id: 1
-          name: "d"
-          dense { size: 14 }
-          optimizer { adagrad { learning_rate: 0.1 initial_accumulator: 1e-6 } }
-        }
-        data { synthetic_ctr { num_train: 1200000 num_test: 20000 seed: 1 } }
-        training {
-          batch_size: 256
-          epochs: 2
-          log_interval_s: 1
-          sparse_table: "w"
-          dense_table: "d"
-        }
-      )pb",
-      kServers, kWorkers, HeartbeatTimeoutMs(), RequestTimeoutMs(),
-      kFailoverTimeoutMs, kSchedulerUnreachableMs);
+  return CtrJobConfig(
+      JobHead("netfault", kServers, kWorkers, 256, HeartbeatTimeoutMs(),
+              absl::StrCat("request_timeout_ms: ", RequestTimeoutMs(),
+                           " failover_timeout_ms: ", kFailoverTimeoutMs,
+                           " scheduler_unreachable_timeout_ms: ",
+                           kSchedulerUnreachableMs,
+                           " replication: 2 on_worker_loss: REASSIGN")),
+      "mode: ASYNC", 1200000);
 }
 
 std::vector<std::string> NodeNames() {
@@ -213,42 +152,6 @@ std::vector<std::string> NodeNames() {
 }
 
 constexpr uint64_t kBatch = 256;
-
-// What the workers trained together: the sum of "trained N examples" over
-// every worker's log (a worker that rejoined prints only what it trained
-// after rejoining; one dropped for good prints nothing), plus the part of
-// every orphaned shard that its dropped worker had reported done when the
-// scheduler handed the rest on ("shard S orphaned at epoch E batch B": E
-// epochs of `shard_epoch_examples` and B batches). Whoever took the shard
-// over counts the rest from there, so the total reaches the reference's
-// only if nothing of the shard was skipped.
-uint64_t ExamplesTrained(JobHarness& job, uint64_t shard_epoch_examples) {
-  static const std::regex kTrained("trained ([0-9]+) examples");
-  static const std::regex kOrphaned(
-      "shard [0-9]+ orphaned at epoch ([0-9]+) batch ([0-9]+)");
-  uint64_t total = 0;
-  for (int i = 0; i < job.num_worker_processes(); ++i) {
-    const std::string log = ReadFile(job.worker(i).stderr_path());
-    for (std::sregex_iterator it(log.begin(), log.end(), kTrained), end;
-         it != end; ++it) {
-      total += std::stoull((*it)[1].str());
-    }
-  }
-  const std::string log = ReadFile(job.dir() + "/scheduler.log");
-  for (std::sregex_iterator it(log.begin(), log.end(), kOrphaned), end;
-       it != end; ++it) {
-    total += std::stoull((*it)[1].str()) * shard_epoch_examples +
-             std::stoull((*it)[2].str()) * kBatch;
-  }
-  return total;
-}
-
-std::string LineWith(const std::string& text, const std::string& needle) {
-  const size_t at = text.find(needle);
-  if (at == std::string::npos) return "";
-  const size_t begin = text.rfind('\n', at) + 1;
-  return text.substr(begin, text.find('\n', at) - begin);
-}
 
 // The reference: the undisturbed job, once per process.
 struct Reference {
@@ -312,13 +215,9 @@ class NetworkFaultTest : public ::testing::Test {
   // The generator of trial `trial` of this test: its choices depend only
   // on (seed, test name, trial).
   static std::mt19937_64 Rng(int trial) {
-    const std::string name = TestName();
-    std::vector<uint32_t> seeds = {static_cast<uint32_t>(Seed()),
-                                   static_cast<uint32_t>(Seed() >> 32),
-                                   static_cast<uint32_t>(trial)};
-    for (char c : name) seeds.push_back(static_cast<unsigned char>(c));
-    std::seed_seq seq(seeds.begin(), seeds.end());
-    return std::mt19937_64(seq);
+    std::vector<uint32_t> words = {static_cast<uint32_t>(trial)};
+    for (char c : TestName()) words.push_back(static_cast<unsigned char>(c));
+    return ::ps::testing::TrialRng(Seed(), words);
   }
 
   // A lab with a namespace per process and a harness running the job in
@@ -410,13 +309,7 @@ class NetworkFaultTest : public ::testing::Test {
     for (const auto& [name, id] : ids) {
       if (victims.count(name) > 0) continue;
       if (std::find(dead.begin(), dead.end(), id) == dead.end()) continue;
-      std::string log;
-      for (int n = 0; n <= job.scheduler_restarts(); ++n) {
-        log += ReadFile(job.dir() +
-                        (n == 0 ? "/scheduler.log"
-                                : absl::StrCat("/scheduler.", n, ".log")));
-      }
-      return LineWith(log, absl::StrCat("(node ", id, ") declared dead"));
+      return DeclaredDeadLine(job, id);
     }
     return "";
   }
@@ -524,8 +417,8 @@ class NetworkFaultTest : public ::testing::Test {
     }
     ended.result = *result;
     // The reference trains 2 epochs of kWorkers shards.
-    ended.examples = ExamplesTrained(
-        h, have_reference_ ? reference_.examples / kWorkers / 2 : 0);
+    ended.examples = ExamplesTrainedWithOrphans(
+        h, have_reference_ ? reference_.examples / kWorkers / 2 : 0, kBatch);
     last_logs_ = h.LogTails(40);
     last_dir_ = h.dir();
     return ended;
@@ -702,108 +595,102 @@ class NetworkFault : public NetworkFaultTest {
     ASSERT_TRUE(EnsureReference());
     shared_reference = new Reference(reference_);
   }
+
+  // What RunNodeCut cuts off.
+  enum class Cut {
+    kServerFromScheduler,
+    kWorkerFromScheduler,
+    kWorkerFromEverything
+  };
+
+  // A seeded server or worker cut from the scheduler (or a worker from
+  // every node) at a seeded step until the scheduler declared it dead,
+  // held a seeded 0-1 s more, then healed. The server must exit 3 once it
+  // learns it was dropped (or 4 when healed only after the job's end: it
+  // cannot learn it then, and gives up on the scheduler after
+  // kSchedulerUnreachableMs); the worker stops (dropped: 3) or rejoins and
+  // finishes (0).
+  void RunNodeCut(const std::string& kind, Cut cut) {
+    const bool server = cut == Cut::kServerFromScheduler;
+    const bool everything = cut == Cut::kWorkerFromEverything;
+    for (int trial = 0; trial < Trials(); ++trial) {
+      std::mt19937_64 rng = Rng(trial);
+      const int index =
+          static_cast<int>(rng() % (server ? kServers : kWorkers));
+      // Early, and healed soon: the job must outlast the cut by enough for
+      // the node to reach the scheduler again and learn it was dropped
+      // (after the job's end the scheduler is gone; the node would give up
+      // only after kSchedulerUnreachableMs, exit 4).
+      const uint64_t step = StepAt(rng, 10, 25);
+      const absl::Duration hold = absl::Milliseconds(rng() % 1000);
+      const std::string name = server ? JobHarness::ServerName(index)
+                                      : JobHarness::WorkerName(index);
+      Disturbance d;
+      d.what = absl::StrFormat(
+          "trial %d: %s cut from %s at step %d, healed %d ms after declared "
+          "dead; replay: %s",
+          trial, name, everything ? "every node" : "the scheduler", step,
+          absl::ToInt64Milliseconds(hold), ReplayCommand());
+      std::printf("%s\n", d.what.c_str());
+      d.victims = {name};
+      d.extra = hold + absl::Seconds(15);
+      if (server)
+        d.outlive = absl::Milliseconds(kSchedulerUnreachableMs) + kOutlive;
+      std::string notes;
+      bool healed_after_end = false;
+      d.act = [&](JobHarness& job, NetworkLab& lab) {
+        auto ids = WaitForMembers(job);
+        if (!ids.ok()) return ids.status();
+        std::vector<std::pair<std::string, std::string>> cuts;
+        for (const std::string& other : NodeNames()) {
+          if (other == "scheduler" || (everything && other != name)) {
+            cuts.emplace_back(name, other);
+          }
+        }
+        // A server's step is worker 0's.
+        absl::Status s = CutAndHeal(job, lab, server ? 0 : index, step, cuts,
+                                    NetworkLab::Direction::kBoth, (*ids)[name],
+                                    hold, &notes);
+        struct stat st;
+        healed_after_end =
+            stat((job.dir() + "/summary.json").c_str(), &st) == 0;
+        if (healed_after_end)
+          absl::StrAppend(&notes, "; healed after the job's end");
+        return s;
+      };
+      auto ended = Run(absl::StrCat(kind, "-", trial), d);
+      std::printf("  %s\n", notes.c_str());
+      if (!ended) continue;
+      std::set<int> codes = {kExitDropped};
+      if (!server) codes.insert(0);
+      if (server && healed_after_end) codes.insert(4);
+      CheckFinished(*ended, d.what, {{name, codes}});
+      if (!server) continue;
+      // Whether it refused requests on a lapsed lease before the workers
+      // moved on (a window of about a heartbeat; not asserted).
+      const std::string lapsed = LineWith(
+          ReadFile(absl::StrCat(last_dir_, "/", name, ".log")), "lease");
+      std::printf("  %s's lease: %s\n", name.c_str(),
+                  lapsed.empty() ? "(no line)" : lapsed.c_str());
+    }
+  }
 };
 
 TEST_F(NetworkFault, ServerCutFromScheduler) {
-  for (int trial = 0; trial < Trials(); ++trial) {
-    std::mt19937_64 rng = Rng(trial);
-    const int server = static_cast<int>(rng() % kServers);
-    const uint64_t step = StepAt(rng, 10, 25);
-    const absl::Duration hold = absl::Milliseconds(rng() % 1000);
-    const std::string name = JobHarness::ServerName(server);
-    Disturbance d;
-    d.what = absl::StrFormat(
-        "trial %d: %s cut from the scheduler at step %d, healed %d ms "
-        "after declared dead; replay: %s",
-        trial, name, step, absl::ToInt64Milliseconds(hold), ReplayCommand());
-    std::printf("%s\n", d.what.c_str());
-    d.victims = {name};
-    d.extra = hold + absl::Seconds(15);
-    // Healed only after the job ended, it cannot learn it was dropped: it
-    // gives up on the scheduler (exit 4) after kSchedulerUnreachableMs.
-    d.outlive = absl::Milliseconds(kSchedulerUnreachableMs) + kOutlive;
-    std::string notes;
-    bool healed_after_end = false;
-    d.act = [&](JobHarness& job, NetworkLab& lab) {
-      auto ids = WaitForMembers(job);
-      if (!ids.ok()) return ids.status();
-      absl::Status s =
-          CutAndHeal(job, lab, 0, step, {{name, "scheduler"}},
-                     NetworkLab::Direction::kBoth, (*ids)[name], hold, &notes);
-      struct stat st;
-      healed_after_end = stat((job.dir() + "/summary.json").c_str(), &st) == 0;
-      if (healed_after_end)
-        absl::StrAppend(&notes, "; healed after the job's end");
-      return s;
-    };
-    auto ended = Run(absl::StrCat("server-cut-", trial), d);
-    std::printf("  %s\n", notes.c_str());
-    if (!ended) continue;
-    CheckFinished(*ended, d.what,
-                  {{name, healed_after_end ? std::set<int>{kExitDropped, 4}
-                                           : std::set<int>{kExitDropped}}});
-    // Whether it refused requests on a lapsed lease before the workers
-    // moved on (a window of about a heartbeat; not asserted).
-    const std::string lapsed =
-        LineWith(ReadFile(absl::StrCat(last_dir_, "/", name, ".log")), "lease");
-    std::printf("  %s's lease: %s\n", name.c_str(),
-                lapsed.empty() ? "(no line)" : lapsed.c_str());
-  }
+  RunNodeCut("server-cut", Cut::kServerFromScheduler);
 }
 
-// ---- Acceptance 3, exact: the push ledger under a server cut ----
+// ---- The push ledger under a server cut: exactly once ----
 
 // The ledger job (tests/testing/ledger.h): a sparse SGD table of integer
 // sums, kWorkers pushers as the workers. Request and failover timeouts are
 // long, so a push fails only on a lost view, never on a slow machine.
 std::string LedgerConfig() {
-  return absl::StrFormat(R"pb(
-                           name: "netfault-ledger"
-                           cluster {
-                             num_servers: %d
-                             num_workers: %d
-                             num_slots: 64
-                             heartbeat_interval_ms: 100
-                             heartbeat_timeout_ms: %d
-                             request_timeout_ms: 60000
-                             failover_timeout_ms: 60000
-                             scheduler_unreachable_timeout_ms: %d
-                             replication: 2
-                           }
-                           tables {
-                             id: 0
-                             name: "sgd"
-                             sparse { dim: 1 }
-                             optimizer { sgd { learning_rate: 1 } }
-                             init { kind: ZEROS }
-                           }
-                         )pb",
-                         kServers, kWorkers, HeartbeatTimeoutMs(),
-                         kSchedulerUnreachableMs);
-}
-
-std::vector<std::string> LinesWith(const std::string& text,
-                                   const std::string& needle) {
-  std::vector<std::string> lines;
-  for (absl::string_view line : absl::StrSplit(text, '\n')) {
-    if (absl::StrContains(line, needle)) lines.emplace_back(line);
-  }
-  return lines;
-}
-
-// The rank server(i) registered as, once it logged it (up to 20 s).
-std::optional<uint32_t> ServerRank(JobHarness& job, int i) {
-  static const std::regex kRank("registered as server ([0-9]+)");
-  const absl::Time give_up = absl::Now() + Scaled(absl::Seconds(20));
-  while (absl::Now() < give_up) {
-    const std::string log = ReadFile(job.server(i).stderr_path());
-    std::smatch m;
-    if (std::regex_search(log, m, kRank))
-      return static_cast<uint32_t>(std::stoul(m[1].str()));
-    if (!job.server(i).running()) return std::nullopt;
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  return std::nullopt;
+  return LedgerJobConfig(JobHead(
+      "netfault-ledger", kServers, kWorkers, 64, HeartbeatTimeoutMs(),
+      absl::StrCat("request_timeout_ms: 60000 failover_timeout_ms: 60000 "
+                   "scheduler_unreachable_timeout_ms: ",
+                   kSchedulerUnreachableMs, " replication: 2")));
 }
 
 // Acknowledged pushes in the pushers' ledgers (dir/ledger<i>) whose keys
@@ -834,11 +721,11 @@ GroupAcks AcksOfGroup(const std::string& dir, uint32_t group,
   return acks;
 }
 
-// Acceptance 3 with the exact check of pause_test's server case, for a
-// partition instead of a pause: the pushers (each in its own namespace,
-// reaching every server) push while a primary is cut from the scheduler
-// both ways until declared dead and a seeded hold more, then healed. No
-// reference run is needed.
+// ServerCutFromScheduler with the exact check of pause_test's server
+// case, for a partition instead of a pause: the pushers (each in its own
+// namespace, reaching every server) push while a primary is cut from the
+// scheduler both ways until declared dead and a seeded hold more, then healed.
+// No reference run is needed.
 class NetworkFaultLedger : public NetworkFaultTest {
  protected:
   // One attempt; the "declared dead" line of a node the test did not cut
@@ -852,7 +739,7 @@ class NetworkFaultLedger : public NetworkFaultTest {
     NetworkLab& lab = *job.lab;
     int victim = -1;
     for (int i = 0; i < h.num_servers(); ++i) {
-      std::optional<uint32_t> rank = ServerRank(h, i);
+      std::optional<uint32_t> rank = WaitForServerRank(h, i, absl::Seconds(20));
       if (!rank) {
         ADD_FAILURE() << what << ": server" << i << " did not register\n"
                       << h.LogTails(20);
@@ -1007,18 +894,7 @@ class NetworkFaultLedger : public NetworkFaultTest {
       ok = false;
       ADD_FAILURE() << what << ": " << result.status();
     } else {
-      if (result->scheduler != 0) {
-        ok = false;
-        ADD_FAILURE() << what << ": the scheduler exited with "
-                      << result->scheduler;
-      }
-      for (int i = 0; i < h.num_servers(); ++i) {
-        if (i != victim && result->servers[i] != 0) {
-          ok = false;
-          ADD_FAILURE() << what << ": server" << i << " exited with "
-                        << result->servers[i];
-        }
-      }
+      ok &= ExpectSchedulerAndServersExitedZero(*result, what, victim);
     }
     if (!ok)
       ADD_FAILURE() << what << ": logs of " << h.dir() << "\n"
@@ -1063,79 +939,13 @@ TEST_F(NetworkFaultLedger, LedgerSurvivesServerCutFromScheduler) {
 }
 
 TEST_F(NetworkFault, WorkerCutFromScheduler) {
-  for (int trial = 0; trial < Trials(); ++trial) {
-    std::mt19937_64 rng = Rng(trial);
-    const int worker = static_cast<int>(rng() % kWorkers);
-    // Early, and healed soon: the job must outlast the cut by enough for
-    // the worker to reach the scheduler again and learn it was dropped
-    // (after the job's end the scheduler is gone; the worker would give up
-    // only after kSchedulerUnreachableMs, exit 4).
-    const uint64_t step = StepAt(rng, 10, 25);
-    const absl::Duration hold = absl::Milliseconds(rng() % 1000);
-    const std::string name = JobHarness::WorkerName(worker);
-    Disturbance d;
-    d.what = absl::StrFormat(
-        "trial %d: %s cut from the scheduler at step %d, healed %d ms "
-        "after declared dead; replay: %s",
-        trial, name, step, absl::ToInt64Milliseconds(hold), ReplayCommand());
-    std::printf("%s\n", d.what.c_str());
-    d.victims = {name};
-    d.extra = hold + absl::Seconds(15);
-    std::string notes;
-    d.act = [&](JobHarness& job, NetworkLab& lab) {
-      auto ids = WaitForMembers(job);
-      if (!ids.ok()) return ids.status();
-      return CutAndHeal(job, lab, worker, step, {{name, "scheduler"}},
-                        NetworkLab::Direction::kBoth, (*ids)[name], hold,
-                        &notes);
-    };
-    auto ended = Run(absl::StrCat("worker-cut-", trial), d);
-    std::printf("  %s\n", notes.c_str());
-    if (!ended) continue;
-    // It stops (dropped: 3) or rejoins and finishes (0).
-    CheckFinished(*ended, d.what, {{name, {0, kExitDropped}}});
-  }
+  RunNodeCut("worker-cut", Cut::kWorkerFromScheduler);
 }
-
 TEST_F(NetworkFault, WorkerCutFromEverything) {
-  for (int trial = 0; trial < Trials(); ++trial) {
-    std::mt19937_64 rng = Rng(trial);
-    const int worker = static_cast<int>(rng() % kWorkers);
-    // Early, and healed soon: the job must outlast the cut by enough for
-    // the worker to reach the scheduler again and learn it was dropped
-    // (after the job's end the scheduler is gone; the worker would give up
-    // only after kSchedulerUnreachableMs, exit 4).
-    const uint64_t step = StepAt(rng, 10, 25);
-    const absl::Duration hold = absl::Milliseconds(rng() % 1000);
-    const std::string name = JobHarness::WorkerName(worker);
-    Disturbance d;
-    d.what = absl::StrFormat(
-        "trial %d: %s cut from every node at step %d, healed %d ms "
-        "after declared dead; replay: %s",
-        trial, name, step, absl::ToInt64Milliseconds(hold), ReplayCommand());
-    std::printf("%s\n", d.what.c_str());
-    d.victims = {name};
-    d.extra = hold + absl::Seconds(15);
-    std::string notes;
-    d.act = [&](JobHarness& job, NetworkLab& lab) {
-      auto ids = WaitForMembers(job);
-      if (!ids.ok()) return ids.status();
-      std::vector<std::pair<std::string, std::string>> cuts;
-      for (const std::string& other : NodeNames()) {
-        if (other != name) cuts.emplace_back(name, other);
-      }
-      return CutAndHeal(job, lab, worker, step, cuts,
-                        NetworkLab::Direction::kBoth, (*ids)[name], hold,
-                        &notes);
-    };
-    auto ended = Run(absl::StrCat("worker-isolated-", trial), d);
-    std::printf("  %s\n", notes.c_str());
-    if (!ended) continue;
-    CheckFinished(*ended, d.what, {{name, {0, kExitDropped}}});
-  }
+  RunNodeCut("worker-isolated", Cut::kWorkerFromEverything);
 }
 
-// Acceptance 5: a worker and a server cut from each other while both still
+// A worker and a server cut from each other while both still
 // reach the scheduler. The job finishes, or the worker fails with one of
 // kExpectedErrors (and the job still ends, with its summary, at the
 // reference's AUC: its shard goes to the other worker).
@@ -1267,7 +1077,7 @@ TEST_F(NetworkFault, SlowWorkerLink) {
 }
 
 }  // namespace
-}  // namespace ps
+}  // namespace ps::testing
 
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
@@ -1285,10 +1095,7 @@ int main(int argc, char** argv) {
   std::printf("network fault seed %" PRIu64
               ", %d trial(s) per scenario, heartbeat timeout "
               "%d ms\n",
-              ps::Seed(), ps::Trials(), ps::HeartbeatTimeoutMs());
-  const absl::Time start = absl::Now();
-  const int rc = RUN_ALL_TESTS();
-  std::printf("network_fault_test: %.1f s in all\n",
-              absl::ToDoubleSeconds(absl::Now() - start));
-  return rc;
+              ps::testing::Seed(), ps::testing::Trials(),
+              ps::testing::HeartbeatTimeoutMs());
+  return ps::testing::RunAllTestsTimed("network_fault_test");
 }

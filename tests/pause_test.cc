@@ -1,6 +1,5 @@
-// Issue 25 acceptance 3 and 4, pauses (loopback only): a node declared
-// dead that comes back (SIGSTOP past the heartbeat timeout, then SIGCONT)
-// never acts on a stale view.
+// Pauses (loopback only): a node declared dead that comes back (SIGSTOP
+// past the heartbeat timeout, then SIGCONT) never acts on a stale view.
 //
 // 1. PausedServerAcknowledgesNoPushForSlotsItLost: 3 servers with
 //    replication 2 and the ledger pushers of tests/replication_test.cc
@@ -35,8 +34,9 @@
 // machine stalled it past the timeout) proves nothing: it is abandoned,
 // reported as STALLED and run again once; a second stall fails the test.
 //
-// Flags (--test_arg=--fault_seed=5 under bazel test), each also read from
-// the environment when the flag is not given (--test_env=FAULT_SEED=5):
+// Flags (tests/testing/fault_flags.h; --test_arg=--fault_seed=5 under
+// bazel test), each also read from the environment when the flag is not
+// given (--test_env=FAULT_SEED=5):
 //   --fault_seed=N    (FAULT_SEED)    default 1; 0 picks one from the time
 //   --fault_trials=N  (FAULT_TRIALS)  worker trials per mode, default 2 (1
 //       under a sanitizer, PS_SANITIZER=1); server trials: 1
@@ -51,125 +51,44 @@
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
-#include <functional>
 #include <memory>
 #include <optional>
 #include <random>
-#include <regex>
 #include <string>
 #include <string_view>
 #include <vector>
 
-#include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/protocol.h"
 #include "gtest/gtest.h"
+#include "tests/testing/fault_flags.h"
+#include "tests/testing/fault_trials.h"
 #include "tests/testing/job_harness.h"
 #include "tests/testing/ledger.h"
 
-ABSL_FLAG(int64_t, fault_seed, -1,
-          "Seed of the trials' choices; 0 picks one from the time. Default: "
-          "$FAULT_SEED, else 1.");
-ABSL_FLAG(int32_t, fault_trials, -1,
-          "Worker trials per mode. Default: $FAULT_TRIALS, else 2 (1 under a "
-          "sanitizer).");
-ABSL_FLAG(int32_t, fault_trial, -1,
-          "Run only this trial (0-based). Default: $FAULT_TRIAL, else all.");
-ABSL_FLAG(int32_t, fault_heartbeat_timeout_ms, -1,
-          "The jobs' cluster.heartbeat_timeout_ms. Default: "
-          "$FAULT_HEARTBEAT_TIMEOUT_MS, else 1000 (3000 under a sanitizer).");
-
-namespace ps {
+namespace ps::testing {
 namespace {
 
-using ::ps::testing::JobHarness;
-using ::ps::testing::JsonNumber;
-using ::ps::testing::LedgerPushers;
-using ::ps::testing::ReadFile;
-using ::ps::testing::Scaled;
-using ::ps::testing::Subprocess;
-
-constexpr double kAucTolerance = 0.005;
 constexpr absl::Duration kJobTimeout = absl::Seconds(120);
 // How long a process may outlive the job's end.
 constexpr absl::Duration kMaxOutlive = absl::Seconds(5);
-constexpr int kAttempts = 2;
 
-int64_t Setting(int64_t flag, const char* env, int64_t fallback) {
-  if (flag >= 0) return flag;
-  int64_t v;
-  if (const char* s = std::getenv(env);
-      s != nullptr && absl::SimpleAtoi(s, &v)) {
-    return v;
-  }
-  return fallback;
-}
-uint64_t Seed() {
-  static const uint64_t seed = [] {
-    int64_t s = Setting(absl::GetFlag(FLAGS_fault_seed), "FAULT_SEED", 1);
-    if (s == 0) s = absl::ToUnixMicros(absl::Now()) & 0x7fffffff;
-    return static_cast<uint64_t>(s);
-  }();
-  return seed;
-}
-// .bazelrc's sanitizer configs set PS_SANITIZER=1: every process runs
-// several times slower there.
-bool Sanitizer() {
-  const char* s = std::getenv("PS_SANITIZER");
-  return s != nullptr && std::string_view(s) == "1";
-}
-int Trials() {
-  return Setting(absl::GetFlag(FLAGS_fault_trials), "FAULT_TRIALS",
-                 Sanitizer() ? 1 : 2);
-}
-int OnlyTrial() {
-  return Setting(absl::GetFlag(FLAGS_fault_trial), "FAULT_TRIAL", -1);
-}
-int HeartbeatTimeoutMs() {
-  return Setting(absl::GetFlag(FLAGS_fault_heartbeat_timeout_ms),
-                 "FAULT_HEARTBEAT_TIMEOUT_MS", Sanitizer() ? 3000 : 1000);
-}
 // The pause: past the point where the scheduler declares the node dead.
 absl::Duration Pause() {
-  return absl::Milliseconds(HeartbeatTimeoutMs() * 5 / 2);
+  return absl::Milliseconds(FaultHeartbeatTimeoutMs() * 5 / 2);
 }
 
 // Choices depend only on (seed, test, mode, trial): one trial replays
-// alone. mt19937_64 and seed_seq are exactly specified; no library-defined
-// distributions.
+// alone.
 std::mt19937_64 TrialRng(uint32_t test, uint32_t mode, uint32_t trial) {
-  const uint64_t seed = Seed();
-  std::seed_seq seq{static_cast<uint32_t>(seed),
-                    static_cast<uint32_t>(seed >> 32), test, mode, trial};
-  return std::mt19937_64(seq);
+  return ::ps::testing::TrialRng(FaultSeed(), {test, mode, trial});
 }
 
 std::string ReplayCommand(const std::string& filter, int trial) {
-  std::string command =
-      absl::StrCat("bazel test --config=opt //tests:pause_test --test_filter='",
-                   filter, "' --test_arg=--fault_seed=", Seed(),
-                   " --test_arg=--fault_trial=", trial);
-  if (HeartbeatTimeoutMs() != (Sanitizer() ? 3000 : 1000)) {
-    absl::StrAppend(&command, " --test_arg=--fault_heartbeat_timeout_ms=",
-                    HeartbeatTimeoutMs());
-  }
-  return command;
-}
-
-std::vector<std::string> LinesWith(const std::string& text,
-                                   const std::string& needle) {
-  std::vector<std::string> lines;
-  for (absl::string_view line : absl::StrSplit(text, '\n')) {
-    if (line.find(needle) != absl::string_view::npos) lines.emplace_back(line);
-  }
-  return lines;
+  return FaultReplayCommand("pause_test", filter, trial);
 }
 
 // The scheduler's "declared dead" lines not about `paused` (a substring
@@ -182,36 +101,6 @@ std::string FalseDeath(const JobHarness& job, const std::string& paused) {
   return "";
 }
 
-// What the workers trained together: the sum of "trained N examples" over
-// every worker's log (a worker dropped by the scheduler prints nothing for
-// what it trained before, one that rejoined only what it trained after),
-// plus the part of every orphaned shard that its dropped worker had
-// reported done when the scheduler handed the rest on ("shard S orphaned
-// at epoch E batch B": E epochs of `shard_epoch_examples` and B batches).
-// Whoever took the shard over counts the rest from there, so the total
-// reaches the undisturbed run's only if nothing was skipped.
-uint64_t ExamplesTrained(JobHarness& job, uint64_t shard_epoch_examples,
-                         uint64_t batch) {
-  static const std::regex kTrained("trained ([0-9]+) examples");
-  static const std::regex kOrphaned(
-      "shard [0-9]+ orphaned at epoch ([0-9]+) batch ([0-9]+)");
-  uint64_t total = 0;
-  for (int i = 0; i < job.num_worker_processes(); ++i) {
-    const std::string log = ReadFile(job.worker(i).stderr_path());
-    for (std::sregex_iterator it(log.begin(), log.end(), kTrained), end;
-         it != end; ++it) {
-      total += std::stoull((*it)[1].str());
-    }
-  }
-  const std::string log = ReadFile(job.dir() + "/scheduler.log");
-  for (std::sregex_iterator it(log.begin(), log.end(), kOrphaned), end;
-       it != end; ++it) {
-    total += std::stoull((*it)[1].str()) * shard_epoch_examples +
-             std::stoull((*it)[2].str()) * batch;
-  }
-  return total;
-}
-
 struct JobRun {
   bool ok = false;
   std::string stall;
@@ -222,22 +111,11 @@ struct JobRun {
   bool ended_in_pause = false;  // the job ended before the victim resumed
 };
 
-// Runs `attempt_fn` until it does not stall (at most kAttempts times).
-JobRun WithRetry(const std::string& what,
-                 const std::function<JobRun(int)>& attempt_fn) {
-  JobRun run;
-  for (int attempt = 0; attempt < kAttempts; ++attempt) {
-    run = attempt_fn(attempt);
-    if (run.stall.empty()) return run;
-    std::printf(
-        "  STALLED, a node the test did not pause was declared dead: %s\n",
-        run.stall.c_str());
-    std::fflush(stdout);
-  }
-  ADD_FAILURE() << what << ": stalled again (" << run.stall
-                << "): the machine is too busy for a heartbeat timeout of "
-                << HeartbeatTimeoutMs() << " ms (--fault_heartbeat_timeout_ms)";
-  return JobRun();
+// Runs `attempt_fn` until it does not stall (at most twice).
+template <typename Attempt>
+JobRun WithRetry(const std::string& what, Attempt attempt_fn) {
+  return RetryStalled(what, FaultHeartbeatTimeoutMs(), attempt_fn, nullptr,
+                      "(--fault_heartbeat_timeout_ms)");
 }
 
 std::string BaseDir(const std::string& test) {
@@ -249,39 +127,10 @@ std::string BaseDir(const std::string& test) {
 // ---- 1. A paused server ----
 
 std::string LedgerConfig() {
-  return absl::StrCat(R"pb(
-                        name: "pause-ledger"
-                        cluster { num_servers: 3 num_workers: 2 num_slots: 64
-                                  heartbeat_interval_ms: 100
-                                  heartbeat_timeout_ms:)pb",
-                      HeartbeatTimeoutMs(), R"pb(
-      request_timeout_ms: 60000
-      failover_timeout_ms: 60000
-      replication: 2
-    }
-          tables {
-      id: 0
-      name: "sgd"
-      sparse { dim: 1 }
-      optimizer { sgd { learning_rate: 1 } }
-      init { kind: ZEROS }
-    }
-  )pb");
-}
-
-// The rank server(i) registered as, once it logged it (up to 20 s).
-std::optional<uint32_t> ServerRank(JobHarness& job, int i) {
-  static const std::regex kRank("registered as server ([0-9]+)");
-  const absl::Time give_up = absl::Now() + Scaled(absl::Seconds(20));
-  while (absl::Now() < give_up) {
-    const std::string log = ReadFile(job.server(i).stderr_path());
-    std::smatch m;
-    if (std::regex_search(log, m, kRank))
-      return static_cast<uint32_t>(std::stoul(m[1].str()));
-    if (!job.server(i).running()) return std::nullopt;
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  return std::nullopt;
+  return LedgerJobConfig(
+      JobHead("pause-ledger", 3, 2, 64, FaultHeartbeatTimeoutMs(),
+              "request_timeout_ms: 60000 failover_timeout_ms: 60000 "
+              "replication: 2"));
 }
 
 TEST(PauseTest, PausedServerAcknowledgesNoPushForSlotsItLost) {
@@ -294,11 +143,11 @@ TEST(PauseTest, PausedServerAcknowledgesNoPushForSlotsItLost) {
       "server trial %d: server rank %u SIGSTOPped %d ms into the pushes for %s",
       trial, victim_rank, stop_after_ms, absl::FormatDuration(Pause()));
   const std::string replay = ReplayCommand("*PausedServer*", trial);
-  std::printf("%s; seed %" PRIu64 "\n", what.c_str(), Seed());
+  std::printf("%s; seed %" PRIu64 "\n", what.c_str(), FaultSeed());
   std::fflush(stdout);
   SCOPED_TRACE(absl::StrCat(what, "; replay: ", replay));
   std::string notes;
-  JobRun run = WithRetry(what, [&](int attempt) -> JobRun {
+  const JobRun run = WithRetry(what, [&](int attempt) -> JobRun {
     JobRun r;
     const std::string dir =
         absl::StrCat(BaseDir("pause-server"), "/attempt-", attempt);
@@ -315,7 +164,8 @@ TEST(PauseTest, PausedServerAcknowledgesNoPushForSlotsItLost) {
     JobHarness& job = **started;
     int victim = -1;
     for (int i = 0; i < job.num_servers(); ++i) {
-      std::optional<uint32_t> rank = ServerRank(job, i);
+      std::optional<uint32_t> rank =
+          WaitForServerRank(job, i, absl::Seconds(20));
       if (!rank) {
         ADD_FAILURE() << what << ": server" << i << " did not register\n"
                       << job.LogTails(20);
@@ -330,7 +180,7 @@ TEST(PauseTest, PausedServerAcknowledgesNoPushForSlotsItLost) {
     ledger.dir = dir;
     ledger.config_path = dir + "/job.pbtxt";
     ledger.scheduler_address = job.address();
-    ledger.seed = Seed() * 100 + trial;
+    ledger.seed = FaultSeed() * 100 + trial;
     auto pushers = LedgerPushers::Start(ledger, absl::Seconds(30));
     if (!pushers.ok()) {
       r.stall = FalseDeath(job, "");
@@ -402,18 +252,7 @@ TEST(PauseTest, PausedServerAcknowledgesNoPushForSlotsItLost) {
       ok = false;
       ADD_FAILURE() << what << ": " << result.status();
     } else {
-      if (result->scheduler != 0) {
-        ok = false;
-        ADD_FAILURE() << what << ": the scheduler exited with "
-                      << result->scheduler;
-      }
-      for (int i = 0; i < job.num_servers(); ++i) {
-        if (i != victim && result->servers[i] != 0) {
-          ok = false;
-          ADD_FAILURE() << what << ": server" << i << " exited with "
-                        << result->servers[i];
-        }
-      }
+      ok &= ExpectSchedulerAndServersExitedZero(*result, what, victim);
     }
     if (!ok) {
       ADD_FAILURE() << what << ": logs of " << dir << "\n" << job.LogTails(30);
@@ -446,45 +285,15 @@ constexpr uint64_t kBatch = 256;
 // cluster.scheduler_unreachable_timeout_ms of the worker jobs: a victim
 // resumed after the job ended (its scheduler gone) can learn nothing more
 // and gives up after this long (exit 4).
-int UnreachableMs() { return 5 * HeartbeatTimeoutMs(); }
+int UnreachableMs() { return 5 * FaultHeartbeatTimeoutMs(); }
 
 std::string JobConfig(const Mode& mode) {
-  return absl::StrFormat(
-      R"pb(
-        name: "pause-%s"
-        cluster {
-          num_servers: 2
-          num_workers: %d
-          num_slots: 256
-          heartbeat_interval_ms: 100
-          heartbeat_timeout_ms: %d
-          request_timeout_ms: 60000
-          on_worker_loss: REASSIGN
-          scheduler_unreachable_timeout_ms: %d
-        }
-        consistency { %s }
-        tables {
-          id: 0
-          name: "w"
-          sparse { dim: 1 }
-          optimizer { adagrad { learning_rate: 0.1 initial_accumulator: 1e-6 } }
-        }
-        tables {
-          id: 1
-          name: "d"
-          dense { size: 14 }
-          optimizer { adagrad { learning_rate: 0.1 initial_accumulator: 1e-6 } }
-        }
-        data { synthetic_ctr { num_train: %d num_test: 20000 seed: 1 } }
-        training {
-          batch_size: 256
-          epochs: 2
-          log_interval_s: 1
-          sparse_table: "w"
-          dense_table: "d"
-        }
-      )pb",
-      mode.name, kWorkers, HeartbeatTimeoutMs(), UnreachableMs(),
+  return CtrJobConfig(
+      JobHead(absl::StrCat("pause-", mode.name), 2, kWorkers, 256,
+              FaultHeartbeatTimeoutMs(),
+              absl::StrCat("request_timeout_ms: 60000 on_worker_loss: REASSIGN "
+                           "scheduler_unreachable_timeout_ms: ",
+                           UnreachableMs())),
       mode.consistency, kNumTrain);
 }
 
@@ -505,19 +314,7 @@ class PausedWorkerTest : public ::testing::TestWithParam<int> {
                     << job.LogTails(40);
       return run;
     }
-    bool ok = true;
-    if (result->scheduler != 0) {
-      ok = false;
-      ADD_FAILURE() << what << ": the scheduler exited with "
-                    << result->scheduler;
-    }
-    for (size_t i = 0; i < result->servers.size(); ++i) {
-      if (result->servers[i] != 0) {
-        ok = false;
-        ADD_FAILURE() << what << ": server" << i << " exited with "
-                      << result->servers[i];
-      }
-    }
+    bool ok = ExpectSchedulerAndServersExitedZero(*result, what);
     // Resumed after the job's end, the victim finds no scheduler: it gives
     // up after cluster.scheduler_unreachable_timeout_ms (exit 4).
     const bool ended_in_pause = *job.scheduler().exited_at() < resumed;
@@ -531,17 +328,14 @@ class PausedWorkerTest : public ::testing::TestWithParam<int> {
                     << ", expected 0"
                     << (static_cast<int>(i) == victim ? " or 3" : "");
     }
-    if (result->summaries != 1) {
-      ok = false;
-      ADD_FAILURE() << what << ": " << result->summaries
-                    << " workers printed a summary, expected 1";
-    }
+    ok &= ExpectOneSummary(*result, what);
     run.summary = result->summary;
     run.elapsed = result->elapsed;
     run.auc = JsonNumber(result->summary, "test_auc").value_or(NAN);
     run.steps = static_cast<uint64_t>(
         JsonNumber(result->summary, "rank0_steps").value_or(0));
-    run.examples = ExamplesTrained(job, kNumTrain / kWorkers, kBatch);
+    run.examples =
+        ExamplesTrainedWithOrphans(job, kNumTrain / kWorkers, kBatch);
     if (!std::isfinite(run.auc)) {
       ok = false;
       ADD_FAILURE() << what << ": no test_auc in the summary '"
@@ -596,8 +390,8 @@ TEST_P(PausedWorkerTest, PausedWorkerStopsOrRejoins) {
   const absl::Time start = absl::Now();
   std::printf("%s: fault seed %" PRIu64
               ", %d trials, heartbeat timeout %d ms, pause %s\n",
-              mode().name, Seed(), Trials(), HeartbeatTimeoutMs(),
-              absl::FormatDuration(Pause()).c_str());
+              mode().name, FaultSeed(), FaultTrials(),
+              FaultHeartbeatTimeoutMs(), absl::FormatDuration(Pause()).c_str());
   // Undisturbed: one run, two in ASYNC (whose runs differ by thread
   // timing) to measure their spread.
   std::vector<JobRun> references;
@@ -636,8 +430,8 @@ TEST_P(PausedWorkerTest, PausedWorkerStopsOrRejoins) {
   std::fflush(stdout);
 
   int failed = 0;
-  for (int trial = 0; trial < Trials(); ++trial) {
-    if (OnlyTrial() >= 0 && trial != OnlyTrial()) continue;
+  for (int trial = 0; trial < FaultTrials(); ++trial) {
+    if (SkipTrial(trial)) continue;
     std::mt19937_64 rng = TrialRng(2, GetParam(), trial);
     const uint32_t victim_rank = static_cast<uint32_t>(rng() % kWorkers);
     // Early enough that the survivor still trains when the pause ends.
@@ -648,9 +442,7 @@ TEST_P(PausedWorkerTest, PausedWorkerStopsOrRejoins) {
         trial, victim_rank, step, absl::FormatDuration(pause));
     const std::string replay =
         ReplayCommand(absl::StrCat("*/", mode().name), trial);
-    std::printf("%s\n", what.c_str());
-    std::fflush(stdout);
-    SCOPED_TRACE(absl::StrCat(what, "; seed ", Seed(), "; replay: ", replay));
+    SCOPED_TRACE(AnnounceTrial(what, replay));
     std::string notes;
     JobRun run = WithRetry(what, [&](int attempt) -> JobRun {
       notes.clear();
@@ -661,22 +453,12 @@ TEST_P(PausedWorkerTest, PausedWorkerStopsOrRejoins) {
           "(unset)";  // no node is paused yet: every death is false
       job->set_abort_check([&] { return FalseDeath(*job, paused); });
       auto fail = [&](const absl::Status& status) {
-        JobRun r;
-        if (absl::IsAborted(status)) {
-          r.stall = std::string(status.message());
-        } else {
-          ADD_FAILURE() << what << ": " << status << "\n" << job->LogTails(40);
-        }
-        return r;
+        return FailedRun<JobRun>(status, what, *job);
       };
-      int victim = -1;
-      for (int i = 0; i < kWorkers; ++i) {
-        auto rank = job->WaitForRegistration(i, absl::Seconds(30));
-        if (!rank.ok()) return fail(rank.status());
-        if (*rank == victim_rank) victim = i;
-      }
-      if (victim < 0)
-        return fail(absl::NotFoundError("no worker got the victim's rank"));
+      absl::StatusOr<int> victim_index =
+          WorkerWithRank(*job, kWorkers, victim_rank, absl::Seconds(30));
+      if (!victim_index.ok()) return fail(victim_index.status());
+      const int victim = *victim_index;
       auto clock = job->WaitForStep(victim, step, absl::Seconds(60));
       if (absl::IsAborted(clock.status())) return fail(clock.status());
       if (!clock.ok() || *clock >= kFinishedClock) {
@@ -748,7 +530,7 @@ TEST_P(PausedWorkerTest, PausedWorkerStopsOrRejoins) {
     std::fflush(stdout);
   }
   std::printf("SUMMARY %s: %d failed, seed %" PRIu64 ", %.1f s\n", mode().name,
-              failed, Seed(), absl::ToDoubleSeconds(absl::Now() - start));
+              failed, FaultSeed(), absl::ToDoubleSeconds(absl::Now() - start));
   std::fflush(stdout);
 }
 
@@ -758,14 +540,11 @@ INSTANTIATE_TEST_SUITE_P(Modes, PausedWorkerTest, ::testing::Values(0, 1),
                          });
 
 }  // namespace
-}  // namespace ps
+}  // namespace ps::testing
 
 int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  absl::ParseCommandLine(argc, argv);
-  const absl::Time start = absl::Now();
-  const int status = RUN_ALL_TESTS();
-  std::printf("%s: %.1f s in all\n", "pause_test",
-              absl::ToDoubleSeconds(absl::Now() - start));
-  return status;
+  return ps::testing::FaultTestMain(argc, argv, "pause_test",
+                                    {/*trials=*/2, /*sanitizer_trials=*/1,
+                                     /*heartbeat_timeout_ms=*/1000,
+                                     /*sanitizer_heartbeat_timeout_ms=*/3000});
 }
