@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -14,11 +15,13 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "gtest/gtest.h"
+#include "tests/testing/job_harness.h"
 #include "tests/testing/subprocess.h"
 
 namespace ps {
 namespace {
 
+using ::ps::testing::JobHarness;
 using ::ps::testing::ReadFile;
 using ::ps::testing::Runfile;
 using ::ps::testing::Subprocess;
@@ -76,22 +79,20 @@ class MultiProcessTest : public ::testing::Test {
     return std::move(p).value();
   }
 
-  // Starts the scheduler and two servers; returns the scheduler address.
-  std::string StartCluster() {
-    processes_.push_back(Start(
-        "scheduler", {Runfile("scheduler/scheduler_main"),
-                      "--config=" + config_, "--port_file=" + dir_ + "/port"}));
-    auto port = ps::testing::WaitForFile(dir_ + "/port", absl::Seconds(10));
-    EXPECT_TRUE(port.ok()) << port.status();
-    const std::string address =
-        absl::StrCat("127.0.0.1:", absl::StripAsciiWhitespace(*port));
-    for (int i = 0; i < 2; ++i) {
-      processes_.push_back(
-          Start(absl::StrCat("server", i),
-                {Runfile("server/server_main"), "--config=" + config_,
-                 "--scheduler=" + address}));
-    }
-    return address;
+  // Starts the scheduler and two servers of the job `config` (written to
+  // config_) through tests/testing/job_harness.h, with no workers (the
+  // tests start their own), and sets processes_ and address_.
+  void StartCluster(const std::string& config = kConfig) {
+    JobHarness::Options options;
+    options.dir = dir_;
+    options.config = config;
+    options.num_servers = 2;
+    options.num_workers = 0;
+    auto job = JobHarness::Start(options);
+    ASSERT_TRUE(job.ok()) << job.status();
+    job_ = *std::move(job);
+    processes_ = {&job_->scheduler(), &job_->server(0), &job_->server(1)};
+    address_ = job_->address();
   }
 
   std::vector<std::string> Tool(const std::string& address,
@@ -125,11 +126,14 @@ class MultiProcessTest : public ::testing::Test {
 
   std::string dir_;
   std::string config_;
-  std::vector<Subprocess> processes_;  // scheduler, servers
+  std::unique_ptr<JobHarness> job_;
+  std::vector<Subprocess*> processes_;  // job_'s scheduler and servers
+  std::string address_;
 };
 
 TEST_F(MultiProcessTest, ConcurrentSgdPushesLandExactlyOnTheOwningServers) {
-  const std::string address = StartCluster();
+  ASSERT_NO_FATAL_FAILURE(StartCluster());
+  const std::string& address = address_;
 
   // Two workers push at the same time, ten times each, to overlapping keys.
   // The barrier makes both register before either pushes: without it the
@@ -179,25 +183,26 @@ TEST_F(MultiProcessTest, ConcurrentSgdPushesLandExactlyOnTheOwningServers) {
 
   // The last tool left as a finished worker: the job ends and every process
   // exits cleanly by itself.
-  for (Subprocess& p : processes_) {
-    auto code = p.Wait(absl::Seconds(15));
+  for (Subprocess* p : processes_) {
+    auto code = p->Wait(absl::Seconds(15));
     ASSERT_TRUE(code.ok()) << code.status() << "\n"
-                           << ReadFile(p.stderr_path());
-    EXPECT_EQ(*code, 0) << ReadFile(p.stderr_path());
+                           << ReadFile(p->stderr_path());
+    EXPECT_EQ(*code, 0) << ReadFile(p->stderr_path());
   }
   // Both servers served a share of the keys (the slot map spreads them).
   // A server may have refused a first request while its view was a moment
   // behind the tools' (UNAVAILABLE, applied nothing, retried by the
   // client); the exact values above show nothing was lost or doubled.
   for (int i = 1; i <= 2; ++i) {
-    const std::string log = ReadFile(processes_[i].stderr_path());
+    const std::string log = ReadFile(processes_[i]->stderr_path());
     EXPECT_NE(log.find("keys pushed"), std::string::npos) << log;
     EXPECT_EQ(log.find(" 0 keys pushed"), std::string::npos) << log;
   }
 }
 
 TEST_F(MultiProcessTest, WrongRequestsFromAWorkerAreRefusedAndTheJobGoesOn) {
-  const std::string address = StartCluster();
+  ASSERT_NO_FATAL_FAILURE(StartCluster());
+  const std::string& address = address_;
   // A dense op on a sparse table, and a range past the end: the tool fails
   // with a clear message; the servers keep serving.
   Subprocess bad =
@@ -224,15 +229,16 @@ TEST_F(MultiProcessTest, WrongRequestsFromAWorkerAreRefusedAndTheJobGoesOn) {
   // No worker finished, so the job is not over; SIGTERM ends each process
   // cleanly.
   for (int i = 2; i >= 0; --i) {
-    processes_[i].Signal(SIGTERM);
-    auto exit = processes_[i].Wait(absl::Seconds(15));
+    processes_[i]->Signal(SIGTERM);
+    auto exit = processes_[i]->Wait(absl::Seconds(15));
     ASSERT_TRUE(exit.ok()) << exit.status();
-    EXPECT_EQ(*exit, 0) << ReadFile(processes_[i].stderr_path());
+    EXPECT_EQ(*exit, 0) << ReadFile(processes_[i]->stderr_path());
   }
 }
 
 TEST_F(MultiProcessTest, MemoryBudgetRefusalReachesTheWorkerProcess) {
-  const std::string address = StartCluster();
+  ASSERT_NO_FATAL_FAILURE(StartCluster());
+  const std::string& address = address_;
   // 1 KiB rows and a 1 MiB budget per server: under a thousand rows fit on
   // each server, 5000 new keys do not. The push fails with the server's
   // reason; nothing is applied.
@@ -317,26 +323,26 @@ TEST_F(MultiProcessTest, BadConfigStopsEveryBinaryBeforeItStarts) {
 }
 
 TEST_F(MultiProcessTest, SigtermStopsAServerCleanly) {
-  StartCluster();
+  ASSERT_NO_FATAL_FAILURE(StartCluster());
   // Wait until the servers registered (the scheduler logs it), then stop
   // one with SIGTERM: it must leave the job and exit 0.
   const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  while (ReadFile(processes_[0].stderr_path()).find("job running") ==
+  while (ReadFile(processes_[0]->stderr_path()).find("job running") ==
              std::string::npos &&
          absl::Now() < deadline) {
     absl::SleepFor(absl::Milliseconds(20));
   }
-  processes_[1].Signal(SIGTERM);
-  auto code = processes_[1].Wait(absl::Seconds(10));
+  processes_[1]->Signal(SIGTERM);
+  auto code = processes_[1]->Wait(absl::Seconds(10));
   ASSERT_TRUE(code.ok()) << code.status();
   EXPECT_EQ(*code, 0);
   // The scheduler saw it leave rather than time out.
   const absl::Time until = absl::Now() + absl::Seconds(5);
-  while (ReadFile(processes_[0].stderr_path()).find("server rank") ==
+  while (ReadFile(processes_[0]->stderr_path()).find("server rank") ==
              std::string::npos ||
-         ReadFile(processes_[0].stderr_path()).find("left") ==
+         ReadFile(processes_[0]->stderr_path()).find("left") ==
              std::string::npos) {
-    ASSERT_LT(absl::Now(), until) << ReadFile(processes_[0].stderr_path());
+    ASSERT_LT(absl::Now(), until) << ReadFile(processes_[0]->stderr_path());
     absl::SleepFor(absl::Milliseconds(20));
   }
 }
@@ -348,7 +354,7 @@ class KilledWorkerTest : public MultiProcessTest,
                          public ::testing::WithParamInterface<const char*> {};
 
 TEST_P(KilledWorkerTest, OthersFinishSoonAfterTheFailureIsDetected) {
-  std::ofstream(config_) << absl::StrCat(
+  const std::string config = absl::StrCat(
       R"pb(
         cluster {
           num_servers: 2
@@ -372,7 +378,8 @@ TEST_P(KilledWorkerTest, OthersFinishSoonAfterTheFailureIsDetected) {
     training { batch_size: 256 epochs: 4 log_interval_s: 1
                sparse_table: "w" dense_table: "d" }
   )pb");
-  const std::string address = StartCluster();
+  ASSERT_NO_FATAL_FAILURE(StartCluster(config));
+  const std::string& address = address_;
   std::vector<Subprocess> workers;
   for (int i = 0; i < 3; ++i) {
     workers.push_back(Start(absl::StrCat("worker", i),
@@ -410,7 +417,7 @@ TEST_P(KilledWorkerTest, OthersFinishSoonAfterTheFailureIsDetected) {
   // Detection (1 s) plus the rest of the survivors' training; a stall would
   // last the 60 s request timeout (so the bound stays below it when scaled).
   EXPECT_LT(after_kill, absl::Seconds(25) * std::min(TimeoutScale(), 2.2));
-  const std::string scheduler_log = ReadFile(processes_[0].stderr_path());
+  const std::string scheduler_log = ReadFile(processes_[0]->stderr_path());
   EXPECT_NE(scheduler_log.find("worker rank 2 (node"), std::string::npos);
   EXPECT_NE(scheduler_log.find("declared dead"), std::string::npos)
       << scheduler_log;
@@ -424,8 +431,8 @@ TEST_P(KilledWorkerTest, OthersFinishSoonAfterTheFailureIsDetected) {
   EXPECT_TRUE(summary);
   std::printf("%s: survivors finished %.1f s after the kill\n", GetParam(),
               absl::ToDoubleSeconds(after_kill));
-  for (Subprocess& p : processes_) {
-    auto code = p.Wait(absl::Seconds(15));
+  for (Subprocess* p : processes_) {
+    auto code = p->Wait(absl::Seconds(15));
     ASSERT_TRUE(code.ok()) << code.status();
     EXPECT_EQ(*code, 0);
   }
