@@ -1,5 +1,5 @@
-// A server node: one KVServer joined to its job, with everything server_main
-// used to wire by hand. Start() binds the data plane, starts the HTTP
+// A server node: one KVServer joined to its job, with everything a server
+// process wires around it. Start() binds the data plane, starts the HTTP
 // endpoint (/metrics, /healthz, /readyz), registers with the scheduler and
 // forwards what the scheduler says to the server:
 //   - every newer cluster view (KVServer::UpdateView) and the health the

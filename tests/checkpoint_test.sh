@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Checkpoints end to end, with real processes (issue 6 acceptance):
+# Checkpoints end to end, with real processes:
 #   1. a 3-server job takes periodic consistent checkpoints while training;
 #   2. its newest checkpoint restored onto 2 and onto 4 servers holds
 #      identical parameters (digest over every row, optimizer state

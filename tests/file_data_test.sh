@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Training from files, end to end (issue 5 acceptance): make_data writes a
+# Training from files, end to end: make_data writes a
 # Criteo-format data set (3 training files) and a libsvm one, each with
 # malformed lines; 2 workers train on each (1 scheduler, 2 servers, 2
 # workers as processes); every malformed line must be reported with its

@@ -1,4 +1,4 @@
-// Hostile input against a live job (issue 9's acceptance): while a real job
+// Hostile input against a live job: while a real job
 // (scheduler, 2 servers, 2 workers as separate processes on loopback)
 // trains, this test sends one million random and mutated messages to a
 // server's data port over ZeroMQ, raw random bytes to that port over plain

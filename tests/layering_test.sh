@@ -51,8 +51,8 @@ readonly SOURCE_DIRS=(checkpoint common deploy examples proto python scheduler s
 readonly ALLOWED_SCHEDULER_HEADERS=(scheduler/client.h)
 
 # KNOWN VIOLATIONS, each "file included-path", tolerated until the change
-# that removes it lands (issue 26; the integrator deletes each line as its
-# fix is merged). An entry that no longer matches fails the test, so this
+# that removes it lands (whoever merges that change deletes its line).
+# An entry that no longer matches fails the test, so this
 # list only ever shrinks. Do not add to it: fix the include instead.
 readonly KNOWN_VIOLATIONS=(
 )

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# End-to-end model quality (issue 5 acceptance), each job 1 scheduler,
+# End-to-end model quality, each job 1 scheduler,
 # 2 servers and 2 workers as separate processes (deploy/local/demo.sh):
 #   dlrm_vs_lr: on synthetic click data whose true model has pairwise
 #     interactions, DLRM-lite beats logistic regression by >= 0.01 test AUC

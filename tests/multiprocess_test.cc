@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -14,11 +15,13 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "gtest/gtest.h"
+#include "tests/testing/job_harness.h"
 #include "tests/testing/subprocess.h"
 
 namespace ps {
 namespace {
 
+using ::ps::testing::JobHarness;
 using ::ps::testing::ReadFile;
 using ::ps::testing::Runfile;
 using ::ps::testing::Subprocess;
@@ -60,7 +63,8 @@ constexpr char kConfig[] = R"pb(
 class MultiProcessTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    std::string name = ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    std::string name =
+        ::testing::UnitTest::GetInstance()->current_test_info()->name();
     std::replace(name.begin(), name.end(), '/', '_');  // parameterised names
     dir_ = absl::StrCat(::testing::TempDir(), "/", name);
     mkdir(dir_.c_str(), 0755);
@@ -75,23 +79,20 @@ class MultiProcessTest : public ::testing::Test {
     return std::move(p).value();
   }
 
-  // Starts the scheduler and two servers; returns the scheduler address.
-  std::string StartCluster() {
-    processes_.push_back(Start("scheduler",
-                               {Runfile("scheduler/scheduler_main"),
-                                "--config=" + config_,
-                                "--port_file=" + dir_ + "/port"}));
-    auto port = ps::testing::WaitForFile(dir_ + "/port", absl::Seconds(10));
-    EXPECT_TRUE(port.ok()) << port.status();
-    const std::string address =
-        absl::StrCat("127.0.0.1:", absl::StripAsciiWhitespace(*port));
-    for (int i = 0; i < 2; ++i) {
-      processes_.push_back(Start(absl::StrCat("server", i),
-                                 {Runfile("server/server_main"),
-                                  "--config=" + config_,
-                                  "--scheduler=" + address}));
-    }
-    return address;
+  // Starts the scheduler and two servers of the job `config` (written to
+  // config_) through tests/testing/job_harness.h, with no workers (the
+  // tests start their own), and sets processes_ and address_.
+  void StartCluster(const std::string& config = kConfig) {
+    JobHarness::Options options;
+    options.dir = dir_;
+    options.config = config;
+    options.num_servers = 2;
+    options.num_workers = 0;
+    auto job = JobHarness::Start(options);
+    ASSERT_TRUE(job.ok()) << job.status();
+    job_ = *std::move(job);
+    processes_ = {&job_->scheduler(), &job_->server(0), &job_->server(1)};
+    address_ = job_->address();
   }
 
   std::vector<std::string> Tool(const std::string& address,
@@ -114,8 +115,8 @@ class MultiProcessTest : public ::testing::Test {
 
   static std::vector<float> ParseFloats(const std::string& line) {
     std::vector<float> values;
-    for (absl::string_view part :
-         absl::StrSplit(absl::StripAsciiWhitespace(line), ' ', absl::SkipEmpty())) {
+    for (absl::string_view part : absl::StrSplit(
+             absl::StripAsciiWhitespace(line), ' ', absl::SkipEmpty())) {
       float v;
       EXPECT_TRUE(absl::SimpleAtof(part, &v)) << part;
       values.push_back(v);
@@ -125,22 +126,26 @@ class MultiProcessTest : public ::testing::Test {
 
   std::string dir_;
   std::string config_;
-  std::vector<Subprocess> processes_;  // scheduler, servers
+  std::unique_ptr<JobHarness> job_;
+  std::vector<Subprocess*> processes_;  // job_'s scheduler and servers
+  std::string address_;
 };
 
 TEST_F(MultiProcessTest, ConcurrentSgdPushesLandExactlyOnTheOwningServers) {
-  const std::string address = StartCluster();
+  ASSERT_NO_FATAL_FAILURE(StartCluster());
+  const std::string& address = address_;
 
   // Two workers push at the same time, ten times each, to overlapping keys.
   // The barrier makes both register before either pushes: without it the
   // first could leave before the second registers, both would get rank 0,
   // and the job would never see its second worker (nor end).
-  Subprocess a = Start("push_a", Tool(address, {"--table=sparse", "--op=push",
-                                                "--keys=1-100", "--values=0.25",
-                                                "--repeat=10", "--barrier=go"}));
-  Subprocess b = Start("push_b", Tool(address, {"--table=sparse", "--op=push",
-                                                "--keys=51-150", "--values=0.5",
-                                                "--repeat=10", "--barrier=go"}));
+  Subprocess a =
+      Start("push_a",
+            Tool(address, {"--table=sparse", "--op=push", "--keys=1-100",
+                           "--values=0.25", "--repeat=10", "--barrier=go"}));
+  Subprocess b = Start(
+      "push_b", Tool(address, {"--table=sparse", "--op=push", "--keys=51-150",
+                               "--values=0.5", "--repeat=10", "--barrier=go"}));
   for (Subprocess* p : {&a, &b}) {
     auto code = p->Wait(absl::Seconds(30));
     ASSERT_TRUE(code.ok()) << code.status();
@@ -150,14 +155,14 @@ TEST_F(MultiProcessTest, ConcurrentSgdPushesLandExactlyOnTheOwningServers) {
   // parts of them.
   std::vector<std::string> grads;
   for (int i = 0; i < 20; ++i) grads.push_back(absl::StrCat(0.125 * (i + 1)));
-  RunTool("push_dense", Tool(address, {"--table=dense", "--op=push_dense",
-                                       "--begin=5", "--values=" +
-                                           absl::StrJoin(grads, ","),
-                                       "--repeat=4"}));
+  RunTool(
+      "push_dense",
+      Tool(address, {"--table=dense", "--op=push_dense", "--begin=5",
+                     "--values=" + absl::StrJoin(grads, ","), "--repeat=4"}));
 
-  const std::vector<float> sparse =
-      ParseFloats(RunTool("pull_sparse", Tool(address, {"--table=sparse", "--op=pull",
-                                                        "--keys=1-150"})));
+  const std::vector<float> sparse = ParseFloats(
+      RunTool("pull_sparse",
+              Tool(address, {"--table=sparse", "--op=pull", "--keys=1-150"})));
   ASSERT_EQ(sparse.size(), 150u);
   for (int key = 1; key <= 150; ++key) {
     float expected = 0;
@@ -166,9 +171,9 @@ TEST_F(MultiProcessTest, ConcurrentSgdPushesLandExactlyOnTheOwningServers) {
     EXPECT_EQ(sparse[key - 1], expected) << "key " << key;
   }
 
-  const std::vector<float> dense = ParseFloats(
-      RunTool("pull_dense", Tool(address, {"--table=dense", "--op=pull_dense",
-                                           "--begin=0", "--count=40", "--finish"})));
+  const std::vector<float> dense = ParseFloats(RunTool(
+      "pull_dense", Tool(address, {"--table=dense", "--op=pull_dense",
+                                   "--begin=0", "--count=40", "--finish"})));
   ASSERT_EQ(dense.size(), 40u);
   for (int i = 0; i < 40; ++i) {
     const float expected =
@@ -178,28 +183,31 @@ TEST_F(MultiProcessTest, ConcurrentSgdPushesLandExactlyOnTheOwningServers) {
 
   // The last tool left as a finished worker: the job ends and every process
   // exits cleanly by itself.
-  for (Subprocess& p : processes_) {
-    auto code = p.Wait(absl::Seconds(15));
-    ASSERT_TRUE(code.ok()) << code.status() << "\n" << ReadFile(p.stderr_path());
-    EXPECT_EQ(*code, 0) << ReadFile(p.stderr_path());
+  for (Subprocess* p : processes_) {
+    auto code = p->Wait(absl::Seconds(15));
+    ASSERT_TRUE(code.ok()) << code.status() << "\n"
+                           << ReadFile(p->stderr_path());
+    EXPECT_EQ(*code, 0) << ReadFile(p->stderr_path());
   }
   // Both servers served a share of the keys (the slot map spreads them).
   // A server may have refused a first request while its view was a moment
   // behind the tools' (UNAVAILABLE, applied nothing, retried by the
   // client); the exact values above show nothing was lost or doubled.
   for (int i = 1; i <= 2; ++i) {
-    const std::string log = ReadFile(processes_[i].stderr_path());
+    const std::string log = ReadFile(processes_[i]->stderr_path());
     EXPECT_NE(log.find("keys pushed"), std::string::npos) << log;
     EXPECT_EQ(log.find(" 0 keys pushed"), std::string::npos) << log;
   }
 }
 
 TEST_F(MultiProcessTest, WrongRequestsFromAWorkerAreRefusedAndTheJobGoesOn) {
-  const std::string address = StartCluster();
+  ASSERT_NO_FATAL_FAILURE(StartCluster());
+  const std::string& address = address_;
   // A dense op on a sparse table, and a range past the end: the tool fails
   // with a clear message; the servers keep serving.
-  Subprocess bad = Start("bad", Tool(address, {"--table=dense", "--op=pull_dense",
-                                               "--begin=30", "--count=20"}));
+  Subprocess bad =
+      Start("bad", Tool(address, {"--table=dense", "--op=pull_dense",
+                                  "--begin=30", "--count=20"}));
   auto code = bad.Wait(absl::Seconds(30));
   ASSERT_TRUE(code.ok());
   EXPECT_EQ(*code, 1);
@@ -214,22 +222,23 @@ TEST_F(MultiProcessTest, WrongRequestsFromAWorkerAreRefusedAndTheJobGoesOn) {
   EXPECT_NE(ReadFile(nan.stderr_path()).find("not finite"), std::string::npos)
       << ReadFile(nan.stderr_path());
 
-  const std::vector<float> after = ParseFloats(
-      RunTool("pull", Tool(address, {"--table=sparse", "--op=pull", "--keys=7"})));
+  const std::vector<float> after = ParseFloats(RunTool(
+      "pull", Tool(address, {"--table=sparse", "--op=pull", "--keys=7"})));
   ASSERT_EQ(after.size(), 1u);
   EXPECT_EQ(after[0], 0.0f);  // the NaN push changed nothing
   // No worker finished, so the job is not over; SIGTERM ends each process
   // cleanly.
   for (int i = 2; i >= 0; --i) {
-    processes_[i].Signal(SIGTERM);
-    auto exit = processes_[i].Wait(absl::Seconds(15));
+    processes_[i]->Signal(SIGTERM);
+    auto exit = processes_[i]->Wait(absl::Seconds(15));
     ASSERT_TRUE(exit.ok()) << exit.status();
-    EXPECT_EQ(*exit, 0) << ReadFile(processes_[i].stderr_path());
+    EXPECT_EQ(*exit, 0) << ReadFile(processes_[i]->stderr_path());
   }
 }
 
 TEST_F(MultiProcessTest, MemoryBudgetRefusalReachesTheWorkerProcess) {
-  const std::string address = StartCluster();
+  ASSERT_NO_FATAL_FAILURE(StartCluster());
+  const std::string& address = address_;
   // 1 KiB rows and a 1 MiB budget per server: under a thousand rows fit on
   // each server, 5000 new keys do not. The push fails with the server's
   // reason; nothing is applied.
@@ -245,8 +254,8 @@ TEST_F(MultiProcessTest, MemoryBudgetRefusalReachesTheWorkerProcess) {
   // The servers keep serving: a push that fits is applied.
   RunTool("small", Tool(address, {"--table=capped", "--op=push", "--keys=1-3",
                                   "--values=1"}));
-  const std::vector<float> after = ParseFloats(
-      RunTool("pull", Tool(address, {"--table=capped", "--op=pull", "--keys=2"})));
+  const std::vector<float> after = ParseFloats(RunTool(
+      "pull", Tool(address, {"--table=capped", "--op=pull", "--keys=2"})));
   ASSERT_EQ(after.size(), 256u);
   for (float v : after) EXPECT_EQ(v, -0.5f);
 
@@ -255,7 +264,8 @@ TEST_F(MultiProcessTest, MemoryBudgetRefusalReachesTheWorkerProcess) {
   const std::string stats = RunTool("stats", Tool(address, {"--op=stats"}));
   int capped_lines = 0;
   uint64_t rows = 0, refused = 0;
-  for (absl::string_view line : absl::StrSplit(stats, '\n', absl::SkipEmpty())) {
+  for (absl::string_view line :
+       absl::StrSplit(stats, '\n', absl::SkipEmpty())) {
     if (line.find("\"table\":\"capped\"") == absl::string_view::npos) continue;
     ++capped_lines;
     auto field = [&](absl::string_view name) {
@@ -264,7 +274,9 @@ TEST_F(MultiProcessTest, MemoryBudgetRefusalReachesTheWorkerProcess) {
       EXPECT_NE(at, absl::string_view::npos) << line;
       uint64_t v = 0;
       absl::string_view rest = line.substr(at + key.size());
-      EXPECT_TRUE(absl::SimpleAtoi(rest.substr(0, rest.find_first_of(",}")), &v)) << line;
+      EXPECT_TRUE(
+          absl::SimpleAtoi(rest.substr(0, rest.find_first_of(",}")), &v))
+          << line;
       return v;
     };
     rows += field("rows");
@@ -292,40 +304,45 @@ TEST_F(MultiProcessTest, BadConfigStopsEveryBinaryBeforeItStarts) {
     ASSERT_TRUE(code.ok()) << binary;
     EXPECT_EQ(*code, 2) << binary;
     const std::string err = ReadFile(p.stderr_path());
-    EXPECT_NE(err.find("cluster.num_servers"), std::string::npos) << binary << err;
-    EXPECT_NE(err.find("tables[0].sparse.dim"), std::string::npos) << binary << err;
+    EXPECT_NE(err.find("cluster.num_servers"), std::string::npos)
+        << binary << err;
+    EXPECT_NE(err.find("tables[0].sparse.dim"), std::string::npos)
+        << binary << err;
   }
   const std::string syntax = dir_ + "/syntax.pbtxt";
-  std::ofstream(syntax) << "cluster {\n  num_servers: 1\n  no_such_field: 3\n}\n";
-  Subprocess p = Start("syntax", {Runfile("scheduler/scheduler_main"),
-                                  "--config=" + syntax});
+  std::ofstream(syntax)
+      << "cluster {\n  num_servers: 1\n  no_such_field: 3\n}\n";
+  Subprocess p = Start(
+      "syntax", {Runfile("scheduler/scheduler_main"), "--config=" + syntax});
   auto code = p.Wait(absl::Seconds(10));
   ASSERT_TRUE(code.ok());
   EXPECT_EQ(*code, 2);
-  EXPECT_NE(ReadFile(p.stderr_path()).find("syntax.pbtxt:3:"), std::string::npos)
+  EXPECT_NE(ReadFile(p.stderr_path()).find("syntax.pbtxt:3:"),
+            std::string::npos)
       << ReadFile(p.stderr_path());
 }
 
 TEST_F(MultiProcessTest, SigtermStopsAServerCleanly) {
-  StartCluster();
+  ASSERT_NO_FATAL_FAILURE(StartCluster());
   // Wait until the servers registered (the scheduler logs it), then stop
   // one with SIGTERM: it must leave the job and exit 0.
   const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  while (ReadFile(processes_[0].stderr_path()).find("job running") ==
+  while (ReadFile(processes_[0]->stderr_path()).find("job running") ==
              std::string::npos &&
          absl::Now() < deadline) {
     absl::SleepFor(absl::Milliseconds(20));
   }
-  processes_[1].Signal(SIGTERM);
-  auto code = processes_[1].Wait(absl::Seconds(10));
+  processes_[1]->Signal(SIGTERM);
+  auto code = processes_[1]->Wait(absl::Seconds(10));
   ASSERT_TRUE(code.ok()) << code.status();
   EXPECT_EQ(*code, 0);
   // The scheduler saw it leave rather than time out.
   const absl::Time until = absl::Now() + absl::Seconds(5);
-  while (ReadFile(processes_[0].stderr_path()).find("server rank") ==
+  while (ReadFile(processes_[0]->stderr_path()).find("server rank") ==
              std::string::npos ||
-         ReadFile(processes_[0].stderr_path()).find("left") == std::string::npos) {
-    ASSERT_LT(absl::Now(), until) << ReadFile(processes_[0].stderr_path());
+         ReadFile(processes_[0]->stderr_path()).find("left") ==
+             std::string::npos) {
+    ASSERT_LT(absl::Now(), until) << ReadFile(processes_[0]->stderr_path());
     absl::SleepFor(absl::Milliseconds(20));
   }
 }
@@ -337,23 +354,32 @@ class KilledWorkerTest : public MultiProcessTest,
                          public ::testing::WithParamInterface<const char*> {};
 
 TEST_P(KilledWorkerTest, OthersFinishSoonAfterTheFailureIsDetected) {
-  std::ofstream(config_) << absl::StrCat(R"pb(
-    cluster { num_servers: 2 num_workers: 3 num_slots: 256
-              heartbeat_interval_ms: 100 heartbeat_timeout_ms: 1000
-              request_timeout_ms: 60000 }
-    consistency { )pb", GetParam(), R"pb( }
-    tables { id: 0 name: "w" sparse { dim: 1 }
+  const std::string config = absl::StrCat(
+      R"pb(
+        cluster {
+          num_servers: 2
+          num_workers: 3
+          num_slots: 256
+          heartbeat_interval_ms: 100
+          heartbeat_timeout_ms: 1000
+          request_timeout_ms: 60000
+        }
+        consistency {)pb",
+      GetParam(), R"pb(}
+                       tables { id: 0 name: "w" sparse { dim: 1 }
              optimizer { adagrad { learning_rate: 0.1 initial_accumulator: 1e-6 } } }
     tables { id: 1 name: "d" dense { size: 14 }
              optimizer { adagrad { learning_rate: 0.1 initial_accumulator: 1e-6 } } }
     data { synthetic_ctr { num_train: )pb",
-    // Slower processes (TimeoutScale > 1, e.g. ThreadSanitizer) train less,
-    // so the survivors' remaining work still fits the bound below.
-    static_cast<int>(150000 / TimeoutScale()), R"pb( num_test: 20000 } }
+      // Slower processes (TimeoutScale > 1, e.g. ThreadSanitizer) train less,
+      // so the survivors' remaining work still fits the bound below.
+      static_cast<int>(150000 / TimeoutScale()), R"pb(                                                       num_test: 20000 }
+                                                                                                             }
     training { batch_size: 256 epochs: 4 log_interval_s: 1
                sparse_table: "w" dense_table: "d" }
   )pb");
-  const std::string address = StartCluster();
+  ASSERT_NO_FATAL_FAILURE(StartCluster(config));
+  const std::string& address = address_;
   std::vector<Subprocess> workers;
   for (int i = 0; i < 3; ++i) {
     workers.push_back(Start(absl::StrCat("worker", i),
@@ -375,40 +401,46 @@ TEST_P(KilledWorkerTest, OthersFinishSoonAfterTheFailureIsDetected) {
   }
   ASSERT_GE(victim, 0) << "rank 2 never started training";
   absl::SleepFor(absl::Milliseconds(300));
-  ASSERT_TRUE(workers[victim].running()) << "trained too fast to be killed mid-way";
+  ASSERT_TRUE(workers[victim].running())
+      << "trained too fast to be killed mid-way";
   const absl::Time killed = absl::Now();
   workers[victim].Signal(SIGKILL);
 
   for (int i = 0; i < 3; ++i) {
     if (i == victim) continue;
     auto code = workers[i].Wait(absl::Seconds(45));
-    ASSERT_TRUE(code.ok()) << code.status() << "\n" << ReadFile(workers[i].stderr_path());
+    ASSERT_TRUE(code.ok()) << code.status() << "\n"
+                           << ReadFile(workers[i].stderr_path());
     EXPECT_EQ(*code, 0) << ReadFile(workers[i].stderr_path());
   }
   const absl::Duration after_kill = absl::Now() - killed;
   // Detection (1 s) plus the rest of the survivors' training; a stall would
   // last the 60 s request timeout (so the bound stays below it when scaled).
   EXPECT_LT(after_kill, absl::Seconds(25) * std::min(TimeoutScale(), 2.2));
-  const std::string scheduler_log = ReadFile(processes_[0].stderr_path());
+  const std::string scheduler_log = ReadFile(processes_[0]->stderr_path());
   EXPECT_NE(scheduler_log.find("worker rank 2 (node"), std::string::npos);
-  EXPECT_NE(scheduler_log.find("declared dead"), std::string::npos) << scheduler_log;
+  EXPECT_NE(scheduler_log.find("declared dead"), std::string::npos)
+      << scheduler_log;
   // Rank 0 evaluated the model trained by the survivors.
   bool summary = false;
   for (int i = 0; i < 3; ++i) {
-    if (i != victim) summary |= ReadFile(workers[i].stdout_path()).find("\"test_auc\"") != std::string::npos;
+    if (i != victim)
+      summary |= ReadFile(workers[i].stdout_path()).find("\"test_auc\"") !=
+                 std::string::npos;
   }
   EXPECT_TRUE(summary);
   std::printf("%s: survivors finished %.1f s after the kill\n", GetParam(),
               absl::ToDoubleSeconds(after_kill));
-  for (Subprocess& p : processes_) {
-    auto code = p.Wait(absl::Seconds(15));
+  for (Subprocess* p : processes_) {
+    auto code = p->Wait(absl::Seconds(15));
     ASSERT_TRUE(code.ok()) << code.status();
     EXPECT_EQ(*code, 0);
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, KilledWorkerTest,
-                         ::testing::Values("mode: BSP", "mode: SSP staleness: 2"));
+                         ::testing::Values("mode: BSP",
+                                           "mode: SSP staleness: 2"));
 
 }  // namespace
 }  // namespace ps

@@ -1,4 +1,4 @@
-// Issue 25 acceptance, network faults: real processes of a job, each in
+// Network faults: real processes of a job, each in
 // its own network namespace of a NetworkLab (tests/testing/netns.h), with
 // links cut (nftables) or slowed (tc tbf) while the job trains.
 //
@@ -12,18 +12,17 @@
 // reference, once per test process) for its test AUC and examples.
 //
 // Scenarios (each a TEST; seeded choices printed with a replay command):
-//  ServerCutFromScheduler (acceptance 3): a server (every server is the
-//    primary of some slots) cut from the scheduler both ways, workers still
-//    reaching it, until the scheduler declared it dead, then healed. The
-//    job finishes at the reference AUC (within 0.005); the cut-off server
-//    exits 3 (dropped) once it learns it was dropped, every other process
-//    0.
-//  NetworkFaultLedger.LedgerSurvivesServerCutFromScheduler (acceptance 3,
-//    exact; no reference run): instead of trainers, the ledger pushers of
-//    pause_test's server case (tests/testing/ledger.h: integer SGD
-//    pushes, a ledger of what was acknowledged), each in a worker's
-//    namespace, push to 3 servers (replication 2); a seeded server rank
-//    is cut from the scheduler both ways 0-0.5 s into the pushes until
+//  ServerCutFromScheduler: a server (every server is the primary of some
+//    slots) cut from the scheduler both ways, workers still reaching it,
+//    until the scheduler declared it dead, then healed. The job finishes at the
+//    reference AUC (within 0.005); the cut-off server exits 3 (dropped) once it
+//    learns it was dropped, every other process 0.
+//  NetworkFaultLedger.LedgerSurvivesServerCutFromScheduler (the exact
+//    form of the case above; no reference run): instead of trainers, the
+//    ledger pushers of pause_test's server case (tests/testing/ledger.h:
+//    integer SGD pushes, a ledger of what was acknowledged), each in a
+//    worker's namespace, push to 3 servers (replication 2); a seeded server
+//    rank is cut from the scheduler both ways 0-0.5 s into the pushes until
 //    declared dead and a seeded 0-1 s more, the pushers still reaching
 //    it, then healed. Every key ends at exactly minus the sum of its
 //    acknowledged pushes (none lost, none applied twice: a server that
@@ -32,15 +31,15 @@
 //    lease lapsed ("lease lapsed" in its log) and exited 3 after the heal
 //    (the job cannot end before the ledger's reader finishes it, so exit
 //    4 is no outcome); every other process exits 0. About 5 s.
-//  WorkerCutFromScheduler / WorkerCutFromEverything (acceptance 4): a
-//    worker cut from the scheduler (or from every node) until declared
+//  WorkerCutFromScheduler / WorkerCutFromEverything: a worker cut from
+//    the scheduler (or from every node) until declared
 //    dead, then healed. It stops or rejoins (exit 0 or 3); the job
 //    finishes, the workers trained together at least the reference's
 //    examples, AUC within the bound, and no process runs on longer than
 //    kOutlive after the job's summary.
-//  WorkerServerOneWay / WorkerServerBothWays (acceptance 5): a worker and
-//    a server cut one way (seeded direction) or both ways, healed after a
-//    seeded time up to 1.5 x request_timeout_ms. WorkerServerNeverHealed:
+//  WorkerServerCut.OneWayHealed / BothWaysHealed: a worker and a server
+//    cut one way (seeded direction) or both ways, healed after a seeded
+//    time up to 1.5 x request_timeout_ms. WorkerServerCut.BothWaysNeverHealed:
 //    cut both ways until the job ends. SlowWorkerLink: a worker's link
 //    limited to 2 mbit each way for a seeded 2-4 s (the whole job at that
 //    rate would take minutes). Each must end within
@@ -64,17 +63,13 @@
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
-#include <fstream>
 #include <functional>
 #include <map>
 #include <memory>
 #include <optional>
 #include <random>
-#include <regex>
 #include <set>
 #include <string>
-#include <string_view>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -85,10 +80,10 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
+#include "tests/testing/fault_trials.h"
 #include "tests/testing/job_harness.h"
 #include "tests/testing/ledger.h"
 #include "tests/testing/netns.h"
@@ -97,23 +92,14 @@
 ABSL_FLAG(int64_t, net_seed, -1,
           "Seed of the scenarios' choices; 0 picks one from the time. Default: "
           "$NET_SEED, else 1.");
-ABSL_FLAG(int32_t, net_trials, -1, "Trials per scenario. Default: $NET_TRIALS, else 1.");
+ABSL_FLAG(int32_t, net_trials, -1,
+          "Trials per scenario. Default: $NET_TRIALS, else 1.");
 
-namespace ps {
+namespace ps::testing {
 namespace {
-
-using ::ps::testing::JobHarness;
-using ::ps::testing::JsonNumber;
-using ::ps::testing::LedgerPushers;
-using ::ps::testing::NetworkLab;
-using ::ps::testing::ReadFile;
-using ::ps::testing::Runfile;
-using ::ps::testing::Scaled;
-using ::ps::testing::Subprocess;
 
 constexpr int kServers = 3;
 constexpr int kWorkers = 2;
-constexpr double kAucTolerance = 0.005;
 constexpr int kFailoverTimeoutMs = 8000;
 // A node cut from the scheduler gives up (exit 4) after this long.
 constexpr int kSchedulerUnreachableMs = 8000;
@@ -125,28 +111,17 @@ constexpr absl::Duration kOutlive = absl::Seconds(10);
 // Errors a worker may fail with when a server stays unreachable to it
 // (worker/kv_client.cc): a request unanswered past request_timeout_ms,
 // or no live owner of a slot past failover_timeout_ms.
-const char* const kExpectedErrors[] = {"did not answer request", "no live server owns"};
-
-int64_t Setting(int64_t flag, const char* env, int64_t fallback) {
-  if (flag >= 0) return flag;
-  int64_t v;
-  if (const char* s = std::getenv(env); s != nullptr && absl::SimpleAtoi(s, &v)) return v;
-  return fallback;
-}
+const char* const kExpectedErrors[] = {"did not answer request",
+                                       "no live server owns"};
 
 uint64_t Seed() {
-  static const uint64_t seed = [] {
-    int64_t s = Setting(absl::GetFlag(FLAGS_net_seed), "NET_SEED", 1);
-    if (s == 0) s = absl::ToUnixMicros(absl::Now()) & 0x7fffffff;
-    return static_cast<uint64_t>(s);
-  }();
+  static const uint64_t seed =
+      SeedSetting(absl::GetFlag(FLAGS_net_seed), "NET_SEED");
   return seed;
 }
-bool Sanitizer() {
-  const char* s = std::getenv("PS_SANITIZER");
-  return s != nullptr && std::string_view(s) == "1";
+int Trials() {
+  return Setting(absl::GetFlag(FLAGS_net_trials), "NET_TRIALS", 1);
 }
-int Trials() { return Setting(absl::GetFlag(FLAGS_net_trials), "NET_TRIALS", 1); }
 // A sanitizer build runs every process several times slower: a 1 s
 // timeout would declare live nodes dead.
 int HeartbeatTimeoutMs() { return Sanitizer() ? 3000 : 1000; }
@@ -159,36 +134,14 @@ int HeartbeatTimeoutMs() { return Sanitizer() ? 3000 : 1000; }
 int RequestTimeoutMs() { return Sanitizer() ? 10000 : 5000; }
 
 std::string JobConfig() {
-  return absl::StrFormat(R"pb(
-    name: "netfault"
-    cluster {
-      num_servers: %d
-      num_workers: %d
-      num_slots: 256
-      heartbeat_interval_ms: 100
-      heartbeat_timeout_ms: %d
-      request_timeout_ms: %d
-      failover_timeout_ms: %d
-      scheduler_unreachable_timeout_ms: %d
-      replication: 2
-      on_worker_loss: REASSIGN
-    }
-    consistency { mode: ASYNC }
-    tables {
-      id: 0 name: "w" sparse { dim: 1 }
-      optimizer { adagrad { learning_rate: 0.1 initial_accumulator: 1e-6 } }
-    }
-    tables {
-      id: 1 name: "d" dense { size: 14 }
-      optimizer { adagrad { learning_rate: 0.1 initial_accumulator: 1e-6 } }
-    }
-    data { synthetic_ctr { num_train: 1200000 num_test: 20000 seed: 1 } }
-    training {
-      batch_size: 256 epochs: 2 log_interval_s: 1
-      sparse_table: "w" dense_table: "d"
-    }
-  )pb", kServers, kWorkers, HeartbeatTimeoutMs(), RequestTimeoutMs(), kFailoverTimeoutMs,
-      kSchedulerUnreachableMs);
+  return CtrJobConfig(
+      JobHead("netfault", kServers, kWorkers, 256, HeartbeatTimeoutMs(),
+              absl::StrCat("request_timeout_ms: ", RequestTimeoutMs(),
+                           " failover_timeout_ms: ", kFailoverTimeoutMs,
+                           " scheduler_unreachable_timeout_ms: ",
+                           kSchedulerUnreachableMs,
+                           " replication: 2 on_worker_loss: REASSIGN")),
+      "mode: ASYNC", 1200000);
 }
 
 std::vector<std::string> NodeNames() {
@@ -199,39 +152,6 @@ std::vector<std::string> NodeNames() {
 }
 
 constexpr uint64_t kBatch = 256;
-
-// What the workers trained together: the sum of "trained N examples" over
-// every worker's log (a worker that rejoined prints only what it trained
-// after rejoining; one dropped for good prints nothing), plus the part of
-// every orphaned shard that its dropped worker had reported done when the
-// scheduler handed the rest on ("shard S orphaned at epoch E batch B": E
-// epochs of `shard_epoch_examples` and B batches). Whoever took the shard
-// over counts the rest from there, so the total reaches the reference's
-// only if nothing of the shard was skipped.
-uint64_t ExamplesTrained(JobHarness& job, uint64_t shard_epoch_examples) {
-  static const std::regex kTrained("trained ([0-9]+) examples");
-  static const std::regex kOrphaned("shard [0-9]+ orphaned at epoch ([0-9]+) batch ([0-9]+)");
-  uint64_t total = 0;
-  for (int i = 0; i < job.num_worker_processes(); ++i) {
-    const std::string log = ReadFile(job.worker(i).stderr_path());
-    for (std::sregex_iterator it(log.begin(), log.end(), kTrained), end; it != end; ++it) {
-      total += std::stoull((*it)[1].str());
-    }
-  }
-  const std::string log = ReadFile(job.dir() + "/scheduler.log");
-  for (std::sregex_iterator it(log.begin(), log.end(), kOrphaned), end; it != end; ++it) {
-    total += std::stoull((*it)[1].str()) * shard_epoch_examples +
-             std::stoull((*it)[2].str()) * kBatch;
-  }
-  return total;
-}
-
-std::string LineWith(const std::string& text, const std::string& needle) {
-  const size_t at = text.find(needle);
-  if (at == std::string::npos) return "";
-  const size_t begin = text.rfind('\n', at) + 1;
-  return text.substr(begin, text.find('\n', at) - begin);
-}
 
 // The reference: the undisturbed job, once per process.
 struct Reference {
@@ -265,7 +185,8 @@ class NetworkFaultTest : public ::testing::Test {
       GTEST_SKIP() << "no network lab here: " << why;
     }
     if (!NetworkLab::InPrivateNetwork()) {
-      GTEST_SKIP() << "this process could not enter a private network namespace";
+      GTEST_SKIP()
+          << "this process could not enter a private network namespace";
     }
     start_ = absl::Now();
   }
@@ -282,22 +203,21 @@ class NetworkFaultTest : public ::testing::Test {
   }
 
   static std::string ReplayCommand() {
-    return absl::StrCat("bazel test --config=opt //tests:network_fault_test "
-                        "--test_filter=",
-                        ::testing::UnitTest::GetInstance()->current_test_info()->test_suite_name(),
-                        ".", TestName(), " --test_arg=--net_seed=", Seed());
+    return absl::StrCat(
+        "bazel test --config=opt //tests:network_fault_test "
+        "--test_filter=",
+        ::testing::UnitTest::GetInstance()
+            ->current_test_info()
+            ->test_suite_name(),
+        ".", TestName(), " --test_arg=--net_seed=", Seed());
   }
 
   // The generator of trial `trial` of this test: its choices depend only
   // on (seed, test name, trial).
   static std::mt19937_64 Rng(int trial) {
-    const std::string name = TestName();
-    std::vector<uint32_t> seeds = {static_cast<uint32_t>(Seed()),
-                                   static_cast<uint32_t>(Seed() >> 32),
-                                   static_cast<uint32_t>(trial)};
-    for (char c : name) seeds.push_back(static_cast<unsigned char>(c));
-    std::seed_seq seq(seeds.begin(), seeds.end());
-    return std::mt19937_64(seq);
+    std::vector<uint32_t> words = {static_cast<uint32_t>(trial)};
+    for (char c : TestName()) words.push_back(static_cast<unsigned char>(c));
+    return ::ps::testing::TrialRng(Seed(), words);
   }
 
   // A lab with a namespace per process and a harness running the job in
@@ -348,7 +268,8 @@ class NetworkFaultTest : public ::testing::Test {
 
   // Waits until every server and worker is a live member; their node ids
   // by process name.
-  static absl::StatusOr<std::map<std::string, uint64_t>> WaitForMembers(JobHarness& job) {
+  static absl::StatusOr<std::map<std::string, uint64_t>> WaitForMembers(
+      JobHarness& job) {
     const absl::Time deadline = absl::Now() + Scaled(absl::Seconds(60));
     while (true) {
       auto status = job.Status();
@@ -357,12 +278,14 @@ class NetworkFaultTest : public ::testing::Test {
         for (const NodeInfo& node : status->view().nodes()) {
           if (node.state() != ALIVE) continue;
           for (int i = 0; i < job.num_servers(); ++i) {
-            if (node.role() == SERVER && node.pid() == static_cast<uint32_t>(job.server(i).pid())) {
+            if (node.role() == SERVER &&
+                node.pid() == static_cast<uint32_t>(job.server(i).pid())) {
               ids[JobHarness::ServerName(i)] = node.node_id();
             }
           }
           for (int i = 0; i < job.num_worker_processes(); ++i) {
-            if (node.role() == WORKER && node.pid() == static_cast<uint32_t>(job.worker(i).pid())) {
+            if (node.role() == WORKER &&
+                node.pid() == static_cast<uint32_t>(job.worker(i).pid())) {
               ids[JobHarness::WorkerName(i)] = node.node_id();
             }
           }
@@ -370,7 +293,8 @@ class NetworkFaultTest : public ::testing::Test {
         if (ids.size() == static_cast<size_t>(kServers + kWorkers)) return ids;
       }
       if (absl::Now() > deadline) {
-        return absl::DeadlineExceededError("not every server and worker registered in 60 s");
+        return absl::DeadlineExceededError(
+            "not every server and worker registered in 60 s");
       }
       absl::SleepFor(absl::Milliseconds(20));
     }
@@ -378,32 +302,31 @@ class NetworkFaultTest : public ::testing::Test {
 
   // The scheduler's "declared dead" line of a node that is not one of
   // `victims`, or "".
-  static std::string FalseDeath(JobHarness& job, const std::map<std::string, uint64_t>& ids,
+  static std::string FalseDeath(JobHarness& job,
+                                const std::map<std::string, uint64_t>& ids,
                                 const std::set<std::string>& victims) {
     const std::vector<uint64_t> dead = job.DeclaredDead();
     for (const auto& [name, id] : ids) {
       if (victims.count(name) > 0) continue;
       if (std::find(dead.begin(), dead.end(), id) == dead.end()) continue;
-      std::string log;
-      for (int n = 0; n <= job.scheduler_restarts(); ++n) {
-        log += ReadFile(job.dir() + (n == 0 ? "/scheduler.log"
-                                            : absl::StrCat("/scheduler.", n, ".log")));
-      }
-      return LineWith(log, absl::StrCat("(node ", id, ") declared dead"));
+      return DeclaredDeadLine(job, id);
     }
     return "";
   }
 
   // Waits until the scheduler declared `name` dead.
-  static absl::Status WaitDeclaredDead(JobHarness& job, uint64_t id, absl::Duration timeout) {
+  static absl::Status WaitDeclaredDead(JobHarness& job, uint64_t id,
+                                       absl::Duration timeout) {
     const absl::Time deadline = absl::Now() + Scaled(timeout);
     while (absl::Now() < deadline) {
       const std::vector<uint64_t> dead = job.DeclaredDead();
-      if (std::find(dead.begin(), dead.end(), id) != dead.end()) return absl::OkStatus();
+      if (std::find(dead.begin(), dead.end(), id) != dead.end())
+        return absl::OkStatus();
       absl::SleepFor(absl::Milliseconds(20));
     }
     return absl::DeadlineExceededError(
-        absl::StrCat("node ", id, " not declared dead within ", absl::FormatDuration(timeout)));
+        absl::StrCat("node ", id, " not declared dead within ",
+                     absl::FormatDuration(timeout)));
   }
 
   // What a job ended with.
@@ -426,7 +349,8 @@ class NetworkFaultTest : public ::testing::Test {
     JobHarness& h = *job.harness;
     auto ids = WaitForMembers(h);
     if (!ids.ok()) {
-      ended.problem = absl::StrCat(ids.status().ToString(), "\n", h.LogTails(30));
+      ended.problem =
+          absl::StrCat(ids.status().ToString(), "\n", h.LogTails(30));
       return ended;
     }
     h.set_abort_check([&] { return FalseDeath(h, *ids, d.victims); });
@@ -446,7 +370,8 @@ class NetworkFaultTest : public ::testing::Test {
     // timeouts and slack. Past it the job hangs.
     const absl::Duration bound =
         Scaled(reference_.elapsed * 3 + d.extra +
-               absl::Milliseconds(RequestTimeoutMs() + kFailoverTimeoutMs) + absl::Seconds(30));
+               absl::Milliseconds(RequestTimeoutMs() + kFailoverTimeoutMs) +
+               absl::Seconds(30));
     const absl::Time deadline = absl::Now() + bound;
     const std::string summary_path = h.dir() + "/summary.json";
     absl::Time summary_at = absl::InfiniteFuture();
@@ -465,33 +390,35 @@ class NetworkFaultTest : public ::testing::Test {
         return ended;
       }
       struct stat st;
-      if (summary_at == absl::InfiniteFuture() && stat(summary_path.c_str(), &st) == 0) {
+      if (summary_at == absl::InfiniteFuture() &&
+          stat(summary_path.c_str(), &st) == 0) {
         summary_at = absl::Now();
       }
       if (absl::Now() > summary_at + Scaled(d.outlive)) {
-        ended.problem = absl::StrCat(absl::StrJoin(running, ", "), " still running ",
-                                     absl::FormatDuration(d.outlive),
-                                     " after the job's summary was written\n",
-                                     h.LogTails(30));
+        ended.problem = absl::StrCat(
+            absl::StrJoin(running, ", "), " still running ",
+            absl::FormatDuration(d.outlive),
+            " after the job's summary was written\n", h.LogTails(30));
         return ended;
       }
       if (absl::Now() > deadline) {
-        ended.problem = absl::StrCat("HANG: ", absl::StrJoin(running, ", "),
-                                     " still running after ", absl::FormatDuration(bound),
-                                     "\n", h.LogTails(40));
+        ended.problem = absl::StrCat(
+            "HANG: ", absl::StrJoin(running, ", "), " still running after ",
+            absl::FormatDuration(bound), "\n", h.LogTails(40));
         return ended;
       }
       absl::SleepFor(absl::Milliseconds(50));
     }
     auto result = h.Wait(absl::Seconds(5));
     if (!result.ok()) {
-      ended.problem = absl::StrCat(result.status().ToString(), "\n", h.LogTails(30));
+      ended.problem =
+          absl::StrCat(result.status().ToString(), "\n", h.LogTails(30));
       return ended;
     }
     ended.result = *result;
     // The reference trains 2 epochs of kWorkers shards.
-    ended.examples = ExamplesTrained(
-        h, have_reference_ ? reference_.examples / kWorkers / 2 : 0);
+    ended.examples = ExamplesTrainedWithOrphans(
+        h, have_reference_ ? reference_.examples / kWorkers / 2 : 0, kBatch);
     last_logs_ = h.LogTails(40);
     last_dir_ = h.dir();
     return ended;
@@ -503,8 +430,9 @@ class NetworkFaultTest : public ::testing::Test {
     for (int attempt = 0; attempt < 2; ++attempt) {
       Ended ended = RunJob(attempt == 0 ? run : run + "-again", d);
       if (!ended.stall.empty()) {
-        std::printf("  STALLED, a node the test did not cut was declared dead: %s%s\n",
-                    ended.stall.c_str(), attempt == 0 ? "; running it again" : "");
+        std::printf(
+            "  STALLED, a node the test did not cut was declared dead: %s%s\n",
+            ended.stall.c_str(), attempt == 0 ? "; running it again" : "");
         std::fflush(stdout);
         continue;
       }
@@ -533,13 +461,15 @@ class NetworkFaultTest : public ::testing::Test {
     for (int c : r.workers) ok &= c == 0;
     const std::optional<double> auc = JsonNumber(r.summary, "test_auc");
     if (!ok || !auc.has_value()) {
-      ADD_FAILURE() << "the undisturbed reference job failed in the lab: " << r.summary
-                    << "\n" << last_logs_;
+      ADD_FAILURE() << "the undisturbed reference job failed in the lab: "
+                    << r.summary << "\n"
+                    << last_logs_;
       return false;
     }
     reference_.auc = *auc;
     reference_.examples = ended->examples;
-    reference_.steps = static_cast<uint64_t>(JsonNumber(r.summary, "rank0_steps").value_or(0));
+    reference_.steps =
+        static_cast<uint64_t>(JsonNumber(r.summary, "rank0_steps").value_or(0));
     reference_.elapsed = r.elapsed;
     have_reference_ = true;
     std::printf("reference: test AUC %.5f, %" PRIu64 " examples, %" PRIu64
@@ -564,10 +494,12 @@ class NetworkFaultTest : public ::testing::Test {
     const JobHarness::Result& r = *e.result;
     auto check_code = [&](const std::string& name, int code) {
       auto it = allowed.find(name);
-      const std::set<int> ok = it != allowed.end() ? it->second : std::set<int>{0};
+      const std::set<int> ok =
+          it != allowed.end() ? it->second : std::set<int>{0};
       EXPECT_TRUE(ok.count(code) > 0)
-          << what << ": " << name << " exited with " << code << ", expected one of {"
-          << absl::StrJoin(ok, ",") << "}\n" << last_logs_;
+          << what << ": " << name << " exited with " << code
+          << ", expected one of {" << absl::StrJoin(ok, ",") << "}\n"
+          << last_logs_;
     };
     check_code("scheduler", r.scheduler);
     for (size_t i = 0; i < r.servers.size(); ++i) {
@@ -576,20 +508,28 @@ class NetworkFaultTest : public ::testing::Test {
     for (size_t i = 0; i < r.workers.size(); ++i) {
       check_code(JobHarness::WorkerName(i), r.workers[i]);
     }
-    EXPECT_EQ(r.summaries, 1) << what << ": workers printing a summary\n" << last_logs_;
+    EXPECT_EQ(r.summaries, 1) << what << ": workers printing a summary\n"
+                              << last_logs_;
     const std::optional<double> auc = JsonNumber(r.summary, "test_auc");
-    ASSERT_TRUE(auc.has_value()) << what << ": no test AUC in '" << r.summary << "'\n"
-                                 << last_logs_;
+    ASSERT_TRUE(auc.has_value())
+        << what << ": no test AUC in '" << r.summary << "'\n"
+        << last_logs_;
     EXPECT_NEAR(*auc, reference_.auc, kAucTolerance)
-        << what << ": test AUC against the undisturbed reference\n" << last_logs_;
+        << what << ": test AUC against the undisturbed reference\n"
+        << last_logs_;
     EXPECT_GE(e.examples, reference_.examples)
-        << what << ": the workers trained fewer examples than the reference: some of "
-        << "the data was never trained\n" << last_logs_;
-    std::printf("  finished: test AUC %.5f (%+.5f), %" PRIu64 " examples (reference %" PRIu64
-                "), %.1f s; exit codes scheduler %d servers [%s] workers [%s]\n",
-                *auc, *auc - reference_.auc, e.examples, reference_.examples,
-                absl::ToDoubleSeconds(r.elapsed), r.scheduler,
-                absl::StrJoin(r.servers, ",").c_str(), absl::StrJoin(r.workers, ",").c_str());
+        << what
+        << ": the workers trained fewer examples than the reference: some of "
+        << "the data was never trained\n"
+        << last_logs_;
+    std::printf(
+        "  finished: test AUC %.5f (%+.5f), %" PRIu64
+        " examples (reference %" PRIu64
+        "), %.1f s; exit codes scheduler %d servers [%s] workers [%s]\n",
+        *auc, *auc - reference_.auc, e.examples, reference_.examples,
+        absl::ToDoubleSeconds(r.elapsed), r.scheduler,
+        absl::StrJoin(r.servers, ",").c_str(),
+        absl::StrJoin(r.workers, ",").c_str());
     std::fflush(stdout);
   }
 
@@ -602,29 +542,33 @@ class NetworkFaultTest : public ::testing::Test {
   // Partitions `a` and `b` once worker(`watch`) reaches `step`, waits
   // until the scheduler declared `victim` dead when given (the cut
   // outlasted the timeout), holds the cut for `hold` more, then heals it.
-  static absl::Status CutAndHeal(JobHarness& job, NetworkLab& lab, int watch, uint64_t step,
-                                 const std::vector<std::pair<std::string, std::string>>& cuts,
-                                 NetworkLab::Direction direction, uint64_t victim_id,
-                                 absl::Duration hold, std::string* notes) {
+  static absl::Status CutAndHeal(
+      JobHarness& job, NetworkLab& lab, int watch, uint64_t step,
+      const std::vector<std::pair<std::string, std::string>>& cuts,
+      NetworkLab::Direction direction, uint64_t victim_id, absl::Duration hold,
+      std::string* notes) {
     absl::Status at = AtStep(job, watch, step);
     if (absl::IsAborted(at)) return at;
-    absl::StrAppend(notes, at.ok() ? absl::StrCat("cut at step >= ", step)
-                                   : absl::StrCat("cut late (", at.message(), ")"));
+    absl::StrAppend(notes, at.ok()
+                               ? absl::StrCat("cut at step >= ", step)
+                               : absl::StrCat("cut late (", at.message(), ")"));
     for (const auto& [a, b] : cuts) {
       if (auto s = lab.Partition(a, b, direction); !s.ok()) return s;
     }
     const absl::Time cut_at = absl::Now();
     if (victim_id != 0) {
-      absl::Status dead = WaitDeclaredDead(job, victim_id,
-                                           absl::Milliseconds(HeartbeatTimeoutMs()) +
-                                               absl::Seconds(10));
+      absl::Status dead = WaitDeclaredDead(
+          job, victim_id,
+          absl::Milliseconds(HeartbeatTimeoutMs()) + absl::Seconds(10));
       if (!dead.ok()) return dead;
-      absl::StrAppend(notes, absl::StrFormat("; declared dead %.2f s after the cut",
-                                             absl::ToDoubleSeconds(absl::Now() - cut_at)));
+      absl::StrAppend(
+          notes, absl::StrFormat("; declared dead %.2f s after the cut",
+                                 absl::ToDoubleSeconds(absl::Now() - cut_at)));
     }
     absl::SleepFor(hold);
-    absl::StrAppend(notes, absl::StrFormat("; healed %.2f s after the cut",
-                                           absl::ToDoubleSeconds(absl::Now() - cut_at)));
+    absl::StrAppend(
+        notes, absl::StrFormat("; healed %.2f s after the cut",
+                               absl::ToDoubleSeconds(absl::Now() - cut_at)));
     return lab.HealAll();
   }
 
@@ -651,101 +595,102 @@ class NetworkFault : public NetworkFaultTest {
     ASSERT_TRUE(EnsureReference());
     shared_reference = new Reference(reference_);
   }
+
+  // What RunNodeCut cuts off.
+  enum class Cut {
+    kServerFromScheduler,
+    kWorkerFromScheduler,
+    kWorkerFromEverything
+  };
+
+  // A seeded server or worker cut from the scheduler (or a worker from
+  // every node) at a seeded step until the scheduler declared it dead,
+  // held a seeded 0-1 s more, then healed. The server must exit 3 once it
+  // learns it was dropped (or 4 when healed only after the job's end: it
+  // cannot learn it then, and gives up on the scheduler after
+  // kSchedulerUnreachableMs); the worker stops (dropped: 3) or rejoins and
+  // finishes (0).
+  void RunNodeCut(const std::string& kind, Cut cut) {
+    const bool server = cut == Cut::kServerFromScheduler;
+    const bool everything = cut == Cut::kWorkerFromEverything;
+    for (int trial = 0; trial < Trials(); ++trial) {
+      std::mt19937_64 rng = Rng(trial);
+      const int index =
+          static_cast<int>(rng() % (server ? kServers : kWorkers));
+      // Early, and healed soon: the job must outlast the cut by enough for
+      // the node to reach the scheduler again and learn it was dropped
+      // (after the job's end the scheduler is gone; the node would give up
+      // only after kSchedulerUnreachableMs, exit 4).
+      const uint64_t step = StepAt(rng, 10, 25);
+      const absl::Duration hold = absl::Milliseconds(rng() % 1000);
+      const std::string name = server ? JobHarness::ServerName(index)
+                                      : JobHarness::WorkerName(index);
+      Disturbance d;
+      d.what = absl::StrFormat(
+          "trial %d: %s cut from %s at step %d, healed %d ms after declared "
+          "dead; replay: %s",
+          trial, name, everything ? "every node" : "the scheduler", step,
+          absl::ToInt64Milliseconds(hold), ReplayCommand());
+      std::printf("%s\n", d.what.c_str());
+      d.victims = {name};
+      d.extra = hold + absl::Seconds(15);
+      if (server)
+        d.outlive = absl::Milliseconds(kSchedulerUnreachableMs) + kOutlive;
+      std::string notes;
+      bool healed_after_end = false;
+      d.act = [&](JobHarness& job, NetworkLab& lab) {
+        auto ids = WaitForMembers(job);
+        if (!ids.ok()) return ids.status();
+        std::vector<std::pair<std::string, std::string>> cuts;
+        for (const std::string& other : NodeNames()) {
+          if (other == "scheduler" || (everything && other != name)) {
+            cuts.emplace_back(name, other);
+          }
+        }
+        // A server's step is worker 0's.
+        absl::Status s = CutAndHeal(job, lab, server ? 0 : index, step, cuts,
+                                    NetworkLab::Direction::kBoth, (*ids)[name],
+                                    hold, &notes);
+        struct stat st;
+        healed_after_end =
+            stat((job.dir() + "/summary.json").c_str(), &st) == 0;
+        if (healed_after_end)
+          absl::StrAppend(&notes, "; healed after the job's end");
+        return s;
+      };
+      auto ended = Run(absl::StrCat(kind, "-", trial), d);
+      std::printf("  %s\n", notes.c_str());
+      if (!ended) continue;
+      std::set<int> codes = {kExitDropped};
+      if (!server) codes.insert(0);
+      if (server && healed_after_end) codes.insert(4);
+      CheckFinished(*ended, d.what, {{name, codes}});
+      if (!server) continue;
+      // Whether it refused requests on a lapsed lease before the workers
+      // moved on (a window of about a heartbeat; not asserted).
+      const std::string lapsed = LineWith(
+          ReadFile(absl::StrCat(last_dir_, "/", name, ".log")), "lease");
+      std::printf("  %s's lease: %s\n", name.c_str(),
+                  lapsed.empty() ? "(no line)" : lapsed.c_str());
+    }
+  }
 };
 
 TEST_F(NetworkFault, ServerCutFromScheduler) {
-  for (int trial = 0; trial < Trials(); ++trial) {
-    std::mt19937_64 rng = Rng(trial);
-    const int server = static_cast<int>(rng() % kServers);
-    const uint64_t step = StepAt(rng, 10, 25);
-    const absl::Duration hold = absl::Milliseconds(rng() % 1000);
-    const std::string name = JobHarness::ServerName(server);
-    Disturbance d;
-    d.what = absl::StrFormat("trial %d: %s cut from the scheduler at step %d, healed %d ms "
-                             "after declared dead; replay: %s",
-                             trial, name, step, absl::ToInt64Milliseconds(hold),
-                             ReplayCommand());
-    std::printf("%s\n", d.what.c_str());
-    d.victims = {name};
-    d.extra = hold + absl::Seconds(15);
-    // Healed only after the job ended, it cannot learn it was dropped: it
-    // gives up on the scheduler (exit 4) after kSchedulerUnreachableMs.
-    d.outlive = absl::Milliseconds(kSchedulerUnreachableMs) + kOutlive;
-    std::string notes;
-    bool healed_after_end = false;
-    d.act = [&](JobHarness& job, NetworkLab& lab) {
-      auto ids = WaitForMembers(job);
-      if (!ids.ok()) return ids.status();
-      absl::Status s = CutAndHeal(job, lab, 0, step, {{name, "scheduler"}},
-                                  NetworkLab::Direction::kBoth, (*ids)[name], hold, &notes);
-      struct stat st;
-      healed_after_end = stat((job.dir() + "/summary.json").c_str(), &st) == 0;
-      if (healed_after_end) absl::StrAppend(&notes, "; healed after the job's end");
-      return s;
-    };
-    auto ended = Run(absl::StrCat("server-cut-", trial), d);
-    std::printf("  %s\n", notes.c_str());
-    if (!ended) continue;
-    CheckFinished(*ended, d.what,
-                  {{name, healed_after_end ? std::set<int>{kExitDropped, 4}
-                                           : std::set<int>{kExitDropped}}});
-    // Whether it refused requests on a lapsed lease before the workers
-    // moved on (a window of about a heartbeat; not asserted).
-    const std::string lapsed =
-        LineWith(ReadFile(absl::StrCat(last_dir_, "/", name, ".log")), "lease");
-    std::printf("  %s's lease: %s\n", name.c_str(), lapsed.empty() ? "(no line)" : lapsed.c_str());
-  }
+  RunNodeCut("server-cut", Cut::kServerFromScheduler);
 }
 
-// ---- Acceptance 3, exact: the push ledger under a server cut ----
+// ---- The push ledger under a server cut: exactly once ----
 
 // The ledger job (tests/testing/ledger.h): a sparse SGD table of integer
 // sums, kWorkers pushers as the workers. Request and failover timeouts are
 // long, so a push fails only on a lost view, never on a slow machine.
 std::string LedgerConfig() {
-  return absl::StrFormat(R"pb(
-    name: "netfault-ledger"
-    cluster {
-      num_servers: %d
-      num_workers: %d
-      num_slots: 64
-      heartbeat_interval_ms: 100
-      heartbeat_timeout_ms: %d
-      request_timeout_ms: 60000
-      failover_timeout_ms: 60000
-      scheduler_unreachable_timeout_ms: %d
-      replication: 2
-    }
-    tables {
-      id: 0
-      name: "sgd"
-      sparse { dim: 1 }
-      optimizer { sgd { learning_rate: 1 } }
-      init { kind: ZEROS }
-    }
-  )pb", kServers, kWorkers, HeartbeatTimeoutMs(), kSchedulerUnreachableMs);
-}
-
-std::vector<std::string> LinesWith(const std::string& text, const std::string& needle) {
-  std::vector<std::string> lines;
-  for (absl::string_view line : absl::StrSplit(text, '\n')) {
-    if (absl::StrContains(line, needle)) lines.emplace_back(line);
-  }
-  return lines;
-}
-
-// The rank server(i) registered as, once it logged it (up to 20 s).
-std::optional<uint32_t> ServerRank(JobHarness& job, int i) {
-  static const std::regex kRank("registered as server ([0-9]+)");
-  const absl::Time give_up = absl::Now() + Scaled(absl::Seconds(20));
-  while (absl::Now() < give_up) {
-    const std::string log = ReadFile(job.server(i).stderr_path());
-    std::smatch m;
-    if (std::regex_search(log, m, kRank)) return static_cast<uint32_t>(std::stoul(m[1].str()));
-    if (!job.server(i).running()) return std::nullopt;
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  return std::nullopt;
+  return LedgerJobConfig(JobHead(
+      "netfault-ledger", kServers, kWorkers, 64, HeartbeatTimeoutMs(),
+      absl::StrCat("request_timeout_ms: 60000 failover_timeout_ms: 60000 "
+                   "scheduler_unreachable_timeout_ms: ",
+                   kSchedulerUnreachableMs, " replication: 2")));
 }
 
 // Acknowledged pushes in the pushers' ledgers (dir/ledger<i>) whose keys
@@ -755,11 +700,13 @@ struct GroupAcks {
   uint64_t all = 0;
   uint64_t since = 0;
 };
-GroupAcks AcksOfGroup(const std::string& dir, uint32_t group, absl::Time since) {
+GroupAcks AcksOfGroup(const std::string& dir, uint32_t group,
+                      absl::Time since) {
   GroupAcks acks;
   const int64_t since_us = absl::ToUnixMicros(since);
   for (int i = 0; i < kWorkers; ++i) {
-    for (const std::string& line : LinesWith(ReadFile(absl::StrCat(dir, "/ledger", i)), "ack ")) {
+    for (const std::string& line :
+         LinesWith(ReadFile(absl::StrCat(dir, "/ledger", i)), "ack ")) {
       std::vector<std::string> f = absl::StrSplit(line, ' ', absl::SkipEmpty());
       uint32_t g;
       int64_t ack_us;
@@ -774,48 +721,53 @@ GroupAcks AcksOfGroup(const std::string& dir, uint32_t group, absl::Time since) 
   return acks;
 }
 
-// Acceptance 3 with the exact check of pause_test's server case, for a
-// partition instead of a pause: the pushers (each in its own namespace,
-// reaching every server) push while a primary is cut from the scheduler
-// both ways until declared dead and a seeded hold more, then healed. No
-// reference run is needed.
+// ServerCutFromScheduler with the exact check of pause_test's server
+// case, for a partition instead of a pause: the pushers (each in its own
+// namespace, reaching every server) push while a primary is cut from the
+// scheduler both ways until declared dead and a seeded hold more, then healed.
+// No reference run is needed.
 class NetworkFaultLedger : public NetworkFaultTest {
  protected:
   // One attempt; the "declared dead" line of a node the test did not cut
   // when the machine stalled one (run again), else "" (failures added).
   std::string LedgerCut(const std::string& run, int trial, uint32_t victim_rank,
-                        absl::Duration cut_after, absl::Duration hold, const std::string& what,
-                        std::string* notes) {
+                        absl::Duration cut_after, absl::Duration hold,
+                        const std::string& what, std::string* notes) {
     Job job = StartJob(run, LedgerConfig(), /*num_workers=*/0);
     if (job.harness == nullptr) return "";
     JobHarness& h = *job.harness;
     NetworkLab& lab = *job.lab;
     int victim = -1;
     for (int i = 0; i < h.num_servers(); ++i) {
-      std::optional<uint32_t> rank = ServerRank(h, i);
+      std::optional<uint32_t> rank = WaitForServerRank(h, i, absl::Seconds(20));
       if (!rank) {
-        ADD_FAILURE() << what << ": server" << i << " did not register\n" << h.LogTails(20);
+        ADD_FAILURE() << what << ": server" << i << " did not register\n"
+                      << h.LogTails(20);
         return "";
       }
       if (*rank == victim_rank) victim = i;
     }
     if (victim < 0) {
-      ADD_FAILURE() << what << ": no server registered as rank " << victim_rank << "\n"
+      ADD_FAILURE() << what << ": no server registered as rank " << victim_rank
+                    << "\n"
                     << h.LogTails(20);
       return "";
     }
     const std::string name = JobHarness::ServerName(victim);
     // The scheduler names nodes "server rank R (node N)".
-    const std::string victim_tag = absl::StrCat("server rank ", victim_rank, " (node");
+    const std::string victim_tag =
+        absl::StrCat("server rank ", victim_rank, " (node");
     const std::string scheduler_log = h.dir() + "/scheduler.log";
     auto false_death = [&]() -> std::string {
-      for (const std::string& line : LinesWith(ReadFile(scheduler_log), "declared dead")) {
+      for (const std::string& line :
+           LinesWith(ReadFile(scheduler_log), "declared dead")) {
         if (!absl::StrContains(line, victim_tag)) return line;
       }
       return "";
     };
     auto victim_dead = [&] {
-      for (const std::string& line : LinesWith(ReadFile(scheduler_log), "declared dead")) {
+      for (const std::string& line :
+           LinesWith(ReadFile(scheduler_log), "declared dead")) {
         if (absl::StrContains(line, victim_tag)) return true;
       }
       return false;
@@ -838,13 +790,15 @@ class NetworkFaultLedger : public NetworkFaultTest {
     auto pushers = LedgerPushers::Start(ledger, absl::Seconds(30));
     if (!pushers.ok()) {
       std::string stall = false_death();
-      if (stall.empty()) ADD_FAILURE() << what << ": " << pushers.status() << "\n"
-                                       << h.LogTails(20);
+      if (stall.empty())
+        ADD_FAILURE() << what << ": " << pushers.status() << "\n"
+                      << h.LogTails(20);
       return stall;
     }
 
     absl::SleepFor(cut_after);
-    if (absl::Status s = lab.Partition(name, "scheduler", NetworkLab::Direction::kBoth);
+    if (absl::Status s =
+            lab.Partition(name, "scheduler", NetworkLab::Direction::kBoth);
         !s.ok()) {
       ADD_FAILURE() << what << ": " << s;
       return "";
@@ -864,11 +818,13 @@ class NetworkFaultLedger : public NetworkFaultTest {
     }
     const absl::Time healed_at = absl::Now();
     *notes = absl::StrFormat("%s %.2f s after the cut, healed %.2f s after it",
-                             declared ? "declared dead" : "NOT declared dead", absl::ToDoubleSeconds(declared_at - cut_at),
+                             declared ? "declared dead" : "NOT declared dead",
+                             absl::ToDoubleSeconds(declared_at - cut_at),
                              absl::ToDoubleSeconds(healed_at - cut_at));
     if (!declared) {
       ADD_FAILURE() << what << ": the scheduler did not declare " << name
-                    << " dead within 20 s of the cut\n" << h.LogTails(20);
+                    << " dead within 20 s of the cut\n"
+                    << h.LogTails(20);
       return "";
     }
     // Healed, it reaches the scheduler, learns it was dropped and exits;
@@ -887,16 +843,18 @@ class NetworkFaultLedger : public NetworkFaultTest {
       ADD_FAILURE() << what << ": " << p;
     }
     const GroupAcks acks = AcksOfGroup(h.dir(), victim_rank, cut_at);
-    absl::StrAppendFormat(notes,
-                          "; %d pushes acknowledged, %d of them to rank %u's slots (%d after "
-                          "the cut)",
-                          verdict.acknowledged, acks.all, victim_rank, acks.since);
+    absl::StrAppendFormat(
+        notes,
+        "; %d pushes acknowledged, %d of them to rank %u's slots (%d after "
+        "the cut)",
+        verdict.acknowledged, acks.all, victim_rank, acks.since);
     // A primary of what the pushers write, and written to across the cut.
     if (acks.all == 0 || acks.since == 0) {
       ok = false;
-      ADD_FAILURE() << what << ": " << acks.all << " pushes to rank " << victim_rank
-                    << "'s slots acknowledged (" << acks.since
-                    << " after the cut): the cut server was no primary the pushers used";
+      ADD_FAILURE()
+          << what << ": " << acks.all << " pushes to rank " << victim_rank
+          << "'s slots acknowledged (" << acks.since
+          << " after the cut): the cut server was no primary the pushers used";
     }
     const std::string log = ReadFile(h.server(victim).stderr_path());
     // The lease (3/4 of the heartbeat timeout from the last acknowledged
@@ -904,44 +862,43 @@ class NetworkFaultLedger : public NetworkFaultTest {
     // and the pushers, which reach it, keep sending until they get the
     // view without it: it must refuse them.
     const std::vector<std::string> lapsed = LinesWith(log, "lease lapsed");
-    const std::vector<std::string> fenced = LinesWith(log, "no longer a member");
+    const std::vector<std::string> fenced =
+        LinesWith(log, "no longer a member");
     absl::StrAppendFormat(notes, "; %s refused on its lapsed lease: %s", name,
                           lapsed.empty() ? "NO" : lapsed.front());
-    if (!fenced.empty()) absl::StrAppendFormat(notes, "; refused as dropped: %s", fenced.front());
+    if (!fenced.empty())
+      absl::StrAppendFormat(notes, "; refused as dropped: %s", fenced.front());
     if (lapsed.empty()) {
       ok = false;
       ADD_FAILURE() << what << ": " << name
-                    << " never refused a request on its lapsed lease (no 'lease lapsed' in "
+                    << " never refused a request on its lapsed lease (no "
+                       "'lease lapsed' in "
                        "its log) though the pushers reached it";
     }
     if (!code.ok()) {
       ok = false;
       ADD_FAILURE() << what << ": " << name << " still ran 15 s after the heal";
     } else {
-      absl::StrAppendFormat(notes, "; %s exited with %d %.2f s after the heal", name, *code,
-                            absl::ToDoubleSeconds(*h.server(victim).exited_at() - healed_at));
-      if (*code != kExitDropped || !absl::StrContains(log, "dropped by the scheduler")) {
+      absl::StrAppendFormat(
+          notes, "; %s exited with %d %.2f s after the heal", name, *code,
+          absl::ToDoubleSeconds(*h.server(victim).exited_at() - healed_at));
+      if (*code != kExitDropped ||
+          !absl::StrContains(log, "dropped by the scheduler")) {
         ok = false;
-        ADD_FAILURE() << what << ": " << name << " exited with " << *code << " (expected "
-                      << kExitDropped << ", 'dropped by the scheduler' in its log)";
+        ADD_FAILURE() << what << ": " << name << " exited with " << *code
+                      << " (expected " << kExitDropped
+                      << ", 'dropped by the scheduler' in its log)";
       }
     }
     if (!result.ok()) {
       ok = false;
       ADD_FAILURE() << what << ": " << result.status();
     } else {
-      if (result->scheduler != 0) {
-        ok = false;
-        ADD_FAILURE() << what << ": the scheduler exited with " << result->scheduler;
-      }
-      for (int i = 0; i < h.num_servers(); ++i) {
-        if (i != victim && result->servers[i] != 0) {
-          ok = false;
-          ADD_FAILURE() << what << ": server" << i << " exited with " << result->servers[i];
-        }
-      }
+      ok &= ExpectSchedulerAndServersExitedZero(*result, what, victim);
     }
-    if (!ok) ADD_FAILURE() << what << ": logs of " << h.dir() << "\n" << h.LogTails(30);
+    if (!ok)
+      ADD_FAILURE() << what << ": logs of " << h.dir() << "\n"
+                    << h.LogTails(30);
     return "";
   }
 };
@@ -953,7 +910,8 @@ TEST_F(NetworkFaultLedger, LedgerSurvivesServerCutFromScheduler) {
     const absl::Duration cut_after = absl::Milliseconds(rng() % 500);
     const absl::Duration hold = absl::Milliseconds(rng() % 1000);
     const std::string what = absl::StrFormat(
-        "trial %d: server rank %u cut from the scheduler %d ms into the pushes, healed %d ms "
+        "trial %d: server rank %u cut from the scheduler %d ms into the "
+        "pushes, healed %d ms "
         "after declared dead; replay: %s",
         trial, victim_rank, absl::ToInt64Milliseconds(cut_after),
         absl::ToInt64Milliseconds(hold), ReplayCommand());
@@ -961,16 +919,18 @@ TEST_F(NetworkFaultLedger, LedgerSurvivesServerCutFromScheduler) {
     std::fflush(stdout);
     for (int attempt = 0; attempt < 2; ++attempt) {
       std::string notes;
-      const std::string stall =
-          LedgerCut(absl::StrCat("ledger-cut-", trial, attempt == 0 ? "" : "-again"), trial,
-                    victim_rank, cut_after, hold, what, &notes);
+      const std::string stall = LedgerCut(
+          absl::StrCat("ledger-cut-", trial, attempt == 0 ? "" : "-again"),
+          trial, victim_rank, cut_after, hold, what, &notes);
       std::printf("  %s\n", notes.c_str());
       if (stall.empty()) break;
-      std::printf("  STALLED, a node the test did not cut was declared dead: %s%s\n",
-                  stall.c_str(), attempt == 0 ? "; running it again" : "");
+      std::printf(
+          "  STALLED, a node the test did not cut was declared dead: %s%s\n",
+          stall.c_str(), attempt == 0 ? "; running it again" : "");
       std::fflush(stdout);
       if (attempt == 1) {
-        ADD_FAILURE() << what << ": stalled twice: the machine is too busy for a "
+        ADD_FAILURE() << what
+                      << ": stalled twice: the machine is too busy for a "
                       << HeartbeatTimeoutMs() << " ms heartbeat timeout";
       }
     }
@@ -979,83 +939,20 @@ TEST_F(NetworkFaultLedger, LedgerSurvivesServerCutFromScheduler) {
 }
 
 TEST_F(NetworkFault, WorkerCutFromScheduler) {
-  for (int trial = 0; trial < Trials(); ++trial) {
-    std::mt19937_64 rng = Rng(trial);
-    const int worker = static_cast<int>(rng() % kWorkers);
-    // Early, and healed soon: the job must outlast the cut by enough for
-    // the worker to reach the scheduler again and learn it was dropped
-    // (after the job's end the scheduler is gone; the worker would give up
-    // only after kSchedulerUnreachableMs, exit 4).
-    const uint64_t step = StepAt(rng, 10, 25);
-    const absl::Duration hold = absl::Milliseconds(rng() % 1000);
-    const std::string name = JobHarness::WorkerName(worker);
-    Disturbance d;
-    d.what = absl::StrFormat("trial %d: %s cut from the scheduler at step %d, healed %d ms "
-                             "after declared dead; replay: %s",
-                             trial, name, step, absl::ToInt64Milliseconds(hold),
-                             ReplayCommand());
-    std::printf("%s\n", d.what.c_str());
-    d.victims = {name};
-    d.extra = hold + absl::Seconds(15);
-    std::string notes;
-    d.act = [&](JobHarness& job, NetworkLab& lab) {
-      auto ids = WaitForMembers(job);
-      if (!ids.ok()) return ids.status();
-      return CutAndHeal(job, lab, worker, step, {{name, "scheduler"}},
-                        NetworkLab::Direction::kBoth, (*ids)[name], hold, &notes);
-    };
-    auto ended = Run(absl::StrCat("worker-cut-", trial), d);
-    std::printf("  %s\n", notes.c_str());
-    if (!ended) continue;
-    // It stops (dropped: 3) or rejoins and finishes (0).
-    CheckFinished(*ended, d.what, {{name, {0, kExitDropped}}});
-  }
+  RunNodeCut("worker-cut", Cut::kWorkerFromScheduler);
 }
-
 TEST_F(NetworkFault, WorkerCutFromEverything) {
-  for (int trial = 0; trial < Trials(); ++trial) {
-    std::mt19937_64 rng = Rng(trial);
-    const int worker = static_cast<int>(rng() % kWorkers);
-    // Early, and healed soon: the job must outlast the cut by enough for
-    // the worker to reach the scheduler again and learn it was dropped
-    // (after the job's end the scheduler is gone; the worker would give up
-    // only after kSchedulerUnreachableMs, exit 4).
-    const uint64_t step = StepAt(rng, 10, 25);
-    const absl::Duration hold = absl::Milliseconds(rng() % 1000);
-    const std::string name = JobHarness::WorkerName(worker);
-    Disturbance d;
-    d.what = absl::StrFormat("trial %d: %s cut from every node at step %d, healed %d ms "
-                             "after declared dead; replay: %s",
-                             trial, name, step, absl::ToInt64Milliseconds(hold),
-                             ReplayCommand());
-    std::printf("%s\n", d.what.c_str());
-    d.victims = {name};
-    d.extra = hold + absl::Seconds(15);
-    std::string notes;
-    d.act = [&](JobHarness& job, NetworkLab& lab) {
-      auto ids = WaitForMembers(job);
-      if (!ids.ok()) return ids.status();
-      std::vector<std::pair<std::string, std::string>> cuts;
-      for (const std::string& other : NodeNames()) {
-        if (other != name) cuts.emplace_back(name, other);
-      }
-      return CutAndHeal(job, lab, worker, step, cuts, NetworkLab::Direction::kBoth,
-                        (*ids)[name], hold, &notes);
-    };
-    auto ended = Run(absl::StrCat("worker-isolated-", trial), d);
-    std::printf("  %s\n", notes.c_str());
-    if (!ended) continue;
-    CheckFinished(*ended, d.what, {{name, {0, kExitDropped}}});
-  }
+  RunNodeCut("worker-isolated", Cut::kWorkerFromEverything);
 }
 
-// Acceptance 5: a worker and a server cut from each other while both still
+// A worker and a server cut from each other while both still
 // reach the scheduler. The job finishes, or the worker fails with one of
 // kExpectedErrors (and the job still ends, with its summary, at the
 // reference's AUC: its shard goes to the other worker).
 class WorkerServerCut : public NetworkFault {
  protected:
-  void RunCut(const std::string& kind, bool heal, std::optional<NetworkLab::Direction> fixed) {
+  void RunCut(const std::string& kind, bool heal,
+              std::optional<NetworkLab::Direction> fixed) {
     for (int trial = 0; trial < Trials(); ++trial) {
       std::mt19937_64 rng = Rng(trial);
       const int worker = static_cast<int>(rng() % kWorkers);
@@ -1069,17 +966,19 @@ class WorkerServerCut : public NetworkFault {
                                               : NetworkLab::Direction::kBtoA);
       const std::string w = JobHarness::WorkerName(worker);
       const std::string s = JobHarness::ServerName(server);
-      const std::string how = direction == NetworkLab::Direction::kBoth ? "both ways"
-                              : direction == NetworkLab::Direction::kAtoB
-                                  ? absl::StrCat("one way (", w, " -> ", s, " dropped)")
-                                  : absl::StrCat("one way (", s, " -> ", w, " dropped)");
+      const std::string how =
+          direction == NetworkLab::Direction::kBoth ? "both ways"
+          : direction == NetworkLab::Direction::kAtoB
+              ? absl::StrCat("one way (", w, " -> ", s, " dropped)")
+              : absl::StrCat("one way (", s, " -> ", w, " dropped)");
       Disturbance d;
-      d.what = absl::StrFormat("trial %d: %s and %s cut %s at step %d, %s; replay: %s", trial,
-                               w, s, how, step,
-                               heal ? absl::StrCat("healed after ",
-                                                   absl::ToInt64Milliseconds(hold), " ms")
-                                    : "never healed",
-                               ReplayCommand());
+      d.what = absl::StrFormat(
+          "trial %d: %s and %s cut %s at step %d, %s; replay: %s", trial, w, s,
+          how, step,
+          heal ? absl::StrCat("healed after ", absl::ToInt64Milliseconds(hold),
+                              " ms")
+               : "never healed",
+          ReplayCommand());
       std::printf("%s\n", d.what.c_str());
       // The worker may fail (and then be declared dead if it did not
       // leave); the server must not.
@@ -1102,16 +1001,19 @@ class WorkerServerCut : public NetworkFault {
       const JobHarness::Result& r = *ended->result;
       const int code = r.workers[worker];
       if (code != 0) {
-        const std::string log = ReadFile(absl::StrCat(last_dir_, "/", w, ".log"));
+        const std::string log =
+            ReadFile(absl::StrCat(last_dir_, "/", w, ".log"));
         std::string line;
         for (const char* e : kExpectedErrors) {
           if (line.empty()) line = LineWith(log, e);
         }
         EXPECT_FALSE(line.empty())
             << d.what << ": " << w << " exited with " << code
-            << " without any of the documented errors ('" << absl::StrJoin(kExpectedErrors, "', '")
-            << "')\n" << last_logs_;
-        std::printf("  %s failed as documented (exit %d): %s\n", w.c_str(), code, line.c_str());
+            << " without any of the documented errors ('"
+            << absl::StrJoin(kExpectedErrors, "', '") << "')\n"
+            << last_logs_;
+        std::printf("  %s failed as documented (exit %d): %s\n", w.c_str(),
+                    code, line.c_str());
       }
       CheckFinished(*ended, d.what, {{w, {0, 1}}});
     }
@@ -1135,10 +1037,10 @@ TEST_F(NetworkFault, SlowWorkerLink) {
     const absl::Duration window = absl::Milliseconds(2000 + rng() % 2000);
     const std::string w = JobHarness::WorkerName(worker);
     Disturbance d;
-    d.what = absl::StrFormat("trial %d: %s's link limited to 2 mbit each way from step %d "
-                             "for %d ms; replay: %s",
-                             trial, w, step, absl::ToInt64Milliseconds(window),
-                             ReplayCommand());
+    d.what = absl::StrFormat(
+        "trial %d: %s's link limited to 2 mbit each way from step %d "
+        "for %d ms; replay: %s",
+        trial, w, step, absl::ToInt64Milliseconds(window), ReplayCommand());
     std::printf("%s\n", d.what.c_str());
     d.victims = {w};
     d.extra = window + absl::Seconds(30);
@@ -1146,11 +1048,13 @@ TEST_F(NetworkFault, SlowWorkerLink) {
     d.act = [&](JobHarness& job, NetworkLab& lab) -> absl::Status {
       absl::Status at = AtStep(job, worker, step);
       if (absl::IsAborted(at)) return at;
-      if (auto s = lab.LimitBandwidth(w, "2mbit", "64kbit", "200ms"); !s.ok()) return s;
+      if (auto s = lab.LimitBandwidth(w, "2mbit", "64kbit", "200ms"); !s.ok())
+        return s;
       absl::SleepFor(window);
       auto drops = lab.LimitDrops(w);
-      notes = absl::StrCat("packets dropped by the limit: ",
-                           drops.ok() ? absl::StrCat(*drops) : drops.status().ToString());
+      notes = absl::StrCat(
+          "packets dropped by the limit: ",
+          drops.ok() ? absl::StrCat(*drops) : drops.status().ToString());
       return lab.ClearLimits(w);
     };
     auto ended = Run(absl::StrCat("slow-", trial), d);
@@ -1163,15 +1067,17 @@ TEST_F(NetworkFault, SlowWorkerLink) {
       for (const char* e : kExpectedErrors) {
         if (line.empty()) line = LineWith(log, e);
       }
-      EXPECT_FALSE(line.empty()) << d.what << ": " << w << " exited with " << r.workers[worker]
-                                 << " without a documented error\n" << last_logs_;
+      EXPECT_FALSE(line.empty())
+          << d.what << ": " << w << " exited with " << r.workers[worker]
+          << " without a documented error\n"
+          << last_logs_;
     }
     CheckFinished(*ended, d.what, {{w, {0, 1}}});
   }
 }
 
 }  // namespace
-}  // namespace ps
+}  // namespace ps::testing
 
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
@@ -1179,17 +1085,17 @@ int main(int argc, char** argv) {
   // Before any thread: this process becomes the hub of the labs, so the
   // harness's gRPC stub reaches the scheduler in its namespace.
   if (ps::testing::NetworkLab::Unavailable().empty()) {
-    if (absl::Status s = ps::testing::NetworkLab::EnterPrivateNetwork(); !s.ok()) {
-      std::fprintf(stderr, "EnterPrivateNetwork: %s\n", std::string(s.message()).c_str());
+    if (absl::Status s = ps::testing::NetworkLab::EnterPrivateNetwork();
+        !s.ok()) {
+      std::fprintf(stderr, "EnterPrivateNetwork: %s\n",
+                   std::string(s.message()).c_str());
       return 1;
     }
   }
-  std::printf("network fault seed %" PRIu64 ", %d trial(s) per scenario, heartbeat timeout "
+  std::printf("network fault seed %" PRIu64
+              ", %d trial(s) per scenario, heartbeat timeout "
               "%d ms\n",
-              ps::Seed(), ps::Trials(), ps::HeartbeatTimeoutMs());
-  const absl::Time start = absl::Now();
-  const int rc = RUN_ALL_TESTS();
-  std::printf("network_fault_test: %.1f s in all\n",
-              absl::ToDoubleSeconds(absl::Now() - start));
-  return rc;
+              ps::testing::Seed(), ps::testing::Trials(),
+              ps::testing::HeartbeatTimeoutMs());
+  return ps::testing::RunAllTestsTimed("network_fault_test");
 }

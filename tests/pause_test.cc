@@ -1,6 +1,5 @@
-// Issue 25 acceptance 3 and 4, pauses (loopback only): a node declared
-// dead that comes back (SIGSTOP past the heartbeat timeout, then SIGCONT)
-// never acts on a stale view.
+// Pauses (loopback only): a node declared dead that comes back (SIGSTOP
+// past the heartbeat timeout, then SIGCONT) never acts on a stale view.
 //
 // 1. PausedServerAcknowledgesNoPushForSlotsItLost: 3 servers with
 //    replication 2 and the ledger pushers of tests/replication_test.cc
@@ -20,9 +19,9 @@
 //    others exiting 0, one summary, every example trained at least once
 //    (the workers' "trained N examples" plus what a dropped worker had
 //    reported of its shard when the scheduler handed it on, together at
-//    least the undisturbed run's), a test AUC within 0.005 of an undisturbed run of the same mode
-//    (ASYNC: at least the spread of two undisturbed runs, printed when
-//    larger), and no process outliving the job's end (the summary
+//    least the undisturbed run's), a test AUC within 0.005 of an undisturbed
+//    run of the same mode (ASYNC: at least the spread of two undisturbed runs,
+//    printed when larger), and no process outliving the job's end (the summary
 //    printer's or the scheduler's exit, whichever is first) by more than
 //    5 s (scaled by PS_TIMEOUT_SCALE); that time is printed. The victim is
 //    paused early (by 35% of its steps) so the job normally still runs
@@ -35,8 +34,9 @@
 // machine stalled it past the timeout) proves nothing: it is abandoned,
 // reported as STALLED and run again once; a second stall fails the test.
 //
-// Flags (--test_arg=--fault_seed=5 under bazel test), each also read from
-// the environment when the flag is not given (--test_env=FAULT_SEED=5):
+// Flags (tests/testing/fault_flags.h; --test_arg=--fault_seed=5 under
+// bazel test), each also read from the environment when the flag is not
+// given (--test_env=FAULT_SEED=5):
 //   --fault_seed=N    (FAULT_SEED)    default 1; 0 picks one from the time
 //   --fault_trials=N  (FAULT_TRIALS)  worker trials per mode, default 2 (1
 //       under a sanitizer, PS_SANITIZER=1); server trials: 1
@@ -51,117 +51,44 @@
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
-#include <functional>
 #include <memory>
 #include <optional>
 #include <random>
-#include <regex>
 #include <string>
 #include <string_view>
 #include <vector>
 
-#include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/protocol.h"
 #include "gtest/gtest.h"
+#include "tests/testing/fault_flags.h"
+#include "tests/testing/fault_trials.h"
 #include "tests/testing/job_harness.h"
 #include "tests/testing/ledger.h"
 
-ABSL_FLAG(int64_t, fault_seed, -1,
-          "Seed of the trials' choices; 0 picks one from the time. Default: "
-          "$FAULT_SEED, else 1.");
-ABSL_FLAG(int32_t, fault_trials, -1,
-          "Worker trials per mode. Default: $FAULT_TRIALS, else 2 (1 under a "
-          "sanitizer).");
-ABSL_FLAG(int32_t, fault_trial, -1,
-          "Run only this trial (0-based). Default: $FAULT_TRIAL, else all.");
-ABSL_FLAG(int32_t, fault_heartbeat_timeout_ms, -1,
-          "The jobs' cluster.heartbeat_timeout_ms. Default: "
-          "$FAULT_HEARTBEAT_TIMEOUT_MS, else 1000 (3000 under a sanitizer).");
-
-namespace ps {
+namespace ps::testing {
 namespace {
 
-using ::ps::testing::JobHarness;
-using ::ps::testing::JsonNumber;
-using ::ps::testing::LedgerPushers;
-using ::ps::testing::ReadFile;
-using ::ps::testing::Scaled;
-using ::ps::testing::Subprocess;
-
-constexpr double kAucTolerance = 0.005;
 constexpr absl::Duration kJobTimeout = absl::Seconds(120);
 // How long a process may outlive the job's end.
 constexpr absl::Duration kMaxOutlive = absl::Seconds(5);
-constexpr int kAttempts = 2;
 
-int64_t Setting(int64_t flag, const char* env, int64_t fallback) {
-  if (flag >= 0) return flag;
-  int64_t v;
-  if (const char* s = std::getenv(env); s != nullptr && absl::SimpleAtoi(s, &v)) {
-    return v;
-  }
-  return fallback;
-}
-uint64_t Seed() {
-  static const uint64_t seed = [] {
-    int64_t s = Setting(absl::GetFlag(FLAGS_fault_seed), "FAULT_SEED", 1);
-    if (s == 0) s = absl::ToUnixMicros(absl::Now()) & 0x7fffffff;
-    return static_cast<uint64_t>(s);
-  }();
-  return seed;
-}
-// .bazelrc's sanitizer configs set PS_SANITIZER=1: every process runs
-// several times slower there.
-bool Sanitizer() {
-  const char* s = std::getenv("PS_SANITIZER");
-  return s != nullptr && std::string_view(s) == "1";
-}
-int Trials() {
-  return Setting(absl::GetFlag(FLAGS_fault_trials), "FAULT_TRIALS", Sanitizer() ? 1 : 2);
-}
-int OnlyTrial() { return Setting(absl::GetFlag(FLAGS_fault_trial), "FAULT_TRIAL", -1); }
-int HeartbeatTimeoutMs() {
-  return Setting(absl::GetFlag(FLAGS_fault_heartbeat_timeout_ms),
-                 "FAULT_HEARTBEAT_TIMEOUT_MS", Sanitizer() ? 3000 : 1000);
-}
 // The pause: past the point where the scheduler declares the node dead.
-absl::Duration Pause() { return absl::Milliseconds(HeartbeatTimeoutMs() * 5 / 2); }
+absl::Duration Pause() {
+  return absl::Milliseconds(FaultHeartbeatTimeoutMs() * 5 / 2);
+}
 
 // Choices depend only on (seed, test, mode, trial): one trial replays
-// alone. mt19937_64 and seed_seq are exactly specified; no library-defined
-// distributions.
+// alone.
 std::mt19937_64 TrialRng(uint32_t test, uint32_t mode, uint32_t trial) {
-  const uint64_t seed = Seed();
-  std::seed_seq seq{static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32), test,
-                    mode, trial};
-  return std::mt19937_64(seq);
+  return ::ps::testing::TrialRng(FaultSeed(), {test, mode, trial});
 }
 
 std::string ReplayCommand(const std::string& filter, int trial) {
-  std::string command = absl::StrCat(
-      "bazel test --config=opt //tests:pause_test --test_filter='", filter,
-      "' --test_arg=--fault_seed=", Seed(), " --test_arg=--fault_trial=", trial);
-  if (HeartbeatTimeoutMs() != (Sanitizer() ? 3000 : 1000)) {
-    absl::StrAppend(&command, " --test_arg=--fault_heartbeat_timeout_ms=",
-                    HeartbeatTimeoutMs());
-  }
-  return command;
-}
-
-std::vector<std::string> LinesWith(const std::string& text, const std::string& needle) {
-  std::vector<std::string> lines;
-  for (absl::string_view line : absl::StrSplit(text, '\n')) {
-    if (line.find(needle) != absl::string_view::npos) lines.emplace_back(line);
-  }
-  return lines;
+  return FaultReplayCommand("pause_test", filter, trial);
 }
 
 // The scheduler's "declared dead" lines not about `paused` (a substring
@@ -174,32 +101,6 @@ std::string FalseDeath(const JobHarness& job, const std::string& paused) {
   return "";
 }
 
-// What the workers trained together: the sum of "trained N examples" over
-// every worker's log (a worker dropped by the scheduler prints nothing for
-// what it trained before, one that rejoined only what it trained after),
-// plus the part of every orphaned shard that its dropped worker had
-// reported done when the scheduler handed the rest on ("shard S orphaned
-// at epoch E batch B": E epochs of `shard_epoch_examples` and B batches).
-// Whoever took the shard over counts the rest from there, so the total
-// reaches the undisturbed run's only if nothing was skipped.
-uint64_t ExamplesTrained(JobHarness& job, uint64_t shard_epoch_examples, uint64_t batch) {
-  static const std::regex kTrained("trained ([0-9]+) examples");
-  static const std::regex kOrphaned("shard [0-9]+ orphaned at epoch ([0-9]+) batch ([0-9]+)");
-  uint64_t total = 0;
-  for (int i = 0; i < job.num_worker_processes(); ++i) {
-    const std::string log = ReadFile(job.worker(i).stderr_path());
-    for (std::sregex_iterator it(log.begin(), log.end(), kTrained), end; it != end; ++it) {
-      total += std::stoull((*it)[1].str());
-    }
-  }
-  const std::string log = ReadFile(job.dir() + "/scheduler.log");
-  for (std::sregex_iterator it(log.begin(), log.end(), kOrphaned), end; it != end; ++it) {
-    total += std::stoull((*it)[1].str()) * shard_epoch_examples +
-             std::stoull((*it)[2].str()) * batch;
-  }
-  return total;
-}
-
 struct JobRun {
   bool ok = false;
   std::string stall;
@@ -210,20 +111,11 @@ struct JobRun {
   bool ended_in_pause = false;  // the job ended before the victim resumed
 };
 
-// Runs `attempt_fn` until it does not stall (at most kAttempts times).
-JobRun WithRetry(const std::string& what, const std::function<JobRun(int)>& attempt_fn) {
-  JobRun run;
-  for (int attempt = 0; attempt < kAttempts; ++attempt) {
-    run = attempt_fn(attempt);
-    if (run.stall.empty()) return run;
-    std::printf("  STALLED, a node the test did not pause was declared dead: %s\n",
-                run.stall.c_str());
-    std::fflush(stdout);
-  }
-  ADD_FAILURE() << what << ": stalled again (" << run.stall
-                << "): the machine is too busy for a heartbeat timeout of "
-                << HeartbeatTimeoutMs() << " ms (--fault_heartbeat_timeout_ms)";
-  return JobRun();
+// Runs `attempt_fn` until it does not stall (at most twice).
+template <typename Attempt>
+JobRun WithRetry(const std::string& what, Attempt attempt_fn) {
+  return RetryStalled(what, FaultHeartbeatTimeoutMs(), attempt_fn, nullptr,
+                      "(--fault_heartbeat_timeout_ms)");
 }
 
 std::string BaseDir(const std::string& test) {
@@ -235,40 +127,10 @@ std::string BaseDir(const std::string& test) {
 // ---- 1. A paused server ----
 
 std::string LedgerConfig() {
-  return absl::StrCat(R"pb(
-    name: "pause-ledger"
-    cluster {
-      num_servers: 3
-      num_workers: 2
-      num_slots: 64
-      heartbeat_interval_ms: 100
-      heartbeat_timeout_ms: )pb", HeartbeatTimeoutMs(), R"pb(
-      request_timeout_ms: 60000
-      failover_timeout_ms: 60000
-      replication: 2
-    }
-    tables {
-      id: 0
-      name: "sgd"
-      sparse { dim: 1 }
-      optimizer { sgd { learning_rate: 1 } }
-      init { kind: ZEROS }
-    }
-  )pb");
-}
-
-// The rank server(i) registered as, once it logged it (up to 20 s).
-std::optional<uint32_t> ServerRank(JobHarness& job, int i) {
-  static const std::regex kRank("registered as server ([0-9]+)");
-  const absl::Time give_up = absl::Now() + Scaled(absl::Seconds(20));
-  while (absl::Now() < give_up) {
-    const std::string log = ReadFile(job.server(i).stderr_path());
-    std::smatch m;
-    if (std::regex_search(log, m, kRank)) return static_cast<uint32_t>(std::stoul(m[1].str()));
-    if (!job.server(i).running()) return std::nullopt;
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  return std::nullopt;
+  return LedgerJobConfig(
+      JobHead("pause-ledger", 3, 2, 64, FaultHeartbeatTimeoutMs(),
+              "request_timeout_ms: 60000 failover_timeout_ms: 60000 "
+              "replication: 2"));
 }
 
 TEST(PauseTest, PausedServerAcknowledgesNoPushForSlotsItLost) {
@@ -278,16 +140,17 @@ TEST(PauseTest, PausedServerAcknowledgesNoPushForSlotsItLost) {
   const uint32_t victim_rank = static_cast<uint32_t>(rng() % 3);
   const int stop_after_ms = static_cast<int>(rng() % 500);
   const std::string what = absl::StrFormat(
-      "server trial %d: server rank %u SIGSTOPped %d ms into the pushes for %s", trial,
-      victim_rank, stop_after_ms, absl::FormatDuration(Pause()));
+      "server trial %d: server rank %u SIGSTOPped %d ms into the pushes for %s",
+      trial, victim_rank, stop_after_ms, absl::FormatDuration(Pause()));
   const std::string replay = ReplayCommand("*PausedServer*", trial);
-  std::printf("%s; seed %" PRIu64 "\n", what.c_str(), Seed());
+  std::printf("%s; seed %" PRIu64 "\n", what.c_str(), FaultSeed());
   std::fflush(stdout);
   SCOPED_TRACE(absl::StrCat(what, "; replay: ", replay));
   std::string notes;
-  JobRun run = WithRetry(what, [&](int attempt) -> JobRun {
+  const JobRun run = WithRetry(what, [&](int attempt) -> JobRun {
     JobRun r;
-    const std::string dir = absl::StrCat(BaseDir("pause-server"), "/attempt-", attempt);
+    const std::string dir =
+        absl::StrCat(BaseDir("pause-server"), "/attempt-", attempt);
     JobHarness::Options options;
     options.dir = dir;
     options.config = LedgerConfig();
@@ -301,20 +164,23 @@ TEST(PauseTest, PausedServerAcknowledgesNoPushForSlotsItLost) {
     JobHarness& job = **started;
     int victim = -1;
     for (int i = 0; i < job.num_servers(); ++i) {
-      std::optional<uint32_t> rank = ServerRank(job, i);
+      std::optional<uint32_t> rank =
+          WaitForServerRank(job, i, absl::Seconds(20));
       if (!rank) {
-        ADD_FAILURE() << what << ": server" << i << " did not register\n" << job.LogTails(20);
+        ADD_FAILURE() << what << ": server" << i << " did not register\n"
+                      << job.LogTails(20);
         return r;
       }
       if (*rank == victim_rank) victim = i;
     }
-    const std::string paused = absl::StrCat("server rank ", victim_rank, " (node");
+    const std::string paused =
+        absl::StrCat("server rank ", victim_rank, " (node");
     job.set_abort_check([&] { return FalseDeath(job, paused); });
     LedgerPushers::Options ledger;
     ledger.dir = dir;
     ledger.config_path = dir + "/job.pbtxt";
     ledger.scheduler_address = job.address();
-    ledger.seed = Seed() * 100 + trial;
+    ledger.seed = FaultSeed() * 100 + trial;
     auto pushers = LedgerPushers::Start(ledger, absl::Seconds(30));
     if (!pushers.ok()) {
       r.stall = FalseDeath(job, "");
@@ -344,11 +210,13 @@ TEST(PauseTest, PausedServerAcknowledgesNoPushForSlotsItLost) {
     }
     const absl::Time resumed = absl::Now();
     job.server(victim).Signal(SIGCONT);
-    notes = absl::StrFormat("paused %.2f s, %s", absl::ToDoubleSeconds(resumed - stopped),
+    notes = absl::StrFormat("paused %.2f s, %s",
+                            absl::ToDoubleSeconds(resumed - stopped),
                             declared ? "declared dead" : "NOT declared dead");
     if (!declared) {
-      ADD_FAILURE() << what << ": the scheduler did not declare the paused server dead\n"
-                    << job.LogTails(20);
+      ADD_FAILURE()
+          << what << ": the scheduler did not declare the paused server dead\n"
+          << job.LogTails(20);
       return r;
     }
     // The resumed server learns it was dropped and exits; the pushes go on.
@@ -366,11 +234,15 @@ TEST(PauseTest, PausedServerAcknowledgesNoPushForSlotsItLost) {
     const std::string victim_log = ReadFile(job.server(victim).stderr_path());
     if (!code.ok()) {
       ok = false;
-      ADD_FAILURE() << what << ": the resumed server still ran 10 s after SIGCONT";
+      ADD_FAILURE() << what
+                    << ": the resumed server still ran 10 s after SIGCONT";
     } else {
-      absl::StrAppendFormat(&notes, "; the resumed server exited with %d %.2f s after SIGCONT",
-                            *code, absl::ToDoubleSeconds(*job.server(victim).exited_at() - resumed));
-      if (*code != 3 || victim_log.find("dropped by the scheduler") == std::string::npos) {
+      absl::StrAppendFormat(
+          &notes, "; the resumed server exited with %d %.2f s after SIGCONT",
+          *code,
+          absl::ToDoubleSeconds(*job.server(victim).exited_at() - resumed));
+      if (*code != 3 ||
+          victim_log.find("dropped by the scheduler") == std::string::npos) {
         ok = false;
         ADD_FAILURE() << what << ": the resumed server exited with " << *code
                       << " (expected 3, 'dropped by the scheduler' in its log)";
@@ -380,16 +252,7 @@ TEST(PauseTest, PausedServerAcknowledgesNoPushForSlotsItLost) {
       ok = false;
       ADD_FAILURE() << what << ": " << result.status();
     } else {
-      if (result->scheduler != 0) {
-        ok = false;
-        ADD_FAILURE() << what << ": the scheduler exited with " << result->scheduler;
-      }
-      for (int i = 0; i < job.num_servers(); ++i) {
-        if (i != victim && result->servers[i] != 0) {
-          ok = false;
-          ADD_FAILURE() << what << ": server" << i << " exited with " << result->servers[i];
-        }
-      }
+      ok &= ExpectSchedulerAndServersExitedZero(*result, what, victim);
     }
     if (!ok) {
       ADD_FAILURE() << what << ": logs of " << dir << "\n" << job.LogTails(30);
@@ -422,38 +285,16 @@ constexpr uint64_t kBatch = 256;
 // cluster.scheduler_unreachable_timeout_ms of the worker jobs: a victim
 // resumed after the job ended (its scheduler gone) can learn nothing more
 // and gives up after this long (exit 4).
-int UnreachableMs() { return 5 * HeartbeatTimeoutMs(); }
+int UnreachableMs() { return 5 * FaultHeartbeatTimeoutMs(); }
 
 std::string JobConfig(const Mode& mode) {
-  return absl::StrFormat(R"pb(
-    name: "pause-%s"
-    cluster {
-      num_servers: 2
-      num_workers: %d
-      num_slots: 256
-      heartbeat_interval_ms: 100
-      heartbeat_timeout_ms: %d
-      request_timeout_ms: 60000
-      on_worker_loss: REASSIGN
-      scheduler_unreachable_timeout_ms: %d
-    }
-    consistency { %s }
-    tables {
-      id: 0 name: "w" sparse { dim: 1 }
-      optimizer { adagrad { learning_rate: 0.1 initial_accumulator: 1e-6 } }
-    }
-    tables {
-      id: 1 name: "d" dense { size: 14 }
-      optimizer { adagrad { learning_rate: 0.1 initial_accumulator: 1e-6 } }
-    }
-    data { synthetic_ctr { num_train: %d num_test: 20000 seed: 1 } }
-    training {
-      batch_size: 256 epochs: 2 log_interval_s: 1
-      sparse_table: "w" dense_table: "d"
-    }
-  )pb",
-                         mode.name, kWorkers, HeartbeatTimeoutMs(), UnreachableMs(),
-                         mode.consistency, kNumTrain);
+  return CtrJobConfig(
+      JobHead(absl::StrCat("pause-", mode.name), 2, kWorkers, 256,
+              FaultHeartbeatTimeoutMs(),
+              absl::StrCat("request_timeout_ms: 60000 on_worker_loss: REASSIGN "
+                           "scheduler_unreachable_timeout_ms: ",
+                           UnreachableMs())),
+      mode.consistency, kNumTrain);
 }
 
 class PausedWorkerTest : public ::testing::TestWithParam<int> {
@@ -463,49 +304,42 @@ class PausedWorkerTest : public ::testing::TestWithParam<int> {
   // Waits for the job's end and checks it; `victim` (or -1) may exit 0 or 3.
   // `resumed`: when the victim was SIGCONTed (InfinitePast if none).
   JobRun Finish(JobHarness& job, int victim, const std::string& paused,
-                const std::string& what, absl::Time resumed = absl::InfinitePast()) {
+                const std::string& what,
+                absl::Time resumed = absl::InfinitePast()) {
     JobRun run;
     auto result = job.Wait(kJobTimeout);
     if (!(run.stall = FalseDeath(job, paused)).empty()) return run;
     if (!result.ok()) {
-      ADD_FAILURE() << what << ": " << result.status() << "\n" << job.LogTails(40);
+      ADD_FAILURE() << what << ": " << result.status() << "\n"
+                    << job.LogTails(40);
       return run;
     }
-    bool ok = true;
-    if (result->scheduler != 0) {
-      ok = false;
-      ADD_FAILURE() << what << ": the scheduler exited with " << result->scheduler;
-    }
-    for (size_t i = 0; i < result->servers.size(); ++i) {
-      if (result->servers[i] != 0) {
-        ok = false;
-        ADD_FAILURE() << what << ": server" << i << " exited with " << result->servers[i];
-      }
-    }
+    bool ok = ExpectSchedulerAndServersExitedZero(*result, what);
     // Resumed after the job's end, the victim finds no scheduler: it gives
     // up after cluster.scheduler_unreachable_timeout_ms (exit 4).
     const bool ended_in_pause = *job.scheduler().exited_at() < resumed;
     for (size_t i = 0; i < result->workers.size(); ++i) {
       const int code = result->workers[i];
       if (code == 0 || (static_cast<int>(i) == victim && code == 3)) continue;
-      if (static_cast<int>(i) == victim && code == 4 && ended_in_pause) continue;
+      if (static_cast<int>(i) == victim && code == 4 && ended_in_pause)
+        continue;
       ok = false;
-      ADD_FAILURE() << what << ": worker" << i << " exited with " << code << ", expected 0"
+      ADD_FAILURE() << what << ": worker" << i << " exited with " << code
+                    << ", expected 0"
                     << (static_cast<int>(i) == victim ? " or 3" : "");
     }
-    if (result->summaries != 1) {
-      ok = false;
-      ADD_FAILURE() << what << ": " << result->summaries
-                    << " workers printed a summary, expected 1";
-    }
+    ok &= ExpectOneSummary(*result, what);
     run.summary = result->summary;
     run.elapsed = result->elapsed;
     run.auc = JsonNumber(result->summary, "test_auc").value_or(NAN);
-    run.steps = static_cast<uint64_t>(JsonNumber(result->summary, "rank0_steps").value_or(0));
-    run.examples = ExamplesTrained(job, kNumTrain / kWorkers, kBatch);
+    run.steps = static_cast<uint64_t>(
+        JsonNumber(result->summary, "rank0_steps").value_or(0));
+    run.examples =
+        ExamplesTrainedWithOrphans(job, kNumTrain / kWorkers, kBatch);
     if (!std::isfinite(run.auc)) {
       ok = false;
-      ADD_FAILURE() << what << ": no test_auc in the summary '" << result->summary << "'";
+      ADD_FAILURE() << what << ": no test_auc in the summary '"
+                    << result->summary << "'";
     }
     // The job's end: the summary printer's exit (it exits right after
     // printing) or the scheduler's, whichever came first.
@@ -515,7 +349,8 @@ class PausedWorkerTest : public ::testing::TestWithParam<int> {
       if (!result->worker_summaries[i].empty()) end = std::min(end, t);
       last = std::max(last, t);
     }
-    for (int i = 0; i < job.num_servers(); ++i) last = std::max(last, *job.server(i).exited_at());
+    for (int i = 0; i < job.num_servers(); ++i)
+      last = std::max(last, *job.server(i).exited_at());
     run.outlived = last - end;
     run.ended_in_pause = ended_in_pause;
     if (ended_in_pause) {
@@ -525,11 +360,13 @@ class PausedWorkerTest : public ::testing::TestWithParam<int> {
     if (run.outlived > Scaled(kMaxOutlive)) {
       ok = false;
       ADD_FAILURE() << what << ": the last process exited "
-                    << absl::FormatDuration(run.outlived) << " after the job's end (bound "
+                    << absl::FormatDuration(run.outlived)
+                    << " after the job's end (bound "
                     << absl::FormatDuration(Scaled(kMaxOutlive)) << ")";
     }
     if (!ok) {
-      ADD_FAILURE() << what << ": logs of " << job.dir() << "\n" << job.LogTails(40);
+      ADD_FAILURE() << what << ": logs of " << job.dir() << "\n"
+                    << job.LogTails(40);
       return run;
     }
     run.ok = true;
@@ -538,7 +375,8 @@ class PausedWorkerTest : public ::testing::TestWithParam<int> {
 
   std::unique_ptr<JobHarness> StartJob(const std::string& run) {
     JobHarness::Options options;
-    options.dir = absl::StrCat(BaseDir(absl::StrCat("pause-", mode().name)), "/", run);
+    options.dir =
+        absl::StrCat(BaseDir(absl::StrCat("pause-", mode().name)), "/", run);
     options.config = JobConfig(mode());
     options.num_servers = 2;
     options.num_workers = kWorkers;
@@ -550,9 +388,10 @@ class PausedWorkerTest : public ::testing::TestWithParam<int> {
 
 TEST_P(PausedWorkerTest, PausedWorkerStopsOrRejoins) {
   const absl::Time start = absl::Now();
-  std::printf("%s: fault seed %" PRIu64 ", %d trials, heartbeat timeout %d ms, pause %s\n",
-              mode().name, Seed(), Trials(), HeartbeatTimeoutMs(),
-              absl::FormatDuration(Pause()).c_str());
+  std::printf("%s: fault seed %" PRIu64
+              ", %d trials, heartbeat timeout %d ms, pause %s\n",
+              mode().name, FaultSeed(), FaultTrials(),
+              FaultHeartbeatTimeoutMs(), absl::FormatDuration(Pause()).c_str());
   // Undisturbed: one run, two in ASYNC (whose runs differ by thread
   // timing) to measure their spread.
   std::vector<JobRun> references;
@@ -560,14 +399,16 @@ TEST_P(PausedWorkerTest, PausedWorkerStopsOrRejoins) {
   for (int k = 0; k < num_references; ++k) {
     const std::string what = absl::StrCat(mode().name, " reference ", k);
     JobRun ref = WithRetry(what, [&](int attempt) -> JobRun {
-      std::unique_ptr<JobHarness> job = StartJob(absl::StrCat("reference-", k, "-", attempt));
+      std::unique_ptr<JobHarness> job =
+          StartJob(absl::StrCat("reference-", k, "-", attempt));
       if (job == nullptr) return JobRun();
       job->set_abort_check([&] { return FalseDeath(*job, ""); });
       return Finish(*job, -1, "", what);
     });
     ASSERT_TRUE(ref.ok);
     ASSERT_GT(ref.steps, 0u) << ref.summary;
-    std::printf("%s: test AUC %.5f, %" PRIu64 " steps, %" PRIu64 " examples, %.1f s\n",
+    std::printf("%s: test AUC %.5f, %" PRIu64 " steps, %" PRIu64
+                " examples, %.1f s\n",
                 what.c_str(), ref.auc, ref.steps, ref.examples,
                 absl::ToDoubleSeconds(ref.elapsed));
     references.push_back(ref);
@@ -580,84 +421,83 @@ TEST_P(PausedWorkerTest, PausedWorkerStopsOrRejoins) {
   }
   const double tolerance = std::max(kAucTolerance, hi - lo);
   if (tolerance > kAucTolerance) {
-    std::printf("%s: the undisturbed runs alone spread %.5f (> %.3f): that is the tolerance\n",
-                mode().name, hi - lo, kAucTolerance);
+    std::printf(
+        "%s: the undisturbed runs alone spread %.5f (> %.3f): that is the "
+        "tolerance\n",
+        mode().name, hi - lo, kAucTolerance);
   }
   const JobRun& reference = references[0];
   std::fflush(stdout);
 
   int failed = 0;
-  for (int trial = 0; trial < Trials(); ++trial) {
-    if (OnlyTrial() >= 0 && trial != OnlyTrial()) continue;
+  for (int trial = 0; trial < FaultTrials(); ++trial) {
+    if (SkipTrial(trial)) continue;
     std::mt19937_64 rng = TrialRng(2, GetParam(), trial);
     const uint32_t victim_rank = static_cast<uint32_t>(rng() % kWorkers);
     // Early enough that the survivor still trains when the pause ends.
     const uint64_t step = 1 + rng() % (reference.steps * 35 / 100);
     const absl::Duration pause = Pause() + absl::Milliseconds(rng() % 501);
-    const std::string what =
-        absl::StrFormat("%s trial %d: worker rank %u SIGSTOPped at step %d for %s",
-                        mode().name, trial, victim_rank, step, absl::FormatDuration(pause));
-    const std::string replay = ReplayCommand(absl::StrCat("*/", mode().name), trial);
-    std::printf("%s\n", what.c_str());
-    std::fflush(stdout);
-    SCOPED_TRACE(absl::StrCat(what, "; seed ", Seed(), "; replay: ", replay));
+    const std::string what = absl::StrFormat(
+        "%s trial %d: worker rank %u SIGSTOPped at step %d for %s", mode().name,
+        trial, victim_rank, step, absl::FormatDuration(pause));
+    const std::string replay =
+        ReplayCommand(absl::StrCat("*/", mode().name), trial);
+    SCOPED_TRACE(AnnounceTrial(what, replay));
     std::string notes;
     JobRun run = WithRetry(what, [&](int attempt) -> JobRun {
       notes.clear();
       std::unique_ptr<JobHarness> job =
           StartJob(absl::StrCat("trial-", trial, "-", attempt));
       if (job == nullptr) return JobRun();
-      std::string paused = "(unset)";  // no node is paused yet: every death is false
+      std::string paused =
+          "(unset)";  // no node is paused yet: every death is false
       job->set_abort_check([&] { return FalseDeath(*job, paused); });
       auto fail = [&](const absl::Status& status) {
-        JobRun r;
-        if (absl::IsAborted(status)) {
-          r.stall = std::string(status.message());
-        } else {
-          ADD_FAILURE() << what << ": " << status << "\n" << job->LogTails(40);
-        }
-        return r;
+        return FailedRun<JobRun>(status, what, *job);
       };
-      int victim = -1;
-      for (int i = 0; i < kWorkers; ++i) {
-        auto rank = job->WaitForRegistration(i, absl::Seconds(30));
-        if (!rank.ok()) return fail(rank.status());
-        if (*rank == victim_rank) victim = i;
-      }
-      if (victim < 0) return fail(absl::NotFoundError("no worker got the victim's rank"));
+      absl::StatusOr<int> victim_index =
+          WorkerWithRank(*job, kWorkers, victim_rank, absl::Seconds(30));
+      if (!victim_index.ok()) return fail(victim_index.status());
+      const int victim = *victim_index;
       auto clock = job->WaitForStep(victim, step, absl::Seconds(60));
       if (absl::IsAborted(clock.status())) return fail(clock.status());
       if (!clock.ok() || *clock >= kFinishedClock) {
         notes = "not paused (it had finished its part)";
         return Finish(*job, -1, "", what);
       }
-      paused = absl::StrCat("worker rank ", victim_rank, " (node ", job->node_id(victim), ")");
+      paused = absl::StrCat("worker rank ", victim_rank, " (node ",
+                            job->node_id(victim), ")");
       const absl::Time stopped = absl::Now();
       job->Signal(victim, SIGSTOP);
       absl::Status gone = job->WaitUntilGone(victim, absl::Seconds(20));
       const bool declared =
           gone.ok() && !LinesWith(ReadFile(job->dir() + "/scheduler.log"),
-                                  paused + " declared dead").empty();
+                                  paused + " declared dead")
+                            .empty();
       job->SleepFor(stopped + pause - absl::Now());
       const absl::Time resumed = absl::Now();
       job->worker(victim).Signal(SIGCONT);
       if (!gone.ok()) return fail(gone);
-      notes = absl::StrFormat("paused at clock %d for %.2f s, %s", *clock,
-                              absl::ToDoubleSeconds(resumed - stopped),
-                              declared ? "declared dead" : "gone (finished) before the timeout");
+      notes = absl::StrFormat(
+          "paused at clock %d for %.2f s, %s", *clock,
+          absl::ToDoubleSeconds(resumed - stopped),
+          declared ? "declared dead" : "gone (finished) before the timeout");
       JobRun r = Finish(*job, victim, paused, what, resumed);
       if (r.ended_in_pause) {
-        absl::StrAppend(&notes, "; the job ended during the pause (the last process's time "
-                                "is counted from the SIGCONT plus the unreachable timeout)");
+        absl::StrAppend(
+            &notes,
+            "; the job ended during the pause (the last process's time "
+            "is counted from the SIGCONT plus the unreachable timeout)");
       }
       if (!r.ok) return r;
       const std::string log = ReadFile(job->worker(victim).stderr_path());
-      absl::StrAppendFormat(&notes, "; the victim exited with %d %.2f s after SIGCONT%s",
-                            *job->worker(victim).Wait(absl::ZeroDuration()),
-                            absl::ToDoubleSeconds(*job->worker(victim).exited_at() - resumed),
-                            log.find("dropped by the scheduler") != std::string::npos
-                                ? " (logged 'dropped by the scheduler')"
-                                : "");
+      absl::StrAppendFormat(
+          &notes, "; the victim exited with %d %.2f s after SIGCONT%s",
+          *job->worker(victim).Wait(absl::ZeroDuration()),
+          absl::ToDoubleSeconds(*job->worker(victim).exited_at() - resumed),
+          log.find("dropped by the scheduler") != std::string::npos
+              ? " (logged 'dropped by the scheduler')"
+              : "");
       return r;
     });
     if (!run.ok) {
@@ -669,25 +509,28 @@ TEST_P(PausedWorkerTest, PausedWorkerStopsOrRejoins) {
     bool ok = true;
     if (std::fabs(run.auc - reference_auc) > tolerance) {
       ok = false;
-      ADD_FAILURE() << what << ": test AUC " << run.auc << " is more than " << tolerance
-                    << " from the undisturbed " << reference_auc << "\n" << run.summary;
+      ADD_FAILURE() << what << ": test AUC " << run.auc << " is more than "
+                    << tolerance << " from the undisturbed " << reference_auc
+                    << "\n"
+                    << run.summary;
     }
     if (run.examples < reference.examples) {
       ok = false;
       ADD_FAILURE() << what << ": the workers trained " << run.examples
-                    << " examples together, the undisturbed run " << reference.examples
-                    << ": some were never trained";
+                    << " examples together, the undisturbed run "
+                    << reference.examples << ": some were never trained";
     }
     failed += !ok;
-    std::printf("  %s: test AUC %.5f (%+.5f), %" PRIu64
-                " examples, last process %.2f s after the job's end, %.1f s: %s%s\n",
-                ok ? "ok" : "FAILED", run.auc, run.auc - reference_auc, run.examples,
-                absl::ToDoubleSeconds(run.outlived), absl::ToDoubleSeconds(run.elapsed),
-                notes.c_str(), ok ? "" : absl::StrCat("; replay: ", replay).c_str());
+    std::printf(
+        "  %s: test AUC %.5f (%+.5f), %" PRIu64
+        " examples, last process %.2f s after the job's end, %.1f s: %s%s\n",
+        ok ? "ok" : "FAILED", run.auc, run.auc - reference_auc, run.examples,
+        absl::ToDoubleSeconds(run.outlived), absl::ToDoubleSeconds(run.elapsed),
+        notes.c_str(), ok ? "" : absl::StrCat("; replay: ", replay).c_str());
     std::fflush(stdout);
   }
-  std::printf("SUMMARY %s: %d failed, seed %" PRIu64 ", %.1f s\n", mode().name, failed,
-              Seed(), absl::ToDoubleSeconds(absl::Now() - start));
+  std::printf("SUMMARY %s: %d failed, seed %" PRIu64 ", %.1f s\n", mode().name,
+              failed, FaultSeed(), absl::ToDoubleSeconds(absl::Now() - start));
   std::fflush(stdout);
 }
 
@@ -697,13 +540,11 @@ INSTANTIATE_TEST_SUITE_P(Modes, PausedWorkerTest, ::testing::Values(0, 1),
                          });
 
 }  // namespace
-}  // namespace ps
+}  // namespace ps::testing
 
 int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  absl::ParseCommandLine(argc, argv);
-  const absl::Time start = absl::Now();
-  const int status = RUN_ALL_TESTS();
-  std::printf("%s: %.1f s in all\n", "pause_test", absl::ToDoubleSeconds(absl::Now() - start));
-  return status;
+  return ps::testing::FaultTestMain(argc, argv, "pause_test",
+                                    {/*trials=*/2, /*sanitizer_trials=*/1,
+                                     /*heartbeat_timeout_ms=*/1000,
+                                     /*sanitizer_heartbeat_timeout_ms=*/3000});
 }

@@ -1,4 +1,4 @@
-// Issue 6 acceptance for replicated shards: real scheduler, server and
+// Replicated shards lose no acknowledged push: real scheduler, server and
 // worker processes with cluster.replication 2 and a 300 ms heartbeat
 // timeout. Two pushers push integer gradients (SGD, learning rate 1, zero
 // initial values: every sum is exact) to 2000 keys without pause, keeping a

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 9: a real job with security on. Keys from deploy/security/
+# A real job with security on. Keys from deploy/security/
 # make_job_keys.sh; the CTR example (scheduler, 2 servers, 2 workers,
 # separate processes) with security.tls (mutual TLS on the gRPC control
 # plane) and security.curve (CURVE on the data plane) must train to its

@@ -1,8 +1,8 @@
-"""Checkpoints from Python, end to end with real processes (issue 6,
-acceptance 6): a job of 2 servers and 2 ps.torch workers asks for a
-checkpoint from Python (Session.checkpoint() -> clock C), keeps training, and
-is SIGKILLed whole (scheduler, servers, workers). Restarted on 3 servers
-with checkpoint.restore, it
+"""Checkpoints from Python, end to end with real processes: a job of 2
+servers and 2 ps.torch workers asks for a checkpoint from Python
+(Session.checkpoint() -> clock C), keeps training, and is SIGKILLed whole
+(scheduler, servers, workers). Restarted on 3 servers with
+checkpoint.restore, it
 
   * holds bit-identical parameters right after the restore: every row and
     dense element read through an observer equals, bit for bit, what the

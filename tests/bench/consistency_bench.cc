@@ -1,4 +1,4 @@
-// Consistency benchmark (issue 3): what BSP and SSP cost compared with ASYNC.
+// Consistency benchmark: what BSP and SSP cost compared with ASYNC.
 //
 // Everything runs in this process on loopback: a scheduler (gRPC, port 0),
 // `--servers` KVServers registered through their own SchedulerClient, and

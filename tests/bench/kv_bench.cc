@@ -18,7 +18,7 @@
 //          flight, like the KVClient side.
 //   dense: a socket pump: one thread writes 4 MB messages, the toy server
 //          reads them and acknowledges; nothing is applied. This is the
-//          loopback bandwidth one stream reaches, the baseline.
+//          loopback bandwidth one stream reaches: the ceiling to compare with.
 //          Beside it (the *_vs_toy figures), the toy server doing a dense
 //          push's work on its one thread (read, check finiteness, apply
 //          SGD) and answering a pull straight from its array.

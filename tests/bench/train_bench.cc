@@ -1,4 +1,4 @@
-// Training throughput (issue 5): examples per second per worker core for
+// Training throughput: examples per second per worker core for
 // LR, FM and DLRM-lite at several batch sizes, against PyTorch's CPU build
 // running the same model in the same run (tests/bench/torch_train.py, via
 // --torch_json).
