@@ -150,13 +150,15 @@ if [ ${#worker_command[@]} -gt 0 ]; then
     fi
     notes="$(printf '%s; ' "${NOTES[@]}")"
     notes="${notes%; }"
+    needs="$(printf '%s, ' "${NEEDS[@]}")"
+    needs="${needs%, }"
     if [ -z "$PYTHON" ]; then
       if [ -n "${PS_PYTHON:-}" ]; then
         fix="pip install ${NEEDS[*]} for PS_PYTHON=$PS_PYTHON, or unset PS_PYTHON"
       else
-        fix="deploy/install_deps.sh ${install[*]} (for Debian's /usr/bin/python3), or PS_PYTHON=a python3 that has ${NEEDS[*]:-what it needs}"
+        fix="deploy/install_deps.sh ${install[*]} (for Debian's /usr/bin/python3), or PS_PYTHON=a python3 that has ${needs:-what it needs}"
       fi
-      echo "demo: no python3 can run $(basename "${WORKER[1]:-python3}")${NEEDS[0]:+, which needs ${NEEDS[*]}}: $notes; fix: $fix" >&2
+      echo "demo: no python3 can run $(basename "${WORKER[1]:-python3}")${needs:+, which needs $needs}: $notes; fix: $fix" >&2
       exit 1
     fi
     [ -z "$notes" ] || echo "demo: $notes: workers run $PYTHON" >&2
