@@ -3,6 +3,8 @@
 #
 #   deploy/install_deps.sh             a job: build it (bazel build) and run it
 #   deploy/install_deps.sh --python    ... and Python workers on the ps package
+#   deploy/install_deps.sh --torch     ... and PyTorch for them (ps.torch, the
+#                                      DLRM example; implies --python)
 #   deploy/install_deps.sh --tests     ... and the whole test suite (implies --python)
 #   deploy/install_deps.sh --list [--python|--tests]
 #                                      prints the group's package names, one a
@@ -10,7 +12,9 @@
 #
 # deploy/local/demo.sh and the Dockerfile's build stage install only the
 # job's packages (a newcomer's first run downloads no browser, Slurm or
-# PyTorch); tests/run_all.sh installs --tests.
+# PyTorch), and the demo adds --python or --torch for a job whose Python
+# worker command needs them and finds no python3 that has them;
+# tests/run_all.sh installs --tests.
 #
 # Idempotent: when everything is present it prints nothing and changes
 # nothing. Runs apt-get as root, or through sudo for other users. When
@@ -41,6 +45,10 @@ JOB_PACKAGES=(
 PYTHON_PACKAGES=(
   python3-numpy                      # the Python package (python/ps)
 )
+# PyTorch for Python workers (ps.torch; examples/python/dlrm_torch.py).
+TORCH_PACKAGES=(
+  python3-torch                      # CPU build
+)
 # Only the test suite (and a few developer tools) use these.
 TEST_PACKAGES=(
   dataset-fashion-mnist              # the MLP example and its test
@@ -50,7 +58,6 @@ TEST_PACKAGES=(
   python3                            # the shell tests read JSON (tests/testing/test_lib.sh)
   python3-yaml                       # deploy/k8s manifests test
   python3-pytest                     # the Python package's tests
-  python3-torch                      # ps.torch, its tests and examples (CPU build)
   slurm-wlm munge                    # deploy/slurm test (one-node cluster)
   iproute2 nftables                  # network-fault tests (namespaces, veth, partitions, tc)
   buildah debootstrap                # the container image test (tests/image_test.sh)
@@ -62,12 +69,13 @@ list=0
 for arg in "$@"; do
   case "$arg" in
     --python) PACKAGES+=("${PYTHON_PACKAGES[@]}") ;;
-    --tests) PACKAGES+=("${PYTHON_PACKAGES[@]}" "${TEST_PACKAGES[@]}") ;;
+    --torch) PACKAGES+=("${PYTHON_PACKAGES[@]}" "${TORCH_PACKAGES[@]}") ;;
+    --tests) PACKAGES+=("${PYTHON_PACKAGES[@]}" "${TORCH_PACKAGES[@]}" "${TEST_PACKAGES[@]}") ;;
     --list) list=1 ;;
-    *) echo "install_deps: unknown argument '$arg' (--python, --tests, --list)" >&2; exit 2 ;;
+    *) echo "install_deps: unknown argument '$arg' (--python, --torch, --tests, --list)" >&2; exit 2 ;;
   esac
 done
-# --python --tests names python3-numpy twice.
+# --python --tests names python3-numpy twice, --torch --tests python3-torch.
 mapfile -t PACKAGES < <(printf '%s\n' "${PACKAGES[@]}" | awk '!seen[$0]++')
 if [ $list -eq 1 ]; then printf '%s\n' "${PACKAGES[@]}"; exit 0; fi
 

@@ -3,6 +3,8 @@
 # checks its JSON summary: the job must finish, every process must exit, and
 # the model must come close to the oracle. Rank 0 also evaluates every 50
 # steps into a metrics file, which must plot (deploy/plot/plot_metrics.sh).
+# Then a job whose launch.worker_command parses its arguments strictly and
+# writes no summary (tests/testing/strict_worker.py) must succeed too.
 set -euo pipefail
 source "$TEST_SRCDIR/$TEST_WORKSPACE/tests/testing/test_lib.sh"
 stage_binaries
@@ -30,4 +32,16 @@ seconds="$(json_field_lines "$METRICS" seconds)"
 echo "$seconds" | sort -g -c || fail "seconds not growing: $(echo "$seconds" | tr '\n' ' ')"
 bash "$R/deploy/plot/plot_metrics.sh" "$T/run.png" ASYNC="$METRICS" || fail "plot failed"
 [ "$(head -c 4 "$T/run.png" | od -An -c | tr -d ' ')" = "211PNG" ] || fail "not a PNG"
+
+# The launcher passes --config and --scheduler, nothing else, and the
+# summary's path in PS_SUMMARY_OUT; workers that exit 0 without writing a
+# summary make a job that succeeded.
+STRICT="$T/strict.pbtxt"
+shrink_config "$R/examples/ctr/async.pbtxt" "$STRICT" 40000 10000 \
+  "\$a launch { worker_command: [\"python3\", \"$R/tests/testing/strict_worker.py\", \"--trainer\", \"$TRAINER\"] }"
+run_demo strict "$STRICT" 120 >/dev/null
+grep -q "strict_worker: .* PS_SUMMARY_OUT=$T/run-strict/summary.json" "$T/run-strict"/worker*.log ||
+  fail "the worker command was not given PS_SUMMARY_OUT"
+[ ! -e "$T/run-strict/summary.json" ] || fail "a summary was written"
+grep -q "demo: finished .*no summary" "$T/strict.err" || fail "the demo did not say that no summary was written"
 echo PASS

@@ -89,6 +89,17 @@ class PsnodeTest : public ::testing::Test {
     std::ofstream(config_) << kConfig;
   }
 
+  // The DMLC environment of a 2-server, 2-worker job for `role`.
+  std::map<std::string, std::string> Dmlc(const char* role) {
+    if (dmlc_port_ == 0) dmlc_port_ = FreePort();
+    return {{"DMLC_ROLE", role},
+            {"DMLC_PS_ROOT_URI", "127.0.0.1"},
+            {"DMLC_PS_ROOT_PORT", absl::StrCat(dmlc_port_)},
+            {"DMLC_NUM_SERVER", "2"},
+            {"DMLC_NUM_WORKER", "2"},
+            {"DMLC_NODE_HOST", "127.0.0.1"}};
+  }
+
   // Starts psnode under exactly `env` (plus PATH), as process `name`.
   void Start(const std::string& name, const std::map<std::string, std::string>& env,
              const std::vector<std::string>& extra = {}) {
@@ -118,14 +129,20 @@ class PsnodeTest : public ::testing::Test {
     return out;
   }
 
-  // Waits for every process; checks the exits, the summary and that the
-  // workers trained every example exactly once.
-  void ExpectJobFinishes() {
+  // Waits for every process; expects each to exit 0.
+  void ExpectAllExitZero() {
     for (size_t i = 0; i < processes_.size(); ++i) {
       auto code = processes_[i].Wait(absl::Seconds(120));
       ASSERT_TRUE(code.ok()) << names_[i] << ": " << code.status() << "\n" << Logs();
       EXPECT_EQ(*code, 0) << names_[i] << "\n" << Logs();
     }
+  }
+
+  // Waits for every process; checks the exits, the summary and that the
+  // workers trained every example exactly once.
+  void ExpectJobFinishes() {
+    ExpectAllExitZero();
+    if (HasFatalFailure()) return;
     const std::string summary = ReadFile(dir_ + "/summary.json");
     ASSERT_FALSE(summary.empty()) << Logs();
     EXPECT_THAT(summary, HasSubstr("\"workers\":2,"));
@@ -157,27 +174,19 @@ class PsnodeTest : public ::testing::Test {
   std::string config_;
   std::vector<std::string> names_;
   std::vector<Subprocess> processes_;
+  int dmlc_port_ = 0;
 };
 
 TEST_F(PsnodeTest, DmlcJobFinishes) {
-  const std::map<std::string, std::string> common = {
-      {"DMLC_PS_ROOT_URI", "127.0.0.1"},
-      {"DMLC_PS_ROOT_PORT", absl::StrCat(FreePort())},
-      {"DMLC_NUM_SERVER", "2"},
-      {"DMLC_NUM_WORKER", "2"},
-      {"DMLC_NODE_HOST", "127.0.0.1"}};
-  auto with_role = [&common](const char* role) {
-    auto env = common;
-    env["DMLC_ROLE"] = role;
-    return env;
-  };
-  // Workers first: every node waits for the scheduler.
+  // Workers first: every node waits for the scheduler. The cluster manager
+  // names the summary's file in the environment; the trainer reads it.
   for (int i = 0; i < 2; ++i) {
-    Start(absl::StrCat("worker", i), with_role("worker"),
-          {"--summary_out=" + dir_ + "/summary.json"});
+    auto env = Dmlc("worker");
+    env["PS_SUMMARY_OUT"] = dir_ + "/summary.json";
+    Start(absl::StrCat("worker", i), env);
   }
-  for (int i = 0; i < 2; ++i) Start(absl::StrCat("server", i), with_role("server"));
-  Start("scheduler", with_role("scheduler"));
+  for (int i = 0; i < 2; ++i) Start(absl::StrCat("server", i), Dmlc("server"));
+  Start("scheduler", Dmlc("scheduler"));
   ExpectJobFinishes();
   for (int i = 0; i < 2; ++i) {
     EXPECT_THAT(ReadFile(absl::StrCat(dir_, "/server", i, ".log")),
@@ -209,6 +218,36 @@ TEST_F(PsnodeTest, TfConfigJobFinishes) {
               HasSubstr(absl::StrCat("at tcp://127.0.0.1:", ps0)));
   EXPECT_THAT(ReadFile(dir_ + "/server1.log"),
               HasSubstr(absl::StrCat("at tcp://127.0.0.1:", ps1)));
+}
+
+// The config's own worker command, strict about its arguments
+// (argparse), gets --config and --scheduler and nothing else, and
+// PS_SUMMARY_OUT from psnode's environment; it writes no summary and every
+// process exits 0.
+TEST_F(PsnodeTest, StrictWorkerCommandWithoutSummaryFinishes) {
+  std::ofstream(config_, std::ios::app)
+      << "launch { worker_command: [\"python3\", \""
+      << Runfile("tests/testing/strict_worker.py") << "\", \"--trainer\", \""
+      << BinDir() << "/worker/trainer\"] }\n";
+  for (int i = 0; i < 2; ++i) {
+    auto env = Dmlc("worker");
+    env["PS_SUMMARY_OUT"] = dir_ + "/summary.json";
+    Start(absl::StrCat("worker", i), env);
+  }
+  for (int i = 0; i < 2; ++i) Start(absl::StrCat("server", i), Dmlc("server"));
+  Start("scheduler", Dmlc("scheduler"));
+  ExpectAllExitZero();
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_THAT(ReadFile(absl::StrCat(dir_, "/worker", i, ".log")),
+                HasSubstr(absl::StrCat(
+                    "strict_worker: PS_SCHEDULER=127.0.0.1:", dmlc_port_,
+                    " PS_SUMMARY_OUT=", dir_, "/summary.json")))
+        << Logs();
+  }
+  EXPECT_EQ(ReadFile(dir_ + "/summary.json"), "");
+  EXPECT_THAT(ReadFile(dir_ + "/scheduler.log"),
+              HasSubstr("worker rank 1 registered"))
+      << Logs();
 }
 
 TEST_F(PsnodeTest, PrintsTheCommandAndRefusesABadEnvironment) {

@@ -4,7 +4,8 @@
 // other workers until every shard is done (ClaimShard), and leaves. The
 // lowest worker rank at the train_done barrier (rank 0 unless it died)
 // then evaluates the model on the test split, exports it, and prints the
-// job summary as one JSON line on stdout (and to --summary_out). The
+// job summary as one JSON line on stdout (and to --summary_out, by default
+// $PS_SUMMARY_OUT, where the launchers look for it). The
 // others wait for it at barrier "evaluated-0"; if it dies first, the lowest
 // of them takes over (barrier "evaluated-1", ...).
 //
@@ -69,7 +70,8 @@
 ABSL_FLAG(std::string, config, "", "Job config file (textproto). Required.");
 ABSL_FLAG(std::string, scheduler, "", "Scheduler host:port. Required.");
 ABSL_FLAG(std::string, summary_out, "",
-          "Rank 0 writes the JSON summary line to this file too.");
+          "Rank 0 writes the JSON summary line to this file too; default "
+          "$PS_SUMMARY_OUT, where the launchers name it.");
 ABSL_FLAG(std::string, log_level, "info", "trace|debug|info|warn|error");
 ABSL_FLAG(std::string, http_host, "127.0.0.1",
           "Address of the HTTP endpoint (/metrics, /healthz, /readyz).");
@@ -221,9 +223,14 @@ int Evaluate(const ps::JobConfig& config, ps::Trainer& trainer,
       SummaryJson(config, trainer, train, eval.ok() ? &*eval : nullptr,
                   train_seconds, evaluator);
   std::cout << json << std::endl;
-  if (const std::string path = absl::GetFlag(FLAGS_summary_out);
-      !path.empty()) {
-    std::ofstream(path) << json << "\n";
+  if (const std::string path = absl::GetFlag(FLAGS_summary_out); !path.empty()) {
+    std::ofstream out(path);
+    out << json << "\n";
+    out.close();
+    // The summary is optional to the launchers: the job still succeeded.
+    if (!out) {
+      log->warn("could not write the summary to {} (--summary_out)", path);
+    }
   }
   return 0;
 }
@@ -379,6 +386,12 @@ int Run(ps::TerminationSignals& signals, const ps::JobConfig& config,
 int main(int argc, char** argv) {
   ps::TerminationSignals signals;
   const std::vector<std::string> args(argv, argv + argc);  // to rejoin with
+  // The launchers name the summary's file in the environment (a worker
+  // command of the user's own gets no extra flags); a flag given wins.
+  if (const char* summary_out = std::getenv("PS_SUMMARY_OUT");
+      summary_out != nullptr) {
+    absl::SetFlag(&FLAGS_summary_out, summary_out);
+  }
   absl::ParseCommandLine(argc, argv);
   auto log = ps::GetLogger("worker");
   std::optional<ps::JobConfig> config = ps::StartNode(

@@ -12,7 +12,11 @@
 // launch.evaluator_command, found on PATH, with PS_CONFIG, PS_SCHEDULER,
 // PS_NUM_SERVERS, PS_NUM_WORKERS and PS_ROLE set) with the matching flags, the
 // cluster sizes from the environment (--num_servers/--num_workers override
-// the config's) and EXTRA_ARGS appended. --print writes the command (shell-
+// the config's) and EXTRA_ARGS appended. A worker command gets --config,
+// --scheduler and EXTRA_ARGS, nothing else (deploy/README.md, "The worker
+// command"). The rest of psnode's environment passes through, among it
+// PS_SUMMARY_OUT: the file the evaluating worker writes the job's summary
+// to, when the cluster manager sets it. --print writes the command (shell-
 // quoted, one line) to stdout instead of running it.
 //
 // Binaries are looked up as DIR/NAME and DIR/PACKAGE/NAME (an install

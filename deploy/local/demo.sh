@@ -10,15 +10,27 @@
 # trainer). A
 # config with launch { worker_command: [...] } runs that command for every
 # worker instead of the trainer (e.g. examples/python/lr_numpy.pbtxt, a
-# NumPy model on the Python package); PYTHONPATH then has the checkout's
-# python/ (or $PS_PYTHONPATH) in front, and NumPy is installed first
-# (install_deps.sh --python) unless PS_BIN_DIR or PS_PYTHON is set.
+# NumPy model on the Python package), as deploy/README.md's "The worker
+# command" says: --config and --scheduler appended, PS_* variables set
+# (PS_SUMMARY_OUT: where a summary line may go); PYTHONPATH then has the
+# checkout's python/ (or $PS_PYTHONPATH) in front. For a "python3" command
+# the demo picks the interpreter: $PS_PYTHON if set, else the first of
+# PATH's python3 and /usr/bin/python3 that imports what the script imports
+# of NumPy and PyTorch (the ps package needs NumPy, ps.torch PyTorch);
+# when none does, it installs Debian's python3-numpy (and python3-torch)
+# for /usr/bin/python3 (install_deps.sh --python [--torch]) unless
+# PS_BIN_DIR or PS_PYTHON is set, and otherwise stops with one line naming
+# the interpreters and the fix.
 # Worker progress goes to the terminal; every process's log goes to
 # $PS_RUN_DIR (default: a new directory under .runs/). Every process started
 # is stopped on exit, Ctrl-C or failure. The last line of output is the
 # job's JSON summary.
 #
-# Environment: PS_RUN_DIR, PS_BIN_DIR, PS_DEMO_TIMEOUT (seconds, default 900),
+# A job whose workers all exit 0 succeeded; when none wrote a summary the
+# demo says so and prints no JSON line.
+#
+# Environment: PS_RUN_DIR, PS_BIN_DIR, PS_PYTHON, PS_PYTHONPATH,
+# PS_DEMO_TIMEOUT (seconds, default 900),
 # PS_TIMEOUT_SCALE (a whole factor on the timeout, default 1: .bazelrc's
 # tsan config sets it for the tests, whose processes run 5-15 times slower).
 set -euo pipefail
@@ -57,17 +69,100 @@ mkdir -p "$RUN_DIR"
 DESCRIPTION="$("$SCHEDULER" --config="$CONFIG" --describe)" || {
   echo "demo: invalid config $CONFIG" >&2; exit 2; }
 eval "$DESCRIPTION"   # sets servers, workers, mode, worker_command
+
+# The modules of NumPy and PyTorch that the Python script $1 imports, one a
+# line: numpy for numpy or the ps package, torch for torch or ps.torch. A
+# command that is not a readable .py file needs numpy (the ps package).
+python_needs() {
+  local script="$1" imports
+  case "$script" in
+    *.py) [ -r "$script" ] || { echo numpy; return; } ;;
+    *) echo numpy; return ;;
+  esac
+  imports="$(grep -E '^[[:space:]]*(import|from)[[:space:]]' "$script" || true)"
+  if grep -qE '\b(numpy|ps|torch)\b' <<<"$imports"; then echo numpy; fi
+  if grep -qE '\btorch\b' <<<"$imports"; then echo torch; fi
+  return 0
+}
+
+# Prints which of the modules $2... the interpreter $1 cannot import
+# (nothing when it has them all); fails when $1 does not run.
+python_missing() {
+  local python="$1"
+  shift
+  "$python" -c '
+import importlib, sys
+missing = []
+for name in sys.argv[1:]:
+    try:
+        importlib.import_module(name)
+    except Exception:
+        missing.append(name)
+print(" ".join(missing))' "$@" 2>/dev/null
+}
+
+# Sets PYTHON to the first of the candidate interpreters that imports every
+# module of NEEDS, and NOTES to what each one before it lacks; fails when
+# none does.
+pick_python() {
+  local candidates=() c missing seen=" "
+  if [ -n "${PS_PYTHON:-}" ]; then
+    candidates=("$PS_PYTHON")
+  else
+    c="$(command -v python3 || true)"
+    [ -n "$c" ] && candidates+=("$c")
+    candidates+=(/usr/bin/python3)
+  fi
+  PYTHON=""
+  NOTES=()
+  for c in "${candidates[@]}"; do
+    [[ "$seen" == *" $c "* ]] && continue
+    seen+="$c "
+    if ! command -v "$c" >/dev/null; then
+      NOTES+=("$c is not installed")
+    elif ! missing="$(python_missing "$c" "${NEEDS[@]}")"; then
+      NOTES+=("$c does not run")
+    elif [ -n "$missing" ]; then
+      NOTES+=("$c has no ${missing// /, no }")
+    else
+      PYTHON="$c"
+      return 0
+    fi
+  done
+  return 1
+}
+
 # The config's launch.worker_command (a Python script on the ps package, say)
 # runs instead of the trainer, given the same flags and PS_* variables.
 CONFIG_DIR="$(dirname "$CONFIG")"
 WORKER=("$TRAINER")
 if [ ${#worker_command[@]} -gt 0 ]; then
   WORKER=("${worker_command[@]//\{config_dir\}/$CONFIG_DIR}")
-  # PS_PYTHON picks the interpreter a "python3" command runs.
-  [ "${WORKER[0]}" = python3 ] && [ -n "${PS_PYTHON:-}" ] && WORKER[0]="$PS_PYTHON"
-  # The system python3 gets NumPy from Debian, like the job's other packages.
-  if [ "${WORKER[0]}" = python3 ] && [ -z "${PS_BIN_DIR:-}" ]; then
-    "$ROOT/deploy/install_deps.sh" --python
+  if [ "${WORKER[0]}" = python3 ]; then
+    mapfile -t NEEDS < <(python_needs "${WORKER[1]:-}")
+    install=(--python)
+    [[ " ${NEEDS[*]} " == *" torch "* ]] && install+=(--torch)
+    if ! pick_python && [ -z "${PS_BIN_DIR:-}" ] && [ -z "${PS_PYTHON:-}" ]; then
+      # Debian's python3 gets NumPy and PyTorch from Debian, like the job's
+      # other packages.
+      "$ROOT/deploy/install_deps.sh" "${install[@]}"
+      pick_python || true
+    fi
+    notes="$(printf '%s; ' "${NOTES[@]}")"
+    notes="${notes%; }"
+    needs="$(printf '%s, ' "${NEEDS[@]}")"
+    needs="${needs%, }"
+    if [ -z "$PYTHON" ]; then
+      if [ -n "${PS_PYTHON:-}" ]; then
+        fix="pip install ${NEEDS[*]} for PS_PYTHON=$PS_PYTHON, or unset PS_PYTHON"
+      else
+        fix="deploy/install_deps.sh ${install[*]} (for Debian's /usr/bin/python3), or PS_PYTHON=a python3 that has ${needs:-what it needs}"
+      fi
+      echo "demo: no python3 can run $(basename "${WORKER[1]:-python3}")${needs:+, which needs $needs}: $notes; fix: $fix" >&2
+      exit 1
+    fi
+    [ -z "$notes" ] || echo "demo: $notes: workers run $PYTHON" >&2
+    WORKER[0]="$PYTHON"
   fi
   export PYTHONPATH="${PS_PYTHONPATH:-$ROOT/python}${PYTHONPATH:+:$PYTHONPATH}"
 fi
@@ -103,9 +198,9 @@ fail() {
   exit 1
 }
 
-# A port file left by an earlier run in the same directory would be read
-# before this scheduler writes its own.
-rm -f "$RUN_DIR/scheduler.port"
+# A port file or a summary left by an earlier run in the same directory
+# would be read as this job's.
+rm -f "$RUN_DIR/scheduler.port" "$RUN_DIR/summary.json"
 "$SCHEDULER" --config="$CONFIG" --port_file="$RUN_DIR/scheduler.port" \
   >"$RUN_DIR/scheduler.log" 2>&1 &
 SCHEDULER_PID=$!
@@ -130,8 +225,8 @@ for i in $(seq 0 $((workers - 1))); do
   # Progress lines go to the terminal and to the log. Log files are numbered
   # in launch order; the rank each worker got is in its log lines.
   PS_CONFIG="$CONFIG" PS_SCHEDULER="$ADDRESS" PS_NUM_SERVERS="$servers" PS_NUM_WORKERS="$workers" \
+  PS_SUMMARY_OUT="$RUN_DIR/summary.json" \
   "${WORKER[@]}" --config="$CONFIG" --scheduler="$ADDRESS" \
-    --summary_out="$RUN_DIR/summary.json" \
     > "$RUN_DIR/worker$i.out" 2> >(tee "$RUN_DIR/worker$i.log" | grep --line-buffered -E "trainer|worker:" >&2) &
   WORKER_PIDS+=($!)
   PIDS+=($!)
@@ -172,8 +267,13 @@ for pid in "${SERVER_PIDS[@]}" "$SCHEDULER_PID"; do
 done
 
 # Ranks come from the scheduler, so any of the processes may be rank 0,
-# the one that evaluates and writes the summary.
+# the one that evaluates and writes the summary. Every worker exited 0: the
+# job succeeded, whether its command writes a summary or not.
 SUMMARY="$(cat "$RUN_DIR/summary.json" 2>/dev/null || true)"
-[ -n "$SUMMARY" ] || fail "the rank 0 worker wrote no summary"
+if [ -z "$SUMMARY" ]; then
+  echo "demo: finished in $(( $(date +%s) - start ))s, every worker exited 0;" \
+       "no summary (no worker wrote one to PS_SUMMARY_OUT); logs in $RUN_DIR" >&2
+  exit 0
+fi
 echo "demo: finished in $(( $(date +%s) - start ))s; logs in $RUN_DIR" >&2
 echo "$SUMMARY"

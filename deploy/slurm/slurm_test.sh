@@ -6,7 +6,9 @@
 # or touched. Submits the CTR example on less data with `sbatch --wait` and
 # checks that the job succeeded and its output ends with the trainer's
 # JSON summary, with the model close to the oracle, and that the job made
-# its keys and ran with security on (TLS and CURVE).
+# its keys and ran with security on (TLS and CURVE). Then a job whose
+# launch.worker_command ({config_dir}/strict_worker.py) parses its arguments
+# strictly and writes no summary must succeed as well.
 #
 # Needs root (slurmd starts job steps as the submitting user, which only
 # root can do); skips itself with a message otherwise. Every daemon and job
@@ -193,4 +195,23 @@ auc="$(field test_auc)"; oracle="$(field oracle_auc)"
 gap=$(( $(printf '%.0f' "$(echo "$oracle" | tr -d .)") - $(printf '%.0f' "$(echo "$auc" | tr -d .)") ))
 echo "AUC gap x 1e5: $gap"
 [ "$gap" -lt 1000 ] || fail "test AUC $auc is not within 0.01 of oracle $oracle"
+
+# The job's own worker command beside its config: it gets --config and
+# --scheduler, nothing else (argparse refuses anything more), and
+# PS_SUMMARY_OUT; it writes no summary, and the job succeeds.
+mkdir -p "$D/strict"
+cp "$R/tests/testing/strict_worker.py" "$D/strict/"
+STRICT="$D/strict/job.pbtxt"
+sed -e 's/num_train: 1000000/num_train: 40000/' -e 's/num_test: 100000/num_test: 10000/' \
+  "$R/examples/ctr/async.pbtxt" > "$STRICT"
+echo "launch { worker_command: [\"python3\", \"{config_dir}/strict_worker.py\", \"--trainer\", \"$D/bin/trainer\"] }" >> "$STRICT"
+status=0
+(cd "$D" && env "$MARK" PS_BIN_DIR="$D/bin" PS_RUN_DIR="$D/run-strict" "${HOST_ENV[@]}" \
+   timeout 200 sbatch --wait --ntasks=5 --time=3 --output="$D/strict.out" \
+   "$R/deploy/slurm/ps.sbatch" "$STRICT") || status=$?
+[ "$status" -eq 0 ] || fail "sbatch --wait of the strict worker command exited $status"
+[ "$(grep -c "strict_worker: .* PS_SUMMARY_OUT=$D/run-strict/summary.json" "$D/strict.out")" -eq 2 ] ||
+  fail "the 2 workers' command was not run with PS_SUMMARY_OUT"
+[ ! -e "$D/run-strict/summary.json" ] || fail "a summary was written"
+grep -q "ps: finished; no summary" "$D/strict.out" || fail "the job did not say that no summary was written"
 echo PASS

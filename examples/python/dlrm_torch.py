@@ -30,7 +30,8 @@ staleness, as the C++ trainer's prefetch). It trains the config's
 data.synthetic_ctr examples shard by shard (sess.batches: a replacement
 resumes a dead worker's shard; a worker that finishes early takes over
 orphaned shards), then the evaluating worker scores the test split and
-prints one JSON line (also to --summary_out).
+prints one JSON line (also to --summary_out, default $PS_SUMMARY_OUT: the
+file the launchers read the job's summary from).
 
 On SIGTERM or `psctl drain` it finishes the step in progress and leaves with
 the exact position of its next batch, exit status 0.
@@ -41,6 +42,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import pathlib
 import sys
 import time
@@ -228,7 +230,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", required=True, help="job config (textproto)")
     parser.add_argument("--scheduler", default=None, help="host:port; default $PS_SCHEDULER")
-    parser.add_argument("--summary_out", default="", help="the evaluator writes its JSON here")
+    parser.add_argument("--summary_out", default=os.environ.get("PS_SUMMARY_OUT", ""),
+                        help="the evaluator writes its JSON here; default $PS_SUMMARY_OUT")
     parser.add_argument("--log_every_steps", type=int, default=0,
                         help="print 'step N clock C loss L' every N steps (0: never)")
     parser.add_argument("--threads", type=int, default=1,

@@ -10,7 +10,8 @@ SSP) comes from the config alone; the script is the same. It trains the
 synthetic CTR data of the config's data.synthetic_ctr block, shard by shard
 (a replacement worker resumes a dead one's shard, a worker that finishes
 early takes over orphaned shards), then the evaluating worker scores the
-test split and prints one JSON line (also to --summary_out).
+test split and prints one JSON line (also to --summary_out, default
+$PS_SUMMARY_OUT: the file the launchers read the job's summary from).
 
 On SIGTERM or `psctl drain` it finishes the step in progress and leaves with
 the exact position of its next batch, exit status 0.
@@ -77,7 +78,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", required=True, help="job config (textproto)")
     parser.add_argument("--scheduler", default=None, help="host:port; default $PS_SCHEDULER")
-    parser.add_argument("--summary_out", default="", help="the evaluator writes its JSON here")
+    parser.add_argument("--summary_out", default=os.environ.get("PS_SUMMARY_OUT", ""),
+                        help="the evaluator writes its JSON here; default $PS_SUMMARY_OUT")
     parser.add_argument("--sparse_table", default="ctr_sparse")
     parser.add_argument("--dense_table", default="ctr_dense")
     parser.add_argument("--log_every_steps", type=int, default=0,
