@@ -25,8 +25,8 @@
 #include "common/logging.h"
 #include "common/node_main.h"
 #include "common/protocol.h"
-#include "google/protobuf/util/json_util.h"
 #include "common/status.h"
+#include "google/protobuf/util/json_util.h"
 #include "worker/data/keys.h"
 #include "worker/data/synthetic_ctr.h"
 #include "worker/kv_client.h"
@@ -72,18 +72,24 @@ std::string Quote(const std::string& s) {
 
 std::string PositionJson(const ps::DataPosition& p) {
   return absl::StrCat("{\"shard\":", p.shard(), ",\"epoch\":", p.epoch(),
-                      ",\"batch\":", p.batch(), ",\"done\":", p.done() ? "true" : "false",
-                      "}");
+                      ",\"batch\":", p.batch(),
+                      ",\"done\":", p.done() ? "true" : "false", "}");
 }
 
 std::string OptimizerName(const ps::OptimizerConfig& o) {
   switch (o.kind_case()) {
-    case ps::OptimizerConfig::kSgd: return "sgd";
-    case ps::OptimizerConfig::kAdagrad: return "adagrad";
-    case ps::OptimizerConfig::kMomentum: return "momentum";
-    case ps::OptimizerConfig::kAdam: return "adam";
-    case ps::OptimizerConfig::kFtrl: return "ftrl";
-    default: return "none";
+    case ps::OptimizerConfig::kSgd:
+      return "sgd";
+    case ps::OptimizerConfig::kAdagrad:
+      return "adagrad";
+    case ps::OptimizerConfig::kMomentum:
+      return "momentum";
+    case ps::OptimizerConfig::kAdam:
+      return "adam";
+    case ps::OptimizerConfig::kFtrl:
+      return "ftrl";
+    default:
+      return "none";
   }
 }
 
@@ -94,16 +100,24 @@ std::string TablesJson(const ps::JobConfig& config) {
     google::protobuf::util::JsonPrintOptions o;
     o.preserve_proto_field_names = true;
     o.always_print_primitive_fields = true;
-    (void)google::protobuf::util::MessageToJsonString(t.optimizer(), &optimizer, o);
+    (void)google::protobuf::util::MessageToJsonString(t.optimizer(), &optimizer,
+                                                      o);
     tables.push_back(absl::StrCat(
-        "{\"name\":", Quote(t.name()), ",\"id\":", t.id(), ",\"sparse\":",
-        t.has_sparse() ? "true" : "false", ",\"dim\":",
-        t.has_sparse() ? t.sparse().dim() : 1, ",\"size\":",
-        t.has_dense() ? t.dense().size() : 0, ",\"optimizer\":",
-        Quote(OptimizerName(t.optimizer())), ",\"optimizer_config\":",
-        optimizer.empty() ? "{}" : optimizer, "}"));
+        "{\"name\":", Quote(t.name()), ",\"id\":", t.id(),
+        ",\"sparse\":", t.has_sparse() ? "true" : "false",
+        ",\"dim\":", t.has_sparse() ? t.sparse().dim() : 1,
+        ",\"size\":", t.has_dense() ? t.dense().size() : 0,
+        ",\"optimizer\":", Quote(OptimizerName(t.optimizer())),
+        ",\"optimizer_config\":", optimizer.empty() ? "{}" : optimizer, "}"));
   }
   return absl::StrCat("[", absl::StrJoin(tables, ","), "]");
+}
+
+// The servers clip non-finite gradients: the worker sends them (as
+// KVClient decides, worker/kv_client.cc) instead of refusing the push.
+bool ClipsNonFinite(const ps::JobConfig& config) {
+  const ps::GradientPolicy& g = config.data_plane().gradients();
+  return g.nonfinite() == ps::GradientPolicy::CLIP && g.clip_value() > 0;
 }
 
 std::string ConfigJson(const ps::JobConfig& config) {
@@ -114,9 +128,10 @@ std::string ConfigJson(const ps::JobConfig& config) {
       ",\"num_workers\":", config.cluster().num_workers(),
       ",\"num_servers\":", config.cluster().num_servers(),
       ",\"prefetch\":", config.training().prefetch() ? "true" : "false",
+      ",\"clips_nonfinite\":", ClipsNonFinite(config) ? "true" : "false",
       ",\"training\":{\"batch_size\":", config.training().batch_size(),
-      ",\"epochs\":", config.training().epochs(),
-      ",\"shard_by_batch\":", config.training().shard_by_batch() ? "true" : "false",
+      ",\"epochs\":", config.training().epochs(), ",\"shard_by_batch\":",
+      config.training().shard_by_batch() ? "true" : "false",
       ",\"max_steps\":", config.training().max_steps(),
       ",\"export_path\":", Quote(config.training().export_path()), "}",
       ",\"checkpoint_dir\":", Quote(config.checkpoint().dir()),
@@ -130,7 +145,8 @@ absl::StatusOr<ps::JobConfig> LoadConfig(const char* path, int64_t num_servers,
   }
   absl::StatusOr<ps::JobConfig> config = ps::LoadJobConfig(path);
   if (!config.ok()) return config.status();
-  if (absl::Status s = ps::OverrideClusterSize({num_servers, num_workers}, &*config);
+  if (absl::Status s =
+          ps::OverrideClusterSize({num_servers, num_workers}, &*config);
       !s.ok()) {
     return s;
   }
@@ -139,9 +155,36 @@ absl::StatusOr<ps::JobConfig> LoadConfig(const char* path, int64_t num_servers,
 
 }  // namespace
 
-// A session and the pid that made it: its threads exist only there.
+// Counts the lifecycle operations of one session still running on threads
+// of their own, so that freeing the session can wait for them.
+class OpTracker {
+ public:
+  void Started() {
+    absl::MutexLock lock(&mu_);
+    ++running_;
+  }
+  void Ended() {
+    absl::MutexLock lock(&mu_);
+    --running_;
+  }
+  void WaitIdle() {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](int* running) { return *running == 0; }, &running_));
+  }
+
+ private:
+  absl::Mutex mu_;
+  int running_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// A session and the pid that made it: its threads exist only there. Its
+// lifecycle operations share ownership of the WorkerSession (they run on
+// threads of their own and may still be running when the session is
+// freed); ps_session_free stops them and waits until they have let go.
 struct ps_session {
-  std::unique_ptr<ps::WorkerSession> session;
+  std::shared_ptr<ps::WorkerSession> session;
+  std::shared_ptr<OpTracker> ops = std::make_shared<OpTracker>();
   pid_t pid = 0;
 };
 
@@ -188,11 +231,34 @@ void RunAsync(ps_future* f, std::function<absl::Status()> body) {
   });
 }
 
+// Runs `body` on a thread with a reference to the session of `s`, counted
+// in `s`'s operations until the thread lets go of it. With `stop_on_free`,
+// freeing the future before the operation ends asks the session to stop (a
+// weak reference: a session already freed has nothing left to stop).
+void RunSessionOp(ps_session* s, ps_future* f, bool stop_on_free,
+                  std::function<absl::Status(ps::WorkerSession&)> body) {
+  if (stop_on_free) {
+    std::weak_ptr<ps::WorkerSession> weak = s->session;
+    f->stop = [weak] {
+      if (std::shared_ptr<ps::WorkerSession> w = weak.lock()) w->RequestStop();
+    };
+  }
+  std::shared_ptr<OpTracker> ops = s->ops;
+  ops->Started();
+  RunAsync(f, [w = s->session, ops, body = std::move(body)]() mutable {
+    absl::Status st = body(*w);
+    w.reset();  // before Ended(): the session may be destroyed once idle
+    ops->Ended();
+    return st;
+  });
+}
+
 bool Forked(const ps_session* s) { return s->pid != getpid(); }
 
 // Checks that `s` may be used here; fills last_error otherwise.
 int32_t Usable(ps_session* s) {
-  if (s == nullptr || s->session == nullptr) return Invalid("no session (closed?)");
+  if (s == nullptr || s->session == nullptr)
+    return Invalid("no session (closed?)");
   if (Forked(s)) {
     return Fail(absl::FailedPreconditionError(
         "this session was started in process " + std::to_string(s->pid) +
@@ -203,7 +269,8 @@ int32_t Usable(ps_session* s) {
   return 0;
 }
 
-ps::DataPosition Position(uint32_t shard, uint64_t epoch, uint64_t batch, int32_t done) {
+ps::DataPosition Position(uint32_t shard, uint64_t epoch, uint64_t batch,
+                          int32_t done) {
   ps::DataPosition p;
   p.set_shard(shard);
   p.set_epoch(epoch);
@@ -222,8 +289,10 @@ ps_future* FromCompletion(ps::Completion c) {
 int32_t Writable(ps_session* s, const char* what) {
   if (int32_t e = Usable(s)) return e;
   if (s->session->observer()) {
-    return Fail(absl::FailedPreconditionError(absl::StrCat(
-        what, ": this session is an observer, which only reads (pull, scan, stats)")));
+    return Fail(absl::FailedPreconditionError(
+        absl::StrCat(what,
+                     ": this session is an observer, which only reads (pull, "
+                     "scan, stats)")));
   }
   return 0;
 }
@@ -253,22 +322,25 @@ int32_t ps_set_log_level(const char* level) {
   return Fail(ps::SetLogLevel(level == nullptr ? "" : level));
 }
 
-void ps_hash_keys(uint32_t field, const uint64_t* values, size_t n, uint64_t* out) {
+void ps_hash_keys(uint32_t field, const uint64_t* values, size_t n,
+                  uint64_t* out) {
   for (size_t i = 0; i < n; ++i) out[i] = ps::data::CriteoKey(field, values[i]);
 }
 
 void ps_free_string(char* s) { std::free(s); }
 
-int32_t ps_describe_config(const char* path, int64_t num_servers, int64_t num_workers,
-                           char** out_json) {
-  absl::StatusOr<ps::JobConfig> config = LoadConfig(path, num_servers, num_workers);
+int32_t ps_describe_config(const char* path, int64_t num_servers,
+                           int64_t num_workers, char** out_json) {
+  absl::StatusOr<ps::JobConfig> config =
+      LoadConfig(path, num_servers, num_workers);
   if (!config.ok()) return Fail(config.status());
   *out_json = CopyString(ConfigJson(*config));
   return 0;
 }
 
-int32_t ps_initial_values(const char* path, const char* table, const uint64_t* keys,
-                          size_t n, uint64_t first, float* out, size_t out_len) {
+int32_t ps_initial_values(const char* path, const char* table,
+                          const uint64_t* keys, size_t n, uint64_t first,
+                          float* out, size_t out_len) {
   absl::StatusOr<ps::JobConfig> config = LoadConfig(path, 0, 0);
   if (!config.ok()) return Fail(config.status());
   absl::StatusOr<const ps::TableConfig*> t =
@@ -278,8 +350,8 @@ int32_t ps_initial_values(const char* path, const char* table, const uint64_t* k
   if (tc.has_sparse()) {
     const uint32_t dim = tc.sparse().dim();
     if (out_len != n * dim) {
-      return Invalid(absl::StrCat("initial values of ", n, " keys of table ", tc.name(),
-                                  " (dim ", dim, ") need ", n * dim,
+      return Invalid(absl::StrCat("initial values of ", n, " keys of table ",
+                                  tc.name(), " (dim ", dim, ") need ", n * dim,
                                   " floats; the output has ", out_len));
     }
     for (size_t i = 0; i < n; ++i) {
@@ -289,22 +361,24 @@ int32_t ps_initial_values(const char* path, const char* table, const uint64_t* k
   }
   const uint64_t size = tc.dense().size();
   if (out_len != n || first > size || n > size - first) {
-    return Invalid(absl::StrCat("dense table ", tc.name(), " has ", size,
-                                " elements: [", first, ", ", first + n,
-                                ") is out of range or the output is not ", n, " floats"));
+    return Invalid(absl::StrCat(
+        "dense table ", tc.name(), " has ", size, " elements: [", first, ", ",
+        first + n, ") is out of range or the output is not ", n, " floats"));
   }
   // Dense tables use key 0 with the element index (server/dense_table.cc).
   ps::InitializeValues(tc.init(), tc.id(), 0, first, n, out);
   return 0;
 }
 
-int32_t ps_synthetic_ctr(const char* path, int32_t split, uint64_t begin, uint64_t count,
-                         float* numeric, size_t numeric_len, uint64_t* keys,
-                         size_t keys_len, float* labels, float* true_logits) {
+int32_t ps_synthetic_ctr(const char* path, int32_t split, uint64_t begin,
+                         uint64_t count, float* numeric, size_t numeric_len,
+                         uint64_t* keys, size_t keys_len, float* labels,
+                         float* true_logits) {
   absl::StatusOr<ps::JobConfig> config = LoadConfig(path, 0, 0);
   if (!config.ok()) return Fail(config.status());
   if (!config->data().has_synthetic_ctr()) {
-    return Invalid(absl::StrCat(path, ": the job has no data.synthetic_ctr block"));
+    return Invalid(
+        absl::StrCat(path, ": the job has no data.synthetic_ctr block"));
   }
   // One generator per config file: building its sampling tables takes
   // milliseconds, filling a batch microseconds.
@@ -315,7 +389,8 @@ int32_t ps_synthetic_ctr(const char* path, int32_t split, uint64_t begin, uint64
   std::shared_ptr<const ps::ctr::SyntheticCtr> gen;
   {
     absl::MutexLock lock(&cache_mu);
-    const std::string key = absl::StrCat(path, "\n", config->data().synthetic_ctr().DebugString());
+    const std::string key =
+        absl::StrCat(path, "\n", config->data().synthetic_ctr().DebugString());
     if (*cached_path != key || *cached == nullptr) {
       auto made = ps::ctr::SyntheticCtr::Create(config->data().synthetic_ctr());
       if (!made.ok()) return Fail(made.status());
@@ -324,22 +399,25 @@ int32_t ps_synthetic_ctr(const char* path, int32_t split, uint64_t begin, uint64
     }
     gen = *cached;
   }
-  const ps::ctr::Split sp = split == 0 ? ps::ctr::Split::kTrain : ps::ctr::Split::kTest;
-  if (split != 0 && split != 1) return Invalid("split must be 0 (train) or 1 (test)");
+  const ps::ctr::Split sp =
+      split == 0 ? ps::ctr::Split::kTrain : ps::ctr::Split::kTest;
+  if (split != 0 && split != 1)
+    return Invalid("split must be 0 (train) or 1 (test)");
   const uint64_t size = gen->size(sp);
   if (begin > size || count > size - begin) {
-    return Invalid(absl::StrCat("examples [", begin, ", ", begin + count, ") of a split of ",
-                                size));
+    return Invalid(absl::StrCat("examples [", begin, ", ", begin + count,
+                                ") of a split of ", size));
   }
   if (numeric_len != count * gen->num_numeric() ||
       keys_len != count * gen->num_categorical()) {
-    return Invalid(absl::StrCat("synthetic_ctr: ", count, " examples need ",
-                                count * gen->num_numeric(), " numeric values and ",
-                                count * gen->num_categorical(), " keys; got room for ",
-                                numeric_len, " and ", keys_len));
+    return Invalid(absl::StrCat(
+        "synthetic_ctr: ", count, " examples need ", count * gen->num_numeric(),
+        " numeric values and ", count * gen->num_categorical(),
+        " keys; got room for ", numeric_len, " and ", keys_len));
   }
   ps::ctr::Batch batch;
-  if (absl::Status s = gen->Fill(sp, begin, count, &batch); !s.ok()) return Fail(s);
+  if (absl::Status s = gen->Fill(sp, begin, count, &batch); !s.ok())
+    return Fail(s);
   std::copy(batch.numeric.begin(), batch.numeric.end(), numeric);
   std::copy(batch.keys.begin(), batch.keys.end(), keys);
   std::copy(batch.labels.begin(), batch.labels.end(), labels);
@@ -350,9 +428,11 @@ int32_t ps_synthetic_ctr(const char* path, int32_t split, uint64_t begin, uint64
 }
 
 int32_t ps_session_start(const char* config_path, const char* scheduler,
-                         int64_t num_servers, int64_t num_workers, int32_t flags,
-                         double stop_check_s, double startup_timeout_s, ps_future** out) {
-  absl::StatusOr<ps::JobConfig> config = LoadConfig(config_path, num_servers, num_workers);
+                         int64_t num_servers, int64_t num_workers,
+                         int32_t flags, double stop_check_s,
+                         double startup_timeout_s, ps_future** out) {
+  absl::StatusOr<ps::JobConfig> config =
+      LoadConfig(config_path, num_servers, num_workers);
   if (!config.ok()) return Fail(config.status());
   if (scheduler == nullptr || *scheduler == '\0') {
     return Invalid("no scheduler address (host:port) given");
@@ -370,7 +450,8 @@ int32_t ps_session_start(const char* config_path, const char* scheduler,
   }
   options.curve = *std::move(curve);
   if (stop_check_s > 0) options.stop_check = Seconds(stop_check_s);
-  if (startup_timeout_s > 0) options.startup_timeout = Seconds(startup_timeout_s);
+  if (startup_timeout_s > 0)
+    options.startup_timeout = Seconds(startup_timeout_s);
   auto stop = std::make_shared<std::atomic<bool>>(false);
   options.should_stop = [stop] { return stop->load(); };
   auto* f = new ps_future;
@@ -390,10 +471,14 @@ void ps_session_free(ps_session* s) {
   if (Forked(s)) {
     // The parent's threads are not here: destroying the clients would wait
     // for them forever. Leak instead.
-    (void)s->session.release();
+    (void)new std::shared_ptr<ps::WorkerSession>(std::move(s->session));
     delete s;
     return;
   }
+  // Lifecycle operations still running end (stopped) and let go of the
+  // session before it is destroyed here, with its data plane.
+  s->session->RequestStop();
+  s->ops->WaitIdle();
   s->session.reset();
   delete s;
 }
@@ -443,7 +528,8 @@ void ps_session_request_stop(ps_session* s) {
 }
 
 int32_t ps_session_end_step(ps_session* s, int32_t has_position, uint32_t shard,
-                            uint64_t epoch, uint64_t batch, int32_t done, ps_future** out) {
+                            uint64_t epoch, uint64_t batch, int32_t done,
+                            ps_future** out) {
   if (int32_t e = Usable(s)) return e;
   std::optional<ps::DataPosition> next;
   if (has_position) next = Position(shard, epoch, batch, done);
@@ -454,19 +540,20 @@ int32_t ps_session_end_step(ps_session* s, int32_t has_position, uint32_t shard,
 int32_t ps_session_barrier(ps_session* s, const char* name, double timeout_s,
                            ps_future** out) {
   if (int32_t e = Usable(s)) return e;
-  if (name == nullptr || *name == '\0') return Invalid("a barrier needs a name");
+  if (name == nullptr || *name == '\0')
+    return Invalid("a barrier needs a name");
   auto* f = new ps_future;
-  ps::WorkerSession* w = s->session.get();
-  f->stop = [w] { w->RequestStop(); };
-  RunAsync(f, [f, w, name = std::string(name), timeout = Seconds(timeout_s)] {
-    std::vector<uint32_t> ranks;
-    absl::Status st = w->Barrier(name, timeout, &ranks);
-    if (st.ok()) {
-      f->text = absl::StrCat("[", absl::StrJoin(ranks, ","), "]");
-      f->has_text = true;
-    }
-    return st;
-  });
+  RunSessionOp(s, f, /*stop_on_free=*/true,
+               [f, name = std::string(name),
+                timeout = Seconds(timeout_s)](ps::WorkerSession& w) {
+                 std::vector<uint32_t> ranks;
+                 absl::Status st = w.Barrier(name, timeout, &ranks);
+                 if (st.ok()) {
+                   f->text = absl::StrCat("[", absl::StrJoin(ranks, ","), "]");
+                   f->has_text = true;
+                 }
+                 return st;
+               });
   *out = f;
   return 0;
 }
@@ -475,22 +562,23 @@ int32_t ps_session_claim(ps_session* s, int32_t has_finished, uint32_t shard,
                          uint64_t epoch, uint64_t batch, ps_future** out) {
   if (int32_t e = Usable(s)) return e;
   auto* f = new ps_future;
-  ps::WorkerSession* w = s->session.get();
-  f->stop = [w] { w->RequestStop(); };
   std::optional<ps::DataPosition> finished;
   if (has_finished) finished = Position(shard, epoch, batch, 1);
-  RunAsync(f, [f, w, finished]() -> absl::Status {
-    auto r = w->Claim(finished ? &*finished : nullptr);
-    if (!r.ok()) return r.status();
-    f->text = absl::StrCat("{\"result\":",
-                           Quote(ps::ClaimShardResponse::Result_Name(r->result())),
-                           ",\"shard\":", r->shard().shard(), ",\"epoch\":",
-                           r->shard().epoch(), ",\"batch\":", r->shard().batch(),
-                           ",\"done\":", r->shard().done() ? "true" : "false",
-                           ",\"start_clock\":", r->start_clock(), "}");
-    f->has_text = true;
-    return absl::OkStatus();
-  });
+  RunSessionOp(s, f, /*stop_on_free=*/true,
+               [f, finished](ps::WorkerSession& w) -> absl::Status {
+                 auto r = w.Claim(finished ? &*finished : nullptr);
+                 if (!r.ok()) return r.status();
+                 f->text = absl::StrCat(
+                     "{\"result\":",
+                     Quote(ps::ClaimShardResponse::Result_Name(r->result())),
+                     ",\"shard\":", r->shard().shard(),
+                     ",\"epoch\":", r->shard().epoch(),
+                     ",\"batch\":", r->shard().batch(),
+                     ",\"done\":", r->shard().done() ? "true" : "false",
+                     ",\"start_clock\":", r->start_clock(), "}");
+                 f->has_text = true;
+                 return absl::OkStatus();
+               });
   *out = f;
   return 0;
 }
@@ -503,16 +591,17 @@ int32_t ps_session_restart(ps_session* s, uint64_t clock) {
 int32_t ps_session_finish(ps_session* s, double timeout_s, ps_future** out) {
   if (int32_t e = Usable(s)) return e;
   auto* f = new ps_future;
-  ps::WorkerSession* w = s->session.get();
-  f->stop = [w] { w->RequestStop(); };
-  RunAsync(f, [f, w, timeout = Seconds(timeout_s)]() -> absl::Status {
-    auto r = w->Finish(timeout);
-    if (!r.ok()) return r.status();
-    f->value = *r ? 1 : 0;
-    f->text = absl::StrCat("[", absl::StrJoin(w->finished_ranks(), ","), "]");
-    f->has_text = true;
-    return absl::OkStatus();
-  });
+  RunSessionOp(
+      s, f, /*stop_on_free=*/true,
+      [f, timeout = Seconds(timeout_s)](ps::WorkerSession& w) -> absl::Status {
+        auto r = w.Finish(timeout);
+        if (!r.ok()) return r.status();
+        f->value = *r ? 1 : 0;
+        f->text =
+            absl::StrCat("[", absl::StrJoin(w.finished_ranks(), ","), "]");
+        f->has_text = true;
+        return absl::OkStatus();
+      });
   *out = f;
   return 0;
 }
@@ -525,35 +614,38 @@ int32_t ps_session_evaluation_done(ps_session* s) {
 int32_t ps_session_checkpoint(ps_session* s, ps_future** out) {
   if (int32_t e = Usable(s)) return e;
   auto* f = new ps_future;
-  ps::WorkerSession* w = s->session.get();
-  RunAsync(f, [f, w]() -> absl::Status {
-    auto r = w->RequestCheckpoint();
-    if (!r.ok()) return r.status();
-    f->value = static_cast<int64_t>(*r);
-    return absl::OkStatus();
-  });
+  RunSessionOp(s, f, /*stop_on_free=*/false,
+               [f](ps::WorkerSession& w) -> absl::Status {
+                 auto r = w.RequestCheckpoint();
+                 if (!r.ok()) return r.status();
+                 f->value = static_cast<int64_t>(*r);
+                 return absl::OkStatus();
+               });
   *out = f;
   return 0;
 }
 
 int32_t ps_session_leave(ps_session* s, int32_t finished, int32_t has_position,
-                         uint32_t shard, uint64_t epoch, uint64_t batch, int32_t done) {
+                         uint32_t shard, uint64_t epoch, uint64_t batch,
+                         int32_t done) {
   if (int32_t e = Usable(s)) return e;
   std::optional<ps::DataPosition> pos;
   if (has_position) pos = Position(shard, epoch, batch, done);
   return Fail(s->session->Leave(finished != 0, pos ? &*pos : nullptr));
 }
 
-int32_t ps_pull(ps_session* s, uint32_t table, const uint64_t* keys, size_t n, float* out,
-                size_t out_len, ps_future** f) {
+int32_t ps_pull(ps_session* s, uint32_t table, const uint64_t* keys, size_t n,
+                float* out, size_t out_len, ps_future** f) {
   if (int32_t e = Usable(s)) return e;
   absl::StatusOr<uint32_t> dim = SparseDim(s, table);
   if (!dim.ok()) return Fail(dim.status());
   if (out_len != n * *dim) {
-    return Invalid(absl::StrCat("pull of ", n, " keys of dim ", *dim, " needs room for ",
-                                n * *dim, " floats; the output has ", out_len));
+    return Invalid(absl::StrCat("pull of ", n, " keys of dim ", *dim,
+                                " needs room for ", n * *dim,
+                                " floats; the output has ", out_len));
   }
-  *f = FromCompletion(s->session->kv()->Pull(table, absl::MakeConstSpan(keys, n), out));
+  *f = FromCompletion(
+      s->session->kv()->Pull(table, absl::MakeConstSpan(keys, n), out));
   return 0;
 }
 
@@ -563,51 +655,53 @@ int32_t ps_push(ps_session* s, uint32_t table, const uint64_t* keys, size_t n,
   absl::StatusOr<uint32_t> dim = SparseDim(s, table);
   if (!dim.ok()) return Fail(dim.status());
   if (grads_len != n * *dim) {
-    return Invalid(absl::StrCat("push of ", n, " keys of dim ", *dim, " needs ", n * *dim,
-                                " gradient values; got ", grads_len));
+    return Invalid(absl::StrCat("push of ", n, " keys of dim ", *dim, " needs ",
+                                n * *dim, " gradient values; got ", grads_len));
   }
-  *f = FromCompletion(s->session->kv()->Push(table, absl::MakeConstSpan(keys, n),
-                                             absl::MakeConstSpan(grads, grads_len)));
+  *f = FromCompletion(
+      s->session->kv()->Push(table, absl::MakeConstSpan(keys, n),
+                             absl::MakeConstSpan(grads, grads_len)));
   return 0;
 }
 
-int32_t ps_push_pull(ps_session* s, uint32_t table, const uint64_t* keys, size_t n,
-                     const float* grads, size_t grads_len, float* out, size_t out_len,
-                     ps_future** f) {
+int32_t ps_push_pull(ps_session* s, uint32_t table, const uint64_t* keys,
+                     size_t n, const float* grads, size_t grads_len, float* out,
+                     size_t out_len, ps_future** f) {
   if (int32_t e = Writable(s, "push_pull")) return e;
   absl::StatusOr<uint32_t> dim = SparseDim(s, table);
   if (!dim.ok()) return Fail(dim.status());
   if (grads_len != n * *dim || out_len != n * *dim) {
-    return Invalid(absl::StrCat("push_pull of ", n, " keys of dim ", *dim, " needs ",
-                                n * *dim, " gradient values and as much room; got ",
+    return Invalid(absl::StrCat("push_pull of ", n, " keys of dim ", *dim,
+                                " needs ", n * *dim,
+                                " gradient values and as much room; got ",
                                 grads_len, " and ", out_len));
   }
-  *f = FromCompletion(s->session->kv()->PushPull(table, absl::MakeConstSpan(keys, n),
-                                                 absl::MakeConstSpan(grads, grads_len),
-                                                 out));
+  *f = FromCompletion(
+      s->session->kv()->PushPull(table, absl::MakeConstSpan(keys, n),
+                                 absl::MakeConstSpan(grads, grads_len), out));
   return 0;
 }
 
-int32_t ps_pull_dense(ps_session* s, uint32_t table, uint64_t begin, size_t n, float* out,
-                      ps_future** f) {
+int32_t ps_pull_dense(ps_session* s, uint32_t table, uint64_t begin, size_t n,
+                      float* out, ps_future** f) {
   if (int32_t e = Usable(s)) return e;
   *f = FromCompletion(s->session->kv()->PullDense(table, begin, n, out));
   return 0;
 }
 
-int32_t ps_push_dense(ps_session* s, uint32_t table, uint64_t begin, const float* grads,
-                      size_t n, ps_future** f) {
+int32_t ps_push_dense(ps_session* s, uint32_t table, uint64_t begin,
+                      const float* grads, size_t n, ps_future** f) {
   if (int32_t e = Writable(s, "push_dense")) return e;
   *f = FromCompletion(
       s->session->kv()->PushDense(table, begin, absl::MakeConstSpan(grads, n)));
   return 0;
 }
 
-int32_t ps_assign_dense(ps_session* s, uint32_t table, uint64_t begin, const float* values,
-                        size_t n, ps_future** f) {
+int32_t ps_assign_dense(ps_session* s, uint32_t table, uint64_t begin,
+                        const float* values, size_t n, ps_future** f) {
   if (int32_t e = Writable(s, "assign")) return e;
-  *f = FromCompletion(
-      s->session->kv()->AssignDense(table, begin, absl::MakeConstSpan(values, n)));
+  *f = FromCompletion(s->session->kv()->AssignDense(
+      table, begin, absl::MakeConstSpan(values, n)));
   return 0;
 }
 
@@ -618,7 +712,8 @@ int32_t ps_scan(ps_session* s, uint32_t table, ps_future** f) {
   auto* fut = new ps_future;
   fut->scan_dim = *dim;
   fut->writes_into_self = true;
-  fut->completion = s->session->kv()->Scan(table, &fut->scan_keys, &fut->scan_values);
+  fut->completion =
+      s->session->kv()->Scan(table, &fut->scan_keys, &fut->scan_values);
   *f = fut;
   return 0;
 }
@@ -636,7 +731,8 @@ int32_t ps_stats(ps_session* s, ps_future** f) {
     for (const ps::ServerTableStats& st : me->stats) {
       std::string json;
       (void)google::protobuf::util::MessageToJsonString(st.stats, &json, o);
-      lines.push_back(absl::StrCat("{\"server\":", st.server_rank, ",\"stats\":", json, "}"));
+      lines.push_back(absl::StrCat("{\"server\":", st.server_rank,
+                                   ",\"stats\":", json, "}"));
     }
     me->text = absl::StrCat("[", absl::StrJoin(lines, ","), "]");
     me->has_text = true;
@@ -656,7 +752,8 @@ int32_t ps_future_wait(ps_future* f, double timeout_s) {
   } else if (f->op) {
     AsyncOp* op = f->op.get();
     absl::MutexLock lock(&op->mu);
-    if (!op->mu.AwaitWithTimeout(absl::Condition(&op->done), Seconds(timeout_s))) {
+    if (!op->mu.AwaitWithTimeout(absl::Condition(&op->done),
+                                 Seconds(timeout_s))) {
       last_error = "pending";
       return PS_PENDING;
     }
@@ -700,7 +797,8 @@ ps_session* ps_future_take_session(ps_future* f) {
 
 int32_t ps_future_scan_size(ps_future* f, uint64_t* rows, uint32_t* dim) {
   if (f == nullptr || !f->completion) return Invalid("not a scan");
-  if (!f->completion->done()) return Fail(absl::FailedPreconditionError("scan not done"));
+  if (!f->completion->done())
+    return Fail(absl::FailedPreconditionError("scan not done"));
   *rows = f->scan_keys.size();
   *dim = f->scan_dim;
   return 0;
@@ -708,7 +806,8 @@ int32_t ps_future_scan_size(ps_future* f, uint64_t* rows, uint32_t* dim) {
 
 int32_t ps_future_scan_copy(ps_future* f, uint64_t* keys, float* values) {
   if (f == nullptr || !f->completion) return Invalid("not a scan");
-  if (!f->completion->done()) return Fail(absl::FailedPreconditionError("scan not done"));
+  if (!f->completion->done())
+    return Fail(absl::FailedPreconditionError("scan not done"));
   std::copy(f->scan_keys.begin(), f->scan_keys.end(), keys);
   std::copy(f->scan_values.begin(), f->scan_values.end(), values);
   return 0;

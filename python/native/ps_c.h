@@ -109,8 +109,12 @@ int32_t ps_session_start(const char* config_path, const char* scheduler,
                          int32_t flags, double stop_check_s,
                          double startup_timeout_s, ps_future** out);
 /* Leaves (unfinished, no position) unless left, closes the data plane
- * (pending requests end CANCELLED) and frees the session. In a forked
- * child it frees nothing (the parent's threads are not there) and leaks. */
+ * (pending requests end CANCELLED) and frees the session. Lifecycle
+ * operations still running (barrier, claim, finish, checkpoint) are asked
+ * to stop and waited for first: they end (barrier, claim and finish with
+ * CANCELLED) before the session goes, and their futures stay valid. In a
+ * forked child it frees nothing (the parent's threads are not there) and
+ * leaks. */
 void ps_session_free(ps_session* s);
 /* JSON: rank, node_id, observer, restored_start, start_clock, position (null or {shard,
  * epoch, batch, done}), job {name, mode, staleness, num_workers,

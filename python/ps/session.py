@@ -270,7 +270,7 @@ class SparseTable(_Table):
                 f"table {self.name!r} (dim {self.dim}): {keys.size} keys need gradients "
                 f"of shape ({keys.size}, {self.dim}); got {tuple(g.shape)}")
         bad = _first_nonfinite(g)
-        if bad is not None and not self._session._servers_clip:
+        if bad is not None and not self._session._clips_nonfinite:
             row, col = divmod(bad, self.dim)
             raise InvalidArgument(
                 f"non-finite gradient at element {bad} (key {int(keys[row])}, column {col}) "
@@ -374,7 +374,7 @@ class DenseTable(_Table):
         v = as_values(values, what).reshape(-1)
         self._range(begin, v.size)
         bad = _first_nonfinite(v)
-        if bad is not None and (what != "gradients" or not self._session._servers_clip):
+        if bad is not None and (what != "gradients" or not self._session._clips_nonfinite):
             raise InvalidArgument(
                 f"non-finite {what[:-1]} at element {bad} (table element {begin + bad}) "
                 f"of dense table {self.name!r}: {v[bad]}; nothing was sent")
@@ -440,7 +440,8 @@ class Session:
         self._ptr: Optional[int] = None
         self._orphans: List[Tuple[int, Tuple]] = []
         self._pid = os.getpid()
-        self._last_end: Optional[Future] = None
+        # The futures of ended steps not yet seen to succeed, oldest first.
+        self._pending_ends: List[Future] = []
         self._tables: Dict[str, _Table] = {}
         self._sigterm_installed = None
         lib = _native.lib()
@@ -495,12 +496,13 @@ class Session:
         self.position: Optional[DataPosition] = (
             DataPosition(int(p["shard"]), int(p["epoch"]), int(p["batch"]), bool(p["done"]))
             if p is not None else None)
-        self._servers_clip = False
+        # data_plane.gradients.nonfinite CLIP: non-finite gradients go to the
+        # servers, which clip them (worker/kv_client.h), instead of being refused.
+        self._clips_nonfinite: bool = bool(job["clips_nonfinite"])
         self._table_info = {t["name"]: t for t in job["tables"]}
         self._step_position: Optional[DataPosition] = None
         self._started = False
         self._stop_position: Optional[DataPosition] = None
-        _live.add(self)
         if handle_sigterm and threading.current_thread() is threading.main_thread():
             self._install_sigterm()
 
@@ -632,11 +634,10 @@ class Session:
         the others' pulls wait for it). `position` is the next untrained
         batch; inside `batches()` it defaults to the loop's. Once the servers
         acknowledge the step it is reported to the scheduler, so a
-        replacement resumes from there. Returns a Future; the previous
-        step's failure, if any, is raised here."""
-        prev = self._last_end
-        if prev is not None and prev.done():
-            prev.result()
+        replacement resumes from there. Returns a Future; the
+        failure of an earlier step that has completed meanwhile, if any, is
+        raised here (the others at finish() or the end of `batches()`)."""
+        self._check_ends()
         if position is None:
             position = self._step_position
             self._step_position = None
@@ -649,8 +650,26 @@ class Session:
                 self._handle(), 1, position.shard, position.epoch, position.batch,
                 1 if position.done else 0, ctypes.byref(h)))
         f = self._future(h, ())
-        self._last_end = f
+        self._pending_ends.append(f)
         return f
+
+    def _check_ends(self, wait: bool = False, timeout: Optional[float] = None) -> None:
+        """Raises the first failure, in step order, among the ended steps
+        that completed (wait=True: among all, waiting at most `timeout`
+        seconds for each); the steps looked at are forgotten."""
+        pending: List[Future] = []
+        failure: Optional[PsError] = None
+        for f in self._pending_ends:
+            if not wait and not f.done():
+                pending.append(f)
+                continue
+            try:
+                f.result(timeout)
+            except PsError as e:
+                failure = failure or e
+        self._pending_ends = pending
+        if failure is not None:
+            raise failure
 
     def _wait_lifecycle(self, h: ctypes.c_void_p) -> Future:
         f = self._future(h, (), lifecycle=True)
@@ -696,8 +715,7 @@ class Session:
         meets the others at barrier "train_done". True on the one worker that
         evaluates and exports for the job (then call evaluation_done() or
         close()); the others return False once it is done."""
-        if self._last_end is not None:
-            self._last_end.result()
+        self._check_ends(wait=True)
         h = _out_ptr()
         _check(_native.lib().ps_session_finish(self._handle(),
                                                timeout if timeout is not None else 1e12,
@@ -804,8 +822,8 @@ class Session:
             self._settle()
 
     def _settle(self) -> None:
-        if self._last_end is not None:
-            self._last_end.result()
+        """Waits for every ended step; raises the first that failed."""
+        self._check_ends(wait=True)
 
     def close(self, finished: Optional[bool] = None,
               position: Optional[DataPosition] = None) -> None:
@@ -819,11 +837,10 @@ class Session:
             raise ForkError("close() of a session started in another process")
         lib = _native.lib()
         try:
-            if self._last_end is not None:
-                try:
-                    self._last_end.result(timeout=30)
-                except PsError:
-                    pass
+            try:
+                self._check_ends(wait=True, timeout=30)
+            except PsError:
+                pass
             if position is None:
                 position = self._stop_position
             if finished is None:
@@ -842,7 +859,6 @@ class Session:
             for h, _ in self._orphans:
                 lib.ps_future_free(h)
             self._orphans = []
-            _live.discard(self)
             if self._sigterm_installed is not None:
                 try:
                     signal.signal(signal.SIGTERM, self._sigterm_installed)
@@ -879,7 +895,6 @@ class Session:
 
 
 _END = object()
-_live: "weakref.WeakSet[Session]" = weakref.WeakSet()
 
 
 def init(config: Union[str, os.PathLike], scheduler: Optional[str] = None,
