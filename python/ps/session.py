@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-import json
 import os
 import signal
 import threading
@@ -31,7 +30,9 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tupl
 import numpy as np
 
 from . import _native
-from .errors import Cancelled, FailedPrecondition, ForkError, InvalidArgument, PsError, from_code
+from .data import JobConfig, describe_handle
+from .errors import (Cancelled, FailedPrecondition, ForkError, InvalidArgument, PsError,
+                     from_code, last_failure)
 
 #: The clock of a worker that has finished training (common/protocol.h).
 FINISHED_CLOCK = 1 << 62
@@ -51,7 +52,11 @@ class DataPosition:
 
 def _check(code: int) -> None:
     if code != 0:
-        raise from_code(code, _native.last_error())
+        raise last_failure(code)
+
+
+def _position(p: "_native.Position") -> DataPosition:
+    return DataPosition(int(p.shard), int(p.epoch), int(p.batch), bool(p.done))
 
 
 def _out_ptr() -> ctypes.c_void_p:
@@ -137,7 +142,7 @@ class Future:
         self._keep = keep
         self._convert = convert
         self._lifecycle = lifecycle
-        self._status: Optional[Tuple[int, str]] = None
+        self._status: Optional[Tuple[int, str, int]] = None  # code, message, reason
         self._value: Any = None
         self._converted = False
         self._pid = os.getpid()
@@ -158,7 +163,8 @@ class Future:
         code = lib.ps_future_wait(self._handle, timeout)
         if code == _native.PENDING:
             return False
-        self._status = (code, _native.last_error() if code != 0 else "")
+        self._status = ((code, _native.last_error(), _native.last_error_reason()) if code != 0
+                        else (0, "", _native.REASON_NONE))
         return True
 
     def result(self, timeout: Optional[float] = None) -> Any:
@@ -184,9 +190,9 @@ class Future:
                 while not self._poll(_SLICE):
                     pass
             raise
-        code, message = self._status
+        code, message, reason = self._status
         if code != 0:
-            raise from_code(code, message)
+            raise from_code(code, message, reason)
         if not self._converted:
             self._value = self._convert(self) if self._convert else None
             self._converted = True
@@ -205,13 +211,6 @@ class Future:
         """Pulls: the slowest live worker's clock when the servers answered."""
         self.result()
         return int(_native.lib().ps_future_min_clock(self._handle))
-
-    @property
-    def value(self) -> int:
-        return int(_native.lib().ps_future_value(self._handle))
-
-    def text(self) -> Optional[str]:
-        return _native.take_string(_native.lib().ps_future_text(self._handle))
 
     def _free(self) -> None:
         h, self._handle = self._handle, None
@@ -453,10 +452,11 @@ class Session:
         if num_workers is None:
             num_workers = int(os.environ.get("PS_NUM_WORKERS", "0") or 0)
         self.config_path = os.fspath(config)
+        job_config = JobConfig(self.config_path, num_servers, num_workers)
         h = _out_ptr()
-        flags = 2 if observer else (1 if trains_shards else 0)
-        _check(lib.ps_session_start(self.config_path.encode(), scheduler.encode(),
-                                    num_servers, num_workers, flags,
+        flags = (_native.OBSERVER if observer
+                 else _native.TRAINS_SHARDS if trains_shards else 0)
+        _check(lib.ps_session_start(job_config.handle, scheduler.encode(), flags,
                                     stop_check, startup_timeout or 0.0, ctypes.byref(h)))
         start = Future(self, h.value, lifecycle=True)
         start._session = None  # no session to stop yet: the future's stop flag does
@@ -467,35 +467,33 @@ class Session:
             # Freeing a running start stops it (it leaves if it registered).
             start._free()
             raise
-        code, message = start._status
+        code, message, reason = start._status
         if code != 0:
             start._free()
-            raise from_code(code, message)
+            raise from_code(code, message, reason)
         self._ptr = lib.ps_future_take_session(start._handle)
         start._free()
         self._closed = False
-        info = json.loads(self._text(lib.ps_session_info))
-        self._info = info
-        job = info["job"]
-        self.rank: int = int(info["rank"])
-        self.observer: bool = bool(info["observer"])
-        self.node_id: int = int(info["node_id"])
+        info = _native.SessionDetails()
+        _check(lib.ps_session_info(self._ptr, ctypes.byref(info)))
+        job = describe_handle(lib.ps_session_config(self._ptr))
+        self.rank: int = int(info.rank)
+        self.observer: bool = bool(info.observer)
+        self.node_id: int = int(info.node_id)
         self.num_workers: int = int(job["num_workers"])
         self.num_servers: int = int(job["num_servers"])
-        self.mode: str = job["mode"] if job["mode"] != "CONSISTENCY_MODE_UNSPECIFIED" else "ASYNC"
+        self.mode: str = job["mode"]
         self.staleness: int = int(job["staleness"])
         self.prefetch: bool = bool(job["prefetch"])
         #: The config's training block: batch_size, epochs, shard_by_batch,
         #: max_steps, export_path (a Python loop may use them or not).
         self.training: Dict[str, Any] = dict(job["training"])
         self.job_name: str = job["name"]
-        self.start_clock: int = int(info["start_clock"])
+        self.start_clock: int = int(info.start_clock)
         #: This worker starts a job restored from a checkpoint (at its clock).
-        self.restored_start: bool = bool(info["restored_start"])
-        p = info["position"]
+        self.restored_start: bool = bool(info.restored_start)
         self.position: Optional[DataPosition] = (
-            DataPosition(int(p["shard"]), int(p["epoch"]), int(p["batch"]), bool(p["done"]))
-            if p is not None else None)
+            _position(info.position) if info.has_position else None)
         # data_plane.gradients.nonfinite CLIP: non-finite gradients go to the
         # servers, which clip them (worker/kv_client.h), instead of being refused.
         self._clips_nonfinite: bool = bool(job["clips_nonfinite"])
@@ -536,11 +534,6 @@ class Session:
                 convert: Optional[Callable[[Future], Any]] = None,
                 lifecycle: bool = False) -> Future:
         return Future(self, h.value, keep, convert, lifecycle)
-
-    def _text(self, fn: Callable) -> str:
-        out = ctypes.c_void_p()
-        _check(fn(self._handle(), ctypes.byref(out)))
-        return _native.take_string(out.value) or ""
 
     def _slow_workers(self) -> str:
         """The workers a BSP/SSP wait is waiting for ("" if none or unknown)."""
@@ -617,13 +610,18 @@ class Session:
         "server" and the fields of proto TableStats (rows, bytes, ...)."""
         h = _out_ptr()
         _check(_native.lib().ps_stats(self._handle(), ctypes.byref(h)))
-        f = self._future(h, (), lambda fut: fut.text())
-        text = f.result()
+        f = self._future(h, ())
+        f.result()
+        n = ctypes.c_size_t()
+        _check(_native.lib().ps_future_stats(f._handle, None, 0, ctypes.byref(n)))
+        entries = (_native.TableStats * n.value)()
+        _check(_native.lib().ps_future_stats(f._handle, entries, n.value, ctypes.byref(n)))
+        names = {int(t["id"]): name for name, t in self._table_info.items()}
         out = []
-        for entry in json.loads(text or "[]"):
-            d = {k: (int(v) if isinstance(v, str) and v.isdigit() else v)
-                 for k, v in entry["stats"].items()}
-            d["server"] = entry["server"]
+        for e in entries:
+            d = {name: (bool(getattr(e, name)) if name == "sparse" else int(getattr(e, name)))
+                 for name, _ in _native.TableStats._fields_}
+            d["name"] = names.get(d["table_id"], "")
             out.append(d)
         return out
 
@@ -642,13 +640,8 @@ class Session:
             position = self._step_position
             self._step_position = None
         h = _out_ptr()
-        if position is None:
-            _check(_native.lib().ps_session_end_step(self._handle(), 0, 0, 0, 0, 0,
-                                                     ctypes.byref(h)))
-        else:
-            _check(_native.lib().ps_session_end_step(
-                self._handle(), 1, position.shard, position.epoch, position.batch,
-                1 if position.done else 0, ctypes.byref(h)))
+        _check(_native.lib().ps_session_end_step(self._handle(), _native.position(position),
+                                                 ctypes.byref(h)))
         f = self._future(h, ())
         self._pending_ends.append(f)
         return f
@@ -682,9 +675,8 @@ class Session:
         `timeout` seconds; Cancelled on a stop."""
         h = _out_ptr()
         _check(_native.lib().ps_session_barrier(self._handle(), name.encode(),
-                                                timeout if timeout is not None else 1e12,
-                                                ctypes.byref(h)))
-        return json.loads(self._wait_lifecycle(h).text() or "[]")
+                                                _timeout(timeout), ctypes.byref(h)))
+        return _ranks(self._wait_lifecycle(h))
 
     def claim(self, finished: Optional[DataPosition] = None) -> Dict[str, Any]:
         """Reports `finished` (a shard this worker completed) and asks for
@@ -693,18 +685,13 @@ class Session:
         first, so this worker never holds BSP/SSP back while idle. On
         ASSIGNED call restart(start_clock) before training the shard."""
         h = _out_ptr()
-        if finished is None:
-            _check(_native.lib().ps_session_claim(self._handle(), 0, 0, 0, 0,
-                                                  ctypes.byref(h)))
-        else:
-            _check(_native.lib().ps_session_claim(self._handle(), 1, finished.shard,
-                                                  finished.epoch, finished.batch,
-                                                  ctypes.byref(h)))
-        r = json.loads(self._wait_lifecycle(h).text())
-        return {"result": r["result"],
-                "position": DataPosition(int(r["shard"]), int(r["epoch"]), int(r["batch"]),
-                                         bool(r["done"])),
-                "start_clock": int(r["start_clock"])}
+        _check(_native.lib().ps_session_claim(self._handle(), _native.position(finished),
+                                              ctypes.byref(h)))
+        f = self._wait_lifecycle(h)
+        r = _native.Claim()
+        _check(_native.lib().ps_future_claim(f._handle, ctypes.byref(r)))
+        return {"result": _CLAIM_RESULTS[r.result], "position": _position(r.position),
+                "start_clock": int(r.start_clock)}
 
     def restart(self, clock: int) -> None:
         """Resumes training at `clock` after claim() answered ASSIGNED."""
@@ -717,10 +704,12 @@ class Session:
         close()); the others return False once it is done."""
         self._check_ends(wait=True)
         h = _out_ptr()
-        _check(_native.lib().ps_session_finish(self._handle(),
-                                               timeout if timeout is not None else 1e12,
+        _check(_native.lib().ps_session_finish(self._handle(), _timeout(timeout),
                                                ctypes.byref(h)))
-        return bool(self._wait_lifecycle(h).value)
+        f = self._wait_lifecycle(h)
+        evaluator = ctypes.c_int32()
+        _check(_native.lib().ps_future_finish(f._handle, ctypes.byref(evaluator)))
+        return bool(evaluator.value)
 
     def evaluation_done(self) -> None:
         """The evaluator tells the others it is done (close() does it too)."""
@@ -736,7 +725,10 @@ class Session:
         FailedPrecondition when the job's config has no checkpoint.dir."""
         h = _out_ptr()
         _check(_native.lib().ps_session_checkpoint(self._handle(), ctypes.byref(h)))
-        return self._wait_lifecycle(h).value
+        f = self._wait_lifecycle(h)
+        clock = ctypes.c_uint64()
+        _check(_native.lib().ps_future_checkpoint(f._handle, ctypes.byref(clock)))
+        return int(clock.value)
 
     def batches(self, batches_of: Callable[[int, int], Iterable[Any]],
                 epochs: int = 1) -> Iterator[Any]:
@@ -845,13 +837,9 @@ class Session:
                 position = self._stop_position
             if finished is None:
                 finished = position is None and not self.stop_requested
-            if position is None:
-                code = lib.ps_session_leave(self._ptr, 1 if finished else 0, 0, 0, 0, 0, 0)
-            else:
-                code = lib.ps_session_leave(self._ptr, 1 if finished else 0, 1,
-                                            position.shard, position.epoch, position.batch,
-                                            1 if position.done else 0)
-            message = _native.last_error()
+            code = lib.ps_session_leave(self._ptr, 1 if finished else 0,
+                                        _native.position(position))
+            failure = last_failure(code) if code != 0 else None
         finally:
             self._closed = True
             ptr, self._ptr = self._ptr, None
@@ -864,8 +852,8 @@ class Session:
                     signal.signal(signal.SIGTERM, self._sigterm_installed)
                 except ValueError:
                     pass
-        if code != 0:
-            raise from_code(code, message)
+        if failure is not None:
+            raise failure
 
     def __enter__(self) -> "Session":
         return self
@@ -895,6 +883,24 @@ class Session:
 
 
 _END = object()
+
+_CLAIM_RESULTS = {_native.CLAIM_WAIT: "WAIT", _native.CLAIM_ASSIGNED: "ASSIGNED",
+                  _native.CLAIM_ALL_DONE: "ALL_DONE"}
+
+
+def _timeout(seconds: Optional[float]) -> float:
+    """A timeout in seconds for the library; None: none."""
+    return _native.NO_TIMEOUT if seconds is None else max(0.0, float(seconds))
+
+
+def _ranks(f: Future) -> List[int]:
+    """The ranks a barrier or finish future answers."""
+    lib = _native.lib()
+    n = ctypes.c_size_t()
+    _check(lib.ps_future_ranks(f._handle, None, 0, ctypes.byref(n)))
+    ranks = (ctypes.c_uint32 * n.value)()
+    _check(lib.ps_future_ranks(f._handle, ranks, n.value, ctypes.byref(n)))
+    return [int(r) for r in ranks]
 
 
 def init(config: Union[str, os.PathLike], scheduler: Optional[str] = None,
