@@ -2,14 +2,22 @@
 
 #include <string>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 
 namespace ps {
 
+// Payloads (a status's reason, common/grpc_status.h) are kept: callers tell
+// statuses apart by them.
 absl::Status Annotate(const absl::Status& status, absl::string_view context) {
   if (status.ok()) return status;
-  return absl::Status(status.code(),
-                      absl::StrCat(context, ": ", status.message()));
+  absl::Status out(status.code(),
+                   absl::StrCat(context, ": ", status.message()));
+  status.ForEachPayload(
+      [&out](absl::string_view url, const absl::Cord& payload) {
+        out.SetPayload(url, payload);
+      });
+  return out;
 }
 
 }  // namespace ps

@@ -36,6 +36,10 @@ using SteadyClock = std::chrono::steady_clock;
 
 constexpr char kDropped[] = "dropped by the scheduler";
 constexpr char kUnreachableField[] = "cluster.scheduler_unreachable_timeout_ms";
+// The reasons (common/status.h WithReason) IsDropped and IsSchedulerGone
+// look for: statuses are told apart by them, never by their text.
+constexpr char kDroppedReason[] = "dropped";
+constexpr char kSchedulerGoneReason[] = "scheduler_unreachable";
 // While the scheduler is away: the first failure is logged, then at most
 // one line per kWarnEvery.
 constexpr absl::Duration kWarnEvery = absl::Seconds(5);
@@ -49,17 +53,18 @@ double Seconds(SteadyClock::duration d) {
 }  // namespace
 
 absl::Status DroppedError(absl::string_view detail) {
-  return absl::AbortedError(absl::StrCat(kDropped, ": ", detail));
+  return WithReason(absl::AbortedError(absl::StrCat(kDropped, ": ", detail)),
+                    kDroppedReason);
 }
 
 bool IsDropped(const absl::Status& status) {
   return status.code() == absl::StatusCode::kAborted &&
-         absl::StrContains(status.message(), kDropped);
+         ReasonOf(status) == kDroppedReason;
 }
 
 bool IsSchedulerGone(const absl::Status& status) {
   return status.code() == absl::StatusCode::kUnavailable &&
-         absl::StrContains(status.message(), kUnreachableField);
+         ReasonOf(status) == kSchedulerGoneReason;
 }
 
 SchedulerClient::Options SchedulerClient::Options::ForJob(const JobConfig& config,
@@ -336,10 +341,12 @@ void SchedulerClient::NoteUnreachable(const grpc::Status& status) {
                   silent, last_error_);
     }
     if (now - last_ack_ > absl::ToChronoNanoseconds(options_.unreachable_timeout)) {
-      gone_status_ = absl::UnavailableError(absl::StrFormat(
-          "scheduler at %s unreachable for %.1f s (%s %d): %s", options_.address,
-          silent, kUnreachableField,
-          absl::ToInt64Milliseconds(options_.unreachable_timeout), last_error_));
+      gone_status_ = WithReason(
+          absl::UnavailableError(absl::StrFormat(
+              "scheduler at %s unreachable for %.1f s (%s %d): %s", options_.address,
+              silent, kUnreachableField,
+              absl::ToInt64Milliseconds(options_.unreachable_timeout), last_error_)),
+          kSchedulerGoneReason);
       gone_.store(true);
       gone = gone_status_;
     }

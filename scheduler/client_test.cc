@@ -7,6 +7,7 @@
 // decides exactly what the scheduler answers and when it is away ("restart"
 // = a new service on the same port, knowing the same node id, as a
 // scheduler restarted from its journal does).
+#include "common/grpc_status.h"
 #include "common/status.h"
 #include "scheduler/client.h"
 
@@ -411,6 +412,22 @@ TEST(SchedulerClientTest, ALeaveRetriedAfterItArrivedIsDone) {
   const absl::Status left = client->Leave(true);
   EXPECT_TRUE(left.ok()) << left;
   EXPECT_EQ(scheduler.service().leaves.load(), 2);
+}
+
+TEST(SchedulerClientTest, DroppedAndGoneAreToldByTheirReasonNotTheirText) {
+  EXPECT_FALSE(IsDropped(absl::AbortedError("dropped by the scheduler: in words only")));
+  EXPECT_FALSE(IsSchedulerGone(
+      absl::UnavailableError("cluster.scheduler_unreachable_timeout_ms, in words only")));
+  const absl::Status dropped = Annotate(DroppedError("node 7"), "barrier b");
+  EXPECT_TRUE(IsDropped(dropped)) << dropped;
+  EXPECT_FALSE(IsSchedulerGone(dropped));
+  EXPECT_THAT(std::string(dropped.message()),
+              ::testing::HasSubstr("barrier b: dropped by the scheduler: node 7"));
+  // The reason survives a gRPC round trip (the client's RPC paths).
+  const absl::Status back = FromGrpcStatus(ToGrpcStatus(dropped));
+  EXPECT_TRUE(IsDropped(back)) << back;
+  EXPECT_EQ(back.message(), dropped.message());
+  EXPECT_EQ(ReasonOf(absl::OkStatus()), "");
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <string>
@@ -16,7 +17,6 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/config.h"
@@ -25,20 +25,32 @@
 #include "common/logging.h"
 #include "common/node_main.h"
 #include "common/protocol.h"
-#include "google/protobuf/util/json_util.h"
 #include "common/status.h"
+#include "google/protobuf/util/json_util.h"
+#include "scheduler/client.h"
 #include "worker/data/keys.h"
 #include "worker/data/synthetic_ctr.h"
 #include "worker/kv_client.h"
 #include "worker/session.h"
+#include "worker/shard_cursor.h"
 
 namespace {
 
 thread_local std::string last_error;
+thread_local int32_t last_reason = PS_REASON_NONE;
 
+// The reason a status carries (scheduler/client.h), as the ABI names it.
+int32_t Reason(const absl::Status& s) {
+  if (ps::IsDropped(s)) return PS_REASON_DROPPED;
+  if (ps::IsSchedulerGone(s)) return PS_REASON_SCHEDULER_UNREACHABLE;
+  return PS_REASON_NONE;
+}
+
+// Records `s` as this thread's last outcome; its code (0 when OK).
 int32_t Fail(const absl::Status& s) {
   last_error = std::string(s.message());
-  return s.ok() ? 0 : static_cast<int32_t>(s.code());
+  last_reason = Reason(s);
+  return static_cast<int32_t>(s.code());
 }
 
 int32_t Invalid(const std::string& message) {
@@ -52,147 +64,275 @@ char* CopyString(const std::string& s) {
   return out;
 }
 
+// A timeout of the ABI: PS_NO_TIMEOUT (any negative or non-finite value)
+// never passes.
 absl::Duration Seconds(double s) {
-  if (!std::isfinite(s) || s > 1e9) return absl::InfiniteDuration();
-  return absl::Seconds(std::max(0.0, s));
+  if (!std::isfinite(s) || s < 0) return absl::InfiniteDuration();
+  return absl::Seconds(s);
 }
 
-std::string Quote(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') out += '\\';
-    if (static_cast<unsigned char>(c) < 0x20) {
-      out += ' ';
-      continue;
-    }
-    out += c;
-  }
-  return out + "\"";
-}
-
-std::string PositionJson(const ps::DataPosition& p) {
-  return absl::StrCat("{\"shard\":", p.shard(), ",\"epoch\":", p.epoch(),
-                      ",\"batch\":", p.batch(), ",\"done\":", p.done() ? "true" : "false",
-                      "}");
-}
-
-std::string OptimizerName(const ps::OptimizerConfig& o) {
+const char* OptimizerName(const ps::OptimizerConfig& o) {
   switch (o.kind_case()) {
-    case ps::OptimizerConfig::kSgd: return "sgd";
-    case ps::OptimizerConfig::kAdagrad: return "adagrad";
-    case ps::OptimizerConfig::kMomentum: return "momentum";
-    case ps::OptimizerConfig::kAdam: return "adam";
-    case ps::OptimizerConfig::kFtrl: return "ftrl";
-    default: return "none";
+    case ps::OptimizerConfig::kSgd:
+      return "sgd";
+    case ps::OptimizerConfig::kAdagrad:
+      return "adagrad";
+    case ps::OptimizerConfig::kMomentum:
+      return "momentum";
+    case ps::OptimizerConfig::kAdam:
+      return "adam";
+    case ps::OptimizerConfig::kFtrl:
+      return "ftrl";
+    default:
+      return "none";
   }
 }
 
-std::string TablesJson(const ps::JobConfig& config) {
-  std::vector<std::string> tables;
-  for (const ps::TableConfig& t : config.tables()) {
-    std::string optimizer;
-    google::protobuf::util::JsonPrintOptions o;
-    o.preserve_proto_field_names = true;
-    o.always_print_primitive_fields = true;
-    (void)google::protobuf::util::MessageToJsonString(t.optimizer(), &optimizer, o);
-    tables.push_back(absl::StrCat(
-        "{\"name\":", Quote(t.name()), ",\"id\":", t.id(), ",\"sparse\":",
-        t.has_sparse() ? "true" : "false", ",\"dim\":",
-        t.has_sparse() ? t.sparse().dim() : 1, ",\"size\":",
-        t.has_dense() ? t.dense().size() : 0, ",\"optimizer\":",
-        Quote(OptimizerName(t.optimizer())), ",\"optimizer_config\":",
-        optimizer.empty() ? "{}" : optimizer, "}"));
+absl::StatusOr<std::string> OptimizerJson(const ps::TableConfig& t) {
+  google::protobuf::util::JsonPrintOptions o;
+  o.preserve_proto_field_names = true;
+  o.always_print_primitive_fields = true;
+  std::string json;
+  const auto st =
+      google::protobuf::util::MessageToJsonString(t.optimizer(), &json, o);
+  if (!st.ok()) {
+    return absl::InternalError(
+        absl::StrCat("the optimizer of table ", t.name(),
+                     " cannot be written as JSON: ", st.ToString()));
   }
-  return absl::StrCat("[", absl::StrJoin(tables, ","), "]");
+  return json;
 }
 
-std::string ConfigJson(const ps::JobConfig& config) {
-  return absl::StrCat(
-      "{\"name\":", Quote(config.name()), ",\"mode\":",
-      Quote(ps::ConsistencyMode_Name(config.consistency().mode())),
-      ",\"staleness\":", config.consistency().staleness(),
-      ",\"num_workers\":", config.cluster().num_workers(),
-      ",\"num_servers\":", config.cluster().num_servers(),
-      ",\"prefetch\":", config.training().prefetch() ? "true" : "false",
-      ",\"training\":{\"batch_size\":", config.training().batch_size(),
-      ",\"epochs\":", config.training().epochs(),
-      ",\"shard_by_batch\":", config.training().shard_by_batch() ? "true" : "false",
-      ",\"max_steps\":", config.training().max_steps(),
-      ",\"export_path\":", Quote(config.training().export_path()), "}",
-      ",\"checkpoint_dir\":", Quote(config.checkpoint().dir()),
-      ",\"tables\":", TablesJson(config), "}");
+ps::DataPosition Position(const ps_position& p) {
+  ps::DataPosition out;
+  out.set_shard(p.shard);
+  out.set_epoch(p.epoch);
+  out.set_batch(p.batch);
+  out.set_done(p.done != 0);
+  return out;
 }
 
-absl::StatusOr<ps::JobConfig> LoadConfig(const char* path, int64_t num_servers,
-                                         int64_t num_workers) {
-  if (path == nullptr || *path == '\0') {
-    return absl::InvalidArgumentError("no job config file given");
-  }
-  absl::StatusOr<ps::JobConfig> config = ps::LoadJobConfig(path);
-  if (!config.ok()) return config.status();
-  if (absl::Status s = ps::OverrideClusterSize({num_servers, num_workers}, &*config);
-      !s.ok()) {
-    return s;
-  }
-  return config;
+ps_position ToC(const ps::DataPosition& p) {
+  ps_position out{};
+  out.shard = p.shard();
+  out.epoch = p.epoch();
+  out.batch = p.batch();
+  out.done = p.done() ? 1 : 0;
+  return out;
 }
 
 }  // namespace
 
-// A session and the pid that made it: its threads exist only there.
-struct ps_session {
-  std::unique_ptr<ps::WorkerSession> session;
-  pid_t pid = 0;
-};
+// A loaded job config and what the ABI hands out of it.
+struct ps_config {
+  explicit ps_config(ps::JobConfig c) : config(std::move(c)) {
+    const ps::ConsistencyMode m = config.consistency().mode();
+    mode = m == ps::CONSISTENCY_MODE_UNSPECIFIED ? "ASYNC"
+                                                 : ps::ConsistencyMode_Name(m);
+    for (const ps::TableConfig& t : config.tables())
+      optimizer_json.push_back(OptimizerJson(t));
+  }
 
-// A lifecycle operation running on a thread of its own.
-struct AsyncOp {
-  absl::Mutex mu;
-  bool done ABSL_GUARDED_BY(mu) = false;
-  absl::Status status ABSL_GUARDED_BY(mu);
-  std::thread thread;
-};
-
-struct ps_future {
-  std::optional<ps::Completion> completion;
-  std::shared_ptr<AsyncOp> op;
-  // Asked to stop when the handle is freed while `op` still runs.
-  std::function<void()> stop;
-  // Results.
-  int64_t value = 0;
-  std::string text;
-  bool has_text = false;
-  std::unique_ptr<ps::WorkerSession> started;
-  std::vector<ps::ServerTableStats> stats;
-  std::vector<uint64_t> scan_keys;
-  std::vector<float> scan_values;
-  uint32_t scan_dim = 1;
-  // Produces `text` from the results once the completion is OK (stats).
-  std::function<void(ps_future*)> finish;
-  bool finished = false;
-  // The request writes into this object (scan, stats): freeing waits for it.
-  bool writes_into_self = false;
+  const ps::JobConfig config;
+  std::string mode;
+  std::vector<absl::StatusOr<std::string>> optimizer_json;  // by table index
+  // data.synthetic_ctr's generator, built on first use (building its
+  // sampling tables takes milliseconds, filling a batch microseconds).
+  mutable absl::Mutex mu;
+  mutable std::shared_ptr<const ps::ctr::SyntheticCtr> synthetic
+      ABSL_GUARDED_BY(mu);
 };
 
 namespace {
 
-// Runs `body` on a thread; its status completes `f`.
-void RunAsync(ps_future* f, std::function<absl::Status()> body) {
+absl::StatusOr<std::shared_ptr<const ps::ctr::SyntheticCtr>> Synthetic(
+    const ps_config& c) {
+  if (!c.config.data().has_synthetic_ctr()) {
+    return absl::InvalidArgumentError(
+        "the job has no data.synthetic_ctr block");
+  }
+  absl::MutexLock lock(&c.mu);
+  if (c.synthetic == nullptr) {
+    auto made = ps::ctr::SyntheticCtr::Create(c.config.data().synthetic_ctr());
+    if (!made.ok()) return made.status();
+    c.synthetic =
+        std::make_shared<const ps::ctr::SyntheticCtr>(*std::move(made));
+  }
+  return c.synthetic;
+}
+
+// Counts the lifecycle operations of one session still running on threads
+// of their own, so that freeing the session can wait for them.
+class OpTracker {
+ public:
+  void Started() {
+    absl::MutexLock lock(&mu_);
+    ++running_;
+  }
+  void Ended() {
+    absl::MutexLock lock(&mu_);
+    --running_;
+  }
+  void WaitIdle() {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](int* running) { return *running == 0; }, &running_));
+  }
+
+ private:
+  absl::Mutex mu_;
+  int running_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// What a lifecycle operation answers, by kind.
+enum class Kind {
+  kRequest,
+  kStart,
+  kBarrier,
+  kClaim,
+  kNextShard,
+  kFinish,
+  kCheckpoint,
+  kScan,
+  kStats
+};
+
+struct OpResults {
+  std::unique_ptr<ps::WorkerSession> started;  // kStart
+  std::vector<uint32_t> ranks;                 // kBarrier, kFinish
+  ps_claim claim{};                            // kClaim
+  ps_next_shard next_shard{};                  // kNextShard
+  int32_t evaluator = 0;                       // kFinish
+  uint64_t clock = 0;                          // kCheckpoint
+};
+
+// A lifecycle operation running on a thread of its own. Its results are
+// written by that thread, under `mu`, together with `done`.
+struct AsyncOp {
+  absl::Mutex mu;
+  bool done ABSL_GUARDED_BY(mu) = false;
+  absl::Status status ABSL_GUARDED_BY(mu);
+  OpResults results ABSL_GUARDED_BY(mu);
+  std::thread thread;
+};
+
+}  // namespace
+
+// A session and the pid that made it: its threads exist only there. Its
+// lifecycle operations share ownership of the WorkerSession (they run on
+// threads of their own and may still be running when the session is
+// freed); ps_session_free stops them and waits until they have let go.
+struct ps_session {
+  std::shared_ptr<ps::WorkerSession> session;
+  std::unique_ptr<ps_config> config;  // a copy of the session's
+  std::shared_ptr<OpTracker> ops = std::make_shared<OpTracker>();
+  pid_t pid = 0;
+};
+
+struct ps_future {
+  explicit ps_future(Kind k) : kind(k) {}
+
+  const Kind kind;
+  // Data-plane requests, scan and stats.
+  std::optional<ps::Completion> completion;
+  // Lifecycle operations.
+  std::shared_ptr<AsyncOp> op;
+  // Asked to stop when the handle is freed while `op` still runs.
+  std::function<void()> stop;
+  // Scan and stats: written by the I/O thread before `completion` is done;
+  // freeing the handle waits for it.
+  std::vector<ps::ServerTableStats> stats;
+  std::vector<uint64_t> scan_keys;
+  std::vector<float> scan_values;
+  uint32_t scan_dim = 1;
+};
+
+namespace {
+
+using OpBody = std::function<absl::Status(OpResults&)>;
+
+// Runs `body` on a thread; its status and results complete `f`.
+void RunAsync(ps_future* f, OpBody body) {
   auto op = std::make_shared<AsyncOp>();
   f->op = op;
   op->thread = std::thread([op, body = std::move(body)] {
-    absl::Status s = body();
+    OpResults results;
+    absl::Status s = body(results);
     absl::MutexLock lock(&op->mu);
     op->status = std::move(s);
+    op->results = std::move(results);
     op->done = true;
   });
+}
+
+// Runs `body` on a thread with a reference to the session of `s`, counted
+// in `s`'s operations until the thread lets go of it. With `stop_on_free`,
+// freeing the future before the operation ends asks the session to stop (a
+// weak reference: a session already freed has nothing left to stop).
+ps_future* RunSessionOp(
+    ps_session* s, Kind kind, bool stop_on_free,
+    std::function<absl::Status(ps::WorkerSession&, OpResults&)> body) {
+  auto* f = new ps_future(kind);
+  if (stop_on_free) {
+    std::weak_ptr<ps::WorkerSession> weak = s->session;
+    f->stop = [weak] {
+      if (std::shared_ptr<ps::WorkerSession> w = weak.lock()) w->RequestStop();
+    };
+  }
+  std::shared_ptr<OpTracker> ops = s->ops;
+  ops->Started();
+  RunAsync(
+      f, [w = s->session, ops, body = std::move(body)](OpResults& r) mutable {
+        absl::Status st = body(*w, r);
+        w.reset();  // before Ended(): the session may be destroyed once idle
+        ops->Ended();
+        return st;
+      });
+  return f;
+}
+
+// Reads the results of `f`'s successful lifecycle operation, one of
+// `kinds`; fills last_error otherwise.
+int32_t ReadResults(ps_future* f, std::initializer_list<Kind> kinds,
+                    const std::function<void(OpResults&)>& read) {
+  if (f == nullptr || f->op == nullptr ||
+      std::find(kinds.begin(), kinds.end(), f->kind) == kinds.end()) {
+    return Invalid("not a future of an operation with that result");
+  }
+  absl::MutexLock lock(&f->op->mu);
+  if (!f->op->done)
+    return Fail(
+        absl::FailedPreconditionError("the operation is still running"));
+  if (!f->op->status.ok()) {
+    return Fail(absl::FailedPreconditionError(
+        absl::StrCat("the operation failed: ", f->op->status.message())));
+  }
+  read(f->op->results);
+  return 0;
+}
+
+// OK once the request of `f` (one of `kind`) completed successfully.
+int32_t RequestDone(ps_future* f, Kind kind) {
+  if (f == nullptr || !f->completion || f->kind != kind) {
+    return Invalid("not a future of an operation with that result");
+  }
+  absl::Status status;
+  if (!f->completion->WaitFor(absl::ZeroDuration(), &status)) {
+    return Fail(absl::FailedPreconditionError("the request is still running"));
+  }
+  if (!status.ok()) {
+    return Fail(absl::FailedPreconditionError(
+        absl::StrCat("the request failed: ", status.message())));
+  }
+  return 0;
 }
 
 bool Forked(const ps_session* s) { return s->pid != getpid(); }
 
 // Checks that `s` may be used here; fills last_error otherwise.
 int32_t Usable(ps_session* s) {
-  if (s == nullptr || s->session == nullptr) return Invalid("no session (closed?)");
+  if (s == nullptr || s->session == nullptr)
+    return Invalid("no session (closed?)");
   if (Forked(s)) {
     return Fail(absl::FailedPreconditionError(
         "this session was started in process " + std::to_string(s->pid) +
@@ -203,17 +343,8 @@ int32_t Usable(ps_session* s) {
   return 0;
 }
 
-ps::DataPosition Position(uint32_t shard, uint64_t epoch, uint64_t batch, int32_t done) {
-  ps::DataPosition p;
-  p.set_shard(shard);
-  p.set_epoch(epoch);
-  p.set_batch(batch);
-  p.set_done(done != 0);
-  return p;
-}
-
-ps_future* FromCompletion(ps::Completion c) {
-  auto* f = new ps_future;
+ps_future* FromCompletion(ps::Completion c, Kind kind = Kind::kRequest) {
+  auto* f = new ps_future(kind);
   f->completion = std::move(c);
   return f;
 }
@@ -222,8 +353,10 @@ ps_future* FromCompletion(ps::Completion c) {
 int32_t Writable(ps_session* s, const char* what) {
   if (int32_t e = Usable(s)) return e;
   if (s->session->observer()) {
-    return Fail(absl::FailedPreconditionError(absl::StrCat(
-        what, ": this session is an observer, which only reads (pull, scan, stats)")));
+    return Fail(absl::FailedPreconditionError(
+        absl::StrCat(what,
+                     ": this session is an observer, which only reads (pull, "
+                     "scan, stats)")));
   }
   return 0;
 }
@@ -241,6 +374,41 @@ absl::StatusOr<uint32_t> SparseDim(ps_session* s, uint32_t table) {
   return absl::InvalidArgumentError(absl::StrCat("no table with id ", table));
 }
 
+ps_table_stats ToC(const ps::ServerTableStats& s) {
+  const ps::TableStats& t = s.stats;
+  ps_table_stats out{};
+  out.server = s.server_rank;
+  out.table_id = t.table_id();
+  out.sparse = t.sparse() ? 1 : 0;
+  out.rows = t.rows();
+  out.bytes = t.bytes();
+  out.memory_budget_bytes = t.memory_budget_bytes();
+  out.keys_pushed = t.keys_pushed();
+  out.keys_pulled = t.keys_pulled();
+  out.admissions = t.admissions();
+  out.pushes_filtered = t.pushes_filtered();
+  out.evictions_ttl = t.evictions_ttl();
+  out.evictions_budget = t.evictions_budget();
+  out.pushes_refused = t.pushes_refused();
+  out.keys_dropped = t.keys_dropped();
+  out.backup_rows = t.backup_rows();
+  return out;
+}
+
+int32_t FillSparseInitial(const ps::TableConfig& tc, const uint64_t* keys,
+                          size_t n, float* out, size_t out_len) {
+  const uint32_t dim = tc.sparse().dim();
+  if (out_len != n * dim) {
+    return Invalid(absl::StrCat("initial values of ", n, " keys of table ",
+                                tc.name(), " (dim ", dim, ") need ", n * dim,
+                                " floats; the output has ", out_len));
+  }
+  for (size_t i = 0; i < n; ++i) {
+    ps::InitializeValues(tc.init(), tc.id(), keys[i], 0, dim, out + i * dim);
+  }
+  return 0;
+}
+
 }  // namespace
 
 extern "C" {
@@ -249,97 +417,140 @@ int32_t ps_abi_version(void) { return PS_C_ABI_VERSION; }
 
 const char* ps_last_error(void) { return last_error.c_str(); }
 
+int32_t ps_last_error_reason(void) { return last_reason; }
+
 int32_t ps_set_log_level(const char* level) {
   return Fail(ps::SetLogLevel(level == nullptr ? "" : level));
 }
 
-void ps_hash_keys(uint32_t field, const uint64_t* values, size_t n, uint64_t* out) {
+void ps_hash_keys(uint32_t field, const uint64_t* values, size_t n,
+                  uint64_t* out) {
   for (size_t i = 0; i < n; ++i) out[i] = ps::data::CriteoKey(field, values[i]);
 }
 
 void ps_free_string(char* s) { std::free(s); }
 
-int32_t ps_describe_config(const char* path, int64_t num_servers, int64_t num_workers,
-                           char** out_json) {
-  absl::StatusOr<ps::JobConfig> config = LoadConfig(path, num_servers, num_workers);
+int32_t ps_config_load(const char* path, int64_t num_servers,
+                       int64_t num_workers, ps_config** out) {
+  if (path == nullptr || *path == '\0')
+    return Invalid("no job config file given");
+  absl::StatusOr<ps::JobConfig> config = ps::LoadJobConfig(path);
   if (!config.ok()) return Fail(config.status());
-  *out_json = CopyString(ConfigJson(*config));
+  if (absl::Status s =
+          ps::OverrideClusterSize({num_servers, num_workers}, &*config);
+      !s.ok()) {
+    return Fail(s);
+  }
+  *out = new ps_config(*std::move(config));
   return 0;
 }
 
-int32_t ps_initial_values(const char* path, const char* table, const uint64_t* keys,
-                          size_t n, uint64_t first, float* out, size_t out_len) {
-  absl::StatusOr<ps::JobConfig> config = LoadConfig(path, 0, 0);
-  if (!config.ok()) return Fail(config.status());
+void ps_config_free(ps_config* c) { delete c; }
+
+int32_t ps_config_job(const ps_config* c, ps_job_info* out) {
+  if (c == nullptr || out == nullptr) return Invalid("no config");
+  const ps::JobConfig& j = c->config;
+  *out = ps_job_info{};
+  out->name = j.name().c_str();
+  out->mode = c->mode.c_str();
+  out->staleness = j.consistency().staleness();
+  out->num_workers = j.cluster().num_workers();
+  out->num_servers = j.cluster().num_servers();
+  out->prefetch = j.training().prefetch() ? 1 : 0;
+  // As KVClient decides (worker/kv_client.cc): the servers clip.
+  const ps::GradientPolicy& g = j.data_plane().gradients();
+  out->clips_nonfinite =
+      g.nonfinite() == ps::GradientPolicy::CLIP && g.clip_value() > 0;
+  out->num_tables = static_cast<uint32_t>(j.tables_size());
+  out->batch_size = j.training().batch_size();
+  out->epochs = j.training().epochs();
+  out->shard_by_batch = j.training().shard_by_batch() ? 1 : 0;
+  out->max_steps = j.training().max_steps();
+  out->export_path = j.training().export_path().c_str();
+  out->checkpoint_dir = j.checkpoint().dir().c_str();
+  return 0;
+}
+
+int32_t ps_config_table(const ps_config* c, uint32_t index,
+                        ps_table_info* out) {
+  if (c == nullptr || out == nullptr) return Invalid("no config");
+  if (index >= static_cast<uint32_t>(c->config.tables_size())) {
+    return Invalid(
+        absl::StrCat("table index ", index, " of ", c->config.tables_size()));
+  }
+  const ps::TableConfig& t = c->config.tables(index);
+  const absl::StatusOr<std::string>& json = c->optimizer_json[index];
+  if (!json.ok()) return Fail(json.status());
+  *out = ps_table_info{};
+  out->name = t.name().c_str();
+  out->id = t.id();
+  out->sparse = t.has_sparse() ? 1 : 0;
+  out->dim = t.has_sparse() ? t.sparse().dim() : 1;
+  out->size = t.has_dense() ? t.dense().size() : 0;
+  out->optimizer = OptimizerName(t.optimizer());
+  out->optimizer_json = json->c_str();
+  return 0;
+}
+
+int32_t ps_config_synthetic_ctr(const ps_config* c, ps_synthetic_info* out) {
+  if (c == nullptr || out == nullptr) return Invalid("no config");
+  auto gen = Synthetic(*c);
+  if (!gen.ok()) return Fail(gen.status());
+  out->num_train = (*gen)->size(ps::ctr::Split::kTrain);
+  out->num_test = (*gen)->size(ps::ctr::Split::kTest);
+  out->num_numeric = (*gen)->num_numeric();
+  out->num_categorical = (*gen)->num_categorical();
+  return 0;
+}
+
+int32_t ps_initial_values(const ps_config* c, const char* table,
+                          const uint64_t* keys, size_t n, uint64_t first,
+                          float* out, size_t out_len) {
+  if (c == nullptr) return Invalid("no config");
   absl::StatusOr<const ps::TableConfig*> t =
-      ps::FindTable(*config, table == nullptr ? "" : table);
+      ps::FindTable(c->config, table == nullptr ? "" : table);
   if (!t.ok()) return Fail(t.status());
   const ps::TableConfig& tc = **t;
-  if (tc.has_sparse()) {
-    const uint32_t dim = tc.sparse().dim();
-    if (out_len != n * dim) {
-      return Invalid(absl::StrCat("initial values of ", n, " keys of table ", tc.name(),
-                                  " (dim ", dim, ") need ", n * dim,
-                                  " floats; the output has ", out_len));
-    }
-    for (size_t i = 0; i < n; ++i) {
-      ps::InitializeValues(tc.init(), tc.id(), keys[i], 0, dim, out + i * dim);
-    }
-    return 0;
-  }
+  if (tc.has_sparse()) return FillSparseInitial(tc, keys, n, out, out_len);
   const uint64_t size = tc.dense().size();
   if (out_len != n || first > size || n > size - first) {
-    return Invalid(absl::StrCat("dense table ", tc.name(), " has ", size,
-                                " elements: [", first, ", ", first + n,
-                                ") is out of range or the output is not ", n, " floats"));
+    return Invalid(absl::StrCat(
+        "dense table ", tc.name(), " has ", size, " elements: [", first, ", ",
+        first + n, ") is out of range or the output is not ", n, " floats"));
   }
   // Dense tables use key 0 with the element index (server/dense_table.cc).
   ps::InitializeValues(tc.init(), tc.id(), 0, first, n, out);
   return 0;
 }
 
-int32_t ps_synthetic_ctr(const char* path, int32_t split, uint64_t begin, uint64_t count,
-                         float* numeric, size_t numeric_len, uint64_t* keys,
-                         size_t keys_len, float* labels, float* true_logits) {
-  absl::StatusOr<ps::JobConfig> config = LoadConfig(path, 0, 0);
-  if (!config.ok()) return Fail(config.status());
-  if (!config->data().has_synthetic_ctr()) {
-    return Invalid(absl::StrCat(path, ": the job has no data.synthetic_ctr block"));
-  }
-  // One generator per config file: building its sampling tables takes
-  // milliseconds, filling a batch microseconds.
-  static absl::Mutex cache_mu;
-  static std::string* cached_path = new std::string;
-  static std::shared_ptr<const ps::ctr::SyntheticCtr>* cached =
-      new std::shared_ptr<const ps::ctr::SyntheticCtr>;
-  std::shared_ptr<const ps::ctr::SyntheticCtr> gen;
-  {
-    absl::MutexLock lock(&cache_mu);
-    const std::string key = absl::StrCat(path, "\n", config->data().synthetic_ctr().DebugString());
-    if (*cached_path != key || *cached == nullptr) {
-      auto made = ps::ctr::SyntheticCtr::Create(config->data().synthetic_ctr());
-      if (!made.ok()) return Fail(made.status());
-      *cached = std::make_shared<const ps::ctr::SyntheticCtr>(*std::move(made));
-      *cached_path = key;
-    }
-    gen = *cached;
-  }
-  const ps::ctr::Split sp = split == 0 ? ps::ctr::Split::kTrain : ps::ctr::Split::kTest;
-  if (split != 0 && split != 1) return Invalid("split must be 0 (train) or 1 (test)");
-  const uint64_t size = gen->size(sp);
+int32_t ps_synthetic_ctr(const ps_config* c, int32_t split, uint64_t begin,
+                         uint64_t count, float* numeric, size_t numeric_len,
+                         uint64_t* keys, size_t keys_len, float* labels,
+                         float* true_logits) {
+  if (c == nullptr) return Invalid("no config");
+  auto gen = Synthetic(*c);
+  if (!gen.ok()) return Fail(gen.status());
+  if (split != 0 && split != 1)
+    return Invalid("split must be 0 (train) or 1 (test)");
+  const ps::ctr::Split sp =
+      split == 0 ? ps::ctr::Split::kTrain : ps::ctr::Split::kTest;
+  const uint64_t size = (*gen)->size(sp);
   if (begin > size || count > size - begin) {
-    return Invalid(absl::StrCat("examples [", begin, ", ", begin + count, ") of a split of ",
-                                size));
+    return Invalid(absl::StrCat("examples [", begin, ", ", begin + count,
+                                ") of a split of ", size));
   }
-  if (numeric_len != count * gen->num_numeric() ||
-      keys_len != count * gen->num_categorical()) {
+  const uint64_t num_numeric = (*gen)->num_numeric();
+  const uint64_t num_categorical = (*gen)->num_categorical();
+  if (numeric_len != count * num_numeric ||
+      keys_len != count * num_categorical) {
     return Invalid(absl::StrCat("synthetic_ctr: ", count, " examples need ",
-                                count * gen->num_numeric(), " numeric values and ",
-                                count * gen->num_categorical(), " keys; got room for ",
+                                count * num_numeric, " numeric values and ",
+                                count * num_categorical, " keys; got room for ",
                                 numeric_len, " and ", keys_len));
   }
   ps::ctr::Batch batch;
-  if (absl::Status s = gen->Fill(sp, begin, count, &batch); !s.ok()) return Fail(s);
+  if (absl::Status s = (*gen)->Fill(sp, begin, count, &batch); !s.ok())
+    return Fail(s);
   std::copy(batch.numeric.begin(), batch.numeric.end(), numeric);
   std::copy(batch.keys.begin(), batch.keys.end(), keys);
   std::copy(batch.labels.begin(), batch.labels.end(), labels);
@@ -349,19 +560,18 @@ int32_t ps_synthetic_ctr(const char* path, int32_t split, uint64_t begin, uint64
   return 0;
 }
 
-int32_t ps_session_start(const char* config_path, const char* scheduler,
-                         int64_t num_servers, int64_t num_workers, int32_t flags,
-                         double stop_check_s, double startup_timeout_s, ps_future** out) {
-  absl::StatusOr<ps::JobConfig> config = LoadConfig(config_path, num_servers, num_workers);
-  if (!config.ok()) return Fail(config.status());
+int32_t ps_session_start(const ps_config* config, const char* scheduler,
+                         int32_t flags, double stop_check_s,
+                         double startup_timeout_s, ps_future** out) {
+  if (config == nullptr) return Invalid("no job config given");
   if (scheduler == nullptr || *scheduler == '\0') {
     return Invalid("no scheduler address (host:port) given");
   }
   absl::StatusOr<std::optional<ps::CurveKeys>> curve =
-      ps::LoadCurveKeys(config->security().curve());
+      ps::LoadCurveKeys(config->config.security().curve());
   if (!curve.ok()) return Fail(curve.status());
   ps::WorkerSession::Options options;
-  options.config = *std::move(config);
+  options.config = config->config;
   options.scheduler = scheduler;
   options.trains_shards = (flags & PS_TRAINS_SHARDS) != 0;
   options.observer = (flags & PS_OBSERVER) != 0;
@@ -370,17 +580,19 @@ int32_t ps_session_start(const char* config_path, const char* scheduler,
   }
   options.curve = *std::move(curve);
   if (stop_check_s > 0) options.stop_check = Seconds(stop_check_s);
-  if (startup_timeout_s > 0) options.startup_timeout = Seconds(startup_timeout_s);
+  if (startup_timeout_s > 0)
+    options.startup_timeout = Seconds(startup_timeout_s);
   auto stop = std::make_shared<std::atomic<bool>>(false);
   options.should_stop = [stop] { return stop->load(); };
-  auto* f = new ps_future;
+  auto* f = new ps_future(Kind::kStart);
   f->stop = [stop] { stop->store(true); };
-  RunAsync(f, [f, options = std::move(options)]() mutable -> absl::Status {
-    auto session = ps::WorkerSession::Start(std::move(options));
-    if (!session.ok()) return session.status();
-    f->started = *std::move(session);
-    return absl::OkStatus();
-  });
+  RunAsync(
+      f, [options = std::move(options)](OpResults& r) mutable -> absl::Status {
+        auto session = ps::WorkerSession::Start(std::move(options));
+        if (!session.ok()) return session.status();
+        r.started = *std::move(session);
+        return absl::OkStatus();
+      });
   *out = f;
   return 0;
 }
@@ -390,26 +602,37 @@ void ps_session_free(ps_session* s) {
   if (Forked(s)) {
     // The parent's threads are not here: destroying the clients would wait
     // for them forever. Leak instead.
-    (void)s->session.release();
+    (void)new std::shared_ptr<ps::WorkerSession>(std::move(s->session));
     delete s;
     return;
   }
+  // Lifecycle operations still running end (stopped) and let go of the
+  // session before it is destroyed here, with its data plane.
+  s->session->RequestStop();
+  s->ops->WaitIdle();
   s->session.reset();
   delete s;
 }
 
-int32_t ps_session_info(ps_session* s, char** out_json) {
+int32_t ps_session_info(ps_session* s, ps_session_details* out) {
   if (int32_t e = Usable(s)) return e;
-  ps::WorkerSession& w = *s->session;
-  const std::optional<ps::DataPosition> pos = w.initial_position();
-  *out_json = CopyString(absl::StrCat(
-      "{\"rank\":", w.rank(), ",\"node_id\":", w.node_id(),
-      ",\"observer\":", w.observer() ? "true" : "false",
-      ",\"restored_start\":", w.restored_start() ? "true" : "false",
-      ",\"start_clock\":", w.start_clock(),
-      ",\"position\":", pos ? PositionJson(*pos) : std::string("null"),
-      ",\"job\":", ConfigJson(w.config()), "}"));
+  const ps::WorkerSession& w = *s->session;
+  *out = ps_session_details{};
+  out->rank = w.rank();
+  out->node_id = w.node_id();
+  out->observer = w.observer() ? 1 : 0;
+  out->restored_start = w.restored_start() ? 1 : 0;
+  out->start_clock = w.start_clock();
+  if (const std::optional<ps::DataPosition> pos = w.initial_position()) {
+    out->has_position = 1;
+    out->position = ToC(*pos);
+  }
   return 0;
+}
+
+const ps_config* ps_session_config(ps_session* s) {
+  if (Usable(s) != 0) return nullptr;
+  return s->config.get();
 }
 
 uint64_t ps_session_clock(ps_session* s) {
@@ -442,56 +665,60 @@ void ps_session_request_stop(ps_session* s) {
   s->session->RequestStop();
 }
 
-int32_t ps_session_end_step(ps_session* s, int32_t has_position, uint32_t shard,
-                            uint64_t epoch, uint64_t batch, int32_t done, ps_future** out) {
+int32_t ps_session_end_step(ps_session* s, const ps_position* next,
+                            ps_future** out) {
   if (int32_t e = Usable(s)) return e;
-  std::optional<ps::DataPosition> next;
-  if (has_position) next = Position(shard, epoch, batch, done);
-  *out = FromCompletion(s->session->EndStep(next));
+  std::optional<ps::DataPosition> pos;
+  if (next != nullptr) pos = Position(*next);
+  *out = FromCompletion(s->session->EndStep(pos));
   return 0;
 }
 
 int32_t ps_session_barrier(ps_session* s, const char* name, double timeout_s,
                            ps_future** out) {
   if (int32_t e = Usable(s)) return e;
-  if (name == nullptr || *name == '\0') return Invalid("a barrier needs a name");
-  auto* f = new ps_future;
-  ps::WorkerSession* w = s->session.get();
-  f->stop = [w] { w->RequestStop(); };
-  RunAsync(f, [f, w, name = std::string(name), timeout = Seconds(timeout_s)] {
-    std::vector<uint32_t> ranks;
-    absl::Status st = w->Barrier(name, timeout, &ranks);
-    if (st.ok()) {
-      f->text = absl::StrCat("[", absl::StrJoin(ranks, ","), "]");
-      f->has_text = true;
-    }
-    return st;
-  });
-  *out = f;
+  if (name == nullptr || *name == '\0')
+    return Invalid("a barrier needs a name");
+  *out = RunSessionOp(s, Kind::kBarrier, /*stop_on_free=*/true,
+                      [name = std::string(name), timeout = Seconds(timeout_s)](
+                          ps::WorkerSession& w, OpResults& r) {
+                        return w.Barrier(name, timeout, &r.ranks);
+                      });
   return 0;
 }
 
-int32_t ps_session_claim(ps_session* s, int32_t has_finished, uint32_t shard,
-                         uint64_t epoch, uint64_t batch, ps_future** out) {
+int32_t ps_session_claim(ps_session* s, const ps_position* finished,
+                         ps_future** out) {
   if (int32_t e = Usable(s)) return e;
-  auto* f = new ps_future;
-  ps::WorkerSession* w = s->session.get();
-  f->stop = [w] { w->RequestStop(); };
-  std::optional<ps::DataPosition> finished;
-  if (has_finished) finished = Position(shard, epoch, batch, 1);
-  RunAsync(f, [f, w, finished]() -> absl::Status {
-    auto r = w->Claim(finished ? &*finished : nullptr);
-    if (!r.ok()) return r.status();
-    f->text = absl::StrCat("{\"result\":",
-                           Quote(ps::ClaimShardResponse::Result_Name(r->result())),
-                           ",\"shard\":", r->shard().shard(), ",\"epoch\":",
-                           r->shard().epoch(), ",\"batch\":", r->shard().batch(),
-                           ",\"done\":", r->shard().done() ? "true" : "false",
-                           ",\"start_clock\":", r->start_clock(), "}");
-    f->has_text = true;
-    return absl::OkStatus();
-  });
-  *out = f;
+  std::optional<ps::DataPosition> done;
+  if (finished != nullptr) {
+    done = Position(*finished);
+    done->set_done(true);
+  }
+  *out =
+      RunSessionOp(s, Kind::kClaim, /*stop_on_free=*/true,
+                   [done](ps::WorkerSession& w, OpResults& r) -> absl::Status {
+                     auto answer = w.Claim(done ? &*done : nullptr);
+                     if (!answer.ok()) return answer.status();
+                     switch (answer->result()) {
+                       case ps::ClaimShardResponse::WAIT:
+                         r.claim.result = PS_CLAIM_WAIT;
+                         break;
+                       case ps::ClaimShardResponse::ASSIGNED:
+                         r.claim.result = PS_CLAIM_ASSIGNED;
+                         break;
+                       case ps::ClaimShardResponse::ALL_DONE:
+                         r.claim.result = PS_CLAIM_ALL_DONE;
+                         break;
+                       default:
+                         return absl::InternalError(absl::StrCat(
+                             "the scheduler answered a claim with ",
+                             static_cast<int>(answer->result())));
+                     }
+                     r.claim.position = ToC(answer->shard());
+                     r.claim.start_clock = answer->start_clock();
+                     return absl::OkStatus();
+                   });
   return 0;
 }
 
@@ -502,18 +729,15 @@ int32_t ps_session_restart(ps_session* s, uint64_t clock) {
 
 int32_t ps_session_finish(ps_session* s, double timeout_s, ps_future** out) {
   if (int32_t e = Usable(s)) return e;
-  auto* f = new ps_future;
-  ps::WorkerSession* w = s->session.get();
-  f->stop = [w] { w->RequestStop(); };
-  RunAsync(f, [f, w, timeout = Seconds(timeout_s)]() -> absl::Status {
-    auto r = w->Finish(timeout);
-    if (!r.ok()) return r.status();
-    f->value = *r ? 1 : 0;
-    f->text = absl::StrCat("[", absl::StrJoin(w->finished_ranks(), ","), "]");
-    f->has_text = true;
-    return absl::OkStatus();
-  });
-  *out = f;
+  *out = RunSessionOp(s, Kind::kFinish, /*stop_on_free=*/true,
+                      [timeout = Seconds(timeout_s)](
+                          ps::WorkerSession& w, OpResults& r) -> absl::Status {
+                        auto evaluator = w.Finish(timeout);
+                        if (!evaluator.ok()) return evaluator.status();
+                        r.evaluator = *evaluator ? 1 : 0;
+                        r.ranks = w.finished_ranks();
+                        return absl::OkStatus();
+                      });
   return 0;
 }
 
@@ -524,66 +748,66 @@ int32_t ps_session_evaluation_done(ps_session* s) {
 
 int32_t ps_session_checkpoint(ps_session* s, ps_future** out) {
   if (int32_t e = Usable(s)) return e;
-  auto* f = new ps_future;
-  ps::WorkerSession* w = s->session.get();
-  RunAsync(f, [f, w]() -> absl::Status {
-    auto r = w->RequestCheckpoint();
-    if (!r.ok()) return r.status();
-    f->value = static_cast<int64_t>(*r);
-    return absl::OkStatus();
-  });
-  *out = f;
+  *out = RunSessionOp(s, Kind::kCheckpoint, /*stop_on_free=*/false,
+                      [](ps::WorkerSession& w, OpResults& r) -> absl::Status {
+                        auto clock = w.RequestCheckpoint();
+                        if (!clock.ok()) return clock.status();
+                        r.clock = *clock;
+                        return absl::OkStatus();
+                      });
   return 0;
 }
 
-int32_t ps_session_leave(ps_session* s, int32_t finished, int32_t has_position,
-                         uint32_t shard, uint64_t epoch, uint64_t batch, int32_t done) {
+int32_t ps_session_leave(ps_session* s, int32_t finished,
+                         const ps_position* position) {
   if (int32_t e = Usable(s)) return e;
   std::optional<ps::DataPosition> pos;
-  if (has_position) pos = Position(shard, epoch, batch, done);
+  if (position != nullptr) pos = Position(*position);
   return Fail(s->session->Leave(finished != 0, pos ? &*pos : nullptr));
 }
 
 // ---- the shard protocol: Session.batches over WorkerSession::shards().
 
-int32_t ps_session_next_shard(ps_session* s, int32_t has_ended, uint32_t shard,
-                              uint64_t epoch, uint64_t batch, int32_t done,
+int32_t ps_session_next_shard(ps_session* s, const ps_position* ended,
                               ps_future** out) {
   if (int32_t e = Usable(s)) return e;
-  std::optional<ps::DataPosition> ended;
-  if (has_ended) ended = Position(shard, epoch, batch, done);
-  auto* f = new ps_future;
-  ps::WorkerSession* w = s->session.get();
-  f->stop = [w] { w->RequestStop(); };
-  RunAsync(f, [f, w, ended]() -> absl::Status {
-    ps::ShardCursor* shards = w->shards();
-    if (ended) shards->Ended(*ended);
-    absl::StatusOr<std::optional<ps::DataPosition>> next = shards->Next();
-    if (!next.ok()) return next.status();
-    const char* result = next->has_value()    ? "TRAIN"
-                         : shards->all_done() ? "ALL_DONE"
-                                              : "STOPPED";
-    std::optional<ps::DataPosition> at = *next;
-    if (!at && !shards->all_done()) at = shards->position();
-    f->text = absl::StrCat("{\"result\":\"", result, "\",\"position\":",
-                           at ? PositionJson(*at) : std::string("null"), "}");
-    f->has_text = true;
-    return absl::OkStatus();
-  });
-  *out = f;
+  std::optional<ps::DataPosition> end;
+  if (ended != nullptr) end = Position(*ended);
+  *out = RunSessionOp(
+      s, Kind::kNextShard, /*stop_on_free=*/true,
+      [end](ps::WorkerSession& w, OpResults& r) -> absl::Status {
+        ps::ShardCursor* shards = w.shards();
+        if (end) shards->Ended(*end);
+        absl::StatusOr<std::optional<ps::DataPosition>> next = shards->Next();
+        if (!next.ok()) return next.status();
+        std::optional<ps::DataPosition> at = *next;
+        if (next->has_value()) {
+          r.next_shard.result = PS_SHARD_TRAIN;
+        } else if (shards->all_done()) {
+          r.next_shard.result = PS_SHARD_ALL_DONE;
+        } else {
+          r.next_shard.result = PS_SHARD_STOPPED;
+          at = shards->position();
+        }
+        r.next_shard.has_position = at ? 1 : 0;
+        if (at) r.next_shard.position = ToC(*at);
+        return absl::OkStatus();
+      });
   return 0;
 }
 
-int32_t ps_pull(ps_session* s, uint32_t table, const uint64_t* keys, size_t n, float* out,
-                size_t out_len, ps_future** f) {
+int32_t ps_pull(ps_session* s, uint32_t table, const uint64_t* keys, size_t n,
+                float* out, size_t out_len, ps_future** f) {
   if (int32_t e = Usable(s)) return e;
   absl::StatusOr<uint32_t> dim = SparseDim(s, table);
   if (!dim.ok()) return Fail(dim.status());
   if (out_len != n * *dim) {
-    return Invalid(absl::StrCat("pull of ", n, " keys of dim ", *dim, " needs room for ",
-                                n * *dim, " floats; the output has ", out_len));
+    return Invalid(absl::StrCat("pull of ", n, " keys of dim ", *dim,
+                                " needs room for ", n * *dim,
+                                " floats; the output has ", out_len));
   }
-  *f = FromCompletion(s->session->kv()->Pull(table, absl::MakeConstSpan(keys, n), out));
+  *f = FromCompletion(
+      s->session->kv()->Pull(table, absl::MakeConstSpan(keys, n), out));
   return 0;
 }
 
@@ -593,51 +817,53 @@ int32_t ps_push(ps_session* s, uint32_t table, const uint64_t* keys, size_t n,
   absl::StatusOr<uint32_t> dim = SparseDim(s, table);
   if (!dim.ok()) return Fail(dim.status());
   if (grads_len != n * *dim) {
-    return Invalid(absl::StrCat("push of ", n, " keys of dim ", *dim, " needs ", n * *dim,
-                                " gradient values; got ", grads_len));
+    return Invalid(absl::StrCat("push of ", n, " keys of dim ", *dim, " needs ",
+                                n * *dim, " gradient values; got ", grads_len));
   }
-  *f = FromCompletion(s->session->kv()->Push(table, absl::MakeConstSpan(keys, n),
-                                             absl::MakeConstSpan(grads, grads_len)));
+  *f = FromCompletion(
+      s->session->kv()->Push(table, absl::MakeConstSpan(keys, n),
+                             absl::MakeConstSpan(grads, grads_len)));
   return 0;
 }
 
-int32_t ps_push_pull(ps_session* s, uint32_t table, const uint64_t* keys, size_t n,
-                     const float* grads, size_t grads_len, float* out, size_t out_len,
-                     ps_future** f) {
+int32_t ps_push_pull(ps_session* s, uint32_t table, const uint64_t* keys,
+                     size_t n, const float* grads, size_t grads_len, float* out,
+                     size_t out_len, ps_future** f) {
   if (int32_t e = Writable(s, "push_pull")) return e;
   absl::StatusOr<uint32_t> dim = SparseDim(s, table);
   if (!dim.ok()) return Fail(dim.status());
   if (grads_len != n * *dim || out_len != n * *dim) {
-    return Invalid(absl::StrCat("push_pull of ", n, " keys of dim ", *dim, " needs ",
-                                n * *dim, " gradient values and as much room; got ",
+    return Invalid(absl::StrCat("push_pull of ", n, " keys of dim ", *dim,
+                                " needs ", n * *dim,
+                                " gradient values and as much room; got ",
                                 grads_len, " and ", out_len));
   }
-  *f = FromCompletion(s->session->kv()->PushPull(table, absl::MakeConstSpan(keys, n),
-                                                 absl::MakeConstSpan(grads, grads_len),
-                                                 out));
+  *f = FromCompletion(
+      s->session->kv()->PushPull(table, absl::MakeConstSpan(keys, n),
+                                 absl::MakeConstSpan(grads, grads_len), out));
   return 0;
 }
 
-int32_t ps_pull_dense(ps_session* s, uint32_t table, uint64_t begin, size_t n, float* out,
-                      ps_future** f) {
+int32_t ps_pull_dense(ps_session* s, uint32_t table, uint64_t begin, size_t n,
+                      float* out, ps_future** f) {
   if (int32_t e = Usable(s)) return e;
   *f = FromCompletion(s->session->kv()->PullDense(table, begin, n, out));
   return 0;
 }
 
-int32_t ps_push_dense(ps_session* s, uint32_t table, uint64_t begin, const float* grads,
-                      size_t n, ps_future** f) {
+int32_t ps_push_dense(ps_session* s, uint32_t table, uint64_t begin,
+                      const float* grads, size_t n, ps_future** f) {
   if (int32_t e = Writable(s, "push_dense")) return e;
   *f = FromCompletion(
       s->session->kv()->PushDense(table, begin, absl::MakeConstSpan(grads, n)));
   return 0;
 }
 
-int32_t ps_assign_dense(ps_session* s, uint32_t table, uint64_t begin, const float* values,
-                        size_t n, ps_future** f) {
+int32_t ps_assign_dense(ps_session* s, uint32_t table, uint64_t begin,
+                        const float* values, size_t n, ps_future** f) {
   if (int32_t e = Writable(s, "assign")) return e;
-  *f = FromCompletion(
-      s->session->kv()->AssignDense(table, begin, absl::MakeConstSpan(values, n)));
+  *f = FromCompletion(s->session->kv()->AssignDense(
+      table, begin, absl::MakeConstSpan(values, n)));
   return 0;
 }
 
@@ -645,32 +871,18 @@ int32_t ps_scan(ps_session* s, uint32_t table, ps_future** f) {
   if (int32_t e = Usable(s)) return e;
   absl::StatusOr<uint32_t> dim = SparseDim(s, table);
   if (!dim.ok()) return Fail(dim.status());
-  auto* fut = new ps_future;
+  auto* fut = new ps_future(Kind::kScan);
   fut->scan_dim = *dim;
-  fut->writes_into_self = true;
-  fut->completion = s->session->kv()->Scan(table, &fut->scan_keys, &fut->scan_values);
+  fut->completion =
+      s->session->kv()->Scan(table, &fut->scan_keys, &fut->scan_values);
   *f = fut;
   return 0;
 }
 
 int32_t ps_stats(ps_session* s, ps_future** f) {
   if (int32_t e = Usable(s)) return e;
-  auto* fut = new ps_future;
-  fut->writes_into_self = true;
+  auto* fut = new ps_future(Kind::kStats);
   fut->completion = s->session->kv()->TableStatistics(&fut->stats);
-  fut->finish = [](ps_future* me) {
-    std::vector<std::string> lines;
-    google::protobuf::util::JsonPrintOptions o;
-    o.preserve_proto_field_names = true;
-    o.always_print_primitive_fields = true;
-    for (const ps::ServerTableStats& st : me->stats) {
-      std::string json;
-      (void)google::protobuf::util::MessageToJsonString(st.stats, &json, o);
-      lines.push_back(absl::StrCat("{\"server\":", st.server_rank, ",\"stats\":", json, "}"));
-    }
-    me->text = absl::StrCat("[", absl::StrJoin(lines, ","), "]");
-    me->has_text = true;
-  };
   *f = fut;
   return 0;
 }
@@ -681,20 +893,19 @@ int32_t ps_future_wait(ps_future* f, double timeout_s) {
   if (f->completion) {
     if (!f->completion->WaitFor(Seconds(timeout_s), &status)) {
       last_error = "pending";
+      last_reason = PS_REASON_NONE;
       return PS_PENDING;
     }
   } else if (f->op) {
     AsyncOp* op = f->op.get();
     absl::MutexLock lock(&op->mu);
-    if (!op->mu.AwaitWithTimeout(absl::Condition(&op->done), Seconds(timeout_s))) {
+    if (!op->mu.AwaitWithTimeout(absl::Condition(&op->done),
+                                 Seconds(timeout_s))) {
       last_error = "pending";
+      last_reason = PS_REASON_NONE;
       return PS_PENDING;
     }
     status = op->status;
-  }
-  if (status.ok() && f->finish && !f->finished) {
-    f->finished = true;
-    f->finish(f);
   }
   return Fail(status);
 }
@@ -713,32 +924,66 @@ uint64_t ps_future_min_clock(ps_future* f) {
   return f != nullptr && f->completion ? f->completion->min_clock() : 0;
 }
 
-int64_t ps_future_value(ps_future* f) { return f == nullptr ? 0 : f->value; }
+int32_t ps_future_claim(ps_future* f, ps_claim* out) {
+  return ReadResults(f, {Kind::kClaim},
+                     [out](OpResults& r) { *out = r.claim; });
+}
 
-char* ps_future_text(ps_future* f) {
-  if (f == nullptr || !f->has_text) return nullptr;
-  return CopyString(f->text);
+int32_t ps_future_next_shard(ps_future* f, ps_next_shard* out) {
+  return ReadResults(f, {Kind::kNextShard},
+                     [out](OpResults& r) { *out = r.next_shard; });
+}
+
+int32_t ps_future_ranks(ps_future* f, uint32_t* out, size_t capacity,
+                        size_t* n) {
+  return ReadResults(f, {Kind::kBarrier, Kind::kFinish}, [&](OpResults& r) {
+    *n = r.ranks.size();
+    std::copy_n(r.ranks.begin(), std::min(capacity, r.ranks.size()), out);
+  });
+}
+
+int32_t ps_future_finish(ps_future* f, int32_t* evaluator) {
+  return ReadResults(f, {Kind::kFinish},
+                     [&](OpResults& r) { *evaluator = r.evaluator; });
+}
+
+int32_t ps_future_checkpoint(ps_future* f, uint64_t* clock) {
+  return ReadResults(f, {Kind::kCheckpoint},
+                     [&](OpResults& r) { *clock = r.clock; });
+}
+
+int32_t ps_future_stats(ps_future* f, ps_table_stats* out, size_t capacity,
+                        size_t* n) {
+  if (int32_t e = RequestDone(f, Kind::kStats)) return e;
+  *n = f->stats.size();
+  for (size_t i = 0; i < std::min(capacity, f->stats.size()); ++i)
+    out[i] = ToC(f->stats[i]);
+  return 0;
 }
 
 ps_session* ps_future_take_session(ps_future* f) {
-  if (f == nullptr || f->started == nullptr) return nullptr;
+  std::unique_ptr<ps::WorkerSession> started;
+  if (ReadResults(f, {Kind::kStart},
+                  [&](OpResults& r) { started = std::move(r.started); }) != 0 ||
+      started == nullptr) {
+    return nullptr;
+  }
   auto* s = new ps_session;
-  s->session = std::move(f->started);
+  s->config = std::make_unique<ps_config>(started->config());
+  s->session = std::move(started);
   s->pid = getpid();
   return s;
 }
 
 int32_t ps_future_scan_size(ps_future* f, uint64_t* rows, uint32_t* dim) {
-  if (f == nullptr || !f->completion) return Invalid("not a scan");
-  if (!f->completion->done()) return Fail(absl::FailedPreconditionError("scan not done"));
+  if (int32_t e = RequestDone(f, Kind::kScan)) return e;
   *rows = f->scan_keys.size();
   *dim = f->scan_dim;
   return 0;
 }
 
 int32_t ps_future_scan_copy(ps_future* f, uint64_t* keys, float* values) {
-  if (f == nullptr || !f->completion) return Invalid("not a scan");
-  if (!f->completion->done()) return Fail(absl::FailedPreconditionError("scan not done"));
+  if (int32_t e = RequestDone(f, Kind::kScan)) return e;
   std::copy(f->scan_keys.begin(), f->scan_keys.end(), keys);
   std::copy(f->scan_values.begin(), f->scan_values.end(), values);
   return 0;
@@ -757,7 +1002,7 @@ void ps_future_free(ps_future* f) {
   }
   // A scan or stats request writes into this object: wait for it (its
   // requests are bounded by the request timeout).
-  if (f->completion && f->writes_into_self) {
+  if (f->completion && (f->kind == Kind::kScan || f->kind == Kind::kStats)) {
     (void)f->completion->Wait();
   }
   delete f;

@@ -9,14 +9,18 @@
  *  - Functions that can fail return a status code: 0 for OK, else an Abseil
  *    status code (3 INVALID_ARGUMENT, 4 DEADLINE_EXCEEDED, 8
  *    RESOURCE_EXHAUSTED, 9 FAILED_PRECONDITION, 14 UNAVAILABLE, ...). The
- *    message of the calling thread's last failure is ps_last_error().
+ *    message of the calling thread's last failure is ps_last_error(), its
+ *    reason (dropped, scheduler unreachable; PS_REASON_*)
+ *    ps_last_error_reason(). Results cross as the structs below, never as
+ *    text to parse.
  *  - Arrays cross as pointers and lengths, never element by element. Keys
  *    and gradients are copied before a call returns. A pull's output
  *    buffer is written by the library's I/O thread until its future is
  *    done: the caller keeps it alive until then (the Python package holds
  *    a reference in the future object, and closes the session before it
  *    lets go of outstanding ones).
- *  - Nothing here blocks without a bound: waits take a timeout and return
+ *  - Nothing here blocks without a bound unless asked: waits take a timeout
+ *    (PS_NO_TIMEOUT: none) and return
  *    PS_PENDING when it passes, so a binding can wait in short slices and
  *    react to signals (Ctrl-C) in between. Lifecycle calls that may block
  *    for long (start, barrier, finish, claim, checkpoint) run on a thread of
@@ -41,138 +45,264 @@
 extern "C" {
 #endif
 
-/* Bumped whenever a signature below changes; the Python package refuses a
- * library of another version. */
-#define PS_C_ABI_VERSION 1
+/* Bumped whenever a signature or a struct below changes; the Python package
+ * refuses a library of another version. */
+#define PS_C_ABI_VERSION 2
 /* Returned by waits whose timeout passed before the operation completed. */
 #define PS_PENDING (-1)
+/* A timeout (seconds) that never passes: waits, barriers and finish given
+ * it wait until done (or stopped). Any negative or non-finite timeout means
+ * the same; 0 means "do not wait". */
+#define PS_NO_TIMEOUT (-1.0)
 
 /* ps_session_start flags. */
 #define PS_TRAINS_SHARDS 1
 #define PS_OBSERVER 2
 
+/* Why the calling thread's last call failed, beyond its status code
+ * (ps_last_error_reason). Carried with the status from where it arose, so
+ * no binding matches message text. */
+#define PS_REASON_NONE 0
+/* 10 ABORTED: the scheduler dropped this worker (declared it dead); every
+ * wait and request of the session fails with it. */
+#define PS_REASON_DROPPED 1
+/* 14 UNAVAILABLE: the scheduler stayed unreachable for longer than
+ * cluster.scheduler_unreachable_timeout_ms. */
+#define PS_REASON_SCHEDULER_UNREACHABLE 2
+
+/* Claim results (ps_claim.result). */
+#define PS_CLAIM_WAIT 1
+#define PS_CLAIM_ASSIGNED 2
+#define PS_CLAIM_ALL_DONE 3
+
+/* Shard protocol results (ps_next_shard.result). */
+#define PS_SHARD_TRAIN 1
+#define PS_SHARD_ALL_DONE 2
+#define PS_SHARD_STOPPED 3
+
+typedef struct ps_config ps_config;
 typedef struct ps_session ps_session;
 typedef struct ps_future ps_future;
+
+/* Where a data shard stands: the next batch to train. */
+typedef struct ps_position {
+  uint32_t shard;
+  uint64_t epoch;
+  uint64_t batch;
+  int32_t done; /* 1: every epoch of the shard is trained */
+} ps_position;
+
+/* A job config. Strings point into the ps_config they came from and are
+ * valid until it is freed. */
+typedef struct ps_job_info {
+  const char* name;
+  const char* mode; /* ASYNC, BSP or SSP */
+  uint32_t staleness;
+  uint32_t num_workers;
+  uint32_t num_servers;
+  int32_t prefetch;
+  /* data_plane.gradients.nonfinite CLIP: non-finite gradients are sent for
+   * the servers to clip instead of being refused by the worker. */
+  int32_t clips_nonfinite;
+  uint32_t num_tables;
+  /* training block */
+  uint64_t batch_size;
+  uint64_t epochs;
+  int32_t shard_by_batch;
+  uint64_t max_steps;
+  const char* export_path;
+  const char* checkpoint_dir;
+} ps_job_info;
+
+/* The job's data.synthetic_ctr: examples per split and fields. */
+typedef struct ps_synthetic_info {
+  uint64_t num_train;
+  uint64_t num_test;
+  uint32_t num_numeric;
+  uint32_t num_categorical;
+} ps_synthetic_info;
+
+typedef struct ps_table_info {
+  const char* name;
+  uint32_t id;
+  int32_t sparse;
+  uint32_t dim;               /* sparse: row width; dense: 1 */
+  uint64_t size;              /* dense: elements; sparse: 0 */
+  const char* optimizer;      /* sgd, adagrad, momentum, adam, ftrl, none */
+  const char* optimizer_json; /* its settings, as protobuf's JSON */
+} ps_table_info;
+
+typedef struct ps_session_details {
+  uint32_t rank;
+  uint64_t node_id;
+  int32_t observer;
+  int32_t restored_start;
+  uint64_t start_clock;
+  int32_t has_position;
+  ps_position position;
+} ps_session_details;
+
+typedef struct ps_claim {
+  int32_t result; /* PS_CLAIM_* */
+  ps_position position;
+  uint64_t start_clock;
+} ps_claim;
+
+/* What the shard protocol answered (ps_future_next_shard). */
+typedef struct ps_next_shard {
+  int32_t result;       /* PS_SHARD_* */
+  int32_t has_position; /* 0: no position (see ps_session_next_shard) */
+  ps_position position;
+} ps_next_shard;
+
+/* One table on one server (proto TableStats). */
+typedef struct ps_table_stats {
+  uint32_t server;
+  uint32_t table_id;
+  int32_t sparse;
+  uint64_t rows;
+  uint64_t bytes;
+  uint64_t memory_budget_bytes;
+  uint64_t keys_pushed;
+  uint64_t keys_pulled;
+  uint64_t admissions;
+  uint64_t pushes_filtered;
+  uint64_t evictions_ttl;
+  uint64_t evictions_budget;
+  uint64_t pushes_refused;
+  uint64_t keys_dropped;
+  uint64_t backup_rows;
+} ps_table_stats;
 
 int32_t ps_abi_version(void);
 /* The message of this thread's last failed call ("" if none). Valid until
  * this thread's next call into the library. */
 const char* ps_last_error(void);
+/* PS_REASON_* of this thread's last failed call. */
+int32_t ps_last_error_reason(void);
 /* trace|debug|info|warn|error|off; INVALID_ARGUMENT otherwise. */
 int32_t ps_set_log_level(const char* level);
 
-/* ---- utilities (no session) ---------------------------------------- */
+/* ---- job configs (no session) ---------------------------------------- */
 
 /* The key the C++ readers give categorical field `field` with value
  * `value` (worker/data/keys.h CriteoKey), for n pairs. */
-void ps_hash_keys(uint32_t field, const uint64_t* values, size_t n, uint64_t* out);
+void ps_hash_keys(uint32_t field, const uint64_t* values, size_t n,
+                  uint64_t* out);
 
-/* Loads and validates a job config file; *out_json receives a JSON
- * description (name, mode, cluster sizes, tables). Free it with
- * ps_free_string. */
-int32_t ps_describe_config(const char* path, int64_t num_servers,
-                           int64_t num_workers, char** out_json);
-void ps_free_string(char* s);
+/* Loads and validates a job config file; num_servers / num_workers: 0
+ * keeps the file's. Free with ps_config_free. A config is read-only and may
+ * be used from any thread. */
+int32_t ps_config_load(const char* path, int64_t num_servers,
+                       int64_t num_workers, ps_config** out);
+void ps_config_free(ps_config* c);
+int32_t ps_config_job(const ps_config* c, ps_job_info* out);
+/* Table `index` in [0, num_tables), in the config's order. */
+int32_t ps_config_table(const ps_config* c, uint32_t index, ps_table_info* out);
 
-/* The servers' initial values of table `table` (config file `path`) for n
- * keys (sparse: dim floats each, row-major) or, for a dense table, the
- * elements [keys[0], keys[0] + n) (keys may then be NULL with first given
- * in `first`). Deterministic: the same values every server creates. */
-int32_t ps_initial_values(const char* path, const char* table,
+/* The servers' initial values of table `table` for n keys (sparse: dim
+ * floats each, row-major) or, for a dense table, the elements
+ * [first, first + n) (keys may then be NULL). Deterministic: the same
+ * values every server creates. */
+int32_t ps_initial_values(const ps_config* c, const char* table,
                           const uint64_t* keys, size_t n, uint64_t first,
                           float* out, size_t out_len);
 
-/* Synthetic CTR data of the job config at `path` (data.synthetic_ctr):
- * examples [begin, begin + count) of split 0 (train) or 1 (test).
- * numeric: count * num_numeric floats; keys: count * num_categorical;
- * labels: count; true_logits (may be NULL): count. Sizes are checked
- * against what the config implies. */
-int32_t ps_synthetic_ctr(const char* path, int32_t split, uint64_t begin,
+/* The sizes of the job's data.synthetic_ctr (INVALID_ARGUMENT without
+ * one). Builds its generator, once per config. */
+int32_t ps_config_synthetic_ctr(const ps_config* c, ps_synthetic_info* out);
+
+/* Synthetic CTR data of the job (data.synthetic_ctr): examples [begin,
+ * begin + count) of split 0 (train) or 1 (test). numeric: count *
+ * num_numeric floats; keys: count * num_categorical; labels: count;
+ * true_logits (may be NULL): count. Sizes are checked. The generator is
+ * built once per config. */
+int32_t ps_synthetic_ctr(const ps_config* c, int32_t split, uint64_t begin,
                          uint64_t count, float* numeric, size_t numeric_len,
                          uint64_t* keys, size_t keys_len, float* labels,
                          float* true_logits);
 
 /* ---- session --------------------------------------------------------- */
 
-/* Starts joining the job (register, wait for every server, data-plane
- * client) on a thread of its own; the future's session is taken with
- * ps_future_take_session once it is done. config_path: the job config
- * file every process of the job loads; num_servers / num_workers: 0 keeps
- * the config's. flags: PS_TRAINS_SHARDS for a training worker (its shard
- * is resumed by another if it dies), PS_OBSERVER for an observer (no
- * worker rank, no clock, never holds BSP/SSP back; it only reads: pushes
- * and the lifecycle calls fail with FAILED_PRECONDITION). stop_check_s:
- * the longest any wait of the session blocks before looking for a stop
- * (ps_session_request_stop); startup_timeout_s 0: the config's. */
-int32_t ps_session_start(const char* config_path, const char* scheduler,
-                         int64_t num_servers, int64_t num_workers,
+/* Starts joining the job of `config` (register, wait for every server,
+ * data-plane client) on a thread of its own; the future's session is taken
+ * with ps_future_take_session once it is done. flags: PS_TRAINS_SHARDS for
+ * a training worker (its shard is resumed by another if it dies),
+ * PS_OBSERVER for an observer (no worker rank, no clock, never holds
+ * BSP/SSP back; it only reads: pushes and the lifecycle calls fail with
+ * FAILED_PRECONDITION). stop_check_s: the longest any wait of the session
+ * blocks before looking for a stop (ps_session_request_stop); 0: 2 s.
+ * startup_timeout_s 0: the config's. */
+int32_t ps_session_start(const ps_config* config, const char* scheduler,
                          int32_t flags, double stop_check_s,
                          double startup_timeout_s, ps_future** out);
 /* Leaves (unfinished, no position) unless left, closes the data plane
- * (pending requests end CANCELLED) and frees the session. In a forked
- * child it frees nothing (the parent's threads are not there) and leaks. */
+ * (pending requests end CANCELLED) and frees the session. Lifecycle
+ * operations still running (barrier, claim, finish, checkpoint) are asked
+ * to stop and waited for first: they end (barrier, claim and finish with
+ * CANCELLED) before the session goes, and their futures stay valid. In a
+ * forked child it frees nothing (the parent's threads are not there) and
+ * leaks. */
 void ps_session_free(ps_session* s);
-/* JSON: rank, node_id, observer, restored_start, start_clock, position (null or {shard,
- * epoch, batch, done}), job {name, mode, staleness, num_workers,
- * num_servers, prefetch, checkpoint_dir, tables}. */
-int32_t ps_session_info(ps_session* s, char** out_json);
+int32_t ps_session_info(ps_session* s, ps_session_details* out);
+/* The session's job config (cluster sizes as the session uses them),
+ * owned by the session: valid until ps_session_free. */
+const ps_config* ps_session_config(ps_session* s);
 uint64_t ps_session_clock(ps_session* s);
 /* For timeout messages under BSP/SSP: the live workers this one waits
  * for, e.g. "worker rank 1 (clock 3, last heard 20 ms ago)"; "" if none.
  * Free with ps_free_string. */
 char* ps_session_slow_workers(ps_session* s);
+void ps_free_string(char* s);
 /* The clock of the newest committed checkpoint of the job (0: none). */
 uint64_t ps_session_last_checkpoint(ps_session* s);
 /* 1 when a stop was requested (ps_session_request_stop, psctl drain). */
 int32_t ps_session_stop_requested(ps_session* s);
 /* 0 while the session can go on; else the status that ended it (message in
- * ps_last_error()): 10 ABORTED "dropped by the scheduler: ..." (declared
- * dead; every wait and request fails with it), or 14 UNAVAILABLE naming
- * cluster.scheduler_unreachable_timeout_ms (the scheduler gone). */
+ * ps_last_error(), reason PS_REASON_DROPPED or
+ * PS_REASON_SCHEDULER_UNREACHABLE). */
 int32_t ps_session_ended(ps_session* s);
 void ps_session_request_stop(ps_session* s);
 /* Ends a step (clock + 1 on every live server, after this thread's
- * pushes); once acknowledged the position (if has_position) is reported
- * to the scheduler. */
-int32_t ps_session_end_step(ps_session* s, int32_t has_position, uint32_t shard,
-                            uint64_t epoch, uint64_t batch, int32_t done,
+ * pushes); once acknowledged `next` (NULL: none) is reported to the
+ * scheduler. */
+int32_t ps_session_end_step(ps_session* s, const ps_position* next,
                             ps_future** out);
-/* Barrier `name` of every live worker, bounded by timeout_s. The future's
- * text is the JSON list of ranks that arrived. */
+/* Barrier `name` of every live worker, bounded by timeout_s
+ * (PS_NO_TIMEOUT: none). The ranks that arrived: ps_future_ranks. */
 int32_t ps_session_barrier(ps_session* s, const char* name, double timeout_s,
                            ps_future** out);
-/* One claim round (see WorkerSession::Claim). The future's text is JSON:
- * {"result":"WAIT|ASSIGNED|ALL_DONE","shard":..,"epoch":..,"batch":..,
- *  "done":..,"start_clock":..}. */
-int32_t ps_session_claim(ps_session* s, int32_t has_finished, uint32_t shard,
-                         uint64_t epoch, uint64_t batch, ps_future** out);
+/* One claim round (see WorkerSession::Claim), reporting `finished` (NULL:
+ * none) done. The answer: ps_future_claim. */
+int32_t ps_session_claim(ps_session* s, const ps_position* finished,
+                         ps_future** out);
 int32_t ps_session_restart(ps_session* s, uint64_t clock);
-/* Finish: the future's value is 1 on the worker that evaluates for the
- * job, 0 on the others (returned once the evaluator is done). */
+/* Finish (timeout_s: PS_NO_TIMEOUT for none): ps_future_finish answers 1
+ * on the worker that evaluates for the job, 0 on the others (returned once
+ * the evaluator is done); ps_future_ranks the ranks that finished. */
 int32_t ps_session_finish(ps_session* s, double timeout_s, ps_future** out);
 int32_t ps_session_evaluation_done(ps_session* s);
-/* A consistent checkpoint: the future's value is its clock. */
+/* A consistent checkpoint: ps_future_checkpoint answers its clock. */
 int32_t ps_session_checkpoint(ps_session* s, ps_future** out);
-int32_t ps_session_leave(ps_session* s, int32_t finished, int32_t has_position,
-                         uint32_t shard, uint64_t epoch, uint64_t batch,
-                         int32_t done);
+/* position: NULL for none. */
+int32_t ps_session_leave(ps_session* s, int32_t finished,
+                         const ps_position* position);
 
 /* ---- the shard protocol (worker/shard_cursor.h) ------------------------ */
 
 /* The training loop's shards, for Session.batches: reports where the shard
- * of the previous call ended (has_ended 0 on the first call; done, or
- * stopped before its end at the next untrained batch) and asks for the next
- * one, on a thread of its own (stopped when the future is freed). The
+ * of the previous call ended (`ended`: NULL on the first call; done, or
+ * stopped before its end at the next untrained batch) and asks for the
+ * next one, on a thread of its own (stopped when the future is freed). The
  * first call meets the other workers at the start barrier of a fresh or
  * restored job; then this worker's own shard, then claims: WAIT is asked
  * again (paced), shard numbers are checked against the job (INVALID_ARGUMENT
- * naming a bad one), a claimed shard's clock is restarted. The future's text
- * is JSON {"result":"TRAIN|ALL_DONE|STOPPED","position":null|{"shard":..,
- * "epoch":..,"batch":..,"done":..}}: TRAIN: the shard to train, from that
- * position; STOPPED (a stop request): the position to hand back with
- * ps_session_leave (null: none); ALL_DONE: every shard is done. */
-int32_t ps_session_next_shard(ps_session* s, int32_t has_ended, uint32_t shard,
-                              uint64_t epoch, uint64_t batch, int32_t done,
+ * naming a bad one), a claimed shard's clock is restarted. The answer,
+ * ps_future_next_shard: PS_SHARD_TRAIN: the shard to train, from
+ * `position`; PS_SHARD_STOPPED (a stop request): the position to hand back
+ * with ps_session_leave (has_position 0: none); PS_SHARD_ALL_DONE: every
+ * shard is done. */
+int32_t ps_session_next_shard(ps_session* s, const ps_position* ended,
                               ps_future** out);
 
 /* ---- data plane ------------------------------------------------------ */
@@ -182,8 +312,8 @@ int32_t ps_pull(ps_session* s, uint32_t table, const uint64_t* keys, size_t n,
                 float* out, size_t out_len, ps_future** f);
 int32_t ps_push(ps_session* s, uint32_t table, const uint64_t* keys, size_t n,
                 const float* grads, size_t grads_len, ps_future** f);
-int32_t ps_push_pull(ps_session* s, uint32_t table, const uint64_t* keys, size_t n,
-                     const float* grads, size_t grads_len, float* out,
+int32_t ps_push_pull(ps_session* s, uint32_t table, const uint64_t* keys,
+                     size_t n, const float* grads, size_t grads_len, float* out,
                      size_t out_len, ps_future** f);
 /* Dense tables: elements [begin, begin + n). */
 int32_t ps_pull_dense(ps_session* s, uint32_t table, uint64_t begin, size_t n,
@@ -194,22 +324,33 @@ int32_t ps_assign_dense(ps_session* s, uint32_t table, uint64_t begin,
                         const float* values, size_t n, ps_future** f);
 /* Every row of sparse table `table` (ps_future_scan_size / _copy). */
 int32_t ps_scan(ps_session* s, uint32_t table, ps_future** f);
-/* Statistics of every table on every live server; the future's text is a
- * JSON list of {server, table, rows, bytes, ...}. */
+/* Statistics of every table on every live server (ps_future_stats). */
 int32_t ps_stats(ps_session* s, ps_future** f);
 
 /* ---- futures ----------------------------------------------------------- */
 
-/* Waits at most timeout_s (0: just look): PS_PENDING if not done, else the
- * operation's status code (its message in ps_last_error()). */
+/* Waits at most timeout_s (0: just look; PS_NO_TIMEOUT: until done):
+ * PS_PENDING if not done, else the operation's status code (its message in
+ * ps_last_error(), its reason in ps_last_error_reason()). */
 int32_t ps_future_wait(ps_future* f, double timeout_s);
 int32_t ps_future_done(ps_future* f);
 /* Pulls: the slowest live worker's clock when the servers answered. */
 uint64_t ps_future_min_clock(ps_future* f);
-int64_t ps_future_value(ps_future* f);
-/* A copy of the future's text result, free with ps_free_string; NULL if
- * none. */
-char* ps_future_text(ps_future* f);
+/* The results of a successful operation, each from the operation that
+ * makes it: FAILED_PRECONDITION while it runs or after it failed,
+ * INVALID_ARGUMENT from a future of another kind. */
+int32_t ps_future_claim(ps_future* f, ps_claim* out);
+int32_t ps_future_next_shard(ps_future* f, ps_next_shard* out);
+/* Barrier: the ranks that arrived; finish: the ranks that finished. *n
+ * receives how many there are; at most `capacity` are written to `out`. */
+int32_t ps_future_ranks(ps_future* f, uint32_t* out, size_t capacity,
+                        size_t* n);
+int32_t ps_future_finish(ps_future* f, int32_t* evaluator);
+int32_t ps_future_checkpoint(ps_future* f, uint64_t* clock);
+/* Stats: *n receives how many entries there are; at most `capacity` are
+ * written to `out`. */
+int32_t ps_future_stats(ps_future* f, ps_table_stats* out, size_t capacity,
+                        size_t* n);
 /* After a successful ps_session_start: takes the session (once). */
 ps_session* ps_future_take_session(ps_future* f);
 /* After a successful ps_scan: the number of rows and the row width, then
@@ -217,13 +358,13 @@ ps_session* ps_future_take_session(ps_future* f);
 int32_t ps_future_scan_size(ps_future* f, uint64_t* rows, uint32_t* dim);
 int32_t ps_future_scan_copy(ps_future* f, uint64_t* keys, float* values);
 /* Frees the handle. A lifecycle operation still running is asked to stop
- * first and waited for; a data-plane request still in flight keeps
- * running (its output buffer must stay valid until it completes or the
- * session is freed). */
+ * first and waited for (a checkpoint is waited for); a data-plane request
+ * still in flight keeps running (its output buffer must stay valid until
+ * it completes or the session is freed). */
 void ps_future_free(ps_future* f);
 
 #ifdef __cplusplus
-}  /* extern "C" */
+} /* extern "C" */
 #endif
 
-#endif  /* PS_PYTHON_NATIVE_PS_C_H_ */
+#endif /* PS_PYTHON_NATIVE_PS_C_H_ */

@@ -15,14 +15,81 @@ from __future__ import annotations
 import ctypes
 import os
 import pathlib
-from ctypes import (POINTER, c_char_p, c_double, c_int32, c_int64, c_size_t,
+from ctypes import (POINTER, Structure, c_char_p, c_double, c_int32, c_int64, c_size_t,
                     c_uint32, c_uint64, c_void_p)
-from typing import Optional
+from typing import Dict, List, Optional, Tuple
 
-ABI_VERSION = 1
+# The constants of ps_c.h (python/tests/test_abi.py checks them against it).
+ABI_VERSION = 2
 PENDING = -1
+NO_TIMEOUT = -1.0
+TRAINS_SHARDS = 1
+OBSERVER = 2
+REASON_NONE = 0
+REASON_DROPPED = 1
+REASON_SCHEDULER_UNREACHABLE = 2
+CLAIM_WAIT = 1
+CLAIM_ASSIGNED = 2
+CLAIM_ALL_DONE = 3
+SHARD_TRAIN = 1
+SHARD_ALL_DONE = 2
+SHARD_STOPPED = 3
 
 _lib: Optional[ctypes.CDLL] = None
+
+
+class Position(Structure):
+    """ps_position: where a data shard stands."""
+    _fields_ = [("shard", c_uint32), ("epoch", c_uint64), ("batch", c_uint64),
+                ("done", c_int32)]
+
+
+class JobInfo(Structure):
+    """ps_job_info (strings owned by the ps_config they came from)."""
+    _fields_ = [("name", c_char_p), ("mode", c_char_p), ("staleness", c_uint32),
+                ("num_workers", c_uint32), ("num_servers", c_uint32), ("prefetch", c_int32),
+                ("clips_nonfinite", c_int32), ("num_tables", c_uint32),
+                ("batch_size", c_uint64), ("epochs", c_uint64), ("shard_by_batch", c_int32),
+                ("max_steps", c_uint64), ("export_path", c_char_p),
+                ("checkpoint_dir", c_char_p)]
+
+
+class SyntheticInfo(Structure):
+    """ps_synthetic_info."""
+    _fields_ = [("num_train", c_uint64), ("num_test", c_uint64),
+                ("num_numeric", c_uint32), ("num_categorical", c_uint32)]
+
+
+class TableInfo(Structure):
+    """ps_table_info (strings owned by the ps_config they came from)."""
+    _fields_ = [("name", c_char_p), ("id", c_uint32), ("sparse", c_int32), ("dim", c_uint32),
+                ("size", c_uint64), ("optimizer", c_char_p), ("optimizer_json", c_char_p)]
+
+
+class SessionDetails(Structure):
+    """ps_session_details."""
+    _fields_ = [("rank", c_uint32), ("node_id", c_uint64), ("observer", c_int32),
+                ("restored_start", c_int32), ("start_clock", c_uint64),
+                ("has_position", c_int32), ("position", Position)]
+
+
+class Claim(Structure):
+    """ps_claim."""
+    _fields_ = [("result", c_int32), ("position", Position), ("start_clock", c_uint64)]
+
+
+class NextShard(Structure):
+    """ps_next_shard: what the shard protocol answered."""
+    _fields_ = [("result", c_int32), ("has_position", c_int32), ("position", Position)]
+
+
+class TableStats(Structure):
+    """ps_table_stats: one table on one server (proto TableStats)."""
+    _fields_ = [("server", c_uint32), ("table_id", c_uint32), ("sparse", c_int32)] + [
+        (name, c_uint64) for name in (
+            "rows", "bytes", "memory_budget_bytes", "keys_pushed", "keys_pulled",
+            "admissions", "pushes_filtered", "evictions_ttl", "evictions_budget",
+            "pushes_refused", "keys_dropped", "backup_rows")]
 
 
 def _candidates() -> list:
@@ -36,67 +103,77 @@ def _candidates() -> list:
     return found
 
 
+_OUT = POINTER(c_void_p)  # ps_future** / ps_config** (opaque handles)
+_U64P = POINTER(c_uint64)
+_F32P = POINTER(ctypes.c_float)
+_POS = POINTER(Position)
+
+#: name: (result type, argument types) of every function of ps_c.h. Opaque
+#: handles and buffers are c_void_p; python/tests/test_abi.py checks this
+#: table against the header.
+SIGNATURES: Dict[str, Tuple[Optional[type], List[type]]] = {
+    "ps_abi_version": (c_int32, []),
+    "ps_last_error": (c_char_p, []),
+    "ps_last_error_reason": (c_int32, []),
+    "ps_set_log_level": (c_int32, [c_char_p]),
+    "ps_hash_keys": (None, [c_uint32, _U64P, c_size_t, _U64P]),
+    "ps_config_load": (c_int32, [c_char_p, c_int64, c_int64, _OUT]),
+    "ps_config_free": (None, [c_void_p]),
+    "ps_config_job": (c_int32, [c_void_p, POINTER(JobInfo)]),
+    "ps_config_table": (c_int32, [c_void_p, c_uint32, POINTER(TableInfo)]),
+    "ps_config_synthetic_ctr": (c_int32, [c_void_p, POINTER(SyntheticInfo)]),
+    "ps_initial_values": (c_int32, [c_void_p, c_char_p, _U64P, c_size_t, c_uint64, _F32P,
+                                    c_size_t]),
+    "ps_synthetic_ctr": (c_int32, [c_void_p, c_int32, c_uint64, c_uint64, _F32P, c_size_t,
+                                   _U64P, c_size_t, _F32P, _F32P]),
+    "ps_session_start": (c_int32, [c_void_p, c_char_p, c_int32, c_double, c_double, _OUT]),
+    "ps_session_free": (None, [c_void_p]),
+    "ps_session_info": (c_int32, [c_void_p, POINTER(SessionDetails)]),
+    "ps_session_config": (c_void_p, [c_void_p]),
+    "ps_session_clock": (c_uint64, [c_void_p]),
+    "ps_session_slow_workers": (c_void_p, [c_void_p]),
+    "ps_free_string": (None, [c_void_p]),
+    "ps_session_last_checkpoint": (c_uint64, [c_void_p]),
+    "ps_session_stop_requested": (c_int32, [c_void_p]),
+    "ps_session_ended": (c_int32, [c_void_p]),
+    "ps_session_request_stop": (None, [c_void_p]),
+    "ps_session_end_step": (c_int32, [c_void_p, _POS, _OUT]),
+    "ps_session_barrier": (c_int32, [c_void_p, c_char_p, c_double, _OUT]),
+    "ps_session_claim": (c_int32, [c_void_p, _POS, _OUT]),
+    "ps_session_restart": (c_int32, [c_void_p, c_uint64]),
+    "ps_session_next_shard": (c_int32, [c_void_p, _POS, _OUT]),
+    "ps_session_finish": (c_int32, [c_void_p, c_double, _OUT]),
+    "ps_session_evaluation_done": (c_int32, [c_void_p]),
+    "ps_session_checkpoint": (c_int32, [c_void_p, _OUT]),
+    "ps_session_leave": (c_int32, [c_void_p, c_int32, _POS]),
+    "ps_pull": (c_int32, [c_void_p, c_uint32, c_void_p, c_size_t, c_void_p, c_size_t, _OUT]),
+    "ps_push": (c_int32, [c_void_p, c_uint32, c_void_p, c_size_t, c_void_p, c_size_t, _OUT]),
+    "ps_push_pull": (c_int32, [c_void_p, c_uint32, c_void_p, c_size_t, c_void_p, c_size_t,
+                               c_void_p, c_size_t, _OUT]),
+    "ps_pull_dense": (c_int32, [c_void_p, c_uint32, c_uint64, c_size_t, c_void_p, _OUT]),
+    "ps_push_dense": (c_int32, [c_void_p, c_uint32, c_uint64, c_void_p, c_size_t, _OUT]),
+    "ps_assign_dense": (c_int32, [c_void_p, c_uint32, c_uint64, c_void_p, c_size_t, _OUT]),
+    "ps_scan": (c_int32, [c_void_p, c_uint32, _OUT]),
+    "ps_stats": (c_int32, [c_void_p, _OUT]),
+    "ps_future_wait": (c_int32, [c_void_p, c_double]),
+    "ps_future_done": (c_int32, [c_void_p]),
+    "ps_future_min_clock": (c_uint64, [c_void_p]),
+    "ps_future_claim": (c_int32, [c_void_p, POINTER(Claim)]),
+    "ps_future_next_shard": (c_int32, [c_void_p, POINTER(NextShard)]),
+    "ps_future_ranks": (c_int32, [c_void_p, POINTER(c_uint32), c_size_t, POINTER(c_size_t)]),
+    "ps_future_finish": (c_int32, [c_void_p, POINTER(c_int32)]),
+    "ps_future_checkpoint": (c_int32, [c_void_p, _U64P]),
+    "ps_future_stats": (c_int32, [c_void_p, POINTER(TableStats), c_size_t,
+                                  POINTER(c_size_t)]),
+    "ps_future_take_session": (c_void_p, [c_void_p]),
+    "ps_future_scan_size": (c_int32, [c_void_p, _U64P, POINTER(c_uint32)]),
+    "ps_future_scan_copy": (c_int32, [c_void_p, c_void_p, c_void_p]),
+    "ps_future_free": (None, [c_void_p]),
+}
+
+
 def _declare(lib: ctypes.CDLL) -> None:
-    f = POINTER(c_void_p)  # ps_future** / generic out pointer
-    u64p = POINTER(c_uint64)
-    f32p = POINTER(ctypes.c_float)
-    sigs = {
-        "ps_abi_version": (c_int32, []),
-        "ps_last_error": (c_char_p, []),
-        "ps_set_log_level": (c_int32, [c_char_p]),
-        "ps_hash_keys": (None, [c_uint32, u64p, c_size_t, u64p]),
-        "ps_describe_config": (c_int32, [c_char_p, c_int64, c_int64, POINTER(c_void_p)]),
-        "ps_free_string": (None, [c_void_p]),
-        "ps_initial_values": (c_int32, [c_char_p, c_char_p, u64p, c_size_t, c_uint64,
-                                        f32p, c_size_t]),
-        "ps_synthetic_ctr": (c_int32, [c_char_p, c_int32, c_uint64, c_uint64, f32p,
-                                       c_size_t, u64p, c_size_t, f32p, f32p]),
-        "ps_session_start": (c_int32, [c_char_p, c_char_p, c_int64, c_int64, c_int32,
-                                       c_double, c_double, f]),
-        "ps_session_free": (None, [c_void_p]),
-        "ps_session_info": (c_int32, [c_void_p, POINTER(c_void_p)]),
-        "ps_session_clock": (c_uint64, [c_void_p]),
-        "ps_session_last_checkpoint": (c_uint64, [c_void_p]),
-        "ps_session_slow_workers": (c_void_p, [c_void_p]),
-        "ps_session_stop_requested": (c_int32, [c_void_p]),
-        "ps_session_ended": (c_int32, [c_void_p]),
-        "ps_session_request_stop": (None, [c_void_p]),
-        "ps_session_end_step": (c_int32, [c_void_p, c_int32, c_uint32, c_uint64,
-                                          c_uint64, c_int32, f]),
-        "ps_session_barrier": (c_int32, [c_void_p, c_char_p, c_double, f]),
-        "ps_session_claim": (c_int32, [c_void_p, c_int32, c_uint32, c_uint64, c_uint64,
-                                       f]),
-        "ps_session_restart": (c_int32, [c_void_p, c_uint64]),
-        "ps_session_next_shard": (c_int32, [c_void_p, c_int32, c_uint32, c_uint64, c_uint64,
-                                            c_int32, f]),
-        "ps_session_finish": (c_int32, [c_void_p, c_double, f]),
-        "ps_session_evaluation_done": (c_int32, [c_void_p]),
-        "ps_session_checkpoint": (c_int32, [c_void_p, f]),
-        "ps_session_leave": (c_int32, [c_void_p, c_int32, c_int32, c_uint32, c_uint64,
-                                       c_uint64, c_int32]),
-        "ps_pull": (c_int32, [c_void_p, c_uint32, c_void_p, c_size_t, c_void_p, c_size_t,
-                              f]),
-        "ps_push": (c_int32, [c_void_p, c_uint32, c_void_p, c_size_t, c_void_p, c_size_t,
-                              f]),
-        "ps_push_pull": (c_int32, [c_void_p, c_uint32, c_void_p, c_size_t, c_void_p,
-                                   c_size_t, c_void_p, c_size_t, f]),
-        "ps_pull_dense": (c_int32, [c_void_p, c_uint32, c_uint64, c_size_t, c_void_p, f]),
-        "ps_push_dense": (c_int32, [c_void_p, c_uint32, c_uint64, c_void_p, c_size_t, f]),
-        "ps_assign_dense": (c_int32, [c_void_p, c_uint32, c_uint64, c_void_p, c_size_t,
-                                      f]),
-        "ps_scan": (c_int32, [c_void_p, c_uint32, f]),
-        "ps_stats": (c_int32, [c_void_p, f]),
-        "ps_future_wait": (c_int32, [c_void_p, c_double]),
-        "ps_future_done": (c_int32, [c_void_p]),
-        "ps_future_min_clock": (c_uint64, [c_void_p]),
-        "ps_future_value": (c_int64, [c_void_p]),
-        "ps_future_text": (c_void_p, [c_void_p]),
-        "ps_future_take_session": (c_void_p, [c_void_p]),
-        "ps_future_scan_size": (c_int32, [c_void_p, POINTER(c_uint64), POINTER(c_uint32)]),
-        "ps_future_scan_copy": (c_int32, [c_void_p, c_void_p, c_void_p]),
-        "ps_future_free": (None, [c_void_p]),
-    }
-    for name, (res, args) in sigs.items():
+    for name, (res, args) in SIGNATURES.items():
         fn = getattr(lib, name)
         fn.restype = res
         fn.argtypes = args
@@ -128,6 +205,18 @@ def lib() -> ctypes.CDLL:
 def last_error() -> str:
     msg = lib().ps_last_error()
     return msg.decode("utf-8", "replace") if msg else ""
+
+
+def last_error_reason() -> int:
+    """REASON_* of this thread's last failed call."""
+    return int(lib().ps_last_error_reason())
+
+
+def position(p) -> Optional["ctypes._Pointer"]:
+    """A ps.DataPosition (or None) as a ps_position* argument."""
+    if p is None:
+        return None
+    return ctypes.pointer(Position(p.shard, p.epoch, p.batch, 1 if p.done else 0))
 
 
 def take_string(ptr: Optional[int]) -> Optional[str]:

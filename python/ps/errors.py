@@ -1,14 +1,18 @@
 """Typed exceptions carrying the servers' and the scheduler's messages.
 
 Every error from the native library arrives as a PsError subclass chosen by
-its status code; the message is the C++ side's text, which names the table,
-key or element at fault ("non-finite gradient at element 3 ...") and, for
-waits under BSP/SSP, the ranks waited for. Each subclass also derives from
+its status code and the reason the library gives with it (Dropped,
+SchedulerUnreachable: told apart as data, never by the message's words).
+The message is the C++ side's text, which names the table, key or element
+at fault ("non-finite gradient at element 3 ...") and, for waits under
+BSP/SSP, the ranks waited for. Each subclass also derives from
 the closest built-in exception, so `except ValueError` or `except
 TimeoutError` catches what one would expect.
 """
 
 from __future__ import annotations
+
+from . import _native
 
 
 class PsError(Exception):
@@ -101,23 +105,24 @@ class SchedulerUnreachable(Unavailable):
     and how long. The session can do nothing more."""
 
 
-# Markers of the C++ statuses (scheduler/client.h: DroppedError, the
-# scheduler-gone status), which keep their Abseil codes.
-_DROPPED = "dropped by the scheduler"
-_UNREACHABLE = "cluster.scheduler_unreachable_timeout_ms"
-
-
 _BY_CODE = {c.code: c for c in (
     Cancelled, InvalidArgument, Timeout, NotFound, AlreadyExists, PermissionDenied,
     ResourceExhausted, FailedPrecondition, Aborted, OutOfRange, Unimplemented,
     Internal, Unavailable, DataLoss, Unauthenticated)}
 
+# The library's reasons (ps_c.h PS_REASON_*), carried beside the status code.
+_BY_REASON = {_native.REASON_DROPPED: Dropped,
+              _native.REASON_SCHEDULER_UNREACHABLE: SchedulerUnreachable}
 
-def from_code(code: int, message: str) -> PsError:
-    """The exception for Abseil status `code` with `message`."""
-    cls = _BY_CODE.get(code, PsError)
-    if cls is Aborted and _DROPPED in (message or ""):
-        cls = Dropped
-    elif cls is Unavailable and _UNREACHABLE in (message or ""):
-        cls = SchedulerUnreachable
+
+def from_code(code: int, message: str, reason: int = _native.REASON_NONE) -> PsError:
+    """The exception for Abseil status `code` with `message`; `reason` (a
+    PS_REASON_* of the library) picks Dropped or SchedulerUnreachable."""
+    cls = _BY_REASON.get(reason) or _BY_CODE.get(code, PsError)
     return cls(message or f"status code {code}", code)
+
+
+def last_failure(code: int) -> PsError:
+    """The exception for `code`, the status of this thread's last call into
+    the library (its message and reason as the library recorded them)."""
+    return from_code(code, _native.last_error(), _native.last_error_reason())

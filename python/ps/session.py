@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-import json
 import os
 import signal
 import threading
@@ -32,7 +31,9 @@ from typing import (Any, Callable, Dict, Generic, Iterable, Iterator, List, Opti
 import numpy as np
 
 from . import _native
-from .errors import Cancelled, FailedPrecondition, ForkError, InvalidArgument, PsError, from_code
+from .data import JobConfig, describe_handle
+from .errors import (Cancelled, FailedPrecondition, ForkError, InvalidArgument, PsError,
+                     from_code, last_failure)
 
 #: The clock of a worker that has finished training (common/protocol.h).
 FINISHED_CLOCK = 1 << 62
@@ -52,7 +53,11 @@ class DataPosition:
 
 def _check(code: int) -> None:
     if code != 0:
-        raise from_code(code, _native.last_error())
+        raise last_failure(code)
+
+
+def _position(p: "_native.Position") -> DataPosition:
+    return DataPosition(int(p.shard), int(p.epoch), int(p.batch), bool(p.done))
 
 
 def _out_ptr() -> ctypes.c_void_p:
@@ -143,7 +148,7 @@ class Future(Generic[_T]):
         self._keep = keep
         self._convert = convert
         self._lifecycle = lifecycle
-        self._status: Optional[Tuple[int, str]] = None
+        self._status: Optional[Tuple[int, str, int]] = None  # code, message, reason
         self._value: Any = None
         self._converted = False
         self._pid = os.getpid()
@@ -164,7 +169,8 @@ class Future(Generic[_T]):
         code = lib.ps_future_wait(self._handle, timeout)
         if code == _native.PENDING:
             return False
-        self._status = (code, _native.last_error() if code != 0 else "")
+        self._status = ((code, _native.last_error(), _native.last_error_reason()) if code != 0
+                        else (0, "", _native.REASON_NONE))
         return True
 
     def result(self, timeout: Optional[float] = None) -> _T:
@@ -190,9 +196,9 @@ class Future(Generic[_T]):
                 while not self._poll(_SLICE):
                     pass
             raise
-        code, message = self._status
+        code, message, reason = self._status
         if code != 0:
-            raise from_code(code, message)
+            raise from_code(code, message, reason)
         if not self._converted:
             self._value = self._convert(self) if self._convert else None
             self._converted = True
@@ -211,13 +217,6 @@ class Future(Generic[_T]):
         """Pulls: the slowest live worker's clock when the servers answered."""
         self.result()
         return int(_native.lib().ps_future_min_clock(self._handle))
-
-    @property
-    def value(self) -> int:
-        return int(_native.lib().ps_future_value(self._handle))
-
-    def text(self) -> Optional[str]:
-        return _native.take_string(_native.lib().ps_future_text(self._handle))
 
     def _free(self) -> None:
         h, self._handle = self._handle, None
@@ -276,7 +275,7 @@ class SparseTable(_Table):
                 f"table {self.name!r} (dim {self.dim}): {keys.size} keys need gradients "
                 f"of shape ({keys.size}, {self.dim}); got {tuple(g.shape)}")
         bad = _first_nonfinite(g)
-        if bad is not None and not self._session._servers_clip:
+        if bad is not None and not self._session._clips_nonfinite:
             row, col = divmod(bad, self.dim)
             raise InvalidArgument(
                 f"non-finite gradient at element {bad} (key {int(keys[row])}, column {col}) "
@@ -381,7 +380,7 @@ class DenseTable(_Table):
         v = as_values(values, what).reshape(-1)
         self._range(begin, v.size)
         bad = _first_nonfinite(v)
-        if bad is not None and (what != "gradients" or not self._session._servers_clip):
+        if bad is not None and (what != "gradients" or not self._session._clips_nonfinite):
             raise InvalidArgument(
                 f"non-finite {what[:-1]} at element {bad} (table element {begin + bad}) "
                 f"of dense table {self.name!r}: {v[bad]}; nothing was sent")
@@ -447,7 +446,8 @@ class Session:
         self._ptr: Optional[int] = None
         self._orphans: List[Tuple[int, Tuple]] = []
         self._pid = os.getpid()
-        self._last_end: Optional[Future] = None
+        # The futures of ended steps not yet seen to succeed, oldest first.
+        self._pending_ends: List[Future] = []
         self._tables: Dict[str, _Table] = {}
         self._sigterm_installed = None
         lib = _native.lib()
@@ -459,10 +459,11 @@ class Session:
         if num_workers is None:
             num_workers = int(os.environ.get("PS_NUM_WORKERS", "0") or 0)
         self.config_path = os.fspath(config)
+        job_config = JobConfig(self.config_path, num_servers, num_workers)
         h = _out_ptr()
-        flags = 2 if observer else (1 if trains_shards else 0)
-        _check(lib.ps_session_start(self.config_path.encode(), scheduler.encode(),
-                                    num_servers, num_workers, flags,
+        flags = (_native.OBSERVER if observer
+                 else _native.TRAINS_SHARDS if trains_shards else 0)
+        _check(lib.ps_session_start(job_config.handle, scheduler.encode(), flags,
                                     stop_check, startup_timeout or 0.0, ctypes.byref(h)))
         start = Future(self, h.value, lifecycle=True)
         start._session = None  # no session to stop yet: the future's stop flag does
@@ -473,40 +474,39 @@ class Session:
             # Freeing a running start stops it (it leaves if it registered).
             start._free()
             raise
-        code, message = start._status
+        code, message, reason = start._status
         if code != 0:
             start._free()
-            raise from_code(code, message)
+            raise from_code(code, message, reason)
         self._ptr = lib.ps_future_take_session(start._handle)
         start._free()
         self._closed = False
-        info = json.loads(self._text(lib.ps_session_info))
-        self._info = info
-        job = info["job"]
-        self.rank: int = int(info["rank"])
-        self.observer: bool = bool(info["observer"])
-        self.node_id: int = int(info["node_id"])
+        info = _native.SessionDetails()
+        _check(lib.ps_session_info(self._ptr, ctypes.byref(info)))
+        job = describe_handle(lib.ps_session_config(self._ptr))
+        self.rank: int = int(info.rank)
+        self.observer: bool = bool(info.observer)
+        self.node_id: int = int(info.node_id)
         self.num_workers: int = int(job["num_workers"])
         self.num_servers: int = int(job["num_servers"])
-        self.mode: str = job["mode"] if job["mode"] != "CONSISTENCY_MODE_UNSPECIFIED" else "ASYNC"
+        self.mode: str = job["mode"]
         self.staleness: int = int(job["staleness"])
         self.prefetch: bool = bool(job["prefetch"])
         #: The config's training block: batch_size, epochs, shard_by_batch,
         #: max_steps, export_path (a Python loop may use them or not).
         self.training: Dict[str, Any] = dict(job["training"])
         self.job_name: str = job["name"]
-        self.start_clock: int = int(info["start_clock"])
+        self.start_clock: int = int(info.start_clock)
         #: This worker starts a job restored from a checkpoint (at its clock).
-        self.restored_start: bool = bool(info["restored_start"])
-        p = info["position"]
+        self.restored_start: bool = bool(info.restored_start)
         self.position: Optional[DataPosition] = (
-            DataPosition(int(p["shard"]), int(p["epoch"]), int(p["batch"]), bool(p["done"]))
-            if p is not None else None)
-        self._servers_clip = False
+            _position(info.position) if info.has_position else None)
+        # data_plane.gradients.nonfinite CLIP: non-finite gradients go to the
+        # servers, which clip them (worker/kv_client.h), instead of being refused.
+        self._clips_nonfinite: bool = bool(job["clips_nonfinite"])
         self._table_info = {t["name"]: t for t in job["tables"]}
         self._step_position: Optional[DataPosition] = None
         self._stop_position: Optional[DataPosition] = None
-        _live.add(self)
         if handle_sigterm and threading.current_thread() is threading.main_thread():
             self._install_sigterm()
 
@@ -540,11 +540,6 @@ class Session:
                 convert: Optional[Callable[[Future], Any]] = None,
                 lifecycle: bool = False) -> Future:
         return Future(self, h.value, keep, convert, lifecycle)
-
-    def _text(self, fn: Callable) -> str:
-        out = ctypes.c_void_p()
-        _check(fn(self._handle(), ctypes.byref(out)))
-        return _native.take_string(out.value) or ""
 
     def _slow_workers(self) -> str:
         """The workers a BSP/SSP wait is waiting for ("" if none or unknown)."""
@@ -621,13 +616,18 @@ class Session:
         "server" and the fields of proto TableStats (rows, bytes, ...)."""
         h = _out_ptr()
         _check(_native.lib().ps_stats(self._handle(), ctypes.byref(h)))
-        f = self._future(h, (), lambda fut: fut.text())
-        text = f.result()
+        f = self._future(h, ())
+        f.result()
+        n = ctypes.c_size_t()
+        _check(_native.lib().ps_future_stats(f._handle, None, 0, ctypes.byref(n)))
+        entries = (_native.TableStats * n.value)()
+        _check(_native.lib().ps_future_stats(f._handle, entries, n.value, ctypes.byref(n)))
+        names = {int(t["id"]): name for name, t in self._table_info.items()}
         out = []
-        for entry in json.loads(text or "[]"):
-            d = {k: (int(v) if isinstance(v, str) and v.isdigit() else v)
-                 for k, v in entry["stats"].items()}
-            d["server"] = entry["server"]
+        for e in entries:
+            d = {name: (bool(getattr(e, name)) if name == "sparse" else int(getattr(e, name)))
+                 for name, _ in _native.TableStats._fields_}
+            d["name"] = names.get(d["table_id"], "")
             out.append(d)
         return out
 
@@ -638,25 +638,37 @@ class Session:
         the others' pulls wait for it). `position` is the next untrained
         batch; inside `batches()` it defaults to the loop's. Once the servers
         acknowledge the step it is reported to the scheduler, so a
-        replacement resumes from there. Returns a Future; the previous
-        step's failure, if any, is raised here."""
-        prev = self._last_end
-        if prev is not None and prev.done():
-            prev.result()
+        replacement resumes from there. Returns a Future; the
+        failure of an earlier step that has completed meanwhile, if any, is
+        raised here (the others at finish() or the end of `batches()`)."""
+        self._check_ends()
         if position is None:
             position = self._step_position
             self._step_position = None
         h = _out_ptr()
-        if position is None:
-            _check(_native.lib().ps_session_end_step(self._handle(), 0, 0, 0, 0, 0,
-                                                     ctypes.byref(h)))
-        else:
-            _check(_native.lib().ps_session_end_step(
-                self._handle(), 1, position.shard, position.epoch, position.batch,
-                1 if position.done else 0, ctypes.byref(h)))
+        _check(_native.lib().ps_session_end_step(self._handle(), _native.position(position),
+                                                 ctypes.byref(h)))
         f = self._future(h, ())
-        self._last_end = f
+        self._pending_ends.append(f)
         return f
+
+    def _check_ends(self, wait: bool = False, timeout: Optional[float] = None) -> None:
+        """Raises the first failure, in step order, among the ended steps
+        that completed (wait=True: among all, waiting at most `timeout`
+        seconds for each); the steps looked at are forgotten."""
+        pending: List[Future] = []
+        failure: Optional[PsError] = None
+        for f in self._pending_ends:
+            if not wait and not f.done():
+                pending.append(f)
+                continue
+            try:
+                f.result(timeout)
+            except PsError as e:
+                failure = failure or e
+        self._pending_ends = pending
+        if failure is not None:
+            raise failure
 
     def _wait_lifecycle(self, h: ctypes.c_void_p) -> Future:
         f = self._future(h, (), lifecycle=True)
@@ -669,9 +681,8 @@ class Session:
         `timeout` seconds; Cancelled on a stop."""
         h = _out_ptr()
         _check(_native.lib().ps_session_barrier(self._handle(), name.encode(),
-                                                timeout if timeout is not None else 1e12,
-                                                ctypes.byref(h)))
-        return json.loads(self._wait_lifecycle(h).text() or "[]")
+                                                _timeout(timeout), ctypes.byref(h)))
+        return _ranks(self._wait_lifecycle(h))
 
     def claim(self, finished: Optional[DataPosition] = None) -> Dict[str, Any]:
         """Reports `finished` (a shard this worker completed) and asks for
@@ -680,18 +691,13 @@ class Session:
         first, so this worker never holds BSP/SSP back while idle. On
         ASSIGNED call restart(start_clock) before training the shard."""
         h = _out_ptr()
-        if finished is None:
-            _check(_native.lib().ps_session_claim(self._handle(), 0, 0, 0, 0,
-                                                  ctypes.byref(h)))
-        else:
-            _check(_native.lib().ps_session_claim(self._handle(), 1, finished.shard,
-                                                  finished.epoch, finished.batch,
-                                                  ctypes.byref(h)))
-        r = json.loads(self._wait_lifecycle(h).text())
-        return {"result": r["result"],
-                "position": DataPosition(int(r["shard"]), int(r["epoch"]), int(r["batch"]),
-                                         bool(r["done"])),
-                "start_clock": int(r["start_clock"])}
+        _check(_native.lib().ps_session_claim(self._handle(), _native.position(finished),
+                                              ctypes.byref(h)))
+        f = self._wait_lifecycle(h)
+        r = _native.Claim()
+        _check(_native.lib().ps_future_claim(f._handle, ctypes.byref(r)))
+        return {"result": _CLAIM_RESULTS[r.result], "position": _position(r.position),
+                "start_clock": int(r.start_clock)}
 
     def restart(self, clock: int) -> None:
         """Resumes training at `clock` after claim() answered ASSIGNED."""
@@ -702,13 +708,14 @@ class Session:
         meets the others at barrier "train_done". True on the one worker that
         evaluates and exports for the job (then call evaluation_done() or
         close()); the others return False once it is done."""
-        if self._last_end is not None:
-            self._last_end.result()
+        self._check_ends(wait=True)
         h = _out_ptr()
-        _check(_native.lib().ps_session_finish(self._handle(),
-                                               timeout if timeout is not None else 1e12,
+        _check(_native.lib().ps_session_finish(self._handle(), _timeout(timeout),
                                                ctypes.byref(h)))
-        return bool(self._wait_lifecycle(h).value)
+        f = self._wait_lifecycle(h)
+        evaluator = ctypes.c_int32()
+        _check(_native.lib().ps_future_finish(f._handle, ctypes.byref(evaluator)))
+        return bool(evaluator.value)
 
     def evaluation_done(self) -> None:
         """The evaluator tells the others it is done (close() does it too)."""
@@ -724,7 +731,10 @@ class Session:
         FailedPrecondition when the job's config has no checkpoint.dir."""
         h = _out_ptr()
         _check(_native.lib().ps_session_checkpoint(self._handle(), ctypes.byref(h)))
-        return self._wait_lifecycle(h).value
+        f = self._wait_lifecycle(h)
+        clock = ctypes.c_uint64()
+        _check(_native.lib().ps_future_checkpoint(f._handle, ctypes.byref(clock)))
+        return int(clock.value)
 
     def batches(self, batches_of: Callable[[int, int], Iterable[Any]],
                 epochs: int = 1) -> Iterator[Any]:
@@ -760,20 +770,15 @@ class Session:
             # more: every shard is done, or a stop (close() then hands the
             # position over).
             h = _out_ptr()
-            if ended is None:
-                _check(lib.ps_session_next_shard(self._handle(), 0, 0, 0, 0, 0,
-                                                 ctypes.byref(h)))
-            else:
-                _check(lib.ps_session_next_shard(self._handle(), 1, ended.shard, ended.epoch,
-                                                 ended.batch, 1 if ended.done else 0,
-                                                 ctypes.byref(h)))
-            r = json.loads(self._wait_lifecycle(h).text())
-            p = r["position"]
-            at = (DataPosition(int(p["shard"]), int(p["epoch"]), int(p["batch"]), bool(p["done"]))
-                  if p is not None else None)
-            if r["result"] == "TRAIN":
+            _check(lib.ps_session_next_shard(self._handle(), _native.position(ended),
+                                             ctypes.byref(h)))
+            f = self._wait_lifecycle(h)
+            r = _native.NextShard()
+            _check(lib.ps_future_next_shard(f._handle, ctypes.byref(r)))
+            at = _position(r.position) if r.has_position else None
+            if r.result == _native.SHARD_TRAIN:
                 return at
-            self._stop_position = at if r["result"] == "STOPPED" else None
+            self._stop_position = at if r.result == _native.SHARD_STOPPED else None
             return None
 
         while True:
@@ -816,8 +821,8 @@ class Session:
                 ended = DataPosition(pos.shard, epochs, 0, True)
 
     def _settle(self) -> None:
-        if self._last_end is not None:
-            self._last_end.result()
+        """Waits for every ended step; raises the first that failed."""
+        self._check_ends(wait=True)
 
     def close(self, finished: Optional[bool] = None,
               position: Optional[DataPosition] = None) -> None:
@@ -831,22 +836,17 @@ class Session:
             raise ForkError("close() of a session started in another process")
         lib = _native.lib()
         try:
-            if self._last_end is not None:
-                try:
-                    self._last_end.result(timeout=30)
-                except PsError:
-                    pass
+            try:
+                self._check_ends(wait=True, timeout=30)
+            except PsError:
+                pass
             if position is None:
                 position = self._stop_position
             if finished is None:
                 finished = position is None and not self.stop_requested
-            if position is None:
-                code = lib.ps_session_leave(self._ptr, 1 if finished else 0, 0, 0, 0, 0, 0)
-            else:
-                code = lib.ps_session_leave(self._ptr, 1 if finished else 0, 1,
-                                            position.shard, position.epoch, position.batch,
-                                            1 if position.done else 0)
-            message = _native.last_error()
+            code = lib.ps_session_leave(self._ptr, 1 if finished else 0,
+                                        _native.position(position))
+            failure = last_failure(code) if code != 0 else None
         finally:
             self._closed = True
             ptr, self._ptr = self._ptr, None
@@ -854,14 +854,13 @@ class Session:
             for h, _ in self._orphans:
                 lib.ps_future_free(h)
             self._orphans = []
-            _live.discard(self)
             if self._sigterm_installed is not None:
                 try:
                     signal.signal(signal.SIGTERM, self._sigterm_installed)
                 except ValueError:
                     pass
-        if code != 0:
-            raise from_code(code, message)
+        if failure is not None:
+            raise failure
 
     def __enter__(self) -> "Session":
         return self
@@ -891,7 +890,24 @@ class Session:
 
 
 _END = object()
-_live: "weakref.WeakSet[Session]" = weakref.WeakSet()
+
+_CLAIM_RESULTS = {_native.CLAIM_WAIT: "WAIT", _native.CLAIM_ASSIGNED: "ASSIGNED",
+                  _native.CLAIM_ALL_DONE: "ALL_DONE"}
+
+
+def _timeout(seconds: Optional[float]) -> float:
+    """A timeout in seconds for the library; None: none."""
+    return _native.NO_TIMEOUT if seconds is None else max(0.0, float(seconds))
+
+
+def _ranks(f: Future) -> List[int]:
+    """The ranks a barrier or finish future answers."""
+    lib = _native.lib()
+    n = ctypes.c_size_t()
+    _check(lib.ps_future_ranks(f._handle, None, 0, ctypes.byref(n)))
+    ranks = (ctypes.c_uint32 * n.value)()
+    _check(lib.ps_future_ranks(f._handle, ranks, n.value, ctypes.byref(n)))
+    return [int(r) for r in ranks]
 
 
 def init(config: Union[str, os.PathLike], scheduler: Optional[str] = None,
