@@ -31,6 +31,7 @@
 #include "scheduler/scheduler.h"
 #include "server/server.h"
 #include "server/table.h"
+#include "server/testing/raw_client.h"
 #include "worker/kv_client.h"
 #include "worker/session.h"
 #include "zmq.hpp"
@@ -657,23 +658,11 @@ TEST_F(ReplicationTest, ReplacementCatchesUpAndLaterTakesOver) {
 ResponseHeader RoundTrip(const std::string& endpoint, const RequestHeader& h,
                          const std::vector<uint64_t>& keys,
                          const std::vector<float>& values) {
-  zmq::context_t context(1);
-  zmq::socket_t socket(context, zmq::socket_type::dealer);
-  socket.set(zmq::sockopt::linger, 0);
-  socket.set(zmq::sockopt::rcvtimeo, 10000);
-  socket.connect(endpoint);
-  std::vector<zmq::message_t> frames;
-  frames.push_back(SerializeToFrame(h));
-  frames.emplace_back(keys.data(), keys.size() * sizeof(uint64_t));
-  frames.emplace_back(values.data(), values.size() * sizeof(float));
-  EXPECT_TRUE(zmq::send_multipart(socket, frames).has_value());
-  std::vector<zmq::message_t> reply;
-  EXPECT_TRUE(
-      zmq::recv_multipart(socket, std::back_inserter(reply)).has_value());
-  ResponseHeader rh;
-  if (!reply.empty())
-    rh.ParseFromArray(reply[0].data(), static_cast<int>(reply[0].size()));
-  return rh;
+  raw_client::RawClient client(endpoint, /*timeout_ms=*/10000);
+  client.SendFrames(raw_client::Frames(raw_client::HeaderFrame(h),
+                                       raw_client::KeysFrame(keys),
+                                       raw_client::ValuesFrame(values)));
+  return client.ReceiveHeader();
 }
 
 TEST_F(ReplicationTest, ReplicaMessagesFromAnyoneButTheSlotsPrimaryAreRefused) {
