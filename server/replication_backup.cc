@@ -18,7 +18,8 @@ namespace ps {
 namespace {
 
 std::shared_ptr<spdlog::logger> Log() {
-  static auto* const logger = new std::shared_ptr<spdlog::logger>(GetLogger("server"));
+  static auto* const logger =
+      new std::shared_ptr<spdlog::logger>(GetLogger("server"));
   return *logger;
 }
 
@@ -27,8 +28,9 @@ std::shared_ptr<spdlog::logger> Log() {
 // ------------------------------------------------------------- backup side
 
 void KVServer::Impl::HandleReplica(zmq::message_t identity,
-                             std::vector<zmq::message_t> frames,
-                             const RequestHeader& header, const Ownership& own) {
+                                   std::vector<zmq::message_t> frames,
+                                   const RequestHeader& header,
+                                   const Ownership& own) {
   const uint64_t primary = header.replica_info().primary_node_id();
   auto held = replica_held_.find(primary);
   if ((held != replica_held_.end() && !held->second.empty()) ||
@@ -44,10 +46,11 @@ void KVServer::Impl::HandleReplica(zmq::message_t identity,
       ResponseHeader rh;
       rh.set_request_id(header.request_id());
       rh.set_epoch(own.epoch);
-      rh.set_code(static_cast<int32_t>(absl::StatusCode::kUnavailable));
-      rh.set_message(absl::StrCat("backup busy: ", counters_.held_bytes.load(),
-                                  " bytes of messages wait for a newer view "
-                                  "(data_plane.limits.max_held_bytes); retry"));
+      SetResponseStatus(absl::UnavailableError(absl::StrCat(
+                            "backup busy: ", counters_.held_bytes.load(),
+                            " bytes of messages wait for a newer view "
+                            "(data_plane.limits.max_held_bytes); retry")),
+                        &rh);
       zmq::message_t values, keys;
       Send(identity, rh, values, keys);
       return;
@@ -72,14 +75,14 @@ void KVServer::Impl::HandleReplica(zmq::message_t identity,
   rh.set_epoch(own.epoch);
   absl::Status status;
   try {
-    status = ApplyReplica(frames, own, &rh);
+    status = ProcessReplica(frames, own, &rh);
   } catch (const std::bad_alloc&) {
-    status = absl::ResourceExhaustedError("backup out of memory for this replica message");
+    status = absl::ResourceExhaustedError(
+        "backup out of memory for this replica message");
   }
   if (!status.ok()) {
     counters_.errors.fetch_add(1, std::memory_order_relaxed);
-    rh.set_code(static_cast<int32_t>(status.code()));
-    rh.set_message(std::string(status.message()));
+    SetResponseStatus(status, &rh);
     Log()->warn("replica message {} from server node {} refused: {}",
                 header.request_id(), primary, status.ToString());
   }
@@ -105,232 +108,370 @@ void KVServer::Impl::ReleaseReplicas(const Ownership& own) {
   }
 }
 
-absl::Status KVServer::Impl::ApplyReplica(std::vector<zmq::message_t>& frames,
-                                    const Ownership& own, ResponseHeader* rh) {
+absl::Status KVServer::Impl::ProcessReplica(std::vector<zmq::message_t>& frames,
+                                            const Ownership& own,
+                                            ResponseHeader* rh) {
   replication::ReplicaMessage m;
   PS_RETURN_IF_ERROR(replication::DecodeReplica(frames, &m));
+  ValidatedReplica v;
+  PS_RETURN_IF_ERROR(ValidateReplica(m, own, rh, &v));
+  ApplyReplica(m, v, rh);
+  return absl::OkStatus();
+}
+
+// ------------------------------------------------------ replica messages
+//
+// A replica message passes Decode -> ValidateReplica -> ApplyReplica, as a
+// worker's push passes the request pipeline: ValidateReplica is const and
+// checks everything (sender, slots, table, sizes, finiteness, room), so a
+// refused message changes nothing; ApplyReplica cannot fail.
+
+namespace {
+
+// The sender of a replica message and the slots it may address: those it
+// owns and this server backs, in this server's view.
+struct ReplicaRoute {
+  absl::Span<const uint32_t> slot_owner, slot_backup;
+  uint32_t rank = 0;  // this server's
+  uint32_t primary_rank =
+      kNoBackup;         // the sender's; kNoBackup: not a live server
+  uint64_t primary = 0;  // the sender's node id
+  uint64_t epoch = 0;
+
+  uint32_t num_slots() const {
+    return static_cast<uint32_t>(slot_owner.size());
+  }
+
+  // FAILED_PRECONDITION with the wrong-owner flag: the sender may not send
+  // this here (another view's routing).
+  absl::Status Refuse(ResponseHeader* rh, const std::string& why) const {
+    rh->set_wrong_owner(true);
+    return absl::FailedPreconditionError(
+        absl::StrCat("replica message from server node ", primary, ": ", why,
+                     " (epoch ", epoch, ")"));
+  }
+
+  absl::Status CheckSlot(uint32_t slot, ResponseHeader* rh) const {
+    if (slot >= num_slots()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("slot ", slot, " out of range"));
+    }
+    if (slot_owner[slot] == primary_rank && slot_backup[slot] == rank) {
+      return absl::OkStatus();
+    }
+    return Refuse(
+        rh, absl::StrCat(
+                "slot ", slot, " is owned by server ", slot_owner[slot],
+                " and backed by ",
+                slot_backup[slot] == kNoBackup
+                    ? std::string("none")
+                    : absl::StrCat("server ", slot_backup[slot]),
+                ", not sent by its primary to its backup (this server is rank ",
+                rank, ")"));
+  }
+};
+
+absl::Status CheckFinite(absl::Span<const double> values) {
+  for (double d : values) {
+    if (!std::isfinite(d))
+      return absl::InvalidArgumentError("non-finite buffered sum");
+  }
+  return absl::OkStatus();
+}
+
+// REPLICA_APPLY, REPLICA_BUFFER: the values of a worker's push or assign
+// the primary applied (or buffered); shape and slots are checked already.
+absl::Status ValidateUpdateValues(const replication::ReplicaMessage& m,
+                                  const SparseTable* sparse) {
+  const RequestHeader& h = m.header;
+  const ReplicaInfo& r = h.replica_info();
+  if (!AllFinite(m.floats)) {
+    return absl::InvalidArgumentError(
+        "replica message carries a non-finite value");
+  }
+  const float scale = r.lr_scale();
+  if (r.kind() == REPLICA_APPLY && h.op() == PUSH &&
+      !(std::isfinite(scale) && scale > 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("bad learning-rate multiplier ", scale));
+  }
+  // The primary applied it; a backup without room would fall behind.
+  if (h.op() == PUSH && sparse != nullptr) return sparse->CheckPush(m.keys);
+  return absl::OkStatus();
+}
+
+// REPLICA_ROWS: whole rows (weights and optimizer state) of `sparse`.
+absl::Status ValidateRows(const replication::ReplicaMessage& m,
+                          const ReplicaRoute& route, const SparseTable& sparse,
+                          ResponseHeader* rh) {
+  const size_t stride = sparse.state_floats();
+  if (m.floats.size() != m.keys.size() * stride) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(m.keys.size(), " rows need ", m.keys.size() * stride,
+                     " floats, got ", m.floats.size()));
+  }
+  const uint32_t table_id = m.header.table_id();
+  for (uint64_t key : m.keys) {
+    PS_RETURN_IF_ERROR(
+        route.CheckSlot(SparseSlot(table_id, key, route.num_slots()), rh));
+  }
+  if (!AllFinite(m.floats))
+    return absl::InvalidArgumentError("non-finite row state");
+  return sparse.CheckImport(m.keys);
+}
+
+// REPLICA_BLOCKS: whole blocks (values and optimizer state) of `dense`.
+absl::Status ValidateBlocks(const replication::ReplicaMessage& m,
+                            const ReplicaRoute& route, const DenseTable& dense,
+                            ResponseHeader* rh) {
+  const size_t state_size = static_cast<size_t>(dense.state_size());
+  size_t total = 0;
+  for (uint64_t block : m.keys) {
+    if (block >= dense.num_blocks()) {
+      return absl::InvalidArgumentError(absl::StrCat("no block ", block));
+    }
+    PS_RETURN_IF_ERROR(route.CheckSlot(
+        DenseBlockSlot(m.header.table_id(), block, route.num_slots()), rh));
+    total += dense.BlockLength(block) * (1 + state_size);
+  }
+  if (m.floats.size() != total) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("blocks need ", total, " floats, got ", m.floats.size()));
+  }
+  if (!AllFinite(m.floats)) {
+    return absl::InvalidArgumentError(
+        "a block holds a non-finite value or state");
+  }
+  return absl::OkStatus();
+}
+
+// REPLICA_STEP_BUFFER: a primary's buffered sums of one BSP step (sparse:
+// keys and dim() sums each; dense: (block, lo, hi) triples and each
+// block's sums).
+absl::Status ValidateStepSums(const replication::ReplicaMessage& m,
+                              const ReplicaRoute& route, const Table& table,
+                              ResponseHeader* rh) {
+  PS_RETURN_IF_ERROR(CheckFinite(m.doubles));
+  const uint32_t table_id = m.header.table_id();
+  if (const SparseTable* sparse = table.AsSparse()) {
+    if (m.doubles.size() != m.keys.size() * sparse->dim()) {
+      return absl::InvalidArgumentError("buffered sums of the wrong size");
+    }
+    for (uint64_t key : m.keys) {
+      PS_RETURN_IF_ERROR(
+          route.CheckSlot(SparseSlot(table_id, key, route.num_slots()), rh));
+    }
+    return absl::OkStatus();
+  }
+  const DenseTable* dense = table.AsDense();
+  if (m.keys.size() % 3 != 0) {
+    return absl::InvalidArgumentError("buffered dense ranges are not triples");
+  }
+  size_t total = 0;
+  for (size_t i = 0; i < m.keys.size(); i += 3) {
+    const uint64_t block = m.keys[i], lo = m.keys[i + 1], hi = m.keys[i + 2];
+    if (block >= dense->num_blocks() || lo >= hi ||
+        hi > dense->BlockLength(block)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("bad buffered range of block ", block));
+    }
+    PS_RETURN_IF_ERROR(route.CheckSlot(
+        DenseBlockSlot(table_id, block, route.num_slots()), rh));
+    total += dense->BlockLength(block);
+  }
+  if (m.doubles.size() != total) {
+    return absl::InvalidArgumentError("buffered dense sums of the wrong size");
+  }
+  return absl::OkStatus();
+}
+
+// REPLICA_SEQS: (sender, top, kWords words) records, decoded into *seqs.
+absl::Status ValidateSeqs(
+    const replication::ReplicaMessage& m,
+    std::vector<std::pair<uint64_t, replication::SeqWindow>>* seqs) {
+  using replication::SeqWindow;
+  constexpr size_t kEntry = 2 + SeqWindow::kWords;
+  if (m.keys.size() % kEntry != 0) {
+    return absl::InvalidArgumentError("sequence records of the wrong size");
+  }
+  for (size_t i = 0; i < m.keys.size(); i += kEntry) {
+    PS_ASSIGN_OR_RETURN(
+        SeqWindow w,
+        SeqWindow::FromWords(m.keys[i + 1],
+                             m.keys.subspan(i + 2, SeqWindow::kWords)));
+    seqs->emplace_back(m.keys[i], std::move(w));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status KVServer::Impl::ValidateReplica(
+    const replication::ReplicaMessage& m, const Ownership& own,
+    ResponseHeader* rh, ValidatedReplica* v) const {
+  const RequestHeader& h = m.header;
+  const ReplicaInfo& r = h.replica_info();
+  ReplicaRoute route;
+  route.slot_owner = own.slot_owner;
+  route.slot_backup = own.slot_backup;
+  route.rank = own.rank;
+  route.primary = r.primary_node_id();
+  route.epoch = own.epoch;
+  for (uint32_t i = 0; i < own.server_node.size(); ++i) {
+    if (route.primary != 0 && own.server_node[i] == route.primary)
+      route.primary_rank = i;
+  }
+  if (route.primary_rank == kNoBackup)
+    return route.Refuse(rh, "the sender is not a live server");
+  if (own.node_id == 0)
+    return route.Refuse(rh, "this server is not a live member");
+  v->primary_rank = route.primary_rank;
+  v->num_slots = route.num_slots();
+
+  const ReplicaKind kind = r.kind();
+  if (kind == REPLICA_APPLY_STEP) {
+    if (r.divisor() == 0) return absl::InvalidArgumentError("divisor 0");
+    return absl::OkStatus();
+  }
+  if (kind == REPLICA_SNAPSHOT_BEGIN || kind == REPLICA_SNAPSHOT_END) {
+    for (uint32_t slot : r.slots())
+      PS_RETURN_IF_ERROR(route.CheckSlot(slot, rh));
+    return absl::OkStatus();
+  }
+  if (kind == REPLICA_SEQS) return ValidateSeqs(m, &v->seqs);
+
+  auto table = tables_.find(h.table_id());
+  if (table == tables_.end()) {
+    return absl::NotFoundError(absl::StrCat("unknown table ", h.table_id()));
+  }
+  v->table = table->second.get();
+  v->sparse = v->table->AsSparse();
+  v->dense = v->table->AsDense();
+  switch (kind) {
+    case REPLICA_APPLY:
+    case REPLICA_BUFFER: {
+      PS_RETURN_IF_ERROR(
+          ValidateShape(h, *v->table, m.keys, m.floats, true, &v->n));
+      std::vector<uint32_t> slots;
+      SlotsOf(h, *v->table, m.keys, route.num_slots(), &slots);
+      for (uint32_t slot : slots) PS_RETURN_IF_ERROR(route.CheckSlot(slot, rh));
+      return ValidateUpdateValues(m, v->sparse);
+    }
+    case REPLICA_ROWS:
+      if (v->sparse == nullptr) {
+        return absl::InvalidArgumentError("REPLICA_ROWS of a dense table");
+      }
+      return ValidateRows(m, route, *v->sparse, rh);
+    case REPLICA_BLOCKS:
+      if (v->dense == nullptr) {
+        return absl::InvalidArgumentError("REPLICA_BLOCKS of a sparse table");
+      }
+      return ValidateBlocks(m, route, *v->dense, rh);
+    case REPLICA_STEP_BUFFER:
+      return ValidateStepSums(m, route, *v->table, rh);
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown replica kind ", static_cast<int>(kind)));
+  }
+}
+
+void KVServer::Impl::ApplyReplica(const replication::ReplicaMessage& m,
+                                  const ValidatedReplica& v,
+                                  ResponseHeader* rh) {
   const RequestHeader& h = m.header;
   const ReplicaInfo& r = h.replica_info();
   const uint64_t primary = r.primary_node_id();
-  const uint32_t num_slots = static_cast<uint32_t>(own.slot_owner.size());
-  auto refuse = [&](const std::string& why) {
-    rh->set_wrong_owner(true);
-    return absl::FailedPreconditionError(absl::StrCat(
-        "replica message from server node ", primary, ": ", why, " (epoch ",
-        own.epoch, ")"));
-  };
-  uint32_t prank = kNoBackup;
-  for (uint32_t i = 0; i < own.server_node.size(); ++i) {
-    if (primary != 0 && own.server_node[i] == primary) prank = i;
-  }
-  if (prank == kNoBackup) return refuse("the sender is not a live server");
-  if (own.node_id == 0) return refuse("this server is not a live member");
-  auto check_slot = [&](uint32_t slot) -> absl::Status {
-    if (slot >= num_slots) {
-      return absl::InvalidArgumentError(absl::StrCat("slot ", slot, " out of range"));
-    }
-    if (own.slot_owner[slot] != prank || own.slot_backup[slot] != own.rank) {
-      return refuse(absl::StrCat(
-          "slot ", slot, " is owned by server ", own.slot_owner[slot], " and backed by ",
-          own.slot_backup[slot] == kNoBackup ? std::string("none")
-                                             : absl::StrCat("server ", own.slot_backup[slot]),
-          ", not sent by its primary to its backup (this server is rank ", own.rank, ")"));
-    }
-    return absl::OkStatus();
-  };
-  auto table_of = [&](uint32_t id) -> absl::StatusOr<Table*> {
-    auto it = tables_.find(id);
-    if (it == tables_.end()) return absl::NotFoundError(absl::StrCat("unknown table ", id));
-    return it->second.get();
-  };
-
   switch (r.kind()) {
     case REPLICA_APPLY:
-    case REPLICA_BUFFER: {
-      PS_ASSIGN_OR_RETURN(Table * table, table_of(h.table_id()));
-      SparseTable* sparse = table->AsSparse();
-      DenseTable* dense = table->AsDense();
-      uint64_t n = 0;
-      PS_RETURN_IF_ERROR(ValidateShape(h, *table, m.keys, m.floats, true, &n));
-      SlotsOf(h, *table, m.keys, num_slots, &slots_scratch_);
-      for (uint32_t slot : slots_scratch_) PS_RETURN_IF_ERROR(check_slot(slot));
-      if (!AllFinite(m.floats)) {
-        return absl::InvalidArgumentError("replica message carries a non-finite value");
-      }
-      const float scale = r.lr_scale();
-      if (r.kind() == REPLICA_APPLY && h.op() == PUSH && !(std::isfinite(scale) && scale > 0)) {
-        return absl::InvalidArgumentError(absl::StrCat("bad learning-rate multiplier ", scale));
-      }
-      if (h.op() == PUSH && sparse != nullptr) {
-        // The primary applied it; a backup without room would fall behind.
-        PS_RETURN_IF_ERROR(sparse->CheckPush(m.keys));
-      }
-      if (replicas_.SeenOrRecord(primary, h.sender_node_id(), h.seq())) {
-        rh->set_duplicate(true);
-        return absl::OkStatus();
-      }
-      if (r.kind() == REPLICA_APPLY && h.op() == PUSH) {
-        checkpoint_gate_.NoteReplicaApplied(h.clock());
-      }
-      if (r.kind() == REPLICA_BUFFER) {
-        replicas_.Buffer(primary, h.clock())
-            .Add(h.sender_node_id(), table, m.keys, h.segments(), m.floats);
-      } else if (h.op() == ASSIGN) {
-        dense->Assign(h.segments(), m.floats.data());
-      } else if (sparse != nullptr) {
-        sparse->Push(m.keys, m.floats.data(), scale);
-      } else {
-        dense->Push(h.segments(), m.floats.data(), scale);
-      }
-      replicas_.CountApplied(h.table_id(), sparse != nullptr ? m.keys.size() : n);
-      return absl::OkStatus();
-    }
+    case REPLICA_BUFFER:
+      ApplyReplicaUpdate(m, v, rh);
+      return;
     case REPLICA_APPLY_STEP: {
-      if (r.divisor() == 0) return absl::InvalidArgumentError("divisor 0");
       StepBuffer step;
       if (replicas_.TakeStep(primary, r.step(), &step)) {
         ApplyBuffered(r.step(), step, r.divisor());
       }
-      return absl::OkStatus();
+      return;
     }
     case REPLICA_SNAPSHOT_BEGIN:
-    case REPLICA_SNAPSHOT_END: {
-      for (uint32_t slot : r.slots()) PS_RETURN_IF_ERROR(check_slot(slot));
-      replicas_.SizeSlots(num_slots);
-      if (r.kind() == REPLICA_SNAPSHOT_BEGIN) {
-        replicas_.BeginCatchUp(primary, r.slots(), TableDims());
-      } else {
-        replicas_.EndCatchUp(r.slots());
-        Log()->info("caught up with {} slots of server {} (node {})", r.slots_size(), prank,
-                    primary);
-      }
-      return absl::OkStatus();
-    }
-    case REPLICA_SEQS: {
-      constexpr size_t kEntry = 2 + SeqWindow::kWords;
-      if (m.keys.size() % kEntry != 0) {
-        return absl::InvalidArgumentError("sequence records of the wrong size");
-      }
-      for (size_t i = 0; i < m.keys.size(); i += kEntry) {
-        PS_ASSIGN_OR_RETURN(SeqWindow w,
-                            SeqWindow::FromWords(m.keys[i + 1],
-                                                 m.keys.subspan(i + 2, SeqWindow::kWords)));
-        replicas_.MergeSeqs(primary, m.keys[i], w);
-      }
-      return absl::OkStatus();
-    }
+      replicas_.SizeSlots(v.num_slots);
+      replicas_.BeginCatchUp(primary, r.slots(), TableDims());
+      return;
+    case REPLICA_SNAPSHOT_END:
+      replicas_.SizeSlots(v.num_slots);
+      replicas_.EndCatchUp(r.slots());
+      Log()->info("caught up with {} slots of server {} (node {})",
+                  r.slots_size(), v.primary_rank, primary);
+      return;
+    case REPLICA_SEQS:
+      for (const auto& [sender, window] : v.seqs)
+        replicas_.MergeSeqs(primary, sender, window);
+      return;
     case REPLICA_ROWS: {
-      PS_ASSIGN_OR_RETURN(Table * table, table_of(h.table_id()));
-      SparseTable* sparse = table->AsSparse();
-      if (sparse == nullptr) return absl::InvalidArgumentError("REPLICA_ROWS of a dense table");
-      const size_t stride = sparse->state_floats();
-      if (m.floats.size() != m.keys.size() * stride) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            m.keys.size(), " rows need ", m.keys.size() * stride, " floats, got ",
-            m.floats.size()));
-      }
-      for (uint64_t key : m.keys) {
-        PS_RETURN_IF_ERROR(check_slot(SparseSlot(h.table_id(), key, num_slots)));
-      }
-      if (!AllFinite(m.floats)) return absl::InvalidArgumentError("non-finite row state");
+      const size_t stride = v.sparse->state_floats();
       for (size_t i = 0; i < m.keys.size(); ++i) {
-        PS_RETURN_IF_ERROR(sparse->ImportRow(m.keys[i], m.floats.subspan(i * stride, stride)));
+        // Validated (sizes, finiteness, room): cannot fail.
+        v.sparse->ImportRow(m.keys[i], m.floats.subspan(i * stride, stride))
+            .IgnoreError();
       }
-      return absl::OkStatus();
+      return;
     }
     case REPLICA_BLOCKS: {
-      PS_ASSIGN_OR_RETURN(Table * table, table_of(h.table_id()));
-      DenseTable* dense = table->AsDense();
-      if (dense == nullptr) return absl::InvalidArgumentError("REPLICA_BLOCKS of a sparse table");
-      const size_t state_size = static_cast<size_t>(dense->state_size());
-      size_t total = 0;
-      for (uint64_t block : m.keys) {
-        if (block >= dense->num_blocks()) {
-          return absl::InvalidArgumentError(absl::StrCat("no block ", block));
-        }
-        PS_RETURN_IF_ERROR(check_slot(DenseBlockSlot(h.table_id(), block, num_slots)));
-        total += dense->BlockLength(block) * (1 + state_size);
-      }
-      if (m.floats.size() != total) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "blocks need ", total, " floats, got ", m.floats.size()));
-      }
+      const size_t state_size = static_cast<size_t>(v.dense->state_size());
       size_t offset = 0;
       for (uint64_t block : m.keys) {
-        const size_t len = dense->BlockLength(block);
-        PS_RETURN_IF_ERROR(dense->ImportBlock(block, m.floats.subspan(offset, len),
-                                              m.floats.subspan(offset + len, len * state_size)));
+        const size_t len = v.dense->BlockLength(block);
+        // Validated (blocks, sizes, finiteness): cannot fail.
+        v.dense
+            ->ImportBlock(block, m.floats.subspan(offset, len),
+                          m.floats.subspan(offset + len, len * state_size))
+            .IgnoreError();
         offset += len * (1 + state_size);
       }
-      return absl::OkStatus();
+      return;
     }
     case REPLICA_STEP_BUFFER: {
-      PS_ASSIGN_OR_RETURN(Table * table, table_of(h.table_id()));
-      for (double d : m.doubles) {
-        if (!std::isfinite(d)) return absl::InvalidArgumentError("non-finite buffered sum");
-      }
-      if (const SparseTable* sparse = table->AsSparse()) {
-        const uint32_t dim = sparse->dim();
-        if (m.doubles.size() != m.keys.size() * dim) {
-          return absl::InvalidArgumentError("buffered sums of the wrong size");
-        }
-        for (uint64_t key : m.keys) {
-          PS_RETURN_IF_ERROR(check_slot(SparseSlot(h.table_id(), key, num_slots)));
-        }
-        StepBuffer& buffer = replicas_.Buffer(primary, r.step());
-        auto& b = buffer.sparse[h.table_id()];
-        for (size_t i = 0; i < m.keys.size(); ++i) {
-          auto [it, inserted] =
-              b.index.try_emplace(m.keys[i], static_cast<uint32_t>(b.keys.size()));
-          if (inserted) {
-            b.keys.push_back(m.keys[i]);
-            b.sums.resize(b.sums.size() + dim, 0.0);
-          }
-          double* sum = &b.sums[size_t{it->second} * dim];
-          for (uint32_t e = 0; e < dim; ++e) sum[e] += m.doubles[i * dim + e];
-        }
-        buffer.pushers.insert(r.pushers().begin(), r.pushers().end());
-        return absl::OkStatus();
-      }
-      const DenseTable* dense = table->AsDense();
-      if (m.keys.size() % 3 != 0) {
-        return absl::InvalidArgumentError("buffered dense ranges are not triples");
-      }
-      size_t total = 0;
-      for (size_t i = 0; i < m.keys.size(); i += 3) {
-        const uint64_t block = m.keys[i], lo = m.keys[i + 1], hi = m.keys[i + 2];
-        if (block >= dense->num_blocks() || lo >= hi || hi > dense->BlockLength(block)) {
-          return absl::InvalidArgumentError(absl::StrCat("bad buffered range of block ", block));
-        }
-        PS_RETURN_IF_ERROR(check_slot(DenseBlockSlot(h.table_id(), block, num_slots)));
-        total += dense->BlockLength(block);
-      }
-      if (m.doubles.size() != total) {
-        return absl::InvalidArgumentError("buffered dense sums of the wrong size");
-      }
       StepBuffer& buffer = replicas_.Buffer(primary, r.step());
-      auto& b = buffer.dense[h.table_id()];
-      size_t offset = 0;
-      for (size_t i = 0; i < m.keys.size(); i += 3) {
-        const uint64_t block = m.keys[i];
-        const size_t len = dense->BlockLength(block);
-        std::vector<double>& sums = b.blocks[block];
-        if (sums.empty()) sums.assign(len, 0.0);
-        for (size_t e = 0; e < len; ++e) sums[e] += m.doubles[offset + e];
-        offset += len;
-        auto [range, inserted] = b.touched.try_emplace(block, m.keys[i + 1], m.keys[i + 2]);
-        if (!inserted) {
-          range->second.first = std::min(range->second.first, m.keys[i + 1]);
-          range->second.second = std::max(range->second.second, m.keys[i + 2]);
-        }
+      if (v.sparse != nullptr) {
+        buffer.MergeSparseSums(h.table_id(), v.sparse->dim(), m.keys,
+                               m.doubles);
+      } else {
+        buffer.MergeDenseSums(*v.dense, m.keys, m.doubles);
       }
       buffer.pushers.insert(r.pushers().begin(), r.pushers().end());
-      return absl::OkStatus();
+      return;
     }
     default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("unknown replica kind ", static_cast<int>(r.kind())));
+      return;  // ValidateReplica refuses every other kind
   }
+}
+
+void KVServer::Impl::ApplyReplicaUpdate(const replication::ReplicaMessage& m,
+                                        const ValidatedReplica& v,
+                                        ResponseHeader* rh) {
+  const RequestHeader& h = m.header;
+  const ReplicaInfo& r = h.replica_info();
+  const uint64_t primary = r.primary_node_id();
+  if (replicas_.SeenOrRecord(primary, h.sender_node_id(), h.seq())) {
+    rh->set_duplicate(true);
+    return;
+  }
+  const float scale = r.lr_scale();
+  if (r.kind() == REPLICA_APPLY && h.op() == PUSH) {
+    checkpoint_gate_.NoteReplicaApplied(h.clock());
+  }
+  if (r.kind() == REPLICA_BUFFER) {
+    replicas_.Buffer(primary, h.clock())
+        .Add(h.sender_node_id(), v.table, m.keys, h.segments(), m.floats);
+  } else if (h.op() == ASSIGN) {
+    v.dense->Assign(h.segments(), m.floats.data());
+  } else if (v.sparse != nullptr) {
+    v.sparse->Push(m.keys, m.floats.data(), scale);
+  } else {
+    v.dense->Push(h.segments(), m.floats.data(), scale);
+  }
+  replicas_.CountApplied(h.table_id(),
+                         v.sparse != nullptr ? m.keys.size() : v.n);
 }
 
 void KVServer::Impl::Promote(const Ownership& prev, const Ownership& own) {
@@ -346,7 +487,8 @@ void KVServer::Impl::Promote(const Ownership& prev, const Ownership& own) {
   std::vector<uint32_t> old_ranks;
   uint32_t count = 0, incomplete = 0, without_copy = 0;
   for (uint32_t s = 0; s < num_slots; ++s) {
-    if (own.slot_owner[s] != own.rank || prev.slot_owner[s] == own.rank) continue;
+    if (own.slot_owner[s] != own.rank || prev.slot_owner[s] == own.rank)
+      continue;
     const uint32_t old = prev.slot_owner[s];
     if (prev.slot_backup[s] != own.rank || old >= prev.server_node.size() ||
         prev.server_node[old] == 0) {
@@ -364,33 +506,35 @@ void KVServer::Impl::Promote(const Ownership& prev, const Ownership& own) {
     promoted_[s] = true;
   }
   if (without_copy > 0) {
-    Log()->warn("{} slots are now served here without a copy of them from their "
-                "old primary (epoch {})",
-                without_copy, own.epoch);
+    Log()->warn(
+        "{} slots are now served here without a copy of them from their "
+        "old primary (epoch {})",
+        without_copy, own.epoch);
   }
   if (count == 0) return;
   const ReplicaStore::Dims dims = TableDims();
   uint64_t merged_steps = 0, applied_steps = 0;
   for (const auto& [node, mask] : from) {
-    replicas_.TakeOver(node, mask, num_slots, dims, &seqs_,
-                       [&](uint64_t step, StepBuffer&& moved) {
-      if (consistency_.ShouldBuffer(step)) {
-        // Joins this server's own step, applied with it.
-        consistency_.NoteBuffered(step);
-        moved.ExtractSlots(std::vector<bool>(num_slots, true), num_slots, dims,
-                           &buffers_[step]);
-        ++merged_steps;
-      } else {
-        // A step this server already applied for its own slots (or BSP was
-        // left): the old primary did not get to tell the divisor.
-        auto d = recent_divisors_.find(step);
-        const uint32_t divisor = std::max<uint32_t>(
-            d != recent_divisors_.end() ? d->second : 1,
-            static_cast<uint32_t>(moved.pushers.size()));
-        ApplyBuffered(step, moved, std::max<uint32_t>(divisor, 1));
-        ++applied_steps;
-      }
-    });
+    replicas_.TakeOver(
+        node, mask, num_slots, dims, &seqs_,
+        [&](uint64_t step, StepBuffer&& moved) {
+          if (consistency_.ShouldBuffer(step)) {
+            // Joins this server's own step, applied with it.
+            consistency_.NoteBuffered(step);
+            moved.ExtractSlots(std::vector<bool>(num_slots, true), num_slots,
+                               dims, &buffers_[step]);
+            ++merged_steps;
+          } else {
+            // A step this server already applied for its own slots (or BSP was
+            // left): the old primary did not get to tell the divisor.
+            auto d = recent_divisors_.find(step);
+            const uint32_t divisor =
+                std::max<uint32_t>(d != recent_divisors_.end() ? d->second : 1,
+                                   static_cast<uint32_t>(moved.pushers.size()));
+            ApplyBuffered(step, moved, std::max<uint32_t>(divisor, 1));
+            ++applied_steps;
+          }
+        });
   }
   // Checkpoints: the promoted rows hold pushes of the steps applied to them.
   checkpoint_gate_.Promoted();
@@ -398,20 +542,23 @@ void KVServer::Impl::Promote(const Ownership& prev, const Ownership& own) {
   awaiting_first_promoted_ = true;
   promoted_at_ = options_.clock->Now();
   promoted_epoch_ = own.epoch;
-  Log()->warn("failover: serving {} slots of server(s) {} as their new primary (epoch "
-              "{}; {} buffered steps joined, {} applied)",
-              count, absl::StrJoin(old_ranks, ", "), own.epoch, merged_steps,
-              applied_steps);
+  Log()->warn(
+      "failover: serving {} slots of server(s) {} as their new primary (epoch "
+      "{}; {} buffered steps joined, {} applied)",
+      count, absl::StrJoin(old_ranks, ", "), own.epoch, merged_steps,
+      applied_steps);
   if (incomplete > 0) {
-    Log()->error("{} of the promoted slots had not finished copying from their old "
-                 "primary: updates to them may be missing",
-                 incomplete);
+    Log()->error(
+        "{} of the promoted slots had not finished copying from their old "
+        "primary: updates to them may be missing",
+        incomplete);
   }
 }
 
 ReplicaStore::Dims KVServer::Impl::TableDims() const {
   ReplicaStore::Dims dims;
-  for (const auto& [id, t] : tables_) dims[id] = t->AsSparse() ? t->AsSparse()->dim() : 1;
+  for (const auto& [id, t] : tables_)
+    dims[id] = t->AsSparse() ? t->AsSparse()->dim() : 1;
   return dims;
 }
 

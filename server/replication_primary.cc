@@ -19,7 +19,8 @@ namespace ps {
 namespace {
 
 std::shared_ptr<spdlog::logger> Log() {
-  static auto* const logger = new std::shared_ptr<spdlog::logger>(GetLogger("server"));
+  static auto* const logger =
+      new std::shared_ptr<spdlog::logger>(GetLogger("server"));
   return *logger;
 }
 
@@ -34,12 +35,11 @@ constexpr absl::Duration kResyncPeriod = absl::Milliseconds(200);
 
 // ------------------------------------------------------------ primary side
 
-void KVServer::Impl::Forward(const Ownership& own, const RequestHeader& h,
-                       ReplicaKind kind, float lr_scale, const Table& table,
-                       absl::Span<const uint64_t> keys,
-                       absl::Span<const float> values,
-                       std::vector<zmq::message_t>& frames,
-                       const std::vector<uint32_t>& slots) {
+void KVServer::Impl::Forward(
+    const Ownership& own, const RequestHeader& h, ReplicaKind kind,
+    float lr_scale, const Table& table, absl::Span<const uint64_t> keys,
+    absl::Span<const float> values, std::vector<zmq::message_t>& frames,
+    const std::vector<uint32_t>& slots, std::vector<Need>* needs) {
   if (slots.empty()) return;
   auto link_of = [&](uint32_t backup) -> BackupLink* {
     if (backup == kNoBackup || backup >= own.server_node.size()) return nullptr;
@@ -78,12 +78,14 @@ void KVServer::Impl::Forward(const Ownership& own, const RequestHeader& h,
     zmq::message_t k, v;
     k.copy(frames[1]);
     v.copy(frames[2]);
-    needs_.emplace_back(link->node_id(), link->Send(r, std::move(k), std::move(v), true));
+    needs->emplace_back(link->node_id(),
+                        link->Send(r, std::move(k), std::move(v), true));
     counters_.forwards.fetch_add(1, std::memory_order_relaxed);
     return;
   }
   std::map<uint32_t, std::vector<size_t>> groups;  // backup rank -> indices
-  for (size_t i = 0; i < slots.size(); ++i) groups[own.slot_backup[slots[i]]].push_back(i);
+  for (size_t i = 0; i < slots.size(); ++i)
+    groups[own.slot_backup[slots[i]]].push_back(i);
   const SparseTable* sparse = table.AsSparse();
   // Value offset of every dense segment.
   std::vector<uint64_t> offsets;
@@ -111,7 +113,8 @@ void KVServer::Impl::Forward(const Ownership& own, const RequestHeader& h,
       v.reserve(idx.size() * dim);
       for (size_t i : idx) {
         subset.push_back(keys[i]);
-        v.insert(v.end(), values.begin() + i * dim, values.begin() + (i + 1) * dim);
+        v.insert(v.end(), values.begin() + i * dim,
+                 values.begin() + (i + 1) * dim);
       }
       r.set_num_keys(subset.size());
       k = FrameFromVector(std::move(subset));
@@ -124,15 +127,18 @@ void KVServer::Impl::Forward(const Ownership& own, const RequestHeader& h,
                  values.begin() + offsets[i] + s.length());
       }
     }
-    needs_.emplace_back(link->node_id(),
-                        link->Send(r, std::move(k), FrameFromVector(std::move(v)), true));
+    needs->emplace_back(
+        link->node_id(),
+        link->Send(r, std::move(k), FrameFromVector(std::move(v)), true));
     counters_.forwards.fetch_add(1, std::memory_order_relaxed);
   }
-  if (unreplicated) counters_.unreplicated_pushes.fetch_add(1, std::memory_order_relaxed);
+  if (unreplicated)
+    counters_.unreplicated_pushes.fetch_add(1, std::memory_order_relaxed);
 }
 
-absl::Status KVServer::Impl::NeedsForDuplicate(const Ownership& own,
-                                         const std::vector<uint32_t>& slots) {
+absl::Status KVServer::Impl::NeedsForDuplicate(
+    const Ownership& own, const std::vector<uint32_t>& slots,
+    std::vector<Need>* needs) {
   std::vector<uint32_t> backups;
   for (uint32_t slot : slots) {
     const uint32_t b = own.slot_backup[slot];
@@ -148,7 +154,8 @@ absl::Status KVServer::Impl::NeedsForDuplicate(const Ownership& own,
     }
     // Everything sent to the backup so far covers the update, whether it
     // went as its own message or as part of a catch-up.
-    if (!link.all_acked()) needs_.emplace_back(link.node_id(), link.last_sent());
+    if (!link.all_acked())
+      needs->emplace_back(link.node_id(), link.last_sent());
   }
   return absl::OkStatus();
 }
@@ -160,7 +167,8 @@ void KVServer::Impl::SyncBackups(const Ownership& own) {
   if (promoted_.size() != num_slots) promoted_.assign(num_slots, false);
   absl::flat_hash_map<uint64_t, std::string> endpoints;  // live server nodes
   for (size_t r = 0; r < own.server_node.size(); ++r) {
-    if (own.server_node[r] != 0) endpoints[own.server_node[r]] = own.server_endpoint[r];
+    if (own.server_node[r] != 0)
+      endpoints[own.server_node[r]] = own.server_endpoint[r];
   }
   // The backup node each owned slot should have, and the slots whose
   // backup does not hold a copy yet.
@@ -235,60 +243,46 @@ void KVServer::Impl::SyncBackups(const Ownership& own) {
   }
   if (unbacked != unbacked_slots_) {
     if (unbacked > 0) {
-      Log()->warn("{} of this server's slots have no backup (epoch {}): pushes to "
-                  "them are acknowledged with a single copy",
-                  unbacked, own.epoch);
+      Log()->warn(
+          "{} of this server's slots have no backup (epoch {}): pushes to "
+          "them are acknowledged with a single copy",
+          unbacked, own.epoch);
     } else if (unbacked_slots_ > 0) {
-      Log()->info("every slot of this server has a backup again (epoch {})", own.epoch);
+      Log()->info("every slot of this server has a backup again (epoch {})",
+                  own.epoch);
     }
     unbacked_slots_ = unbacked;
   }
 }
 
+namespace {
+
+// The header of a replica message of a catch-up from `own`'s node.
+RequestHeader CatchUpHeader(uint64_t epoch, uint64_t node_id,
+                            ReplicaKind kind) {
+  RequestHeader h;
+  h.set_replica(true);
+  h.set_epoch(epoch);
+  h.mutable_replica_info()->set_kind(kind);
+  h.mutable_replica_info()->set_primary_node_id(node_id);
+  return h;
+}
+
+}  // namespace
+
 void KVServer::Impl::SendCatchUp(const Ownership& own, BackupLink& link,
-                           const std::vector<uint32_t>& slots) {
+                                 const std::vector<uint32_t>& slots) {
   const absl::Time start = options_.clock->Now();
   const uint32_t num_slots = static_cast<uint32_t>(own.slot_owner.size());
   std::vector<bool> mask(num_slots, false);
   for (uint32_t s : slots) mask[s] = true;
-  auto header = [&](ReplicaKind kind) {
-    RequestHeader h;
-    h.set_replica(true);
-    h.set_epoch(own.epoch);
-    h.mutable_replica_info()->set_kind(kind);
-    h.mutable_replica_info()->set_primary_node_id(own.node_id);
-    return h;
-  };
-  RequestHeader begin = header(REPLICA_SNAPSHOT_BEGIN);
+  RequestHeader begin =
+      CatchUpHeader(own.epoch, own.node_id, REPLICA_SNAPSHOT_BEGIN);
   for (uint32_t s : slots) begin.mutable_replica_info()->add_slots(s);
   RequestHeader end = begin;
   end.mutable_replica_info()->set_kind(REPLICA_SNAPSHOT_END);
   link.Send(begin, zmq::message_t(), zmq::message_t(), false);
-
-  // Which (sender, seq) were applied: retries of pushes applied here must
-  // be recognised by the backup once it is promoted.
-  {
-    constexpr size_t kPerMessage = 1000;
-    std::vector<uint64_t> words;
-    size_t senders = 0;
-    auto flush = [&] {
-      if (senders == 0) return;
-      RequestHeader h = header(REPLICA_SEQS);
-      h.set_num_keys(words.size());
-      link.Send(h, FrameFromVector(std::move(words)), zmq::message_t(), false);
-      words = std::vector<uint64_t>();
-      senders = 0;
-    };
-    for (const auto& [sender, window] : seqs_) {
-      words.push_back(sender);
-      words.push_back(window.top());
-      const std::vector<uint64_t> bits = window.Words();
-      words.insert(words.end(), bits.begin(), bits.end());
-      if (++senders == kPerMessage) flush();
-    }
-    flush();
-  }
-
+  SendSeqRecords(own, link);
   // Rows and blocks with their optimizer state, read in one pass per table
   // while nothing else runs: a cursor over a table that changes in between
   // could miss rows.
@@ -296,57 +290,116 @@ void KVServer::Impl::SendCatchUp(const Ownership& own, BackupLink& link,
   for (const auto& [id, table] : tables_) ids.push_back(id);
   std::sort(ids.begin(), ids.end());
   uint64_t copied = 0;
-  for (uint32_t id : ids) {
-    std::vector<uint64_t> out_keys;
-    std::vector<float> out_values;
-    auto flush = [&](ReplicaKind kind) {
-      if (out_keys.empty()) return;
-      RequestHeader h = header(kind);
-      h.set_table_id(id);
-      h.set_num_keys(out_keys.size());
-      copied += out_keys.size();
-      link.Send(h, FrameFromVector(std::move(out_keys)),
-                FrameFromVector(std::move(out_values)), true);
-      out_keys = std::vector<uint64_t>();
-      out_values = std::vector<float>();
-    };
-    if (const SparseTable* sparse = tables_[id]->AsSparse()) {
-      const size_t stride = sparse->state_floats();
-      std::vector<uint64_t> keys;
-      std::vector<float> state;
-      uint64_t cursor = 0;
-      do {
-        keys.clear();
-        state.clear();
-        cursor = sparse->ExportRows(cursor, 65536, &keys, &state);
-        for (size_t i = 0; i < keys.size(); ++i) {
-          if (!mask[SparseSlot(id, keys[i], num_slots)]) continue;
-          out_keys.push_back(keys[i]);
-          out_values.insert(out_values.end(), state.begin() + i * stride,
-                            state.begin() + (i + 1) * stride);
-          if (out_values.size() * sizeof(float) >= kCatchUpBytes) flush(REPLICA_ROWS);
-        }
-      } while (cursor != 0);
-      flush(REPLICA_ROWS);
-    } else {
-      const DenseTable* dense = tables_[id]->AsDense();
-      (void)dense->ForEachBlock([&](uint64_t block, absl::Span<const float> values,
-                                    absl::Span<const float> state) {
-        if (!mask[DenseBlockSlot(id, block, num_slots)]) return absl::OkStatus();
-        out_keys.push_back(block);
-        out_values.insert(out_values.end(), values.begin(), values.end());
-        out_values.insert(out_values.end(), state.begin(), state.end());
-        if (out_values.size() * sizeof(float) >= kCatchUpBytes) flush(REPLICA_BLOCKS);
-        return absl::OkStatus();
-      });
-      flush(REPLICA_BLOCKS);
-    }
-  }
+  for (uint32_t id : ids) copied += SendTableCopy(own, link, id, mask);
+  SendStepBuffers(own, link, mask);
+  link.Send(end, zmq::message_t(), zmq::message_t(), false);
+  counters_.catchups_sent.fetch_add(1, std::memory_order_relaxed);
+  counters_.rows_copied.fetch_add(copied, std::memory_order_relaxed);
+  Log()->info(
+      "catch-up of {} slots to backup node {} ({}): {} rows and blocks, "
+      "{} senders' sequence records, {} buffered steps, read in {:.1f} ms",
+      slots.size(), link.node_id(), link.endpoint(), copied, seqs_.size(),
+      buffers_.size(),
+      absl::ToDoubleMilliseconds(options_.clock->Now() - start));
+}
 
+void KVServer::Impl::SendSeqRecords(const Ownership& own, BackupLink& link) {
+  // Which (sender, seq) were applied: retries of pushes applied here must
+  // be recognised by the backup once it is promoted.
+  constexpr size_t kPerMessage = 1000;
+  std::vector<uint64_t> words;
+  size_t senders = 0;
+  auto flush = [&] {
+    if (senders == 0) return;
+    RequestHeader h = CatchUpHeader(own.epoch, own.node_id, REPLICA_SEQS);
+    h.set_num_keys(words.size());
+    link.Send(h, FrameFromVector(std::move(words)), zmq::message_t(), false);
+    words = std::vector<uint64_t>();
+    senders = 0;
+  };
+  for (const auto& [sender, window] : seqs_) {
+    words.push_back(sender);
+    words.push_back(window.top());
+    const std::vector<uint64_t> bits = window.Words();
+    words.insert(words.end(), bits.begin(), bits.end());
+    if (++senders == kPerMessage) flush();
+  }
+  flush();
+}
+
+uint64_t KVServer::Impl::SendTableCopy(const Ownership& own, BackupLink& link,
+                                       uint32_t id,
+                                       const std::vector<bool>& mask) {
+  const uint32_t num_slots = static_cast<uint32_t>(mask.size());
+  uint64_t copied = 0;
+  std::vector<uint64_t> out_keys;
+  std::vector<float> out_values;
+  auto flush = [&](ReplicaKind kind) {
+    if (out_keys.empty()) return;
+    RequestHeader h = CatchUpHeader(own.epoch, own.node_id, kind);
+    h.set_table_id(id);
+    h.set_num_keys(out_keys.size());
+    copied += out_keys.size();
+    link.Send(h, FrameFromVector(std::move(out_keys)),
+              FrameFromVector(std::move(out_values)), true);
+    out_keys = std::vector<uint64_t>();
+    out_values = std::vector<float>();
+  };
+  if (const SparseTable* sparse = tables_[id]->AsSparse()) {
+    const size_t stride = sparse->state_floats();
+    std::vector<uint64_t> keys;
+    std::vector<float> state;
+    uint64_t cursor = 0;
+    do {
+      keys.clear();
+      state.clear();
+      cursor = sparse->ExportRows(cursor, 65536, &keys, &state);
+      for (size_t i = 0; i < keys.size(); ++i) {
+        if (!mask[SparseSlot(id, keys[i], num_slots)]) continue;
+        out_keys.push_back(keys[i]);
+        out_values.insert(out_values.end(), state.begin() + i * stride,
+                          state.begin() + (i + 1) * stride);
+        if (out_values.size() * sizeof(float) >= kCatchUpBytes)
+          flush(REPLICA_ROWS);
+      }
+    } while (cursor != 0);
+    flush(REPLICA_ROWS);
+    return copied;
+  }
+  const DenseTable* dense = tables_[id]->AsDense();
+  (void)dense->ForEachBlock([&](uint64_t block, absl::Span<const float> values,
+                                absl::Span<const float> state) {
+    if (!mask[DenseBlockSlot(id, block, num_slots)]) return absl::OkStatus();
+    out_keys.push_back(block);
+    out_values.insert(out_values.end(), values.begin(), values.end());
+    out_values.insert(out_values.end(), state.begin(), state.end());
+    if (out_values.size() * sizeof(float) >= kCatchUpBytes)
+      flush(REPLICA_BLOCKS);
+    return absl::OkStatus();
+  });
+  flush(REPLICA_BLOCKS);
+  return copied;
+}
+
+void KVServer::Impl::SendStepBuffers(const Ownership& own, BackupLink& link,
+                                     const std::vector<bool>& mask) {
   // BSP steps buffered and not yet applied: the backup applies them with
   // this server when it is told the divisor.
+  const uint32_t num_slots = static_cast<uint32_t>(mask.size());
   for (auto& [step, buffer] : buffers_) {
-    std::vector<uint64_t> pushers(buffer.pushers.begin(), buffer.pushers.end());
+    auto send = [&, step = step](uint32_t id, std::vector<uint64_t> keys,
+                                 std::vector<double> sums) {
+      if (keys.empty()) return;
+      RequestHeader h =
+          CatchUpHeader(own.epoch, own.node_id, REPLICA_STEP_BUFFER);
+      h.set_table_id(id);
+      h.set_num_keys(keys.size());
+      h.mutable_replica_info()->set_step(step);
+      for (uint64_t p : buffer.pushers)
+        h.mutable_replica_info()->add_pushers(p);
+      link.Send(h, FrameFromVector(std::move(keys)),
+                FrameFromVector(std::move(sums)), true);
+    };
     for (auto& [id, b] : buffer.sparse) {
       const uint32_t dim = tables_[id]->AsSparse()->dim();
       std::vector<uint64_t> keys;
@@ -354,15 +407,10 @@ void KVServer::Impl::SendCatchUp(const Ownership& own, BackupLink& link,
       for (size_t i = 0; i < b.keys.size(); ++i) {
         if (!mask[SparseSlot(id, b.keys[i], num_slots)]) continue;
         keys.push_back(b.keys[i]);
-        sums.insert(sums.end(), b.sums.begin() + i * dim, b.sums.begin() + (i + 1) * dim);
+        sums.insert(sums.end(), b.sums.begin() + i * dim,
+                    b.sums.begin() + (i + 1) * dim);
       }
-      if (keys.empty()) continue;
-      RequestHeader h = header(REPLICA_STEP_BUFFER);
-      h.set_table_id(id);
-      h.set_num_keys(keys.size());
-      h.mutable_replica_info()->set_step(step);
-      for (uint64_t p : pushers) h.mutable_replica_info()->add_pushers(p);
-      link.Send(h, FrameFromVector(std::move(keys)), FrameFromVector(std::move(sums)), true);
+      send(id, std::move(keys), std::move(sums));
     }
     for (auto& [id, b] : buffer.dense) {
       std::vector<uint64_t> triples;
@@ -377,25 +425,13 @@ void KVServer::Impl::SendCatchUp(const Ownership& own, BackupLink& link,
         const std::vector<double>& s = b.blocks[block];
         sums.insert(sums.end(), s.begin(), s.end());
       }
-      if (triples.empty()) continue;
-      RequestHeader h = header(REPLICA_STEP_BUFFER);
-      h.set_table_id(id);
-      h.set_num_keys(triples.size());
-      h.mutable_replica_info()->set_step(step);
-      for (uint64_t p : pushers) h.mutable_replica_info()->add_pushers(p);
-      link.Send(h, FrameFromVector(std::move(triples)), FrameFromVector(std::move(sums)), true);
+      send(id, std::move(triples), std::move(sums));
     }
   }
-  link.Send(end, zmq::message_t(), zmq::message_t(), false);
-  counters_.catchups_sent.fetch_add(1, std::memory_order_relaxed);
-  counters_.rows_copied.fetch_add(copied, std::memory_order_relaxed);
-  Log()->info("catch-up of {} slots to backup node {} ({}): {} rows and blocks, "
-              "{} senders' sequence records, {} buffered steps, read in {:.1f} ms",
-              slots.size(), link.node_id(), link.endpoint(), copied, seqs_.size(),
-              buffers_.size(), absl::ToDoubleMilliseconds(options_.clock->Now() - start));
 }
 
-void KVServer::Impl::OnBackupAnswer(uint64_t node, std::vector<zmq::message_t>& frames) {
+void KVServer::Impl::OnBackupAnswer(uint64_t node,
+                                    std::vector<zmq::message_t>& frames) {
   auto it = links_.find(node);
   if (it == links_.end()) return;
   BackupLink& link = *it->second;
@@ -406,8 +442,10 @@ void KVServer::Impl::OnBackupAnswer(uint64_t node, std::vector<zmq::message_t>& 
   }
   const uint64_t id = response.header.request_id();
   if (id == 0 || id > link.last_sent() || id <= link.acked()) {
-    Log()->warn("backup node {} answered message {} out of order (sent {}, answered {})",
-                node, id, link.last_sent(), link.acked());
+    Log()->warn(
+        "backup node {} answered message {} out of order (sent {}, answered "
+        "{})",
+        node, id, link.last_sent(), link.acked());
     return;
   }
   const bool ok = response.header.code() == 0;
@@ -416,9 +454,10 @@ void KVServer::Impl::OnBackupAnswer(uint64_t node, std::vector<zmq::message_t>& 
     // let the workers concerned send again (as duplicates, answered once
     // the new copy is in).
     if (!link.resync) {
-      Log()->warn("backup node {} refused replica message {}: {}; copying its "
-                  "slots to it again",
-                  node, id, response.header.message());
+      Log()->warn(
+          "backup node {} refused replica message {}: {}; copying its "
+          "slots to it again",
+          node, id, response.header.message());
     }
     link.resync = true;
   }
@@ -445,8 +484,9 @@ void KVServer::Impl::ReleaseWait(uint64_t wait_id) {
   Wait w = std::move(it->second);
   waits_.erase(it);
   if (w.failed) {
-    NotAcknowledged(&w.rh, &w.values, &w.keys,
-                    absl::StrCat("the backup did not take its copy (", w.error, ")"));
+    NotAcknowledged(
+        &w.rh, &w.values, &w.keys,
+        absl::StrCat("the backup did not take its copy (", w.error, ")"));
   }
   Send(w.identity, w.rh, w.values, w.keys);
   if (!w.failed && w.first_promoted) LogFirstPromotedServed();

@@ -28,7 +28,8 @@ namespace ps {
 namespace {
 
 std::shared_ptr<spdlog::logger> Log() {
-  static auto* const logger = new std::shared_ptr<spdlog::logger>(GetLogger("server"));
+  static auto* const logger =
+      new std::shared_ptr<spdlog::logger>(GetLogger("server"));
   return *logger;
 }
 
@@ -45,9 +46,10 @@ absl::Status CheckResponseSize(uint64_t n) {
 
 }  // namespace
 
-KVServer::Impl::Outcome KVServer::Impl::Process(std::vector<zmq::message_t>& frames,
-                                    const Ownership& own, ResponseHeader* rh,
-                                    zmq::message_t* values, zmq::message_t* keys) {
+KVServer::Impl::Outcome KVServer::Impl::Process(
+    std::vector<zmq::message_t>& frames, const Ownership& own,
+    RequestContext* ctx, ResponseHeader* rh, zmq::message_t* values,
+    zmq::message_t* keys) {
   rh->set_epoch(own.epoch);
   Outcome outcome = Outcome::kAnswer;
   absl::Status status;
@@ -58,54 +60,55 @@ KVServer::Impl::Outcome KVServer::Impl::Process(std::vector<zmq::message_t>& fra
     start = ServerInstruments::Now();
     for (const zmq::message_t& f : frames) bytes_in += f.size();
   }
-  request_op_ = 0;
   try {
-    status = ProcessChecked(frames, own, rh, values, keys, &outcome);
+    status = ProcessChecked(frames, own, ctx, rh, values, keys, &outcome);
   } catch (const std::bad_alloc&) {
     // Validation already refuses oversized requests; this is the machine
     // running out of memory. The request fails, the server keeps serving.
-    status = absl::ResourceExhaustedError("server out of memory for this request");
+    status =
+        absl::ResourceExhaustedError("server out of memory for this request");
   }
   if (!status.ok()) {
     counters_.errors.fetch_add(1, std::memory_order_relaxed);
-    rh->set_code(static_cast<int32_t>(status.code()));
-    rh->set_message(std::string(status.message()));
+    SetResponseStatus(status, rh);
     rh->set_num_values(0);
     rh->set_num_keys(0);
     rh->set_next_cursor(0);
     *values = zmq::message_t();
     *keys = zmq::message_t();
-    Log()->debug("request {} rejected: {}", rh->request_id(), status.ToString());
+    Log()->debug("request {} rejected: {}", rh->request_id(),
+                 status.ToString());
     if (instruments_ != nullptr) {
       instruments_->RecordError(ServerInstruments::Classify(status, *rh));
-      instruments_->Record(request_op_, ServerInstruments::Outcome::kError, bytes_in, 0,
-                           start);
+      instruments_->Record(ctx->op, ServerInstruments::Outcome::kError,
+                           bytes_in, 0, start);
     }
     return Outcome::kAnswer;
   }
   if (instruments_ != nullptr) {
-    instruments_->Record(request_op_,
-                         outcome == Outcome::kDefer  ? ServerInstruments::Outcome::kDeferred
-                         : outcome == Outcome::kHold ? ServerInstruments::Outcome::kHeld
-                                                     : ServerInstruments::Outcome::kOk,
-                         bytes_in, values->size() + keys->size(), start);
+    instruments_->Record(
+        ctx->op,
+        outcome == Outcome::kDefer  ? ServerInstruments::Outcome::kDeferred
+        : outcome == Outcome::kHold ? ServerInstruments::Outcome::kHeld
+                                    : ServerInstruments::Outcome::kOk,
+        bytes_in, values->size() + keys->size(), start);
   }
   return outcome;
 }
 
-
-absl::Status KVServer::Impl::ProcessChecked(std::vector<zmq::message_t>& frames,
-                                            const Ownership& own, ResponseHeader* rh,
-                                            zmq::message_t* values, zmq::message_t* keys,
-                                            Outcome* outcome) {
+absl::Status KVServer::Impl::ProcessChecked(
+    std::vector<zmq::message_t>& frames, const Ownership& own,
+    RequestContext* ctx, ResponseHeader* rh, zmq::message_t* values,
+    zmq::message_t* keys, Outcome* outcome) {
   Request r;
-  PS_RETURN_IF_ERROR(Decode(frames, rh, &r));
+  PS_RETURN_IF_ERROR(Decode(frames, ctx, rh, &r));
   const RequestHeader& h = r.req.header;
   PS_RETURN_IF_ERROR(Admit(frames, own, rh, &r));
 
   // Ops that are not updates of a table's values.
   if (h.op() == STATS) {
-    if (!r.req.keys.empty()) return absl::InvalidArgumentError("STATS carries no keys");
+    if (!r.req.keys.empty())
+      return absl::InvalidArgumentError("STATS carries no keys");
     FillStats(rh, own.replicated && !own.slot_owner.empty() ? &own : nullptr);
     return absl::OkStatus();
   }
@@ -119,7 +122,7 @@ absl::Status KVServer::Impl::ProcessChecked(std::vector<zmq::message_t>& frames,
     } else {
       consistency_.Advance(h.sender_node_id(), h.clock());
     }
-    progress_due_ = true;
+    ctx->progress_due = true;
     return absl::OkStatus();
   }
   if (h.op() == SCAN) return ScanOp(frames, own, h, rh, values, keys, outcome);
@@ -136,16 +139,16 @@ absl::Status KVServer::Impl::ProcessChecked(std::vector<zmq::message_t>& frames,
   if (v.push) {
     // Before the copies below: what is forwarded, buffered or held is the
     // policed gradient. Rewrites only the request's own values.
-    PS_RETURN_IF_ERROR(admission_.PolicePushValues(h, own.all, own.worker_rank, v.assign,
-                                                   const_cast<float*>(r.req.values.data()),
-                                                   r.req.values.size()));
+    PS_RETURN_IF_ERROR(admission_.PolicePushValues(
+        h, own.all, own.worker_rank, v.assign,
+        const_cast<float*>(r.req.values.data()), r.req.values.size()));
   }
   if (own.replicated && v.push) MakeSelfContained(r, frames);
 
-  const absl::Status valid = Validate(r, own, &slots_scratch_, rh, &v);
+  const absl::Status valid = Validate(r, own, rh, &v);
   // Notes Validate leaves to its caller (it changes nothing itself): they
   // hold whether or not the request passed.
-  if (v.first_promoted) first_promoted_ = true;
+  if (v.first_promoted) ctx->first_promoted = true;
   if (v.note_owned) {
     r.key_list->owned_epoch = own.epoch;
     r.key_list->owned_table = h.table_id();
@@ -156,16 +159,18 @@ absl::Status KVServer::Impl::ProcessChecked(std::vector<zmq::message_t>& frames,
   // Keep: put aside to run again (nothing applied yet).
   if (v.hold) {
     MakeSelfContained(r, frames);
-    PS_RETURN_IF_ERROR(admission_.RoomToHold(frames, "pushes wait for a checkpoint"));
+    PS_RETURN_IF_ERROR(
+        admission_.RoomToHold(frames, "pushes wait for a checkpoint"));
     *outcome = Outcome::kHold;
     return absl::OkStatus();
   }
   if (v.defer_pull && h.op() == PULL) {
     // A plain pull over the budget is refused (nothing was done).
-    PS_RETURN_IF_ERROR(admission_.RoomToHold(frames, "requests wait for slower workers"));
+    PS_RETURN_IF_ERROR(
+        admission_.RoomToHold(frames, "requests wait for slower workers"));
   }
 
-  PS_RETURN_IF_ERROR(Apply(r, v, frames, own, rh));
+  PS_RETURN_IF_ERROR(Apply(r, v, frames, own, ctx, rh));
   if (!v.pull) return absl::OkStatus();
   if (v.defer_pull) {
     // A PUSH_PULL's push half is applied already: its pull is held anyway
@@ -187,13 +192,14 @@ absl::Status KVServer::Impl::ProcessChecked(std::vector<zmq::message_t>& frames,
   return absl::OkStatus();
 }
 
-absl::Status KVServer::Impl::Decode(std::vector<zmq::message_t>& frames, ResponseHeader* rh,
+absl::Status KVServer::Impl::Decode(std::vector<zmq::message_t>& frames,
+                                    RequestContext* ctx, ResponseHeader* rh,
                                     Request* r) {
   r->self_contained = false;
   absl::Status status = DecodeRequest(frames, &r->req);
   rh->set_request_id(r->req.header.request_id());
   if (!status.ok()) return status;
-  request_op_ = r->req.header.op();
+  ctx->op = r->req.header.op();
   // Requests that are kept (held, deferred) or forwarded to backups carry
   // their keys and float32 values in their own frames: a cached list may
   // be replaced meanwhile, and backups take float32 only.
@@ -203,21 +209,22 @@ absl::Status KVServer::Impl::Decode(std::vector<zmq::message_t>& frames, Respons
 }
 
 absl::Status KVServer::Impl::Admit(const std::vector<zmq::message_t>& frames,
-                                   const Ownership& own, ResponseHeader* rh, Request* r) {
+                                   const Ownership& own, ResponseHeader* rh,
+                                   Request* r) {
   const RequestHeader& h = r->req.header;
   if (h.replica()) {
     return absl::InvalidArgumentError(
         "replica messages are for servers of a job with cluster.replication 2");
   }
-  PS_RETURN_IF_ERROR(admission_.AdmitRequest(Admission::FramesBytes(frames), h, own.all,
-                                             own.worker_rank, own.epoch));
+  PS_RETURN_IF_ERROR(admission_.AdmitRequest(
+      Admission::FramesBytes(frames), h, own.all, own.worker_rank, own.epoch));
   if (h.key_list_slot() == 0) return absl::OkStatus();
   // The cached key list the request uses or stores. Before any other
   // check, so this server's record of the sender's slots follows the
   // sender's even when the request fails later.
   if (r->req.keys_cached) {
-    r->key_list = key_cache_.Find(h.sender_node_id(), h.key_list_slot(), h.key_list_digest(),
-                                  h.num_keys());
+    r->key_list = key_cache_.Find(h.sender_node_id(), h.key_list_slot(),
+                                  h.key_list_digest(), h.num_keys());
     if (r->key_list == nullptr) {
       rh->set_key_list_unknown(true);
       return absl::FailedPreconditionError(absl::StrCat(
@@ -233,7 +240,8 @@ absl::Status KVServer::Impl::Admit(const std::vector<zmq::message_t>& frames,
   return absl::OkStatus();
 }
 
-void KVServer::Impl::MakeSelfContained(Request& r, std::vector<zmq::message_t>& frames) {
+void KVServer::Impl::MakeSelfContained(Request& r,
+                                       std::vector<zmq::message_t>& frames) {
   // A kept request must also not name its slot any more: processed again,
   // it would store its list a second time, over what the sender may have
   // put in that slot since.
@@ -245,10 +253,12 @@ void KVServer::Impl::MakeSelfContained(Request& r, std::vector<zmq::message_t>& 
   plain.clear_push_values();
   frames[0] = SerializeToFrame(plain);
   if (r.req.keys_cached) {
-    frames[1] = zmq::message_t(r.req.keys.data(), r.req.keys.size() * sizeof(uint64_t));
+    frames[1] =
+        zmq::message_t(r.req.keys.data(), r.req.keys.size() * sizeof(uint64_t));
   }
   if (frames.size() == 3 && !r.req.value_copy.empty()) {
-    frames[2] = zmq::message_t(r.req.values.data(), r.req.values.size() * sizeof(float));
+    frames[2] = zmq::message_t(r.req.values.data(),
+                               r.req.values.size() * sizeof(float));
   }
 }
 
@@ -260,7 +270,8 @@ void KVServer::Impl::NoteClocks(const RequestHeader& h, const Ownership& own) {
   // one sender to one server keep their order). A server that replaced a
   // dead one learns live workers' clocks this way without waiting for
   // their next ADVANCE_CLOCK. (ADVANCE_CLOCK itself is applied by its op.)
-  if (h.op() != ADVANCE_CLOCK && h.clock() < kFinishedClock && h.sender_node_id() != 0) {
+  if (h.op() != ADVANCE_CLOCK && h.clock() < kFinishedClock &&
+      h.sender_node_id() != 0) {
     consistency_.Advance(h.sender_node_id(), h.clock());
   }
 }
@@ -278,29 +289,30 @@ absl::StatusOr<Table*> KVServer::Impl::Route(const RequestHeader& h,
 }
 
 absl::Status KVServer::Impl::Validate(const Request& r, const Ownership& own,
-                                      std::vector<uint32_t>* slots, ResponseHeader* rh,
+                                      ResponseHeader* rh,
                                       ValidatedUpdate* v) const {
   const RequestHeader& h = r.req.header;
   const absl::Span<const uint64_t> keys = r.req.keys;
   const uint32_t num_slots = static_cast<uint32_t>(own.slot_owner.size());
   auto not_owner = [&](uint32_t slot) {
     rh->set_wrong_owner(true);
-    return absl::FailedPreconditionError(absl::StrCat(
-        "slot ", slot, " is owned by server ", own.slot_owner[slot],
-        ", not this server (rank ", own.rank, ") in epoch ", own.epoch,
-        "; refresh the cluster view"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("slot ", slot, " is owned by server ",
+                     own.slot_owner[slot], ", not this server (rank ", own.rank,
+                     ") in epoch ", own.epoch, "; refresh the cluster view"));
   };
-  PS_RETURN_IF_ERROR(ValidateShape(h, *v->table, keys, r.req.values, v->push, &v->n));
+  PS_RETURN_IF_ERROR(
+      ValidateShape(h, *v->table, keys, r.req.values, v->push, &v->n));
 
   // Ownership.
   if (own.replicated) {
     // The slots are kept: forwarding to backups needs them too.
-    SlotsOf(h, *v->table, keys, num_slots, slots);
-    for (uint32_t slot : *slots) {
+    SlotsOf(h, *v->table, keys, num_slots, &v->slots);
+    for (uint32_t slot : v->slots) {
       if (own.slot_owner[slot] != own.rank) return not_owner(slot);
     }
     if (awaiting_first_promoted_) {
-      for (uint32_t slot : *slots) {
+      for (uint32_t slot : v->slots) {
         if (promoted_[slot]) v->first_promoted = true;
       }
     }
@@ -318,16 +330,16 @@ absl::Status KVServer::Impl::Validate(const Request& r, const Ownership& own,
       }
     } else {
       for (const DenseSegment& s : h.segments()) {
-        const uint32_t slot =
-            DenseBlockSlot(h.table_id(), s.begin() / v->dense->block_size(), num_slots);
+        const uint32_t slot = DenseBlockSlot(
+            h.table_id(), s.begin() / v->dense->block_size(), num_slots);
         if (own.slot_owner[slot] != own.rank) return not_owner(slot);
       }
     }
   }
 
   if (v->push && v->sparse != nullptr) {
-    if (absl::Status room =
-            v->sparse->CheckPush(keys, r.key_list != nullptr ? &r.key_list->rows : nullptr);
+    if (absl::Status room = v->sparse->CheckPush(
+            keys, r.key_list != nullptr ? &r.key_list->rows : nullptr);
         !room.ok()) {
       v->over_budget = true;
       return room;
@@ -344,16 +356,18 @@ absl::Status KVServer::Impl::Validate(const Request& r, const Ownership& own,
     return absl::OkStatus();
   }
   if (!v->assign && buffered &&
-      h.clock() - consistency_.applied_clock() > ConsistencyController::kMaxStepsAhead) {
+      h.clock() - consistency_.applied_clock() >
+          ConsistencyController::kMaxStepsAhead) {
     return absl::InvalidArgumentError(absl::StrCat(
         "push for step ", h.clock(), " is more than ",
-        ConsistencyController::kMaxStepsAhead, " steps ahead of the applied step ",
-        consistency_.applied_clock()));
+        ConsistencyController::kMaxStepsAhead,
+        " steps ahead of the applied step ", consistency_.applied_clock()));
   }
   v->buffer = buffered && !v->assign;
   if (h.seq() != 0) {
     auto window = seqs_.find(h.sender_node_id());
-    switch (window == seqs_.end() ? SeqWindow::Check::kNew : window->second.Test(h.seq())) {
+    switch (window == seqs_.end() ? SeqWindow::Check::kNew
+                                  : window->second.Test(h.seq())) {
       case SeqWindow::Check::kNew:
         break;
       case SeqWindow::Check::kDuplicate:
@@ -369,7 +383,8 @@ absl::Status KVServer::Impl::Validate(const Request& r, const Ownership& own,
 }
 
 absl::Status KVServer::Impl::Apply(const Request& r, const ValidatedUpdate& v,
-                                   std::vector<zmq::message_t>& frames, const Ownership& own,
+                                   std::vector<zmq::message_t>& frames,
+                                   const Ownership& own, RequestContext* ctx,
                                    ResponseHeader* rh) {
   if (!v.push) return absl::OkStatus();
   const RequestHeader& h = r.req.header;
@@ -381,7 +396,7 @@ absl::Status KVServer::Impl::Apply(const Request& r, const ValidatedUpdate& v,
     // Acknowledged only once the backups hold it (they may still be
     // taking it, from this server or in a catch-up). UNAVAILABLE while a
     // backup is copied again: a duplicate applies nothing either way.
-    if (own.replicated) return NeedsForDuplicate(own, slots_scratch_);
+    if (own.replicated) return NeedsForDuplicate(own, v.slots, &ctx->needs);
     return absl::OkStatus();
   }
   if (h.seq() != 0) seqs_[h.sender_node_id()].Record(h.seq());
@@ -389,20 +404,23 @@ absl::Status KVServer::Impl::Apply(const Request& r, const ValidatedUpdate& v,
   if (v.assign) {
     v.dense->Assign(h.segments(), values.data());
     if (own.replicated) {
-      Forward(own, h, REPLICA_APPLY, 1.0f, *table, keys, values, frames, slots_scratch_);
+      Forward(own, h, REPLICA_APPLY, 1.0f, *table, keys, values, frames,
+              v.slots, &ctx->needs);
     }
     return absl::OkStatus();
   }
   if (v.buffer) {
     Buffer(h.clock(), h.sender_node_id(), table, keys, h.segments(), values);
     if (own.replicated) {
-      Forward(own, h, REPLICA_BUFFER, 1.0f, *table, keys, values, frames, slots_scratch_);
+      Forward(own, h, REPLICA_BUFFER, 1.0f, *table, keys, values, frames,
+              v.slots, &ctx->needs);
     }
   } else {
     // Staleness: how far this push's step is behind the server's clock.
-    const uint64_t staleness = server_clock_ > h.clock() ? server_clock_ - h.clock() : 0;
-    const float lr_scale =
-        table->RateScale(h.clock(), staleness, options_.config.cluster().num_workers());
+    const uint64_t staleness =
+        server_clock_ > h.clock() ? server_clock_ - h.clock() : 0;
+    const float lr_scale = table->RateScale(
+        h.clock(), staleness, options_.config.cluster().num_workers());
     if (v.sparse != nullptr) {
       v.sparse->Push(keys, values.data(), lr_scale,
                      r.key_list != nullptr ? &r.key_list->rows : nullptr);
@@ -410,16 +428,18 @@ absl::Status KVServer::Impl::Apply(const Request& r, const ValidatedUpdate& v,
       v.dense->Push(h.segments(), values.data(), lr_scale);
     }
     if (own.replicated) {
-      Forward(own, h, REPLICA_APPLY, lr_scale, *table, keys, values, frames, slots_scratch_);
+      Forward(own, h, REPLICA_APPLY, lr_scale, *table, keys, values, frames,
+              v.slots, &ctx->needs);
     }
     checkpoint_gate_.NoteApplied(h.clock());
   }
-  counters_.keys_pushed.fetch_add(v.sparse != nullptr ? keys.size() : v.n, std::memory_order_relaxed);
+  counters_.keys_pushed.fetch_add(v.sparse != nullptr ? keys.size() : v.n,
+                                  std::memory_order_relaxed);
   return absl::OkStatus();
 }
 
-void KVServer::Impl::AnswerPull(const Request& r, const ValidatedUpdate& v, ResponseHeader* rh,
-                                zmq::message_t* values) {
+void KVServer::Impl::AnswerPull(const Request& r, const ValidatedUpdate& v,
+                                ResponseHeader* rh, zmq::message_t* values) {
   const RequestHeader& h = r.req.header;
   const uint64_t n = v.n;
   // Written in place: zmq::message_t(size) does not initialise its bytes,
@@ -437,8 +457,10 @@ void KVServer::Impl::AnswerPull(const Request& r, const ValidatedUpdate& v, Resp
   }
   if (v.sparse != nullptr) {
     // A cached list's rows, found by the pull of a step, serve its push.
-    v.sparse->Pull(r.req.keys, out, r.key_list != nullptr ? &r.key_list->rows : nullptr);
-    counters_.keys_pulled.fetch_add(r.req.keys.size(), std::memory_order_relaxed);
+    v.sparse->Pull(r.req.keys, out,
+                   r.key_list != nullptr ? &r.key_list->rows : nullptr);
+    counters_.keys_pulled.fetch_add(r.req.keys.size(),
+                                    std::memory_order_relaxed);
   } else {
     v.dense->Pull(h.segments(), out);
     counters_.keys_pulled.fetch_add(n, std::memory_order_relaxed);
@@ -450,14 +472,16 @@ void KVServer::Impl::AnswerPull(const Request& r, const ValidatedUpdate& v, Resp
   }
   rh->set_num_values(n);
   const uint64_t min_clock = consistency_.MinClock();
-  rh->set_min_clock(min_clock == ConsistencyController::kNoWorkers ? 0 : min_clock);
+  rh->set_min_clock(min_clock == ConsistencyController::kNoWorkers ? 0
+                                                                   : min_clock);
   rh->set_applied_clock(consistency_.applied_clock());
 }
 
-absl::Status KVServer::Impl::ValidateShape(const RequestHeader& h, const Table& table,
-                                     absl::Span<const uint64_t> keys,
-                                     absl::Span<const float> values, bool push,
-                                     uint64_t* n) const {
+absl::Status KVServer::Impl::ValidateShape(const RequestHeader& h,
+                                           const Table& table,
+                                           absl::Span<const uint64_t> keys,
+                                           absl::Span<const float> values,
+                                           bool push, uint64_t* n) const {
   const SparseTable* sparse = table.AsSparse();
   const DenseTable* dense = table.AsDense();
   *n = 0;
@@ -467,8 +491,9 @@ absl::Status KVServer::Impl::ValidateShape(const RequestHeader& h, const Table& 
   }
   if (sparse != nullptr) {
     if (h.segments_size() != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "table ", h.table_id(), " is sparse; requests carry keys, not segments"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("table ", h.table_id(),
+                       " is sparse; requests carry keys, not segments"));
     }
     *n = keys.size() * uint64_t{sparse->dim()};
     PS_RETURN_IF_ERROR(CheckResponseSize(*n));
@@ -480,32 +505,36 @@ absl::Status KVServer::Impl::ValidateShape(const RequestHeader& h, const Table& 
     return absl::OkStatus();
   }
   if (!keys.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "table ", h.table_id(), " is dense; requests carry segments, not keys"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("table ", h.table_id(),
+                     " is dense; requests carry segments, not keys"));
   }
   PS_RETURN_IF_ERROR(dense->ValidateSegments(h.segments()));
   for (const DenseSegment& s : h.segments()) *n += s.length();
   PS_RETURN_IF_ERROR(CheckResponseSize(*n));
   if (push && values.size() != *n) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("dense push addresses ", *n, " elements but carries ",
-                     values.size(), " values"));
+    return absl::InvalidArgumentError(absl::StrCat("dense push addresses ", *n,
+                                                   " elements but carries ",
+                                                   values.size(), " values"));
   }
   return absl::OkStatus();
 }
 
 void KVServer::Impl::SlotsOf(const RequestHeader& h, const Table& table,
-                       absl::Span<const uint64_t> keys, uint32_t num_slots,
-                       std::vector<uint32_t>* slots) const {
+                             absl::Span<const uint64_t> keys,
+                             uint32_t num_slots,
+                             std::vector<uint32_t>* slots) const {
   slots->clear();
   if (table.AsSparse() != nullptr) {
     slots->reserve(keys.size());
-    for (uint64_t key : keys) slots->push_back(SparseSlot(h.table_id(), key, num_slots));
+    for (uint64_t key : keys)
+      slots->push_back(SparseSlot(h.table_id(), key, num_slots));
     return;
   }
   const uint64_t block_size = table.AsDense()->block_size();
   for (const DenseSegment& s : h.segments()) {
-    slots->push_back(DenseBlockSlot(h.table_id(), s.begin() / block_size, num_slots));
+    slots->push_back(
+        DenseBlockSlot(h.table_id(), s.begin() / block_size, num_slots));
   }
 }
 

@@ -1,5 +1,3 @@
-#include "server/server_impl.h"
-
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -19,13 +17,15 @@
 #include "common/value_codec.h"
 #include "common/wire.h"
 #include "server/checkpoint.h"
+#include "server/server_impl.h"
 #include "zmq_addon.hpp"
 
 namespace ps {
 namespace {
 
 std::shared_ptr<spdlog::logger> Log() {
-  static auto* const logger = new std::shared_ptr<spdlog::logger>(GetLogger("server"));
+  static auto* const logger =
+      new std::shared_ptr<spdlog::logger>(GetLogger("server"));
   return *logger;
 }
 
@@ -38,7 +38,8 @@ constexpr int kHandshakeTimeoutMs = 3000;
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<KVServer>> KVServer::Start(Options options) {
-  PS_ASSIGN_OR_RETURN(std::unique_ptr<Impl> impl, Impl::Start(std::move(options)));
+  PS_ASSIGN_OR_RETURN(std::unique_ptr<Impl> impl,
+                      Impl::Start(std::move(options)));
   return std::unique_ptr<KVServer>(new KVServer(std::move(impl)));
 }
 
@@ -54,13 +55,18 @@ void KVServer::SetLease(std::chrono::steady_clock::time_point until) {
   impl_->SetLease(until);
 }
 void KVServer::Fence(std::string why) { impl_->Fence(std::move(why)); }
-std::vector<TableStats> KVServer::table_stats() const { return impl_->table_stats(); }
+std::vector<TableStats> KVServer::table_stats() const {
+  return impl_->table_stats();
+}
 void KVServer::Stop() { impl_->Stop(); }
-std::vector<const Table*> KVServer::StoppedTables() const { return impl_->StoppedTables(); }
+std::vector<const Table*> KVServer::StoppedTables() const {
+  return impl_->StoppedTables();
+}
 void KVServer::StopAfterNextCheckpoint() { impl_->StopAfterNextCheckpoint(); }
 bool KVServer::stopped() const { return impl_->stopped(); }
 
-absl::StatusOr<std::unique_ptr<KVServer::Impl>> KVServer::Impl::Start(Options options) {
+absl::StatusOr<std::unique_ptr<KVServer::Impl>> KVServer::Impl::Start(
+    Options options) {
   std::unique_ptr<Impl> server(new Impl(std::move(options)));
   for (const TableConfig& tc : server->options_.config.tables()) {
     auto table = Table::Create(tc);
@@ -73,23 +79,27 @@ absl::StatusOr<std::unique_ptr<KVServer::Impl>> KVServer::Impl::Start(Options op
     // A frame over the limit makes ZeroMQ drop the connection as soon as
     // the frame's size is read: nothing of it is buffered.
     server->socket_.set(zmq::sockopt::maxmsgsize, limits.max_message_bytes());
-    server->socket_.set(zmq::sockopt::rcvhwm, static_cast<int>(limits.receive_queue_messages()));
+    server->socket_.set(zmq::sockopt::rcvhwm,
+                        static_cast<int>(limits.receive_queue_messages()));
     server->socket_.set(zmq::sockopt::linger, 0);
     // A connection that has not finished its handshake within this is
     // dropped: idle or stalled peers cannot hold connection places for
     // libzmq's default 30 s, and a peer the gate told to wait (max_connections)
     // is dropped and reconnects within it.
-    server->socket_.set(zmq::sockopt::handshake_ivl, static_cast<int>(kHandshakeTimeoutMs));
+    server->socket_.set(zmq::sockopt::handshake_ivl,
+                        static_cast<int>(kHandshakeTimeoutMs));
     // The gate (ZAP handler) must be bound before the first handshake.
     PeerGate::Options gate;
     gate.curve = server->options_.curve;
     gate.max_connections = limits.max_connections();
     gate.metrics = server->options_.metrics;
-    auto started = PeerGate::Start(server->context_, server->socket_, std::move(gate));
+    auto started =
+        PeerGate::Start(server->context_, server->socket_, std::move(gate));
     if (!started.ok()) return started.status();
     server->gate_ = std::move(started).value();
     if (server->options_.curve.has_value()) {
-      PS_RETURN_IF_ERROR(ApplyCurveServer(server->socket_, *server->options_.curve));
+      PS_RETURN_IF_ERROR(
+          ApplyCurveServer(server->socket_, *server->options_.curve));
     }
     server->socket_.bind(server->options_.bind_endpoint);
     server->endpoint_ = server->socket_.get(zmq::sockopt::last_endpoint);
@@ -105,7 +115,8 @@ absl::StatusOr<std::unique_ptr<KVServer::Impl>> KVServer::Impl::Start(Options op
   }
   server->wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (server->wake_fd_ < 0) {
-    return absl::InternalError("cannot create the serving thread's wake-up eventfd");
+    return absl::InternalError(
+        "cannot create the serving thread's wake-up eventfd");
   }
   if (server->options_.standalone) {
     auto own = std::make_shared<Ownership>();
@@ -114,10 +125,12 @@ absl::StatusOr<std::unique_ptr<KVServer::Impl>> KVServer::Impl::Start(Options op
     absl::MutexLock lock(&server->view_mu_);
     server->ownership_ = std::move(own);
   }
-  if (server->options_.metrics != nullptr) server->RegisterMetrics(server->options_.metrics);
+  if (server->options_.metrics != nullptr)
+    server->RegisterMetrics(server->options_.metrics);
   server->thread_ = std::thread([s = server.get()] { s->Serve(); });
   Log()->info("serving {} tables on {}{}", server->tables_.size(),
-              server->endpoint_, server->options_.curve.has_value() ? " (CURVE)" : "");
+              server->endpoint_,
+              server->options_.curve.has_value() ? " (CURVE)" : "");
   return server;
 }
 
@@ -175,7 +188,8 @@ void KVServer::Impl::UpdateView(const ClusterView& view, uint32_t rank) {
     own->replicated = true;
     const size_t num_slots = own->slot_owner.size();
     if (static_cast<size_t>(view.slot_backup_size()) == num_slots) {
-      own->slot_backup.assign(view.slot_backup().begin(), view.slot_backup().end());
+      own->slot_backup.assign(view.slot_backup().begin(),
+                              view.slot_backup().end());
     } else {
       own->slot_backup.assign(num_slots, replication::kNoBackup);
     }
@@ -227,7 +241,8 @@ void KVServer::Impl::Fence(std::string why) {
   fenced_.store(true, std::memory_order_release);
 }
 
-absl::Status KVServer::Impl::CheckServing(const Ownership& own, ServerRefusal* refusal) {
+absl::Status KVServer::Impl::CheckServing(const Ownership& own,
+                                          ServerRefusal* refusal) {
   absl::Status refused;
   if (fenced_.load(std::memory_order_acquire)) {
     counters_.fenced_refusals.fetch_add(1, std::memory_order_relaxed);
@@ -248,7 +263,8 @@ absl::Status KVServer::Impl::CheckServing(const Ownership& own, ServerRefusal* r
     const SteadyClock::time_point end{SteadyClock::duration(until)};
     if (now < end) {
       if (refusing_ != 0) {
-        Log()->info("lease renewed: serving again after refusing {} requests", refusing_);
+        Log()->info("lease renewed: serving again after refusing {} requests",
+                    refusing_);
         refusing_ = 0;
       }
       return absl::OkStatus();
@@ -257,16 +273,18 @@ absl::Status KVServer::Impl::CheckServing(const Ownership& own, ServerRefusal* r
     *refusal = LEASE_LAPSED;
     refused = absl::UnavailableError(absl::StrCat(
         "server ", own.rank, "'s lease lapsed ",
-        std::chrono::duration_cast<std::chrono::milliseconds>(now - end).count(),
+        std::chrono::duration_cast<std::chrono::milliseconds>(now - end)
+            .count(),
         "ms ago: it has not reached the scheduler; retry"));
   }
   if (refusing_++ == 0) Log()->warn("refusing requests: {}", refused.message());
   return refused;
 }
 
-void KVServer::Impl::SendRefusal(zmq::message_t& identity, const zmq::message_t& header,
-                           const absl::Status& status, ServerRefusal refusal,
-                           uint64_t epoch) {
+void KVServer::Impl::SendRefusal(zmq::message_t& identity,
+                                 const zmq::message_t& header,
+                                 const absl::Status& status,
+                                 ServerRefusal refusal, uint64_t epoch) {
   // The request id is all that is read of the request: its answer must
   // find its way back, and nothing else of it matters.
   RequestHeader h;
@@ -275,8 +293,7 @@ void KVServer::Impl::SendRefusal(zmq::message_t& identity, const zmq::message_t&
     rh.set_request_id(h.request_id());
   }
   rh.set_epoch(epoch);
-  rh.set_code(static_cast<int32_t>(status.code()));
-  rh.set_message(std::string(status.message()));
+  SetResponseStatus(status, &rh);
   rh.set_refusal(refusal);
   zmq::message_t values, keys;
   Send(identity, rh, values, keys);
@@ -292,7 +309,8 @@ KVServer::Stats KVServer::Impl::stats() const {
 
 void KVServer::Impl::ApplyView(const Ownership& own) {
   if (!own.has_view) return;
-  if (!checkpoint_gate_.restore_tried() && !own.slot_owner.empty()) Restore(own);
+  if (!checkpoint_gate_.restore_tried() && !own.slot_owner.empty())
+    Restore(own);
   consistency_.SetLiveWorkers(own.live_workers);
   // Senders that are gone: their retries cannot come, so their sequence
   // windows and stored key lists go.
@@ -314,7 +332,8 @@ void KVServer::Impl::ApplyView(const Ownership& own) {
     if (last_applied_ != nullptr) Promote(*last_applied_, own);
     // Held replica messages stay: they may come from a primary this view
     // does not know yet; ReleaseReplicas refuses those of dead ones.
-    absl::flat_hash_set<uint64_t> live_servers(own.server_node.begin(), own.server_node.end());
+    absl::flat_hash_set<uint64_t> live_servers(own.server_node.begin(),
+                                               own.server_node.end());
     replicas_.Retain(live_servers, live_workers);
   }
   const ConsistencyMode before = consistency_.mode();
@@ -322,21 +341,24 @@ void KVServer::Impl::ApplyView(const Ownership& own) {
   if (consistency_.SetMode(own.consistency)) FlushBuffers();
   if (consistency_.mode() != before ||
       consistency_.config().staleness() != staleness_before) {
-    Log()->info("consistency is now {}{} (epoch {})",
-                ConsistencyMode_Name(consistency_.mode()),
-                consistency_.mode() == SSP
-                    ? absl::StrCat(" staleness ", consistency_.config().staleness())
-                : consistency_.mode() == BSP
-                    ? absl::StrCat(", aggregating from step ", consistency_.applied_clock())
-                    : "",
-                own.epoch);
+    Log()->info(
+        "consistency is now {}{} (epoch {})",
+        ConsistencyMode_Name(consistency_.mode()),
+        consistency_.mode() == SSP
+            ? absl::StrCat(" staleness ", consistency_.config().staleness())
+        : consistency_.mode() == BSP
+            ? absl::StrCat(", aggregating from step ",
+                           consistency_.applied_clock())
+            : "",
+        own.epoch);
   }
   NoteCheckpointClock(own);
   if (own.replicated && !own.slot_owner.empty()) {
     SyncBackups(own);
     ReleaseReplicas(own);
   }
-  if (checkpoint_gate_.pending() == 0 && checkpoint_gate_.held_count() > 0) ReleaseHeld(own);
+  if (checkpoint_gate_.pending() == 0 && checkpoint_gate_.held_count() > 0)
+    ReleaseHeld(own);
 }
 
 void KVServer::Impl::Serve() {
@@ -361,7 +383,8 @@ void KVServer::Impl::Serve() {
   // Start the tables' clocks (TTL in seconds counts from here).
   AdvanceTables();
   std::vector<zmq::pollitem_t> items;
-  std::vector<uint64_t> item_links;  // node id of the link polled at items[2 + i]
+  std::vector<uint64_t>
+      item_links;  // node id of the link polled at items[2 + i]
   while (!stop_.load(std::memory_order_relaxed)) {
     items.clear();
     item_links.clear();
@@ -406,19 +429,18 @@ void KVServer::Impl::Serve() {
           // frames[0] is the peer identity added by the ROUTER socket.
           zmq::message_t identity = std::move(frames[0]);
           frames.erase(frames.begin());
-          HandleMessage(std::move(identity), std::move(frames), *own);
+          const bool progress_due =
+              HandleMessage(std::move(identity), std::move(frames), *own);
           frames = std::vector<zmq::message_t>();
-          if (progress_due_) {
-            // Before the next message: see Progress in server_impl.h.
-            progress_due_ = false;
-            Progress(*own);
-          }
+          // Before the next message: see Progress in server_impl.h.
+          if (progress_due) Progress(*own);
         }
         Progress(*own);
       }
       AdvanceTables();
       Watchdog();
-      if (options_.clock->Now() - last_stats_publish_ >= kStatsPeriod) PublishTableStats();
+      if (options_.clock->Now() - last_stats_publish_ >= kStatsPeriod)
+        PublishTableStats();
     } catch (const zmq::error_t& e) {
       // A send to a vanished peer or an interrupted poll must not take the
       // server down; log and keep serving.
@@ -428,11 +450,15 @@ void KVServer::Impl::Serve() {
   PublishTableStats();
   if (replicated_) {
     Log()->info(
-        "replication: {} updates forwarded to backups, {} replica messages applied "
-        "as a backup, {} catch-ups sent ({} rows and blocks), {} slots taken over, "
+        "replication: {} updates forwarded to backups, {} replica messages "
+        "applied "
+        "as a backup, {} catch-ups sent ({} rows and blocks), {} slots taken "
+        "over, "
         "{} duplicate pushes answered, {} pushes without a backup copy",
-        counters_.forwards.load(), counters_.replica_messages.load(), counters_.catchups_sent.load(), counters_.rows_copied.load(),
-        counters_.slots_promoted.load(), counters_.duplicate_pushes.load(), counters_.unreplicated_pushes.load());
+        counters_.forwards.load(), counters_.replica_messages.load(),
+        counters_.catchups_sent.load(), counters_.rows_copied.load(),
+        counters_.slots_promoted.load(), counters_.duplicate_pushes.load(),
+        counters_.unreplicated_pushes.load());
   }
   stopped_.store(true);
 }
@@ -440,7 +466,8 @@ void KVServer::Impl::Serve() {
 void KVServer::Impl::PublishTableStats() {
   ResponseHeader rh;
   FillStats(&rh);
-  std::vector<TableStats> stats(rh.table_stats().begin(), rh.table_stats().end());
+  std::vector<TableStats> stats(rh.table_stats().begin(),
+                                rh.table_stats().end());
   last_stats_publish_ = options_.clock->Now();
   absl::MutexLock lock(&stats_mu_);
   table_stats_ = std::move(stats);
@@ -452,7 +479,7 @@ std::vector<TableStats> KVServer::Impl::table_stats() const {
 }
 
 void KVServer::Impl::Send(zmq::message_t& identity, const ResponseHeader& rh,
-                    zmq::message_t& values, zmq::message_t& keys) {
+                          zmq::message_t& values, zmq::message_t& keys) {
   // header, [values, [keys]]: a keys frame needs the values frame before
   // it, even if empty.
   const bool has_keys = keys.size() > 0;
@@ -461,22 +488,21 @@ void KVServer::Impl::Send(zmq::message_t& identity, const ResponseHeader& rh,
   socket_.send(SerializeToFrame(rh),
                has_values ? zmq::send_flags::sndmore : zmq::send_flags::none);
   if (has_values) {
-    socket_.send(values, has_keys ? zmq::send_flags::sndmore : zmq::send_flags::none);
+    socket_.send(values,
+                 has_keys ? zmq::send_flags::sndmore : zmq::send_flags::none);
   }
   if (has_keys) socket_.send(keys, zmq::send_flags::none);
 }
 
-void KVServer::Impl::HandleMessage(zmq::message_t identity,
-                             std::vector<zmq::message_t> frames,
-                             const Ownership& own) {
+bool KVServer::Impl::HandleMessage(zmq::message_t identity,
+                                   std::vector<zmq::message_t> frames,
+                                   const Ownership& own) {
   if (replicated_) {
     RequestHeader header;
     if (replication::IsReplica(frames, &header)) {
       HandleReplica(std::move(identity), std::move(frames), header, own);
-      return;
+      return false;
     }
-    needs_.clear();
-    first_promoted_ = false;
   }
   // Checked when the request is taken up, not when it arrived: what queued
   // while the process was paused is refused once it resumes with a lapsed
@@ -485,18 +511,20 @@ void KVServer::Impl::HandleMessage(zmq::message_t identity,
   ServerRefusal refusal = REFUSAL_NONE;
   if (absl::Status serving = CheckServing(own, &refusal); !serving.ok()) {
     static const zmq::message_t kEmpty;
-    SendRefusal(identity, frames.empty() ? kEmpty : frames[0], serving, refusal, own.epoch);
-    return;
+    SendRefusal(identity, frames.empty() ? kEmpty : frames[0], serving, refusal,
+                own.epoch);
+    return false;
   }
   counters_.requests.fetch_add(1, std::memory_order_relaxed);
   ResponseHeader rh;
   zmq::message_t values, keys;
-  const Outcome outcome = Process(frames, own, &rh, &values, &keys);
+  RequestContext ctx;
+  const Outcome outcome = Process(frames, own, &ctx, &rh, &values, &keys);
   if (outcome == Outcome::kHold) {
     const uint64_t bytes = Admission::FramesBytes(frames);
     counters_.held_bytes += bytes;
     checkpoint_gate_.Hold({std::move(identity), std::move(frames), bytes});
-    return;
+    return ctx.progress_due;
   }
   if (outcome == Outcome::kDefer) {
     RequestHeader h;
@@ -505,21 +533,22 @@ void KVServer::Impl::HandleMessage(zmq::message_t identity,
     const uint64_t bytes = Admission::FramesBytes(frames);
     counters_.held_bytes += bytes;
     deferred_.push_back({std::move(identity), std::move(frames), h.clock(),
-                         h.sender_rank(), options_.clock->Now(), std::move(needs_), bytes});
-    needs_.clear();
-    return;
+                         h.sender_rank(), options_.clock->Now(),
+                         std::move(ctx.needs), bytes});
+    return ctx.progress_due;
   }
   if (!replicated_) {
     Send(identity, rh, values, keys);
-    return;
+  } else {
+    Answer(identity, rh, values, keys, std::move(ctx.needs),
+           ctx.first_promoted);
   }
-  Answer(identity, rh, values, keys, std::move(needs_), first_promoted_);
-  needs_.clear();
+  return ctx.progress_due;
 }
 
 void KVServer::Impl::Answer(zmq::message_t& identity, ResponseHeader& rh,
-                      zmq::message_t& values, zmq::message_t& keys,
-                      std::vector<Need> needs, bool first_promoted) {
+                            zmq::message_t& values, zmq::message_t& keys,
+                            std::vector<Need> needs, bool first_promoted) {
   std::vector<Need> open;
   bool gone = false;
   for (const Need& need : needs) {
@@ -535,7 +564,8 @@ void KVServer::Impl::Answer(zmq::message_t& identity, ResponseHeader& rh,
     // pull's push half): the update is held by the current backups once
     // they have taken everything sent to them, catch-ups included.
     if (last_applied_ == nullptr || last_applied_->node_id == 0) {
-      NotAcknowledged(&rh, &values, &keys, "this server is no longer a live member");
+      NotAcknowledged(&rh, &values, &keys,
+                      "this server is no longer a live member");
     } else {
       for (const auto& [node, link] : links_) {
         if (!link->all_acked()) open.emplace_back(node, link->last_sent());
@@ -555,16 +585,19 @@ void KVServer::Impl::Answer(zmq::message_t& identity, ResponseHeader& rh,
   w.keys = std::move(keys);
   w.remaining = static_cast<int>(open.size());
   w.first_promoted = first_promoted;
-  for (const Need& need : open) links_[need.first]->waiters().emplace(need.second, id);
+  for (const Need& need : open)
+    links_[need.first]->waiters().emplace(need.second, id);
 }
 
 void KVServer::Impl::NotAcknowledged(ResponseHeader* rh, zmq::message_t* values,
-                               zmq::message_t* keys, const std::string& why) {
+                                     zmq::message_t* keys,
+                                     const std::string& why) {
   // Applied here, perhaps, but not held by a backup: the worker sends it
   // again with the same sequence number, and whoever owns its slots then
   // applies it or answers it as a duplicate.
-  rh->set_code(static_cast<int32_t>(absl::StatusCode::kUnavailable));
-  rh->set_message(absl::StrCat(why, "; not acknowledged, send again"));
+  SetResponseStatus(absl::UnavailableError(
+                        absl::StrCat(why, "; not acknowledged, send again")),
+                    rh);
   rh->set_num_values(0);
   rh->set_num_keys(0);
   rh->set_duplicate(false);
@@ -584,16 +617,19 @@ void KVServer::Impl::LogFirstPromotedServed() {
 }
 
 void KVServer::Impl::Buffer(uint64_t step, uint64_t node_id, Table* table,
-                      absl::Span<const uint64_t> keys, const Segments& segments,
-                      absl::Span<const float> grads) {
+                            absl::Span<const uint64_t> keys,
+                            const Segments& segments,
+                            absl::Span<const float> grads) {
   consistency_.NoteBuffered(step);
   buffers_[step].Add(node_id, table, keys, segments, grads);
 }
 
-void KVServer::Impl::ApplyBuffered(uint64_t step, StepBuffer& buffer, uint32_t divisor) {
+void KVServer::Impl::ApplyBuffered(uint64_t step, StepBuffer& buffer,
+                                   uint32_t divisor) {
   // scale_with_workers scales by the configured cluster size, not by
   // `divisor`: the schedule must not jump when one step has fewer pushers.
-  buffer.ApplyTo(tables_, step, divisor, options_.config.cluster().num_workers());
+  buffer.ApplyTo(tables_, step, divisor,
+                 options_.config.cluster().num_workers());
   Log()->debug("BSP step {} applied: {} workers averaged", step, divisor);
 }
 
@@ -604,9 +640,9 @@ void KVServer::Impl::Progress(const Ownership& own) {
     auto it = buffers_.find(step);
     // finished_ marks exactly the buffered steps, so the buffer exists.
     if (it != buffers_.end()) {
-      const uint32_t divisor = std::max<uint32_t>(
-          consistency_.FinishedCount(step),
-          static_cast<uint32_t>(it->second.pushers.size()));
+      const uint32_t divisor =
+          std::max<uint32_t>(consistency_.FinishedCount(step),
+                             static_cast<uint32_t>(it->second.pushers.size()));
       ApplyBuffered(step, it->second, divisor);
       buffers_.erase(it);
       StepDone(step, divisor);
@@ -641,9 +677,11 @@ void KVServer::Impl::Progress(const Ownership& own) {
       it = deferred_.erase(it);
       continue;
     }
-    Process(it->frames, own, &rh, &values, &keys);
+    RequestContext ctx;  // a plain PULL: waits for nothing new
+    Process(it->frames, own, &ctx, &rh, &values, &keys);
     if (instruments_ != nullptr) {
-      instruments_->RecordHold(absl::ToDoubleSeconds(options_.clock->Now() - it->since));
+      instruments_->RecordHold(
+          absl::ToDoubleSeconds(options_.clock->Now() - it->since));
     }
     if (replicated_) {
       Answer(it->identity, rh, values, keys, std::move(it->needs), false);
@@ -672,7 +710,8 @@ void KVServer::Impl::FlushBuffers() {
 void KVServer::Impl::StepDone(uint64_t step, uint32_t divisor) {
   if (!replicated_) return;
   recent_divisors_[step] = divisor;
-  while (recent_divisors_.size() > 64) recent_divisors_.erase(recent_divisors_.begin());
+  while (recent_divisors_.size() > 64)
+    recent_divisors_.erase(recent_divisors_.begin());
   // Backups apply what they buffered of the step with the same divisor.
   for (auto& [node, link] : links_) {
     RequestHeader h;
@@ -680,7 +719,8 @@ void KVServer::Impl::StepDone(uint64_t step, uint32_t divisor) {
     h.set_epoch(last_applied_ != nullptr ? last_applied_->epoch : 0);
     ReplicaInfo* r = h.mutable_replica_info();
     r->set_kind(REPLICA_APPLY_STEP);
-    r->set_primary_node_id(last_applied_ != nullptr ? last_applied_->node_id : 0);
+    r->set_primary_node_id(last_applied_ != nullptr ? last_applied_->node_id
+                                                    : 0);
     r->set_step(step);
     r->set_divisor(divisor);
     link->Send(h, zmq::message_t(), zmq::message_t(), false);
@@ -698,7 +738,8 @@ void KVServer::Impl::NoteClock(uint64_t clock) {
 void KVServer::Impl::AdvanceTables() {
   const absl::Time now = options_.clock->Now();
   for (auto& [id, table] : tables_) {
-    if (SparseTable* sparse = table->AsSparse()) sparse->Advance(server_clock_, now);
+    if (SparseTable* sparse = table->AsSparse())
+      sparse->Advance(server_clock_, now);
   }
 }
 
@@ -712,7 +753,9 @@ void KVServer::Impl::FillStats(ResponseHeader* rh, const Ownership* own) const {
     if (own == nullptr) continue;
     // Separate the backup copies: a pass over the table's rows.
     const uint32_t num_slots = static_cast<uint32_t>(own->slot_owner.size());
-    auto mine = [&](uint32_t slot) { return own->slot_owner[slot] == own->rank; };
+    auto mine = [&](uint32_t slot) {
+      return own->slot_owner[slot] == own->rank;
+    };
     uint64_t backup = 0;
     if (const SparseTable* sparse = tables_.at(id)->AsSparse()) {
       std::vector<uint64_t> keys;
@@ -722,20 +765,24 @@ void KVServer::Impl::FillStats(ResponseHeader* rh, const Ownership* own) const {
         keys.clear();
         values.clear();
         cursor = sparse->Scan(cursor, 65536, 1 << 20, &keys, &values);
-        for (uint64_t key : keys) backup += !mine(SparseSlot(id, key, num_slots));
+        for (uint64_t key : keys)
+          backup += !mine(SparseSlot(id, key, num_slots));
       } while (cursor != 0);
     } else {
       const DenseTable* dense = tables_.at(id)->AsDense();
-      (void)dense->ForEachBlock([&](uint64_t block, absl::Span<const float> values,
+      (void)dense->ForEachBlock([&](uint64_t block,
+                                    absl::Span<const float> values,
                                     absl::Span<const float>) {
-        if (!mine(DenseBlockSlot(id, block, num_slots))) backup += values.size();
+        if (!mine(DenseBlockSlot(id, block, num_slots)))
+          backup += values.size();
         return absl::OkStatus();
       });
     }
     stats->set_rows(stats->rows() - std::min(stats->rows(), backup));
     stats->set_backup_rows(backup);
-    stats->set_keys_pushed(stats->keys_pushed() -
-                           std::min(stats->keys_pushed(), replicas_.applied(id)));
+    stats->set_keys_pushed(
+        stats->keys_pushed() -
+        std::min(stats->keys_pushed(), replicas_.applied(id)));
   }
 }
 
@@ -762,14 +809,15 @@ void KVServer::Impl::Watchdog() {
   }
   Log()->warn(
       "watchdog: {} pull(s) held; the oldest, from worker rank {} at clock {}, "
-      "has waited {:.1f} s ({}, applied steps < {}); waiting for worker ranks: {}",
+      "has waited {:.1f} s ({}, applied steps < {}); waiting for worker ranks: "
+      "{}",
       deferred_.size(), oldest.rank, oldest.clock,
       absl::ToDoubleSeconds(now - oldest.since),
-      consistency_.mode() == SSP
-          ? absl::StrCat("SSP staleness ", c.staleness())
-          : ConsistencyMode_Name(consistency_.mode()),
+      consistency_.mode() == SSP ? absl::StrCat("SSP staleness ", c.staleness())
+                                 : ConsistencyMode_Name(consistency_.mode()),
       consistency_.applied_clock(),
-      missing.empty() ? "none (clock reports in flight)" : absl::StrJoin(missing, ", "));
+      missing.empty() ? "none (clock reports in flight)"
+                      : absl::StrJoin(missing, ", "));
 }
 
 }  // namespace ps

@@ -38,13 +38,14 @@
 // Stats::unreplicated_pushes). Pulls, SCAN and checkpoints see only the
 // slots this server owns. With replication 1 none of this runs.
 //
-// Registration with the scheduler is the caller's business (server_main.cc
-// does it); the server only needs the view through UpdateView().
+// Registration with the scheduler is the caller's business (ServerNode,
+// server/server_node.h, does it); the server only needs the view through
+// UpdateView().
 //
 // Fencing (a server declared dead that comes back must not act on a stale
 // view). The scheduler moves a server's slots away (to their backup or a
 // replacement) only heartbeat_timeout after the last heartbeat it received
-// from it. server_main.cc therefore grants the server a lease with every
+// from it. ServerNode therefore grants the server a lease with every
 // acknowledged heartbeat, SetLease(send time + 3/4 heartbeat_timeout), which
 // always ends before that: a server paused (SIGSTOP) or cut off from the
 // scheduler stops serving before anyone else may serve its slots. Once a
@@ -110,7 +111,7 @@ class KVServer {
     Clock* clock = Clock::Real();
     // Called on the serving thread when this server has written its shard
     // of a checkpoint (or failed to, or found it too late to take one at
-    // the view's checkpoint_clock). server_main.cc forwards it to the
+    // the view's checkpoint_clock). ServerNode forwards it to the
     // scheduler. Must not block for long.
     std::function<void(const ReportCheckpointRequest&)> on_checkpoint;
     // Where the server adds its metrics (server/server_metrics.h lists

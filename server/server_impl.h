@@ -37,6 +37,7 @@
 #include "server/replica_store.h"
 #include "server/replication.h"
 #include "server/request_admission.h"
+#include "server/response_code.h"
 #include "server/server.h"
 #include "server/server_counters.h"
 #include "server/server_metrics.h"
@@ -126,27 +127,42 @@ class KVServer::Impl {
     uint64_t bytes = 0;
   };
   enum class Outcome { kAnswer, kDefer, kHold };
+  // What the stages of one request's pipeline tell each other and the
+  // serving loop, besides the request itself. One per request processed.
+  struct RequestContext {
+    // The request's op once its header is decoded (0 before): metrics.
+    int op = 0;
+    // Replication: the backups' answers the request's answer waits for.
+    std::vector<Need> needs;
+    // The request touches slots promoted here (failover measurement).
+    bool first_promoted = false;
+    // An ADVANCE_CLOCK was handled: Progress runs before the next message.
+    bool progress_due = false;
+  };
 
   explicit Impl(Options options);
   void Serve();
   void ApplyView(const Ownership& own);
-  void HandleMessage(zmq::message_t identity, std::vector<zmq::message_t> frames,
-                     const Ownership& own);
+  // Handles one message of the data socket. Returns whether Progress is
+  // due before the next message is read (an ADVANCE_CLOCK was handled).
+  [[nodiscard]] bool HandleMessage(zmq::message_t identity,
+                                   std::vector<zmq::message_t> frames,
+                                   const Ownership& own);
   // Processes one request. kDefer: the (pull) request is not answered yet;
   // the frames were rewritten into a plain PULL to run again later.
-  // `keys` is filled by SCAN only.
+  // `keys` is filled by SCAN only; *ctx gets what the stages noted.
   Outcome Process(std::vector<zmq::message_t>& frames, const Ownership& own,
-                  ResponseHeader* rh, zmq::message_t* values,
-                  zmq::message_t* keys);
+                  RequestContext* ctx, ResponseHeader* rh,
+                  zmq::message_t* values, zmq::message_t* keys);
 
   // The request pipeline (server/request_pipeline.cc, whose file comment
   // states the invariant): Decode -> Admit -> Route -> Police -> Validate
   // -> Apply. Only Apply changes tables, sequence records, BSP buffers and
   // backups.
   absl::Status ProcessChecked(std::vector<zmq::message_t>& frames,
-                              const Ownership& own, ResponseHeader* rh,
-                              zmq::message_t* values, zmq::message_t* keys,
-                              Outcome* outcome);
+                              const Ownership& own, RequestContext* ctx,
+                              ResponseHeader* rh, zmq::message_t* values,
+                              zmq::message_t* keys, Outcome* outcome);
   // A decoded request: header, keys (from its frame or the sender's cached
   // key list) and values. Must not move while its spans are in use.
   struct Request {
@@ -164,6 +180,9 @@ class KVServer::Impl {
     SparseTable* sparse = nullptr;  // exactly one of sparse, dense
     DenseTable* dense = nullptr;
     uint64_t n = 0;  // values the request addresses
+    // Replicated: the slot of every key (sparse) or segment (dense), for
+    // forwarding to their backups.
+    std::vector<uint32_t> slots;
     bool push = false, pull = false, assign = false;
     // The push's (sender, seq) was applied already: answered, not applied.
     bool duplicate = false;
@@ -180,37 +199,41 @@ class KVServer::Impl {
     bool note_owned = false;
     bool over_budget = false;
   };
-  absl::Status Decode(std::vector<zmq::message_t>& frames, ResponseHeader* rh, Request* r);
+  absl::Status Decode(std::vector<zmq::message_t>& frames, RequestContext* ctx,
+                      ResponseHeader* rh, Request* r);
   // Sender and message limits, then the key list (stored or looked up).
-  absl::Status Admit(const std::vector<zmq::message_t>& frames, const Ownership& own,
-                     ResponseHeader* rh, Request* r);
+  absl::Status Admit(const std::vector<zmq::message_t>& frames,
+                     const Ownership& own, ResponseHeader* rh, Request* r);
   // Rewrites `frames` to carry r's keys and float32 values, without a
   // key-list slot. Idempotent.
-  static void MakeSelfContained(Request& r, std::vector<zmq::message_t>& frames);
+  static void MakeSelfContained(Request& r,
+                                std::vector<zmq::message_t>& frames);
   // The server's clock and the sender's clock, from any request.
   void NoteClocks(const RequestHeader& h, const Ownership& own);
   // The request's table, once the server has a view.
-  absl::StatusOr<Table*> Route(const RequestHeader& h, const Ownership& own) const;
+  absl::StatusOr<Table*> Route(const RequestHeader& h,
+                               const Ownership& own) const;
   // Pure: checks everything (shape, ownership, budget, checkpoint hold,
-  // steps ahead, sequence window) and fills *v; `slots` (scratch) gets the
-  // request's slots when replicated; `rh` only its wrong_owner flag.
+  // steps ahead, sequence window) and fills *v (v->slots when
+  // replicated); `rh` only its wrong_owner flag.
   absl::Status Validate(const Request& r, const Ownership& own,
-                        std::vector<uint32_t>* slots, ResponseHeader* rh,
-                        ValidatedUpdate* v) const;
+                        ResponseHeader* rh, ValidatedUpdate* v) const;
   // Applies a validated push or assign (or answers a duplicate): records
   // the sequence number, applies or buffers, forwards to backups. Fails
   // only for a duplicate whose backup is being copied again (UNAVAILABLE;
   // a duplicate applies nothing).
+  // What the answer waits for goes to ctx->needs.
   absl::Status Apply(const Request& r, const ValidatedUpdate& v,
                      std::vector<zmq::message_t>& frames, const Ownership& own,
-                     ResponseHeader* rh);
+                     RequestContext* ctx, ResponseHeader* rh);
   // Answers a validated pull that may be answered now.
-  void AnswerPull(const Request& r, const ValidatedUpdate& v, ResponseHeader* rh,
-                  zmq::message_t* values);
+  void AnswerPull(const Request& r, const ValidatedUpdate& v,
+                  ResponseHeader* rh, zmq::message_t* values);
   // The SCAN op (server/server_scan.cc).
   absl::Status ScanOp(std::vector<zmq::message_t>& frames, const Ownership& own,
-                      const RequestHeader& h, ResponseHeader* rh, zmq::message_t* values,
-                      zmq::message_t* keys, Outcome* outcome);
+                      const RequestHeader& h, ResponseHeader* rh,
+                      zmq::message_t* values, zmq::message_t* keys,
+                      Outcome* outcome);
   // Answers a validated SCAN request of `sparse` with one page.
   void Scan(const SparseTable& sparse, const RequestHeader& h,
             ResponseHeader* rh, zmq::message_t* values, zmq::message_t* keys);
@@ -236,23 +259,24 @@ class KVServer::Impl {
   static void NotAcknowledged(ResponseHeader* rh, zmq::message_t* values,
                               zmq::message_t* keys, const std::string& why);
 
-  // Replication, primary side (server_replication.cc).
+  // Replication, primary side (server/replication_primary.cc).
   // Slot of every key (sparse) or segment (dense) of a request.
   void SlotsOf(const RequestHeader& h, const Table& table,
                absl::Span<const uint64_t> keys, uint32_t num_slots,
                std::vector<uint32_t>* slots) const;
   // Forwards an applied (or BSP-buffered) worker push or assign of `table`
-  // to the backups of its slots; adds what the answer waits for to needs_.
+  // to the backups of its slots; adds what the answer waits for to *needs.
   void Forward(const Ownership& own, const RequestHeader& h, ReplicaKind kind,
                float lr_scale, const Table& table,
                absl::Span<const uint64_t> keys, absl::Span<const float> values,
                std::vector<zmq::message_t>& frames,
-               const std::vector<uint32_t>& slots);
+               const std::vector<uint32_t>& slots, std::vector<Need>* needs);
   // A duplicate push: its answer waits until the backups of its slots have
   // answered everything sent to them so far. UNAVAILABLE while a backup is
   // being copied again.
   absl::Status NeedsForDuplicate(const Ownership& own,
-                                 const std::vector<uint32_t>& slots);
+                                 const std::vector<uint32_t>& slots,
+                                 std::vector<Need>* needs);
   // Links to the backups the view names, catch-ups of slots whose backup
   // changed; answers waiting on a backup that is gone wait for the
   // catch-ups instead (or go out, when there is none).
@@ -260,15 +284,49 @@ class KVServer::Impl {
   // Copies the state of `slots` (owned here) to backup `link`.
   void SendCatchUp(const Ownership& own, replication::BackupLink& link,
                    const std::vector<uint32_t>& slots);
+  // The parts of a catch-up: the sequence records; the rows (sparse) or
+  // blocks (dense) of table `id` in the slots of `mask` (returns how
+  // many); the BSP sums buffered for those slots.
+  void SendSeqRecords(const Ownership& own, replication::BackupLink& link);
+  uint64_t SendTableCopy(const Ownership& own, replication::BackupLink& link,
+                         uint32_t id, const std::vector<bool>& mask);
+  void SendStepBuffers(const Ownership& own, replication::BackupLink& link,
+                       const std::vector<bool>& mask);
   void OnBackupAnswer(uint64_t node, std::vector<zmq::message_t>& frames);
   void ReleaseWait(uint64_t wait_id);
   void MaybeResync(const Ownership& own);
 
   // Replication, backup side.
-  void HandleReplica(zmq::message_t identity, std::vector<zmq::message_t> frames,
+  void HandleReplica(zmq::message_t identity,
+                     std::vector<zmq::message_t> frames,
                      const RequestHeader& header, const Ownership& own);
-  absl::Status ApplyReplica(std::vector<zmq::message_t>& frames,
-                            const Ownership& own, ResponseHeader* rh);
+  // A replica message passes Decode -> ValidateReplica -> ApplyReplica
+  // (server/replication_backup.cc): refused, it changes nothing.
+  absl::Status ProcessReplica(std::vector<zmq::message_t>& frames,
+                              const Ownership& own, ResponseHeader* rh);
+  // What ValidateReplica established of a replica message.
+  struct ValidatedReplica {
+    uint32_t primary_rank = 0;  // the sender's
+    uint32_t num_slots = 0;     // of this server's view
+    // The message's table (kinds that name one): exactly one of sparse,
+    // dense.
+    Table* table = nullptr;
+    SparseTable* sparse = nullptr;
+    DenseTable* dense = nullptr;
+    uint64_t n = 0;  // REPLICA_APPLY, _BUFFER: values addressed
+    // REPLICA_SEQS, decoded: (sender node id, window).
+    std::vector<std::pair<uint64_t, SeqWindow>> seqs;
+  };
+  // Pure: checks the whole message (sender, slots, table, sizes,
+  // finiteness, room) and fills *v; `rh` only its wrong_owner flag.
+  absl::Status ValidateReplica(const replication::ReplicaMessage& m,
+                               const Ownership& own, ResponseHeader* rh,
+                               ValidatedReplica* v) const;
+  // Applies a validated message; cannot fail. `rh` gets the duplicate flag.
+  void ApplyReplica(const replication::ReplicaMessage& m,
+                    const ValidatedReplica& v, ResponseHeader* rh);
+  void ApplyReplicaUpdate(const replication::ReplicaMessage& m,
+                          const ValidatedReplica& v, ResponseHeader* rh);
   // Replica messages held for a newer view that this view allows.
   void ReleaseReplicas(const Ownership& own);
   // Slots this server owns now and backed in `prev`: their primary's
@@ -278,10 +336,10 @@ class KVServer::Impl {
   ReplicaStore::Dims TableDims() const;
   // Applies completed BSP steps and answers held pulls that may be answered.
   // Runs after each drain of the socket and, when a worker's ADVANCE_CLOCK
-  // was handled (progress_due_), before the next message is read: a step
-  // that clock completed is applied before any later request (e.g. STATS)
-  // is answered, so a worker that saw its ADVANCE_CLOCK acknowledged reads
-  // the step applied when its clock was the last one missing.
+  // was handled (RequestContext::progress_due), before the next message is
+  // read: a step that clock completed is applied before any later request (e.g.
+  // STATS) is answered, so a worker that saw its ADVANCE_CLOCK acknowledged
+  // reads the step applied when its clock was the last one missing.
   void Progress(const Ownership& own);
   void FlushBuffers();
   void Watchdog();
@@ -333,17 +391,13 @@ class KVServer::Impl {
   // The view applied last (promotions compare it with the next).
   std::shared_ptr<const Ownership> last_applied_;
   // Primary side: backup node id -> link; slot -> the backup node that
-  // holds a copy of it (0 = none); answers waiting for backups; what the
-  // request being processed waits for.
-  absl::flat_hash_map<uint64_t, std::unique_ptr<replication::BackupLink>> links_;
+  // holds a copy of it (0 = none); answers waiting for backups.
+  absl::flat_hash_map<uint64_t, std::unique_ptr<replication::BackupLink>>
+      links_;
   std::vector<uint64_t> paired_;
   uint32_t unbacked_slots_ = 0;  // owned slots without a backup, last logged
   std::map<uint64_t, Wait> waits_;
   uint64_t next_wait_ = 1;
-  std::vector<Need> needs_;
-  bool first_promoted_ = false;  // the request being processed
-  bool progress_due_ = false;    // an ADVANCE_CLOCK was handled (Progress)
-  std::vector<uint32_t> slots_scratch_;
   // Backup side: the primaries' sequence records and buffered steps, the
   // slots caught up, keys applied to copies; and, by primary node id,
   // messages waiting for a newer view (I/O, so kept here).
@@ -362,11 +416,13 @@ class KVServer::Impl {
   // Limits (Options comment), held bytes (counters_.held_bytes: the
   // requests the gate holds, deferred_ and replica_held_) and the gradient
   // policy.
-  Admission admission_{options_.config.data_plane(), KVServer::kMaxStandaloneSenders,
-                       options_.clock,
-                       {&counters_.held_bytes, &counters_.limit_refusals,
-                        &counters_.unknown_sender_refusals, &counters_.nonfinite_values,
-                        &counters_.nonfinite_pushes_rejected}};
+  Admission admission_{
+      options_.config.data_plane(),
+      KVServer::kMaxStandaloneSenders,
+      options_.clock,
+      {&counters_.held_bytes, &counters_.limit_refusals,
+       &counters_.unknown_sender_refusals, &counters_.nonfinite_values,
+       &counters_.nonfinite_pushes_rejected}};
   // The checkpoint in progress, pushes held for it, and what was applied
   // (server/server_checkpoint.cc does the I/O).
   CheckpointGate checkpoint_gate_;
@@ -376,11 +432,9 @@ class KVServer::Impl {
   struct MetricsSource;
   void RegisterMetrics(metrics::Registry* registry);
   void UnregisterMetrics();
-  // Null without Options::metrics. The op of the request being processed
-  // (0 until its header is decoded).
+  // Null without Options::metrics.
   std::unique_ptr<ServerInstruments> instruments_;
   std::shared_ptr<MetricsSource> metrics_source_;
-  int request_op_ = 0;
 
   void PublishTableStats();
   absl::Time last_stats_publish_ = absl::InfinitePast();

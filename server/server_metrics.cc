@@ -1,5 +1,6 @@
 #include "server/server_metrics.h"
 
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -12,21 +13,24 @@ namespace ps {
 namespace {
 
 const char* const kOpNames[ServerInstruments::kMaxOp + 1] = {
-    "invalid", "push", "pull", "push_pull", "advance_clock", "stats", "scan", "assign"};
-const char* const kOutcomeNames[ServerInstruments::kNumOutcomes] = {"ok", "error", "deferred",
-                                                                    "held"};
+    "invalid",       "push",  "pull", "push_pull",
+    "advance_clock", "stats", "scan", "assign"};
+const char* const kOutcomeNames[ServerInstruments::kNumOutcomes] = {
+    "ok", "error", "deferred", "held"};
 const char* const kReasonNames[ServerInstruments::kNumReasons] = {
-    "misrouted",          "key_list_unknown", "non_finite",      "unavailable", "unknown_table",
-    "resource_exhausted", "stale_sequence",   "invalid_request", "other"};
+    "misrouted",      "key_list_unknown", "non_finite",
+    "unavailable",    "unknown_table",    "resource_exhausted",
+    "stale_sequence", "invalid_request",  "other"};
 
 }  // namespace
 
 ServerInstruments::ServerInstruments(metrics::Registry* registry) {
-  metrics::CounterFamily* requests = registry->AddCounterFamily(
-      "ps_server_requests_total",
-      "Data-plane requests processed, by op and outcome (deferred and held ones are "
-      "counted again when processed once more).",
-      {"op", "outcome"});
+  metrics::CounterFamily* requests =
+      registry->AddCounterFamily("ps_server_requests_total",
+                                 "Data-plane requests processed, by op and "
+                                 "outcome (deferred and held ones are "
+                                 "counted again when processed once more).",
+                                 {"op", "outcome"});
   metrics::HistogramFamily* duration = registry->AddHistogramFamily(
       "ps_server_request_duration_seconds",
       "Time to process a request on the serving thread, by op.", {"op"},
@@ -38,18 +42,20 @@ ServerInstruments::ServerInstruments(metrics::Registry* registry) {
     duration_[op] = duration->With({kOpNames[op]});
   }
   metrics::CounterFamily* errors = registry->AddCounterFamily(
-      "ps_server_request_errors_total", "Requests rejected with an error, by reason.",
-      {"reason"});
-  for (int r = 0; r < kNumReasons; ++r) errors_[r] = errors->With({kReasonNames[r]});
-  bytes_in_ = registry->AddCounter("ps_server_received_bytes_total",
-                                   "Bytes of data-plane request frames received.");
-  bytes_out_ = registry->AddCounter(
-      "ps_server_sent_bytes_total",
-      "Bytes of answer payload frames (keys and values) sent; headers not counted.");
-  hold_ = registry->AddHistogram(
-      "ps_server_pull_hold_seconds",
-      "How long pulls deferred by the consistency rule were held before their answer.",
-      metrics::LatencyBuckets());
+      "ps_server_request_errors_total",
+      "Requests rejected with an error, by reason.", {"reason"});
+  for (int r = 0; r < kNumReasons; ++r)
+    errors_[r] = errors->With({kReasonNames[r]});
+  bytes_in_ =
+      registry->AddCounter("ps_server_received_bytes_total",
+                           "Bytes of data-plane request frames received.");
+  bytes_out_ = registry->AddCounter("ps_server_sent_bytes_total",
+                                    "Bytes of answer payload frames (keys and "
+                                    "values) sent; headers not counted.");
+  hold_ = registry->AddHistogram("ps_server_pull_hold_seconds",
+                                 "How long pulls deferred by the consistency "
+                                 "rule were held before their answer.",
+                                 metrics::LatencyBuckets());
 }
 
 void ServerInstruments::Record(int op, Outcome outcome, uint64_t bytes_in,
@@ -65,14 +71,15 @@ void ServerInstruments::RecordError(Reason reason) {
   errors_[static_cast<int>(reason)]->Add();
 }
 
-ServerInstruments::Reason ServerInstruments::Classify(const absl::Status& status,
-                                                      const ResponseHeader& rh) {
+ServerInstruments::Reason ServerInstruments::Classify(
+    const absl::Status& status, const ResponseHeader& rh) {
   if (rh.wrong_owner()) return Reason::kMisrouted;
   if (rh.key_list_unknown()) return Reason::kKeyListUnknown;
   switch (status.code()) {
     case absl::StatusCode::kInvalidArgument:
-      return absl::StrContains(status.message(), "not finite") ? Reason::kNonFinite
-                                                               : Reason::kInvalidRequest;
+      return absl::StrContains(status.message(), "not finite")
+                 ? Reason::kNonFinite
+                 : Reason::kInvalidRequest;
     case absl::StatusCode::kUnavailable:
       return Reason::kUnavailable;
     case absl::StatusCode::kNotFound:
@@ -97,6 +104,60 @@ struct KVServer::Impl::MetricsSource {
   const KVServer::Impl* server ABSL_GUARDED_BY(mu) = nullptr;
 };
 
+namespace {
+
+// Registers the per-table metrics. `read` returns the per-table statistics
+// the serving thread published last (none once the server is gone); it is
+// called at scrape time, from any thread.
+void RegisterTableMetrics(metrics::Registry* r,
+                          std::function<std::vector<TableStats>()> read) {
+  // Per-table values, from the statistics the serving thread publishes
+  // every kStatsPeriod.
+  auto per_table = [r, read](const char* name, const char* help,
+                             metrics::Type type,
+                             uint64_t (TableStats::*get)() const) {
+    r->AddCallbackFamily(name, help, type, {"table"}, [read, get] {
+      std::vector<metrics::Sample> out;
+      for (const TableStats& t : read()) {
+        out.push_back({{t.name()}, double((t.*get)())});
+      }
+      return out;
+    });
+  };
+  per_table("ps_server_table_rows",
+            "Rows (sparse) or elements (dense) the table holds here, backup "
+            "copies included.",
+            metrics::Type::kGauge, &TableStats::rows);
+  per_table("ps_server_table_bytes",
+            "Memory the table's rows and optimizer state use here.",
+            metrics::Type::kGauge, &TableStats::bytes);
+  per_table("ps_server_table_memory_budget_bytes",
+            "The table's memory budget on this server (0: none).",
+            metrics::Type::kGauge, &TableStats::memory_budget_bytes);
+  per_table("ps_server_table_keys_pushed_total",
+            "Keys or elements pushed to the table.", metrics::Type::kCounter,
+            &TableStats::keys_pushed);
+  per_table("ps_server_table_keys_pulled_total",
+            "Keys or elements pulled from the table.", metrics::Type::kCounter,
+            &TableStats::keys_pulled);
+  per_table("ps_server_table_pushes_refused_total",
+            "Pushes refused because the table was at its memory budget.",
+            metrics::Type::kCounter, &TableStats::pushes_refused);
+  r->AddCallbackFamily(
+      "ps_server_table_evictions_total",
+      "Rows evicted, by cause (ttl or budget).", metrics::Type::kCounter,
+      {"table", "cause"}, [read] {
+        std::vector<metrics::Sample> out;
+        for (const TableStats& t : read()) {
+          out.push_back({{t.name(), "ttl"}, double(t.evictions_ttl())});
+          out.push_back({{t.name(), "budget"}, double(t.evictions_budget())});
+        }
+        return out;
+      });
+}
+
+}  // namespace
+
 void KVServer::Impl::RegisterMetrics(metrics::Registry* r) {
   instruments_ = std::make_unique<ServerInstruments>(r);
   metrics_source_ = std::make_shared<MetricsSource>();
@@ -106,60 +167,73 @@ void KVServer::Impl::RegisterMetrics(metrics::Registry* r) {
   }
   std::shared_ptr<MetricsSource> source = metrics_source_;
   // A counter of Stats, read at scrape time.
-  auto stat = [r, source](const char* name, const char* help, uint64_t Stats::*field) {
+  auto stat = [r, source](const char* name, const char* help,
+                          uint64_t Stats::*field) {
     r->AddCallback(name, help, metrics::Type::kCounter, [source, field] {
       absl::MutexLock lock(&source->mu);
-      return source->server == nullptr ? 0.0 : double(source->server->stats().*field);
+      return source->server == nullptr ? 0.0
+                                       : double(source->server->stats().*field);
     });
   };
-  stat("ps_server_keys_pushed_total", "Keys (sparse) and elements (dense) pushed.",
-       &Stats::keys_pushed);
-  stat("ps_server_keys_pulled_total", "Keys (sparse) and elements (dense) pulled.",
-       &Stats::keys_pulled);
+  stat("ps_server_keys_pushed_total",
+       "Keys (sparse) and elements (dense) pushed.", &Stats::keys_pushed);
+  stat("ps_server_keys_pulled_total",
+       "Keys (sparse) and elements (dense) pulled.", &Stats::keys_pulled);
   stat("ps_server_pulls_deferred_total",
-       "Pulls held until the consistency mode allowed an answer.", &Stats::pulls_deferred);
-  stat("ps_server_bsp_steps_applied_total", "BSP steps applied (averaged over workers).",
-       &Stats::bsp_steps_applied);
+       "Pulls held until the consistency mode allowed an answer.",
+       &Stats::pulls_deferred);
+  stat("ps_server_bsp_steps_applied_total",
+       "BSP steps applied (averaged over workers).", &Stats::bsp_steps_applied);
   stat("ps_server_duplicate_pushes_total",
-       "Pushes answered without applying them again (a retry of an applied push).",
+       "Pushes answered without applying them again (a retry of an applied "
+       "push).",
        &Stats::duplicate_pushes);
   stat("ps_server_checkpoints_written_total", "Checkpoint shards written.",
        &Stats::checkpoints_written);
   stat("ps_server_rows_restored_total", "Rows restored from checkpoints.",
        &Stats::rows_restored);
-  stat("ps_server_replica_forwards_total", "Updates forwarded to backups (replication).",
-       &Stats::forwards);
-  stat("ps_server_replica_messages_total", "Replica messages applied here as a backup.",
-       &Stats::replica_messages);
+  stat("ps_server_replica_forwards_total",
+       "Updates forwarded to backups (replication).", &Stats::forwards);
+  stat("ps_server_replica_messages_total",
+       "Replica messages applied here as a backup.", &Stats::replica_messages);
   stat("ps_server_slots_promoted_total",
        "Slots this server took over as their backup when their primary died.",
        &Stats::slots_promoted);
   stat("ps_server_unreplicated_pushes_total",
-       "Pushes applied to a slot that had no backup copy.", &Stats::unreplicated_pushes);
+       "Pushes applied to a slot that had no backup copy.",
+       &Stats::unreplicated_pushes);
   stat("ps_server_limit_refusals_total",
-       "Requests refused by a data_plane.limits limit (message bytes, keys, held bytes).",
+       "Requests refused by a data_plane.limits limit (message bytes, keys, "
+       "held bytes).",
        &Stats::limit_refusals);
-  stat("ps_server_unknown_sender_refusals_total",
-       "Requests refused because their sender is not a live worker in the view.",
-       &Stats::unknown_sender_refusals);
+  stat(
+      "ps_server_unknown_sender_refusals_total",
+      "Requests refused because their sender is not a live worker in the view.",
+      &Stats::unknown_sender_refusals);
   stat("ps_server_lease_refusals_total",
-       "Requests refused because this server's lease had lapsed (it had not reached the "
+       "Requests refused because this server's lease had lapsed (it had not "
+       "reached the "
        "scheduler for 3/4 of the heartbeat timeout); the workers retry them.",
        &Stats::lease_refusals);
   stat("ps_server_fenced_refusals_total",
-       "Requests refused because the scheduler dropped this server (fenced for good).",
+       "Requests refused because the scheduler dropped this server (fenced for "
+       "good).",
        &Stats::fenced_refusals);
   r->AddCallback("ps_server_held_bytes",
-                 "Bytes of requests held aside (pulls waiting for slower workers, pushes waiting "
-                 "for a checkpoint, replica messages waiting for a view); at most max_held_bytes.",
+                 "Bytes of requests held aside (pulls waiting for slower "
+                 "workers, pushes waiting "
+                 "for a checkpoint, replica messages waiting for a view); at "
+                 "most max_held_bytes.",
                  metrics::Type::kGauge, [source] {
                    absl::MutexLock lock(&source->mu);
-                   return source->server == nullptr ? 0.0
-                                                    : double(source->server->stats().held_bytes);
+                   return source->server == nullptr
+                              ? 0.0
+                              : double(source->server->stats().held_bytes);
                  });
   admission_.set_nonfinite_family(r->AddCounterFamily(
       "ps_server_nonfinite_gradients_total",
-      "Non-finite gradient values received, by the sending worker's rank and what was "
+      "Non-finite gradient values received, by the sending worker's rank and "
+      "what was "
       "done (rejected: the push was refused; clipped: replaced and applied).",
       {"worker", "action"}));
   r->AddCallback("ps_server_view_epoch",
@@ -170,47 +244,11 @@ void KVServer::Impl::RegisterMetrics(metrics::Registry* r) {
                    absl::MutexLock view_lock(&source->server->view_mu_);
                    return double(source->server->ownership_->epoch);
                  });
-  // Per-table values, from the statistics the serving thread publishes
-  // every kStatsPeriod.
-  auto per_table = [r, source](const char* name, const char* help, metrics::Type type,
-                               uint64_t (TableStats::*get)() const) {
-    r->AddCallbackFamily(name, help, type, {"table"}, [source, get] {
-      std::vector<metrics::Sample> out;
-      absl::MutexLock lock(&source->mu);
-      if (source->server == nullptr) return out;
-      for (const TableStats& t : source->server->table_stats()) {
-        out.push_back({{t.name()}, double((t.*get)())});
-      }
-      return out;
-    });
-  };
-  per_table("ps_server_table_rows",
-            "Rows (sparse) or elements (dense) the table holds here, backup copies included.",
-            metrics::Type::kGauge, &TableStats::rows);
-  per_table("ps_server_table_bytes", "Memory the table's rows and optimizer state use here.",
-            metrics::Type::kGauge, &TableStats::bytes);
-  per_table("ps_server_table_memory_budget_bytes",
-            "The table's memory budget on this server (0: none).", metrics::Type::kGauge,
-            &TableStats::memory_budget_bytes);
-  per_table("ps_server_table_keys_pushed_total", "Keys or elements pushed to the table.",
-            metrics::Type::kCounter, &TableStats::keys_pushed);
-  per_table("ps_server_table_keys_pulled_total", "Keys or elements pulled from the table.",
-            metrics::Type::kCounter, &TableStats::keys_pulled);
-  per_table("ps_server_table_pushes_refused_total",
-            "Pushes refused because the table was at its memory budget.",
-            metrics::Type::kCounter, &TableStats::pushes_refused);
-  r->AddCallbackFamily(
-      "ps_server_table_evictions_total", "Rows evicted, by cause (ttl or budget).",
-      metrics::Type::kCounter, {"table", "cause"}, [source] {
-        std::vector<metrics::Sample> out;
-        absl::MutexLock lock(&source->mu);
-        if (source->server == nullptr) return out;
-        for (const TableStats& t : source->server->table_stats()) {
-          out.push_back({{t.name(), "ttl"}, double(t.evictions_ttl())});
-          out.push_back({{t.name(), "budget"}, double(t.evictions_budget())});
-        }
-        return out;
-      });
+  RegisterTableMetrics(r, [source] {
+    absl::MutexLock lock(&source->mu);
+    return source->server == nullptr ? std::vector<TableStats>()
+                                     : source->server->table_stats();
+  });
 }
 
 void KVServer::Impl::UnregisterMetrics() {

@@ -17,6 +17,7 @@
 #include "gtest/gtest.h"
 #include "proto/data_plane.pb.h"
 #include "server/server.h"
+#include "server/testing/raw_client.h"
 #include "zmq.hpp"
 #include "zmq_addon.hpp"
 
@@ -37,7 +38,9 @@ constexpr char kConfig[] = R"pb(
   }
 )pb";
 
-zmq::message_t Frame(const void* data, size_t size) { return zmq::message_t(data, size); }
+zmq::message_t Frame(const void* data, size_t size) {
+  return zmq::message_t(data, size);
+}
 
 class ServerMetricsTest : public ::testing::Test {
  protected:
@@ -51,28 +54,20 @@ class ServerMetricsTest : public ::testing::Test {
     auto server = KVServer::Start(std::move(options));
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = std::move(server).value();
-    socket_ = zmq::socket_t(context_, zmq::socket_type::dealer);
-    socket_.set(zmq::sockopt::rcvtimeo, 5000);
-    socket_.set(zmq::sockopt::linger, 0);
-    socket_.connect(server_->endpoint());
+    client_ = std::make_unique<raw_client::RawClient>(server_->endpoint());
   }
 
   // Sends the frames; returns the answer's header and the total size of
   // the frames sent.
-  ResponseHeader Send(std::vector<zmq::message_t> frames, uint64_t* sent_bytes) {
+  ResponseHeader Send(std::vector<zmq::message_t> frames,
+                      uint64_t* sent_bytes) {
     for (const auto& f : frames) *sent_bytes += f.size();
-    zmq::send_multipart(socket_, frames);
-    std::vector<zmq::message_t> reply;
-    ResponseHeader rh;
-    if (!zmq::recv_multipart(socket_, std::back_inserter(reply)) || reply.empty()) {
-      ADD_FAILURE() << "no answer";
-      return rh;
-    }
-    rh.ParseFromArray(reply[0].data(), static_cast<int>(reply[0].size()));
-    return rh;
+    client_->SendFrames(std::move(frames));
+    return client_->ReceiveHeader();
   }
 
-  std::vector<zmq::message_t> Request(Op op, uint32_t table, const std::vector<uint64_t>& keys,
+  std::vector<zmq::message_t> Request(Op op, uint32_t table,
+                                      const std::vector<uint64_t>& keys,
                                       const std::vector<float>& values) {
     RequestHeader h;
     h.set_op(op);
@@ -82,14 +77,14 @@ class ServerMetricsTest : public ::testing::Test {
     std::vector<zmq::message_t> frames;
     frames.push_back(Frame(header.data(), header.size()));
     frames.push_back(Frame(keys.data(), keys.size() * sizeof(uint64_t)));
-    if (!values.empty()) frames.push_back(Frame(values.data(), values.size() * sizeof(float)));
+    if (!values.empty())
+      frames.push_back(Frame(values.data(), values.size() * sizeof(float)));
     return frames;
   }
 
   metrics::Registry registry_;
   std::unique_ptr<KVServer> server_;
-  zmq::context_t context_{1};
-  zmq::socket_t socket_;
+  std::unique_ptr<raw_client::RawClient> client_;
 };
 
 TEST_F(ServerMetricsTest, CountsRequestsBytesErrorsAndTables) {
@@ -105,21 +100,43 @@ TEST_F(ServerMetricsTest, CountsRequestsBytesErrorsAndTables) {
   EXPECT_NE(Send(std::move(garbage), &sent).code(), 0);
 
   std::string text = registry_.Expose();
-  EXPECT_THAT(text, HasSubstr("ps_server_requests_total{op=\"push\",outcome=\"ok\"} 2\n"));
-  EXPECT_THAT(text, HasSubstr("ps_server_requests_total{op=\"pull\",outcome=\"ok\"} 1\n"));
-  EXPECT_THAT(text, HasSubstr("ps_server_requests_total{op=\"push\",outcome=\"error\"} 2\n"));
-  EXPECT_THAT(text,
-              HasSubstr("ps_server_requests_total{op=\"invalid\",outcome=\"error\"} 1\n"));
-  EXPECT_THAT(text, HasSubstr("ps_server_request_errors_total{reason=\"non_finite\"} 1\n"));
-  EXPECT_THAT(text, HasSubstr("ps_server_request_errors_total{reason=\"unknown_table\"} 1\n"));
-  EXPECT_THAT(text,
-              HasSubstr("ps_server_request_errors_total{reason=\"invalid_request\"} 1\n"));
-  EXPECT_THAT(text, HasSubstr("ps_server_request_errors_total{reason=\"misrouted\"} 0\n"));
-  EXPECT_THAT(text, HasSubstr(absl::StrCat("ps_server_received_bytes_total ", sent, "\n")));
+  EXPECT_THAT(
+      text,
+      HasSubstr("ps_server_requests_total{op=\"push\",outcome=\"ok\"} 2\n"));
+  EXPECT_THAT(
+      text,
+      HasSubstr("ps_server_requests_total{op=\"pull\",outcome=\"ok\"} 1\n"));
+  EXPECT_THAT(
+      text,
+      HasSubstr("ps_server_requests_total{op=\"push\",outcome=\"error\"} 2\n"));
+  EXPECT_THAT(
+      text,
+      HasSubstr(
+          "ps_server_requests_total{op=\"invalid\",outcome=\"error\"} 1\n"));
+  EXPECT_THAT(
+      text,
+      HasSubstr("ps_server_request_errors_total{reason=\"non_finite\"} 1\n"));
+  EXPECT_THAT(
+      text,
+      HasSubstr(
+          "ps_server_request_errors_total{reason=\"unknown_table\"} 1\n"));
+  EXPECT_THAT(
+      text,
+      HasSubstr(
+          "ps_server_request_errors_total{reason=\"invalid_request\"} 1\n"));
+  EXPECT_THAT(
+      text,
+      HasSubstr("ps_server_request_errors_total{reason=\"misrouted\"} 0\n"));
+  EXPECT_THAT(text, HasSubstr(absl::StrCat("ps_server_received_bytes_total ",
+                                           sent, "\n")));
   // The pull's answer: 3 keys of dim 2.
   EXPECT_THAT(text, HasSubstr("ps_server_sent_bytes_total 24\n"));
-  EXPECT_THAT(text, HasSubstr("ps_server_request_duration_seconds_count{op=\"push\"} 4\n"));
-  EXPECT_THAT(text, HasSubstr("ps_server_request_duration_seconds_count{op=\"pull\"} 1\n"));
+  EXPECT_THAT(
+      text,
+      HasSubstr("ps_server_request_duration_seconds_count{op=\"push\"} 4\n"));
+  EXPECT_THAT(
+      text,
+      HasSubstr("ps_server_request_duration_seconds_count{op=\"pull\"} 1\n"));
   EXPECT_THAT(text, HasSubstr("ps_server_keys_pushed_total 3\n"));
   EXPECT_THAT(text, HasSubstr("ps_server_keys_pulled_total 3\n"));
 
@@ -132,8 +149,12 @@ TEST_F(ServerMetricsTest, CountsRequestsBytesErrorsAndTables) {
   }
   text = registry_.Expose();
   EXPECT_THAT(text, HasSubstr("ps_server_table_rows{table=\"emb\"} 3\n"));
-  EXPECT_THAT(text, HasSubstr("ps_server_table_keys_pushed_total{table=\"emb\"} 3\n"));
-  EXPECT_THAT(text, HasSubstr("ps_server_table_evictions_total{table=\"emb\",cause=\"ttl\"} 0\n"));
+  EXPECT_THAT(
+      text, HasSubstr("ps_server_table_keys_pushed_total{table=\"emb\"} 3\n"));
+  EXPECT_THAT(
+      text,
+      HasSubstr(
+          "ps_server_table_evictions_total{table=\"emb\",cause=\"ttl\"} 0\n"));
   EXPECT_THAT(text, Not(HasSubstr("ps_server_table_bytes{table=\"emb\"} 0\n")));
 }
 
@@ -143,7 +164,8 @@ TEST_F(ServerMetricsTest, CountsLeaseAndFenceRefusals) {
   server_->SetLease(std::chrono::steady_clock::now() - std::chrono::seconds(1));
   EXPECT_NE(Send(Request(PUSH, 0, {1}, {1, 1}), &sent).code(), 0);
   EXPECT_NE(Send(Request(PULL, 0, {1}, {}), &sent).code(), 0);
-  server_->SetLease(std::chrono::steady_clock::now() + std::chrono::seconds(60));
+  server_->SetLease(std::chrono::steady_clock::now() +
+                    std::chrono::seconds(60));
   EXPECT_EQ(Send(Request(PULL, 0, {1}, {}), &sent).code(), 0);
   server_->Fence("dropped by the test");
   EXPECT_NE(Send(Request(PULL, 0, {1}, {}), &sent).code(), 0);
@@ -155,13 +177,15 @@ TEST_F(ServerMetricsTest, CountsLeaseAndFenceRefusals) {
 TEST_F(ServerMetricsTest, ScrapingAfterTheServerIsGoneReadsNothing) {
   uint64_t sent = 0;
   EXPECT_EQ(Send(Request(PUSH, 0, {1}, {1, 1}), &sent).code(), 0);
-  socket_.close();
+  client_.reset();
   server_.reset();
   const std::string text = registry_.Expose();
   EXPECT_THAT(text, HasSubstr("ps_server_keys_pushed_total 0\n"));
   EXPECT_THAT(text, Not(HasSubstr("ps_server_table_rows{")));
   // What was counted on the serving thread stays.
-  EXPECT_THAT(text, HasSubstr("ps_server_requests_total{op=\"push\",outcome=\"ok\"} 1\n"));
+  EXPECT_THAT(
+      text,
+      HasSubstr("ps_server_requests_total{op=\"push\",outcome=\"ok\"} 1\n"));
 }
 
 TEST(ServerInstrumentsTest, ClassifiesErrors) {
@@ -169,18 +193,23 @@ TEST(ServerInstrumentsTest, ClassifiesErrors) {
   ResponseHeader wrong_owner;
   wrong_owner.set_wrong_owner(true);
   using R = ServerInstruments::Reason;
-  EXPECT_EQ(ServerInstruments::Classify(absl::FailedPreconditionError("slot 3"), wrong_owner),
+  EXPECT_EQ(ServerInstruments::Classify(absl::FailedPreconditionError("slot 3"),
+                                        wrong_owner),
             R::kMisrouted);
-  EXPECT_EQ(ServerInstruments::Classify(
-                absl::InvalidArgumentError("gradient 0 is not finite (nan)"), plain),
-            R::kNonFinite);
-  EXPECT_EQ(ServerInstruments::Classify(absl::UnavailableError("no view"), plain),
-            R::kUnavailable);
-  EXPECT_EQ(ServerInstruments::Classify(absl::ResourceExhaustedError("budget"), plain),
+  EXPECT_EQ(
+      ServerInstruments::Classify(
+          absl::InvalidArgumentError("gradient 0 is not finite (nan)"), plain),
+      R::kNonFinite);
+  EXPECT_EQ(
+      ServerInstruments::Classify(absl::UnavailableError("no view"), plain),
+      R::kUnavailable);
+  EXPECT_EQ(ServerInstruments::Classify(absl::ResourceExhaustedError("budget"),
+                                        plain),
             R::kResourceExhausted);
   EXPECT_EQ(ServerInstruments::Classify(absl::AbortedError("too old"), plain),
             R::kStaleSequence);
-  EXPECT_EQ(ServerInstruments::Classify(absl::InternalError("?"), plain), R::kOther);
+  EXPECT_EQ(ServerInstruments::Classify(absl::InternalError("?"), plain),
+            R::kOther);
 }
 
 }  // namespace

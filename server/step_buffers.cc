@@ -13,8 +13,9 @@ bool InSlots(const std::vector<bool>& mask, uint32_t slot) {
 
 }  // namespace
 
-void StepBuffer::Add(uint64_t node_id, Table* table, absl::Span<const uint64_t> keys,
-                     const Segments& segments, absl::Span<const float> grads) {
+void StepBuffer::Add(uint64_t node_id, Table* table,
+                     absl::Span<const uint64_t> keys, const Segments& segments,
+                     absl::Span<const float> grads) {
   pushers.insert(node_id);
   if (SparseTable* sparse_table = table->AsSparse()) {
     Sparse& b = sparse[table->id()];
@@ -40,7 +41,8 @@ void StepBuffer::Add(uint64_t node_id, Table* table, absl::Span<const uint64_t> 
     const uint64_t block = s.begin() / block_size;
     std::vector<double>& sums = b.blocks[block];
     if (sums.empty()) {
-      sums.assign(std::min(block_size, dense_table->size() - block * block_size), 0.0);
+      sums.assign(
+          std::min(block_size, dense_table->size() - block * block_size), 0.0);
     }
     const uint64_t offset = s.begin() - block * block_size;
     for (uint64_t e = 0; e < s.length(); ++e) sums[offset + e] += g[e];
@@ -48,14 +50,52 @@ void StepBuffer::Add(uint64_t node_id, Table* table, absl::Span<const uint64_t> 
         b.touched.try_emplace(block, offset, offset + s.length());
     if (!inserted) {
       range->second.first = std::min(range->second.first, offset);
-      range->second.second = std::max(range->second.second, offset + s.length());
+      range->second.second =
+          std::max(range->second.second, offset + s.length());
     }
     g += s.length();
   }
 }
 
-void StepBuffer::ApplyTo(const absl::flat_hash_map<uint32_t, std::unique_ptr<Table>>& tables,
-                         uint64_t step, uint32_t divisor, uint32_t num_workers) const {
+void StepBuffer::MergeSparseSums(uint32_t table_id, uint32_t dim,
+                                 absl::Span<const uint64_t> keys,
+                                 absl::Span<const double> sums) {
+  Sparse& b = sparse[table_id];
+  for (size_t i = 0; i < keys.size(); ++i) {
+    auto [it, inserted] =
+        b.index.try_emplace(keys[i], static_cast<uint32_t>(b.keys.size()));
+    if (inserted) {
+      b.keys.push_back(keys[i]);
+      b.sums.resize(b.sums.size() + dim, 0.0);
+    }
+    double* sum = &b.sums[size_t{it->second} * dim];
+    for (uint32_t e = 0; e < dim; ++e) sum[e] += sums[i * dim + e];
+  }
+}
+
+void StepBuffer::MergeDenseSums(const DenseTable& table,
+                                absl::Span<const uint64_t> ranges,
+                                absl::Span<const double> sums) {
+  Dense& b = dense[table.id()];
+  size_t offset = 0;
+  for (size_t i = 0; i + 2 < ranges.size(); i += 3) {
+    const uint64_t block = ranges[i], lo = ranges[i + 1], hi = ranges[i + 2];
+    const size_t len = table.BlockLength(block);
+    std::vector<double>& block_sums = b.blocks[block];
+    if (block_sums.empty()) block_sums.assign(len, 0.0);
+    for (size_t e = 0; e < len; ++e) block_sums[e] += sums[offset + e];
+    offset += len;
+    auto [range, inserted] = b.touched.try_emplace(block, lo, hi);
+    if (!inserted) {
+      range->second.first = std::min(range->second.first, lo);
+      range->second.second = std::max(range->second.second, hi);
+    }
+  }
+}
+
+void StepBuffer::ApplyTo(
+    const absl::flat_hash_map<uint32_t, std::unique_ptr<Table>>& tables,
+    uint64_t step, uint32_t divisor, uint32_t num_workers) const {
   std::vector<float> grads;
   for (const auto& [id, b] : sparse) {
     grads.resize(b.sums.size());
@@ -86,9 +126,9 @@ void StepBuffer::ApplyTo(const absl::flat_hash_map<uint32_t, std::unique_ptr<Tab
   }
 }
 
-void StepBuffer::ExtractSlots(const std::vector<bool>& mask, uint32_t num_slots,
-                              const absl::flat_hash_map<uint32_t, uint32_t>& dims,
-                              StepBuffer* to) {
+void StepBuffer::ExtractSlots(
+    const std::vector<bool>& mask, uint32_t num_slots,
+    const absl::flat_hash_map<uint32_t, uint32_t>& dims, StepBuffer* to) {
   for (auto& [table, b] : sparse) {
     const uint32_t dim = dims.at(table);
     decltype(b.keys) kept_keys;
@@ -146,7 +186,6 @@ void StepBuffer::ExtractSlots(const std::vector<bool>& mask, uint32_t num_slots,
   }
   if (to != nullptr) to->pushers.insert(pushers.begin(), pushers.end());
 }
-
 
 bool StepBuffer::Empty() const {
   for (const auto& [table, s] : sparse) {

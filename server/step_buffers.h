@@ -42,17 +42,33 @@ struct StepBuffer {
   void Add(uint64_t node_id, Table* table, absl::Span<const uint64_t> keys,
            const Segments& segments, absl::Span<const float> grads);
 
+  // Adds sums another buffer holds (a primary's, relayed to its backup)
+  // of sparse table `table_id` with rows of `dim`: sums holds keys.size()
+  // * dim values, in key order. The caller validated the sizes.
+  void MergeSparseSums(uint32_t table_id, uint32_t dim,
+                       absl::Span<const uint64_t> keys,
+                       absl::Span<const double> sums);
+  // As MergeSparseSums for dense `table`: ranges holds (block, lo, hi)
+  // triples, each block's touched element range [lo, hi), and sums the
+  // block's BlockLength(block) values for each triple in order. The caller
+  // validated blocks, ranges and sizes.
+  void MergeDenseSums(const DenseTable& table,
+                      absl::Span<const uint64_t> ranges,
+                      absl::Span<const double> sums);
+
   // Applies the sums divided by `divisor` to `tables` (by id; every table
   // buffered must be there) at the learning rate of `step` (no staleness
   // under BSP; num_workers for scale_with_workers). Only the touched range
   // of a dense block is updated.
-  void ApplyTo(const absl::flat_hash_map<uint32_t, std::unique_ptr<Table>>& tables,
-               uint64_t step, uint32_t divisor, uint32_t num_workers) const;
+  void ApplyTo(
+      const absl::flat_hash_map<uint32_t, std::unique_ptr<Table>>& tables,
+      uint64_t step, uint32_t divisor, uint32_t num_workers) const;
 
   // Moves (or, with `to` null, drops) the part that belongs to the slots
   // in `mask` (slot -> whether); `dims`: sparse table id -> dim.
   void ExtractSlots(const std::vector<bool>& mask, uint32_t num_slots,
-                    const absl::flat_hash_map<uint32_t, uint32_t>& dims, StepBuffer* to);
+                    const absl::flat_hash_map<uint32_t, uint32_t>& dims,
+                    StepBuffer* to);
 
   // Whether no key or block is buffered (pushers aside).
   bool Empty() const;

@@ -9,6 +9,7 @@
 #include <numeric>
 #include <utility>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "common/config.h"
 #include "common/finite.h"
@@ -787,6 +788,19 @@ absl::Status SparseTable::ImportRow(uint64_t key,
         max_rows_, " rows held) and eviction is off; cannot import key ", key));
   }
   return absl::OkStatus();
+}
+
+absl::Status SparseTable::CheckImport(absl::Span<const uint64_t> keys) const {
+  if (eviction_ != EVICT_NONE && evictable_) return absl::OkStatus();
+  absl::flat_hash_set<uint64_t> absent;
+  for (uint64_t key : keys) {
+    if (index_.Find(key) == RowIndex::kNotFound) absent.insert(key);
+  }
+  if (num_rows() + absent.size() <= max_rows_) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "table '", config_.name(), "' is at its memory budget on this server (",
+      config_.sparse().memory_budget_bytes(), " bytes: ", num_rows(), " of ", max_rows_,
+      " rows held) and eviction is off; cannot import ", absent.size(), " new rows"));
 }
 
 // ------------------------------------------------------------------ both

@@ -202,6 +202,10 @@ class SparseTable : public Table {
   // without eviction (an evicting table evicts a row to make room, counted
   // in evictions_budget). On error the table is unchanged.
   absl::Status ImportRow(uint64_t key, absl::Span<const float> state);
+  // Whether ImportRow of every key in `keys` would find room: RESOURCE_EXHAUSTED
+  // when the table does not evict and the absent keys (each counted once)
+  // do not fit in its budget. Changes nothing.
+  absl::Status CheckImport(absl::Span<const uint64_t> keys) const;
 
  private:
   // Bookkeeping in front of each row's floats when rows can be dropped.
