@@ -80,7 +80,8 @@ class MultiProcessTest : public ::testing::Test {
     processes_.push_back(Start("scheduler",
                                {Runfile("scheduler/scheduler_main"),
                                 "--config=" + config_,
-                                "--port_file=" + dir_ + "/port"}));
+                                "--port_file=" + dir_ + "/port",
+                                "--state_dir=" + dir_ + "/scheduler-state"}));
     auto port = ps::testing::WaitForFile(dir_ + "/port", absl::Seconds(10));
     EXPECT_TRUE(port.ok()) << port.status();
     const std::string address =
