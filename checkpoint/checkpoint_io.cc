@@ -4,8 +4,6 @@
 #include <sys/stat.h>
 
 #include <algorithm>
-#include <filesystem>
-#include <system_error>
 
 #include "absl/strings/str_cat.h"
 
@@ -116,42 +114,17 @@ absl::Status Corrupt(absl::string_view file, absl::string_view what) {
 }
 
 absl::Status SyncDir(const std::string& dir) {
-  const int fd = ::open(dir.empty() ? "." : dir.c_str(),
-                        O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return IoError(errno, "cannot open directory", dir);
-  const int rc = ::fsync(fd);
-  const int err = errno;
-  ::close(fd);
-  if (rc != 0) return IoError(err, "cannot fsync directory", dir);
-  return absl::OkStatus();
+  return FileEnv::Default()->SyncDir(dir);
 }
 
 absl::Status MakeDirs(const std::string& dir) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) return IoError(ec.value(), "cannot create directory", dir);
-  // The new directory's own entry lives in its parent.
-  fs::path parent = fs::path(dir).lexically_normal().parent_path();
-  if (parent.empty()) parent = ".";
-  return SyncDir(parent.string());
+  return FileEnv::Default()->CreateDirs(dir);
 }
 
 // ------------------------------------------------------------- FileWriter
 
-absl::StatusOr<std::unique_ptr<FileWriter>> FileWriter::Create(
-    const std::string& path) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return IoError(errno, "cannot create", path);
-  return std::unique_ptr<FileWriter>(new FileWriter(fd, path));
-}
-
-FileWriter::FileWriter(int fd, std::string path)
-    : fd_(fd), path_(std::move(path)), buffer_(new char[kIoBufferBytes]) {}
-
-FileWriter::~FileWriter() {
-  if (fd_ >= 0) ::close(fd_);
-}
+FileWriter::FileWriter(WritableFile* file)
+    : file_(file), buffer_(new char[kIoBufferBytes]) {}
 
 absl::Status FileWriter::Append(const void* data, size_t n) {
   hash_.Update(data, n);
@@ -164,38 +137,17 @@ absl::Status FileWriter::Append(const void* data, size_t n) {
   }
   PS_RETURN_IF_ERROR(Flush());
   // Large pieces (sparse pages, dense blocks) skip the copy.
-  if (n >= kIoBufferBytes) return WriteAll(p, n);
+  if (n >= kIoBufferBytes) return file_->Append(absl::string_view(p, n));
   std::memcpy(buffer_.get(), p, n);
   buffered_ = n;
-  return absl::OkStatus();
-}
-
-absl::Status FileWriter::SyncAndClose() {
-  PS_RETURN_IF_ERROR(Flush());
-  if (::fsync(fd_) != 0) return IoError(errno, "cannot fsync", path_);
-  const int rc = ::close(fd_);
-  fd_ = -1;
-  if (rc != 0) return IoError(errno, "cannot close", path_);
   return absl::OkStatus();
 }
 
 absl::Status FileWriter::Flush() {
   const size_t n = buffered_;
   buffered_ = 0;
-  return WriteAll(buffer_.get(), n);
-}
-
-absl::Status FileWriter::WriteAll(const char* p, size_t n) {
-  while (n > 0) {
-    const ssize_t w = ::write(fd_, p, n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return IoError(errno, "cannot write", path_);
-    }
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-  return absl::OkStatus();
+  if (n == 0) return absl::OkStatus();
+  return file_->Append(absl::string_view(buffer_.get(), n));
 }
 
 // ------------------------------------------------------------- FileReader

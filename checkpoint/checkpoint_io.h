@@ -1,7 +1,8 @@
 // File primitives of the checkpoint format (checkpoint/format.cc,
 // checkpoint/catalog.cc): a streaming XXH64, a buffered writer and reader
 // that checksum everything they pass, and durable
-// (tmp + fsync + rename) file replacement. Internal to checkpoints; not a
+// (tmp + fsync + rename + directory fsync) file replacement on
+// common/durable_file.h. Internal to checkpoints; not a
 // general-purpose API. Thread-compatible.
 #ifndef PS_CHECKPOINT_CHECKPOINT_IO_H_
 #define PS_CHECKPOINT_CHECKPOINT_IO_H_
@@ -17,8 +18,8 @@
 #include <string>
 #include <utility>
 
-#include "absl/cleanup/cleanup.h"
 #include "absl/strings/string_view.h"
+#include "common/durable_file.h"
 #include "common/status.h"
 
 namespace ps {
@@ -71,36 +72,30 @@ absl::Status IoError(int err, absl::string_view what, absl::string_view path);
 absl::Status Corrupt(absl::string_view file, absl::string_view what);
 
 // fsync of a directory, so that entries created or renamed in it survive a
-// crash.
+// crash (FileEnv::Default()).
 absl::Status SyncDir(const std::string& dir);
 
 // Creates dir and its parents, and makes the new entries durable.
 absl::Status MakeDirs(const std::string& dir);
 
-// Writes a new file through a 1 MiB buffer, checksumming everything
-// appended.
+// Appends to a file being written through a 1 MiB buffer, checksumming
+// everything appended. Does not own the file; Flush before closing it.
 class FileWriter {
  public:
-  // Creates or truncates path.
-  static absl::StatusOr<std::unique_ptr<FileWriter>> Create(const std::string& path);
+  explicit FileWriter(WritableFile* file);
 
   FileWriter(const FileWriter&) = delete;
   FileWriter& operator=(const FileWriter&) = delete;
-  ~FileWriter();  // closes the file if SyncAndClose did not
 
   absl::Status Append(const void* data, size_t n);
   // Checksum and size of everything appended so far.
   uint64_t checksum() const { return hash_.Digest(); }
   uint64_t bytes() const { return bytes_; }
-  absl::Status SyncAndClose();
+  // Hands the buffered bytes to the file.
+  absl::Status Flush();
 
  private:
-  FileWriter(int fd, std::string path);
-  absl::Status Flush();
-  absl::Status WriteAll(const char* p, size_t n);
-
-  int fd_;
-  const std::string path_;
+  WritableFile* const file_;
   std::unique_ptr<char[]> buffer_;
   size_t buffered_ = 0;
   uint64_t bytes_ = 0;
@@ -148,28 +143,23 @@ class FileReader {
   Xxh64 hash_;
 };
 
-// Writes `path` (in directory `dir`) durably: `fill(FileWriter&) ->
-// absl::Status` appends the content to a writer on path + ".tmp", which is
-// then fsync'd, renamed to path, and the directory fsync'd. Returns the
-// file's size. On an error before the rename, the tmp file is removed and
-// path is untouched.
+// Writes `path` (in directory `dir`) durably (common/durable_file.h):
+// `fill(FileWriter&) -> absl::Status` appends the content to a writer on
+// path + ".tmp", which is then fsync'd, renamed to path, and the directory
+// fsync'd. Returns the file's size. Every step's error is returned; on an
+// error before the rename, the tmp file is removed and path is untouched.
 template <typename Fill>
-absl::StatusOr<uint64_t> WriteFileAtomically(const std::string& dir,
-                                             const std::string& path, Fill fill) {
-  const std::string tmp = path + ".tmp";
-  PS_ASSIGN_OR_RETURN(std::unique_ptr<FileWriter> out, FileWriter::Create(tmp));
-  absl::Cleanup remove_tmp = [&] {
-    out.reset();
-    ::unlink(tmp.c_str());
-  };
-  PS_RETURN_IF_ERROR(fill(*out));
-  const uint64_t written = out->bytes();
-  PS_RETURN_IF_ERROR(out->SyncAndClose());
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    return IoError(errno, "cannot rename to", path);
-  }
-  std::move(remove_tmp).Cancel();
-  PS_RETURN_IF_ERROR(SyncDir(dir));
+absl::StatusOr<uint64_t> WriteFileAtomically(
+    const std::string& dir, const std::string& path, Fill fill,
+    FileEnv& env = *FileEnv::Default()) {
+  uint64_t written = 0;
+  PS_RETURN_IF_ERROR(
+      WriteFileDurably(env, dir, path, [&](WritableFile& file) -> absl::Status {
+        FileWriter out(&file);
+        PS_RETURN_IF_ERROR(fill(out));
+        written = out.bytes();
+        return out.Flush();
+      }));
   return written;
 }
 

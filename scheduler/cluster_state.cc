@@ -51,8 +51,8 @@ uint32_t ClusterState::ExpectedCount(Role role) const {
                         : config_.cluster().num_workers();
 }
 
-absl::StatusOr<RegisterResponse> ClusterState::Register(
-    const RegisterRequest& request) {
+absl::Status ClusterState::ValidateRegister(
+    const RegisterRequest& request) const {
   if (request.role() != SERVER && request.role() != WORKER) {
     return absl::InvalidArgumentError("role must be SERVER or WORKER");
   }
@@ -68,27 +68,27 @@ absl::StatusOr<RegisterResponse> ClusterState::Register(
         " differs from the scheduler's ", fingerprint_,
         ": every process of a job must load the same config file"));
   }
-  // A server joining a running job replaces a dead one: it restores its
-  // slots from the newest valid checkpoint. Looked up before locking, as
-  // verifying a checkpoint reads every byte of it.
-  std::optional<CheckpointRef> replacement_restore;
-  if (request.role() == SERVER && store_.latest && job_state() == RUNNING) {
-    auto latest = store_.latest();
-    if (latest.ok()) {
-      replacement_restore = *latest;
-    } else {
-      Log()->warn("replacement server: no checkpoint to restore ({})",
-                  latest.status().message());
-    }
+  return absl::OkStatus();
+}
+
+std::optional<CheckpointRef> ClusterState::ReplacementRestore(
+    const RegisterRequest& request) const {
+  if (request.role() != SERVER || !store_.latest || job_state() != RUNNING) {
+    return std::nullopt;
   }
-  absl::MutexLock lock(&mu_);
-  JournalScope journal(this);
-  if (view_.job_state() == FINISHED) {
-    return absl::FailedPreconditionError("the job has finished");
+  auto latest = store_.latest();
+  if (!latest.ok()) {
+    Log()->warn("replacement server: no checkpoint to restore ({})",
+                latest.status().message());
+    return std::nullopt;
   }
-  std::vector<bool> taken(ExpectedCount(request.role()), false);
+  return *latest;
+}
+
+absl::StatusOr<uint32_t> ClusterState::FreeRankLocked(Role role) const {
+  std::vector<bool> taken(ExpectedCount(role), false);
   for (const auto& [id, node] : nodes_) {
-    if (node.info.role() == request.role() &&
+    if (node.info.role() == role &&
         (node.info.state() == ALIVE || node.finished)) {
       taken[node.info.rank()] = true;
     }
@@ -96,13 +96,18 @@ absl::StatusOr<RegisterResponse> ClusterState::Register(
   auto free_rank = std::find(taken.begin(), taken.end(), false);
   if (free_rank == taken.end()) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "all ", taken.size(), " ", RoleName(request.role()),
+        "all ", taken.size(), " ", RoleName(role),
         " ranks are held by live nodes or were finished"));
   }
+  return static_cast<uint32_t>(free_rank - taken.begin());
+}
+
+NodeInfo ClusterState::AddNodeLocked(const RegisterRequest& request,
+                                     uint32_t rank) {
   Node node;
   node.info.set_node_id(next_node_id_++);
   node.info.set_role(request.role());
-  node.info.set_rank(static_cast<uint32_t>(free_rank - taken.begin()));
+  node.info.set_rank(rank);
   node.info.set_data_endpoint(request.data_endpoint());
   node.info.set_state(ALIVE);
   node.info.set_host(request.host());
@@ -117,11 +122,30 @@ absl::StatusOr<RegisterResponse> ClusterState::Register(
     node.info.set_start_clock(start);
     node.clock = start;
   }
+  const NodeInfo info = node.info;
+  nodes_[info.node_id()] = std::move(node);
+  return info;
+}
+
+absl::StatusOr<RegisterResponse> ClusterState::Register(
+    const RegisterRequest& request) {
+  PS_RETURN_IF_ERROR(ValidateRegister(request));
+  // A server joining a running job replaces a dead one: it restores its
+  // slots from the newest valid checkpoint. Looked up before locking, as
+  // verifying a checkpoint reads every byte of it.
+  const std::optional<CheckpointRef> replacement_restore =
+      ReplacementRestore(request);
+  absl::MutexLock lock(&mu_);
+  JournalScope journal(this);
+  PS_RETURN_IF_ERROR(journal.Admit());
+  if (view_.job_state() == FINISHED) {
+    return absl::FailedPreconditionError("the job has finished");
+  }
+  PS_ASSIGN_OR_RETURN(const uint32_t rank, FreeRankLocked(request.role()));
+  const NodeInfo info = AddNodeLocked(request, rank);
   if (replacement_restore.has_value() && view_.job_state() == RUNNING) {
     *view_.mutable_restore() = *replacement_restore;
   }
-  const NodeInfo info = node.info;
-  nodes_[info.node_id()] = std::move(node);
   RegisterResponse response;
   if (info.role() == WORKER) {
     // Its own shard if it is new or (REASSIGN) waits for a worker; else
@@ -145,6 +169,7 @@ absl::StatusOr<RegisterResponse> ClusterState::Register(
   response.set_node_id(info.node_id());
   response.set_rank(info.rank());
   *response.mutable_view() = view_;
+  PS_RETURN_IF_ERROR(journal.Commit());
   return response;
 }
 
@@ -184,6 +209,7 @@ absl::StatusOr<HeartbeatResponse> ClusterState::Heartbeat(
 absl::Status ClusterState::Leave(const LeaveRequest& request) {
   absl::MutexLock lock(&mu_);
   JournalScope journal(this);
+  PS_RETURN_IF_ERROR(journal.Admit());
   auto it = nodes_.find(request.node_id());
   if (it == nodes_.end() || it->second.info.state() != ALIVE) {
     return absl::NotFoundError(
@@ -209,7 +235,7 @@ absl::Status ClusterState::Leave(const LeaveRequest& request) {
               request.finished() ? " (finished)" : "");
   UpdateJobStateLocked();
   BumpEpochLocked();
-  return absl::OkStatus();
+  return journal.Commit();
 }
 
 std::vector<uint64_t> ClusterState::ExpireSilentNodes() {
@@ -219,7 +245,10 @@ std::vector<uint64_t> ClusterState::ExpireSilentNodes() {
   std::vector<uint64_t> dead;
   absl::MutexLock lock(&mu_);
   JournalScope journal(this);
-  if (clock_->Now() < recovery_grace_until_) return dead;
+  // Nobody is declared dead while the journal cannot record it.
+  if (!journal.Admit().ok() || clock_->Now() < recovery_grace_until_) {
+    return dead;
+  }
   for (auto& [id, node] : nodes_) {
     if (node.info.state() == ALIVE && node.last_heartbeat < deadline) {
       node.info.set_state(DEAD);
@@ -340,6 +369,7 @@ absl::StatusOr<std::vector<uint32_t>> ClusterState::AwaitBarrier(
   }
   absl::MutexLock lock(&mu_);
   JournalScope journal(this);
+  PS_RETURN_IF_ERROR(journal.Admit());
   auto it = nodes_.find(node_id);
   if (it == nodes_.end() || it->second.info.state() != ALIVE) {
     return absl::NotFoundError(
@@ -381,6 +411,7 @@ absl::StatusOr<std::vector<uint32_t>> ClusterState::AwaitBarrier(
       if (present(node)) ranks.push_back(node.info.rank());
     }
     std::sort(ranks.begin(), ranks.end());
+    PS_RETURN_IF_ERROR(journal.Commit());
     return ranks;
   }
   if (closed_) {
@@ -397,6 +428,7 @@ absl::StatusOr<uint64_t> ClusterState::SetConsistency(
   if (!valid.ok()) return valid;
   absl::MutexLock lock(&mu_);
   JournalScope journal(this);
+  PS_RETURN_IF_ERROR(journal.Admit());
   ConsistencyConfig* c = view_.mutable_consistency();
   c->set_mode(consistency.mode());
   c->set_staleness(consistency.staleness());
@@ -404,6 +436,7 @@ absl::StatusOr<uint64_t> ClusterState::SetConsistency(
               ConsistencyMode_Name(c->mode()),
               c->mode() == SSP ? absl::StrCat(" staleness ", c->staleness()) : "");
   BumpEpochLocked();
+  PS_RETURN_IF_ERROR(journal.Commit());
   return view_.epoch();
 }
 
@@ -536,6 +569,7 @@ absl::StatusOr<ClaimShardResponse> ClusterState::ClaimShard(
     const ClaimShardRequest& request, absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
   JournalScope journal(this);
+  PS_RETURN_IF_ERROR(journal.Admit());
   auto it = nodes_.find(request.node_id());
   if (it == nodes_.end() || it->second.info.state() != ALIVE ||
       it->second.info.role() != WORKER) {
@@ -558,12 +592,14 @@ absl::StatusOr<ClaimShardResponse> ClusterState::ClaimShard(
       nodes_[id].clock = again.start_clock();
       *again.mutable_shard() = shards_.shard(s).position;
       again.mutable_shard()->set_done(false);
-      Log()->info("node {} asked again for work: shard {} is still its own", id, s);
+      Log()->info("node {} asked again for work: shard {} is still its own", id,
+                  s);
+      PS_RETURN_IF_ERROR(journal.Commit());
       return again;
     }
   }
   // A finished shard is on record before the wait, which may be long.
-  FlushJournalLocked();
+  PS_RETURN_IF_ERROR(FlushJournalLocked());
   auto decided = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     auto n = nodes_.find(id);
     return closed_ || n->second.info.state() != ALIVE || shards_.Orphan() >= 0 ||
@@ -585,6 +621,7 @@ absl::StatusOr<ClaimShardResponse> ClusterState::ClaimShard(
   } else {
     response.set_result(ClaimShardResponse::WAIT);
   }
+  PS_RETURN_IF_ERROR(journal.Commit());
   return response;
 }
 
@@ -610,13 +647,17 @@ void ClusterState::SetRestore(const std::string& path,
 absl::StatusOr<uint64_t> ClusterState::StartCheckpoint(uint64_t after_clock) {
   absl::MutexLock lock(&mu_);
   JournalScope journal(this);
+  PS_RETURN_IF_ERROR(journal.Admit());
   if (checkpoint_.has_value()) {
     if (checkpoint_->clock > after_clock) return checkpoint_->clock;
     // The requester has passed it: the servers will refuse it anyway.
     AbortCheckpointLocked(absl::StrCat("a worker asked for one after clock ", after_clock));
   }
   auto clock = StartCheckpointLocked("on request", after_clock);
-  if (clock.ok()) checkpoint_wanted_ = true;
+  if (clock.ok()) {
+    checkpoint_wanted_ = true;
+    PS_RETURN_IF_ERROR(journal.Commit());
+  }
   return clock;
 }
 
@@ -662,6 +703,7 @@ void ClusterState::AbortCheckpointLocked(const std::string& why) {
 absl::Status ClusterState::ReportCheckpoint(const ReportCheckpointRequest& request) {
   absl::MutexLock lock(&mu_);
   JournalScope journal(this);
+  PS_RETURN_IF_ERROR(journal.Admit());
   auto it = nodes_.find(request.node_id());
   if (it == nodes_.end() || it->second.info.state() != ALIVE) {
     return absl::NotFoundError(
@@ -679,15 +721,15 @@ absl::Status ClusterState::ReportCheckpoint(const ReportCheckpointRequest& reque
     // further ahead.
     checkpoint_margin_ = std::min<uint64_t>(checkpoint_margin_ * 4, 1 << 20);
     checkpoint_wanted_ = true;
-    AbortCheckpointLocked(absl::StrCat(
-        it->second.info.role() == SERVER ? "server " : "worker ",
-        it->second.info.rank(), ": ", request.error()));
-    return absl::OkStatus();
+    AbortCheckpointLocked(
+        absl::StrCat(it->second.info.role() == SERVER ? "server " : "worker ",
+                     it->second.info.rank(), ": ", request.error()));
+    return journal.Commit();
   }
   checkpoint_->reports[request.node_id()] = request;
   journal_dirty_ = true;
   TryCommitCheckpointLocked();
-  return absl::OkStatus();
+  return journal.Commit();
 }
 
 void ClusterState::TryCommitCheckpointLocked() {
@@ -750,7 +792,10 @@ std::vector<std::string> ClusterState::CheckCheckpoints() {
   std::vector<std::string> lines;
   absl::MutexLock lock(&mu_);
   JournalScope journal(this);
-  if (config_.checkpoint().dir().empty() || view_.job_state() != RUNNING) return lines;
+  if (!journal.Admit().ok() || config_.checkpoint().dir().empty() ||
+      view_.job_state() != RUNNING) {
+    return lines;
+  }
   const absl::Time now = clock_->Now();
   if (checkpoint_.has_value()) {
     const absl::Duration limit = std::max(

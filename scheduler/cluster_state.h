@@ -83,16 +83,42 @@ class ClusterState {
   // (scheduler/journal.h): `write` gets the whole state, under the state's
   // lock, before any call that changed it returns (sync false: durable
   // against the scheduler being killed), and from SyncJournal (sync true).
-  // Errors are logged (at most every 10 s) and the job goes on: a failing
-  // disk costs the ability to restart, not the running job. Set before any
-  // node registers; no journal without it.
+  // Set before any node registers; no journal without it (null: none).
+  // Returns the first write's error (the state then takes no changes, as
+  // below, until a write succeeds or SetJournal is called again).
+  //
+  // A change the journal could not record is not acknowledged: the call
+  // that made it answers UNAVAILABLE, as if its answer had been lost (the
+  // change stays in memory and is recorded by the next write that
+  // succeeds). From then until a write succeeds (SyncJournal retries about
+  // once a second) the state takes no changes: every call that would
+  // change it answers UNAVAILABLE, which nodes retry as for an unreachable
+  // scheduler, no node is declared dead and no checkpoint starts.
+  // Heartbeats are still answered, so no node is lost meanwhile.
+  // JournalError() says why (the scheduler's /readyz, /status and psctl
+  // status show it). Why not go on unrecorded: nodes would be told of
+  // ranks, shards and barriers that a restarted scheduler knows nothing of.
   using JournalWriter =
       std::function<absl::Status(const SchedulerJournal& journal, bool sync)>;
-  void SetJournal(JournalWriter write);
+  absl::Status SetJournal(JournalWriter write);
   // Writes the journal, synced, with the workers' newest clocks and data
   // positions (which heartbeats change without a journal write). Called
   // about once a second. (scheduler/cluster_state_journal.cc)
   void SyncJournal();
+  // OK, or UNAVAILABLE with the journal's last write error while the state
+  // takes no changes (see SetJournal).
+  absl::Status JournalError() const;
+  // Recorded in the journal: the launch this scheduler serves (a restarted
+  // scheduler resumes only a journal of its own launch) and the port it
+  // listens on (which a restarted one binds again, so the job's nodes find
+  // it at the address they have). Call before serving.
+  void SetLaunch(const std::string& launch_id);
+  void SetListenPort(int port);
+  // The port of SetListenPort, or of the journal Recover took (0: none).
+  uint32_t ListenPort() const;
+  // The job is being stopped on purpose (the scheduler's SIGTERM): the
+  // journal says so, synced, and is not resumed by a later scheduler.
+  absl::Status MarkStopped();
   // A restarted scheduler takes the running job back from `journal`, which
   // is validated against the job config first (it comes from a file):
   // FAILED_PRECONDITION for another job's journal, DATA_LOSS naming the
@@ -222,22 +248,37 @@ class ClusterState {
   // with a backoff of up to 1 s (scheduler/client.cc), plus jitter.
   static constexpr absl::Duration kRecoveryGrace = absl::Seconds(2);
 
-  // Flushes the journal when a mutating call returns (declared after the
-  // call's MutexLock, so it runs under the lock).
+  // A call that may change the state: Admit() first (nothing may change
+  // while the journal cannot be written), Commit() before answering
+  // success (a change the journal could not record is not acknowledged).
+  // On other paths the destructor writes the journal, ignoring the error:
+  // the call fails anyway and later calls are refused. Declared after the
+  // call's MutexLock, so it runs under the lock.
   class JournalScope {
    public:
     explicit JournalScope(ClusterState* state) : state_(state) {}
     JournalScope(const JournalScope&) = delete;
     JournalScope& operator=(const JournalScope&) = delete;
-    ~JournalScope() ABSL_NO_THREAD_SAFETY_ANALYSIS { state_->FlushJournalLocked(); }
+    ~JournalScope() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+      if (!committed_) state_->FlushJournalLocked().IgnoreError();
+    }
+    absl::Status Admit() const ABSL_NO_THREAD_SAFETY_ANALYSIS {
+      return state_->journal_error_;
+    }
+    absl::Status Commit() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+      committed_ = true;
+      return state_->FlushJournalLocked();
+    }
 
    private:
     ClusterState* const state_;
+    bool committed_ = false;
   };
   void BumpEpochLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Writes the journal if the state changed since the last write.
-  void FlushJournalLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void WriteJournalLocked(bool sync) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Writes the journal if the state changed since the last write; the
+  // write's error (journal_error_ then holds it).
+  absl::Status FlushJournalLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status WriteJournalLocked(bool sync) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   SchedulerJournal SnapshotLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Recover's validation: the first thing in `journal` that does not fit
   // this job's config, or OK.
@@ -269,6 +310,17 @@ class ClusterState {
   std::vector<uint32_t> MissingRanksLocked(const std::string& name) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint32_t ExpectedCount(Role role) const;
+  // Register's parts: the request's own checks; the checkpoint a server
+  // replacing a dead one restores (read before locking: verifying it reads
+  // every byte); the lowest rank of `role` no live or finished node holds
+  // (RESOURCE_EXHAUSTED when none); the new node's entry.
+  absl::Status ValidateRegister(const RegisterRequest& request) const;
+  std::optional<CheckpointRef> ReplacementRestore(
+      const RegisterRequest& request) const;
+  absl::StatusOr<uint32_t> FreeRankLocked(Role role) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  NodeInfo AddNodeLocked(const RegisterRequest& request, uint32_t rank)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Replication (cluster.replication 2): see the class comment.
   bool Replicated() const { return config_.cluster().replication() >= 2; }
@@ -338,7 +390,13 @@ class ClusterState {
   JournalWriter journal_;  // set before serving, then only read
   // The state changed since the journal was last written.
   bool journal_dirty_ ABSL_GUARDED_BY(mu_) = false;
-  absl::Time last_journal_error_log_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  absl::Time last_journal_error_log_ ABSL_GUARDED_BY(mu_) =
+      absl::InfinitePast();
+  // OK, or why the journal cannot be written (the state takes no changes).
+  absl::Status journal_error_ ABSL_GUARDED_BY(mu_);
+  std::string launch_id_ ABSL_GUARDED_BY(mu_);
+  uint32_t listen_port_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace ps

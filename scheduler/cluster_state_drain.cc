@@ -44,6 +44,7 @@ absl::StatusOr<DrainResponse> ClusterState::Drain(const DrainRequest& request) {
   }
   absl::MutexLock lock(&mu_);
   JournalScope journal(this);
+  PS_RETURN_IF_ERROR(journal.Admit());
   Node* target = nullptr;
   for (auto& [id, node] : nodes_) {
     if (node.info.state() != ALIVE) continue;
@@ -150,6 +151,7 @@ absl::StatusOr<DrainResponse> ClusterState::Drain(const DrainRequest& request) {
   BumpEpochLocked();
   *response.mutable_node() = info;
   response.set_note(note);
+  PS_RETURN_IF_ERROR(journal.Commit());
   return response;
 }
 

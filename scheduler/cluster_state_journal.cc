@@ -19,37 +19,77 @@ std::shared_ptr<spdlog::logger> Log() {
 
 }  // namespace
 
-void ClusterState::SetJournal(JournalWriter write) {
+absl::Status ClusterState::SetJournal(JournalWriter write) {
   absl::MutexLock lock(&mu_);
   journal_ = std::move(write);
+  journal_error_ = absl::OkStatus();
   journal_dirty_ = true;
-  FlushJournalLocked();
+  return FlushJournalLocked();
 }
 
 void ClusterState::SyncJournal() {
   absl::MutexLock lock(&mu_);
-  WriteJournalLocked(/*sync=*/true);
+  WriteJournalLocked(/*sync=*/true).IgnoreError();  // kept in journal_error_
 }
 
-void ClusterState::FlushJournalLocked() {
-  if (journal_dirty_) WriteJournalLocked(/*sync=*/false);
+absl::Status ClusterState::JournalError() const {
+  absl::MutexLock lock(&mu_);
+  return journal_error_;
 }
 
-void ClusterState::WriteJournalLocked(bool sync) {
-  if (!journal_) return;
+void ClusterState::SetLaunch(const std::string& launch_id) {
+  absl::MutexLock lock(&mu_);
+  launch_id_ = launch_id;
+  journal_dirty_ = true;
+}
+
+absl::Status ClusterState::MarkStopped() {
+  absl::MutexLock lock(&mu_);
+  stopped_ = true;
+  return WriteJournalLocked(/*sync=*/true);
+}
+
+uint32_t ClusterState::ListenPort() const {
+  absl::MutexLock lock(&mu_);
+  return listen_port_;
+}
+
+void ClusterState::SetListenPort(int port) {
+  absl::MutexLock lock(&mu_);
+  JournalScope journal(this);
+  listen_port_ = static_cast<uint32_t>(port);
+  journal_dirty_ = true;
+}
+
+absl::Status ClusterState::FlushJournalLocked() {
+  if (!journal_dirty_) return absl::OkStatus();
+  return WriteJournalLocked(/*sync=*/false);
+}
+
+absl::Status ClusterState::WriteJournalLocked(bool sync) {
+  if (!journal_) return absl::OkStatus();
   const absl::Status written = journal_(SnapshotLocked(), sync);
+  const absl::Time now = clock_->Now();
   if (written.ok()) {
     journal_dirty_ = false;
-    return;
+    if (!journal_error_.ok()) {
+      Log()->info(
+          "the scheduler journal can be written again: taking changes again");
+      journal_error_ = absl::OkStatus();
+    }
+    return absl::OkStatus();
   }
   // Still dirty: the next call tries again.
-  const absl::Time now = clock_->Now();
+  journal_error_ = absl::UnavailableError(
+      absl::StrCat("the scheduler cannot write its journal, and takes no "
+                   "changes until it can: ",
+                   written.message()));
   if (now - last_journal_error_log_ >= absl::Seconds(10)) {
     last_journal_error_log_ = now;
-    Log()->error("cannot write the scheduler journal ({}): a scheduler restart now "
-                 "would lose the job",
-                 written.message());
+    Log()->error("{} (a change it could not record is answered as failed)",
+                 journal_error_.message());
   }
+  return journal_error_;
 }
 
 SchedulerJournal ClusterState::SnapshotLocked() const {
@@ -85,6 +125,9 @@ SchedulerJournal ClusterState::SnapshotLocked() const {
   j.set_checkpoint_margin(checkpoint_margin_);
   j.set_checkpoint_wanted(checkpoint_wanted_);
   j.set_abandoned_checkpoint(abandoned_checkpoint_);
+  j.set_launch_id(launch_id_);
+  j.set_listen_port(listen_port_);
+  j.set_stopped(stopped_);
   if (checkpoint_.has_value()) {
     j.mutable_checkpoint()->set_clock(checkpoint_->clock);
     for (const auto& [id, report] : checkpoint_->reports) {
@@ -108,7 +151,9 @@ absl::Status ClusterState::ValidateJournal(const SchedulerJournal& j) const {
   const uint32_t num_workers = config_.cluster().num_workers();
   const uint32_t num_slots = config_.cluster().num_slots();
   if (v.epoch() == 0) return bad("view epoch 0");
-  if (!JobState_IsValid(v.job_state())) return bad("unknown job state ", v.job_state());
+  if (j.listen_port() > 65535) return bad("listen port ", j.listen_port());
+  if (!JobState_IsValid(v.job_state()))
+    return bad("unknown job state ", v.job_state());
   if (v.num_slots() != num_slots) {
     return bad("the view has ", v.num_slots(), " slots, the config ", num_slots);
   }
@@ -224,6 +269,8 @@ absl::Status ClusterState::Recover(const SchedulerJournal& j) {
       barrier_nodes_[b.name()].assign(b.released().begin(), b.released().end());
     }
   }
+  launch_id_ = j.launch_id();
+  listen_port_ = j.listen_port();
   base_clock_ = j.base_clock();
   max_clock_ever_ = j.max_clock_ever();
   last_checkpoint_ = j.last_checkpoint();

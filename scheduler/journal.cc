@@ -1,6 +1,7 @@
 #include "scheduler/journal.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -9,6 +10,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 
 namespace ps {
@@ -47,34 +49,43 @@ absl::Status Errno(const std::string& what, const std::string& path) {
                       absl::StrCat(what, " ", path, ": ", std::strerror(e)));
 }
 
-absl::Status MakeDirs(const std::string& dir) {
-  for (size_t i = 1; i <= dir.size(); ++i) {
-    if (i != dir.size() && dir[i] != '/') continue;
-    const std::string prefix = dir.substr(0, i);
-    if (::mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST) {
-      return Errno("cannot create directory", prefix);
-    }
-  }
-  return absl::OkStatus();
-}
-
-absl::Status WriteAll(int fd, const std::string& data, const std::string& path) {
-  size_t done = 0;
-  while (done < data.size()) {
-    const ssize_t n = ::write(fd, data.data() + done, data.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return Errno("cannot write", path);
-    }
-    done += static_cast<size_t>(n);
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
 
-JournalFile::JournalFile(std::string dir)
-    : dir_(std::move(dir)), path_(dir_ + "/scheduler.journal") {}
+JournalFile::JournalFile(std::string dir, FileEnv* env)
+    : dir_(std::move(dir)), path_(dir_ + "/scheduler.journal"), env_(env) {}
+
+JournalFile::~JournalFile() {
+  if (lock_fd_ >= 0) ::close(lock_fd_);
+}
+
+absl::Status JournalFile::Lock() {
+  if (lock_fd_ >= 0) return absl::OkStatus();
+  PS_RETURN_IF_ERROR(env_->CreateDirs(dir_));
+  const std::string path = dir_ + "/scheduler.lock";
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) return Errno("cannot open", path);
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    char pid[32] = {};
+    const ssize_t n = ::pread(fd, pid, sizeof(pid) - 1, 0);
+    ::close(fd);
+    if (err == EWOULDBLOCK) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("another scheduler (pid ",
+                       n > 0 ? absl::StripAsciiWhitespace(pid) : "?",
+                       ") uses the state directory ", dir_));
+    }
+    errno = err;
+    return Errno("cannot lock", path);
+  }
+  // The holder's pid, for the message above; the lock is what counts.
+  const std::string pid = absl::StrCat(::getpid(), "\n");
+  if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, pid.data(), pid.size(), 0) < 0) {
+    // Harmless: only the message above would lack the pid.
+  }
+  lock_fd_ = fd;
+  return absl::OkStatus();
+}
 
 absl::StatusOr<SchedulerJournal> JournalFile::Read() const {
   std::ifstream in(path_, std::ios::binary);
@@ -116,28 +127,10 @@ absl::Status JournalFile::Write(const SchedulerJournal& journal, bool sync) {
   PutU64(&data, payload.size());
   PutU64(&data, Fnv1a(payload));
   data += payload;
-  if (absl::Status s = MakeDirs(dir_); !s.ok()) return s;
-  const std::string tmp = path_ + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return Errno("cannot create", tmp);
-  absl::Status status = WriteAll(fd, data, tmp);
-  if (status.ok() && sync && ::fsync(fd) != 0) status = Errno("cannot fsync", tmp);
-  if (::close(fd) != 0 && status.ok()) status = Errno("cannot close", tmp);
-  if (status.ok() && std::rename(tmp.c_str(), path_.c_str()) != 0) {
-    status = Errno("cannot rename to", path_);
-  }
-  if (!status.ok()) {
-    ::unlink(tmp.c_str());
-    return status;
-  }
-  if (sync) {
-    const int dfd = ::open(dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd >= 0) {
-      ::fsync(dfd);
-      ::close(dfd);
-    }
-  }
-  return absl::OkStatus();
+  PS_RETURN_IF_ERROR(env_->CreateDirs(dir_));
+  DurableWriteOptions options;
+  options.sync = sync;
+  return WriteStringDurably(*env_, dir_, path_, data, options);
 }
 
 absl::Status JournalFile::SetAside(const std::string& suffix) {

@@ -4,11 +4,14 @@
 #include "common/status.h"
 #include "scheduler/journal.h"
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <fstream>
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
@@ -91,11 +94,14 @@ class RecoveryTest : public ::testing::Test {
 
   std::unique_ptr<ClusterState> Make() {
     auto state = std::make_unique<ClusterState>(config_, &clock_);
-    state->SetJournal([this](const SchedulerJournal& j, bool) {
-      journal_ = j;
-      ++writes_;
-      return absl::OkStatus();
-    });
+    EXPECT_TRUE(state
+                    ->SetJournal([this](const SchedulerJournal& j, bool) {
+                      if (!disk_error_.ok()) return disk_error_;
+                      journal_ = j;
+                      ++writes_;
+                      return absl::OkStatus();
+                    })
+                    .ok());
     return state;
   }
 
@@ -119,6 +125,8 @@ class RecoveryTest : public ::testing::Test {
   JobConfig config_;
   std::optional<SchedulerJournal> journal_;
   int writes_ = 0;
+  // What the journal's writes answer.
+  absl::Status disk_error_;
   std::unique_ptr<ClusterState> state_;
 };
 
@@ -135,6 +143,46 @@ TEST_F(RecoveryTest, EveryAnsweredChangeIsJournaledFirst) {
   const int after_register = writes_;
   ASSERT_TRUE(Beat(state_.get(), server->node_id()).ok());
   EXPECT_EQ(writes_, after_register);
+}
+
+TEST_F(RecoveryTest, AChangeTheJournalCouldNotRecordIsNotAcknowledged) {
+  auto server = state_->Register(Request(SERVER, "tcp://a:1"));
+  ASSERT_TRUE(server.ok());
+  disk_error_ = absl::ResourceExhaustedError("no space left on device");
+  const absl::StatusOr<RegisterResponse> unrecorded =
+      state_->Register(Request(SERVER, "tcp://b:1"));
+  ASSERT_FALSE(unrecorded.ok())
+      << "a change the journal could not record was acknowledged";
+  EXPECT_EQ(unrecorded.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(unrecorded.status().message(),
+              HasSubstr("no space left on device"));
+  EXPECT_THAT(unrecorded.status().message(), HasSubstr("journal"));
+  // Until the journal can be written, nothing changes: requests are
+  // refused, nobody is declared dead; heartbeats are still answered.
+  EXPECT_EQ(state_->JournalError().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(state_->JournalError().message(),
+              HasSubstr("no space left on device"));
+  const uint64_t epoch = state_->View().epoch();
+  EXPECT_EQ(state_->Register(Request(WORKER)).status().code(),
+            absl::StatusCode::kUnavailable);
+  LeaveRequest leave;
+  leave.set_node_id(server->node_id());
+  EXPECT_EQ(state_->Leave(leave).code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(state_->SetConsistency(config_.consistency()).status().code(),
+            absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(Beat(state_.get(), server->node_id()).ok());
+  clock_.Advance(absl::Seconds(30));
+  EXPECT_TRUE(state_->ExpireSilentNodes().empty());
+  EXPECT_EQ(state_->View().epoch(), epoch);
+  // The disk is back: the periodic sync records the state, changes are
+  // taken again.
+  disk_error_ = absl::OkStatus();
+  ASSERT_TRUE(Beat(state_.get(), server->node_id()).ok());
+  state_->SyncJournal();
+  EXPECT_TRUE(state_->JournalError().ok());
+  ASSERT_TRUE(journal_.has_value());
+  EXPECT_EQ(journal_->view().epoch(), state_->View().epoch());
+  EXPECT_TRUE(state_->Register(Request(WORKER)).ok());
 }
 
 TEST_F(RecoveryTest, ARestartedStateServesTheSameJob) {
@@ -301,6 +349,166 @@ TEST(SchedulerRestartTest, TakesBackALiveJobButNotAnAbandonedOne) {
   ASSERT_TRUE(third.ok()) << third.status();
   EXPECT_EQ((*third)->state()->View().scheduler_restarts(), 0u);
   EXPECT_EQ((*third)->state()->View().nodes_size(), 0);
+}
+
+// A directory fsync that fails is an error of a synced write: the rename
+// may not survive a crash.
+TEST(JournalFileTest, AFailedDirectorySyncIsAnError) {
+  class NoDirSync final : public FileEnv {
+   public:
+    absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(
+        const std::string& path) override {
+      return FileEnv::Default()->NewWritableFile(path);
+    }
+    absl::Status RenameFile(const std::string& from,
+                            const std::string& to) override {
+      return FileEnv::Default()->RenameFile(from, to);
+    }
+    absl::Status RemoveFile(const std::string& path) override {
+      return FileEnv::Default()->RemoveFile(path);
+    }
+    absl::Status SyncDir(const std::string& dir) override {
+      return absl::InternalError("cannot fsync directory " + dir +
+                                 ": Input/output error");
+    }
+    absl::Status CreateDirs(const std::string& dir) override {
+      return FileEnv::Default()->CreateDirs(dir);
+    }
+  };
+  NoDirSync env;
+  JournalFile file(TempDir("journal-dirsync"), &env);
+  SchedulerJournal j;
+  j.set_next_node_id(3);
+  EXPECT_TRUE(file.Write(j, /*sync=*/false).ok())
+      << "an unsynced write syncs nothing";
+  const absl::Status synced = file.Write(j, /*sync=*/true);
+  EXPECT_FALSE(synced.ok());
+  EXPECT_THAT(synced.message(), HasSubstr("fsync directory"));
+}
+
+TEST(JournalFileTest, OneSchedulerAtATimeHoldsTheDirectory) {
+  const std::string dir = TempDir("journal-lock");
+  auto first = std::make_unique<JournalFile>(dir);
+  ASSERT_TRUE(first->Lock().ok());
+  JournalFile second(dir);
+  const absl::Status refused = second.Lock();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(refused.message(), HasSubstr(absl::StrCat("pid ", ::getpid())));
+  first.reset();  // as when its process ends, also by SIGKILL
+  EXPECT_TRUE(second.Lock().ok());
+}
+
+TEST(SchedulerStateDirTest, ADefaultPerJobDirectoryUnderTheXdgStateHome) {
+  JobConfig config = TestConfig();
+  config.set_name("ctr-async");
+  EXPECT_EQ(DefaultSchedulerStateDir(config, "/state", "/home/u"),
+            "/state/ps/ctr-async");
+  EXPECT_EQ(DefaultSchedulerStateDir(config, "", "/home/u"),
+            "/home/u/.local/state/ps/ctr-async");
+  EXPECT_EQ(DefaultSchedulerStateDir(config, "", ""), "");
+  config.set_name("../a b/c");
+  EXPECT_EQ(DefaultSchedulerStateDir(config, "/s", ""), "/s/ps/.._a_b_c");
+  config.set_name("..");
+  EXPECT_EQ(DefaultSchedulerStateDir(config, "/s", ""), "/s/ps/job");
+}
+
+class LaunchTest : public ::testing::Test {
+ protected:
+  LaunchTest() {
+    options_.config = TestConfig();
+    options_.clock = &clock_;
+    options_.run_failure_detector = false;
+    options_.default_state_dir = TempDir(absl::StrCat(
+        "launch-",
+        ::testing::UnitTest::GetInstance()->current_test_info()->name()));
+  }
+
+  // A scheduler of launch `launch` with one server registered; its port.
+  int RunFirst(const std::string& launch) {
+    options_.launch_id = launch;
+    auto first = SchedulerServer::Start(options_);
+    EXPECT_TRUE(first.ok()) << first.status();
+    if (!first.ok()) return 0;
+    RegisterRequest r;
+    r.set_role(SERVER);
+    r.set_data_endpoint("tcp://a:1");
+    r.set_config_fingerprint(ConfigFingerprint(options_.config));
+    EXPECT_TRUE((*first)->state()->Register(r).ok());
+    return (*first)->port();
+  }
+
+  FakeClock clock_{absl::FromUnixSeconds(1700000000)};
+  SchedulerServer::Options options_;
+};
+
+TEST_F(LaunchTest, TheSameLaunchIsTakenBackOnThePortItsNodesKnow) {
+  const int port = RunFirst("run-1");
+  ASSERT_NE(port, 0);
+  // Started again with the same command: any port, the same launch.
+  auto again = SchedulerServer::Start(options_);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ((*again)->state()->View().scheduler_restarts(), 1u);
+  EXPECT_EQ((*again)->port(), port);
+}
+
+TEST_F(LaunchTest, ANewLaunchOfTheSameJobStartsAfresh) {
+  ASSERT_NE(RunFirst("run-1"), 0);
+  options_.launch_id = "run-2";
+  auto fresh = SchedulerServer::Start(options_);
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  EXPECT_EQ((*fresh)->state()->View().scheduler_restarts(), 0u);
+  EXPECT_EQ((*fresh)->state()->View().nodes_size(), 0);
+}
+
+TEST_F(LaunchTest, AFinishedJobIsNotResumed) {
+  options_.launch_id = "run-1";
+  {
+    auto first = SchedulerServer::Start(options_);
+    ASSERT_TRUE(first.ok()) << first.status();
+    ClusterState* state = (*first)->state();
+    const uint64_t fingerprint = ConfigFingerprint(options_.config);
+    std::vector<uint64_t> workers;
+    for (Role role : {SERVER, SERVER, WORKER, WORKER}) {
+      RegisterRequest r;
+      r.set_role(role);
+      if (role == SERVER)
+        r.set_data_endpoint(absl::StrCat("tcp://a:", workers.size() + 1));
+      r.set_config_fingerprint(fingerprint);
+      auto reg = state->Register(r);
+      ASSERT_TRUE(reg.ok()) << reg.status();
+      if (role == WORKER) workers.push_back(reg->node_id());
+      if (role == SERVER) workers.push_back(0);
+    }
+    for (uint64_t id : workers) {
+      if (id == 0) continue;
+      LeaveRequest leave;
+      leave.set_node_id(id);
+      leave.set_finished(true);
+      ASSERT_TRUE(state->Leave(leave).ok());
+    }
+    ASSERT_EQ(state->job_state(), FINISHED);
+  }
+  auto next = SchedulerServer::Start(options_);
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ((*next)->state()->View().scheduler_restarts(), 0u);
+  EXPECT_EQ((*next)->state()->job_state(), STARTING);
+}
+
+TEST_F(LaunchTest, ADefaultDirectoryInUseLeavesTheSecondJobWithoutAJournal) {
+  options_.launch_id = "a";
+  auto first = SchedulerServer::Start(options_);
+  ASSERT_TRUE(first.ok()) << first.status();
+  options_.launch_id = "b";
+  auto second = SchedulerServer::Start(options_);
+  ASSERT_TRUE(second.ok()) << "a default directory in use must not stop a job: "
+                           << second.status();
+  EXPECT_TRUE((*second)->state()->JournalError().ok());
+  // A directory the config names must be the scheduler's own.
+  options_.config.mutable_cluster()->set_scheduler_state_dir(
+      options_.default_state_dir);
+  auto third = SchedulerServer::Start(options_);
+  ASSERT_FALSE(third.ok());
+  EXPECT_THAT(third.status().message(), HasSubstr("another scheduler"));
 }
 
 }  // namespace

@@ -146,6 +146,10 @@ std::string RenderStatusPage(const ClusterSnapshot& snap) {
   auto row = [&](absl::string_view name, const std::string& value_html) {
     absl::StrAppend(&html, "<tr><td>", name, "</td><td>", value_html, "</td></tr>\n");
   };
+  if (!snap.journal_error.empty()) {
+    row("Journal", absl::StrCat("<span class=\"dead\">", HtmlEscape(snap.journal_error),
+                                "</span>"));
+  }
   row("Consistency", HtmlEscape(ModeText(view.consistency())));
   row("View epoch", absl::StrCat(view.epoch()));
   row("Scheduler restarts",
@@ -244,6 +248,7 @@ ClusterSnapshot SchedulerMonitor::Snapshot() const {
   s.batch_size = batch_size_;
   s.status = state_->Status();
   s.monitoring = state_->Monitor();
+  s.journal_error = std::string(state_->JournalError().message());
   s.taken = now;
   cached_ = s;
   has_cached_ = true;

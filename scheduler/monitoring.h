@@ -49,6 +49,8 @@ struct ClusterSnapshot {
   uint32_t batch_size = 0;
   GetStatusResponse status;
   ClusterState::Monitoring monitoring;
+  // Empty, or why the scheduler takes no changes (ClusterState::JournalError).
+  std::string journal_error;
   absl::Time taken;
 };
 

@@ -184,10 +184,12 @@ TEST_F(MonitoringTest, ASchedulerRestartShowsOnThePageAndInTheMetrics) {
     EXPECT_THAT(monitor.StatusPage(), HasSubstr("<td>Scheduler restarts</td><td>none</td>"));
   }
   std::optional<SchedulerJournal> journal;
-  state_->SetJournal([&](const SchedulerJournal& j, bool) {
-    journal = j;
-    return absl::OkStatus();
-  });
+  ASSERT_TRUE(state_
+                  ->SetJournal([&](const SchedulerJournal& j, bool) {
+                    journal = j;
+                    return absl::OkStatus();
+                  })
+                  .ok());
   ASSERT_TRUE(journal.has_value());
   // The scheduler dies; its successor takes the job back.
   ClusterState restarted(config_, &clock_);

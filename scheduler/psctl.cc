@@ -194,11 +194,15 @@ std::string ModeText(const ConsistencyConfig& c) {
   return text;
 }
 
-std::string FormatStatus(const GetStatusResponse& status) {
+std::string FormatStatus(const GetStatusResponse& status,
+                         absl::string_view journal_error) {
   const ClusterView& view = status.view();
   std::string out;
   absl::StrAppend(&out, "job: ", JobState_Name(view.job_state()), "\n");
   absl::StrAppend(&out, "epoch: ", view.epoch(), "\n");
+  if (!journal_error.empty()) {
+    absl::StrAppend(&out, "journal: FAILING: ", journal_error, "\n");
+  }
   if (view.scheduler_restarts() > 0) {
     absl::StrAppend(&out, "scheduler restarts: ", view.scheduler_restarts(),
                     " (the newest took the job back at epoch ", view.recovered_epoch(),
@@ -241,10 +245,18 @@ std::unique_ptr<grpc::ClientContext> Context(absl::Duration timeout) {
 
 absl::Status RunStatus(Scheduler::Stub& stub, absl::Duration timeout) {
   GetStatusResponse response;
+  std::unique_ptr<grpc::ClientContext> context = Context(timeout);
   const grpc::Status s =
-      stub.GetStatus(Context(timeout).get(), GetStatusRequest(), &response);
+      stub.GetStatus(context.get(), GetStatusRequest(), &response);
   if (!s.ok()) return Annotate(FromGrpcStatus(s), "GetStatus");
-  std::cout << FormatStatus(response);
+  // scheduler/scheduler.h, kJournalErrorKey (not linked: this tool has no
+  // gRPC server in it).
+  std::string journal_error;
+  const auto& trailers = context->GetServerTrailingMetadata();
+  if (auto it = trailers.find("ps-journal-error-bin"); it != trailers.end()) {
+    journal_error.assign(it->second.data(), it->second.size());
+  }
+  std::cout << FormatStatus(response, journal_error);
   return absl::OkStatus();
 }
 

@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "checkpoint/catalog.h"
@@ -58,9 +59,15 @@ class SchedulerServer::Service final : public Scheduler::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status GetStatus(grpc::ServerContext*, const GetStatusRequest*,
+  grpc::Status GetStatus(grpc::ServerContext* context, const GetStatusRequest*,
                          GetStatusResponse* response) override {
     *response = state_->Status();
+    // Beside the answer rather than in it, so that its message stays as the
+    // nodes know it.
+    if (absl::Status journal = state_->JournalError(); !journal.ok()) {
+      context->AddTrailingMetadata(std::string(kJournalErrorKey),
+                                   std::string(journal.message()));
+    }
     return grpc::Status::OK;
   }
 
@@ -174,24 +181,52 @@ absl::StatusOr<std::unique_ptr<SchedulerServer>> SchedulerServer::Start(
       return Annotate(latest.status(), "looking for a checkpoint to restore");
     }
   }
-  // Mutual TLS when the job config names its files (see grpc_security.h).
-  const TlsConfig& tls = s->options_.config.security().tls();
-  if (TlsEnabled(tls)) InstallGrpcLogging();
-  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> creds =
-      MakeServerCredentials(tls);
-  if (!creds.ok()) return Annotate(creds.status(), "scheduler credentials");
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort(s->options_.listen_address, *creds, &s->port_);
-  builder.RegisterService(s->service_.get());
-  s->server_ = builder.BuildAndStart();
-  if (s->server_ == nullptr || s->port_ == 0) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot listen on ", s->options_.listen_address));
-  }
+  PS_RETURN_IF_ERROR(s->Listen(recovered ? s->state_->ListenPort() : 0));
+  s->state_->SetListenPort(s->port_);
   if (s->options_.run_failure_detector) {
     s->detector_ = std::thread([p = s.get()] { p->DetectFailures(); });
   }
   return s;
+}
+
+absl::Status SchedulerServer::Listen(uint32_t journaled_port) {
+  // Mutual TLS when the job config names its files (see grpc_security.h).
+  const TlsConfig& tls = options_.config.security().tls();
+  if (TlsEnabled(tls)) InstallGrpcLogging();
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> creds =
+      MakeServerCredentials(tls);
+  if (!creds.ok()) return Annotate(creds.status(), "scheduler credentials");
+  std::string address = options_.listen_address;
+  const size_t colon = address.rfind(':');
+  const bool any_port =
+      colon != std::string::npos && address.substr(colon + 1) == "0";
+  absl::Time deadline = absl::Now();
+  if (any_port && journaled_port != 0) {
+    address = absl::StrCat(address.substr(0, colon), ":", journaled_port);
+    // The predecessor's sockets may take a moment to close.
+    deadline += absl::Seconds(5);
+    Log()->info(
+        "listening on port {} again, where the job's nodes look for the "
+        "scheduler",
+        journaled_port);
+  }
+  while (true) {
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort(address, *creds, &port_);
+    builder.RegisterService(service_.get());
+    server_ = builder.BuildAndStart();
+    if (server_ != nullptr && port_ != 0) return absl::OkStatus();
+    server_.reset();
+    if (absl::Now() >= deadline) break;
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  return absl::UnavailableError(
+      absl::StrCat("cannot listen on ", address,
+                   any_port && journaled_port != 0
+                       ? " (the port of the job's scheduler before its "
+                         "restart, where its nodes look for "
+                         "it: free it, or start the scheduler with --port)"
+                       : ""));
 }
 
 std::string SchedulerStateDir(const JobConfig& config) {
@@ -202,39 +237,96 @@ std::string SchedulerStateDir(const JobConfig& config) {
   return "";
 }
 
-absl::StatusOr<bool> SchedulerServer::TakeBackJob() {
-  const JobConfig& config = options_.config;
-  const std::string dir = SchedulerStateDir(config);
-  if (dir.empty()) {
-    Log()->warn("no cluster.scheduler_state_dir and no checkpoint.dir: the scheduler "
-                "keeps no journal, and a scheduler restart loses the job");
-    return false;
+std::string DefaultSchedulerStateDir(const JobConfig& config,
+                                     absl::string_view xdg_state_home,
+                                     absl::string_view home) {
+  std::string base;
+  if (!xdg_state_home.empty()) {
+    base = std::string(xdg_state_home);
+  } else if (!home.empty()) {
+    base = absl::StrCat(home, "/.local/state");
+  } else {
+    return "";
   }
-  auto file = std::make_shared<JournalFile>(dir);
-  absl::StatusOr<SchedulerJournal> journal = file->Read();
-  bool recovered = false;
+  // One path component: no separators, no "." or "..", nothing a shell
+  // would trip on.
+  std::string name = config.name();
+  for (char& c : name) {
+    if (!absl::ascii_isalnum(c) && c != '-' && c != '_' && c != '.') c = '_';
+  }
+  if (name.empty() || name == "." || name == "..") name = "job";
+  return absl::StrCat(base, "/ps/", name);
+}
+
+absl::StatusOr<bool> SchedulerServer::Resumable(
+    JournalFile& file, const SchedulerJournal& journal) {
+  const JobConfig& config = options_.config;
   const absl::Time now = options_.clock->Now();
+  const absl::Duration age =
+      now - absl::FromUnixMillis(journal.written_unix_ms());
   const absl::Duration bound =
       absl::Milliseconds(config.cluster().scheduler_unreachable_timeout_ms());
+  std::string why;
+  if (journal.config_fingerprint() != ConfigFingerprint(config)) {
+    why = "is of a job with another config";
+  } else if (journal.launch_id() != options_.launch_id) {
+    why = absl::StrCat("is of launch '", journal.launch_id(),
+                       "', this is launch '", options_.launch_id, "'");
+  } else if (journal.view().job_state() == FINISHED) {
+    why = "is of a finished job";
+  } else if (journal.stopped()) {
+    why = "is of a job whose scheduler was stopped (SIGTERM or SIGINT)";
+  } else if (age > bound) {
+    why = absl::StrCat(
+        "was last written ",
+        absl::FormatDuration(absl::Trunc(age, absl::Seconds(1))),
+        " ago, longer than cluster.scheduler_unreachable_timeout_ms (",
+        absl::FormatDuration(bound), "): its nodes have given up");
+  } else {
+    return true;
+  }
+  // Set aside rather than deleted: an operator may want to see it.
+  const std::string aside = absl::StrCat("old-", absl::ToUnixSeconds(now));
+  Log()->info(
+      "the journal {} {}; starting a new job (the old journal is kept as "
+      "{}.{})",
+      file.path(), why, file.path(), aside);
+  PS_RETURN_IF_ERROR(file.SetAside(aside));
+  return false;
+}
+
+absl::StatusOr<bool> SchedulerServer::TakeBackJob() {
+  const JobConfig& config = options_.config;
+  state_->SetLaunch(options_.launch_id);
+  std::string dir = SchedulerStateDir(config);
+  const bool configured = !dir.empty();
+  if (!configured) dir = options_.default_state_dir;
+  if (dir.empty()) {
+    Log()->warn(
+        "no cluster.scheduler_state_dir, no checkpoint.dir and no default "
+        "state "
+        "directory ($XDG_STATE_HOME or $HOME): the scheduler keeps no journal, "
+        "and "
+        "a scheduler restart loses the job");
+    return false;
+  }
+  // A directory named in the config must work; the default one is a
+  // convenience that must not stop a job from running.
+  auto unusable = [&](const absl::Status& error) -> absl::StatusOr<bool> {
+    if (configured) return Annotate(error, "the scheduler's state directory");
+    Log()->warn(
+        "cannot keep the journal in the default state directory {} ({}): a "
+        "scheduler restart loses this job; set cluster.scheduler_state_dir",
+        dir, error.message());
+    return false;
+  };
+  auto file = std::make_shared<JournalFile>(dir);
+  if (absl::Status locked = file->Lock(); !locked.ok()) return unusable(locked);
+  absl::StatusOr<SchedulerJournal> journal = file->Read();
+  bool recovered = false;
   if (journal.ok()) {
-    const absl::Duration age = now - absl::FromUnixMillis(journal->written_unix_ms());
-    // Set aside rather than deleted: an operator may want to see it.
-    const std::string aside = absl::StrCat("old-", absl::ToUnixSeconds(now));
-    if (journal->config_fingerprint() != ConfigFingerprint(config)) {
-      Log()->warn("the journal {} is of a job with another config; starting a new job "
-                  "(the old journal is kept as {}.{})",
-                  file->path(), file->path(), aside);
-      PS_RETURN_IF_ERROR(file->SetAside(aside));
-    } else if (journal->view().job_state() == FINISHED) {
-      Log()->info("the journal {} is of a finished job; starting a new job", file->path());
-    } else if (age > bound) {
-      Log()->warn("the journal {} was last written {} ago, longer than "
-                  "cluster.scheduler_unreachable_timeout_ms ({}): its nodes have given "
-                  "up; starting a new job (the old journal is kept as {}.{})",
-                  file->path(), absl::FormatDuration(absl::Trunc(age, absl::Seconds(1))),
-                  absl::FormatDuration(bound), file->path(), aside);
-      PS_RETURN_IF_ERROR(file->SetAside(aside));
-    } else {
+    PS_ASSIGN_OR_RETURN(const bool resume, Resumable(*file, *journal));
+    if (resume) {
       absl::Status taken = state_->Recover(*journal);
       if (!taken.ok()) {
         return Annotate(taken, absl::StrCat("taking the job back from ", file->path(),
@@ -248,10 +340,18 @@ absl::StatusOr<bool> SchedulerServer::TakeBackJob() {
                                  "a moment ago or is damaged; move it aside to start a "
                                  "new job)"));
   }
-  state_->SetJournal([file](const SchedulerJournal& j, bool sync) {
-    return file->Write(j, sync);
-  });
-  Log()->info("journal: {}", file->path());
+  absl::Status first =
+      state_->SetJournal([file](const SchedulerJournal& j, bool sync) {
+        return file->Write(j, sync);
+      });
+  if (!first.ok() && !recovered) {
+    state_->SetJournal(nullptr).IgnoreError();
+    return unusable(first);
+  }
+  Log()->info("journal: {}{}", file->path(),
+              options_.launch_id.empty()
+                  ? ""
+                  : absl::StrCat(" (launch ", options_.launch_id, ")"));
   return recovered;
 }
 

@@ -1,5 +1,6 @@
 // The scheduler process. Exits 0 once the job has finished and every server
 // has left, or on SIGINT/SIGTERM.
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <string>
@@ -22,16 +23,30 @@ ABSL_FLAG(int, port, 0, "Port to listen on; 0 picks a free one.");
 ABSL_FLAG(std::string, port_file, "",
           "If set, the bound port is written here once listening.");
 ABSL_FLAG(std::string, log_level, "info", "trace|debug|info|warn|error");
-ABSL_FLAG(int64_t, num_servers, 0,
-          "Overrides cluster.num_servers of --config (0 keeps it); launchers "
-          "set it from the environment. Every process of a job needs the same.");
-ABSL_FLAG(int64_t, num_workers, 0,
-          "Overrides cluster.num_workers of --config (0 keeps it); launchers "
-          "set it from the environment. Every process of a job needs the same.");
-ABSL_FLAG(std::string, http_host, "127.0.0.1",
-          "Address of the HTTP endpoint (/metrics, /healthz, /readyz, /status).");
-ABSL_FLAG(int, http_port, 0,
-          "Port of the HTTP endpoint; 0 picks a free one (logged), -1 turns it off.");
+ABSL_FLAG(
+    int64_t, num_servers, 0,
+    "Overrides cluster.num_servers of --config (0 keeps it); launchers "
+    "set it from the environment. Every process of a job needs the same.");
+ABSL_FLAG(
+    int64_t, num_workers, 0,
+    "Overrides cluster.num_workers of --config (0 keeps it); launchers "
+    "set it from the environment. Every process of a job needs the same.");
+ABSL_FLAG(
+    std::string, http_host, "127.0.0.1",
+    "Address of the HTTP endpoint (/metrics, /healthz, /readyz, /status).");
+ABSL_FLAG(
+    int, http_port, 0,
+    "Port of the HTTP endpoint; 0 picks a free one (logged), -1 turns it off.");
+ABSL_FLAG(
+    std::string, launch_id, "",
+    "Which launch of the job this is: launchers pass a new one per launch "
+    "and the same one to a scheduler restarted in place. A journal of "
+    "another launch is never resumed.");
+ABSL_FLAG(std::string, state_dir, "",
+          "Where to keep the journal when the config names no "
+          "cluster.scheduler_state_dir or checkpoint.dir (default "
+          "$XDG_STATE_HOME/ps/<job name>, else ~/.local/state/ps/<job name>); "
+          "'none' keeps none.");
 ABSL_FLAG(bool, describe, false,
           "Validate --config, print 'servers=N workers=M mode=X' and exit; "
           "launchers use it to size a job without parsing the file.");
@@ -65,6 +80,18 @@ int main(int argc, char** argv) {
   options.config = *config;
   options.listen_address =
       absl::StrCat(absl::GetFlag(FLAGS_host), ":", absl::GetFlag(FLAGS_port));
+  options.launch_id = absl::GetFlag(FLAGS_launch_id);
+  options.default_state_dir = absl::GetFlag(FLAGS_state_dir);
+  if (options.default_state_dir == "none") {
+    options.default_state_dir.clear();
+  } else if (options.default_state_dir.empty()) {
+    auto env = [](const char* name) -> std::string {
+      const char* value = std::getenv(name);
+      return value != nullptr ? value : "";
+    };
+    options.default_state_dir = ps::DefaultSchedulerStateDir(
+        *config, env("XDG_STATE_HOME"), env("HOME"));
+  }
   auto server = ps::SchedulerServer::Start(options);
   if (!server.ok()) {
     log->error("{}", server.status().message());
@@ -83,6 +110,11 @@ int main(int argc, char** argv) {
   http.host = absl::GetFlag(FLAGS_http_host);
   http.port = absl::GetFlag(FLAGS_http_port);
   http.registry = &registry;
+  // Not ready while the journal cannot be written (the scheduler then takes
+  // no changes).
+  http.readiness = [state = (*server)->state()] {
+    return state->JournalError();
+  };
   http.pages["/status"] = [&monitor] {
     return ps::HttpEndpoint::Page{"text/html; charset=utf-8", monitor.StatusPage()};
   };
@@ -108,6 +140,11 @@ int main(int argc, char** argv) {
     }
   }
   log->warn("signal {} received; shutting down", signals.signal());
+  // A stopped job is over: a scheduler started later must not resume it
+  // (only one that died, e.g. SIGKILL, is restarted in place).
+  if (absl::Status s = (*server)->state()->MarkStopped(); !s.ok()) {
+    log->warn("could not mark the journal stopped: {}", s.message());
+  }
   (*server)->Shutdown();
   return 0;
 }

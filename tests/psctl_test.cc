@@ -110,7 +110,8 @@ class PsctlTest : public ::testing::Test {
   std::string StartScheduler() {
     auto p = Subprocess::Start({Runfile("scheduler/scheduler_main"),
                                 "--config=" + config_path_,
-                                "--port_file=" + dir_ + "/port"},
+                                "--port_file=" + dir_ + "/port",
+                                "--state_dir=" + dir_ + "/scheduler-state"},
                                dir_ + "/scheduler.out", dir_ + "/scheduler.log");
     EXPECT_TRUE(p.ok()) << p.status();
     scheduler_ = std::make_unique<Subprocess>(std::move(p).value());

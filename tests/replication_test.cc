@@ -213,7 +213,8 @@ class ReplicationFailoverTest : public ::testing::Test {
   bool StartScheduler() {
     scheduler_.push_back(Start("scheduler", {Runfile("scheduler/scheduler_main"),
                                              "--config=" + config_,
-                                             "--port_file=" + dir_ + "/port"}));
+                                             "--port_file=" + dir_ + "/port",
+                                             "--state_dir=" + dir_ + "/scheduler-state"}));
     auto port = ps::testing::WaitForFile(dir_ + "/port", absl::Seconds(10));
     if (!port.ok()) {
       Problem(absl::StrCat("scheduler: ", port.status().ToString()));

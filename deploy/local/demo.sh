@@ -201,8 +201,13 @@ fail() {
 # A port file or a summary left by an earlier run in the same directory
 # would be read as this job's.
 rm -f "$RUN_DIR/scheduler.port" "$RUN_DIR/summary.json"
-"$SCHEDULER" --config="$CONFIG" --port_file="$RUN_DIR/scheduler.port" \
-  >"$RUN_DIR/scheduler.log" 2>&1 &
+# A new launch id per run, so this run never resumes the journal of an
+# earlier one; the same command (scheduler.cmd) restarts the scheduler in
+# place, taking the job back.
+SCHEDULER_CMD=("$SCHEDULER" --config="$CONFIG" --port_file="$RUN_DIR/scheduler.port"
+  --launch_id="$(date +%s%N)-$$")
+printf '%q ' "${SCHEDULER_CMD[@]}" >"$RUN_DIR/scheduler.cmd"
+"${SCHEDULER_CMD[@]}" >"$RUN_DIR/scheduler.log" 2>&1 &
 SCHEDULER_PID=$!
 PIDS+=("$SCHEDULER_PID")
 for _ in $(seq 100); do

@@ -101,7 +101,10 @@ absl::Status JobHarness::LaunchScheduler(int n, int port) {
     auto scheduler = Launch(
         "scheduler", name, options_.scheduler_binary,
         {"--config=" + config_path_, "--port_file=" + port_file,
-         "--host=" + options_.scheduler_host, absl::StrCat("--port=", port)});
+         "--host=" + options_.scheduler_host, absl::StrCat("--port=", port),
+         // This job's own state directory: a job of an earlier test case
+         // (same job name, killed unfinished) is not taken back.
+         "--state_dir=" + options_.dir + "/scheduler-state"});
     if (!scheduler.ok()) return scheduler.status();
     Subprocess& p = schedulers_.emplace_back(*std::move(scheduler));
     while (ReadFile(port_file).empty() && p.running() && absl::Now() < deadline) {

@@ -189,13 +189,16 @@ spawn() {
 # start_scheduler DIR CONFIG [WAIT_S]: starts $SCHEDULER on CONFIG with its
 # output in DIR/scheduler.log and waits up to WAIT_S seconds (default 10)
 # for DIR/scheduler.port; fails if it exits first or writes no port. Sets
-# SCHED_PID and ADDRESS (127.0.0.1:PORT).
+# SCHED_PID and ADDRESS (127.0.0.1:PORT). Unless the config names one, the
+# scheduler journals in DIR/scheduler-state: a scheduler started again in
+# DIR takes back a job whose scheduler died there.
 start_scheduler() {
   local dir="$1" config="$2" wait_s="${3:-10}"
   mkdir -p "$dir"
   rm -f "$dir/scheduler.port"
   spawn "$dir/scheduler.log" "$dir/scheduler.log" \
-    "$SCHEDULER" --config="$config" --port_file="$dir/scheduler.port"
+    "$SCHEDULER" --config="$config" --port_file="$dir/scheduler.port" \
+    --state_dir="$dir/scheduler-state"
   SCHED_PID=$LAST_PID
   if ! wait_until "$wait_s" _scheduler_listening "$dir"; then
     tail -n 20 "$dir/scheduler.log" >&2
