@@ -304,36 +304,51 @@ ClusterSnapshot SchedulerMonitor::Snapshot() const {
   return s;
 }
 
-void SchedulerMonitor::RegisterMetrics(metrics::Registry* r) const {
+namespace {
+
+// Membership, job state and consistency gauges.
+void RegisterJobMetrics(const SchedulerMonitor* monitor, metrics::Registry* r) {
   using metrics::Sample;
   using metrics::Type;
   r->AddCallbackFamily(
       "ps_scheduler_nodes",
-      "Nodes that ever registered, by role and state (left and dead ones stay counted).",
-      Type::kGauge, {"role", "state"}, [this] {
+      "Nodes that ever registered, by role and state (left and dead ones stay "
+      "counted).",
+      Type::kGauge, {"role", "state"}, [monitor] {
         std::map<std::pair<std::string, std::string>, int> counts;
         for (Role role : {SERVER, WORKER}) {
-          for (NodeState state : {ALIVE, LEFT, DEAD}) counts[{RoleWord(role), StateWord(state)}] = 0;
+          for (NodeState state : {ALIVE, LEFT, DEAD}) {
+            counts[{RoleWord(role), StateWord(state)}] = 0;
+          }
         }
-        const ClusterSnapshot s = Snapshot();
+        const ClusterSnapshot s = monitor->Snapshot();
         for (const NodeInfo& n : s.status.view().nodes()) {
           ++counts[{RoleWord(n.role()), StateWord(n.state())}];
         }
         std::vector<Sample> out;
-        for (const auto& [key, n] : counts) out.push_back({{key.first, key.second}, double(n)});
+        for (const auto& [key, n] : counts) {
+          out.push_back({{key.first, key.second}, double(n)});
+        }
         return out;
       });
   r->AddCallback("ps_scheduler_view_epoch",
-                 "Epoch of the cluster view; every membership or slot change increments it.",
-                 Type::kGauge, [this] { return double(Snapshot().status.view().epoch()); });
-  r->AddCallback("ps_scheduler_restarts",
-                 "How many times a restarted scheduler took this job back from its journal.",
-                 Type::kGauge,
-                 [this] { return double(Snapshot().status.view().scheduler_restarts()); });
+                 "Epoch of the cluster view; every membership or slot change "
+                 "increments it.",
+                 Type::kGauge, [monitor] {
+                   return double(monitor->Snapshot().status.view().epoch());
+                 });
+  r->AddCallback(
+      "ps_scheduler_restarts",
+      "How many times a restarted scheduler took this job back from its "
+      "journal.",
+      Type::kGauge, [monitor] {
+        return double(monitor->Snapshot().status.view().scheduler_restarts());
+      });
   r->AddCallbackFamily(
-      "ps_scheduler_job_state", "1 for the job's current state, 0 for the others.",
-      Type::kGauge, {"state"}, [this] {
-        const JobState current = Snapshot().status.view().job_state();
+      "ps_scheduler_job_state",
+      "1 for the job's current state, 0 for the others.", Type::kGauge,
+      {"state"}, [monitor] {
+        const JobState current = monitor->Snapshot().status.view().job_state();
         std::vector<Sample> out;
         for (JobState s : {STARTING, RUNNING, FINISHED}) {
           out.push_back({{Lower(JobState_Name(s))}, s == current ? 1.0 : 0.0});
@@ -341,9 +356,11 @@ void SchedulerMonitor::RegisterMetrics(metrics::Registry* r) const {
         return out;
       });
   r->AddCallbackFamily(
-      "ps_scheduler_consistency_mode", "1 for the consistency mode in force, 0 for the others.",
-      Type::kGauge, {"mode"}, [this] {
-        ConsistencyMode current = Snapshot().status.view().consistency().mode();
+      "ps_scheduler_consistency_mode",
+      "1 for the consistency mode in force, 0 for the others.", Type::kGauge,
+      {"mode"}, [monitor] {
+        ConsistencyMode current =
+            monitor->Snapshot().status.view().consistency().mode();
         if (current == CONSISTENCY_MODE_UNSPECIFIED) current = ASYNC;
         std::vector<Sample> out;
         for (ConsistencyMode m : {ASYNC, BSP, SSP}) {
@@ -352,66 +369,86 @@ void SchedulerMonitor::RegisterMetrics(metrics::Registry* r) const {
         return out;
       });
   r->AddCallback("ps_scheduler_ssp_staleness",
-                 "The SSP staleness bound in force (0 unless the mode is SSP).", Type::kGauge,
-                 [this] {
-                   const ClusterSnapshot s = Snapshot();
+                 "The SSP staleness bound in force (0 unless the mode is SSP).",
+                 Type::kGauge, [monitor] {
+                   const ClusterSnapshot s = monitor->Snapshot();
                    const ConsistencyConfig& c = s.status.view().consistency();
                    return c.mode() == SSP ? double(c.staleness()) : 0.0;
                  });
-  r->AddCallback("ps_scheduler_barriers_completed_total",
-                 "Distinct barriers that released their workers.", Type::kCounter,
-                 [this] { return double(Snapshot().monitoring.barriers_completed); });
-  r->AddCallback("ps_scheduler_heartbeats_received_total",
-                 "Heartbeats accepted from live nodes.", Type::kCounter,
-                 [this] { return double(Snapshot().monitoring.heartbeats); });
-  r->AddCallback("ps_scheduler_nodes_declared_dead_total",
-                 "Nodes the failure detector declared dead (missed heartbeats).",
-                 Type::kCounter,
-                 [this] { return double(Snapshot().monitoring.nodes_declared_dead); });
+}
+
+// Counters of heartbeats, barriers and failures.
+void RegisterEventCounters(const SchedulerMonitor* monitor,
+                           metrics::Registry* r) {
+  using metrics::Type;
+  r->AddCallback(
+      "ps_scheduler_barriers_completed_total",
+      "Distinct barriers that released their workers.", Type::kCounter,
+      [monitor] {
+        return double(monitor->Snapshot().monitoring.barriers_completed);
+      });
+  r->AddCallback(
+      "ps_scheduler_heartbeats_received_total",
+      "Heartbeats accepted from live nodes.", Type::kCounter,
+      [monitor] { return double(monitor->Snapshot().monitoring.heartbeats); });
+  r->AddCallback(
+      "ps_scheduler_nodes_declared_dead_total",
+      "Nodes the failure detector declared dead (missed heartbeats).",
+      Type::kCounter, [monitor] {
+        return double(monitor->Snapshot().monitoring.nodes_declared_dead);
+      });
+}
+
+// Per-worker clocks and pace, and per-node heartbeat age.
+void RegisterPaceMetrics(const SchedulerMonitor* monitor,
+                         metrics::Registry* r) {
+  using metrics::Sample;
+  using metrics::Type;
   r->AddCallbackFamily(
       "ps_scheduler_worker_clock",
-      "Steps completed by each live worker still training, as last heartbeated.",
-      Type::kGauge, {"rank"}, [this] {
+      "Steps completed by each live worker still training, as last "
+      "heartbeated.",
+      Type::kGauge, {"rank"}, [monitor] {
         std::vector<Sample> out;
-        for (const auto& [rank, c] : TrainingClocks(Snapshot().status)) {
+        for (const auto& [rank, c] :
+             TrainingClocks(monitor->Snapshot().status)) {
           out.push_back({{absl::StrCat(rank)}, double(c)});
         }
         return out;
       });
-  r->AddCallback("ps_scheduler_worker_clock_spread",
-                 "Fastest minus slowest clock of the live workers still training.",
-                 Type::kGauge, [this] {
-                   const auto clocks = TrainingClocks(Snapshot().status);
-                   if (clocks.empty()) return 0.0;
-                   uint64_t lo = UINT64_MAX, hi = 0;
-                   for (const auto& [rank, c] : clocks) {
-                     lo = std::min(lo, c);
-                     hi = std::max(hi, c);
-                   }
-                   return double(hi - lo);
-                 });
+  r->AddCallback(
+      "ps_scheduler_worker_clock_spread",
+      "Fastest minus slowest clock of the live workers still training.",
+      Type::kGauge, [monitor] {
+        const auto clocks = TrainingClocks(monitor->Snapshot().status);
+        if (clocks.empty()) return 0.0;
+        const auto [lo, hi] = ClockBounds(clocks);
+        return double(hi - lo);
+      });
   r->AddCallbackFamily(
       "ps_scheduler_worker_steps_per_second",
-      "Each live worker's pace over its recent heartbeats (multiply by the batch size "
-      "for examples/s).",
-      Type::kGauge, {"rank"}, [this] {
-        const ClusterSnapshot s = Snapshot();
+      "Each live worker's pace over its recent heartbeats (multiply by the "
+      "batch size for examples/s).",
+      Type::kGauge, {"rank"}, [monitor] {
+        const ClusterSnapshot s = monitor->Snapshot();
         const auto clocks = TrainingClocks(s.status);
         std::vector<Sample> out;
         for (const auto& [rank, c] : clocks) {
           const NodeInfo* n = LiveNode(s.status.view(), WORKER, rank);
           if (n == nullptr) continue;
           auto a = s.monitoring.nodes.find(n->node_id());
-          if (a == s.monitoring.nodes.end() || a->second.steps_per_second < 0) continue;
+          if (a == s.monitoring.nodes.end() || a->second.steps_per_second < 0) {
+            continue;
+          }
           out.push_back({{absl::StrCat(rank)}, a->second.steps_per_second});
         }
         return out;
       });
   r->AddCallbackFamily(
       "ps_scheduler_node_heartbeat_age_seconds",
-      "Seconds since each live node's last heartbeat (or registration).", Type::kGauge,
-      {"role", "rank"}, [this] {
-        const ClusterSnapshot s = Snapshot();
+      "Seconds since each live node's last heartbeat (or registration).",
+      Type::kGauge, {"role", "rank"}, [monitor] {
+        const ClusterSnapshot s = monitor->Snapshot();
         std::vector<Sample> out;
         for (const NodeInfo& n : s.status.view().nodes()) {
           if (n.state() != ALIVE) continue;
@@ -421,6 +458,15 @@ void SchedulerMonitor::RegisterMetrics(metrics::Registry* r) const {
         }
         return out;
       });
+}
+
+}  // namespace
+
+void SchedulerMonitor::RegisterMetrics(metrics::Registry* r) const {
+  using metrics::Type;
+  RegisterJobMetrics(this, r);
+  RegisterEventCounters(this, r);
+  RegisterPaceMetrics(this, r);
   r->AddCallback("ps_scheduler_last_checkpoint_clock",
                  "Clock of the newest committed checkpoint (0: none).", Type::kGauge,
                  [this] { return double(Snapshot().status.view().last_checkpoint_clock()); });
