@@ -335,6 +335,24 @@ class ClusterState {
   // its rank holds (owns or backs) in the initial layout.
   void AdoptReplacementLocked(uint32_t rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // Drain (scheduler/cluster_state_drain.cc). The live node the request
+  // names, or null.
+  Node* FindDrainTargetLocked(const DrainRequest& request)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Why draining the live, not yet draining node `info` (described as `who`
+  // in messages) is safe, as the note to answer; FailedPrecondition when it
+  // is not. The server forms need a RUNNING job; the replicated one checks
+  // that every slot server `rank` owns has a live backup not draining.
+  absl::StatusOr<std::string> WorkerDrainNoteLocked(
+      const NodeInfo& info, const std::string& who) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<std::string> ServerDrainNoteLocked(
+      const NodeInfo& info, const std::string& who) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<std::string> ReplicatedDrainNoteLocked(
+      uint32_t rank, const std::string& who) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   const JobConfig config_;
   const uint64_t fingerprint_;
   Clock* const clock_;

@@ -96,35 +96,28 @@ std::string HtmlEscape(absl::string_view s) {
   return out;
 }
 
-std::string RenderStatusPage(const ClusterSnapshot& snap) {
-  const ClusterView& view = snap.status.view();
-  const ClusterState::Monitoring& mon = snap.monitoring;
-  const std::string job_state =
-      JobState_Name(view.job_state()).empty() ? "UNKNOWN" : JobState_Name(view.job_state());
-  std::map<std::pair<int, int>, int> counts;  // (role, state) -> nodes
-  for (const NodeInfo& n : view.nodes()) ++counts[{n.role(), n.state()}];
-  auto role_summary = [&](Role role) {
-    return absl::StrCat(counts[{role, ALIVE}], " alive, ", counts[{role, LEFT}], " left, ",
-                        counts[{role, DEAD}], " dead");
-  };
-  const std::map<uint32_t, uint64_t> training = TrainingClocks(snap.status);
-  std::string clocks = "&mdash;";
-  if (!training.empty()) {
-    uint64_t lo = UINT64_MAX, hi = 0;
-    for (const auto& [rank, c] : training) {
-      lo = std::min(lo, c);
-      hi = std::max(hi, c);
-    }
-    clocks = absl::StrCat(lo, " / ", hi);
-  }
+namespace {
 
-  std::string html;
+// Slowest and fastest clock of `clocks` (which must not be empty).
+std::pair<uint64_t, uint64_t> ClockBounds(
+    const std::map<uint32_t, uint64_t>& clocks) {
+  uint64_t lo = UINT64_MAX, hi = 0;
+  for (const auto& [rank, c] : clocks) {
+    lo = std::min(lo, c);
+    hi = std::max(hi, c);
+  }
+  return {lo, hi};
+}
+
+// The document head: title, auto-refresh and the page's style sheet.
+void AppendPageHead(const std::string& job_name, const std::string& job_state,
+                    std::string* html) {
   absl::StrAppend(
-      &html,
+      html,
       "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n"
       "<meta http-equiv=\"refresh\" content=\"2\">\n"
       "<title>ps: ",
-      HtmlEscape(snap.job_name), " (", job_state, ")</title>\n",
+      HtmlEscape(job_name), " (", job_state, ")</title>\n",
       "<style>\n"
       "body{font-family:sans-serif;margin:24px;color:#222;background:#fff}\n"
       "h1{font-size:22px;margin:0 0 12px}h2{font-size:17px;margin:20px 0 6px}\n"
@@ -135,16 +128,38 @@ std::string RenderStatusPage(const ClusterSnapshot& snap) {
       "table.nodes td.num{text-align:right;font-variant-numeric:tabular-nums}\n"
       "table.summary td{padding:2px 16px 2px 0;font-size:14px}\n"
       "table.summary td:first-child{color:#555}\n"
-      ".alive{color:#17823b;font-weight:bold}.dead{color:#c62828;font-weight:bold}"
+      ".alive{color:#17823b;font-weight:bold}.dead{color:#c62828;font-weight:"
+      "bold}"
       ".left{color:#777}.draining{color:#b26a00;font-weight:bold}\n"
       ".state-RUNNING{color:#17823b}.state-STARTING{color:#b26a00}"
       ".state-FINISHED{color:#1f5fa8}\n"
       "footer{margin-top:16px;color:#777;font-size:12px}\n"
       "</style></head>\n<body>\n");
-  absl::StrAppend(&html, "<h1>Job ", HtmlEscape(snap.job_name), ": <span class=\"state-",
-                  job_state, "\">", job_state, "</span></h1>\n<table class=\"summary\">\n");
+}
+
+// The heading and the job summary table (left open for the caller to close).
+void AppendSummary(const ClusterSnapshot& snap, const std::string& job_state,
+                   std::string* html) {
+  const ClusterView& view = snap.status.view();
+  const ClusterState::Monitoring& mon = snap.monitoring;
+  std::map<std::pair<int, int>, int> counts;  // (role, state) -> nodes
+  for (const NodeInfo& n : view.nodes()) ++counts[{n.role(), n.state()}];
+  auto role_summary = [&](Role role) {
+    return absl::StrCat(counts[{role, ALIVE}], " alive, ", counts[{role, LEFT}],
+                        " left, ", counts[{role, DEAD}], " dead");
+  };
+  const std::map<uint32_t, uint64_t> training = TrainingClocks(snap.status);
+  std::string clocks = "&mdash;";
+  if (!training.empty()) {
+    const auto [lo, hi] = ClockBounds(training);
+    clocks = absl::StrCat(lo, " / ", hi);
+  }
+  absl::StrAppend(html, "<h1>Job ", HtmlEscape(snap.job_name),
+                  ": <span class=\"state-", job_state, "\">", job_state,
+                  "</span></h1>\n<table class=\"summary\">\n");
   auto row = [&](absl::string_view name, const std::string& value_html) {
-    absl::StrAppend(&html, "<tr><td>", name, "</td><td>", value_html, "</td></tr>\n");
+    absl::StrAppend(html, "<tr><td>", name, "</td><td>", value_html,
+                    "</td></tr>\n");
   };
   if (!snap.journal_error.empty()) {
     row("Journal", absl::StrCat("<span class=\"dead\">", HtmlEscape(snap.journal_error),
@@ -174,59 +189,98 @@ std::string RenderStatusPage(const ClusterSnapshot& snap) {
   row("Heartbeats received", absl::StrCat(mon.heartbeats));
   row("Barriers completed", absl::StrCat(mon.barriers_completed));
   row("Nodes declared dead", absl::StrCat(mon.nodes_declared_dead));
-  absl::StrAppend(&html, "</table>\n<h2>Nodes</h2>\n<table class=\"nodes\">\n",
-                  "<tr><th>Node</th><th>Id</th><th>Role</th><th>Rank</th><th>Endpoint</th>"
-                  "<th>Host (pid)</th><th>State</th><th>Last heartbeat</th><th>Clock</th>"
-                  "<th>Examples/s</th></tr>\n");
-  std::map<uint32_t, const WorkerClock*> worker_clocks;
-  for (const WorkerClock& wc : snap.status.clocks()) worker_clocks[wc.rank()] = &wc;
-  for (const NodeInfo& n : view.nodes()) {
-    const std::string role = RoleWord(n.role());
-    const std::string state = StateWord(n.state());
-    const bool alive = n.state() == ALIVE;
-    std::string heartbeat = "&mdash;";
-    std::string clock = "&mdash;";
-    std::string rate = "&mdash;";
-    auto activity = mon.nodes.find(n.node_id());
-    if (alive && activity != mon.nodes.end()) {
-      heartbeat = absl::StrFormat("%.1f s ago", activity->second.silent_seconds);
-    }
-    if (n.role() == WORKER && alive) {
-      auto wc = worker_clocks.find(n.rank());
-      if (wc != worker_clocks.end()) {
-        if (wc->second->clock() >= kFinishedClock) {
-          clock = "finished";
-        } else {
-          clock = absl::StrCat(wc->second->clock());
-          if (activity != mon.nodes.end() && activity->second.steps_per_second >= 0) {
-            rate = absl::StrFormat("%.0f", activity->second.steps_per_second *
-                                               static_cast<double>(snap.batch_size));
-          }
+}
+
+// One row of the nodes table. `worker_clocks` maps a worker rank to its
+// last heartbeated clock.
+std::string NodeRow(
+    const NodeInfo& n, const ClusterSnapshot& snap,
+    const std::map<uint32_t, const WorkerClock*>& worker_clocks) {
+  const ClusterState::Monitoring& mon = snap.monitoring;
+  const std::string role = RoleWord(n.role());
+  const std::string state = StateWord(n.state());
+  const bool alive = n.state() == ALIVE;
+  std::string heartbeat = "&mdash;";
+  std::string clock = "&mdash;";
+  std::string rate = "&mdash;";
+  auto activity = mon.nodes.find(n.node_id());
+  if (alive && activity != mon.nodes.end()) {
+    heartbeat = absl::StrFormat("%.1f s ago", activity->second.silent_seconds);
+  }
+  if (n.role() == WORKER && alive) {
+    auto wc = worker_clocks.find(n.rank());
+    if (wc != worker_clocks.end()) {
+      if (wc->second->clock() >= kFinishedClock) {
+        clock = "finished";
+      } else {
+        clock = absl::StrCat(wc->second->clock());
+        if (activity != mon.nodes.end() &&
+            activity->second.steps_per_second >= 0) {
+          rate =
+              absl::StrFormat("%.0f", activity->second.steps_per_second *
+                                          static_cast<double>(snap.batch_size));
         }
       }
     }
-    std::string state_html = absl::StrCat("<span class=\"", state, "\">", state, "</span>");
-    if (alive && n.draining()) {
-      absl::StrAppend(&state_html, " <span class=\"draining\">draining</span>");
-    }
-    absl::StrAppend(
-        &html, "<tr><td>", role, "/", n.rank(), "</td><td class=\"num\">", n.node_id(),
-        "</td><td>", role, "</td><td class=\"num\">", n.rank(), "</td><td>",
-        n.data_endpoint().empty() ? std::string("&mdash;") : HtmlEscape(n.data_endpoint()),
-        "</td><td>", HtmlEscape(n.host()), n.pid() > 0 ? absl::StrCat(" (", n.pid(), ")") : "",
-        "</td><td>", state_html, "</td><td class=\"num\">", heartbeat,
-        "</td><td class=\"num\">", clock, "</td><td class=\"num\">", rate, "</td></tr>\n");
+  }
+  std::string state_html =
+      absl::StrCat("<span class=\"", state, "\">", state, "</span>");
+  if (alive && n.draining()) {
+    absl::StrAppend(&state_html, " <span class=\"draining\">draining</span>");
+  }
+  return absl::StrCat("<tr><td>", role, "/", n.rank(),
+                      "</td><td class=\"num\">", n.node_id(), "</td><td>", role,
+                      "</td><td class=\"num\">", n.rank(), "</td><td>",
+                      n.data_endpoint().empty() ? std::string("&mdash;")
+                                                : HtmlEscape(n.data_endpoint()),
+                      "</td><td>", HtmlEscape(n.host()),
+                      n.pid() > 0 ? absl::StrCat(" (", n.pid(), ")") : "",
+                      "</td><td>", state_html, "</td><td class=\"num\">",
+                      heartbeat, "</td><td class=\"num\">", clock,
+                      "</td><td class=\"num\">", rate, "</td></tr>\n");
+}
+
+// The nodes table, from its heading to its closing tag.
+void AppendNodesTable(const ClusterSnapshot& snap, std::string* html) {
+  const ClusterView& view = snap.status.view();
+  absl::StrAppend(
+      html, "<h2>Nodes</h2>\n<table class=\"nodes\">\n",
+      "<tr><th>Node</th><th>Id</th><th>Role</th><th>Rank</th><th>Endpoint</th>"
+      "<th>Host (pid)</th><th>State</th><th>Last heartbeat</th><th>Clock</th>"
+      "<th>Examples/s</th></tr>\n");
+  std::map<uint32_t, const WorkerClock*> worker_clocks;
+  for (const WorkerClock& wc : snap.status.clocks()) worker_clocks[wc.rank()] = &wc;
+  for (const NodeInfo& n : view.nodes()) {
+    absl::StrAppend(html, NodeRow(n, snap, worker_clocks));
   }
   if (view.nodes_size() == 0) {
-    absl::StrAppend(&html, "<tr><td colspan=\"10\">no node has registered yet</td></tr>\n");
+    absl::StrAppend(
+        html, "<tr><td colspan=\"10\">no node has registered yet</td></tr>\n");
   }
-  absl::StrAppend(&html, "</table>\n<footer>Taken ",
-                  HtmlEscape(absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", snap.taken,
-                                              absl::UTCTimeZone())),
-                  "; reloads every 2 s. Examples/s: steps/s over recent heartbeats &times; "
-                  "batch size ",
-                  snap.batch_size, ". Metrics: <a href=\"/metrics\">/metrics</a>.</footer>\n",
-                  "</body></html>\n");
+  absl::StrAppend(html, "</table>\n");
+}
+
+}  // namespace
+
+std::string RenderStatusPage(const ClusterSnapshot& snap) {
+  const ClusterView& view = snap.status.view();
+  const std::string job_state = JobState_Name(view.job_state()).empty()
+                                    ? "UNKNOWN"
+                                    : JobState_Name(view.job_state());
+  std::string html;
+  AppendPageHead(snap.job_name, job_state, &html);
+  AppendSummary(snap, job_state, &html);
+  absl::StrAppend(&html, "</table>\n");
+  AppendNodesTable(snap, &html);
+  absl::StrAppend(
+      &html, "<footer>Taken ",
+      HtmlEscape(absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", snap.taken,
+                                  absl::UTCTimeZone())),
+      "; reloads every 2 s. Examples/s: steps/s over recent heartbeats &times; "
+      "batch size ",
+      snap.batch_size,
+      ". Metrics: <a href=\"/metrics\">/metrics</a>.</footer>\n",
+      "</body></html>\n");
   return html;
 }
 
@@ -255,36 +309,51 @@ ClusterSnapshot SchedulerMonitor::Snapshot() const {
   return s;
 }
 
-void SchedulerMonitor::RegisterMetrics(metrics::Registry* r) const {
+namespace {
+
+// Membership, job state and consistency gauges.
+void RegisterJobMetrics(const SchedulerMonitor* monitor, metrics::Registry* r) {
   using metrics::Sample;
   using metrics::Type;
   r->AddCallbackFamily(
       "ps_scheduler_nodes",
-      "Nodes that ever registered, by role and state (left and dead ones stay counted).",
-      Type::kGauge, {"role", "state"}, [this] {
+      "Nodes that ever registered, by role and state (left and dead ones stay "
+      "counted).",
+      Type::kGauge, {"role", "state"}, [monitor] {
         std::map<std::pair<std::string, std::string>, int> counts;
         for (Role role : {SERVER, WORKER}) {
-          for (NodeState state : {ALIVE, LEFT, DEAD}) counts[{RoleWord(role), StateWord(state)}] = 0;
+          for (NodeState state : {ALIVE, LEFT, DEAD}) {
+            counts[{RoleWord(role), StateWord(state)}] = 0;
+          }
         }
-        const ClusterSnapshot s = Snapshot();
+        const ClusterSnapshot s = monitor->Snapshot();
         for (const NodeInfo& n : s.status.view().nodes()) {
           ++counts[{RoleWord(n.role()), StateWord(n.state())}];
         }
         std::vector<Sample> out;
-        for (const auto& [key, n] : counts) out.push_back({{key.first, key.second}, double(n)});
+        for (const auto& [key, n] : counts) {
+          out.push_back({{key.first, key.second}, double(n)});
+        }
         return out;
       });
   r->AddCallback("ps_scheduler_view_epoch",
-                 "Epoch of the cluster view; every membership or slot change increments it.",
-                 Type::kGauge, [this] { return double(Snapshot().status.view().epoch()); });
-  r->AddCallback("ps_scheduler_restarts",
-                 "How many times a restarted scheduler took this job back from its journal.",
-                 Type::kGauge,
-                 [this] { return double(Snapshot().status.view().scheduler_restarts()); });
+                 "Epoch of the cluster view; every membership or slot change "
+                 "increments it.",
+                 Type::kGauge, [monitor] {
+                   return double(monitor->Snapshot().status.view().epoch());
+                 });
+  r->AddCallback(
+      "ps_scheduler_restarts",
+      "How many times a restarted scheduler took this job back from its "
+      "journal.",
+      Type::kGauge, [monitor] {
+        return double(monitor->Snapshot().status.view().scheduler_restarts());
+      });
   r->AddCallbackFamily(
-      "ps_scheduler_job_state", "1 for the job's current state, 0 for the others.",
-      Type::kGauge, {"state"}, [this] {
-        const JobState current = Snapshot().status.view().job_state();
+      "ps_scheduler_job_state",
+      "1 for the job's current state, 0 for the others.", Type::kGauge,
+      {"state"}, [monitor] {
+        const JobState current = monitor->Snapshot().status.view().job_state();
         std::vector<Sample> out;
         for (JobState s : {STARTING, RUNNING, FINISHED}) {
           out.push_back({{Lower(JobState_Name(s))}, s == current ? 1.0 : 0.0});
@@ -292,9 +361,11 @@ void SchedulerMonitor::RegisterMetrics(metrics::Registry* r) const {
         return out;
       });
   r->AddCallbackFamily(
-      "ps_scheduler_consistency_mode", "1 for the consistency mode in force, 0 for the others.",
-      Type::kGauge, {"mode"}, [this] {
-        ConsistencyMode current = Snapshot().status.view().consistency().mode();
+      "ps_scheduler_consistency_mode",
+      "1 for the consistency mode in force, 0 for the others.", Type::kGauge,
+      {"mode"}, [monitor] {
+        ConsistencyMode current =
+            monitor->Snapshot().status.view().consistency().mode();
         if (current == CONSISTENCY_MODE_UNSPECIFIED) current = ASYNC;
         std::vector<Sample> out;
         for (ConsistencyMode m : {ASYNC, BSP, SSP}) {
@@ -303,66 +374,86 @@ void SchedulerMonitor::RegisterMetrics(metrics::Registry* r) const {
         return out;
       });
   r->AddCallback("ps_scheduler_ssp_staleness",
-                 "The SSP staleness bound in force (0 unless the mode is SSP).", Type::kGauge,
-                 [this] {
-                   const ClusterSnapshot s = Snapshot();
+                 "The SSP staleness bound in force (0 unless the mode is SSP).",
+                 Type::kGauge, [monitor] {
+                   const ClusterSnapshot s = monitor->Snapshot();
                    const ConsistencyConfig& c = s.status.view().consistency();
                    return c.mode() == SSP ? double(c.staleness()) : 0.0;
                  });
-  r->AddCallback("ps_scheduler_barriers_completed_total",
-                 "Distinct barriers that released their workers.", Type::kCounter,
-                 [this] { return double(Snapshot().monitoring.barriers_completed); });
-  r->AddCallback("ps_scheduler_heartbeats_received_total",
-                 "Heartbeats accepted from live nodes.", Type::kCounter,
-                 [this] { return double(Snapshot().monitoring.heartbeats); });
-  r->AddCallback("ps_scheduler_nodes_declared_dead_total",
-                 "Nodes the failure detector declared dead (missed heartbeats).",
-                 Type::kCounter,
-                 [this] { return double(Snapshot().monitoring.nodes_declared_dead); });
+}
+
+// Counters of heartbeats, barriers and failures.
+void RegisterEventCounters(const SchedulerMonitor* monitor,
+                           metrics::Registry* r) {
+  using metrics::Type;
+  r->AddCallback(
+      "ps_scheduler_barriers_completed_total",
+      "Distinct barriers that released their workers.", Type::kCounter,
+      [monitor] {
+        return double(monitor->Snapshot().monitoring.barriers_completed);
+      });
+  r->AddCallback(
+      "ps_scheduler_heartbeats_received_total",
+      "Heartbeats accepted from live nodes.", Type::kCounter,
+      [monitor] { return double(monitor->Snapshot().monitoring.heartbeats); });
+  r->AddCallback(
+      "ps_scheduler_nodes_declared_dead_total",
+      "Nodes the failure detector declared dead (missed heartbeats).",
+      Type::kCounter, [monitor] {
+        return double(monitor->Snapshot().monitoring.nodes_declared_dead);
+      });
+}
+
+// Per-worker clocks and pace, and per-node heartbeat age.
+void RegisterPaceMetrics(const SchedulerMonitor* monitor,
+                         metrics::Registry* r) {
+  using metrics::Sample;
+  using metrics::Type;
   r->AddCallbackFamily(
       "ps_scheduler_worker_clock",
-      "Steps completed by each live worker still training, as last heartbeated.",
-      Type::kGauge, {"rank"}, [this] {
+      "Steps completed by each live worker still training, as last "
+      "heartbeated.",
+      Type::kGauge, {"rank"}, [monitor] {
         std::vector<Sample> out;
-        for (const auto& [rank, c] : TrainingClocks(Snapshot().status)) {
+        for (const auto& [rank, c] :
+             TrainingClocks(monitor->Snapshot().status)) {
           out.push_back({{absl::StrCat(rank)}, double(c)});
         }
         return out;
       });
-  r->AddCallback("ps_scheduler_worker_clock_spread",
-                 "Fastest minus slowest clock of the live workers still training.",
-                 Type::kGauge, [this] {
-                   const auto clocks = TrainingClocks(Snapshot().status);
-                   if (clocks.empty()) return 0.0;
-                   uint64_t lo = UINT64_MAX, hi = 0;
-                   for (const auto& [rank, c] : clocks) {
-                     lo = std::min(lo, c);
-                     hi = std::max(hi, c);
-                   }
-                   return double(hi - lo);
-                 });
+  r->AddCallback(
+      "ps_scheduler_worker_clock_spread",
+      "Fastest minus slowest clock of the live workers still training.",
+      Type::kGauge, [monitor] {
+        const auto clocks = TrainingClocks(monitor->Snapshot().status);
+        if (clocks.empty()) return 0.0;
+        const auto [lo, hi] = ClockBounds(clocks);
+        return double(hi - lo);
+      });
   r->AddCallbackFamily(
       "ps_scheduler_worker_steps_per_second",
-      "Each live worker's pace over its recent heartbeats (multiply by the batch size "
-      "for examples/s).",
-      Type::kGauge, {"rank"}, [this] {
-        const ClusterSnapshot s = Snapshot();
+      "Each live worker's pace over its recent heartbeats (multiply by the "
+      "batch size for examples/s).",
+      Type::kGauge, {"rank"}, [monitor] {
+        const ClusterSnapshot s = monitor->Snapshot();
         const auto clocks = TrainingClocks(s.status);
         std::vector<Sample> out;
         for (const auto& [rank, c] : clocks) {
           const NodeInfo* n = LiveNode(s.status.view(), WORKER, rank);
           if (n == nullptr) continue;
           auto a = s.monitoring.nodes.find(n->node_id());
-          if (a == s.monitoring.nodes.end() || a->second.steps_per_second < 0) continue;
+          if (a == s.monitoring.nodes.end() || a->second.steps_per_second < 0) {
+            continue;
+          }
           out.push_back({{absl::StrCat(rank)}, a->second.steps_per_second});
         }
         return out;
       });
   r->AddCallbackFamily(
       "ps_scheduler_node_heartbeat_age_seconds",
-      "Seconds since each live node's last heartbeat (or registration).", Type::kGauge,
-      {"role", "rank"}, [this] {
-        const ClusterSnapshot s = Snapshot();
+      "Seconds since each live node's last heartbeat (or registration).",
+      Type::kGauge, {"role", "rank"}, [monitor] {
+        const ClusterSnapshot s = monitor->Snapshot();
         std::vector<Sample> out;
         for (const NodeInfo& n : s.status.view().nodes()) {
           if (n.state() != ALIVE) continue;
@@ -372,6 +463,15 @@ void SchedulerMonitor::RegisterMetrics(metrics::Registry* r) const {
         }
         return out;
       });
+}
+
+}  // namespace
+
+void SchedulerMonitor::RegisterMetrics(metrics::Registry* r) const {
+  using metrics::Type;
+  RegisterJobMetrics(this, r);
+  RegisterEventCounters(this, r);
+  RegisterPaceMetrics(this, r);
   r->AddCallback("ps_scheduler_last_checkpoint_clock",
                  "Clock of the newest committed checkpoint (0: none).", Type::kGauge,
                  [this] { return double(Snapshot().status.view().last_checkpoint_clock()); });
