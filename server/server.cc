@@ -448,19 +448,20 @@ void KVServer::Impl::Serve() {
     }
   }
   PublishTableStats();
-  if (replicated_) {
-    Log()->info(
-        "replication: {} updates forwarded to backups, {} replica messages "
-        "applied "
-        "as a backup, {} catch-ups sent ({} rows and blocks), {} slots taken "
-        "over, "
-        "{} duplicate pushes answered, {} pushes without a backup copy",
-        counters_.forwards.load(), counters_.replica_messages.load(),
-        counters_.catchups_sent.load(), counters_.rows_copied.load(),
-        counters_.slots_promoted.load(), counters_.duplicate_pushes.load(),
-        counters_.unreplicated_pushes.load());
-  }
+  if (replicated_) LogReplicationSummary();
   stopped_.store(true);
+}
+
+void KVServer::Impl::LogReplicationSummary() const {
+  Log()->info(
+      "replication: {} updates forwarded to backups, {} replica messages "
+      "applied as a backup, {} catch-ups sent ({} rows and blocks), {} slots "
+      "taken over, {} duplicate pushes answered, {} pushes without a backup "
+      "copy",
+      counters_.forwards.load(), counters_.replica_messages.load(),
+      counters_.catchups_sent.load(), counters_.rows_copied.load(),
+      counters_.slots_promoted.load(), counters_.duplicate_pushes.load(),
+      counters_.unreplicated_pushes.load());
 }
 
 void KVServer::Impl::PublishTableStats() {

@@ -437,6 +437,8 @@ class KVServer::Impl {
   std::shared_ptr<MetricsSource> metrics_source_;
 
   void PublishTableStats();
+  // The replication counters, logged once when serving stops.
+  void LogReplicationSummary() const;
   absl::Time last_stats_publish_ = absl::InfinitePast();
   mutable absl::Mutex stats_mu_;
   std::vector<TableStats> table_stats_ ABSL_GUARDED_BY(stats_mu_);
