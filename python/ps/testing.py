@@ -110,6 +110,9 @@ class LocalCluster:
             os.unlink(port_file)
         self._spawn("scheduler", [binary("scheduler_main"), f"--config={self.config}",
                                   f"--port_file={port_file}", "--http_port=-1",
+                                  # The journal beside the logs: a cluster of
+                                  # its own never resumes another's job.
+                                  f"--state_dir={os.path.join(self.dir, 'scheduler-state')}",
                                   f"--log_level={self.log_level}"] + self._size_flags())
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
