@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <string>
 
-#include "absl/status/status.h"
+#include "common/status.h"
 #include "proto/data_plane.pb.h"
 
 namespace ps {
