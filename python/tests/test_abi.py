@@ -150,6 +150,7 @@ def _structs() -> dict:
     return {"ps_position": _native.Position, "ps_job_info": _native.JobInfo,
             "ps_synthetic_info": _native.SyntheticInfo, "ps_table_info": _native.TableInfo,
             "ps_session_details": _native.SessionDetails, "ps_claim": _native.Claim,
+            "ps_next_shard": _native.NextShard,
             "ps_table_stats": _native.TableStats}
 
 
