@@ -272,15 +272,16 @@ run_demo() {
   tail -n 1 "$T/$name.out"
 }
 
-# expect_ctr_summary SUMMARY: the normal end of the CTR example
-# (examples/ctr/async.pbtxt cut to 200000 training examples): 2 workers and
-# 2 servers, rank 0 trained its 100000 examples 3 times, and the test AUC is
+# expect_ctr_summary SUMMARY [RANK0_EXAMPLES]: the normal end of the CTR
+# example (examples/ctr/async.pbtxt, by default cut to 200000 training
+# examples): 2 workers and 2 servers, rank 0 trained its half of the
+# training set 3 times (RANK0_EXAMPLES, default 300000), and the test AUC is
 # within 0.01 of the oracle's.
 expect_ctr_summary() {
-  local summary="$1" auc oracle gap
+  local summary="$1" examples="${2:-300000}" auc oracle gap
   expect_field "$summary" workers 2 "wrong counts"
   expect_field "$summary" servers 2 "wrong counts"
-  expect_field "$summary" rank0_examples 300000 "wrong example count"
+  expect_field "$summary" rank0_examples "$examples" "wrong example count"
   auc="$(json_field "$summary" test_auc)"
   oracle="$(json_field "$summary" oracle_auc)"
   # Integer arithmetic on AUC x 100000 (both have 5 decimals): the gap must
