@@ -13,6 +13,24 @@ bool InSlots(const std::vector<bool>& mask, uint32_t slot) {
 
 }  // namespace
 
+double* StepBuffer::Sparse::Row(uint64_t key, uint32_t dim) {
+  auto [it, inserted] =
+      index.try_emplace(key, static_cast<uint32_t>(keys.size()));
+  if (inserted) {
+    keys.push_back(key);
+    sums.resize(sums.size() + dim, 0.0);
+  }
+  return &sums[size_t{it->second} * dim];
+}
+
+void StepBuffer::Dense::Touch(uint64_t block, uint64_t lo, uint64_t hi) {
+  auto [range, inserted] = touched.try_emplace(block, lo, hi);
+  if (!inserted) {
+    range->second.first = std::min(range->second.first, lo);
+    range->second.second = std::max(range->second.second, hi);
+  }
+}
+
 void StepBuffer::Add(uint64_t node_id, Table* table,
                      absl::Span<const uint64_t> keys, const Segments& segments,
                      absl::Span<const float> grads) {
@@ -21,13 +39,7 @@ void StepBuffer::Add(uint64_t node_id, Table* table,
     Sparse& b = sparse[table->id()];
     const uint32_t dim = sparse_table->dim();
     for (size_t i = 0; i < keys.size(); ++i) {
-      auto [it, inserted] =
-          b.index.try_emplace(keys[i], static_cast<uint32_t>(b.keys.size()));
-      if (inserted) {
-        b.keys.push_back(keys[i]);
-        b.sums.resize(b.sums.size() + dim, 0.0);
-      }
-      double* sum = &b.sums[size_t{it->second} * dim];
+      double* sum = b.Row(keys[i], dim);
       const float* g = &grads[i * dim];
       for (uint32_t e = 0; e < dim; ++e) sum[e] += g[e];
     }
@@ -46,13 +58,7 @@ void StepBuffer::Add(uint64_t node_id, Table* table,
     }
     const uint64_t offset = s.begin() - block * block_size;
     for (uint64_t e = 0; e < s.length(); ++e) sums[offset + e] += g[e];
-    auto [range, inserted] =
-        b.touched.try_emplace(block, offset, offset + s.length());
-    if (!inserted) {
-      range->second.first = std::min(range->second.first, offset);
-      range->second.second =
-          std::max(range->second.second, offset + s.length());
-    }
+    b.Touch(block, offset, offset + s.length());
     g += s.length();
   }
 }
@@ -62,13 +68,7 @@ void StepBuffer::MergeSparseSums(uint32_t table_id, uint32_t dim,
                                  absl::Span<const double> sums) {
   Sparse& b = sparse[table_id];
   for (size_t i = 0; i < keys.size(); ++i) {
-    auto [it, inserted] =
-        b.index.try_emplace(keys[i], static_cast<uint32_t>(b.keys.size()));
-    if (inserted) {
-      b.keys.push_back(keys[i]);
-      b.sums.resize(b.sums.size() + dim, 0.0);
-    }
-    double* sum = &b.sums[size_t{it->second} * dim];
+    double* sum = b.Row(keys[i], dim);
     for (uint32_t e = 0; e < dim; ++e) sum[e] += sums[i * dim + e];
   }
 }
@@ -85,11 +85,7 @@ void StepBuffer::MergeDenseSums(const DenseTable& table,
     if (block_sums.empty()) block_sums.assign(len, 0.0);
     for (size_t e = 0; e < len; ++e) block_sums[e] += sums[offset + e];
     offset += len;
-    auto [range, inserted] = b.touched.try_emplace(block, lo, hi);
-    if (!inserted) {
-      range->second.first = std::min(range->second.first, lo);
-      range->second.second = std::max(range->second.second, hi);
-    }
+    b.Touch(block, lo, hi);
   }
 }
 
@@ -139,14 +135,7 @@ void StepBuffer::ExtractSlots(
       const double* sum = &b.sums[i * dim];
       if (InSlots(mask, SparseSlot(table, key, num_slots))) {
         if (to != nullptr) {
-          auto& t = to->sparse[table];
-          auto [it, inserted] =
-              t.index.try_emplace(key, static_cast<uint32_t>(t.keys.size()));
-          if (inserted) {
-            t.keys.push_back(key);
-            t.sums.resize(t.sums.size() + dim, 0.0);
-          }
-          double* into = &t.sums[size_t{it->second} * dim];
+          double* into = to->sparse[table].Row(key, dim);
           for (uint32_t e = 0; e < dim; ++e) into[e] += sum[e];
         }
         continue;
@@ -174,11 +163,7 @@ void StepBuffer::ExtractSlots(
         for (size_t e = 0; e < sums.size() && e < it->second.size(); ++e) {
           sums[e] += it->second[e];
         }
-        auto [r, inserted] = t.touched.try_emplace(block, range);
-        if (!inserted) {
-          r->second.first = std::min(r->second.first, range.first);
-          r->second.second = std::max(r->second.second, range.second);
-        }
+        t.Touch(block, range.first, range.second);
       }
       b.touched.erase(block);
       b.blocks.erase(it++);

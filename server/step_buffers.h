@@ -27,11 +27,15 @@ struct StepBuffer {
     absl::flat_hash_map<uint64_t, uint32_t> index;  // key -> row
     std::vector<uint64_t> keys;
     std::vector<double> sums;
+    // The `dim` sums of `key`'s row, appended (zeroed) on first use.
+    double* Row(uint64_t key, uint32_t dim);
   };
   struct Dense {
     // block -> sums over the block, and the touched element range.
     absl::flat_hash_map<uint64_t, std::vector<double>> blocks;
     absl::flat_hash_map<uint64_t, std::pair<uint64_t, uint64_t>> touched;
+    // Widens `block`'s touched range to cover [lo, hi).
+    void Touch(uint64_t block, uint64_t lo, uint64_t hi);
   };
   absl::flat_hash_map<uint32_t, Sparse> sparse;
   absl::flat_hash_map<uint32_t, Dense> dense;
