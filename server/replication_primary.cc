@@ -387,7 +387,7 @@ void KVServer::Impl::SendStepBuffers(const Ownership& own, BackupLink& link,
   // this server when it is told the divisor.
   const uint32_t num_slots = static_cast<uint32_t>(mask.size());
   for (auto& [step, buffer] : buffers_) {
-    auto send = [&, step = step](uint32_t id, std::vector<uint64_t> keys,
+    auto send = [&, step = step, &buffer = buffer](uint32_t id, std::vector<uint64_t> keys,
                                  std::vector<double> sums) {
       if (keys.empty()) return;
       RequestHeader h =

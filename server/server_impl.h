@@ -413,6 +413,9 @@ class KVServer::Impl {
   uint64_t promoted_epoch_ = 0;
   // Wakes the serving thread when a view arrives.
   int wake_fd_ = -1;
+  // Every counter of Stats (server/server_counters.h); declared before
+  // admission_, which keeps pointers to some of them.
+  ServerCounters counters_;
   // Limits (Options comment), held bytes (counters_.held_bytes: the
   // requests the gate holds, deferred_ and replica_held_) and the gradient
   // policy.
@@ -468,8 +471,6 @@ class KVServer::Impl {
   std::atomic<bool> stop_{false};
   std::atomic<bool> stop_after_checkpoint_{false};
   std::atomic<bool> stopped_{false};
-  // Every counter of Stats (server/server_counters.h).
-  ServerCounters counters_;
   std::thread thread_;
 };
 
