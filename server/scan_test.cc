@@ -20,15 +20,12 @@
 #include "gtest/gtest.h"
 #include "proto/data_plane.pb.h"
 #include "proto/scheduler.pb.h"
-#include "server/server.h"
+#include "server/server_test_fixture.h"
 #include "server/table.h"
 #include "zmq.hpp"
-#include "zmq_addon.hpp"
 
 namespace ps {
 namespace {
-
-constexpr uint64_t kU64Max = std::numeric_limits<uint64_t>::max();
 
 // --------------------------------------------------------- SparseTable
 
@@ -55,7 +52,8 @@ std::unique_ptr<Table> MustCreate(const TableConfig& config) {
 
 // Every row as key -> weights, read by paging with the given sizes.
 std::map<uint64_t, std::vector<float>> ScanAll(const SparseTable& t,
-                                               size_t max_rows, size_t max_slots,
+                                               size_t max_rows,
+                                               size_t max_slots,
                                                int* pages = nullptr) {
   std::map<uint64_t, std::vector<float>> rows;
   uint64_t cursor = 0;
@@ -71,8 +69,9 @@ std::map<uint64_t, std::vector<float>> ScanAll(const SparseTable& t,
     }
     for (size_t i = 0; i < keys.size(); ++i) {
       const bool inserted =
-          rows.emplace(keys[i], std::vector<float>(values.begin() + i * t.dim(),
-                                                   values.begin() + (i + 1) * t.dim()))
+          rows.emplace(keys[i],
+                       std::vector<float>(values.begin() + i * t.dim(),
+                                          values.begin() + (i + 1) * t.dim()))
               .second;
       EXPECT_TRUE(inserted) << "key " << keys[i] << " scanned twice";
     }
@@ -84,13 +83,14 @@ std::map<uint64_t, std::vector<float>> ScanAll(const SparseTable& t,
 }
 
 // The rows Pull answers for `keys`.
-std::map<uint64_t, std::vector<float>> PullAll(SparseTable& t,
-                                               const std::vector<uint64_t>& keys) {
+std::map<uint64_t, std::vector<float>> PullAll(
+    SparseTable& t, const std::vector<uint64_t>& keys) {
   std::vector<float> out(keys.size() * t.dim());
   t.Pull(keys, out.data());
   std::map<uint64_t, std::vector<float>> rows;
   for (size_t i = 0; i < keys.size(); ++i) {
-    rows[keys[i]].assign(out.begin() + i * t.dim(), out.begin() + (i + 1) * t.dim());
+    rows[keys[i]].assign(out.begin() + i * t.dim(),
+                         out.begin() + (i + 1) * t.dim());
   }
   return rows;
 }
@@ -99,9 +99,11 @@ TEST(SparseTableScanTest, PagesVisitEveryRowOnceWithItsWeights) {
   auto table = MustCreate(SparseConfig(3));
   SparseTable& t = *table->AsSparse();
   std::vector<uint64_t> keys;
-  for (uint64_t k = 0; k < 1000; ++k) keys.push_back(k * 7919 + (k % 3) * (1ULL << 40));
+  for (uint64_t k = 0; k < 1000; ++k)
+    keys.push_back(k * 7919 + (k % 3) * (1ULL << 40));
   std::vector<float> grads(keys.size() * 3);
-  for (size_t i = 0; i < grads.size(); ++i) grads[i] = 0.01f * static_cast<float>(i % 17);
+  for (size_t i = 0; i < grads.size(); ++i)
+    grads[i] = 0.01f * static_cast<float>(i % 17);
   t.Push(keys, grads.data());
   const auto want = PullAll(t, keys);
   ASSERT_EQ(want.size(), 1000u);
@@ -134,8 +136,8 @@ TEST(SparseTableScanTest, AnyCursorIsSafeAndOnePastTheEndEnds) {
   for (uint64_t k = 0; k < 50; ++k) keys.push_back(k);
   std::vector<float> grads(keys.size() * 2, 0.5f);
   t.Push(keys, grads.data());
-  for (uint64_t cursor : {uint64_t{1} << 20, uint64_t{1} << 32, uint64_t{1} << 63,
-                          kU64Max - 1, kU64Max}) {
+  for (uint64_t cursor : {uint64_t{1} << 20, uint64_t{1} << 32,
+                          uint64_t{1} << 63, kU64Max - 1, kU64Max}) {
     SCOPED_TRACE(cursor);
     got.clear();
     values.clear();
@@ -192,8 +194,8 @@ TEST(SparseTableScanTest, DroppedRowsAreNotScannedAndScanTouchesNothing) {
 // --------------------------------------------------------------- server
 
 // Table 0: sparse, dim 3, Adagrad (state the scan must leave out), random
-// init. Table 1: dense.
-constexpr char kConfig[] = R"pb(
+// init. Table 1: dense. The ids match the fixture's kSparse and kDense.
+constexpr char kScanConfig[] = R"pb(
   cluster { num_servers: 2 num_workers: 1 num_slots: 16 }
   tables {
     id: 0
@@ -210,23 +212,11 @@ constexpr char kConfig[] = R"pb(
   }
 )pb";
 
-constexpr uint32_t kSparse = 0;
-constexpr uint32_t kDense = 1;
 constexpr uint32_t kDim = 3;
 
-template <typename T>
-zmq::message_t RawFrame(const std::vector<T>& v) {
-  return zmq::message_t(v.data(), v.size() * sizeof(T));
-}
-
-template <typename T>
-std::vector<T> FromFrame(const zmq::message_t& f) {
-  std::vector<T> v(f.size() / sizeof(T));
-  if (!v.empty()) std::memcpy(v.data(), f.data(), v.size() * sizeof(T));
-  return v;
-}
-
-struct Reply {
+// A SCAN page as the client decodes it (common/wire.h): the response
+// header, the rows' values and their keys.
+struct Page {
   bool received = false;
   ResponseHeader header;
   std::vector<float> values;
@@ -237,56 +227,17 @@ struct Reply {
   }
 };
 
-RequestHeader ScanHeader(uint32_t table, uint64_t cursor, uint64_t max_rows) {
-  RequestHeader h;
-  h.set_op(SCAN);
-  h.set_table_id(table);
-  h.set_scan_cursor(cursor);
-  h.set_scan_max_rows(max_rows);
-  return h;
-}
-
-class ScanServerTest : public ::testing::Test {
+// The server of server_test_fixture.h over kScanConfig; SCAN replies carry
+// a third frame (the keys), so they are read with ReceivePage.
+class ScanServerTest : public ServerTest {
  protected:
-  void SetUp() override { StartServer(/*standalone=*/true); }
-
-  void StartServer(bool standalone, const std::string& extra_config = "") {
-    auto config = ParseJobConfig(kConfig + extra_config, "scan_test");
-    ASSERT_TRUE(config.ok()) << config.status();
-    KVServer::Options options;
-    options.config = *config;
-    options.standalone = standalone;
-    auto server = KVServer::Start(std::move(options));
-    ASSERT_TRUE(server.ok()) << server.status();
-    server_ = std::move(server).value();
-    socket_ = zmq::socket_t(context_, zmq::socket_type::dealer);
-    socket_.set(zmq::sockopt::rcvtimeo, 5000);
-    socket_.set(zmq::sockopt::linger, 0);
-    socket_.connect(server_->endpoint());
-  }
-
-  void TearDown() override {
-    socket_.close();
-    server_.reset();
-  }
-
-  void SendOnly(RequestHeader h, std::vector<zmq::message_t> rest) {
-    if (h.request_id() == 0) h.set_request_id(++next_request_id_);
-    std::vector<zmq::message_t> frames;
-    const std::string header = h.SerializeAsString();
-    frames.emplace_back(header.data(), header.size());
-    for (auto& f : rest) frames.push_back(std::move(f));
-    zmq::send_multipart(socket_, frames);
-  }
+  void SetUp() override { StartServer(/*standalone=*/true, kScanConfig); }
 
   // The next response, decoded as the client does (common/wire.h).
-  Reply Receive() {
-    Reply r;
-    std::vector<zmq::message_t> frames;
-    if (!zmq::recv_multipart(socket_, std::back_inserter(frames))) {
-      ADD_FAILURE() << "no response within the receive timeout";
-      return r;
-    }
+  Page ReceivePage() {
+    Page r;
+    std::vector<zmq::message_t> frames = ReceiveFrames();
+    if (frames.empty()) return r;
     DecodedResponse d;
     const absl::Status s = DecodeResponse(frames, &d);
     EXPECT_TRUE(s.ok()) << s;
@@ -297,44 +248,29 @@ class ScanServerTest : public ::testing::Test {
     return r;
   }
 
-  Reply Send(RequestHeader h, std::vector<zmq::message_t> rest) {
-    h.set_request_id(++next_request_id_);
-    SendOnly(h, std::move(rest));
-    Reply r = Receive();
+  // Sends a SCAN request (with its empty keys frame) without waiting for
+  // its page; returns its request id.
+  uint64_t SendScan(RequestHeader scan) {
+    return SendOnly(std::move(scan), Frames(KeysFrame({})));
+  }
+
+  Page Scan(uint32_t table, uint64_t cursor, uint64_t max_rows) {
+    const uint64_t id = SendScan(ScanHeader(table, cursor, max_rows));
+    Page r = ReceivePage();
     if (r.received) {
-      EXPECT_EQ(r.header.request_id(), next_request_id_);
+      EXPECT_EQ(r.header.request_id(), id);
     }
     return r;
   }
 
-  Reply Scan(uint32_t table, uint64_t cursor, uint64_t max_rows) {
-    std::vector<zmq::message_t> rest;
-    rest.emplace_back();  // empty keys frame
-    return Send(ScanHeader(table, cursor, max_rows), std::move(rest));
-  }
-
-  Reply Pull(const std::vector<uint64_t>& keys) {
-    RequestHeader h;
-    h.set_op(PULL);
-    h.set_table_id(kSparse);
-    h.set_num_keys(keys.size());
-    std::vector<zmq::message_t> rest;
-    rest.push_back(RawFrame(keys));
-    return Send(h, std::move(rest));
-  }
-
-  Reply Push(const std::vector<uint64_t>& keys, const std::vector<float>& grads,
-             uint64_t clock = 0) {
-    RequestHeader h;
-    h.set_op(PUSH);
-    h.set_table_id(kSparse);
-    h.set_num_keys(keys.size());
+  // A push to table 0 as worker node 1 (servers in a view refuse other
+  // senders) at `clock`.
+  Response PushAt(const std::vector<uint64_t>& keys,
+                  const std::vector<float>& grads, uint64_t clock = 0) {
+    RequestHeader h = Header(PUSH, kSparse, keys.size());
     h.set_clock(clock);
     h.set_sender_node_id(1);
-    std::vector<zmq::message_t> rest;
-    rest.push_back(RawFrame(keys));
-    rest.push_back(RawFrame(grads));
-    return Send(h, std::move(rest));
+    return SendValid(h, Frames(KeysFrame(keys), ValuesFrame(grads)));
   }
 
   // Pages through table 0 with `max_rows` per page.
@@ -344,7 +280,7 @@ class ScanServerTest : public ::testing::Test {
     uint64_t cursor = 0;
     int n = 0;
     do {
-      Reply r = Scan(kSparse, cursor, max_rows);
+      Page r = Scan(kSparse, cursor, max_rows);
       EXPECT_EQ(r.code(), absl::StatusCode::kOk) << r.header.message();
       if (r.code() != absl::StatusCode::kOk) break;
       EXPECT_LE(r.keys.size(), max_rows == 0 ? kDefaultScanRows : max_rows);
@@ -353,10 +289,11 @@ class ScanServerTest : public ::testing::Test {
         EXPECT_GT(r.header.next_cursor(), cursor);
       }
       for (size_t i = 0; i < r.keys.size(); ++i) {
-        EXPECT_TRUE(rows.emplace(r.keys[i],
-                                 std::vector<float>(r.values.begin() + i * kDim,
-                                                    r.values.begin() + (i + 1) * kDim))
-                        .second)
+        EXPECT_TRUE(
+            rows.emplace(r.keys[i],
+                         std::vector<float>(r.values.begin() + i * kDim,
+                                            r.values.begin() + (i + 1) * kDim))
+                .second)
             << "key " << r.keys[i] << " scanned twice";
       }
       cursor = r.header.next_cursor();
@@ -366,12 +303,15 @@ class ScanServerTest : public ::testing::Test {
     return rows;
   }
 
-  std::map<uint64_t, std::vector<float>> PullRows(const std::vector<uint64_t>& keys) {
-    Reply r = Pull(keys);
+  std::map<uint64_t, std::vector<float>> PullRows(
+      const std::vector<uint64_t>& keys) {
+    Response r = Pull(kSparse, keys);
     EXPECT_EQ(r.code(), absl::StatusCode::kOk) << r.header.message();
     std::map<uint64_t, std::vector<float>> rows;
-    for (size_t i = 0; i < keys.size() && r.values.size() == keys.size() * kDim; ++i) {
-      rows[keys[i]].assign(r.values.begin() + i * kDim, r.values.begin() + (i + 1) * kDim);
+    for (size_t i = 0; i < keys.size() && r.values.size() == keys.size() * kDim;
+         ++i) {
+      rows[keys[i]].assign(r.values.begin() + i * kDim,
+                           r.values.begin() + (i + 1) * kDim);
     }
     return rows;
   }
@@ -381,28 +321,24 @@ class ScanServerTest : public ::testing::Test {
     std::vector<uint64_t> keys;
     for (int i = 0; i < n; ++i) keys.push_back(uint64_t{100} * i);
     std::vector<float> grads(keys.size() * kDim);
-    for (size_t i = 0; i < grads.size(); ++i) grads[i] = 0.125f * (i % 5) - 0.25f;
-    Reply r = Push(keys, grads);
+    for (size_t i = 0; i < grads.size(); ++i)
+      grads[i] = 0.125f * (i % 5) - 0.25f;
+    Response r = PushAt(keys, grads);
     EXPECT_EQ(r.code(), absl::StatusCode::kOk) << r.header.message();
     return keys;
   }
-
-  zmq::context_t context_{1};
-  zmq::socket_t socket_;
-  std::unique_ptr<KVServer> server_;
-  uint64_t next_request_id_ = 5000;
 };
 
 TEST_F(ScanServerTest, SmallPagesReturnExactlyThePushedRowsWithPulledWeights) {
   // An empty table: one empty page, done.
-  Reply r = Scan(kSparse, 0, 10);
+  Page r = Scan(kSparse, 0, 10);
   ASSERT_EQ(r.code(), absl::StatusCode::kOk) << r.header.message();
   EXPECT_TRUE(r.keys.empty());
   EXPECT_EQ(r.header.next_cursor(), 0u);
 
   const std::vector<uint64_t> keys = PushKeys(500);
   // A pull of a key without a row creates none, so it is not scanned.
-  ASSERT_EQ(Pull({7}).code(), absl::StatusCode::kOk);
+  ASSERT_EQ(Pull(kSparse, {7}).code(), absl::StatusCode::kOk);
   const auto want = PullRows(keys);
   ASSERT_EQ(want.size(), 500u);
   int pages = 0;
@@ -422,9 +358,10 @@ TEST_F(ScanServerTest, BadRequestsAreRefusedAndGarbageCursorsEndTheScan) {
   using Code = absl::StatusCode;
 
   EXPECT_EQ(Scan(9, 0, 10).code(), Code::kNotFound);
-  Reply r = Scan(kDense, 0, 10);
+  Page r = Scan(kDense, 0, 10);
   EXPECT_EQ(r.code(), Code::kInvalidArgument);
-  EXPECT_NE(r.header.message().find("dense"), std::string::npos) << r.header.message();
+  EXPECT_NE(r.header.message().find("dense"), std::string::npos)
+      << r.header.message();
   for (uint64_t rows : {kMaxScanRows + 1, uint64_t{1} << 40, kU64Max}) {
     r = Scan(kSparse, 0, rows);
     EXPECT_EQ(r.code(), Code::kInvalidArgument) << rows;
@@ -434,26 +371,21 @@ TEST_F(ScanServerTest, BadRequestsAreRefusedAndGarbageCursorsEndTheScan) {
   {
     RequestHeader h = ScanHeader(kSparse, 0, 10);
     h.set_num_keys(1);
-    std::vector<zmq::message_t> rest;
-    rest.push_back(RawFrame(std::vector<uint64_t>{0}));
-    EXPECT_EQ(Send(h, std::move(rest)).code(), Code::kInvalidArgument);
+    EXPECT_EQ(SendValid(h, Frames(KeysFrame({0}))).code(),
+              Code::kInvalidArgument);
   }
   {
     RequestHeader h = ScanHeader(kSparse, 0, 10);
     DenseSegment* s = h.add_segments();
     s->set_begin(0);
     s->set_length(1);
-    std::vector<zmq::message_t> rest;
-    rest.emplace_back();
-    EXPECT_EQ(Send(h, std::move(rest)).code(), Code::kInvalidArgument);
-  }
-  {
-    std::vector<zmq::message_t> rest;
-    rest.emplace_back();
-    rest.push_back(RawFrame(std::vector<float>{1, 2, 3}));
-    EXPECT_EQ(Send(ScanHeader(kSparse, 0, 10), std::move(rest)).code(),
+    EXPECT_EQ(SendValid(h, Frames(KeysFrame({}))).code(),
               Code::kInvalidArgument);
   }
+  EXPECT_EQ(SendValid(ScanHeader(kSparse, 0, 10),
+                      Frames(KeysFrame({}), ValuesFrame({1, 2, 3})))
+                .code(),
+            Code::kInvalidArgument);
   {
     // Header only, no keys frame: refused before the header is read, so
     // no request id comes back.
@@ -483,86 +415,49 @@ TEST_F(ScanServerTest, BadRequestsAreRefusedAndGarbageCursorsEndTheScan) {
 
 // Rows of slots this server no longer owns are still exported.
 TEST_F(ScanServerTest, RowsOfSlotsNoLongerOwnedAreScanned) {
-  ASSERT_NO_FATAL_FAILURE(StartServer(/*standalone=*/false));
-  ClusterView view;
-  view.set_epoch(1);
-  view.set_job_state(RUNNING);
-  view.set_num_slots(16);
-  for (int s = 0; s < 16; ++s) view.add_slot_owner(0);
-  // Push() sends as node 1: a live worker (servers refuse other senders).
-  NodeInfo* worker = view.add_nodes();
-  worker->set_node_id(1);
-  worker->set_role(WORKER);
-  worker->set_state(ALIVE);
-  server_->UpdateView(view, 0);
-  std::vector<uint64_t> keys;
-  const absl::Time deadline = absl::Now() + absl::Seconds(5);
-  while (keys.empty() && absl::Now() < deadline) {
-    if (Pull({0}).code() == absl::StatusCode::kOk) {
-      keys = PushKeys(50);
-    } else {
-      absl::SleepFor(absl::Milliseconds(5));
-    }
-  }
-  ASSERT_EQ(keys.size(), 50u);
+  ASSERT_NO_FATAL_FAILURE(StartServer(/*standalone=*/false, kScanConfig));
+  ClusterView view = OwnerView(/*epoch=*/1, /*workers=*/1);
+  ASSERT_NO_FATAL_FAILURE(InstallView(view));
+  const std::vector<uint64_t> keys = PushKeys(50);
   const auto want = PullRows(keys);
 
   // Now server 1 owns every slot: pulls are refused, the scan is not.
   view.set_epoch(2);
   for (int s = 0; s < 16; ++s) view.set_slot_owner(s, 1);
   server_->UpdateView(view, 0);
-  while (Pull({0}).code() == absl::StatusCode::kOk && absl::Now() < deadline) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  while (Pull(kSparse, {0}).code() == absl::StatusCode::kOk &&
+         absl::Now() < deadline) {
     absl::SleepFor(absl::Milliseconds(5));
   }
-  ASSERT_EQ(Pull({0}).code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_EQ(Pull(kSparse, {0}).code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(ScanAllRows(16), want);
 }
 
 // Under BSP a scan is held like a pull until the steps before its clock
 // are applied, so it sees them.
 TEST_F(ScanServerTest, ScanWaitsForBufferedStepsUnderBsp) {
-  ASSERT_NO_FATAL_FAILURE(StartServer(/*standalone=*/false, "consistency { mode: BSP }"));
-  ClusterView view;
-  view.set_epoch(1);
-  view.set_job_state(RUNNING);
-  view.set_num_slots(16);
-  for (int s = 0; s < 16; ++s) view.add_slot_owner(0);
-  NodeInfo* worker = view.add_nodes();
-  worker->set_node_id(1);
-  worker->set_role(WORKER);
-  worker->set_rank(0);
-  worker->set_state(ALIVE);
-  view.mutable_consistency()->set_mode(BSP);
-  server_->UpdateView(view, 0);
-  const absl::Time deadline = absl::Now() + absl::Seconds(5);
-  while (Pull({0}).code() != absl::StatusCode::kOk && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(5));
-  }
+  const std::string bsp =
+      absl::StrCat(kScanConfig, "consistency { mode: BSP }");
+  ASSERT_NO_FATAL_FAILURE(StartServer(/*standalone=*/false, bsp.c_str()));
+  ASSERT_NO_FATAL_FAILURE(
+      InstallView(OwnerView(/*epoch=*/1, /*workers=*/1, BSP)));
   // Step 0's push is buffered until worker 1 finishes step 0.
   const std::vector<uint64_t> keys = {11, 12};
-  ASSERT_EQ(Push(keys, std::vector<float>(2 * kDim, 1.0f), /*clock=*/0).code(),
-            absl::StatusCode::kOk);
+  ASSERT_EQ(
+      PushAt(keys, std::vector<float>(2 * kDim, 1.0f), /*clock=*/0).code(),
+      absl::StatusCode::kOk);
   RequestHeader scan = ScanHeader(kSparse, 0, 0);
   scan.set_clock(1);
-  scan.set_request_id(1);
-  std::vector<zmq::message_t> rest;
-  rest.emplace_back();
-  SendOnly(scan, std::move(rest));
+  const uint64_t scan_id = SendScan(scan);
   absl::SleepFor(absl::Milliseconds(200));
   EXPECT_EQ(server_->stats().pulls_deferred, 1u);
 
-  RequestHeader advance;
-  advance.set_op(ADVANCE_CLOCK);
-  advance.set_clock(1);
-  advance.set_sender_node_id(1);
-  advance.set_request_id(2);
-  rest.clear();
-  rest.emplace_back();
-  SendOnly(advance, std::move(rest));
-  Reply replies[2] = {Receive(), Receive()};
-  const Reply& scanned =
-      replies[0].header.request_id() == 1 ? replies[0] : replies[1];
-  ASSERT_EQ(scanned.header.request_id(), 1u);
+  Advance(/*node=*/1, /*clock=*/1);
+  Page replies[2] = {ReceivePage(), ReceivePage()};
+  const Page& scanned =
+      replies[0].header.request_id() == scan_id ? replies[0] : replies[1];
+  ASSERT_EQ(scanned.header.request_id(), scan_id);
   ASSERT_EQ(scanned.code(), absl::StatusCode::kOk) << scanned.header.message();
   std::vector<uint64_t> got = scanned.keys;
   std::sort(got.begin(), got.end());

@@ -188,18 +188,7 @@ TEST_F(ServerTest, AHeldPullTakenUpAfterTheLeaseLapsedIsRefused) {
   server_->SetLease(SteadyClock::now() - std::chrono::milliseconds(1));
   // Node 2 leaves the view: the pull may be answered now, but not by a
   // server whose lease lapsed.
-  ClusterView view;
-  view.set_epoch(2);
-  view.set_job_state(RUNNING);
-  view.set_num_slots(16);
-  for (int s = 0; s < 16; ++s) view.add_slot_owner(0);
-  NodeInfo* worker = view.add_nodes();
-  worker->set_node_id(1);
-  worker->set_role(WORKER);
-  worker->set_rank(0);
-  worker->set_state(ALIVE);
-  view.mutable_consistency()->set_mode(BSP);
-  server_->UpdateView(view, 0);
+  server_->UpdateView(OwnerView(/*epoch=*/2, /*workers=*/1, BSP), 0);
   Response r = Receive();
   EXPECT_EQ(r.header.request_id(), id);
   EXPECT_TRUE(LeaseLapsed(r)) << r.header.message();

@@ -14,6 +14,7 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <utility>
@@ -45,6 +46,7 @@ using raw_client::Frames;
 using raw_client::Header;
 using raw_client::HeaderFrame;
 using raw_client::KeysFrame;
+using raw_client::ScanHeader;
 using raw_client::SegmentList;
 using raw_client::ValuesFrame;
 
@@ -120,6 +122,28 @@ struct Response {
   }
 };
 
+// A RUNNING view of `epoch` with 16 slots, all owned by server 0, and
+// `workers` live workers: node r + 1 of rank r. In consistency `mode` when
+// given.
+inline ClusterView OwnerView(
+    uint64_t epoch, uint32_t workers,
+    std::optional<ConsistencyMode> mode = std::nullopt) {
+  ClusterView view;
+  view.set_epoch(epoch);
+  view.set_job_state(RUNNING);
+  view.set_num_slots(16);
+  for (int s = 0; s < 16; ++s) view.add_slot_owner(0);
+  for (uint32_t rank = 0; rank < workers; ++rank) {
+    NodeInfo* worker = view.add_nodes();
+    worker->set_node_id(rank + 1);
+    worker->set_role(WORKER);
+    worker->set_rank(rank);
+    worker->set_state(ALIVE);
+  }
+  if (mode) view.mutable_consistency()->set_mode(*mode);
+  return view;
+}
+
 class ServerTest : public ::testing::Test {
  protected:
   void SetUp() override { StartServer(/*standalone=*/true); }
@@ -160,14 +184,22 @@ class ServerTest : public ::testing::Test {
     return Receive();
   }
 
-  // The next response on the socket.
-  Response Receive() {
-    Response r;
+  // The next reply's frames, as they came; empty, with a test failure,
+  // when none came within the receive timeout.
+  std::vector<zmq::message_t> ReceiveFrames() {
     std::vector<zmq::message_t> reply;
     if (!zmq::recv_multipart(socket_, std::back_inserter(reply))) {
       ADD_FAILURE() << "no response within the receive timeout";
-      return r;
+      reply.clear();
     }
+    return reply;
+  }
+
+  // The next response on the socket.
+  Response Receive() {
+    Response r;
+    std::vector<zmq::message_t> reply = ReceiveFrames();
+    if (reply.empty()) return r;
     r.received = true;
     // A response is [header] or [header, values].
     EXPECT_GE(reply.size(), 1u);
@@ -263,23 +295,24 @@ class ServerTest : public ::testing::Test {
     return all;
   }
 
-  // Gives a non-standalone server a RUNNING BSP view in which it owns
-  // every slot, with workers node 1 (rank 0) and node 2 (rank 1), and waits
-  // until it serves.
-  void InstallBspView() {
-    ClusterView view;
-    view.set_epoch(1);
-    view.set_job_state(RUNNING);
-    view.set_num_slots(16);
-    for (int s = 0; s < 16; ++s) view.add_slot_owner(0);
-    for (uint32_t rank : {0u, 1u}) {
-      NodeInfo* worker = view.add_nodes();
-      worker->set_node_id(rank + 1);
-      worker->set_role(WORKER);
-      worker->set_rank(rank);
-      worker->set_state(ALIVE);
-    }
-    view.mutable_consistency()->set_mode(BSP);
+  // Checks a refused request's response: `code`, a message, no values; that
+  // it counted as one more error than `*errors` (which it then holds); and
+  // that the tables still hold `baseline` (Snapshot()). Call under
+  // ASSERT_NO_FATAL_FAILURE: a response that never came ends the test.
+  void ExpectRefusedWithoutEffect(const Response& r, absl::StatusCode code,
+                                  uint64_t* errors,
+                                  const std::vector<float>& baseline) {
+    ASSERT_TRUE(r.received);
+    EXPECT_EQ(r.code(), code) << r.header.message();
+    EXPECT_FALSE(r.header.message().empty());
+    EXPECT_TRUE(r.values.empty());
+    EXPECT_EQ(server_->stats().errors, ++*errors);
+    EXPECT_EQ(Snapshot(), baseline);
+  }
+
+  // Gives a non-standalone server `view` and waits until it serves a pull
+  // (fails the test if it does not within 5 s).
+  void InstallView(const ClusterView& view) {
     server_->UpdateView(view, 0);
     const absl::Time deadline = absl::Now() + absl::Seconds(5);
     while (Pull(kSparse, {0}).code() != absl::StatusCode::kOk &&
@@ -287,6 +320,13 @@ class ServerTest : public ::testing::Test {
       absl::SleepFor(absl::Milliseconds(5));
     }
     ASSERT_EQ(Pull(kSparse, {0}).code(), absl::StatusCode::kOk);
+  }
+
+  // Gives a non-standalone server a RUNNING BSP view in which it owns
+  // every slot, with workers node 1 (rank 0) and node 2 (rank 1), and waits
+  // until it serves.
+  void InstallBspView() {
+    InstallView(OwnerView(/*epoch=*/1, /*workers=*/2, BSP));
   }
 
   zmq::context_t context_{1};

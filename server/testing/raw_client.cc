@@ -50,6 +50,13 @@ RequestHeader Header(Op op, uint32_t table, uint64_t num_keys,
   return h;
 }
 
+RequestHeader ScanHeader(uint32_t table, uint64_t cursor, uint64_t max_rows) {
+  RequestHeader h = Header(SCAN, table, 0);
+  h.set_scan_cursor(cursor);
+  h.set_scan_max_rows(max_rows);
+  return h;
+}
+
 RawClient::RawClient(const std::string& endpoint, int timeout_ms)
     : socket_(context_, zmq::socket_type::dealer) {
   socket_.set(zmq::sockopt::rcvtimeo, timeout_ms);

@@ -28,6 +28,9 @@ using SegmentList = std::vector<std::pair<uint64_t, uint64_t>>;
 // `segments`.
 RequestHeader Header(Op op, uint32_t table, uint64_t num_keys,
                      const SegmentList& segments = {});
+// A SCAN request header for `table`: the page after `cursor` (0: the
+// first), at most `max_rows` rows (0: the server's default).
+RequestHeader ScanHeader(uint32_t table, uint64_t cursor, uint64_t max_rows);
 
 // The frames, in order, as one message.
 template <typename... F>
