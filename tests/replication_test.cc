@@ -19,6 +19,9 @@
 // duplicate detection on the servers); the scenario is then run again
 // from scratch, up to kAttempts times, and its results are not judged.
 //
+// The job runs on tests/testing's JobHarness (servers only: the pushers of
+// tests/testing/ledger.h are its workers) with fault_trials' ledger config.
+//
 // Flags (or environment variables):
 //   --replication_seed=N  (REPLICATION_SEED)  default 1; 0 picks one from
 //                                             the time
@@ -26,14 +29,14 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <functional>
-#include <map>
+#include <memory>
+#include <optional>
 #include <random>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -41,11 +44,12 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
-#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
+#include "tests/testing/fault_trials.h"
+#include "tests/testing/job_harness.h"
+#include "tests/testing/ledger.h"
 #include "tests/testing/subprocess.h"
 
 ABSL_FLAG(int64_t, replication_seed, -1,
@@ -55,9 +59,10 @@ ABSL_FLAG(int64_t, replication_seed, -1,
 namespace ps {
 namespace {
 
+using ::ps::testing::JobHarness;
+using ::ps::testing::LedgerPushers;
+using ::ps::testing::LinesWith;
 using ::ps::testing::ReadFile;
-using ::ps::testing::Runfile;
-using ::ps::testing::Subprocess;
 
 constexpr int kKeys = 2000;
 constexpr int kPushers = 2;
@@ -65,68 +70,38 @@ constexpr int kHeartbeatTimeoutMs = 300;
 constexpr int kAttempts = 3;
 
 std::string ConfigText() {
-  return absl::StrCat(R"pb(
-    name: "replicated-failover"
-    cluster {
-      num_servers: 3
-      num_workers: 2
-      num_slots: 64
-      heartbeat_interval_ms: 100
-      heartbeat_timeout_ms: )pb", kHeartbeatTimeoutMs, R"pb(
-      request_timeout_ms: 60000
-      failover_timeout_ms: 60000
-      replication: 2
-    }
-    tables {
-      id: 0
-      name: "sgd"
-      sparse { dim: 1 }
-      optimizer { sgd { learning_rate: 1 } }
-      init { kind: ZEROS }
-    }
-  )pb");
+  return ::ps::testing::LedgerJobConfig(::ps::testing::JobHead(
+      "replicated-failover", /*servers=*/3, /*workers=*/kPushers, /*slots=*/64,
+      kHeartbeatTimeoutMs,
+      "request_timeout_ms: 60000 failover_timeout_ms: 60000 replication: 2"));
 }
 
 uint64_t Seed() {
-  static const uint64_t seed = [] {
-    int64_t s = absl::GetFlag(FLAGS_replication_seed);
-    if (s < 0) {
-      const char* env = std::getenv("REPLICATION_SEED");
-      if (env == nullptr || !absl::SimpleAtoi(env, &s)) s = 1;
-    }
-    if (s == 0) s = absl::ToUnixMicros(absl::Now()) % 1000000 + 1;
-    return static_cast<uint64_t>(s);
-  }();
+  // Drawn once, so that a seed from the time stays the same for every
+  // attempt.
+  static const uint64_t seed = ::ps::testing::SeedSetting(
+      absl::GetFlag(FLAGS_replication_seed), "REPLICATION_SEED");
   return seed;
 }
 
 int64_t NowMicros() { return absl::ToUnixMicros(absl::Now()); }
 
-// Lines of `text` containing `needle`.
-std::vector<std::string> LinesWith(const std::string& text, const std::string& needle) {
-  std::vector<std::string> lines;
-  for (absl::string_view line : absl::StrSplit(text, '\n')) {
-    if (line.find(needle) != absl::string_view::npos) lines.emplace_back(line);
-  }
-  return lines;
-}
-
 // The number after `key` in `line`, e.g. "unix_us=" -> 1795467849020378.
-bool NumberAfter(const std::string& line, const std::string& key, int64_t* out) {
+bool NumberAfter(const std::string& line, const std::string& key,
+                 int64_t* out) {
   const size_t at = line.find(key);
   if (at == std::string::npos) return false;
   size_t end = at + key.size();
-  while (end < line.size() && std::isdigit(static_cast<unsigned char>(line[end]))) ++end;
-  return absl::SimpleAtoi(line.substr(at + key.size(), end - at - key.size()), out);
+  while (end < line.size() &&
+         std::isdigit(static_cast<unsigned char>(line[end]))) {
+    ++end;
+  }
+  return absl::SimpleAtoi(line.substr(at + key.size(), end - at - key.size()),
+                          out);
 }
 
 class ReplicationFailoverTest : public ::testing::Test {
  protected:
-  struct Server {
-    Subprocess process;
-    uint32_t rank = 0;
-    bool alive = true;
-  };
   struct Kill {
     uint32_t rank = 0;
     uint64_t node = 0;  // the killed server's node id
@@ -134,12 +109,14 @@ class ReplicationFailoverTest : public ::testing::Test {
   };
 
   void SetUp() override {
-    base_dir_ = absl::StrCat(::testing::TempDir(), "/",
-                             ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    base_dir_ = absl::StrCat(
+        ::testing::TempDir(), "/",
+        ::testing::UnitTest::GetInstance()->current_test_info()->name());
     mkdir(base_dir_.c_str(), 0755);
-    std::printf("replication_seed=%llu (replay: --test_arg=--replication_seed=%llu)\n",
-                static_cast<unsigned long long>(Seed()),
-                static_cast<unsigned long long>(Seed()));
+    std::printf(
+        "replication_seed=%llu (replay: --test_arg=--replication_seed=%llu)\n",
+        static_cast<unsigned long long>(Seed()),
+        static_cast<unsigned long long>(Seed()));
   }
 
   // Runs `scenario` until an attempt sees no failure but the test's own
@@ -155,29 +132,31 @@ class ReplicationFailoverTest : public ::testing::Test {
         if (problems_.empty()) Report();
         return;
       }
-      std::printf("attempt %d of %d: %zu node(s) declared dead that the test did not kill "
-                  "(the machine is too loaded for a %d ms heartbeat timeout), e.g. \"%s\"; "
-                  "%zu problem(s) not judged; running the scenario again\n",
-                  attempt, kAttempts, unplanned.size(), kHeartbeatTimeoutMs,
-                  unplanned[0].c_str(), problems_.size());
+      std::printf(
+          "attempt %d of %d: %zu node(s) declared dead that the test did not "
+          "kill (the machine is too loaded for a %d ms heartbeat timeout), "
+          "e.g. \"%s\"; %zu problem(s) not judged; running the scenario "
+          "again\n",
+          attempt, kAttempts, unplanned.size(), kHeartbeatTimeoutMs,
+          unplanned[0].c_str(), problems_.size());
     }
-    ADD_FAILURE() << "every one of " << kAttempts << " attempts had a node declared dead "
-                  << "that the test did not kill; see the logs under " << base_dir_;
+    ADD_FAILURE() << "every one of " << kAttempts
+                  << " attempts had a node declared dead "
+                  << "that the test did not kill; see the logs under "
+                  << base_dir_;
   }
 
   // A fresh job in its own directory; processes of an earlier attempt are
   // killed.
   void Reset(int attempt) {
-    scheduler_.clear();
-    servers_.clear();
-    pushers_.clear();
+    pushers_.reset();
+    job_.reset();
+    ranks_.clear();
+    alive_.clear();
     kills_.clear();
     acks_.clear();
     problems_.clear();
     dir_ = absl::StrCat(base_dir_, "/attempt", attempt);
-    mkdir(dir_.c_str(), 0755);
-    config_ = dir_ + "/job.pbtxt";
-    std::ofstream(config_) << ConfigText();
     rng_.seed(Seed());
   }
 
@@ -185,109 +164,106 @@ class ReplicationFailoverTest : public ::testing::Test {
 
   // Scheduler log lines declaring a node dead that the test did not kill.
   std::vector<std::string> UnplannedDeaths() {
-    std::vector<std::string> deaths =
-        scheduler_.empty() ? std::vector<std::string>()
-                           : LinesWith(ReadFile(scheduler_[0].stderr_path()), "declared dead");
     std::vector<std::string> unplanned;
-    for (const std::string& line : deaths) {
+    if (job_ == nullptr) return unplanned;
+    for (const std::string& line :
+         LinesWith(::ps::testing::SchedulerLogs(*job_), "declared dead")) {
       bool planned = false;
       for (const Kill& k : kills_) {
-        planned |= line.find(absl::StrCat("server rank ", k.rank, " (node ", k.node)) !=
-                   std::string::npos;
+        planned |= line.find(absl::StrCat("server rank ", k.rank, " (node ",
+                                          k.node)) != std::string::npos;
       }
       if (!planned) unplanned.push_back(line);
     }
     return unplanned;
   }
 
-  Subprocess Start(const std::string& name, std::vector<std::string> argv) {
-    auto p = Subprocess::Start(argv, dir_ + "/" + name + ".out", dir_ + "/" + name + ".log");
-    if (!p.ok()) {
-      // Nothing works without the binaries: fail at once.
-      ADD_FAILURE() << p.status();
-      std::abort();
-    }
-    return std::move(p).value();
-  }
-
-  bool StartScheduler() {
-    scheduler_.push_back(Start("scheduler", {Runfile("scheduler/scheduler_main"),
-                                             "--config=" + config_,
-                                             "--port_file=" + dir_ + "/port",
-                                             "--state_dir=" + dir_ + "/scheduler-state"}));
-    auto port = ps::testing::WaitForFile(dir_ + "/port", absl::Seconds(10));
-    if (!port.ok()) {
-      Problem(absl::StrCat("scheduler: ", port.status().ToString()));
+  // Starts the scheduler and three servers and waits until each server
+  // registered.
+  bool StartJob() {
+    JobHarness::Options options;
+    options.dir = dir_;
+    options.config = ConfigText();
+    options.num_servers = 3;
+    options.num_workers = 0;
+    auto job = JobHarness::Start(options);
+    if (!job.ok()) {
+      Problem(absl::StrCat("the job did not start: ", job.status().ToString()));
       return false;
     }
-    address_ = absl::StrCat("127.0.0.1:", absl::StripAsciiWhitespace(*port));
+    job_ = *std::move(job);
+    for (int i = 0; i < job_->num_servers(); ++i) {
+      if (!WaitForRank(i)) return false;
+    }
     return true;
   }
 
-  // Starts a server and waits until it registered; returns its index, or
-  // -1 (a problem is recorded).
-  int StartServer() {
-    const std::string name = absl::StrCat("server", servers_.size());
-    Server s{Start(name, {Runfile("server/server_main"), "--config=" + config_,
-                          "--scheduler=" + address_})};
-    const std::string log = dir_ + "/" + name + ".log";
-    const absl::Time give_up = absl::Now() + absl::Seconds(20);
-    int64_t rank = -1;
-    while (absl::Now() < give_up) {
-      for (const std::string& line : LinesWith(ReadFile(log), "registered as server ")) {
-        NumberAfter(line, "registered as server ", &rank);
-      }
-      if (rank >= 0) break;
-      absl::SleepFor(absl::Milliseconds(10));
+  // Waits until server(i) registered and records its rank.
+  bool WaitForRank(int i) {
+    const std::optional<uint32_t> rank =
+        ::ps::testing::WaitForServerRank(*job_, i, absl::Seconds(20));
+    if (!rank) {
+      Problem(absl::StrCat(JobHarness::ServerName(i), " did not register:\n",
+                           ServerLog(i)));
+      return false;
     }
-    if (rank < 0) {
-      Problem(absl::StrCat(name, " did not register:\n", ReadFile(log)));
+    ranks_.resize(i + 1);
+    alive_.resize(i + 1);
+    ranks_[i] = *rank;
+    alive_[i] = true;
+    return true;
+  }
+
+  // Starts a replacement server and waits until it registered; its index,
+  // or -1 (a problem is recorded).
+  int StartReplacement() {
+    auto i = job_->StartServer();
+    if (!i.ok()) {
+      Problem(absl::StrCat("the replacement did not start: ",
+                           i.status().ToString()));
       return -1;
     }
-    s.rank = static_cast<uint32_t>(rank);
-    servers_.push_back(std::move(s));
-    return static_cast<int>(servers_.size() - 1);
+    return WaitForRank(*i) ? *i : -1;
   }
 
   // The node id the scheduler gave the live server of `rank`.
   uint64_t NodeOf(uint32_t rank) {
     int64_t node = 0;
-    for (const std::string& line : LinesWith(ReadFile(scheduler_[0].stderr_path()),
-                                             absl::StrCat("server rank ", rank, " registered"))) {
+    for (const std::string& line :
+         LinesWith(::ps::testing::SchedulerLogs(*job_),
+                   absl::StrCat("server rank ", rank, " registered"))) {
       NumberAfter(line, "(node ", &node);
     }
     return static_cast<uint64_t>(node);
   }
 
-  std::string ServerLog(size_t i) const { return ReadFile(dir_ + "/server" + std::to_string(i) + ".log"); }
+  std::string ServerLog(int i) const {
+    return ReadFile(job_->server(i).stderr_path());
+  }
 
   bool StartPushers() {
-    for (int i = 0; i < kPushers; ++i) {
-      pushers_.push_back(Start(
-          absl::StrCat("pusher", i),
-          {Runfile("tests/replication_pusher"), "--config=" + config_,
-           "--scheduler=" + address_, "--table=sgd", absl::StrCat("--keys=", kKeys),
-           absl::StrCat("--seed=", Seed() * 10 + i), "--stop_file=" + dir_ + "/stop",
-           absl::StrCat("--progress_file=", dir_, "/progress", i),
-           absl::StrCat("--ledger=", dir_, "/ledger", i)}));
+    LedgerPushers::Options ledger;
+    ledger.dir = dir_;
+    ledger.config_path = dir_ + "/job.pbtxt";
+    ledger.scheduler_address = job_->address();
+    ledger.pushers = kPushers;
+    ledger.keys = kKeys;
+    ledger.seed = Seed();
+    auto pushers = LedgerPushers::Start(ledger, absl::Seconds(30));
+    if (!pushers.ok()) {
+      Problem(absl::StrCat("pushers: ", pushers.status().ToString()));
+      return false;
     }
-    for (int i = 0; i < kPushers; ++i) {
-      auto progress =
-          ps::testing::WaitForFile(absl::StrCat(dir_, "/progress", i), absl::Seconds(30));
-      if (!progress.ok()) {
-        Problem(absl::StrCat("pusher ", i, ": ", progress.status().ToString(), "\n",
-                             ReadFile(pushers_[i].stderr_path())));
-        return false;
-      }
-    }
+    pushers_ = std::make_unique<LedgerPushers>(*std::move(pushers));
     return true;
   }
 
-  // "failover: first request ..." lines of the live servers' logs.
+  // "failover: first request ..." lines of the servers' logs.
   std::vector<int64_t> FirstServedTimes() {
     std::vector<int64_t> times;
-    for (size_t i = 0; i < servers_.size(); ++i) {
-      for (const std::string& line : LinesWith(ServerLog(i), "failover: first request")) {
+    for (int i = 0; i < job_->num_servers(); ++i) {
+      for (const std::string& line :
+           LinesWith(ServerLog(i), "failover: first request")) {
         int64_t us;
         if (NumberAfter(line, "unix_us=", &us)) times.push_back(us);
       }
@@ -302,11 +278,11 @@ class ReplicationFailoverTest : public ::testing::Test {
     Kill kill;
     kill.rank = rank;
     kill.node = NodeOf(rank);
-    for (Server& s : servers_) {
-      if (s.alive && s.rank == rank) {
+    for (size_t i = 0; i < alive_.size(); ++i) {
+      if (alive_[i] && ranks_[i] == rank) {
         kill.at_us = NowMicros();
-        s.process.Signal(SIGKILL);
-        s.alive = false;
+        job_->SignalServer(static_cast<int>(i), SIGKILL);
+        alive_[i] = false;
       }
     }
     if (kill.at_us == 0) {
@@ -326,90 +302,29 @@ class ReplicationFailoverTest : public ::testing::Test {
   }
 
   // Stops the pushers and checks what the servers hold against their
-  // ledgers; then the job ends and every live process exits cleanly.
+  // ledgers (LedgerPushers: the reader finishes the job); then every live
+  // process must exit cleanly.
   void StopAndVerify() {
-    std::ofstream(dir_ + "/stop") << "stop\n";
-    std::vector<double> sums(kKeys, 0);
-    for (int i = 0; i < kPushers; ++i) {
-      auto code = pushers_[i].Wait(absl::Seconds(120));
-      if (!code.ok() || *code != 0) {
-        Problem(absl::StrCat("pusher ", i, " exited with ",
-                             code.ok() ? absl::StrCat(*code) : code.status().ToString(), ":\n",
-                             ReadFile(pushers_[i].stderr_path())));
-        return;
-      }
-      std::ifstream ledger(absl::StrCat(dir_, "/ledger", i));
-      std::string kind;
-      while (ledger >> kind) {
-        if (kind == "sum") {
-          uint64_t key;
-          double sum;
-          ledger >> key >> sum;
-          if (key >= sums.size()) {
-            Problem(absl::StrCat("ledger ", i, " names key ", key));
-            return;
-          }
-          sums[key] += sum;
-        } else if (kind == "ack") {
-          Ack a;
-          ledger >> a.group >> a.issue_us >> a.ack_us;
-          acks_.push_back(a);
-        } else if (kind == "failed") {
-          int failed;
-          ledger >> failed;
-          if (failed != 0) Problem(absl::StrCat("pusher ", i, " had ", failed, " pushes fail"));
-        }
-      }
-    }
-    std::printf("%zu pushes acknowledged\n", acks_.size());
-    // Read everything back through a fresh worker, which leaves as finished:
-    // the job ends.
-    Subprocess reader =
-        Start("reader", {Runfile("worker/kv_tool"), "--config=" + config_,
-                         "--scheduler=" + address_, "--table=sgd", "--op=pull",
-                         absl::StrCat("--keys=0-", kKeys - 1), "--finish"});
-    auto code = reader.Wait(absl::Seconds(60));
-    if (!code.ok() || *code != 0) {
-      Problem(absl::StrCat("reader failed:\n", ReadFile(reader.stderr_path())));
+    LedgerPushers::Verdict verdict = pushers_->StopAndVerify();
+    for (const std::string& p : verdict.problems) Problem(p);
+    acks_ = std::move(verdict.acks);
+    std::printf("%zu pushes acknowledged\n", verdict.acknowledged);
+    auto result = job_->Wait(absl::Seconds(60));
+    if (!result.ok()) {
+      Problem(absl::StrCat("the job did not end: ", result.status().ToString(),
+                           "\n", job_->LogTails(20)));
       return;
     }
-    std::vector<float> values;
-    const std::string printed = ReadFile(reader.stdout_path());
-    for (absl::string_view part :
-         absl::StrSplit(absl::StripAsciiWhitespace(printed), ' ', absl::SkipEmpty())) {
-      float v;
-      if (!absl::SimpleAtof(part, &v)) {
-        Problem(absl::StrCat("reader printed '", part, "'"));
-        return;
-      }
-      values.push_back(v);
-    }
-    if (values.size() != static_cast<size_t>(kKeys)) {
-      Problem(absl::StrCat("reader printed ", values.size(), " values, want ", kKeys));
-      return;
-    }
-    int wrong = 0;
-    for (int k = 0; k < kKeys; ++k) {
-      if (values[k] != static_cast<float>(-sums[k]) && ++wrong <= 10) {
-        Problem(absl::StrCat("key ", k, " holds ", values[k],
-                             "; its acknowledged pushes sum to ", -sums[k]));
+    for (size_t i = 0; i < alive_.size(); ++i) {
+      if (alive_[i] && result->servers[i] != 0) {
+        Problem(absl::StrCat("server ", i, " did not exit cleanly (",
+                             result->servers[i], "):\n", ServerLog(i)));
       }
     }
-    if (wrong > 0) {
-      Problem(absl::StrCat(wrong, " keys hold something else than minus the sum of their "
-                           "acknowledged pushes"));
-    }
-    for (size_t i = 0; i < servers_.size(); ++i) {
-      if (!servers_[i].alive) continue;
-      auto exit = servers_[i].process.Wait(absl::Seconds(30));
-      if (!exit.ok() || *exit != 0) {
-        Problem(absl::StrCat("server ", i, " did not exit cleanly:\n", ServerLog(i)));
-      }
-    }
-    auto exit = scheduler_[0].Wait(absl::Seconds(30));
-    if (!exit.ok() || *exit != 0) {
-      Problem(absl::StrCat("the scheduler did not exit cleanly:\n",
-                           ReadFile(scheduler_[0].stderr_path())));
+    if (result->scheduler != 0) {
+      Problem(absl::StrCat("the scheduler did not exit cleanly (",
+                           result->scheduler, "):\n",
+                           ReadFile(job_->scheduler().stderr_path())));
     }
   }
 
@@ -425,46 +340,45 @@ class ReplicationFailoverTest : public ::testing::Test {
       // server's keys sent after the kill (it cannot have been answered by
       // the dead server).
       int64_t first_ack = INT64_MAX;
-      for (const Ack& a : acks_) {
+      for (const LedgerPushers::Ack& a : acks_) {
         if (a.group == kill.rank && a.issue_us > kill.at_us) {
           first_ack = std::min(first_ack, a.ack_us);
         }
       }
-      const double served_ms = first_served == INT64_MAX ? -1 : (first_served - kill.at_us) / 1e3;
-      const double ack_ms = first_ack == INT64_MAX ? -1 : (first_ack - kill.at_us) / 1e3;
-      std::printf("server %u killed: first request for its slots served %.1f ms later "
-                  "(client saw the first acknowledgement %.1f ms later)\n",
-                  kill.rank, served_ms, ack_ms);
+      const double served_ms =
+          first_served == INT64_MAX ? -1 : (first_served - kill.at_us) / 1e3;
+      const double ack_ms =
+          first_ack == INT64_MAX ? -1 : (first_ack - kill.at_us) / 1e3;
       std::printf(
-          "{\"bench\":\"failover\",\"metric\":\"kill_to_first_served_ms\",\"value\":%.1f,"
-          "\"client_first_ack_ms\":%.1f,\"heartbeat_timeout_ms\":%d,"
-          "\"heartbeat_interval_ms\":100,\"servers\":3,\"replication\":2,\"seed\":%llu}\n",
-          served_ms, ack_ms, kHeartbeatTimeoutMs, static_cast<unsigned long long>(Seed()));
+          "server %u killed: first request for its slots served %.1f ms later "
+          "(client saw the first acknowledgement %.1f ms later)\n",
+          kill.rank, served_ms, ack_ms);
+      std::printf(
+          "{\"bench\":\"failover\",\"metric\":\"kill_to_first_served_ms\","
+          "\"value\":%.1f,\"client_first_ack_ms\":%.1f,"
+          "\"heartbeat_timeout_ms\":%d,\"heartbeat_interval_ms\":100,"
+          "\"servers\":3,\"replication\":2,\"seed\":%llu}\n",
+          served_ms, ack_ms, kHeartbeatTimeoutMs,
+          static_cast<unsigned long long>(Seed()));
     }
   }
 
-  struct Ack {
-    uint32_t group = 0;
-    int64_t issue_us = 0, ack_us = 0;
-  };
-
-  std::string base_dir_, dir_, config_, address_;
+  std::string base_dir_, dir_;
   std::mt19937_64 rng_;
-  std::vector<Subprocess> scheduler_;
-  std::vector<Server> servers_;
-  std::vector<Subprocess> pushers_;
+  std::unique_ptr<JobHarness> job_;
+  // Indexed like job_->server(i): the rank each registered as, and whether
+  // the test has not killed it.
+  std::vector<uint32_t> ranks_;
+  std::vector<bool> alive_;
+  std::unique_ptr<LedgerPushers> pushers_;
   std::vector<Kill> kills_;
-  std::vector<Ack> acks_;
+  std::vector<LedgerPushers::Ack> acks_;
   std::vector<std::string> problems_;
 };
 
 TEST_F(ReplicationFailoverTest, KilledServerLosesNoAcknowledgedPush) {
   RunAttempts([&] {
-    if (!StartScheduler()) return;
-    for (int i = 0; i < 3; ++i) {
-      if (StartServer() < 0) return;
-    }
-    if (!StartPushers()) return;
+    if (!StartJob() || !StartPushers()) return;
     absl::SleepFor(absl::Milliseconds(rng_() % 300));
     if (!KillAndWaitForFailover(static_cast<uint32_t>(rng_() % 3))) return;
     absl::SleepFor(absl::Milliseconds(500));  // pushes go on after the failover
@@ -472,22 +386,19 @@ TEST_F(ReplicationFailoverTest, KilledServerLosesNoAcknowledgedPush) {
   });
 }
 
-TEST_F(ReplicationFailoverTest, ReplacementCatchesUpAndTakesOverFromTheNextDeadServer) {
+TEST_F(ReplicationFailoverTest,
+       ReplacementCatchesUpAndTakesOverFromTheNextDeadServer) {
   RunAttempts([&] {
-    if (!StartScheduler()) return;
-    for (int i = 0; i < 3; ++i) {
-      if (StartServer() < 0) return;
-    }
-    if (!StartPushers()) return;
+    if (!StartJob() || !StartPushers()) return;
     absl::SleepFor(absl::Milliseconds(rng_() % 300));
     const uint32_t first = static_cast<uint32_t>(rng_() % 3);
     if (!KillAndWaitForFailover(first)) return;
     // A replacement takes the dead server's rank; the survivors copy it
     // the slots it backs while the pushes go on.
-    const int replacement = StartServer();
+    const int replacement = StartReplacement();
     if (replacement < 0) return;
-    if (servers_[replacement].rank != first) {
-      Problem(absl::StrCat("the replacement got rank ", servers_[replacement].rank,
+    if (ranks_[replacement] != first) {
+      Problem(absl::StrCat("the replacement got rank ", ranks_[replacement],
                            ", not the dead server's ", first));
       return;
     }
@@ -497,15 +408,17 @@ TEST_F(ReplicationFailoverTest, ReplacementCatchesUpAndTakesOverFromTheNextDeadS
       absl::SleepFor(absl::Milliseconds(10));
     }
     if (LinesWith(ServerLog(replacement), "caught up with").size() < 2) {
-      Problem(absl::StrCat("the replacement did not catch up from both survivors:\n",
-                           ServerLog(replacement)));
+      Problem(absl::StrCat(
+          "the replacement did not catch up from both survivors:\n",
+          ServerLog(replacement)));
       return;
     }
     absl::SleepFor(absl::Milliseconds(rng_() % 300));
-    // Another of the first servers dies: the replacement serves what it backs.
+    // Another of the first servers dies: the replacement serves what it
+    // backs.
     std::vector<uint32_t> survivors;
-    for (const Server& s : servers_) {
-      if (s.alive && s.rank != first) survivors.push_back(s.rank);
+    for (size_t i = 0; i < alive_.size(); ++i) {
+      if (alive_[i] && ranks_[i] != first) survivors.push_back(ranks_[i]);
     }
     if (survivors.size() != 2) {
       Problem(absl::StrCat(survivors.size(), " survivors, want 2"));
@@ -515,7 +428,8 @@ TEST_F(ReplicationFailoverTest, ReplacementCatchesUpAndTakesOverFromTheNextDeadS
     absl::SleepFor(absl::Milliseconds(500));
     StopAndVerify();
     if (LinesWith(ServerLog(replacement), "failover: serving").empty()) {
-      Problem(absl::StrCat("the replacement took over nothing:\n", ServerLog(replacement)));
+      Problem(absl::StrCat("the replacement took over nothing:\n",
+                           ServerLog(replacement)));
     }
   });
 }

@@ -541,8 +541,10 @@ TEST_F(SchedulerRestartLedgerTest, LedgerHoldsAcrossASchedulerRestart) {
       for (const std::string& p : verdict.problems)
         ADD_FAILURE() << what << ": " << p;
       const size_t after = std::count_if(
-          verdict.ack_times_us.begin(), verdict.ack_times_us.end(),
-          [&](int64_t t) { return t > restarted_us; });
+          verdict.acks.begin(), verdict.acks.end(),
+          [&](const LedgerPushers::Ack& a) {
+            return a.ack_us > restarted_us;
+          });
       absl::StrAppend(&notes, "; ", verdict.acknowledged,
                       " pushes acknowledged, ", after, " after the restart");
       if (after == 0 && verdict.problems.empty()) {

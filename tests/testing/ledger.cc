@@ -81,11 +81,10 @@ LedgerPushers::Verdict LedgerPushers::StopAndVerify() {
         }
         sums[key] += sum;
       } else if (kind == "ack") {
-        uint64_t group;
-        int64_t issue_us, ack_us;
-        ledger >> group >> issue_us >> ack_us;
+        Ack a;
+        ledger >> a.group >> a.issue_us >> a.ack_us;
         ++v.acknowledged;
-        v.ack_times_us.push_back(ack_us);
+        v.acks.push_back(a);
       } else if (kind == "failed") {
         int failed;
         ledger >> failed;

@@ -46,13 +46,22 @@ class LedgerPushers {
     std::function<std::vector<std::string>(const std::string& name)> wrap;
   };
 
+  // An acknowledged push, from a pusher's ledger: the server group (rank)
+  // its keys belong to, when it was issued and when it was acknowledged
+  // (Unix microseconds).
+  struct Ack {
+    uint32_t group = 0;
+    int64_t issue_us = 0;
+    int64_t ack_us = 0;
+  };
+
   // What StopAndVerify found.
   struct Verdict {
     // Empty when the ledger holds (and every pusher and the reader exited 0).
     std::vector<std::string> problems;
     size_t acknowledged = 0;  // pushes acknowledged, all pushers together
-    // When each was acknowledged (Unix microseconds).
-    std::vector<int64_t> ack_times_us;
+    // Each of them, pusher by pusher.
+    std::vector<Ack> acks;
   };
 
   // Starts the pushers and waits (up to `timeout`, scaled) until each had
