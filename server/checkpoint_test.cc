@@ -1,4 +1,3 @@
-#include "common/status.h"
 #include "server/checkpoint.h"
 
 #include <stdlib.h>
@@ -25,10 +24,12 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/hash.h"
+#include "common/status.h"
 #include "gtest/gtest.h"
 #include "proto/checkpoint.pb.h"
 #include "proto/config.pb.h"
 #include "server/table.h"
+#include "server/testing/table_rows.h"
 
 namespace ps {
 namespace {
@@ -206,41 +207,21 @@ std::vector<uint32_t> Bits(absl::Span<const float> a, absl::Span<const float> b 
 // Adds the tables' rows to *snapshot; fails the test on a repeated entry.
 void AddToSnapshot(const Tables& tables, Snapshot* snapshot, const std::string& who) {
   for (const auto& table : tables) {
-    if (const SparseTable* sparse = table->AsSparse()) {
-      std::vector<uint64_t> keys;
-      std::vector<float> state;
-      uint64_t cursor = 0;
-      do {
-        keys.clear();
-        state.clear();
-        cursor = sparse->ExportRows(cursor, 7, &keys, &state);
-        ASSERT_EQ(state.size(), keys.size() * sparse->state_floats());
-        for (size_t i = 0; i < keys.size(); ++i) {
-          const size_t n = sparse->state_floats();
+    const bool dense = table->AsDense() != nullptr;
+    // Dense blocks apart from sparse keys.
+    const uint32_t id = dense ? table->id() | 0x80000000u : table->id();
+    const absl::Status read = table_rows::ForEachRow(
+        *table, 7,
+        [&](uint64_t row, absl::Span<const float> values,
+            absl::Span<const float> state) {
           const bool inserted =
-              snapshot
-                  ->emplace(std::make_pair(table->id(), keys[i]),
-                            Bits(absl::MakeConstSpan(state).subspan(i * n, n)))
+              snapshot->emplace(std::make_pair(id, row), Bits(values, state))
                   .second;
-          EXPECT_TRUE(inserted) << who << ": table " << table->id() << " key "
-                                << keys[i] << " seen twice";
-        }
-      } while (cursor != 0);
-    } else {
-      ASSERT_TRUE(table->AsDense()
-                      ->ForEachBlock([&](uint64_t block, absl::Span<const float> values,
-                                         absl::Span<const float> state) {
-                        const bool inserted =
-                            snapshot
-                                ->emplace(std::make_pair(table->id() | 0x80000000u, block),
-                                          Bits(values, state))
-                                .second;
-                        EXPECT_TRUE(inserted) << who << ": table " << table->id()
-                                              << " block " << block << " seen twice";
-                        return absl::OkStatus();
-                      })
-                      .ok());
-    }
+          EXPECT_TRUE(inserted)
+              << who << ": table " << table->id()
+              << (dense ? " block " : " key ") << row << " seen twice";
+        });
+    ASSERT_TRUE(read.ok()) << read;
   }
 }
 
@@ -377,17 +358,14 @@ TEST(TableExportTest, ImportInExportOrderTakesLinearTime) {
     ASSERT_TRUE(source[0]->AsSparse()->ImportRow(k, absl::MakeConstSpan(&one, 1)).ok());
   }
   const absl::Time start = absl::Now();
-  std::vector<uint64_t> keys;
-  std::vector<float> rows;
-  uint64_t cursor = 0;
-  do {
-    keys.clear();
-    rows.clear();
-    cursor = source[0]->AsSparse()->ExportRows(cursor, 4096, &keys, &rows);
-    for (size_t i = 0; i < keys.size(); ++i) {
-      ASSERT_TRUE(copy[0]->AsSparse()->ImportRow(keys[i], absl::MakeConstSpan(&rows[i], 1)).ok());
-    }
-  } while (cursor != 0);
+  absl::Status imported;
+  const absl::Status read = table_rows::ForEachRow(
+      *source[0], 4096,
+      [&](uint64_t key, absl::Span<const float> row, absl::Span<const float>) {
+        if (imported.ok()) imported = copy[0]->AsSparse()->ImportRow(key, row);
+      });
+  ASSERT_TRUE(read.ok()) << read;
+  ASSERT_TRUE(imported.ok()) << imported;
   EXPECT_EQ(copy[0]->AsSparse()->num_rows(), 1000000u);
   EXPECT_LT(absl::Now() - start, absl::Seconds(30));
 }

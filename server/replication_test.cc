@@ -32,6 +32,7 @@
 #include "server/server.h"
 #include "server/table.h"
 #include "server/testing/raw_client.h"
+#include "server/testing/table_rows.h"
 #include "worker/kv_client.h"
 #include "worker/session.h"
 #include "zmq.hpp"
@@ -205,32 +206,15 @@ class ReplicationTest : public ::testing::Test {
   static Rows RowsOf(const KVServer& server) {
     Rows rows;
     for (const Table* table : server.StoppedTables()) {
-      if (const SparseTable* sparse = table->AsSparse()) {
-        std::vector<uint64_t> keys;
-        std::vector<float> state;
-        uint64_t cursor = 0;
-        do {
-          keys.clear();
-          state.clear();
-          cursor = sparse->ExportRows(cursor, 1 << 16, &keys, &state);
-          const size_t stride = sparse->state_floats();
-          for (size_t i = 0; i < keys.size(); ++i) {
-            rows[{table->id(), keys[i]}].assign(
-                state.begin() + i * stride, state.begin() + (i + 1) * stride);
-          }
-        } while (cursor != 0);
-      } else {
-        EXPECT_TRUE(table->AsDense()
-                        ->ForEachBlock([&](uint64_t block,
-                                           absl::Span<const float> values,
-                                           absl::Span<const float> state) {
-                          std::vector<float>& row = rows[{table->id(), block}];
-                          row.assign(values.begin(), values.end());
-                          row.insert(row.end(), state.begin(), state.end());
-                          return absl::OkStatus();
-                        })
-                        .ok());
-      }
+      const absl::Status read = table_rows::ForEachRow(
+          *table, 1 << 16,
+          [&](uint64_t id, absl::Span<const float> values,
+              absl::Span<const float> state) {
+            std::vector<float>& row = rows[{table->id(), id}];
+            row.assign(values.begin(), values.end());
+            row.insert(row.end(), state.begin(), state.end());
+          });
+      EXPECT_TRUE(read.ok()) << read;
     }
     return rows;
   }
