@@ -3,7 +3,9 @@
 // 1 scheduler, 2 servers and 2 workers on loopback. The config file says
 // 1 server and 1 worker, so the job only works if the sizes from the
 // environment reach every process (--num_servers/--num_workers). The job
-// must finish with its JSON summary and every example trained once.
+// must finish with its JSON summary and every example trained once. psnode
+// is started as a cluster manager would (an exact environment, its own
+// flags), so the launcher stays here rather than in tests/testing.
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -11,7 +13,6 @@
 
 #include <fstream>
 #include <map>
-#include <regex>
 #include <string>
 #include <vector>
 
@@ -20,11 +21,15 @@
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/fault_trials.h"
 #include "tests/testing/subprocess.h"
 
 namespace ps {
 namespace {
 
+using ::ps::testing::CtrJobConfig;
+using ::ps::testing::ExamplesTrainedIn;
+using ::ps::testing::JobHead;
 using ::ps::testing::ReadFile;
 using ::ps::testing::Runfile;
 using ::ps::testing::Subprocess;
@@ -33,29 +38,14 @@ using ::testing::HasSubstr;
 constexpr int kNumTrain = 40000;
 constexpr int kEpochs = 2;
 
-// Sizes deliberately differ from the launch environment's (2 and 2).
-constexpr char kConfig[] = R"pb(
-  name: "psnode"
-  cluster {
-    num_servers: 1
-    num_workers: 1
-    num_slots: 64
-    heartbeat_interval_ms: 100
-    heartbeat_timeout_ms: 5000
-    request_timeout_ms: 10000
-  }
-  consistency { mode: ASYNC }
-  tables {
-    id: 0 name: "w" sparse { dim: 1 }
-    optimizer { adagrad { learning_rate: 0.1 initial_accumulator: 1e-6 } }
-  }
-  tables {
-    id: 1 name: "d" dense { size: 14 }
-    optimizer { adagrad { learning_rate: 0.1 initial_accumulator: 1e-6 } }
-  }
-  data { synthetic_ctr { num_train: 40000 num_test: 10000 seed: 1 } }
-  training { batch_size: 256 epochs: 2 sparse_table: "w" dense_table: "d" }
-)pb";
+// fault_trials' CTR job, 2 epochs of kNumTrain examples. Sizes
+// deliberately differ from the launch environment's (2 and 2).
+std::string Config() {
+  return CtrJobConfig(JobHead("psnode", /*servers=*/1, /*workers=*/1,
+                              /*slots=*/64, /*heartbeat_timeout_ms=*/5000,
+                              "request_timeout_ms: 10000"),
+                      "mode: ASYNC", kNumTrain);
+}
 
 // A loopback port nothing listens on right now (bound to port 0, read
 // back, closed): the launch environment must name ports before any process
@@ -86,7 +76,7 @@ class PsnodeTest : public ::testing::Test {
                         ::testing::UnitTest::GetInstance()->current_test_info()->name());
     mkdir(dir_.c_str(), 0755);
     config_ = dir_ + "/job.pbtxt";
-    std::ofstream(config_) << kConfig;
+    std::ofstream(config_) << Config();
   }
 
   // The DMLC environment of a 2-server, 2-worker job for `role`.
@@ -98,6 +88,21 @@ class PsnodeTest : public ::testing::Test {
             {"DMLC_NUM_SERVER", "2"},
             {"DMLC_NUM_WORKER", "2"},
             {"DMLC_NODE_HOST", "127.0.0.1"}};
+  }
+
+  // A 2-server, 2-worker job from DMLC environments, workers first (every
+  // node waits for the scheduler). The cluster manager names the summary's
+  // file in the workers' environment; the trainer reads it.
+  void StartDmlcJob() {
+    for (int i = 0; i < 2; ++i) {
+      auto env = Dmlc("worker");
+      env["PS_SUMMARY_OUT"] = dir_ + "/summary.json";
+      ASSERT_NO_FATAL_FAILURE(Start(absl::StrCat("worker", i), env));
+    }
+    for (int i = 0; i < 2; ++i) {
+      ASSERT_NO_FATAL_FAILURE(Start(absl::StrCat("server", i), Dmlc("server")));
+    }
+    ASSERT_NO_FATAL_FAILURE(Start("scheduler", Dmlc("scheduler")));
   }
 
   // Starts psnode under exactly `env` (plus PATH), as process `name`.
@@ -151,16 +156,12 @@ class PsnodeTest : public ::testing::Test {
     // Both workers' stdout: exactly one printed the summary line.
     int printed = 0;
     uint64_t trained = 0;
-    static const std::regex kTrained("trained ([0-9]+) examples");
     for (const std::string& name : names_) {
       if (name.rfind("worker", 0) != 0) continue;
       if (ReadFile(dir_ + "/" + name + ".out").find("\"test_auc\"") != std::string::npos) {
         ++printed;
       }
-      const std::string log = ReadFile(dir_ + "/" + name + ".log");
-      for (std::sregex_iterator it(log.begin(), log.end(), kTrained), end; it != end; ++it) {
-        trained += std::stoull((*it)[1].str());
-      }
+      trained += ExamplesTrainedIn(ReadFile(dir_ + "/" + name + ".log"));
     }
     EXPECT_EQ(printed, 1) << Logs();
     EXPECT_EQ(trained, uint64_t{kNumTrain} * kEpochs) << Logs();
@@ -178,15 +179,7 @@ class PsnodeTest : public ::testing::Test {
 };
 
 TEST_F(PsnodeTest, DmlcJobFinishes) {
-  // Workers first: every node waits for the scheduler. The cluster manager
-  // names the summary's file in the environment; the trainer reads it.
-  for (int i = 0; i < 2; ++i) {
-    auto env = Dmlc("worker");
-    env["PS_SUMMARY_OUT"] = dir_ + "/summary.json";
-    Start(absl::StrCat("worker", i), env);
-  }
-  for (int i = 0; i < 2; ++i) Start(absl::StrCat("server", i), Dmlc("server"));
-  Start("scheduler", Dmlc("scheduler"));
+  ASSERT_NO_FATAL_FAILURE(StartDmlcJob());
   ExpectJobFinishes();
   for (int i = 0; i < 2; ++i) {
     EXPECT_THAT(ReadFile(absl::StrCat(dir_, "/server", i, ".log")),
@@ -229,13 +222,7 @@ TEST_F(PsnodeTest, StrictWorkerCommandWithoutSummaryFinishes) {
       << "launch { worker_command: [\"python3\", \""
       << Runfile("tests/testing/strict_worker.py") << "\", \"--trainer\", \""
       << BinDir() << "/worker/trainer\"] }\n";
-  for (int i = 0; i < 2; ++i) {
-    auto env = Dmlc("worker");
-    env["PS_SUMMARY_OUT"] = dir_ + "/summary.json";
-    Start(absl::StrCat("worker", i), env);
-  }
-  for (int i = 0; i < 2; ++i) Start(absl::StrCat("server", i), Dmlc("server"));
-  Start("scheduler", Dmlc("scheduler"));
+  ASSERT_NO_FATAL_FAILURE(StartDmlcJob());
   ExpectAllExitZero();
   for (int i = 0; i < 2; ++i) {
     EXPECT_THAT(ReadFile(absl::StrCat(dir_, "/worker", i, ".log")),

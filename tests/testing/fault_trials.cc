@@ -110,11 +110,15 @@ uint64_t SumOfMatches(const std::string& text, const std::regex& re,
 
 }  // namespace
 
-uint64_t WorkersTrained(JobHarness& job) {
+uint64_t ExamplesTrainedIn(const std::string& log) {
   static const std::regex kTrained("trained ([0-9]+) examples");
+  return SumOfMatches(log, kTrained, {1});
+}
+
+uint64_t WorkersTrained(JobHarness& job) {
   uint64_t total = 0;
   for (int i = 0; i < job.num_worker_processes(); ++i) {
-    total += SumOfMatches(ReadFile(job.worker(i).stderr_path()), kTrained, {1});
+    total += ExamplesTrainedIn(ReadFile(job.worker(i).stderr_path()));
   }
   return total;
 }

@@ -72,6 +72,10 @@ std::string CtrJobConfig(const std::string& head,
 // table "sgd" (dim 1, learning rate 1, zeros) its pushers push integers to.
 std::string LedgerJobConfig(const std::string& head);
 
+// The sum of "trained N examples" over one worker's log (`log`, its
+// text).
+uint64_t ExamplesTrainedIn(const std::string& log);
+
 // The sum of "trained N examples" over every worker process's log: what
 // the workers trained together. A SIGKILLed worker prints nothing; one
 // dropped by the scheduler prints nothing of what it trained before; one
