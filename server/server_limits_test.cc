@@ -110,7 +110,7 @@ TEST_F(LimitsServerTest, PullsHeldBeyondTheBudgetAreRefusedUntilItFrees) {
     SendOnly(From(Header(PULL, kSparse, keys.size()), 1, 1),
              Frames(KeysFrame(keys)));
     // Refusals are answered at once; held pulls are not.
-    zmq::pollitem_t item{socket_.handle(), 0, ZMQ_POLLIN, 0};
+    zmq::pollitem_t item{client_->socket().handle(), 0, ZMQ_POLLIN, 0};
     if (zmq::poll(&item, 1, std::chrono::milliseconds(20)) > 0) {
       refused = Receive();
       break;
@@ -193,7 +193,7 @@ TEST_F(ServerTest, NonFiniteGradientsAreRejectedAndCountedByWorker) {
   // Restarted with metrics (the registry must outlive the server: it is
   // stopped at the end of the test).
   metrics::Registry registry;
-  socket_.close();
+  client_->Close();
   server_.reset();
   ASSERT_NO_FATAL_FAILURE(
       StartServer(/*standalone=*/true, kConfig, nullptr, &registry));
@@ -216,7 +216,7 @@ TEST_F(ServerTest, NonFiniteGradientsAreRejectedAndCountedByWorker) {
   r = Pull(kSparse, {7, 8});
   ASSERT_EQ(r.code(), absl::StatusCode::kOk);
   EXPECT_EQ(r.values, std::vector<float>(4, 0.0f));
-  socket_.close();
+  client_->Close();
   server_.reset();
 }
 

@@ -166,33 +166,25 @@ class ServerTest : public ::testing::Test {
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = std::move(server).value();
     EXPECT_GT(server_->port(), 0);
-    socket_ = zmq::socket_t(context_, zmq::socket_type::dealer);
-    // A lost reply must fail the test, not hang it.
-    socket_.set(zmq::sockopt::rcvtimeo, 5000);
-    socket_.set(zmq::sockopt::linger, 0);
-    socket_.connect(server_->endpoint());
+    // A lost reply fails the test (5 s), never hangs it.
+    client_ = std::make_unique<raw_client::RawClient>(server_->endpoint());
   }
 
   void TearDown() override {
-    socket_.close();
+    client_.reset();
     server_.reset();
   }
 
   // Sends one multipart request and waits for its response.
   Response Send(std::vector<zmq::message_t> frames) {
-    zmq::send_multipart(socket_, frames);
+    client_->SendFrames(std::move(frames));
     return Receive();
   }
 
   // The next reply's frames, as they came; empty, with a test failure,
   // when none came within the receive timeout.
   std::vector<zmq::message_t> ReceiveFrames() {
-    std::vector<zmq::message_t> reply;
-    if (!zmq::recv_multipart(socket_, std::back_inserter(reply))) {
-      ADD_FAILURE() << "no response within the receive timeout";
-      reply.clear();
-    }
-    return reply;
+    return client_->ReceiveFrames();
   }
 
   // The next response on the socket.
@@ -236,11 +228,7 @@ class ServerTest : public ::testing::Test {
   // Sends a request without waiting for its answer; returns its request
   // id.
   uint64_t SendOnly(RequestHeader h, std::vector<zmq::message_t> rest) {
-    h.set_request_id(++next_request_id_);
-    std::vector<zmq::message_t> frames;
-    frames.push_back(HeaderFrame(h));
-    for (auto& f : rest) frames.push_back(std::move(f));
-    zmq::send_multipart(socket_, frames);
+    client_->SendFrames(Numbered(std::move(h), std::move(rest)));
     return next_request_id_;
   }
 
@@ -255,11 +243,7 @@ class ServerTest : public ::testing::Test {
 
   // Sends a well-formed request and checks that the request id is echoed.
   Response SendValid(RequestHeader h, std::vector<zmq::message_t> rest) {
-    h.set_request_id(++next_request_id_);
-    std::vector<zmq::message_t> frames;
-    frames.push_back(HeaderFrame(h));
-    for (auto& f : rest) frames.push_back(std::move(f));
-    Response r = Send(std::move(frames));
+    Response r = Send(Numbered(std::move(h), std::move(rest)));
     if (r.received) {
       EXPECT_EQ(r.header.request_id(), next_request_id_);
     }
@@ -329,8 +313,19 @@ class ServerTest : public ::testing::Test {
     InstallView(OwnerView(/*epoch=*/1, /*workers=*/2, BSP));
   }
 
+  // The header, with the next request id, then `rest`.
+  std::vector<zmq::message_t> Numbered(RequestHeader h,
+                                       std::vector<zmq::message_t> rest) {
+    h.set_request_id(++next_request_id_);
+    std::vector<zmq::message_t> frames;
+    frames.push_back(HeaderFrame(h));
+    for (auto& f : rest) frames.push_back(std::move(f));
+    return frames;
+  }
+
+  // For tests' own extra sockets; the fixture's client has its own.
   zmq::context_t context_{1};
-  zmq::socket_t socket_;
+  std::unique_ptr<raw_client::RawClient> client_;
   std::unique_ptr<KVServer> server_;
   uint64_t next_request_id_ = 1000;
 };

@@ -59,6 +59,8 @@ class RawClient {
   ResponseHeader ReceiveHeader();
 
   void Close() { socket_.close(); }
+  // The socket itself, e.g. to poll it.
+  zmq::socket_t& socket() { return socket_; }
 
  private:
   zmq::context_t context_{1};
