@@ -192,6 +192,25 @@ class ReplicationTest : public ::testing::Test {
     return view;
   }
 
+  // Catch-ups (a primary's copy of its slots to a new backup) the live
+  // servers have sent so far.
+  uint64_t CatchupsSent() {
+    uint64_t n = 0;
+    for (ServerNode& s : servers_) {
+      if (s.member != nullptr) n += s.server->stats().catchups_sent;
+    }
+    return n;
+  }
+
+  // Waits until the live servers have sent `n` catch-ups in all, or
+  // `give_up` passed; the count then.
+  uint64_t WaitForCatchups(uint64_t n, absl::Time give_up) {
+    while (CatchupsSent() < n && absl::Now() < give_up) {
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    return CatchupsSent();
+  }
+
   static bool Dead(const ClusterView& v, uint32_t rank) {
     for (const NodeInfo& n : v.nodes()) {
       if (n.role() == SERVER && n.rank() == rank && n.state() == ALIVE)
@@ -545,23 +564,10 @@ TEST_F(ReplicationTest, CatchUpCarriesBufferedBspSteps) {
   push_step();
   Kill(0);
   WaitForView([](const ClusterView& v) { return Dead(v, 0); });
-  uint64_t catchups = 0;
-  for (ServerNode& s : servers_) {
-    if (s.member != nullptr) catchups += s.server->stats().catchups_sent;
-  }
+  const uint64_t catchups = CatchupsSent();
   StartServer();
-  const absl::Time give_up = absl::Now() + absl::Seconds(30);
-  auto copied = [&] {
-    uint64_t n = 0;
-    for (ServerNode& s : servers_) {
-      if (s.member != nullptr) n += s.server->stats().catchups_sent;
-    }
-    return n;
-  };
-  while (copied() < catchups + 2 && absl::Now() < give_up) {
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  ASSERT_GE(copied(), catchups + 2);
+  ASSERT_GE(WaitForCatchups(catchups + 2, absl::Now() + absl::Seconds(30)),
+            catchups + 2);
   ASSERT_TRUE(Advance(client).ok());
   // A pull at clock 2 waits for step 1 on every primary; pushes of step 2
   // (buffered) then reach each backup after the primary's "apply step 1".
@@ -592,10 +598,7 @@ TEST_F(ReplicationTest, ReplacementCatchesUpAndLaterTakesOver) {
   Kill(0);
   WaitForView([](const ClusterView& v) { return Dead(v, 0); });
   absl::SleepFor(absl::Milliseconds(200));
-  uint64_t catchups = 0;
-  for (ServerNode& s : servers_) {
-    if (s.member != nullptr) catchups += s.server->stats().catchups_sent;
-  }
+  const uint64_t catchups = CatchupsSent();
   // A replacement takes rank 0 and becomes a backup again: the primaries
   // copy it their slots while the pushes go on.
   StartServer();
@@ -605,17 +608,8 @@ TEST_F(ReplicationTest, ReplacementCatchesUpAndLaterTakesOver) {
            v.slot_backup().end();
   });
   const absl::Time give_up = absl::Now() + absl::Seconds(30);
-  auto copied = [&] {
-    uint64_t n = 0;
-    for (ServerNode& s : servers_) {
-      if (s.member != nullptr) n += s.server->stats().catchups_sent;
-    }
-    return n;
-  };
-  while (copied() < catchups + 2 && absl::Now() < give_up) {
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  EXPECT_GE(copied(), catchups + 2);  // servers 1 and 2 both copy to it
+  // Servers 1 and 2 both copy to it.
+  EXPECT_GE(WaitForCatchups(catchups + 2, give_up), catchups + 2);
   int before = pusher.pushes();
   while (pusher.pushes() < before + 30 && pusher.error().ok() &&
          absl::Now() < give_up) {
