@@ -78,11 +78,6 @@ int MaxStepPercent() {
                  "FAULT_MAX_STEP_PERCENT", kDefaultMaxStepPercent);
 }
 
-struct Mode {
-  const char* name;
-  const char* consistency;
-};
-
 // Small enough that a job takes 2-4 s on two cores; heartbeats fast enough
 // that a death is noticed within 0.3 s.
 std::string JobConfig(const Mode& mode) {
@@ -119,12 +114,6 @@ Fault Choose(int mode_index, int sig, int trial, uint64_t steps_per_worker) {
   f.replacement = rng() % 2 == 1;
   return f;
 }
-
-constexpr Mode kModes[] = {
-    {"ASYNC", "mode: ASYNC"},
-    {"BSP", "mode: BSP"},
-    {"SSP", "mode: SSP staleness: 2"},
-};
 
 class FaultTest : public ::testing::TestWithParam<int> {
  protected:
@@ -427,9 +416,7 @@ TEST_P(FaultTest, KilledOrPreemptedWorkersChangeNeitherTheEndNorTheAuc) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, FaultTest, ::testing::Values(0, 1, 2),
-                         [](const ::testing::TestParamInfo<int>& info) {
-                           return std::string(kModes[info.param].name);
-                         });
+                         ModeNames(kModes));
 
 }  // namespace
 }  // namespace ps::testing

@@ -268,14 +268,7 @@ TEST(PauseTest, PausedServerAcknowledgesNoPushForSlotsItLost) {
 
 // ---- 2. A paused worker ----
 
-struct Mode {
-  const char* name;
-  const char* consistency;
-};
-constexpr Mode kModes[] = {
-    {"BSP", "mode: BSP"},
-    {"ASYNC", "mode: ASYNC"},
-};
+constexpr Mode kPauseModes[] = {kBspMode, kAsyncMode};
 constexpr int kWorkers = 2;
 // Enough that a survivor still trains when the pause ends (one worker of
 // an ASYNC job alone trains about 300k examples/s here); a job takes about
@@ -299,7 +292,7 @@ std::string JobConfig(const Mode& mode) {
 
 class PausedWorkerTest : public ::testing::TestWithParam<int> {
  protected:
-  const Mode& mode() const { return kModes[GetParam()]; }
+  const Mode& mode() const { return kPauseModes[GetParam()]; }
 
   // Waits for the job's end and checks it; `victim` (or -1) may exit 0 or 3.
   // `resumed`: when the victim was SIGCONTed (InfinitePast if none).
@@ -535,9 +528,7 @@ TEST_P(PausedWorkerTest, PausedWorkerStopsOrRejoins) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, PausedWorkerTest, ::testing::Values(0, 1),
-                         [](const ::testing::TestParamInfo<int>& info) {
-                           return std::string(kModes[info.param].name);
-                         });
+                         ModeNames(kPauseModes));
 
 }  // namespace
 }  // namespace ps::testing

@@ -102,16 +102,6 @@ std::mt19937_64 TrialRng(uint32_t test, uint32_t mode, uint32_t trial) {
   return ::ps::testing::TrialRng(FaultSeed(), {test, mode, trial});
 }
 
-struct Mode {
-  const char* name;
-  const char* consistency;
-};
-constexpr Mode kModes[] = {
-    {"ASYNC", "mode: ASYNC"},
-    {"BSP", "mode: BSP"},
-    {"SSP", "mode: SSP staleness: 2"},
-};
-
 // What a trial's job is made of besides its mode.
 struct Variant {
   bool replication = false;  // cluster.replication 2
@@ -469,10 +459,7 @@ TEST_P(SchedulerRestartTest, KilledSchedulerIsRestartedAndTakesTheJobBack) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, SchedulerRestartTest,
-                         ::testing::Values(0, 1, 2),
-                         [](const ::testing::TestParamInfo<int>& info) {
-                           return std::string(kModes[info.param].name);
-                         });
+                         ::testing::Values(0, 1, 2), ModeNames(kModes));
 
 // The ledger job of tests/replication_test.cc: 3 servers, replication 2,
 // an SGD table the pushers push integers to.

@@ -14,6 +14,7 @@
 #define PS_TESTS_TESTING_FAULT_TRIALS_H_
 
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <random>
@@ -22,6 +23,7 @@
 
 #include "absl/time/time.h"
 #include "common/status.h"
+#include "gtest/gtest.h"
 #include "tests/testing/job_harness.h"
 
 namespace ps::testing {
@@ -49,6 +51,29 @@ bool Sanitizer();
 // rather than the library-defined distributions, a seed means the same
 // choices everywhere.
 std::mt19937_64 TrialRng(uint64_t seed, const std::vector<uint32_t>& words);
+
+// A consistency mode a fault test's jobs run in: its name (also the test
+// parameter's) and the body of the job's consistency block.
+struct Mode {
+  const char* name;
+  const char* consistency;
+};
+inline constexpr Mode kAsyncMode = {"ASYNC", "mode: ASYNC"};
+inline constexpr Mode kBspMode = {"BSP", "mode: BSP"};
+inline constexpr Mode kSspMode = {"SSP", "mode: SSP staleness: 2"};
+// The modes of the fault and scheduler-restart tests: test parameter i
+// runs kModes[i].
+inline constexpr Mode kModes[] = {kAsyncMode, kBspMode, kSspMode};
+
+// The name generator of a test suite whose parameter i runs `modes[i]`
+// (INSTANTIATE_TEST_SUITE_P's last argument): the mode's name. `modes`
+// must outlive the suite (a namespace-scope array).
+template <size_t N>
+auto ModeNames(const Mode (&modes)[N]) {
+  return [&modes](const ::testing::TestParamInfo<int>& info) {
+    return std::string(modes[info.param].name);
+  };
+}
 
 // The head of a job config (textproto): its name and its cluster block,
 // with `servers` and `workers`, `slots` slots, heartbeats every 100 ms, a
