@@ -214,17 +214,10 @@ constexpr char kScanConfig[] = R"pb(
 
 constexpr uint32_t kDim = 3;
 
-// A SCAN page as the client decodes it (common/wire.h): the response
-// header, the rows' values and their keys.
-struct Page {
-  bool received = false;
-  ResponseHeader header;
-  std::vector<float> values;
+// A SCAN page as the client decodes it (common/wire.h): the fixture's
+// Response (header, the rows' values) and the rows' keys.
+struct Page : Response {
   std::vector<uint64_t> keys;
-  absl::StatusCode code() const {
-    return received ? static_cast<absl::StatusCode>(header.code())
-                    : absl::StatusCode::kDeadlineExceeded;
-  }
 };
 
 // The server of server_test_fixture.h over kScanConfig; SCAN replies carry
