@@ -98,6 +98,8 @@ class WorkerSessionTest : public ::testing::Test {
   }
 
   JobConfig config_;
+  // What a test's should_stop may read; outlives the sessions.
+  std::atomic<bool> stop_{false};
   std::unique_ptr<SchedulerServer> scheduler_;
   std::unique_ptr<InProcessCluster> cluster_;
   std::unique_ptr<WorkerSession> a_, b_;
@@ -181,14 +183,13 @@ TEST_F(WorkerSessionTest, FinishElectsOneEvaluatorAndTheOtherWaitsForIt) {
 // A stop request ends a barrier wait within a stop_check round, with
 // CANCELLED, and stop_requested() says so.
 TEST_F(WorkerSessionTest, AStopEndsABarrierWaitPromptly) {
-  std::atomic<bool> stop{false};
   ASSERT_NO_FATAL_FAILURE(
-      StartTwoWorkers("BSP", [&](WorkerSession::Options* o) {
-        o->should_stop = [&] { return stop.load(); };
+      StartTwoWorkers("BSP", [this](WorkerSession::Options* o) {
+        o->should_stop = [this] { return stop_.load(); };
       }));
   std::thread stopper([&] {
     absl::SleepFor(absl::Milliseconds(300));
-    stop = true;
+    stop_ = true;
   });
   const absl::Time start = absl::Now();
   absl::Status s = a_->Barrier("never-met", absl::Seconds(30));
