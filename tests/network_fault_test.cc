@@ -774,12 +774,9 @@ class NetworkFaultLedger : public NetworkFaultTest {
     };
     h.set_abort_check(false_death);
 
-    LedgerPushers::Options ledger;
-    ledger.dir = h.dir();
-    ledger.config_path = h.dir() + "/job.pbtxt";
-    ledger.scheduler_address = h.address();
+    LedgerPushers::Options ledger =
+        LedgerPushers::ForJob(h, Seed() * 100 + trial);
     ledger.pushers = kWorkers;
-    ledger.seed = Seed() * 100 + trial;
     // Pusher i in worker<i>'s namespace; the reader (after the heal) on
     // the hub, which reaches every node.
     ledger.wrap = [&lab](const std::string& process) {

@@ -176,12 +176,9 @@ TEST(PauseTest, PausedServerAcknowledgesNoPushForSlotsItLost) {
     const std::string paused =
         absl::StrCat("server rank ", victim_rank, " (node");
     job.set_abort_check([&] { return FalseDeath(job, paused); });
-    LedgerPushers::Options ledger;
-    ledger.dir = dir;
-    ledger.config_path = dir + "/job.pbtxt";
-    ledger.scheduler_address = job.address();
-    ledger.seed = FaultSeed() * 100 + trial;
-    auto pushers = LedgerPushers::Start(ledger, absl::Seconds(30));
+    auto pushers = LedgerPushers::Start(
+        LedgerPushers::ForJob(job, FaultSeed() * 100 + trial),
+        absl::Seconds(30));
     if (!pushers.ok()) {
       r.stall = FalseDeath(job, "");
       if (r.stall.empty()) ADD_FAILURE() << what << ": " << pushers.status();

@@ -242,13 +242,9 @@ class ReplicationFailoverTest : public ::testing::Test {
   }
 
   bool StartPushers() {
-    LedgerPushers::Options ledger;
-    ledger.dir = dir_;
-    ledger.config_path = dir_ + "/job.pbtxt";
-    ledger.scheduler_address = job_->address();
+    LedgerPushers::Options ledger = LedgerPushers::ForJob(*job_, Seed());
     ledger.pushers = kPushers;
     ledger.keys = kKeys;
-    ledger.seed = Seed();
     auto pushers = LedgerPushers::Start(ledger, absl::Seconds(30));
     if (!pushers.ok()) {
       Problem(absl::StrCat("pushers: ", pushers.status().ToString()));

@@ -23,6 +23,16 @@ std::vector<std::string> Wrapped(const LedgerPushers::Options& o, const std::str
 
 }  // namespace
 
+LedgerPushers::Options LedgerPushers::ForJob(const JobHarness& job,
+                                             uint64_t seed) {
+  Options o;
+  o.dir = job.dir();
+  o.config_path = job.dir() + "/job.pbtxt";
+  o.scheduler_address = job.address();
+  o.seed = seed;
+  return o;
+}
+
 absl::StatusOr<LedgerPushers> LedgerPushers::Start(Options options,
                                                    absl::Duration timeout) {
   LedgerPushers p;

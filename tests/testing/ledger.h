@@ -22,6 +22,7 @@
 
 #include "absl/time/time.h"
 #include "common/status.h"
+#include "tests/testing/job_harness.h"
 #include "tests/testing/subprocess.h"
 
 namespace ps::testing {
@@ -63,6 +64,11 @@ class LedgerPushers {
     // Each of them, pusher by pusher.
     std::vector<Ack> acks;
   };
+
+  // Options for pushers into `job`: its directory (for their files), its
+  // job.pbtxt and its scheduler; pusher seeds from `seed`; the rest as
+  // above.
+  static Options ForJob(const JobHarness& job, uint64_t seed);
 
   // Starts the pushers and waits (up to `timeout`, scaled) until each had
   // 100 pushes acknowledged.
