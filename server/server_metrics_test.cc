@@ -17,9 +17,8 @@
 #include "gtest/gtest.h"
 #include "proto/data_plane.pb.h"
 #include "server/server.h"
-#include "server/testing/raw_client.h"
+#include "server/server_test_fixture.h"
 #include "zmq.hpp"
-#include "zmq_addon.hpp"
 
 namespace ps {
 namespace {
@@ -27,7 +26,9 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-constexpr char kConfig[] = R"pb(
+// One sparse table; the fixture's (server_test_fixture.h) adds tables
+// whose statistics would crowd the exposition.
+constexpr char kMetricsConfig[] = R"pb(
   cluster { num_servers: 1 num_workers: 1 num_slots: 16 }
   tables {
     id: 0
@@ -42,19 +43,13 @@ zmq::message_t Frame(const void* data, size_t size) {
   return zmq::message_t(data, size);
 }
 
-class ServerMetricsTest : public ::testing::Test {
+// The fixture's standalone server over kMetricsConfig, exporting to
+// registry_, which outlives it (the fixture's TearDown stops the server).
+class ServerMetricsTest : public ServerTest {
  protected:
   void SetUp() override {
-    auto config = ParseJobConfig(kConfig, "server_metrics_test");
-    ASSERT_TRUE(config.ok()) << config.status();
-    KVServer::Options options;
-    options.config = *config;
-    options.standalone = true;
-    options.metrics = &registry_;
-    auto server = KVServer::Start(std::move(options));
-    ASSERT_TRUE(server.ok()) << server.status();
-    server_ = std::move(server).value();
-    client_ = std::make_unique<raw_client::RawClient>(server_->endpoint());
+    StartServer(/*standalone=*/true, kMetricsConfig, /*clock=*/nullptr,
+                &registry_);
   }
 
   // Sends the frames; returns the answer's header and the total size of
@@ -62,8 +57,7 @@ class ServerMetricsTest : public ::testing::Test {
   ResponseHeader Send(std::vector<zmq::message_t> frames,
                       uint64_t* sent_bytes) {
     for (const auto& f : frames) *sent_bytes += f.size();
-    client_->SendFrames(std::move(frames));
-    return client_->ReceiveHeader();
+    return ServerTest::Send(std::move(frames)).header;
   }
 
   std::vector<zmq::message_t> Request(Op op, uint32_t table,
@@ -83,8 +77,6 @@ class ServerMetricsTest : public ::testing::Test {
   }
 
   metrics::Registry registry_;
-  std::unique_ptr<KVServer> server_;
-  std::unique_ptr<raw_client::RawClient> client_;
 };
 
 TEST_F(ServerMetricsTest, CountsRequestsBytesErrorsAndTables) {
