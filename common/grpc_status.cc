@@ -2,7 +2,6 @@
 
 #include <string>
 
-#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 
@@ -10,7 +9,6 @@ namespace ps {
 
 namespace {
 
-constexpr char kReasonUrl[] = "type.ps/reason";
 // A status's reason travels in the gRPC status's details, after this.
 constexpr absl::string_view kReasonDetails = "ps-reason:";
 
@@ -34,16 +32,6 @@ absl::Status FromGrpcStatus(const grpc::Status& status) {
   if (absl::ConsumePrefix(&details, kReasonDetails))
     return WithReason(out, details);
   return out;
-}
-
-absl::Status WithReason(absl::Status status, absl::string_view reason) {
-  if (!status.ok()) status.SetPayload(kReasonUrl, absl::Cord(reason));
-  return status;
-}
-
-std::string ReasonOf(const absl::Status& status) {
-  const auto reason = status.GetPayload(kReasonUrl);  // absl::optional<Cord>
-  return reason ? std::string(*reason) : std::string();
 }
 
 }  // namespace ps

@@ -7,7 +7,7 @@
 
 namespace ps {
 
-// Payloads (a status's reason, common/grpc_status.h) are kept: callers tell
+// Payloads (a status's reason, common/reasons.h) are kept: callers tell
 // statuses apart by them.
 absl::Status Annotate(const absl::Status& status, absl::string_view context) {
   if (status.ok()) return status;

@@ -13,6 +13,7 @@
 #include "common/grpc_status.h"
 #include "common/logging.h"
 #include "common/protocol.h"
+#include "common/reasons.h"
 #include "common/status.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/support/channel_arguments.h"
@@ -36,10 +37,6 @@ using SteadyClock = std::chrono::steady_clock;
 
 constexpr char kDropped[] = "dropped by the scheduler";
 constexpr char kUnreachableField[] = "cluster.scheduler_unreachable_timeout_ms";
-// The reasons (common/status.h WithReason) IsDropped and IsSchedulerGone
-// look for: statuses are told apart by them, never by their text.
-constexpr char kDroppedReason[] = "dropped";
-constexpr char kSchedulerGoneReason[] = "scheduler_unreachable";
 // While the scheduler is away: the first failure is logged, then at most
 // one line per kWarnEvery.
 constexpr absl::Duration kWarnEvery = absl::Seconds(5);
@@ -54,17 +51,17 @@ double Seconds(SteadyClock::duration d) {
 
 absl::Status DroppedError(absl::string_view detail) {
   return WithReason(absl::AbortedError(absl::StrCat(kDropped, ": ", detail)),
-                    kDroppedReason);
+                    reason::kDropped);
 }
 
 bool IsDropped(const absl::Status& status) {
   return status.code() == absl::StatusCode::kAborted &&
-         ReasonOf(status) == kDroppedReason;
+         ReasonOf(status) == reason::kDropped;
 }
 
 bool IsSchedulerGone(const absl::Status& status) {
   return status.code() == absl::StatusCode::kUnavailable &&
-         ReasonOf(status) == kSchedulerGoneReason;
+         ReasonOf(status) == reason::kSchedulerUnreachable;
 }
 
 SchedulerClient::Options SchedulerClient::Options::ForJob(const JobConfig& config,
@@ -343,10 +340,11 @@ void SchedulerClient::NoteUnreachable(const grpc::Status& status) {
     if (now - last_ack_ > absl::ToChronoNanoseconds(options_.unreachable_timeout)) {
       gone_status_ = WithReason(
           absl::UnavailableError(absl::StrFormat(
-              "scheduler at %s unreachable for %.1f s (%s %d): %s", options_.address,
-              silent, kUnreachableField,
-              absl::ToInt64Milliseconds(options_.unreachable_timeout), last_error_)),
-          kSchedulerGoneReason);
+              "scheduler at %s unreachable for %.1f s (%s %d): %s",
+              options_.address, silent, kUnreachableField,
+              absl::ToInt64Milliseconds(options_.unreachable_timeout),
+              last_error_)),
+          reason::kSchedulerUnreachable);
       gone_.store(true);
       gone = gone_status_;
     }

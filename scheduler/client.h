@@ -57,7 +57,7 @@ namespace ps {
 // The status of every wait of a node the scheduler dropped: ABORTED,
 // "dropped by the scheduler: <detail>". IsDropped recognises it (also
 // annotated, or after a gRPC round trip: it looks for the code and the
-// reason the status carries, common/status.h WithReason, not its text).
+// reason the status carries, common/reasons.h WithReason, not its text).
 absl::Status DroppedError(absl::string_view detail);
 bool IsDropped(const absl::Status& status);
 // True for the status of scheduler_gone() (also annotated; by its reason).

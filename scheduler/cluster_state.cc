@@ -6,8 +6,9 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/config.h"
-#include "common/protocol.h"
 #include "common/logging.h"
+#include "common/protocol.h"
+#include "common/reasons.h"
 
 namespace ps {
 namespace {
@@ -139,7 +140,7 @@ absl::StatusOr<RegisterResponse> ClusterState::Register(
   JournalScope journal(this);
   PS_RETURN_IF_ERROR(journal.Admit());
   if (view_.job_state() == FINISHED) {
-    return absl::FailedPreconditionError("the job has finished");
+    return JobFinishedError("the job has finished");
   }
   PS_ASSIGN_OR_RETURN(const uint32_t rank, FreeRankLocked(request.role()));
   const NodeInfo info = AddNodeLocked(request, rank);

@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "common/reasons.h"
 #include "scheduler/cluster_state.h"
 
 namespace ps {
@@ -167,7 +168,7 @@ absl::StatusOr<DrainResponse> ClusterState::Drain(const DrainRequest& request) {
     return response;
   }
   if (view_.job_state() == FINISHED) {
-    return absl::FailedPreconditionError(
+    return JobFinishedError(
         absl::StrCat("the job has finished; ", who, " leaves by itself"));
   }
   absl::StatusOr<std::string> note = info.role() == WORKER

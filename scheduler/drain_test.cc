@@ -10,11 +10,12 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/config.h"
+#include "common/reasons.h"
+#include "common/status.h"
 #include "gmock/gmock.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
-#include "common/status.h"
 #include "proto/scheduler.grpc.pb.h"
 #include "scheduler/client.h"
 #include "scheduler/cluster_state.h"
@@ -203,6 +204,9 @@ TEST_F(DrainTest, NothingIsDrainedOnceTheJobFinished) {
   ASSERT_EQ(state_->job_state(), FINISHED);
   EXPECT_THAT(Refused(ById(s0), absl::StatusCode::kFailedPrecondition),
               HasSubstr("the job has finished"));
+  // Told apart by its reason, as psctl and the workers do.
+  const absl::Status refused = state_->Drain(ById(s0)).status();
+  EXPECT_TRUE(IsJobFinished(refused)) << refused;
 }
 
 // Over gRPC: the status codes reach the caller, and a real client learns of

@@ -1,6 +1,5 @@
 // End-to-end tests of the scheduler service and its client over real gRPC on
 // a loopback port.
-#include "common/status.h"
 #include "scheduler/scheduler.h"
 
 #include <chrono>
@@ -18,6 +17,8 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/config.h"
+#include "common/reasons.h"
+#include "common/status.h"
 #include "gmock/gmock.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
@@ -300,6 +301,28 @@ TEST_F(SchedulerTest, JobFinishesWhenWorkersLeaveAndEndsWhenServersLeave) {
   ASSERT_TRUE(s0->Leave(false).ok());
   ASSERT_TRUE(s1->Leave(false).ok());
   EXPECT_TRUE(scheduler_->WaitUntilDone(kPatience));
+}
+
+// A worker joining after every worker finished (a dropped one joining again)
+// learns so by the status's reason, carried over gRPC; its words alone
+// would not do.
+TEST_F(SchedulerTest, JoiningAFinishedJobIsRefusedWithTheJobFinishedReason) {
+  std::unique_ptr<SchedulerClient> s0 = Server("tcp://127.0.0.1:7001");
+  std::unique_ptr<SchedulerClient> s1 = Server("tcp://127.0.0.1:7002");
+  std::unique_ptr<SchedulerClient> w0 = Worker();
+  std::unique_ptr<SchedulerClient> w1 = Worker();
+  ASSERT_TRUE(s0 && s1 && w0 && w1);
+  ASSERT_TRUE(w0->Leave(/*finished=*/true).ok());
+  ASSERT_TRUE(w1->Leave(/*finished=*/true).ok());
+  ASSERT_EQ(scheduler_->state()->job_state(), FINISHED);
+
+  const absl::StatusOr<std::unique_ptr<SchedulerClient>> late =
+      SchedulerClient::Connect(Options(WORKER));
+  ASSERT_FALSE(late.ok());
+  EXPECT_TRUE(IsJobFinished(late.status())) << late.status();
+  EXPECT_THAT(std::string(late.status().message()), HasSubstr("has finished"));
+  EXPECT_FALSE(IsJobFinished(
+      absl::FailedPreconditionError("the job has finished, in words only")));
 }
 
 TEST_F(SchedulerTest, RawRequestsWithBadInputAreRejected) {

@@ -8,6 +8,7 @@
 #include "common/grpc_security.h"
 #include "common/logging.h"
 #include "common/protocol.h"
+#include "common/reasons.h"
 #include "common/status.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/scheduler.grpc.pb.h"
@@ -159,7 +160,7 @@ absl::Status WorkerSession::OpenObserver() {
                                    std::min(options_.stop_check,
                                             deadline - options_.clock->Now())));
     if (view.ok() && view->job_state() == FINISHED) {
-      return absl::FailedPreconditionError(absl::StrCat(
+      return JobFinishedError(absl::StrCat(
           "job \"", config.name(), "\" has finished: its servers are leaving"));
     }
     if (view.ok() && view->job_state() == RUNNING) break;

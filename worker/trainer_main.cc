@@ -49,7 +49,6 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -60,6 +59,7 @@
 #include "common/logging.h"
 #include "common/metrics.h"
 #include "common/node_main.h"
+#include "common/reasons.h"
 #include "common/signals.h"
 #include "scheduler/client.h"
 #include "worker/kv_client.h"
@@ -274,8 +274,7 @@ int StartFailed(const absl::Status& s) {
   // Joining again after a drop: a job that finished meanwhile, or whose
   // ranks are all taken (replacements took over), needs nothing more.
   if (Rejoins() > 0 && (s.code() == absl::StatusCode::kResourceExhausted ||
-                        (s.code() == absl::StatusCode::kFailedPrecondition &&
-                         absl::StrContains(s.message(), "has finished")))) {
+                        ps::IsJobFinished(s))) {
     log->info("not joining again: {}", s.message());
     return 0;
   }

@@ -253,6 +253,15 @@ class ManifestsTest(unittest.TestCase):
             self.assertEqual(env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"],
                              "metadata.namespace")
 
+    def test_the_scheduler_takes_its_launch_id_from_the_pod(self):
+        # A new pod (a new job of the same config) never resumes the journal
+        # of another; a restarted container of the same pod does.
+        c = self.container_of("Deployment", "ps-scheduler")
+        self.assertEqual(parse_flags(c["args"])["launch_id"], "$(PS_LAUNCH_ID)")
+        env = {e["name"]: e for e in c["env"]}
+        self.assertEqual(env["PS_LAUNCH_ID"]["valueFrom"]["fieldRef"]["fieldPath"],
+                         "metadata.uid")
+
     def test_config_flag_points_into_the_configmap_mount(self):
         data = self.get("ConfigMap", "ps-job")["data"]
         for kind, name, template, c in containers(self.docs):

@@ -349,11 +349,18 @@ absl::StatusOr<LaunchPlan> PlanLaunch(const Environment& env,
     }
     source = has_tf ? LaunchSource::kTfConfig : LaunchSource::kDmlc;
   }
+  absl::StatusOr<LaunchPlan> plan;
   if (source == LaunchSource::kTfConfig) {
     if (!has_tf) return Bad("TF_CONFIG is not set");
-    return PlanFromTfConfig(*tf);
+    plan = PlanFromTfConfig(*tf);
+  } else {
+    plan = PlanFromDmlc(env);
   }
-  return PlanFromDmlc(env);
+  if (const std::string* id = Find(env, "PS_LAUNCH_ID");
+      plan.ok() && id != nullptr) {
+    plan->launch_id = *id;
+  }
+  return plan;
 }
 
 namespace {
@@ -417,6 +424,9 @@ absl::StatusOr<std::vector<std::string>> LaunchCommand(
     case LaunchRole::kScheduler:
       argv.push_back(absl::StrCat("--host=", options.listen_host));
       argv.push_back(absl::StrCat("--port=", plan.listen_port));
+      if (!plan.launch_id.empty()) {
+        argv.push_back(absl::StrCat("--launch_id=", plan.launch_id));
+      }
       break;
     case LaunchRole::kServer: {
       argv.push_back(absl::StrCat("--scheduler=", plan.scheduler_address));
@@ -466,6 +476,9 @@ std::string DescribeLaunchPlan(const LaunchPlan& plan) {
     absl::StrAppend(&out, ", listen port ", plan.listen_port);
   if (!plan.advertise_host.empty()) {
     absl::StrAppend(&out, ", advertised as ", plan.advertise_host);
+  }
+  if (!plan.launch_id.empty()) {
+    absl::StrAppend(&out, ", launch id ", plan.launch_id);
   }
   return out;
 }

@@ -36,6 +36,13 @@
 //   A server's data plane binds a free port (ps-lite has no per-server
 //   port variable).
 //
+// Launch id (either convention): PS_LAUNCH_ID, when set and not empty, is
+// passed to the scheduler as --launch_id, so a scheduler restarted within
+// the same launch takes its journal back and one of a new launch never
+// does (docs/operations.md, "Restart"). Neither TF_CONFIG nor DMLC_* says
+// which launch a node belongs to; the cluster manager sets PS_LAUNCH_ID
+// (Kubernetes: from the pod's or the Job's uid through the downward API).
+//
 // Source selection: with LaunchSource::kAuto, exactly one of TF_CONFIG and
 // DMLC_ROLE must be set (both set is an error naming --launch_from, so a
 // pod that inherits both never silently picks one); kTfConfig or kDmlc
@@ -85,6 +92,8 @@ struct LaunchPlan {
   int num_workers = 0;
   // TF_CONFIG task.index; -1 for DMLC (ranks come from the scheduler).
   int task_index = -1;
+  // PS_LAUNCH_ID; empty when the environment has none.
+  std::string launch_id;
 };
 
 // Variable name -> value.
@@ -122,14 +131,15 @@ struct LaunchCommandOptions {
 // --num_servers and --num_workers (they override the config's cluster
 // block), then per role:
 //   scheduler: --host=<listen_host> --port=<listen_port>
+//              [--launch_id=<plan.launch_id>]
 //   server:    --scheduler=<address> --bind=tcp://<listen_host>:<port or *>
 //              [--advertise_host=<host>]
 //   worker:    --scheduler=<address>
 // then extra_args. A worker with a worker_command, or an evaluator, runs
 // that command instead, with --config, --scheduler and extra_args appended
-// (the cluster sizes come from LaunchEnvironment). INVALID_ARGUMENT when config or the role's binary is
-// empty, or a server would bind a wildcard address with nothing to
-// advertise.
+// (the cluster sizes come from LaunchEnvironment). INVALID_ARGUMENT when config
+// or the role's binary is empty, or a server would bind a wildcard address with
+// nothing to advertise.
 absl::StatusOr<std::vector<std::string>> LaunchCommand(
     const LaunchPlan& plan, const LaunchCommandOptions& options);
 

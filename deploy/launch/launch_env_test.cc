@@ -9,8 +9,10 @@
 namespace ps {
 namespace {
 
+using ::testing::Contains;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 constexpr char kCluster[] =
     R"("cluster": {"chief": ["chief-0:2222"],
@@ -283,6 +285,36 @@ TEST(LaunchEnvTest, Commands) {
 
 // The job config's own worker command replaces the trainer, and a TFJob
 // evaluator task runs its evaluator command (refused without one).
+// The scheduler gets the launch id of its environment, whichever
+// convention: a new launch never resumes the journal of another.
+TEST(LaunchEnvTest, TheSchedulerGetsPsLaunchId) {
+  Environment tf = {{"TF_CONFIG", TfConfig("chief", 0)},
+                    {"PS_LAUNCH_ID", "uid-1"}};
+  auto scheduler = PlanLaunch(tf);
+  ASSERT_TRUE(scheduler.ok());
+  EXPECT_EQ(scheduler->launch_id, "uid-1");
+  EXPECT_THAT(
+      *LaunchCommand(*scheduler, Binaries()),
+      ElementsAre("/b/scheduler_main", "--config=/c/job.pbtxt",
+                  "--num_servers=2", "--num_workers=3", "--host=0.0.0.0",
+                  "--port=2222", "--launch_id=uid-1"));
+  EXPECT_THAT(DescribeLaunchPlan(*scheduler), HasSubstr("launch id uid-1"));
+
+  Environment dmlc = Dmlc("scheduler");
+  dmlc["PS_LAUNCH_ID"] = "uid-2";
+  EXPECT_THAT(*LaunchCommand(*PlanLaunch(dmlc), Binaries()),
+              Contains("--launch_id=uid-2"));
+  // Only the scheduler takes it.
+  dmlc["DMLC_ROLE"] = "worker";
+  EXPECT_THAT(*LaunchCommand(*PlanLaunch(dmlc), Binaries()),
+              Not(Contains(HasSubstr("--launch_id"))));
+  // None, or an empty one: no flag.
+  dmlc = Dmlc("scheduler");
+  dmlc["PS_LAUNCH_ID"] = "";
+  EXPECT_THAT(*LaunchCommand(*PlanLaunch(dmlc), Binaries()),
+              Not(Contains(HasSubstr("--launch_id"))));
+}
+
 TEST(LaunchEnvTest, TheJobsOwnWorkerAndEvaluatorCommands) {
   auto worker = PlanLaunch({{"TF_CONFIG", TfConfig("worker", 2)}});
   ASSERT_TRUE(worker.ok());

@@ -23,23 +23,37 @@
 // directory or bazel-bin), DIR being --bin_dir, else psnode's own directory
 // and then the bazel-bin root above it.
 //
+// PS_LAUNCH_ID, when set, is the scheduler's --launch_id: a scheduler
+// restarted within the launch takes its journal back, one of a new launch
+// never does (deploy/README.md). A command starting with "python3" runs
+// $PS_PYTHON, else the first of PATH's python3 and /usr/bin/python3 that
+// imports what its script imports of NumPy and PyTorch (as
+// deploy/choose_python.sh picks for the demo); psnode installs nothing.
+//
 // Exit status: 2 for a usage or environment error (the message says which
-// variable), 1 when the binary cannot be found or exec'd; otherwise the
-// exec'd node's own.
+// variable), 1 when the binary cannot be found or exec'd, or no python3 can
+// run the job's Python command (one line naming each and the fix);
+// otherwise the exec'd node's own.
 #include <unistd.h>
 
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <iostream>
+#include <optional>
+#include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "common/config.h"
 #include "deploy/launch/launch_env.h"
+#include "deploy/launch/python_check.h"
 
 ABSL_FLAG(std::string, config, "", "Job config file (textproto). Required.");
 ABSL_FLAG(std::string, launch_from, "auto",
@@ -120,6 +134,81 @@ std::string ShellQuote(const std::string& arg) {
   return out + "'";
 }
 
+std::optional<std::string> ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return std::nullopt;
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// For a job's own command whose first element is "python3": sets
+// options->python to the interpreter that imports what its script needs
+// (deploy/launch/python_check.h). False, with one line on stderr naming
+// each interpreter and the fix, when none does; psnode installs nothing.
+bool ChooseInterpreter(const std::vector<std::string>& own,
+                       ps::LaunchCommandOptions* options) {
+  if (own.empty() || own[0] != "python3") return true;
+  const std::string script =
+      own.size() > 1
+          ? absl::StrReplaceAll(own[1], {{"{config_dir}", options->config_dir}})
+          : std::string();
+  const char* ps_python = std::getenv("PS_PYTHON");
+  absl::StatusOr<ps::PythonChoice> choice =
+      ps::ChoosePython(script, ps::PythonNeeds(script, ReadFile(script)),
+                       ps_python == nullptr ? "" : ps_python,
+                       ps::FindOnPath("python3"), ps::ProbePython);
+  if (!choice.ok()) {
+    std::cerr << "psnode: " << choice.status().message() << "\n";
+    return false;
+  }
+  if (!choice->notes.empty()) {
+    std::cerr << "psnode: " << choice->notes << ": the command runs "
+              << choice->python << "\n";
+  }
+  options->python = choice->python;
+  return true;
+}
+
+// The scheduler of a launch without an id would take back the journal of
+// an earlier launch of the same config (one killed within the unreachable
+// timeout) as its own.
+void WarnWithoutLaunchId(const ps::LaunchPlan& plan) {
+  if (plan.role != ps::LaunchRole::kScheduler || !plan.launch_id.empty())
+    return;
+  std::cerr << "psnode: no PS_LAUNCH_ID in the environment: this scheduler "
+               "may resume the journal of an earlier launch of the same "
+               "config; set PS_LAUNCH_ID to an id per launch (Kubernetes: the "
+               "pod's metadata.uid through the downward API)\n";
+}
+
+// Prints the command (--print) or execs it, setting the launch variables.
+int PrintOrExec(std::vector<std::string> command, const ps::LaunchPlan& plan,
+                const ps::LaunchCommandOptions& options, bool own_command) {
+  if (absl::GetFlag(FLAGS_print)) {
+    std::vector<std::string> quoted;
+    for (const std::string& arg : command) quoted.push_back(ShellQuote(arg));
+    std::cout << absl::StrJoin(quoted, " ") << std::endl;
+    return 0;
+  }
+  for (const auto& [variable, value] : ps::LaunchEnvironment(plan, options)) {
+    setenv(variable.c_str(), value.c_str(), 1);
+  }
+  std::vector<char*> exec_argv;
+  for (std::string& arg : command) exec_argv.push_back(arg.data());
+  exec_argv.push_back(nullptr);
+  std::cerr.flush();
+  // The job's own command is found on PATH, like a shell would.
+  if (own_command) {
+    execvp(exec_argv[0], exec_argv.data());
+  } else {
+    execv(exec_argv[0], exec_argv.data());
+  }
+  std::cerr << "psnode: cannot exec " << exec_argv[0] << ": "
+            << std::strerror(errno) << "\n";
+  return 1;
+}
+
 }  // namespace
 
 extern char** environ;
@@ -174,12 +263,15 @@ int main(int argc, char** argv) {
   options.evaluator_command.assign(config->launch().evaluator_command().begin(),
                                    config->launch().evaluator_command().end());
   options.config_dir = Dirname(absl::GetFlag(FLAGS_config));
-  if (const char* python = std::getenv("PS_PYTHON"); python != nullptr) {
-    options.python = python;
-  }
   const bool own_command = (plan->role == ps::LaunchRole::kWorker &&
                             !options.worker_command.empty()) ||
                            plan->role == ps::LaunchRole::kEvaluator;
+  if (own_command && !ChooseInterpreter(plan->role == ps::LaunchRole::kWorker
+                                            ? options.worker_command
+                                            : options.evaluator_command,
+                                        &options)) {
+    return 1;
+  }
   std::vector<std::string> looked;
   const std::string binary =
       own_command ? std::string("-") : FindBinary(name, package, dirs, &looked);
@@ -198,26 +290,6 @@ int main(int argc, char** argv) {
   if (!command.ok()) return UsageError(std::string(command.status().message()));
 
   std::cerr << "psnode: " << ps::DescribeLaunchPlan(*plan) << "\n";
-  if (absl::GetFlag(FLAGS_print)) {
-    std::vector<std::string> quoted;
-    for (const std::string& arg : *command) quoted.push_back(ShellQuote(arg));
-    std::cout << absl::StrJoin(quoted, " ") << std::endl;
-    return 0;
-  }
-  for (const auto& [variable, value] : ps::LaunchEnvironment(*plan, options)) {
-    setenv(variable.c_str(), value.c_str(), 1);
-  }
-  std::vector<char*> exec_argv;
-  for (std::string& arg : *command) exec_argv.push_back(arg.data());
-  exec_argv.push_back(nullptr);
-  std::cerr.flush();
-  // The job's own command is found on PATH, like a shell would.
-  if (own_command) {
-    execvp(exec_argv[0], exec_argv.data());
-  } else {
-    execv(exec_argv[0], exec_argv.data());
-  }
-  std::cerr << "psnode: cannot exec " << exec_argv[0] << ": " << std::strerror(errno)
-            << "\n";
-  return 1;
+  WarnWithoutLaunchId(*plan);
+  return PrintOrExec(std::move(*command), *plan, options, own_command);
 }

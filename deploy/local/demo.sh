@@ -20,7 +20,8 @@
 # when none does, it installs Debian's python3-numpy (and python3-torch)
 # for /usr/bin/python3 (install_deps.sh --python [--torch]) unless
 # PS_BIN_DIR or PS_PYTHON is set, and otherwise stops with one line naming
-# the interpreters and the fix.
+# the interpreters and the fix (deploy/choose_python.sh, which ps.sbatch
+# shares).
 # Worker progress goes to the terminal; every process's log goes to
 # $PS_RUN_DIR (default: a new directory under .runs/). Every process started
 # is stopped on exit, Ctrl-C or failure. The last line of output is the
@@ -70,67 +71,8 @@ DESCRIPTION="$("$SCHEDULER" --config="$CONFIG" --describe)" || {
   echo "demo: invalid config $CONFIG" >&2; exit 2; }
 eval "$DESCRIPTION"   # sets servers, workers, mode, worker_command
 
-# The modules of NumPy and PyTorch that the Python script $1 imports, one a
-# line: numpy for numpy or the ps package, torch for torch or ps.torch. A
-# command that is not a readable .py file needs numpy (the ps package).
-python_needs() {
-  local script="$1" imports
-  case "$script" in
-    *.py) [ -r "$script" ] || { echo numpy; return; } ;;
-    *) echo numpy; return ;;
-  esac
-  imports="$(grep -E '^[[:space:]]*(import|from)[[:space:]]' "$script" || true)"
-  if grep -qE '\b(numpy|ps|torch)\b' <<<"$imports"; then echo numpy; fi
-  if grep -qE '\btorch\b' <<<"$imports"; then echo torch; fi
-  return 0
-}
-
-# Prints which of the modules $2... the interpreter $1 cannot import
-# (nothing when it has them all); fails when $1 does not run.
-python_missing() {
-  local python="$1"
-  shift
-  "$python" -c '
-import importlib, sys
-missing = []
-for name in sys.argv[1:]:
-    try:
-        importlib.import_module(name)
-    except Exception:
-        missing.append(name)
-print(" ".join(missing))' "$@" 2>/dev/null
-}
-
-# Sets PYTHON to the first of the candidate interpreters that imports every
-# module of NEEDS, and NOTES to what each one before it lacks; fails when
-# none does.
-pick_python() {
-  local candidates=() c missing seen=" "
-  if [ -n "${PS_PYTHON:-}" ]; then
-    candidates=("$PS_PYTHON")
-  else
-    c="$(command -v python3 || true)"
-    [ -n "$c" ] && candidates+=("$c")
-    candidates+=(/usr/bin/python3)
-  fi
-  PYTHON=""
-  NOTES=()
-  for c in "${candidates[@]}"; do
-    [[ "$seen" == *" $c "* ]] && continue
-    seen+="$c "
-    if ! command -v "$c" >/dev/null; then
-      NOTES+=("$c is not installed")
-    elif ! missing="$(python_missing "$c" "${NEEDS[@]}")"; then
-      NOTES+=("$c does not run")
-    elif [ -n "$missing" ]; then
-      NOTES+=("$c has no ${missing// /, no }")
-    else
-      PYTHON="$c"
-      return 0
-    fi
-  done
-  return 1
-}
+# shellcheck source=deploy/choose_python.sh
+. "$ROOT/deploy/choose_python.sh"
 
 # The config's launch.worker_command (a Python script on the ps package, say)
 # runs instead of the trainer, given the same flags and PS_* variables.
@@ -139,29 +81,11 @@ WORKER=("$TRAINER")
 if [ ${#worker_command[@]} -gt 0 ]; then
   WORKER=("${worker_command[@]//\{config_dir\}/$CONFIG_DIR}")
   if [ "${WORKER[0]}" = python3 ]; then
-    mapfile -t NEEDS < <(python_needs "${WORKER[1]:-}")
-    install=(--python)
-    [[ " ${NEEDS[*]} " == *" torch "* ]] && install+=(--torch)
-    if ! pick_python && [ -z "${PS_BIN_DIR:-}" ] && [ -z "${PS_PYTHON:-}" ]; then
-      # Debian's python3 gets NumPy and PyTorch from Debian, like the job's
-      # other packages.
-      "$ROOT/deploy/install_deps.sh" "${install[@]}"
-      pick_python || true
-    fi
-    notes="$(printf '%s; ' "${NOTES[@]}")"
-    notes="${notes%; }"
-    needs="$(printf '%s, ' "${NEEDS[@]}")"
-    needs="${needs%, }"
-    if [ -z "$PYTHON" ]; then
-      if [ -n "${PS_PYTHON:-}" ]; then
-        fix="pip install ${NEEDS[*]} for PS_PYTHON=$PS_PYTHON, or unset PS_PYTHON"
-      else
-        fix="deploy/install_deps.sh ${install[*]} (for Debian's /usr/bin/python3), or PS_PYTHON=a python3 that has ${needs:-what it needs}"
-      fi
-      echo "demo: no python3 can run $(basename "${WORKER[1]:-python3}")${needs:+, which needs $needs}: $notes; fix: $fix" >&2
-      exit 1
-    fi
-    [ -z "$notes" ] || echo "demo: $notes: workers run $PYTHON" >&2
+    # Debian's python3 gets NumPy and PyTorch from Debian, like the job's
+    # other packages: installed only when this demo builds the job itself.
+    installer=""
+    [ -z "${PS_BIN_DIR:-}" ] && [ -z "${PS_PYTHON:-}" ] && installer="$ROOT/deploy/install_deps.sh"
+    choose_python demo "${WORKER[1]:-}" "$installer" || exit 1
     WORKER[0]="$PYTHON"
   fi
   export PYTHONPATH="${PS_PYTHONPATH:-$ROOT/python}${PYTHONPATH:+:$PYTHONPATH}"

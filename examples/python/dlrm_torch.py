@@ -107,12 +107,12 @@ class DLRM(nn.Module):
     keys must then be row indices).
     """
 
-    def __init__(self, num_numeric: int = 13, dim: int = 16,
+    def __init__(self, num_numeric: int = 13, embedding_dim: int = 16,
                  bottom: Sequence[int] = (64,), top: Sequence[int] = (64,),
                  groups: Sequence[Tuple[str, Sequence[int]]] = FIELD_GROUPS,
                  local_rows: int = 0) -> None:
         super().__init__()
-        self.dim = dim
+        self.embedding_dim = dim = embedding_dim
         self.group_sizes = [len(fields) for _, fields in groups]
         if local_rows:
             self.tables = nn.ModuleList(
@@ -121,7 +121,7 @@ class DLRM(nn.Module):
                 nn.init.normal_(t.weight, std=0.1)
         else:
             self.tables = nn.ModuleList(
-                ps.torch.EmbeddingBag(name, dim=dim, mode="sum") for name, _ in groups)
+                ps.torch.EmbeddingBag(name, embedding_dim=dim, mode="sum") for name, _ in groups)
         self.bottom = mlp([num_numeric, *bottom, dim], last_relu=True)
         n = sum(self.group_sizes) + 1  # the fields' vectors and the bottom output
         li, lj = torch.tril_indices(n, n, offset=-1)
@@ -140,7 +140,7 @@ class DLRM(nn.Module):
             else:
                 # One bag per (example, field): rows b * F_g + j.
                 bags = table(g.reshape(b * fields, -1))
-            vectors.append(bags.view(b, fields, self.dim))
+            vectors.append(bags.view(b, fields, self.embedding_dim))
         vectors.append(z.unsqueeze(1))
         t = torch.cat(vectors, dim=1)                             # (B, n, dim)
         dots = torch.bmm(t, t.transpose(1, 2))[:, self.li, self.lj]  # (B, n(n-1)/2)
@@ -198,14 +198,6 @@ class Lookahead:
         return batch
 
 
-def load_dense(model: DLRM, sess: ps.Session) -> None:
-    """Copies the dense tables' current values into the MLPs."""
-    for prefix, name in DENSE_TABLES.items():
-        module = getattr(model, prefix.rstrip("."))
-        flat = torch.from_numpy(sess.table(name).pull().result())
-        nn.utils.vector_to_parameters(flat, module.parameters())
-
-
 def evaluate(model: DLRM, data: ps.data.SyntheticCtr, chunk: int = 8192) -> dict:
     """Scores the test split with the model's current dense values and the
     servers' rows (keys never trained get their initial rows, as the C++
@@ -251,7 +243,7 @@ def main() -> int:
     if sum(len(f) for _, f in FIELD_GROUPS) != data.num_categorical:
         raise SystemExit(f"{args.config}: FIELD_GROUPS covers {data.num_categorical} fields?")
     torch.manual_seed(args.seed)  # rank 0's values are the ones written
-    model = DLRM(num_numeric=data.num_numeric, dim=dims.pop())
+    model = DLRM(num_numeric=data.num_numeric, embedding_dim=dims.pop())
     prefetch = sess.mode == "ASYNC" and sess.prefetch
     trainer = ps.torch.Trainer(sess, model, DENSE_TABLES, prefetch=prefetch,
                                barrier_timeout=300)
@@ -293,7 +285,7 @@ def main() -> int:
         print(f"stopped after {steps} steps", flush=True)
         return 0
     if sess.finish():                      # True on the one worker that evaluates
-        load_dense(model, sess)            # every worker's last pushes are in now
+        trainer.pull_dense()               # every worker's last pushes are in now
         summary = {"model": "DLRM-torch", "mode": sess.mode, "workers": k,
                    "servers": sess.num_servers, "evaluator_rank": sess.rank,
                    "prefetch": trainer.prefetch_early,

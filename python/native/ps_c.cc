@@ -25,6 +25,7 @@
 #include "common/logging.h"
 #include "common/node_main.h"
 #include "common/protocol.h"
+#include "common/reasons.h"
 #include "common/status.h"
 #include "google/protobuf/util/json_util.h"
 #include "scheduler/client.h"
@@ -39,10 +40,11 @@ namespace {
 thread_local std::string last_error;
 thread_local int32_t last_reason = PS_REASON_NONE;
 
-// The reason a status carries (scheduler/client.h), as the ABI names it.
+// The reason a status carries (common/reasons.h), as the ABI names it.
 int32_t Reason(const absl::Status& s) {
   if (ps::IsDropped(s)) return PS_REASON_DROPPED;
   if (ps::IsSchedulerGone(s)) return PS_REASON_SCHEDULER_UNREACHABLE;
+  if (ps::IsJobFinished(s)) return PS_REASON_JOB_FINISHED;
   return PS_REASON_NONE;
 }
 

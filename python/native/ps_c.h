@@ -69,6 +69,9 @@ extern "C" {
 /* 14 UNAVAILABLE: the scheduler stayed unreachable for longer than
  * cluster.scheduler_unreachable_timeout_ms. */
 #define PS_REASON_SCHEDULER_UNREACHABLE 2
+/* 9 FAILED_PRECONDITION: the job has finished (ps_session_start on a job
+ * whose workers all finished): there is nothing left to join. */
+#define PS_REASON_JOB_FINISHED 3
 
 /* Claim results (ps_claim.result). */
 #define PS_CLAIM_WAIT 1

@@ -15,8 +15,8 @@ weights. See docs/python.md.
 """
 
 from .errors import (Aborted, AlreadyExists, Cancelled, DataLoss, Dropped,
-                     FailedPrecondition, ForkError, Internal, InvalidArgument, NotFound,
-                     OutOfRange, PermissionDenied, PsError, ResourceExhausted,
+                     FailedPrecondition, ForkError, Internal, InvalidArgument, JobFinished,
+                     NotFound, OutOfRange, PermissionDenied, PsError, ResourceExhausted,
                      SchedulerUnreachable, Timeout, Unauthenticated, Unavailable,
                      Unimplemented)
 from .session import (FINISHED_CLOCK, DataPosition, DenseTable, Future, Session,
@@ -29,7 +29,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Aborted", "AlreadyExists", "Cancelled", "DataLoss", "DataPosition", "DenseTable",
     "Dropped", "FINISHED_CLOCK", "FailedPrecondition", "ForkError", "Future", "Internal",
-    "InvalidArgument", "NotFound", "OutOfRange", "PermissionDenied", "PsError",
+    "InvalidArgument", "JobFinished", "NotFound", "OutOfRange", "PermissionDenied", "PsError",
     "ResourceExhausted", "SchedulerUnreachable", "Session", "SparseTable", "Timeout",
     "Unauthenticated", "Unavailable", "Unimplemented", "as_keys", "hash_key", "init",
     "observe",

@@ -2,7 +2,8 @@
 
 Every error from the native library arrives as a PsError subclass chosen by
 its status code and the reason the library gives with it (Dropped,
-SchedulerUnreachable: told apart as data, never by the message's words).
+SchedulerUnreachable, JobFinished: told apart as data, never by the
+message's words).
 The message is the C++ side's text, which names the table, key or element
 at fault ("non-finite gradient at element 3 ...") and, for waits under
 BSP/SSP, the ranks waited for. Each subclass also derives from
@@ -99,6 +100,11 @@ class Dropped(Aborted):
     the remaining work)."""
 
 
+class JobFinished(FailedPrecondition):
+    """The job has finished (every worker finished training): a session
+    started now has nothing to join. The message names the job."""
+
+
 class SchedulerUnreachable(Unavailable):
     """The scheduler stayed unreachable for longer than
     cluster.scheduler_unreachable_timeout_ms; the message names its address
@@ -112,12 +118,14 @@ _BY_CODE = {c.code: c for c in (
 
 # The library's reasons (ps_c.h PS_REASON_*), carried beside the status code.
 _BY_REASON = {_native.REASON_DROPPED: Dropped,
-              _native.REASON_SCHEDULER_UNREACHABLE: SchedulerUnreachable}
+              _native.REASON_SCHEDULER_UNREACHABLE: SchedulerUnreachable,
+              _native.REASON_JOB_FINISHED: JobFinished}
 
 
 def from_code(code: int, message: str, reason: int = _native.REASON_NONE) -> PsError:
     """The exception for Abseil status `code` with `message`; `reason` (a
-    PS_REASON_* of the library) picks Dropped or SchedulerUnreachable."""
+    PS_REASON_* of the library) picks Dropped, SchedulerUnreachable or
+    JobFinished."""
     cls = _BY_REASON.get(reason) or _BY_CODE.get(code, PsError)
     return cls(message or f"status code {code}", code)
 

@@ -227,6 +227,18 @@ def test_the_constants_match_the_header():
         assert float(getattr(_native, name[3:])) == float(value), name
 
 
+def test_each_reason_picks_its_exception_whatever_the_words():
+    from ps import errors
+    for reason, cls, code in ((_native.REASON_DROPPED, ps.Dropped, 10),
+                              (_native.REASON_SCHEDULER_UNREACHABLE, ps.SchedulerUnreachable, 14),
+                              (_native.REASON_JOB_FINISHED, ps.JobFinished, 9)):
+        e = errors.from_code(code, "any words", reason)
+        assert type(e) is cls and e.code == code and e.message == "any words"
+    # The words alone pick only the code's class.
+    e = errors.from_code(9, "the job has finished", _native.REASON_NONE)
+    assert type(e) is ps.FailedPrecondition
+
+
 def test_the_job_config_is_read_by_the_library_as_every_process_reads_it(write_config):
     # A commented-out field, and text a pattern would take for the block's
     # end: only a real textproto parser reads this as the C++ processes do.
