@@ -265,6 +265,11 @@ void DefaultCluster(ClusterConfig* cl) {
     cl->set_scheduler_unreachable_timeout_ms(
         std::max(60000u, cl->heartbeat_timeout_ms()));
   }
+  if (cl->isolation_hold_ms() == 0) {
+    const uint64_t hold = 5ull * cl->heartbeat_timeout_ms();
+    cl->set_isolation_hold_ms(static_cast<uint32_t>(
+        std::min<uint64_t>(hold, cl->scheduler_unreachable_timeout_ms())));
+  }
   if (cl->on_worker_loss() == WORKER_LOSS_POLICY_UNSPECIFIED) {
     cl->set_on_worker_loss(REASSIGN);
   }
@@ -432,6 +437,9 @@ void CheckCluster(const ClusterConfig& cl, Checker* c) {
   c->Require(cl.scheduler_unreachable_timeout_ms() >= cl.heartbeat_timeout_ms(),
              "cluster.scheduler_unreachable_timeout_ms",
              "must be at least cluster.heartbeat_timeout_ms");
+  c->Require(cl.isolation_hold_ms() <= cl.scheduler_unreachable_timeout_ms(),
+             "cluster.isolation_hold_ms",
+             "must be at most cluster.scheduler_unreachable_timeout_ms");
   c->Require(cl.replication() <= 2, "cluster.replication",
              "must be 1 (one copy of every slot) or 2 (a backup copy on "
              "another server)");

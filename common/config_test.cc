@@ -114,19 +114,19 @@ TEST(ParseJobConfigTest, ShippedAsyncExampleParses) {
   EXPECT_FLOAT_EQ(config->tables(0).optimizer().adagrad().learning_rate(),
                   0.1f);
   // An explicit non-zero value is kept, not replaced by the 0.1 default.
-  EXPECT_FLOAT_EQ(
-      config->tables(0).optimizer().adagrad().initial_accumulator(), 1e-6f);
+  EXPECT_FLOAT_EQ(config->tables(0).optimizer().adagrad().initial_accumulator(),
+                  1e-6f);
   EXPECT_EQ(config->tables(1).dense().size(), 14u);
   EXPECT_EQ(config->training().epochs(), 3u);
   EXPECT_EQ(config->training().dense_table(), "ctr_dense");
 }
 
 TEST(ParseJobConfigTest, FillsDocumentedDefaults) {
-  const std::string text = absl::StrCat(
-      kMinimalCluster,
-      "tables { id: 3 name: \"w\" dense { size: 14 }"
-      "  optimizer { adagrad { learning_rate: 0.5 } } }\n"
-      "data { synthetic_ctr {} }\n");
+  const std::string text =
+      absl::StrCat(kMinimalCluster,
+                   "tables { id: 3 name: \"w\" dense { size: 14 }"
+                   "  optimizer { adagrad { learning_rate: 0.5 } } }\n"
+                   "data { synthetic_ctr {} }\n");
   absl::StatusOr<JobConfig> config = ParseJobConfig(text, "job.pbtxt");
   ASSERT_TRUE(config.ok()) << config.status();
 
@@ -338,6 +338,34 @@ TEST(ValidateJobConfigTest, HeartbeatTimeoutMustExceedInterval) {
                              " heartbeat_timeout_ms: 101 }",
                              "j")
                   .ok());
+}
+
+TEST(ValidateJobConfigTest, IsolationHoldDefaultsToFiveTimeoutsAtMostUnreachable) {
+  auto cluster = [](const std::string& fields) -> absl::StatusOr<JobConfig> {
+    return ParseJobConfig(
+        absl::StrCat("cluster { num_servers: 1 num_workers: 1 ", fields, " }"),
+        "j");
+  };
+  absl::StatusOr<JobConfig> config = cluster("");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->cluster().isolation_hold_ms(), 25000u);  // 5 x 5000
+  // Capped at scheduler_unreachable_timeout_ms (60000 by default).
+  config = cluster("heartbeat_timeout_ms: 20000");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->cluster().isolation_hold_ms(), 60000u);
+  config = cluster("isolation_hold_ms: 60000");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->cluster().isolation_hold_ms(), 60000u);
+
+  EXPECT_EQ(RejectionOf("cluster { num_servers: 1 num_workers: 1"
+                        " isolation_hold_ms: 60001 }"),
+            "job.pbtxt: cluster.isolation_hold_ms: must be at most "
+            "cluster.scheduler_unreachable_timeout_ms");
+  EXPECT_EQ(RejectionOf("cluster { num_servers: 1 num_workers: 1"
+                        " scheduler_unreachable_timeout_ms: 10000"
+                        " isolation_hold_ms: 10001 }"),
+            "job.pbtxt: cluster.isolation_hold_ms: must be at most "
+            "cluster.scheduler_unreachable_timeout_ms");
 }
 
 TEST(ValidateJobConfigTest, NumSlotsAtLeastNumServers) {

@@ -240,48 +240,130 @@ absl::Status ClusterState::Leave(const LeaveRequest& request) {
 }
 
 std::vector<uint64_t> ClusterState::ExpireSilentNodes() {
+  const absl::Time now = clock_->Now();
   const absl::Time deadline =
-      clock_->Now() -
-      absl::Milliseconds(config_.cluster().heartbeat_timeout_ms());
+      now - absl::Milliseconds(config_.cluster().heartbeat_timeout_ms());
   std::vector<uint64_t> dead;
   absl::MutexLock lock(&mu_);
   JournalScope journal(this);
+  const bool stalled = NoticeStallLocked(now);
   // Nobody is declared dead while the journal cannot record it.
-  if (!journal.Admit().ok() || clock_->Now() < recovery_grace_until_) {
-    return dead;
+  if (stalled || !journal.Admit().ok() || now < grace_until_) return dead;
+  size_t live = 0;
+  for (const auto& [id, node] : nodes_) {
+    if (node.info.state() != ALIVE) continue;
+    ++live;
+    if (node.last_heartbeat < deadline) dead.push_back(id);
   }
-  for (auto& [id, node] : nodes_) {
-    if (node.info.state() == ALIVE && node.last_heartbeat < deadline) {
-      node.info.set_state(DEAD);
-      dead.push_back(id);
-      ++declared_dead_;
-      if (node.info.role() == WORKER) ReleaseShardLocked(id, false, nullptr);
-      Log()->warn("{} rank {} (node {}) declared dead: no heartbeat for {}",
-                  RoleName(node.info.role()), node.info.rank(), id,
-                  absl::FormatDuration(clock_->Now() - node.last_heartbeat));
-    }
-  }
-  if (!dead.empty()) {
-    // Every death is recorded before any slot moves, so no slot is handed
-    // to a server that died in the same sweep.
-    if (view_.job_state() == RUNNING && Replicated()) {
-      for (uint64_t id : dead) {
-        if (nodes_[id].info.role() == SERVER) FailServerLocked(nodes_[id].info.rank());
-      }
-    }
-    if (checkpoint_.has_value()) {
-      for (uint64_t id : dead) {
-        if (nodes_[id].info.role() == SERVER) {
-          AbortCheckpointLocked(
-              absl::StrCat("server ", nodes_[id].info.rank(), " died"));
-          break;
-        }
-      }
-    }
-    UpdateJobStateLocked();
-    BumpEpochLocked();
-  }
+  if (HoldForIsolationLocked(now, dead.size(), live)) return {};
+  if (!dead.empty()) DeclareDeadLocked(dead, now);
   return dead;
+}
+
+void ClusterState::ExpectSweepsEvery(absl::Duration period) {
+  const ClusterConfig& cl = config_.cluster();
+  const absl::Duration margin = absl::Milliseconds(cl.heartbeat_timeout_ms() -
+                                                   cl.heartbeat_interval_ms()) /
+                                2;
+  absl::MutexLock lock(&mu_);
+  stall_gap_ = std::max(2 * period, margin);
+}
+
+void ClusterState::GrantGraceLocked(absl::Time now, absl::Duration extra) {
+  grace_until_ = std::max(
+      grace_until_,
+      now + absl::Milliseconds(config_.cluster().heartbeat_timeout_ms()) +
+          extra);
+}
+
+bool ClusterState::NoticeStallLocked(absl::Time now) {
+  const absl::Duration gap = now - last_sweep_;
+  last_sweep_ = now;
+  if (gap <= stall_gap_ || gap == absl::InfiniteDuration()) return false;
+  ++stalls_;
+  GrantGraceLocked(now, absl::ZeroDuration());
+  Log()->warn(
+      "the failure detector did not run for {} (expected every {} at most): "
+      "this scheduler was paused or starved; every node gets a fresh heartbeat "
+      "timeout before any is declared dead",
+      absl::FormatDuration(absl::Trunc(gap, absl::Milliseconds(1))),
+      absl::FormatDuration(stall_gap_));
+  return true;
+}
+
+bool ClusterState::HoldForIsolationLocked(absl::Time now, size_t silent,
+                                          size_t live) {
+  const absl::Duration hold =
+      absl::Milliseconds(config_.cluster().isolation_hold_ms());
+  const bool suspected = isolated_since_ != absl::InfiniteFuture();
+  const bool mass = silent > 0 && 2 * silent > live;
+  if (suspected && !mass) {
+    // Heartbeats are back from most nodes: the rest get a fresh timeout,
+    // as they may be a heartbeat interval behind.
+    Log()->warn(
+        "heartbeats are back ({} of {} live nodes still silent) after {} of "
+        "suspected isolation: failure detection resumes",
+        silent, live,
+        absl::FormatDuration(
+            absl::Trunc(now - isolated_since_, absl::Milliseconds(1))));
+    isolated_since_ = absl::InfiniteFuture();
+    GrantGraceLocked(now, absl::ZeroDuration());
+    return true;
+  }
+  if (!mass || hold <= absl::ZeroDuration()) return false;
+  if (!suspected) {
+    isolated_since_ = now;
+    ++isolation_suspicions_;
+    Log()->warn(
+        "{} of {} live nodes went silent within one heartbeat timeout: this "
+        "scheduler is more likely cut off from them than they all died; no "
+        "node is declared dead for up to {} (cluster.isolation_hold_ms) while "
+        "heartbeats may come back",
+        silent, live, absl::FormatDuration(hold));
+    return true;
+  }
+  if (now - isolated_since_ < hold) return true;
+  Log()->warn(
+      "{} of {} live nodes still silent after {} of suspected isolation "
+      "(cluster.isolation_hold_ms): declaring them dead",
+      silent, live,
+      absl::FormatDuration(
+          absl::Trunc(now - isolated_since_, absl::Milliseconds(1))));
+  isolated_since_ = absl::InfiniteFuture();
+  return false;
+}
+
+void ClusterState::DeclareDeadLocked(const std::vector<uint64_t>& dead,
+                                     absl::Time now) {
+  for (uint64_t id : dead) {
+    Node& node = nodes_[id];
+    node.info.set_state(DEAD);
+    ++declared_dead_;
+    if (node.info.role() == WORKER) ReleaseShardLocked(id, false, nullptr);
+    Log()->warn("{} rank {} (node {}) declared dead: no heartbeat for {}",
+                RoleName(node.info.role()), node.info.rank(), id,
+                absl::FormatDuration(now - node.last_heartbeat));
+  }
+  // Every death is recorded before any slot moves, so no slot is handed
+  // to a server that died in the same sweep.
+  if (view_.job_state() == RUNNING && Replicated()) {
+    for (uint64_t id : dead) {
+      if (nodes_[id].info.role() == SERVER) {
+        FailServerLocked(nodes_[id].info.rank());
+      }
+    }
+  }
+  if (checkpoint_.has_value()) {
+    for (uint64_t id : dead) {
+      if (nodes_[id].info.role() == SERVER) {
+        AbortCheckpointLocked(
+            absl::StrCat("server ", nodes_[id].info.rank(), " died"));
+        break;
+      }
+    }
+  }
+  UpdateJobStateLocked();
+  BumpEpochLocked();
 }
 
 void ClusterState::BumpEpochLocked() {
@@ -474,6 +556,13 @@ ClusterState::Monitoring ClusterState::Monitor() const {
   m.heartbeats = heartbeats_;
   m.barriers_completed = completed_barriers_.size();
   m.nodes_declared_dead = declared_dead_;
+  m.isolation_suspected = isolated_since_ != absl::InfiniteFuture();
+  if (m.isolation_suspected) {
+    m.isolation_suspected_seconds =
+        std::max(0.0, absl::ToDoubleSeconds(now - isolated_since_));
+  }
+  m.isolation_suspicions = isolation_suspicions_;
+  m.stalls = stalls_;
   return m;
 }
 

@@ -200,6 +200,14 @@ class ClusterState {
     uint64_t heartbeats = 0;
     uint64_t barriers_completed = 0;
     uint64_t nodes_declared_dead = 0;
+    // The scheduler's own faults (see ExpireSilentNodes): whether it
+    // suspects now that it is cut off from the cluster, and since when
+    // (seconds); how many times it suspected so; how many of its own
+    // stalls it noticed.
+    bool isolation_suspected = false;
+    double isolation_suspected_seconds = 0;
+    uint64_t isolation_suspicions = 0;
+    uint64_t stalls = 0;
   };
   Monitoring Monitor() const;
 
@@ -211,8 +219,33 @@ class ClusterState {
   std::vector<std::string> CheckProgress();
 
   // Declares nodes whose last heartbeat is older than the timeout dead.
-  // Returns the ids declared dead now. Called periodically.
+  // Returns the ids declared dead now. Called periodically (see
+  // ExpectSweepsEvery).
+  //
+  // The scheduler does not judge others across its own faults:
+  // - A stall: when the time since the previous call is far longer than the
+  //   sweep period (the scheduler was paused, or this thread starved; see
+  //   ExpectSweepsEvery), every node gets a fresh heartbeat timeout before
+  //   any death is declared, as after Recover. Heartbeats sent meanwhile
+  //   are still queued, or on their way.
+  // - Suspected isolation: when more than half of the live nodes (or all
+  //   of them) are silent past the timeout at once, the scheduler more
+  //   likely cannot hear them than they all died: it declares no one dead
+  //   for up to cluster.isolation_hold_ms (the servers' leases keep a
+  //   server it cannot see from serving, so safety does not hang on the
+  //   declarations). Once at most half are silent, the suspicion ends and
+  //   every node gets a fresh timeout (the rest may be a heartbeat
+  //   interval behind); a silence that outlasts the hold is declared as
+  //   deaths. A hold of 0 declares at once.
   std::vector<uint64_t> ExpireSilentNodes();
+  // ExpireSilentNodes is called about every `period` (the scheduler's
+  // monitor loop): a gap between two calls longer than
+  // max(2 * period, (heartbeat_timeout - heartbeat_interval) / 2) is taken
+  // as the scheduler's own stall. That bound is short enough that a node
+  // heard from just before a shorter gap is still within its timeout.
+  // Without this call no gap counts as a stall (a test moving a fake clock
+  // in jumps). Call before serving.
+  void ExpectSweepsEvery(absl::Duration period);
 
   // Wakes every blocked Await* call and makes later ones return at once
   // (AwaitBarrier with UNAVAILABLE), so a server shutting down does not wait
@@ -275,6 +308,18 @@ class ClusterState {
     bool committed_ = false;
   };
   void BumpEpochLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // No node is declared dead before a heartbeat timeout plus `extra` from
+  // `now` (a later grace already granted stays).
+  void GrantGraceLocked(absl::Time now, absl::Duration extra)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // ExpireSilentNodes' parts: whether this call comes after a stall (then
+  // grants grace); whether the `silent` nodes of `live` are to be held
+  // rather than declared dead now (see ExpireSilentNodes); declaring them.
+  bool NoticeStallLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool HoldForIsolationLocked(absl::Time now, size_t silent, size_t live)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DeclareDeadLocked(const std::vector<uint64_t>& dead, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Writes the journal if the state changed since the last write; the
   // write's error (journal_error_ then holds it).
   absl::Status FlushJournalLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -401,9 +446,18 @@ class ClusterState {
   // "too late" included) and ignores it afterwards, so a retry at the same
   // clock would wait for reports that never come.
   uint64_t abandoned_checkpoint_ ABSL_GUARDED_BY(mu_) = 0;
-  // After Recover: until then no node taken back is declared dead (see
-  // kRecoveryGrace).
-  absl::Time recovery_grace_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  // Until then no node is declared dead: after Recover (see
+  // kRecoveryGrace), after a stall, after a suspected isolation ends.
+  absl::Time grace_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  // ExpireSilentNodes' view of the scheduler's own faults: the gap taken
+  // as a stall (InfiniteDuration: none, see ExpectSweepsEvery), the time of
+  // the previous call, since when isolation is suspected (InfiniteFuture:
+  // not suspected), and the counts Monitor() reports.
+  absl::Duration stall_gap_ ABSL_GUARDED_BY(mu_) = absl::InfiniteDuration();
+  absl::Time last_sweep_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  absl::Time isolated_since_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  uint64_t isolation_suspicions_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t stalls_ ABSL_GUARDED_BY(mu_) = 0;
 
   JournalWriter journal_;  // set before serving, then only read
   // The state changed since the journal was last written.

@@ -294,8 +294,7 @@ absl::Status ClusterState::Recover(const SchedulerJournal& j) {
     view_.set_checkpoint_clock(0);
   }
   min_clock_since_ = now;
-  recovery_grace_until_ =
-      now + absl::Milliseconds(config_.cluster().heartbeat_timeout_ms()) + kRecoveryGrace;
+  GrantGraceLocked(now, kRecoveryGrace);
   view_.set_scheduler_restarts(view_.scheduler_restarts() + 1);
   view_.set_recovered_nodes(alive);
   view_.set_recovered_epoch(view_.epoch() + 1);

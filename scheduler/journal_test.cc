@@ -246,6 +246,10 @@ TEST_F(RecoveryTest, ARestartedStateServesTheSameJob) {
   clock_.Advance(absl::Milliseconds(1500));
   EXPECT_TRUE(restarted->ExpireSilentNodes().empty());
   clock_.Advance(ClusterStateGrace());
+  // Every node silent at once is first held as the scheduler's suspected
+  // isolation (cluster.isolation_hold_ms), then declared dead.
+  EXPECT_TRUE(restarted->ExpireSilentNodes().empty());
+  clock_.Advance(absl::Milliseconds(config_.cluster().isolation_hold_ms()));
   EXPECT_EQ(restarted->ExpireSilentNodes().size(), 4u);
 }
 

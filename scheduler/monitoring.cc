@@ -189,6 +189,16 @@ void AppendSummary(const ClusterSnapshot& snap, const std::string& job_state,
   row("Heartbeats received", absl::StrCat(mon.heartbeats));
   row("Barriers completed", absl::StrCat(mon.barriers_completed));
   row("Nodes declared dead", absl::StrCat(mon.nodes_declared_dead));
+  if (mon.isolation_suspected) {
+    row("Isolation",
+        absl::StrFormat(
+            "<span class=\"dead\">suspected for %.1f s</span>: most nodes are "
+            "silent at once; none is declared dead while heartbeats may come "
+            "back (cluster.isolation_hold_ms)",
+            mon.isolation_suspected_seconds));
+  }
+  row("Suspected isolations", absl::StrCat(mon.isolation_suspicions));
+  row("Scheduler stalls noticed", absl::StrCat(mon.stalls));
 }
 
 // One row of the nodes table. `worker_clocks` maps a worker rank to its
@@ -402,6 +412,26 @@ void RegisterEventCounters(const SchedulerMonitor* monitor,
       Type::kCounter, [monitor] {
         return double(monitor->Snapshot().monitoring.nodes_declared_dead);
       });
+  r->AddCallback(
+      "ps_scheduler_isolation_suspected",
+      "1 while the scheduler suspects it is cut off (most nodes silent at "
+      "once) and declares no node dead (cluster.isolation_hold_ms), else 0.",
+      Type::kGauge, [monitor] {
+        return monitor->Snapshot().monitoring.isolation_suspected ? 1.0 : 0.0;
+      });
+  r->AddCallback(
+      "ps_scheduler_isolation_suspicions_total",
+      "Times most nodes went silent at once and the scheduler suspected its "
+      "own isolation.",
+      Type::kCounter, [monitor] {
+        return double(monitor->Snapshot().monitoring.isolation_suspicions);
+      });
+  r->AddCallback(
+      "ps_scheduler_stalls_total",
+      "Times the scheduler noticed its own stall (its failure detector did not "
+      "run for long) and gave every node a fresh heartbeat timeout.",
+      Type::kCounter,
+      [monitor] { return double(monitor->Snapshot().monitoring.stalls); });
 }
 
 // Per-worker clocks and pace, and per-node heartbeat age.

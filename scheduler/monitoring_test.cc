@@ -178,6 +178,34 @@ TEST_F(MonitoringTest, Metrics) {
                               "ps_scheduler_nodes_declared_dead_total 0\n"));
 }
 
+TEST_F(MonitoringTest, SuspectedIsolationShowsOnThePageAndInTheMetrics) {
+  SchedulerMonitor monitor(state_.get(), config_, &clock_);
+  metrics::Registry registry;
+  monitor.RegisterMetrics(&registry);
+  EXPECT_THAT(monitor.StatusPage(), HasSubstr("Suspected isolations</td><td>0</td>"));
+  // Every node silent at once: suspected isolation, nobody declared dead.
+  clock_.Advance(absl::Milliseconds(1200));
+  EXPECT_TRUE(state_->ExpireSilentNodes().empty());
+  clock_.Advance(absl::Milliseconds(500));  // past the snapshot's reuse window
+  EXPECT_THAT(monitor.StatusPage(),
+              HasSubstr("<td>Isolation</td><td><span class=\"dead\">suspected for 0.5 s"));
+  std::string text = registry.Expose();
+  EXPECT_THAT(text, HasSubstr("ps_scheduler_isolation_suspected 1\n"));
+  EXPECT_THAT(text, HasSubstr("# TYPE ps_scheduler_isolation_suspicions_total counter\n"
+                              "ps_scheduler_isolation_suspicions_total 1\n"));
+  EXPECT_THAT(text, HasSubstr("ps_scheduler_stalls_total 0\n"));
+  // Heartbeats are back.
+  for (uint64_t node : {s0_, s1_, w0_, w1_}) Heartbeat(node);
+  EXPECT_TRUE(state_->ExpireSilentNodes().empty());
+  clock_.Advance(absl::Milliseconds(500));
+  const std::string page = monitor.StatusPage();
+  EXPECT_THAT(page, Not(HasSubstr("<td>Isolation</td>")));
+  EXPECT_THAT(page, HasSubstr("Suspected isolations</td><td>1</td>"));
+  text = registry.Expose();
+  EXPECT_THAT(text, HasSubstr("ps_scheduler_isolation_suspected 0\n"));
+  EXPECT_THAT(text, HasSubstr("ps_scheduler_isolation_suspicions_total 1\n"));
+}
+
 TEST_F(MonitoringTest, ASchedulerRestartShowsOnThePageAndInTheMetrics) {
   {
     SchedulerMonitor monitor(state_.get(), config_, &clock_);

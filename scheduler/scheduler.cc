@@ -154,6 +154,14 @@ ClusterState::CheckpointStore FileStore(const JobConfig& config) {
   return store;
 }
 
+// How often the failure detector runs. A quarter of the heartbeat interval
+// bounds detection latency to timeout + interval/4.
+absl::Duration DetectorPeriod(const JobConfig& config) {
+  return std::max(
+      absl::Milliseconds(config.cluster().heartbeat_interval_ms()) / 4,
+      absl::Milliseconds(10));
+}
+
 }  // namespace
 
 SchedulerServer::SchedulerServer(Options options)
@@ -184,6 +192,7 @@ absl::StatusOr<std::unique_ptr<SchedulerServer>> SchedulerServer::Start(
   PS_RETURN_IF_ERROR(s->Listen(recovered ? s->state_->ListenPort() : 0));
   s->state_->SetListenPort(s->port_);
   if (s->options_.run_failure_detector) {
+    s->state_->ExpectSweepsEvery(DetectorPeriod(s->options_.config));
     s->detector_ = std::thread([p = s.get()] { p->DetectFailures(); });
   }
   return s;
@@ -363,11 +372,7 @@ std::string SchedulerServer::address() const {
 }
 
 void SchedulerServer::DetectFailures() {
-  // Checking at a quarter of the heartbeat interval bounds detection latency
-  // to timeout + interval/4.
-  const absl::Duration period = std::max(
-      absl::Milliseconds(options_.config.cluster().heartbeat_interval_ms()) / 4,
-      absl::Milliseconds(10));
+  const absl::Duration period = DetectorPeriod(options_.config);
   absl::Time last_sync = absl::Now();
   while (!stop_.WaitForNotificationWithTimeout(period)) {
     state_->ExpireSilentNodes();
