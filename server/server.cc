@@ -142,6 +142,26 @@ KVServer::Impl::Impl(Options options)
                   options_.config.cluster().replication() >= 2),
       ownership_(std::make_shared<Ownership>()) {}
 
+ReplicationPrimary::Deps KVServer::Impl::ReplicationPrimaryDeps() {
+  ReplicationPrimary::Deps deps;
+  deps.context = &context_;
+  deps.curve = options_.curve.has_value() ? &*options_.curve : nullptr;
+  deps.clock = options_.clock;
+  deps.tables = &tables_;
+  deps.seqs = &seqs_;
+  deps.buffers = &buffers_;
+  deps.forwards = &counters_.forwards;
+  deps.unreplicated_pushes = &counters_.unreplicated_pushes;
+  deps.catchups_sent = &counters_.catchups_sent;
+  deps.rows_copied = &counters_.rows_copied;
+  deps.send = [this](zmq::message_t& identity, const ResponseHeader& rh,
+                     zmq::message_t& values, zmq::message_t& keys) {
+    Send(identity, rh, values, keys);
+  };
+  deps.first_promoted_served = [this] { LogFirstPromotedServed(); };
+  return deps;
+}
+
 KVServer::Impl::~Impl() {
   UnregisterMetrics();
   Stop();
@@ -354,7 +374,10 @@ void KVServer::Impl::ApplyView(const Ownership& own) {
   }
   NoteCheckpointClock(own);
   if (own.replicated && !own.slot_owner.empty()) {
-    SyncBackups(own);
+    const uint32_t num_slots = static_cast<uint32_t>(own.slot_owner.size());
+    replicas_.SizeSlots(num_slots);
+    if (promoted_.size() != num_slots) promoted_.assign(num_slots, false);
+    primary_.SyncBackups(own);
     ReleaseReplicas(own);
   }
   if (checkpoint_gate_.pending() == 0 && checkpoint_gate_.held_count() > 0)
@@ -390,10 +413,7 @@ void KVServer::Impl::Serve() {
     item_links.clear();
     items.push_back({socket_.handle(), 0, ZMQ_POLLIN, 0});
     items.push_back({nullptr, wake_fd_, ZMQ_POLLIN, 0});
-    for (auto& [node, link] : links_) {
-      items.push_back({link->socket().handle(), 0, ZMQ_POLLIN, 0});
-      item_links.push_back(node);
-    }
+    primary_.AddPollItems(&items, &item_links);
     try {
       zmq::poll(items.data(), items.size(), kPollPeriod);
       if (items[1].revents & ZMQ_POLLIN) {
@@ -402,22 +422,12 @@ void KVServer::Impl::Serve() {
       }
       const bool readable = (items[0].revents & ZMQ_POLLIN) != 0;
       std::shared_ptr<const Ownership> own = current_view();
-      // Backups' answers first: they release answers to workers. A link
-      // the view just dropped is gone from links_ (its socket with it).
+      // Backups' answers first: they release answers to workers.
       for (size_t i = 0; i < item_links.size(); ++i) {
-        if (!(items[2 + i].revents & ZMQ_POLLIN)) continue;
-        while (true) {
-          auto link = links_.find(item_links[i]);
-          if (link == links_.end()) break;
-          frames.clear();
-          auto n = zmq::recv_multipart(link->second->socket(),
-                                       std::back_inserter(frames),
-                                       zmq::recv_flags::dontwait);
-          if (!n) break;
-          OnBackupAnswer(item_links[i], frames);
-        }
+        if (items[2 + i].revents & ZMQ_POLLIN)
+          primary_.ReadAnswers(item_links[i]);
       }
-      if (own->replicated) MaybeResync(*own);
+      if (own->replicated) primary_.MaybeResync(*own);
       if (readable) {
         // Drain everything queued before polling again.
         while (!stop_.load(std::memory_order_relaxed)) {
@@ -541,69 +551,10 @@ bool KVServer::Impl::HandleMessage(zmq::message_t identity,
   if (!replicated_) {
     Send(identity, rh, values, keys);
   } else {
-    Answer(identity, rh, values, keys, std::move(ctx.needs),
-           ctx.first_promoted);
+    primary_.Answer(last_applied_.get(), identity, rh, values, keys,
+                    std::move(ctx.needs), ctx.first_promoted);
   }
   return ctx.progress_due;
-}
-
-void KVServer::Impl::Answer(zmq::message_t& identity, ResponseHeader& rh,
-                            zmq::message_t& values, zmq::message_t& keys,
-                            std::vector<Need> needs, bool first_promoted) {
-  std::vector<Need> open;
-  bool gone = false;
-  for (const Need& need : needs) {
-    auto link = links_.find(need.first);
-    if (link == links_.end()) {
-      gone = true;
-    } else if (link->second->acked() < need.second) {
-      open.push_back(need);
-    }
-  }
-  if (gone && rh.code() == 0) {
-    // A backup this answer waited for went away meanwhile (a deferred
-    // pull's push half): the update is held by the current backups once
-    // they have taken everything sent to them, catch-ups included.
-    if (last_applied_ == nullptr || last_applied_->node_id == 0) {
-      NotAcknowledged(&rh, &values, &keys,
-                      "this server is no longer a live member");
-    } else {
-      for (const auto& [node, link] : links_) {
-        if (!link->all_acked()) open.emplace_back(node, link->last_sent());
-      }
-    }
-  }
-  if (open.empty() || rh.code() != 0) {
-    Send(identity, rh, values, keys);
-    if (first_promoted && rh.code() == 0) LogFirstPromotedServed();
-    return;
-  }
-  const uint64_t id = next_wait_++;
-  Wait& w = waits_[id];
-  w.identity = std::move(identity);
-  w.rh = rh;
-  w.values = std::move(values);
-  w.keys = std::move(keys);
-  w.remaining = static_cast<int>(open.size());
-  w.first_promoted = first_promoted;
-  for (const Need& need : open)
-    links_[need.first]->waiters().emplace(need.second, id);
-}
-
-void KVServer::Impl::NotAcknowledged(ResponseHeader* rh, zmq::message_t* values,
-                                     zmq::message_t* keys,
-                                     const std::string& why) {
-  // Applied here, perhaps, but not held by a backup: the worker sends it
-  // again with the same sequence number, and whoever owns its slots then
-  // applies it or answers it as a duplicate.
-  SetResponseStatus(absl::UnavailableError(
-                        absl::StrCat(why, "; not acknowledged, send again")),
-                    rh);
-  rh->set_num_values(0);
-  rh->set_num_keys(0);
-  rh->set_duplicate(false);
-  *values = zmq::message_t();
-  *keys = zmq::message_t();
 }
 
 void KVServer::Impl::LogFirstPromotedServed() {
@@ -685,7 +636,8 @@ void KVServer::Impl::Progress(const Ownership& own) {
           absl::ToDoubleSeconds(options_.clock->Now() - it->since));
     }
     if (replicated_) {
-      Answer(it->identity, rh, values, keys, std::move(it->needs), false);
+      primary_.Answer(last_applied_.get(), it->identity, rh, values, keys,
+                      std::move(it->needs), false);
     } else {
       Send(it->identity, rh, values, keys);
     }
@@ -713,19 +665,7 @@ void KVServer::Impl::StepDone(uint64_t step, uint32_t divisor) {
   recent_divisors_[step] = divisor;
   while (recent_divisors_.size() > 64)
     recent_divisors_.erase(recent_divisors_.begin());
-  // Backups apply what they buffered of the step with the same divisor.
-  for (auto& [node, link] : links_) {
-    RequestHeader h;
-    h.set_replica(true);
-    h.set_epoch(last_applied_ != nullptr ? last_applied_->epoch : 0);
-    ReplicaInfo* r = h.mutable_replica_info();
-    r->set_kind(REPLICA_APPLY_STEP);
-    r->set_primary_node_id(last_applied_ != nullptr ? last_applied_->node_id
-                                                    : 0);
-    r->set_step(step);
-    r->set_divisor(divisor);
-    link->Send(h, zmq::message_t(), zmq::message_t(), false);
-  }
+  primary_.AnnounceStep(last_applied_.get(), step, divisor);
 }
 
 bool KVServer::Impl::PullAllowed(uint64_t clock) const {

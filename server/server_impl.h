@@ -36,11 +36,13 @@
 #include "server/peer_gate.h"
 #include "server/replica_store.h"
 #include "server/replication.h"
+#include "server/replication_primary.h"
 #include "server/request_admission.h"
 #include "server/response_code.h"
 #include "server/server.h"
 #include "server/server_counters.h"
 #include "server/server_metrics.h"
+#include "server/server_view.h"
 #include "server/step_buffers.h"
 #include "server/table.h"
 #include "zmq.hpp"
@@ -68,29 +70,7 @@ class KVServer::Impl {
   bool stopped() const { return stopped_.load(); }
 
  private:
-  struct Ownership {
-    bool all = false;  // standalone
-    uint32_t rank = 0;
-    uint64_t epoch = 0;
-    std::vector<uint32_t> slot_owner;  // empty: not ready
-    // slot_owner names this server for every slot: requests need no
-    // per-key ownership check (a one-server job).
-    bool owns_every_slot = false;
-    bool has_view = false;
-    std::vector<ConsistencyController::Worker> live_workers;
-    // Live worker node id -> rank.
-    absl::flat_hash_map<uint64_t, uint32_t> worker_rank;
-    ConsistencyConfig consistency;
-    uint64_t checkpoint_clock = 0;
-    CheckpointRef restore;
-    // Replication (cluster.replication 2; never standalone).
-    bool replicated = false;
-    std::vector<uint32_t> slot_backup;  // as slot_owner; kNoBackup = none
-    uint64_t node_id = 0;               // this server's; 0 = not live
-    // Live servers by rank: node id (0 = none) and data endpoint.
-    std::vector<uint64_t> server_node;
-    std::vector<std::string> server_endpoint;
-  };
+  using Ownership = ServerView;
   using SeqWindow = replication::SeqWindow;
   // A replica message put aside: from a view newer than this server's.
   // (Requests held for a checkpoint are the CheckpointGate's.)
@@ -101,20 +81,8 @@ class KVServer::Impl {
     // Counted in counters_.held_bytes while held.
     uint64_t bytes = 0;
   };
-  // An answer that waits for backups to answer the replica messages it
-  // depends on (BackupLink::waiters() point here).
-  struct Wait {
-    zmq::message_t identity;
-    ResponseHeader rh;
-    zmq::message_t values, keys;
-    int remaining = 0;
-    // A backup refused its copy: the worker is told to send again.
-    bool failed = false;
-    std::string error;
-    bool first_promoted = false;
-  };
   // (backup node id, replica message id) an answer depends on.
-  using Need = std::pair<uint64_t, uint64_t>;
+  using Need = ReplicationPrimary::Need;
   struct Deferred {
     zmq::message_t identity;
     std::vector<zmq::message_t> frames;  // a PULL request
@@ -251,50 +219,13 @@ class KVServer::Impl {
                              absl::Span<const uint64_t> keys,
                              absl::Span<const float> values, bool push,
                              uint64_t* n) const;
-  void Answer(zmq::message_t& identity, ResponseHeader& rh,
-              zmq::message_t& values, zmq::message_t& keys,
-              std::vector<Need> needs, bool first_promoted);
   void LogFirstPromotedServed();
-  // Turns an answer into UNAVAILABLE "not acknowledged, send again".
-  static void NotAcknowledged(ResponseHeader* rh, zmq::message_t* values,
-                              zmq::message_t* keys, const std::string& why);
 
-  // Replication, primary side (server/replication_primary.cc).
-  // Slot of every key (sparse) or segment (dense) of a request.
+  // Replication (the primary side is primary_'s). Slot of every key
+  // (sparse) or segment (dense) of a request.
   void SlotsOf(const RequestHeader& h, const Table& table,
                absl::Span<const uint64_t> keys, uint32_t num_slots,
                std::vector<uint32_t>* slots) const;
-  // Forwards an applied (or BSP-buffered) worker push or assign of `table`
-  // to the backups of its slots; adds what the answer waits for to *needs.
-  void Forward(const Ownership& own, const RequestHeader& h, ReplicaKind kind,
-               float lr_scale, const Table& table,
-               absl::Span<const uint64_t> keys, absl::Span<const float> values,
-               std::vector<zmq::message_t>& frames,
-               const std::vector<uint32_t>& slots, std::vector<Need>* needs);
-  // A duplicate push: its answer waits until the backups of its slots have
-  // answered everything sent to them so far. UNAVAILABLE while a backup is
-  // being copied again.
-  absl::Status NeedsForDuplicate(const Ownership& own,
-                                 const std::vector<uint32_t>& slots,
-                                 std::vector<Need>* needs);
-  // Links to the backups the view names, catch-ups of slots whose backup
-  // changed; answers waiting on a backup that is gone wait for the
-  // catch-ups instead (or go out, when there is none).
-  void SyncBackups(const Ownership& own);
-  // Copies the state of `slots` (owned here) to backup `link`.
-  void SendCatchUp(const Ownership& own, replication::BackupLink& link,
-                   const std::vector<uint32_t>& slots);
-  // The parts of a catch-up: the sequence records; the rows (sparse) or
-  // blocks (dense) of table `id` in the slots of `mask` (returns how
-  // many); the BSP sums buffered for those slots.
-  void SendSeqRecords(const Ownership& own, replication::BackupLink& link);
-  uint64_t SendTableCopy(const Ownership& own, replication::BackupLink& link,
-                         uint32_t id, const std::vector<bool>& mask);
-  void SendStepBuffers(const Ownership& own, replication::BackupLink& link,
-                       const std::vector<bool>& mask);
-  void OnBackupAnswer(uint64_t node, std::vector<zmq::message_t>& frames);
-  void ReleaseWait(uint64_t wait_id);
-  void MaybeResync(const Ownership& own);
 
   // Replication, backup side.
   void HandleReplica(zmq::message_t identity,
@@ -390,14 +321,6 @@ class KVServer::Impl {
   const bool replicated_;
   // The view applied last (promotions compare it with the next).
   std::shared_ptr<const Ownership> last_applied_;
-  // Primary side: backup node id -> link; slot -> the backup node that
-  // holds a copy of it (0 = none); answers waiting for backups.
-  absl::flat_hash_map<uint64_t, std::unique_ptr<replication::BackupLink>>
-      links_;
-  std::vector<uint64_t> paired_;
-  uint32_t unbacked_slots_ = 0;  // owned slots without a backup, last logged
-  std::map<uint64_t, Wait> waits_;
-  uint64_t next_wait_ = 1;
   // Backup side: the primaries' sequence records and buffered steps, the
   // slots caught up, keys applied to copies; and, by primary node id,
   // messages waiting for a newer view (I/O, so kept here).
@@ -426,6 +349,11 @@ class KVServer::Impl {
       {&counters_.held_bytes, &counters_.limit_refusals,
        &counters_.unknown_sender_refusals, &counters_.nonfinite_values,
        &counters_.nonfinite_pushes_rejected}};
+  // Replication, primary side: links to this server's backups, and the
+  // answers that wait for them. Declared after context_ (its sockets close
+  // first) and the state it reads.
+  ReplicationPrimary primary_{ReplicationPrimaryDeps()};
+  ReplicationPrimary::Deps ReplicationPrimaryDeps();
   // The checkpoint in progress, pushes held for it, and what was applied
   // (server/server_checkpoint.cc does the I/O).
   CheckpointGate checkpoint_gate_;
