@@ -38,8 +38,6 @@ constexpr absl::Duration kResyncPeriod = absl::Milliseconds(200);
 
 ReplicationPrimary::ReplicationPrimary(Deps deps) : deps_(std::move(deps)) {}
 
-// ------------------------------------------------------------ primary side
-
 BackupLink* ReplicationPrimary::LinkOf(const ServerView& own, uint32_t backup) {
   if (backup == kNoBackup || backup >= own.server_node.size()) return nullptr;
   auto it = links_.find(own.server_node[backup]);
