@@ -311,11 +311,7 @@ absl::Status KVServer::Impl::Validate(const Request& r, const Ownership& own,
     for (uint32_t slot : v->slots) {
       if (own.slot_owner[slot] != own.rank) return not_owner(slot);
     }
-    if (awaiting_first_promoted_) {
-      for (uint32_t slot : v->slots) {
-        if (promoted_[slot]) v->first_promoted = true;
-      }
-    }
+    if (failover_.Touches(v->slots)) v->first_promoted = true;
   } else if (!own.all && !own.owns_every_slot) {
     if (v->sparse != nullptr) {
       // A cached list checked in this view needs no second look.

@@ -158,7 +158,7 @@ ReplicationPrimary::Deps KVServer::Impl::ReplicationPrimaryDeps() {
                      zmq::message_t& values, zmq::message_t& keys) {
     Send(identity, rh, values, keys);
   };
-  deps.first_promoted_served = [this] { LogFirstPromotedServed(); };
+  deps.first_promoted_served = [this] { failover_.FirstServed(); };
   return deps;
 }
 
@@ -245,60 +245,11 @@ void KVServer::Impl::UpdateView(const ClusterView& view, uint32_t rank) {
 }
 
 void KVServer::Impl::SetLease(std::chrono::steady_clock::time_point until) {
-  int64_t ticks = until.time_since_epoch().count();
-  // kNoLease means "not enforced"; a lease that far away is the same.
-  if (ticks == kNoLease) --ticks;
-  lease_until_.store(ticks, std::memory_order_release);
+  lease_fence_.SetLease(until);
 }
 
 void KVServer::Impl::Fence(std::string why) {
-  {
-    absl::MutexLock lock(&fence_mu_);
-    if (fenced_.load()) return;
-    fence_why_ = std::move(why);
-    Log()->warn("fenced: {}; refusing every request from now on", fence_why_);
-  }
-  fenced_.store(true, std::memory_order_release);
-}
-
-absl::Status KVServer::Impl::CheckServing(const Ownership& own,
-                                          ServerRefusal* refusal) {
-  absl::Status refused;
-  if (fenced_.load(std::memory_order_acquire)) {
-    counters_.fenced_refusals.fetch_add(1, std::memory_order_relaxed);
-    *refusal = NOT_MEMBER;
-    std::string why;
-    {
-      absl::MutexLock lock(&fence_mu_);
-      why = fence_why_;
-    }
-    refused = absl::UnavailableError(absl::StrCat(
-        "server ", own.rank, " is no longer a member of the job (", why,
-        "): refresh the cluster view and retry with the slots' new owner"));
-  } else {
-    const int64_t until = lease_until_.load(std::memory_order_acquire);
-    if (until == kNoLease) return absl::OkStatus();
-    using SteadyClock = std::chrono::steady_clock;
-    const SteadyClock::time_point now = SteadyClock::now();
-    const SteadyClock::time_point end{SteadyClock::duration(until)};
-    if (now < end) {
-      if (refusing_ != 0) {
-        Log()->info("lease renewed: serving again after refusing {} requests",
-                    refusing_);
-        refusing_ = 0;
-      }
-      return absl::OkStatus();
-    }
-    counters_.lease_refusals.fetch_add(1, std::memory_order_relaxed);
-    *refusal = LEASE_LAPSED;
-    refused = absl::UnavailableError(absl::StrCat(
-        "server ", own.rank, "'s lease lapsed ",
-        std::chrono::duration_cast<std::chrono::milliseconds>(now - end)
-            .count(),
-        "ms ago: it has not reached the scheduler; retry"));
-  }
-  if (refusing_++ == 0) Log()->warn("refusing requests: {}", refused.message());
-  return refused;
+  lease_fence_.Fence(std::move(why));
 }
 
 void KVServer::Impl::SendRefusal(zmq::message_t& identity,
@@ -376,7 +327,7 @@ void KVServer::Impl::ApplyView(const Ownership& own) {
   if (own.replicated && !own.slot_owner.empty()) {
     const uint32_t num_slots = static_cast<uint32_t>(own.slot_owner.size());
     replicas_.SizeSlots(num_slots);
-    if (promoted_.size() != num_slots) promoted_.assign(num_slots, false);
+    failover_.SizeSlots(num_slots);
     primary_.SyncBackups(own);
     ReleaseReplicas(own);
   }
@@ -449,8 +400,7 @@ void KVServer::Impl::Serve() {
       }
       AdvanceTables();
       Watchdog();
-      if (options_.clock->Now() - last_stats_publish_ >= kStatsPeriod)
-        PublishTableStats();
+      if (table_stats_.Due(options_.clock->Now())) PublishTableStats();
     } catch (const zmq::error_t& e) {
       // A send to a vanished peer or an interrupted poll must not take the
       // server down; log and keep serving.
@@ -479,14 +429,11 @@ void KVServer::Impl::PublishTableStats() {
   FillStats(&rh);
   std::vector<TableStats> stats(rh.table_stats().begin(),
                                 rh.table_stats().end());
-  last_stats_publish_ = options_.clock->Now();
-  absl::MutexLock lock(&stats_mu_);
-  table_stats_ = std::move(stats);
+  table_stats_.Publish(options_.clock->Now(), std::move(stats));
 }
 
 std::vector<TableStats> KVServer::Impl::table_stats() const {
-  absl::MutexLock lock(&stats_mu_);
-  return table_stats_;
+  return table_stats_.Get();
 }
 
 void KVServer::Impl::Send(zmq::message_t& identity, const ResponseHeader& rh,
@@ -520,7 +467,8 @@ bool KVServer::Impl::HandleMessage(zmq::message_t identity,
   // lease. Nothing of the request is looked at before (no clock, no key
   // list, no sequence number).
   ServerRefusal refusal = REFUSAL_NONE;
-  if (absl::Status serving = CheckServing(own, &refusal); !serving.ok()) {
+  if (absl::Status serving = lease_fence_.Check(own.rank, &refusal);
+      !serving.ok()) {
     static const zmq::message_t kEmpty;
     SendRefusal(identity, frames.empty() ? kEmpty : frames[0], serving, refusal,
                 own.epoch);
@@ -555,17 +503,6 @@ bool KVServer::Impl::HandleMessage(zmq::message_t identity,
                     std::move(ctx.needs), ctx.first_promoted);
   }
   return ctx.progress_due;
-}
-
-void KVServer::Impl::LogFirstPromotedServed() {
-  if (!awaiting_first_promoted_) return;
-  awaiting_first_promoted_ = false;
-  const absl::Time now = options_.clock->Now();
-  Log()->info(
-      "failover: first request for the slots promoted at epoch {} answered "
-      "{:.1f} ms after that view was applied (unix_us={})",
-      promoted_epoch_, absl::ToDoubleMilliseconds(now - promoted_at_),
-      absl::ToUnixMicros(now));
 }
 
 void KVServer::Impl::Buffer(uint64_t step, uint64_t node_id, Table* table,
@@ -620,7 +557,8 @@ void KVServer::Impl::Progress(const Ownership& own) {
     ResponseHeader rh;
     zmq::message_t values, keys;
     ServerRefusal refusal = REFUSAL_NONE;
-    if (absl::Status serving = CheckServing(own, &refusal); !serving.ok()) {
+    if (absl::Status serving = lease_fence_.Check(own.rank, &refusal);
+        !serving.ok()) {
       // Not answered from a view that may be stale. A PUSH_PULL's push half
       // was applied when it arrived: the client's retry (same sequence
       // number) is answered as a duplicate by whoever owns the slots then.

@@ -32,7 +32,9 @@
 #include "proto/scheduler.pb.h"
 #include "server/checkpoint_gate.h"
 #include "server/consistency.h"
+#include "server/failover_timer.h"
 #include "server/key_cache.h"
+#include "server/lease_fence.h"
 #include "server/peer_gate.h"
 #include "server/replica_store.h"
 #include "server/replication.h"
@@ -45,6 +47,7 @@
 #include "server/server_view.h"
 #include "server/step_buffers.h"
 #include "server/table.h"
+#include "server/table_stats_publisher.h"
 #include "zmq.hpp"
 
 namespace ps {
@@ -219,7 +222,6 @@ class KVServer::Impl {
                              absl::Span<const uint64_t> keys,
                              absl::Span<const float> values, bool push,
                              uint64_t* n) const;
-  void LogFirstPromotedServed();
 
   // Replication (the primary side is primary_'s). Slot of every key
   // (sparse) or segment (dense) of a request.
@@ -330,10 +332,7 @@ class KVServer::Impl {
   std::map<uint64_t, uint32_t> recent_divisors_;
   // Failover measurement: slots promoted here, and whether the first
   // request for one of them has been answered since.
-  std::vector<bool> promoted_;
-  bool awaiting_first_promoted_ = false;
-  absl::Time promoted_at_;
-  uint64_t promoted_epoch_ = 0;
+  FailoverTimer failover_{options_.clock};
   // Wakes the serving thread when a view arrives.
   int wake_fd_ = -1;
   // Every counter of Stats (server/server_counters.h); declared before
@@ -370,31 +369,21 @@ class KVServer::Impl {
   void PublishTableStats();
   // The replication counters, logged once when serving stops.
   void LogReplicationSummary() const;
-  absl::Time last_stats_publish_ = absl::InfinitePast();
-  mutable absl::Mutex stats_mu_;
-  std::vector<TableStats> table_stats_ ABSL_GUARDED_BY(stats_mu_);
+  TableStatsPublisher table_stats_{kStatsPeriod};
 
   mutable absl::Mutex view_mu_;
   std::shared_ptr<const Ownership> ownership_ ABSL_GUARDED_BY(view_mu_);
 
-  // Fencing. lease_until_: the lease's end in steady-clock ticks
-  // (time_since_epoch().count()); kNoLease until SetLease is called.
-  static constexpr int64_t kNoLease = INT64_MAX;
-  std::atomic<int64_t> lease_until_{kNoLease};
-  std::atomic<bool> fenced_{false};
-  mutable absl::Mutex fence_mu_;
-  std::string fence_why_ ABSL_GUARDED_BY(fence_mu_);
-  // Whether the serving thread may act on a request now: OK, or the
-  // refusal (UNAVAILABLE; *refusal says why), counted and logged (the first
-  // of a run of refusals, and the end of the run). Serving thread.
-  absl::Status CheckServing(const Ownership& own, ServerRefusal* refusal);
+  // The lease and the fence: any thread sets them, the serving thread
+  // checks them before it acts on a request. After counters_, which it
+  // counts refusals in.
+  LeaseFence lease_fence_{&counters_.fenced_refusals,
+                          &counters_.lease_refusals};
   // Answers a request (its header frame `header`) with a refusal of
-  // CheckServing.
+  // LeaseFence::Check.
   void SendRefusal(zmq::message_t& identity, const zmq::message_t& header,
                    const absl::Status& status, ServerRefusal refusal,
                    uint64_t epoch);
-  // Refusals since the server last served a request (0: serving).
-  uint64_t refusing_ = 0;
 
   std::atomic<bool> stop_{false};
   std::atomic<bool> stop_after_checkpoint_{false};
