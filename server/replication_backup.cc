@@ -523,14 +523,13 @@ void KVServer::Impl::Promote(const Ownership& prev, const Ownership& own) {
             // Joins this server's own step, applied with it.
             consistency_.NoteBuffered(step);
             moved.ExtractSlots(std::vector<bool>(num_slots, true), num_slots,
-                               dims, &buffers_[step]);
+                               dims, &bsp_.buffers[step]);
             ++merged_steps;
           } else {
             // A step this server already applied for its own slots (or BSP was
             // left): the old primary did not get to tell the divisor.
-            auto d = recent_divisors_.find(step);
             const uint32_t divisor =
-                std::max<uint32_t>(d != recent_divisors_.end() ? d->second : 1,
+                std::max<uint32_t>(bsp_.RecentDivisor(step, 1),
                                    static_cast<uint32_t>(moved.pushers.size()));
             ApplyBuffered(step, moved, std::max<uint32_t>(divisor, 1));
             ++applied_steps;

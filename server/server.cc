@@ -1,6 +1,3 @@
-#include <sys/eventfd.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -32,8 +29,6 @@ std::shared_ptr<spdlog::logger> Log() {
 // Poll period of the serving loop; bounds how long Stop() waits and how
 // late a new view takes effect.
 constexpr std::chrono::milliseconds kPollPeriod{50};
-// Data-plane handshakes must complete within this (see Start).
-constexpr int kHandshakeTimeoutMs = 3000;
 
 }  // namespace
 
@@ -73,63 +68,21 @@ absl::StatusOr<std::unique_ptr<KVServer::Impl>> KVServer::Impl::Start(
     if (!table.ok()) return table.status();
     server->tables_[tc.id()] = std::move(table).value();
   }
-  try {
-    const DataPlaneLimits& limits = server->admission_.limits();
-    server->socket_ = zmq::socket_t(server->context_, zmq::socket_type::router);
-    // A frame over the limit makes ZeroMQ drop the connection as soon as
-    // the frame's size is read: nothing of it is buffered.
-    server->socket_.set(zmq::sockopt::maxmsgsize, limits.max_message_bytes());
-    server->socket_.set(zmq::sockopt::rcvhwm,
-                        static_cast<int>(limits.receive_queue_messages()));
-    server->socket_.set(zmq::sockopt::linger, 0);
-    // A connection that has not finished its handshake within this is
-    // dropped: idle or stalled peers cannot hold connection places for
-    // libzmq's default 30 s, and a peer the gate told to wait (max_connections)
-    // is dropped and reconnects within it.
-    server->socket_.set(zmq::sockopt::handshake_ivl,
-                        static_cast<int>(kHandshakeTimeoutMs));
-    // The gate (ZAP handler) must be bound before the first handshake.
-    PeerGate::Options gate;
-    gate.curve = server->options_.curve;
-    gate.max_connections = limits.max_connections();
-    gate.metrics = server->options_.metrics;
-    auto started =
-        PeerGate::Start(server->context_, server->socket_, std::move(gate));
-    if (!started.ok()) return started.status();
-    server->gate_ = std::move(started).value();
-    if (server->options_.curve.has_value()) {
-      PS_RETURN_IF_ERROR(
-          ApplyCurveServer(server->socket_, *server->options_.curve));
-    }
-    server->socket_.bind(server->options_.bind_endpoint);
-    server->endpoint_ = server->socket_.get(zmq::sockopt::last_endpoint);
-  } catch (const zmq::error_t& e) {
-    return absl::UnavailableError(absl::StrCat(
-        "cannot bind ", server->options_.bind_endpoint, ": ", e.what()));
-  }
-  const size_t colon = server->endpoint_.rfind(':');
-  if (colon == std::string::npos ||
-      !absl::SimpleAtoi(server->endpoint_.substr(colon + 1), &server->port_)) {
-    return absl::InternalError(
-        absl::StrCat("cannot parse bound endpoint ", server->endpoint_));
-  }
-  server->wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  if (server->wake_fd_ < 0) {
-    return absl::InternalError(
-        "cannot create the serving thread's wake-up eventfd");
-  }
+  PS_RETURN_IF_ERROR(server->data_.Open(
+      server->options_.bind_endpoint, server->admission_.limits(),
+      server->options_.curve, server->options_.metrics));
+  PS_RETURN_IF_ERROR(server->views_.OpenWake());
   if (server->options_.standalone) {
     auto own = std::make_shared<Ownership>();
     own->all = true;
     own->consistency = server->options_.config.consistency();
-    absl::MutexLock lock(&server->view_mu_);
-    server->ownership_ = std::move(own);
+    server->views_.Install(std::move(own));
   }
   if (server->options_.metrics != nullptr)
     server->RegisterMetrics(server->options_.metrics);
-  server->thread_ = std::thread([s = server.get()] { s->Serve(); });
+  server->serving_.Start([s = server.get()] { s->Serve(); });
   Log()->info("serving {} tables on {}{}", server->tables_.size(),
-              server->endpoint_,
+              server->data_.endpoint(),
               server->options_.curve.has_value() ? " (CURVE)" : "");
   return server;
 }
@@ -139,17 +92,16 @@ KVServer::Impl::Impl(Options options)
       consistency_(options_.config.consistency()),
       key_cache_(options_.config.data_plane().key_cache_bytes()),
       replicated_(!options_.standalone &&
-                  options_.config.cluster().replication() >= 2),
-      ownership_(std::make_shared<Ownership>()) {}
+                  options_.config.cluster().replication() >= 2) {}
 
 ReplicationPrimary::Deps KVServer::Impl::ReplicationPrimaryDeps() {
   ReplicationPrimary::Deps deps;
-  deps.context = &context_;
+  deps.context = &data_.context();
   deps.curve = options_.curve.has_value() ? &*options_.curve : nullptr;
   deps.clock = options_.clock;
   deps.tables = &tables_;
   deps.seqs = &seqs_;
-  deps.buffers = &buffers_;
+  deps.buffers = &bsp_.buffers;
   deps.forwards = &counters_.forwards;
   deps.unreplicated_pushes = &counters_.unreplicated_pushes;
   deps.catchups_sent = &counters_.catchups_sent;
@@ -165,22 +117,18 @@ ReplicationPrimary::Deps KVServer::Impl::ReplicationPrimaryDeps() {
 KVServer::Impl::~Impl() {
   UnregisterMetrics();
   Stop();
-  if (wake_fd_ >= 0) close(wake_fd_);
 }
 
 std::vector<const Table*> KVServer::Impl::StoppedTables() const {
   std::vector<const Table*> tables;
-  if (!stopped_.load()) return tables;
+  if (!serving_.stopped()) return tables;
   for (const auto& [id, table] : tables_) tables.push_back(table.get());
   std::sort(tables.begin(), tables.end(),
             [](const Table* a, const Table* b) { return a->id() < b->id(); });
   return tables;
 }
 
-void KVServer::Impl::Stop() {
-  stop_.store(true);
-  if (thread_.joinable()) thread_.join();
-}
+void KVServer::Impl::Stop() { serving_.Stop(); }
 
 void KVServer::Impl::UpdateView(const ClusterView& view, uint32_t rank) {
   auto own = std::make_shared<Ownership>();
@@ -228,20 +176,13 @@ void KVServer::Impl::UpdateView(const ClusterView& view, uint32_t rank) {
       const size_t colon = e.rfind(':');
       int port = 0;
       if (n.rank() == rank && colon != std::string::npos &&
-          absl::SimpleAtoi(e.substr(colon + 1), &port) && port == port_) {
+          absl::SimpleAtoi(e.substr(colon + 1), &port) &&
+          port == data_.port()) {
         own->node_id = n.node_id();
       }
     }
   }
-  {
-    absl::MutexLock lock(&view_mu_);
-    if (ownership_->all) return;  // standalone servers ignore views
-    ownership_ = std::move(own);
-  }
-  if (wake_fd_ >= 0) {
-    const uint64_t one = 1;
-    (void)!write(wake_fd_, &one, sizeof(one));
-  }
+  views_.Post(std::move(own));
 }
 
 void KVServer::Impl::SetLease(std::chrono::steady_clock::time_point until) {
@@ -272,9 +213,10 @@ void KVServer::Impl::SendRefusal(zmq::message_t& identity,
 
 KVServer::Stats KVServer::Impl::stats() const {
   Stats s = counters_.Snapshot();
-  s.auth_refusals = gate_ ? gate_->auth_refusals() : 0;
-  s.connection_refusals = gate_ ? gate_->connection_refusals() : 0;
-  s.open_connections = gate_ ? gate_->open_connections() : 0;
+  const PeerGate* gate = data_.gate();
+  s.auth_refusals = gate ? gate->auth_refusals() : 0;
+  s.connection_refusals = gate ? gate->connection_refusals() : 0;
+  s.open_connections = gate ? gate->open_connections() : 0;
   return s;
 }
 
@@ -300,7 +242,7 @@ void KVServer::Impl::ApplyView(const Ownership& own) {
     // when the view promoting this server arrives: it is refused (its
     // worker's retry comes here). Promotion first, so the catch-ups of the
     // promoted slots to their new backups include what was promoted.
-    if (last_applied_ != nullptr) Promote(*last_applied_, own);
+    if (views_.applied() != nullptr) Promote(*views_.applied(), own);
     // Held replica messages stay: they may come from a primary this view
     // does not know yet; ReleaseReplicas refuses those of dead ones.
     absl::flat_hash_set<uint64_t> live_servers(own.server_node.begin(),
@@ -341,15 +283,11 @@ void KVServer::Impl::Serve() {
   // The newest view, applied if it changed. Read after every poll so a view
   // installed while polling already governs the messages that woke it.
   auto current_view = [&]() -> std::shared_ptr<const Ownership> {
-    std::shared_ptr<const Ownership> own;
-    {
-      absl::MutexLock lock(&view_mu_);
-      own = ownership_;
-    }
+    std::shared_ptr<const Ownership> own = views_.Current();
     if (own != applied) {
       ApplyView(*own);
       applied = own;
-      last_applied_ = own;
+      views_.SetApplied(own);
       Progress(*own);
     }
     return own;
@@ -359,18 +297,15 @@ void KVServer::Impl::Serve() {
   std::vector<zmq::pollitem_t> items;
   std::vector<uint64_t>
       item_links;  // node id of the link polled at items[2 + i]
-  while (!stop_.load(std::memory_order_relaxed)) {
+  while (!serving_.stop_requested()) {
     items.clear();
     item_links.clear();
-    items.push_back({socket_.handle(), 0, ZMQ_POLLIN, 0});
-    items.push_back({nullptr, wake_fd_, ZMQ_POLLIN, 0});
+    items.push_back({data_.socket().handle(), 0, ZMQ_POLLIN, 0});
+    items.push_back({nullptr, views_.wake_fd(), ZMQ_POLLIN, 0});
     primary_.AddPollItems(&items, &item_links);
     try {
       zmq::poll(items.data(), items.size(), kPollPeriod);
-      if (items[1].revents & ZMQ_POLLIN) {
-        uint64_t count;
-        (void)!read(wake_fd_, &count, sizeof(count));
-      }
+      if (items[1].revents & ZMQ_POLLIN) views_.ClearWake();
       const bool readable = (items[0].revents & ZMQ_POLLIN) != 0;
       std::shared_ptr<const Ownership> own = current_view();
       // Backups' answers first: they release answers to workers.
@@ -381,10 +316,11 @@ void KVServer::Impl::Serve() {
       if (own->replicated) primary_.MaybeResync(*own);
       if (readable) {
         // Drain everything queued before polling again.
-        while (!stop_.load(std::memory_order_relaxed)) {
+        while (!serving_.stop_requested()) {
           frames.clear();
-          auto n = zmq::recv_multipart(socket_, std::back_inserter(frames),
-                                       zmq::recv_flags::dontwait);
+          auto n =
+              zmq::recv_multipart(data_.socket(), std::back_inserter(frames),
+                                  zmq::recv_flags::dontwait);
           if (!n) break;
           if (frames.empty()) continue;
           // frames[0] is the peer identity added by the ROUTER socket.
@@ -409,7 +345,7 @@ void KVServer::Impl::Serve() {
   }
   PublishTableStats();
   if (replicated_) LogReplicationSummary();
-  stopped_.store(true);
+  serving_.MarkStopped();
 }
 
 void KVServer::Impl::LogReplicationSummary() const {
@@ -434,22 +370,6 @@ void KVServer::Impl::PublishTableStats() {
 
 std::vector<TableStats> KVServer::Impl::table_stats() const {
   return table_stats_.Get();
-}
-
-void KVServer::Impl::Send(zmq::message_t& identity, const ResponseHeader& rh,
-                          zmq::message_t& values, zmq::message_t& keys) {
-  // header, [values, [keys]]: a keys frame needs the values frame before
-  // it, even if empty.
-  const bool has_keys = keys.size() > 0;
-  const bool has_values = has_keys || values.size() > 0;
-  socket_.send(identity, zmq::send_flags::sndmore);
-  socket_.send(SerializeToFrame(rh),
-               has_values ? zmq::send_flags::sndmore : zmq::send_flags::none);
-  if (has_values) {
-    socket_.send(values,
-                 has_keys ? zmq::send_flags::sndmore : zmq::send_flags::none);
-  }
-  if (has_keys) socket_.send(keys, zmq::send_flags::none);
 }
 
 bool KVServer::Impl::HandleMessage(zmq::message_t identity,
@@ -491,15 +411,15 @@ bool KVServer::Impl::HandleMessage(zmq::message_t identity,
     counters_.pulls_deferred.fetch_add(1, std::memory_order_relaxed);
     const uint64_t bytes = Admission::FramesBytes(frames);
     counters_.held_bytes += bytes;
-    deferred_.push_back({std::move(identity), std::move(frames), h.clock(),
-                         h.sender_rank(), options_.clock->Now(),
-                         std::move(ctx.needs), bytes});
+    deferred_.queue.push_back(
+        {std::move(identity), std::move(frames), h.clock(), h.sender_rank(),
+         options_.clock->Now(), std::move(ctx.needs), bytes});
     return ctx.progress_due;
   }
   if (!replicated_) {
     Send(identity, rh, values, keys);
   } else {
-    primary_.Answer(last_applied_.get(), identity, rh, values, keys,
+    primary_.Answer(views_.applied().get(), identity, rh, values, keys,
                     std::move(ctx.needs), ctx.first_promoted);
   }
   return ctx.progress_due;
@@ -510,7 +430,7 @@ void KVServer::Impl::Buffer(uint64_t step, uint64_t node_id, Table* table,
                             const Segments& segments,
                             absl::Span<const float> grads) {
   consistency_.NoteBuffered(step);
-  buffers_[step].Add(node_id, table, keys, segments, grads);
+  bsp_.buffers[step].Add(node_id, table, keys, segments, grads);
 }
 
 void KVServer::Impl::ApplyBuffered(uint64_t step, StepBuffer& buffer,
@@ -526,14 +446,14 @@ void KVServer::Impl::Progress(const Ownership& own) {
   uint64_t step;
   MaybeWriteCheckpoint(own);
   while (consistency_.NextCompleteStep(&step, checkpoint_gate_.StepLimit())) {
-    auto it = buffers_.find(step);
+    auto it = bsp_.buffers.find(step);
     // finished_ marks exactly the buffered steps, so the buffer exists.
-    if (it != buffers_.end()) {
+    if (it != bsp_.buffers.end()) {
       const uint32_t divisor =
           std::max<uint32_t>(consistency_.FinishedCount(step),
                              static_cast<uint32_t>(it->second.pushers.size()));
       ApplyBuffered(step, it->second, divisor);
-      buffers_.erase(it);
+      bsp_.buffers.erase(it);
       StepDone(step, divisor);
     }
     consistency_.ForgetStep(step);
@@ -549,7 +469,7 @@ void KVServer::Impl::Progress(const Ownership& own) {
     }
   }
   // Answer held pulls that may now be answered, oldest first.
-  for (auto it = deferred_.begin(); it != deferred_.end();) {
+  for (auto it = deferred_.queue.begin(); it != deferred_.queue.end();) {
     if (!PullAllowed(it->clock)) {
       ++it;
       continue;
@@ -564,7 +484,7 @@ void KVServer::Impl::Progress(const Ownership& own) {
       // number) is answered as a duplicate by whoever owns the slots then.
       counters_.held_bytes -= it->bytes;
       SendRefusal(it->identity, it->frames[0], serving, refusal, own.epoch);
-      it = deferred_.erase(it);
+      it = deferred_.queue.erase(it);
       continue;
     }
     RequestContext ctx;  // a plain PULL: waits for nothing new
@@ -574,20 +494,20 @@ void KVServer::Impl::Progress(const Ownership& own) {
           absl::ToDoubleSeconds(options_.clock->Now() - it->since));
     }
     if (replicated_) {
-      primary_.Answer(last_applied_.get(), it->identity, rh, values, keys,
+      primary_.Answer(views_.applied().get(), it->identity, rh, values, keys,
                       std::move(it->needs), false);
     } else {
       Send(it->identity, rh, values, keys);
     }
     counters_.held_bytes -= it->bytes;
-    it = deferred_.erase(it);
+    it = deferred_.queue.erase(it);
   }
 }
 
 void KVServer::Impl::FlushBuffers() {
   // Leaving BSP: apply what was gathered, step by step, averaged over the
   // workers that took part.
-  for (auto& [step, buffer] : buffers_) {
+  for (auto& [step, buffer] : bsp_.buffers) {
     const uint32_t divisor =
         std::max<uint32_t>(consistency_.FinishedCount(step),
                            static_cast<uint32_t>(buffer.pushers.size()));
@@ -595,15 +515,13 @@ void KVServer::Impl::FlushBuffers() {
     StepDone(step, divisor);
     consistency_.ForgetStep(step);
   }
-  buffers_.clear();
+  bsp_.buffers.clear();
 }
 
 void KVServer::Impl::StepDone(uint64_t step, uint32_t divisor) {
   if (!replicated_) return;
-  recent_divisors_[step] = divisor;
-  while (recent_divisors_.size() > 64)
-    recent_divisors_.erase(recent_divisors_.begin());
-  primary_.AnnounceStep(last_applied_.get(), step, divisor);
+  bsp_.NoteDivisor(step, divisor);
+  primary_.AnnounceStep(views_.applied().get(), step, divisor);
 }
 
 bool KVServer::Impl::PullAllowed(uint64_t clock) const {
@@ -666,15 +584,14 @@ void KVServer::Impl::FillStats(ResponseHeader* rh, const Ownership* own) const {
 }
 
 void KVServer::Impl::Watchdog() {
-  if (deferred_.empty()) return;
+  if (deferred_.queue.empty()) return;
   const ConsistencyConfig& c = consistency_.config();
   const absl::Time now = options_.clock->Now();
-  const Deferred& oldest = deferred_.front();
-  if (now - oldest.since < absl::Milliseconds(c.watchdog_timeout_ms()) ||
-      now - last_watchdog_log_ < absl::Milliseconds(c.watchdog_interval_ms())) {
+  if (!deferred_.WatchdogDue(now, absl::Milliseconds(c.watchdog_timeout_ms()),
+                             absl::Milliseconds(c.watchdog_interval_ms()))) {
     return;
   }
-  last_watchdog_log_ = now;
+  const DeferredPull& oldest = deferred_.queue.front();
   // What the oldest pull needs: under BSP every step below its clock
   // applied, i.e. every live worker at that clock; under SSP every live
   // worker at clock - staleness.
@@ -690,7 +607,7 @@ void KVServer::Impl::Watchdog() {
       "watchdog: {} pull(s) held; the oldest, from worker rank {} at clock {}, "
       "has waited {:.1f} s ({}, applied steps < {}); waiting for worker ranks: "
       "{}",
-      deferred_.size(), oldest.rank, oldest.clock,
+      deferred_.queue.size(), oldest.rank, oldest.clock,
       absl::ToDoubleSeconds(now - oldest.since),
       consistency_.mode() == SSP ? absl::StrCat("SSP staleness ", c.staleness())
                                  : ConsistencyMode_Name(consistency_.mode()),

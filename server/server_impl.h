@@ -13,7 +13,6 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -30,8 +29,11 @@
 #include "proto/config.pb.h"
 #include "proto/data_plane.pb.h"
 #include "proto/scheduler.pb.h"
+#include "server/bsp_steps.h"
 #include "server/checkpoint_gate.h"
 #include "server/consistency.h"
+#include "server/data_socket.h"
+#include "server/deferred_pulls.h"
 #include "server/failover_timer.h"
 #include "server/key_cache.h"
 #include "server/lease_fence.h"
@@ -45,9 +47,11 @@
 #include "server/server_counters.h"
 #include "server/server_metrics.h"
 #include "server/server_view.h"
+#include "server/serving_thread.h"
 #include "server/step_buffers.h"
 #include "server/table.h"
 #include "server/table_stats_publisher.h"
+#include "server/view_inbox.h"
 #include "zmq.hpp"
 
 namespace ps {
@@ -60,8 +64,8 @@ class KVServer::Impl {
   Impl(const Impl&) = delete;
   Impl& operator=(const Impl&) = delete;
 
-  const std::string& endpoint() const { return endpoint_; }
-  int port() const { return port_; }
+  const std::string& endpoint() const { return data_.endpoint(); }
+  int port() const { return data_.port(); }
   void UpdateView(const ClusterView& view, uint32_t rank);
   Stats stats() const;
   void SetLease(std::chrono::steady_clock::time_point until);
@@ -69,8 +73,8 @@ class KVServer::Impl {
   std::vector<TableStats> table_stats() const;
   void Stop();
   std::vector<const Table*> StoppedTables() const;
-  void StopAfterNextCheckpoint() { stop_after_checkpoint_.store(true); }
-  bool stopped() const { return stopped_.load(); }
+  void StopAfterNextCheckpoint() { serving_.StopAfterNextCheckpoint(); }
+  bool stopped() const { return serving_.stopped(); }
 
  private:
   using Ownership = ServerView;
@@ -86,17 +90,6 @@ class KVServer::Impl {
   };
   // (backup node id, replica message id) an answer depends on.
   using Need = ReplicationPrimary::Need;
-  struct Deferred {
-    zmq::message_t identity;
-    std::vector<zmq::message_t> frames;  // a PULL request
-    uint64_t clock = 0;
-    uint32_t rank = 0;
-    absl::Time since;
-    // A PUSH_PULL's push half: the backups' answers its answer waits for.
-    std::vector<Need> needs;
-    // Counted in counters_.held_bytes while deferred.
-    uint64_t bytes = 0;
-  };
   enum class Outcome { kAnswer, kDefer, kHold };
   // What the stages of one request's pipeline tell each other and the
   // serving loop, besides the request itself. One per request processed.
@@ -293,22 +286,22 @@ class KVServer::Impl {
   void ReleaseHeld(const Ownership& own);
   void Restore(const Ownership& own);
   void Send(zmq::message_t& identity, const ResponseHeader& rh,
-            zmq::message_t& values, zmq::message_t& keys);
+            zmq::message_t& values, zmq::message_t& keys) {
+    data_.Send(identity, rh, values, keys);
+  }
 
   const Options options_;
-  zmq::context_t context_{1};
-  zmq::socket_t socket_;
-  // CURVE only; declared after socket_ and context_ so it stops first.
-  std::unique_ptr<PeerGate> gate_;
-  std::string endpoint_;
-  int port_ = 0;
+  // The ZeroMQ context, the data socket and its gate.
+  DataSocket data_;
 
   // Owned by the serving thread once it runs.
   absl::flat_hash_map<uint32_t, std::unique_ptr<Table>> tables_;
   ConsistencyController consistency_;
-  std::map<uint64_t, StepBuffer> buffers_;  // BSP step -> sums
-  std::deque<Deferred> deferred_;
-  absl::Time last_watchdog_log_ = absl::InfinitePast();
+  // BSP: buffered pushes by step, divisors of the steps applied last.
+  BspSteps bsp_;
+  // Pulls not answered yet (each counted in counters_.held_bytes), and
+  // the watchdog's rate limit.
+  DeferredPulls deferred_;
   // The largest clock any worker has reported (requests and ADVANCE_CLOCK;
   // the finished marker excluded): the server's clock.
   uint64_t server_clock_ = 0;
@@ -321,20 +314,14 @@ class KVServer::Impl {
 
   // Replication state, owned by the serving thread (see the file comment).
   const bool replicated_;
-  // The view applied last (promotions compare it with the next).
-  std::shared_ptr<const Ownership> last_applied_;
   // Backup side: the primaries' sequence records and buffered steps, the
   // slots caught up, keys applied to copies; and, by primary node id,
   // messages waiting for a newer view (I/O, so kept here).
   ReplicaStore replicas_;
   absl::flat_hash_map<uint64_t, std::deque<Held>> replica_held_;
-  // Divisors of the BSP steps applied last (step -> divisor).
-  std::map<uint64_t, uint32_t> recent_divisors_;
   // Failover measurement: slots promoted here, and whether the first
   // request for one of them has been answered since.
   FailoverTimer failover_{options_.clock};
-  // Wakes the serving thread when a view arrives.
-  int wake_fd_ = -1;
   // Every counter of Stats (server/server_counters.h); declared before
   // admission_, which keeps pointers to some of them.
   ServerCounters counters_;
@@ -349,7 +336,7 @@ class KVServer::Impl {
        &counters_.unknown_sender_refusals, &counters_.nonfinite_values,
        &counters_.nonfinite_pushes_rejected}};
   // Replication, primary side: links to this server's backups, and the
-  // answers that wait for them. Declared after context_ (its sockets close
+  // answers that wait for them. Declared after data_ (its sockets close
   // first) and the state it reads.
   ReplicationPrimary primary_{ReplicationPrimaryDeps()};
   ReplicationPrimary::Deps ReplicationPrimaryDeps();
@@ -371,8 +358,9 @@ class KVServer::Impl {
   void LogReplicationSummary() const;
   TableStatsPublisher table_stats_{kStatsPeriod};
 
-  mutable absl::Mutex view_mu_;
-  std::shared_ptr<const Ownership> ownership_ ABSL_GUARDED_BY(view_mu_);
+  // The newest view (UpdateView posts it and wakes the serving thread)
+  // and the view applied last (promotions compare it with the next).
+  ViewInbox views_;
 
   // The lease and the fence: any thread sets them, the serving thread
   // checks them before it acts on a request. After counters_, which it
@@ -385,10 +373,8 @@ class KVServer::Impl {
                    const absl::Status& status, ServerRefusal refusal,
                    uint64_t epoch);
 
-  std::atomic<bool> stop_{false};
-  std::atomic<bool> stop_after_checkpoint_{false};
-  std::atomic<bool> stopped_{false};
-  std::thread thread_;
+  // The serving thread and its stop requests. Last: it stops first.
+  ServingThread serving_;
 };
 
 }  // namespace ps
