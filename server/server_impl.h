@@ -1,6 +1,8 @@
 // KVServer's implementation (server/server.h has the contract): the state
-// the serving thread owns, and the few atomics and mutex-guarded fields the
-// public, thread-safe methods read. Internal to //server:server.
+// the serving thread owns, and the parts (server/BUILD :server_parts) whose
+// headers say which of their members other threads may use: the public,
+// thread-safe methods reach the serving thread only through them and
+// ServerCounters. Internal to //server:server.
 #ifndef PS_SERVER_SERVER_IMPL_H_
 #define PS_SERVER_SERVER_IMPL_H_
 
