@@ -63,7 +63,8 @@ void KVServer::Impl::HandleReplica(zmq::message_t identity,
   // A message held above is checked when it is taken up: the primary's
   // messages are answered in order.
   ServerRefusal refusal = REFUSAL_NONE;
-  if (absl::Status serving = CheckServing(own, &refusal); !serving.ok()) {
+  if (absl::Status serving = lease_fence_.Check(own.rank, &refusal);
+      !serving.ok()) {
     // The primary marks the link for a new catch-up, sent once this
     // server serves again (or the view names another backup).
     SendRefusal(identity, frames[0], serving, refusal, own.epoch);
@@ -481,7 +482,7 @@ void KVServer::Impl::Promote(const Ownership& prev, const Ownership& own) {
     return;
   }
   replicas_.SizeSlots(num_slots);
-  if (promoted_.size() != num_slots) promoted_.assign(num_slots, false);
+  failover_.SizeSlots(num_slots);
   // Old primary node -> the slots this server takes over from it.
   std::map<uint64_t, std::vector<bool>> from;
   std::vector<uint32_t> old_ranks;
@@ -503,7 +504,7 @@ void KVServer::Impl::Promote(const Ownership& prev, const Ownership& own) {
     }
     ++count;
     incomplete += !replicas_.caught_up(s);
-    promoted_[s] = true;
+    failover_.MarkPromoted(s);
   }
   if (without_copy > 0) {
     Log()->warn(
@@ -522,14 +523,13 @@ void KVServer::Impl::Promote(const Ownership& prev, const Ownership& own) {
             // Joins this server's own step, applied with it.
             consistency_.NoteBuffered(step);
             moved.ExtractSlots(std::vector<bool>(num_slots, true), num_slots,
-                               dims, &buffers_[step]);
+                               dims, &bsp_.buffers[step]);
             ++merged_steps;
           } else {
             // A step this server already applied for its own slots (or BSP was
             // left): the old primary did not get to tell the divisor.
-            auto d = recent_divisors_.find(step);
             const uint32_t divisor =
-                std::max<uint32_t>(d != recent_divisors_.end() ? d->second : 1,
+                std::max<uint32_t>(bsp_.RecentDivisor(step, 1),
                                    static_cast<uint32_t>(moved.pushers.size()));
             ApplyBuffered(step, moved, std::max<uint32_t>(divisor, 1));
             ++applied_steps;
@@ -539,9 +539,7 @@ void KVServer::Impl::Promote(const Ownership& prev, const Ownership& own) {
   // Checkpoints: the promoted rows hold pushes of the steps applied to them.
   checkpoint_gate_.Promoted();
   counters_.slots_promoted.fetch_add(count, std::memory_order_relaxed);
-  awaiting_first_promoted_ = true;
-  promoted_at_ = options_.clock->Now();
-  promoted_epoch_ = own.epoch;
+  failover_.Start(own.epoch);
   Log()->warn(
       "failover: serving {} slots of server(s) {} as their new primary (epoch "
       "{}; {} buffered steps joined, {} applied)",

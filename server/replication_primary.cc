@@ -1,19 +1,22 @@
-// KVServer: replication (cluster.replication 2), the primary side
-// (server/replication_backup.cc has the backup side). See the
-// comment at the top of server/server.h for what it does; this file says
-// why it is done so.
+// The primary side of server replication (server/replication_primary.h has
+// the contract; server/replication_backup.cc is the backup side). See the
+// comment at the top of server/server.h for what replication does; this
+// file says why it is done so.
+#include "server/replication_primary.h"
+
 #include <algorithm>
 #include <cmath>
 #include <utility>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "common/hash.h"
 #include "common/logging.h"
 #include "common/protocol.h"
 #include "common/status.h"
 #include "common/wire.h"
-#include "server/server_impl.h"
+#include "server/response_code.h"
+#include "zmq_addon.hpp"
 
 namespace ps {
 namespace {
@@ -33,56 +36,61 @@ constexpr absl::Duration kResyncPeriod = absl::Milliseconds(200);
 
 }  // namespace
 
-// ------------------------------------------------------------ primary side
+ReplicationPrimary::ReplicationPrimary(Deps deps) : deps_(std::move(deps)) {}
 
-void KVServer::Impl::Forward(
-    const Ownership& own, const RequestHeader& h, ReplicaKind kind,
+BackupLink* ReplicationPrimary::LinkOf(const ServerView& own, uint32_t backup) {
+  if (backup == kNoBackup || backup >= own.server_node.size()) return nullptr;
+  auto it = links_.find(own.server_node[backup]);
+  return it == links_.end() ? nullptr : it->second.get();
+}
+
+void ReplicationPrimary::Forward(
+    const ServerView& own, const RequestHeader& h, ReplicaKind kind,
     float lr_scale, const Table& table, absl::Span<const uint64_t> keys,
     absl::Span<const float> values, std::vector<zmq::message_t>& frames,
     const std::vector<uint32_t>& slots, std::vector<Need>* needs) {
   if (slots.empty()) return;
-  auto link_of = [&](uint32_t backup) -> BackupLink* {
-    if (backup == kNoBackup || backup >= own.server_node.size()) return nullptr;
-    auto it = links_.find(own.server_node[backup]);
-    return it == links_.end() ? nullptr : it->second.get();
-  };
-  auto replica_header = [&]() {
-    RequestHeader r = h;
-    r.set_op(h.op() == ASSIGN ? ASSIGN : PUSH);
-    // The frames forwarded are self-contained float32 ones (the primary
-    // made them so), whatever the worker sent.
-    r.clear_key_list_slot();
-    r.clear_key_list_digest();
-    r.clear_push_values();
-    r.clear_pull_values();
-    r.set_epoch(own.epoch);
-    r.set_replica(true);
-    ReplicaInfo* info = r.mutable_replica_info();
-    info->set_kind(kind);
-    info->set_primary_node_id(own.node_id);
-    info->set_lr_scale(lr_scale);
-    return r;
-  };
+  RequestHeader replica = h;
+  replica.set_op(h.op() == ASSIGN ? ASSIGN : PUSH);
+  // The frames forwarded are self-contained float32 ones (the primary
+  // made them so), whatever the worker sent.
+  replica.clear_key_list_slot();
+  replica.clear_key_list_digest();
+  replica.clear_push_values();
+  replica.clear_pull_values();
+  replica.set_epoch(own.epoch);
+  replica.set_replica(true);
+  ReplicaInfo* info = replica.mutable_replica_info();
+  info->set_kind(kind);
+  info->set_primary_node_id(own.node_id);
+  info->set_lr_scale(lr_scale);
   const uint32_t first = own.slot_backup[slots[0]];
   bool uniform = true;
   for (uint32_t slot : slots) uniform &= own.slot_backup[slot] == first;
-  if (uniform) {
-    // The usual case: every slot of the request has the same backup, which
-    // gets the worker's own key and value frames (shared, not copied).
-    BackupLink* link = link_of(first);
-    if (link == nullptr) {
-      counters_.unreplicated_pushes.fetch_add(1, std::memory_order_relaxed);
-      return;
-    }
-    RequestHeader r = replica_header();
-    zmq::message_t k, v;
-    k.copy(frames[1]);
-    v.copy(frames[2]);
-    needs->emplace_back(link->node_id(),
-                        link->Send(r, std::move(k), std::move(v), true));
-    counters_.forwards.fetch_add(1, std::memory_order_relaxed);
+  if (!uniform) {
+    ForwardSplit(own, h, replica, table, keys, values, slots, needs);
     return;
   }
+  // The usual case: every slot of the request has the same backup, which
+  // gets the worker's own key and value frames (shared, not copied).
+  BackupLink* link = LinkOf(own, first);
+  if (link == nullptr) {
+    deps_.unreplicated_pushes->fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  zmq::message_t k, v;
+  k.copy(frames[1]);
+  v.copy(frames[2]);
+  needs->emplace_back(link->node_id(),
+                      link->Send(replica, std::move(k), std::move(v), true));
+  deps_.forwards->fetch_add(1, std::memory_order_relaxed);
+}
+
+void ReplicationPrimary::ForwardSplit(
+    const ServerView& own, const RequestHeader& h, const RequestHeader& replica,
+    const Table& table, absl::Span<const uint64_t> keys,
+    absl::Span<const float> values, const std::vector<uint32_t>& slots,
+    std::vector<Need>* needs) {
   std::map<uint32_t, std::vector<size_t>> groups;  // backup rank -> indices
   for (size_t i = 0; i < slots.size(); ++i)
     groups[own.slot_backup[slots[i]]].push_back(i);
@@ -98,12 +106,12 @@ void KVServer::Impl::Forward(
   }
   bool unreplicated = false;
   for (const auto& [backup, idx] : groups) {
-    BackupLink* link = link_of(backup);
+    BackupLink* link = LinkOf(own, backup);
     if (link == nullptr) {
       unreplicated = true;
       continue;
     }
-    RequestHeader r = replica_header();
+    RequestHeader r = replica;
     std::vector<float> v;
     zmq::message_t k;
     if (sparse != nullptr) {
@@ -130,14 +138,14 @@ void KVServer::Impl::Forward(
     needs->emplace_back(
         link->node_id(),
         link->Send(r, std::move(k), FrameFromVector(std::move(v)), true));
-    counters_.forwards.fetch_add(1, std::memory_order_relaxed);
+    deps_.forwards->fetch_add(1, std::memory_order_relaxed);
   }
   if (unreplicated)
-    counters_.unreplicated_pushes.fetch_add(1, std::memory_order_relaxed);
+    deps_.unreplicated_pushes->fetch_add(1, std::memory_order_relaxed);
 }
 
-absl::Status KVServer::Impl::NeedsForDuplicate(
-    const Ownership& own, const std::vector<uint32_t>& slots,
+absl::Status ReplicationPrimary::NeedsForDuplicate(
+    const ServerView& own, const std::vector<uint32_t>& slots,
     std::vector<Need>* needs) {
   std::vector<uint32_t> backups;
   for (uint32_t slot : slots) {
@@ -160,11 +168,9 @@ absl::Status KVServer::Impl::NeedsForDuplicate(
   return absl::OkStatus();
 }
 
-void KVServer::Impl::SyncBackups(const Ownership& own) {
+void ReplicationPrimary::SyncBackups(const ServerView& own) {
   const uint32_t num_slots = static_cast<uint32_t>(own.slot_owner.size());
   if (paired_.size() != num_slots) paired_.assign(num_slots, 0);
-  replicas_.SizeSlots(num_slots);
-  if (promoted_.size() != num_slots) promoted_.assign(num_slots, false);
   absl::flat_hash_map<uint64_t, std::string> endpoints;  // live server nodes
   for (size_t r = 0; r < own.server_node.size(); ++r) {
     if (own.server_node[r] != 0)
@@ -203,9 +209,8 @@ void KVServer::Impl::SyncBackups(const Ownership& own) {
   }
   for (uint64_t node : wanted) {
     if (links_.contains(node)) continue;
-    auto link = BackupLink::Connect(
-        context_, node, endpoints[node],
-        options_.curve.has_value() ? &*options_.curve : nullptr);
+    auto link =
+        BackupLink::Connect(*deps_.context, node, endpoints[node], deps_.curve);
     if (!link.ok()) {
       Log()->error("{}", link.status().message());
       continue;
@@ -223,6 +228,13 @@ void KVServer::Impl::SyncBackups(const Ownership& own) {
     SendCatchUp(own, link, slots);
     ends.emplace_back(node, link.last_sent());
   }
+  RehomeWaits(own, orphaned, ends);
+  NoteUnbacked(own, unbacked);
+}
+
+void ReplicationPrimary::RehomeWaits(
+    const ServerView& own, const absl::flat_hash_map<uint64_t, int>& orphaned,
+    const std::vector<Need>& ends) {
   for (const auto& [wait_id, dropped] : orphaned) {
     auto w = waits_.find(wait_id);
     if (w == waits_.end()) continue;
@@ -241,18 +253,21 @@ void KVServer::Impl::SyncBackups(const Ownership& own) {
     }
     if (w->second.remaining <= 0) ReleaseWait(wait_id);
   }
-  if (unbacked != unbacked_slots_) {
-    if (unbacked > 0) {
-      Log()->warn(
-          "{} of this server's slots have no backup (epoch {}): pushes to "
-          "them are acknowledged with a single copy",
-          unbacked, own.epoch);
-    } else if (unbacked_slots_ > 0) {
-      Log()->info("every slot of this server has a backup again (epoch {})",
-                  own.epoch);
-    }
-    unbacked_slots_ = unbacked;
+}
+
+void ReplicationPrimary::NoteUnbacked(const ServerView& own,
+                                      uint32_t unbacked) {
+  if (unbacked == unbacked_slots_) return;
+  if (unbacked > 0) {
+    Log()->warn(
+        "{} of this server's slots have no backup (epoch {}): pushes to "
+        "them are acknowledged with a single copy",
+        unbacked, own.epoch);
+  } else if (unbacked_slots_ > 0) {
+    Log()->info("every slot of this server has a backup again (epoch {})",
+                own.epoch);
   }
+  unbacked_slots_ = unbacked;
 }
 
 namespace {
@@ -270,9 +285,9 @@ RequestHeader CatchUpHeader(uint64_t epoch, uint64_t node_id,
 
 }  // namespace
 
-void KVServer::Impl::SendCatchUp(const Ownership& own, BackupLink& link,
-                                 const std::vector<uint32_t>& slots) {
-  const absl::Time start = options_.clock->Now();
+void ReplicationPrimary::SendCatchUp(const ServerView& own, BackupLink& link,
+                                     const std::vector<uint32_t>& slots) {
+  const absl::Time start = deps_.clock->Now();
   const uint32_t num_slots = static_cast<uint32_t>(own.slot_owner.size());
   std::vector<bool> mask(num_slots, false);
   for (uint32_t s : slots) mask[s] = true;
@@ -287,23 +302,24 @@ void KVServer::Impl::SendCatchUp(const Ownership& own, BackupLink& link,
   // while nothing else runs: a cursor over a table that changes in between
   // could miss rows.
   std::vector<uint32_t> ids;
-  for (const auto& [id, table] : tables_) ids.push_back(id);
+  for (const auto& [id, table] : *deps_.tables) ids.push_back(id);
   std::sort(ids.begin(), ids.end());
   uint64_t copied = 0;
   for (uint32_t id : ids) copied += SendTableCopy(own, link, id, mask);
   SendStepBuffers(own, link, mask);
   link.Send(end, zmq::message_t(), zmq::message_t(), false);
-  counters_.catchups_sent.fetch_add(1, std::memory_order_relaxed);
-  counters_.rows_copied.fetch_add(copied, std::memory_order_relaxed);
+  deps_.catchups_sent->fetch_add(1, std::memory_order_relaxed);
+  deps_.rows_copied->fetch_add(copied, std::memory_order_relaxed);
   Log()->info(
       "catch-up of {} slots to backup node {} ({}): {} rows and blocks, "
       "{} senders' sequence records, {} buffered steps, read in {:.1f} ms",
-      slots.size(), link.node_id(), link.endpoint(), copied, seqs_.size(),
-      buffers_.size(),
-      absl::ToDoubleMilliseconds(options_.clock->Now() - start));
+      slots.size(), link.node_id(), link.endpoint(), copied, deps_.seqs->size(),
+      deps_.buffers->size(),
+      absl::ToDoubleMilliseconds(deps_.clock->Now() - start));
 }
 
-void KVServer::Impl::SendSeqRecords(const Ownership& own, BackupLink& link) {
+void ReplicationPrimary::SendSeqRecords(const ServerView& own,
+                                        BackupLink& link) {
   // Which (sender, seq) were applied: retries of pushes applied here must
   // be recognised by the backup once it is promoted.
   constexpr size_t kPerMessage = 1000;
@@ -317,7 +333,7 @@ void KVServer::Impl::SendSeqRecords(const Ownership& own, BackupLink& link) {
     words = std::vector<uint64_t>();
     senders = 0;
   };
-  for (const auto& [sender, window] : seqs_) {
+  for (const auto& [sender, window] : *deps_.seqs) {
     words.push_back(sender);
     words.push_back(window.top());
     const std::vector<uint64_t> bits = window.Words();
@@ -327,9 +343,9 @@ void KVServer::Impl::SendSeqRecords(const Ownership& own, BackupLink& link) {
   flush();
 }
 
-uint64_t KVServer::Impl::SendTableCopy(const Ownership& own, BackupLink& link,
-                                       uint32_t id,
-                                       const std::vector<bool>& mask) {
+uint64_t ReplicationPrimary::SendTableCopy(const ServerView& own,
+                                           BackupLink& link, uint32_t id,
+                                           const std::vector<bool>& mask) {
   const uint32_t num_slots = static_cast<uint32_t>(mask.size());
   uint64_t copied = 0;
   std::vector<uint64_t> out_keys;
@@ -345,7 +361,8 @@ uint64_t KVServer::Impl::SendTableCopy(const Ownership& own, BackupLink& link,
     out_keys = std::vector<uint64_t>();
     out_values = std::vector<float>();
   };
-  if (const SparseTable* sparse = tables_[id]->AsSparse()) {
+  const Table& table = *deps_.tables->at(id);
+  if (const SparseTable* sparse = table.AsSparse()) {
     const size_t stride = sparse->state_floats();
     std::vector<uint64_t> keys;
     std::vector<float> state;
@@ -366,7 +383,7 @@ uint64_t KVServer::Impl::SendTableCopy(const Ownership& own, BackupLink& link,
     flush(REPLICA_ROWS);
     return copied;
   }
-  const DenseTable* dense = tables_[id]->AsDense();
+  const DenseTable* dense = table.AsDense();
   (void)dense->ForEachBlock([&](uint64_t block, absl::Span<const float> values,
                                 absl::Span<const float> state) {
     if (!mask[DenseBlockSlot(id, block, num_slots)]) return absl::OkStatus();
@@ -381,14 +398,16 @@ uint64_t KVServer::Impl::SendTableCopy(const Ownership& own, BackupLink& link,
   return copied;
 }
 
-void KVServer::Impl::SendStepBuffers(const Ownership& own, BackupLink& link,
-                                     const std::vector<bool>& mask) {
+void ReplicationPrimary::SendStepBuffers(const ServerView& own,
+                                         BackupLink& link,
+                                         const std::vector<bool>& mask) {
   // BSP steps buffered and not yet applied: the backup applies them with
   // this server when it is told the divisor.
   const uint32_t num_slots = static_cast<uint32_t>(mask.size());
-  for (auto& [step, buffer] : buffers_) {
-    auto send = [&, step = step, &buffer = buffer](uint32_t id, std::vector<uint64_t> keys,
-                                 std::vector<double> sums) {
+  for (const auto& [step, buffer] : *deps_.buffers) {
+    auto send = [&, step = step, &buffer = buffer](uint32_t id,
+                                                   std::vector<uint64_t> keys,
+                                                   std::vector<double> sums) {
       if (keys.empty()) return;
       RequestHeader h =
           CatchUpHeader(own.epoch, own.node_id, REPLICA_STEP_BUFFER);
@@ -400,8 +419,8 @@ void KVServer::Impl::SendStepBuffers(const Ownership& own, BackupLink& link,
       link.Send(h, FrameFromVector(std::move(keys)),
                 FrameFromVector(std::move(sums)), true);
     };
-    for (auto& [id, b] : buffer.sparse) {
-      const uint32_t dim = tables_[id]->AsSparse()->dim();
+    for (const auto& [id, b] : buffer.sparse) {
+      const uint32_t dim = deps_.tables->at(id)->AsSparse()->dim();
       std::vector<uint64_t> keys;
       std::vector<double> sums;
       for (size_t i = 0; i < b.keys.size(); ++i) {
@@ -412,7 +431,7 @@ void KVServer::Impl::SendStepBuffers(const Ownership& own, BackupLink& link,
       }
       send(id, std::move(keys), std::move(sums));
     }
-    for (auto& [id, b] : buffer.dense) {
+    for (const auto& [id, b] : buffer.dense) {
       std::vector<uint64_t> triples;
       std::vector<double> sums;
       std::vector<uint64_t> blocks;
@@ -420,9 +439,9 @@ void KVServer::Impl::SendStepBuffers(const Ownership& own, BackupLink& link,
       std::sort(blocks.begin(), blocks.end());
       for (uint64_t block : blocks) {
         if (!mask[DenseBlockSlot(id, block, num_slots)]) continue;
-        const auto range = b.touched[block];
+        const auto range = b.touched.at(block);
         triples.insert(triples.end(), {block, range.first, range.second});
-        const std::vector<double>& s = b.blocks[block];
+        const std::vector<double>& s = b.blocks.at(block);
         sums.insert(sums.end(), s.begin(), s.end());
       }
       send(id, std::move(triples), std::move(sums));
@@ -430,8 +449,8 @@ void KVServer::Impl::SendStepBuffers(const Ownership& own, BackupLink& link,
   }
 }
 
-void KVServer::Impl::OnBackupAnswer(uint64_t node,
-                                    std::vector<zmq::message_t>& frames) {
+void ReplicationPrimary::OnBackupAnswer(uint64_t node,
+                                        std::vector<zmq::message_t>& frames) {
   auto it = links_.find(node);
   if (it == links_.end()) return;
   BackupLink& link = *it->second;
@@ -478,7 +497,7 @@ void KVServer::Impl::OnBackupAnswer(uint64_t node,
   for (uint64_t wait_id : ready) ReleaseWait(wait_id);
 }
 
-void KVServer::Impl::ReleaseWait(uint64_t wait_id) {
+void ReplicationPrimary::ReleaseWait(uint64_t wait_id) {
   auto it = waits_.find(wait_id);
   if (it == waits_.end()) return;
   Wait w = std::move(it->second);
@@ -488,12 +507,12 @@ void KVServer::Impl::ReleaseWait(uint64_t wait_id) {
         &w.rh, &w.values, &w.keys,
         absl::StrCat("the backup did not take its copy (", w.error, ")"));
   }
-  Send(w.identity, w.rh, w.values, w.keys);
-  if (!w.failed && w.first_promoted) LogFirstPromotedServed();
+  deps_.send(w.identity, w.rh, w.values, w.keys);
+  if (!w.failed && w.first_promoted) deps_.first_promoted_served();
 }
 
-void KVServer::Impl::MaybeResync(const Ownership& own) {
-  const absl::Time now = options_.clock->Now();
+void ReplicationPrimary::MaybeResync(const ServerView& own) {
+  const absl::Time now = deps_.clock->Now();
   for (auto& [node, link] : links_) {
     if (!link->resync || now - link->last_resync < kResyncPeriod) continue;
     std::vector<uint32_t> slots;
@@ -503,6 +522,106 @@ void KVServer::Impl::MaybeResync(const Ownership& own) {
     link->resync = false;
     link->last_resync = now;
     if (!slots.empty()) SendCatchUp(own, *link, slots);
+  }
+}
+
+void ReplicationPrimary::Answer(const ServerView* applied,
+                                zmq::message_t& identity, ResponseHeader& rh,
+                                zmq::message_t& values, zmq::message_t& keys,
+                                std::vector<Need> needs, bool first_promoted) {
+  std::vector<Need> open;
+  bool gone = false;
+  for (const Need& need : needs) {
+    auto link = links_.find(need.first);
+    if (link == links_.end()) {
+      gone = true;
+    } else if (link->second->acked() < need.second) {
+      open.push_back(need);
+    }
+  }
+  if (gone && rh.code() == 0) {
+    // A backup this answer waited for went away meanwhile (a deferred
+    // pull's push half): the update is held by the current backups once
+    // they have taken everything sent to them, catch-ups included.
+    if (applied == nullptr || applied->node_id == 0) {
+      NotAcknowledged(&rh, &values, &keys,
+                      "this server is no longer a live member");
+    } else {
+      for (const auto& [node, link] : links_) {
+        if (!link->all_acked()) open.emplace_back(node, link->last_sent());
+      }
+    }
+  }
+  if (open.empty() || rh.code() != 0) {
+    deps_.send(identity, rh, values, keys);
+    if (first_promoted && rh.code() == 0) deps_.first_promoted_served();
+    return;
+  }
+  const uint64_t id = next_wait_++;
+  Wait& w = waits_[id];
+  w.identity = std::move(identity);
+  w.rh = rh;
+  w.values = std::move(values);
+  w.keys = std::move(keys);
+  w.remaining = static_cast<int>(open.size());
+  w.first_promoted = first_promoted;
+  for (const Need& need : open)
+    links_[need.first]->waiters().emplace(need.second, id);
+}
+
+void ReplicationPrimary::NotAcknowledged(ResponseHeader* rh,
+                                         zmq::message_t* values,
+                                         zmq::message_t* keys,
+                                         const std::string& why) {
+  // Applied here, perhaps, but not held by a backup: the worker sends it
+  // again with the same sequence number, and whoever owns its slots then
+  // applies it or answers it as a duplicate.
+  SetResponseStatus(absl::UnavailableError(
+                        absl::StrCat(why, "; not acknowledged, send again")),
+                    rh);
+  rh->set_num_values(0);
+  rh->set_num_keys(0);
+  rh->set_duplicate(false);
+  *values = zmq::message_t();
+  *keys = zmq::message_t();
+}
+
+void ReplicationPrimary::AnnounceStep(const ServerView* applied, uint64_t step,
+                                      uint32_t divisor) {
+  // Backups apply what they buffered of the step with the same divisor.
+  for (auto& [node, link] : links_) {
+    RequestHeader h;
+    h.set_replica(true);
+    h.set_epoch(applied != nullptr ? applied->epoch : 0);
+    ReplicaInfo* r = h.mutable_replica_info();
+    r->set_kind(REPLICA_APPLY_STEP);
+    r->set_primary_node_id(applied != nullptr ? applied->node_id : 0);
+    r->set_step(step);
+    r->set_divisor(divisor);
+    link->Send(h, zmq::message_t(), zmq::message_t(), false);
+  }
+}
+
+void ReplicationPrimary::AddPollItems(std::vector<zmq::pollitem_t>* items,
+                                      std::vector<uint64_t>* nodes) {
+  for (auto& [node, link] : links_) {
+    items->push_back({link->socket().handle(), 0, ZMQ_POLLIN, 0});
+    nodes->push_back(node);
+  }
+}
+
+void ReplicationPrimary::ReadAnswers(uint64_t node) {
+  // A link the view just dropped is gone from links_ (its socket with it).
+  std::vector<zmq::message_t> frames;
+  while (true) {
+    auto link = links_.find(node);
+    if (link == links_.end()) break;
+    frames.clear();
+    auto n =
+        zmq::recv_multipart(link->second->socket(), std::back_inserter(frames),
+                            zmq::recv_flags::dontwait);
+    if (!n) break;
+    OnBackupAnswer(node, frames);
   }
 }
 

@@ -311,11 +311,7 @@ absl::Status KVServer::Impl::Validate(const Request& r, const Ownership& own,
     for (uint32_t slot : v->slots) {
       if (own.slot_owner[slot] != own.rank) return not_owner(slot);
     }
-    if (awaiting_first_promoted_) {
-      for (uint32_t slot : v->slots) {
-        if (promoted_[slot]) v->first_promoted = true;
-      }
-    }
+    if (failover_.Touches(v->slots)) v->first_promoted = true;
   } else if (!own.all && !own.owns_every_slot) {
     if (v->sparse != nullptr) {
       // A cached list checked in this view needs no second look.
@@ -396,7 +392,8 @@ absl::Status KVServer::Impl::Apply(const Request& r, const ValidatedUpdate& v,
     // Acknowledged only once the backups hold it (they may still be
     // taking it, from this server or in a catch-up). UNAVAILABLE while a
     // backup is copied again: a duplicate applies nothing either way.
-    if (own.replicated) return NeedsForDuplicate(own, v.slots, &ctx->needs);
+    if (own.replicated)
+      return primary_.NeedsForDuplicate(own, v.slots, &ctx->needs);
     return absl::OkStatus();
   }
   if (h.seq() != 0) seqs_[h.sender_node_id()].Record(h.seq());
@@ -404,16 +401,16 @@ absl::Status KVServer::Impl::Apply(const Request& r, const ValidatedUpdate& v,
   if (v.assign) {
     v.dense->Assign(h.segments(), values.data());
     if (own.replicated) {
-      Forward(own, h, REPLICA_APPLY, 1.0f, *table, keys, values, frames,
-              v.slots, &ctx->needs);
+      primary_.Forward(own, h, REPLICA_APPLY, 1.0f, *table, keys, values,
+                       frames, v.slots, &ctx->needs);
     }
     return absl::OkStatus();
   }
   if (v.buffer) {
     Buffer(h.clock(), h.sender_node_id(), table, keys, h.segments(), values);
     if (own.replicated) {
-      Forward(own, h, REPLICA_BUFFER, 1.0f, *table, keys, values, frames,
-              v.slots, &ctx->needs);
+      primary_.Forward(own, h, REPLICA_BUFFER, 1.0f, *table, keys, values,
+                       frames, v.slots, &ctx->needs);
     }
   } else {
     // Staleness: how far this push's step is behind the server's clock.
@@ -428,8 +425,8 @@ absl::Status KVServer::Impl::Apply(const Request& r, const ValidatedUpdate& v,
       v.dense->Push(h.segments(), values.data(), lr_scale);
     }
     if (own.replicated) {
-      Forward(own, h, REPLICA_APPLY, lr_scale, *table, keys, values, frames,
-              v.slots, &ctx->needs);
+      primary_.Forward(own, h, REPLICA_APPLY, lr_scale, *table, keys, values,
+                       frames, v.slots, &ctx->needs);
     }
     checkpoint_gate_.NoteApplied(h.clock());
   }

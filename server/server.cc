@@ -1,6 +1,3 @@
-#include <sys/eventfd.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -32,8 +29,6 @@ std::shared_ptr<spdlog::logger> Log() {
 // Poll period of the serving loop; bounds how long Stop() waits and how
 // late a new view takes effect.
 constexpr std::chrono::milliseconds kPollPeriod{50};
-// Data-plane handshakes must complete within this (see Start).
-constexpr int kHandshakeTimeoutMs = 3000;
 
 }  // namespace
 
@@ -73,63 +68,21 @@ absl::StatusOr<std::unique_ptr<KVServer::Impl>> KVServer::Impl::Start(
     if (!table.ok()) return table.status();
     server->tables_[tc.id()] = std::move(table).value();
   }
-  try {
-    const DataPlaneLimits& limits = server->admission_.limits();
-    server->socket_ = zmq::socket_t(server->context_, zmq::socket_type::router);
-    // A frame over the limit makes ZeroMQ drop the connection as soon as
-    // the frame's size is read: nothing of it is buffered.
-    server->socket_.set(zmq::sockopt::maxmsgsize, limits.max_message_bytes());
-    server->socket_.set(zmq::sockopt::rcvhwm,
-                        static_cast<int>(limits.receive_queue_messages()));
-    server->socket_.set(zmq::sockopt::linger, 0);
-    // A connection that has not finished its handshake within this is
-    // dropped: idle or stalled peers cannot hold connection places for
-    // libzmq's default 30 s, and a peer the gate told to wait (max_connections)
-    // is dropped and reconnects within it.
-    server->socket_.set(zmq::sockopt::handshake_ivl,
-                        static_cast<int>(kHandshakeTimeoutMs));
-    // The gate (ZAP handler) must be bound before the first handshake.
-    PeerGate::Options gate;
-    gate.curve = server->options_.curve;
-    gate.max_connections = limits.max_connections();
-    gate.metrics = server->options_.metrics;
-    auto started =
-        PeerGate::Start(server->context_, server->socket_, std::move(gate));
-    if (!started.ok()) return started.status();
-    server->gate_ = std::move(started).value();
-    if (server->options_.curve.has_value()) {
-      PS_RETURN_IF_ERROR(
-          ApplyCurveServer(server->socket_, *server->options_.curve));
-    }
-    server->socket_.bind(server->options_.bind_endpoint);
-    server->endpoint_ = server->socket_.get(zmq::sockopt::last_endpoint);
-  } catch (const zmq::error_t& e) {
-    return absl::UnavailableError(absl::StrCat(
-        "cannot bind ", server->options_.bind_endpoint, ": ", e.what()));
-  }
-  const size_t colon = server->endpoint_.rfind(':');
-  if (colon == std::string::npos ||
-      !absl::SimpleAtoi(server->endpoint_.substr(colon + 1), &server->port_)) {
-    return absl::InternalError(
-        absl::StrCat("cannot parse bound endpoint ", server->endpoint_));
-  }
-  server->wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  if (server->wake_fd_ < 0) {
-    return absl::InternalError(
-        "cannot create the serving thread's wake-up eventfd");
-  }
+  PS_RETURN_IF_ERROR(server->data_.Open(
+      server->options_.bind_endpoint, server->admission_.limits(),
+      server->options_.curve, server->options_.metrics));
+  PS_RETURN_IF_ERROR(server->views_.OpenWake());
   if (server->options_.standalone) {
     auto own = std::make_shared<Ownership>();
     own->all = true;
     own->consistency = server->options_.config.consistency();
-    absl::MutexLock lock(&server->view_mu_);
-    server->ownership_ = std::move(own);
+    server->views_.Install(std::move(own));
   }
   if (server->options_.metrics != nullptr)
     server->RegisterMetrics(server->options_.metrics);
-  server->thread_ = std::thread([s = server.get()] { s->Serve(); });
+  server->serving_.Start([s = server.get()] { s->Serve(); });
   Log()->info("serving {} tables on {}{}", server->tables_.size(),
-              server->endpoint_,
+              server->data_.endpoint(),
               server->options_.curve.has_value() ? " (CURVE)" : "");
   return server;
 }
@@ -139,28 +92,43 @@ KVServer::Impl::Impl(Options options)
       consistency_(options_.config.consistency()),
       key_cache_(options_.config.data_plane().key_cache_bytes()),
       replicated_(!options_.standalone &&
-                  options_.config.cluster().replication() >= 2),
-      ownership_(std::make_shared<Ownership>()) {}
+                  options_.config.cluster().replication() >= 2) {}
+
+ReplicationPrimary::Deps KVServer::Impl::ReplicationPrimaryDeps() {
+  ReplicationPrimary::Deps deps;
+  deps.context = &data_.context();
+  deps.curve = options_.curve.has_value() ? &*options_.curve : nullptr;
+  deps.clock = options_.clock;
+  deps.tables = &tables_;
+  deps.seqs = &seqs_;
+  deps.buffers = &bsp_.buffers;
+  deps.forwards = &counters_.forwards;
+  deps.unreplicated_pushes = &counters_.unreplicated_pushes;
+  deps.catchups_sent = &counters_.catchups_sent;
+  deps.rows_copied = &counters_.rows_copied;
+  deps.send = [this](zmq::message_t& identity, const ResponseHeader& rh,
+                     zmq::message_t& values, zmq::message_t& keys) {
+    Send(identity, rh, values, keys);
+  };
+  deps.first_promoted_served = [this] { failover_.FirstServed(); };
+  return deps;
+}
 
 KVServer::Impl::~Impl() {
   UnregisterMetrics();
   Stop();
-  if (wake_fd_ >= 0) close(wake_fd_);
 }
 
 std::vector<const Table*> KVServer::Impl::StoppedTables() const {
   std::vector<const Table*> tables;
-  if (!stopped_.load()) return tables;
+  if (!serving_.stopped()) return tables;
   for (const auto& [id, table] : tables_) tables.push_back(table.get());
   std::sort(tables.begin(), tables.end(),
             [](const Table* a, const Table* b) { return a->id() < b->id(); });
   return tables;
 }
 
-void KVServer::Impl::Stop() {
-  stop_.store(true);
-  if (thread_.joinable()) thread_.join();
-}
+void KVServer::Impl::Stop() { serving_.Stop(); }
 
 void KVServer::Impl::UpdateView(const ClusterView& view, uint32_t rank) {
   auto own = std::make_shared<Ownership>();
@@ -208,77 +176,21 @@ void KVServer::Impl::UpdateView(const ClusterView& view, uint32_t rank) {
       const size_t colon = e.rfind(':');
       int port = 0;
       if (n.rank() == rank && colon != std::string::npos &&
-          absl::SimpleAtoi(e.substr(colon + 1), &port) && port == port_) {
+          absl::SimpleAtoi(e.substr(colon + 1), &port) &&
+          port == data_.port()) {
         own->node_id = n.node_id();
       }
     }
   }
-  {
-    absl::MutexLock lock(&view_mu_);
-    if (ownership_->all) return;  // standalone servers ignore views
-    ownership_ = std::move(own);
-  }
-  if (wake_fd_ >= 0) {
-    const uint64_t one = 1;
-    (void)!write(wake_fd_, &one, sizeof(one));
-  }
+  views_.Post(std::move(own));
 }
 
 void KVServer::Impl::SetLease(std::chrono::steady_clock::time_point until) {
-  int64_t ticks = until.time_since_epoch().count();
-  // kNoLease means "not enforced"; a lease that far away is the same.
-  if (ticks == kNoLease) --ticks;
-  lease_until_.store(ticks, std::memory_order_release);
+  lease_fence_.SetLease(until);
 }
 
 void KVServer::Impl::Fence(std::string why) {
-  {
-    absl::MutexLock lock(&fence_mu_);
-    if (fenced_.load()) return;
-    fence_why_ = std::move(why);
-    Log()->warn("fenced: {}; refusing every request from now on", fence_why_);
-  }
-  fenced_.store(true, std::memory_order_release);
-}
-
-absl::Status KVServer::Impl::CheckServing(const Ownership& own,
-                                          ServerRefusal* refusal) {
-  absl::Status refused;
-  if (fenced_.load(std::memory_order_acquire)) {
-    counters_.fenced_refusals.fetch_add(1, std::memory_order_relaxed);
-    *refusal = NOT_MEMBER;
-    std::string why;
-    {
-      absl::MutexLock lock(&fence_mu_);
-      why = fence_why_;
-    }
-    refused = absl::UnavailableError(absl::StrCat(
-        "server ", own.rank, " is no longer a member of the job (", why,
-        "): refresh the cluster view and retry with the slots' new owner"));
-  } else {
-    const int64_t until = lease_until_.load(std::memory_order_acquire);
-    if (until == kNoLease) return absl::OkStatus();
-    using SteadyClock = std::chrono::steady_clock;
-    const SteadyClock::time_point now = SteadyClock::now();
-    const SteadyClock::time_point end{SteadyClock::duration(until)};
-    if (now < end) {
-      if (refusing_ != 0) {
-        Log()->info("lease renewed: serving again after refusing {} requests",
-                    refusing_);
-        refusing_ = 0;
-      }
-      return absl::OkStatus();
-    }
-    counters_.lease_refusals.fetch_add(1, std::memory_order_relaxed);
-    *refusal = LEASE_LAPSED;
-    refused = absl::UnavailableError(absl::StrCat(
-        "server ", own.rank, "'s lease lapsed ",
-        std::chrono::duration_cast<std::chrono::milliseconds>(now - end)
-            .count(),
-        "ms ago: it has not reached the scheduler; retry"));
-  }
-  if (refusing_++ == 0) Log()->warn("refusing requests: {}", refused.message());
-  return refused;
+  lease_fence_.Fence(std::move(why));
 }
 
 void KVServer::Impl::SendRefusal(zmq::message_t& identity,
@@ -301,9 +213,10 @@ void KVServer::Impl::SendRefusal(zmq::message_t& identity,
 
 KVServer::Stats KVServer::Impl::stats() const {
   Stats s = counters_.Snapshot();
-  s.auth_refusals = gate_ ? gate_->auth_refusals() : 0;
-  s.connection_refusals = gate_ ? gate_->connection_refusals() : 0;
-  s.open_connections = gate_ ? gate_->open_connections() : 0;
+  const PeerGate* gate = data_.gate();
+  s.auth_refusals = gate ? gate->auth_refusals() : 0;
+  s.connection_refusals = gate ? gate->connection_refusals() : 0;
+  s.open_connections = gate ? gate->open_connections() : 0;
   return s;
 }
 
@@ -329,7 +242,7 @@ void KVServer::Impl::ApplyView(const Ownership& own) {
     // when the view promoting this server arrives: it is refused (its
     // worker's retry comes here). Promotion first, so the catch-ups of the
     // promoted slots to their new backups include what was promoted.
-    if (last_applied_ != nullptr) Promote(*last_applied_, own);
+    if (views_.applied() != nullptr) Promote(*views_.applied(), own);
     // Held replica messages stay: they may come from a primary this view
     // does not know yet; ReleaseReplicas refuses those of dead ones.
     absl::flat_hash_set<uint64_t> live_servers(own.server_node.begin(),
@@ -354,7 +267,10 @@ void KVServer::Impl::ApplyView(const Ownership& own) {
   }
   NoteCheckpointClock(own);
   if (own.replicated && !own.slot_owner.empty()) {
-    SyncBackups(own);
+    const uint32_t num_slots = static_cast<uint32_t>(own.slot_owner.size());
+    replicas_.SizeSlots(num_slots);
+    failover_.SizeSlots(num_slots);
+    primary_.SyncBackups(own);
     ReleaseReplicas(own);
   }
   if (checkpoint_gate_.pending() == 0 && checkpoint_gate_.held_count() > 0)
@@ -367,15 +283,11 @@ void KVServer::Impl::Serve() {
   // The newest view, applied if it changed. Read after every poll so a view
   // installed while polling already governs the messages that woke it.
   auto current_view = [&]() -> std::shared_ptr<const Ownership> {
-    std::shared_ptr<const Ownership> own;
-    {
-      absl::MutexLock lock(&view_mu_);
-      own = ownership_;
-    }
+    std::shared_ptr<const Ownership> own = views_.Current();
     if (own != applied) {
       ApplyView(*own);
       applied = own;
-      last_applied_ = own;
+      views_.SetApplied(own);
       Progress(*own);
     }
     return own;
@@ -385,45 +297,30 @@ void KVServer::Impl::Serve() {
   std::vector<zmq::pollitem_t> items;
   std::vector<uint64_t>
       item_links;  // node id of the link polled at items[2 + i]
-  while (!stop_.load(std::memory_order_relaxed)) {
+  while (!serving_.stop_requested()) {
     items.clear();
     item_links.clear();
-    items.push_back({socket_.handle(), 0, ZMQ_POLLIN, 0});
-    items.push_back({nullptr, wake_fd_, ZMQ_POLLIN, 0});
-    for (auto& [node, link] : links_) {
-      items.push_back({link->socket().handle(), 0, ZMQ_POLLIN, 0});
-      item_links.push_back(node);
-    }
+    items.push_back({data_.socket().handle(), 0, ZMQ_POLLIN, 0});
+    items.push_back({nullptr, views_.wake_fd(), ZMQ_POLLIN, 0});
+    primary_.AddPollItems(&items, &item_links);
     try {
       zmq::poll(items.data(), items.size(), kPollPeriod);
-      if (items[1].revents & ZMQ_POLLIN) {
-        uint64_t count;
-        (void)!read(wake_fd_, &count, sizeof(count));
-      }
+      if (items[1].revents & ZMQ_POLLIN) views_.ClearWake();
       const bool readable = (items[0].revents & ZMQ_POLLIN) != 0;
       std::shared_ptr<const Ownership> own = current_view();
-      // Backups' answers first: they release answers to workers. A link
-      // the view just dropped is gone from links_ (its socket with it).
+      // Backups' answers first: they release answers to workers.
       for (size_t i = 0; i < item_links.size(); ++i) {
-        if (!(items[2 + i].revents & ZMQ_POLLIN)) continue;
-        while (true) {
-          auto link = links_.find(item_links[i]);
-          if (link == links_.end()) break;
-          frames.clear();
-          auto n = zmq::recv_multipart(link->second->socket(),
-                                       std::back_inserter(frames),
-                                       zmq::recv_flags::dontwait);
-          if (!n) break;
-          OnBackupAnswer(item_links[i], frames);
-        }
+        if (items[2 + i].revents & ZMQ_POLLIN)
+          primary_.ReadAnswers(item_links[i]);
       }
-      if (own->replicated) MaybeResync(*own);
+      if (own->replicated) primary_.MaybeResync(*own);
       if (readable) {
         // Drain everything queued before polling again.
-        while (!stop_.load(std::memory_order_relaxed)) {
+        while (!serving_.stop_requested()) {
           frames.clear();
-          auto n = zmq::recv_multipart(socket_, std::back_inserter(frames),
-                                       zmq::recv_flags::dontwait);
+          auto n =
+              zmq::recv_multipart(data_.socket(), std::back_inserter(frames),
+                                  zmq::recv_flags::dontwait);
           if (!n) break;
           if (frames.empty()) continue;
           // frames[0] is the peer identity added by the ROUTER socket.
@@ -439,8 +336,7 @@ void KVServer::Impl::Serve() {
       }
       AdvanceTables();
       Watchdog();
-      if (options_.clock->Now() - last_stats_publish_ >= kStatsPeriod)
-        PublishTableStats();
+      if (table_stats_.Due(options_.clock->Now())) PublishTableStats();
     } catch (const zmq::error_t& e) {
       // A send to a vanished peer or an interrupted poll must not take the
       // server down; log and keep serving.
@@ -449,7 +345,7 @@ void KVServer::Impl::Serve() {
   }
   PublishTableStats();
   if (replicated_) LogReplicationSummary();
-  stopped_.store(true);
+  serving_.MarkStopped();
 }
 
 void KVServer::Impl::LogReplicationSummary() const {
@@ -469,30 +365,11 @@ void KVServer::Impl::PublishTableStats() {
   FillStats(&rh);
   std::vector<TableStats> stats(rh.table_stats().begin(),
                                 rh.table_stats().end());
-  last_stats_publish_ = options_.clock->Now();
-  absl::MutexLock lock(&stats_mu_);
-  table_stats_ = std::move(stats);
+  table_stats_.Publish(options_.clock->Now(), std::move(stats));
 }
 
 std::vector<TableStats> KVServer::Impl::table_stats() const {
-  absl::MutexLock lock(&stats_mu_);
-  return table_stats_;
-}
-
-void KVServer::Impl::Send(zmq::message_t& identity, const ResponseHeader& rh,
-                          zmq::message_t& values, zmq::message_t& keys) {
-  // header, [values, [keys]]: a keys frame needs the values frame before
-  // it, even if empty.
-  const bool has_keys = keys.size() > 0;
-  const bool has_values = has_keys || values.size() > 0;
-  socket_.send(identity, zmq::send_flags::sndmore);
-  socket_.send(SerializeToFrame(rh),
-               has_values ? zmq::send_flags::sndmore : zmq::send_flags::none);
-  if (has_values) {
-    socket_.send(values,
-                 has_keys ? zmq::send_flags::sndmore : zmq::send_flags::none);
-  }
-  if (has_keys) socket_.send(keys, zmq::send_flags::none);
+  return table_stats_.Get();
 }
 
 bool KVServer::Impl::HandleMessage(zmq::message_t identity,
@@ -510,7 +387,8 @@ bool KVServer::Impl::HandleMessage(zmq::message_t identity,
   // lease. Nothing of the request is looked at before (no clock, no key
   // list, no sequence number).
   ServerRefusal refusal = REFUSAL_NONE;
-  if (absl::Status serving = CheckServing(own, &refusal); !serving.ok()) {
+  if (absl::Status serving = lease_fence_.Check(own.rank, &refusal);
+      !serving.ok()) {
     static const zmq::message_t kEmpty;
     SendRefusal(identity, frames.empty() ? kEmpty : frames[0], serving, refusal,
                 own.epoch);
@@ -533,88 +411,18 @@ bool KVServer::Impl::HandleMessage(zmq::message_t identity,
     counters_.pulls_deferred.fetch_add(1, std::memory_order_relaxed);
     const uint64_t bytes = Admission::FramesBytes(frames);
     counters_.held_bytes += bytes;
-    deferred_.push_back({std::move(identity), std::move(frames), h.clock(),
-                         h.sender_rank(), options_.clock->Now(),
-                         std::move(ctx.needs), bytes});
+    deferred_.queue.push_back(
+        {std::move(identity), std::move(frames), h.clock(), h.sender_rank(),
+         options_.clock->Now(), std::move(ctx.needs), bytes});
     return ctx.progress_due;
   }
   if (!replicated_) {
     Send(identity, rh, values, keys);
   } else {
-    Answer(identity, rh, values, keys, std::move(ctx.needs),
-           ctx.first_promoted);
+    primary_.Answer(views_.applied().get(), identity, rh, values, keys,
+                    std::move(ctx.needs), ctx.first_promoted);
   }
   return ctx.progress_due;
-}
-
-void KVServer::Impl::Answer(zmq::message_t& identity, ResponseHeader& rh,
-                            zmq::message_t& values, zmq::message_t& keys,
-                            std::vector<Need> needs, bool first_promoted) {
-  std::vector<Need> open;
-  bool gone = false;
-  for (const Need& need : needs) {
-    auto link = links_.find(need.first);
-    if (link == links_.end()) {
-      gone = true;
-    } else if (link->second->acked() < need.second) {
-      open.push_back(need);
-    }
-  }
-  if (gone && rh.code() == 0) {
-    // A backup this answer waited for went away meanwhile (a deferred
-    // pull's push half): the update is held by the current backups once
-    // they have taken everything sent to them, catch-ups included.
-    if (last_applied_ == nullptr || last_applied_->node_id == 0) {
-      NotAcknowledged(&rh, &values, &keys,
-                      "this server is no longer a live member");
-    } else {
-      for (const auto& [node, link] : links_) {
-        if (!link->all_acked()) open.emplace_back(node, link->last_sent());
-      }
-    }
-  }
-  if (open.empty() || rh.code() != 0) {
-    Send(identity, rh, values, keys);
-    if (first_promoted && rh.code() == 0) LogFirstPromotedServed();
-    return;
-  }
-  const uint64_t id = next_wait_++;
-  Wait& w = waits_[id];
-  w.identity = std::move(identity);
-  w.rh = rh;
-  w.values = std::move(values);
-  w.keys = std::move(keys);
-  w.remaining = static_cast<int>(open.size());
-  w.first_promoted = first_promoted;
-  for (const Need& need : open)
-    links_[need.first]->waiters().emplace(need.second, id);
-}
-
-void KVServer::Impl::NotAcknowledged(ResponseHeader* rh, zmq::message_t* values,
-                                     zmq::message_t* keys,
-                                     const std::string& why) {
-  // Applied here, perhaps, but not held by a backup: the worker sends it
-  // again with the same sequence number, and whoever owns its slots then
-  // applies it or answers it as a duplicate.
-  SetResponseStatus(absl::UnavailableError(
-                        absl::StrCat(why, "; not acknowledged, send again")),
-                    rh);
-  rh->set_num_values(0);
-  rh->set_num_keys(0);
-  rh->set_duplicate(false);
-  *values = zmq::message_t();
-  *keys = zmq::message_t();
-}
-
-void KVServer::Impl::LogFirstPromotedServed() {
-  if (!awaiting_first_promoted_) return;
-  awaiting_first_promoted_ = false;
-  const absl::Time now = options_.clock->Now();
-  Log()->info(
-      "failover: first request for the slots promoted at epoch {} answered "
-      "{:.1f} ms after that view was applied (unix_us={})",
-      promoted_epoch_, absl::ToDoubleMilliseconds(now - promoted_at_),
-      absl::ToUnixMicros(now));
 }
 
 void KVServer::Impl::Buffer(uint64_t step, uint64_t node_id, Table* table,
@@ -622,7 +430,7 @@ void KVServer::Impl::Buffer(uint64_t step, uint64_t node_id, Table* table,
                             const Segments& segments,
                             absl::Span<const float> grads) {
   consistency_.NoteBuffered(step);
-  buffers_[step].Add(node_id, table, keys, segments, grads);
+  bsp_.buffers[step].Add(node_id, table, keys, segments, grads);
 }
 
 void KVServer::Impl::ApplyBuffered(uint64_t step, StepBuffer& buffer,
@@ -638,14 +446,14 @@ void KVServer::Impl::Progress(const Ownership& own) {
   uint64_t step;
   MaybeWriteCheckpoint(own);
   while (consistency_.NextCompleteStep(&step, checkpoint_gate_.StepLimit())) {
-    auto it = buffers_.find(step);
+    auto it = bsp_.buffers.find(step);
     // finished_ marks exactly the buffered steps, so the buffer exists.
-    if (it != buffers_.end()) {
+    if (it != bsp_.buffers.end()) {
       const uint32_t divisor =
           std::max<uint32_t>(consistency_.FinishedCount(step),
                              static_cast<uint32_t>(it->second.pushers.size()));
       ApplyBuffered(step, it->second, divisor);
-      buffers_.erase(it);
+      bsp_.buffers.erase(it);
       StepDone(step, divisor);
     }
     consistency_.ForgetStep(step);
@@ -661,7 +469,7 @@ void KVServer::Impl::Progress(const Ownership& own) {
     }
   }
   // Answer held pulls that may now be answered, oldest first.
-  for (auto it = deferred_.begin(); it != deferred_.end();) {
+  for (auto it = deferred_.queue.begin(); it != deferred_.queue.end();) {
     if (!PullAllowed(it->clock)) {
       ++it;
       continue;
@@ -669,13 +477,14 @@ void KVServer::Impl::Progress(const Ownership& own) {
     ResponseHeader rh;
     zmq::message_t values, keys;
     ServerRefusal refusal = REFUSAL_NONE;
-    if (absl::Status serving = CheckServing(own, &refusal); !serving.ok()) {
+    if (absl::Status serving = lease_fence_.Check(own.rank, &refusal);
+        !serving.ok()) {
       // Not answered from a view that may be stale. A PUSH_PULL's push half
       // was applied when it arrived: the client's retry (same sequence
       // number) is answered as a duplicate by whoever owns the slots then.
       counters_.held_bytes -= it->bytes;
       SendRefusal(it->identity, it->frames[0], serving, refusal, own.epoch);
-      it = deferred_.erase(it);
+      it = deferred_.queue.erase(it);
       continue;
     }
     RequestContext ctx;  // a plain PULL: waits for nothing new
@@ -685,19 +494,20 @@ void KVServer::Impl::Progress(const Ownership& own) {
           absl::ToDoubleSeconds(options_.clock->Now() - it->since));
     }
     if (replicated_) {
-      Answer(it->identity, rh, values, keys, std::move(it->needs), false);
+      primary_.Answer(views_.applied().get(), it->identity, rh, values, keys,
+                      std::move(it->needs), false);
     } else {
       Send(it->identity, rh, values, keys);
     }
     counters_.held_bytes -= it->bytes;
-    it = deferred_.erase(it);
+    it = deferred_.queue.erase(it);
   }
 }
 
 void KVServer::Impl::FlushBuffers() {
   // Leaving BSP: apply what was gathered, step by step, averaged over the
   // workers that took part.
-  for (auto& [step, buffer] : buffers_) {
+  for (auto& [step, buffer] : bsp_.buffers) {
     const uint32_t divisor =
         std::max<uint32_t>(consistency_.FinishedCount(step),
                            static_cast<uint32_t>(buffer.pushers.size()));
@@ -705,27 +515,13 @@ void KVServer::Impl::FlushBuffers() {
     StepDone(step, divisor);
     consistency_.ForgetStep(step);
   }
-  buffers_.clear();
+  bsp_.buffers.clear();
 }
 
 void KVServer::Impl::StepDone(uint64_t step, uint32_t divisor) {
   if (!replicated_) return;
-  recent_divisors_[step] = divisor;
-  while (recent_divisors_.size() > 64)
-    recent_divisors_.erase(recent_divisors_.begin());
-  // Backups apply what they buffered of the step with the same divisor.
-  for (auto& [node, link] : links_) {
-    RequestHeader h;
-    h.set_replica(true);
-    h.set_epoch(last_applied_ != nullptr ? last_applied_->epoch : 0);
-    ReplicaInfo* r = h.mutable_replica_info();
-    r->set_kind(REPLICA_APPLY_STEP);
-    r->set_primary_node_id(last_applied_ != nullptr ? last_applied_->node_id
-                                                    : 0);
-    r->set_step(step);
-    r->set_divisor(divisor);
-    link->Send(h, zmq::message_t(), zmq::message_t(), false);
-  }
+  bsp_.NoteDivisor(step, divisor);
+  primary_.AnnounceStep(views_.applied().get(), step, divisor);
 }
 
 bool KVServer::Impl::PullAllowed(uint64_t clock) const {
@@ -788,15 +584,14 @@ void KVServer::Impl::FillStats(ResponseHeader* rh, const Ownership* own) const {
 }
 
 void KVServer::Impl::Watchdog() {
-  if (deferred_.empty()) return;
+  if (deferred_.queue.empty()) return;
   const ConsistencyConfig& c = consistency_.config();
   const absl::Time now = options_.clock->Now();
-  const Deferred& oldest = deferred_.front();
-  if (now - oldest.since < absl::Milliseconds(c.watchdog_timeout_ms()) ||
-      now - last_watchdog_log_ < absl::Milliseconds(c.watchdog_interval_ms())) {
+  if (!deferred_.WatchdogDue(now, absl::Milliseconds(c.watchdog_timeout_ms()),
+                             absl::Milliseconds(c.watchdog_interval_ms()))) {
     return;
   }
-  last_watchdog_log_ = now;
+  const DeferredPull& oldest = deferred_.queue.front();
   // What the oldest pull needs: under BSP every step below its clock
   // applied, i.e. every live worker at that clock; under SSP every live
   // worker at clock - staleness.
@@ -812,7 +607,7 @@ void KVServer::Impl::Watchdog() {
       "watchdog: {} pull(s) held; the oldest, from worker rank {} at clock {}, "
       "has waited {:.1f} s ({}, applied steps < {}); waiting for worker ranks: "
       "{}",
-      deferred_.size(), oldest.rank, oldest.clock,
+      deferred_.queue.size(), oldest.rank, oldest.clock,
       absl::ToDoubleSeconds(now - oldest.since),
       consistency_.mode() == SSP ? absl::StrCat("SSP staleness ", c.staleness())
                                  : ConsistencyMode_Name(consistency_.mode()),

@@ -131,12 +131,12 @@ void KVServer::Impl::MaybeWriteCheckpoint(const Ownership& own) {
     Log()->error("checkpoint at clock {}: {}", c, written.status().ToString());
   }
   if (options_.on_checkpoint) options_.on_checkpoint(report);
-  if (written.ok() && stop_after_checkpoint_.load()) {
+  if (written.ok() && serving_.stop_after_checkpoint()) {
     Log()->info(
         "stopping after checkpoint at clock {}: {} held request(s) left "
         "for the workers to route again",
         c, checkpoint_gate_.held_count());
-    stop_.store(true);
+    serving_.RequestStop();
     return;
   }
   ReleaseHeld(own);

@@ -1,6 +1,8 @@
 // KVServer's implementation (server/server.h has the contract): the state
-// the serving thread owns, and the few atomics and mutex-guarded fields the
-// public, thread-safe methods read. Internal to //server:server.
+// the serving thread owns, and the parts (server/BUILD :server_parts) whose
+// headers say which of their members other threads may use: the public,
+// thread-safe methods reach the serving thread only through them and
+// ServerCounters. Internal to //server:server.
 #ifndef PS_SERVER_SERVER_IMPL_H_
 #define PS_SERVER_SERVER_IMPL_H_
 
@@ -13,7 +15,6 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -30,19 +31,29 @@
 #include "proto/config.pb.h"
 #include "proto/data_plane.pb.h"
 #include "proto/scheduler.pb.h"
+#include "server/bsp_steps.h"
 #include "server/checkpoint_gate.h"
 #include "server/consistency.h"
+#include "server/data_socket.h"
+#include "server/deferred_pulls.h"
+#include "server/failover_timer.h"
 #include "server/key_cache.h"
+#include "server/lease_fence.h"
 #include "server/peer_gate.h"
 #include "server/replica_store.h"
 #include "server/replication.h"
+#include "server/replication_primary.h"
 #include "server/request_admission.h"
 #include "server/response_code.h"
 #include "server/server.h"
 #include "server/server_counters.h"
 #include "server/server_metrics.h"
+#include "server/server_view.h"
+#include "server/serving_thread.h"
 #include "server/step_buffers.h"
 #include "server/table.h"
+#include "server/table_stats_publisher.h"
+#include "server/view_inbox.h"
 #include "zmq.hpp"
 
 namespace ps {
@@ -55,8 +66,8 @@ class KVServer::Impl {
   Impl(const Impl&) = delete;
   Impl& operator=(const Impl&) = delete;
 
-  const std::string& endpoint() const { return endpoint_; }
-  int port() const { return port_; }
+  const std::string& endpoint() const { return data_.endpoint(); }
+  int port() const { return data_.port(); }
   void UpdateView(const ClusterView& view, uint32_t rank);
   Stats stats() const;
   void SetLease(std::chrono::steady_clock::time_point until);
@@ -64,33 +75,11 @@ class KVServer::Impl {
   std::vector<TableStats> table_stats() const;
   void Stop();
   std::vector<const Table*> StoppedTables() const;
-  void StopAfterNextCheckpoint() { stop_after_checkpoint_.store(true); }
-  bool stopped() const { return stopped_.load(); }
+  void StopAfterNextCheckpoint() { serving_.StopAfterNextCheckpoint(); }
+  bool stopped() const { return serving_.stopped(); }
 
  private:
-  struct Ownership {
-    bool all = false;  // standalone
-    uint32_t rank = 0;
-    uint64_t epoch = 0;
-    std::vector<uint32_t> slot_owner;  // empty: not ready
-    // slot_owner names this server for every slot: requests need no
-    // per-key ownership check (a one-server job).
-    bool owns_every_slot = false;
-    bool has_view = false;
-    std::vector<ConsistencyController::Worker> live_workers;
-    // Live worker node id -> rank.
-    absl::flat_hash_map<uint64_t, uint32_t> worker_rank;
-    ConsistencyConfig consistency;
-    uint64_t checkpoint_clock = 0;
-    CheckpointRef restore;
-    // Replication (cluster.replication 2; never standalone).
-    bool replicated = false;
-    std::vector<uint32_t> slot_backup;  // as slot_owner; kNoBackup = none
-    uint64_t node_id = 0;               // this server's; 0 = not live
-    // Live servers by rank: node id (0 = none) and data endpoint.
-    std::vector<uint64_t> server_node;
-    std::vector<std::string> server_endpoint;
-  };
+  using Ownership = ServerView;
   using SeqWindow = replication::SeqWindow;
   // A replica message put aside: from a view newer than this server's.
   // (Requests held for a checkpoint are the CheckpointGate's.)
@@ -101,31 +90,8 @@ class KVServer::Impl {
     // Counted in counters_.held_bytes while held.
     uint64_t bytes = 0;
   };
-  // An answer that waits for backups to answer the replica messages it
-  // depends on (BackupLink::waiters() point here).
-  struct Wait {
-    zmq::message_t identity;
-    ResponseHeader rh;
-    zmq::message_t values, keys;
-    int remaining = 0;
-    // A backup refused its copy: the worker is told to send again.
-    bool failed = false;
-    std::string error;
-    bool first_promoted = false;
-  };
   // (backup node id, replica message id) an answer depends on.
-  using Need = std::pair<uint64_t, uint64_t>;
-  struct Deferred {
-    zmq::message_t identity;
-    std::vector<zmq::message_t> frames;  // a PULL request
-    uint64_t clock = 0;
-    uint32_t rank = 0;
-    absl::Time since;
-    // A PUSH_PULL's push half: the backups' answers its answer waits for.
-    std::vector<Need> needs;
-    // Counted in counters_.held_bytes while deferred.
-    uint64_t bytes = 0;
-  };
+  using Need = ReplicationPrimary::Need;
   enum class Outcome { kAnswer, kDefer, kHold };
   // What the stages of one request's pipeline tell each other and the
   // serving loop, besides the request itself. One per request processed.
@@ -251,50 +217,12 @@ class KVServer::Impl {
                              absl::Span<const uint64_t> keys,
                              absl::Span<const float> values, bool push,
                              uint64_t* n) const;
-  void Answer(zmq::message_t& identity, ResponseHeader& rh,
-              zmq::message_t& values, zmq::message_t& keys,
-              std::vector<Need> needs, bool first_promoted);
-  void LogFirstPromotedServed();
-  // Turns an answer into UNAVAILABLE "not acknowledged, send again".
-  static void NotAcknowledged(ResponseHeader* rh, zmq::message_t* values,
-                              zmq::message_t* keys, const std::string& why);
 
-  // Replication, primary side (server/replication_primary.cc).
-  // Slot of every key (sparse) or segment (dense) of a request.
+  // Replication (the primary side is primary_'s). Slot of every key
+  // (sparse) or segment (dense) of a request.
   void SlotsOf(const RequestHeader& h, const Table& table,
                absl::Span<const uint64_t> keys, uint32_t num_slots,
                std::vector<uint32_t>* slots) const;
-  // Forwards an applied (or BSP-buffered) worker push or assign of `table`
-  // to the backups of its slots; adds what the answer waits for to *needs.
-  void Forward(const Ownership& own, const RequestHeader& h, ReplicaKind kind,
-               float lr_scale, const Table& table,
-               absl::Span<const uint64_t> keys, absl::Span<const float> values,
-               std::vector<zmq::message_t>& frames,
-               const std::vector<uint32_t>& slots, std::vector<Need>* needs);
-  // A duplicate push: its answer waits until the backups of its slots have
-  // answered everything sent to them so far. UNAVAILABLE while a backup is
-  // being copied again.
-  absl::Status NeedsForDuplicate(const Ownership& own,
-                                 const std::vector<uint32_t>& slots,
-                                 std::vector<Need>* needs);
-  // Links to the backups the view names, catch-ups of slots whose backup
-  // changed; answers waiting on a backup that is gone wait for the
-  // catch-ups instead (or go out, when there is none).
-  void SyncBackups(const Ownership& own);
-  // Copies the state of `slots` (owned here) to backup `link`.
-  void SendCatchUp(const Ownership& own, replication::BackupLink& link,
-                   const std::vector<uint32_t>& slots);
-  // The parts of a catch-up: the sequence records; the rows (sparse) or
-  // blocks (dense) of table `id` in the slots of `mask` (returns how
-  // many); the BSP sums buffered for those slots.
-  void SendSeqRecords(const Ownership& own, replication::BackupLink& link);
-  uint64_t SendTableCopy(const Ownership& own, replication::BackupLink& link,
-                         uint32_t id, const std::vector<bool>& mask);
-  void SendStepBuffers(const Ownership& own, replication::BackupLink& link,
-                       const std::vector<bool>& mask);
-  void OnBackupAnswer(uint64_t node, std::vector<zmq::message_t>& frames);
-  void ReleaseWait(uint64_t wait_id);
-  void MaybeResync(const Ownership& own);
 
   // Replication, backup side.
   void HandleReplica(zmq::message_t identity,
@@ -360,22 +288,22 @@ class KVServer::Impl {
   void ReleaseHeld(const Ownership& own);
   void Restore(const Ownership& own);
   void Send(zmq::message_t& identity, const ResponseHeader& rh,
-            zmq::message_t& values, zmq::message_t& keys);
+            zmq::message_t& values, zmq::message_t& keys) {
+    data_.Send(identity, rh, values, keys);
+  }
 
   const Options options_;
-  zmq::context_t context_{1};
-  zmq::socket_t socket_;
-  // CURVE only; declared after socket_ and context_ so it stops first.
-  std::unique_ptr<PeerGate> gate_;
-  std::string endpoint_;
-  int port_ = 0;
+  // The ZeroMQ context, the data socket and its gate.
+  DataSocket data_;
 
   // Owned by the serving thread once it runs.
   absl::flat_hash_map<uint32_t, std::unique_ptr<Table>> tables_;
   ConsistencyController consistency_;
-  std::map<uint64_t, StepBuffer> buffers_;  // BSP step -> sums
-  std::deque<Deferred> deferred_;
-  absl::Time last_watchdog_log_ = absl::InfinitePast();
+  // BSP: buffered pushes by step, divisors of the steps applied last.
+  BspSteps bsp_;
+  // Pulls not answered yet (each counted in counters_.held_bytes), and
+  // the watchdog's rate limit.
+  DeferredPulls deferred_;
   // The largest clock any worker has reported (requests and ADVANCE_CLOCK;
   // the finished marker excluded): the server's clock.
   uint64_t server_clock_ = 0;
@@ -388,31 +316,14 @@ class KVServer::Impl {
 
   // Replication state, owned by the serving thread (see the file comment).
   const bool replicated_;
-  // The view applied last (promotions compare it with the next).
-  std::shared_ptr<const Ownership> last_applied_;
-  // Primary side: backup node id -> link; slot -> the backup node that
-  // holds a copy of it (0 = none); answers waiting for backups.
-  absl::flat_hash_map<uint64_t, std::unique_ptr<replication::BackupLink>>
-      links_;
-  std::vector<uint64_t> paired_;
-  uint32_t unbacked_slots_ = 0;  // owned slots without a backup, last logged
-  std::map<uint64_t, Wait> waits_;
-  uint64_t next_wait_ = 1;
   // Backup side: the primaries' sequence records and buffered steps, the
   // slots caught up, keys applied to copies; and, by primary node id,
   // messages waiting for a newer view (I/O, so kept here).
   ReplicaStore replicas_;
   absl::flat_hash_map<uint64_t, std::deque<Held>> replica_held_;
-  // Divisors of the BSP steps applied last (step -> divisor).
-  std::map<uint64_t, uint32_t> recent_divisors_;
   // Failover measurement: slots promoted here, and whether the first
   // request for one of them has been answered since.
-  std::vector<bool> promoted_;
-  bool awaiting_first_promoted_ = false;
-  absl::Time promoted_at_;
-  uint64_t promoted_epoch_ = 0;
-  // Wakes the serving thread when a view arrives.
-  int wake_fd_ = -1;
+  FailoverTimer failover_{options_.clock};
   // Every counter of Stats (server/server_counters.h); declared before
   // admission_, which keeps pointers to some of them.
   ServerCounters counters_;
@@ -426,6 +337,11 @@ class KVServer::Impl {
       {&counters_.held_bytes, &counters_.limit_refusals,
        &counters_.unknown_sender_refusals, &counters_.nonfinite_values,
        &counters_.nonfinite_pushes_rejected}};
+  // Replication, primary side: links to this server's backups, and the
+  // answers that wait for them. Declared after data_ (its sockets close
+  // first) and the state it reads.
+  ReplicationPrimary primary_{ReplicationPrimaryDeps()};
+  ReplicationPrimary::Deps ReplicationPrimaryDeps();
   // The checkpoint in progress, pushes held for it, and what was applied
   // (server/server_checkpoint.cc does the I/O).
   CheckpointGate checkpoint_gate_;
@@ -442,36 +358,25 @@ class KVServer::Impl {
   void PublishTableStats();
   // The replication counters, logged once when serving stops.
   void LogReplicationSummary() const;
-  absl::Time last_stats_publish_ = absl::InfinitePast();
-  mutable absl::Mutex stats_mu_;
-  std::vector<TableStats> table_stats_ ABSL_GUARDED_BY(stats_mu_);
+  TableStatsPublisher table_stats_{kStatsPeriod};
 
-  mutable absl::Mutex view_mu_;
-  std::shared_ptr<const Ownership> ownership_ ABSL_GUARDED_BY(view_mu_);
+  // The newest view (UpdateView posts it and wakes the serving thread)
+  // and the view applied last (promotions compare it with the next).
+  ViewInbox views_;
 
-  // Fencing. lease_until_: the lease's end in steady-clock ticks
-  // (time_since_epoch().count()); kNoLease until SetLease is called.
-  static constexpr int64_t kNoLease = INT64_MAX;
-  std::atomic<int64_t> lease_until_{kNoLease};
-  std::atomic<bool> fenced_{false};
-  mutable absl::Mutex fence_mu_;
-  std::string fence_why_ ABSL_GUARDED_BY(fence_mu_);
-  // Whether the serving thread may act on a request now: OK, or the
-  // refusal (UNAVAILABLE; *refusal says why), counted and logged (the first
-  // of a run of refusals, and the end of the run). Serving thread.
-  absl::Status CheckServing(const Ownership& own, ServerRefusal* refusal);
+  // The lease and the fence: any thread sets them, the serving thread
+  // checks them before it acts on a request. After counters_, which it
+  // counts refusals in.
+  LeaseFence lease_fence_{&counters_.fenced_refusals,
+                          &counters_.lease_refusals};
   // Answers a request (its header frame `header`) with a refusal of
-  // CheckServing.
+  // LeaseFence::Check.
   void SendRefusal(zmq::message_t& identity, const zmq::message_t& header,
                    const absl::Status& status, ServerRefusal refusal,
                    uint64_t epoch);
-  // Refusals since the server last served a request (0: serving).
-  uint64_t refusing_ = 0;
 
-  std::atomic<bool> stop_{false};
-  std::atomic<bool> stop_after_checkpoint_{false};
-  std::atomic<bool> stopped_{false};
-  std::thread thread_;
+  // The serving thread and its stop requests. Last: it stops first.
+  ServingThread serving_;
 };
 
 }  // namespace ps

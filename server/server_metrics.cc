@@ -241,8 +241,7 @@ void KVServer::Impl::RegisterMetrics(metrics::Registry* r) {
                  metrics::Type::kGauge, [source] {
                    absl::MutexLock lock(&source->mu);
                    if (source->server == nullptr) return 0.0;
-                   absl::MutexLock view_lock(&source->server->view_mu_);
-                   return double(source->server->ownership_->epoch);
+                   return double(source->server->views_.Current()->epoch);
                  });
   RegisterTableMetrics(r, [source] {
     absl::MutexLock lock(&source->mu);

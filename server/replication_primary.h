@@ -1,0 +1,210 @@
+// The primary side of server replication (cluster.replication 2): a
+// server's links to the backups of the slots it owns, the updates it
+// forwards to them, the catch-ups that copy its slots to a backup that does
+// not hold them yet, and the answers to workers that wait until the backups
+// have taken the updates they acknowledge. The comment at the top of
+// server/server.h says what replication does;
+// server/replication_backup.cc is the backup side. Internal to
+// //server:server.
+//
+// Thread safety: not thread-safe. Every method is called by the server's
+// serving thread (KVServer::Impl::Serve and what it calls); the counters it
+// adds to are atomics other threads read.
+//
+// Ownership: owns the BackupLinks (their sockets) and the answers waiting
+// for backups. Borrows, for its whole life, what Deps names: the ZeroMQ
+// context the links' sockets are made in, the clock, the server's tables,
+// sequence records and BSP step buffers (read, never changed, by
+// catch-ups) and the counters; all must outlive it, and the sockets it
+// owns must be closed before the context is (declare it after the
+// context).
+//
+// Errors: nothing here fails the server. A backup that cannot be connected
+// is logged and left unlinked (its slots' updates are acknowledged with a
+// single copy); a malformed or out-of-order answer from a backup is logged
+// and dropped; a backup that refuses a replica message is copied its slots
+// again and the answers that depended on it tell their workers to send
+// again (UNAVAILABLE).
+#ifndef PS_SERVER_REPLICATION_PRIMARY_H_
+#define PS_SERVER_REPLICATION_PRIMARY_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/types/span.h"
+#include "common/clock.h"
+#include "common/curve_keys.h"
+#include "common/status.h"
+#include "proto/data_plane.pb.h"
+#include "server/replication.h"
+#include "server/server_view.h"
+#include "server/step_buffers.h"
+#include "server/table.h"
+#include "zmq.hpp"
+
+namespace ps {
+
+class ReplicationPrimary {
+ public:
+  // (backup node id, replica message id) an answer depends on.
+  using Need = std::pair<uint64_t, uint64_t>;
+  using Tables = absl::flat_hash_map<uint32_t, std::unique_ptr<Table>>;
+  // Sender node id -> applied sequence numbers.
+  using SeqRecords = absl::flat_hash_map<uint64_t, replication::SeqWindow>;
+  // BSP step -> the sums buffered for it.
+  using StepBuffers = std::map<uint64_t, StepBuffer>;
+
+  // Sends an answer to the worker `identity` names (the server's data
+  // socket): header, [values, [keys]].
+  using SendAnswer =
+      std::function<void(zmq::message_t& identity, const ResponseHeader& rh,
+                         zmq::message_t& values, zmq::message_t& keys)>;
+
+  // What the primary needs of its server. Every pointer is non-null and
+  // outlives the ReplicationPrimary.
+  struct Deps {
+    zmq::context_t* context = nullptr;
+    // The job's CURVE key pair (links are CURVE clients with it); null:
+    // plaintext.
+    const CurveKeys* curve = nullptr;
+    const Clock* clock = nullptr;
+    // The server's state a catch-up copies: tables, sequence records and
+    // BSP step buffers. Read only.
+    const Tables* tables = nullptr;
+    const SeqRecords* seqs = nullptr;
+    const StepBuffers* buffers = nullptr;
+    // ServerCounters fields (KVServer::Stats documents them).
+    std::atomic<uint64_t>* forwards = nullptr;
+    std::atomic<uint64_t>* unreplicated_pushes = nullptr;
+    std::atomic<uint64_t>* catchups_sent = nullptr;
+    std::atomic<uint64_t>* rows_copied = nullptr;
+    SendAnswer send;
+    // Called after an acknowledged answer that touched slots promoted here
+    // went out (the server's failover measurement).
+    std::function<void()> first_promoted_served;
+  };
+
+  explicit ReplicationPrimary(Deps deps);
+  ReplicationPrimary(const ReplicationPrimary&) = delete;
+  ReplicationPrimary& operator=(const ReplicationPrimary&) = delete;
+
+  // Forwards an applied (or BSP-buffered) worker push or assign of `table`
+  // (header h; frames: the request's self-contained float32 frames, keys
+  // and values as spans of them) to the backups of `slots` (the slot of
+  // every key or dense segment); adds what its answer waits for to *needs.
+  // Counts a forward per message sent, and an unreplicated push when a
+  // slot has no linked backup.
+  void Forward(const ServerView& own, const RequestHeader& h, ReplicaKind kind,
+               float lr_scale, const Table& table,
+               absl::Span<const uint64_t> keys, absl::Span<const float> values,
+               std::vector<zmq::message_t>& frames,
+               const std::vector<uint32_t>& slots, std::vector<Need>* needs);
+  // A duplicate push: its answer waits until the backups of its slots have
+  // answered everything sent to them so far (added to *needs).
+  // UNAVAILABLE while a backup is being copied again.
+  absl::Status NeedsForDuplicate(const ServerView& own,
+                                 const std::vector<uint32_t>& slots,
+                                 std::vector<Need>* needs);
+  // Answers a request (rh, values, keys) once the backups have answered
+  // `needs`: at once when there is nothing to wait for or rh is an error,
+  // later (ReadAnswers) otherwise. `applied`: the view applied last (null:
+  // none); when a backup of `needs` is gone, an answer from a server that
+  // is no longer live in it says "send again". `first_promoted`: the
+  // request touched slots promoted here.
+  void Answer(const ServerView* applied, zmq::message_t& identity,
+              ResponseHeader& rh, zmq::message_t& values, zmq::message_t& keys,
+              std::vector<Need> needs, bool first_promoted);
+
+  // Links to the backups `own` names, catch-ups of slots whose backup
+  // changed; answers waiting on a backup that is gone wait for the
+  // catch-ups instead (or go out, when there is none).
+  void SyncBackups(const ServerView& own);
+  // Tells every backup to apply BSP step `step` with `divisor` (as the
+  // primary did). `applied`: the view applied last (null: none), whose
+  // epoch and node id the messages carry.
+  void AnnounceStep(const ServerView* applied, uint64_t step, uint32_t divisor);
+  // Copies again, at most every 200 ms per backup, the slots of a backup
+  // that refused a message.
+  void MaybeResync(const ServerView& own);
+
+  // Appends a ZMQ_POLLIN item for every link's socket to *items, and the
+  // link's backup node id to *nodes.
+  void AddPollItems(std::vector<zmq::pollitem_t>* items,
+                    std::vector<uint64_t>* nodes);
+  // Reads every answer queued from backup `node` (nothing if it is not
+  // linked any more) and releases the answers to workers they complete.
+  void ReadAnswers(uint64_t node);
+
+  // Answers waiting for backups, and backups linked.
+  size_t waiting() const { return waits_.size(); }
+  size_t links() const { return links_.size(); }
+
+ private:
+  // An answer that waits for backups to answer the replica messages it
+  // depends on (BackupLink::waiters() point here).
+  struct Wait {
+    zmq::message_t identity;
+    ResponseHeader rh;
+    zmq::message_t values, keys;
+    int remaining = 0;
+    // A backup refused its copy: the worker is told to send again.
+    bool failed = false;
+    std::string error;
+    bool first_promoted = false;
+  };
+
+  replication::BackupLink* LinkOf(const ServerView& own, uint32_t backup);
+  // Forward when the slots have different backups: one message per backup
+  // with its keys or segments.
+  void ForwardSplit(const ServerView& own, const RequestHeader& h,
+                    const RequestHeader& replica, const Table& table,
+                    absl::Span<const uint64_t> keys,
+                    absl::Span<const float> values,
+                    const std::vector<uint32_t>& slots,
+                    std::vector<Need>* needs);
+  // Answers that waited for dropped links (wait id -> needs dropped) wait
+  // for the catch-ups `ends` instead.
+  void RehomeWaits(const ServerView& own,
+                   const absl::flat_hash_map<uint64_t, int>& orphaned,
+                   const std::vector<Need>& ends);
+  // Logs when the number of owned slots without a backup changes.
+  void NoteUnbacked(const ServerView& own, uint32_t unbacked);
+  // Copies the state of `slots` (owned here) to backup `link`.
+  void SendCatchUp(const ServerView& own, replication::BackupLink& link,
+                   const std::vector<uint32_t>& slots);
+  // The parts of a catch-up: the sequence records; the rows (sparse) or
+  // blocks (dense) of table `id` in the slots of `mask` (returns how
+  // many); the BSP sums buffered for those slots.
+  void SendSeqRecords(const ServerView& own, replication::BackupLink& link);
+  uint64_t SendTableCopy(const ServerView& own, replication::BackupLink& link,
+                         uint32_t id, const std::vector<bool>& mask);
+  void SendStepBuffers(const ServerView& own, replication::BackupLink& link,
+                       const std::vector<bool>& mask);
+  void OnBackupAnswer(uint64_t node, std::vector<zmq::message_t>& frames);
+  void ReleaseWait(uint64_t wait_id);
+  // Turns an answer into UNAVAILABLE "not acknowledged, send again".
+  static void NotAcknowledged(ResponseHeader* rh, zmq::message_t* values,
+                              zmq::message_t* keys, const std::string& why);
+
+  const Deps deps_;
+  // Backup node id -> link.
+  absl::flat_hash_map<uint64_t, std::unique_ptr<replication::BackupLink>>
+      links_;
+  // Slot -> the backup node that holds a copy of it (0 = none).
+  std::vector<uint64_t> paired_;
+  uint32_t unbacked_slots_ = 0;  // owned slots without a backup, last logged
+  // Answers waiting for backups, by id (BackupLink::waiters() values).
+  std::map<uint64_t, Wait> waits_;
+  uint64_t next_wait_ = 1;
+};
+
+}  // namespace ps
+
+#endif  // PS_SERVER_REPLICATION_PRIMARY_H_

@@ -1,0 +1,265 @@
+// ReplicationPrimary on its own: fake backups (ROUTER sockets on loopback)
+// take its replica messages and answer them as the test says, and the
+// answers to workers it sends are recorded.
+#include "server/replication_primary.h"
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+#include "common/wire.h"
+#include "gtest/gtest.h"
+#include "proto/data_plane.pb.h"
+#include "server/replication.h"
+#include "server/server_view.h"
+#include "zmq.hpp"
+#include "zmq_addon.hpp"
+
+namespace ps {
+namespace {
+
+constexpr uint32_t kSlots = 4;
+
+// A backup server's data socket: receives replica messages, answers them.
+class FakeBackup {
+ public:
+  explicit FakeBackup(zmq::context_t& context)
+      : socket_(context, zmq::socket_type::router) {
+    socket_.set(zmq::sockopt::linger, 0);
+    socket_.set(zmq::sockopt::rcvtimeo, 5000);
+    socket_.bind("tcp://127.0.0.1:*");
+    endpoint_ = socket_.get(zmq::sockopt::last_endpoint);
+  }
+  const std::string& endpoint() const { return endpoint_; }
+
+  // The next replica message's header (fails the test after 5 s).
+  RequestHeader Receive() {
+    std::vector<zmq::message_t> frames;
+    RequestHeader h;
+    if (!zmq::recv_multipart(socket_, std::back_inserter(frames))) {
+      ADD_FAILURE() << "no replica message within 5 s";
+      return h;
+    }
+    identity_ = std::move(frames[0]);
+    EXPECT_TRUE(
+        h.ParseFromArray(frames[1].data(), static_cast<int>(frames[1].size())));
+    return h;
+  }
+  // Answers replica message `id`: OK, or `code` with `message`.
+  void Answer(uint64_t id, int code = 0, const std::string& message = "") {
+    ResponseHeader rh;
+    rh.set_request_id(id);
+    rh.set_code(code);
+    rh.set_message(message);
+    zmq::message_t identity;
+    identity.copy(identity_);
+    socket_.send(identity, zmq::send_flags::sndmore);
+    socket_.send(SerializeToFrame(rh), zmq::send_flags::none);
+  }
+
+ private:
+  zmq::socket_t socket_;
+  std::string endpoint_;
+  zmq::message_t identity_;
+};
+
+class ReplicationPrimaryTest : public ::testing::Test {
+ protected:
+  // Server node ids by rank: this server (rank 0) and backups 1 and 2.
+  static constexpr uint64_t kNode[] = {100, 101, 102};
+
+  ReplicationPrimaryTest() {
+    ReplicationPrimary::Deps deps;
+    deps.context = &context_;
+    deps.clock = &clock_;
+    deps.tables = &tables_;
+    deps.seqs = &seqs_;
+    deps.buffers = &buffers_;
+    deps.forwards = &forwards_;
+    deps.unreplicated_pushes = &unreplicated_;
+    deps.catchups_sent = &catchups_;
+    deps.rows_copied = &rows_copied_;
+    deps.send = [this](zmq::message_t&, const ResponseHeader& rh,
+                       zmq::message_t&,
+                       zmq::message_t&) { sent_.push_back(rh); };
+    deps.first_promoted_served = [] {};
+    primary_ = std::make_unique<ReplicationPrimary>(std::move(deps));
+  }
+
+  // Rank 0 owns every slot; slot s is backed by backup[s].
+  ServerView View(uint64_t epoch, std::vector<uint32_t> backup) {
+    ServerView v;
+    v.has_view = true;
+    v.replicated = true;
+    v.rank = 0;
+    v.epoch = epoch;
+    v.node_id = kNode[0];
+    v.slot_owner.assign(kSlots, 0);
+    v.slot_backup = std::move(backup);
+    v.server_node.assign(std::begin(kNode), std::end(kNode));
+    v.server_endpoint = {"tcp://127.0.0.1:1", backup1_.endpoint(),
+                         backup2_.endpoint()};
+    return v;
+  }
+
+  // Reads the backups' answers until `done` holds (fails the test after
+  // 5 s).
+  void ReadUntil(const std::function<bool()>& done) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(5);
+    while (!done()) {
+      ASSERT_LT(absl::Now(), deadline) << "the backups' answers did not come";
+      std::vector<zmq::pollitem_t> items;
+      std::vector<uint64_t> nodes;
+      primary_->AddPollItems(&items, &nodes);
+      zmq::poll(items.data(), items.size(), std::chrono::milliseconds(50));
+      for (size_t i = 0; i < nodes.size(); ++i) {
+        if (items[i].revents & ZMQ_POLLIN) primary_->ReadAnswers(nodes[i]);
+      }
+    }
+  }
+  // Until everything sent to the backup of `slot` is answered (a duplicate
+  // of the slot then waits for nothing).
+  void ReadUntilAcked(const ServerView& own, uint32_t slot) {
+    ReadUntil([&] {
+      std::vector<ReplicationPrimary::Need> needs;
+      return primary_->NeedsForDuplicate(own, {slot}, &needs).ok() &&
+             needs.empty();
+    });
+  }
+
+  // Answers to a worker's request `request_id` through Answer.
+  void AnswerRequest(const ServerView& own, uint64_t request_id,
+                     std::vector<ReplicationPrimary::Need> needs) {
+    ResponseHeader rh;
+    rh.set_request_id(request_id);
+    zmq::message_t identity, values, keys;
+    primary_->Answer(&own, identity, rh, values, keys, std::move(needs), false);
+  }
+
+  zmq::context_t context_{1};
+  FakeClock clock_;
+  ReplicationPrimary::Tables tables_;
+  ReplicationPrimary::SeqRecords seqs_;
+  ReplicationPrimary::StepBuffers buffers_;
+  std::atomic<uint64_t> forwards_{0}, unreplicated_{0}, catchups_{0},
+      rows_copied_{0};
+  std::vector<ResponseHeader> sent_;
+  FakeBackup backup1_{context_};
+  FakeBackup backup2_{context_};
+  // Declared last: its sockets close before the context.
+  std::unique_ptr<ReplicationPrimary> primary_;
+};
+
+// A new backup is sent a catch-up of the slots it backs (begin, end: the
+// tables are empty), and an answer that depends on two backups goes out
+// only once both have acknowledged.
+TEST_F(ReplicationPrimaryTest, AnswerWaitsUntilEveryBackupAcknowledges) {
+  const ServerView own = View(1, {1, 1, 2, 2});
+  primary_->SyncBackups(own);
+  EXPECT_EQ(primary_->links(), 2u);
+  EXPECT_EQ(catchups_.load(), 2u);
+  for (FakeBackup* b : {&backup1_, &backup2_}) {
+    const RequestHeader begin = b->Receive();
+    EXPECT_TRUE(begin.replica());
+    EXPECT_EQ(begin.replica_info().kind(), REPLICA_SNAPSHOT_BEGIN);
+    EXPECT_EQ(begin.replica_info().primary_node_id(), kNode[0]);
+    EXPECT_EQ(begin.replica_info().slots_size(), 2);
+    EXPECT_EQ(b->Receive().replica_info().kind(), REPLICA_SNAPSHOT_END);
+  }
+  std::vector<ReplicationPrimary::Need> needs;
+  ASSERT_TRUE(primary_->NeedsForDuplicate(own, {0, 2}, &needs).ok());
+  ASSERT_EQ(needs.size(), 2u);
+  AnswerRequest(own, 7, needs);
+  EXPECT_TRUE(sent_.empty());
+  EXPECT_EQ(primary_->waiting(), 1u);
+
+  backup1_.Answer(1);
+  backup1_.Answer(2);
+  ReadUntilAcked(own, 0);
+  EXPECT_TRUE(sent_.empty()) << "answered before backup 2 acknowledged";
+
+  backup2_.Answer(1);
+  backup2_.Answer(2);
+  ReadUntilAcked(own, 2);
+  ASSERT_EQ(sent_.size(), 1u);
+  EXPECT_EQ(sent_[0].request_id(), 7u);
+  EXPECT_EQ(sent_[0].code(), 0);
+  EXPECT_EQ(primary_->waiting(), 0u);
+}
+
+// A backup that refuses a message: the answer that waited for it tells the
+// worker to send again, duplicates are refused until the backup is copied
+// again, and the next resync sends it a new catch-up of its slots.
+TEST_F(ReplicationPrimaryTest, RefusedCopyIsNotAcknowledgedAndCopiedAgain) {
+  const ServerView own = View(1, {1, 1, 1, 1});
+  primary_->SyncBackups(own);
+  backup1_.Receive();
+  backup1_.Receive();
+  std::vector<ReplicationPrimary::Need> needs;
+  ASSERT_TRUE(primary_->NeedsForDuplicate(own, {3}, &needs).ok());
+  AnswerRequest(own, 9, needs);
+
+  backup1_.Answer(1);
+  backup1_.Answer(2, 8, "no room");
+  ReadUntil([&] { return !sent_.empty(); });
+  ASSERT_EQ(sent_.size(), 1u);
+  EXPECT_EQ(sent_[0].request_id(), 9u);
+  EXPECT_EQ(sent_[0].code(), static_cast<int>(absl::StatusCode::kUnavailable));
+  EXPECT_NE(sent_[0].message().find("no room"), std::string::npos)
+      << sent_[0].message();
+  needs.clear();
+  EXPECT_EQ(primary_->NeedsForDuplicate(own, {3}, &needs).code(),
+            absl::StatusCode::kUnavailable);
+
+  primary_->MaybeResync(own);
+  EXPECT_EQ(catchups_.load(), 2u);
+  const RequestHeader begin = backup1_.Receive();
+  EXPECT_EQ(begin.replica_info().kind(), REPLICA_SNAPSHOT_BEGIN);
+  EXPECT_EQ(begin.replica_info().slots_size(), static_cast<int>(kSlots));
+  EXPECT_EQ(backup1_.Receive().replica_info().kind(), REPLICA_SNAPSHOT_END);
+  // Refused again at once: copied again only 200 ms after the last copy.
+  backup1_.Answer(3, 8, "no room");
+  ReadUntil([&] {
+    std::vector<ReplicationPrimary::Need> n;
+    return !primary_->NeedsForDuplicate(own, {3}, &n).ok();
+  });
+  primary_->MaybeResync(own);
+  EXPECT_EQ(catchups_.load(), 2u);
+  clock_.Advance(absl::Milliseconds(200));
+  primary_->MaybeResync(own);
+  EXPECT_EQ(catchups_.load(), 3u);
+}
+
+// A view that moves slots to another backup drops the old link; an answer
+// that waited for it waits for the new backup's catch-up instead.
+TEST_F(ReplicationPrimaryTest, WaitMovesToTheNewBackupsCatchUp) {
+  const ServerView first = View(1, {1, 1, 1, 1});
+  primary_->SyncBackups(first);
+  std::vector<ReplicationPrimary::Need> needs;
+  ASSERT_TRUE(primary_->NeedsForDuplicate(first, {0}, &needs).ok());
+  AnswerRequest(first, 11, needs);
+
+  const ServerView second = View(2, {2, 2, 2, 2});
+  primary_->SyncBackups(second);
+  EXPECT_EQ(primary_->links(), 1u);
+  EXPECT_TRUE(sent_.empty());
+  EXPECT_EQ(primary_->waiting(), 1u);
+  EXPECT_EQ(backup2_.Receive().replica_info().kind(), REPLICA_SNAPSHOT_BEGIN);
+  EXPECT_EQ(backup2_.Receive().replica_info().kind(), REPLICA_SNAPSHOT_END);
+  backup2_.Answer(1);
+  backup2_.Answer(2);
+  ReadUntilAcked(second, 0);
+  ASSERT_EQ(sent_.size(), 1u);
+  EXPECT_EQ(sent_[0].request_id(), 11u);
+  EXPECT_EQ(sent_[0].code(), 0);
+}
+
+}  // namespace
+}  // namespace ps

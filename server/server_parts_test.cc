@@ -1,0 +1,143 @@
+// Unit tests of the smaller parts of KVServer::Impl (server/BUILD
+// :server_parts) on their own.
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <vector>
+
+#include "common/clock.h"
+#include "gtest/gtest.h"
+#include "server/bsp_steps.h"
+#include "server/deferred_pulls.h"
+#include "server/failover_timer.h"
+#include "server/lease_fence.h"
+#include "server/table_stats_publisher.h"
+#include "server/view_inbox.h"
+
+namespace ps {
+namespace {
+
+using SteadyClock = std::chrono::steady_clock;
+
+TEST(LeaseFenceTest, ServesWithoutLeaseAndRefusesOnceLapsed) {
+  std::atomic<uint64_t> fenced{0}, lapsed{0};
+  LeaseFence fence(&fenced, &lapsed);
+  ServerRefusal refusal = REFUSAL_NONE;
+  EXPECT_TRUE(fence.Check(3, &refusal).ok());
+
+  fence.SetLease(SteadyClock::now() + std::chrono::hours(1));
+  EXPECT_TRUE(fence.Check(3, &refusal).ok());
+
+  fence.SetLease(SteadyClock::now() - std::chrono::milliseconds(1));
+  const absl::Status refused = fence.Check(3, &refusal);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(refusal, LEASE_LAPSED);
+  EXPECT_NE(refused.message().find("server 3's lease lapsed"),
+            absl::string_view::npos)
+      << refused;
+  EXPECT_EQ(lapsed.load(), 1u);
+  EXPECT_EQ(fenced.load(), 0u);
+
+  // Renewed: serving again.
+  fence.SetLease(SteadyClock::now() + std::chrono::hours(1));
+  EXPECT_TRUE(fence.Check(3, &refusal).ok());
+}
+
+TEST(LeaseFenceTest, FenceRefusesEveryRequestWithTheFirstReason) {
+  std::atomic<uint64_t> fenced{0}, lapsed{0};
+  LeaseFence fence(&fenced, &lapsed);
+  fence.SetLease(SteadyClock::now() + std::chrono::hours(1));
+  fence.Fence("declared dead");
+  fence.Fence("a later reason");
+  ServerRefusal refusal = REFUSAL_NONE;
+  const absl::Status refused = fence.Check(1, &refusal);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(refusal, NOT_MEMBER);
+  EXPECT_NE(refused.message().find("(declared dead)"), absl::string_view::npos)
+      << refused;
+  EXPECT_EQ(fenced.load(), 1u);
+  EXPECT_EQ(lapsed.load(), 0u);
+}
+
+TEST(FailoverTimerTest, TouchesOnlyPromotedSlotsUntilFirstServed) {
+  FakeClock clock;
+  FailoverTimer timer(&clock);
+  timer.SizeSlots(4);
+  timer.MarkPromoted(2);
+  const std::vector<uint32_t> promoted = {0, 2}, other = {0, 1, 3};
+  // Not started: nothing is awaited.
+  EXPECT_FALSE(timer.Touches(promoted));
+  timer.Start(7);
+  EXPECT_TRUE(timer.Touches(promoted));
+  EXPECT_FALSE(timer.Touches(other));
+  clock.Advance(absl::Milliseconds(5));
+  timer.FirstServed();
+  EXPECT_FALSE(timer.Touches(promoted));
+  // A new slot count clears the marks.
+  timer.SizeSlots(8);
+  timer.Start(8);
+  EXPECT_FALSE(timer.Touches(promoted));
+}
+
+TEST(TableStatsPublisherTest, DueEveryPeriodAndReturnsWhatWasPublished) {
+  TableStatsPublisher publisher(absl::Seconds(1));
+  const absl::Time t0 = absl::UnixEpoch();
+  EXPECT_TRUE(publisher.Due(t0));
+  EXPECT_TRUE(publisher.Get().empty());
+  std::vector<TableStats> stats(1);
+  stats[0].set_table_id(5);
+  publisher.Publish(t0, stats);
+  EXPECT_FALSE(publisher.Due(t0 + absl::Milliseconds(999)));
+  EXPECT_TRUE(publisher.Due(t0 + absl::Seconds(1)));
+  ASSERT_EQ(publisher.Get().size(), 1u);
+  EXPECT_EQ(publisher.Get()[0].table_id(), 5u);
+}
+
+TEST(BspStepsTest, KeepsTheLast64Divisors) {
+  BspSteps steps;
+  for (uint64_t step = 0; step < 70; ++step)
+    steps.NoteDivisor(step, static_cast<uint32_t>(step + 100));
+  EXPECT_EQ(steps.RecentDivisor(69, 1), 169u);
+  EXPECT_EQ(steps.RecentDivisor(6, 1), 106u);
+  EXPECT_EQ(steps.RecentDivisor(5, 1), 1u);  // forgotten
+}
+
+TEST(DeferredPullsTest, WatchdogReportsTheOldestAtMostEveryInterval) {
+  DeferredPulls pulls;
+  const absl::Time t0 = absl::UnixEpoch();
+  const absl::Duration timeout = absl::Seconds(10), interval = absl::Seconds(5);
+  EXPECT_FALSE(pulls.WatchdogDue(t0 + absl::Hours(1), timeout, interval));
+  DeferredPull pull;
+  pull.since = t0;
+  pulls.queue.push_back(std::move(pull));
+  EXPECT_FALSE(pulls.WatchdogDue(t0 + absl::Seconds(9), timeout, interval));
+  EXPECT_TRUE(pulls.WatchdogDue(t0 + absl::Seconds(10), timeout, interval));
+  EXPECT_FALSE(pulls.WatchdogDue(t0 + absl::Seconds(14), timeout, interval));
+  EXPECT_TRUE(pulls.WatchdogDue(t0 + absl::Seconds(15), timeout, interval));
+}
+
+TEST(ViewInboxTest, PostWakesAndStandaloneViewsStay) {
+  ViewInbox inbox;
+  ASSERT_TRUE(inbox.OpenWake().ok());
+  EXPECT_FALSE(inbox.Current()->has_view);
+  auto view = std::make_shared<ServerView>();
+  view->epoch = 4;
+  view->has_view = true;
+  inbox.Post(view);
+  EXPECT_EQ(inbox.Current()->epoch, 4u);
+  uint64_t count = 0;
+  ASSERT_EQ(read(inbox.wake_fd(), &count, sizeof(count)),
+            static_cast<ssize_t>(sizeof(count)));
+  EXPECT_EQ(count, 1u);
+
+  auto standalone = std::make_shared<ServerView>();
+  standalone->all = true;
+  inbox.Install(standalone);
+  inbox.Post(view);
+  EXPECT_TRUE(inbox.Current()->all);
+}
+
+}  // namespace
+}  // namespace ps

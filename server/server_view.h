@@ -1,0 +1,47 @@
+// The cluster view as a server's serving thread applies it: which slots
+// this server owns and backs, the live workers and servers, the
+// consistency, checkpoint and replication settings. Built from a
+// ClusterView by KVServer::UpdateView (server/server.cc), then immutable
+// and shared (std::shared_ptr<const ServerView>). Internal to
+// //server:server.
+#ifndef PS_SERVER_SERVER_VIEW_H_
+#define PS_SERVER_SERVER_VIEW_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "proto/config.pb.h"
+#include "proto/scheduler.pb.h"
+#include "server/consistency.h"
+
+namespace ps {
+
+struct ServerView {
+  bool all = false;  // standalone
+  uint32_t rank = 0;
+  uint64_t epoch = 0;
+  std::vector<uint32_t> slot_owner;  // empty: not ready
+  // slot_owner names this server for every slot: requests need no
+  // per-key ownership check (a one-server job).
+  bool owns_every_slot = false;
+  bool has_view = false;
+  std::vector<ConsistencyController::Worker> live_workers;
+  // Live worker node id -> rank.
+  absl::flat_hash_map<uint64_t, uint32_t> worker_rank;
+  ConsistencyConfig consistency;
+  uint64_t checkpoint_clock = 0;
+  CheckpointRef restore;
+  // Replication (cluster.replication 2; never standalone).
+  bool replicated = false;
+  std::vector<uint32_t> slot_backup;  // as slot_owner; kNoBackup = none
+  uint64_t node_id = 0;               // this server's; 0 = not live
+  // Live servers by rank: node id (0 = none) and data endpoint.
+  std::vector<uint64_t> server_node;
+  std::vector<std::string> server_endpoint;
+};
+
+}  // namespace ps
+
+#endif  // PS_SERVER_SERVER_VIEW_H_
