@@ -300,9 +300,14 @@ TEST_F(ServerNodeTest, DroppedNodeIsFencedAndExitsThree) {
   StartScheduler(Config(""), &scheduler_clock, /*detect_failures=*/false);
   auto a = StartNode(NodeOptions());
   ASSERT_NE(a, nullptr);
-  // Past the heartbeat timeout on the scheduler's clock: a is declared
-  // dead, its next heartbeat is answered NOT_FOUND.
+  // Past the heartbeat timeout on the scheduler's clock. a is the only
+  // node, so its silence is first held as the scheduler's suspected
+  // isolation (cluster.isolation_hold_ms, at most
+  // scheduler_unreachable_timeout_ms); past that too, a is declared dead
+  // and its next heartbeat is answered NOT_FOUND.
   scheduler_clock.Advance(absl::Seconds(10));
+  scheduler_->state()->ExpireSilentNodes();
+  scheduler_clock.Advance(absl::Hours(1));
   scheduler_->state()->ExpireSilentNodes();
   auto run = std::async(std::launch::async, [&] { return a->Run(); });
   ASSERT_EQ(run.wait_for(std::chrono::seconds(30)), std::future_status::ready);

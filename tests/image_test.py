@@ -70,6 +70,8 @@ TOOLCHAIN = re.compile(r"^(g\+\+|c\+\+|gcc|cc1plus|cc1|ld\.bfd|ld\.gold|bazel|ja
                        r"grpc_cpp_plugin)(-[0-9.]+)?$")
 JOB_TIMEOUT_S = 900
 NAMESPACE = "default"
+# The pods' metadata.uid suffix: new each run, as a new pod's uid is.
+RUN_UID = f"{os.getpid()}-{int(time.time())}"
 
 
 class Failure(Exception):
@@ -308,7 +310,9 @@ def pod_env(container, pod_name, index):
             env[e["name"]] = e["value"]
             continue
         path = e["valueFrom"]["fieldRef"]["fieldPath"]
+        # metadata.uid: one per pod object, new for every run of the test.
         values = {"metadata.name": pod_name, "metadata.namespace": NAMESPACE,
+                  "metadata.uid": f"{pod_name}-{RUN_UID}",
                   "metadata.annotations['batch.kubernetes.io/job-completion-index']": str(index)}
         if path not in values:
             raise Failure("job", f"{pod_name}: env {e['name']} from fieldRef {path}, which this test "
