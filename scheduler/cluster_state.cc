@@ -282,10 +282,12 @@ bool ClusterState::NoticeStallLocked(absl::Time now) {
   if (gap <= stall_gap_ || gap == absl::InfiniteDuration()) return false;
   ++stalls_;
   GrantGraceLocked(now, absl::ZeroDuration());
+  // No line but a death's says "declared dead": tools and tests count
+  // deaths by it.
   Log()->warn(
       "the failure detector did not run for {} (expected every {} at most): "
       "this scheduler was paused or starved; every node gets a fresh heartbeat "
-      "timeout before any is declared dead",
+      "timeout before any death is declared",
       absl::FormatDuration(absl::Trunc(gap, absl::Milliseconds(1))),
       absl::FormatDuration(stall_gap_));
   return true;
@@ -317,7 +319,7 @@ bool ClusterState::HoldForIsolationLocked(absl::Time now, size_t silent,
     Log()->warn(
         "{} of {} live nodes went silent within one heartbeat timeout: this "
         "scheduler is more likely cut off from them than they all died; no "
-        "node is declared dead for up to {} (cluster.isolation_hold_ms) while "
+        "death is declared for up to {} (cluster.isolation_hold_ms) while "
         "heartbeats may come back",
         silent, live, absl::FormatDuration(hold));
     return true;

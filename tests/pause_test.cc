@@ -1,5 +1,6 @@
 // Pauses (loopback only): a node declared dead that comes back (SIGSTOP
-// past the heartbeat timeout, then SIGCONT) never acts on a stale view.
+// past the heartbeat timeout, then SIGCONT) never acts on a stale view,
+// and a paused scheduler does not turn against its healthy job.
 //
 // 1. PausedServerAcknowledgesNoPushForSlotsItLost: 3 servers with
 //    replication 2 and the ledger pushers of tests/replication_test.cc
@@ -29,6 +30,12 @@
 //    cannot learn anything from a scheduler that is gone: it may exit 4
 //    after cluster.scheduler_unreachable_timeout_ms (5 heartbeat timeouts
 //    here), and the 5 s bound counts from the SIGCONT plus that timeout.
+// 3. PausedSchedulerTest/{ASYNC,BSP,SSP}: 3 servers (replication 2) and 2
+//    workers; at a seeded step (10-35% of the job) the scheduler is
+//    SIGSTOPped for 3 heartbeat timeouts, then SIGCONTed. It must notice
+//    its own stall and declare no node dead: the job finishes as in 2 (one
+//    summary, the undisturbed AUC, every example trained) with every
+//    process exiting 0.
 //
 // A job in which a node that the test did not pause is declared dead (the
 // machine stalled it past the timeout) proves nothing: it is abandoned,
@@ -287,92 +294,172 @@ std::string JobConfig(const Mode& mode) {
       mode.consistency, kNumTrain);
 }
 
+// Waits for the job's end and checks it; `victim` (or -1) may exit 0 or 3.
+// `resumed`: when the victim was SIGCONTed (InfinitePast if none). A
+// "declared dead" line not about `paused` is a stall.
+JobRun Finish(JobHarness& job, int victim, const std::string& paused,
+              const std::string& what,
+              absl::Time resumed = absl::InfinitePast()) {
+  JobRun run;
+  auto result = job.Wait(kJobTimeout);
+  if (!(run.stall = FalseDeath(job, paused)).empty()) return run;
+  if (!result.ok()) {
+    ADD_FAILURE() << what << ": " << result.status() << "\n"
+                  << job.LogTails(40);
+    return run;
+  }
+  bool ok = ExpectSchedulerAndServersExitedZero(*result, what);
+  // Resumed after the job's end, the victim finds no scheduler: it gives
+  // up after cluster.scheduler_unreachable_timeout_ms (exit 4).
+  const bool ended_in_pause = *job.scheduler().exited_at() < resumed;
+  for (size_t i = 0; i < result->workers.size(); ++i) {
+    const int code = result->workers[i];
+    if (code == 0 || (static_cast<int>(i) == victim && code == 3)) continue;
+    if (static_cast<int>(i) == victim && code == 4 && ended_in_pause) continue;
+    ok = false;
+    ADD_FAILURE() << what << ": worker" << i << " exited with " << code
+                  << ", expected 0"
+                  << (static_cast<int>(i) == victim ? " or 3" : "");
+  }
+  ok &= ExpectOneSummary(*result, what);
+  run.summary = result->summary;
+  run.elapsed = result->elapsed;
+  run.auc = JsonNumber(result->summary, "test_auc").value_or(NAN);
+  run.steps = static_cast<uint64_t>(
+      JsonNumber(result->summary, "rank0_steps").value_or(0));
+  run.examples = ExamplesTrainedWithOrphans(job, kNumTrain / kWorkers, kBatch);
+  if (!std::isfinite(run.auc)) {
+    ok = false;
+    ADD_FAILURE() << what << ": no test_auc in the summary '" << result->summary
+                  << "'";
+  }
+  // The job's end: the summary printer's exit (it exits right after
+  // printing) or the scheduler's, whichever came first.
+  absl::Time end = *job.scheduler().exited_at(), last = end;
+  for (int i = 0; i < job.num_worker_processes(); ++i) {
+    const absl::Time t = *job.worker(i).exited_at();
+    if (!result->worker_summaries[i].empty()) end = std::min(end, t);
+    last = std::max(last, t);
+  }
+  for (int i = 0; i < job.num_servers(); ++i)
+    last = std::max(last, *job.server(i).exited_at());
+  run.outlived = last - end;
+  run.ended_in_pause = ended_in_pause;
+  if (ended_in_pause) {
+    // Measured from the SIGCONT, less the victim's give-up time.
+    run.outlived = last - resumed - absl::Milliseconds(UnreachableMs());
+  }
+  if (run.outlived > Scaled(kMaxOutlive)) {
+    ok = false;
+    ADD_FAILURE() << what << ": the last process exited "
+                  << absl::FormatDuration(run.outlived)
+                  << " after the job's end (bound "
+                  << absl::FormatDuration(Scaled(kMaxOutlive)) << ")";
+  }
+  if (!ok) {
+    ADD_FAILURE() << what << ": logs of " << job.dir() << "\n"
+                  << job.LogTails(40);
+    return run;
+  }
+  run.ok = true;
+  return run;
+}
+
+// A job of `num_servers` servers and kWorkers trainers under
+// BaseDir(`test`)/`run`; null (with a failure added) when it cannot start.
+std::unique_ptr<JobHarness> StartJob(const std::string& test,
+                                     const std::string& run,
+                                     const std::string& config,
+                                     int num_servers) {
+  JobHarness::Options options;
+  options.dir = absl::StrCat(BaseDir(test), "/", run);
+  options.config = config;
+  options.num_servers = num_servers;
+  options.num_workers = kWorkers;
+  auto job = JobHarness::Start(options);
+  EXPECT_TRUE(job.ok()) << job.status();
+  return job.ok() ? *std::move(job) : nullptr;
+}
+
+// The undisturbed runs of a mode: one, two in ASYNC (whose runs differ by
+// thread timing) to measure their spread. `start` starts the job of a run.
+struct References {
+  JobRun first;
+  double auc = NAN;        // their mean test AUC
+  double tolerance = NAN;  // kAucTolerance, or their spread when larger
+};
+template <typename Start>
+std::optional<References> RunReferences(const Mode& mode, Start start) {
+  std::vector<JobRun> runs;
+  const int num_references = std::string_view(mode.name) == "ASYNC" ? 2 : 1;
+  for (int k = 0; k < num_references; ++k) {
+    const std::string what = absl::StrCat(mode.name, " reference ", k);
+    JobRun ref = WithRetry(what, [&](int attempt) -> JobRun {
+      std::unique_ptr<JobHarness> job =
+          start(absl::StrCat("reference-", k, "-", attempt));
+      if (job == nullptr) return JobRun();
+      job->set_abort_check([&] { return FalseDeath(*job, ""); });
+      return Finish(*job, -1, "", what);
+    });
+    if (!ref.ok) return std::nullopt;
+    if (ref.steps == 0) {
+      ADD_FAILURE() << what << ": no steps in " << ref.summary;
+      return std::nullopt;
+    }
+    std::printf("%s: test AUC %.5f, %" PRIu64 " steps, %" PRIu64
+                " examples, %.1f s\n",
+                what.c_str(), ref.auc, ref.steps, ref.examples,
+                absl::ToDoubleSeconds(ref.elapsed));
+    runs.push_back(ref);
+  }
+  References refs;
+  refs.first = runs[0];
+  double lo = INFINITY, hi = -INFINITY, sum = 0;
+  for (const JobRun& r : runs) {
+    sum += r.auc;
+    lo = std::min(lo, r.auc);
+    hi = std::max(hi, r.auc);
+  }
+  refs.auc = sum / runs.size();
+  refs.tolerance = std::max(kAucTolerance, hi - lo);
+  if (refs.tolerance > kAucTolerance) {
+    std::printf(
+        "%s: the undisturbed runs alone spread %.5f (> %.3f): that is the "
+        "tolerance\n",
+        mode.name, hi - lo, kAucTolerance);
+  }
+  std::fflush(stdout);
+  return refs;
+}
+
+// Adds failures unless `run` is within the references' AUC tolerance and
+// trained at least their examples; whether it is.
+bool ExpectLikeReference(const JobRun& run, const References& refs,
+                         const std::string& what) {
+  bool ok = true;
+  if (std::fabs(run.auc - refs.auc) > refs.tolerance) {
+    ok = false;
+    ADD_FAILURE() << what << ": test AUC " << run.auc << " is more than "
+                  << refs.tolerance << " from the undisturbed " << refs.auc
+                  << "\n"
+                  << run.summary;
+  }
+  if (run.examples < refs.first.examples) {
+    ok = false;
+    ADD_FAILURE() << what << ": the workers trained " << run.examples
+                  << " examples together, the undisturbed run "
+                  << refs.first.examples << ": some were never trained";
+  }
+  return ok;
+}
+
 class PausedWorkerTest : public ::testing::TestWithParam<int> {
  protected:
   const Mode& mode() const { return kPauseModes[GetParam()]; }
 
-  // Waits for the job's end and checks it; `victim` (or -1) may exit 0 or 3.
-  // `resumed`: when the victim was SIGCONTed (InfinitePast if none).
-  JobRun Finish(JobHarness& job, int victim, const std::string& paused,
-                const std::string& what,
-                absl::Time resumed = absl::InfinitePast()) {
-    JobRun run;
-    auto result = job.Wait(kJobTimeout);
-    if (!(run.stall = FalseDeath(job, paused)).empty()) return run;
-    if (!result.ok()) {
-      ADD_FAILURE() << what << ": " << result.status() << "\n"
-                    << job.LogTails(40);
-      return run;
-    }
-    bool ok = ExpectSchedulerAndServersExitedZero(*result, what);
-    // Resumed after the job's end, the victim finds no scheduler: it gives
-    // up after cluster.scheduler_unreachable_timeout_ms (exit 4).
-    const bool ended_in_pause = *job.scheduler().exited_at() < resumed;
-    for (size_t i = 0; i < result->workers.size(); ++i) {
-      const int code = result->workers[i];
-      if (code == 0 || (static_cast<int>(i) == victim && code == 3)) continue;
-      if (static_cast<int>(i) == victim && code == 4 && ended_in_pause)
-        continue;
-      ok = false;
-      ADD_FAILURE() << what << ": worker" << i << " exited with " << code
-                    << ", expected 0"
-                    << (static_cast<int>(i) == victim ? " or 3" : "");
-    }
-    ok &= ExpectOneSummary(*result, what);
-    run.summary = result->summary;
-    run.elapsed = result->elapsed;
-    run.auc = JsonNumber(result->summary, "test_auc").value_or(NAN);
-    run.steps = static_cast<uint64_t>(
-        JsonNumber(result->summary, "rank0_steps").value_or(0));
-    run.examples =
-        ExamplesTrainedWithOrphans(job, kNumTrain / kWorkers, kBatch);
-    if (!std::isfinite(run.auc)) {
-      ok = false;
-      ADD_FAILURE() << what << ": no test_auc in the summary '"
-                    << result->summary << "'";
-    }
-    // The job's end: the summary printer's exit (it exits right after
-    // printing) or the scheduler's, whichever came first.
-    absl::Time end = *job.scheduler().exited_at(), last = end;
-    for (int i = 0; i < job.num_worker_processes(); ++i) {
-      const absl::Time t = *job.worker(i).exited_at();
-      if (!result->worker_summaries[i].empty()) end = std::min(end, t);
-      last = std::max(last, t);
-    }
-    for (int i = 0; i < job.num_servers(); ++i)
-      last = std::max(last, *job.server(i).exited_at());
-    run.outlived = last - end;
-    run.ended_in_pause = ended_in_pause;
-    if (ended_in_pause) {
-      // Measured from the SIGCONT, less the victim's give-up time.
-      run.outlived = last - resumed - absl::Milliseconds(UnreachableMs());
-    }
-    if (run.outlived > Scaled(kMaxOutlive)) {
-      ok = false;
-      ADD_FAILURE() << what << ": the last process exited "
-                    << absl::FormatDuration(run.outlived)
-                    << " after the job's end (bound "
-                    << absl::FormatDuration(Scaled(kMaxOutlive)) << ")";
-    }
-    if (!ok) {
-      ADD_FAILURE() << what << ": logs of " << job.dir() << "\n"
-                    << job.LogTails(40);
-      return run;
-    }
-    run.ok = true;
-    return run;
-  }
-
   std::unique_ptr<JobHarness> StartJob(const std::string& run) {
-    JobHarness::Options options;
-    options.dir =
-        absl::StrCat(BaseDir(absl::StrCat("pause-", mode().name)), "/", run);
-    options.config = JobConfig(mode());
-    options.num_servers = 2;
-    options.num_workers = kWorkers;
-    auto job = JobHarness::Start(options);
-    EXPECT_TRUE(job.ok()) << job.status();
-    return job.ok() ? *std::move(job) : nullptr;
+    return ::ps::testing::StartJob(absl::StrCat("pause-", mode().name), run,
+                                   JobConfig(mode()), 2);
   }
 };
 
@@ -382,42 +469,10 @@ TEST_P(PausedWorkerTest, PausedWorkerStopsOrRejoins) {
               ", %d trials, heartbeat timeout %d ms, pause %s\n",
               mode().name, FaultSeed(), FaultTrials(),
               FaultHeartbeatTimeoutMs(), absl::FormatDuration(Pause()).c_str());
-  // Undisturbed: one run, two in ASYNC (whose runs differ by thread
-  // timing) to measure their spread.
-  std::vector<JobRun> references;
-  const int num_references = std::string_view(mode().name) == "ASYNC" ? 2 : 1;
-  for (int k = 0; k < num_references; ++k) {
-    const std::string what = absl::StrCat(mode().name, " reference ", k);
-    JobRun ref = WithRetry(what, [&](int attempt) -> JobRun {
-      std::unique_ptr<JobHarness> job =
-          StartJob(absl::StrCat("reference-", k, "-", attempt));
-      if (job == nullptr) return JobRun();
-      job->set_abort_check([&] { return FalseDeath(*job, ""); });
-      return Finish(*job, -1, "", what);
-    });
-    ASSERT_TRUE(ref.ok);
-    ASSERT_GT(ref.steps, 0u) << ref.summary;
-    std::printf("%s: test AUC %.5f, %" PRIu64 " steps, %" PRIu64
-                " examples, %.1f s\n",
-                what.c_str(), ref.auc, ref.steps, ref.examples,
-                absl::ToDoubleSeconds(ref.elapsed));
-    references.push_back(ref);
-  }
-  double reference_auc = 0, lo = INFINITY, hi = -INFINITY;
-  for (const JobRun& r : references) {
-    reference_auc += r.auc / references.size();
-    lo = std::min(lo, r.auc);
-    hi = std::max(hi, r.auc);
-  }
-  const double tolerance = std::max(kAucTolerance, hi - lo);
-  if (tolerance > kAucTolerance) {
-    std::printf(
-        "%s: the undisturbed runs alone spread %.5f (> %.3f): that is the "
-        "tolerance\n",
-        mode().name, hi - lo, kAucTolerance);
-  }
-  const JobRun& reference = references[0];
-  std::fflush(stdout);
+  const std::optional<References> refs = RunReferences(
+      mode(), [&](const std::string& run) { return StartJob(run); });
+  ASSERT_TRUE(refs.has_value());
+  const JobRun& reference = refs->first;
 
   int failed = 0;
   for (int trial = 0; trial < FaultTrials(); ++trial) {
@@ -496,25 +551,12 @@ TEST_P(PausedWorkerTest, PausedWorkerStopsOrRejoins) {
       std::fflush(stdout);
       continue;
     }
-    bool ok = true;
-    if (std::fabs(run.auc - reference_auc) > tolerance) {
-      ok = false;
-      ADD_FAILURE() << what << ": test AUC " << run.auc << " is more than "
-                    << tolerance << " from the undisturbed " << reference_auc
-                    << "\n"
-                    << run.summary;
-    }
-    if (run.examples < reference.examples) {
-      ok = false;
-      ADD_FAILURE() << what << ": the workers trained " << run.examples
-                    << " examples together, the undisturbed run "
-                    << reference.examples << ": some were never trained";
-    }
+    const bool ok = ExpectLikeReference(run, *refs, what);
     failed += !ok;
     std::printf(
         "  %s: test AUC %.5f (%+.5f), %" PRIu64
         " examples, last process %.2f s after the job's end, %.1f s: %s%s\n",
-        ok ? "ok" : "FAILED", run.auc, run.auc - reference_auc, run.examples,
+        ok ? "ok" : "FAILED", run.auc, run.auc - refs->auc, run.examples,
         absl::ToDoubleSeconds(run.outlived), absl::ToDoubleSeconds(run.elapsed),
         notes.c_str(), ok ? "" : absl::StrCat("; replay: ", replay).c_str());
     std::fflush(stdout);
@@ -526,6 +568,139 @@ TEST_P(PausedWorkerTest, PausedWorkerStopsOrRejoins) {
 
 INSTANTIATE_TEST_SUITE_P(Modes, PausedWorkerTest, ::testing::Values(0, 1),
                          ModeNames(kPauseModes));
+
+// ---- 3. A paused scheduler ----
+
+constexpr Mode kSchedulerPauseModes[] = {kAsyncMode, kBspMode, kSspMode};
+constexpr int kReplicatedServers = 3;
+
+// 3 servers with replication 2: a scheduler that declared healthy servers
+// dead would leave slots with one copy or none.
+std::string ReplicatedJobConfig(const Mode& mode) {
+  return CtrJobConfig(
+      JobHead(absl::StrCat("pause-scheduler-", mode.name), kReplicatedServers,
+              kWorkers, 256, FaultHeartbeatTimeoutMs(),
+              absl::StrCat("request_timeout_ms: 60000 on_worker_loss: REASSIGN "
+                           "replication: 2 scheduler_unreachable_timeout_ms: ",
+                           UnreachableMs())),
+      mode.consistency, kNumTrain);
+}
+
+// The scheduler's pause: 3 heartbeat timeouts, well past the point where
+// it would declare every node dead if it judged them across its own stall,
+// and below cluster.scheduler_unreachable_timeout_ms (5 timeouts), where
+// the nodes give up on it.
+absl::Duration SchedulerPause() {
+  return absl::Milliseconds(3 * FaultHeartbeatTimeoutMs());
+}
+
+class PausedSchedulerTest : public ::testing::TestWithParam<int> {
+ protected:
+  const Mode& mode() const { return kSchedulerPauseModes[GetParam()]; }
+
+  std::unique_ptr<JobHarness> StartJob(const std::string& run) {
+    return ::ps::testing::StartJob(
+        absl::StrCat("pause-scheduler-", mode().name), run,
+        ReplicatedJobConfig(mode()), kReplicatedServers);
+  }
+};
+
+// The scheduler SIGSTOPped mid-job for 3 heartbeat timeouts, then
+// SIGCONTed: it notices its own stall ("the failure detector did not run
+// for") and declares no node dead; training pauses while the servers'
+// leases are lapsed and resumes; the job finishes at the undisturbed AUC
+// with every process exiting 0. A death declared before the pause is a
+// stall of the machine (run again once); one after it fails the test.
+TEST_P(PausedSchedulerTest, NoNodeIsDeclaredDeadAndTheJobFinishes) {
+  const absl::Time start = absl::Now();
+  std::printf("%s: fault seed %" PRIu64
+              ", %d trials, heartbeat timeout %d ms, scheduler paused %s\n",
+              mode().name, FaultSeed(), FaultTrials(),
+              FaultHeartbeatTimeoutMs(),
+              absl::FormatDuration(SchedulerPause()).c_str());
+  const std::optional<References> refs = RunReferences(
+      mode(), [&](const std::string& run) { return StartJob(run); });
+  ASSERT_TRUE(refs.has_value());
+  int failed = 0;
+  for (int trial = 0; trial < FaultTrials(); ++trial) {
+    if (SkipTrial(trial)) continue;
+    std::mt19937_64 rng = TrialRng(3, GetParam(), trial);
+    // Between 10% and 35% of the way: the job outlasts the pause.
+    const uint64_t lo = refs->first.steps / 10;
+    const uint64_t step = lo + 1 + rng() % (refs->first.steps * 25 / 100);
+    const std::string what = absl::StrFormat(
+        "%s trial %d: scheduler SIGSTOPped at worker rank 0's step %d for %s",
+        mode().name, trial, step, absl::FormatDuration(SchedulerPause()));
+    const std::string replay =
+        ReplayCommand(absl::StrCat("PausedScheduler*/", mode().name), trial);
+    SCOPED_TRACE(AnnounceTrial(what, replay));
+    std::string notes;
+    JobRun run = WithRetry(what, [&](int attempt) -> JobRun {
+      notes.clear();
+      std::unique_ptr<JobHarness> job =
+          StartJob(absl::StrCat("trial-", trial, "-", attempt));
+      if (job == nullptr) return JobRun();
+      job->set_abort_check([&] { return FalseDeath(*job, ""); });
+      absl::StatusOr<int> watched =
+          WorkerWithRank(*job, kWorkers, 0, absl::Seconds(30));
+      if (!watched.ok()) return FailedRun<JobRun>(watched.status(), what, *job);
+      auto clock = job->WaitForStep(*watched, step, absl::Seconds(60));
+      if (!clock.ok() || *clock >= kFinishedClock) {
+        return FailedRun<JobRun>(clock.ok()
+                                     ? absl::FailedPreconditionError(
+                                           "worker 0 finished before the pause")
+                                     : clock.status(),
+                                 what, *job);
+      }
+      const absl::Time stopped = absl::Now();
+      if (!job->SignalScheduler(SIGSTOP)) {
+        return FailedRun<JobRun>(
+            absl::InternalError("the scheduler was not running"), what, *job);
+      }
+      job->SleepFor(stopped + SchedulerPause() - absl::Now());
+      const absl::Time resumed = absl::Now();
+      job->SignalScheduler(SIGCONT);
+      notes = absl::StrFormat("paused at clock %d for %.2f s", *clock,
+                              absl::ToDoubleSeconds(resumed - stopped));
+      JobRun r = Finish(*job, -1, "", what, resumed);
+      if (!r.stall.empty()) {
+        // Declared after the pause began: the fault under test.
+        ADD_FAILURE() << what << ": the scheduler declared a healthy node "
+                      << "dead across its own pause: " << r.stall << "\n"
+                      << job->LogTails(40);
+        return JobRun();
+      }
+      const std::string noticed =
+          LineWith(ReadFile(job->dir() + "/scheduler.log"),
+                   "the failure detector did not run for");
+      if (noticed.empty()) {
+        ADD_FAILURE() << what << ": the scheduler did not notice its pause "
+                      << "(no 'the failure detector did not run for' line)";
+        r.ok = false;
+      }
+      absl::StrAppend(&notes, "; ",
+                      noticed.empty() ? "(stall not noticed)" : noticed);
+      return r;
+    });
+    bool ok = run.ok;
+    if (ok) ok = ExpectLikeReference(run, *refs, what);
+    failed += !ok;
+    std::printf("  %s: test AUC %.5f (%+.5f), %" PRIu64
+                " examples, %.1f s: %s%s\n",
+                ok ? "ok" : "FAILED", run.auc, run.auc - refs->auc,
+                run.examples, absl::ToDoubleSeconds(run.elapsed), notes.c_str(),
+                ok ? "" : absl::StrCat("; replay: ", replay).c_str());
+    std::fflush(stdout);
+  }
+  std::printf("SUMMARY scheduler paused, %s: %d failed, seed %" PRIu64
+              ", %.1f s\n",
+              mode().name, failed, FaultSeed(),
+              absl::ToDoubleSeconds(absl::Now() - start));
+  std::fflush(stdout);
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, PausedSchedulerTest, ::testing::Values(0, 1, 2),
+                         ModeNames(kSchedulerPauseModes));
 
 }  // namespace
 }  // namespace ps::testing
