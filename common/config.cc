@@ -266,7 +266,9 @@ void DefaultCluster(ClusterConfig* cl) {
         std::max(60000u, cl->heartbeat_timeout_ms()));
   }
   if (cl->isolation_hold_ms() == 0) {
-    const uint64_t hold = 5ull * cl->heartbeat_timeout_ms();
+    // 5 timeouts, and 5 s for the nodes' connections to come back after
+    // the link does (scheduler/client.cc reconnects within about 2 s).
+    const uint64_t hold = 5ull * cl->heartbeat_timeout_ms() + 5000;
     cl->set_isolation_hold_ms(static_cast<uint32_t>(
         std::min<uint64_t>(hold, cl->scheduler_unreachable_timeout_ms())));
   }

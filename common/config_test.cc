@@ -340,7 +340,8 @@ TEST(ValidateJobConfigTest, HeartbeatTimeoutMustExceedInterval) {
                   .ok());
 }
 
-TEST(ValidateJobConfigTest, IsolationHoldDefaultsToFiveTimeoutsAtMostUnreachable) {
+TEST(ValidateJobConfigTest,
+     IsolationHoldDefaultsToFiveTimeoutsAndFiveSecondsAtMostUnreachable) {
   auto cluster = [](const std::string& fields) -> absl::StatusOr<JobConfig> {
     return ParseJobConfig(
         absl::StrCat("cluster { num_servers: 1 num_workers: 1 ", fields, " }"),
@@ -348,7 +349,7 @@ TEST(ValidateJobConfigTest, IsolationHoldDefaultsToFiveTimeoutsAtMostUnreachable
   };
   absl::StatusOr<JobConfig> config = cluster("");
   ASSERT_TRUE(config.ok()) << config.status();
-  EXPECT_EQ(config->cluster().isolation_hold_ms(), 25000u);  // 5 x 5000
+  EXPECT_EQ(config->cluster().isolation_hold_ms(), 30000u);  // 5 x 5000 + 5000
   // Capped at scheduler_unreachable_timeout_ms (60000 by default).
   config = cluster("heartbeat_timeout_ms: 20000");
   ASSERT_TRUE(config.ok()) << config.status();

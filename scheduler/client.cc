@@ -64,9 +64,8 @@ bool IsSchedulerGone(const absl::Status& status) {
          ReasonOf(status) == reason::kSchedulerUnreachable;
 }
 
-SchedulerClient::Options SchedulerClient::Options::ForJob(const JobConfig& config,
-                                                          std::string address,
-                                                          Role role) {
+SchedulerClient::Options SchedulerClient::Options::ForJob(
+    const JobConfig& config, std::string address, Role role) {
   Options options;
   options.address = std::move(address);
   options.role = role;
@@ -105,7 +104,8 @@ absl::StatusOr<std::unique_ptr<SchedulerClient>> SchedulerClient::Connect(
   if (TlsEnabled(c->options_.tls)) InstallGrpcLogging();
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> creds =
       MakeChannelCredentials(c->options_.tls);
-  if (!creds.ok()) return Annotate(creds.status(), "scheduler client credentials");
+  if (!creds.ok())
+    return Annotate(creds.status(), "scheduler client credentials");
   // Reconnect within a second of a restarted scheduler listening again
   // (gRPC's default backoff grows to two minutes over a long outage). The
   // "minimum backoff" is also the least time a connection attempt gets
@@ -115,6 +115,19 @@ absl::StatusOr<std::unique_ptr<SchedulerClient>> SchedulerClient::Connect(
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 1000);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  // A connection that lost packets (a cut link) is not left to TCP: its
+  // retransmissions back off, doubling, so after a cut of D the next one
+  // may come about D after the link is back, and the scheduler would hear
+  // nothing for that long. Pings unanswered for half a heartbeat timeout
+  // close it instead, and the reconnection attempts above (a fresh
+  // connection at most a second or two apart) find the link as soon as it
+  // is back. The scheduler accepts pings this often (scheduler.cc).
+  const int keepalive_ms = static_cast<int>(std::max<int64_t>(
+      100, absl::ToInt64Milliseconds(c->options_.heartbeat_timeout) / 2));
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, keepalive_ms);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, keepalive_ms);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   c->stub_ = Scheduler::NewStub(
       grpc::CreateCustomChannel(c->options_.address, *creds, args));
   RegisterRequest request;
@@ -140,10 +153,11 @@ absl::StatusOr<std::unique_ptr<SchedulerClient>> SchedulerClient::Connect(
     if (status.ok()) break;
     // Every rank taken: a replacement may start before the node it
     // replaces is declared dead (a heartbeat timeout), so wait for that.
-    const bool full = status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
-    const bool retry = status.error_code() == grpc::StatusCode::UNAVAILABLE ||
-                       status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
-                       full;
+    const bool full =
+        status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
+    const bool retry =
+        status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+        status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED || full;
     if (!retry || absl::Now() >= give_up) {
       std::string why;
       if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
@@ -155,12 +169,13 @@ absl::StatusOr<std::unique_ptr<SchedulerClient>> SchedulerClient::Connect(
         const grpc::Status last =
             c->stub_->GetStatus(probe.get(), GetStatusRequest(), &ignored);
         if (last.error_code() == grpc::StatusCode::UNAVAILABLE) {
-          why = absl::StrCat("; the channel's last error: ", last.error_message(),
-                             TlsEnabled(c->options_.tls)
-                                 ? " (with TLS on, check that the scheduler's "
-                                   "certificate and this one come from the same "
-                                   "job CA)"
-                                 : " (if the job uses TLS, this config has none)");
+          why = absl::StrCat(
+              "; the channel's last error: ", last.error_message(),
+              TlsEnabled(c->options_.tls)
+                  ? " (with TLS on, check that the scheduler's "
+                    "certificate and this one come from the same "
+                    "job CA)"
+                  : " (if the job uses TLS, this config has none)");
         }
       }
       absl::Status result = Annotate(
@@ -171,7 +186,8 @@ absl::StatusOr<std::unique_ptr<SchedulerClient>> SchedulerClient::Connect(
     }
     if (full) {
       if (!warned_full) {
-        Log()->warn("{}; waiting for a rank to become free", status.error_message());
+        Log()->warn("{}; waiting for a rank to become free",
+                    status.error_message());
         warned_full = true;
       }
       absl::SleepFor(absl::Milliseconds(100));
@@ -190,8 +206,8 @@ absl::StatusOr<std::unique_ptr<SchedulerClient>> SchedulerClient::Connect(
     c->last_ack_ = SteadyClock::now();
   }
   if (c->options_.on_lease) {
-    c->options_.on_lease(
-        sent + absl::ToChronoNanoseconds(c->options_.heartbeat_timeout * 3 / 4));
+    c->options_.on_lease(sent + absl::ToChronoNanoseconds(
+                                    c->options_.heartbeat_timeout * 3 / 4));
   }
   c->InstallView(response.view());
   c->heartbeat_ = std::thread([p = c.get()] { p->HeartbeatLoop(); });
@@ -235,7 +251,8 @@ void SchedulerClient::InstallView(const ClusterView& view) {
   }
 }
 
-void SchedulerClient::set_progress(uint64_t clock, const DataPosition& position) {
+void SchedulerClient::set_progress(uint64_t clock,
+                                   const DataPosition& position) {
   clock_.store(clock);
   uint64_t pending;
   {
@@ -281,10 +298,14 @@ void SchedulerClient::MaybeReportCheckpoint(uint64_t checkpoint_clock) {
   bool transport = false;
   grpc::Status status = Attempt(
       options_.rpc_timeout,
-      [&](grpc::ClientContext* c) { return stub_->ReportCheckpoint(c, request, &response); },
+      [&](grpc::ClientContext* c) {
+        return stub_->ReportCheckpoint(c, request, &response);
+      },
       &transport);
-  if (!status.ok() && status.error_code() != grpc::StatusCode::FAILED_PRECONDITION) {
-    Log()->warn("reporting checkpoint {}: {}", checkpoint_clock, status.error_message());
+  if (!status.ok() &&
+      status.error_code() != grpc::StatusCode::FAILED_PRECONDITION) {
+    Log()->warn("reporting checkpoint {}: {}", checkpoint_clock,
+                status.error_message());
   }
 }
 
@@ -310,7 +331,8 @@ void SchedulerClient::NoteReached() {
   const SteadyClock::time_point now = SteadyClock::now();
   if (unreachable_) {
     unreachable_ = false;
-    Log()->info("scheduler reachable again after {:.1f} s", Seconds(now - last_ack_));
+    Log()->info("scheduler reachable again after {:.1f} s",
+                Seconds(now - last_ack_));
   }
   last_ack_ = now;
 }
@@ -329,15 +351,18 @@ void SchedulerClient::NoteUnreachable(const grpc::Status& status) {
       unreachable_ = true;
       unreachable_since_ = now;
       last_warning_ = now;
-      Log()->warn("scheduler at {} unreachable ({}); retrying for up to {} ({})",
-                  options_.address, last_error_,
-                  absl::FormatDuration(options_.unreachable_timeout), kUnreachableField);
+      Log()->warn(
+          "scheduler at {} unreachable ({}); retrying for up to {} ({})",
+          options_.address, last_error_,
+          absl::FormatDuration(options_.unreachable_timeout),
+          kUnreachableField);
     } else if (now - last_warning_ >= absl::ToChronoNanoseconds(kWarnEvery)) {
       last_warning_ = now;
-      Log()->warn("scheduler at {} unreachable for {:.1f} s: {}", options_.address,
-                  silent, last_error_);
+      Log()->warn("scheduler at {} unreachable for {:.1f} s: {}",
+                  options_.address, silent, last_error_);
     }
-    if (now - last_ack_ > absl::ToChronoNanoseconds(options_.unreachable_timeout)) {
+    if (now - last_ack_ >
+        absl::ToChronoNanoseconds(options_.unreachable_timeout)) {
       gone_status_ = WithReason(
           absl::UnavailableError(absl::StrFormat(
               "scheduler at %s unreachable for %.1f s (%s %d): %s",
@@ -377,7 +402,8 @@ void SchedulerClient::CancelCalls() {
 
 grpc::Status SchedulerClient::Attempt(
     absl::Duration timeout,
-    const std::function<grpc::Status(grpc::ClientContext*)>& rpc, bool* transport) {
+    const std::function<grpc::Status(grpc::ClientContext*)>& rpc,
+    bool* transport) {
   *transport = false;
   // Taken before the context's own, so "past it" below is never early.
   const absl::Time deadline = absl::Now() + timeout;
@@ -445,7 +471,8 @@ grpc::Status SchedulerClient::CallWithRetry(
   while (true) {
     bool transport = false;
     grpc::Status status = Attempt(
-        std::min(timeout, std::max(give_up - absl::Now(), kFirstBackoff)), rpc, &transport);
+        std::min(timeout, std::max(give_up - absl::Now(), kFirstBackoff)), rpc,
+        &transport);
     if (!transport) return status;
     if (!Backoff(&delay, give_up)) {
       grpc::Status ended = EndedStatus();
@@ -467,29 +494,36 @@ absl::StatusOr<ClaimShardResponse> SchedulerClient::ClaimShard(
   absl::Duration delay = kFirstBackoff;
   ClaimShardResponse response;
   while (true) {
-    const absl::Duration left = std::max(absl::ZeroDuration(), give_up - absl::Now());
+    const absl::Duration left =
+        std::max(absl::ZeroDuration(), give_up - absl::Now());
     request.set_timeout_ms(static_cast<uint32_t>(
         std::clamp<int64_t>(absl::ToInt64Milliseconds(left), 0, 30000)));
     bool transport = false;
     grpc::Status status = Attempt(
         left + options_.rpc_timeout,
-        [&](grpc::ClientContext* c) { return stub_->ClaimShard(c, request, &response); },
+        [&](grpc::ClientContext* c) {
+          return stub_->ClaimShard(c, request, &response);
+        },
         &transport);
     if (status.ok()) return response;
     // A retry repeats `finished`: the scheduler answers a worker that
     // still holds an assignment with that one again.
     if (transport && Backoff(&delay, give_up)) continue;
     grpc::Status ended = EndedStatus();
-    return Annotate(FromGrpcStatus(ended.ok() ? status : ended), "claim a shard");
+    return Annotate(FromGrpcStatus(ended.ok() ? status : ended),
+                    "claim a shard");
   }
 }
 
-absl::Status SchedulerClient::ReportCheckpoint(ReportCheckpointRequest request) {
+absl::Status SchedulerClient::ReportCheckpoint(
+    ReportCheckpointRequest request) {
   request.set_node_id(node_id_);
   ReportCheckpointResponse response;
-  const grpc::Status status = CallWithRetry(
-      options_.rpc_timeout, absl::Now() + options_.rpc_timeout,
-      [&](grpc::ClientContext* c) { return stub_->ReportCheckpoint(c, request, &response); });
+  const grpc::Status status =
+      CallWithRetry(options_.rpc_timeout, absl::Now() + options_.rpc_timeout,
+                    [&](grpc::ClientContext* c) {
+                      return stub_->ReportCheckpoint(c, request, &response);
+                    });
   return Annotate(FromGrpcStatus(status),
                   absl::StrCat("report checkpoint ", request.clock()));
 }
@@ -497,20 +531,25 @@ absl::Status SchedulerClient::ReportCheckpoint(ReportCheckpointRequest request) 
 absl::StatusOr<GetStatusResponse> SchedulerClient::GetStatus() {
   GetStatusRequest request;
   GetStatusResponse response;
-  const grpc::Status status = CallWithRetry(
-      options_.rpc_timeout, absl::Now() + options_.rpc_timeout,
-      [&](grpc::ClientContext* c) { return stub_->GetStatus(c, request, &response); });
+  const grpc::Status status =
+      CallWithRetry(options_.rpc_timeout, absl::Now() + options_.rpc_timeout,
+                    [&](grpc::ClientContext* c) {
+                      return stub_->GetStatus(c, request, &response);
+                    });
   if (!status.ok()) return Annotate(FromGrpcStatus(status), "status");
   return response;
 }
 
-absl::StatusOr<uint64_t> SchedulerClient::RequestCheckpoint(uint64_t after_clock) {
+absl::StatusOr<uint64_t> SchedulerClient::RequestCheckpoint(
+    uint64_t after_clock) {
   CheckpointRequest request;
   request.set_after_clock(after_clock);
   CheckpointResponse response;
-  const grpc::Status status = CallWithRetry(
-      options_.rpc_timeout, absl::Now() + options_.rpc_timeout,
-      [&](grpc::ClientContext* c) { return stub_->Checkpoint(c, request, &response); });
+  const grpc::Status status =
+      CallWithRetry(options_.rpc_timeout, absl::Now() + options_.rpc_timeout,
+                    [&](grpc::ClientContext* c) {
+                      return stub_->Checkpoint(c, request, &response);
+                    });
   if (!status.ok()) return Annotate(FromGrpcStatus(status), "checkpoint");
   return response.clock();
 }
@@ -548,16 +587,17 @@ void SchedulerClient::HeartbeatLoop() {
       // Try again no later than when the scheduler counts as gone, so
       // giving up is not late by a heartbeat interval.
       absl::MutexLock lock(&reach_mu_);
-      const auto until_gone = last_ack_ +
-                              absl::ToChronoNanoseconds(options_.unreachable_timeout) -
-                              SteadyClock::now();
+      const auto until_gone =
+          last_ack_ + absl::ToChronoNanoseconds(options_.unreachable_timeout) -
+          SteadyClock::now();
       wait = std::clamp(absl::FromChrono(until_gone) + absl::Milliseconds(1),
                         absl::Milliseconds(1), options_.heartbeat_interval);
       continue;
     }
     NoteReached();
     if (options_.on_lease) {
-      options_.on_lease(sent + absl::ToChronoNanoseconds(options_.heartbeat_timeout * 3 / 4));
+      options_.on_lease(
+          sent + absl::ToChronoNanoseconds(options_.heartbeat_timeout * 3 / 4));
     }
     {
       absl::MutexLock lock(&mu_);
@@ -571,7 +611,8 @@ void SchedulerClient::HeartbeatLoop() {
       GetClusterViewRequest get;
       ClusterView fresh;
       auto ctx = Context(rpc_deadline);
-      if (stub_->GetClusterView(ctx.get(), get, &fresh).ok()) InstallView(fresh);
+      if (stub_->GetClusterView(ctx.get(), get, &fresh).ok())
+        InstallView(fresh);
     }
   }
 }
@@ -599,7 +640,8 @@ void SchedulerClient::WatchLoop() {
       if (stop_.HasBeenNotified()) break;
       watch_context_ = context.get();
     }
-    const grpc::Status status = stub_->GetClusterView(context.get(), request, &fresh);
+    const grpc::Status status =
+        stub_->GetClusterView(context.get(), request, &fresh);
     {
       absl::MutexLock lock(&watch_mu_);
       watch_context_ = nullptr;
@@ -632,7 +674,9 @@ absl::StatusOr<ClusterView> SchedulerClient::WaitForRunning(
     bool transport = false;
     grpc::Status status = Attempt(
         std::min(left, absl::Seconds(10)) + options_.rpc_timeout,
-        [&](grpc::ClientContext* c) { return stub_->GetClusterView(c, request, &view); },
+        [&](grpc::ClientContext* c) {
+          return stub_->GetClusterView(c, request, &view);
+        },
         &transport);
     if (!status.ok()) {
       if (transport) {
@@ -648,7 +692,8 @@ absl::StatusOr<ClusterView> SchedulerClient::WaitForRunning(
     if (view.job_state() != STARTING) return view;
     Log()->info("waiting for servers to register (epoch {})", view.epoch());
   }
-  if (!failed.ok()) return Annotate(FromGrpcStatus(failed), "waiting for the cluster");
+  if (!failed.ok())
+    return Annotate(FromGrpcStatus(failed), "waiting for the cluster");
   return absl::DeadlineExceededError(
       "the cluster did not start in time: not every server registered");
 }
@@ -659,8 +704,9 @@ absl::Status SchedulerClient::Barrier(const std::string& name,
   const absl::Time deadline = absl::Now() + timeout;
   absl::Duration delay = kFirstBackoff;
   while (true) {
-    const absl::Duration chunk = std::max(
-        absl::ZeroDuration(), std::min(deadline - absl::Now(), absl::Seconds(10)));
+    const absl::Duration chunk =
+        std::max(absl::ZeroDuration(),
+                 std::min(deadline - absl::Now(), absl::Seconds(10)));
     BarrierRequest request;
     request.set_node_id(node_id_);
     request.set_name(name);
@@ -670,10 +716,13 @@ absl::Status SchedulerClient::Barrier(const std::string& name,
     bool transport = false;
     grpc::Status status = Attempt(
         chunk + options_.rpc_timeout,
-        [&](grpc::ClientContext* c) { return stub_->Barrier(c, request, &response); },
+        [&](grpc::ClientContext* c) {
+          return stub_->Barrier(c, request, &response);
+        },
         &transport);
     if (status.ok()) {
-      if (ranks != nullptr) ranks->assign(response.ranks().begin(), response.ranks().end());
+      if (ranks != nullptr)
+        ranks->assign(response.ranks().begin(), response.ranks().end());
       return absl::OkStatus();
     }
     if (transport) {
@@ -696,7 +745,8 @@ absl::Status SchedulerClient::Barrier(const std::string& name,
   }
 }
 
-absl::Status SchedulerClient::Leave(bool finished, const DataPosition* position) {
+absl::Status SchedulerClient::Leave(bool finished,
+                                    const DataPosition* position) {
   StopHeartbeats();
   // Dropped: the scheduler already counts this node gone (and gave its
   // shard to others from its last heartbeat's position).
@@ -713,7 +763,9 @@ absl::Status SchedulerClient::Leave(bool finished, const DataPosition* position)
     // Until the scheduler counts as gone (Attempt then answers so).
     grpc::Status status = Attempt(
         options_.rpc_timeout,
-        [&](grpc::ClientContext* c) { return stub_->Leave(c, request, &response); },
+        [&](grpc::ClientContext* c) {
+          return stub_->Leave(c, request, &response);
+        },
         &transport);
     // An earlier attempt arrived, only its answer was lost.
     if (retried && status.error_code() == grpc::StatusCode::NOT_FOUND) {

@@ -24,7 +24,8 @@ constexpr absl::Duration kMaxWait = absl::Seconds(30);
 const char* RoleName(Role r) { return r == SERVER ? "server" : "worker"; }
 
 void LogNewBackups(const SlotMap::Assigned& assigned) {
-  if (assigned.assigned > 0) Log()->info("{} slots got a new backup", assigned.assigned);
+  if (assigned.assigned > 0)
+    Log()->info("{} slots got a new backup", assigned.assigned);
   if (assigned.without > 0) {
     Log()->warn("{} slots have no backup: no other live server to hold one",
                 assigned.without);
@@ -96,9 +97,9 @@ absl::StatusOr<uint32_t> ClusterState::FreeRankLocked(Role role) const {
   }
   auto free_rank = std::find(taken.begin(), taken.end(), false);
   if (free_rank == taken.end()) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "all ", taken.size(), " ", RoleName(role),
-        " ranks are held by live nodes or were finished"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("all ", taken.size(), " ", RoleName(role),
+                     " ranks are held by live nodes or were finished"));
   }
   return static_cast<uint32_t>(free_rank - taken.begin());
 }
@@ -179,9 +180,10 @@ absl::StatusOr<HeartbeatResponse> ClusterState::Heartbeat(
   absl::MutexLock lock(&mu_);
   auto it = nodes_.find(request.node_id());
   if (it == nodes_.end() || it->second.info.state() != ALIVE) {
-    return absl::NotFoundError(absl::StrCat(
-        "node ", request.node_id(),
-        " is not a live member (unknown, left or declared dead); register again"));
+    return absl::NotFoundError(
+        absl::StrCat("node ", request.node_id(),
+                     " is not a live member (unknown, left or declared dead); "
+                     "register again"));
   }
   const absl::Time now = clock_->Now();
   Node& hb = it->second;
@@ -199,7 +201,8 @@ absl::StatusOr<HeartbeatResponse> ClusterState::Heartbeat(
     max_clock_ever_ = std::max(max_clock_ever_, hb.clock);
     hb.pace.Observe(hb.clock, now);
   }
-  if (request.has_position()) shards_.Report(request.node_id(), request.position());
+  if (request.has_position())
+    shards_.Report(request.node_id(), request.position());
   HeartbeatResponse response;
   response.set_epoch(view_.epoch());
   response.set_job_state(view_.job_state());
@@ -249,13 +252,20 @@ std::vector<uint64_t> ClusterState::ExpireSilentNodes() {
   const bool stalled = NoticeStallLocked(now);
   // Nobody is declared dead while the journal cannot record it.
   if (stalled || !journal.Admit().ok() || now < grace_until_) return dead;
-  size_t live = 0;
+  // Silent for longer than a healthy node ever is (about a heartbeat
+  // interval), though maybe not yet past the timeout.
+  const absl::Time quiet_since =
+      now - absl::Milliseconds(config_.cluster().heartbeat_timeout_ms() +
+                               config_.cluster().heartbeat_interval_ms()) /
+                2;
+  size_t live = 0, silent = 0;
   for (const auto& [id, node] : nodes_) {
     if (node.info.state() != ALIVE) continue;
     ++live;
+    if (node.last_heartbeat < quiet_since) ++silent;
     if (node.last_heartbeat < deadline) dead.push_back(id);
   }
-  if (HoldForIsolationLocked(now, dead.size(), live)) return {};
+  if (HoldForIsolationLocked(now, dead.size(), silent, live)) return {};
   if (!dead.empty()) DeclareDeadLocked(dead, now);
   return dead;
 }
@@ -293,23 +303,34 @@ bool ClusterState::NoticeStallLocked(absl::Time now) {
   return true;
 }
 
-bool ClusterState::HoldForIsolationLocked(absl::Time now, size_t silent,
-                                          size_t live) {
+bool ClusterState::HoldForIsolationLocked(absl::Time now, size_t past_timeout,
+                                          size_t silent, size_t live) {
   const absl::Duration hold =
       absl::Milliseconds(config_.cluster().isolation_hold_ms());
   const bool suspected = isolated_since_ != absl::InfiniteFuture();
   const bool mass = silent > 0 && 2 * silent > live;
+  if (!suspected && past_timeout == 0) return false;
   if (suspected && !mass) {
-    // Heartbeats are back from most nodes: the rest get a fresh timeout,
-    // as they may be a heartbeat interval behind.
+    // Heartbeats are back from most nodes. The rest may be far behind: a
+    // TCP connection that lost packets for a silence of D retransmits
+    // with a backoff that doubles, so its next try may come up to about D
+    // after the link is back. They get a fresh timeout plus that silence.
+    const absl::Duration silence =
+        now - isolated_since_ +
+        absl::Milliseconds(config_.cluster().heartbeat_timeout_ms());
     Log()->warn(
         "heartbeats are back ({} of {} live nodes still silent) after {} of "
-        "suspected isolation: failure detection resumes",
+        "suspected isolation: failure detection resumes, the silent ones "
+        "get {} more",
         silent, live,
         absl::FormatDuration(
-            absl::Trunc(now - isolated_since_, absl::Milliseconds(1))));
+            absl::Trunc(now - isolated_since_, absl::Milliseconds(1))),
+        absl::FormatDuration(absl::Trunc(
+            silence +
+                absl::Milliseconds(config_.cluster().heartbeat_timeout_ms()),
+            absl::Milliseconds(1))));
     isolated_since_ = absl::InfiniteFuture();
-    GrantGraceLocked(now, absl::ZeroDuration());
+    GrantGraceLocked(now, silence);
     return true;
   }
   if (!mass || hold <= absl::ZeroDuration()) return false;
@@ -485,7 +506,8 @@ absl::StatusOr<std::vector<uint32_t>> ClusterState::AwaitBarrier(
     if (first) {
       const auto& arrived = barriers_[name];
       for (const auto& [id, node] : nodes_) {
-        if (node.info.role() == WORKER && present(node) && arrived.contains(id)) {
+        if (node.info.role() == WORKER && present(node) &&
+            arrived.contains(id)) {
           stored->second.push_back(id);
         }
       }
@@ -517,9 +539,9 @@ absl::StatusOr<uint64_t> ClusterState::SetConsistency(
   ConsistencyConfig* c = view_.mutable_consistency();
   c->set_mode(consistency.mode());
   c->set_staleness(consistency.staleness());
-  Log()->info("consistency changed to {}{} by request",
-              ConsistencyMode_Name(c->mode()),
-              c->mode() == SSP ? absl::StrCat(" staleness ", c->staleness()) : "");
+  Log()->info(
+      "consistency changed to {}{} by request", ConsistencyMode_Name(c->mode()),
+      c->mode() == SSP ? absl::StrCat(" staleness ", c->staleness()) : "");
   BumpEpochLocked();
   PS_RETURN_IF_ERROR(journal.Commit());
   return view_.epoch();
@@ -547,11 +569,13 @@ ClusterState::Monitoring ClusterState::Monitor() const {
   for (const auto& [id, node] : nodes_) {
     if (node.info.state() != ALIVE) continue;
     NodeActivity& a = m.nodes[id];
-    a.silent_seconds = std::max(0.0, absl::ToDoubleSeconds(now - node.last_heartbeat));
+    a.silent_seconds =
+        std::max(0.0, absl::ToDoubleSeconds(now - node.last_heartbeat));
     // The pace is measured between heartbeats at least
     // PaceEstimator::kWindow apart; before the first such pair it is the
     // pace since the first heartbeat (0 until a second one).
-    if (node.info.role() == WORKER && node.clock < kFinishedClock && node.pace.started()) {
+    if (node.info.role() == WORKER && node.clock < kFinishedClock &&
+        node.pace.started()) {
       a.steps_per_second = node.pace.steps_per_second();
     }
   }
@@ -600,13 +624,15 @@ std::vector<std::string> ClusterState::CheckProgress() {
           node.clock == min_clock) {
         behind.push_back(absl::StrCat(
             node.info.rank(), " (clock ", node.clock, ", last heard ",
-            absl::FormatDuration(absl::Trunc(now - node.last_heartbeat, absl::Milliseconds(1))),
+            absl::FormatDuration(
+                absl::Trunc(now - node.last_heartbeat, absl::Milliseconds(1))),
             " ago)"));
       }
     }
     lines.push_back(absl::StrCat(
         "watchdog: ", ConsistencyMode_Name(c.mode()), " job held back for ",
-        absl::FormatDuration(absl::Trunc(now - min_clock_since_, absl::Milliseconds(1))),
+        absl::FormatDuration(
+            absl::Trunc(now - min_clock_since_, absl::Milliseconds(1))),
         " by worker ranks ", absl::StrJoin(behind, ", "),
         "; the fastest worker is at clock ", max_clock));
   }
@@ -614,9 +640,10 @@ std::vector<std::string> ClusterState::CheckProgress() {
     if (completed_barriers_.contains(name) || now - started < timeout) continue;
     std::vector<uint32_t> missing = MissingRanksLocked(name);
     if (missing.empty()) continue;
-    lines.push_back(absl::StrCat("watchdog: barrier '", name, "' has waited ",
-                                 absl::FormatDuration(absl::Trunc(now - started, absl::Seconds(1))),
-                                 " for worker ranks ", absl::StrJoin(missing, ", ")));
+    lines.push_back(absl::StrCat(
+        "watchdog: barrier '", name, "' has waited ",
+        absl::FormatDuration(absl::Trunc(now - started, absl::Seconds(1))),
+        " for worker ranks ", absl::StrJoin(missing, ", ")));
   }
   for (const std::string& line : lines) Log()->warn("{}", line);
   if (!lines.empty()) last_watchdog_log_ = now;
@@ -654,7 +681,9 @@ void ClusterState::ReleaseShardLocked(uint64_t id, bool done,
   // A node that trains no shards (a tool) was handed one at registration
   // that it never trained: nobody resumes it.
   auto node = nodes_.find(id);
-  shards_.Release(id, done || node == nodes_.end() || !node->second.trains_shards, position);
+  shards_.Release(id,
+                  done || node == nodes_.end() || !node->second.trains_shards,
+                  position);
 }
 
 absl::StatusOr<ClaimShardResponse> ClusterState::ClaimShard(
@@ -665,10 +694,11 @@ absl::StatusOr<ClaimShardResponse> ClusterState::ClaimShard(
   auto it = nodes_.find(request.node_id());
   if (it == nodes_.end() || it->second.info.state() != ALIVE ||
       it->second.info.role() != WORKER) {
-    return absl::NotFoundError(absl::StrCat(
-        "node ", request.node_id(), " is not a live worker"));
+    return absl::NotFoundError(
+        absl::StrCat("node ", request.node_id(), " is not a live worker"));
   }
-  if (request.has_finished() && shards_.Finish(request.node_id(), request.finished())) {
+  if (request.has_finished() &&
+      shards_.Finish(request.node_id(), request.finished())) {
     UpdateJobStateLocked();
     BumpEpochLocked();
   }
@@ -694,13 +724,14 @@ absl::StatusOr<ClaimShardResponse> ClusterState::ClaimShard(
   PS_RETURN_IF_ERROR(FlushJournalLocked());
   auto decided = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     auto n = nodes_.find(id);
-    return closed_ || n->second.info.state() != ALIVE || shards_.Orphan() >= 0 ||
-           shards_.AllDone();
+    return closed_ || n->second.info.state() != ALIVE ||
+           shards_.Orphan() >= 0 || shards_.AllDone();
   };
   mu_.AwaitWithTimeout(absl::Condition(&decided), std::min(timeout, kMaxWait));
   ClaimShardResponse response;
   if (nodes_[id].info.state() != ALIVE) {
-    return absl::NotFoundError(absl::StrCat("node ", id, " is not a live worker"));
+    return absl::NotFoundError(
+        absl::StrCat("node ", id, " is not a live worker"));
   }
   if (int orphan = shards_.Orphan(); orphan >= 0) {
     response.set_result(ClaimShardResponse::ASSIGNED);
@@ -732,7 +763,8 @@ void ClusterState::SetRestore(const std::string& path,
         "shard starts from its beginning",
         manifest.positions_size(), shards_.size());
   }
-  Log()->info("job resumes from checkpoint {} at clock {}", path, manifest.clock());
+  Log()->info("job resumes from checkpoint {} at clock {}", path,
+              manifest.clock());
   BumpEpochLocked();
 }
 
@@ -743,7 +775,8 @@ absl::StatusOr<uint64_t> ClusterState::StartCheckpoint(uint64_t after_clock) {
   if (checkpoint_.has_value()) {
     if (checkpoint_->clock > after_clock) return checkpoint_->clock;
     // The requester has passed it: the servers will refuse it anyway.
-    AbortCheckpointLocked(absl::StrCat("a worker asked for one after clock ", after_clock));
+    AbortCheckpointLocked(
+        absl::StrCat("a worker asked for one after clock ", after_clock));
   }
   auto clock = StartCheckpointLocked("on request", after_clock);
   if (clock.ok()) {
@@ -753,8 +786,8 @@ absl::StatusOr<uint64_t> ClusterState::StartCheckpoint(uint64_t after_clock) {
   return clock;
 }
 
-absl::StatusOr<uint64_t> ClusterState::StartCheckpointLocked(const char* why,
-                                                            uint64_t after_clock) {
+absl::StatusOr<uint64_t> ClusterState::StartCheckpointLocked(
+    const char* why, uint64_t after_clock) {
   if (config_.checkpoint().dir().empty()) {
     return absl::FailedPreconditionError(
         "the job has no checkpoint.dir; checkpoints are off");
@@ -767,13 +800,15 @@ absl::StatusOr<uint64_t> ClusterState::StartCheckpointLocked(const char* why,
   // to reach every node: leave three intervals of the fastest pace.
   const uint64_t ahead = std::max<uint64_t>(
       checkpoint_margin_,
-      static_cast<uint64_t>(t.rate * 3 * config_.cluster().heartbeat_interval_ms() / 1000.0) + 1);
+      static_cast<uint64_t>(
+          t.rate * 3 * config_.cluster().heartbeat_interval_ms() / 1000.0) +
+          1);
   // With no worker training the parameters do not change: the next clock
   // is a consistent cut at once (e.g. a final checkpoint, or one of a job
   // restored onto other servers).
   PendingCheckpoint pending;
-  pending.clock = std::max({t.fastest, base_clock_, last_checkpoint_, after_clock,
-                            abandoned_checkpoint_}) +
+  pending.clock = std::max({t.fastest, base_clock_, last_checkpoint_,
+                            after_clock, abandoned_checkpoint_}) +
                   (t.any ? ahead : 1);
   pending.started = clock_->Now();
   checkpoint_ = std::move(pending);
@@ -792,7 +827,8 @@ void ClusterState::AbortCheckpointLocked(const std::string& why) {
   BumpEpochLocked();
 }
 
-absl::Status ClusterState::ReportCheckpoint(const ReportCheckpointRequest& request) {
+absl::Status ClusterState::ReportCheckpoint(
+    const ReportCheckpointRequest& request) {
   absl::MutexLock lock(&mu_);
   JournalScope journal(this);
   PS_RETURN_IF_ERROR(journal.Admit());
@@ -851,15 +887,20 @@ void ClusterState::TryCommitCheckpointLocked() {
       continue;
     }
     if (r == pending.reports.end()) return;
-    if (r->second.has_position() && r->second.position().shard() < shards_.size()) {
+    if (r->second.has_position() &&
+        r->second.position().shard() < shards_.size()) {
       reported[r->second.position().shard()] = &r->second.position();
     }
   }
   shards_.FillManifest(reported, &manifest);
-  std::sort(manifest.mutable_shards()->begin(), manifest.mutable_shards()->end(),
-            [](const ShardFile& a, const ShardFile& b) { return a.rank() < b.rank(); });
-  const std::string dir = absl::StrCat(
-      config_.checkpoint().dir(), "/", absl::StrFormat("ckpt-%020d", pending.clock));
+  std::sort(manifest.mutable_shards()->begin(),
+            manifest.mutable_shards()->end(),
+            [](const ShardFile& a, const ShardFile& b) {
+              return a.rank() < b.rank();
+            });
+  const std::string dir =
+      absl::StrCat(config_.checkpoint().dir(), "/",
+                   absl::StrFormat("ckpt-%020d", pending.clock));
   const uint64_t clock = pending.clock;
   absl::Status committed =
       store_.commit ? store_.commit(dir, manifest)
@@ -871,8 +912,8 @@ void ClusterState::TryCommitCheckpointLocked() {
     view_.set_last_checkpoint_clock(clock);
     checkpoint_wanted_ = false;
     checkpoint_margin_ = std::max<uint64_t>(2, checkpoint_margin_ / 2);
-    Log()->info("checkpoint at clock {} committed: {} server shards in {}", clock,
-                manifest.shards_size(), dir);
+    Log()->info("checkpoint at clock {} committed: {} server shards in {}",
+                clock, manifest.shards_size(), dir);
   } else {
     Log()->error("checkpoint at clock {} not committed: {}", clock,
                  committed.ToString());
@@ -891,10 +932,12 @@ std::vector<std::string> ClusterState::CheckCheckpoints() {
   const absl::Time now = clock_->Now();
   if (checkpoint_.has_value()) {
     const absl::Duration limit = std::max(
-        absl::Seconds(60), 20 * absl::Milliseconds(config_.cluster().heartbeat_timeout_ms()));
+        absl::Seconds(60),
+        20 * absl::Milliseconds(config_.cluster().heartbeat_timeout_ms()));
     if (now - checkpoint_->started > limit) {
       lines.push_back(absl::StrCat("checkpoint at clock ", checkpoint_->clock,
-                                   " took longer than ", absl::FormatDuration(limit)));
+                                   " took longer than ",
+                                   absl::FormatDuration(limit)));
       checkpoint_wanted_ = true;
       AbortCheckpointLocked(lines.back());
     }
@@ -906,7 +949,8 @@ std::vector<std::string> ClusterState::CheckCheckpoints() {
   if (due || checkpoint_wanted_) {
     auto started = StartCheckpointLocked(due ? "periodic" : "retry");
     if (started.ok()) {
-      lines.push_back(absl::StrCat("checkpoint at clock ", *started, " started"));
+      lines.push_back(
+          absl::StrCat("checkpoint at clock ", *started, " started"));
     } else if (checkpoint_wanted_ && !due) {
       checkpoint_wanted_ = false;  // e.g. training is over
     }
@@ -943,14 +987,15 @@ void ClusterState::FailServerLocked(uint32_t rank) {
   SlotMap slots = SlotsLocked();
   const std::vector<bool> live = LiveServersLocked();
   const SlotMap::Failed failed = slots.Fail(rank, live);
-  Log()->warn("server {} is gone: {} of its slots promoted to their backups, {} "
-              "slots lost their backup{}",
-              rank, failed.promoted, failed.lost_backup,
-              failed.orphaned > 0
-                  ? absl::StrCat(", ", failed.orphaned,
-                                 " slots have no live copy (a replacement "
-                                 "restores them from the newest checkpoint)")
-                  : std::string());
+  Log()->warn(
+      "server {} is gone: {} of its slots promoted to their backups, {} "
+      "slots lost their backup{}",
+      rank, failed.promoted, failed.lost_backup,
+      failed.orphaned > 0
+          ? absl::StrCat(", ", failed.orphaned,
+                         " slots have no live copy (a replacement "
+                         "restores them from the newest checkpoint)")
+          : std::string());
   LogNewBackups(slots.AssignBackups(live));
   SetSlotsLocked(slots);
 }
@@ -960,7 +1005,8 @@ void ClusterState::AdoptReplacementLocked(uint32_t rank) {
   SlotMap slots = SlotsLocked();
   const std::vector<bool> live = LiveServersLocked();
   const uint32_t moved = slots.Adopt(rank, live);
-  Log()->info("server {} (replacement) becomes the backup of {} slots", rank, moved);
+  Log()->info("server {} (replacement) becomes the backup of {} slots", rank,
+              moved);
   LogNewBackups(slots.AssignBackups(live));
   SetSlotsLocked(slots);
 }

@@ -4,9 +4,9 @@
 // Ranks: each role has ranks 0..count-1; a registering node gets the lowest
 // rank not held by a live node of its role, so a replacement takes the rank
 // of the node it replaces. A worker rank whose holder left as finished is
-// not given out again: its share of the work is done. Slots are assigned to server ranks in contiguous
-// ranges once every server rank is held (job RUNNING). Every change bumps
-// the view's epoch.
+// not given out again: its share of the work is done. Slots are assigned to
+// server ranks in contiguous ranges once every server rank is held (job
+// RUNNING). Every change bumps the view's epoch.
 //
 // Replication (cluster.replication 2): every slot also has a backup, at
 // first the next rank after its owner. When a server dies (or leaves) while
@@ -49,8 +49,8 @@
 #include "common/clock.h"
 #include "common/protocol.h"
 #include "common/status.h"
-#include "proto/config.pb.h"
 #include "proto/checkpoint.pb.h"
+#include "proto/config.pb.h"
 #include "proto/journal.pb.h"
 #include "proto/scheduler.pb.h"
 #include "scheduler/pace_estimator.h"
@@ -138,8 +138,8 @@ class ClusterState {
   // Workers: reports a finished shard and waits up to `timeout` for an
   // orphaned one (see ClaimShardResponse). NOT_FOUND for unknown or dead
   // callers.
-  absl::StatusOr<ClaimShardResponse> ClaimShard(const ClaimShardRequest& request,
-                                                absl::Duration timeout);
+  absl::StatusOr<ClaimShardResponse> ClaimShard(
+      const ClaimShardRequest& request, absl::Duration timeout);
 
   // Starts a checkpoint a few steps ahead of the fastest worker (the next
   // clock when no worker trains). Returns its clock. FAILED_PRECONDITION
@@ -228,15 +228,20 @@ class ClusterState {
   //   ExpectSweepsEvery), every node gets a fresh heartbeat timeout before
   //   any death is declared, as after Recover. Heartbeats sent meanwhile
   //   are still queued, or on their way.
-  // - Suspected isolation: when more than half of the live nodes (or all
-  //   of them) are silent past the timeout at once, the scheduler more
-  //   likely cannot hear them than they all died: it declares no one dead
+  // - Suspected isolation: when a node is silent past the timeout while
+  //   more than half of the live nodes (or all of them) have been silent
+  //   for longer than the midpoint of the heartbeat interval and timeout,
+  //   the scheduler more likely cannot hear them than they all died. (Not
+  //   "past the timeout" for all: nodes cut off at the same moment pass
+  //   their timeouts up to a heartbeat interval apart, and the first would
+  //   be declared alone.) It declares no one dead
   //   for up to cluster.isolation_hold_ms (the servers' leases keep a
   //   server it cannot see from serving, so safety does not hang on the
   //   declarations). Once at most half are silent, the suspicion ends and
-  //   every node gets a fresh timeout (the rest may be a heartbeat
-  //   interval behind); a silence that outlasts the hold is declared as
-  //   deaths. A hold of 0 declares at once.
+  //   every node gets a fresh timeout plus the length of the silence (TCP
+  //   retransmission backoff can delay a node's return by about that
+  //   long); a silence that outlasts the hold is declared as deaths. A
+  //   hold of 0 declares at once.
   std::vector<uint64_t> ExpireSilentNodes();
   // ExpireSilentNodes is called about every `period` (the scheduler's
   // monitor loop): a gap between two calls longer than
@@ -268,8 +273,8 @@ class ClusterState {
   struct Node {
     NodeInfo info;
     absl::Time last_heartbeat;
-    uint64_t clock = 0;  // workers: last reported
-    bool finished = false;  // workers: left after completing their work
+    uint64_t clock = 0;          // workers: last reported
+    bool finished = false;       // workers: left after completing their work
     bool trains_shards = false;  // RegisterRequest.trains_shards
     // Workers: steps per second over recent heartbeats, so a checkpoint's
     // clock can be set far enough ahead for the view to reach everyone
@@ -313,10 +318,12 @@ class ClusterState {
   void GrantGraceLocked(absl::Time now, absl::Duration extra)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // ExpireSilentNodes' parts: whether this call comes after a stall (then
-  // grants grace); whether the `silent` nodes of `live` are to be held
-  // rather than declared dead now (see ExpireSilentNodes); declaring them.
+  // grants grace); whether the `past_timeout` nodes are to be held rather
+  // than declared dead now, `silent` of the `live` nodes having been
+  // silent for most of a timeout (see ExpireSilentNodes); declaring them.
   bool NoticeStallLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  bool HoldForIsolationLocked(absl::Time now, size_t silent, size_t live)
+  bool HoldForIsolationLocked(absl::Time now, size_t past_timeout,
+                              size_t silent, size_t live)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DeclareDeadLocked(const std::vector<uint64_t>& dead, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -344,7 +351,8 @@ class ClusterState {
     double rate = 0;
   };
   Training TrainingLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<uint64_t> StartCheckpointLocked(const char* why, uint64_t after_clock = 0)
+  absl::StatusOr<uint64_t> StartCheckpointLocked(const char* why,
+                                                 uint64_t after_clock = 0)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AbortCheckpointLocked(const std::string& why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -372,7 +380,8 @@ class ClusterState {
   // The view's slot placement (SlotMap) and which server ranks are alive.
   SlotMap SlotsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SetSlotsLocked(const SlotMap& slots) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::vector<bool> LiveServersLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::vector<bool> LiveServersLocked() const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Server `rank` died or left: its slots go to their live backups, slots
   // it backed lose their backup, then new backups are assigned.
   void FailServerLocked(uint32_t rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -418,7 +427,8 @@ class ClusterState {
   // when it was released.
   absl::flat_hash_map<std::string, std::vector<uint64_t>> barrier_nodes_
       ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<std::string, absl::Time> barrier_started_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, absl::Time> barrier_started_
+      ABSL_GUARDED_BY(mu_);
   // Watchdog state: the slowest live clock and since when it has not moved.
   uint64_t watched_min_clock_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time min_clock_since_ ABSL_GUARDED_BY(mu_);

@@ -67,20 +67,25 @@ class IsolationTest : public ::testing::Test {
   }
 
   // Moves the clock on by `d` in sweeps of kSweep, as the monitor loop
-  // would, with the nodes in `beating` heartbeating every kBeat. Returns
-  // the nodes declared dead meanwhile.
+  // would, with the nodes in `beating` heartbeating every kBeat, each in
+  // its own phase (as real nodes do: the i-th node of nodes_ i sweeps
+  // later), so nodes silenced at one moment pass their timeouts in
+  // different sweeps. Returns the nodes declared dead meanwhile.
   std::vector<uint64_t> Run(absl::Duration d,
                             const std::set<uint64_t>& beating) {
     std::vector<uint64_t> dead;
     const int64_t sweeps_per_beat = kBeat / kSweep;
-    for (int64_t sweep = 1; sweep * kSweep <= d; ++sweep) {
+    for (int64_t s = 1; s * kSweep <= d; ++s) {
       clock_.Advance(kSweep);
-      if (sweep % sweeps_per_beat == 0) {
-        for (uint64_t id : beating) {
-          HeartbeatRequest request;
-          request.set_node_id(id);
-          state_->Heartbeat(request).IgnoreError();
+      ++sweep_;
+      for (size_t i = 0; i < nodes_.size(); ++i) {
+        if (beating.count(nodes_[i]) == 0 ||
+            (sweep_ + static_cast<int64_t>(i)) % sweeps_per_beat != 0) {
+          continue;
         }
+        HeartbeatRequest request;
+        request.set_node_id(nodes_[i]);
+        state_->Heartbeat(request).IgnoreError();
       }
       for (uint64_t id : state_->ExpireSilentNodes()) dead.push_back(id);
     }
@@ -103,6 +108,7 @@ class IsolationTest : public ::testing::Test {
   FakeClock clock_;
   std::unique_ptr<ClusterState> state_;
   std::vector<uint64_t> nodes_;  // s0, s1, s2, w0, w1, w2
+  int64_t sweep_ = 0;            // sweeps so far, for the heartbeat phases
 };
 
 TEST_F(IsolationTest, OneSilentNodeAmongManyIsDeclaredDeadAfterTheTimeout) {
@@ -146,8 +152,9 @@ TEST_P(MassSilenceTest, AllNodesSilentDeclaresNothingAndResumes) {
   EXPECT_TRUE(m.isolation_suspected);
   EXPECT_EQ(m.isolation_suspicions, 1u);
   EXPECT_GT(m.isolation_suspected_seconds, 0);
-  // The link is back: every node heartbeats again.
-  EXPECT_THAT(Run(3 * kTimeout, All()), IsEmpty());
+  // The link is back: every node heartbeats again, past the grace the
+  // silence earned stragglers.
+  EXPECT_THAT(Run((GetParam() + 3) * kTimeout, All()), IsEmpty());
   m = state_->Monitor();
   EXPECT_FALSE(m.isolation_suspected);
   EXPECT_EQ(m.nodes_declared_dead, 0u);
@@ -169,6 +176,21 @@ TEST_F(IsolationTest, StragglersGetAFreshTimeoutWhenHeartbeatsReturn) {
   EXPECT_FALSE(state_->Monitor().isolation_suspected);
   EXPECT_THAT(Run(absl::Milliseconds(300), All()), IsEmpty());
   EXPECT_EQ(Alive(), 6u);
+}
+
+TEST_F(IsolationTest, StragglersGetAsLongAsTheSilenceLasted) {
+  ASSERT_THAT(Run(absl::Milliseconds(300), All()), IsEmpty());
+  // Cut off for 4 timeouts; most nodes are back at once, two only about
+  // as long after as the silence lasted (their TCP connections retransmit
+  // with a doubling backoff): nobody is declared dead.
+  ASSERT_THAT(Run(4 * kTimeout, {}), IsEmpty());
+  const uint64_t s2 = nodes_[2], w2 = nodes_[5];
+  EXPECT_THAT(Run(4 * kTimeout, AllBut({s2, w2})), IsEmpty());
+  EXPECT_THAT(Run(kTimeout, All()), IsEmpty());
+  EXPECT_EQ(Alive(), 6u);
+  // One that never comes back is declared dead once that grace is over.
+  EXPECT_THAT(Run(4 * kTimeout, AllBut({w2})), ElementsAre(w2));
+  EXPECT_EQ(Alive(), 5u);
 }
 
 TEST_F(IsolationTest, SilenceBeyondTheHoldIsDeclaredAsDeaths) {

@@ -99,11 +99,15 @@ TEST_F(MonitoringTest, MonitorCountsHeartbeatsBarriersAndDeaths) {
   EXPECT_TRUE(state_->AwaitBarrier(w0_, "b", absl::ZeroDuration()).ok());
   EXPECT_EQ(state_->Monitor().barriers_completed, 1u);
 
-  // w1 and s1 stop heartbeating.
+  // w1 and s1 stop heartbeating; w0 and s0 go on (a half of the nodes
+  // silent past the timeout is no suspected isolation).
   clock_.Advance(absl::Milliseconds(600));
   Heartbeat(w0_, 16);
   Heartbeat(s0_);
-  clock_.Advance(absl::Milliseconds(600));
+  clock_.Advance(absl::Milliseconds(500));
+  Heartbeat(w0_, 16);
+  Heartbeat(s0_);
+  clock_.Advance(absl::Milliseconds(100));
   EXPECT_EQ(state_->ExpireSilentNodes().size(), 2u);
   m = state_->Monitor();
   EXPECT_EQ(m.nodes_declared_dead, 2u);

@@ -8,11 +8,11 @@
 #include "checkpoint/catalog.h"
 #include "common/config.h"
 #include "common/grpc_security.h"
-#include "common/logging.h"
 #include "common/grpc_status.h"
+#include "common/logging.h"
 #include "common/status.h"
-#include "scheduler/journal.h"
 #include "grpcpp/server_builder.h"
+#include "scheduler/journal.h"
 
 namespace ps {
 
@@ -73,14 +73,16 @@ class SchedulerServer::Service final : public Scheduler::Service {
 
   grpc::Status Barrier(grpc::ServerContext*, const BarrierRequest* request,
                        BarrierResponse* response) override {
-    auto ranks = state_->AwaitBarrier(request->node_id(), request->name(),
-                                      absl::Milliseconds(request->timeout_ms()));
+    auto ranks =
+        state_->AwaitBarrier(request->node_id(), request->name(),
+                             absl::Milliseconds(request->timeout_ms()));
     if (!ranks.ok()) return ToGrpcStatus(ranks.status());
     for (uint32_t r : *ranks) response->add_ranks(r);
     return grpc::Status::OK;
   }
 
-  grpc::Status ClaimShard(grpc::ServerContext*, const ClaimShardRequest* request,
+  grpc::Status ClaimShard(grpc::ServerContext*,
+                          const ClaimShardRequest* request,
                           ClaimShardResponse* response) override {
     auto result =
         state_->ClaimShard(*request, absl::Milliseconds(request->timeout_ms()));
@@ -89,7 +91,8 @@ class SchedulerServer::Service final : public Scheduler::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status Checkpoint(grpc::ServerContext*, const CheckpointRequest* request,
+  grpc::Status Checkpoint(grpc::ServerContext*,
+                          const CheckpointRequest* request,
                           CheckpointResponse* response) override {
     auto clock = state_->StartCheckpoint(request->after_clock());
     if (!clock.ok()) return ToGrpcStatus(clock.status());
@@ -128,7 +131,8 @@ ClusterState::CheckpointStore FileStore(const JobConfig& config) {
   ClusterState::CheckpointStore store;
   const std::string root = config.checkpoint().dir();
   if (root.empty()) return store;
-  const uint32_t keep = config.checkpoint().keep() > 0 ? config.checkpoint().keep() : 3;
+  const uint32_t keep =
+      config.checkpoint().keep() > 0 ? config.checkpoint().keep() : 3;
   store.commit = [root, keep](const std::string& dir,
                               const CheckpointManifest& manifest) {
     PS_RETURN_IF_ERROR(WriteManifest(dir, manifest));
@@ -144,7 +148,8 @@ ClusterState::CheckpointStore FileStore(const JobConfig& config) {
     auto latest = FindLatestCheckpoint(root);
     if (!latest.ok()) return latest.status();
     for (const std::string& skipped : latest->skipped) {
-      Log()->warn("checkpoint {} is not usable; using {}", skipped, latest->dir);
+      Log()->warn("checkpoint {} is not usable; using {}", skipped,
+                  latest->dir);
     }
     CheckpointRef ref;
     ref.set_path(latest->dir);
@@ -179,12 +184,13 @@ absl::StatusOr<std::unique_ptr<SchedulerServer>> SchedulerServer::Start(
     auto latest = FindLatestCheckpoint(ckpt.dir());
     if (latest.ok()) {
       for (const std::string& skipped : latest->skipped) {
-        Log()->warn("checkpoint {} is not usable; using {}", skipped, latest->dir);
+        Log()->warn("checkpoint {} is not usable; using {}", skipped,
+                    latest->dir);
       }
       s->state_->SetRestore(latest->dir, latest->manifest);
     } else if (latest.status().code() == absl::StatusCode::kNotFound) {
-      Log()->info("no checkpoint to restore in {} ({}); starting fresh", ckpt.dir(),
-                  latest.status().message());
+      Log()->info("no checkpoint to restore in {} ({}); starting fresh",
+                  ckpt.dir(), latest.status().message());
     } else {
       return Annotate(latest.status(), "looking for a checkpoint to restore");
     }
@@ -221,6 +227,13 @@ absl::Status SchedulerServer::Listen(uint32_t journaled_port) {
   }
   while (true) {
     grpc::ServerBuilder builder;
+    // The nodes ping their connection every half heartbeat timeout, also
+    // between calls, to notice a cut link (scheduler/client.cc): pings that
+    // often are not abuse.
+    builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+    builder.AddChannelArgument(
+        GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 50);
+    builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
     builder.AddListeningPort(address, *creds, &port_);
     builder.RegisterService(service_.get());
     server_ = builder.BuildAndStart();
@@ -242,7 +255,8 @@ std::string SchedulerStateDir(const JobConfig& config) {
   if (!config.cluster().scheduler_state_dir().empty()) {
     return config.cluster().scheduler_state_dir();
   }
-  if (!config.checkpoint().dir().empty()) return config.checkpoint().dir() + "/scheduler";
+  if (!config.checkpoint().dir().empty())
+    return config.checkpoint().dir() + "/scheduler";
   return "";
 }
 
@@ -338,16 +352,18 @@ absl::StatusOr<bool> SchedulerServer::TakeBackJob() {
     if (resume) {
       absl::Status taken = state_->Recover(*journal);
       if (!taken.ok()) {
-        return Annotate(taken, absl::StrCat("taking the job back from ", file->path(),
-                                            " (move it aside to start a new job)"));
+        return Annotate(taken,
+                        absl::StrCat("taking the job back from ", file->path(),
+                                     " (move it aside to start a new job)"));
       }
       recovered = true;
     }
   } else if (journal.status().code() != absl::StatusCode::kNotFound) {
-    return Annotate(journal.status(),
-                    absl::StrCat("reading the scheduler journal (it was written less than ",
-                                 "a moment ago or is damaged; move it aside to start a "
-                                 "new job)"));
+    return Annotate(
+        journal.status(),
+        absl::StrCat("reading the scheduler journal (it was written less than ",
+                     "a moment ago or is damaged; move it aside to start a "
+                     "new job)"));
   }
   absl::Status first =
       state_->SetJournal([file](const SchedulerJournal& j, bool sync) {

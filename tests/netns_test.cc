@@ -10,6 +10,8 @@
 // UDP and reads the nftables counters of the receiving namespace.
 //
 // Skips (with the reason) when not root or when ip/nft/tc are missing.
+#include "tests/testing/netns.h"
+
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -22,7 +24,6 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
-#include "tests/testing/netns.h"
 
 namespace ps::testing {
 namespace {
@@ -31,26 +32,27 @@ enum class Probe { kAnswered, kSilent, kError };
 
 // A TCP connect from `prefix`'s namespace (empty: this process's) to
 // port 9 of `address`, given 2 s.
-Probe Connect(const std::vector<std::string>& prefix, const std::string& address,
-              std::string* detail) {
+Probe Connect(const std::vector<std::string>& prefix,
+              const std::string& address, std::string* detail) {
   std::vector<std::string> argv = prefix;
   argv.insert(argv.end(), {"timeout", "2", "bash", "-c",
                            absl::StrCat("exec 3<>/dev/tcp/", address, "/9")});
   auto out = NetworkLab::Run(argv);
   *detail = out.ok() ? *out : std::string(out.status().message());
-  if (out.ok() || absl::StrContains(*detail, "Connection refused")) return Probe::kAnswered;
+  if (out.ok() || absl::StrContains(*detail, "Connection refused"))
+    return Probe::kAnswered;
   if (absl::StrContains(*detail, "exit status 124")) return Probe::kSilent;
   return Probe::kError;
 }
 
 // `n` UDP datagrams from `prefix`'s namespace to port 9999 of `address`.
-absl::Status SendUdp(const std::vector<std::string>& prefix, const std::string& address,
-                     int n) {
+absl::Status SendUdp(const std::vector<std::string>& prefix,
+                     const std::string& address, int n) {
   std::vector<std::string> argv = prefix;
   argv.insert(argv.end(),
               {"bash", "-c",
-               absl::StrCat("for i in $(seq ", n, "); do echo x > /dev/udp/", address,
-                            "/9999; done")});
+               absl::StrCat("for i in $(seq ", n, "); do echo x > /dev/udp/",
+                            address, "/9999; done")});
   return NetworkLab::Run(argv).status();
 }
 
@@ -89,10 +91,12 @@ TEST_F(NetworkLabTest, NodesHaveDistinctAddressesAndReachEachOther) {
   EXPECT_EQ(Between("b", "c"), Probe::kAnswered);
   // Loopback is up in every node.
   std::string detail;
-  EXPECT_EQ(Connect(lab_->ExecPrefix("c"), "127.0.0.1", &detail), Probe::kAnswered)
+  EXPECT_EQ(Connect(lab_->ExecPrefix("c"), "127.0.0.1", &detail),
+            Probe::kAnswered)
       << detail;
   if (lab_->reachable_from_here()) {
-    EXPECT_EQ(Connect({}, lab_->Address("a"), &detail), Probe::kAnswered) << detail;
+    EXPECT_EQ(Connect({}, lab_->Address("a"), &detail), Probe::kAnswered)
+        << detail;
   }
 }
 
@@ -106,7 +110,8 @@ TEST_F(NetworkLabTest, PartitionSilencesTheLinkAndHealRestoresIt) {
   EXPECT_EQ(Between("c", "b"), Probe::kAnswered);
   std::string detail;
   if (lab_->reachable_from_here()) {
-    EXPECT_EQ(Connect({}, lab_->Address("a"), &detail), Probe::kAnswered) << detail;
+    EXPECT_EQ(Connect({}, lab_->Address("a"), &detail), Probe::kAnswered)
+        << detail;
   }
   auto counters = lab_->GetCounters("b");
   ASSERT_TRUE(counters.ok()) << counters.status();
@@ -126,6 +131,24 @@ TEST_F(NetworkLabTest, PartitionSilencesTheLinkAndHealRestoresIt) {
   EXPECT_EQ(Between("c", "b"), Probe::kAnswered);
 
   EXPECT_TRUE(absl::IsNotFound(lab_->Partition("a", "nobody")));
+}
+
+TEST_F(NetworkLabTest, IsolateCutsOneNodeFromEveryOtherBothWays) {
+  ASSERT_TRUE(lab_->Isolate("a").ok());
+  EXPECT_EQ(Between("a", "b"), Probe::kSilent);
+  EXPECT_EQ(Between("c", "a"), Probe::kSilent);
+  EXPECT_EQ(Between("a", "c"), Probe::kSilent);
+  // The others still reach each other, and the hub still reaches it.
+  EXPECT_EQ(Between("b", "c"), Probe::kAnswered);
+  std::string detail;
+  if (lab_->reachable_from_here()) {
+    EXPECT_EQ(Connect({}, lab_->Address("a"), &detail), Probe::kAnswered)
+        << detail;
+  }
+  ASSERT_TRUE(lab_->HealAll().ok());
+  EXPECT_EQ(Between("a", "b"), Probe::kAnswered);
+  EXPECT_EQ(Between("c", "a"), Probe::kAnswered);
+  EXPECT_TRUE(absl::IsNotFound(lab_->Isolate("nobody")));
 }
 
 TEST_F(NetworkLabTest, OneWayPartitionDropsOnlyThatDirection) {
@@ -170,8 +193,8 @@ TEST_F(NetworkLabTest, BandwidthLimitDropsWhatExceedsIt) {
   ASSERT_TRUE(none.ok()) << none.status();
   EXPECT_EQ(*none, 0u);
   ASSERT_TRUE(lab_->LimitBandwidth("a", "1mbit", "16kbit", "100ms").ok());
-  auto shown = NetworkLab::Run({"ip", "netns", "exec", lab_->Namespace("a"), "tc",
-                                "qdisc", "show", "dev", "eth0"});
+  auto shown = NetworkLab::Run({"ip", "netns", "exec", lab_->Namespace("a"),
+                                "tc", "qdisc", "show", "dev", "eth0"});
   ASSERT_TRUE(shown.ok()) << shown.status();
   EXPECT_TRUE(absl::StrContains(*shown, "tbf")) << *shown;
   // 2 MB at once into a 1 mbit link with 100 ms of queue: much of it is
@@ -180,8 +203,9 @@ TEST_F(NetworkLabTest, BandwidthLimitDropsWhatExceedsIt) {
   ASSERT_TRUE(lab_->Partition("a", "b", NetworkLab::Direction::kAtoB).ok());
   auto sent = NetworkLab::Run(
       {"ip", "netns", "exec", lab_->Namespace("a"), "bash", "-c",
-       absl::StrCat("dd if=/dev/zero bs=1000 count=2000 2>/dev/null > /dev/udp/",
-                    lab_->Address("b"), "/9999")});
+       absl::StrCat(
+           "dd if=/dev/zero bs=1000 count=2000 2>/dev/null > /dev/udp/",
+           lab_->Address("b"), "/9999")});
   ASSERT_TRUE(sent.ok()) << sent.status();
   auto drops = lab_->LimitDrops("a");
   ASSERT_TRUE(drops.ok()) << drops.status();
@@ -190,8 +214,8 @@ TEST_F(NetworkLabTest, BandwidthLimitDropsWhatExceedsIt) {
   ASSERT_TRUE(lab_->HealAll().ok());
   EXPECT_EQ(Between("a", "b"), Probe::kAnswered);
   ASSERT_TRUE(lab_->ClearLimits().ok());
-  shown = NetworkLab::Run({"ip", "netns", "exec", lab_->Namespace("a"), "tc", "qdisc",
-                           "show", "dev", "eth0"});
+  shown = NetworkLab::Run({"ip", "netns", "exec", lab_->Namespace("a"), "tc",
+                           "qdisc", "show", "dev", "eth0"});
   ASSERT_TRUE(shown.ok());
   EXPECT_FALSE(absl::StrContains(*shown, "tbf")) << *shown;
   EXPECT_TRUE(lab_->ClearLimits("a").ok());  // nothing left to clear
@@ -215,9 +239,11 @@ TEST(NetworkLabLifetime, DestroyingTheLabRemovesItsNamespaces) {
     ns = (*lab)->Namespace("x");
     struct stat st;
     ASSERT_EQ(stat(("/run/netns/" + ns).c_str(), &st), 0) << ns;
-    EXPECT_TRUE(absl::IsInvalidArgument(NetworkLab::Create({"y", "y"}).status()));
+    EXPECT_TRUE(
+        absl::IsInvalidArgument(NetworkLab::Create({"y", "y"}).status()));
     struct stat gone;
-    EXPECT_NE(stat(("/run/netns/" + stale).c_str(), &gone), 0) << "stale lab left";
+    EXPECT_NE(stat(("/run/netns/" + stale).c_str(), &gone), 0)
+        << "stale lab left";
     EXPECT_NE(stat("/run/pslab/pn0xdead.lock", &gone), 0);
   }
   struct stat st;
@@ -233,7 +259,8 @@ TEST(NetworkLabLifetime, WorksWithANamedHubToo) {
   if (std::string why = NetworkLab::Unavailable(); !why.empty()) {
     GTEST_SKIP() << "no network lab here: " << why;
   }
-  if (std::getenv("NETNS_TEST_NAMED_HUB") != nullptr) GTEST_SKIP() << "in the child";
+  if (std::getenv("NETNS_TEST_NAMED_HUB") != nullptr)
+    GTEST_SKIP() << "in the child";
   char self[4096];
   const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
   ASSERT_GT(n, 0);
@@ -255,8 +282,10 @@ int main(int argc, char** argv) {
   // node), unless the named-hub case runs this binary to test the other way.
   if (ps::testing::NetworkLab::Unavailable().empty() &&
       std::getenv("NETNS_TEST_NAMED_HUB") == nullptr) {
-    if (absl::Status s = ps::testing::NetworkLab::EnterPrivateNetwork(); !s.ok()) {
-      std::fprintf(stderr, "EnterPrivateNetwork: %s\n", std::string(s.message()).c_str());
+    if (absl::Status s = ps::testing::NetworkLab::EnterPrivateNetwork();
+        !s.ok()) {
+      std::fprintf(stderr, "EnterPrivateNetwork: %s\n",
+                   std::string(s.message()).c_str());
       return 1;
     }
   }

@@ -48,6 +48,12 @@
 //    bound) or with the affected worker failed with one of kExpectedErrors
 //    in its log (the other processes still end, the job's summary still
 //    printed).
+//  SchedulerCut.{TwoHeartbeatTimeouts,FourHeartbeatTimeouts}/{ASYNC,BSP,SSP}:
+//    the scheduler cut off both ways from every node for 2 or 4 heartbeat
+//    timeouts at a seeded step (15-35% of the job), then healed. Every node
+//    is healthy: the scheduler suspects its own isolation and declares no
+//    node dead (one declared dead during the cut fails the test); the job
+//    finishes at the undisturbed AUC of its mode with every process 0.
 //
 // A node that the test did not cut declared dead (the machine stalled it
 // past the timeout) makes a job prove nothing: it is run again once.
@@ -101,8 +107,9 @@ namespace {
 constexpr int kServers = 3;
 constexpr int kWorkers = 2;
 constexpr int kFailoverTimeoutMs = 8000;
-// A node cut from the scheduler gives up (exit 4) after this long.
-constexpr int kSchedulerUnreachableMs = 8000;
+// A node cut from the scheduler gives up (exit 4) after this long (the
+// same as kFailoverTimeoutMs in JobConfig()).
+constexpr int kSchedulerUnreachableMs = kFailoverTimeoutMs;
 // Exit code of a node the scheduler dropped (declared dead) that did not
 // rejoin.
 constexpr int kExitDropped = 3;
@@ -133,15 +140,17 @@ int HeartbeatTimeoutMs() { return Sanitizer() ? 3000 : 1000; }
 // timed out first.
 int RequestTimeoutMs() { return Sanitizer() ? 10000 : 5000; }
 
-std::string JobConfig() {
+// The job in `mode` (ASYNC by default); `timeouts_ms` is its
+// failover_timeout_ms and scheduler_unreachable_timeout_ms.
+std::string JobConfig(const Mode& mode = kAsyncMode,
+                      int timeouts_ms = kFailoverTimeoutMs) {
   return CtrJobConfig(
       JobHead("netfault", kServers, kWorkers, 256, HeartbeatTimeoutMs(),
               absl::StrCat("request_timeout_ms: ", RequestTimeoutMs(),
-                           " failover_timeout_ms: ", kFailoverTimeoutMs,
-                           " scheduler_unreachable_timeout_ms: ",
-                           kSchedulerUnreachableMs,
+                           " failover_timeout_ms: ", timeouts_ms,
+                           " scheduler_unreachable_timeout_ms: ", timeouts_ms,
                            " replication: 2 on_worker_loss: REASSIGN")),
-      "mode: ASYNC", 1200000);
+      mode.consistency, 1200000);
 }
 
 std::vector<std::string> NodeNames() {
@@ -174,6 +183,10 @@ struct Disturbance {
   absl::Duration extra;
   // How long a process may run on after the job's summary was written.
   absl::Duration outlive = kOutlive;
+  // When not null and true: the fault has begun, and a node declared dead
+  // that is not a victim fails the test (the fault caused it) instead of
+  // counting as a stall of the machine.
+  const bool* fault_begun = nullptr;
 };
 
 class NetworkFaultTest : public ::testing::Test {
@@ -341,7 +354,7 @@ class NetworkFaultTest : public ::testing::Test {
   // within the bound, and none more than kOutlive after the summary.
   Ended RunJob(const std::string& run, const Disturbance& d) {
     Ended ended;
-    Job job = StartJob(run);
+    Job job = StartJob(run, config_);
     if (job.harness == nullptr) {
       ended.problem = "the job did not start";
       return ended;
@@ -358,7 +371,7 @@ class NetworkFaultTest : public ::testing::Test {
       absl::Status acted = d.act(h, *job.lab);
       if (absl::IsAborted(acted)) {
         ended.stall = std::string(acted.message());
-        return ended;
+        return Blamed(ended, d, h);
       }
       if (!acted.ok()) {
         ended.problem = absl::StrCat(acted.ToString(), "\n", h.LogTails(30));
@@ -387,7 +400,7 @@ class NetworkFaultTest : public ::testing::Test {
       if (running.empty()) break;
       if (std::string stall = FalseDeath(h, *ids, d.victims); !stall.empty()) {
         ended.stall = stall;
-        return ended;
+        return Blamed(ended, d, h);
       }
       struct stat st;
       if (summary_at == absl::InfiniteFuture() &&
@@ -421,6 +434,18 @@ class NetworkFaultTest : public ::testing::Test {
         h, have_reference_ ? reference_.examples / kWorkers / 2 : 0, kBatch);
     last_logs_ = h.LogTails(40);
     last_dir_ = h.dir();
+    return ended;
+  }
+
+  // `ended` with its stall turned into a problem when `d`'s fault had
+  // begun: a death the fault caused is no stall of the machine.
+  static Ended Blamed(Ended ended, const Disturbance& d, JobHarness& h) {
+    if (d.fault_begun != nullptr && *d.fault_begun && !ended.stall.empty()) {
+      ended.problem = absl::StrCat(
+          "a node the test did not cut was declared dead during the fault: ",
+          ended.stall, "\n", h.LogTails(40));
+      ended.stall.clear();
+    }
     return ended;
   }
 
@@ -572,6 +597,8 @@ class NetworkFaultTest : public ::testing::Test {
     return lab.HealAll();
   }
 
+  // The job every run of the test starts.
+  std::string config_ = JobConfig();
   Reference reference_;
   bool have_reference_ = false;
   std::string last_logs_;
@@ -1072,6 +1099,96 @@ TEST_F(NetworkFault, SlowWorkerLink) {
     CheckFinished(*ended, d.what, {{w, {0, 1}}});
   }
 }
+
+// ---- The scheduler cut off from every node ----
+
+// Failover and scheduler-unreachable timeouts of the scheduler-cut jobs:
+// above the longest cut (4 heartbeat timeouts) with room to spare, so no
+// node gives up on the scheduler, or a worker on a slot, during the cut.
+int SchedulerCutTimeoutsMs() {
+  return std::max(kFailoverTimeoutMs, 8 * HeartbeatTimeoutMs());
+}
+
+// The scheduler cut off both ways from every server and worker for `n`
+// heartbeat timeouts at a seeded step, then healed, in ASYNC, BSP and SSP.
+// Every node is healthy: the scheduler must suspect its own isolation
+// ("went silent within one heartbeat timeout" in its log) and declare no
+// node dead; the job finishes at the undisturbed AUC (of the same mode,
+// run once per process) with every process exiting 0.
+class SchedulerCut : public NetworkFaultTest,
+                     public ::testing::WithParamInterface<int> {
+ protected:
+  const Mode& mode() const { return kModes[GetParam()]; }
+
+  void SetUp() override {
+    NetworkFaultTest::SetUp();
+    if (IsSkipped()) return;
+    config_ = JobConfig(mode(), SchedulerCutTimeoutsMs());
+    static auto* references = new std::map<std::string, Reference>();
+    auto it = references->find(mode().name);
+    if (it != references->end()) {
+      reference_ = it->second;
+      have_reference_ = true;
+      return;
+    }
+    ASSERT_TRUE(EnsureReference());
+    (*references)[mode().name] = reference_;
+  }
+
+  void RunSchedulerCut(int timeouts) {
+    for (int trial = 0; trial < Trials(); ++trial) {
+      std::mt19937_64 rng = Rng(trial);
+      const uint64_t step = StepAt(rng, 15, 35);
+      const absl::Duration cut =
+          absl::Milliseconds(timeouts * HeartbeatTimeoutMs());
+      Disturbance d;
+      d.what = absl::StrFormat(
+          "trial %d, %s: the scheduler cut off from every node at worker 0's "
+          "step %d for %s; replay: %s",
+          trial, mode().name, step, absl::FormatDuration(cut), ReplayCommand());
+      std::printf("%s\n", d.what.c_str());
+      d.extra = cut + absl::Seconds(10);
+      bool begun = false;
+      d.fault_begun = &begun;
+      std::string notes;
+      d.act = [&](JobHarness& job, NetworkLab& lab) -> absl::Status {
+        absl::Status at = AtStep(job, 0, step);
+        if (absl::IsAborted(at)) return at;
+        notes = at.ok() ? absl::StrCat("cut at step >= ", step)
+                        : absl::StrCat("cut late (", at.message(), ")");
+        begun = true;
+        if (auto s = lab.Isolate("scheduler"); !s.ok()) return s;
+        const absl::Time cut_at = absl::Now();
+        absl::SleepFor(cut);
+        absl::StrAppend(
+            &notes,
+            absl::StrFormat("; healed %.2f s after the cut",
+                            absl::ToDoubleSeconds(absl::Now() - cut_at)));
+        return lab.HealAll();
+      };
+      auto ended = Run(absl::StrCat("scheduler-cut-", timeouts, "-", trial), d);
+      std::printf("  %s\n", notes.c_str());
+      if (!ended) continue;
+      CheckFinished(*ended, d.what, {});
+      const std::string scheduler_log =
+          ReadFile(absl::StrCat(last_dir_, "/scheduler.log"));
+      const std::string suspected =
+          LineWith(scheduler_log, "went silent within one heartbeat timeout");
+      EXPECT_FALSE(suspected.empty())
+          << d.what << ": the scheduler did not suspect its own isolation\n"
+          << last_logs_;
+      std::printf("  scheduler: %s\n  %s\n",
+                  suspected.empty() ? "(no isolation line)" : suspected.c_str(),
+                  LineWith(scheduler_log, "heartbeats are back").c_str());
+    }
+  }
+};
+
+TEST_P(SchedulerCut, TwoHeartbeatTimeouts) { RunSchedulerCut(2); }
+TEST_P(SchedulerCut, FourHeartbeatTimeouts) { RunSchedulerCut(4); }
+
+INSTANTIATE_TEST_SUITE_P(Modes, SchedulerCut, ::testing::Values(0, 1, 2),
+                         ModeNames(kModes));
 
 }  // namespace
 }  // namespace ps::testing

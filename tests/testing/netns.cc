@@ -46,13 +46,15 @@ constexpr char kTable[] = "pslab";
 // tc live in /usr/sbin.
 std::string SearchPath() {
   const char* path = std::getenv("PATH");
-  return absl::StrCat(path != nullptr ? path : "", ":/usr/sbin:/sbin:/usr/bin:/bin");
+  return absl::StrCat(path != nullptr ? path : "",
+                      ":/usr/sbin:/sbin:/usr/bin:/bin");
 }
 
 // The full path of `tool` (in SearchPath()), or "" if none.
 std::string Which(const std::string& tool) {
   if (tool.find('/') != std::string::npos) return tool;
-  for (absl::string_view dir : absl::StrSplit(SearchPath(), ':', absl::SkipEmpty())) {
+  for (absl::string_view dir :
+       absl::StrSplit(SearchPath(), ':', absl::SkipEmpty())) {
     std::string candidate = absl::StrCat(dir, "/", tool);
     if (access(candidate.c_str(), X_OK) == 0) return candidate;
   }
@@ -61,11 +63,13 @@ std::string Which(const std::string& tool) {
 
 // The single number after `label ` in `text` (e.g. "packets 12"), summed
 // over every occurrence; nullopt-as-error when there is none.
-absl::StatusOr<uint64_t> SumAfter(const std::string& text, const std::string& label) {
+absl::StatusOr<uint64_t> SumAfter(const std::string& text,
+                                  const std::string& label) {
   const std::regex re(label + " ([0-9]+)");
   uint64_t total = 0;
   bool found = false;
-  for (std::sregex_iterator it(text.begin(), text.end(), re), end; it != end; ++it) {
+  for (std::sregex_iterator it(text.begin(), text.end(), re), end; it != end;
+       ++it) {
     uint64_t v = 0;
     if (!absl::SimpleAtoi((*it)[1].str(), &v)) continue;
     total += v;
@@ -79,7 +83,8 @@ absl::StatusOr<uint64_t> SumAfter(const std::string& text, const std::string& la
 
 }  // namespace
 
-absl::StatusOr<std::string> NetworkLab::Run(const std::vector<std::string>& argv) {
+absl::StatusOr<std::string> NetworkLab::Run(
+    const std::vector<std::string>& argv) {
   if (argv.empty()) return absl::InvalidArgumentError("empty command");
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) {
@@ -92,7 +97,8 @@ absl::StatusOr<std::string> NetworkLab::Run(const std::vector<std::string>& argv
   posix_spawn_file_actions_adddup2(&actions, fds[1], 2);
   const std::string binary = Which(argv[0]);
   std::vector<char*> args;
-  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  for (const std::string& a : argv)
+    args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
   // Children (`ip netns exec NS nft ...`) search the same extended PATH.
   std::vector<std::string> env_strings;
@@ -105,8 +111,8 @@ absl::StatusOr<std::string> NetworkLab::Run(const std::vector<std::string>& argv
   env.push_back(nullptr);
   pid_t pid = -1;
   const int rc = binary.empty() ? ENOENT
-                                : posix_spawn(&pid, binary.c_str(), &actions, nullptr,
-                                              args.data(), env.data());
+                                : posix_spawn(&pid, binary.c_str(), &actions,
+                                              nullptr, args.data(), env.data());
   posix_spawn_file_actions_destroy(&actions);
   close(fds[1]);
   const std::string command = absl::StrJoin(argv, " ");
@@ -132,10 +138,11 @@ absl::StatusOr<std::string> NetworkLab::Run(const std::vector<std::string>& argv
   while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
   if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return output;
-  const std::string how = WIFEXITED(status)
-                              ? absl::StrCat("exit status ", WEXITSTATUS(status))
-                              : absl::StrCat("signal ", WTERMSIG(status));
-  return absl::InternalError(absl::StrCat("`", command, "` failed (", how, "): ", output));
+  const std::string how =
+      WIFEXITED(status) ? absl::StrCat("exit status ", WEXITSTATUS(status))
+                        : absl::StrCat("signal ", WTERMSIG(status));
+  return absl::InternalError(
+      absl::StrCat("`", command, "` failed (", how, "): ", output));
 }
 
 absl::Status NetworkLab::EnterPrivateNetwork() {
@@ -150,8 +157,9 @@ absl::Status NetworkLab::EnterPrivateNetwork() {
     closedir(d);
   }
   if (threads > 1) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "EnterPrivateNetwork: ", threads, " threads run; call it from main() first"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("EnterPrivateNetwork: ", threads,
+                     " threads run; call it from main() first"));
   }
   if (unshare(CLONE_NEWNET) != 0) {
     return absl::PermissionDeniedError(
@@ -170,8 +178,9 @@ std::string NetworkLab::Unavailable() {
   if (geteuid() != 0) return "not root (network namespaces need CAP_NET_ADMIN)";
   for (const char* tool : {"ip", "nft", "tc"}) {
     if (Which(tool).empty()) {
-      return absl::StrCat("`", tool, "` not found (deploy/install_deps.sh installs ",
-                          std::string(tool) == "nft" ? "nftables" : "iproute2", ")");
+      return absl::StrCat(
+          "`", tool, "` not found (deploy/install_deps.sh installs ",
+          std::string(tool) == "nft" ? "nftables" : "iproute2", ")");
     }
   }
   return "";
@@ -194,14 +203,16 @@ const ProcessTag& Tag() {
   static const ProcessTag* const tag = [] {
     auto* t = new ProcessTag;
     std::random_device random;
-    t->tag = absl::StrFormat("pn%dx%04x", static_cast<int>(getpid()), random() & 0xffff);
+    t->tag = absl::StrFormat("pn%dx%04x", static_cast<int>(getpid()),
+                             random() & 0xffff);
     mkdir(kLockDir, 0755);
     // Locked before it appears under its final name, so a cleanup never
     // sees it unlocked.
     const std::string tmp = absl::StrCat(kLockDir, "/.", t->tag);
     const int fd = open(tmp.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0644);
     if (fd < 0 || flock(fd, LOCK_EX) != 0 ||
-        rename(tmp.c_str(), absl::StrCat(kLockDir, "/", t->tag, ".lock").c_str()) != 0) {
+        rename(tmp.c_str(),
+               absl::StrCat(kLockDir, "/", t->tag, ".lock").c_str()) != 0) {
       t->error = absl::StrCat("cannot make the lab's lock file ", tmp, ": ",
                               strerror(errno));
     }
@@ -270,7 +281,8 @@ absl::StatusOr<std::unique_ptr<NetworkLab>> NetworkLab::Create(
   lab->prefix_ = absl::StrCat(Tag().tag, "-", k);
   // 10.<64..223>.<0..255>: from the pid and the lab's number; every lab is
   // private, so this only keeps addresses in logs distinct.
-  const uint32_t v = static_cast<uint32_t>(pid) * 8 + static_cast<uint32_t>(k % 8);
+  const uint32_t v =
+      static_cast<uint32_t>(pid) * 8 + static_cast<uint32_t>(k % 8);
   lab->subnet_ = absl::StrCat("10.", 64 + (v >> 8) % 160, ".", v & 255, ".");
   if (!in_private_network) lab->hub_ns_ = lab->prefix_ + "-h";
   lab->number_ = k;
@@ -298,8 +310,11 @@ absl::Status NetworkLab::Setup(const std::vector<std::string>& names) {
     created_ns_.push_back(hub_ns_);
     if (auto s = hub({"link", "set", "lo", "up"}); !s.ok()) return s;
   }
-  if (auto s = hub({"link", "add", bridge_, "type", "bridge"}); !s.ok()) return s;
-  if (auto s = hub({"addr", "add", HubAddress() + "/24", "dev", bridge_}); !s.ok()) return s;
+  if (auto s = hub({"link", "add", bridge_, "type", "bridge"}); !s.ok())
+    return s;
+  if (auto s = hub({"addr", "add", HubAddress() + "/24", "dev", bridge_});
+      !s.ok())
+    return s;
   if (auto s = hub({"link", "set", bridge_, "up"}); !s.ok()) return s;
   for (size_t i = 0; i < names.size(); ++i) {
     Node node;
@@ -317,16 +332,18 @@ absl::Status NetworkLab::Setup(const std::vector<std::string>& names) {
       return run(argv);
     };
     // The peer end is created directly in the node's namespace.
-    if (auto s = hub({"link", "add", node.hub_if, "type", "veth", "peer", "name",
-                      node.node_if, "netns", node.ns});
+    if (auto s = hub({"link", "add", node.hub_if, "type", "veth", "peer",
+                      "name", node.node_if, "netns", node.ns});
         !s.ok()) {
       return s;
     }
-    if (auto s = hub({"link", "set", node.hub_if, "master", bridge_, "up"}); !s.ok()) {
+    if (auto s = hub({"link", "set", node.hub_if, "master", bridge_, "up"});
+        !s.ok()) {
       return s;
     }
     if (auto s = in({"link", "set", "lo", "up"}); !s.ok()) return s;
-    if (auto s = in({"addr", "add", node.address + "/24", "dev", node.node_if}); !s.ok()) {
+    if (auto s = in({"addr", "add", node.address + "/24", "dev", node.node_if});
+        !s.ok()) {
       return s;
     }
     if (auto s = in({"link", "set", node.node_if, "up"}); !s.ok()) return s;
@@ -335,15 +352,16 @@ absl::Status NetworkLab::Setup(const std::vector<std::string>& names) {
     // which a real partition never does; packets must vanish silently.
     // `blocked` holds the sources whose packets are dropped.
     const std::string ruleset = absl::StrCat(
-        "add table inet ", kTable, "\n",
-        "add counter inet ", kTable, " dropped\n",
-        "add counter inet ", kTable, " udp_in\n",
-        "add set inet ", kTable, " blocked { type ipv4_addr; }\n",
-        "add chain inet ", kTable,
+        "add table inet ", kTable, "\n", "add counter inet ", kTable,
+        " dropped\n", "add counter inet ", kTable, " udp_in\n", "add set inet ",
+        kTable, " blocked { type ipv4_addr; }\n", "add chain inet ", kTable,
         " input { type filter hook input priority -10; policy accept; }\n",
-        "add rule inet ", kTable, " input ip saddr @blocked counter name dropped drop\n",
-        "add rule inet ", kTable, " input meta l4proto udp counter name udp_in\n");
-    if (auto s = run({"ip", "netns", "exec", node.ns, "nft", ruleset}); !s.ok()) return s;
+        "add rule inet ", kTable,
+        " input ip saddr @blocked counter name dropped drop\n",
+        "add rule inet ", kTable,
+        " input meta l4proto udp counter name udp_in\n");
+    if (auto s = run({"ip", "netns", "exec", node.ns, "nft", ruleset}); !s.ok())
+      return s;
     nodes_.push_back(std::move(node));
   }
   return absl::OkStatus();
@@ -364,7 +382,8 @@ NetworkLab::~NetworkLab() {
   }
 }
 
-absl::StatusOr<const NetworkLab::Node*> NetworkLab::Find(const std::string& name) const {
+absl::StatusOr<const NetworkLab::Node*> NetworkLab::Find(
+    const std::string& name) const {
   for (const Node& n : nodes_) {
     if (n.name == name) return &n;
   }
@@ -389,21 +408,22 @@ std::vector<std::string> NetworkLab::ExecPrefix(const std::string& name) const {
 
 absl::Status NetworkLab::Block(const Node& from, const Node& to) {
   // Dropped where they arrive: in `to`'s namespace, by source address.
-  auto s = Run({"ip", "netns", "exec", to.ns, "nft", "add", "element", "inet", kTable,
-                "blocked", absl::StrCat("{ ", from.address, " }")});
+  auto s = Run({"ip", "netns", "exec", to.ns, "nft", "add", "element", "inet",
+                kTable, "blocked", absl::StrCat("{ ", from.address, " }")});
   return s.status();
 }
 
 absl::Status NetworkLab::Unblock(const Node& from, const Node& to) {
-  auto list = Run({"ip", "netns", "exec", to.ns, "nft", "list", "set", "inet", kTable,
-                   "blocked"});
+  auto list = Run({"ip", "netns", "exec", to.ns, "nft", "list", "set", "inet",
+                   kTable, "blocked"});
   if (!list.ok()) return list.status();
   // Deleting an element that is not there is an error in nft.
-  const std::regex re("[{ ,]" + std::regex_replace(from.address, std::regex("\\."), "\\.") +
-                      "[ ,}\n]");
+  const std::regex re(
+      "[{ ,]" + std::regex_replace(from.address, std::regex("\\."), "\\.") +
+      "[ ,}\n]");
   if (!std::regex_search(*list, re)) return absl::OkStatus();
-  return Run({"ip", "netns", "exec", to.ns, "nft", "delete", "element", "inet", kTable,
-              "blocked", absl::StrCat("{ ", from.address, " }")})
+  return Run({"ip", "netns", "exec", to.ns, "nft", "delete", "element", "inet",
+              kTable, "blocked", absl::StrCat("{ ", from.address, " }")})
       .status();
 }
 
@@ -413,12 +433,34 @@ absl::Status NetworkLab::Partition(const std::string& a, const std::string& b,
   if (!na.ok()) return na.status();
   auto nb = Find(b);
   if (!nb.ok()) return nb.status();
-  if (*na == *nb) return absl::InvalidArgumentError("a node cannot be cut from itself");
+  if (*na == *nb)
+    return absl::InvalidArgumentError("a node cannot be cut from itself");
   if (direction != Direction::kBtoA) {
     if (auto s = Block(**na, **nb); !s.ok()) return s;
   }
   if (direction != Direction::kAtoB) {
     if (auto s = Block(**nb, **na); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status NetworkLab::Isolate(const std::string& name) {
+  auto node = Find(name);
+  if (!node.ok()) return node.status();
+  std::vector<std::string> others;
+  for (const Node& n : nodes_) {
+    if (&n != *node) others.push_back(n.address);
+  }
+  if (others.empty()) return absl::OkStatus();
+  // Everything it receives first, in one command; then what it sends, at
+  // each receiver.
+  auto in = Run({"ip", "netns", "exec", (*node)->ns, "nft", "add", "element",
+                 "inet", kTable, "blocked",
+                 absl::StrCat("{ ", absl::StrJoin(others, ", "), " }")});
+  if (!in.ok()) return in.status();
+  for (const Node& n : nodes_) {
+    if (&n == *node) continue;
+    if (auto s = Block(**node, n); !s.ok()) return s;
   }
   return absl::OkStatus();
 }
@@ -434,24 +476,26 @@ absl::Status NetworkLab::Heal(const std::string& a, const std::string& b) {
 
 absl::Status NetworkLab::HealAll() {
   for (const Node& n : nodes_) {
-    auto s = Run({"ip", "netns", "exec", n.ns, "nft", "flush", "set", "inet", kTable,
-                  "blocked"});
+    auto s = Run({"ip", "netns", "exec", n.ns, "nft", "flush", "set", "inet",
+                  kTable, "blocked"});
     if (!s.ok()) return s.status();
   }
   return absl::OkStatus();
 }
 
-absl::Status NetworkLab::LimitBandwidth(const std::string& name, const std::string& rate,
+absl::Status NetworkLab::LimitBandwidth(const std::string& name,
+                                        const std::string& rate,
                                         const std::string& burst,
                                         const std::string& latency) {
   auto n = Find(name);
   if (!n.ok()) return n.status();
-  const std::vector<std::string> tbf = {"root", "tbf", "rate", rate, "burst", burst,
-                                        "latency", latency};
+  const std::vector<std::string> tbf = {"root",  "tbf", "rate",    rate,
+                                        "burst", burst, "latency", latency};
   // What the node sends leaves through its own end; what it receives
   // leaves the bridge through the hub's end.
-  std::vector<std::string> out = {"ip", "netns", "exec", (*n)->ns, "tc", "qdisc",
-                                  "replace", "dev", (*n)->node_if};
+  std::vector<std::string> out = {"ip",      "netns", "exec",
+                                  (*n)->ns,  "tc",    "qdisc",
+                                  "replace", "dev",   (*n)->node_if};
   out.insert(out.end(), tbf.begin(), tbf.end());
   if (auto s = Run(out); !s.ok()) return s.status();
   std::vector<std::string> in;
@@ -467,7 +511,8 @@ absl::Status NetworkLab::ClearLimits(const std::string& name) {
   std::vector<std::string> hub_prefix;
   if (!hub_ns_.empty()) hub_prefix = {"ip", "netns", "exec", hub_ns_};
   const std::vector<std::pair<std::vector<std::string>, std::string>> ends = {
-      {{"ip", "netns", "exec", (*n)->ns}, (*n)->node_if}, {hub_prefix, (*n)->hub_if}};
+      {{"ip", "netns", "exec", (*n)->ns}, (*n)->node_if},
+      {hub_prefix, (*n)->hub_if}};
   for (const auto& [prefix, dev] : ends) {
     std::vector<std::string> show = prefix;
     show.insert(show.end(), {"tc", "qdisc", "show", "dev", dev, "root"});
@@ -489,14 +534,16 @@ absl::Status NetworkLab::ClearLimits() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<NetworkLab::Counters> NetworkLab::GetCounters(const std::string& name) {
+absl::StatusOr<NetworkLab::Counters> NetworkLab::GetCounters(
+    const std::string& name) {
   auto n = Find(name);
   if (!n.ok()) return n.status();
   Counters c;
-  for (auto [counter, field] : {std::pair<const char*, uint64_t*>{"dropped", &c.dropped},
-                                {"udp_in", &c.udp_received}}) {
-    auto text = Run({"ip", "netns", "exec", (*n)->ns, "nft", "list", "counter", "inet",
-                     kTable, counter});
+  for (auto [counter, field] :
+       {std::pair<const char*, uint64_t*>{"dropped", &c.dropped},
+        {"udp_in", &c.udp_received}}) {
+    auto text = Run({"ip", "netns", "exec", (*n)->ns, "nft", "list", "counter",
+                     "inet", kTable, counter});
     if (!text.ok()) return text.status();
     auto v = SumAfter(*text, "packets");
     if (!v.ok()) return v.status();
@@ -510,11 +557,12 @@ absl::StatusOr<uint64_t> NetworkLab::LimitDrops(const std::string& name) {
   if (!n.ok()) return n.status();
   std::vector<std::string> hub_tc;
   if (!hub_ns_.empty()) hub_tc = {"ip", "netns", "exec", hub_ns_};
-  hub_tc.insert(hub_tc.end(), {"tc", "-s", "qdisc", "show", "dev", (*n)->hub_if, "root"});
+  hub_tc.insert(hub_tc.end(),
+                {"tc", "-s", "qdisc", "show", "dev", (*n)->hub_if, "root"});
   uint64_t total = 0;
   for (const std::vector<std::string>& argv :
-       {std::vector<std::string>{"ip", "netns", "exec", (*n)->ns, "tc", "-s", "qdisc",
-                                 "show", "dev", (*n)->node_if, "root"},
+       {std::vector<std::string>{"ip", "netns", "exec", (*n)->ns, "tc", "-s",
+                                 "qdisc", "show", "dev", (*n)->node_if, "root"},
         hub_tc}) {
     auto text = Run(argv);
     if (!text.ok()) return text.status();

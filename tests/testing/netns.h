@@ -98,6 +98,12 @@ class NetworkLab {
   // blocked). NOT_FOUND for an unknown name.
   absl::Status Partition(const std::string& a, const std::string& b,
                          Direction direction = Direction::kBoth);
+  // Cuts `name` off from every other node, both ways (the hub still
+  // reaches it). What `name` receives from all of them is dropped from one
+  // moment on (one nft command in its namespace), as when its link goes
+  // down: a sequence of Partition calls would silence the others one by
+  // one, tens of milliseconds apart. NOT_FOUND for an unknown name.
+  absl::Status Isolate(const std::string& name);
   // Lets traffic between a and b pass again, both ways.
   absl::Status Heal(const std::string& a, const std::string& b);
   // Lifts every partition.
