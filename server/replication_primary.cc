@@ -11,21 +11,16 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "common/hash.h"
-#include "common/logging.h"
 #include "common/protocol.h"
 #include "common/status.h"
 #include "common/wire.h"
 #include "server/response_code.h"
+#include "server/server_log.h"
 #include "zmq_addon.hpp"
 
 namespace ps {
-namespace {
 
-std::shared_ptr<spdlog::logger> Log() {
-  static auto* const logger =
-      new std::shared_ptr<spdlog::logger>(GetLogger("server"));
-  return *logger;
-}
+namespace {
 
 using replication::BackupLink;
 
@@ -203,8 +198,9 @@ void ReplicationPrimary::SyncBackups(const ServerView& own) {
       continue;
     }
     for (const auto& [id, wait] : it->second->waiters()) ++orphaned[wait];
-    Log()->info("server node {} ({}) no longer backs any slot of this server",
-                it->first, it->second->endpoint());
+    ServerLog()->info(
+        "server node {} ({}) no longer backs any slot of this server",
+        it->first, it->second->endpoint());
     links_.erase(it++);
   }
   for (uint64_t node : wanted) {
@@ -212,7 +208,7 @@ void ReplicationPrimary::SyncBackups(const ServerView& own) {
     auto link =
         BackupLink::Connect(*deps_.context, node, endpoints[node], deps_.curve);
     if (!link.ok()) {
-      Log()->error("{}", link.status().message());
+      ServerLog()->error("{}", link.status().message());
       continue;
     }
     links_[node] = std::move(link).value();
@@ -259,13 +255,13 @@ void ReplicationPrimary::NoteUnbacked(const ServerView& own,
                                       uint32_t unbacked) {
   if (unbacked == unbacked_slots_) return;
   if (unbacked > 0) {
-    Log()->warn(
+    ServerLog()->warn(
         "{} of this server's slots have no backup (epoch {}): pushes to "
         "them are acknowledged with a single copy",
         unbacked, own.epoch);
   } else if (unbacked_slots_ > 0) {
-    Log()->info("every slot of this server has a backup again (epoch {})",
-                own.epoch);
+    ServerLog()->info("every slot of this server has a backup again (epoch {})",
+                      own.epoch);
   }
   unbacked_slots_ = unbacked;
 }
@@ -310,7 +306,7 @@ void ReplicationPrimary::SendCatchUp(const ServerView& own, BackupLink& link,
   link.Send(end, zmq::message_t(), zmq::message_t(), false);
   deps_.catchups_sent->fetch_add(1, std::memory_order_relaxed);
   deps_.rows_copied->fetch_add(copied, std::memory_order_relaxed);
-  Log()->info(
+  ServerLog()->info(
       "catch-up of {} slots to backup node {} ({}): {} rows and blocks, "
       "{} senders' sequence records, {} buffered steps, read in {:.1f} ms",
       slots.size(), link.node_id(), link.endpoint(), copied, deps_.seqs->size(),
@@ -456,12 +452,12 @@ void ReplicationPrimary::OnBackupAnswer(uint64_t node,
   BackupLink& link = *it->second;
   DecodedResponse response;
   if (absl::Status s = DecodeResponse(frames, &response); !s.ok()) {
-    Log()->error("bad answer from backup node {}: {}", node, s.message());
+    ServerLog()->error("bad answer from backup node {}: {}", node, s.message());
     return;
   }
   const uint64_t id = response.header.request_id();
   if (id == 0 || id > link.last_sent() || id <= link.acked()) {
-    Log()->warn(
+    ServerLog()->warn(
         "backup node {} answered message {} out of order (sent {}, answered "
         "{})",
         node, id, link.last_sent(), link.acked());
@@ -473,7 +469,7 @@ void ReplicationPrimary::OnBackupAnswer(uint64_t node,
     // let the workers concerned send again (as duplicates, answered once
     // the new copy is in).
     if (!link.resync) {
-      Log()->warn(
+      ServerLog()->warn(
           "backup node {} refused replica message {}: {}; copying its "
           "slots to it again",
           node, id, response.header.message());

@@ -8,23 +8,18 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/hash.h"
-#include "common/logging.h"
 #include "common/protocol.h"
 #include "common/status.h"
 #include "common/value_codec.h"
 #include "common/wire.h"
 #include "server/checkpoint.h"
 #include "server/server_impl.h"
+#include "server/server_log.h"
 #include "zmq_addon.hpp"
 
 namespace ps {
-namespace {
 
-std::shared_ptr<spdlog::logger> Log() {
-  static auto* const logger =
-      new std::shared_ptr<spdlog::logger>(GetLogger("server"));
-  return *logger;
-}
+namespace {
 
 // Poll period of the serving loop; bounds how long Stop() waits and how
 // late a new view takes effect.
@@ -81,9 +76,9 @@ absl::StatusOr<std::unique_ptr<KVServer::Impl>> KVServer::Impl::Start(
   if (server->options_.metrics != nullptr)
     server->RegisterMetrics(server->options_.metrics);
   server->serving_.Start([s = server.get()] { s->Serve(); });
-  Log()->info("serving {} tables on {}{}", server->tables_.size(),
-              server->data_.endpoint(),
-              server->options_.curve.has_value() ? " (CURVE)" : "");
+  ServerLog()->info("serving {} tables on {}{}", server->tables_.size(),
+                    server->data_.endpoint(),
+                    server->options_.curve.has_value() ? " (CURVE)" : "");
   return server;
 }
 
@@ -254,7 +249,7 @@ void KVServer::Impl::ApplyView(const Ownership& own) {
   if (consistency_.SetMode(own.consistency)) FlushBuffers();
   if (consistency_.mode() != before ||
       consistency_.config().staleness() != staleness_before) {
-    Log()->info(
+    ServerLog()->info(
         "consistency is now {}{} (epoch {})",
         ConsistencyMode_Name(consistency_.mode()),
         consistency_.mode() == SSP
@@ -340,7 +335,7 @@ void KVServer::Impl::Serve() {
     } catch (const zmq::error_t& e) {
       // A send to a vanished peer or an interrupted poll must not take the
       // server down; log and keep serving.
-      Log()->warn("data plane: {}", e.what());
+      ServerLog()->warn("data plane: {}", e.what());
     }
   }
   PublishTableStats();
@@ -349,7 +344,7 @@ void KVServer::Impl::Serve() {
 }
 
 void KVServer::Impl::LogReplicationSummary() const {
-  Log()->info(
+  ServerLog()->info(
       "replication: {} updates forwarded to backups, {} replica messages "
       "applied as a backup, {} catch-ups sent ({} rows and blocks), {} slots "
       "taken over, {} duplicate pushes answered, {} pushes without a backup "
@@ -439,7 +434,7 @@ void KVServer::Impl::ApplyBuffered(uint64_t step, StepBuffer& buffer,
   // `divisor`: the schedule must not jump when one step has fewer pushers.
   buffer.ApplyTo(tables_, step, divisor,
                  options_.config.cluster().num_workers());
-  Log()->debug("BSP step {} applied: {} workers averaged", step, divisor);
+  ServerLog()->debug("BSP step {} applied: {} workers averaged", step, divisor);
 }
 
 void KVServer::Impl::Progress(const Ownership& own) {
@@ -603,7 +598,7 @@ void KVServer::Impl::Watchdog() {
   for (const auto& l : consistency_.Behind(needed)) {
     missing.push_back(absl::StrCat(l.rank, " (clock ", l.clock, ")"));
   }
-  Log()->warn(
+  ServerLog()->warn(
       "watchdog: {} pull(s) held; the oldest, from worker rank {} at clock {}, "
       "has waited {:.1f} s ({}, applied steps < {}); waiting for worker ranks: "
       "{}",
