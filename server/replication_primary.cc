@@ -16,6 +16,7 @@
 #include "common/wire.h"
 #include "server/response_code.h"
 #include "server/server_log.h"
+#include "server/table_rows.h"
 #include "zmq_addon.hpp"
 
 namespace ps {
@@ -358,39 +359,26 @@ uint64_t ReplicationPrimary::SendTableCopy(const ServerView& own,
     out_values = std::vector<float>();
   };
   const Table& table = *deps_.tables->at(id);
-  if (const SparseTable* sparse = table.AsSparse()) {
-    const size_t stride = sparse->state_floats();
-    std::vector<uint64_t> keys;
-    std::vector<float> state;
-    uint64_t cursor = 0;
-    do {
-      keys.clear();
-      state.clear();
-      cursor = sparse->ExportRows(cursor, 65536, &keys, &state);
-      for (size_t i = 0; i < keys.size(); ++i) {
-        if (!mask[SparseSlot(id, keys[i], num_slots)]) continue;
-        out_keys.push_back(keys[i]);
-        out_values.insert(out_values.end(), state.begin() + i * stride,
-                          state.begin() + (i + 1) * stride);
-        if (out_values.size() * sizeof(float) >= kCatchUpBytes)
-          flush(REPLICA_ROWS);
-      }
-    } while (cursor != 0);
-    flush(REPLICA_ROWS);
-    return copied;
+  const bool sparse = table.AsSparse() != nullptr;
+  const ReplicaKind kind = sparse ? REPLICA_ROWS : REPLICA_BLOCKS;
+  // A sparse row's state comes whole in `values` (`state` is empty); a
+  // dense block's weights then its optimizer state.
+  const absl::Status read = ForEachTableRow(
+      table, 65536,
+      [&](uint64_t row, absl::Span<const float> values,
+          absl::Span<const float> state) {
+        const uint32_t slot = sparse ? SparseSlot(id, row, num_slots)
+                                     : DenseBlockSlot(id, row, num_slots);
+        if (!mask[slot]) return;
+        out_keys.push_back(row);
+        out_values.insert(out_values.end(), values.begin(), values.end());
+        out_values.insert(out_values.end(), state.begin(), state.end());
+        if (out_values.size() * sizeof(float) >= kCatchUpBytes) flush(kind);
+      });
+  if (!read.ok()) {
+    ServerLog()->error("catch-up of table {} stopped early: {}", id, read);
   }
-  const DenseTable* dense = table.AsDense();
-  (void)dense->ForEachBlock([&](uint64_t block, absl::Span<const float> values,
-                                absl::Span<const float> state) {
-    if (!mask[DenseBlockSlot(id, block, num_slots)]) return absl::OkStatus();
-    out_keys.push_back(block);
-    out_values.insert(out_values.end(), values.begin(), values.end());
-    out_values.insert(out_values.end(), state.begin(), state.end());
-    if (out_values.size() * sizeof(float) >= kCatchUpBytes)
-      flush(REPLICA_BLOCKS);
-    return absl::OkStatus();
-  });
-  flush(REPLICA_BLOCKS);
+  flush(kind);
   return copied;
 }
 

@@ -15,6 +15,7 @@
 #include "server/checkpoint.h"
 #include "server/server_impl.h"
 #include "server/server_log.h"
+#include "server/table_rows.h"
 #include "zmq_addon.hpp"
 
 namespace ps {
@@ -548,28 +549,22 @@ void KVServer::Impl::FillStats(ResponseHeader* rh, const Ownership* own) const {
     auto mine = [&](uint32_t slot) {
       return own->slot_owner[slot] == own->rank;
     };
+    // A sparse table counts rows, a dense one elements (as Stats() does).
+    const Table& table = *tables_.at(id);
+    const bool sparse = table.AsSparse() != nullptr;
     uint64_t backup = 0;
-    if (const SparseTable* sparse = tables_.at(id)->AsSparse()) {
-      std::vector<uint64_t> keys;
-      std::vector<float> values;
-      uint64_t cursor = 0;
-      do {
-        keys.clear();
-        values.clear();
-        cursor = sparse->Scan(cursor, 65536, 1 << 20, &keys, &values);
-        for (uint64_t key : keys)
-          backup += !mine(SparseSlot(id, key, num_slots));
-      } while (cursor != 0);
-    } else {
-      const DenseTable* dense = tables_.at(id)->AsDense();
-      (void)dense->ForEachBlock([&](uint64_t block,
-                                    absl::Span<const float> values,
-                                    absl::Span<const float>) {
-        if (!mine(DenseBlockSlot(id, block, num_slots)))
-          backup += values.size();
-        return absl::OkStatus();
-      });
-    }
+    // Pages of 4096 rows: their full state stays within a few MiB.
+    const absl::Status read = ForEachTableRow(
+        table, 4096,
+        [&](uint64_t row, absl::Span<const float> values,
+            absl::Span<const float>) {
+          if (sparse) {
+            backup += !mine(SparseSlot(id, row, num_slots));
+          } else if (!mine(DenseBlockSlot(id, row, num_slots))) {
+            backup += values.size();
+          }
+        });
+    if (!read.ok()) ServerLog()->error("table {} stats: {}", id, read);
     stats->set_rows(stats->rows() - std::min(stats->rows(), backup));
     stats->set_backup_rows(backup);
     stats->set_keys_pushed(
