@@ -1,6 +1,7 @@
 #include "scheduler/psctl_status.h"
 
 #include <cstdint>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
