@@ -10,8 +10,9 @@
 #   ps/bin/NAME       one launcher per program: sets LD_LIBRARY_PATH to
 #                     ps/lib and runs ps/libexec/NAME (so PS_BIN_DIR=ps/bin
 #                     works for deploy/local/demo.sh, deploy/slurm/ps.sbatch
-#                     and tests/bench.sh), and choose_python.sh, which
-#                     ps.sbatch sources from PS_BIN_DIR
+#                     and tests/bench.sh), and choose_python.sh (with its
+#                     python_probe.py), which ps.sbatch sources from
+#                     PS_BIN_DIR
 #   ps/libexec/       the binaries, and libps_cuda.so beside the trainer,
 #                     where it is looked for
 #   ps/lib/           every shared library they link, except the C library's
@@ -137,8 +138,10 @@ LD_LIBRARY_PATH="$here/../lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
   exec "${PS_PYTHON:-python3}" "$@"
 EOF2
 chmod 755 "$P/bin/ps-python"
-# ps.sbatch picks a worker command's python3 with this (from PS_BIN_DIR).
+# ps.sbatch picks a worker command's python3 with this (from PS_BIN_DIR),
+# which runs the import check beside it.
 cp "$ROOT/deploy/choose_python.sh" "$P/bin/choose_python.sh"
+cp "$ROOT/deploy/python_probe.py" "$P/bin/python_probe.py"
 # make_job_keys finds curve_keygen beside itself: the launcher.
 cp "$ROOT/deploy/security/make_job_keys.sh" "$P/bin/make_job_keys"
 chmod 755 "$P/bin/make_job_keys"

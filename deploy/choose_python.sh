@@ -11,8 +11,9 @@
 # deploy/install_deps.sh) and looks again. Prints "NAME: <what each skipped
 # interpreter lacks>: workers run PYTHON" when it skipped one; when none
 # will do, prints one line naming each interpreter, what it lacks and the
-# fix, and returns 1. psnode (deploy/launch/psnode.cc) checks the same way
-# and never installs.
+# fix, and returns 1. psnode (deploy/launch/psnode.cc) checks the same way,
+# with the same python_probe.py built into it, and never installs. Needs
+# python_probe.py beside this file.
 
 # The modules of NumPy and PyTorch that the Python script $1 imports, one a
 # line: numpy for numpy or the ps package, torch for torch or ps.torch. A
@@ -29,20 +30,16 @@ python_needs() {
   return 0
 }
 
+# The import check each candidate runs, kept beside this file (a copy of
+# the tree, the bundle's bin/ and ps.sbatch's PS_BIN_DIR all carry both).
+PS_PYTHON_PROBE="$(dirname "${BASH_SOURCE[0]}")/python_probe.py"
+
 # Prints which of the modules $2... the interpreter $1 cannot import
 # (nothing when it has them all); fails when $1 does not run.
 python_missing() {
   local python="$1"
   shift
-  "$python" -c '
-import importlib, sys
-missing = []
-for name in sys.argv[1:]:
-    try:
-        importlib.import_module(name)
-    except Exception:
-        missing.append(name)
-print(" ".join(missing))' "$@" 2>/dev/null
+  "$python" -c "$(<"$PS_PYTHON_PROBE")" "$@" 2>/dev/null
 }
 
 # Sets PYTHON to the first of the candidate interpreters that imports every
@@ -78,6 +75,10 @@ pick_python() {
 
 choose_python() {
   local name="$1" script="$2" installer="${3:-}" notes needs fix install=(--python)
+  if [ ! -r "$PS_PYTHON_PROBE" ]; then
+    echo "$name: $PS_PYTHON_PROBE is missing: copy deploy/python_probe.py beside choose_python.sh" >&2
+    return 1
+  fi
   mapfile -t NEEDS < <(python_needs "$script")
   [[ " ${NEEDS[*]} " == *" torch "* ]] && install+=(--torch)
   if ! pick_python && [ -n "$installer" ]; then

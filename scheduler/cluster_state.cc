@@ -559,6 +559,19 @@ GetStatusResponse ClusterState::Status() const {
     wc->set_clock(node.clock);
     wc->set_silent_ms(absl::ToInt64Milliseconds(now - node.last_heartbeat));
   }
+  SchedulerFaults* faults = status.mutable_faults();
+  if (isolated_since_ != absl::InfiniteFuture()) {
+    const absl::Duration held =
+        std::max(absl::ZeroDuration(), now - isolated_since_);
+    const absl::Duration hold =
+        absl::Milliseconds(config_.cluster().isolation_hold_ms());
+    faults->set_isolation_suspected(true);
+    faults->set_isolation_suspected_ms(absl::ToInt64Milliseconds(held));
+    faults->set_isolation_hold_left_ms(
+        absl::ToInt64Milliseconds(std::max(absl::ZeroDuration(), hold - held)));
+  }
+  faults->set_isolation_suspicions(isolation_suspicions_);
+  faults->set_stalls(stalls_);
   return status;
 }
 

@@ -2,6 +2,7 @@
 // ExpireSilentNodes): a stall of the scheduler, and most nodes silent at once
 // (the scheduler cut off), with a fake clock swept the way the scheduler's
 // monitor loop sweeps it.
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <set>
@@ -214,6 +215,30 @@ TEST_F(IsolationTest, MostNodesReallyDeadAreDeclaredAfterTheHold) {
   EXPECT_TRUE(state_->Monitor().isolation_suspected);
   EXPECT_THAT(Run(3 * kBeat, rest), UnorderedElementsAreArray(rack));
   EXPECT_EQ(Alive(), 2u);
+}
+
+TEST_F(IsolationTest, StatusCarriesTheSuspicionAndTheStalls) {
+  ASSERT_THAT(Run(absl::Milliseconds(500), All()), IsEmpty());
+  clock_.Advance(3 * kTimeout);  // A stall, then every node falls silent.
+  ASSERT_THAT(state_->ExpireSilentNodes(), IsEmpty());
+  ASSERT_THAT(Run(2 * kTimeout, {}), IsEmpty());
+  const double seconds = state_->Monitor().isolation_suspected_seconds;
+  ASSERT_GT(seconds, 0);
+  SchedulerFaults faults = state_->Status().faults();
+  EXPECT_TRUE(faults.isolation_suspected());
+  EXPECT_EQ(faults.isolation_suspected_ms(), std::llround(seconds * 1000));
+  EXPECT_EQ(faults.isolation_suspected_ms() + faults.isolation_hold_left_ms(),
+            absl::ToInt64Milliseconds(kHold));
+  EXPECT_EQ(faults.isolation_suspicions(), 1u);
+  EXPECT_EQ(faults.stalls(), 1u);
+  // Heartbeats are back: nothing is suspected, the counts stay.
+  ASSERT_THAT(Run(3 * kTimeout, All()), IsEmpty());
+  faults = state_->Status().faults();
+  EXPECT_FALSE(faults.isolation_suspected());
+  EXPECT_EQ(faults.isolation_suspected_ms(), 0u);
+  EXPECT_EQ(faults.isolation_hold_left_ms(), 0u);
+  EXPECT_EQ(faults.isolation_suspicions(), 1u);
+  EXPECT_EQ(faults.stalls(), 1u);
 }
 
 }  // namespace

@@ -1,9 +1,11 @@
 // psctl: operator's command line for a running job's scheduler.
 //
 //   psctl --scheduler=HOST:PORT status
-//       The job state, epoch and consistency mode, every node the scheduler
-//       knows (live or not), and each live worker's last clock and how long
-//       the scheduler has not heard from it.
+//       The job state, epoch and consistency mode, the scheduler's own
+//       faults (a suspected isolation, with how long and until when nodes
+//       are held; the stalls it noticed), every node the scheduler knows
+//       (live or not), and each live worker's last clock and how long the
+//       scheduler has not heard from it.
 //   psctl --scheduler=HOST:PORT set-mode BSP|ASYNC|SSP [--staleness=N]
 //       Changes the consistency mode of the running job (SetConsistency);
 //       prints the epoch of the view that carries it. The scheduler
@@ -55,6 +57,7 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "proto/scheduler.grpc.pb.h"
+#include "scheduler/psctl_status.h"
 
 ABSL_FLAG(std::string, scheduler, "", "Scheduler host:port. Required.");
 ABSL_FLAG(int64_t, timeout_ms, 5000, "Deadline of each RPC, in ms (> 0).");
@@ -81,7 +84,7 @@ constexpr char kUsage[] =
     "usage: psctl --scheduler=HOST:PORT [--timeout_ms=MS]\n"
     "             [--config=JOB.pbtxt | --tls_ca=F --tls_cert=F --tls_key=F] COMMAND\n"
     "commands:\n"
-    "  status                               job state, mode, nodes, clocks\n"
+    "  status                               job state, faults, mode, nodes, clocks\n"
     "  set-mode BSP|ASYNC|SSP [--staleness=N]\n"
     "                                       change the consistency mode\n"
     "  checkpoint [--wait]                  take a consistent checkpoint now\n"
@@ -91,10 +94,6 @@ constexpr char kUsage[] =
 constexpr int kExitOk = 0;
 constexpr int kExitFailed = 1;
 constexpr int kExitUsage = 2;
-
-// A worker at this clock has finished training (common/wire.h
-// kFinishedClock; not included, it would pull ZeroMQ into this tool).
-constexpr uint64_t kFinishedClock = uint64_t{1} << 62;
 
 // Rejects unknown flags and bad flag values before absl parses the command
 // line: absl would exit with status 1 for them, which here means "the
@@ -176,67 +175,6 @@ absl::StatusOr<DrainRequest> ParseDrainTarget(absl::string_view text) {
       "bad node '", text, "': give a node id, server:RANK or worker:RANK"));
 }
 
-const char* RoleName(Role role) {
-  switch (role) {
-    case SERVER:
-      return "server";
-    case WORKER:
-      return "worker";
-    default:
-      return "unknown";
-  }
-}
-
-std::string ModeText(const ConsistencyConfig& c) {
-  std::string text = ConsistencyMode_Name(c.mode());
-  if (text.empty()) text = absl::StrCat("mode ", c.mode());
-  if (c.mode() == SSP) absl::StrAppend(&text, " staleness ", c.staleness());
-  return text;
-}
-
-std::string FormatStatus(const GetStatusResponse& status,
-                         absl::string_view journal_error) {
-  const ClusterView& view = status.view();
-  std::string out;
-  absl::StrAppend(&out, "job: ", JobState_Name(view.job_state()), "\n");
-  absl::StrAppend(&out, "epoch: ", view.epoch(), "\n");
-  if (!journal_error.empty()) {
-    absl::StrAppend(&out, "journal: FAILING: ", journal_error, "\n");
-  }
-  if (view.scheduler_restarts() > 0) {
-    absl::StrAppend(&out, "scheduler restarts: ", view.scheduler_restarts(),
-                    " (the newest took the job back at epoch ", view.recovered_epoch(),
-                    " with ", view.recovered_nodes(), " live nodes)\n");
-  }
-  absl::StrAppend(&out, "consistency: ", ModeText(view.consistency()),
-                  " (watchdog after ", view.consistency().watchdog_timeout_ms(),
-                  " ms, every ", view.consistency().watchdog_interval_ms(),
-                  " ms)\n");
-  absl::StrAppend(&out, "nodes: ", view.nodes_size(), "\n");
-  for (const NodeInfo& n : view.nodes()) {
-    absl::StrAppend(
-        &out,
-        absl::StrFormat("  node %d  %s rank %d  %s", n.node_id(),
-                        RoleName(n.role()), n.rank(), NodeState_Name(n.state())));
-    if (!n.data_endpoint().empty()) {
-      absl::StrAppend(&out, "  endpoint ", n.data_endpoint());
-    }
-    absl::StrAppend(&out, "  host ", n.host().empty() ? "-" : n.host(), "  pid ",
-                    n.pid());
-    if (n.role() == WORKER) absl::StrAppend(&out, "  start_clock ", n.start_clock());
-    if (n.draining() && n.state() == ALIVE) absl::StrAppend(&out, "  draining");
-    absl::StrAppend(&out, "\n");
-  }
-  absl::StrAppend(&out, "worker clocks: ", status.clocks_size(), " live\n");
-  for (const WorkerClock& wc : status.clocks()) {
-    absl::StrAppend(&out, "  worker rank ", wc.rank(), "  clock ",
-                    wc.clock() >= kFinishedClock ? std::string("finished")
-                                                 : absl::StrCat(wc.clock()),
-                    "  silent ", wc.silent_ms(), " ms\n");
-  }
-  return out;
-}
-
 std::unique_ptr<grpc::ClientContext> Context(absl::Duration timeout) {
   auto context = std::make_unique<grpc::ClientContext>();
   context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
@@ -256,7 +194,7 @@ absl::Status RunStatus(Scheduler::Stub& stub, absl::Duration timeout) {
   if (auto it = trailers.find("ps-journal-error-bin"); it != trailers.end()) {
     journal_error.assign(it->second.data(), it->second.size());
   }
-  std::cout << FormatStatus(response, journal_error);
+  std::cout << FormatStatus(response, journal_error, absl::Now());
   return absl::OkStatus();
 }
 

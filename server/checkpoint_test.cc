@@ -29,7 +29,7 @@
 #include "proto/checkpoint.pb.h"
 #include "proto/config.pb.h"
 #include "server/table.h"
-#include "server/testing/table_rows.h"
+#include "server/table_rows.h"
 
 namespace ps {
 namespace {
@@ -210,7 +210,7 @@ void AddToSnapshot(const Tables& tables, Snapshot* snapshot, const std::string& 
     const bool dense = table->AsDense() != nullptr;
     // Dense blocks apart from sparse keys.
     const uint32_t id = dense ? table->id() | 0x80000000u : table->id();
-    const absl::Status read = table_rows::ForEachRow(
+    const absl::Status read = ForEachTableRow(
         *table, 7,
         [&](uint64_t row, absl::Span<const float> values,
             absl::Span<const float> state) {
@@ -359,7 +359,7 @@ TEST(TableExportTest, ImportInExportOrderTakesLinearTime) {
   }
   const absl::Time start = absl::Now();
   absl::Status imported;
-  const absl::Status read = table_rows::ForEachRow(
+  const absl::Status read = ForEachTableRow(
       *source[0], 4096,
       [&](uint64_t key, absl::Span<const float> row, absl::Span<const float>) {
         if (imported.ok()) imported = copy[0]->AsSparse()->ImportRow(key, row);

@@ -2,18 +2,9 @@
 
 #include <memory>
 
-#include "common/logging.h"
+#include "server/server_log.h"
 
 namespace ps {
-namespace {
-
-std::shared_ptr<spdlog::logger> Log() {
-  static auto* const logger =
-      new std::shared_ptr<spdlog::logger>(GetLogger("server"));
-  return *logger;
-}
-
-}  // namespace
 
 void FailoverTimer::SizeSlots(uint32_t num_slots) {
   if (promoted_.size() != num_slots) promoted_.assign(num_slots, false);
@@ -37,7 +28,7 @@ void FailoverTimer::FirstServed() {
   if (!awaiting_first_) return;
   awaiting_first_ = false;
   const absl::Time now = clock_->Now();
-  Log()->info(
+  ServerLog()->info(
       "failover: first request for the slots promoted at epoch {} answered "
       "{:.1f} ms after that view was applied (unix_us={})",
       promoted_epoch_, absl::ToDoubleMilliseconds(now - promoted_at_),

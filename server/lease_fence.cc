@@ -4,18 +4,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "common/logging.h"
+#include "server/server_log.h"
 
 namespace ps {
-namespace {
-
-std::shared_ptr<spdlog::logger> Log() {
-  static auto* const logger =
-      new std::shared_ptr<spdlog::logger>(GetLogger("server"));
-  return *logger;
-}
-
-}  // namespace
 
 void LeaseFence::SetLease(std::chrono::steady_clock::time_point until) {
   int64_t ticks = until.time_since_epoch().count();
@@ -29,7 +20,8 @@ void LeaseFence::Fence(std::string why) {
     absl::MutexLock lock(&fence_mu_);
     if (fenced_.load()) return;
     fence_why_ = std::move(why);
-    Log()->warn("fenced: {}; refusing every request from now on", fence_why_);
+    ServerLog()->warn("fenced: {}; refusing every request from now on",
+                      fence_why_);
   }
   fenced_.store(true, std::memory_order_release);
 }
@@ -55,8 +47,9 @@ absl::Status LeaseFence::Check(uint32_t rank, ServerRefusal* refusal) {
     const SteadyClock::time_point end{SteadyClock::duration(until)};
     if (now < end) {
       if (refusing_ != 0) {
-        Log()->info("lease renewed: serving again after refusing {} requests",
-                    refusing_);
+        ServerLog()->info(
+            "lease renewed: serving again after refusing {} requests",
+            refusing_);
         refusing_ = 0;
       }
       return absl::OkStatus();
@@ -69,7 +62,8 @@ absl::Status LeaseFence::Check(uint32_t rank, ServerRefusal* refusal) {
             .count(),
         "ms ago: it has not reached the scheduler; retry"));
   }
-  if (refusing_++ == 0) Log()->warn("refusing requests: {}", refused.message());
+  if (refusing_++ == 0)
+    ServerLog()->warn("refusing requests: {}", refused.message());
   return refused;
 }
 

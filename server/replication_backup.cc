@@ -8,22 +8,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/hash.h"
-#include "common/logging.h"
 #include "common/protocol.h"
 #include "common/status.h"
 #include "common/wire.h"
 #include "server/server_impl.h"
+#include "server/server_log.h"
 
 namespace ps {
-namespace {
-
-std::shared_ptr<spdlog::logger> Log() {
-  static auto* const logger =
-      new std::shared_ptr<spdlog::logger>(GetLogger("server"));
-  return *logger;
-}
-
-}  // namespace
 
 // ------------------------------------------------------------- backup side
 
@@ -84,8 +75,8 @@ void KVServer::Impl::HandleReplica(zmq::message_t identity,
   if (!status.ok()) {
     counters_.errors.fetch_add(1, std::memory_order_relaxed);
     SetResponseStatus(status, &rh);
-    Log()->warn("replica message {} from server node {} refused: {}",
-                header.request_id(), primary, status.ToString());
+    ServerLog()->warn("replica message {} from server node {} refused: {}",
+                      header.request_id(), primary, status.ToString());
   }
   zmq::message_t values, keys;
   Send(identity, rh, values, keys);
@@ -401,8 +392,8 @@ void KVServer::Impl::ApplyReplica(const replication::ReplicaMessage& m,
     case REPLICA_SNAPSHOT_END:
       replicas_.SizeSlots(v.num_slots);
       replicas_.EndCatchUp(r.slots());
-      Log()->info("caught up with {} slots of server {} (node {})",
-                  r.slots_size(), v.primary_rank, primary);
+      ServerLog()->info("caught up with {} slots of server {} (node {})",
+                        r.slots_size(), v.primary_rank, primary);
       return;
     case REPLICA_SEQS:
       for (const auto& [sender, window] : v.seqs)
@@ -507,7 +498,7 @@ void KVServer::Impl::Promote(const Ownership& prev, const Ownership& own) {
     failover_.MarkPromoted(s);
   }
   if (without_copy > 0) {
-    Log()->warn(
+    ServerLog()->warn(
         "{} slots are now served here without a copy of them from their "
         "old primary (epoch {})",
         without_copy, own.epoch);
@@ -540,13 +531,13 @@ void KVServer::Impl::Promote(const Ownership& prev, const Ownership& own) {
   checkpoint_gate_.Promoted();
   counters_.slots_promoted.fetch_add(count, std::memory_order_relaxed);
   failover_.Start(own.epoch);
-  Log()->warn(
+  ServerLog()->warn(
       "failover: serving {} slots of server(s) {} as their new primary (epoch "
       "{}; {} buffered steps joined, {} applied)",
       count, absl::StrJoin(old_ranks, ", "), own.epoch, merged_steps,
       applied_steps);
   if (incomplete > 0) {
-    Log()->error(
+    ServerLog()->error(
         "{} of the promoted slots had not finished copying from their old "
         "primary: updates to them may be missing",
         incomplete);

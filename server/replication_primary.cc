@@ -11,21 +11,17 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "common/hash.h"
-#include "common/logging.h"
 #include "common/protocol.h"
 #include "common/status.h"
 #include "common/wire.h"
 #include "server/response_code.h"
+#include "server/server_log.h"
+#include "server/table_rows.h"
 #include "zmq_addon.hpp"
 
 namespace ps {
-namespace {
 
-std::shared_ptr<spdlog::logger> Log() {
-  static auto* const logger =
-      new std::shared_ptr<spdlog::logger>(GetLogger("server"));
-  return *logger;
-}
+namespace {
 
 using replication::BackupLink;
 
@@ -203,8 +199,9 @@ void ReplicationPrimary::SyncBackups(const ServerView& own) {
       continue;
     }
     for (const auto& [id, wait] : it->second->waiters()) ++orphaned[wait];
-    Log()->info("server node {} ({}) no longer backs any slot of this server",
-                it->first, it->second->endpoint());
+    ServerLog()->info(
+        "server node {} ({}) no longer backs any slot of this server",
+        it->first, it->second->endpoint());
     links_.erase(it++);
   }
   for (uint64_t node : wanted) {
@@ -212,7 +209,7 @@ void ReplicationPrimary::SyncBackups(const ServerView& own) {
     auto link =
         BackupLink::Connect(*deps_.context, node, endpoints[node], deps_.curve);
     if (!link.ok()) {
-      Log()->error("{}", link.status().message());
+      ServerLog()->error("{}", link.status().message());
       continue;
     }
     links_[node] = std::move(link).value();
@@ -259,13 +256,13 @@ void ReplicationPrimary::NoteUnbacked(const ServerView& own,
                                       uint32_t unbacked) {
   if (unbacked == unbacked_slots_) return;
   if (unbacked > 0) {
-    Log()->warn(
+    ServerLog()->warn(
         "{} of this server's slots have no backup (epoch {}): pushes to "
         "them are acknowledged with a single copy",
         unbacked, own.epoch);
   } else if (unbacked_slots_ > 0) {
-    Log()->info("every slot of this server has a backup again (epoch {})",
-                own.epoch);
+    ServerLog()->info("every slot of this server has a backup again (epoch {})",
+                      own.epoch);
   }
   unbacked_slots_ = unbacked;
 }
@@ -310,7 +307,7 @@ void ReplicationPrimary::SendCatchUp(const ServerView& own, BackupLink& link,
   link.Send(end, zmq::message_t(), zmq::message_t(), false);
   deps_.catchups_sent->fetch_add(1, std::memory_order_relaxed);
   deps_.rows_copied->fetch_add(copied, std::memory_order_relaxed);
-  Log()->info(
+  ServerLog()->info(
       "catch-up of {} slots to backup node {} ({}): {} rows and blocks, "
       "{} senders' sequence records, {} buffered steps, read in {:.1f} ms",
       slots.size(), link.node_id(), link.endpoint(), copied, deps_.seqs->size(),
@@ -362,39 +359,26 @@ uint64_t ReplicationPrimary::SendTableCopy(const ServerView& own,
     out_values = std::vector<float>();
   };
   const Table& table = *deps_.tables->at(id);
-  if (const SparseTable* sparse = table.AsSparse()) {
-    const size_t stride = sparse->state_floats();
-    std::vector<uint64_t> keys;
-    std::vector<float> state;
-    uint64_t cursor = 0;
-    do {
-      keys.clear();
-      state.clear();
-      cursor = sparse->ExportRows(cursor, 65536, &keys, &state);
-      for (size_t i = 0; i < keys.size(); ++i) {
-        if (!mask[SparseSlot(id, keys[i], num_slots)]) continue;
-        out_keys.push_back(keys[i]);
-        out_values.insert(out_values.end(), state.begin() + i * stride,
-                          state.begin() + (i + 1) * stride);
-        if (out_values.size() * sizeof(float) >= kCatchUpBytes)
-          flush(REPLICA_ROWS);
-      }
-    } while (cursor != 0);
-    flush(REPLICA_ROWS);
-    return copied;
+  const bool sparse = table.AsSparse() != nullptr;
+  const ReplicaKind kind = sparse ? REPLICA_ROWS : REPLICA_BLOCKS;
+  // A sparse row's state comes whole in `values` (`state` is empty); a
+  // dense block's weights then its optimizer state.
+  const absl::Status read = ForEachTableRow(
+      table, 65536,
+      [&](uint64_t row, absl::Span<const float> values,
+          absl::Span<const float> state) {
+        const uint32_t slot = sparse ? SparseSlot(id, row, num_slots)
+                                     : DenseBlockSlot(id, row, num_slots);
+        if (!mask[slot]) return;
+        out_keys.push_back(row);
+        out_values.insert(out_values.end(), values.begin(), values.end());
+        out_values.insert(out_values.end(), state.begin(), state.end());
+        if (out_values.size() * sizeof(float) >= kCatchUpBytes) flush(kind);
+      });
+  if (!read.ok()) {
+    ServerLog()->error("catch-up of table {} stopped early: {}", id, read);
   }
-  const DenseTable* dense = table.AsDense();
-  (void)dense->ForEachBlock([&](uint64_t block, absl::Span<const float> values,
-                                absl::Span<const float> state) {
-    if (!mask[DenseBlockSlot(id, block, num_slots)]) return absl::OkStatus();
-    out_keys.push_back(block);
-    out_values.insert(out_values.end(), values.begin(), values.end());
-    out_values.insert(out_values.end(), state.begin(), state.end());
-    if (out_values.size() * sizeof(float) >= kCatchUpBytes)
-      flush(REPLICA_BLOCKS);
-    return absl::OkStatus();
-  });
-  flush(REPLICA_BLOCKS);
+  flush(kind);
   return copied;
 }
 
@@ -456,12 +440,12 @@ void ReplicationPrimary::OnBackupAnswer(uint64_t node,
   BackupLink& link = *it->second;
   DecodedResponse response;
   if (absl::Status s = DecodeResponse(frames, &response); !s.ok()) {
-    Log()->error("bad answer from backup node {}: {}", node, s.message());
+    ServerLog()->error("bad answer from backup node {}: {}", node, s.message());
     return;
   }
   const uint64_t id = response.header.request_id();
   if (id == 0 || id > link.last_sent() || id <= link.acked()) {
-    Log()->warn(
+    ServerLog()->warn(
         "backup node {} answered message {} out of order (sent {}, answered "
         "{})",
         node, id, link.last_sent(), link.acked());
@@ -473,7 +457,7 @@ void ReplicationPrimary::OnBackupAnswer(uint64_t node,
     // let the workers concerned send again (as duplicates, answered once
     // the new copy is in).
     if (!link.resync) {
-      Log()->warn(
+      ServerLog()->warn(
           "backup node {} refused replica message {}: {}; copying its "
           "slots to it again",
           node, id, response.header.message());

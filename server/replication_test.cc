@@ -31,8 +31,8 @@
 #include "scheduler/scheduler.h"
 #include "server/server.h"
 #include "server/table.h"
+#include "server/table_rows.h"
 #include "server/testing/raw_client.h"
-#include "server/testing/table_rows.h"
 #include "worker/kv_client.h"
 #include "worker/session.h"
 #include "zmq.hpp"
@@ -225,14 +225,14 @@ class ReplicationTest : public ::testing::Test {
   static Rows RowsOf(const KVServer& server) {
     Rows rows;
     for (const Table* table : server.StoppedTables()) {
-      const absl::Status read = table_rows::ForEachRow(
-          *table, 1 << 16,
-          [&](uint64_t id, absl::Span<const float> values,
-              absl::Span<const float> state) {
-            std::vector<float>& row = rows[{table->id(), id}];
-            row.assign(values.begin(), values.end());
-            row.insert(row.end(), state.begin(), state.end());
-          });
+      const absl::Status read =
+          ForEachTableRow(*table, 1 << 16,
+                          [&](uint64_t id, absl::Span<const float> values,
+                              absl::Span<const float> state) {
+                            std::vector<float>& row = rows[{table->id(), id}];
+                            row.assign(values.begin(), values.end());
+                            row.insert(row.end(), state.begin(), state.end());
+                          });
       EXPECT_TRUE(read.ok()) << read;
     }
     return rows;

@@ -8,17 +8,9 @@
 #include "absl/strings/str_cat.h"
 #include "common/config.h"
 #include "common/finite.h"
-#include "common/logging.h"
+#include "server/server_log.h"
 
 namespace ps {
-namespace {
-
-std::shared_ptr<spdlog::logger> Log() {
-  static auto* const logger = new std::shared_ptr<spdlog::logger>(GetLogger("server"));
-  return *logger;
-}
-
-}  // namespace
 
 Admission::Admission(const DataPlaneConfig& data_plane, size_t max_standalone_senders,
                      const Clock* clock, Counters counters)
@@ -119,13 +111,15 @@ absl::Status Admission::PolicePushValues(const RequestHeader& h, bool standalone
     if (nonfinite_family_ != nullptr) nonfinite_family_->With({worker, action})->Add(bad);
     const absl::Time now = clock_->Now();
     if (now - last_nonfinite_log_ >= absl::Seconds(1)) {
-      Log()->warn(
-          "worker rank {} (node {}) pushed {} non-finite value(s) of {} to table {} at "
+      ServerLog()->warn(
+          "worker rank {} (node {}) pushed {} non-finite value(s) of {} to "
+          "table {} at "
           "step {} (first: element {} = {}); {}{}",
-          worker, h.sender_node_id(), bad, n, h.table_id(), h.clock(), first, values[first],
-          reject ? "push rejected" : "clipped and applied",
+          worker, h.sender_node_id(), bad, n, h.table_id(), h.clock(), first,
+          values[first], reject ? "push rejected" : "clipped and applied",
           nonfinite_unlogged_ > 0
-              ? absl::StrCat(" (", nonfinite_unlogged_, " such pushes not logged before it)")
+              ? absl::StrCat(" (", nonfinite_unlogged_,
+                             " such pushes not logged before it)")
               : "");
       last_nonfinite_log_ = now;
       nonfinite_unlogged_ = 0;

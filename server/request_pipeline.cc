@@ -17,21 +17,16 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/hash.h"
-#include "common/logging.h"
 #include "common/protocol.h"
 #include "common/status.h"
 #include "common/value_codec.h"
 #include "common/wire.h"
 #include "server/server_impl.h"
+#include "server/server_log.h"
 
 namespace ps {
-namespace {
 
-std::shared_ptr<spdlog::logger> Log() {
-  static auto* const logger =
-      new std::shared_ptr<spdlog::logger>(GetLogger("server"));
-  return *logger;
-}
+namespace {
 
 // A pull answers with n floats; refuse before allocating what no frame may
 // carry anyway.
@@ -76,8 +71,8 @@ KVServer::Impl::Outcome KVServer::Impl::Process(
     rh->set_next_cursor(0);
     *values = zmq::message_t();
     *keys = zmq::message_t();
-    Log()->debug("request {} rejected: {}", rh->request_id(),
-                 status.ToString());
+    ServerLog()->debug("request {} rejected: {}", rh->request_id(),
+                       status.ToString());
     if (instruments_ != nullptr) {
       instruments_->RecordError(ServerInstruments::Classify(status, *rh));
       instruments_->Record(ctx->op, ServerInstruments::Outcome::kError,

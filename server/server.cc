@@ -8,23 +8,19 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/hash.h"
-#include "common/logging.h"
 #include "common/protocol.h"
 #include "common/status.h"
 #include "common/value_codec.h"
 #include "common/wire.h"
 #include "server/checkpoint.h"
 #include "server/server_impl.h"
+#include "server/server_log.h"
+#include "server/table_rows.h"
 #include "zmq_addon.hpp"
 
 namespace ps {
-namespace {
 
-std::shared_ptr<spdlog::logger> Log() {
-  static auto* const logger =
-      new std::shared_ptr<spdlog::logger>(GetLogger("server"));
-  return *logger;
-}
+namespace {
 
 // Poll period of the serving loop; bounds how long Stop() waits and how
 // late a new view takes effect.
@@ -81,9 +77,9 @@ absl::StatusOr<std::unique_ptr<KVServer::Impl>> KVServer::Impl::Start(
   if (server->options_.metrics != nullptr)
     server->RegisterMetrics(server->options_.metrics);
   server->serving_.Start([s = server.get()] { s->Serve(); });
-  Log()->info("serving {} tables on {}{}", server->tables_.size(),
-              server->data_.endpoint(),
-              server->options_.curve.has_value() ? " (CURVE)" : "");
+  ServerLog()->info("serving {} tables on {}{}", server->tables_.size(),
+                    server->data_.endpoint(),
+                    server->options_.curve.has_value() ? " (CURVE)" : "");
   return server;
 }
 
@@ -254,7 +250,7 @@ void KVServer::Impl::ApplyView(const Ownership& own) {
   if (consistency_.SetMode(own.consistency)) FlushBuffers();
   if (consistency_.mode() != before ||
       consistency_.config().staleness() != staleness_before) {
-    Log()->info(
+    ServerLog()->info(
         "consistency is now {}{} (epoch {})",
         ConsistencyMode_Name(consistency_.mode()),
         consistency_.mode() == SSP
@@ -340,7 +336,7 @@ void KVServer::Impl::Serve() {
     } catch (const zmq::error_t& e) {
       // A send to a vanished peer or an interrupted poll must not take the
       // server down; log and keep serving.
-      Log()->warn("data plane: {}", e.what());
+      ServerLog()->warn("data plane: {}", e.what());
     }
   }
   PublishTableStats();
@@ -349,7 +345,7 @@ void KVServer::Impl::Serve() {
 }
 
 void KVServer::Impl::LogReplicationSummary() const {
-  Log()->info(
+  ServerLog()->info(
       "replication: {} updates forwarded to backups, {} replica messages "
       "applied as a backup, {} catch-ups sent ({} rows and blocks), {} slots "
       "taken over, {} duplicate pushes answered, {} pushes without a backup "
@@ -439,7 +435,7 @@ void KVServer::Impl::ApplyBuffered(uint64_t step, StepBuffer& buffer,
   // `divisor`: the schedule must not jump when one step has fewer pushers.
   buffer.ApplyTo(tables_, step, divisor,
                  options_.config.cluster().num_workers());
-  Log()->debug("BSP step {} applied: {} workers averaged", step, divisor);
+  ServerLog()->debug("BSP step {} applied: {} workers averaged", step, divisor);
 }
 
 void KVServer::Impl::Progress(const Ownership& own) {
@@ -553,28 +549,22 @@ void KVServer::Impl::FillStats(ResponseHeader* rh, const Ownership* own) const {
     auto mine = [&](uint32_t slot) {
       return own->slot_owner[slot] == own->rank;
     };
+    // A sparse table counts rows, a dense one elements (as Stats() does).
+    const Table& table = *tables_.at(id);
+    const bool sparse = table.AsSparse() != nullptr;
     uint64_t backup = 0;
-    if (const SparseTable* sparse = tables_.at(id)->AsSparse()) {
-      std::vector<uint64_t> keys;
-      std::vector<float> values;
-      uint64_t cursor = 0;
-      do {
-        keys.clear();
-        values.clear();
-        cursor = sparse->Scan(cursor, 65536, 1 << 20, &keys, &values);
-        for (uint64_t key : keys)
-          backup += !mine(SparseSlot(id, key, num_slots));
-      } while (cursor != 0);
-    } else {
-      const DenseTable* dense = tables_.at(id)->AsDense();
-      (void)dense->ForEachBlock([&](uint64_t block,
-                                    absl::Span<const float> values,
-                                    absl::Span<const float>) {
-        if (!mine(DenseBlockSlot(id, block, num_slots)))
-          backup += values.size();
-        return absl::OkStatus();
-      });
-    }
+    // Pages of 4096 rows: their full state stays within a few MiB.
+    const absl::Status read = ForEachTableRow(
+        table, 4096,
+        [&](uint64_t row, absl::Span<const float> values,
+            absl::Span<const float>) {
+          if (sparse) {
+            backup += !mine(SparseSlot(id, row, num_slots));
+          } else if (!mine(DenseBlockSlot(id, row, num_slots))) {
+            backup += values.size();
+          }
+        });
+    if (!read.ok()) ServerLog()->error("table {} stats: {}", id, read);
     stats->set_rows(stats->rows() - std::min(stats->rows(), backup));
     stats->set_backup_rows(backup);
     stats->set_keys_pushed(
@@ -603,7 +593,7 @@ void KVServer::Impl::Watchdog() {
   for (const auto& l : consistency_.Behind(needed)) {
     missing.push_back(absl::StrCat(l.rank, " (clock ", l.clock, ")"));
   }
-  Log()->warn(
+  ServerLog()->warn(
       "watchdog: {} pull(s) held; the oldest, from worker rank {} at clock {}, "
       "has waited {:.1f} s ({}, applied steps < {}); waiting for worker ranks: "
       "{}",

@@ -7,22 +7,13 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "common/logging.h"
 #include "common/protocol.h"
 #include "common/status.h"
 #include "server/checkpoint.h"
 #include "server/server_impl.h"
+#include "server/server_log.h"
 
 namespace ps {
-namespace {
-
-std::shared_ptr<spdlog::logger> Log() {
-  static auto* const logger =
-      new std::shared_ptr<spdlog::logger>(GetLogger("server"));
-  return *logger;
-}
-
-}  // namespace
 
 void KVServer::Impl::Restore(const Ownership& own) {
   checkpoint_gate_.MarkRestoreTried();
@@ -48,7 +39,7 @@ void KVServer::Impl::Restore(const Ownership& own) {
     if (restored.ok()) {
       counters_.rows_restored.fetch_add(restored->rows_restored,
                                         std::memory_order_relaxed);
-      Log()->info(
+      ServerLog()->info(
           "restored {} rows and {} dense blocks of my slots from {} (clock {}, "
           "{} shard files of {} servers, {:.1f} MB read) in {:.2f} s",
           restored->rows_restored, restored->blocks_restored,
@@ -60,8 +51,9 @@ void KVServer::Impl::Restore(const Ownership& own) {
   if (!status.ok()) {
     // Serving half-restored tables would hand workers parameters from no
     // consistent state: start from the initial values instead, loudly.
-    Log()->error("cannot restore checkpoint {}: {}; serving initial values",
-                 own.restore.path(), status.ToString());
+    ServerLog()->error(
+        "cannot restore checkpoint {}: {}; serving initial values",
+        own.restore.path(), status.ToString());
     for (const TableConfig& tc : options_.config.tables()) {
       auto table = Table::Create(tc);
       if (table.ok()) tables_[tc.id()] = std::move(table).value();
@@ -79,7 +71,7 @@ void KVServer::Impl::NoteCheckpointClock(const Ownership& own) {
       !options_.config.checkpoint().dir().empty() && !own.all, consistency_);
   switch (taken.kind) {
     case CheckpointGate::TakeUpResult::kAbandoned:
-      Log()->warn("checkpoint at clock {} abandoned", taken.clock);
+      ServerLog()->warn("checkpoint at clock {} abandoned", taken.clock);
       break;
     case CheckpointGate::TakeUpResult::kTooLate: {
       ReportCheckpointRequest report;
@@ -88,13 +80,13 @@ void KVServer::Impl::NoteCheckpointClock(const Ownership& own) {
       report.set_error(absl::StrCat(
           "server ", own.rank, " already applied pushes of step ",
           taken.applied_step, " >= ", taken.clock, "; retry at a later clock"));
-      Log()->info("checkpoint at clock {}: too late here ({})", taken.clock,
-                  report.error());
+      ServerLog()->info("checkpoint at clock {}: too late here ({})",
+                        taken.clock, report.error());
       if (options_.on_checkpoint) options_.on_checkpoint(report);
       break;
     }
     case CheckpointGate::TakeUpResult::kPending:
-      Log()->debug("checkpoint at clock {} pending", taken.clock);
+      ServerLog()->debug("checkpoint at clock {} pending", taken.clock);
       break;
     case CheckpointGate::TakeUpResult::kUnchanged:
     case CheckpointGate::TakeUpResult::kOff:
@@ -123,16 +115,18 @@ void KVServer::Impl::MaybeWriteCheckpoint(const Ownership& own) {
     report.set_file(written->file());
     report.set_bytes(written->bytes());
     report.set_checksum(written->checksum());
-    Log()->info("checkpoint at clock {}: wrote {} ({:.1f} MB) in {:.2f} s", c,
-                written->file(), written->bytes() / 1e6,
-                absl::ToDoubleSeconds(options_.clock->Now() - start));
+    ServerLog()->info(
+        "checkpoint at clock {}: wrote {} ({:.1f} MB) in {:.2f} s", c,
+        written->file(), written->bytes() / 1e6,
+        absl::ToDoubleSeconds(options_.clock->Now() - start));
   } else {
     report.set_error(std::string(written.status().message()));
-    Log()->error("checkpoint at clock {}: {}", c, written.status().ToString());
+    ServerLog()->error("checkpoint at clock {}: {}", c,
+                       written.status().ToString());
   }
   if (options_.on_checkpoint) options_.on_checkpoint(report);
   if (written.ok() && serving_.stop_after_checkpoint()) {
-    Log()->info(
+    ServerLog()->info(
         "stopping after checkpoint at clock {}: {} held request(s) left "
         "for the workers to route again",
         c, checkpoint_gate_.held_count());

@@ -27,6 +27,7 @@
 #include "common/logging.h"
 #include "common/node_main.h"
 #include "common/signals.h"
+#include "server/server_log.h"
 #include "server/server_node.h"
 
 ABSL_FLAG(std::string, config, "", "Job config file (textproto). Required.");
@@ -54,7 +55,7 @@ ABSL_FLAG(
 int main(int argc, char **argv) {
   ps::TerminationSignals signals;
   absl::ParseCommandLine(argc, argv);
-  auto log = ps::GetLogger("server");
+  const auto& log = ps::ServerLog();
   std::optional<ps::JobConfig> config = ps::StartNode(
       *log, absl::GetFlag(FLAGS_log_level), absl::GetFlag(FLAGS_config),
       {{"scheduler", absl::GetFlag(FLAGS_scheduler)}},

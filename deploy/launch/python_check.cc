@@ -11,21 +11,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "deploy/launch/python_probe.h"
 
 namespace ps {
 
 namespace {
-
-// Prints the modules of argv[1:] that do not import, space-separated.
-constexpr char kProbe[] = R"(
-import importlib, sys
-missing = []
-for name in sys.argv[1:]:
-    try:
-        importlib.import_module(name)
-    except Exception:
-        missing.append(name)
-print(" ".join(missing)))";
 
 std::string Basename(absl::string_view path) {
   const size_t slash = path.rfind('/');
@@ -59,7 +49,7 @@ std::optional<std::vector<std::string>> ProbePython(
     const std::string& python, const std::vector<std::string>& modules) {
   int out[2];
   if (pipe(out) != 0) return std::nullopt;
-  std::vector<std::string> args = {python, "-c", kProbe};
+  std::vector<std::string> args = {python, "-c", kPythonProbe};
   args.insert(args.end(), modules.begin(), modules.end());
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());

@@ -156,7 +156,7 @@ echo "slurm: controller on port $CTLD_PORT, node $NODE idle"
 
 cp "$R/scheduler/scheduler_main" "$R/server/server_main" "$R/worker/trainer" \
   "$R/deploy/security/make_job_keys" "$R/deploy/security/curve_keygen" \
-  "$R/deploy/choose_python.sh" "$D/bin/"
+  "$R/deploy/choose_python.sh" "$R/deploy/python_probe.py" "$D/bin/"
 CONFIG="$D/small.pbtxt"
 sed -e 's/num_train: 1000000/num_train: 200000/' \
     -e 's/num_test: 100000/num_test: 50000/' \

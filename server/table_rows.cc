@@ -1,32 +1,12 @@
-// Every row of a table with its full state, for tests that compare what
-// servers hold (replicas, checkpoints): a sparse table's rows read page by
-// page through SparseTable::ExportRows, a dense table's created blocks
-// through DenseTable::ForEachBlock. Reads only; call while nothing writes
-// the table.
-#ifndef PS_SERVER_TESTING_TABLE_ROWS_H_
-#define PS_SERVER_TESTING_TABLE_ROWS_H_
+#include "server/table_rows.h"
 
-#include <cstddef>
-#include <cstdint>
 #include <vector>
 
-#include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
-#include "absl/types/span.h"
-#include "common/status.h"
-#include "server/table.h"
 
-namespace ps::table_rows {
+namespace ps {
 
-// Calls fn(id, values, state) for every row of `table`:
-// - sparse: id is the key, `values` its full state (state_floats() floats,
-//   weights and optimizer state as ExportRows gives them), `state` empty;
-//   the rows are read `page_rows` at a time.
-// - dense: id is the block, `values` and `state` as ForEachBlock gives
-//   them.
-// The spans are valid only during the call. INTERNAL when a page's state
-// does not match its keys; else OK.
-inline absl::Status ForEachRow(
+absl::Status ForEachTableRow(
     const Table& table, size_t page_rows,
     absl::FunctionRef<void(uint64_t id, absl::Span<const float> values,
                            absl::Span<const float> state)>
@@ -41,6 +21,8 @@ inline absl::Status ForEachRow(
   }
   const SparseTable& sparse = *table.AsSparse();
   const size_t stride = sparse.state_floats();
+  // Reused across pages: ExportRows appends, so once grown they allocate
+  // nothing more.
   std::vector<uint64_t> keys;
   std::vector<float> state;
   uint64_t cursor = 0;
@@ -60,6 +42,4 @@ inline absl::Status ForEachRow(
   return absl::OkStatus();
 }
 
-}  // namespace ps::table_rows
-
-#endif  // PS_SERVER_TESTING_TABLE_ROWS_H_
+}  // namespace ps

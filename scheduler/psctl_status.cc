@@ -1,0 +1,104 @@
+#include "scheduler/psctl_status.h"
+
+#include <cstdint>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace ps {
+namespace {
+
+// A worker at this clock has finished training (common/wire.h
+// kFinishedClock; not included, it would pull ZeroMQ into this tool).
+constexpr uint64_t kFinishedClock = uint64_t{1} << 62;
+
+// The scheduler's own faults, as its /status page shows them. While
+// isolation is suspected no node is declared dead, so an operator who
+// sees nodes listed as alive must also see that they are only held.
+void FormatFaults(const SchedulerFaults& faults, absl::Time now,
+                  std::string* out) {
+  if (faults.isolation_suspected()) {
+    const absl::Time until =
+        now + absl::Milliseconds(faults.isolation_hold_left_ms());
+    absl::StrAppend(
+        out, absl::StrFormat(
+                 "isolation: SUSPECTED for %.1f s: most nodes went silent at "
+                 "once; none is declared dead until heartbeats return or until "
+                 "%s (in %.1f s, cluster.isolation_hold_ms)\n",
+                 faults.isolation_suspected_ms() / 1000.0,
+                 absl::FormatTime("%Y-%m-%d %H:%M:%E1S UTC", until,
+                                  absl::UTCTimeZone()),
+                 faults.isolation_hold_left_ms() / 1000.0));
+  }
+  absl::StrAppend(out, "scheduler faults: stalls noticed ", faults.stalls(),
+                  ", isolation suspicions ", faults.isolation_suspicions(),
+                  "\n");
+}
+
+}  // namespace
+
+const char* RoleName(Role role) {
+  switch (role) {
+    case SERVER:
+      return "server";
+    case WORKER:
+      return "worker";
+    default:
+      return "unknown";
+  }
+}
+
+std::string ModeText(const ConsistencyConfig& c) {
+  std::string text = ConsistencyMode_Name(c.mode());
+  if (text.empty()) text = absl::StrCat("mode ", c.mode());
+  if (c.mode() == SSP) absl::StrAppend(&text, " staleness ", c.staleness());
+  return text;
+}
+
+std::string FormatStatus(const GetStatusResponse& status,
+                         absl::string_view journal_error, absl::Time now) {
+  const ClusterView& view = status.view();
+  std::string out;
+  absl::StrAppend(&out, "job: ", JobState_Name(view.job_state()), "\n");
+  absl::StrAppend(&out, "epoch: ", view.epoch(), "\n");
+  if (!journal_error.empty()) {
+    absl::StrAppend(&out, "journal: FAILING: ", journal_error, "\n");
+  }
+  if (view.scheduler_restarts() > 0) {
+    absl::StrAppend(&out, "scheduler restarts: ", view.scheduler_restarts(),
+                    " (the newest took the job back at epoch ",
+                    view.recovered_epoch(), " with ", view.recovered_nodes(),
+                    " live nodes)\n");
+  }
+  FormatFaults(status.faults(), now, &out);
+  absl::StrAppend(&out, "consistency: ", ModeText(view.consistency()),
+                  " (watchdog after ", view.consistency().watchdog_timeout_ms(),
+                  " ms, every ", view.consistency().watchdog_interval_ms(),
+                  " ms)\n");
+  absl::StrAppend(&out, "nodes: ", view.nodes_size(), "\n");
+  for (const NodeInfo& n : view.nodes()) {
+    absl::StrAppend(&out, absl::StrFormat("  node %d  %s rank %d  %s",
+                                          n.node_id(), RoleName(n.role()),
+                                          n.rank(), NodeState_Name(n.state())));
+    if (!n.data_endpoint().empty()) {
+      absl::StrAppend(&out, "  endpoint ", n.data_endpoint());
+    }
+    absl::StrAppend(&out, "  host ", n.host().empty() ? "-" : n.host(),
+                    "  pid ", n.pid());
+    if (n.role() == WORKER)
+      absl::StrAppend(&out, "  start_clock ", n.start_clock());
+    if (n.draining() && n.state() == ALIVE) absl::StrAppend(&out, "  draining");
+    absl::StrAppend(&out, "\n");
+  }
+  absl::StrAppend(&out, "worker clocks: ", status.clocks_size(), " live\n");
+  for (const WorkerClock& wc : status.clocks()) {
+    absl::StrAppend(&out, "  worker rank ", wc.rank(), "  clock ",
+                    wc.clock() >= kFinishedClock ? std::string("finished")
+                                                 : absl::StrCat(wc.clock()),
+                    "  silent ", wc.silent_ms(), " ms\n");
+  }
+  return out;
+}
+
+}  // namespace ps

@@ -1,0 +1,66 @@
+#include "scheduler/psctl_status.h"
+
+#include <string>
+
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "proto/scheduler.pb.h"
+
+namespace ps {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+absl::Time Noon() {
+  return absl::FromCivil(absl::CivilSecond(2026, 11, 28, 12, 0, 0),
+                         absl::UTCTimeZone());
+}
+
+TEST(PsctlStatusTest, ShowsSuspectedIsolationAndUntilWhenNodesAreHeld) {
+  GetStatusResponse status;
+  SchedulerFaults* faults = status.mutable_faults();
+  faults->set_isolation_suspected(true);
+  faults->set_isolation_suspected_ms(3200);
+  faults->set_isolation_hold_left_ms(26800);
+  faults->set_isolation_suspicions(1);
+  faults->set_stalls(2);
+  const std::string out = FormatStatus(status, "", Noon());
+  EXPECT_THAT(out, HasSubstr("isolation: SUSPECTED for 3.2 s"));
+  EXPECT_THAT(out, HasSubstr("until 2026-11-28 12:00:26.8 UTC (in 26.8 s, "
+                             "cluster.isolation_hold_ms)"));
+  EXPECT_THAT(out, HasSubstr("scheduler faults: stalls noticed 2, isolation "
+                             "suspicions 1\n"));
+}
+
+TEST(PsctlStatusTest, WithoutIsolationShowsOnlyTheCounts) {
+  GetStatusResponse status;
+  status.mutable_faults()->set_stalls(4);
+  status.mutable_faults()->set_isolation_suspicions(3);
+  const std::string out = FormatStatus(status, "", Noon());
+  EXPECT_THAT(out, Not(HasSubstr("isolation:")));
+  EXPECT_THAT(out, HasSubstr("scheduler faults: stalls noticed 4, isolation "
+                             "suspicions 3\n"));
+}
+
+TEST(PsctlStatusTest, ListsNodesAndFinishedWorkers) {
+  GetStatusResponse status;
+  status.mutable_view()->set_epoch(7);
+  NodeInfo* node = status.mutable_view()->add_nodes();
+  node->set_node_id(2);
+  node->set_role(WORKER);
+  node->set_rank(0);
+  node->set_state(ALIVE);
+  WorkerClock* clock = status.add_clocks();
+  clock->set_rank(0);
+  clock->set_clock(uint64_t{1} << 62);
+  const std::string out = FormatStatus(status, "disk full", Noon());
+  EXPECT_THAT(out, HasSubstr("epoch: 7\n"));
+  EXPECT_THAT(out, HasSubstr("journal: FAILING: disk full\n"));
+  EXPECT_THAT(out, HasSubstr("node 2  worker rank 0  ALIVE"));
+  EXPECT_THAT(out, HasSubstr("worker rank 0  clock finished"));
+}
+
+}  // namespace
+}  // namespace ps
