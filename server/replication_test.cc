@@ -760,6 +760,14 @@ TEST_F(ReplicationTest, AResumedExPrimaryAcknowledgesNoPushForItsMovedSlots) {
   const ClusterView after =
       WaitForView([](const ClusterView& v) { return Dead(v, 0); });
   ASSERT_EQ(after.slot_owner(SparseSlot(kSgd, key, kSlots)), 1u);
+  // The backup took the view up (its own thread does): until then it
+  // still is the backup and takes the copy.
+  KVServer* promoted = ServerWithRank(1).server.get();
+  const absl::Time promoted_by = absl::Now() + absl::Seconds(10);
+  while (promoted->stats().slots_promoted == 0 && absl::Now() < promoted_by) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_GT(promoted->stats().slots_promoted, 0u);
 
   uint64_t seq = uint64_t{1} << 40;
   ResponseHeader rh = RoundTrip(
