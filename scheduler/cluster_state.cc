@@ -142,6 +142,9 @@ absl::StatusOr<RegisterResponse> ClusterState::Register(
   if (view_.job_state() == FINISHED) {
     return JobFinishedError("the job has finished");
   }
+  if (view_.job_state() == FAILED) {
+    return JobFailedError(absl::StrCat("the job has failed: ", view_.failure()));
+  }
   PS_ASSIGN_OR_RETURN(const uint32_t rank, FreeRankLocked(request.role()));
   const NodeInfo info = AddNodeLocked(request, rank);
   if (replacement_restore.has_value() && view_.job_state() == RUNNING) {
@@ -464,7 +467,7 @@ absl::StatusOr<std::vector<uint32_t>> ClusterState::AwaitBarrier(
   barriers_[name].insert(node_id);
   barrier_started_.try_emplace(name, clock_->Now());
   auto complete_or_closed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return closed_ || BarrierCompleteLocked(name);
+    return closed_ || view_.job_state() == FAILED || BarrierCompleteLocked(name);
   };
   mu_.AwaitWithTimeout(absl::Condition(&complete_or_closed),
                        std::min(timeout, kMaxWait));
@@ -496,6 +499,9 @@ absl::StatusOr<std::vector<uint32_t>> ClusterState::AwaitBarrier(
     std::sort(ranks.begin(), ranks.end());
     PS_RETURN_IF_ERROR(journal.Commit());
     return ranks;
+  }
+  if (view_.job_state() == FAILED) {
+    return JobFailedError(absl::StrCat("the job has failed: ", view_.failure()));
   }
   if (closed_) {
     return absl::UnavailableError("the scheduler is shutting down");
@@ -692,10 +698,14 @@ absl::StatusOr<ClaimShardResponse> ClusterState::ClaimShard(
   PS_RETURN_IF_ERROR(FlushJournalLocked());
   auto decided = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     auto n = nodes_.find(id);
-    return closed_ || n->second.info.state() != ALIVE || shards_.Orphan() >= 0 ||
+    return closed_ || view_.job_state() == FAILED ||
+           n->second.info.state() != ALIVE || shards_.Orphan() >= 0 ||
            shards_.AllDone();
   };
   mu_.AwaitWithTimeout(absl::Condition(&decided), std::min(timeout, kMaxWait));
+  if (view_.job_state() == FAILED) {
+    return JobFailedError(absl::StrCat("the job has failed: ", view_.failure()));
+  }
   ClaimShardResponse response;
   if (nodes_[id].info.state() != ALIVE) {
     return absl::NotFoundError(absl::StrCat("node ", id, " is not a live worker"));
@@ -980,6 +990,15 @@ JobState ClusterState::job_state() const {
 
 bool ClusterState::AllDone() const {
   absl::MutexLock lock(&mu_);
+  if (view_.job_state() == FAILED) {
+    const absl::Duration timeout =
+        absl::Milliseconds(config_.cluster().heartbeat_timeout_ms());
+    if (clock_->Now() - failed_at_ >= timeout) return true;
+    for (const auto& [id, node] : nodes_) {
+      if (node.info.state() == ALIVE) return false;
+    }
+    return true;
+  }
   if (view_.job_state() != FINISHED) return false;
   for (const auto& [id, node] : nodes_) {
     if (node.info.role() == SERVER && node.info.state() == ALIVE) return false;
