@@ -929,6 +929,16 @@ SlotMap ClusterState::SlotsLocked() const {
 }
 
 void ClusterState::SetSlotsLocked(const SlotMap& slots) {
+  // A backup given to a slot while the job runs holds a copy only once the
+  // owner copied it the slot; the initial layout's are complete from the
+  // start (every copy begins empty).
+  const bool initial = view_.slot_backup_size() == 0;
+  backup_since_.resize(slots.backup().size(), absl::InfinitePast());
+  for (size_t s = 0; s < slots.backup().size(); ++s) {
+    if (!initial && view_.slot_backup(s) != slots.backup()[s]) {
+      backup_since_[s] = clock_->Now();
+    }
+  }
   view_.clear_slot_owner();
   view_.clear_slot_backup();
   for (uint32_t owner : slots.owner()) view_.add_slot_owner(owner);
@@ -948,7 +958,7 @@ std::vector<bool> ClusterState::LiveServersLocked() const {
 
 void ClusterState::FailServerLocked(uint32_t rank) {
   if (view_.slot_backup_size() != view_.slot_owner_size()) return;
-  SlotMap slots = SlotsLocked();
+  SlotMap slots = WithoutUncopiedBackupsLocked(rank);
   const std::vector<bool> live = LiveServersLocked();
   const SlotMap::Failed failed = slots.Fail(rank, live);
   Log()->warn("server {} is gone: {} of its slots promoted to their backups, {} "
@@ -961,6 +971,34 @@ void ClusterState::FailServerLocked(uint32_t rank) {
                   : std::string());
   LogNewBackups(slots.AssignBackups(live));
   SetSlotsLocked(slots);
+}
+
+SlotMap ClusterState::WithoutUncopiedBackupsLocked(uint32_t rank) const {
+  // When server `rank` was last heard from (its newest record).
+  absl::Time heard = absl::InfiniteFuture();
+  for (const auto& [id, node] : nodes_) {
+    if (node.info.role() == SERVER && node.info.rank() == rank) {
+      heard = node.last_heartbeat;
+    }
+  }
+  std::vector<uint32_t> owner(view_.slot_owner().begin(), view_.slot_owner().end());
+  std::vector<uint32_t> backup(view_.slot_backup().begin(), view_.slot_backup().end());
+  uint32_t uncopied = 0;
+  for (size_t s = 0; s < owner.size() && s < backup_since_.size(); ++s) {
+    // The owner was silent (most likely dead already) since before the
+    // backup was given: it never copied the slot there.
+    if (owner[s] == rank && backup[s] != kNoBackup && backup_since_[s] > heard) {
+      backup[s] = kNoBackup;
+      ++uncopied;
+    }
+  }
+  if (uncopied > 0) {
+    Log()->warn(
+        "server {}: {} of its slots got their backup after it was last heard "
+        "from, which therefore holds no copy of them",
+        rank, uncopied);
+  }
+  return SlotMap(config_.cluster().num_servers(), std::move(owner), std::move(backup));
 }
 
 void ClusterState::AdoptReplacementLocked(uint32_t rank) {

@@ -395,6 +395,13 @@ class ClusterState {
   // Server `rank` died or left: its slots go to their live backups, slots
   // it backed lose their backup, then new backups are assigned.
   void FailServerLocked(uint32_t rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The view's slot map less the backups of slots server `rank` owns that
+  // were given after it was last heard from: it cannot have copied those
+  // slots there (it was most likely dead already, only not yet declared),
+  // so they are not promoted. Matters when two servers die within a
+  // heartbeat timeout: the first death gives the other's slots new backups.
+  SlotMap WithoutUncopiedBackupsLocked(uint32_t rank) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A replacement registered at `rank`: it becomes the backup of the slots
   // its rank holds (owns or backs) in the initial layout.
   void AdoptReplacementLocked(uint32_t rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -507,6 +514,9 @@ class ClusterState {
   std::optional<bool> lost_restorable_ ABSL_GUARDED_BY(mu_);
   absl::Time empty_since_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   absl::Time failed_at_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  // By slot: when its backup last changed while the job ran (InfinitePast:
+  // the initial layout's, or not known after Recover).
+  std::vector<absl::Time> backup_since_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace ps

@@ -153,6 +153,32 @@ TEST_F(JobFailureTest,
   EXPECT_EQ(answer->job_state(), FAILED);
 }
 
+// Two servers killed together are heard from last a little apart, so they
+// are declared dead in different sweeps: the first death gives the other's
+// slots new backups, which it never copied there. Those are not promoted.
+TEST_F(JobFailureTest, BackupsGivenAfterTheOwnerWentSilentAreNotPromoted) {
+  for (const bool owner_first : {true, false}) {
+    SCOPED_TRACE(owner_first ? "server 0 declared dead first"
+                             : "server 1 declared dead first");
+    servers_.clear();
+    workers_.clear();
+    Start(/*replication=*/2, /*checkpoint=*/false);
+    const uint64_t first = owner_first ? servers_[0] : servers_[1];
+    // The other one heartbeats once more, then both are silent.
+    EXPECT_THAT(Run(kStep, AllBut({first})), IsEmpty());
+    const std::vector<std::string> failures =
+        Run(kTimeout + 2 * kStep, AllBut({servers_[0], servers_[1]}));
+    // Slots 0-3 are owned by server 0 and backed by server 1 at first;
+    // when server 0 goes first they are promoted to server 1.
+    EXPECT_THAT(
+        failures,
+        ElementsAre(HasSubstr(
+            owner_first ? "slots 0-3 (of server 1) have no live copy"
+                        : "slots 0-3 (of server 0) have no live copy")));
+    EXPECT_EQ(state_->job_state(), FAILED);
+  }
+}
+
 TEST_F(JobFailureTest, AServerLostWithoutReplicationOrCheckpointFailsTheJob) {
   Start(/*replication=*/1, /*checkpoint=*/false);
   const std::vector<std::string> failures =
