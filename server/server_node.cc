@@ -227,6 +227,14 @@ std::optional<ServerNode::Exit> ServerNode::Ended() {
     log_->error("{}", gone.message());
     return Exit::kSchedulerGone;
   }
+  // The job cannot continue: nothing to serve, leave or checkpoint for.
+  if (membership_->job_state() == FAILED) {
+    server_->Stop();
+    const std::string why = membership_->view().failure();
+    log_->error("the job failed: {}; exiting",
+                why.empty() ? "the scheduler says it cannot continue" : why);
+    return Exit::kJobFailed;
+  }
   return std::nullopt;
 }
 
