@@ -983,19 +983,26 @@ SlotMap ClusterState::WithoutUncopiedBackupsLocked(uint32_t rank) const {
   }
   std::vector<uint32_t> owner(view_.slot_owner().begin(), view_.slot_owner().end());
   std::vector<uint32_t> backup(view_.slot_backup().begin(), view_.slot_backup().end());
+  // A live owner is heard from every heartbeat interval and learns of a new
+  // backup within moments (long poll); one silent for half a heartbeat
+  // timeout when the backup was given, and never heard from since, was
+  // most likely dead already (the first of two servers killed together is
+  // declared dead while the other has been silent nearly as long): it never
+  // copied the slot there.
+  const absl::Duration half_timeout =
+      absl::Milliseconds(config_.cluster().heartbeat_timeout_ms()) / 2;
   uint32_t uncopied = 0;
   for (size_t s = 0; s < owner.size() && s < backup_since_.size(); ++s) {
-    // The owner was silent (most likely dead already) since before the
-    // backup was given: it never copied the slot there.
-    if (owner[s] == rank && backup[s] != kNoBackup && backup_since_[s] > heard) {
+    if (owner[s] == rank && backup[s] != kNoBackup &&
+        backup_since_[s] > heard + half_timeout) {
       backup[s] = kNoBackup;
       ++uncopied;
     }
   }
   if (uncopied > 0) {
     Log()->warn(
-        "server {}: {} of its slots got their backup after it was last heard "
-        "from, which therefore holds no copy of them",
+        "server {}: {} of its slots got their backup while it was silent "
+        "(last heard from before), which therefore holds no copy of them",
         rank, uncopied);
   }
   return SlotMap(config_.cluster().num_servers(), std::move(owner), std::move(backup));

@@ -396,9 +396,10 @@ class ClusterState {
   // it backed lose their backup, then new backups are assigned.
   void FailServerLocked(uint32_t rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The view's slot map less the backups of slots server `rank` owns that
-  // were given after it was last heard from: it cannot have copied those
-  // slots there (it was most likely dead already, only not yet declared),
-  // so they are not promoted. Matters when two servers die within a
+  // were given when it had been silent for half a heartbeat timeout and
+  // that it was not heard from after: it cannot have copied those slots
+  // there (it was most likely dead already, only not yet declared), so they
+  // are not promoted. Matters when two servers die within a
   // heartbeat timeout: the first death gives the other's slots new backups.
   SlotMap WithoutUncopiedBackupsLocked(uint32_t rank) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
