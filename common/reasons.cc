@@ -30,4 +30,13 @@ bool IsJobFinished(const absl::Status& status) {
          ReasonOf(status) == reason::kJobFinished;
 }
 
+absl::Status JobFailedError(absl::string_view message) {
+  return WithReason(absl::FailedPreconditionError(message), reason::kJobFailed);
+}
+
+bool IsJobFailed(const absl::Status& status) {
+  return status.code() == absl::StatusCode::kFailedPrecondition &&
+         ReasonOf(status) == reason::kJobFailed;
+}
+
 }  // namespace ps

@@ -29,6 +29,9 @@ inline constexpr char kDropped[] = "dropped";
 inline constexpr char kSchedulerUnreachable[] = "scheduler_unreachable";
 // FAILED_PRECONDITION: the job has finished; nothing joins or drains it.
 inline constexpr char kJobFinished[] = "job_finished";
+// FAILED_PRECONDITION: the job cannot continue (JobState FAILED); nothing
+// joins or drains it, and every wait of its nodes ends.
+inline constexpr char kJobFailed[] = "job_failed";
 
 }  // namespace reason
 
@@ -39,6 +42,13 @@ absl::Status JobFinishedError(absl::string_view message);
 // True for a JobFinishedError, also annotated or after a gRPC round trip;
 // false for any status that only says so in words.
 bool IsJobFinished(const absl::Status& status);
+
+// FAILED_PRECONDITION `message` with reason kJobFailed: the scheduler's
+// answer to a node registering with (or a drain of, or a wait in) a job that
+// cannot continue, and a worker's once its view says so.
+absl::Status JobFailedError(absl::string_view message);
+// True for a JobFailedError, also annotated or after a gRPC round trip.
+bool IsJobFailed(const absl::Status& status);
 
 }  // namespace ps
 

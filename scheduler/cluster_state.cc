@@ -143,6 +143,9 @@ absl::StatusOr<RegisterResponse> ClusterState::Register(
   if (view_.job_state() == FINISHED) {
     return JobFinishedError("the job has finished");
   }
+  if (view_.job_state() == FAILED) {
+    return JobFailedError(absl::StrCat("the job has failed: ", view_.failure()));
+  }
   PS_ASSIGN_OR_RETURN(const uint32_t rank, FreeRankLocked(request.role()));
   const NodeInfo info = AddNodeLocked(request, rank);
   if (replacement_restore.has_value() && view_.job_state() == RUNNING) {
@@ -487,7 +490,7 @@ absl::StatusOr<std::vector<uint32_t>> ClusterState::AwaitBarrier(
   barriers_[name].insert(node_id);
   barrier_started_.try_emplace(name, clock_->Now());
   auto complete_or_closed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return closed_ || BarrierCompleteLocked(name);
+    return closed_ || view_.job_state() == FAILED || BarrierCompleteLocked(name);
   };
   mu_.AwaitWithTimeout(absl::Condition(&complete_or_closed),
                        std::min(timeout, kMaxWait));
@@ -520,6 +523,9 @@ absl::StatusOr<std::vector<uint32_t>> ClusterState::AwaitBarrier(
     std::sort(ranks.begin(), ranks.end());
     PS_RETURN_IF_ERROR(journal.Commit());
     return ranks;
+  }
+  if (view_.job_state() == FAILED) {
+    return JobFailedError(absl::StrCat("the job has failed: ", view_.failure()));
   }
   if (closed_) {
     return absl::UnavailableError("the scheduler is shutting down");
@@ -737,10 +743,14 @@ absl::StatusOr<ClaimShardResponse> ClusterState::ClaimShard(
   PS_RETURN_IF_ERROR(FlushJournalLocked());
   auto decided = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     auto n = nodes_.find(id);
-    return closed_ || n->second.info.state() != ALIVE ||
-           shards_.Orphan() >= 0 || shards_.AllDone();
+    return closed_ || view_.job_state() == FAILED ||
+           n->second.info.state() != ALIVE || shards_.Orphan() >= 0 ||
+           shards_.AllDone();
   };
   mu_.AwaitWithTimeout(absl::Condition(&decided), std::min(timeout, kMaxWait));
+  if (view_.job_state() == FAILED) {
+    return JobFailedError(absl::StrCat("the job has failed: ", view_.failure()));
+  }
   ClaimShardResponse response;
   if (nodes_[id].info.state() != ALIVE) {
     return absl::NotFoundError(
@@ -978,6 +988,16 @@ SlotMap ClusterState::SlotsLocked() const {
 }
 
 void ClusterState::SetSlotsLocked(const SlotMap& slots) {
+  // A backup given to a slot while the job runs holds a copy only once the
+  // owner copied it the slot; the initial layout's are complete from the
+  // start (every copy begins empty).
+  const bool initial = view_.slot_backup_size() == 0;
+  backup_since_.resize(slots.backup().size(), absl::InfinitePast());
+  for (size_t s = 0; s < slots.backup().size(); ++s) {
+    if (!initial && view_.slot_backup(s) != slots.backup()[s]) {
+      backup_since_[s] = clock_->Now();
+    }
+  }
   view_.clear_slot_owner();
   view_.clear_slot_backup();
   for (uint32_t owner : slots.owner()) view_.add_slot_owner(owner);
@@ -997,7 +1017,7 @@ std::vector<bool> ClusterState::LiveServersLocked() const {
 
 void ClusterState::FailServerLocked(uint32_t rank) {
   if (view_.slot_backup_size() != view_.slot_owner_size()) return;
-  SlotMap slots = SlotsLocked();
+  SlotMap slots = WithoutUncopiedBackupsLocked(rank);
   const std::vector<bool> live = LiveServersLocked();
   const SlotMap::Failed failed = slots.Fail(rank, live);
   Log()->warn(
@@ -1011,6 +1031,41 @@ void ClusterState::FailServerLocked(uint32_t rank) {
           : std::string());
   LogNewBackups(slots.AssignBackups(live));
   SetSlotsLocked(slots);
+}
+
+SlotMap ClusterState::WithoutUncopiedBackupsLocked(uint32_t rank) const {
+  // When server `rank` was last heard from (its newest record).
+  absl::Time heard = absl::InfiniteFuture();
+  for (const auto& [id, node] : nodes_) {
+    if (node.info.role() == SERVER && node.info.rank() == rank) {
+      heard = node.last_heartbeat;
+    }
+  }
+  std::vector<uint32_t> owner(view_.slot_owner().begin(), view_.slot_owner().end());
+  std::vector<uint32_t> backup(view_.slot_backup().begin(), view_.slot_backup().end());
+  // A live owner is heard from every heartbeat interval and learns of a new
+  // backup within moments (long poll); one silent for half a heartbeat
+  // timeout when the backup was given, and never heard from since, was
+  // most likely dead already (the first of two servers killed together is
+  // declared dead while the other has been silent nearly as long): it never
+  // copied the slot there.
+  const absl::Duration half_timeout =
+      absl::Milliseconds(config_.cluster().heartbeat_timeout_ms()) / 2;
+  uint32_t uncopied = 0;
+  for (size_t s = 0; s < owner.size() && s < backup_since_.size(); ++s) {
+    if (owner[s] == rank && backup[s] != kNoBackup &&
+        backup_since_[s] > heard + half_timeout) {
+      backup[s] = kNoBackup;
+      ++uncopied;
+    }
+  }
+  if (uncopied > 0) {
+    Log()->warn(
+        "server {}: {} of its slots got their backup while it was silent "
+        "(last heard from before), which therefore holds no copy of them",
+        rank, uncopied);
+  }
+  return SlotMap(config_.cluster().num_servers(), std::move(owner), std::move(backup));
 }
 
 void ClusterState::AdoptReplacementLocked(uint32_t rank) {
@@ -1041,6 +1096,15 @@ JobState ClusterState::job_state() const {
 
 bool ClusterState::AllDone() const {
   absl::MutexLock lock(&mu_);
+  if (view_.job_state() == FAILED) {
+    const absl::Duration timeout =
+        absl::Milliseconds(config_.cluster().heartbeat_timeout_ms());
+    if (clock_->Now() - failed_at_ >= timeout) return true;
+    for (const auto& [id, node] : nodes_) {
+      if (node.info.state() == ALIVE) return false;
+    }
+    return true;
+  }
   if (view_.job_state() != FINISHED) return false;
   for (const auto& [id, node] : nodes_) {
     if (node.info.role() == SERVER && node.info.state() == ALIVE) return false;

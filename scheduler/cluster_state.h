@@ -23,6 +23,14 @@
 // The job is FINISHED once every worker rank has been taken at least once,
 // no worker is alive, and at least one worker left saying it finished.
 //
+// The job is FAILED (final) when it cannot continue (CheckCanContinue):
+// slots have no live copy and there is no checkpoint to restore them from,
+// or a checkpoint exists but no replacement server registered for them
+// within cluster.failover_timeout_ms, or no member was alive for
+// cluster.scheduler_unreachable_timeout_ms. ClusterView.failure says why;
+// registrations, drains, barriers and claims are then refused with
+// JobFailedError (common/reasons.h) and every node exits 5.
+//
 // Thread-safe: all methods lock an internal mutex. The Await* methods block
 // the calling thread (a gRPC handler thread) for at most their timeout.
 //
@@ -252,6 +260,15 @@ class ClusterState {
   // in jumps). Call before serving.
   void ExpectSweepsEvery(absl::Duration period);
 
+  // Whether the running job can continue (see the class comment); makes it
+  // FAILED, logged at error level once, when it cannot. Called from the
+  // failure detector's sweep after ExpireSilentNodes; a job it finds with
+  // lost slots is FAILED by this very call when there is no checkpoint.
+  // Looks for the newest checkpoint (CheckpointStore::latest, which may
+  // read every byte of it) without holding the lock, once each time slots
+  // are found lost. Returns the failure logged now, if any, for tests.
+  std::vector<std::string> CheckCanContinue();
+
   // Wakes every blocked Await* call and makes later ones return at once
   // (AwaitBarrier with UNAVAILABLE), so a server shutting down does not wait
   // out their timeouts. Irreversible.
@@ -259,7 +276,9 @@ class ClusterState {
 
   ClusterView View() const;
   JobState job_state() const;
-  // True when the job is FINISHED and no server is alive any more.
+  // True when the job is FINISHED and no server is alive any more, or it is
+  // FAILED and either no node is alive or a heartbeat timeout has passed
+  // since (every node still heartbeating has learnt it by then).
   bool AllDone() const;
 
  private:
@@ -385,9 +404,28 @@ class ClusterState {
   // Server `rank` died or left: its slots go to their live backups, slots
   // it backed lose their backup, then new backups are assigned.
   void FailServerLocked(uint32_t rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The view's slot map less the backups of slots server `rank` owns that
+  // were given when it had been silent for half a heartbeat timeout and
+  // that it was not heard from after: it cannot have copied those slots
+  // there (it was most likely dead already, only not yet declared), so they
+  // are not promoted. Matters when two servers die within a
+  // heartbeat timeout: the first death gives the other's slots new backups.
+  SlotMap WithoutUncopiedBackupsLocked(uint32_t rank) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A replacement registered at `rank`: it becomes the backup of the slots
   // its rank holds (owns or backs) in the initial layout.
   void AdoptReplacementLocked(uint32_t rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Job failure (scheduler/cluster_state_failure.cc). The slots whose
+  // owner is not alive while the job runs, ascending.
+  std::vector<uint32_t> LostSlotsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Why the running job cannot continue now, or "" (CheckCanContinue);
+  // `restorable`: whether a checkpoint exists, when the caller looked.
+  std::string FailureLocked(absl::Time now, std::optional<bool> restorable)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Makes the job FAILED for `why`, logged once.
+  void FailJobLocked(const std::string& why, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Drain (scheduler/cluster_state_drain.cc). The live node the request
   // names, or null.
@@ -479,6 +517,17 @@ class ClusterState {
   std::string launch_id_ ABSL_GUARDED_BY(mu_);
   uint32_t listen_port_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
+  // Job failure (CheckCanContinue): since when slots have had no live copy
+  // and whether a checkpoint exists to restore them (unknown until looked
+  // up; both reset once no slot is lost); since when no member has been
+  // alive (InfiniteFuture: some is); when the job became FAILED.
+  absl::Time lost_since_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  std::optional<bool> lost_restorable_ ABSL_GUARDED_BY(mu_);
+  absl::Time empty_since_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  absl::Time failed_at_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  // By slot: when its backup last changed while the job ran (InfinitePast:
+  // the initial layout's, or not known after Recover).
+  std::vector<absl::Time> backup_since_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace ps

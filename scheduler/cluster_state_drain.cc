@@ -171,6 +171,10 @@ absl::StatusOr<DrainResponse> ClusterState::Drain(const DrainRequest& request) {
     return JobFinishedError(
         absl::StrCat("the job has finished; ", who, " leaves by itself"));
   }
+  if (view_.job_state() == FAILED) {
+    return JobFailedError(absl::StrCat("the job has failed (", view_.failure(),
+                                       "); ", who, " exits by itself"));
+  }
   absl::StatusOr<std::string> note = info.role() == WORKER
                                          ? WorkerDrainNoteLocked(info, who)
                                          : ServerDrainNoteLocked(info, who);

@@ -132,7 +132,7 @@ void AppendPageHead(const std::string& job_name, const std::string& job_state,
       "bold}"
       ".left{color:#777}.draining{color:#b26a00;font-weight:bold}\n"
       ".state-RUNNING{color:#17823b}.state-STARTING{color:#b26a00}"
-      ".state-FINISHED{color:#1f5fa8}\n"
+      ".state-FINISHED{color:#1f5fa8}.state-FAILED{color:#c62828}\n"
       "footer{margin-top:16px;color:#777;font-size:12px}\n"
       "</style></head>\n<body>\n");
 }
@@ -161,6 +161,10 @@ void AppendSummary(const ClusterSnapshot& snap, const std::string& job_state,
     absl::StrAppend(html, "<tr><td>", name, "</td><td>", value_html,
                     "</td></tr>\n");
   };
+  if (!view.failure().empty()) {
+    row("Failure", absl::StrCat("<span class=\"dead\">", HtmlEscape(view.failure()),
+                                "</span>"));
+  }
   if (!snap.journal_error.empty()) {
     row("Journal", absl::StrCat("<span class=\"dead\">", HtmlEscape(snap.journal_error),
                                 "</span>"));
@@ -365,7 +369,7 @@ void RegisterJobMetrics(const SchedulerMonitor* monitor, metrics::Registry* r) {
       {"state"}, [monitor] {
         const JobState current = monitor->Snapshot().status.view().job_state();
         std::vector<Sample> out;
-        for (JobState s : {STARTING, RUNNING, FINISHED}) {
+        for (JobState s : {STARTING, RUNNING, FINISHED, FAILED}) {
           out.push_back({{Lower(JobState_Name(s))}, s == current ? 1.0 : 0.0});
         }
         return out;

@@ -237,6 +237,26 @@ TEST_F(MonitoringTest, ASchedulerRestartShowsOnThePageAndInTheMetrics) {
   EXPECT_THAT(registry.Expose(), HasSubstr("ps_scheduler_restarts 1\n"));
 }
 
+TEST_F(MonitoringTest, AFailedJobShowsItsReasonOnThePageAndInTheMetrics) {
+  SchedulerMonitor monitor(state_.get(), config_, &clock_);
+  metrics::Registry registry;
+  monitor.RegisterMetrics(&registry);
+  // Server 1 leaves a job without replication or checkpoint: slots 4-7
+  // have no copy left.
+  LeaveRequest leave;
+  leave.set_node_id(s1_);
+  ASSERT_TRUE(state_->Leave(leave).ok());
+  ASSERT_EQ(state_->CheckCanContinue().size(), 1u);
+  clock_.Advance(absl::Milliseconds(500));  // past the snapshot's reuse window
+  const std::string page = monitor.StatusPage();
+  EXPECT_THAT(page, HasSubstr("<span class=\"state-FAILED\">FAILED</span>"));
+  EXPECT_THAT(page, HasSubstr("<td>Failure</td><td><span class=\"dead\">slots 4-7 (of "
+                              "server 1) have no live copy"));
+  const std::string text = registry.Expose();
+  EXPECT_THAT(text, HasSubstr("ps_scheduler_job_state{state=\"failed\"} 1\n"));
+  EXPECT_THAT(text, HasSubstr("ps_scheduler_job_state{state=\"running\"} 0\n"));
+}
+
 TEST(HtmlEscapeTest, EscapesTheFiveCharacters) {
   EXPECT_EQ(HtmlEscape("<a href=\"x\">it's & more</a>"),
             "&lt;a href=&quot;x&quot;&gt;it&#39;s &amp; more&lt;/a&gt;");

@@ -60,7 +60,9 @@ std::string FormatStatus(const GetStatusResponse& status,
                          absl::string_view journal_error, absl::Time now) {
   const ClusterView& view = status.view();
   std::string out;
-  absl::StrAppend(&out, "job: ", JobState_Name(view.job_state()), "\n");
+  absl::StrAppend(
+      &out, "job: ", JobState_Name(view.job_state()),
+      view.failure().empty() ? "" : absl::StrCat(": ", view.failure()), "\n");
   absl::StrAppend(&out, "epoch: ", view.epoch(), "\n");
   if (!journal_error.empty()) {
     absl::StrAppend(&out, "journal: FAILING: ", journal_error, "\n");

@@ -297,6 +297,8 @@ absl::StatusOr<bool> SchedulerServer::Resumable(
                        "', this is launch '", options_.launch_id, "'");
   } else if (journal.view().job_state() == FINISHED) {
     why = "is of a finished job";
+  } else if (journal.view().job_state() == FAILED) {
+    why = absl::StrCat("is of a job that failed (", journal.view().failure(), ")");
   } else if (journal.stopped()) {
     why = "is of a job whose scheduler was stopped (SIGTERM or SIGINT)";
   } else if (age > bound) {
@@ -392,6 +394,7 @@ void SchedulerServer::DetectFailures() {
   absl::Time last_sync = absl::Now();
   while (!stop_.WaitForNotificationWithTimeout(period)) {
     state_->ExpireSilentNodes();
+    state_->CheckCanContinue();
     state_->CheckProgress();
     state_->CheckCheckpoints();
     // The workers' clocks and positions, which heartbeats change without a

@@ -85,7 +85,9 @@ class SchedulerServer {
   ClusterState* state() { return state_.get(); }
 
   // Blocks until the job is finished and every server has left or died, or
-  // until `timeout`. Returns whether the job is done.
+  // it failed and its nodes have had time to learn it (ClusterState::AllDone),
+  // or until `timeout`. Returns whether the job is over (state()->View()
+  // says which way).
   bool WaitUntilDone(absl::Duration timeout);
 
   void Shutdown();

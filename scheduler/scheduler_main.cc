@@ -1,5 +1,7 @@
 // The scheduler process. Exits 0 once the job has finished and every server
-// has left, or on SIGINT/SIGTERM.
+// has left, or on SIGINT/SIGTERM; 5 once the job has failed (it cannot
+// continue: ClusterState::CheckCanContinue) and its nodes have had a
+// heartbeat timeout to learn it.
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
@@ -135,6 +137,12 @@ int main(int argc, char** argv) {
   }
   while (!signals.requested()) {
     if ((*server)->WaitUntilDone(absl::Milliseconds(200))) {
+      const ps::ClusterView view = (*server)->state()->View();
+      if (view.job_state() == ps::FAILED) {
+        // Exit code 5: the job cannot continue (docs/operations.md).
+        log->error("job failed: {}; exiting", view.failure());
+        return 5;
+      }
       log->info("job finished; exiting");
       return 0;
     }

@@ -15,6 +15,10 @@
 //      cluster.scheduler_unreachable_timeout_ms; the last error line names
 //      its address and how long. No checkpoint is attempted: the newest
 //      committed one stays as it is.
+//   5  the job cannot continue (the scheduler made it FAILED, e.g. slots
+//      lost every copy with no checkpoint to restore): the server stops
+//      serving and exits, its last error line giving the scheduler's
+//      reason; also when it is refused registration for that.
 // The wiring itself is server/server_node.h; this file reads the flags.
 #include <memory>
 #include <optional>
@@ -26,6 +30,7 @@
 #include "common/curve_keys.h"
 #include "common/logging.h"
 #include "common/node_main.h"
+#include "common/reasons.h"
 #include "common/signals.h"
 #include "server/server_log.h"
 #include "server/server_node.h"
@@ -82,7 +87,9 @@ int main(int argc, char **argv) {
   auto node = ps::ServerNode::Start(std::move(options));
   if (!node.ok()) {
     log->error("{}", node.status().message());
-    return 1;
+    return ps::IsJobFailed(node.status())
+               ? static_cast<int>(ps::ServerNode::Exit::kJobFailed)
+               : 1;
   }
   return static_cast<int>((*node)->Run(
       [&signals](absl::Duration d) { return signals.WaitFor(d); }));

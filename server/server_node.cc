@@ -227,6 +227,17 @@ std::optional<ServerNode::Exit> ServerNode::Ended() {
     log_->error("{}", gone.message());
     return Exit::kSchedulerGone;
   }
+  // The job cannot continue: nothing to serve, leave or checkpoint for.
+  // Told by the view (which carries the reason), fetched right after the
+  // heartbeat that says so.
+  if (membership_->job_state() == FAILED) {
+    const ClusterView view = membership_->view();
+    if (view.job_state() == FAILED) {
+      server_->Stop();
+      log_->error("the job failed: {}; exiting", view.failure());
+      return Exit::kJobFailed;
+    }
+  }
   return std::nullopt;
 }
 

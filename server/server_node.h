@@ -96,6 +96,9 @@ public:
     // The scheduler stayed unreachable past its timeout: fenced, stopped,
     // no checkpoint attempted (the newest committed one stays).
     kSchedulerGone = 4,
+    // The scheduler says the job cannot continue (JobState FAILED):
+    // stopped, not left, no checkpoint (its reason is logged).
+    kJobFailed = 5,
   };
 
   // Starts the server, the HTTP endpoint and the membership, in that order

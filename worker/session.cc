@@ -18,6 +18,14 @@ namespace {
 
 std::shared_ptr<spdlog::logger> Log() { return GetLogger("session"); }
 
+// What every wait of a job the scheduler made FAILED ends with.
+absl::Status FailedJobError(const ClusterView& view) {
+  return JobFailedError(absl::StrCat(
+      "the job failed: ",
+      view.failure().empty() ? "the scheduler says it cannot continue"
+                             : view.failure()));
+}
+
 std::string Describe(const DataPosition& p) {
   return absl::StrCat("shard ", p.shard(), " epoch ", p.epoch(), " batch ",
                       p.batch(), p.done() ? " (done)" : "");
@@ -221,7 +229,10 @@ void WorkerSession::End(Published* published, absl::Status why) {
 absl::Status WorkerSession::ended() const {
   if (membership_ == nullptr) return absl::OkStatus();
   if (membership_->lost()) return membership_->lost_status();
-  return membership_->scheduler_gone();
+  PS_RETURN_IF_ERROR(membership_->scheduler_gone());
+  absl::MutexLock lock(&published_->mu);
+  if (IsJobFailed(published_->ended)) return published_->ended;
+  return absl::OkStatus();
 }
 
 absl::Status WorkerSession::NotForObservers(absl::string_view what) const {
@@ -252,6 +263,12 @@ absl::Status WorkerSession::Open() {
     End(published.get(), why);
   };
   sched.on_view = [published = published_](const ClusterView& view, uint32_t) {
+    // The job cannot continue: every wait and request ends at once, as
+    // for a drop, and nothing more is sent.
+    if (view.job_state() == FAILED) {
+      End(published.get(), FailedJobError(view));
+      return;
+    }
     absl::MutexLock lock(&published->mu);
     if (published->client != nullptr) published->client->UpdateView(view);
   };
@@ -284,6 +301,7 @@ absl::Status WorkerSession::Open() {
     }
   }
   if (!view.ok()) return view.status();
+  if (view->job_state() == FAILED) return FailedJobError(*view);
 
   KVClient::Options kv_options;
   kv_options.config = config;
@@ -561,6 +579,10 @@ absl::Status WorkerSession::Leave(bool finished, const DataPosition* position) {
       Log()->warn("{}", s.message());
   }
   left_ = true;
+  // A failed job has nothing to leave, and its scheduler exits a heartbeat
+  // timeout after the failure: a Leave then would retry until
+  // scheduler_unreachable_timeout_ms.
+  if (IsJobFailed(ended())) return absl::OkStatus();
   // A dropped worker has nothing to leave (and must not say it left at a
   // position: the scheduler resumed its shard from its last heartbeat's).
   const bool dropped = lost();

@@ -35,7 +35,10 @@
 // every wait and every data-plane request in flight or later ends at once
 // with ABORTED "dropped by the scheduler: ..." (IsDropped, lost()); the
 // caller stops and may join again as a new worker (trainer_main re-executes
-// itself). Both are told by ended().
+// itself). A job the scheduler made FAILED (it cannot continue) ends the
+// same way, at once, with FAILED_PRECONDITION "the job failed: <the
+// scheduler's reason>" (IsJobFailed); the caller stops (trainer_main exits
+// 5). All three are told by ended().
 //
 // Thread safety: the accessors, stop_requested(), RequestStop() and kv()
 // are thread-safe. The step and lifecycle calls (EndStep, Barrier, Claim,
@@ -244,15 +247,17 @@ class WorkerSession {
   bool scheduler_gone() const {
     return membership_ != nullptr && !membership_->scheduler_gone().ok();
   }
-  // Why this session can do nothing more: the dropped status (lost()) or
-  // the scheduler's being gone; OK otherwise.
+  // Why this session can do nothing more: the dropped status (lost()), the
+  // scheduler's being gone, or the job's failure (IsJobFailed); OK
+  // otherwise.
   absl::Status ended() const;
 
   // Leaves the job. `finished`: this worker completed its part (see
   // LeaveRequest); `position`: where an unfinished worker's shard stands,
   // so the rest is trained by another worker from exactly there. An
   // evaluator that had not called EvaluationDone does so first. Later
-  // calls do nothing and return OK.
+  // calls do nothing and return OK, as does leaving a failed job (nothing
+  // to leave).
   absl::Status Leave(bool finished, const DataPosition* position = nullptr);
   bool left() const { return left_; }
 
@@ -263,8 +268,8 @@ class WorkerSession {
   struct Published {
     absl::Mutex mu;
     KVClient* client ABSL_GUARDED_BY(mu) = nullptr;
-    // Set when the scheduler dropped this worker or is gone: the client
-    // (and one published later) is aborted with it.
+    // Set when the scheduler dropped this worker or is gone, or the job
+    // failed: the client (and one published later) is aborted with it.
     absl::Status ended ABSL_GUARDED_BY(mu);
   };
   class ViewWatcher;
@@ -276,7 +281,8 @@ class WorkerSession {
   // for a callback in progress). A client published after the session
   // ended is aborted at once.
   void Publish(KVClient* client);
-  // Ends the data plane with `why` (dropped, or the scheduler gone).
+  // Ends the data plane with `why` (dropped, the scheduler gone, the job
+  // failed).
   static void End(Published* published, absl::Status why);
   bool StopNow() const;
   // FAILED_PRECONDITION naming `what` for an observer.

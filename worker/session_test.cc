@@ -11,6 +11,7 @@
 #include "absl/time/clock.h"
 #include "common/config.h"
 #include "common/protocol.h"
+#include "common/reasons.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -422,6 +423,61 @@ TEST_F(WorkerSessionTest, ADroppedWorkerEndsEveryWaitAtOnce) {
   // The other worker is unaffected.
   EXPECT_FALSE(b_->lost());
   EXPECT_TRUE(b_->ended().ok());
+}
+
+TEST_F(WorkerSessionTest, AFailedJobEndsEveryWaitAtOnce) {
+  ASSERT_NO_FATAL_FAILURE(StartTwoWorkers("BSP", [](WorkerSession::Options* o) {
+    o->stop_check = absl::Seconds(30);  // rounds never end the waits here
+  }));
+  WorkerSession& s = *a_;
+  std::vector<float> d(3, 1.0f);
+  ASSERT_TRUE(s.kv()->PushDense(1, 0, d).Wait().ok());
+  ASSERT_TRUE(s.EndStep().Wait().ok());
+  // A pull that waits for b under BSP, and a barrier b never reaches.
+  std::vector<float> out(3);
+  Completion pull = s.kv()->PullDense(1, 0, 3, out.data());
+  absl::Status barrier;
+  std::atomic<bool> barrier_done{false};
+  std::thread waiter([&] {
+    barrier = s.Barrier("never-met", absl::Seconds(60));
+    barrier_done = true;
+  });
+  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_FALSE(pull.done());
+  EXPECT_FALSE(barrier_done.load());
+
+  // Server 1 leaves: without replication or a checkpoint its slots are
+  // lost, and the job cannot continue.
+  uint64_t server1 = 0;
+  const ClusterView view = cluster_->scheduler().state()->View();
+  for (const NodeInfo& n : view.nodes()) {
+    if (n.role() == SERVER && n.rank() == 1) server1 = n.node_id();
+  }
+  ASSERT_NE(server1, 0u);
+  auto stub = Scheduler::NewStub(grpc::CreateChannel(
+      cluster_->scheduler().address(), grpc::InsecureChannelCredentials()));
+  LeaveRequest leave;
+  leave.set_node_id(server1);
+  LeaveResponse left;
+  grpc::ClientContext context;
+  ASSERT_TRUE(stub->Leave(&context, leave, &left).ok());
+  const absl::Time failing = absl::Now();
+
+  const absl::Status pulled = pull.Wait();
+  waiter.join();
+  // The failure detector sweeps every 25 ms; far below the 60 s barrier.
+  EXPECT_LT(absl::Now() - failing, absl::Seconds(10));
+  EXPECT_TRUE(IsJobFailed(pulled)) << pulled;
+  EXPECT_TRUE(IsJobFailed(barrier)) << barrier;
+  EXPECT_THAT(std::string(barrier.message()), HasSubstr("of server 1"));
+  EXPECT_TRUE(IsJobFailed(s.ended())) << s.ended();
+  EXPECT_TRUE(IsJobFailed(b_->ended())) << b_->ended();
+  // Later waits end at once; leaving has nothing to do.
+  const absl::Time later = absl::Now();
+  EXPECT_TRUE(IsJobFailed(s.kv()->PushDense(1, 0, d).Wait()));
+  EXPECT_TRUE(IsJobFailed(s.Claim(nullptr).status()));
+  EXPECT_LT(absl::Now() - later, absl::Seconds(5));
+  EXPECT_TRUE(s.Leave(false).ok());
 }
 
 }  // namespace

@@ -27,7 +27,10 @@
 // rank. Exit codes besides 0, 1 (error) and 2 (bad flags or config):
 //   3  dropped by the scheduler, and rejoining was not possible;
 //   4  the scheduler unreachable for cluster.scheduler_unreachable_timeout_ms
-//      (the last error line names its address and how long).
+//      (the last error line names its address and how long);
+//   5  the job cannot continue (the scheduler made it FAILED, e.g. slots
+//      lost every copy with no checkpoint): the last error line gives the
+//      scheduler's reason.
 //
 // Log lines meant for tools (positions 0-based, as in DataPosition):
 //   "training shard S from epoch E batch B at clock C"   (trainer)
@@ -103,6 +106,7 @@ constexpr absl::Duration kBarrierTimeout = absl::Hours(24);
 constexpr int kRejoin = -1;
 constexpr int kExitDropped = 3;
 constexpr int kExitSchedulerGone = 4;
+constexpr int kExitJobFailed = 5;
 // How often one process joins again after being dropped, counted across
 // its re-executions in this environment variable.
 constexpr int kMaxRejoins = 3;
@@ -116,7 +120,8 @@ int Rejoins() {
 }
 
 // The exit for a session that ended (dropped: kRejoin; the scheduler gone:
-// its status as the last error line, exit 4), or nullopt while it goes on.
+// its status as the last error line, exit 4; the job failed: the same, exit
+// 5), or nullopt while it goes on.
 std::optional<int> Ended(const ps::WorkerSession& session) {
   const absl::Status ended = session.ended();
   if (ended.ok()) return std::nullopt;
@@ -126,7 +131,7 @@ std::optional<int> Ended(const ps::WorkerSession& session) {
     return kRejoin;
   }
   log->error("{}", ended.message());
-  return kExitSchedulerGone;
+  return ps::IsJobFailed(ended) ? kExitJobFailed : kExitSchedulerGone;
 }
 
 // Joins the job again as a new worker: re-executes this program with the
@@ -271,6 +276,10 @@ int StartFailed(const absl::Status& s) {
     log->error("{}", s.message());
     return kExitSchedulerGone;
   }
+  if (ps::IsJobFailed(s)) {
+    log->error("{}", s.message());
+    return kExitJobFailed;
+  }
   // Joining again after a drop: a job that finished meanwhile, or whose
   // ranks are all taken (replacements took over), needs nothing more.
   if (Rejoins() > 0 && (s.code() == absl::StatusCode::kResourceExhausted ||
@@ -309,6 +318,10 @@ int Finish(ps::WorkerSession& session, const ps::JobConfig& config,
   int exit_code = 0;
   absl::StatusOr<bool> evaluator = session.Finish(kBarrierTimeout);
   if (std::optional<int> code = Ended(session)) return *code;
+  if (ps::IsJobFailed(evaluator.status())) {
+    log->error("{}", evaluator.status().message());
+    return kExitJobFailed;
+  }
   if (!evaluator.ok()) {
     if (evaluator.status().code() == absl::StatusCode::kCancelled) {
       log->info("stop requested at the end of training: leaving");
@@ -364,6 +377,11 @@ int Run(ps::TerminationSignals& signals, const ps::JobConfig& config,
   // scheduler gone end it.
   auto train = (*trainer)->Train(session.shards(), hooks);
   if (std::optional<int> code = Ended(session)) return *code;
+  if (ps::IsJobFailed(train.status())) {
+    // The scheduler's answer came before its view.
+    log->error("{}", train.status().message());
+    return kExitJobFailed;
+  }
   if (!train.ok()) {
     log->error("training failed: {}", train.status().message());
     absl::Status left = session.Leave(false);

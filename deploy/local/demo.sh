@@ -28,7 +28,9 @@
 # job's JSON summary.
 #
 # A job whose workers all exit 0 succeeded; when none wrote a summary the
-# demo says so and prints no JSON line.
+# demo says so and prints no JSON line. A job that cannot continue (its
+# processes exit 5) ends the demo with exit 5 and one line giving the
+# scheduler's reason.
 #
 # Environment: PS_RUN_DIR, PS_BIN_DIR, PS_PYTHON, PS_PYTHONPATH,
 # PS_DEMO_TIMEOUT (seconds, default 900),
@@ -113,6 +115,17 @@ cleanup() {
 trap cleanup EXIT
 trap 'echo "demo: interrupted" >&2; exit 130' INT TERM
 
+# Exit 5 with the scheduler's reason when the job failed (a process exited
+# 5: it cannot continue); returns otherwise.
+job_failed() {
+  [ "$1" -eq 5 ] || return 0
+  local why
+  why="$(sed -n 's/.*the job cannot continue: \(.*\); every process exits 5.*/\1/p' \
+    "$RUN_DIR/scheduler.log" | head -n 1)"
+  echo "demo: the job failed: ${why:-see $RUN_DIR/scheduler.log}" >&2
+  exit 5
+}
+
 fail() {
   echo "demo: $*" >&2
   for f in "$RUN_DIR"/*.log; do
@@ -180,19 +193,27 @@ while true; do
       sleep 0.1
     done
     [ $running -eq 0 ] && break 2
-    wait "$pid" || true
+    code=0
+    wait "$pid" || code=$?
+    job_failed "$code"
     fail "process $pid (scheduler or server) died during training"
   done
   [ $(( $(date +%s) - start )) -lt "$TIMEOUT" ] || fail "timed out after ${TIMEOUT}s"
   sleep 0.2
 done
 for i in "${!WORKER_PIDS[@]}"; do
-  wait "${WORKER_PIDS[$i]}" || fail "worker $i failed (exit $?)"
+  code=0
+  wait "${WORKER_PIDS[$i]}" || code=$?
+  job_failed "$code"
+  [ "$code" -eq 0 ] || fail "worker $i failed (exit $code)"
 done
 # The scheduler tells the servers the job is over; all exit by themselves.
 for pid in "${SERVER_PIDS[@]}" "$SCHEDULER_PID"; do
   for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-  wait "$pid" || fail "process $pid exited with an error"
+  code=0
+  wait "$pid" || code=$?
+  job_failed "$code"
+  [ "$code" -eq 0 ] || fail "process $pid exited with an error"
 done
 
 # Ranks come from the scheduler, so any of the processes may be rank 0,

@@ -45,6 +45,7 @@ int32_t Reason(const absl::Status& s) {
   if (ps::IsDropped(s)) return PS_REASON_DROPPED;
   if (ps::IsSchedulerGone(s)) return PS_REASON_SCHEDULER_UNREACHABLE;
   if (ps::IsJobFinished(s)) return PS_REASON_JOB_FINISHED;
+  if (ps::IsJobFailed(s)) return PS_REASON_JOB_FAILED;
   return PS_REASON_NONE;
 }
 

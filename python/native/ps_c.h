@@ -72,6 +72,11 @@ extern "C" {
 /* 9 FAILED_PRECONDITION: the job has finished (ps_session_start on a job
  * whose workers all finished): there is nothing left to join. */
 #define PS_REASON_JOB_FINISHED 3
+/* 9 FAILED_PRECONDITION: the job cannot continue (the scheduler made it
+ * FAILED, e.g. slots lost every copy with no checkpoint); every wait and
+ * request of the session fails with it, the message giving the scheduler's
+ * reason. An added value: PS_ABI_VERSION is unchanged. */
+#define PS_REASON_JOB_FAILED 4
 
 /* Claim results (ps_claim.result). */
 #define PS_CLAIM_WAIT 1

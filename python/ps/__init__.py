@@ -15,7 +15,8 @@ weights. See docs/python.md.
 """
 
 from .errors import (Aborted, AlreadyExists, Cancelled, DataLoss, Dropped,
-                     FailedPrecondition, ForkError, Internal, InvalidArgument, JobFinished,
+                     FailedPrecondition, ForkError, Internal, InvalidArgument, JobFailed,
+                     JobFinished,
                      NotFound, OutOfRange, PermissionDenied, PsError, ResourceExhausted,
                      SchedulerUnreachable, Timeout, Unauthenticated, Unavailable,
                      Unimplemented)
@@ -29,7 +30,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Aborted", "AlreadyExists", "Cancelled", "DataLoss", "DataPosition", "DenseTable",
     "Dropped", "FINISHED_CLOCK", "FailedPrecondition", "ForkError", "Future", "Internal",
-    "InvalidArgument", "JobFinished", "NotFound", "OutOfRange", "PermissionDenied", "PsError",
+    "InvalidArgument", "JobFailed", "JobFinished", "NotFound", "OutOfRange", "PermissionDenied", "PsError",
     "ResourceExhausted", "SchedulerUnreachable", "Session", "SparseTable", "Timeout",
     "Unauthenticated", "Unavailable", "Unimplemented", "as_keys", "hash_key", "init",
     "observe",

@@ -2,7 +2,7 @@
 
 Every error from the native library arrives as a PsError subclass chosen by
 its status code and the reason the library gives with it (Dropped,
-SchedulerUnreachable, JobFinished: told apart as data, never by the
+SchedulerUnreachable, JobFinished, JobFailed: told apart as data, never by the
 message's words).
 The message is the C++ side's text, which names the table, key or element
 at fault ("non-finite gradient at element 3 ...") and, for waits under
@@ -105,6 +105,13 @@ class JobFinished(FailedPrecondition):
     started now has nothing to join. The message names the job."""
 
 
+class JobFailed(FailedPrecondition):
+    """The job cannot continue (the scheduler made it FAILED, e.g. slots lost
+    every copy with no checkpoint to restore them): every wait and request
+    of the session ends with it at once; the message gives the scheduler's
+    reason. Stop and close(); trainer processes exit 5 for it."""
+
+
 class SchedulerUnreachable(Unavailable):
     """The scheduler stayed unreachable for longer than
     cluster.scheduler_unreachable_timeout_ms; the message names its address
@@ -119,13 +126,14 @@ _BY_CODE = {c.code: c for c in (
 # The library's reasons (ps_c.h PS_REASON_*), carried beside the status code.
 _BY_REASON = {_native.REASON_DROPPED: Dropped,
               _native.REASON_SCHEDULER_UNREACHABLE: SchedulerUnreachable,
-              _native.REASON_JOB_FINISHED: JobFinished}
+              _native.REASON_JOB_FINISHED: JobFinished,
+              _native.REASON_JOB_FAILED: JobFailed}
 
 
 def from_code(code: int, message: str, reason: int = _native.REASON_NONE) -> PsError:
     """The exception for Abseil status `code` with `message`; `reason` (a
-    PS_REASON_* of the library) picks Dropped, SchedulerUnreachable or
-    JobFinished."""
+    PS_REASON_* of the library) picks Dropped, SchedulerUnreachable,
+    JobFinished or JobFailed."""
     cls = _BY_REASON.get(reason) or _BY_CODE.get(code, PsError)
     return cls(message or f"status code {code}", code)
 

@@ -231,7 +231,8 @@ def test_each_reason_picks_its_exception_whatever_the_words():
     from ps import errors
     for reason, cls, code in ((_native.REASON_DROPPED, ps.Dropped, 10),
                               (_native.REASON_SCHEDULER_UNREACHABLE, ps.SchedulerUnreachable, 14),
-                              (_native.REASON_JOB_FINISHED, ps.JobFinished, 9)):
+                              (_native.REASON_JOB_FINISHED, ps.JobFinished, 9),
+                              (_native.REASON_JOB_FAILED, ps.JobFailed, 9)):
         e = errors.from_code(code, "any words", reason)
         assert type(e) is cls and e.code == code and e.message == "any words"
     # The words alone pick only the code's class.
