@@ -98,14 +98,10 @@ std::unique_ptr<grpc::ClientContext> SchedulerClient::Context(
   return context;
 }
 
-absl::StatusOr<std::unique_ptr<SchedulerClient>> SchedulerClient::Connect(
-    Options options) {
-  std::unique_ptr<SchedulerClient> c(new SchedulerClient(std::move(options)));
-  if (TlsEnabled(c->options_.tls)) InstallGrpcLogging();
-  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> creds =
-      MakeChannelCredentials(c->options_.tls);
-  if (!creds.ok())
-    return Annotate(creds.status(), "scheduler client credentials");
+namespace {
+
+// The channel to the scheduler: how it reconnects and notices a cut link.
+grpc::ChannelArguments ChannelArgs(absl::Duration heartbeat_timeout) {
   // Reconnect within a second of a restarted scheduler listening again
   // (gRPC's default backoff grows to two minutes over a long outage). The
   // "minimum backoff" is also the least time a connection attempt gets
@@ -122,14 +118,27 @@ absl::StatusOr<std::unique_ptr<SchedulerClient>> SchedulerClient::Connect(
   // close it instead, and the reconnection attempts above (a fresh
   // connection at most a second or two apart) find the link as soon as it
   // is back. The scheduler accepts pings this often (scheduler.cc).
-  const int keepalive_ms = static_cast<int>(std::max<int64_t>(
-      100, absl::ToInt64Milliseconds(c->options_.heartbeat_timeout) / 2));
+  const int keepalive_ms = static_cast<int>(
+      std::max<int64_t>(100, absl::ToInt64Milliseconds(heartbeat_timeout) / 2));
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, keepalive_ms);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, keepalive_ms);
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
-  c->stub_ = Scheduler::NewStub(
-      grpc::CreateCustomChannel(c->options_.address, *creds, args));
+  return args;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<SchedulerClient>> SchedulerClient::Connect(
+    Options options) {
+  std::unique_ptr<SchedulerClient> c(new SchedulerClient(std::move(options)));
+  if (TlsEnabled(c->options_.tls)) InstallGrpcLogging();
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> creds =
+      MakeChannelCredentials(c->options_.tls);
+  if (!creds.ok())
+    return Annotate(creds.status(), "scheduler client credentials");
+  c->stub_ = Scheduler::NewStub(grpc::CreateCustomChannel(
+      c->options_.address, *creds, ChannelArgs(c->options_.heartbeat_timeout)));
   RegisterRequest request;
   request.set_role(c->options_.role);
   request.set_data_endpoint(c->options_.data_endpoint);

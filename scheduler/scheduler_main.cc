@@ -12,9 +12,9 @@
 #include "absl/strings/str_cat.h"
 #include "common/config.h"
 #include "common/http_endpoint.h"
+#include "common/logging.h"
 #include "common/metrics.h"
 #include "common/node_main.h"
-#include "common/logging.h"
 #include "common/signals.h"
 #include "scheduler/monitoring.h"
 #include "scheduler/scheduler.h"
@@ -53,6 +53,18 @@ ABSL_FLAG(bool, describe, false,
           "Validate --config, print 'servers=N workers=M mode=X' and exit; "
           "launchers use it to size a job without parsing the file.");
 
+namespace {
+
+// Writes `port` to `path` under a temporary name and renames it, so readers
+// never see a partial number; whether it worked.
+bool WritePortFile(const std::string& path, int port) {
+  const std::string tmp = path + ".tmp";
+  std::ofstream(tmp) << port << "\n";
+  return std::rename(tmp.c_str(), path.c_str()) == 0;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   ps::TerminationSignals signals;
   absl::ParseCommandLine(argc, argv);
@@ -65,14 +77,15 @@ int main(int argc, char** argv) {
   if (!config) return 2;
   if (absl::GetFlag(FLAGS_describe)) {
     std::cout << "servers=" << config->cluster().num_servers()
-              << " workers=" << config->cluster().num_workers()
-              << " mode=" << ps::ConsistencyMode_Name(config->consistency().mode())
+              << " workers=" << config->cluster().num_workers() << " mode="
+              << ps::ConsistencyMode_Name(config->consistency().mode())
               << std::endl;
     // The launchers' worker command as a shell array (empty: the trainer).
     std::cout << "worker_command=(";
     for (const std::string& arg : config->launch().worker_command()) {
       std::string quoted = "'";
-      for (char ch : arg) quoted += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+      for (char ch : arg)
+        quoted += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
       std::cout << quoted << "' ";
     }
     std::cout << ")" << std::endl;
@@ -99,9 +112,9 @@ int main(int argc, char** argv) {
     log->error("{}", server.status().message());
     return 1;
   }
-  log->info("job '{}' listening on {} ({} servers, {} workers)",
-            config->name(), (*server)->address(),
-            config->cluster().num_servers(), config->cluster().num_workers());
+  log->info("job '{}' listening on {} ({} servers, {} workers)", config->name(),
+            (*server)->address(), config->cluster().num_servers(),
+            config->cluster().num_workers());
   // Metrics and the status page, read from the cluster state when asked.
   // Declared after the server, so they go before it.
   ps::metrics::Registry registry;
@@ -118,22 +131,18 @@ int main(int argc, char** argv) {
     return state->JournalError();
   };
   http.pages["/status"] = [&monitor] {
-    return ps::HttpEndpoint::Page{"text/html; charset=utf-8", monitor.StatusPage()};
+    return ps::HttpEndpoint::Page{"text/html; charset=utf-8",
+                                  monitor.StatusPage()};
   };
   auto endpoint = ps::StartHttpEndpointForMain(*log, std::move(http));
   if (!endpoint.ok()) {
     log->error("{}", endpoint.status().message());
     return 1;
   }
-  if (const std::string path = absl::GetFlag(FLAGS_port_file); !path.empty()) {
-    // Written to a temporary name and renamed so readers never see a
-    // partial number.
-    const std::string tmp = path + ".tmp";
-    std::ofstream(tmp) << (*server)->port() << "\n";
-    if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-      log->error("cannot write --port_file {}", path);
-      return 1;
-    }
+  if (const std::string path = absl::GetFlag(FLAGS_port_file);
+      !path.empty() && !WritePortFile(path, (*server)->port())) {
+    log->error("cannot write --port_file {}", path);
+    return 1;
   }
   while (!signals.requested()) {
     if ((*server)->WaitUntilDone(absl::Milliseconds(200))) {

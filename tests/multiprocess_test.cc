@@ -227,12 +227,21 @@ TEST_F(MultiProcessTest, WrongRequestsFromAWorkerAreRefusedAndTheJobGoesOn) {
   ASSERT_EQ(after.size(), 1u);
   EXPECT_EQ(after[0], 0.0f);  // the NaN push changed nothing
   // No worker finished, so the job is not over; SIGTERM ends each process
-  // cleanly.
+  // cleanly. Once server 1 left without a checkpoint its slots have no live
+  // copy: the job has failed, and the others may end with exit 5 on their
+  // own, saying so, before their SIGTERM.
   for (int i = 2; i >= 0; --i) {
     processes_[i]->Signal(SIGTERM);
     auto exit = processes_[i]->Wait(absl::Seconds(15));
     ASSERT_TRUE(exit.ok()) << exit.status();
-    EXPECT_EQ(*exit, 0) << ReadFile(processes_[i]->stderr_path());
+    const std::string log = ReadFile(processes_[i]->stderr_path());
+    if (i < 2 && *exit == 5) {
+      EXPECT_TRUE(log.find("the job failed") != std::string::npos ||
+                  log.find("the job cannot continue") != std::string::npos)
+          << log;
+      continue;
+    }
+    EXPECT_EQ(*exit, 0) << log;
   }
 }
 
@@ -373,8 +382,8 @@ TEST_P(KilledWorkerTest, OthersFinishSoonAfterTheFailureIsDetected) {
     data { synthetic_ctr { num_train: )pb",
       // Slower processes (TimeoutScale > 1, e.g. ThreadSanitizer) train less,
       // so the survivors' remaining work still fits the bound below.
-      static_cast<int>(150000 / TimeoutScale()), R"pb(                                                       num_test: 20000 }
-                                                                                                             }
+      static_cast<int>(150000 / TimeoutScale()), R"pb(                                                                                                             num_test: 20000 }
+                                                                                                                                                                   }
     training { batch_size: 256 epochs: 4 log_interval_s: 1
                sparse_table: "w" dense_table: "d" }
   )pb");
