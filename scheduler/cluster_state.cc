@@ -6,18 +6,12 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/config.h"
-#include "common/logging.h"
 #include "common/protocol.h"
 #include "common/reasons.h"
+#include "scheduler/scheduler_log.h"
 
 namespace ps {
 namespace {
-
-std::shared_ptr<spdlog::logger> Log() {
-  static auto* const logger =
-      new std::shared_ptr<spdlog::logger>(GetLogger("scheduler"));
-  return *logger;
-}
 
 constexpr absl::Duration kMaxWait = absl::Seconds(30);
 
@@ -25,10 +19,11 @@ const char* RoleName(Role r) { return r == SERVER ? "server" : "worker"; }
 
 void LogNewBackups(const SlotMap::Assigned& assigned) {
   if (assigned.assigned > 0)
-    Log()->info("{} slots got a new backup", assigned.assigned);
+    SchedulerLog()->info("{} slots got a new backup", assigned.assigned);
   if (assigned.without > 0) {
-    Log()->warn("{} slots have no backup: no other live server to hold one",
-                assigned.without);
+    SchedulerLog()->warn(
+        "{} slots have no backup: no other live server to hold one",
+        assigned.without);
   }
 }
 
@@ -80,8 +75,8 @@ std::optional<CheckpointRef> ClusterState::ReplacementRestore(
   }
   auto latest = store_.latest();
   if (!latest.ok()) {
-    Log()->warn("replacement server: no checkpoint to restore ({})",
-                latest.status().message());
+    SchedulerLog()->warn("replacement server: no checkpoint to restore ({})",
+                         latest.status().message());
     return std::nullopt;
   }
   return *latest;
@@ -162,10 +157,10 @@ absl::StatusOr<RegisterResponse> ClusterState::Register(
       *response.mutable_shard() = shards_.Assign(orphan, info.node_id());
     }
   }
-  Log()->info("{} rank {} registered (node {}, {} pid {}{}{})",
-              RoleName(info.role()), info.rank(), info.node_id(), info.host(),
-              info.pid(), info.data_endpoint().empty() ? "" : ", ",
-              info.data_endpoint());
+  SchedulerLog()->info(
+      "{} rank {} registered (node {}, {} pid {}{}{})", RoleName(info.role()),
+      info.rank(), info.node_id(), info.host(), info.pid(),
+      info.data_endpoint().empty() ? "" : ", ", info.data_endpoint());
   if (info.role() == SERVER && view_.job_state() == RUNNING && Replicated()) {
     AdoptReplacementLocked(info.rank());
   }
@@ -238,8 +233,8 @@ absl::Status ClusterState::Leave(const LeaveRequest& request) {
   if (info.role() == SERVER && view_.job_state() == RUNNING && Replicated()) {
     FailServerLocked(info.rank());
   }
-  Log()->info("{} rank {} left{}", RoleName(info.role()), info.rank(),
-              request.finished() ? " (finished)" : "");
+  SchedulerLog()->info("{} rank {} left{}", RoleName(info.role()), info.rank(),
+                       request.finished() ? " (finished)" : "");
   UpdateJobStateLocked();
   BumpEpochLocked();
   return journal.Commit();
@@ -297,7 +292,7 @@ bool ClusterState::NoticeStallLocked(absl::Time now) {
   GrantGraceLocked(now, absl::ZeroDuration());
   // No line but a death's says "declared dead": tools and tests count
   // deaths by it.
-  Log()->warn(
+  SchedulerLog()->warn(
       "the failure detector did not run for {} (expected every {} at most): "
       "this scheduler was paused or starved; every node gets a fresh heartbeat "
       "timeout before any death is declared",
@@ -321,7 +316,7 @@ bool ClusterState::HoldForIsolationLocked(absl::Time now, size_t past_timeout,
     const absl::Duration silence =
         now - isolated_since_ +
         absl::Milliseconds(config_.cluster().heartbeat_timeout_ms());
-    Log()->warn(
+    SchedulerLog()->warn(
         "heartbeats are back ({} of {} live nodes still silent) after {} of "
         "suspected isolation: failure detection resumes, the silent ones "
         "get {} more",
@@ -340,7 +335,7 @@ bool ClusterState::HoldForIsolationLocked(absl::Time now, size_t past_timeout,
   if (!suspected) {
     isolated_since_ = now;
     ++isolation_suspicions_;
-    Log()->warn(
+    SchedulerLog()->warn(
         "{} of {} live nodes went silent within one heartbeat timeout: this "
         "scheduler is more likely cut off from them than they all died; no "
         "death is declared for up to {} (cluster.isolation_hold_ms) while "
@@ -349,7 +344,7 @@ bool ClusterState::HoldForIsolationLocked(absl::Time now, size_t past_timeout,
     return true;
   }
   if (now - isolated_since_ < hold) return true;
-  Log()->warn(
+  SchedulerLog()->warn(
       "{} of {} live nodes still silent after {} of suspected isolation "
       "(cluster.isolation_hold_ms): declaring them dead",
       silent, live,
@@ -366,9 +361,10 @@ void ClusterState::DeclareDeadLocked(const std::vector<uint64_t>& dead,
     node.info.set_state(DEAD);
     ++declared_dead_;
     if (node.info.role() == WORKER) ReleaseShardLocked(id, false, nullptr);
-    Log()->warn("{} rank {} (node {}) declared dead: no heartbeat for {}",
-                RoleName(node.info.role()), node.info.rank(), id,
-                absl::FormatDuration(now - node.last_heartbeat));
+    SchedulerLog()->warn(
+        "{} rank {} (node {}) declared dead: no heartbeat for {}",
+        RoleName(node.info.role()), node.info.rank(), id,
+        absl::FormatDuration(now - node.last_heartbeat));
   }
   // Every death is recorded before any slot moves, so no slot is handed
   // to a server that died in the same sweep.
@@ -410,7 +406,8 @@ void ClusterState::UpdateJobStateLocked() {
       const uint32_t num_servers = config_.cluster().num_servers();
       SetSlotsLocked(SlotMap::Initial(num_slots, num_servers, Replicated()));
       view_.set_job_state(RUNNING);
-      Log()->info("all {} servers registered; job running", num_servers);
+      SchedulerLog()->info("all {} servers registered; job running",
+                           num_servers);
     }
   }
   if (view_.job_state() == RUNNING && some_worker_finished_ &&
@@ -422,7 +419,7 @@ void ClusterState::UpdateJobStateLocked() {
     }
     if (!worker_alive) {
       view_.set_job_state(FINISHED);
-      Log()->info("every worker has left; job finished");
+      SchedulerLog()->info("every worker has left; job finished");
     }
   }
 }
@@ -545,7 +542,7 @@ absl::StatusOr<uint64_t> ClusterState::SetConsistency(
   ConsistencyConfig* c = view_.mutable_consistency();
   c->set_mode(consistency.mode());
   c->set_staleness(consistency.staleness());
-  Log()->info(
+  SchedulerLog()->info(
       "consistency changed to {}{} by request", ConsistencyMode_Name(c->mode()),
       c->mode() == SSP ? absl::StrCat(" staleness ", c->staleness()) : "");
   BumpEpochLocked();
@@ -664,7 +661,7 @@ std::vector<std::string> ClusterState::CheckProgress() {
         absl::FormatDuration(absl::Trunc(now - started, absl::Seconds(1))),
         " for worker ranks ", absl::StrJoin(missing, ", ")));
   }
-  for (const std::string& line : lines) Log()->warn("{}", line);
+  for (const std::string& line : lines) SchedulerLog()->warn("{}", line);
   if (!lines.empty()) last_watchdog_log_ = now;
   return lines;
 }
@@ -733,8 +730,8 @@ absl::StatusOr<ClaimShardResponse> ClusterState::ClaimShard(
       nodes_[id].clock = again.start_clock();
       *again.mutable_shard() = shards_.shard(s).position;
       again.mutable_shard()->set_done(false);
-      Log()->info("node {} asked again for work: shard {} is still its own", id,
-                  s);
+      SchedulerLog()->info(
+          "node {} asked again for work: shard {} is still its own", id, s);
       PS_RETURN_IF_ERROR(journal.Commit());
       return again;
     }
@@ -781,13 +778,13 @@ void ClusterState::SetRestore(const std::string& path,
   base_clock_ = manifest.clock();
   last_checkpoint_ = manifest.clock();
   if (!shards_.Restore(manifest.positions())) {
-    Log()->warn(
+    SchedulerLog()->warn(
         "checkpoint has data positions for {} workers, the job has {}: every "
         "shard starts from its beginning",
         manifest.positions_size(), shards_.size());
   }
-  Log()->info("job resumes from checkpoint {} at clock {}", path,
-              manifest.clock());
+  SchedulerLog()->info("job resumes from checkpoint {} at clock {}", path,
+                       manifest.clock());
   BumpEpochLocked();
 }
 
@@ -836,14 +833,16 @@ absl::StatusOr<uint64_t> ClusterState::StartCheckpointLocked(
   pending.started = clock_->Now();
   checkpoint_ = std::move(pending);
   view_.set_checkpoint_clock(checkpoint_->clock);
-  Log()->info("checkpoint at clock {} started ({})", checkpoint_->clock, why);
+  SchedulerLog()->info("checkpoint at clock {} started ({})",
+                       checkpoint_->clock, why);
   BumpEpochLocked();
   return checkpoint_->clock;
 }
 
 void ClusterState::AbortCheckpointLocked(const std::string& why) {
   if (!checkpoint_.has_value()) return;
-  Log()->warn("checkpoint at clock {} abandoned: {}", checkpoint_->clock, why);
+  SchedulerLog()->warn("checkpoint at clock {} abandoned: {}",
+                       checkpoint_->clock, why);
   abandoned_checkpoint_ = std::max(abandoned_checkpoint_, checkpoint_->clock);
   checkpoint_.reset();
   view_.set_checkpoint_clock(0);
@@ -935,11 +934,12 @@ void ClusterState::TryCommitCheckpointLocked() {
     view_.set_last_checkpoint_clock(clock);
     checkpoint_wanted_ = false;
     checkpoint_margin_ = std::max<uint64_t>(2, checkpoint_margin_ / 2);
-    Log()->info("checkpoint at clock {} committed: {} server shards in {}",
-                clock, manifest.shards_size(), dir);
+    SchedulerLog()->info(
+        "checkpoint at clock {} committed: {} server shards in {}", clock,
+        manifest.shards_size(), dir);
   } else {
-    Log()->error("checkpoint at clock {} not committed: {}", clock,
-                 committed.ToString());
+    SchedulerLog()->error("checkpoint at clock {} not committed: {}", clock,
+                          committed.ToString());
   }
   BumpEpochLocked();
 }
@@ -1020,7 +1020,7 @@ void ClusterState::FailServerLocked(uint32_t rank) {
   SlotMap slots = WithoutUncopiedBackupsLocked(rank);
   const std::vector<bool> live = LiveServersLocked();
   const SlotMap::Failed failed = slots.Fail(rank, live);
-  Log()->warn(
+  SchedulerLog()->warn(
       "server {} is gone: {} of its slots promoted to their backups, {} "
       "slots lost their backup{}",
       rank, failed.promoted, failed.lost_backup,
@@ -1060,7 +1060,7 @@ SlotMap ClusterState::WithoutUncopiedBackupsLocked(uint32_t rank) const {
     }
   }
   if (uncopied > 0) {
-    Log()->warn(
+    SchedulerLog()->warn(
         "server {}: {} of its slots got their backup while it was silent "
         "(last heard from before), which therefore holds no copy of them",
         rank, uncopied);
@@ -1073,8 +1073,8 @@ void ClusterState::AdoptReplacementLocked(uint32_t rank) {
   SlotMap slots = SlotsLocked();
   const std::vector<bool> live = LiveServersLocked();
   const uint32_t moved = slots.Adopt(rank, live);
-  Log()->info("server {} (replacement) becomes the backup of {} slots", rank,
-              moved);
+  SchedulerLog()->info("server {} (replacement) becomes the backup of {} slots",
+                       rank, moved);
   LogNewBackups(slots.AssignBackups(live));
   SetSlotsLocked(slots);
 }

@@ -11,18 +11,12 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "common/logging.h"
 #include "common/reasons.h"
 #include "scheduler/cluster_state.h"
+#include "scheduler/scheduler_log.h"
 
 namespace ps {
 namespace {
-
-std::shared_ptr<spdlog::logger> Log() {
-  static auto* const logger =
-      new std::shared_ptr<spdlog::logger>(GetLogger("scheduler"));
-  return *logger;
-}
 
 const char* RoleName(Role r) { return r == SERVER ? "server" : "worker"; }
 
@@ -180,7 +174,7 @@ absl::StatusOr<DrainResponse> ClusterState::Drain(const DrainRequest& request) {
                                          : ServerDrainNoteLocked(info, who);
   if (!note.ok()) return note.status();
   info.set_draining(true);
-  Log()->info("draining {}: {}", who, *note);
+  SchedulerLog()->info("draining {}: {}", who, *note);
   BumpEpochLocked();
   *response.mutable_node() = info;
   response.set_note(*note);

@@ -5,17 +5,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/logging.h"
 #include "scheduler/cluster_state.h"
+#include "scheduler/scheduler_log.h"
 
 namespace ps {
 namespace {
-
-std::shared_ptr<spdlog::logger> Log() {
-  static auto* const logger =
-      new std::shared_ptr<spdlog::logger>(GetLogger("scheduler"));
-  return *logger;
-}
 
 // "slots 0-170, 342-511 (of server 0, 1)": `slots` ascending, runs of
 // consecutive slots compressed; `owners` the server ranks they belong to.
@@ -122,7 +116,8 @@ void ClusterState::FailJobLocked(const std::string& why, absl::Time now) {
   view_.set_failure(why);
   failed_at_ = now;
   AbortCheckpointLocked("the job failed");
-  Log()->error("the job cannot continue: {}; every process exits 5", why);
+  SchedulerLog()->error("the job cannot continue: {}; every process exits 5",
+                        why);
   BumpEpochLocked();
 }
 

@@ -5,20 +5,10 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "common/config.h"
-#include "common/logging.h"
 #include "scheduler/cluster_state.h"
+#include "scheduler/scheduler_log.h"
 
 namespace ps {
-namespace {
-
-std::shared_ptr<spdlog::logger> Log() {
-  static auto* const logger =
-      new std::shared_ptr<spdlog::logger>(GetLogger("scheduler"));
-  return *logger;
-}
-
-}  // namespace
-
 absl::Status ClusterState::SetJournal(JournalWriter write) {
   absl::MutexLock lock(&mu_);
   journal_ = std::move(write);
@@ -73,7 +63,7 @@ absl::Status ClusterState::WriteJournalLocked(bool sync) {
   if (written.ok()) {
     journal_dirty_ = false;
     if (!journal_error_.ok()) {
-      Log()->info(
+      SchedulerLog()->info(
           "the scheduler journal can be written again: taking changes again");
       journal_error_ = absl::OkStatus();
     }
@@ -86,8 +76,9 @@ absl::Status ClusterState::WriteJournalLocked(bool sync) {
                    written.message()));
   if (now - last_journal_error_log_ >= absl::Seconds(10)) {
     last_journal_error_log_ = now;
-    Log()->error("{} (a change it could not record is answered as failed)",
-                 journal_error_.message());
+    SchedulerLog()->error(
+        "{} (a change it could not record is answered as failed)",
+        journal_error_.message());
   }
   return journal_error_;
 }
@@ -300,13 +291,14 @@ absl::Status ClusterState::Recover(const SchedulerJournal& j) {
   view_.set_recovered_epoch(view_.epoch() + 1);
   BumpEpochLocked();
   const uint32_t done = shards_.CountDone();
-  Log()->info(
-      "took the job back from its journal (restart {}): epoch {}, job {}, {} live nodes, "
+  SchedulerLog()->info(
+      "took the job back from its journal (restart {}): epoch {}, job {}, {} "
+      "live nodes, "
       "{} of {} shards done{}",
-      view_.scheduler_restarts(), view_.epoch(), JobState_Name(view_.job_state()), alive,
-      done, shards_.size(),
-      checkpoint_.has_value() ? absl::StrCat(", checkpoint at clock ", checkpoint_->clock,
-                                             " in progress")
+      view_.scheduler_restarts(), view_.epoch(),
+      JobState_Name(view_.job_state()), alive, done, shards_.size(),
+      checkpoint_.has_value() ? absl::StrCat(", checkpoint at clock ",
+                                             checkpoint_->clock, " in progress")
                               : std::string());
   return absl::OkStatus();
 }

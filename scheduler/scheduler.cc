@@ -9,10 +9,10 @@
 #include "common/config.h"
 #include "common/grpc_security.h"
 #include "common/grpc_status.h"
-#include "common/logging.h"
 #include "common/status.h"
 #include "grpcpp/server_builder.h"
 #include "scheduler/journal.h"
+#include "scheduler/scheduler_log.h"
 
 namespace ps {
 
@@ -120,12 +120,6 @@ class SchedulerServer::Service final : public Scheduler::Service {
 
 namespace {
 
-std::shared_ptr<spdlog::logger> Log() {
-  static auto* const logger =
-      new std::shared_ptr<spdlog::logger>(GetLogger("scheduler"));
-  return *logger;
-}
-
 // Checkpoints on the file system (checkpoint/catalog.h).
 ClusterState::CheckpointStore FileStore(const JobConfig& config) {
   ClusterState::CheckpointStore store;
@@ -138,9 +132,11 @@ ClusterState::CheckpointStore FileStore(const JobConfig& config) {
     PS_RETURN_IF_ERROR(WriteManifest(dir, manifest));
     auto pruned = PruneCheckpoints(root, keep);
     if (!pruned.ok()) {
-      Log()->warn("pruning old checkpoints: {}", pruned.status().message());
+      SchedulerLog()->warn("pruning old checkpoints: {}",
+                           pruned.status().message());
     } else if (!pruned->empty()) {
-      Log()->info("deleted old checkpoints: {}", absl::StrJoin(*pruned, ", "));
+      SchedulerLog()->info("deleted old checkpoints: {}",
+                           absl::StrJoin(*pruned, ", "));
     }
     return absl::OkStatus();
   };
@@ -148,8 +144,8 @@ ClusterState::CheckpointStore FileStore(const JobConfig& config) {
     auto latest = FindLatestCheckpoint(root);
     if (!latest.ok()) return latest.status();
     for (const std::string& skipped : latest->skipped) {
-      Log()->warn("checkpoint {} is not usable; using {}", skipped,
-                  latest->dir);
+      SchedulerLog()->warn("checkpoint {} is not usable; using {}", skipped,
+                           latest->dir);
     }
     CheckpointRef ref;
     ref.set_path(latest->dir);
@@ -184,13 +180,14 @@ absl::StatusOr<std::unique_ptr<SchedulerServer>> SchedulerServer::Start(
     auto latest = FindLatestCheckpoint(ckpt.dir());
     if (latest.ok()) {
       for (const std::string& skipped : latest->skipped) {
-        Log()->warn("checkpoint {} is not usable; using {}", skipped,
-                    latest->dir);
+        SchedulerLog()->warn("checkpoint {} is not usable; using {}", skipped,
+                             latest->dir);
       }
       s->state_->SetRestore(latest->dir, latest->manifest);
     } else if (latest.status().code() == absl::StatusCode::kNotFound) {
-      Log()->info("no checkpoint to restore in {} ({}); starting fresh",
-                  ckpt.dir(), latest.status().message());
+      SchedulerLog()->info(
+          "no checkpoint to restore in {} ({}); starting fresh", ckpt.dir(),
+          latest.status().message());
     } else {
       return Annotate(latest.status(), "looking for a checkpoint to restore");
     }
@@ -220,7 +217,7 @@ absl::Status SchedulerServer::Listen(uint32_t journaled_port) {
     address = absl::StrCat(address.substr(0, colon), ":", journaled_port);
     // The predecessor's sockets may take a moment to close.
     deadline += absl::Seconds(5);
-    Log()->info(
+    SchedulerLog()->info(
         "listening on port {} again, where the job's nodes look for the "
         "scheduler",
         journaled_port);
@@ -312,7 +309,7 @@ absl::StatusOr<bool> SchedulerServer::Resumable(
   }
   // Set aside rather than deleted: an operator may want to see it.
   const std::string aside = absl::StrCat("old-", absl::ToUnixSeconds(now));
-  Log()->info(
+  SchedulerLog()->info(
       "the journal {} {}; starting a new job (the old journal is kept as "
       "{}.{})",
       file.path(), why, file.path(), aside);
@@ -327,7 +324,7 @@ absl::StatusOr<bool> SchedulerServer::TakeBackJob() {
   const bool configured = !dir.empty();
   if (!configured) dir = options_.default_state_dir;
   if (dir.empty()) {
-    Log()->warn(
+    SchedulerLog()->warn(
         "no cluster.scheduler_state_dir, no checkpoint.dir and no default "
         "state "
         "directory ($XDG_STATE_HOME or $HOME): the scheduler keeps no journal, "
@@ -339,7 +336,7 @@ absl::StatusOr<bool> SchedulerServer::TakeBackJob() {
   // convenience that must not stop a job from running.
   auto unusable = [&](const absl::Status& error) -> absl::StatusOr<bool> {
     if (configured) return Annotate(error, "the scheduler's state directory");
-    Log()->warn(
+    SchedulerLog()->warn(
         "cannot keep the journal in the default state directory {} ({}): a "
         "scheduler restart loses this job; set cluster.scheduler_state_dir",
         dir, error.message());
@@ -375,10 +372,11 @@ absl::StatusOr<bool> SchedulerServer::TakeBackJob() {
     state_->SetJournal(nullptr).IgnoreError();
     return unusable(first);
   }
-  Log()->info("journal: {}{}", file->path(),
-              options_.launch_id.empty()
-                  ? ""
-                  : absl::StrCat(" (launch ", options_.launch_id, ")"));
+  SchedulerLog()->info(
+      "journal: {}{}", file->path(),
+      options_.launch_id.empty()
+          ? ""
+          : absl::StrCat(" (launch ", options_.launch_id, ")"));
   return recovered;
 }
 

@@ -1,14 +1,9 @@
 #include "scheduler/shard_ledger.h"
 
-#include "common/logging.h"
+#include "scheduler/scheduler_log.h"
 
 namespace ps {
 namespace {
-
-std::shared_ptr<spdlog::logger> Log() {
-  static auto *const logger = new std::shared_ptr<spdlog::logger>(GetLogger("scheduler"));
-  return *logger;
-}
 
 // The journal stores State as JournalShard::State.
 static_assert(static_cast<int>(ShardLedger::State::kUnstarted) == JournalShard::UNSTARTED);
@@ -66,8 +61,9 @@ DataPosition ShardLedger::Assign(uint32_t s, uint64_t holder) {
   shard.position.set_shard(s);
   shard.position.set_done(false);
   if (resumed || shard.position.epoch() > 0 || shard.position.batch() > 0) {
-    Log()->info("shard {} goes to node {} from epoch {} batch {}", s, holder,
-                shard.position.epoch(), shard.position.batch());
+    SchedulerLog()->info("shard {} goes to node {} from epoch {} batch {}", s,
+                         holder, shard.position.epoch(),
+                         shard.position.batch());
   }
   return shard.position;
 }
@@ -112,13 +108,13 @@ void ShardLedger::Release(uint64_t holder, bool done, const DataPosition *positi
     }
     if (reassign_) {
       shard.state = State::kOrphaned;
-      Log()->warn(
+      SchedulerLog()->warn(
           "shard {} orphaned at epoch {} batch {}: it goes to the next "
           "worker that asks",
           s, shard.position.epoch(), shard.position.batch());
     } else {
       shard.state = State::kDone;
-      Log()->warn(
+      SchedulerLog()->warn(
           "shard {} dropped at epoch {} batch {} (on_worker_loss: "
           "SKIP_REST)",
           s, shard.position.epoch(), shard.position.batch());
