@@ -486,7 +486,7 @@ TEST_P(PausedWorkerTest, PausedWorkerStopsOrRejoins) {
         "%s trial %d: worker rank %u SIGSTOPped at step %d for %s", mode().name,
         trial, victim_rank, step, absl::FormatDuration(pause));
     const std::string replay =
-        ReplayCommand(absl::StrCat("*/", mode().name), trial);
+        ReplayCommand(absl::StrCat("*PausedWorker*/", mode().name), trial);
     SCOPED_TRACE(AnnounceTrial(what, replay));
     std::string notes;
     JobRun run = WithRetry(what, [&](int attempt) -> JobRun {
@@ -632,7 +632,7 @@ TEST_P(PausedSchedulerTest, NoNodeIsDeclaredDeadAndTheJobFinishes) {
         "%s trial %d: scheduler SIGSTOPped at worker rank 0's step %d for %s",
         mode().name, trial, step, absl::FormatDuration(SchedulerPause()));
     const std::string replay =
-        ReplayCommand(absl::StrCat("PausedScheduler*/", mode().name), trial);
+        ReplayCommand(absl::StrCat("*PausedScheduler*/", mode().name), trial);
     SCOPED_TRACE(AnnounceTrial(what, replay));
     std::string notes;
     JobRun run = WithRetry(what, [&](int attempt) -> JobRun {
