@@ -227,7 +227,11 @@ absl::Status ClusterState::Leave(const LeaveRequest& request) {
     ReleaseShardLocked(request.node_id(), request.finished(),
                        request.has_position() ? &request.position() : nullptr);
   }
-  if (info.role() == SERVER && checkpoint_.has_value()) {
+  // A server that wrote and reported its shard before leaving (a preempted
+  // one does exactly that) leaves the checkpoint whole: it commits when the
+  // others report, and is what the leaver's slots are restored from.
+  if (info.role() == SERVER && checkpoint_.has_value() &&
+      checkpoint_->reports.count(request.node_id()) == 0) {
     AbortCheckpointLocked(absl::StrCat("server ", info.rank(), " left"));
   }
   if (info.role() == SERVER && view_.job_state() == RUNNING && Replicated()) {
@@ -890,9 +894,22 @@ void ClusterState::TryCommitCheckpointLocked() {
   manifest.set_num_slots(config_.cluster().num_slots());
   manifest.set_created_unix_micros(absl::ToUnixMicros(clock_->Now()));
   std::vector<const DataPosition*> reported(shards_.size(), nullptr);
+  absl::flat_hash_set<uint32_t> live_ranks;
   for (const auto& [id, node] : nodes_) {
-    if (node.info.state() != ALIVE) continue;
+    if (node.info.state() == ALIVE && node.info.role() == SERVER) {
+      live_ranks.insert(node.info.rank());
+    }
+  }
+  for (const auto& [id, node] : nodes_) {
     auto r = pending.reports.find(id);
+    if (node.info.state() != ALIVE) {
+      // A server that reported and then left: its shard is part of the cut
+      // unless a live server has taken its rank since.
+      if (node.info.role() != SERVER || r == pending.reports.end() ||
+          live_ranks.contains(node.info.rank())) {
+        continue;
+      }
+    }
     if (node.info.role() == SERVER) {
       if (r == pending.reports.end()) return;  // not written yet
       ShardFile* f = manifest.add_shards();

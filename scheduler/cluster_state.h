@@ -419,6 +419,10 @@ class ClusterState {
   // Job failure (scheduler/cluster_state_failure.cc). The slots whose
   // owner is not alive while the job runs, ascending.
   std::vector<uint32_t> LostSlotsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether every owner of `slots` reported its shard to the checkpoint in
+  // progress (so they become restorable if it commits).
+  bool PendingCheckpointHoldsLocked(const std::vector<uint32_t>& slots) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Why the running job cannot continue now, or "" (CheckCanContinue);
   // `restorable`: whether a checkpoint exists, when the caller looked.
   std::string FailureLocked(absl::Time now, std::optional<bool> restorable)

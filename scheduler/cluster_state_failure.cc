@@ -37,7 +37,15 @@ std::vector<std::string> ClusterState::CheckCanContinue() {
   {
     absl::MutexLock lock(&mu_);
     if (view_.job_state() != RUNNING) return {};
-    look_up = !lost_restorable_.has_value() && !LostSlotsLocked().empty();
+    const std::vector<uint32_t> lost = LostSlotsLocked();
+    // Slots whose owner reported its shard to a checkpoint still pending
+    // (a preempted server writes, reports, then leaves) become restorable
+    // when it commits: nothing is judged until it commits or is abandoned.
+    if (!lost_restorable_.has_value() && !lost.empty() &&
+        PendingCheckpointHoldsLocked(lost)) {
+      return {};
+    }
+    look_up = !lost_restorable_.has_value() && !lost.empty();
   }
   std::optional<bool> restorable;
   if (look_up) restorable = store_.latest && store_.latest().ok();
@@ -51,6 +59,22 @@ std::vector<std::string> ClusterState::CheckCanContinue() {
   FailJobLocked(why, now);
   journal.Commit().IgnoreError();  // retried by SyncJournal
   return {why};
+}
+
+bool ClusterState::PendingCheckpointHoldsLocked(
+    const std::vector<uint32_t>& slots) const {
+  if (!checkpoint_.has_value()) return false;
+  std::set<uint32_t> reported;
+  for (const auto& [id, report] : checkpoint_->reports) {
+    auto it = nodes_.find(id);
+    if (it != nodes_.end() && it->second.info.role() == SERVER) {
+      reported.insert(it->second.info.rank());
+    }
+  }
+  for (uint32_t s : slots) {
+    if (reported.count(view_.slot_owner(s)) == 0) return false;
+  }
+  return true;
 }
 
 std::vector<uint32_t> ClusterState::LostSlotsLocked() const {

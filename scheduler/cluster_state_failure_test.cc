@@ -59,14 +59,25 @@ JobConfig Config(uint32_t replication) {
 class JobFailureTest : public ::testing::Test {
  protected:
   // A running job; `checkpoint`: whether the store has one to restore.
+  // `checkpoint_dir`: the job checkpoints there, and what it commits is
+  // kept in `committed_` and restorable from.
   void Start(uint32_t replication, bool checkpoint,
-             absl::Duration failover = kFailover) {
+             absl::Duration failover = kFailover,
+             const std::string& checkpoint_dir = "") {
     config_ = Config(replication);
     config_.mutable_cluster()->set_failover_timeout_ms(
         absl::ToInt64Milliseconds(failover));
+    config_.mutable_checkpoint()->set_dir(checkpoint_dir);
     ClusterState::CheckpointStore store;
-    store.latest = [checkpoint]() -> absl::StatusOr<CheckpointRef> {
-      if (!checkpoint) return absl::NotFoundError("no checkpoint in /ckpt");
+    store.commit = [this](const std::string& dir,
+                          const CheckpointManifest& manifest) {
+      committed_.push_back(manifest);
+      return absl::OkStatus();
+    };
+    store.latest = [this, checkpoint]() -> absl::StatusOr<CheckpointRef> {
+      if (!checkpoint && committed_.empty()) {
+        return absl::NotFoundError("no checkpoint in /ckpt");
+      }
       CheckpointRef ref;
       ref.set_path("/ckpt/ckpt-00000000000000000010");
       ref.set_clock(10);
@@ -123,6 +134,7 @@ class JobFailureTest : public ::testing::Test {
   }
 
   JobConfig config_;
+  std::vector<CheckpointManifest> committed_;
   FakeClock clock_;
   std::unique_ptr<ClusterState> state_;
   std::vector<uint64_t> servers_, workers_;
@@ -194,6 +206,58 @@ TEST_F(JobFailureTest, AServerThatLeavesWithoutACheckpointFailsTheJob) {
   ASSERT_TRUE(state_->Leave(leave).ok());
   EXPECT_THAT(state_->CheckCanContinue(),
               ElementsAre(HasSubstr("slots 8-11 (of server 2)")));
+}
+
+// A preempted server writes its shard, reports it and leaves before the
+// others report: the checkpoint still commits, holding its shard, and its
+// slots are then awaiting a replacement, not lost.
+TEST_F(JobFailureTest, AServerThatReportedItsShardThenLeftKeepsTheCheckpoint) {
+  Start(/*replication=*/1, /*checkpoint=*/false, kFailover, "/ckpt");
+  absl::StatusOr<uint64_t> clock = state_->StartCheckpoint();
+  ASSERT_TRUE(clock.ok()) << clock.status();
+  auto report = [&](uint64_t node, uint32_t rank) {
+    ReportCheckpointRequest r;
+    r.set_node_id(node);
+    r.set_clock(*clock);
+    r.set_ok(true);
+    r.set_file(absl::StrCat("shard-", rank, ".ckpt"));
+    return state_->ReportCheckpoint(r);
+  };
+  ASSERT_TRUE(report(servers_[2], 2).ok());
+  LeaveRequest leave;
+  leave.set_node_id(servers_[2]);
+  ASSERT_TRUE(state_->Leave(leave).ok());
+  // Not judged while the checkpoint that holds server 2's shard is pending.
+  EXPECT_THAT(Run(3 * kStep, AllBut({servers_[2]})), IsEmpty());
+  EXPECT_EQ(state_->job_state(), RUNNING);
+  EXPECT_EQ(state_->View().checkpoint_clock(), *clock);
+  ASSERT_TRUE(report(servers_[0], 0).ok());
+  EXPECT_TRUE(committed_.empty());
+  ASSERT_TRUE(report(servers_[1], 1).ok());
+  ASSERT_EQ(committed_.size(), 1u);
+  std::vector<std::string> files;
+  for (const ShardFile& f : committed_[0].shards()) files.push_back(f.file());
+  EXPECT_THAT(files,
+              ElementsAre("shard-0.ckpt", "shard-1.ckpt", "shard-2.ckpt"));
+  EXPECT_EQ(state_->View().last_checkpoint_clock(), *clock);
+  // Restorable now: the job waits for a replacement, then gives up.
+  EXPECT_THAT(Run(kFailover - kStep, AllBut({servers_[2]})), IsEmpty());
+  EXPECT_THAT(Run(2 * kStep, AllBut({servers_[2]})),
+              ElementsAre(HasSubstr("no replacement server registered")));
+}
+
+// One that leaves before reporting abandons it, as before.
+TEST_F(JobFailureTest, AServerThatLeftBeforeReportingAbandonsTheCheckpoint) {
+  Start(/*replication=*/1, /*checkpoint=*/false, kFailover, "/ckpt");
+  absl::StatusOr<uint64_t> clock = state_->StartCheckpoint();
+  ASSERT_TRUE(clock.ok()) << clock.status();
+  LeaveRequest leave;
+  leave.set_node_id(servers_[2]);
+  ASSERT_TRUE(state_->Leave(leave).ok());
+  EXPECT_EQ(state_->View().checkpoint_clock(), 0u);
+  EXPECT_THAT(state_->CheckCanContinue(),
+              ElementsAre(HasSubstr("slots 8-11 (of server 2)")));
+  EXPECT_TRUE(committed_.empty());
 }
 
 TEST_F(JobFailureTest, AReplacementInTimeKeepsTheJobRunning) {
