@@ -276,6 +276,10 @@ void DefaultCluster(ClusterConfig* cl) {
     cl->set_on_worker_loss(REASSIGN);
   }
   if (cl->replication() == 0) cl->set_replication(1);
+  if (cl->has_elastic() && cl->elastic().max_servers() == 0) {
+    cl->mutable_elastic()->set_max_servers(
+        std::min<uint32_t>(1024, 4 * std::max<uint32_t>(1, cl->num_servers())));
+  }
 }
 
 void DefaultDataPlane(DataPlaneConfig* dp) {
@@ -450,6 +454,14 @@ void CheckCluster(const ClusterConfig& cl, Checker* c) {
              "2 needs at least 2 servers (a backup lives on another server)");
   c->Require(WorkerLossPolicy_IsValid(cl.on_worker_loss()),
              "cluster.on_worker_loss", "must be REASSIGN or SKIP_REST");
+  if (cl.has_elastic()) {
+    c->Require(cl.elastic().max_servers() >= cl.num_servers() &&
+                   cl.elastic().max_servers() <= 1024,
+               "cluster.elastic.max_servers", "must be in num_servers..1024");
+    c->Require(cl.elastic().max_servers() <= cl.num_slots(),
+               "cluster.elastic.max_servers",
+               "must be at most cluster.num_slots");
+  }
 }
 
 void CheckCheckpoint(const CheckpointConfig& ck, Checker* c) {

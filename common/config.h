@@ -58,6 +58,14 @@ absl::Status ValidateConsistency(const ConsistencyConfig& consistency);
 // different file.
 uint64_t ConfigFingerprint(const JobConfig& config);
 
+// How many server ranks a job may use: cluster.elastic.max_servers for an
+// elastic job (spares join at ranks num_servers and up), else num_servers.
+// Ranks are below it; slot maps and views may name any of them.
+inline uint32_t MaxServerRanks(const ClusterConfig& cluster) {
+  return cluster.has_elastic() ? cluster.elastic().max_servers()
+                               : cluster.num_servers();
+}
+
 // The table called `name`, or NOT_FOUND.
 absl::StatusOr<const TableConfig*> FindTable(const JobConfig& config,
                                              absl::string_view name);
