@@ -258,11 +258,12 @@ absl::StatusOr<std::unique_ptr<KVClient>> KVClient::Create(
     return absl::InvalidArgumentError(
         "KVClient needs a RUNNING cluster view with a slot map");
   }
+  const uint32_t max_servers = MaxServerRanks(options.config.cluster());
   for (uint32_t owner : view.slot_owner()) {
-    if (owner >= options.config.cluster().num_servers()) {
+    if (owner >= max_servers) {
       return absl::InvalidArgumentError(
           absl::StrCat("slot map names server ", owner, " but the job has ",
-                       options.config.cluster().num_servers()));
+                       max_servers, " server ranks"));
     }
   }
   return std::unique_ptr<KVClient>(
@@ -316,7 +317,7 @@ KVClient::~KVClient() { io_.reset(); }
 void KVClient::UpdateView(const ClusterView& view) {
   if (view.slot_owner().empty()) return;
   for (uint32_t owner : view.slot_owner()) {
-    if (owner >= options_.config.cluster().num_servers()) {
+    if (owner >= MaxServerRanks(options_.config.cluster())) {
       Log()->error("ignoring view {}: slot map names server {}", view.epoch(),
                    owner);
       return;
