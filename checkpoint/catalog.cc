@@ -130,12 +130,14 @@ absl::Status ValidateManifest(const CheckpointManifest& m) {
         "num_servers is ", m.num_servers(), " but ", m.shards_size(),
         " shard files are listed"));
   }
-  std::vector<bool> seen(m.num_servers(), false);
+  // Ranks are 0..num_servers-1, or for an elastic job (which adds and
+  // removes servers) any distinct ranks below the most a job may have.
+  constexpr uint32_t kMaxRanks = 1024;
+  std::vector<bool> seen(kMaxRanks, false);
   for (const ShardFile& s : m.shards()) {
-    if (s.rank() >= m.num_servers() || seen[s.rank()]) {
+    if (s.rank() >= kMaxRanks || seen[s.rank()]) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "shard rank ", s.rank(), " is repeated or not below num_servers ",
-          m.num_servers()));
+          "shard rank ", s.rank(), " is repeated or not below ", kMaxRanks));
     }
     seen[s.rank()] = true;
     if (s.file() != ShardFileName(s.rank())) {

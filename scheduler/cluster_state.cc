@@ -83,11 +83,19 @@ std::optional<CheckpointRef> ClusterState::ReplacementRestore(
 }
 
 absl::StatusOr<uint32_t> ClusterState::FreeRankLocked(Role role) const {
-  std::vector<bool> taken(ExpectedCount(role), false);
+  std::vector<bool> taken(role == SERVER ? MaxServers() : ExpectedCount(role),
+                          false);
   for (const auto& [id, node] : nodes_) {
     if (node.info.role() == role &&
         (node.info.state() == ALIVE || node.finished)) {
       taken[node.info.rank()] = true;
+    }
+  }
+  // An elastic job's newcomer takes first a rank whose slots wait for a
+  // replacement (no live copy), then the lowest free one.
+  if (role == SERVER && Elastic() && view_.job_state() == RUNNING) {
+    for (uint32_t owner : view_.slot_owner()) {
+      if (owner < taken.size() && !taken[owner]) return owner;
     }
   }
   auto free_rank = std::find(taken.begin(), taken.end(), false);
@@ -142,8 +150,10 @@ absl::StatusOr<RegisterResponse> ClusterState::Register(
     return JobFailedError(absl::StrCat("the job has failed: ", view_.failure()));
   }
   PS_ASSIGN_OR_RETURN(const uint32_t rank, FreeRankLocked(request.role()));
+  const bool spare = request.role() == SERVER && IsSpareRankLocked(rank);
   const NodeInfo info = AddNodeLocked(request, rank);
-  if (replacement_restore.has_value() && view_.job_state() == RUNNING) {
+  if (replacement_restore.has_value() && view_.job_state() == RUNNING &&
+      !spare) {
     *view_.mutable_restore() = *replacement_restore;
   }
   RegisterResponse response;
@@ -157,11 +167,13 @@ absl::StatusOr<RegisterResponse> ClusterState::Register(
       *response.mutable_shard() = shards_.Assign(orphan, info.node_id());
     }
   }
-  SchedulerLog()->info(
-      "{} rank {} registered (node {}, {} pid {}{}{})", RoleName(info.role()),
-      info.rank(), info.node_id(), info.host(), info.pid(),
-      info.data_endpoint().empty() ? "" : ", ", info.data_endpoint());
-  if (info.role() == SERVER && view_.job_state() == RUNNING && Replicated()) {
+  SchedulerLog()->info("{} rank {} registered{} (node {}, {} pid {}{}{})",
+                       RoleName(info.role()), info.rank(),
+                       spare ? " as a spare" : "", info.node_id(), info.host(),
+                       info.pid(), info.data_endpoint().empty() ? "" : ", ",
+                       info.data_endpoint());
+  if (info.role() == SERVER && view_.job_state() == RUNNING && Replicated() &&
+      !spare) {
     AdoptReplacementLocked(info.rank());
   }
   UpdateJobStateLocked();
@@ -201,6 +213,12 @@ absl::StatusOr<HeartbeatResponse> ClusterState::Heartbeat(
   }
   if (request.has_position())
     shards_.Report(request.node_id(), request.position());
+  if (hb.info.role() == SERVER &&
+      static_cast<uint32_t>(request.slot_bytes_size()) ==
+          config_.cluster().num_slots()) {
+    slot_bytes_[request.node_id()].assign(request.slot_bytes().begin(),
+                                          request.slot_bytes().end());
+  }
   HeartbeatResponse response;
   response.set_epoch(view_.epoch());
   response.set_job_state(view_.job_state());
@@ -236,6 +254,10 @@ absl::Status ClusterState::Leave(const LeaveRequest& request) {
   }
   if (info.role() == SERVER && view_.job_state() == RUNNING && Replicated()) {
     FailServerLocked(info.rank());
+  }
+  if (info.role() == SERVER && view_.job_state() == RUNNING) {
+    CancelMovesLocked(info.rank(),
+                      absl::StrCat("server ", info.rank(), " left"));
   }
   SchedulerLog()->info("{} rank {} left{}", RoleName(info.role()), info.rank(),
                        request.finished() ? " (finished)" : "");
@@ -379,6 +401,14 @@ void ClusterState::DeclareDeadLocked(const std::vector<uint64_t>& dead,
       }
     }
   }
+  if (view_.job_state() == RUNNING) {
+    for (uint64_t id : dead) {
+      if (nodes_[id].info.role() == SERVER) {
+        const uint32_t rank = nodes_[id].info.rank();
+        CancelMovesLocked(rank, absl::StrCat("server ", rank, " died"));
+      }
+    }
+  }
   if (checkpoint_.has_value()) {
     for (uint64_t id : dead) {
       if (nodes_[id].info.role() == SERVER) {
@@ -401,9 +431,12 @@ void ClusterState::BumpEpochLocked() {
 
 void ClusterState::UpdateJobStateLocked() {
   if (view_.job_state() == STARTING) {
+    // The ranks the job starts with (an elastic job's spares may register
+    // early: they stay spares).
     uint32_t servers = 0;
     for (const auto& [id, node] : nodes_) {
-      servers += node.info.role() == SERVER && node.info.state() == ALIVE;
+      servers += node.info.role() == SERVER && node.info.state() == ALIVE &&
+                 node.info.rank() < config_.cluster().num_servers();
     }
     if (servers == config_.cluster().num_servers()) {
       const uint32_t num_slots = config_.cluster().num_slots();
@@ -819,6 +852,13 @@ absl::StatusOr<uint64_t> ClusterState::StartCheckpointLocked(
   if (view_.job_state() != RUNNING) {
     return absl::FailedPreconditionError("the job is not running");
   }
+  if (FencingLocked()) {
+    // A fence moves slots between servers: a cut taken across it could
+    // miss them or hold them twice.
+    checkpoint_wanted_ = true;
+    return absl::UnavailableError(
+        "a slot move is in its fence; the checkpoint starts right after");
+  }
   const Training t = TrainingLocked();
   // Heartbeat clocks lag by up to an interval, and the view takes a moment
   // to reach every node: leave three intervals of the fastest pace.
@@ -850,6 +890,7 @@ void ClusterState::AbortCheckpointLocked(const std::string& why) {
   abandoned_checkpoint_ = std::max(abandoned_checkpoint_, checkpoint_->clock);
   checkpoint_.reset();
   view_.set_checkpoint_clock(0);
+  StartDeferredFencesLocked();
   BumpEpochLocked();
 }
 
@@ -890,7 +931,7 @@ void ClusterState::TryCommitCheckpointLocked() {
   const PendingCheckpoint& pending = *checkpoint_;
   CheckpointManifest manifest;
   manifest.set_clock(pending.clock);
-  manifest.set_num_servers(config_.cluster().num_servers());
+
   manifest.set_num_slots(config_.cluster().num_slots());
   manifest.set_created_unix_micros(absl::ToUnixMicros(clock_->Now()));
   std::vector<const DataPosition*> reported(shards_.size(), nullptr);
@@ -932,6 +973,8 @@ void ClusterState::TryCommitCheckpointLocked() {
     }
   }
   shards_.FillManifest(reported, &manifest);
+  // The shards' ranks: 0..num_servers-1, or (elastic) any below MaxServers.
+  manifest.set_num_servers(manifest.shards_size());
   std::sort(manifest.mutable_shards()->begin(),
             manifest.mutable_shards()->end(),
             [](const ShardFile& a, const ShardFile& b) {
@@ -958,6 +1001,7 @@ void ClusterState::TryCommitCheckpointLocked() {
     SchedulerLog()->error("checkpoint at clock {} not committed: {}", clock,
                           committed.ToString());
   }
+  StartDeferredFencesLocked();
   BumpEpochLocked();
 }
 
@@ -999,7 +1043,7 @@ std::vector<std::string> ClusterState::CheckCheckpoints() {
 }
 
 SlotMap ClusterState::SlotsLocked() const {
-  return SlotMap(config_.cluster().num_servers(),
+  return SlotMap(MaxServers(),
                  {view_.slot_owner().begin(), view_.slot_owner().end()},
                  {view_.slot_backup().begin(), view_.slot_backup().end()});
 }
@@ -1022,7 +1066,7 @@ void ClusterState::SetSlotsLocked(const SlotMap& slots) {
 }
 
 std::vector<bool> ClusterState::LiveServersLocked() const {
-  std::vector<bool> live(config_.cluster().num_servers(), false);
+  std::vector<bool> live(MaxServers(), false);
   for (const auto& [id, node] : nodes_) {
     if (node.info.role() == SERVER && node.info.state() == ALIVE &&
         node.info.rank() < live.size()) {
@@ -1082,14 +1126,16 @@ SlotMap ClusterState::WithoutUncopiedBackupsLocked(uint32_t rank) const {
         "(last heard from before), which therefore holds no copy of them",
         rank, uncopied);
   }
-  return SlotMap(config_.cluster().num_servers(), std::move(owner), std::move(backup));
+  return SlotMap(MaxServers(), std::move(owner), std::move(backup));
 }
 
 void ClusterState::AdoptReplacementLocked(uint32_t rank) {
   if (view_.slot_backup_size() != view_.slot_owner_size()) return;
   SlotMap slots = SlotsLocked();
   const std::vector<bool> live = LiveServersLocked();
-  const uint32_t moved = slots.Adopt(rank, live);
+  // An elastic job has no fixed layout to return to: the newcomer only
+  // helps place backups that are missing.
+  const uint32_t moved = Elastic() ? 0 : slots.Adopt(rank, live);
   SchedulerLog()->info("server {} (replacement) becomes the backup of {} slots",
                        rank, moved);
   LogNewBackups(slots.AssignBackups(live));

@@ -55,6 +55,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "common/config.h"
 #include "common/protocol.h"
 #include "common/status.h"
 #include "proto/checkpoint.pb.h"
@@ -169,6 +170,35 @@ class ClusterState {
   // so the view shows it. Errors and what is refused as unsafe: see Drain
   // in scheduler.proto. (scheduler/cluster_state_drain.cc)
   absl::StatusOr<DrainResponse> Drain(const DrainRequest& request);
+
+  // Live scale-out and scale-in (cluster.elastic;
+  // scheduler/cluster_state_moves.cc). Elastic jobs start with
+  // cluster.num_servers servers; a server registering while no rank that
+  // owns slots is free joins as a spare (the lowest free rank below
+  // elastic.max_servers, owning nothing). Scale plans slot moves
+  // (scheduler/move_planner.h) so that `servers` servers own slots, and
+  // starts them (at most elastic.max_concurrent_moves at once; the rest
+  // wait). A move (ClusterView.moves, SlotMove) COPYs its slots from the
+  // source to the target, FENCEs them once the source reports COPIED (not
+  // while a checkpoint is in progress, and no checkpoint starts during a
+  // fence), and flips them once it reports FENCED: the target owns them,
+  // and with replication 2 the source becomes their backup. A move whose
+  // source or target dies or leaves, or whose source reports ABORTED, is
+  // dropped (the slots stay with the source, or fail over as usual). A
+  // server emptied by a scale-in is drained once it holds no slot (its
+  // backups go to other servers first) and leaves; it exits 0.
+  //
+  // Scale errors: FAILED_PRECONDITION without cluster.elastic, before the
+  // job runs, while moves or a scale-in are in progress, or when the plan
+  // cannot be met (PlanMoves); INVALID_ARGUMENT for a bad count or rank.
+  absl::StatusOr<ScaleResponse> Scale(const ScaleRequest& request);
+  // A move's source reports its progress. NOT_FOUND for unknown or dead
+  // callers; FAILED_PRECONDITION for a report that matches no move in
+  // progress (stale: the caller drops it).
+  absl::Status ReportMove(const ReportMoveRequest& request);
+  // Periodic: starts fences that waited for a checkpoint, queued moves,
+  // and drains emptied servers. Returns log lines, for tests.
+  std::vector<std::string> CheckMoves();
 
   // Returns the view once it satisfies the request or the timeout passes
   // (then the current view, which the caller may inspect).
@@ -431,6 +461,38 @@ class ClusterState {
   void FailJobLocked(const std::string& why, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // Slot moves (scheduler/cluster_state_moves.cc).
+  bool Elastic() const { return config_.cluster().has_elastic(); }
+  // Server ranks a slot map may name (MaxServerRanks).
+  uint32_t MaxServers() const { return MaxServerRanks(config_.cluster()); }
+  // Per slot: bytes its owner reported, or 1 for every slot when an owner
+  // has not reported yet. *by_bytes says which.
+  std::vector<uint64_t> SlotWeightsLocked(bool* by_bytes) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Puts `move` in the view, COPYING. The caller bumps the epoch.
+  void StartMoveLocked(SlotMove move) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Starts queued moves while the concurrency limit allows.
+  bool StartQueuedMovesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Moves whose source reported COPIED during a checkpoint: fenced now
+  // unless a checkpoint is (still) in progress. Whether any was.
+  bool StartDeferredFencesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void StartFenceLocked(SlotMove* move) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool FencingLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Makes move `index` of the view's target the owner of its slots.
+  void FlipMoveLocked(int index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops every move (in the view or queued) that server `rank` takes part
+  // in, and moves the view no longer allows (a slot's owner is not the
+  // move's source, or its backup is the target). Whether any was dropped.
+  bool CancelMovesLocked(uint32_t rank, const std::string& why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Servers being emptied that hold no slot any more: their backups go to
+  // other servers and they are drained. Whether any was.
+  bool FinishScaleInLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Elastic jobs: whether a server registering at `rank` now is a spare
+  // (the job runs and the rank owns no slot).
+  bool IsSpareRankLocked(uint32_t rank) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   // Drain (scheduler/cluster_state_drain.cc). The live node the request
   // names, or null.
   Node* FindDrainTargetLocked(const DrainRequest& request)
@@ -529,6 +591,15 @@ class ClusterState {
   std::optional<bool> lost_restorable_ ABSL_GUARDED_BY(mu_);
   absl::Time empty_since_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   absl::Time failed_at_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  // Slot moves planned and not started (elastic.max_concurrent_moves), and
+  // the server ranks a scale-in empties, to be drained once they hold no
+  // slot.
+  std::vector<SlotMove> queued_moves_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint32_t> removing_ ABSL_GUARDED_BY(mu_);
+  // Server node id -> the bytes per slot it last reported
+  // (HeartbeatRequest.slot_bytes); not journaled (reported again).
+  absl::flat_hash_map<uint64_t, std::vector<uint64_t>> slot_bytes_
+      ABSL_GUARDED_BY(mu_);
   // By slot: when its backup last changed while the job ran (InfinitePast:
   // the initial layout's, or not known after Recover).
   std::vector<absl::Time> backup_since_ ABSL_GUARDED_BY(mu_);

@@ -132,6 +132,22 @@ absl::StatusOr<std::string> ClusterState::ServerDrainNoteLocked(
         ": the job is not running yet, so its slots are not assigned; "
         "stop the process instead"));
   }
+  for (const SlotMove& m : view_.moves()) {
+    if (m.source() == info.rank() || m.target() == info.rank()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          who,
+          " takes part in a slot move; drain it once the moves are "
+          "done (psctl status), or empty it live with psctl scale"));
+    }
+  }
+  // A spare holds nothing: it may go at once.
+  if (Elastic() &&
+      std::count(view_.slot_owner().begin(), view_.slot_owner().end(),
+                 info.rank()) == 0 &&
+      std::count(view_.slot_backup().begin(), view_.slot_backup().end(),
+                 info.rank()) == 0) {
+    return std::string("it holds no slot (a spare): it leaves at once");
+  }
   if (Replicated()) return ReplicatedDrainNoteLocked(info.rank(), who);
   if (!config_.checkpoint().dir().empty()) {
     return std::string(

@@ -119,6 +119,8 @@ SchedulerJournal ClusterState::SnapshotLocked() const {
   j.set_launch_id(launch_id_);
   j.set_listen_port(listen_port_);
   j.set_stopped(stopped_);
+  for (const SlotMove& m : queued_moves_) *j.add_queued_moves() = m;
+  for (uint32_t r : removing_) j.add_removing_servers(r);
   if (checkpoint_.has_value()) {
     j.mutable_checkpoint()->set_clock(checkpoint_->clock);
     for (const auto& [id, report] : checkpoint_->reports) {
@@ -138,7 +140,7 @@ absl::Status ClusterState::ValidateJournal(const SchedulerJournal& j) const {
     return absl::DataLossError(absl::StrCat("scheduler journal: ", what...));
   };
   const ClusterView& v = j.view();
-  const uint32_t num_servers = config_.cluster().num_servers();
+  const uint32_t num_servers = MaxServers();
   const uint32_t num_workers = config_.cluster().num_workers();
   const uint32_t num_slots = config_.cluster().num_slots();
   if (v.epoch() == 0) return bad("view epoch 0");
@@ -177,7 +179,8 @@ absl::Status ClusterState::ValidateJournal(const SchedulerJournal& j) const {
     if (info.role() != SERVER && info.role() != WORKER) {
       return bad("node ", info.node_id(), " has no role");
     }
-    if (info.rank() >= ExpectedCount(info.role())) {
+    if (info.rank() >=
+        (info.role() == SERVER ? num_servers : ExpectedCount(info.role()))) {
       return bad("node ", info.node_id(), " has rank ", info.rank());
     }
     if (!NodeState_IsValid(info.state())) return bad("node ", info.node_id(), " bad state");
@@ -185,6 +188,31 @@ absl::Status ClusterState::ValidateJournal(const SchedulerJournal& j) const {
       return bad("two live nodes hold ", info.role() == SERVER ? "server" : "worker",
                  " rank ", info.rank());
     }
+  }
+  auto bad_move = [&](const SlotMove& m) {
+    if (m.source() >= num_servers || m.target() >= num_servers ||
+        m.source() == m.target() || m.slots_size() == 0) {
+      return true;
+    }
+    for (uint32_t s : m.slots()) {
+      if (s >= num_slots) return true;
+    }
+    return false;
+  };
+  for (const SlotMove& m : v.moves()) {
+    if (bad_move(m)) return bad("a slot move names bad ranks or slots");
+    for (uint32_t s : m.slots()) {
+      if (static_cast<int>(s) >= v.slot_owner_size() ||
+          v.slot_owner(s) != m.source()) {
+        return bad("a slot move's slot ", s, " is not its source's");
+      }
+    }
+  }
+  for (const SlotMove& m : j.queued_moves()) {
+    if (bad_move(m)) return bad("a queued slot move names bad ranks or slots");
+  }
+  for (uint32_t r : j.removing_servers()) {
+    if (r >= num_servers) return bad("server rank ", r, " being removed");
   }
   for (uint32_t r : j.worker_ranks_ever()) {
     if (r >= num_workers) return bad("worker rank ", r, " in worker_ranks_ever");
@@ -268,6 +296,8 @@ absl::Status ClusterState::Recover(const SchedulerJournal& j) {
   checkpoint_margin_ = std::max<uint64_t>(2, j.checkpoint_margin());
   checkpoint_wanted_ = j.checkpoint_wanted();
   abandoned_checkpoint_ = j.abandoned_checkpoint();
+  queued_moves_.assign(j.queued_moves().begin(), j.queued_moves().end());
+  removing_.assign(j.removing_servers().begin(), j.removing_servers().end());
   checkpoint_.reset();
   if (j.checkpoint().clock() != 0) {
     // The checkpoint in progress goes on: the nodes that reported keep

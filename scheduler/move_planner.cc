@@ -115,13 +115,22 @@ absl::StatusOr<MovePlan> PlanMoves(const MovePlanInput& in) {
     return in.weight[a] != in.weight[b] ? in.weight[a] > in.weight[b] : a < b;
   });
   std::map<std::pair<uint32_t, uint32_t>, std::vector<uint32_t>> pairs;
+  uint32_t last = kNoBackup;  // the previous slot's receiver
   for (uint32_t s : loose) {
     const uint32_t backup = in.backup.empty() ? kNoBackup : in.backup[s];
+    // The previous receiver while it stays within its share, so that
+    // slots move in runs (fewer, larger moves); else the least loaded.
     uint32_t best = kNoBackup;
-    for (const auto& [r, w] : final_load) {
-      if (r == backup) continue;
-      if (best == kNoBackup || w < final_load[best]) best = r;
+    if (last != kNoBackup && last != backup &&
+        final_load[last] + in.weight[s] / 2.0 <= share) {
+      best = last;
+    } else {
+      for (const auto& [r, w] : final_load) {
+        if (r == backup) continue;
+        if (best == kNoBackup || w < final_load[best]) best = r;
+      }
     }
+    last = best;
     if (best == kNoBackup) {
       return absl::FailedPreconditionError(absl::StrCat(
           "slot ", s, " has nowhere to go but its backup's server"));

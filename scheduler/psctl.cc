@@ -22,7 +22,18 @@
 //       its slots to their backups or checkpointing them). Prints what
 //       follows; with --wait, waits (up to --timeout_ms) until it has left.
 //       Refused (exit 1) for the scheduler, the only live worker, or a
-//       server whose parameters would be lost.
+//       server whose parameters would be lost. With --migrate (elastic
+//       jobs), a server's slots are first moved live to the others (as
+//       scale does), then it leaves and exits 0.
+//   psctl --scheduler=HOST:PORT scale --servers=K [--remove=R,...]
+//         [--dry_run] [--wait]
+//       Elastic jobs (cluster.elastic): moves slots live so that K servers
+//       own them, balanced by bytes; more servers than own slots now
+//       means spares take slots (start them first: a server_main that
+//       registers while the job runs joins as a spare), fewer means the
+//       servers in --remove (or those holding the least) are emptied, then
+//       drained (exit 0). Prints the moves; with --wait, waits (up to
+//       --timeout_ms) until every move is done and emptied servers left.
 //
 // A job with control-plane TLS (security.tls in its config) needs psctl to
 // present the job's certificate: --config=JOB.pbtxt takes the files from
@@ -31,9 +42,11 @@
 // Every RPC has a deadline (--timeout_ms). Exit status: 0 on success, 1 when
 // the scheduler cannot be reached or refuses the request (its message is
 // printed), 2 for a usage error (unknown command or flag, bad mode name).
+#include <algorithm>
 #include <cstdint>
 #include <iostream>
 #include <limits>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -75,21 +88,33 @@ ABSL_FLAG(std::string, tls_key, "",
           "PEM private key of --tls_cert (instead of --config's key_file).");
 ABSL_FLAG(bool, wait, false,
           "checkpoint: wait until the checkpoint is committed; drain: wait "
-          "until the node has left (both up to --timeout_ms).");
+          "until the node has left; scale: wait until the moves are done "
+          "(all up to --timeout_ms).");
+ABSL_FLAG(int64_t, servers, 0, "scale: how many servers should own slots.");
+ABSL_FLAG(std::vector<std::string>, remove, {},
+          "scale: server ranks to empty and drain (comma-separated).");
+ABSL_FLAG(bool, dry_run, false, "scale: print the moves, start none.");
+ABSL_FLAG(bool, migrate, false,
+          "drain server:R: move its slots live to the other servers first "
+          "(elastic jobs).");
 
 namespace ps {
 namespace {
 
 constexpr char kUsage[] =
     "usage: psctl --scheduler=HOST:PORT [--timeout_ms=MS]\n"
-    "             [--config=JOB.pbtxt | --tls_ca=F --tls_cert=F --tls_key=F] COMMAND\n"
+    "             [--config=JOB.pbtxt | --tls_ca=F --tls_cert=F --tls_key=F] "
+    "COMMAND\n"
     "commands:\n"
-    "  status                               job state, faults, mode, nodes, clocks\n"
+    "  status                               job state, faults, mode, nodes, "
+    "clocks\n"
     "  set-mode BSP|ASYNC|SSP [--staleness=N]\n"
     "                                       change the consistency mode\n"
     "  checkpoint [--wait]                  take a consistent checkpoint now\n"
-    "  drain NODE [--wait]                  make a node leave as on SIGTERM;\n"
-    "                                       NODE: node id, server:R, worker:R\n";
+    "  drain NODE [--wait] [--migrate]      make a node leave as on SIGTERM;\n"
+    "                                       NODE: node id, server:R, worker:R\n"
+    "  scale --servers=K [--remove=R,..] [--dry_run] [--wait]\n"
+    "                                       move slots live onto K servers\n";
 
 constexpr int kExitOk = 0;
 constexpr int kExitFailed = 1;
@@ -266,6 +291,73 @@ absl::Status RunDrain(Scheduler::Stub& stub, absl::Duration timeout,
       "current step, a server after its checkpoint)"));
 }
 
+// Waits until no slot move is left and the servers in `leaving` are gone.
+absl::Status WaitForMoves(Scheduler::Stub& stub, absl::Duration timeout,
+                          const std::vector<uint32_t>& leaving) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    GetStatusResponse status;
+    const grpc::Status g =
+        stub.GetStatus(Context(timeout).get(), GetStatusRequest(), &status);
+    if (!g.ok()) return Annotate(FromGrpcStatus(g), "GetStatus");
+    bool done = status.view().moves_size() == 0;
+    for (const NodeInfo& n : status.view().nodes()) {
+      if (n.role() == SERVER && n.state() == ALIVE &&
+          std::find(leaving.begin(), leaving.end(), n.rank()) !=
+              leaving.end()) {
+        done = false;
+      }
+    }
+    if (done) {
+      std::cout << "moves done (epoch " << status.view().epoch() << ")\n";
+      return absl::OkStatus();
+    }
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  return absl::DeadlineExceededError(
+      "the moves are not done yet (psctl status shows them)");
+}
+
+absl::Status RunScale(Scheduler::Stub& stub, absl::Duration timeout,
+                      const ScaleRequest& request, bool wait) {
+  ScaleResponse response;
+  const grpc::Status s = stub.Scale(Context(timeout).get(), request, &response);
+  if (!s.ok()) return Annotate(FromGrpcStatus(s), "Scale");
+  std::cout << (request.dry_run() ? "would scale to " : "scaling to ")
+            << request.servers() << " servers: " << response.note() << "\n";
+  for (const SlotMove& m : response.moves()) {
+    std::cout << "  server " << m.source() << " -> server " << m.target()
+              << "  " << m.slots_size() << " slots\n";
+  }
+  if (!wait || request.dry_run() || response.moves_size() == 0) {
+    return absl::OkStatus();
+  }
+  return WaitForMoves(stub, timeout,
+                      {response.emptied().begin(), response.emptied().end()});
+}
+
+// `drain server:R --migrate`: a scale-in by one that empties R.
+absl::Status RunMigrate(Scheduler::Stub& stub, absl::Duration timeout,
+                        const DrainRequest& drain, bool wait) {
+  if (!drain.has_rank() || drain.rank().role() != SERVER) {
+    return absl::InvalidArgumentError("--migrate drains a server: server:R");
+  }
+  GetStatusResponse status;
+  const grpc::Status g =
+      stub.GetStatus(Context(timeout).get(), GetStatusRequest(), &status);
+  if (!g.ok()) return Annotate(FromGrpcStatus(g), "GetStatus");
+  std::map<uint32_t, int> owners;
+  for (uint32_t owner : status.view().slot_owner()) owners[owner] = 1;
+  if (owners.count(drain.rank().rank()) == 0) {
+    // Nothing to move: an ordinary drain.
+    return RunDrain(stub, timeout, drain, wait);
+  }
+  ScaleRequest request;
+  request.set_servers(static_cast<uint32_t>(owners.size() - 1));
+  request.add_remove(drain.rank().rank());
+  return RunScale(stub, timeout, request, wait);
+}
+
 int UsageError(absl::string_view message) {
   std::cerr << "psctl: " << message << "\n" << kUsage;
   return kExitUsage;
@@ -315,6 +407,7 @@ int main(int argc, char** argv) {
   // Parse the whole command before contacting the scheduler.
   ps::ConsistencyMode mode = ps::CONSISTENCY_MODE_UNSPECIFIED;
   ps::DrainRequest drain;
+  ps::ScaleRequest scale;
   if (command == "status") {
     if (args.size() != 2) return ps::UsageError("status takes no arguments");
   } else if (command == "set-mode") {
@@ -332,6 +425,21 @@ int main(int argc, char** argv) {
     absl::StatusOr<ps::DrainRequest> parsed = ps::ParseDrainTarget(args[2]);
     if (!parsed.ok()) return ps::UsageError(parsed.status().message());
     drain = *std::move(parsed);
+  } else if (command == "scale") {
+    if (args.size() != 2) return ps::UsageError("scale takes flags only");
+    const int64_t servers = absl::GetFlag(FLAGS_servers);
+    if (servers < 1 || servers > 1024) {
+      return ps::UsageError("scale needs --servers in 1..1024");
+    }
+    scale.set_servers(static_cast<uint32_t>(servers));
+    for (const std::string& r : absl::GetFlag(FLAGS_remove)) {
+      uint32_t rank = 0;
+      if (!absl::SimpleAtoi(r, &rank)) {
+        return ps::UsageError(absl::StrCat("--remove: '", r, "' is no rank"));
+      }
+      scale.add_remove(rank);
+    }
+    scale.set_dry_run(absl::GetFlag(FLAGS_dry_run));
   } else {
     return ps::UsageError(absl::StrCat("unknown command '", command, "'"));
   }
@@ -349,11 +457,17 @@ int main(int argc, char** argv) {
   auto stub = ps::Scheduler::NewStub(grpc::CreateChannel(address, *creds));
   const absl::Duration timeout = absl::Milliseconds(timeout_ms);
   const absl::Status status =
-      command == "status"       ? ps::RunStatus(*stub, timeout)
-      : command == "checkpoint" ? ps::RunCheckpoint(*stub, timeout, absl::GetFlag(FLAGS_wait))
-      : command == "drain"      ? ps::RunDrain(*stub, timeout, drain, absl::GetFlag(FLAGS_wait))
-                                : ps::RunSetMode(*stub, timeout, mode,
-                                                 static_cast<uint32_t>(staleness));
+      command == "status" ? ps::RunStatus(*stub, timeout)
+      : command == "checkpoint"
+          ? ps::RunCheckpoint(*stub, timeout, absl::GetFlag(FLAGS_wait))
+      : command == "drain" && absl::GetFlag(FLAGS_migrate)
+          ? ps::RunMigrate(*stub, timeout, drain, absl::GetFlag(FLAGS_wait))
+      : command == "drain"
+          ? ps::RunDrain(*stub, timeout, drain, absl::GetFlag(FLAGS_wait))
+      : command == "scale"
+          ? ps::RunScale(*stub, timeout, scale, absl::GetFlag(FLAGS_wait))
+          : ps::RunSetMode(*stub, timeout, mode,
+                           static_cast<uint32_t>(staleness));
   if (!status.ok()) {
     std::cerr << "psctl: scheduler " << address << ": " << status.ToString() << "\n";
     if (status.code() == absl::StatusCode::kUnavailable ||

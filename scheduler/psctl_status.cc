@@ -1,6 +1,7 @@
 #include "scheduler/psctl_status.h"
 
 #include <cstdint>
+#include <map>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -34,6 +35,35 @@ void FormatFaults(const SchedulerFaults& faults, absl::Time now,
   absl::StrAppend(out, "scheduler faults: stalls noticed ", faults.stalls(),
                   ", isolation suspicions ", faults.isolation_suspicions(),
                   "\n");
+}
+
+}  // namespace
+
+namespace {
+
+// The slot moves in progress, one a line.
+void FormatMoves(const ClusterView& view, absl::Time now, std::string* out) {
+  if (view.moves_size() == 0) return;
+  absl::StrAppend(out, "slot moves: ", view.moves_size(), "\n");
+  for (const SlotMove& m : view.moves()) {
+    const double age =
+        m.started_unix_micros() == 0
+            ? 0
+            : absl::ToDoubleSeconds(
+                  now - absl::FromUnixMicros(m.started_unix_micros()));
+    absl::StrAppend(
+        out,
+        absl::StrFormat("  server %d -> server %d  %d slots  %s", m.source(),
+                        m.target(), m.slots_size(),
+                        m.phase() == SlotMove::FENCING ? "fencing"
+                        : m.copied() ? "copied, fence waits for a checkpoint"
+                                     : "copying"),
+        m.rows_copied() > 0
+            ? absl::StrFormat("  %d rows (%.1f MB) copied", m.rows_copied(),
+                              m.bytes_copied() / 1e6)
+            : std::string(),
+        age > 0 ? absl::StrFormat("  for %.1f s", age) : std::string(), "\n");
+  }
 }
 
 }  // namespace
@@ -78,6 +108,10 @@ std::string FormatStatus(const GetStatusResponse& status,
                   " (watchdog after ", view.consistency().watchdog_timeout_ms(),
                   " ms, every ", view.consistency().watchdog_interval_ms(),
                   " ms)\n");
+  FormatMoves(view, now, &out);
+  // Slots each live server owns (a spare owns none).
+  std::map<uint32_t, uint32_t> owned;
+  for (uint32_t owner : view.slot_owner()) ++owned[owner];
   absl::StrAppend(&out, "nodes: ", view.nodes_size(), "\n");
   for (const NodeInfo& n : view.nodes()) {
     absl::StrAppend(&out, absl::StrFormat("  node %d  %s rank %d  %s",
@@ -90,6 +124,12 @@ std::string FormatStatus(const GetStatusResponse& status,
                     "  pid ", n.pid());
     if (n.role() == WORKER)
       absl::StrAppend(&out, "  start_clock ", n.start_clock());
+    if (n.role() == SERVER && n.state() == ALIVE &&
+        view.slot_owner_size() > 0) {
+      const uint32_t slots = owned.count(n.rank()) ? owned[n.rank()] : 0;
+      absl::StrAppend(&out, slots == 0 ? std::string("  spare (no slots)")
+                                       : absl::StrCat("  slots ", slots));
+    }
     if (n.draining() && n.state() == ALIVE) absl::StrAppend(&out, "  draining");
     absl::StrAppend(&out, "\n");
   }

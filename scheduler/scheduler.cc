@@ -114,6 +114,20 @@ class SchedulerServer::Service final : public Scheduler::Service {
     return grpc::Status::OK;
   }
 
+  grpc::Status Scale(grpc::ServerContext*, const ScaleRequest* request,
+                     ScaleResponse* response) override {
+    absl::StatusOr<ScaleResponse> result = state_->Scale(*request);
+    if (!result.ok()) return ToGrpcStatus(result.status());
+    *response = std::move(result).value();
+    return grpc::Status::OK;
+  }
+
+  grpc::Status ReportMove(grpc::ServerContext*,
+                          const ReportMoveRequest* request,
+                          ReportMoveResponse*) override {
+    return ToGrpcStatus(state_->ReportMove(*request));
+  }
+
  private:
   ClusterState* const state_;
 };
@@ -395,6 +409,7 @@ void SchedulerServer::DetectFailures() {
     state_->CheckCanContinue();
     state_->CheckProgress();
     state_->CheckCheckpoints();
+    state_->CheckMoves();
     // The workers' clocks and positions, which heartbeats change without a
     // journal write, and the journal's age (how a new scheduler tells a
     // live job from an abandoned one).
