@@ -10,7 +10,8 @@
 //   failed N                  pushes that failed (the test expects 0)
 //
 // Each push carries keys of one server's slots (as the view at start has
-// them), so the test can tell pushes to a server it killed apart.
+// them), so the test can tell pushes to a server it killed apart; with
+// --mixed, keys of every server (the client splits the push among them).
 // The client follows the cluster views, so pushes to a dead server go to
 // the backup that takes over its slots (with the same sequence numbers).
 // Exit code 0 when every push was acknowledged, 1 otherwise (or on error).
@@ -49,6 +50,10 @@ ABSL_FLAG(std::string, progress_file, "",
           "Written (with the count) once 100 pushes were acknowledged.");
 ABSL_FLAG(std::string, ledger, "", "Where the ledger goes. Required.");
 ABSL_FLAG(std::string, log_level, "warn", "trace|debug|info|warn|error");
+ABSL_FLAG(bool, mixed, false,
+          "Each push draws its keys from all keys, so it spans servers (and "
+          "is split among them); its ledger group is then the job's server "
+          "count.");
 
 namespace {
 
@@ -166,9 +171,11 @@ int main(int argc, char** argv) {
     }
     next_group = (group + 1) % groups.size();
     auto push = std::make_unique<Push>();
-    push->group = group;
+    const bool mixed = absl::GetFlag(FLAGS_mixed);
+    push->group = mixed ? static_cast<uint32_t>(groups.size()) : group;
     for (int i = 0; i < absl::GetFlag(FLAGS_batch); ++i) {
-      push->keys.push_back(groups[group][rng() % groups[group].size()]);
+      push->keys.push_back(mixed ? rng() % absl::GetFlag(FLAGS_keys)
+                                 : groups[group][rng() % groups[group].size()]);
       push->grads.push_back(static_cast<float>(static_cast<int>(rng() % 9) - 4));
     }
     push->issue_us = absl::ToUnixMicros(absl::Now());

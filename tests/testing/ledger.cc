@@ -45,11 +45,14 @@ absl::StatusOr<LedgerPushers> LedgerPushers::Start(Options options,
         Wrapped(o, absl::StrCat("pusher", i),
                 {Runfile(o.pusher_binary), "--config=" + o.config_path,
                  "--scheduler=" + o.scheduler_address, "--table=" + o.table,
-                 absl::StrCat("--keys=", o.keys), absl::StrCat("--seed=", o.seed * 10 + i),
+                 absl::StrCat("--keys=", o.keys),
+                 absl::StrCat("--seed=", o.seed * 10 + i),
                  "--stop_file=" + o.dir + "/stop",
                  absl::StrCat("--progress_file=", o.dir, "/progress", i),
-                 absl::StrCat("--ledger=", o.dir, "/ledger", i)}),
-        absl::StrCat(o.dir, "/pusher", i, ".out"), absl::StrCat(o.dir, "/pusher", i, ".log"));
+                 absl::StrCat("--ledger=", o.dir, "/ledger", i),
+                 absl::StrCat("--mixed=", o.mixed ? "true" : "false")}),
+        absl::StrCat(o.dir, "/pusher", i, ".out"),
+        absl::StrCat(o.dir, "/pusher", i, ".log"));
     if (!pusher.ok()) return pusher.status();
     p.pushers_.push_back(*std::move(pusher));
   }

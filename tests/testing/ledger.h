@@ -38,6 +38,9 @@ class LedgerPushers {
     int keys = 2000;
     // Pusher i gets seed * 10 + i.
     uint64_t seed = 1;
+    // Each push spans every server (tests/replication_pusher --mixed)
+    // instead of carrying one server's keys.
+    bool mixed = false;
     // Binaries, as Runfile() paths.
     std::string pusher_binary = "tests/replication_pusher";
     std::string reader_binary = "worker/kv_tool";
