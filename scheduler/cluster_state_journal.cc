@@ -130,6 +130,43 @@ SchedulerJournal ClusterState::SnapshotLocked() const {
   return j;
 }
 
+namespace {
+
+// What is wrong with the journal's slot moves and scale-in, or "".
+std::string BadMoves(const SchedulerJournal& j, uint32_t num_servers,
+                     uint32_t num_slots) {
+  auto bad_move = [&](const SlotMove& m) {
+    if (m.source() >= num_servers || m.target() >= num_servers ||
+        m.source() == m.target() || m.slots_size() == 0) {
+      return true;
+    }
+    for (uint32_t s : m.slots()) {
+      if (s >= num_slots) return true;
+    }
+    return false;
+  };
+  const ClusterView& v = j.view();
+  for (const SlotMove& m : v.moves()) {
+    if (bad_move(m)) return "a slot move names bad ranks or slots";
+    for (uint32_t s : m.slots()) {
+      if (static_cast<int>(s) >= v.slot_owner_size() ||
+          v.slot_owner(s) != m.source()) {
+        return absl::StrCat("a slot move's slot ", s, " is not its source's");
+      }
+    }
+  }
+  for (const SlotMove& m : j.queued_moves()) {
+    if (bad_move(m)) return "a queued slot move names bad ranks or slots";
+  }
+  for (uint32_t r : j.removing_servers()) {
+    if (r >= num_servers)
+      return absl::StrCat("server rank ", r, " being removed");
+  }
+  return "";
+}
+
+}  // namespace
+
 absl::Status ClusterState::ValidateJournal(const SchedulerJournal& j) const {
   if (j.config_fingerprint() != fingerprint_) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -189,30 +226,8 @@ absl::Status ClusterState::ValidateJournal(const SchedulerJournal& j) const {
                  " rank ", info.rank());
     }
   }
-  auto bad_move = [&](const SlotMove& m) {
-    if (m.source() >= num_servers || m.target() >= num_servers ||
-        m.source() == m.target() || m.slots_size() == 0) {
-      return true;
-    }
-    for (uint32_t s : m.slots()) {
-      if (s >= num_slots) return true;
-    }
-    return false;
-  };
-  for (const SlotMove& m : v.moves()) {
-    if (bad_move(m)) return bad("a slot move names bad ranks or slots");
-    for (uint32_t s : m.slots()) {
-      if (static_cast<int>(s) >= v.slot_owner_size() ||
-          v.slot_owner(s) != m.source()) {
-        return bad("a slot move's slot ", s, " is not its source's");
-      }
-    }
-  }
-  for (const SlotMove& m : j.queued_moves()) {
-    if (bad_move(m)) return bad("a queued slot move names bad ranks or slots");
-  }
-  for (uint32_t r : j.removing_servers()) {
-    if (r >= num_servers) return bad("server rank ", r, " being removed");
+  if (std::string why = BadMoves(j, num_servers, num_slots); !why.empty()) {
+    return bad(why);
   }
   for (uint32_t r : j.worker_ranks_ever()) {
     if (r >= num_workers) return bad("worker rank ", r, " in worker_ranks_ever");

@@ -184,6 +184,20 @@ void AppendSummary(const ClusterSnapshot& snap, const std::string& job_state,
                             view.recovering_slots_size() > 0
                                 ? absl::StrCat(" (", view.recovering_slots_size(), " recovering)")
                                 : ""));
+  for (const SlotMove& m : view.moves()) {
+    const double age =
+        m.started_unix_micros() == 0
+            ? 0
+            : absl::ToDoubleSeconds(
+                  snap.taken - absl::FromUnixMicros(m.started_unix_micros()));
+    row(absl::StrCat("Slot move server ", m.source(), " &rarr; ", m.target()),
+        absl::StrFormat(
+            "%d slots, %s, %.1f s; %d rows (%.1f MB) copied", m.slots_size(),
+            m.phase() == SlotMove::FENCING ? "fencing"
+            : m.copied() ? "copied, the fence waits for a checkpoint"
+                         : "copying",
+            age, m.rows_copied(), m.bytes_copied() / 1e6));
+  }
   row("Last checkpoint", view.last_checkpoint_clock() > 0
                              ? absl::StrCat("clock ", view.last_checkpoint_clock())
                              : std::string("none"));
@@ -506,6 +520,27 @@ void SchedulerMonitor::RegisterMetrics(metrics::Registry* r) const {
   RegisterJobMetrics(this, r);
   RegisterEventCounters(this, r);
   RegisterPaceMetrics(this, r);
+  r->AddCallbackFamily(
+      "ps_scheduler_slot_moves",
+      "Slot moves in progress (live scale-out and scale-in), by phase.",
+      Type::kGauge, {"phase"}, [this] {
+        double copying = 0, fencing = 0;
+        const ClusterSnapshot s = Snapshot();
+        for (const SlotMove& m : s.status.view().moves()) {
+          (m.phase() == SlotMove::FENCING ? fencing : copying) += 1;
+        }
+        return std::vector<metrics::Sample>{{{"copying"}, copying},
+                                            {{"fencing"}, fencing}};
+      });
+  r->AddCallback("ps_scheduler_slots_moving",
+                 "Slots in the slot moves in progress.", Type::kGauge, [this] {
+                   double slots = 0;
+                   const ClusterSnapshot s = Snapshot();
+                   for (const SlotMove& m : s.status.view().moves()) {
+                     slots += m.slots_size();
+                   }
+                   return slots;
+                 });
   r->AddCallback("ps_scheduler_last_checkpoint_clock",
                  "Clock of the newest committed checkpoint (0: none).", Type::kGauge,
                  [this] { return double(Snapshot().status.view().last_checkpoint_clock()); });
