@@ -48,11 +48,11 @@ constexpr uint32_t kBlock = 4;
 constexpr uint64_t kWorker[] = {1, 2};  // node ids of worker ranks 0, 1
 
 std::string Config(uint32_t servers, uint32_t replication) {
-  return absl::StrCat("cluster { num_servers: ", servers,
-                      " num_workers: 2 num_slots: 16 replication: ",
-                      replication, R"pb(
+  return absl::StrCat(
+      "cluster { num_servers: ", servers,
+      " num_workers: 2 num_slots: 16 replication: ", replication, R"pb(
     elastic { max_servers: 4 } }
-    tables { id: 0 name: "emb" sparse { dim: 2 }
+            tables { id: 0 name: "emb" sparse { dim: 2 }
              optimizer { sgd { learning_rate: 1 } } init { kind: ZEROS } }
     tables { id: 1 name: "dense" dense { size: 32 block_size: 4 }
              optimizer { sgd { learning_rate: 1 } } init { kind: ZEROS } }
@@ -169,10 +169,9 @@ class MoveTest : public ::testing::Test {
                         const std::vector<uint64_t>& keys,
                         const std::vector<float>& grads, uint32_t w = 0,
                         uint64_t clock = 0) {
-    RequestHeader h =
-        table == kSparse
-            ? Header(PUSH, kSparse, keys.size())
-            : Header(PUSH, kDense, 0, {{keys[0] * kBlock, kBlock}});
+    RequestHeader h = table == kSparse ? Header(PUSH, kSparse, keys.size())
+                                       : Header(PUSH, kDense, 0,
+                                                {{keys[0] * kBlock, kBlock}});
     h.set_request_id(++request_id_);
     h.set_sender_node_id(kWorker[w]);
     h.set_seq(++seq_[w]);
@@ -200,8 +199,8 @@ class MoveTest : public ::testing::Test {
     for (uint32_t i = 0; i < n; ++i) grads.push_back(g + i);
     const uint32_t owner = layout_.owner[SlotOf(table, id)];
     const ResponseHeader rh = PushTo(owner, table, {id}, grads);
-    ASSERT_EQ(rh.code(), 0) << "push to server " << owner << ": "
-                            << rh.message();
+    ASSERT_EQ(rh.code(), 0)
+        << "push to server " << owner << ": " << rh.message();
     for (uint32_t i = 0; i < n; ++i) {
       ledger_[{table, table == kSparse ? id * kDim + i : id * kBlock + i}] +=
           grads[i];
@@ -218,8 +217,8 @@ class MoveTest : public ::testing::Test {
   // acknowledged gradients.
   void ExpectLedger() {
     for (uint64_t k = 0; k < kKeys; ++k) {
-      const std::vector<float> v = PullFrom(layout_.owner[SlotOf(kSparse, k)],
-                                            kSparse, k);
+      const std::vector<float> v =
+          PullFrom(layout_.owner[SlotOf(kSparse, k)], kSparse, k);
       ASSERT_EQ(v.size(), kDim);
       for (uint32_t i = 0; i < kDim; ++i) {
         const float want = -ledger_[Cell{kSparse, k * kDim + i}];
@@ -245,10 +244,9 @@ class MoveTest : public ::testing::Test {
     h.set_request_id(++request_id_);
     h.set_sender_node_id(kWorker[0]);
     h.set_clock(clock);
-    std::vector<zmq::message_t> reply = clients_[rank]->RoundTrip(
-        Frames(HeaderFrame(h),
-               KeysFrame(table == kSparse ? std::vector<uint64_t>{id}
-                                          : std::vector<uint64_t>{})));
+    std::vector<zmq::message_t> reply = clients_[rank]->RoundTrip(Frames(
+        HeaderFrame(h), KeysFrame(table == kSparse ? std::vector<uint64_t>{id}
+                                                   : std::vector<uint64_t>{})));
     std::vector<float> values;
     ResponseHeader rh;
     if (reply.empty()) return values;
@@ -456,8 +454,7 @@ TEST_F(MoveTest, OpenBspStepIsAppliedOnceAtTheTarget) {
   std::optional<ReportMoveRequest> copied = NextReport(0);
   ASSERT_TRUE(copied.has_value());
   ASSERT_EQ(copied->stage(), ReportMoveRequest::COPIED);
-  l.moves = {
-      Move(0, 1, kMoving, SlotMove::FENCING, copy_epoch, epoch_ + 1)};
+  l.moves = {Move(0, 1, kMoving, SlotMove::FENCING, copy_epoch, epoch_ + 1)};
   ASSERT_NO_FATAL_FAILURE(Install(l));
   std::optional<ReportMoveRequest> fenced = NextReport(0);
   ASSERT_TRUE(fenced.has_value());
@@ -473,9 +470,9 @@ TEST_F(MoveTest, OpenBspStepIsAppliedOnceAtTheTarget) {
       h.set_request_id(++request_id_);
       h.set_sender_node_id(kWorker[w]);
       h.set_clock(1);
-      ASSERT_FALSE(
-          clients_[rank]->RoundTrip(Frames(HeaderFrame(h), KeysFrame({})))
-              .empty());
+      ASSERT_FALSE(clients_[rank]
+                       ->RoundTrip(Frames(HeaderFrame(h), KeysFrame({})))
+                       .empty());
     }
   }
   const std::vector<float> v = PullFrom(1, kSparse, key, /*clock=*/1);

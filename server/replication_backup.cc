@@ -156,15 +156,15 @@ struct ReplicaRoute {
       return absl::OkStatus();
     }
     return Refuse(
-        rh, absl::StrCat(
-                "slot ", slot, " is owned by server ", slot_owner[slot],
-                " and backed by ",
-                slot_backup[slot] == kNoBackup
-                    ? std::string("none")
-                    : absl::StrCat("server ", slot_backup[slot]),
-                ", not sent by its primary to its backup or the target of "
-                "its move (this server is rank ",
-                rank, ")"));
+        rh,
+        absl::StrCat("slot ", slot, " is owned by server ", slot_owner[slot],
+                     " and backed by ",
+                     slot_backup[slot] == kNoBackup
+                         ? std::string("none")
+                         : absl::StrCat("server ", slot_backup[slot]),
+                     ", not sent by its primary to its backup or the target of "
+                     "its move (this server is rank ",
+                     rank, ")"));
   }
 
   uint32_t learner(uint32_t slot) const {
@@ -345,8 +345,8 @@ absl::Status KVServer::Impl::ValidateReplica(
     for (uint32_t slot : r.slots()) {
       PS_RETURN_IF_ERROR(route.CheckSlot(slot, rh));
       if (route.learner(slot) != own.rank) {
-        return route.Refuse(rh, absl::StrCat("slot ", slot,
-                                             " is not moving to this server"));
+        return route.Refuse(
+            rh, absl::StrCat("slot ", slot, " is not moving to this server"));
       }
     }
     return CheckFenceDigest(m, own);
@@ -591,10 +591,10 @@ absl::Status KVServer::Impl::CheckFenceDigest(
   if (mine.digest == r.digest() && mine.rows == r.rows())
     return absl::OkStatus();
   return absl::DataLossError(absl::StrCat(
-      "the move's copy of ", r.slots_size(), " slots differs: the source holds ",
-      r.rows(), " rows with digest ", absl::Hex(r.digest(), absl::kZeroPad16),
-      ", the target ", mine.rows, " rows with digest ",
-      absl::Hex(mine.digest, absl::kZeroPad16)));
+      "the move's copy of ", r.slots_size(),
+      " slots differs: the source holds ", r.rows(), " rows with digest ",
+      absl::Hex(r.digest(), absl::kZeroPad16), ", the target ", mine.rows,
+      " rows with digest ", absl::Hex(mine.digest, absl::kZeroPad16)));
 }
 
 ReplicaStore::Dims KVServer::Impl::TableDims() const {

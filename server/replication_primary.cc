@@ -42,7 +42,6 @@ RequestHeader CatchUpHeader(uint64_t epoch, uint64_t node_id,
   return h;
 }
 
-
 }  // namespace
 
 ReplicationPrimary::ReplicationPrimary(Deps deps) : deps_(std::move(deps)) {}
@@ -272,6 +271,8 @@ void ReplicationPrimary::SyncBackups(const ServerView& own) {
     }
     links_[node] = std::move(link).value();
   }
+  // Before the learners' catch-ups, which count toward the moves.
+  SyncMoves(own);
   std::map<uint64_t, std::vector<uint32_t>> catch_up, learn;
   for (uint32_t s = 0; s < num_slots; ++s) {
     const uint64_t node = links_.contains(desired[s]) ? desired[s] : 0;
@@ -289,7 +290,6 @@ void ReplicationPrimary::SyncBackups(const ServerView& own) {
   }
   RehomeWaits(own, orphaned, ends);
   NoteUnbacked(own, own.backups_required ? unbacked : 0);
-  SyncMoves(own);
   for (const auto& [node, slots] : learn) {
     BackupLink& link = *links_[node];
     const Copied copied = SendCatchUp(own, link, slots);
@@ -330,12 +330,11 @@ void ReplicationPrimary::SyncMoves(const ServerView& own) {
     const bool handed = !m.slots.empty() &&
                         m.slots[0] < own.slot_owner.size() &&
                         own.slot_owner[m.slots[0]] == m.target;
-    ServerLog()->info(
-        "move of {} slots to server {}: {} (epoch {})", m.slots.size(),
-        m.target,
-        handed ? "handed over, the target owns them"
-               : "abandoned, this server keeps them",
-        own.epoch);
+    ServerLog()->info("move of {} slots to server {}: {} (epoch {})",
+                      m.slots.size(), m.target,
+                      handed ? "handed over, the target owns them"
+                             : "abandoned, this server keeps them",
+                      own.epoch);
     moves_.erase(it++);
   }
   if (own.node_id == 0) return;
@@ -346,10 +345,15 @@ void ReplicationPrimary::SyncMoves(const ServerView& own) {
       MoveOut m;
       m.source = v.source;
       m.target = v.target;
-      m.node = v.target < own.server_node.size() ? own.server_node[v.target]
-                                                 : 0;
+      m.node =
+          v.target < own.server_node.size() ? own.server_node[v.target] : 0;
       m.slots = v.slots;
       m.copy_epoch = v.copy_epoch;
+      // A new move copies its slots afresh, even to a server that was
+      // sent them for an earlier move this view replaced.
+      for (uint32_t s : v.slots) {
+        if (s < learned_.size()) learned_[s] = 0;
+      }
       it = moves_.emplace(v.target, std::move(m)).first;
       ServerLog()->info(
           "move of {} slots to server {} (node {}): copying (epoch {})",
@@ -415,8 +419,8 @@ void ReplicationPrimary::NoteMoveAnswers(uint64_t node, uint64_t id, bool ok,
       ReportMove(move, ReportMoveRequest::ABORTED, move.fence_epoch, error);
       continue;
     }
-    const int64_t pause = absl::ToInt64Microseconds(deps_.clock->Now() -
-                                                    move.fence_start);
+    const int64_t pause =
+        absl::ToInt64Microseconds(deps_.clock->Now() - move.fence_start);
     ServerLog()->info(
         "move of {} slots to server {}: the target holds every update "
         "(fence pause {:.1f} ms)",
@@ -486,7 +490,6 @@ void ReplicationPrimary::NoteUnbacked(const ServerView& own,
   }
   unbacked_slots_ = unbacked;
 }
-
 
 ReplicationPrimary::Copied ReplicationPrimary::SendCatchUp(
     const ServerView& own, BackupLink& link,
@@ -565,8 +568,8 @@ ReplicationPrimary::Copied ReplicationPrimary::SendTableCopy(
     h.set_table_id(id);
     h.set_num_keys(out_keys.size());
     copied.rows += out_keys.size();
-    copied.bytes += out_keys.size() * sizeof(uint64_t) +
-                    out_values.size() * sizeof(float);
+    copied.bytes +=
+        out_keys.size() * sizeof(uint64_t) + out_values.size() * sizeof(float);
     link.Send(h, FrameFromVector(std::move(out_keys)),
               FrameFromVector(std::move(out_values)), true);
     out_keys = std::vector<uint64_t>();

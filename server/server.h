@@ -36,7 +36,25 @@
 // buffered of the primary's BSP steps joins its own steps. A slot without a
 // live backup is served without a copy (logged; counted in
 // Stats::unreplicated_pushes). Pulls, SCAN and checkpoints see only the
-// slots this server owns. With replication 1 none of this runs.
+// slots this server owns. With replication 1 none of this runs, unless
+// the job is elastic (below).
+//
+// Slot moves (cluster.elastic; proto/scheduler.proto SlotMove). The view
+// names a move's source (the slots' owner) and target. While it COPYs, the
+// source copies the slots to the target the way it catches up a backup
+// and forwards every later update of them, BSP sum and step announcement
+// too, but does not make workers wait for the target (unless it falls too
+// far behind); once the target holds the copy it reports COPIED
+// (Options::on_move). While it FENCEs, the source refuses every push to
+// the slots (UNAVAILABLE: the worker sends again) and sends the target a
+// digest of the slots' rows after everything else; the target compares it
+// with its own and the source reports FENCED, or ABORTED when they differ.
+// The view that flips the move makes the target the owner, which takes
+// over the source's sequence records and buffered steps as at a failover
+// (counted as a move, not a failover); with replication 2 the source
+// becomes the slots' backup with no copy back, with replication 1 it drops
+// them. A view that drops the move unflipped makes the target drop its
+// copy.
 //
 // Registration with the scheduler is the caller's business (ServerNode,
 // server/server_node.h, does it); the server only needs the view through
