@@ -537,6 +537,21 @@ absl::Status SchedulerClient::ReportCheckpoint(
                   absl::StrCat("report checkpoint ", request.clock()));
 }
 
+absl::Status SchedulerClient::ReportMove(ReportMoveRequest request) {
+  request.set_node_id(node_id_);
+  ReportMoveResponse response;
+  const grpc::Status status =
+      CallWithRetry(options_.rpc_timeout, absl::Now() + options_.rpc_timeout,
+                    [&](grpc::ClientContext* c) {
+                      return stub_->ReportMove(c, request, &response);
+                    });
+  return Annotate(
+      FromGrpcStatus(status),
+      absl::StrCat("report move ", request.source(), "->", request.target(),
+                   " ", ReportMoveRequest::Stage_Name(request.stage()),
+                   " (epoch ", request.epoch(), ")"));
+}
+
 absl::StatusOr<GetStatusResponse> SchedulerClient::GetStatus() {
   GetStatusRequest request;
   GetStatusResponse response;
@@ -581,6 +596,7 @@ void SchedulerClient::HeartbeatLoop() {
       absl::MutexLock lock(&progress_mu_);
       if (has_position_) *request.mutable_position() = position_;
     }
+    if (options_.fill_heartbeat) options_.fill_heartbeat(&request);
     HeartbeatResponse response;
     // Before sending: the scheduler's deadline for this node starts later.
     const SteadyClock::time_point sent = SteadyClock::now();

@@ -107,6 +107,10 @@ class SchedulerClient {
     // scheduler is draining this node (psctl drain): the node should leave
     // exactly as on SIGTERM. Must not block.
     std::function<void()> on_drain;
+    // Called on the heartbeat thread before each heartbeat is sent, to add
+    // what the node reports now and then (servers: slot_bytes). Must not
+    // block, and must not set node_id, known_epoch, clock or position.
+    std::function<void(HeartbeatRequest*)> fill_heartbeat;
 
     // Options for a node of the job `config` (fingerprint, heartbeat
     // interval and timeout, unreachable timeout and TLS taken from it)
@@ -152,6 +156,10 @@ class SchedulerClient {
   // (node_id is filled in). This and the two below retry for at most
   // Options::rpc_timeout.
   absl::Status ReportCheckpoint(ReportCheckpointRequest request);
+  // Servers: reports the progress of a slot move this server is the source
+  // of (node_id is filled in). FAILED_PRECONDITION: the report is stale
+  // (no such move in progress any more).
+  absl::Status ReportMove(ReportMoveRequest request);
   // The scheduler's snapshot for operators (psctl status): the view and the
   // live workers' last reported clocks.
   absl::StatusOr<GetStatusResponse> GetStatus();

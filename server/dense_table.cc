@@ -96,6 +96,19 @@ absl::Status DenseTable::ForEachBlock(
   return absl::OkStatus();
 }
 
+size_t DenseTable::DropBlocks(absl::FunctionRef<bool(uint64_t block)> drop) {
+  size_t dropped = 0;
+  for (auto it = blocks_.begin(); it != blocks_.end();) {
+    if (drop(it->first)) {
+      blocks_.erase(it++);
+      ++dropped;
+    } else {
+      ++it;
+    }
+  }
+  return dropped;
+}
+
 absl::Status DenseTable::ImportBlock(uint64_t block,
                                      absl::Span<const float> values,
                                      absl::Span<const float> state) {

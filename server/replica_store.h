@@ -65,6 +65,13 @@ public:
   // dropped, since the snapshot that follows holds it.
   void BeginCatchUp(uint64_t primary, absl::Span<const uint32_t> slots,
                     const Dims &dims);
+  // This server gives up its copy of `slots` from `primary` (a slot move
+  // it was the target of was abandoned): as BeginCatchUp, what was
+  // buffered of them goes and they are not caught up.
+  void ForgetSlots(uint64_t primary, absl::Span<const uint32_t> slots,
+                   const Dims &dims) {
+    BeginCatchUp(primary, slots, dims);
+  }
   // The catch-up of `slots` completed.
   void EndCatchUp(absl::Span<const uint32_t> slots);
   // False for a slot outside the sized range.

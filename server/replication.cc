@@ -186,10 +186,23 @@ uint64_t BackupLink::Send(RequestHeader& header, zmq::message_t keys,
                           zmq::message_t payload, bool has_payload) {
   const uint64_t id = next_id_++;
   header.set_request_id(id);
-  socket_.send(SerializeToFrame(header), zmq::send_flags::sndmore);
+  zmq::message_t head = SerializeToFrame(header);
+  const uint64_t bytes =
+      head.size() + keys.size() + (has_payload ? payload.size() : 0);
+  unacked_.emplace_back(id, bytes);
+  bytes_in_flight_ += bytes;
+  socket_.send(head, zmq::send_flags::sndmore);
   socket_.send(keys, has_payload ? zmq::send_flags::sndmore : zmq::send_flags::none);
   if (has_payload) socket_.send(payload, zmq::send_flags::none);
   return id;
+}
+
+void BackupLink::set_acked(uint64_t id) {
+  acked_ = std::max(acked_, id);
+  while (!unacked_.empty() && unacked_.front().first <= acked_) {
+    bytes_in_flight_ -= unacked_.front().second;
+    unacked_.pop_front();
+  }
 }
 
 }  // namespace ps::replication

@@ -7,9 +7,11 @@
 #define PS_SERVER_REPLICATION_H_
 
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/time/time.h"
@@ -104,8 +106,12 @@ class BackupLink {
   // The id of the last message sent (0 = none) and the highest answered.
   uint64_t last_sent() const { return next_id_ - 1; }
   uint64_t acked() const { return acked_; }
-  void set_acked(uint64_t id) { acked_ = std::max(acked_, id); }
+  void set_acked(uint64_t id);
   bool all_acked() const { return acked_ + 1 >= next_id_; }
+  // Messages sent and not answered yet, and their bytes (flow control of a
+  // slot move's learner).
+  uint64_t messages_in_flight() const { return last_sent() - acked_; }
+  uint64_t bytes_in_flight() const { return bytes_in_flight_; }
 
   // Answers held back until messages of this link are answered: message
   // id -> an id of the server's choosing.
@@ -125,6 +131,9 @@ class BackupLink {
   zmq::socket_t socket_;
   uint64_t next_id_ = 1;
   uint64_t acked_ = 0;
+  // (message id, bytes) of the messages not answered yet, oldest first.
+  std::deque<std::pair<uint64_t, uint64_t>> unacked_;
+  uint64_t bytes_in_flight_ = 0;
   std::multimap<uint64_t, uint64_t> waiters_;
 };
 

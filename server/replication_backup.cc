@@ -13,6 +13,7 @@
 #include "common/wire.h"
 #include "server/server_impl.h"
 #include "server/server_log.h"
+#include "server/slot_digest.h"
 
 namespace ps {
 
@@ -124,6 +125,8 @@ namespace {
 // owns and this server backs, in this server's view.
 struct ReplicaRoute {
   absl::Span<const uint32_t> slot_owner, slot_backup;
+  // Per slot, the target of its move (empty: no moves).
+  absl::Span<const uint32_t> slot_learner;
   uint32_t rank = 0;  // this server's
   uint32_t primary_rank =
       kNoBackup;         // the sender's; kNoBackup: not a live server
@@ -148,18 +151,24 @@ struct ReplicaRoute {
       return absl::InvalidArgumentError(
           absl::StrCat("slot ", slot, " out of range"));
     }
-    if (slot_owner[slot] == primary_rank && slot_backup[slot] == rank) {
+    if (slot_owner[slot] == primary_rank &&
+        (slot_backup[slot] == rank || learner(slot) == rank)) {
       return absl::OkStatus();
     }
     return Refuse(
-        rh, absl::StrCat(
-                "slot ", slot, " is owned by server ", slot_owner[slot],
-                " and backed by ",
-                slot_backup[slot] == kNoBackup
-                    ? std::string("none")
-                    : absl::StrCat("server ", slot_backup[slot]),
-                ", not sent by its primary to its backup (this server is rank ",
-                rank, ")"));
+        rh,
+        absl::StrCat("slot ", slot, " is owned by server ", slot_owner[slot],
+                     " and backed by ",
+                     slot_backup[slot] == kNoBackup
+                         ? std::string("none")
+                         : absl::StrCat("server ", slot_backup[slot]),
+                     ", not sent by its primary to its backup or the target of "
+                     "its move (this server is rank ",
+                     rank, ")"));
+  }
+
+  uint32_t learner(uint32_t slot) const {
+    return slot < slot_learner.size() ? slot_learner[slot] : kNoBackup;
   }
 };
 
@@ -306,6 +315,7 @@ absl::Status KVServer::Impl::ValidateReplica(
   ReplicaRoute route;
   route.slot_owner = own.slot_owner;
   route.slot_backup = own.slot_backup;
+  route.slot_learner = own.slot_learner;
   route.rank = own.rank;
   route.primary = r.primary_node_id();
   route.epoch = own.epoch;
@@ -331,6 +341,16 @@ absl::Status KVServer::Impl::ValidateReplica(
     return absl::OkStatus();
   }
   if (kind == REPLICA_SEQS) return ValidateSeqs(m, &v->seqs);
+  if (kind == REPLICA_FENCE) {
+    for (uint32_t slot : r.slots()) {
+      PS_RETURN_IF_ERROR(route.CheckSlot(slot, rh));
+      if (route.learner(slot) != own.rank) {
+        return route.Refuse(
+            rh, absl::StrCat("slot ", slot, " is not moving to this server"));
+      }
+    }
+    return CheckFenceDigest(m, own);
+  }
 
   auto table = tables_.find(h.table_id());
   if (table == tables_.end()) {
@@ -394,6 +414,12 @@ void KVServer::Impl::ApplyReplica(const replication::ReplicaMessage& m,
       replicas_.EndCatchUp(r.slots());
       ServerLog()->info("caught up with {} slots of server {} (node {})",
                         r.slots_size(), v.primary_rank, primary);
+      return;
+    case REPLICA_FENCE:
+      ServerLog()->info(
+          "move of {} slots from server {} (node {}): holding every update "
+          "of them ({} rows, digests match)",
+          r.slots_size(), v.primary_rank, primary, r.rows());
       return;
     case REPLICA_SEQS:
       for (const auto& [sender, window] : v.seqs)
@@ -474,27 +500,33 @@ void KVServer::Impl::Promote(const Ownership& prev, const Ownership& own) {
   }
   replicas_.SizeSlots(num_slots);
   failover_.SizeSlots(num_slots);
-  // Old primary node -> the slots this server takes over from it.
+  // Old primary node -> the slots this server takes over from it: as their
+  // backup (failover) or as the target of their move (its flip).
   std::map<uint64_t, std::vector<bool>> from;
-  std::vector<uint32_t> old_ranks;
+  std::vector<uint32_t> old_ranks, moved, move_sources;
   uint32_t count = 0, incomplete = 0, without_copy = 0;
   for (uint32_t s = 0; s < num_slots; ++s) {
     if (own.slot_owner[s] != own.rank || prev.slot_owner[s] == own.rank)
       continue;
     const uint32_t old = prev.slot_owner[s];
-    if (prev.slot_backup[s] != own.rank || old >= prev.server_node.size() ||
-        prev.server_node[old] == 0) {
+    const bool move = prev.learner(s) == own.rank;
+    if ((prev.slot_backup[s] != own.rank && !move) ||
+        old >= prev.server_node.size() || prev.server_node[old] == 0) {
       ++without_copy;
       continue;
     }
     std::vector<bool>& mask = from[prev.server_node[old]];
     if (mask.empty()) mask.assign(num_slots, false);
     mask[s] = true;
-    if (std::find(old_ranks.begin(), old_ranks.end(), old) == old_ranks.end()) {
-      old_ranks.push_back(old);
+    std::vector<uint32_t>& ranks = move ? move_sources : old_ranks;
+    if (std::find(ranks.begin(), ranks.end(), old) == ranks.end())
+      ranks.push_back(old);
+    incomplete += !replicas_.caught_up(s);
+    if (move) {
+      moved.push_back(s);
+      continue;
     }
     ++count;
-    incomplete += !replicas_.caught_up(s);
     failover_.MarkPromoted(s);
   }
   if (without_copy > 0) {
@@ -503,7 +535,7 @@ void KVServer::Impl::Promote(const Ownership& prev, const Ownership& own) {
         "old primary (epoch {})",
         without_copy, own.epoch);
   }
-  if (count == 0) return;
+  if (from.empty()) return;
   const ReplicaStore::Dims dims = TableDims();
   uint64_t merged_steps = 0, applied_steps = 0;
   for (const auto& [node, mask] : from) {
@@ -529,19 +561,40 @@ void KVServer::Impl::Promote(const Ownership& prev, const Ownership& own) {
   }
   // Checkpoints: the promoted rows hold pushes of the steps applied to them.
   checkpoint_gate_.Promoted();
-  counters_.slots_promoted.fetch_add(count, std::memory_order_relaxed);
-  failover_.Start(own.epoch);
-  ServerLog()->warn(
-      "failover: serving {} slots of server(s) {} as their new primary (epoch "
-      "{}; {} buffered steps joined, {} applied)",
-      count, absl::StrJoin(old_ranks, ", "), own.epoch, merged_steps,
-      applied_steps);
+  NoteMovedIn(prev, own, moved, move_sources);
+  if (count > 0) {
+    counters_.slots_promoted.fetch_add(count, std::memory_order_relaxed);
+    failover_.Start(own.epoch);
+    ServerLog()->warn(
+        "failover: serving {} slots of server(s) {} as their new primary "
+        "(epoch {}; {} buffered steps joined, {} applied)",
+        count, absl::StrJoin(old_ranks, ", "), own.epoch, merged_steps,
+        applied_steps);
+  } else {
+    ServerLog()->info("move: {} buffered steps joined, {} applied",
+                      merged_steps, applied_steps);
+  }
   if (incomplete > 0) {
     ServerLog()->error(
         "{} of the promoted slots had not finished copying from their old "
         "primary: updates to them may be missing",
         incomplete);
   }
+}
+
+absl::Status KVServer::Impl::CheckFenceDigest(
+    const replication::ReplicaMessage& m, const Ownership& own) const {
+  const ReplicaInfo& r = m.header.replica_info();
+  std::vector<bool> mask(own.slot_owner.size(), false);
+  for (uint32_t slot : r.slots()) mask[slot] = true;
+  const SlotDigest mine = DigestSlots(tables_, mask);
+  if (mine.digest == r.digest() && mine.rows == r.rows())
+    return absl::OkStatus();
+  return absl::DataLossError(absl::StrCat(
+      "the move's copy of ", r.slots_size(),
+      " slots differs: the source holds ", r.rows(), " rows with digest ",
+      absl::Hex(r.digest(), absl::kZeroPad16), ", the target ", mine.rows,
+      " rows with digest ", absl::Hex(mine.digest, absl::kZeroPad16)));
 }
 
 ReplicaStore::Dims KVServer::Impl::TableDims() const {

@@ -16,6 +16,7 @@
 #include "common/wire.h"
 #include "server/response_code.h"
 #include "server/server_log.h"
+#include "server/slot_digest.h"
 #include "server/table_rows.h"
 #include "zmq_addon.hpp"
 
@@ -29,6 +30,17 @@ using replication::BackupLink;
 constexpr size_t kCatchUpBytes = size_t{8} << 20;
 // A backup that refused a message is copied again at most this often.
 constexpr absl::Duration kResyncPeriod = absl::Milliseconds(200);
+
+// The header of a replica message of a catch-up from `own`'s node.
+RequestHeader CatchUpHeader(uint64_t epoch, uint64_t node_id,
+                            ReplicaKind kind) {
+  RequestHeader h;
+  h.set_replica(true);
+  h.set_epoch(epoch);
+  h.mutable_replica_info()->set_kind(kind);
+  h.mutable_replica_info()->set_primary_node_id(node_id);
+  return h;
+}
 
 }  // namespace
 
@@ -60,6 +72,7 @@ void ReplicationPrimary::Forward(
   info->set_kind(kind);
   info->set_primary_node_id(own.node_id);
   info->set_lr_scale(lr_scale);
+  ForwardLearners(own, h, replica, table, keys, values, frames, slots, needs);
   const uint32_t first = own.slot_backup[slots[0]];
   bool uniform = true;
   for (uint32_t slot : slots) uniform &= own.slot_backup[slot] == first;
@@ -71,7 +84,8 @@ void ReplicationPrimary::Forward(
   // gets the worker's own key and value frames (shared, not copied).
   BackupLink* link = LinkOf(own, first);
   if (link == nullptr) {
-    deps_.unreplicated_pushes->fetch_add(1, std::memory_order_relaxed);
+    if (own.backups_required)
+      deps_.unreplicated_pushes->fetch_add(1, std::memory_order_relaxed);
     return;
   }
   zmq::message_t k, v;
@@ -82,6 +96,44 @@ void ReplicationPrimary::Forward(
   deps_.forwards->fetch_add(1, std::memory_order_relaxed);
 }
 
+uint64_t ReplicationPrimary::SendSubset(
+    BackupLink& link, const RequestHeader& h, const RequestHeader& replica,
+    const Table& table, absl::Span<const uint64_t> keys,
+    absl::Span<const float> values, const std::vector<size_t>& idx) {
+  RequestHeader r = replica;
+  std::vector<float> v;
+  zmq::message_t k;
+  if (const SparseTable* sparse = table.AsSparse()) {
+    const uint32_t dim = sparse->dim();
+    std::vector<uint64_t> subset;
+    subset.reserve(idx.size());
+    v.reserve(idx.size() * dim);
+    for (size_t i : idx) {
+      subset.push_back(keys[i]);
+      v.insert(v.end(), values.begin() + i * dim,
+               values.begin() + (i + 1) * dim);
+    }
+    r.set_num_keys(subset.size());
+    k = FrameFromVector(std::move(subset));
+  } else {
+    // Value offset of every dense segment.
+    std::vector<uint64_t> offsets;
+    uint64_t offset = 0;
+    for (const DenseSegment& s : h.segments()) {
+      offsets.push_back(offset);
+      offset += s.length();
+    }
+    r.clear_segments();
+    for (size_t i : idx) {
+      const DenseSegment& s = h.segments(static_cast<int>(i));
+      *r.add_segments() = s;
+      v.insert(v.end(), values.begin() + offsets[i],
+               values.begin() + offsets[i] + s.length());
+    }
+  }
+  return link.Send(r, std::move(k), FrameFromVector(std::move(v)), true);
+}
+
 void ReplicationPrimary::ForwardSplit(
     const ServerView& own, const RequestHeader& h, const RequestHeader& replica,
     const Table& table, absl::Span<const uint64_t> keys,
@@ -90,16 +142,6 @@ void ReplicationPrimary::ForwardSplit(
   std::map<uint32_t, std::vector<size_t>> groups;  // backup rank -> indices
   for (size_t i = 0; i < slots.size(); ++i)
     groups[own.slot_backup[slots[i]]].push_back(i);
-  const SparseTable* sparse = table.AsSparse();
-  // Value offset of every dense segment.
-  std::vector<uint64_t> offsets;
-  if (sparse == nullptr) {
-    uint64_t offset = 0;
-    for (const DenseSegment& s : h.segments()) {
-      offsets.push_back(offset);
-      offset += s.length();
-    }
-  }
   bool unreplicated = false;
   for (const auto& [backup, idx] : groups) {
     BackupLink* link = LinkOf(own, backup);
@@ -107,37 +149,45 @@ void ReplicationPrimary::ForwardSplit(
       unreplicated = true;
       continue;
     }
-    RequestHeader r = replica;
-    std::vector<float> v;
-    zmq::message_t k;
-    if (sparse != nullptr) {
-      const uint32_t dim = sparse->dim();
-      std::vector<uint64_t> subset;
-      subset.reserve(idx.size());
-      v.reserve(idx.size() * dim);
-      for (size_t i : idx) {
-        subset.push_back(keys[i]);
-        v.insert(v.end(), values.begin() + i * dim,
-                 values.begin() + (i + 1) * dim);
-      }
-      r.set_num_keys(subset.size());
-      k = FrameFromVector(std::move(subset));
-    } else {
-      r.clear_segments();
-      for (size_t i : idx) {
-        const DenseSegment& s = h.segments(static_cast<int>(i));
-        *r.add_segments() = s;
-        v.insert(v.end(), values.begin() + offsets[i],
-                 values.begin() + offsets[i] + s.length());
-      }
-    }
-    needs->emplace_back(
-        link->node_id(),
-        link->Send(r, std::move(k), FrameFromVector(std::move(v)), true));
+    needs->emplace_back(link->node_id(), SendSubset(*link, h, replica, table,
+                                                    keys, values, idx));
     deps_.forwards->fetch_add(1, std::memory_order_relaxed);
   }
-  if (unreplicated)
+  if (unreplicated && own.backups_required)
     deps_.unreplicated_pushes->fetch_add(1, std::memory_order_relaxed);
+}
+
+void ReplicationPrimary::ForwardLearners(
+    const ServerView& own, const RequestHeader& h, const RequestHeader& replica,
+    const Table& table, absl::Span<const uint64_t> keys,
+    absl::Span<const float> values, std::vector<zmq::message_t>& frames,
+    const std::vector<uint32_t>& slots, std::vector<Need>* needs) {
+  if (own.slot_learner.empty()) return;
+  std::map<uint32_t, std::vector<size_t>> groups;  // learner rank -> indices
+  for (size_t i = 0; i < slots.size(); ++i) {
+    const uint32_t learner = own.learner(slots[i]);
+    if (learner != kNoBackup) groups[learner].push_back(i);
+  }
+  for (const auto& [learner, idx] : groups) {
+    BackupLink* link = LinkOf(own, learner);
+    if (link == nullptr) continue;
+    uint64_t id;
+    if (idx.size() == slots.size()) {
+      zmq::message_t k, v;
+      k.copy(frames[1]);
+      v.copy(frames[2]);
+      RequestHeader r = replica;
+      id = link->Send(r, std::move(k), std::move(v), true);
+    } else {
+      id = SendSubset(*link, h, replica, table, keys, values, idx);
+    }
+    deps_.forwards->fetch_add(1, std::memory_order_relaxed);
+    // Not acknowledged by the learner, unless it falls too far behind.
+    if (link->messages_in_flight() > kLearnerMaxMessages ||
+        link->bytes_in_flight() > kLearnerMaxBytes) {
+      needs->emplace_back(link->node_id(), id);
+    }
+  }
 }
 
 absl::Status ReplicationPrimary::NeedsForDuplicate(
@@ -167,31 +217,37 @@ absl::Status ReplicationPrimary::NeedsForDuplicate(
 void ReplicationPrimary::SyncBackups(const ServerView& own) {
   const uint32_t num_slots = static_cast<uint32_t>(own.slot_owner.size());
   if (paired_.size() != num_slots) paired_.assign(num_slots, 0);
+  if (learned_.size() != num_slots) learned_.assign(num_slots, 0);
   absl::flat_hash_map<uint64_t, std::string> endpoints;  // live server nodes
   for (size_t r = 0; r < own.server_node.size(); ++r) {
     if (own.server_node[r] != 0)
       endpoints[own.server_node[r]] = own.server_endpoint[r];
   }
-  // The backup node each owned slot should have, and the slots whose
-  // backup does not hold a copy yet.
-  std::map<uint64_t, std::vector<uint32_t>> catch_up;
+  auto node_of = [&](uint32_t rank) -> uint64_t {
+    if (rank == kNoBackup || rank == own.rank ||
+        rank >= own.server_node.size()) {
+      return 0;
+    }
+    return own.server_node[rank];
+  };
+  // The backup and learner node each owned slot should have, and the
+  // slots whose backup or learner does not hold a copy yet.
   absl::flat_hash_set<uint64_t> wanted;
-  std::vector<uint64_t> desired(num_slots, 0);
+  std::vector<uint64_t> desired(num_slots, 0), learner(num_slots, 0);
   uint32_t unbacked = 0;
   for (uint32_t s = 0; s < num_slots; ++s) {
     if (own.slot_owner[s] != own.rank || own.node_id == 0) continue;
-    const uint32_t b = own.slot_backup[s];
-    if (b != kNoBackup && b != own.rank && b < own.server_node.size()) {
-      desired[s] = own.server_node[b];
-    }
+    desired[s] = node_of(own.slot_backup[s]);
+    learner[s] = node_of(own.learner(s));
+    if (learner[s] != 0) wanted.insert(learner[s]);
     if (desired[s] == 0) {
       ++unbacked;
       continue;
     }
     wanted.insert(desired[s]);
   }
-  // Links to servers that back nothing of this server any more go; what
-  // waited for them waits for the catch-ups below instead.
+  // Links to servers that back or learn nothing of this server any more
+  // go; what waited for them waits for the catch-ups below instead.
   absl::flat_hash_map<uint64_t, int> orphaned;  // wait id -> needs dropped
   for (auto it = links_.begin(); it != links_.end();) {
     if (wanted.contains(it->first)) {
@@ -200,7 +256,8 @@ void ReplicationPrimary::SyncBackups(const ServerView& own) {
     }
     for (const auto& [id, wait] : it->second->waiters()) ++orphaned[wait];
     ServerLog()->info(
-        "server node {} ({}) no longer backs any slot of this server",
+        "server node {} ({}) no longer backs or learns any slot of this "
+        "server",
         it->first, it->second->endpoint());
     links_.erase(it++);
   }
@@ -214,10 +271,16 @@ void ReplicationPrimary::SyncBackups(const ServerView& own) {
     }
     links_[node] = std::move(link).value();
   }
+  // Before the learners' catch-ups, which count toward the moves.
+  SyncMoves(own);
+  std::map<uint64_t, std::vector<uint32_t>> catch_up, learn;
   for (uint32_t s = 0; s < num_slots; ++s) {
     const uint64_t node = links_.contains(desired[s]) ? desired[s] : 0;
     if (node != 0 && paired_[s] != node) catch_up[node].push_back(s);
     paired_[s] = node;
+    const uint64_t l = links_.contains(learner[s]) ? learner[s] : 0;
+    if (l != 0 && learned_[s] != l) learn[l].push_back(s);
+    learned_[s] = l;
   }
   std::vector<Need> ends;
   for (const auto& [node, slots] : catch_up) {
@@ -226,7 +289,168 @@ void ReplicationPrimary::SyncBackups(const ServerView& own) {
     ends.emplace_back(node, link.last_sent());
   }
   RehomeWaits(own, orphaned, ends);
-  NoteUnbacked(own, unbacked);
+  NoteUnbacked(own, own.backups_required ? unbacked : 0);
+  for (const auto& [node, slots] : learn) {
+    BackupLink& link = *links_[node];
+    const Copied copied = SendCatchUp(own, link, slots);
+    for (auto& [target, move] : moves_) {
+      if (move.node != node) continue;
+      move.copy_end = link.last_sent();
+      move.rows += copied.rows;
+      move.bytes += copied.bytes;
+    }
+  }
+  for (auto& [target, move] : moves_) {
+    if (!move.done && move.fence_epoch != 0 && move.fence_id == 0)
+      SendFence(own, move);
+  }
+}
+
+void ReplicationPrimary::MarkPaired(const std::vector<uint32_t>& slots,
+                                    uint64_t node) {
+  for (uint32_t s : slots) {
+    if (s < paired_.size()) paired_[s] = node;
+  }
+}
+
+void ReplicationPrimary::SyncMoves(const ServerView& own) {
+  // Moves that left the view: handed over (the target owns the slots) or
+  // abandoned (the source kept them).
+  for (auto it = moves_.begin(); it != moves_.end();) {
+    const MoveOut& m = it->second;
+    bool kept = false;
+    for (const ServerView::Move& v : own.moves) {
+      kept |= v.source == own.rank && v.target == m.target &&
+              v.copy_epoch == m.copy_epoch;
+    }
+    if (kept && own.node_id != 0) {
+      ++it;
+      continue;
+    }
+    const bool handed = !m.slots.empty() &&
+                        m.slots[0] < own.slot_owner.size() &&
+                        own.slot_owner[m.slots[0]] == m.target;
+    ServerLog()->info("move of {} slots to server {}: {} (epoch {})",
+                      m.slots.size(), m.target,
+                      handed ? "handed over, the target owns them"
+                             : "abandoned, this server keeps them",
+                      own.epoch);
+    moves_.erase(it++);
+  }
+  if (own.node_id == 0) return;
+  for (const ServerView::Move& v : own.moves) {
+    if (v.source != own.rank) continue;
+    auto it = moves_.find(v.target);
+    if (it == moves_.end()) {
+      MoveOut m;
+      m.source = v.source;
+      m.target = v.target;
+      m.node =
+          v.target < own.server_node.size() ? own.server_node[v.target] : 0;
+      m.slots = v.slots;
+      m.copy_epoch = v.copy_epoch;
+      // A new move copies its slots afresh, even to a server that was
+      // sent them for an earlier move this view replaced.
+      for (uint32_t s : v.slots) {
+        if (s < learned_.size()) learned_[s] = 0;
+      }
+      it = moves_.emplace(v.target, std::move(m)).first;
+      ServerLog()->info(
+          "move of {} slots to server {} (node {}): copying (epoch {})",
+          v.slots.size(), v.target, it->second.node, own.epoch);
+    }
+    MoveOut& m = it->second;
+    if (v.fencing && m.fence_epoch == 0) {
+      m.fence_epoch = v.fence_epoch != 0 ? v.fence_epoch : own.epoch;
+      m.fence_start = deps_.clock->Now();
+    }
+  }
+}
+
+void ReplicationPrimary::SendFence(const ServerView& own, MoveOut& move) {
+  BackupLink* link = LinkOf(own, move.target);
+  if (link == nullptr) {
+    ServerLog()->warn(
+        "move to server {}: no link to fence it on; waiting for the view "
+        "to drop the move",
+        move.target);
+    return;
+  }
+  // After every update of the slots (none is applied from now on): the
+  // target answers once it holds them all, then compares digests.
+  std::vector<bool> mask(own.slot_owner.size(), false);
+  for (uint32_t s : move.slots) mask[s] = true;
+  const SlotDigest digest = DigestSlots(*deps_.tables, mask);
+  RequestHeader h = CatchUpHeader(own.epoch, own.node_id, REPLICA_FENCE);
+  ReplicaInfo* info = h.mutable_replica_info();
+  for (uint32_t s : move.slots) info->add_slots(s);
+  info->set_digest(digest.digest);
+  info->set_rows(digest.rows);
+  move.fence_id = link->Send(h, zmq::message_t(), zmq::message_t(), false);
+  ServerLog()->info(
+      "move of {} slots to server {}: fenced (epoch {}), {} rows, digest "
+      "{:016x}; waiting for the target",
+      move.slots.size(), move.target, own.epoch, digest.rows, digest.digest);
+}
+
+void ReplicationPrimary::NoteMoveAnswers(uint64_t node, uint64_t id, bool ok,
+                                         const std::string& error) {
+  auto link = links_.find(node);
+  if (link == links_.end()) return;
+  const uint64_t acked = link->second->acked();
+  for (auto& [target, move] : moves_) {
+    if (move.node != node || move.done) continue;
+    if (!move.copied && move.copy_end != 0 && acked >= move.copy_end) {
+      move.copied = true;
+      ServerLog()->info(
+          "move of {} slots to server {}: copied ({} rows, {} bytes)",
+          move.slots.size(), move.target, move.rows, move.bytes);
+      if (deps_.move_rows_out != nullptr)
+        deps_.move_rows_out->fetch_add(move.rows, std::memory_order_relaxed);
+      ReportMove(move, ReportMoveRequest::COPIED, move.copy_epoch, "");
+    }
+    if (move.fence_id == 0 || id != move.fence_id) continue;
+    move.done = true;
+    if (!ok) {
+      ServerLog()->error("move of {} slots to server {}: aborted: {}",
+                         move.slots.size(), move.target, error);
+      if (deps_.move_aborts != nullptr)
+        deps_.move_aborts->fetch_add(1, std::memory_order_relaxed);
+      ReportMove(move, ReportMoveRequest::ABORTED, move.fence_epoch, error);
+      continue;
+    }
+    const int64_t pause =
+        absl::ToInt64Microseconds(deps_.clock->Now() - move.fence_start);
+    ServerLog()->info(
+        "move of {} slots to server {}: the target holds every update "
+        "(fence pause {:.1f} ms)",
+        move.slots.size(), move.target, pause / 1000.0);
+    if (deps_.move_fences != nullptr)
+      deps_.move_fences->fetch_add(1, std::memory_order_relaxed);
+    if (deps_.move_fence_max_micros != nullptr && pause > 0) {
+      uint64_t prev = deps_.move_fence_max_micros->load();
+      while (prev < static_cast<uint64_t>(pause) &&
+             !deps_.move_fence_max_micros->compare_exchange_weak(
+                 prev, static_cast<uint64_t>(pause))) {
+      }
+    }
+    ReportMove(move, ReportMoveRequest::FENCED, move.fence_epoch, "");
+  }
+}
+
+void ReplicationPrimary::ReportMove(const MoveOut& move,
+                                    ReportMoveRequest::Stage stage,
+                                    uint64_t epoch, const std::string& error) {
+  if (!deps_.on_move) return;
+  ReportMoveRequest r;
+  r.set_source(move.source);
+  r.set_target(move.target);
+  r.set_epoch(epoch);
+  r.set_stage(stage);
+  r.set_rows_copied(move.rows);
+  r.set_bytes_copied(move.bytes);
+  r.set_error(error);
+  deps_.on_move(r);
 }
 
 void ReplicationPrimary::RehomeWaits(
@@ -267,23 +491,9 @@ void ReplicationPrimary::NoteUnbacked(const ServerView& own,
   unbacked_slots_ = unbacked;
 }
 
-namespace {
-
-// The header of a replica message of a catch-up from `own`'s node.
-RequestHeader CatchUpHeader(uint64_t epoch, uint64_t node_id,
-                            ReplicaKind kind) {
-  RequestHeader h;
-  h.set_replica(true);
-  h.set_epoch(epoch);
-  h.mutable_replica_info()->set_kind(kind);
-  h.mutable_replica_info()->set_primary_node_id(node_id);
-  return h;
-}
-
-}  // namespace
-
-void ReplicationPrimary::SendCatchUp(const ServerView& own, BackupLink& link,
-                                     const std::vector<uint32_t>& slots) {
+ReplicationPrimary::Copied ReplicationPrimary::SendCatchUp(
+    const ServerView& own, BackupLink& link,
+    const std::vector<uint32_t>& slots) {
   const absl::Time start = deps_.clock->Now();
   const uint32_t num_slots = static_cast<uint32_t>(own.slot_owner.size());
   std::vector<bool> mask(num_slots, false);
@@ -301,18 +511,23 @@ void ReplicationPrimary::SendCatchUp(const ServerView& own, BackupLink& link,
   std::vector<uint32_t> ids;
   for (const auto& [id, table] : *deps_.tables) ids.push_back(id);
   std::sort(ids.begin(), ids.end());
-  uint64_t copied = 0;
-  for (uint32_t id : ids) copied += SendTableCopy(own, link, id, mask);
+  Copied copied;
+  for (uint32_t id : ids) {
+    const Copied table = SendTableCopy(own, link, id, mask);
+    copied.rows += table.rows;
+    copied.bytes += table.bytes;
+  }
   SendStepBuffers(own, link, mask);
   link.Send(end, zmq::message_t(), zmq::message_t(), false);
   deps_.catchups_sent->fetch_add(1, std::memory_order_relaxed);
-  deps_.rows_copied->fetch_add(copied, std::memory_order_relaxed);
+  deps_.rows_copied->fetch_add(copied.rows, std::memory_order_relaxed);
   ServerLog()->info(
-      "catch-up of {} slots to backup node {} ({}): {} rows and blocks, "
+      "catch-up of {} slots to server node {} ({}): {} rows and blocks, "
       "{} senders' sequence records, {} buffered steps, read in {:.1f} ms",
-      slots.size(), link.node_id(), link.endpoint(), copied, deps_.seqs->size(),
-      deps_.buffers->size(),
+      slots.size(), link.node_id(), link.endpoint(), copied.rows,
+      deps_.seqs->size(), deps_.buffers->size(),
       absl::ToDoubleMilliseconds(deps_.clock->Now() - start));
+  return copied;
 }
 
 void ReplicationPrimary::SendSeqRecords(const ServerView& own,
@@ -340,11 +555,11 @@ void ReplicationPrimary::SendSeqRecords(const ServerView& own,
   flush();
 }
 
-uint64_t ReplicationPrimary::SendTableCopy(const ServerView& own,
-                                           BackupLink& link, uint32_t id,
-                                           const std::vector<bool>& mask) {
+ReplicationPrimary::Copied ReplicationPrimary::SendTableCopy(
+    const ServerView& own, BackupLink& link, uint32_t id,
+    const std::vector<bool>& mask) {
   const uint32_t num_slots = static_cast<uint32_t>(mask.size());
-  uint64_t copied = 0;
+  Copied copied;
   std::vector<uint64_t> out_keys;
   std::vector<float> out_values;
   auto flush = [&](ReplicaKind kind) {
@@ -352,7 +567,9 @@ uint64_t ReplicationPrimary::SendTableCopy(const ServerView& own,
     RequestHeader h = CatchUpHeader(own.epoch, own.node_id, kind);
     h.set_table_id(id);
     h.set_num_keys(out_keys.size());
-    copied += out_keys.size();
+    copied.rows += out_keys.size();
+    copied.bytes +=
+        out_keys.size() * sizeof(uint64_t) + out_values.size() * sizeof(float);
     link.Send(h, FrameFromVector(std::move(out_keys)),
               FrameFromVector(std::move(out_values)), true);
     out_keys = std::vector<uint64_t>();
@@ -452,7 +669,10 @@ void ReplicationPrimary::OnBackupAnswer(uint64_t node,
     return;
   }
   const bool ok = response.header.code() == 0;
-  if (!ok) {
+  bool fence = false;
+  for (const auto& [target, move] : moves_)
+    fence |= move.node == node && move.fence_id == id;
+  if (!ok && !fence) {
     // The backup's copy may now lack an update: copy its slots again, and
     // let the workers concerned send again (as duplicates, answered once
     // the new copy is in).
@@ -479,6 +699,7 @@ void ReplicationPrimary::OnBackupAnswer(uint64_t node,
     if (--w->second.remaining <= 0) ready.push_back(wait_id);
   }
   for (uint64_t wait_id : ready) ReleaseWait(wait_id);
+  NoteMoveAnswers(node, id, ok, response.header.message());
 }
 
 void ReplicationPrimary::ReleaseWait(uint64_t wait_id) {
@@ -499,13 +720,19 @@ void ReplicationPrimary::MaybeResync(const ServerView& own) {
   const absl::Time now = deps_.clock->Now();
   for (auto& [node, link] : links_) {
     if (!link->resync || now - link->last_resync < kResyncPeriod) continue;
-    std::vector<uint32_t> slots;
+    std::vector<uint32_t> slots, learned;
     for (uint32_t s = 0; s < paired_.size(); ++s) {
       if (paired_[s] == node) slots.push_back(s);
+      if (s < learned_.size() && learned_[s] == node) learned.push_back(s);
     }
     link->resync = false;
     link->last_resync = now;
     if (!slots.empty()) SendCatchUp(own, *link, slots);
+    if (learned.empty()) continue;
+    SendCatchUp(own, *link, learned);
+    for (auto& [target, move] : moves_) {
+      if (move.node == node) move.copy_end = link->last_sent();
+    }
   }
 }
 

@@ -2,7 +2,19 @@
 // server's links to the backups of the slots it owns, the updates it
 // forwards to them, the catch-ups that copy its slots to a backup that does
 // not hold them yet, and the answers to workers that wait until the backups
-// have taken the updates they acknowledge. The comment at the top of
+// have taken the updates they acknowledge.
+//
+// Slot moves (cluster.elastic, ServerView::moves) as their source: the
+// move's target is a second destination ("learner") of its slots, caught
+// up and then forwarded every update, BSP push and step announcement of
+// them like a backup, but outside the acknowledgement path, except as flow
+// control (a learner link with more than kLearnerMaxMessages or
+// kLearnerMaxBytes unanswered holds the answers of pushes to its slots
+// until it catches up). When the learner answered the catch-up of every
+// slot of the move, Deps::on_move gets COPIED; when the view fences the
+// move, a REPLICA_FENCE with the digest of the slots' rows
+// (server/slot_digest.h) follows everything else on the link, and its
+// answer makes FENCED (OK) or ABORTED (an error). The comment at the top of
 // server/server.h says what replication does;
 // server/replication_backup.cc is the backup side. Internal to
 // //server:server.
@@ -38,11 +50,13 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/clock.h"
 #include "common/curve_keys.h"
 #include "common/status.h"
 #include "proto/data_plane.pb.h"
+#include "proto/scheduler.pb.h"
 #include "server/replication.h"
 #include "server/server_view.h"
 #include "server/step_buffers.h"
@@ -85,6 +99,13 @@ class ReplicationPrimary {
     std::atomic<uint64_t>* unreplicated_pushes = nullptr;
     std::atomic<uint64_t>* catchups_sent = nullptr;
     std::atomic<uint64_t>* rows_copied = nullptr;
+    // Slot moves as the source (KVServer::Stats); each may be null.
+    std::atomic<uint64_t>* move_rows_out = nullptr;
+    std::atomic<uint64_t>* move_fences = nullptr;
+    std::atomic<uint64_t>* move_aborts = nullptr;
+    std::atomic<uint64_t>* move_fence_max_micros = nullptr;
+    // A move's report for the scheduler (node_id 0); null: not reported.
+    std::function<void(const ReportMoveRequest&)> on_move;
     SendAnswer send;
     // Called after an acknowledged answer that touched slots promoted here
     // went out (the server's failover measurement).
@@ -122,10 +143,15 @@ class ReplicationPrimary {
               ResponseHeader& rh, zmq::message_t& values, zmq::message_t& keys,
               std::vector<Need> needs, bool first_promoted);
 
-  // Links to the backups `own` names, catch-ups of slots whose backup
-  // changed; answers waiting on a backup that is gone wait for the
-  // catch-ups instead (or go out, when there is none).
+  // Links to the backups and learners `own` names, catch-ups of slots whose
+  // backup or learner changed, the fences of moves that `own` fences;
+  // answers waiting on a backup that is gone wait for the catch-ups
+  // instead (or go out, when there is none).
   void SyncBackups(const ServerView& own);
+  // `slots` (owned here now) are held by backup `node` already (a move's
+  // source that became their backup): no catch-up is sent to it for them.
+  // Call before SyncBackups with the view that names it their backup.
+  void MarkPaired(const std::vector<uint32_t>& slots, uint64_t node);
   // Tells every backup to apply BSP step `step` with `divisor` (as the
   // primary did). `applied`: the view applied last (null: none), whose
   // epoch and node id the messages carry.
@@ -146,6 +172,11 @@ class ReplicationPrimary {
   size_t waiting() const { return waits_.size(); }
   size_t links() const { return links_.size(); }
 
+  // A learner link with more unanswered than this holds the answers of
+  // pushes to its slots (flow control).
+  static constexpr uint64_t kLearnerMaxMessages = 256;
+  static constexpr uint64_t kLearnerMaxBytes = uint64_t{64} << 20;
+
  private:
   // An answer that waits for backups to answer the replica messages it
   // depends on (BackupLink::waiters() point here).
@@ -160,7 +191,52 @@ class ReplicationPrimary {
     bool first_promoted = false;
   };
 
+  // A slot move out of this server, as SyncBackups follows it.
+  struct MoveOut {
+    uint32_t source = 0, target = 0;
+    uint64_t node = 0;  // the target's
+    std::vector<uint32_t> slots;
+    uint64_t copy_epoch = 0, fence_epoch = 0;
+    // The message id of the last catch-up end sent for its slots (0: none
+    // yet), and what the catch-ups copied.
+    uint64_t copy_end = 0;
+    uint64_t rows = 0, bytes = 0;
+    bool copied = false;  // COPIED reported
+    // REPLICA_FENCE's message id (0: not sent), when the fence view was
+    // applied, and whether FENCED or ABORTED was reported.
+    uint64_t fence_id = 0;
+    absl::Time fence_start;
+    bool done = false;
+  };
+  struct Copied {
+    uint64_t rows = 0, bytes = 0;
+  };
+
   replication::BackupLink* LinkOf(const ServerView& own, uint32_t backup);
+  // Sends the subset `idx` of a forwarded update (keys or dense segments,
+  // with their values) to `link`; returns its message id.
+  uint64_t SendSubset(replication::BackupLink& link, const RequestHeader& h,
+                      const RequestHeader& replica, const Table& table,
+                      absl::Span<const uint64_t> keys,
+                      absl::Span<const float> values,
+                      const std::vector<size_t>& idx);
+  // Forward's part for the learners of `slots`.
+  void ForwardLearners(const ServerView& own, const RequestHeader& h,
+                       const RequestHeader& replica, const Table& table,
+                       absl::Span<const uint64_t> keys,
+                       absl::Span<const float> values,
+                       std::vector<zmq::message_t>& frames,
+                       const std::vector<uint32_t>& slots,
+                       std::vector<Need>* needs);
+  // Follows own.moves whose source is this server: starts, forgets and
+  // fences them (SyncBackups).
+  void SyncMoves(const ServerView& own);
+  void SendFence(const ServerView& own, MoveOut& move);
+  // Reports what the answers of `node` up to `id` complete of its moves.
+  void NoteMoveAnswers(uint64_t node, uint64_t id, bool ok,
+                       const std::string& error);
+  void ReportMove(const MoveOut& move, ReportMoveRequest::Stage stage,
+                  uint64_t epoch, const std::string& error);
   // Forward when the slots have different backups: one message per backup
   // with its keys or segments.
   void ForwardSplit(const ServerView& own, const RequestHeader& h,
@@ -176,15 +252,15 @@ class ReplicationPrimary {
                    const std::vector<Need>& ends);
   // Logs when the number of owned slots without a backup changes.
   void NoteUnbacked(const ServerView& own, uint32_t unbacked);
-  // Copies the state of `slots` (owned here) to backup `link`.
-  void SendCatchUp(const ServerView& own, replication::BackupLink& link,
-                   const std::vector<uint32_t>& slots);
+  // Copies the state of `slots` (owned here) to backup or learner `link`.
+  Copied SendCatchUp(const ServerView& own, replication::BackupLink& link,
+                     const std::vector<uint32_t>& slots);
   // The parts of a catch-up: the sequence records; the rows (sparse) or
   // blocks (dense) of table `id` in the slots of `mask` (returns how
   // many); the BSP sums buffered for those slots.
   void SendSeqRecords(const ServerView& own, replication::BackupLink& link);
-  uint64_t SendTableCopy(const ServerView& own, replication::BackupLink& link,
-                         uint32_t id, const std::vector<bool>& mask);
+  Copied SendTableCopy(const ServerView& own, replication::BackupLink& link,
+                       uint32_t id, const std::vector<bool>& mask);
   void SendStepBuffers(const ServerView& own, replication::BackupLink& link,
                        const std::vector<bool>& mask);
   void OnBackupAnswer(uint64_t node, std::vector<zmq::message_t>& frames);
@@ -197,8 +273,12 @@ class ReplicationPrimary {
   // Backup node id -> link.
   absl::flat_hash_map<uint64_t, std::unique_ptr<replication::BackupLink>>
       links_;
-  // Slot -> the backup node that holds a copy of it (0 = none).
+  // Slot -> the backup node that holds a copy of it (0 = none), and the
+  // learner node that was sent one (0 = none).
   std::vector<uint64_t> paired_;
+  std::vector<uint64_t> learned_;
+  // Moves out of this server, by target rank.
+  std::map<uint32_t, MoveOut> moves_;
   uint32_t unbacked_slots_ = 0;  // owned slots without a backup, last logged
   // Answers waiting for backups, by id (BackupLink::waiters() values).
   std::map<uint64_t, Wait> waits_;

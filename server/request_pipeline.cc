@@ -149,6 +149,8 @@ absl::Status KVServer::Impl::ProcessChecked(
     r.key_list->owned_table = h.table_id();
   }
   if (v.over_budget) v.sparse->CountRefusedPush();
+  if (v.fenced)
+    counters_.move_fenced_refusals.fetch_add(1, std::memory_order_relaxed);
   PS_RETURN_IF_ERROR(valid);
 
   // Keep: put aside to run again (nothing applied yet).
@@ -305,6 +307,19 @@ absl::Status KVServer::Impl::Validate(const Request& r, const Ownership& own,
     SlotsOf(h, *v->table, keys, num_slots, &v->slots);
     for (uint32_t slot : v->slots) {
       if (own.slot_owner[slot] != own.rank) return not_owner(slot);
+    }
+    // A slot move's fence: nothing more is applied to the slot here until
+    // the view hands it to its target (or drops the move); the worker
+    // sends again, to whoever owns it by then. Pulls are answered.
+    if (v->push && !own.slot_fenced.empty()) {
+      for (uint32_t slot : v->slots) {
+        if (!own.fenced(slot)) continue;
+        v->fenced = true;
+        return absl::UnavailableError(absl::StrCat(
+            "slot ", slot, " is moving to server ", own.learner(slot),
+            " and takes no push until the move flips (epoch ", own.epoch,
+            "); not applied, send again"));
+      }
     }
     if (failover_.Touches(v->slots)) v->first_promoted = true;
   } else if (!own.all && !own.owns_every_slot) {

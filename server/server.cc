@@ -49,6 +49,9 @@ void KVServer::Fence(std::string why) { impl_->Fence(std::move(why)); }
 std::vector<TableStats> KVServer::table_stats() const {
   return impl_->table_stats();
 }
+std::vector<uint64_t> KVServer::slot_bytes() const {
+  return impl_->slot_bytes();
+}
 void KVServer::Stop() { impl_->Stop(); }
 std::vector<const Table*> KVServer::StoppedTables() const {
   return impl_->StoppedTables();
@@ -88,7 +91,8 @@ KVServer::Impl::Impl(Options options)
       consistency_(options_.config.consistency()),
       key_cache_(options_.config.data_plane().key_cache_bytes()),
       replicated_(!options_.standalone &&
-                  options_.config.cluster().replication() >= 2) {}
+                  (options_.config.cluster().replication() >= 2 ||
+                   options_.config.cluster().has_elastic())) {}
 
 ReplicationPrimary::Deps KVServer::Impl::ReplicationPrimaryDeps() {
   ReplicationPrimary::Deps deps;
@@ -102,6 +106,11 @@ ReplicationPrimary::Deps KVServer::Impl::ReplicationPrimaryDeps() {
   deps.unreplicated_pushes = &counters_.unreplicated_pushes;
   deps.catchups_sent = &counters_.catchups_sent;
   deps.rows_copied = &counters_.rows_copied;
+  deps.move_rows_out = &counters_.move_rows_out;
+  deps.move_fences = &counters_.move_fences;
+  deps.move_aborts = &counters_.move_aborts;
+  deps.move_fence_max_micros = &counters_.move_fence_max_micros;
+  deps.on_move = options_.on_move;
   deps.send = [this](zmq::message_t& identity, const ResponseHeader& rh,
                      zmq::message_t& values, zmq::message_t& keys) {
     Send(identity, rh, values, keys);
@@ -150,7 +159,9 @@ void KVServer::Impl::UpdateView(const ClusterView& view, uint32_t rank) {
   own->restore = view.restore();
   if (replicated_) {
     own->replicated = true;
+    own->backups_required = options_.config.cluster().replication() >= 2;
     const size_t num_slots = own->slot_owner.size();
+    const uint32_t max_ranks = MaxServerRanks(options_.config.cluster());
     if (static_cast<size_t>(view.slot_backup_size()) == num_slots) {
       own->slot_backup.assign(view.slot_backup().begin(),
                               view.slot_backup().end());
@@ -159,6 +170,13 @@ void KVServer::Impl::UpdateView(const ClusterView& view, uint32_t rank) {
     }
     for (const NodeInfo& n : view.nodes()) {
       if (n.role() != SERVER || n.state() != ALIVE) continue;
+      if (n.rank() >= max_ranks) {
+        ServerLog()->warn(
+            "view {} names server rank {}, beyond the job's {} ranks; "
+            "ignored",
+            view.epoch(), n.rank(), max_ranks);
+        continue;
+      }
       if (own->server_node.size() <= n.rank()) {
         own->server_node.resize(n.rank() + 1, 0);
         own->server_endpoint.resize(n.rank() + 1);
@@ -177,6 +195,7 @@ void KVServer::Impl::UpdateView(const ClusterView& view, uint32_t rank) {
         own->node_id = n.node_id();
       }
     }
+    ReadMoves(view, own.get());
   }
   views_.Post(std::move(own));
 }
@@ -238,7 +257,11 @@ void KVServer::Impl::ApplyView(const Ownership& own) {
     // when the view promoting this server arrives: it is refused (its
     // worker's retry comes here). Promotion first, so the catch-ups of the
     // promoted slots to their new backups include what was promoted.
-    if (views_.applied() != nullptr) Promote(*views_.applied(), own);
+    if (views_.applied() != nullptr) {
+      Promote(*views_.applied(), own);
+      HandOver(*views_.applied(), own);
+      DropAbandonedCopies(*views_.applied(), own);
+    }
     // Held replica messages stay: they may come from a primary this view
     // does not know yet; ReleaseReplicas refuses those of dead ones.
     absl::flat_hash_set<uint64_t> live_servers(own.server_node.begin(),
@@ -333,6 +356,7 @@ void KVServer::Impl::Serve() {
       AdvanceTables();
       Watchdog();
       if (table_stats_.Due(options_.clock->Now())) PublishTableStats();
+      MaybeMeasureSlots(*own);
     } catch (const zmq::error_t& e) {
       // A send to a vanished peer or an interrupted poll must not take the
       // server down; log and keep serving.

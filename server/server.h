@@ -36,7 +36,25 @@
 // buffered of the primary's BSP steps joins its own steps. A slot without a
 // live backup is served without a copy (logged; counted in
 // Stats::unreplicated_pushes). Pulls, SCAN and checkpoints see only the
-// slots this server owns. With replication 1 none of this runs.
+// slots this server owns. With replication 1 none of this runs, unless
+// the job is elastic (below).
+//
+// Slot moves (cluster.elastic; proto/scheduler.proto SlotMove). The view
+// names a move's source (the slots' owner) and target. While it COPYs, the
+// source copies the slots to the target the way it catches up a backup
+// and forwards every later update of them, BSP sum and step announcement
+// too, but does not make workers wait for the target (unless it falls too
+// far behind); once the target holds the copy it reports COPIED
+// (Options::on_move). While it FENCEs, the source refuses every push to
+// the slots (UNAVAILABLE: the worker sends again) and sends the target a
+// digest of the slots' rows after everything else; the target compares it
+// with its own and the source reports FENCED, or ABORTED when they differ.
+// The view that flips the move makes the target the owner, which takes
+// over the source's sequence records and buffered steps as at a failover
+// (counted as a move, not a failover); with replication 2 the source
+// becomes the slots' backup with no copy back, with replication 1 it drops
+// them. A view that drops the move unflipped makes the target drop its
+// copy.
 //
 // Registration with the scheduler is the caller's business (ServerNode,
 // server/server_node.h, does it); the server only needs the view through
@@ -114,6 +132,11 @@ class KVServer {
     // the view's checkpoint_clock). ServerNode forwards it to the
     // scheduler. Must not block for long.
     std::function<void(const ReportCheckpointRequest&)> on_checkpoint;
+    // Called on the serving thread when this server, the source of a slot
+    // move (ClusterView.moves), has a report for the scheduler: COPIED,
+    // FENCED or ABORTED (node_id left 0). ServerNode forwards it. Must not
+    // block. Null: moves are not reported (they never finish).
+    std::function<void(const ReportMoveRequest&)> on_move;
     // Where the server adds its metrics (server/server_metrics.h lists
     // them); null: none. Not owned; must outlive the server. Once the
     // server is destroyed its scrape-time metrics read as empty.
@@ -191,6 +214,21 @@ class KVServer {
     // else (not in requests or errors).
     uint64_t lease_refusals = 0;
     uint64_t fenced_refusals = 0;
+    // Slot moves (cluster.elastic): slots and rows (and dense blocks)
+    // taken over from a move's source here, and handed to a move's target
+    // (rows: those the copy sent); fences this server completed as a
+    // source (the target held everything), moves it abandoned (ABORTED
+    // reports); pushes refused because their slot was fenced; and the
+    // longest fence pause as a source, from applying the fence view to
+    // reporting FENCED, in microseconds.
+    uint64_t move_slots_in = 0;
+    uint64_t move_slots_out = 0;
+    uint64_t move_rows_in = 0;
+    uint64_t move_rows_out = 0;
+    uint64_t move_fences = 0;
+    uint64_t move_aborts = 0;
+    uint64_t move_fenced_refusals = 0;
+    uint64_t move_fence_max_micros = 0;
   };
 
   // Errors: INVALID_ARGUMENT for a bad table config, UNAVAILABLE if the
@@ -231,6 +269,13 @@ class KVServer {
   // TableStats.backup_rows).
   static constexpr absl::Duration kStatsPeriod = absl::Seconds(1);
   std::vector<TableStats> table_stats() const;
+
+  // Thread-safe: the bytes each slot this server owns holds (index = slot;
+  // 0 for the slots of others), as the serving thread last measured them
+  // (elastic jobs only: with its first slot map, then at most every 10 s,
+  // and soon after slots moved). Empty before the first measurement. For
+  // HeartbeatRequest.slot_bytes.
+  std::vector<uint64_t> slot_bytes() const;
 
   // Stops the serving thread. Idempotent.
   void Stop();

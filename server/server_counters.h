@@ -35,7 +35,15 @@
   X(nonfinite_pushes_rejected)                                                      \
   X(held_bytes)                                                                     \
   X(lease_refusals)                                                                 \
-  X(fenced_refusals)
+  X(fenced_refusals)                                                                \
+  X(move_slots_in)                                                                  \
+  X(move_slots_out)                                                                 \
+  X(move_rows_in)                                                                   \
+  X(move_rows_out)                                                                  \
+  X(move_fences)                                                                    \
+  X(move_aborts)                                                                    \
+  X(move_fenced_refusals)                                                           \
+  X(move_fence_max_micros)
 
 namespace ps {
 

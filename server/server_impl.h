@@ -73,6 +73,7 @@ class KVServer::Impl {
   void SetLease(std::chrono::steady_clock::time_point until);
   void Fence(std::string why);
   std::vector<TableStats> table_stats() const;
+  std::vector<uint64_t> slot_bytes() const;
   void Stop();
   std::vector<const Table*> StoppedTables() const;
   void StopAfterNextCheckpoint() { serving_.StopAfterNextCheckpoint(); }
@@ -164,6 +165,8 @@ class KVServer::Impl {
     bool first_promoted = false;
     bool note_owned = false;
     bool over_budget = false;
+    // Refused: it pushes to a slot a move fences.
+    bool fenced = false;
   };
   absl::Status Decode(std::vector<zmq::message_t>& frames, RequestContext* ctx,
                       ResponseHeader* rh, Request* r);
@@ -250,6 +253,10 @@ class KVServer::Impl {
   absl::Status ValidateReplica(const replication::ReplicaMessage& m,
                                const Ownership& own, ResponseHeader* rh,
                                ValidatedReplica* v) const;
+  // REPLICA_FENCE: this server's digest of the fenced slots must match
+  // the source's; DATA_LOSS naming both otherwise.
+  absl::Status CheckFenceDigest(const replication::ReplicaMessage& m,
+                                const Ownership& own) const;
   // Applies a validated message; cannot fail. `rh` gets the duplicate flag.
   void ApplyReplica(const replication::ReplicaMessage& m,
                     const ValidatedReplica& v, ResponseHeader* rh);
@@ -257,9 +264,33 @@ class KVServer::Impl {
                           const ValidatedReplica& v, ResponseHeader* rh);
   // Replica messages held for a newer view that this view allows.
   void ReleaseReplicas(const Ownership& own);
-  // Slots this server owns now and backed in `prev`: their primary's
+  // Slots this server owns now and backed in `prev` (failover), or was
+  // the target of a move of in `prev` (the move's flip): their primary's
   // sequence records and buffered steps become this server's.
   void Promote(const Ownership& prev, const Ownership& own);
+  // Slot moves (server/server_moves.cc). Fills own->moves, slot_learner
+  // and slot_fenced from the view's moves that pass the checks (the view
+  // comes over the wire): others are logged and ignored.
+  void ReadMoves(const ClusterView& view, Ownership* own) const;
+  // The flip, source side: slots this server owned in `prev` and a move
+  // handed to its target in `own`. Replication 1: their rows and BSP sums
+  // are dropped. Replication 2 (this server is now their backup): the BSP
+  // sums become the new owner's buffered steps and the slots count as
+  // caught up.
+  void HandOver(const Ownership& prev, const Ownership& own);
+  // Slots this server was the target of a move of in `prev` and neither
+  // learns nor owns in `own` (the move was abandoned): their copied rows
+  // and replica state go.
+  void DropAbandonedCopies(const Ownership& prev, const Ownership& own);
+  // The move's flip, target side, for Promote: counts and logs the slots
+  // taken over from `sources` (old primary ranks), and tells the primary
+  // side which of them the source already backs.
+  void NoteMovedIn(const Ownership& prev, const Ownership& own,
+                   const std::vector<uint32_t>& slots,
+                   const std::vector<uint32_t>& sources);
+  // Computes the bytes each owned slot holds (at most every
+  // kSlotBytesPeriod; serving thread) for slot_bytes().
+  void MaybeMeasureSlots(const Ownership& own);
   // Sparse table id -> row dim, dense -> 1 (StepBuffer::ExtractSlots).
   ReplicaStore::Dims TableDims() const;
   // Applies completed BSP steps and answers held pulls that may be answered.
@@ -359,6 +390,11 @@ class KVServer::Impl {
   // The replication counters, logged once when serving stops.
   void LogReplicationSummary() const;
   TableStatsPublisher table_stats_{kStatsPeriod};
+  // Bytes per owned slot (MaybeMeasureSlots), and when last measured.
+  static constexpr absl::Duration kSlotBytesPeriod = absl::Seconds(10);
+  mutable absl::Mutex slot_bytes_mu_;
+  std::vector<uint64_t> slot_bytes_ ABSL_GUARDED_BY(slot_bytes_mu_);
+  absl::Time slot_bytes_at_ = absl::InfinitePast();  // serving thread
 
   // The newest view (UpdateView posts it and wakes the serving thread)
   // and the view applied last (promotions compare it with the next).

@@ -156,6 +156,53 @@ void RegisterTableMetrics(metrics::Registry* r,
       });
 }
 
+// Slot moves (cluster.elastic), from this server's Stats as `read` gives
+// them.
+void RegisterMoveMetrics(metrics::Registry* r,
+                         std::function<KVServer::Stats()> read) {
+  using Stats = KVServer::Stats;
+  auto by_direction = [r, read](const char* name, const char* help,
+                                uint64_t Stats::*in, uint64_t Stats::*out) {
+    r->AddCallbackFamily(
+        name, help, metrics::Type::kCounter, {"direction"}, [read, in, out] {
+          const Stats s = read();
+          return std::vector<metrics::Sample>{{{"in"}, double(s.*in)},
+                                              {{"out"}, double(s.*out)}};
+        });
+  };
+  by_direction("ps_server_move_slots_total",
+               "Slots moved to this server (in) and from it (out) by live "
+               "slot moves.",
+               &Stats::move_slots_in, &Stats::move_slots_out);
+  by_direction("ps_server_move_rows_total",
+               "Rows and dense blocks of moved slots: held when the slots "
+               "came in, copied to the target when they went out.",
+               &Stats::move_rows_in, &Stats::move_rows_out);
+  auto counter = [r, read](const char* name, const char* help,
+                           uint64_t Stats::*field) {
+    r->AddCallback(name, help, metrics::Type::kCounter,
+                   [read, field] { return double(read().*field); });
+  };
+  counter("ps_server_move_fences_total",
+          "Slot moves this server fenced as their source and the target "
+          "confirmed.",
+          &Stats::move_fences);
+  counter("ps_server_move_aborts_total",
+          "Slot moves this server abandoned as their source (e.g. the "
+          "digests of the copy differed).",
+          &Stats::move_aborts);
+  counter("ps_server_move_fenced_refusals_total",
+          "Pushes refused (UNAVAILABLE, retried) because a move fenced their "
+          "slot.",
+          &Stats::move_fenced_refusals);
+  r->AddCallback(
+      "ps_server_move_fence_seconds",
+      "The longest fence pause of a slot move this server was the source "
+      "of: from applying the fence view to the target's confirmation.",
+      metrics::Type::kGauge,
+      [read] { return read().move_fence_max_micros / 1e6; });
+}
+
 }  // namespace
 
 void KVServer::Impl::RegisterMetrics(metrics::Registry* r) {
@@ -243,6 +290,10 @@ void KVServer::Impl::RegisterMetrics(metrics::Registry* r) {
                    if (source->server == nullptr) return 0.0;
                    return double(source->server->views_.Current()->epoch);
                  });
+  RegisterMoveMetrics(r, [source] {
+    absl::MutexLock lock(&source->mu);
+    return source->server == nullptr ? Stats() : source->server->stats();
+  });
   RegisterTableMetrics(r, [source] {
     absl::MutexLock lock(&source->mu);
     return source->server == nullptr ? std::vector<TableStats>()

@@ -4,6 +4,7 @@
 #include <deque>
 #include <thread>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -12,10 +13,10 @@
 
 namespace ps {
 
-// Sends the server's checkpoint reports to the scheduler from its own
-// thread, so the serving thread only queues them. A report is kept until
-// the membership exists (the server is bound, and could in principle write
-// a shard, before it registered).
+// Sends the server's checkpoint and slot-move reports to the scheduler
+// from its own thread, so the serving thread only queues them. A report is
+// kept until the membership exists (the server is bound, and could in
+// principle write a shard, before it registered).
 class ServerNode::Reporter {
 public:
   Reporter(std::shared_ptr<spdlog::logger> log,
@@ -28,7 +29,11 @@ public:
   // Serving thread: never blocks beyond the queue's lock.
   void Enqueue(const ReportCheckpointRequest &request) {
     absl::MutexLock lock(&mu_);
-    queue_.push_back(request);
+    queue_.push_back({request, 0});
+  }
+  void Enqueue(const ReportMoveRequest &request) {
+    absl::MutexLock lock(&mu_);
+    queue_.push_back({request, 0});
   }
   void SetMembership(SchedulerClient *membership) {
     absl::MutexLock lock(&mu_);
@@ -56,9 +61,18 @@ public:
   }
 
 private:
+  // A move report that found the scheduler unreachable (after the
+  // membership's own retries) is sent again this many times more: the
+  // scheduler waits for it to go on with the move.
+  static constexpr int kMoveAttempts = 4;
+  struct Queued {
+    std::variant<ReportCheckpointRequest, ReportMoveRequest> report;
+    int attempts = 0;
+  };
+
   void Loop() {
     while (true) {
-      ReportCheckpointRequest request;
+      Queued queued;
       SchedulerClient *membership;
       {
         absl::MutexLock lock(&mu_);
@@ -68,25 +82,55 @@ private:
         mu_.Await(absl::Condition(&ready));
         if (stopping_)
           return;
-        request = std::move(queue_.front());
+        queued = std::move(queue_.front());
         queue_.pop_front();
         membership = membership_;
         sending_ = true;
       }
-      if (before_report_)
-        before_report_(request);
-      if (absl::Status s = membership->ReportCheckpoint(request); !s.ok()) {
-        log_->warn("{}", s.message());
+      bool again = false;
+      if (const auto *checkpoint =
+              std::get_if<ReportCheckpointRequest>(&queued.report)) {
+        if (before_report_)
+          before_report_(*checkpoint);
+        if (absl::Status s = membership->ReportCheckpoint(*checkpoint);
+            !s.ok()) {
+          log_->warn("{}", s.message());
+        }
+      } else {
+        again = SendMove(*membership,
+                         std::get<ReportMoveRequest>(queued.report),
+                         ++queued.attempts);
       }
       absl::MutexLock lock(&mu_);
+      if (again)
+        queue_.push_back(std::move(queued));
       sending_ = false;
     }
+  }
+
+  // Sends a move report; true when it should be sent again.
+  bool SendMove(SchedulerClient &membership, const ReportMoveRequest &report,
+                int attempts) {
+    const absl::Status s = membership.ReportMove(report);
+    if (s.ok())
+      return false;
+    if (s.code() == absl::StatusCode::kFailedPrecondition) {
+      // The scheduler no longer runs that move (stale): nothing to do.
+      log_->info("{} (stale; dropped)", s.message());
+      return false;
+    }
+    const bool transient = s.code() == absl::StatusCode::kUnavailable ||
+                           s.code() == absl::StatusCode::kDeadlineExceeded;
+    log_->warn("{}{}", s.message(),
+               transient && attempts < kMoveAttempts ? "; sending it again"
+                                                     : "");
+    return transient && attempts < kMoveAttempts;
   }
 
   const std::shared_ptr<spdlog::logger> log_;
   const std::function<void(const ReportCheckpointRequest &)> before_report_;
   absl::Mutex mu_;
-  std::deque<ReportCheckpointRequest> queue_ ABSL_GUARDED_BY(mu_);
+  std::deque<Queued> queue_ ABSL_GUARDED_BY(mu_);
   SchedulerClient *membership_ ABSL_GUARDED_BY(mu_) = nullptr;
   bool sending_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
@@ -119,6 +163,10 @@ absl::Status ServerNode::Open() {
   server_options.bind_endpoint = options_.bind_endpoint;
   server_options.on_checkpoint =
       [reporter = reporter_.get()](const ReportCheckpointRequest &r) {
+        reporter->Enqueue(r);
+      };
+  server_options.on_move =
+      [reporter = reporter_.get()](const ReportMoveRequest &r) {
         reporter->Enqueue(r);
       };
   absl::StatusOr<std::unique_ptr<KVServer>> server =
@@ -182,6 +230,17 @@ absl::Status ServerNode::Open() {
   client_options.on_scheduler_gone = [kv](const absl::Status &why) {
     kv->Fence(std::string(why.message()));
   };
+  // Bytes per slot (elastic jobs), for the scheduler's planner: sent when
+  // they changed, and with every 20th heartbeat in case one was lost.
+  client_options.fill_heartbeat =
+      [kv, last = std::make_shared<std::vector<uint64_t>>(),
+       beats = std::make_shared<uint64_t>(0)](HeartbeatRequest *request) {
+        std::vector<uint64_t> bytes = kv->slot_bytes();
+        if (bytes.empty() || (bytes == *last && ++*beats % 20 != 0))
+          return;
+        request->mutable_slot_bytes()->Add(bytes.begin(), bytes.end());
+        *last = std::move(bytes);
+      };
   client_options.on_view = [kv, health = health_](const ClusterView &view,
                                                   uint32_t rank) {
     kv->UpdateView(view, rank);

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "common/protocol.h"
 #include "proto/config.pb.h"
 #include "proto/scheduler.pb.h"
 #include "server/consistency.h"
@@ -33,9 +34,37 @@ struct ServerView {
   ConsistencyConfig consistency;
   uint64_t checkpoint_clock = 0;
   CheckpointRef restore;
-  // Replication (cluster.replication 2; never standalone).
+  // The replication machinery runs: cluster.replication 2, or an elastic
+  // job (cluster.elastic: slot moves copy the way a backup is caught up).
+  // Never standalone.
   bool replicated = false;
+  // cluster.replication 2: every owned slot should have a backup; one
+  // without is logged and its pushes counted as unreplicated. False for an
+  // elastic job with replication 1 (no slot has a backup).
+  bool backups_required = true;
   std::vector<uint32_t> slot_backup;  // as slot_owner; kNoBackup = none
+  // Slot moves (ClusterView.moves), those that passed UpdateView's checks:
+  // slots in range, each owned by the move's source and in one move only,
+  // source and target distinct ranks, the target not the slot's backup.
+  struct Move {
+    uint32_t source = 0;
+    uint32_t target = 0;
+    std::vector<uint32_t> slots;  // ascending
+    bool fencing = false;         // SlotMove.phase FENCING (else COPYING)
+    uint64_t copy_epoch = 0;
+    uint64_t fence_epoch = 0;
+  };
+  std::vector<Move> moves;
+  // Per slot, from `moves`: the rank a move copies it to (kNoBackup:
+  // none), and whether its move is fencing. Both empty without moves.
+  std::vector<uint32_t> slot_learner;
+  std::vector<bool> slot_fenced;
+  uint32_t learner(uint32_t slot) const {
+    return slot < slot_learner.size() ? slot_learner[slot] : kNoBackup;
+  }
+  bool fenced(uint32_t slot) const {
+    return slot < slot_fenced.size() && slot_fenced[slot];
+  }
   uint64_t node_id = 0;               // this server's; 0 = not live
   // Live servers by rank: node id (0 = none) and data endpoint.
   std::vector<uint64_t> server_node;

@@ -310,6 +310,38 @@ void SparseTable::Drop(uint32_t r) {
   generation_ = NewGeneration();
 }
 
+size_t SparseTable::DropRows(absl::FunctionRef<bool(uint64_t key)> drop) {
+  std::vector<uint64_t> keys;
+  index_.ForEach([&](uint64_t key, uint32_t) {
+    if (drop(key)) keys.push_back(key);
+  });
+  if (keys.empty()) return 0;
+  if (evictable_) {
+    for (uint64_t key : keys) Drop(index_.Find(key));
+    return keys.size();
+  }
+  // Without bookkeeping rows are numbered densely from 0 and nothing knows
+  // a row's key but the index: fill each hole with the last row.
+  std::vector<uint64_t> key_of(high_water_);
+  index_.ForEach([&](uint64_t key, uint32_t row) { key_of[row] = key; });
+  for (uint64_t key : keys) {
+    const uint32_t r = index_.Find(key);
+    index_.Erase(key);
+    const uint32_t last = --high_water_;
+    if (r == last) continue;
+    std::memcpy(Values(r), Values(last), stride_ * sizeof(float));
+    const uint64_t moved = key_of[last];
+    index_.Erase(moved);
+    index_.Insert(moved, r);
+    key_of[r] = moved;
+  }
+  const size_t chunks_needed =
+      (static_cast<size_t>(high_water_) + chunk_rows_ - 1) >> chunk_shift_;
+  if (chunks_needed < chunks_.size()) chunks_.resize(chunks_needed);
+  generation_ = NewGeneration();
+  return keys.size();
+}
+
 uint32_t SparseTable::PickVictim() {
   if (eviction_ != EVICT_LFU) return lru_;
   // Sample rows and keep the least used. When the table is full every row

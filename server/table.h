@@ -207,6 +207,19 @@ class SparseTable : public Table {
   // do not fit in its budget. Changes nothing.
   absl::Status CheckImport(absl::Span<const uint64_t> keys) const;
 
+  // Drops every row whose key `drop` selects (a slot moved to another
+  // server): they read as initial values again and no longer count. A table
+  // without eviction or TTL keeps its rows dense, so the last rows move into
+  // the holes and whole chunks past the end are freed; an evictable one
+  // puts them on its free list. Renews generation(). Returns how many rows
+  // were dropped. Counts no eviction.
+  size_t DropRows(absl::FunctionRef<bool(uint64_t key)> drop);
+  // Calls fn(key) for every row, in no particular order; reads only the
+  // index (no row). The table must not change during the call.
+  void ForEachKey(absl::FunctionRef<void(uint64_t key)> fn) const {
+    index_.ForEach([&](uint64_t key, uint32_t) { fn(key); });
+  }
+
  private:
   // Bookkeeping in front of each row's floats when rows can be dropped.
   struct RowMeta {
@@ -389,6 +402,11 @@ class DenseTable : public Table {
   // is not finite.
   absl::Status ImportBlock(uint64_t block, absl::Span<const float> values,
                            absl::Span<const float> state);
+
+  // Drops every created block that `drop` selects (a slot moved to another
+  // server), freeing its memory; it is created again, with initial values,
+  // when next used. Returns how many blocks were dropped.
+  size_t DropBlocks(absl::FunctionRef<bool(uint64_t block)> drop);
 
  private:
   struct Block {

@@ -1534,5 +1534,74 @@ TEST(TableLearningRateTest, PushScalesTheSgdLearningRateExactly) {
             (std::vector<float>{1, 0, 0 - 2, 1, 0, 1, 1, 1}));
 }
 
+// DropRows with and without bookkeeping (eviction, TTL): the dropped keys
+// read as initial values again, every other row keeps its full state.
+void ExpectDropRowsKeepsTheRest(const TableConfig& config) {
+  auto t = MustCreateSparse(config);
+  ASSERT_NE(t, nullptr);
+  t->Advance(0, absl::FromUnixSeconds(1700000000));
+  // Enough rows for several chunks' worth of holes and moves.
+  std::vector<uint64_t> keys;
+  std::vector<float> grads;
+  for (uint64_t k = 0; k < 40000; ++k) {
+    keys.push_back(k * 7919);
+    grads.push_back(static_cast<float>(k % 13) + 1);
+    grads.push_back(-static_cast<float>(k % 5) - 1);
+  }
+  t->Push(keys, grads.data());
+  const auto before = AllRows(*t);
+  auto dropped = [](uint64_t key) { return (key / 7919) % 3 == 1; };
+  EXPECT_EQ(t->DropRows(dropped), 13333u);
+  EXPECT_EQ(t->num_rows(), 40000u - 13333u);
+  const auto after = AllRows(*t);
+  std::vector<std::pair<uint64_t, std::vector<float>>> kept;
+  for (const auto& row : before) {
+    if (!dropped(row.first)) kept.push_back(row);
+  }
+  EXPECT_EQ(after, kept);
+  std::vector<float> out(2);
+  t->Pull({1 * 7919}, out.data());
+  std::vector<float> initial(2);
+  auto fresh = MustCreateSparse(config);
+  fresh->Pull({1 * 7919}, initial.data());
+  EXPECT_EQ(out, initial);
+  // The table takes new rows where the dropped ones were.
+  t->Push({1 * 7919}, std::vector<float>{1, 1}.data());
+  EXPECT_EQ(t->num_rows(), 40000u - 13332u);
+  EXPECT_EQ(t->DropRows([](uint64_t) { return false; }), 0u);
+}
+
+TEST(SparseDropRowsTest, WithoutBookkeepingRowsStayDenseAndExact) {
+  ExpectDropRowsKeepsTheRest(SparseConfig(4, 2, 0.5f));
+}
+
+TEST(SparseDropRowsTest, WithBookkeepingRowsGoToTheFreeList) {
+  ExpectDropRowsKeepsTheRest(TtlConfig("ttl_steps: 1000000"));
+}
+
+TEST(DenseDropBlocksTest, DroppedBlocksStartAgainFromTheirInitialValues) {
+  auto t = MustCreateDense(DenseConfig(1, 10, 4, 1.0f));
+  ASSERT_NE(t, nullptr);
+  Segments segs;
+  for (const auto& [begin, length] :
+       std::vector<std::pair<uint64_t, uint64_t>>{{0, 4}, {4, 4}, {8, 2}}) {
+    DenseSegment* s = segs.Add();
+    s->set_begin(begin);
+    s->set_length(length);
+  }
+  ASSERT_TRUE(t->ValidateSegments(segs).ok());
+  std::vector<float> grads(10, 1.0f), out(10);
+  t->Push(segs, grads.data());
+  EXPECT_EQ(t->num_created_blocks(), 3u);
+  EXPECT_EQ(t->DropBlocks([](uint64_t block) { return block == 1; }), 1u);
+  EXPECT_EQ(t->num_created_blocks(), 2u);
+  t->Pull(segs, out.data());
+  std::vector<float> initial(10);
+  MustCreateDense(DenseConfig(1, 10, 4, 1.0f))->Pull(segs, initial.data());
+  for (int i = 0; i < 10; ++i) {
+    EXPECT_EQ(out[i], i / 4 == 1 ? initial[i] : initial[i] - 1) << i;
+  }
+}
+
 }  // namespace
 }  // namespace ps

@@ -1,0 +1,227 @@
+// KVServer: slot moves between servers (cluster.elastic; proto/scheduler.proto
+// SlotMove). The source copies a move's slots to its target as to a backup
+// (server/replication_primary.h); this file holds the server's side of the
+// view changes: reading the moves from the view, the flip at both ends, an
+// abandoned copy, and the bytes per slot the scheduler plans moves with.
+#include <algorithm>
+#include <map>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/hash.h"
+#include "server/server_impl.h"
+#include "server/server_log.h"
+#include "server/slot_digest.h"
+
+namespace ps {
+
+void KVServer::Impl::ReadMoves(const ClusterView& view, Ownership* own) const {
+  if (view.moves().empty()) return;
+  const uint32_t num_slots = static_cast<uint32_t>(own->slot_owner.size());
+  const uint32_t max_ranks = MaxServerRanks(options_.config.cluster());
+  own->slot_learner.assign(num_slots, kNoBackup);
+  own->slot_fenced.assign(num_slots, false);
+  for (const SlotMove& m : view.moves()) {
+    std::string bad;
+    if (m.source() >= max_ranks || m.target() >= max_ranks ||
+        m.source() == m.target()) {
+      bad = "bad ranks";
+    } else if (m.phase() != SlotMove::COPYING &&
+               m.phase() != SlotMove::FENCING) {
+      bad = "no phase";
+    }
+    for (uint32_t s : m.slots()) {
+      if (!bad.empty()) break;
+      if (s >= num_slots) {
+        bad = absl::StrCat("slot ", s, " out of range");
+      } else if (own->slot_owner[s] != m.source()) {
+        bad = absl::StrCat("slot ", s, " is owned by server ",
+                           own->slot_owner[s]);
+      } else if (own->slot_learner[s] != kNoBackup) {
+        bad = absl::StrCat("slot ", s, " is in two moves");
+      } else if (s < own->slot_backup.size() &&
+                 own->slot_backup[s] == m.target()) {
+        bad = absl::StrCat("slot ", s, " is backed by the target");
+      }
+      if (bad.empty()) own->slot_learner[s] = kNoBackup - 1;  // claimed
+    }
+    if (!bad.empty() || m.slots().empty()) {
+      ServerLog()->warn(
+          "view {}: move of {} slots from server {} to server {} ignored: {}",
+          view.epoch(), m.slots_size(), m.source(), m.target(),
+          bad.empty() ? "no slots" : bad);
+      // Slots claimed by this move before the check failed are released.
+      for (uint32_t s : m.slots()) {
+        if (s < num_slots && own->slot_learner[s] == kNoBackup - 1)
+          own->slot_learner[s] = kNoBackup;
+      }
+      continue;
+    }
+    Ownership::Move move;
+    move.source = m.source();
+    move.target = m.target();
+    move.slots.assign(m.slots().begin(), m.slots().end());
+    std::sort(move.slots.begin(), move.slots.end());
+    move.fencing = m.phase() == SlotMove::FENCING;
+    move.copy_epoch = m.copy_epoch();
+    move.fence_epoch = m.fence_epoch();
+    for (uint32_t s : move.slots) {
+      own->slot_learner[s] = move.target;
+      own->slot_fenced[s] = move.fencing;
+    }
+    own->moves.push_back(std::move(move));
+  }
+  if (own->moves.empty()) {
+    own->slot_learner.clear();
+    own->slot_fenced.clear();
+  }
+}
+
+void KVServer::Impl::HandOver(const Ownership& prev, const Ownership& own) {
+  const uint32_t num_slots = static_cast<uint32_t>(own.slot_owner.size());
+  if (own.node_id == 0 || prev.slot_owner.size() != num_slots) return;
+  std::vector<bool> drop(num_slots, false);
+  // New owner node -> the slots this server now backs for it.
+  std::map<uint64_t, std::vector<uint32_t>> backed;
+  std::map<uint32_t, uint32_t> count;  // target rank -> slots
+  for (uint32_t s = 0; s < num_slots; ++s) {
+    if (prev.slot_owner[s] != own.rank || own.slot_owner[s] == own.rank ||
+        prev.learner(s) != own.slot_owner[s]) {
+      continue;
+    }
+    const uint32_t target = own.slot_owner[s];
+    ++count[target];
+    if (own.slot_backup[s] == own.rank && target < own.server_node.size() &&
+        own.server_node[target] != 0) {
+      backed[own.server_node[target]].push_back(s);
+    } else {
+      drop[s] = true;
+    }
+  }
+  if (count.empty()) return;
+  const ReplicaStore::Dims dims = TableDims();
+  // BSP sums of the slots: gone with replication 1; with 2 they are the
+  // new owner's buffered steps, applied when it announces each step, so
+  // this copy stays exact for a later failover back here.
+  for (auto& [step, buffer] : bsp_.buffers)
+    buffer.ExtractSlots(drop, num_slots, dims, nullptr);
+  replicas_.SizeSlots(num_slots);
+  for (const auto& [node, slots] : backed) {
+    std::vector<bool> mask(num_slots, false);
+    for (uint32_t s : slots) mask[s] = true;
+    for (auto& [step, buffer] : bsp_.buffers) {
+      StepBuffer part;
+      buffer.ExtractSlots(mask, num_slots, dims, &part);
+      if (!part.Empty()) {
+        StepBuffer& theirs = replicas_.Buffer(node, step);
+        part.ExtractSlots(std::vector<bool>(num_slots, true), num_slots, dims,
+                          &theirs);
+      }
+    }
+    replicas_.EndCatchUp(slots);
+  }
+  const uint64_t dropped = DropSlots(tables_, drop);
+  uint32_t total = 0;
+  for (const auto& [target, n] : count) {
+    total += n;
+    ServerLog()->info(
+        "move of {} slots to server {}: flipped, it owns them now (epoch "
+        "{}); this server {}",
+        n, target, own.epoch,
+        backed.empty() ? "dropped their rows" : "backs them");
+  }
+  if (dropped > 0) {
+    ServerLog()->info("dropped {} rows and blocks of slots moved away",
+                      dropped);
+  }
+  counters_.move_slots_out.fetch_add(total, std::memory_order_relaxed);
+  slot_bytes_at_ = absl::InfinitePast();
+}
+
+void KVServer::Impl::DropAbandonedCopies(const Ownership& prev,
+                                         const Ownership& own) {
+  const uint32_t num_slots = static_cast<uint32_t>(own.slot_owner.size());
+  if (prev.slot_owner.size() != num_slots || prev.slot_learner.empty()) return;
+  std::vector<bool> drop(num_slots, false);
+  // Source node -> its slots whose copy goes.
+  std::map<uint64_t, std::vector<uint32_t>> from;
+  for (uint32_t s = 0; s < num_slots; ++s) {
+    if (prev.learner(s) != own.rank || own.learner(s) == own.rank ||
+        own.slot_owner[s] == own.rank) {
+      continue;
+    }
+    drop[s] = true;
+    const uint32_t source = prev.slot_owner[s];
+    from[source < prev.server_node.size() ? prev.server_node[source] : 0]
+        .push_back(s);
+  }
+  if (from.empty()) return;
+  const ReplicaStore::Dims dims = TableDims();
+  replicas_.SizeSlots(num_slots);
+  size_t slots = 0;
+  for (const auto& [node, list] : from) {
+    replicas_.ForgetSlots(node, list, dims);
+    slots += list.size();
+  }
+  const uint64_t dropped = DropSlots(tables_, drop);
+  ServerLog()->info(
+      "move of {} slots to this server abandoned (epoch {}): dropped the "
+      "{} rows and blocks copied",
+      slots, own.epoch, dropped);
+}
+
+void KVServer::Impl::NoteMovedIn(const Ownership& prev, const Ownership& own,
+                                 const std::vector<uint32_t>& slots,
+                                 const std::vector<uint32_t>& sources) {
+  if (slots.empty()) return;
+  const uint32_t num_slots = static_cast<uint32_t>(own.slot_owner.size());
+  std::vector<bool> mask(num_slots, false);
+  // Source node -> the slots it backs now: it holds what this server holds
+  // (the fence compared them), so no catch-up is sent to it.
+  std::map<uint64_t, std::vector<uint32_t>> backed_by_source;
+  for (uint32_t s : slots) {
+    mask[s] = true;
+    const uint32_t source = prev.slot_owner[s];
+    if (own.slot_backup[s] == source && source < own.server_node.size() &&
+        own.server_node[source] != 0 &&
+        own.server_node[source] == prev.server_node[source]) {
+      backed_by_source[own.server_node[source]].push_back(s);
+    }
+  }
+  for (const auto& [node, list] : backed_by_source)
+    primary_.MarkPaired(list, node);
+  const SlotDigest held = DigestSlots(tables_, mask);
+  counters_.move_slots_in.fetch_add(slots.size(), std::memory_order_relaxed);
+  counters_.move_rows_in.fetch_add(held.rows, std::memory_order_relaxed);
+  slot_bytes_at_ = absl::InfinitePast();
+  ServerLog()->info(
+      "move: serving {} slots of server(s) {} as their new owner (epoch {}; "
+      "{} rows and blocks, {} bytes)",
+      slots.size(), absl::StrJoin(sources, ", "), own.epoch, held.rows,
+      held.bytes);
+}
+
+void KVServer::Impl::MaybeMeasureSlots(const Ownership& own) {
+  if (!options_.config.cluster().has_elastic() || own.slot_owner.empty() ||
+      own.all) {
+    return;
+  }
+  const absl::Time now = options_.clock->Now();
+  if (now - slot_bytes_at_ < kSlotBytesPeriod) return;
+  slot_bytes_at_ = now;
+  const uint32_t num_slots = static_cast<uint32_t>(own.slot_owner.size());
+  std::vector<uint64_t> bytes = SlotBytes(tables_, num_slots);
+  for (uint32_t s = 0; s < num_slots; ++s) {
+    if (own.slot_owner[s] != own.rank) bytes[s] = 0;
+  }
+  absl::MutexLock lock(&slot_bytes_mu_);
+  slot_bytes_ = std::move(bytes);
+}
+
+std::vector<uint64_t> KVServer::Impl::slot_bytes() const {
+  absl::MutexLock lock(&slot_bytes_mu_);
+  return slot_bytes_;
+}
+
+}  // namespace ps

@@ -1,0 +1,99 @@
+#include "server/slot_digest.h"
+
+#include <cstring>
+
+#include "common/hash.h"
+#include "server/server_log.h"
+#include "server/table_rows.h"
+
+namespace ps {
+
+namespace {
+
+// One row's hash: every float's bits in order, after the table and key.
+uint64_t RowHash(uint32_t table, uint64_t key, absl::Span<const float> values,
+                 absl::Span<const float> state) {
+  uint64_t h = HashCombine(Mix64(table), key);
+  auto add = [&h](absl::Span<const float> floats) {
+    for (float f : floats) {
+      uint32_t bits;
+      std::memcpy(&bits, &f, sizeof(bits));
+      h = Mix64(h ^ bits);
+    }
+  };
+  add(values);
+  add(state);
+  return h;
+}
+
+}  // namespace
+
+SlotDigest DigestSlots(const TableMap& tables, const std::vector<bool>& mask) {
+  SlotDigest d;
+  const uint32_t num_slots = static_cast<uint32_t>(mask.size());
+  if (num_slots == 0) return d;
+  for (const auto& [id, table] : tables) {
+    const bool sparse = table->AsSparse() != nullptr;
+    const absl::Status read = ForEachTableRow(
+        *table, 4096,
+        [&, id = id](uint64_t row, absl::Span<const float> values,
+                     absl::Span<const float> state) {
+          const uint32_t slot = sparse ? SparseSlot(id, row, num_slots)
+                                       : DenseBlockSlot(id, row, num_slots);
+          if (!mask[slot]) return;
+          d.digest += RowHash(id, row, values, state);
+          ++d.rows;
+          d.bytes += (values.size() + state.size()) * sizeof(float) +
+                     (sparse ? sizeof(uint64_t) : 0);
+        });
+    if (!read.ok()) ServerLog()->error("digest of table {}: {}", id, read);
+  }
+  return d;
+}
+
+std::vector<uint64_t> SlotBytes(const TableMap& tables, uint32_t num_slots) {
+  std::vector<uint64_t> bytes(num_slots, 0);
+  if (num_slots == 0) return bytes;
+  for (const auto& [id, table] : tables) {
+    if (const SparseTable* sparse = table->AsSparse()) {
+      const uint64_t row =
+          sparse->state_floats() * sizeof(float) + sizeof(uint64_t);
+      sparse->ForEachKey([&, id = id](uint64_t key) {
+        bytes[SparseSlot(id, key, num_slots)] += row;
+      });
+      continue;
+    }
+    const DenseTable* dense = table->AsDense();
+    const uint64_t per_element =
+        (1 + static_cast<uint64_t>(dense->state_size())) * sizeof(float);
+    dense
+        ->ForEachBlock([&, id = id](uint64_t block, absl::Span<const float>,
+                                    absl::Span<const float>) {
+          bytes[DenseBlockSlot(id, block, num_slots)] +=
+              dense->BlockLength(block) * per_element;
+          return absl::OkStatus();
+        })
+        .IgnoreError();
+  }
+  return bytes;
+}
+
+uint64_t DropSlots(TableMap& tables, const std::vector<bool>& mask) {
+  const uint32_t num_slots = static_cast<uint32_t>(mask.size());
+  uint64_t dropped = 0;
+  if (num_slots == 0) return dropped;
+  for (auto& [id, table] : tables) {
+    if (SparseTable* sparse = table->AsSparse()) {
+      dropped += sparse->DropRows([&, id = id](uint64_t key) {
+        return mask[SparseSlot(id, key, num_slots)];
+      });
+    } else {
+      dropped += table->AsDense()->DropBlocks([&, id = id](uint64_t block) {
+        return mask[DenseBlockSlot(id, block, num_slots)];
+      });
+    }
+  }
+  return dropped;
+}
+
+}  // namespace ps

@@ -1,0 +1,51 @@
+// A server's rows seen per slot (proto/scheduler.proto SlotMove): the
+// digest that a slot move's source and target compare at the fence
+// (REPLICA_FENCE), the bytes each slot holds (HeartbeatRequest.slot_bytes,
+// for the planner), and dropping the rows of slots that moved away.
+//
+// A "row" is a sparse table's row (its key and full state: weights and
+// optimizer state) or a dense table's created block (its values and
+// state); its slot is common/hash.h SparseSlot or DenseBlockSlot.
+//
+// Not thread-safe: call on the thread that owns the tables (the serving
+// thread), while nothing else changes them. Internal to //server:server.
+#ifndef PS_SERVER_SLOT_DIGEST_H_
+#define PS_SERVER_SLOT_DIGEST_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "server/table.h"
+
+namespace ps {
+
+using TableMap = absl::flat_hash_map<uint32_t, std::unique_ptr<Table>>;
+
+struct SlotDigest {
+  // The wrapping sum of a 64-bit hash of every row's (table id, key or
+  // block, full state bits): independent of the order rows are visited
+  // in, so two servers holding the same rows agree whatever their
+  // tables' histories. 0 for no rows.
+  uint64_t digest = 0;
+  uint64_t rows = 0;   // rows and blocks
+  uint64_t bytes = 0;  // their state (and sparse keys), as SlotBytes counts
+};
+
+// The digest of the rows of `tables` whose slot is set in `mask` (one
+// entry per slot of the view).
+SlotDigest DigestSlots(const TableMap& tables, const std::vector<bool>& mask);
+
+// Bytes each of `num_slots` slots holds in `tables`: per sparse row its
+// key and full state, per dense block its values and state. Reads only
+// the sparse tables' indexes and the dense blocks' sizes.
+std::vector<uint64_t> SlotBytes(const TableMap& tables, uint32_t num_slots);
+
+// Drops the rows and blocks of `tables` in the slots set in `mask`
+// (SparseTable::DropRows, DenseTable::DropBlocks). Returns how many.
+uint64_t DropSlots(TableMap& tables, const std::vector<bool>& mask);
+
+}  // namespace ps
+
+#endif  // PS_SERVER_SLOT_DIGEST_H_
