@@ -122,6 +122,10 @@ class RebalanceTrainingTest : public ::testing::TestWithParam<int> {
       auto index = job->StartServer();
       if (!index.ok()) return FailedRun<JobRun>(index.status(), what, *job);
     }
+    if (auto rank = job->WaitForRegistration(0, absl::Seconds(60));
+        !rank.ok()) {
+      return FailedRun<JobRun>(rank.status(), what, *job);
+    }
     // Scale out at a tenth of the training, in at two fifths.
     auto step = job->WaitForStep(0, baseline_steps / 10, absl::Seconds(60));
     if (!step.ok()) return FailedRun<JobRun>(step.status(), what, *job);
