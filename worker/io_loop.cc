@@ -61,6 +61,7 @@ std::unique_ptr<Part> NewPiece(const Part& part) {
   p->refusals = part.refusals;
   p->refused_until = part.refused_until;
   p->reroutable = true;
+  p->fate_unknown = part.fate_unknown;
   p->block_size = part.block_size;
   p->h = part.h;
   return p;
@@ -189,10 +190,12 @@ uint32_t IoLoop::KeyMemo::LeastRecentlyUsed() const {
 }
 
 IoLoop::IoLoop(std::shared_ptr<const Routing> routing, Options options,
-               std::atomic<uint64_t>* next_request_id)
+               std::atomic<uint64_t>* next_request_id,
+               std::atomic<uint64_t>* next_seq)
     : options_(std::move(options)),
       event_fd_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)),
       next_request_id_(next_request_id),
+      next_seq_(next_seq),
       routing_(std::move(routing)) {
   thread_ = std::thread([this] { Run(); });
 }
@@ -514,10 +517,17 @@ void IoLoop::Route(std::unique_ptr<Part> part) {
 }
 
 // Splits `part` by the current slot map into pieces, one per owning
-// server, each with a fresh request id and the same sequence number
-// (every server sees at most one piece of it). The owners come from the
-// same router functions that split the request when it was built. On a
-// malformed part completes it with an error and returns that error.
+// server, each with a fresh request id. A push whose fate is unknown
+// (Part::fate_unknown) keeps its sequence number in every piece (every
+// server sees at most one piece of it, and a server that applied it, or a
+// backup it forwarded it to, recognises it). Any other push gets a fresh
+// one per piece: nothing of it was applied anywhere, and a piece must not
+// share its number with a sibling that another server applies, lest the
+// sibling's record make a server that takes over the slots of the first
+// (a live move's flip, a failover) take the first for a duplicate. The
+// owners come from the same router functions that split the request when
+// it was built. On a malformed part completes it with an error and
+// returns that error.
 absl::Status IoLoop::Split(std::unique_ptr<Part> part,
                            std::vector<std::unique_ptr<Part>>* pieces) {
   const Routing& routing = *routing_;
@@ -556,10 +566,16 @@ absl::Status IoLoop::Split(std::unique_ptr<Part> part,
     part->parent->PartDone(bad);
     return bad;
   }
+  const bool fresh_seq =
+      next_seq_ != nullptr && !part->fate_unknown &&
+      (h.op() == PUSH || h.op() == PUSH_PULL || h.op() == ASSIGN);
   auto finish = [&](Part* p, uint32_t server) {
     p->server = server;
     p->request_id = next_request_id_->fetch_add(1, std::memory_order_relaxed);
     p->h.set_request_id(p->request_id);
+    if (fresh_seq) {
+      p->h.set_seq(next_seq_->fetch_add(1, std::memory_order_relaxed));
+    }
     p->h.set_epoch(routing.epoch);
     p->header = SerializeToFrame(p->h);
   };
@@ -606,6 +622,7 @@ void IoLoop::TakeOverPendingFor(uint32_t server, const absl::Status& status) {
     std::unique_ptr<Part> part = std::move(it->second);
     pending_.erase(it++);
     if (part->reroutable) {
+      part->fate_unknown = true;  // sent, never answered
       moved_.push_back(std::move(part));
     } else if (part->scan == nullptr && part->h.op() == ADVANCE_CLOCK) {
       part->parent->PartDone(absl::OkStatus());

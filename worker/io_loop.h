@@ -157,6 +157,12 @@ struct Part {
   // (InfinitePast: none yet).
   int refusals = 0;
   absl::Time refused_until = absl::InfinitePast();
+  // A transmission of this part (or of the part it was split from) went
+  // unanswered to a server that went away: it may have been applied there
+  // (and forwarded to a backup), so its sequence number is kept for good.
+  // While false, every answer said "not applied", and a part routed again
+  // is split with fresh sequence numbers (see IoLoop::Split).
+  bool fate_unknown = false;
   // Keyed requests (PUSH, PULL, PUSH_PULL, ASSIGN) can be routed again when
   // their server dies or no longer owns their slots: `h` is the header
   // (frame `header` serialized), `block_size` routes dense segments.
@@ -213,9 +219,13 @@ class IoLoop {
     Clock* clock = Clock::Real();
   };
   // Starts the I/O thread, routing by `routing`. `next_request_id` (not
-  // owned, shared with the request builders) numbers re-split parts.
+  // owned, shared with the request builders) numbers re-split parts;
+  // `next_seq` (not owned; null: sequence numbers are always kept) gives
+  // fresh sequence numbers to the pieces of a re-split push whose every
+  // transmission was answered "not applied".
   IoLoop(std::shared_ptr<const Routing> routing, Options options,
-         std::atomic<uint64_t> *next_request_id);
+         std::atomic<uint64_t>* next_request_id,
+         std::atomic<uint64_t>* next_seq = nullptr);
   // Fails every part still held with CANCELLED and joins the thread.
   ~IoLoop();
   IoLoop(const IoLoop &) = delete;
@@ -273,6 +283,7 @@ class IoLoop {
   uint64_t monitor_serial_ = 0;
   std::vector<KeyMemo> key_memos_;  // by server rank
   std::atomic<uint64_t> *const next_request_id_;
+  std::atomic<uint64_t>* const next_seq_;
   absl::Mutex mu_;
   std::deque<std::unique_ptr<Part>> queue_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<const Routing> new_routing_ ABSL_GUARDED_BY(mu_);

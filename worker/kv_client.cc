@@ -287,7 +287,7 @@ KVClient::KVClient(Options options, std::shared_ptr<const Routing> routing)
                   ? options_.config.data_plane().key_cache_bytes()
                   : 0,
               options_.curve, options_.clock},
-          &next_request_id_)) {
+          &next_request_id_, &next_seq_)) {
   clock_.store(options_.start_clock);
   const DataPlaneConfig& dp = options_.config.data_plane();
   // Only registered clients cache key lists: servers keep lists per node

@@ -26,6 +26,7 @@
 #include "scheduler/client.h"
 #include "scheduler/scheduler.h"
 #include "server/server.h"
+#include "server/testing/raw_client.h"
 
 namespace ps {
 namespace {
@@ -1509,6 +1510,53 @@ TEST_F(KVClientDataPlaneTest, MisroutedHalfWidthRequestsAreSplitByTheNewView) {
       EXPECT_EQ(dw[i], want) << i;
     }
   }
+}
+
+// A push a server refused as not applied (it does not own the slots in its
+// view) and that is split again among the servers carries fresh sequence
+// numbers: no piece is recorded under the number of the refused message.
+// Were a piece recorded so, a server taking over another piece's slots
+// later (a move's flip, a failover) would take that piece, sent again
+// with the same number, for a duplicate and drop it.
+TEST_F(KVClientDataPlaneTest, ARefusedPushSplitAgainGetsFreshSequenceNumbers) {
+  const ClusterView real = scheduler_->state()->View();
+  ClusterView stale = real;
+  for (int s = 0; s < stale.slot_owner_size(); ++s) stale.set_slot_owner(s, 0);
+  ClusterView fresh = real;
+  fresh.set_epoch(real.epoch() + 1);
+  constexpr uint32_t kNarrow = 7;  // dim 1, SGD learning rate 1, starts at 0.5
+  const std::vector<uint64_t> keys = {KeysOn(0, kNarrow, 1, 100)[0],
+                                      KeysOn(1, kNarrow, 1, 100)[0]};
+  auto client = ClientWith([](DataPlaneConfig*) {}, &stale);
+  ASSERT_NE(client, nullptr);
+  const uint64_t node = members_.back()->node_id();
+  // The client's first push: sequence number 1, sent whole to server 0,
+  // which owns only one of its keys and refuses it.
+  const uint64_t errors = servers_[0]->stats().errors;
+  Completion push = client->Push(kNarrow, keys, {1.0f, 1.0f});
+  absl::SleepFor(absl::Milliseconds(50));
+  client->UpdateView(fresh);
+  ASSERT_TRUE(push.Wait().ok()) << push.Wait();
+  EXPECT_GT(servers_[0]->stats().errors, errors);
+  // Number 1 from the same worker is new to both servers: applied.
+  for (uint32_t rank : {0u, 1u}) {
+    raw_client::RawClient raw(servers_[rank]->endpoint());
+    RequestHeader h = raw_client::Header(PUSH, kNarrow, 1);
+    h.set_request_id(1000 + rank);
+    h.set_sender_node_id(node);
+    h.set_seq(1);
+    const ResponseHeader rh = [&] {
+      raw.SendFrames(raw_client::Frames(raw_client::HeaderFrame(h),
+                                        raw_client::KeysFrame({keys[rank]}),
+                                        raw_client::ValuesFrame({1.0f})));
+      return raw.ReceiveHeader();
+    }();
+    EXPECT_EQ(rh.code(), 0) << rh.message();
+  }
+  auto exact = Client();
+  std::vector<float> w(2);
+  ASSERT_TRUE(exact->Pull(kNarrow, keys, w.data()).Wait().ok());
+  EXPECT_EQ(w, std::vector<float>({-1.5f, -1.5f}));
 }
 
 // RequestsToADeadServerFollowItsSlotsToTheNewOwner with FLOAT16 values and
