@@ -315,6 +315,12 @@ absl::Status KVServer::Impl::Validate(const Request& r, const Ownership& own,
       for (uint32_t slot : v->slots) {
         if (!own.fenced(slot)) continue;
         v->fenced = true;
+        // Not applied now, and (its number unrecorded) never before here.
+        const auto window = seqs_.find(h.sender_node_id());
+        rh->set_not_applied(h.seq() != 0 &&
+                            (window == seqs_.end() ||
+                             window->second.Test(h.seq()) ==
+                                 SeqWindow::Check::kNew));
         return absl::UnavailableError(absl::StrCat(
             "slot ", slot, " is moving to server ", own.learner(slot),
             " and takes no push until the move flips (epoch ", own.epoch,

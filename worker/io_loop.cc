@@ -764,6 +764,12 @@ void IoLoop::OnResponse(uint32_t server, std::vector<zmq::message_t>& frames) {
   }
   const bool unavailable = response.header.code() ==
                            static_cast<int>(absl::StatusCode::kUnavailable);
+  // An UNAVAILABLE that does not say nothing was applied may follow an
+  // update the server applied (and forwarded to a backup).
+  if (unavailable && response.header.refusal() == REFUSAL_NONE &&
+      !response.header.not_applied() && !response.header.wrong_owner()) {
+    part->fate_unknown = true;
+  }
   if (unavailable && response.header.refusal() != REFUSAL_NONE &&
       RetryRefused(options_.clock->Now(), options_, part.get())) {
     retries_.push_back(std::move(part));

@@ -158,10 +158,12 @@ struct Part {
   int refusals = 0;
   absl::Time refused_until = absl::InfinitePast();
   // A transmission of this part (or of the part it was split from) went
-  // unanswered to a server that went away: it may have been applied there
-  // (and forwarded to a backup), so its sequence number is kept for good.
-  // While false, every answer said "not applied", and a part routed again
-  // is split with fresh sequence numbers (see IoLoop::Split).
+  // unanswered to a server that went away, or was answered UNAVAILABLE
+  // without saying that nothing was applied: it may have been applied
+  // there (and forwarded to a backup), so its sequence number is kept for
+  // good. While false, every answer said "not applied" (wrong_owner, a
+  // refusal, ResponseHeader.not_applied), and a part routed again is split
+  // with fresh sequence numbers (see IoLoop::Split).
   bool fate_unknown = false;
   // Keyed requests (PUSH, PULL, PUSH_PULL, ASSIGN) can be routed again when
   // their server dies or no longer owns their slots: `h` is the header
