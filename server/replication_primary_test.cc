@@ -273,11 +273,17 @@ TEST_F(ReplicationPrimaryTest, WaitMovesToTheNewBackupsCatchUp) {
 // the catch-up's acknowledgement is reported as COPIED, and the fence goes
 // after every update sent before it.
 TEST_F(ReplicationPrimaryTest, LearnerJoinsTheAckPathOnlyWhenFarBehind) {
-  auto config = ParseJobConfig(R"pb(
-    cluster { num_servers: 3 num_workers: 1 num_slots: 4 }
-    tables { id: 0 name: "t" sparse { dim: 1 }
-             optimizer { sgd { learning_rate: 1 } } }
-  )pb", "test");
+  auto config =
+      ParseJobConfig(R"pb(
+                       cluster { num_servers: 3 num_workers: 1 num_slots: 4 }
+                       tables {
+                         id: 0
+                         name: "t"
+                         sparse { dim: 1 }
+                         optimizer { sgd { learning_rate: 1 } }
+                       }
+                     )pb",
+                     "test");
   ASSERT_TRUE(config.ok()) << config.status();
   auto table = Table::Create(config->tables(0));
   ASSERT_TRUE(table.ok()) << table.status();
@@ -344,6 +350,35 @@ TEST_F(ReplicationPrimaryTest, LearnerJoinsTheAckPathOnlyWhenFarBehind) {
   ReadUntil([&] { return reports_.size() == 2; });
   EXPECT_EQ(reports_[1].stage(), ReportMoveRequest::FENCED);
   EXPECT_EQ(reports_[1].epoch(), 2u);
+}
+
+// A move's target that refuses part of its copy: the move is abandoned
+// (ABORTED at the copy epoch), never reported copied.
+TEST_F(ReplicationPrimaryTest, RefusedCopyAbortsTheMove) {
+  ServerView own = View(1, {1, 1, 1, 1});
+  ServerView::Move move;
+  move.source = 0;
+  move.target = 2;
+  move.slots = {1};
+  move.copy_epoch = 1;
+  own.moves = {move};
+  own.slot_learner = {kNoBackup, 2, kNoBackup, kNoBackup};
+  own.slot_fenced.assign(kSlots, false);
+  primary_->SyncBackups(own);
+  EXPECT_EQ(backup2_.Receive().replica_info().kind(), REPLICA_SNAPSHOT_BEGIN);
+  EXPECT_EQ(backup2_.Receive().replica_info().kind(), REPLICA_SNAPSHOT_END);
+  backup2_.Answer(1);
+  backup2_.Answer(2, 8, "no room for the copy");
+  ReadUntil([&] { return !reports_.empty(); });
+  ASSERT_EQ(reports_.size(), 1u);
+  EXPECT_EQ(reports_[0].stage(), ReportMoveRequest::ABORTED);
+  EXPECT_EQ(reports_[0].epoch(), 1u);
+  EXPECT_NE(reports_[0].error().find("no room"), std::string::npos);
+  // Not copied again for an abandoned move.
+  clock_.Advance(absl::Milliseconds(200));
+  const uint64_t catchups = catchups_.load();
+  primary_->MaybeResync(own);
+  EXPECT_EQ(catchups_.load(), catchups);
 }
 
 }  // namespace

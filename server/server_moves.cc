@@ -155,8 +155,7 @@ void KVServer::Impl::DropAbandonedCopies(const Ownership& prev,
     const uint32_t learner = prev.learner(s);
     if (learner == kNoBackup) continue;
     if (learner == own.rank) {
-      if (own.slot_owner[s] == own.rank || own.learner(s) == own.rank)
-        continue;
+      if (own.slot_owner[s] == own.rank || own.learner(s) == own.rank) continue;
       // This server's copy of a move that did not flip. Gone even when
       // this server backs the slots now: their new primary copies them.
       ++abandoned;
