@@ -308,19 +308,7 @@ absl::Status KVServer::Impl::Validate(const Request& r, const Ownership& own,
     for (uint32_t slot : v->slots) {
       if (own.slot_owner[slot] != own.rank) return not_owner(slot);
     }
-    // A slot move's fence: nothing more is applied to the slot here until
-    // the view hands it to its target (or drops the move); the worker
-    // sends again, to whoever owns it by then. Pulls are answered.
-    if (v->push && !own.slot_fenced.empty()) {
-      for (uint32_t slot : v->slots) {
-        if (!own.fenced(slot)) continue;
-        v->fenced = true;
-        return absl::UnavailableError(absl::StrCat(
-            "slot ", slot, " is moving to server ", own.learner(slot),
-            " and takes no push until the move flips (epoch ", own.epoch,
-            "); not applied, send again"));
-      }
-    }
+    PS_RETURN_IF_ERROR(CheckNotFenced(own, v));
     if (failover_.Touches(v->slots)) v->first_promoted = true;
   } else if (!own.all && !own.owns_every_slot) {
     if (v->sparse != nullptr) {
@@ -384,6 +372,23 @@ absl::Status KVServer::Impl::Validate(const Request& r, const Ownership& own,
             "push sequence number ", h.seq(), " of node ", h.sender_node_id(),
             " is too old to tell whether it was applied; not applied"));
     }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status KVServer::Impl::CheckNotFenced(const Ownership& own,
+                                            ValidatedUpdate* v) const {
+  // A slot move's fence: nothing more is applied to the slot here until
+  // the view hands it to its target (or drops the move); the worker sends
+  // again, to whoever owns it by then. Pulls are answered.
+  if (!v->push || own.slot_fenced.empty()) return absl::OkStatus();
+  for (uint32_t slot : v->slots) {
+    if (!own.fenced(slot)) continue;
+    v->fenced = true;
+    return absl::UnavailableError(absl::StrCat(
+        "slot ", slot, " is moving to server ", own.learner(slot),
+        " and takes no push until the move flips (epoch ", own.epoch,
+        "); not applied, send again"));
   }
   return absl::OkStatus();
 }

@@ -187,6 +187,9 @@ class KVServer::Impl {
   // replicated); `rh` only its wrong_owner flag.
   absl::Status Validate(const Request& r, const Ownership& own,
                         ResponseHeader* rh, ValidatedUpdate* v) const;
+  // Part of Validate: UNAVAILABLE (v->fenced set) for a push to a slot
+  // whose move is fencing (v->slots filled).
+  absl::Status CheckNotFenced(const Ownership& own, ValidatedUpdate* v) const;
   // Applies a validated push or assign (or answers a duplicate): records
   // the sequence number, applies or buffers, forwards to backups. Fails
   // only for a duplicate whose backup is being copied again (UNAVAILABLE;
