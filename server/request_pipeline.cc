@@ -211,7 +211,8 @@ absl::Status KVServer::Impl::Admit(const std::vector<zmq::message_t>& frames,
   const RequestHeader& h = r->req.header;
   if (h.replica()) {
     return absl::InvalidArgumentError(
-        "replica messages are for servers of a job with cluster.replication 2");
+        "replica messages are for servers of a job with cluster.replication 2 "
+        "or cluster.elastic");
   }
   PS_RETURN_IF_ERROR(admission_.AdmitRequest(
       Admission::FramesBytes(frames), h, own.all, own.worker_rank, own.epoch));
