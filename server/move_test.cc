@@ -348,6 +348,40 @@ class MoveTest : public ::testing::Test {
     ASSERT_NO_FATAL_FAILURE(ExpectLedger());
   }
 
+  // Rows (sparse) or elements (dense, as TableStats counts them) of `table`
+  // that server `rank` should hold under `l` once every key and block was
+  // pushed: those of the slots it owns or backs.
+  uint64_t RowsUnder(const Layout& l, uint32_t rank, uint32_t table) const {
+    uint64_t n = 0;
+    const uint64_t ids = table == kSparse ? kKeys : kBlocks;
+    for (uint64_t id = 0; id < ids; ++id) {
+      const uint32_t s = SlotOf(table, id);
+      n += l.owner[s] == rank || (!l.backup.empty() && l.backup[s] == rank);
+    }
+    return table == kSparse ? n : n * kBlock;
+  }
+
+  // The bytes per slot server `rank` should report under `l`: 16 per key
+  // (its key and two floats) and per block (four floats) it owns.
+  std::vector<uint64_t> SlotBytesUnder(const Layout& l, uint32_t rank) const {
+    std::vector<uint64_t> bytes(kSlots, 0);
+    for (uint64_t k = 0; k < kKeys; ++k) {
+      if (l.owner[SlotOf(kSparse, k)] == rank) bytes[SlotOf(kSparse, k)] += 16;
+    }
+    for (uint64_t b = 0; b < kBlocks; ++b) {
+      if (l.owner[SlotOf(kDense, b)] == rank) bytes[SlotOf(kDense, b)] += 16;
+    }
+    return bytes;
+  }
+
+  // Waits until server `rank` reports `want` as its bytes per slot.
+  void ExpectSlotBytes(uint32_t rank, const std::vector<uint64_t>& want) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    while (servers_[rank]->slot_bytes() != want && absl::Now() < deadline)
+      absl::SleepFor(absl::Milliseconds(1));
+    EXPECT_EQ(servers_[rank]->slot_bytes(), want) << "server " << rank;
+  }
+
   static constexpr uint64_t kKeys = 48;
 
   std::vector<std::unique_ptr<KVServer>> servers_;
@@ -399,6 +433,10 @@ TEST_F(MoveTest, ReplicationOneMovesSlotsWithoutLosingAPush) {
     kept += flipped.owner[SlotOf(kSparse, k)] == 0;
   EXPECT_LT(kept, rows_before);
   EXPECT_EQ(RowsHeld(0, kSparse), kept);
+  EXPECT_EQ(RowsHeld(0, kDense), RowsUnder(flipped, 0, kDense));
+  // Both measure their bytes per slot again after the flip.
+  ASSERT_NO_FATAL_FAILURE(ExpectSlotBytes(0, SlotBytesUnder(flipped, 0)));
+  ASSERT_NO_FATAL_FAILURE(ExpectSlotBytes(1, SlotBytesUnder(flipped, 1)));
   EXPECT_GT(servers_[0]->stats().move_rows_out, 0u);
   EXPECT_GT(servers_[1]->stats().move_rows_in, 0u);
   // Without backups nothing counts as unreplicated.
@@ -418,8 +456,15 @@ TEST_F(MoveTest, ReplicationTwoSwapsRolesWithoutACopyBack) {
   }
   const uint64_t catchups_before = servers_[2]->stats().catchups_sent;
   ASSERT_NO_FATAL_FAILURE(RunMove(0, 2, kMoving, flipped));
-  // No copy back to the source, which backs the slots now.
+  // No copy back to the source, which backs the slots now; their old
+  // backup dropped its copy.
   EXPECT_EQ(servers_[2]->stats().catchups_sent, catchups_before);
+  for (uint32_t rank : {0u, 1u, 2u}) {
+    EXPECT_EQ(RowsHeld(rank, kSparse), RowsUnder(flipped, rank, kSparse))
+        << "server " << rank;
+    EXPECT_EQ(RowsHeld(rank, kDense), RowsUnder(flipped, rank, kDense))
+        << "server " << rank;
+  }
   EXPECT_EQ(servers_[0]->stats().unreplicated_pushes, 0u);
   EXPECT_EQ(servers_[2]->stats().unreplicated_pushes, 0u);
   ASSERT_NO_FATAL_FAILURE(PushAll(50000));

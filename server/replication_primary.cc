@@ -400,7 +400,7 @@ void ReplicationPrimary::NoteMoveAnswers(uint64_t node, uint64_t id, bool ok,
   const uint64_t acked = link->second->acked();
   for (auto& [target, move] : moves_) {
     if (move.node != node || move.done) continue;
-    if (!move.copied && move.copy_end != 0 && acked >= move.copy_end) {
+    if (ok && !move.copied && move.copy_end != 0 && acked >= move.copy_end) {
       move.copied = true;
       ServerLog()->info(
           "move of {} slots to server {}: copied ({} rows, {} bytes)",
@@ -409,16 +409,21 @@ void ReplicationPrimary::NoteMoveAnswers(uint64_t node, uint64_t id, bool ok,
         deps_.move_rows_out->fetch_add(move.rows, std::memory_order_relaxed);
       ReportMove(move, ReportMoveRequest::COPIED, move.copy_epoch, "");
     }
-    if (move.fence_id == 0 || id != move.fence_id) continue;
-    move.done = true;
+    // A refusal on the target's link (the fence's, or any other: its copy
+    // may now lack an update) abandons the move.
     if (!ok) {
+      move.done = true;
       ServerLog()->error("move of {} slots to server {}: aborted: {}",
                          move.slots.size(), move.target, error);
       if (deps_.move_aborts != nullptr)
         deps_.move_aborts->fetch_add(1, std::memory_order_relaxed);
-      ReportMove(move, ReportMoveRequest::ABORTED, move.fence_epoch, error);
+      ReportMove(move, ReportMoveRequest::ABORTED,
+                 move.fence_epoch != 0 ? move.fence_epoch : move.copy_epoch,
+                 error);
       continue;
     }
+    if (move.fence_id == 0 || id != move.fence_id) continue;
+    move.done = true;
     const int64_t pause =
         absl::ToInt64Microseconds(deps_.clock->Now() - move.fence_start);
     ServerLog()->info(
@@ -728,7 +733,10 @@ void ReplicationPrimary::MaybeResync(const ServerView& own) {
     link->resync = false;
     link->last_resync = now;
     if (!slots.empty()) SendCatchUp(own, *link, slots);
-    if (learned.empty()) continue;
+    bool running = false;  // a move to this node not abandoned yet
+    for (const auto& [target, move] : moves_)
+      running |= move.node == node && !move.done;
+    if (learned.empty() || !running) continue;
     SendCatchUp(own, *link, learned);
     for (auto& [target, move] : moves_) {
       if (move.node == node) move.copy_end = link->last_sent();

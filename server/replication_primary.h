@@ -14,8 +14,10 @@
 // slot of the move, Deps::on_move gets COPIED; when the view fences the
 // move, a REPLICA_FENCE with the digest of the slots' rows
 // (server/slot_digest.h) follows everything else on the link, and its
-// answer makes FENCED (OK) or ABORTED (an error). The comment at the top of
-// server/server.h says what replication does;
+// answer makes FENCED (OK) or ABORTED (an error). Any other refusal on the
+// target's link while the move runs makes ABORTED too (epoch: the fence
+// epoch once fenced, else the copy epoch); nothing more is reported of it. The
+// comment at the top of server/server.h says what replication does;
 // server/replication_backup.cc is the backup side. Internal to
 // //server:server.
 //

@@ -14,11 +14,14 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "common/config.h"
+#include "common/protocol.h"
 #include "common/wire.h"
 #include "gtest/gtest.h"
 #include "proto/data_plane.pb.h"
 #include "server/replication.h"
 #include "server/server_view.h"
+#include "server/table.h"
 #include "zmq.hpp"
 #include "zmq_addon.hpp"
 
@@ -90,6 +93,9 @@ class ReplicationPrimaryTest : public ::testing::Test {
                        zmq::message_t&,
                        zmq::message_t&) { sent_.push_back(rh); };
     deps.first_promoted_served = [] {};
+    deps.on_move = [this](const ReportMoveRequest& r) {
+      reports_.push_back(r);
+    };
     primary_ = std::make_unique<ReplicationPrimary>(std::move(deps));
   }
 
@@ -151,6 +157,7 @@ class ReplicationPrimaryTest : public ::testing::Test {
   std::atomic<uint64_t> forwards_{0}, unreplicated_{0}, catchups_{0},
       rows_copied_{0};
   std::vector<ResponseHeader> sent_;
+  std::vector<ReportMoveRequest> reports_;
   FakeBackup backup1_{context_};
   FakeBackup backup2_{context_};
   // Declared last: its sockets close before the context.
@@ -259,6 +266,119 @@ TEST_F(ReplicationPrimaryTest, WaitMovesToTheNewBackupsCatchUp) {
   ASSERT_EQ(sent_.size(), 1u);
   EXPECT_EQ(sent_[0].request_id(), 11u);
   EXPECT_EQ(sent_[0].code(), 0);
+}
+
+// A slot move's target (a learner) gets a catch-up and every later update
+// of its slots, but answers wait for it only once it falls too far behind;
+// the catch-up's acknowledgement is reported as COPIED, and the fence goes
+// after every update sent before it.
+TEST_F(ReplicationPrimaryTest, LearnerJoinsTheAckPathOnlyWhenFarBehind) {
+  auto config =
+      ParseJobConfig(R"pb(
+                       cluster { num_servers: 3 num_workers: 1 num_slots: 4 }
+                       tables {
+                         id: 0
+                         name: "t"
+                         sparse { dim: 1 }
+                         optimizer { sgd { learning_rate: 1 } }
+                       }
+                     )pb",
+                     "test");
+  ASSERT_TRUE(config.ok()) << config.status();
+  auto table = Table::Create(config->tables(0));
+  ASSERT_TRUE(table.ok()) << table.status();
+  ServerView own = View(1, {1, 1, 1, 1});
+  ServerView::Move move;
+  move.source = 0;
+  move.target = 2;
+  move.slots = {2, 3};
+  move.copy_epoch = 1;
+  own.moves = {move};
+  own.slot_learner = {kNoBackup, kNoBackup, 2, 2};
+  own.slot_fenced.assign(kSlots, false);
+  primary_->SyncBackups(own);
+  EXPECT_EQ(backup1_.Receive().replica_info().kind(), REPLICA_SNAPSHOT_BEGIN);
+  EXPECT_EQ(backup1_.Receive().replica_info().kind(), REPLICA_SNAPSHOT_END);
+  const RequestHeader begin = backup2_.Receive();
+  EXPECT_EQ(begin.replica_info().kind(), REPLICA_SNAPSHOT_BEGIN);
+  EXPECT_EQ(begin.replica_info().slots_size(), 2);
+  EXPECT_EQ(backup2_.Receive().replica_info().kind(), REPLICA_SNAPSHOT_END);
+  EXPECT_TRUE(reports_.empty());
+  backup2_.Answer(1);
+  backup2_.Answer(2);
+  ReadUntil([&] { return !reports_.empty(); });
+  EXPECT_EQ(reports_[0].stage(), ReportMoveRequest::COPIED);
+  EXPECT_EQ(reports_[0].source(), 0u);
+  EXPECT_EQ(reports_[0].target(), 2u);
+  EXPECT_EQ(reports_[0].epoch(), 1u);
+
+  // Pushes to slot 2 go to its backup and its learner; only the backup's
+  // answer is waited for, until the learner has too much unanswered.
+  const uint64_t limit = ReplicationPrimary::kLearnerMaxMessages;
+  for (uint64_t i = 1; i <= limit + 1; ++i) {
+    RequestHeader h;
+    h.set_op(PUSH);
+    h.set_table_id(0);
+    h.set_num_keys(1);
+    std::vector<zmq::message_t> frames;
+    frames.emplace_back();
+    frames.push_back(FrameFromVector(std::vector<uint64_t>{7}));
+    frames.push_back(FrameFromVector(std::vector<float>{1}));
+    std::vector<ReplicationPrimary::Need> needs;
+    const std::vector<float> value = {1};
+    const std::vector<uint64_t> key = {7};
+    primary_->Forward(own, h, REPLICA_APPLY, 1, **table, key, value, frames,
+                      {2}, &needs);
+    bool waits_for_learner = false;
+    for (const auto& need : needs) waits_for_learner |= need.first == kNode[2];
+    EXPECT_EQ(waits_for_learner, i > limit) << "push " << i;
+  }
+  EXPECT_EQ(unreplicated_.load(), 0u);
+
+  own.epoch = 2;
+  own.moves[0].fencing = true;
+  own.moves[0].fence_epoch = 2;
+  own.slot_fenced = {false, false, true, true};
+  primary_->SyncBackups(own);
+  for (uint64_t i = 1; i <= limit + 1; ++i)
+    ASSERT_EQ(backup2_.Receive().replica_info().kind(), REPLICA_APPLY);
+  const RequestHeader fence = backup2_.Receive();
+  ASSERT_EQ(fence.replica_info().kind(), REPLICA_FENCE);
+  EXPECT_EQ(fence.replica_info().slots_size(), 2);
+  EXPECT_EQ(fence.replica_info().rows(), 0u);
+  backup2_.Answer(fence.request_id());
+  ReadUntil([&] { return reports_.size() == 2; });
+  EXPECT_EQ(reports_[1].stage(), ReportMoveRequest::FENCED);
+  EXPECT_EQ(reports_[1].epoch(), 2u);
+}
+
+// A move's target that refuses part of its copy: the move is abandoned
+// (ABORTED at the copy epoch), never reported copied.
+TEST_F(ReplicationPrimaryTest, RefusedCopyAbortsTheMove) {
+  ServerView own = View(1, {1, 1, 1, 1});
+  ServerView::Move move;
+  move.source = 0;
+  move.target = 2;
+  move.slots = {1};
+  move.copy_epoch = 1;
+  own.moves = {move};
+  own.slot_learner = {kNoBackup, 2, kNoBackup, kNoBackup};
+  own.slot_fenced.assign(kSlots, false);
+  primary_->SyncBackups(own);
+  EXPECT_EQ(backup2_.Receive().replica_info().kind(), REPLICA_SNAPSHOT_BEGIN);
+  EXPECT_EQ(backup2_.Receive().replica_info().kind(), REPLICA_SNAPSHOT_END);
+  backup2_.Answer(1);
+  backup2_.Answer(2, 8, "no room for the copy");
+  ReadUntil([&] { return !reports_.empty(); });
+  ASSERT_EQ(reports_.size(), 1u);
+  EXPECT_EQ(reports_[0].stage(), ReportMoveRequest::ABORTED);
+  EXPECT_EQ(reports_[0].epoch(), 1u);
+  EXPECT_NE(reports_[0].error().find("no room"), std::string::npos);
+  // Not copied again for an abandoned move.
+  clock_.Advance(absl::Milliseconds(200));
+  const uint64_t catchups = catchups_.load();
+  primary_->MaybeResync(own);
+  EXPECT_EQ(catchups_.load(), catchups);
 }
 
 }  // namespace

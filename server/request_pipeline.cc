@@ -211,7 +211,8 @@ absl::Status KVServer::Impl::Admit(const std::vector<zmq::message_t>& frames,
   const RequestHeader& h = r->req.header;
   if (h.replica()) {
     return absl::InvalidArgumentError(
-        "replica messages are for servers of a job with cluster.replication 2");
+        "replica messages are for servers of a job with cluster.replication 2 "
+        "or cluster.elastic");
   }
   PS_RETURN_IF_ERROR(admission_.AdmitRequest(
       Admission::FramesBytes(frames), h, own.all, own.worker_rank, own.epoch));
@@ -308,25 +309,7 @@ absl::Status KVServer::Impl::Validate(const Request& r, const Ownership& own,
     for (uint32_t slot : v->slots) {
       if (own.slot_owner[slot] != own.rank) return not_owner(slot);
     }
-    // A slot move's fence: nothing more is applied to the slot here until
-    // the view hands it to its target (or drops the move); the worker
-    // sends again, to whoever owns it by then. Pulls are answered.
-    if (v->push && !own.slot_fenced.empty()) {
-      for (uint32_t slot : v->slots) {
-        if (!own.fenced(slot)) continue;
-        v->fenced = true;
-        // Not applied now, and (its number unrecorded) never before here.
-        const auto window = seqs_.find(h.sender_node_id());
-        rh->set_not_applied(h.seq() != 0 &&
-                            (window == seqs_.end() ||
-                             window->second.Test(h.seq()) ==
-                                 SeqWindow::Check::kNew));
-        return absl::UnavailableError(absl::StrCat(
-            "slot ", slot, " is moving to server ", own.learner(slot),
-            " and takes no push until the move flips (epoch ", own.epoch,
-            "); not applied, send again"));
-      }
-    }
+    PS_RETURN_IF_ERROR(CheckNotFenced(h, own, v, rh));
     if (failover_.Touches(v->slots)) v->first_promoted = true;
   } else if (!own.all && !own.owns_every_slot) {
     if (v->sparse != nullptr) {
@@ -390,6 +373,31 @@ absl::Status KVServer::Impl::Validate(const Request& r, const Ownership& own,
             "push sequence number ", h.seq(), " of node ", h.sender_node_id(),
             " is too old to tell whether it was applied; not applied"));
     }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status KVServer::Impl::CheckNotFenced(const RequestHeader& h,
+                                            const Ownership& own,
+                                            ValidatedUpdate* v,
+                                            ResponseHeader* rh) const {
+  // A slot move's fence: nothing more is applied to the slot here until
+  // the view hands it to its target (or drops the move); the worker sends
+  // again, to whoever owns it by then. Pulls are answered.
+  if (!v->push || own.slot_fenced.empty()) return absl::OkStatus();
+  for (uint32_t slot : v->slots) {
+    if (!own.fenced(slot)) continue;
+    v->fenced = true;
+    // Not applied now, and (its number unrecorded) never before here.
+    const auto window = seqs_.find(h.sender_node_id());
+    rh->set_not_applied(h.seq() != 0 &&
+                        (window == seqs_.end() ||
+                         window->second.Test(h.seq()) ==
+                             SeqWindow::Check::kNew));
+    return absl::UnavailableError(absl::StrCat(
+        "slot ", slot, " is moving to server ", own.learner(slot),
+        " and takes no push until the move flips (epoch ", own.epoch,
+        "); not applied, send again"));
   }
   return absl::OkStatus();
 }

@@ -187,6 +187,12 @@ class KVServer::Impl {
   // replicated); `rh` only its wrong_owner flag.
   absl::Status Validate(const Request& r, const Ownership& own,
                         ResponseHeader* rh, ValidatedUpdate* v) const;
+  // Part of Validate: UNAVAILABLE (v->fenced set) for a push to a slot
+  // whose move is fencing (v->slots filled).
+  // (ResponseHeader.not_applied when the push's number was never
+  // recorded here.)
+  absl::Status CheckNotFenced(const RequestHeader& h, const Ownership& own,
+                              ValidatedUpdate* v, ResponseHeader* rh) const;
   // Applies a validated push or assign (or answers a duplicate): records
   // the sequence number, applies or buffers, forwards to backups. Fails
   // only for a duplicate whose backup is being copied again (UNAVAILABLE;
@@ -278,9 +284,11 @@ class KVServer::Impl {
   // sums become the new owner's buffered steps and the slots count as
   // caught up.
   void HandOver(const Ownership& prev, const Ownership& own);
-  // Slots this server was the target of a move of in `prev` and neither
-  // learns nor owns in `own` (the move was abandoned): their copied rows
-  // and replica state go.
+  // Copies this server no longer needs, their rows and replica state:
+  // slots it was the target of a move of in `prev` and neither learns,
+  // owns nor backs in `own` (the move was abandoned), and slots it backed
+  // in `prev` whose move flipped without it as their backup (replication
+  // 2: the move's source backs them).
   void DropAbandonedCopies(const Ownership& prev, const Ownership& own);
   // The move's flip, target side, for Promote: counts and logs the slots
   // taken over from `sources` (old primary ranks), and tells the primary

@@ -143,12 +143,26 @@ void KVServer::Impl::DropAbandonedCopies(const Ownership& prev,
                                          const Ownership& own) {
   const uint32_t num_slots = static_cast<uint32_t>(own.slot_owner.size());
   if (prev.slot_owner.size() != num_slots || prev.slot_learner.empty()) return;
+  auto holds = [&](uint32_t s) {
+    return own.slot_owner[s] == own.rank || own.learner(s) == own.rank ||
+           (s < own.slot_backup.size() && own.slot_backup[s] == own.rank);
+  };
   std::vector<bool> drop(num_slots, false);
-  // Source node -> its slots whose copy goes.
+  // Old owner node -> its slots whose copy goes.
   std::map<uint64_t, std::vector<uint32_t>> from;
+  size_t abandoned = 0, released = 0;
   for (uint32_t s = 0; s < num_slots; ++s) {
-    if (prev.learner(s) != own.rank || own.learner(s) == own.rank ||
-        own.slot_owner[s] == own.rank) {
+    const uint32_t learner = prev.learner(s);
+    if (learner == kNoBackup) continue;
+    if (learner == own.rank) {
+      if (own.slot_owner[s] == own.rank || own.learner(s) == own.rank) continue;
+      // This server's copy of a move that did not flip. Gone even when
+      // this server backs the slots now: their new primary copies them.
+      ++abandoned;
+    } else if (s < prev.slot_backup.size() && prev.slot_backup[s] == own.rank &&
+               own.slot_owner[s] == learner && !holds(s)) {
+      ++released;  // backed here until the move flipped; the source backs it
+    } else {
       continue;
     }
     drop[s] = true;
@@ -159,16 +173,13 @@ void KVServer::Impl::DropAbandonedCopies(const Ownership& prev,
   if (from.empty()) return;
   const ReplicaStore::Dims dims = TableDims();
   replicas_.SizeSlots(num_slots);
-  size_t slots = 0;
-  for (const auto& [node, list] : from) {
-    replicas_.ForgetSlots(node, list, dims);
-    slots += list.size();
-  }
+  for (const auto& [node, list] : from) replicas_.ForgetSlots(node, list, dims);
   const uint64_t dropped = DropSlots(tables_, drop);
   ServerLog()->info(
-      "move of {} slots to this server abandoned (epoch {}): dropped the "
-      "{} rows and blocks copied",
-      slots, own.epoch, dropped);
+      "dropped the copies of {} slots of an abandoned move to this server "
+      "and of {} slots this server backed before their move flipped (epoch "
+      "{}): {} rows and blocks",
+      abandoned, released, own.epoch, dropped);
 }
 
 void KVServer::Impl::NoteMovedIn(const Ownership& prev, const Ownership& own,
