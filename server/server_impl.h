@@ -184,7 +184,7 @@ class KVServer::Impl {
                                const Ownership& own) const;
   // Pure: checks everything (shape, ownership, budget, checkpoint hold,
   // steps ahead, sequence window) and fills *v (v->slots when
-  // replicated); `rh` only its wrong_owner flag.
+  // replicated); `rh` only its wrong_owner and not_applied flags.
   absl::Status Validate(const Request& r, const Ownership& own,
                         ResponseHeader* rh, ValidatedUpdate* v) const;
   // Part of Validate: UNAVAILABLE (v->fenced set) for a push to a slot

@@ -166,8 +166,11 @@ TEST_P(RebalanceTest, ScaleOutThenInLosesNoAcknowledgedPush) {
   std::string out = Psctl({"scale", "--servers=4", "--wait"}, &code);
   ASSERT_EQ(code, 0) << out << job_->LogTails(30);
   EXPECT_EQ(SlotsMovedSince(before), kSlots / 2) << out;
+  // Balanced by the bytes each slot holds (about 16 keys a slot, so slot
+  // counts stay near even).
+  EXPECT_NE(out.find("% of the bytes"), std::string::npos) << out;
   for (const auto& [rank, slots] : SlotsByServer()) {
-    EXPECT_EQ(slots, kSlots / 4) << "server " << rank;
+    EXPECT_NEAR(slots, kSlots / 4.0, kSlots / 4.0 * 0.25) << "server " << rank;
   }
   Pause();
 
@@ -177,8 +180,12 @@ TEST_P(RebalanceTest, ScaleOutThenInLosesNoAcknowledgedPush) {
   EXPECT_EQ(SlotsMovedSince(before), kSlots / 4) << out;
   const std::map<uint32_t, int> after = SlotsByServer();
   EXPECT_EQ(after.count(1), 0u);
+  // With replication 2 a slot never moves onto its backup's server, which
+  // can leave the balance rougher.
+  const double tolerance = GetParam() == 1 ? 0.25 : 0.4;
   for (const auto& [rank, slots] : after) {
-    EXPECT_NEAR(slots, kSlots / 3.0, 1.0) << "server " << rank;
+    EXPECT_NEAR(slots, kSlots / 3.0, kSlots / 3.0 * tolerance)
+        << "server " << rank;
   }
   Pause();
 
