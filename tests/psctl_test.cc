@@ -211,6 +211,10 @@ TEST_F(PsctlTest, UsageErrorsExitWithTwoWithoutContactingTheScheduler) {
       {flag, "drain", "worker:-1"},
       {flag, "drain", "0"},
       {flag, "drain", "1", "2"},
+      {flag, "scale"},
+      {flag, "scale", "--servers=0"},
+      {flag, "scale", "--servers=2", "--remove=x"},
+      {flag, "scale", "4"},
   };
   for (const auto& args : bad) {
     const Result r = Psctl(args);
@@ -223,12 +227,23 @@ TEST_F(PsctlTest, UsageErrorsExitWithTwoWithoutContactingTheScheduler) {
               HasSubstr("unknown command 'frobnicate'"));
   EXPECT_THAT(Psctl({flag, "drain", "node:1"}).err,
               HasSubstr("bad node 'node:1': give a node id, server:RANK or worker:RANK"));
+  EXPECT_THAT(Psctl({flag, "scale"}).err,
+              HasSubstr("scale needs --servers in 1..1024"));
 
   // None of them changed anything.
   const Result r = Psctl({flag, "status"});
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("epoch: 1\n"));
   EXPECT_THAT(r.out, HasSubstr("consistency: ASYNC ("));
+}
+
+// A job without cluster.elastic refuses to scale: exit 1 with its reason.
+TEST_F(PsctlTest, ScaleIsRefusedForAJobThatIsNotElastic) {
+  const std::string flag = "--scheduler=" + StartScheduler();
+  const Result refused = Psctl({flag, "scale", "--servers=2"});
+  EXPECT_EQ(refused.code, 1) << refused.err;
+  EXPECT_THAT(refused.err, HasSubstr("not elastic"));
+  EXPECT_EQ(refused.out, "");
 }
 
 TEST_F(PsctlTest, StatusListsNodesAndWorkerClocks) {
@@ -270,7 +285,8 @@ TEST_F(PsctlTest, StatusListsNodesAndWorkerClocks) {
   EXPECT_THAT(r.out, HasSubstr("epoch: 3\n"));
   EXPECT_THAT(r.out, HasSubstr("nodes: 2\n"));
   EXPECT_THAT(r.out, HasSubstr("  node 1  server rank 0  ALIVE  endpoint "
-                               "tcp://10.0.0.5:7001  host hostA  pid 4242\n"));
+                               "tcp://10.0.0.5:7001  host hostA  pid 4242  "
+                               "slots 16\n"));
   EXPECT_THAT(r.out, HasSubstr("  node 2  worker rank 0  ALIVE  host hostB  "
                                "pid 77  start_clock 0\n"));
   EXPECT_THAT(r.out, HasSubstr("worker clocks: 1 live\n"));
