@@ -62,5 +62,34 @@ TEST(PsctlStatusTest, ListsNodesAndFinishedWorkers) {
   EXPECT_THAT(out, HasSubstr("worker rank 0  clock finished"));
 }
 
+TEST(PsctlStatusTest, ShowsSlotMovesAndSpares) {
+  GetStatusResponse status;
+  ClusterView& view = *status.mutable_view();
+  view.set_job_state(RUNNING);
+  for (uint32_t owner : {0, 0, 1, 1}) view.add_slot_owner(owner);
+  for (uint32_t rank : {0, 1, 2}) {
+    NodeInfo* n = view.add_nodes();
+    n->set_node_id(rank + 1);
+    n->set_role(SERVER);
+    n->set_rank(rank);
+    n->set_state(ALIVE);
+  }
+  SlotMove* m = view.add_moves();
+  m->set_source(1);
+  m->set_target(2);
+  m->add_slots(3);
+  m->set_phase(SlotMove::FENCING);
+  m->set_rows_copied(1200);
+  m->set_bytes_copied(2500000);
+  m->set_started_unix_micros(absl::ToUnixMicros(Noon() - absl::Seconds(3)));
+  const std::string out = FormatStatus(status, "", Noon());
+  EXPECT_THAT(out, HasSubstr("slot moves: 1\n"));
+  EXPECT_THAT(out, HasSubstr("  server 1 -> server 2  1 slots  fencing  1200 "
+                             "rows (2.5 MB) copied  for 3.0 s\n"));
+  EXPECT_THAT(out, HasSubstr("server rank 0  ALIVE  host -  pid 0  slots 2\n"));
+  EXPECT_THAT(out, HasSubstr("server rank 2  ALIVE  host -  pid 0  spare (no "
+                             "slots)\n"));
+}
+
 }  // namespace
 }  // namespace ps
