@@ -1,5 +1,6 @@
 #include "server/server_node.h"
 
+#include <algorithm>
 #include <chrono>
 #include <deque>
 #include <thread>
@@ -321,7 +322,16 @@ ServerNode::Run(const std::function<bool(absl::Duration)> &wait_for_stop) {
 ServerNode::Exit ServerNode::Leave(bool preempted) {
   if (std::optional<Exit> exit = Ended())
     return *exit;
-  if (preempted && membership_->job_state() == RUNNING &&
+  // A server that owns no slot (a spare, or one a scale-in emptied) has
+  // nothing of its own to checkpoint.
+  const ClusterView view = membership_->view();
+  const bool owns_slots =
+      std::count(view.slot_owner().begin(), view.slot_owner().end(),
+                 membership_->rank()) > 0;
+  if (preempted && !owns_slots && view.job_state() == RUNNING) {
+    log_->info("leaving: this server owns no slot, so nothing to checkpoint");
+  }
+  if (preempted && owns_slots && membership_->job_state() == RUNNING &&
       !options_.config.checkpoint().dir().empty()) {
     // Preempted: checkpoint first, so a replacement restores every update
     // this server acknowledged; stop serving right after the shard is

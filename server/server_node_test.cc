@@ -29,21 +29,25 @@ std::string TempDir(const std::string &name) {
                       absl::ToUnixNanos(absl::Now()));
 }
 
-JobConfig Config(const std::string &checkpoint_dir) {
-  auto config =
-      ParseJobConfig(absl::StrCat(R"pb(
-        name: "server-node-test"
-        cluster { num_servers: 2 num_workers: 1 num_slots: 64
-                  heartbeat_interval_ms: 100 heartbeat_timeout_ms: 5000 }
-        consistency { mode: ASYNC }
+// `elastic`: spares may join (cluster.elastic, up to 3 servers).
+JobConfig Config(const std::string& checkpoint_dir, bool elastic = false) {
+  auto config = ParseJobConfig(
+      absl::StrCat(
+          R"pb(
+            name: "server-node-test"
+            cluster { num_servers: 2 num_workers: 1 num_slots: 64
+                      heartbeat_interval_ms: 100
+                      heartbeat_timeout_ms: 5000)pb",
+          elastic ? "elastic { max_servers: 3 }" : "",
+          R"pb(}
+               consistency { mode: ASYNC }
         tables { id: 0 name: "emb" sparse { dim: 2 }
                  optimizer { sgd { learning_rate: 1 } } }
       )pb",
-                                  checkpoint_dir.empty()
-                                      ? std::string()
-                                      : absl::StrCat("checkpoint { dir: \"",
-                                                     checkpoint_dir, "\" }")),
-                     "test");
+          checkpoint_dir.empty()
+              ? std::string()
+              : absl::StrCat("checkpoint { dir: \"", checkpoint_dir, "\" }")),
+      "test");
   EXPECT_TRUE(config.ok()) << config.status();
   return *config;
 }
@@ -249,6 +253,27 @@ TEST_F(ServerNodeTest, PreemptedNodeCheckpointsReportsAndLeaves) {
   // The report went out before the leave: the checkpoint was committed.
   EXPECT_GT(scheduler_->state()->View().last_checkpoint_clock(), 0u);
   EXPECT_FALSE(ServerAlive(rank));
+}
+
+// A spare owns no slot: stopped while the job runs, it leaves at once,
+// without asking for a checkpoint.
+TEST_F(ServerNodeTest, ASpareLeavesWithoutACheckpoint) {
+  StartScheduler(Config(TempDir("spare"), /*elastic=*/true));
+  auto a = StartNode(NodeOptions());
+  auto b = StartNode(NodeOptions());
+  auto worker = StartWorker();
+  ASSERT_NE(worker, nullptr);
+  auto spare = StartNode(NodeOptions());
+  ASSERT_NE(spare, nullptr);
+  EXPECT_EQ(spare->rank(), 2u);
+  spare->RequestStop();
+  EXPECT_EQ(spare->Run(), ServerNode::Exit::kLeft);
+  EXPECT_EQ(spare->server().stats().checkpoints_written, 0u);
+  const ClusterView view = scheduler_->state()->View();
+  EXPECT_EQ(view.checkpoint_clock(), 0u);
+  EXPECT_EQ(view.last_checkpoint_clock(), 0u);
+  EXPECT_FALSE(ServerAlive(2));
+  EXPECT_EQ(view.job_state(), RUNNING);
 }
 
 TEST_F(ServerNodeTest, CheckpointWaitIsTimedByTheInjectedClock) {
