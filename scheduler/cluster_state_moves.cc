@@ -16,7 +16,8 @@ namespace {
 
 std::string Describe(const SlotMove& m) {
   return absl::StrCat(m.slots_size(), " slots from server ", m.source(),
-                      " to server ", m.target());
+                      " to server ", m.target(),
+                      m.promote() ? " (their backup)" : "");
 }
 
 bool Involves(const SlotMove& m, uint32_t rank) {
@@ -129,10 +130,20 @@ void ClusterState::StartMoveLocked(SlotMove move) {
 bool ClusterState::StartQueuedMovesLocked() {
   const uint32_t limit = config_.cluster().elastic().max_concurrent_moves();
   bool started = false;
-  while (!queued_moves_.empty() &&
-         (limit == 0 || static_cast<uint32_t>(view_.moves_size()) < limit)) {
-    StartMoveLocked(std::move(queued_moves_.front()));
-    queued_moves_.erase(queued_moves_.begin());
+  for (auto it = queued_moves_.begin(); it != queued_moves_.end();) {
+    if (limit != 0 && static_cast<uint32_t>(view_.moves_size()) >= limit) break;
+    // One move per (source, target) pair at a time: a pair's promotion
+    // and copy run one after the other.
+    bool busy = false;
+    for (const SlotMove& m : view_.moves()) {
+      busy |= m.source() == it->source() && m.target() == it->target();
+    }
+    if (busy) {
+      ++it;
+      continue;
+    }
+    StartMoveLocked(std::move(*it));
+    it = queued_moves_.erase(it);
     started = true;
   }
   return started;
@@ -281,9 +292,10 @@ bool ClusterState::CancelMovesLocked(uint32_t rank, const std::string& why) {
     const SlotMove& m = moves.Get(i);
     bool allowed = !Involves(m, rank);
     for (uint32_t s : m.slots()) {
+      const bool backed_by_target =
+          view_.slot_backup_size() > 0 && view_.slot_backup(s) == m.target();
       allowed &=
-          view_.slot_owner(s) == m.source() &&
-          (view_.slot_backup_size() == 0 || view_.slot_backup(s) != m.target());
+          view_.slot_owner(s) == m.source() && backed_by_target == m.promote();
     }
     if (allowed) continue;
     SchedulerLog()->warn("move of {} abandoned: {}", Describe(m), why);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 #include <set>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -114,38 +115,38 @@ absl::StatusOr<MovePlan> PlanMoves(const MovePlanInput& in) {
   std::stable_sort(loose.begin(), loose.end(), [&](uint32_t a, uint32_t b) {
     return in.weight[a] != in.weight[b] ? in.weight[a] > in.weight[b] : a < b;
   });
-  std::map<std::pair<uint32_t, uint32_t>, std::vector<uint32_t>> pairs;
+  // (source, target, whether the target backs the slots) -> slots.
+  std::map<std::tuple<uint32_t, uint32_t, bool>, std::vector<uint32_t>> pairs;
   uint32_t last = kNoBackup;  // the previous slot's receiver
   for (uint32_t s : loose) {
     const uint32_t backup = in.backup.empty() ? kNoBackup : in.backup[s];
     // The previous receiver while it stays within its share, so that
-    // slots move in runs (fewer, larger moves); else the least loaded.
+    // slots move in runs (fewer, larger moves); else the least loaded,
+    // ties going to the slot's backup (it holds a copy: nothing to copy).
     uint32_t best = kNoBackup;
-    if (last != kNoBackup && last != backup &&
-        final_load[last] + in.weight[s] / 2.0 <= share) {
+    if (last != kNoBackup && final_load[last] + in.weight[s] / 2.0 <= share) {
       best = last;
     } else {
       for (const auto& [r, w] : final_load) {
-        if (r == backup) continue;
-        if (best == kNoBackup || w < final_load[best]) best = r;
+        if (best == kNoBackup || w < final_load[best] ||
+            (w == final_load[best] && r == backup)) {
+          best = r;
+        }
       }
     }
     last = best;
-    if (best == kNoBackup) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "slot ", s, " has nowhere to go but its backup's server"));
-    }
     final_load[best] += in.weight[s];
     if (best == in.owner[s]) continue;
-    pairs[{in.owner[s], best}].push_back(s);
+    pairs[{in.owner[s], best, best == backup}].push_back(s);
     ++plan.slots_moved;
     plan.weight_moved += in.weight[s];
   }
-  for (auto& [pair, slots] : pairs) {
+  for (auto& [key, slots] : pairs) {
     std::sort(slots.begin(), slots.end());
     SlotMove& move = plan.moves.emplace_back();
-    move.set_source(pair.first);
-    move.set_target(pair.second);
+    move.set_source(std::get<0>(key));
+    move.set_target(std::get<1>(key));
+    move.set_promote(std::get<2>(key));
     for (uint32_t s : slots) move.add_slots(s);
   }
   for (const auto& [r, w] : load) {

@@ -5,10 +5,11 @@
 //
 // The plan moves the least it can: every slot of a server that is emptied
 // moves, and each kept server sheds only what it holds above its fair share
-// (total bytes / servers); the slots set loose go, largest first, to the
-// kept server holding the least. So 2 -> 4 servers moves half of the bytes,
-// 4 -> 3 a quarter. A slot never moves to the server holding its backup
-// (with replication 2 the source becomes the backup at the flip).
+// (total bytes / servers); the slots set loose go, largest first and in
+// runs, to the kept server holding the least. So 2 -> 4 servers moves half
+// of the bytes, 4 -> 3 a quarter. A slot that goes to the server holding
+// its backup (replication 2) is a promotion (SlotMove.promote): nothing is
+// copied. Either way the source becomes the backup at the flip.
 #ifndef PS_SCHEDULER_MOVE_PLANNER_H_
 #define PS_SCHEDULER_MOVE_PLANNER_H_
 
@@ -39,7 +40,8 @@ struct MovePlanInput {
 };
 
 struct MovePlan {
-  // One move per (source, target) pair, slots ascending; phase unset.
+  // One move per (source, target) pair and kind (promotion or copy),
+  // slots ascending; phase unset. A pair may have one of each kind.
   std::vector<SlotMove> moves;
   // Ranks that own slots now and none once the moves are done.
   std::vector<uint32_t> emptied;

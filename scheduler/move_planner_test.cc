@@ -101,7 +101,7 @@ TEST(MovePlannerTest, BalancesBytesNotSlotCounts) {
   EXPECT_LT(plan->weight_moved, plan->weight_total / 2);
 }
 
-TEST(MovePlannerTest, NoSlotMovesToItsBackup) {
+TEST(MovePlannerTest, ASlotGoingToItsBackupIsAPromotion) {
   MovePlanInput in = Even(12, 3);
   for (uint32_t s = 0; s < 12; ++s) in.backup.push_back((in.owner[s] + 1) % 3);
   in.replicated = true;
@@ -109,11 +109,14 @@ TEST(MovePlannerTest, NoSlotMovesToItsBackup) {
   in.remove = {2};  // slots 8-11 are backed by server 0
   absl::StatusOr<MovePlan> plan = PlanMoves(in);
   ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->slots_moved, 4u);
+  const auto load = After(in, *plan);
+  EXPECT_EQ(load.at(0), 6u);
+  EXPECT_EQ(load.at(1), 6u);
   for (const SlotMove& m : plan->moves) {
     EXPECT_EQ(m.source(), 2u);
-    EXPECT_EQ(m.target(), 1u);
+    EXPECT_EQ(m.promote(), m.target() == 0u) << m.target();
   }
-  EXPECT_EQ(plan->slots_moved, 4u);
 }
 
 TEST(MovePlannerTest, NothingToDoPlansNoMove) {

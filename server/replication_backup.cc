@@ -344,7 +344,9 @@ absl::Status KVServer::Impl::ValidateReplica(
   if (kind == REPLICA_FENCE) {
     for (uint32_t slot : r.slots()) {
       PS_RETURN_IF_ERROR(route.CheckSlot(slot, rh));
-      if (route.learner(slot) != own.rank) {
+      // The target of the slot's move: its learner, or its backup when the
+      // move is a promotion.
+      if (route.learner(slot) != own.rank && own.moving_to(slot) != own.rank) {
         return route.Refuse(
             rh, absl::StrCat("slot ", slot, " is not moving to this server"));
       }
@@ -509,7 +511,7 @@ void KVServer::Impl::Promote(const Ownership& prev, const Ownership& own) {
     if (own.slot_owner[s] != own.rank || prev.slot_owner[s] == own.rank)
       continue;
     const uint32_t old = prev.slot_owner[s];
-    const bool move = prev.learner(s) == own.rank;
+    const bool move = prev.moving_to(s) == own.rank;
     if ((prev.slot_backup[s] != own.rank && !move) ||
         old >= prev.server_node.size() || prev.server_node[old] == 0) {
       ++without_copy;

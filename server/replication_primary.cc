@@ -300,10 +300,35 @@ void ReplicationPrimary::SyncBackups(const ServerView& own) {
       move.bytes += copied.bytes;
     }
   }
+  // A promotion copies nothing: the target holds the slots once it has
+  // answered what was sent to it so far (their catch-up included).
+  for (auto& [target, move] : moves_) {
+    if (!move.promote || move.copied || move.done || move.copy_end != 0)
+      continue;
+    BackupLink* link = LinkOf(own, move.target);
+    bool paired = link != nullptr;
+    for (uint32_t s : move.slots) {
+      paired &= s < paired_.size() && paired_[s] == move.node;
+    }
+    if (!paired) continue;  // its copy is not linked yet
+    move.copy_end = link->last_sent();
+    if (link->all_acked()) NoteCopied(move);
+  }
   for (auto& [target, move] : moves_) {
     if (!move.done && move.fence_epoch != 0 && move.fence_id == 0)
       SendFence(own, move);
   }
+}
+
+void ReplicationPrimary::NoteCopied(MoveOut& move) {
+  move.copied = true;
+  ServerLog()->info(
+      "move of {} slots to server {}: copied ({} rows, {} bytes{})",
+      move.slots.size(), move.target, move.rows, move.bytes,
+      move.promote ? "; it backs them already" : "");
+  if (deps_.move_rows_out != nullptr)
+    deps_.move_rows_out->fetch_add(move.rows, std::memory_order_relaxed);
+  ReportMove(move, ReportMoveRequest::COPIED, move.copy_epoch, "");
 }
 
 void ReplicationPrimary::MarkPaired(const std::vector<uint32_t>& slots,
@@ -348,6 +373,7 @@ void ReplicationPrimary::SyncMoves(const ServerView& own) {
       m.node =
           v.target < own.server_node.size() ? own.server_node[v.target] : 0;
       m.slots = v.slots;
+      m.promote = v.promote;
       m.copy_epoch = v.copy_epoch;
       // A new move copies its slots afresh, even to a server that was
       // sent them for an earlier move this view replaced.
@@ -401,13 +427,7 @@ void ReplicationPrimary::NoteMoveAnswers(uint64_t node, uint64_t id, bool ok,
   for (auto& [target, move] : moves_) {
     if (move.node != node || move.done) continue;
     if (ok && !move.copied && move.copy_end != 0 && acked >= move.copy_end) {
-      move.copied = true;
-      ServerLog()->info(
-          "move of {} slots to server {}: copied ({} rows, {} bytes)",
-          move.slots.size(), move.target, move.rows, move.bytes);
-      if (deps_.move_rows_out != nullptr)
-        deps_.move_rows_out->fetch_add(move.rows, std::memory_order_relaxed);
-      ReportMove(move, ReportMoveRequest::COPIED, move.copy_epoch, "");
+      NoteCopied(move);
     }
     // A refusal on the target's link (the fence's, or any other: its copy
     // may now lack an update) abandons the move.

@@ -198,6 +198,9 @@ class ReplicationPrimary {
     uint32_t source = 0, target = 0;
     uint64_t node = 0;  // the target's
     std::vector<uint32_t> slots;
+    // The target backs the slots (SlotMove.promote): nothing is copied;
+    // COPIED once it acknowledged everything sent to it before the move.
+    bool promote = false;
     uint64_t copy_epoch = 0, fence_epoch = 0;
     // The message id of the last catch-up end sent for its slots (0: none
     // yet), and what the catch-ups copied.
@@ -215,6 +218,8 @@ class ReplicationPrimary {
   };
 
   replication::BackupLink* LinkOf(const ServerView& own, uint32_t backup);
+  // The target holds the move's slots: COPIED is reported.
+  void NoteCopied(MoveOut& move);
   // Sends the subset `idx` of a forwarded update (keys or dense segments,
   // with their values) to `link`; returns its message id.
   uint64_t SendSubset(replication::BackupLink& link, const RequestHeader& h,

@@ -21,6 +21,7 @@ void KVServer::Impl::ReadMoves(const ClusterView& view, Ownership* own) const {
   const uint32_t num_slots = static_cast<uint32_t>(own->slot_owner.size());
   const uint32_t max_ranks = MaxServerRanks(options_.config.cluster());
   own->slot_learner.assign(num_slots, kNoBackup);
+  own->slot_promote_to.assign(num_slots, kNoBackup);
   own->slot_fenced.assign(num_slots, false);
   for (const SlotMove& m : view.moves()) {
     std::string bad;
@@ -38,11 +39,14 @@ void KVServer::Impl::ReadMoves(const ClusterView& view, Ownership* own) const {
       } else if (own->slot_owner[s] != m.source()) {
         bad = absl::StrCat("slot ", s, " is owned by server ",
                            own->slot_owner[s]);
-      } else if (own->slot_learner[s] != kNoBackup) {
+      } else if (own->slot_learner[s] != kNoBackup ||
+                 own->slot_promote_to[s] != kNoBackup) {
         bad = absl::StrCat("slot ", s, " is in two moves");
-      } else if (s < own->slot_backup.size() &&
-                 own->slot_backup[s] == m.target()) {
-        bad = absl::StrCat("slot ", s, " is backed by the target");
+      } else if ((s < own->slot_backup.size() &&
+                  own->slot_backup[s] == m.target()) != m.promote()) {
+        bad = absl::StrCat("slot ", s,
+                           m.promote() ? " is not backed by the target"
+                                       : " is backed by the target");
       }
       if (bad.empty()) own->slot_learner[s] = kNoBackup - 1;  // claimed
     }
@@ -58,22 +62,27 @@ void KVServer::Impl::ReadMoves(const ClusterView& view, Ownership* own) const {
       }
       continue;
     }
+    // The claims go; a promotion's slots name their target apart.
+    for (uint32_t s : m.slots()) own->slot_learner[s] = kNoBackup;
     Ownership::Move move;
     move.source = m.source();
     move.target = m.target();
     move.slots.assign(m.slots().begin(), m.slots().end());
     std::sort(move.slots.begin(), move.slots.end());
     move.fencing = m.phase() == SlotMove::FENCING;
+    move.promote = m.promote();
     move.copy_epoch = m.copy_epoch();
     move.fence_epoch = m.fence_epoch();
     for (uint32_t s : move.slots) {
-      own->slot_learner[s] = move.target;
+      (move.promote ? own->slot_promote_to : own->slot_learner)[s] =
+          move.target;
       own->slot_fenced[s] = move.fencing;
     }
     own->moves.push_back(std::move(move));
   }
   if (own->moves.empty()) {
     own->slot_learner.clear();
+    own->slot_promote_to.clear();
     own->slot_fenced.clear();
   }
 }
@@ -87,7 +96,7 @@ void KVServer::Impl::HandOver(const Ownership& prev, const Ownership& own) {
   std::map<uint32_t, uint32_t> count;  // target rank -> slots
   for (uint32_t s = 0; s < num_slots; ++s) {
     if (prev.slot_owner[s] != own.rank || own.slot_owner[s] == own.rank ||
-        prev.learner(s) != own.slot_owner[s]) {
+        prev.moving_to(s) != own.slot_owner[s]) {
       continue;
     }
     const uint32_t target = own.slot_owner[s];

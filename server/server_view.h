@@ -45,22 +45,32 @@ struct ServerView {
   std::vector<uint32_t> slot_backup;  // as slot_owner; kNoBackup = none
   // Slot moves (ClusterView.moves), those that passed UpdateView's checks:
   // slots in range, each owned by the move's source and in one move only,
-  // source and target distinct ranks, the target not the slot's backup.
+  // source and target distinct ranks, the target the backup of every slot
+  // (a promotion: SlotMove.promote) or of none.
   struct Move {
     uint32_t source = 0;
     uint32_t target = 0;
     std::vector<uint32_t> slots;  // ascending
     bool fencing = false;         // SlotMove.phase FENCING (else COPYING)
+    bool promote = false;         // the target backs the slots already
     uint64_t copy_epoch = 0;
     uint64_t fence_epoch = 0;
   };
   std::vector<Move> moves;
   // Per slot, from `moves`: the rank a move copies it to (kNoBackup:
   // none), and whether its move is fencing. Both empty without moves.
+  // A promotion's slots have no learner (their backup is the target):
+  // slot_promote_to names it instead.
   std::vector<uint32_t> slot_learner;
+  std::vector<uint32_t> slot_promote_to;
   std::vector<bool> slot_fenced;
   uint32_t learner(uint32_t slot) const {
     return slot < slot_learner.size() ? slot_learner[slot] : kNoBackup;
+  }
+  // The rank a move hands `slot` to, learner or promoted backup.
+  uint32_t moving_to(uint32_t slot) const {
+    if (learner(slot) != kNoBackup) return learner(slot);
+    return slot < slot_promote_to.size() ? slot_promote_to[slot] : kNoBackup;
   }
   bool fenced(uint32_t slot) const {
     return slot < slot_fenced.size() && slot_fenced[slot];
