@@ -163,6 +163,7 @@ class RebalanceFaultTest : public ::testing::TestWithParam<Victim> {
     int killed = -1;  // server index, or -1 for the scheduler
     if (victim == Victim::kScheduler) {
       ASSERT_TRUE(job->SignalScheduler(SIGKILL)) << what;
+      (void)job->scheduler().Wait(absl::Seconds(10));
       job->SleepFor(absl::Milliseconds(100));
       const absl::Status restarted = job->RestartScheduler();
       ASSERT_TRUE(restarted.ok()) << what << ": " << restarted;
