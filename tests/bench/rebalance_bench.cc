@@ -560,6 +560,7 @@ void PushFigures(const std::vector<LedgerPushers::Ack>& acks,
   const std::vector<double> before = LatenciesMs(acks, before_from, before_to);
   const std::vector<double> during = LatenciesMs(acks, move_from, move_to);
   auto& m = run->metrics;
+  const size_t first = m.size();
   for (const auto& [name, q] : std::vector<std::pair<std::string, double>>{
            {"push_latency_p50_ms", 0.5},
            {"push_latency_p99_ms", 0.99},
@@ -578,8 +579,15 @@ void PushFigures(const std::vector<LedgerPushers::Ack>& acks,
   m.push_back({"pushes_per_s_after", Rate(times, after_from, after_to), base,
                "pushes/s"});
   run->notes.push_back(absl::StrFormat(
-      "%zu pushes issued in the baseline window, %zu during the move",
-      before.size(), during.size()));
+      "%zu pushes issued in the baseline window, %zu during the move; "
+      "latency p50/p99/max %.1f/%.1f/%.1f ms during (%.1f/%.1f/%.1f "
+      "before); longest gap between acknowledgements %.1f ms (%.1f "
+      "before); pushes/s %.0f before, %.0f during, %.0f in the worst "
+      "100 ms, %.0f after",
+      before.size(), during.size(), m[first].value, m[first + 1].value,
+      m[first + 2].value, *m[first].baseline, *m[first + 1].baseline,
+      *m[first + 2].baseline, m[first + 3].value, *m[first + 3].baseline, base,
+      m[first + 5].value, m[first + 6].value, m[first + 7].value));
 }
 
 // The figures of the moves themselves, from the logs; an error when the
