@@ -38,7 +38,8 @@
 //     every push to that server waits it out; this one grows with the
 //     table;
 //   acknowledged pushes/s in the baseline window, over the move, in the
-//     move's worst 100 ms window, and after it, against the baseline;
+//     worst 100 ms window starting during the move, and after it, against
+//     the baseline;
 //   rows and MB copied (the sources' "copied (R rows, B bytes)"), the
 //     move's duration, and the copy rate: bytes over the copy phase (the
 //     scheduler's "copying" to its last "...; fencing" line);
@@ -60,9 +61,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -381,19 +384,18 @@ double Rate(const std::vector<int64_t>& acks, absl::Time from, absl::Time to) {
   return (hi - lo) / s;
 }
 
-// The lowest rate of any kWorstWindow inside [from, to), the window
-// sliding in steps of kWorstStep; the rate over [from, to) when that is
-// shorter. A move can take less than a few windows, so they slide rather
-// than tile.
+// The lowest rate of any kWorstWindow that starts in [from, to), the
+// start sliding in steps of kWorstStep. A move can take less than a
+// window, and its effects (pushes retried after a fence) outlast it by a
+// little, so the windows may end after `to`.
 double WorstWindowRate(const std::vector<int64_t>& acks, absl::Time from,
                        absl::Time to) {
-  if (to - from < kWorstWindow) return Rate(acks, from, to);
   double worst = -1;
-  for (absl::Time t = from; t + kWorstWindow <= to; t += kWorstStep) {
+  for (absl::Time t = from; t < to; t += kWorstStep) {
     const double r = Rate(acks, t, t + kWorstWindow);
     if (worst < 0 || r < worst) worst = r;
   }
-  return worst;
+  return std::max(worst, 0.0);
 }
 
 // The longest time in [from, to) without an acknowledgement, in ms (the
@@ -778,6 +780,83 @@ absl::StatusOr<std::vector<uint64_t>> Sizes() {
   return sizes;
 }
 
+// What every run of every size adds up to.
+struct Totals {
+  bool failed = false;
+  double max_other_load = 0;
+  size_t acknowledged = 0;
+};
+
+// Runs `size` --repeats times in jobs under `base`; the runs that
+// completed, their notes printed.
+std::vector<Run> RunRepeats(uint64_t size, const std::string& base,
+                            Totals* totals) {
+  const int repeats = absl::GetFlag(FLAGS_repeats);
+  std::vector<Run> runs;
+  for (int r = 0; r < repeats; ++r) {
+    const std::string name =
+        absl::StrCat(SizeLabel(size), repeats > 1 ? absl::StrCat("_r", r) : "");
+    absl::StatusOr<Run> run = RunOnce(size, absl::StrCat(base, "/", name));
+    if (!run.ok()) {
+      std::fprintf(stderr, "# rebalance: %s failed: %s\n", name.c_str(),
+                   run.status().ToString().c_str());
+      totals->failed = true;
+      continue;
+    }
+    for (const std::string& note : run->notes) {
+      std::fprintf(stderr, "# %s: %s\n", name.c_str(), note.c_str());
+    }
+    std::fprintf(stderr,
+                 "# %s: ledger exact: %zu acknowledged pushes, lost 0, "
+                 "applied twice 0; other processes used %.0f%% of the CPUs\n",
+                 name.c_str(), run->acknowledged, 100 * run->other_load);
+    if (run->other_load > kDisturbed) {
+      std::fprintf(stderr,
+                   "# rebalance: WARNING: %s ran while other processes used "
+                   "%.0f%% of the CPUs\n",
+                   name.c_str(), 100 * run->other_load);
+    }
+    totals->max_other_load = std::max(totals->max_other_load, run->other_load);
+    totals->acknowledged += run->acknowledged;
+    runs.push_back(*std::move(run));
+  }
+  return runs;
+}
+
+// Does the pause grow with the table? The largest size's figures against
+// the smallest's.
+void PrintGrowth(
+    const std::map<uint64_t, std::map<std::string, double>>& by_size) {
+  if (by_size.size() < 2) return;
+  const auto& [small, s] = *by_size.begin();
+  const auto& [large, l] = *by_size.rbegin();
+  for (const char* key :
+       {"fence_pause_max_ms", "fence_pause_p50_ms", "snapshot_read_max_ms"}) {
+    const double b = s.at(key), v = l.at(key);
+    PrintMetric(
+        absl::StrCat(key, "_", SizeLabel(large), "_vs_", SizeLabel(small)), v,
+        b, b > 0 ? std::optional<double>(v / b) : std::nullopt, "ms");
+  }
+}
+
+// --dir, created, or a new temporary directory.
+absl::StatusOr<std::string> JobsDir() {
+  std::string dir = absl::GetFlag(FLAGS_dir);
+  if (!dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    if (ec) return absl::InternalError(absl::StrCat(dir, ": ", ec.message()));
+    return dir;
+  }
+  const char* tmp = std::getenv("TMPDIR");
+  std::string pattern =
+      absl::StrCat(tmp ? tmp : "/tmp", "/rebalance_bench.XXXXXX");
+  if (mkdtemp(pattern.data()) == nullptr) {
+    return absl::InternalError(absl::StrCat("mkdtemp: ", std::strerror(errno)));
+  }
+  return pattern;
+}
+
 int Main(const char* argv0) {
   absl::StatusOr<std::vector<uint64_t>> sizes = Sizes();
   const int repeats = absl::GetFlag(FLAGS_repeats);
@@ -792,23 +871,12 @@ int Main(const char* argv0) {
                  sizes.ok() ? "bad flags" : sizes.status().ToString().c_str());
     return 2;
   }
-  if (absl::Status s = FindRunfiles(argv0); !s.ok()) {
-    std::fprintf(stderr, "rebalance_bench: %s\n", s.ToString().c_str());
+  absl::StatusOr<std::string> base = JobsDir();
+  absl::Status found = FindRunfiles(argv0);
+  if (!found.ok() || !base.ok()) {
+    std::fprintf(stderr, "rebalance_bench: %s\n",
+                 (found.ok() ? base.status() : found).ToString().c_str());
     return 1;
-  }
-  std::string base = absl::GetFlag(FLAGS_dir);
-  const bool keep = !base.empty();
-  if (keep) {
-    std::filesystem::create_directories(base);
-  } else {
-    const char* tmp = std::getenv("TMPDIR");
-    std::string pattern =
-        absl::StrCat(tmp ? tmp : "/tmp", "/rebalance_bench.XXXXXX");
-    if (mkdtemp(pattern.data()) == nullptr) {
-      std::perror("rebalance_bench: mkdtemp");
-      return 1;
-    }
-    base = pattern;
   }
   const int cores = Cores();
   std::fprintf(stderr,
@@ -818,40 +886,11 @@ int Main(const char* argv0) {
                "run's baseline window.\n",
                cores, pushers);
 
-  bool failed = false;
-  double max_other_load = 0;
-  size_t acknowledged = 0;
+  Totals totals;
   std::vector<std::string> summary;
   std::map<uint64_t, std::map<std::string, double>> by_size;
   for (uint64_t size : *sizes) {
-    std::vector<Run> runs;
-    for (int r = 0; r < repeats; ++r) {
-      const std::string name = absl::StrCat(
-          SizeLabel(size), repeats > 1 ? absl::StrCat("_r", r) : "");
-      absl::StatusOr<Run> run = RunOnce(size, absl::StrCat(base, "/", name));
-      if (!run.ok()) {
-        std::fprintf(stderr, "# rebalance: %s failed: %s\n", name.c_str(),
-                     run.status().ToString().c_str());
-        failed = true;
-        continue;
-      }
-      for (const std::string& note : run->notes) {
-        std::fprintf(stderr, "# %s: %s\n", name.c_str(), note.c_str());
-      }
-      std::fprintf(stderr,
-                   "# %s: ledger exact: %zu acknowledged pushes, lost 0, "
-                   "applied twice 0; other processes used %.0f%% of the CPUs\n",
-                   name.c_str(), run->acknowledged, 100 * run->other_load);
-      if (run->other_load > kDisturbed) {
-        std::fprintf(stderr,
-                     "# rebalance: WARNING: %s ran while other processes used "
-                     "%.0f%% of the CPUs\n",
-                     name.c_str(), 100 * run->other_load);
-      }
-      max_other_load = std::max(max_other_load, run->other_load);
-      acknowledged += run->acknowledged;
-      runs.push_back(*std::move(run));
-    }
+    std::vector<Run> runs = RunRepeats(size, *base, &totals);
     if (runs.empty()) continue;
     by_size[size] = PrintSize(size, runs);
     for (const char* key : {"fence_pause_max_ms", "push_latency_max_ms",
@@ -860,36 +899,26 @@ int Main(const char* argv0) {
                                         Num(by_size[size][key])));
     }
   }
-  // Does the pause grow with the table? The largest size against the
-  // smallest.
-  if (by_size.size() >= 2) {
-    const auto& [small, s] = *by_size.begin();
-    const auto& [large, l] = *by_size.rbegin();
-    for (const char* key :
-         {"fence_pause_max_ms", "fence_pause_p50_ms", "snapshot_read_max_ms"}) {
-      const double b = s.at(key), v = l.at(key);
-      PrintMetric(
-          absl::StrCat(key, "_", SizeLabel(large), "_vs_", SizeLabel(small)), v,
-          b, b > 0 ? std::optional<double>(v / b) : std::nullopt, "ms");
-    }
-  }
+  PrintGrowth(by_size);
+  // lost and duplicated are 0 when every ledger check passed; a failed
+  // run (which may have failed its check) makes them unknown.
+  const char* lost = totals.failed ? "null" : "0";
   std::printf(
       "{\"bench\":\"rebalance\",\"summary\":{%s%s\"lost\":%s,\"duplicated\":%s,"
       "\"acknowledged\":%zu},\"settings\":{\"nproc\":%d,\"sizes\":\"%s\","
       "\"repeats\":%d,\"window_s\":%g,\"pushers\":%d,\"replication\":%d,"
       "\"slots\":%d,\"max_other_load\":%.2f}}\n",
-      absl::StrJoin(summary, ",").c_str(), summary.empty() ? "" : ",",
-      failed ? "null" : "0", failed ? "null" : "0", acknowledged, cores,
-      absl::GetFlag(FLAGS_sizes).c_str(), repeats, window_s, pushers,
-      replication, kSlots, max_other_load);
-  if (failed) {
+      absl::StrJoin(summary, ",").c_str(), summary.empty() ? "" : ",", lost,
+      lost, totals.acknowledged, cores, absl::GetFlag(FLAGS_sizes).c_str(),
+      repeats, window_s, pushers, replication, kSlots, totals.max_other_load);
+  if (totals.failed) {
     std::fprintf(stderr, "# rebalance: a job failed; job files kept in %s\n",
-                 base.c_str());
+                 base->c_str());
     return 1;
   }
-  if (!keep) {
+  if (absl::GetFlag(FLAGS_dir).empty()) {
     std::error_code ec;
-    std::filesystem::remove_all(base, ec);
+    std::filesystem::remove_all(*base, ec);
   }
   return 0;
 }
