@@ -6,8 +6,8 @@
 // tests/testing/job_harness (`cluster { num_servers: 2 elastic {
 // max_servers: 4 } }`, 256 slots, one sparse SGD table "sgd" of dim 1):
 // scheduler_main, two server_main owning the slots and two spares. The
-// table is prefilled with --size rows (keys 0..size-1) by one kv_tool push
-// of zero gradients, which creates every row and changes no value, and the
+// table is prefilled with each of --sizes rows (keys 0..size-1) by one kv_tool
+// push of zero gradients, which creates every row and changes no value, and the
 // servers' row counts (kv_tool --op=stats) are checked to add up to the
 // size. Then --pushers tests/replication_pusher processes
 // (tests/testing/ledger.h, --mixed: each push carries 16 random keys of
@@ -35,8 +35,9 @@
 //     slots are refused and sent again meanwhile), p50 and max;
 //   the sources' snapshot read ("catch-up ... read in X ms"): one pass over
 //     each table while the source's serving thread does nothing else, so
-//     every push to that server waits it out; this one grows with the
-//     table;
+//     every push to that server waits it out (it grows with the table,
+//     and so does the fence, whose digests walk every row of source and
+//     target);
 //   acknowledged pushes/s in the baseline window, over the move, in the
 //     worst 100 ms window starting during the move, and after it, against
 //     the baseline;
