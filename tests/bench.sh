@@ -37,6 +37,7 @@ BENCHES=(
   "train //tests/bench:train_bench"
   "scaling //tests/bench:scaling_bench"
   "consistency //tests/bench:consistency_bench"
+  "rebalance //tests/bench:rebalance_bench"
   # Not a binary: tests/bench/python_bench.py (the Python binding and
   # examples/python/dlrm_torch.py against plain PyTorch and the C++
   # trainer), run with $PS_PYTHON; the target is the native library it
