@@ -31,7 +31,7 @@ EXAMPLE = str(pathlib.Path(__file__).resolve().parents[2] / "examples" / "python
 
 NUM_TRAIN = 120000
 BATCH = 1000
-EPOCHS = 3
+EPOCHS = 4
 #: Steps each worker trains: NUM_TRAIN / BATCH / 2 workers per epoch.
 STEPS = NUM_TRAIN // BATCH // 2 * EPOCHS
 
