@@ -153,4 +153,40 @@ LedgerPushers::Verdict LedgerPushers::StopAndVerify() {
   return v;
 }
 
+absl::Status LedgerPushers::Stop() {
+  std::ofstream(options_.dir + "/stop") << "stop\n";
+  for (size_t i = 0; i < pushers_.size(); ++i) {
+    auto code = pushers_[i].Wait(absl::Seconds(120));
+    if (!code.ok() || *code != 0) {
+      return absl::InternalError(absl::StrCat(
+          "pusher ", i, " exited with ",
+          code.ok() ? absl::StrCat(*code) : code.status().ToString(), ":\n",
+          ReadFile(pushers_[i].stderr_path())));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<double>> LedgerSums(const std::string& dir,
+                                               int pushers, int keys) {
+  std::vector<double> sums(keys, 0);
+  for (int i = 0; i < pushers; ++i) {
+    const std::string path = absl::StrCat(dir, "/ledger", i);
+    std::ifstream ledger(path);
+    if (!ledger) return absl::NotFoundError(absl::StrCat("no ledger ", path));
+    std::string kind;
+    while (ledger >> kind) {
+      if (kind != "sum") continue;
+      uint64_t key = 0;
+      double sum = 0;
+      if (!(ledger >> key >> sum) || key >= sums.size()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(path, " has a bad sum line (key ", key, ")"));
+      }
+      sums[key] += sum;
+    }
+  }
+  return sums;
+}
+
 }  // namespace ps::testing

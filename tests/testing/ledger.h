@@ -86,11 +86,23 @@ class LedgerPushers {
   // kv_tool that finishes the job; compares.
   Verdict StopAndVerify();
 
+  // Stops the pushers without ending the job (they leave unfinished, their
+  // ledgers complete) and waits for them to exit; INTERNAL naming the first
+  // that did not exit 0. StopAndVerify may follow (it finds them exited).
+  absl::Status Stop();
+
  private:
   LedgerPushers() = default;
   Options options_;
   std::vector<Subprocess> pushers_;
 };
+
+// The sum of the acknowledged gradients of each key 0..keys-1 over the
+// ledgers dir/ledger0 .. dir/ledger<pushers-1> ("sum KEY SUM" lines) of
+// pushers that have exited: the value such a key must hold is minus it.
+// NOT_FOUND for a missing ledger, INVALID_ARGUMENT for a key out of range.
+absl::StatusOr<std::vector<double>> LedgerSums(const std::string& dir,
+                                               int pushers, int keys);
 
 }  // namespace ps::testing
 
