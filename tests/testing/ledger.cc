@@ -42,15 +42,16 @@ absl::StatusOr<LedgerPushers> LedgerPushers::Start(Options options,
   for (int i = 0; i < o.pushers; ++i) {
     std::remove(absl::StrCat(o.dir, "/progress", i).c_str());
     auto pusher = Subprocess::Start(
-        Wrapped(o, absl::StrCat("pusher", i),
-                {Runfile(o.pusher_binary), "--config=" + o.config_path,
-                 "--scheduler=" + o.scheduler_address, "--table=" + o.table,
-                 absl::StrCat("--keys=", o.keys),
-                 absl::StrCat("--seed=", o.seed * 10 + i),
-                 "--stop_file=" + o.dir + "/stop",
-                 absl::StrCat("--progress_file=", o.dir, "/progress", i),
-                 absl::StrCat("--ledger=", o.dir, "/ledger", i),
-                 absl::StrCat("--mixed=", o.mixed ? "true" : "false")}),
+        Wrapped(
+            o, absl::StrCat("pusher", i),
+            {Runfile(o.pusher_binary), "--config=" + o.config_path,
+             "--scheduler=" + o.scheduler_address, "--table=" + o.table,
+             absl::StrCat("--keys=", o.keys),
+             absl::StrCat("--seed=", static_cast<uint32_t>(o.seed * 10 + i)),
+             "--stop_file=" + o.dir + "/stop",
+             absl::StrCat("--progress_file=", o.dir, "/progress", i),
+             absl::StrCat("--ledger=", o.dir, "/ledger", i),
+             absl::StrCat("--mixed=", o.mixed ? "true" : "false")}),
         absl::StrCat(o.dir, "/pusher", i, ".out"),
         absl::StrCat(o.dir, "/pusher", i, ".log"));
     if (!pusher.ok()) return pusher.status();
