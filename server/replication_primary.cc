@@ -300,6 +300,14 @@ void ReplicationPrimary::SyncBackups(const ServerView& own) {
       move.bytes += copied.bytes;
     }
   }
+  NotePromotionsCopied(own);
+  for (auto& [target, move] : moves_) {
+    if (!move.done && move.fence_epoch != 0 && move.fence_id == 0)
+      SendFence(own, move);
+  }
+}
+
+void ReplicationPrimary::NotePromotionsCopied(const ServerView& own) {
   // A promotion copies nothing: the target holds the slots once it has
   // answered what was sent to it so far (their catch-up included).
   for (auto& [target, move] : moves_) {
@@ -313,10 +321,6 @@ void ReplicationPrimary::SyncBackups(const ServerView& own) {
     if (!paired) continue;  // its copy is not linked yet
     move.copy_end = link->last_sent();
     if (link->all_acked()) NoteCopied(move);
-  }
-  for (auto& [target, move] : moves_) {
-    if (!move.done && move.fence_epoch != 0 && move.fence_id == 0)
-      SendFence(own, move);
   }
 }
 

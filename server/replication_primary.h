@@ -220,6 +220,9 @@ class ReplicationPrimary {
   replication::BackupLink* LinkOf(const ServerView& own, uint32_t backup);
   // The target holds the move's slots: COPIED is reported.
   void NoteCopied(MoveOut& move);
+  // Promotions whose target has answered everything sent to it before
+  // them: COPIED (SyncBackups' part).
+  void NotePromotionsCopied(const ServerView& own);
   // Sends the subset `idx` of a forwarded update (keys or dense segments,
   // with their values) to `link`; returns its message id.
   uint64_t SendSubset(replication::BackupLink& link, const RequestHeader& h,

@@ -148,6 +148,33 @@ absl::StatusOr<std::unique_ptr<ServerNode>> ServerNode::Start(Options options) {
   return node;
 }
 
+absl::Status ServerNode::StartHttp(KVServer* kv) {
+  HttpEndpoint::Options http;
+  http.host = options_.http_host;
+  http.port = options_.http_port;
+  http.registry = &registry_;
+  http.health = [health = health_, kv]() -> absl::Status {
+    if (health->lost) return absl::UnavailableError("lost membership");
+    if (kv->stopped())
+      return absl::UnavailableError("the serving thread has stopped");
+    return absl::OkStatus();
+  };
+  http.readiness = [health = health_]() -> absl::Status {
+    if (health->rank < 0)
+      return absl::UnavailableError("not registered with the scheduler yet");
+    if (!health->has_slots) {
+      return absl::UnavailableError(
+          "no cluster view with a slot map yet (job starting)");
+    }
+    return absl::OkStatus();
+  };
+  absl::StatusOr<std::unique_ptr<HttpEndpoint>> endpoint =
+      StartHttpEndpointForMain(*log_, std::move(http));
+  if (!endpoint.ok()) return endpoint.status();
+  http_ = *std::move(endpoint);
+  return absl::OkStatus();
+}
+
 absl::Status ServerNode::Open() {
   if (options_.own_process)
     metrics::AddProcessMetrics(&registry_);
@@ -177,31 +204,7 @@ absl::Status ServerNode::Open() {
   server_ = *std::move(server);
   KVServer *kv = server_.get();
 
-  HttpEndpoint::Options http;
-  http.host = options_.http_host;
-  http.port = options_.http_port;
-  http.registry = &registry_;
-  http.health = [health = health_, kv]() -> absl::Status {
-    if (health->lost)
-      return absl::UnavailableError("lost membership");
-    if (kv->stopped())
-      return absl::UnavailableError("the serving thread has stopped");
-    return absl::OkStatus();
-  };
-  http.readiness = [health = health_]() -> absl::Status {
-    if (health->rank < 0)
-      return absl::UnavailableError("not registered with the scheduler yet");
-    if (!health->has_slots) {
-      return absl::UnavailableError(
-          "no cluster view with a slot map yet (job starting)");
-    }
-    return absl::OkStatus();
-  };
-  absl::StatusOr<std::unique_ptr<HttpEndpoint>> endpoint =
-      StartHttpEndpointForMain(*log_, std::move(http));
-  if (!endpoint.ok())
-    return endpoint.status();
-  http_ = *std::move(endpoint);
+  PS_RETURN_IF_ERROR(StartHttp(kv));
 
   endpoint_ = kv->endpoint();
   if (!options_.advertise_host.empty()) {

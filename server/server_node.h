@@ -157,6 +157,8 @@ private:
 
   explicit ServerNode(Options options);
   absl::Status Open();
+  // Open's part: the HTTP endpoint (/metrics, /healthz, /readyz) over `kv`.
+  absl::Status StartHttp(KVServer* kv);
   // Dropped or given up on the scheduler: fences health, stops serving,
   // logs why and returns the exit; nullopt while the membership holds.
   std::optional<Exit> Ended();
