@@ -38,7 +38,7 @@ JobConfig Config(const std::string& checkpoint_dir, bool elastic = false) {
             cluster { num_servers: 2 num_workers: 1 num_slots: 64
                       heartbeat_interval_ms: 100
                       heartbeat_timeout_ms: 5000)pb",
-          elastic ? "elastic { max_servers: 3 }" : "",
+          elastic ? " elastic { max_servers: 3 }" : "",
           R"pb(}
                consistency { mode: ASYNC }
         tables { id: 0 name: "emb" sparse { dim: 2 }
