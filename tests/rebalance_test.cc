@@ -277,7 +277,8 @@ std::set<uint32_t> ShardRanks(const std::string& dir) {
   std::set<uint32_t> ranks;
   std::error_code error;
   for (const auto& entry : std::filesystem::directory_iterator(dir, error)) {
-    absl::string_view name = entry.path().filename().native();
+    const std::string file = entry.path().filename().string();
+    absl::string_view name = file;
     uint32_t rank;
     if (absl::ConsumePrefix(&name, "shard-") &&
         absl::ConsumeSuffix(&name, ".ckpt") && absl::SimpleAtoi(name, &rank)) {
