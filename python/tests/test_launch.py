@@ -63,7 +63,11 @@ with ps.observe(args["config"], args["scheduler"]) as o:
     sparse, dense = o.table("ctr_sparse"), o.table("ctr_dense")
     aucs = []
     while len(aucs) < 3:
-        d = dense.pull().result(timeout=30)
+        f = dense.pull()
+        d = f.result(timeout=30)
+        if f.min_clock < 30:  # judge a model the workers have trained a while
+            time.sleep(0.1)
+            continue
         uniq, inv = __import__("numpy").unique(b.keys.reshape(-1), return_inverse=True)
         w = sparse.pull(uniq).result(timeout=30)[:, 0]
         s = w[inv].reshape(b.keys.shape).sum(1) + b.numeric @ d[:-1] + d[-1]
