@@ -56,9 +56,6 @@
 //
 // The binaries come from the runfiles tree (the `data` of this target), as
 // for scaling_bench.
-#include <sched.h>
-#include <sys/resource.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -66,8 +63,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <filesystem>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <optional>
@@ -87,6 +84,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/status.h"
+#include "tests/bench/bench_util.h"
 #include "tests/testing/job_harness.h"
 #include "tests/testing/ledger.h"
 #include "tests/testing/subprocess.h"
@@ -109,6 +107,13 @@ ABSL_FLAG(std::string, dir, "",
 namespace ps {
 namespace {
 
+using ::ps::bench::Cores;
+using ::ps::bench::CpuSample;
+using ::ps::bench::FindRunfiles;
+using ::ps::bench::LineTime;
+using ::ps::bench::Median;
+using ::ps::bench::Quantile;
+using ::ps::bench::SampleCpu;
 using ::ps::testing::JobHarness;
 using ::ps::testing::LedgerPushers;
 using ::ps::testing::ReadFile;
@@ -175,19 +180,6 @@ std::string JobText(uint64_t size, int pushers, int replication) {
                          kScaledServers);
 }
 
-// "2026-11-23 12:34:56.789 I [server/0] ...": the line's time. Every
-// process logs in this machine's local zone, as this process reads it.
-std::optional<absl::Time> LineTime(absl::string_view line) {
-  if (line.size() < 23) return std::nullopt;
-  absl::Time t;
-  std::string err;
-  if (!absl::ParseTime("%Y-%m-%d %H:%M:%E3S", std::string(line.substr(0, 23)),
-                       absl::LocalTimeZone(), &t, &err)) {
-    return std::nullopt;
-  }
-  return t;
-}
-
 std::vector<std::string> Lines(const std::string& text) {
   return absl::StrSplit(text, '\n', absl::SkipEmpty());
 }
@@ -207,56 +199,6 @@ std::optional<double> NumberAfter(absl::string_view line,
   double v = 0;
   if (!absl::SimpleAtod(rest.substr(0, end), &v)) return std::nullopt;
   return v;
-}
-
-// The q-quantile (0..1) of `v` (nearest rank); 0 when empty.
-double Quantile(std::vector<double> v, double q) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t rank = static_cast<size_t>(std::ceil(q * v.size()));
-  return v[std::min(v.size() - 1, rank == 0 ? 0 : rank - 1)];
-}
-
-double Median(std::vector<double> v) { return Quantile(std::move(v), 0.5); }
-
-// The CPUs this process may run on (what nproc prints).
-int Cores() {
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) return CPU_COUNT(&set);
-  return static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
-}
-
-// CPU time, for telling how much of the machine other processes took
-// during a run (as scaling_bench does): on a 2-core VM a compiler running
-// meanwhile moves every figure.
-struct CpuSample {
-  absl::Time when;
-  double machine_busy_s = 0;  // all CPUs, from /proc/stat
-  double own_s = 0;           // this process and its reaped children
-};
-
-CpuSample SampleCpu() {
-  CpuSample c;
-  c.when = absl::Now();
-  std::vector<std::string> fields =
-      absl::StrSplit(ReadFile("/proc/stat").substr(0, 200),
-                     absl::ByAnyChar(" \n"), absl::SkipEmpty());
-  const double tick = static_cast<double>(sysconf(_SC_CLK_TCK));
-  for (int i : {1, 2, 3, 6, 7}) {  // user nice system irq softirq
-    double v = 0;
-    if (static_cast<int>(fields.size()) > i &&
-        absl::SimpleAtod(fields[i], &v)) {
-      c.machine_busy_s += v / tick;
-    }
-  }
-  for (int who : {RUSAGE_SELF, RUSAGE_CHILDREN}) {
-    struct rusage u;
-    if (getrusage(who, &u) == 0) {
-      c.own_s += u.ru_utime.tv_sec + u.ru_utime.tv_usec * 1e-6 +
-                 u.ru_stime.tv_sec + u.ru_stime.tv_usec * 1e-6;
-    }
-  }
-  return c;
 }
 
 // CPU time of the job's processes still running (reaped children show in
@@ -743,29 +685,6 @@ std::map<std::string, double> PrintSize(uint64_t size,
         first.unit);
   }
   return medians;
-}
-
-absl::Status FindRunfiles(const char* argv0) {
-  if (std::getenv("TEST_SRCDIR") != nullptr) return absl::OkStatus();
-  std::vector<std::string> candidates;
-  if (const char* dir = std::getenv("RUNFILES_DIR")) candidates.push_back(dir);
-  std::error_code ec;
-  const std::filesystem::path exe =
-      std::filesystem::read_symlink("/proc/self/exe", ec);
-  if (!ec) candidates.push_back(exe.string() + ".runfiles");
-  candidates.push_back(std::string(argv0) + ".runfiles");
-  for (const std::string& dir : candidates) {
-    struct stat st;
-    if (stat((dir + "/ps/scheduler/scheduler_main").c_str(), &st) == 0) {
-      setenv("TEST_SRCDIR", dir.c_str(), 1);
-      return absl::OkStatus();
-    }
-  }
-  return absl::NotFoundError(absl::StrCat(
-      "no runfiles with scheduler/scheduler_main among: ",
-      absl::StrJoin(candidates, ", "),
-      " (build with bazel and run the binary from bazel-bin, or via bazel "
-      "run)"));
 }
 
 absl::StatusOr<std::vector<uint64_t>> Sizes() {

@@ -44,9 +44,6 @@
 // TEST_SRCDIR when set (bazel test), else RUNFILES_DIR, else the
 // .runfiles directory next to this binary, so it also runs straight from
 // bazel-bin as tests/bench.sh does.
-#include <sched.h>
-#include <sys/resource.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -70,6 +67,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "common/status.h"
+#include "tests/bench/bench_util.h"
 #include "tests/testing/job_harness.h"
 #include "tests/testing/subprocess.h"
 
@@ -91,6 +89,12 @@ ABSL_FLAG(std::string, dir, "",
 namespace ps {
 namespace {
 
+using ::ps::bench::Cores;
+using ::ps::bench::CpuSample;
+using ::ps::bench::FindRunfiles;
+using ::ps::bench::LineTime;
+using ::ps::bench::LoadAverage;
+using ::ps::bench::SampleCpu;
 using ::ps::testing::JobHarness;
 using ::ps::testing::ReadFile;
 
@@ -168,19 +172,6 @@ std::string JobText(const Model& model, const std::string& mode, int servers,
       ModelBlocks(model, steps * model.batch * workers));
 }
 
-// "2026-11-23 12:34:56.789 I [worker/0] ...": the line's time.
-std::optional<absl::Time> LineTime(absl::string_view line) {
-  if (line.size() < 23) return std::nullopt;
-  absl::Time t;
-  std::string err;
-  // All processes log in the same (local) zone; only differences matter.
-  if (!absl::ParseTime("%Y-%m-%d %H:%M:%E3S", std::string(line.substr(0, 23)),
-                       absl::UTCTimeZone(), &t, &err)) {
-    return std::nullopt;
-  }
-  return t;
-}
-
 // What one worker's log says about its training.
 struct WorkerTimes {
   std::optional<absl::Time> first_step;  // its first "training shard" line
@@ -203,45 +194,6 @@ WorkerTimes ParseWorkerLog(const std::string& log) {
     }
   }
   return w;
-}
-
-// The CPUs this process may run on (what nproc prints).
-int Cores() {
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) return CPU_COUNT(&set);
-  return static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
-}
-
-// CPU time, for telling how much of the machine other processes took
-// during a job: on a 2-core VM a compiler running meanwhile halves the
-// figures, and nothing else would show it.
-struct CpuSample {
-  absl::Time when;
-  double machine_busy_s = 0;  // all CPUs, from /proc/stat
-  double own_s = 0;           // this process and its reaped children
-};
-
-CpuSample SampleCpu() {
-  CpuSample c;
-  c.when = absl::Now();
-  // "cpu  user nice system idle iowait irq softirq steal ...", in ticks.
-  std::vector<std::string> fields = absl::StrSplit(
-      ReadFile("/proc/stat").substr(0, 200), absl::ByAnyChar(" \n"), absl::SkipEmpty());
-  const double tick = static_cast<double>(sysconf(_SC_CLK_TCK));
-  for (int i : {1, 2, 3, 6, 7}) {  // user nice system irq softirq
-    double v = 0;
-    if (static_cast<int>(fields.size()) > i && absl::SimpleAtod(fields[i], &v)) {
-      c.machine_busy_s += v / tick;
-    }
-  }
-  for (int who : {RUSAGE_SELF, RUSAGE_CHILDREN}) {
-    struct rusage u;
-    if (getrusage(who, &u) == 0) {
-      c.own_s += u.ru_utime.tv_sec + u.ru_utime.tv_usec * 1e-6 + u.ru_stime.tv_sec +
-                 u.ru_stime.tv_usec * 1e-6;
-    }
-  }
-  return c;
 }
 
 struct Figure {
@@ -328,38 +280,6 @@ absl::StatusOr<Figure> RunJob(const Model& model, const std::string& mode,
                                      capacity);
   }
   return f;
-}
-
-// Points TEST_SRCDIR (what testing::Runfile reads) at this binary's
-// runfiles unless bazel test already did.
-absl::Status FindRunfiles(const char* argv0) {
-  if (std::getenv("TEST_SRCDIR") != nullptr) return absl::OkStatus();
-  std::vector<std::string> candidates;
-  if (const char* dir = std::getenv("RUNFILES_DIR")) candidates.push_back(dir);
-  std::error_code ec;
-  const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
-  if (!ec) candidates.push_back(exe.string() + ".runfiles");
-  candidates.push_back(std::string(argv0) + ".runfiles");
-  for (const std::string& dir : candidates) {
-    struct stat st;
-    if (stat((dir + "/ps/scheduler/scheduler_main").c_str(), &st) == 0) {
-      setenv("TEST_SRCDIR", dir.c_str(), 1);
-      return absl::OkStatus();
-    }
-  }
-  return absl::NotFoundError(absl::StrCat(
-      "no runfiles with scheduler/scheduler_main among: ",
-      absl::StrJoin(candidates, ", "), " (build with bazel and run the binary "
-      "from bazel-bin, or via bazel run)"));
-}
-
-// The 1, 5 and 15 minute load averages: other load on the machine shows
-// up in these figures, so the notes say how busy it was.
-std::string LoadAverage() {
-  std::vector<std::string> fields =
-      absl::StrSplit(ReadFile("/proc/loadavg"), ' ', absl::SkipEmpty());
-  if (fields.size() < 3) return "unknown";
-  return absl::StrCat(fields[0], " ", fields[1], " ", fields[2]);
 }
 
 std::string Thousands(double v) {
