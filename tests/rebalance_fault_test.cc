@@ -142,11 +142,7 @@ class RebalanceFaultTest : public ::testing::TestWithParam<Victim> {
     ranks.push_back(3);
     absl::SleepFor(absl::Milliseconds(300));  // rows on every server
 
-    const std::string psctl = dir + "/psctl";
-    auto scale = Subprocess::Start(
-        {Runfile("scheduler/psctl"), "--scheduler=" + job->address(),
-         "--timeout_ms=60000", "scale", "--servers=4"},
-        psctl + ".out", psctl + ".err");
+    auto scale = job->StartPsctl({"scale", "--servers=4"}, absl::Minutes(1));
     ASSERT_TRUE(scale.ok()) << what;
     // The moment counts from the scheduler's plan, not from psctl's start.
     const absl::Time plan_deadline = absl::Now() + absl::Seconds(20);

@@ -117,20 +117,11 @@ class RebalanceTest : public ::testing::TestWithParam<int> {
     }
   }
 
-  // Runs psctl with `args` (after --scheduler) to completion; its output.
+  // Runs psctl with `args` to completion; its output.
   std::string Psctl(std::vector<std::string> args, int* code) {
-    args.insert(args.begin(),
-                {Runfile("scheduler/psctl"), "--scheduler=" + job_->address(),
-                 "--timeout_ms=120000"});
-    const std::string name = absl::StrCat(dir_, "/psctl", ++psctl_runs_);
-    auto p = Subprocess::Start(args, name + ".out", name + ".err");
-    if (!p.ok()) {
-      *code = -1;
-      return p.status().ToString();
-    }
-    auto exit = p->Wait(absl::Seconds(180));
-    *code = exit.value_or(-1);
-    return ReadFile(name + ".out") + ReadFile(name + ".err");
+    JobHarness::ToolRun run = job_->RunPsctl(std::move(args));
+    *code = run.code;
+    return run.output;
   }
 
   // Slots each live server owns.
@@ -168,7 +159,6 @@ class RebalanceTest : public ::testing::TestWithParam<int> {
   std::unique_ptr<JobHarness> job_;
   // By server index: the rank each server process got.
   std::vector<uint32_t> ranks_;
-  int psctl_runs_ = 0;
 };
 
 TEST_P(RebalanceTest, ScaleOutThenInLosesNoAcknowledgedPush) {

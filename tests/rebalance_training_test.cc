@@ -66,20 +66,12 @@ class RebalanceTrainingTest : public ::testing::TestWithParam<int> {
   // Runs psctl `args` against `job`'s scheduler; whether it exited 0 (a
   // test failure with its output otherwise).
   bool Psctl(JobHarness& job, std::vector<std::string> args) {
-    args.insert(args.begin(),
-                {Runfile("scheduler/psctl"), "--scheduler=" + job.address(),
-                 "--timeout_ms=120000"});
-    const std::string name = absl::StrCat(job.dir(), "/psctl", ++psctl_runs_);
-    auto p = Subprocess::Start(args, name + ".out", name + ".err");
-    if (!p.ok()) {
-      ADD_FAILURE() << p.status();
-      return false;
-    }
-    auto code = p->Wait(absl::Seconds(180));
-    const std::string out = ReadFile(name + ".out") + ReadFile(name + ".err");
+    const std::string what = args[0];
+    const JobHarness::ToolRun run = job.RunPsctl(std::move(args));
+    const std::string& out = run.output;
     std::printf("%s", out.c_str());
-    if (!code.ok() || *code != 0) {
-      ADD_FAILURE() << "psctl " << args[3] << " failed:\n"
+    if (run.code != 0) {
+      ADD_FAILURE() << "psctl " << what << " failed:\n"
                     << out << job.LogTails(30);
       return false;
     }
@@ -137,8 +129,6 @@ class RebalanceTrainingTest : public ::testing::TestWithParam<int> {
     }
     return Finish(*job, what);
   }
-
-  int psctl_runs_ = 0;
 };
 
 TEST_P(RebalanceTrainingTest, ScaledJobFinishesWithTheBaselinesAuc) {

@@ -28,11 +28,11 @@ namespace {
 // Polling period of every wait: short next to the jobs' heartbeat interval.
 constexpr absl::Duration kPoll = absl::Milliseconds(10);
 
-#define PS_HARNESS_RETURN_IF_ERROR(expr)     \
-  do {                                       \
+#define PS_HARNESS_RETURN_IF_ERROR(expr)      \
+  do {                                        \
     if (absl::Status s_ = (expr); !s_.ok()) { \
-      return s_;                             \
-    }                                        \
+      return s_;                              \
+    }                                         \
   } while (false)
 
 }  // namespace
@@ -83,7 +83,8 @@ absl::StatusOr<Subprocess> JobHarness::Launch(const std::string& name,
   argv.push_back(Runfile(binary));
   for (std::string& a : args) argv.push_back(std::move(a));
   if (options_.extra_args) {
-    for (std::string& a : options_.extra_args(name)) argv.push_back(std::move(a));
+    for (std::string& a : options_.extra_args(name))
+      argv.push_back(std::move(a));
   }
   const std::string prefix = absl::StrCat(options_.dir, "/", file_prefix);
   return Subprocess::Start(argv, prefix + ".out", prefix + ".log");
@@ -107,7 +108,8 @@ absl::Status JobHarness::LaunchScheduler(int n, int port) {
          "--state_dir=" + options_.dir + "/scheduler-state"});
     if (!scheduler.ok()) return scheduler.status();
     Subprocess& p = schedulers_.emplace_back(*std::move(scheduler));
-    while (ReadFile(port_file).empty() && p.running() && absl::Now() < deadline) {
+    while (ReadFile(port_file).empty() && p.running() &&
+           absl::Now() < deadline) {
       absl::SleepFor(kPoll);
     }
     const std::string text = ReadFile(port_file);
@@ -124,8 +126,8 @@ absl::Status JobHarness::LaunchScheduler(int n, int port) {
       return absl::OkStatus();
     }
     if (p.running() || n == 0 || absl::Now() >= deadline) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          name, " wrote no port: ", ReadFile(p.stderr_path())));
+      return absl::DeadlineExceededError(
+          absl::StrCat(name, " wrote no port: ", ReadFile(p.stderr_path())));
     }
     // It exited (the bind failed): this try's files are overwritten by the
     // next one; the dead process stays in schedulers_ with the others.
@@ -153,9 +155,9 @@ absl::StatusOr<int> JobHarness::StartServer() {
 
 absl::StatusOr<int> JobHarness::StartWorker() {
   const int i = static_cast<int>(workers_.size());
-  std::vector<std::string> args = {"--config=" + config_path_,
-                                   "--scheduler=" + address_,
-                                   "--summary_out=" + options_.dir + "/summary.json"};
+  std::vector<std::string> args = {
+      "--config=" + config_path_, "--scheduler=" + address_,
+      "--summary_out=" + options_.dir + "/summary.json"};
   for (const std::string& a : options_.worker_args) args.push_back(a);
   auto worker = Launch(WorkerName(i), WorkerName(i), options_.worker_binary,
                        std::move(args));
@@ -178,11 +180,37 @@ bool JobHarness::SignalScheduler(int sig) {
   return true;
 }
 
+absl::StatusOr<Subprocess> JobHarness::StartPsctl(
+    std::vector<std::string> args, absl::Duration psctl_timeout) {
+  args.insert(args.begin(),
+              {Runfile("scheduler/psctl"), "--scheduler=" + address_,
+               absl::StrCat("--timeout_ms=",
+                            absl::ToInt64Milliseconds(psctl_timeout))});
+  const std::string name = absl::StrCat(dir(), "/psctl", ++psctl_runs_);
+  return Subprocess::Start(args, name + ".out", name + ".err");
+}
+
+JobHarness::ToolRun JobHarness::RunPsctl(std::vector<std::string> args,
+                                         absl::Duration psctl_timeout) {
+  ToolRun run;
+  auto p = StartPsctl(std::move(args), psctl_timeout);
+  if (!p.ok()) {
+    run.output = p.status().ToString();
+    return run;
+  }
+  auto code = p->Wait((psctl_timeout + absl::Seconds(60)) * TimeoutScale());
+  run.code = code.value_or(-1);
+  run.output = ReadFile(p->stdout_path()) + ReadFile(p->stderr_path());
+  return run;
+}
+
 absl::StatusOr<GetStatusResponse> JobHarness::Status() {
   grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + Scaled(absl::Seconds(2))));
+  context.set_deadline(
+      absl::ToChronoTime(absl::Now() + Scaled(absl::Seconds(2))));
   GetStatusResponse response;
-  const grpc::Status status = stub_->GetStatus(&context, GetStatusRequest(), &response);
+  const grpc::Status status =
+      stub_->GetStatus(&context, GetStatusRequest(), &response);
   if (!status.ok()) {
     return absl::UnavailableError(
         absl::StrCat("scheduler GetStatus: ", status.error_message()));
@@ -208,13 +236,14 @@ absl::StatusOr<std::optional<NodeInfo>> JobHarness::LiveNode(pid_t pid) {
   return std::optional<NodeInfo>();
 }
 
-absl::StatusOr<uint32_t> JobHarness::WaitForRegistration(int i,
-                                                         absl::Duration timeout) {
+absl::StatusOr<uint32_t> JobHarness::WaitForRegistration(
+    int i, absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + Scaled(timeout);
   while (true) {
     auto node = LiveNode(workers_[i].pid());
     if (node.ok() && node->has_value()) {
-      if (node_ids_.size() <= static_cast<size_t>(i)) node_ids_.resize(i + 1, 0);
+      if (node_ids_.size() <= static_cast<size_t>(i))
+        node_ids_.resize(i + 1, 0);
       node_ids_[i] = (*node)->node_id();
       return (*node)->rank();
     }
@@ -236,7 +265,8 @@ absl::StatusOr<uint64_t> JobHarness::WaitForStep(int i, uint64_t step,
   const absl::Time deadline = absl::Now() + Scaled(timeout);
   while (true) {
     if (!workers_[i].running()) {
-      return absl::FailedPreconditionError(absl::StrCat(WorkerName(i), " exited"));
+      return absl::FailedPreconditionError(
+          absl::StrCat(WorkerName(i), " exited"));
     }
     auto status = Status();
     if (status.ok()) {
@@ -252,15 +282,16 @@ absl::StatusOr<uint64_t> JobHarness::WaitForStep(int i, uint64_t step,
             absl::StrCat(WorkerName(i), " is not a live member of the job"));
       }
       for (const WorkerClock& c : status->clocks()) {
-        if (c.rank() == *rank && (c.clock() >= step || c.clock() >= kFinishedClock)) {
+        if (c.rank() == *rank &&
+            (c.clock() >= step || c.clock() >= kFinishedClock)) {
           return c.clock();
         }
       }
     }
     PS_HARNESS_RETURN_IF_ERROR(CheckAbort());
     if (absl::Now() >= deadline) {
-      return absl::DeadlineExceededError(
-          absl::StrCat(WorkerName(i), " did not reach step ", step, " in time"));
+      return absl::DeadlineExceededError(absl::StrCat(
+          WorkerName(i), " did not reach step ", step, " in time"));
     }
     absl::SleepFor(kPoll);
   }
@@ -315,12 +346,14 @@ absl::StatusOr<JobHarness::Result> JobHarness::Wait(absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + Scaled(timeout);
   // Every process is polled, so a stop by the abort check is prompt.
   std::vector<std::pair<std::string, Subprocess*>> all;
-  for (size_t i = 0; i < workers_.size(); ++i) all.emplace_back(WorkerName(i), &workers_[i]);
+  for (size_t i = 0; i < workers_.size(); ++i)
+    all.emplace_back(WorkerName(i), &workers_[i]);
   for (size_t i = 0; i < servers_.size(); ++i) {
     all.emplace_back(ServerName(i), &servers_[i]);
   }
   for (size_t n = 0; n < schedulers_.size(); ++n) {
-    all.emplace_back(n == 0 ? "scheduler" : absl::StrCat("scheduler.", n), &schedulers_[n]);
+    all.emplace_back(n == 0 ? "scheduler" : absl::StrCat("scheduler.", n),
+                     &schedulers_[n]);
   }
   while (true) {
     std::vector<std::string> running;
@@ -331,8 +364,8 @@ absl::StatusOr<JobHarness::Result> JobHarness::Wait(absl::Duration timeout) {
     PS_HARNESS_RETURN_IF_ERROR(CheckAbort());
     if (absl::Now() >= deadline) {
       return absl::DeadlineExceededError(
-          absl::StrCat("job not over after ", absl::FormatDuration(timeout), ": ",
-                       absl::StrJoin(running, ", "), " still running"));
+          absl::StrCat("job not over after ", absl::FormatDuration(timeout),
+                       ": ", absl::StrJoin(running, ", "), " still running"));
     }
     absl::SleepFor(kPoll);
   }
@@ -346,7 +379,8 @@ absl::StatusOr<JobHarness::Result> JobHarness::Wait(absl::Duration timeout) {
     result.worker_summaries.emplace_back();
     for (absl::string_view line :
          absl::StrSplit(ReadFile(w.stdout_path()), '\n', absl::SkipEmpty())) {
-      if (absl::StartsWith(line, "{") && line.find("\"test_auc\"") != absl::string_view::npos) {
+      if (absl::StartsWith(line, "{") &&
+          line.find("\"test_auc\"") != absl::string_view::npos) {
         ++result.summaries;
         result.summary = std::string(line);
         result.worker_summaries.back() = result.summary;
@@ -362,11 +396,14 @@ std::vector<uint64_t> JobHarness::DeclaredDead() const {
   std::string log;
   for (const Subprocess& s : schedulers_) {
     // A retried restart's files were overwritten by the next try: once.
-    if (&s != &schedulers_.front() && s.stderr_path() == (&s - 1)->stderr_path()) continue;
+    if (&s != &schedulers_.front() &&
+        s.stderr_path() == (&s - 1)->stderr_path())
+      continue;
     log += ReadFile(s.stderr_path());
   }
   std::vector<uint64_t> ids;
-  for (std::sregex_iterator it(log.begin(), log.end(), kDead), end; it != end; ++it) {
+  for (std::sregex_iterator it(log.begin(), log.end(), kDead), end; it != end;
+       ++it) {
     ids.push_back(std::stoull((*it)[1].str()));
   }
   return ids;
@@ -376,7 +413,8 @@ std::string JobHarness::LogTails(int lines) const {
   std::vector<const Subprocess*> all;
   for (const Subprocess& s : schedulers_) {
     // A retried restart's files were overwritten by the next try: once.
-    if (!all.empty() && all.back()->stderr_path() == s.stderr_path()) all.pop_back();
+    if (!all.empty() && all.back()->stderr_path() == s.stderr_path())
+      all.pop_back();
     all.push_back(&s);
   }
   for (const Subprocess& s : servers_) all.push_back(&s);
@@ -387,11 +425,13 @@ std::string JobHarness::LogTails(int lines) const {
       std::vector<std::string> text =
           absl::StrSplit(ReadFile(path), '\n', absl::SkipEmpty());
       if (text.empty()) continue;
-      const size_t from = text.size() > static_cast<size_t>(lines) ? text.size() - lines : 0;
+      const size_t from =
+          text.size() > static_cast<size_t>(lines) ? text.size() - lines : 0;
       absl::StrAppend(&out, "---- ", path, " (pid ", p->pid(), ")",
                       from > 0 ? absl::StrCat(", last ", lines, " lines") : "",
                       "\n");
-      for (size_t k = from; k < text.size(); ++k) absl::StrAppend(&out, text[k], "\n");
+      for (size_t k = from; k < text.size(); ++k)
+        absl::StrAppend(&out, text[k], "\n");
     }
   }
   return out;
@@ -409,13 +449,15 @@ std::string JsonRaw(const std::string& json, const std::string& field) {
   }
   if (end < json.size() && json[end] == '"') {
     end = json.find('"', begin + 1);
-    return end == std::string::npos ? "" : json.substr(begin + 1, end - begin - 1);
+    return end == std::string::npos ? ""
+                                    : json.substr(begin + 1, end - begin - 1);
   }
   end = json.find_first_of(",}", begin);
   return end == std::string::npos ? "" : json.substr(begin, end - begin);
 }
 
-std::optional<double> JsonNumber(const std::string& json, const std::string& field) {
+std::optional<double> JsonNumber(const std::string& json,
+                                 const std::string& field) {
   double v;
   if (!absl::SimpleAtod(JsonRaw(json, field), &v)) return std::nullopt;
   return v;

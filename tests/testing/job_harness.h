@@ -105,11 +105,28 @@ class JobHarness {
   static std::string ServerName(int i);
   // The current scheduler incarnation, and how many restarts so far.
   Subprocess& scheduler() { return schedulers_.back(); }
-  int scheduler_restarts() const { return static_cast<int>(schedulers_.size()) - 1; }
+  int scheduler_restarts() const {
+    return static_cast<int>(schedulers_.size()) - 1;
+  }
 
   // Every timeout below (and startup_timeout) is multiplied by
   // TimeoutScale() (tests/testing/subprocess.h): slower builds such as
   // ThreadSanitizer's get proportionally longer.
+
+  // psctl against this job's scheduler: `psctl --scheduler=address()
+  // --timeout_ms=<psctl_timeout> args...`, with its stdout and stderr in
+  // dir()/psctl<N>.out and .err (N counts the runs). The test's data must
+  // hold //scheduler:psctl. StartPsctl returns the running process;
+  // RunPsctl waits up to psctl_timeout + 60 s (scaled) for it to exit.
+  struct ToolRun {
+    int code = -1;       // exit code; -1 when it did not start or exit
+    std::string output;  // stdout, then stderr (or why it did not run)
+  };
+  absl::StatusOr<Subprocess> StartPsctl(
+      std::vector<std::string> args,
+      absl::Duration psctl_timeout = absl::Minutes(2));
+  ToolRun RunPsctl(std::vector<std::string> args,
+                   absl::Duration psctl_timeout = absl::Minutes(2));
 
   // The scheduler's snapshot (view and live workers' clocks).
   absl::StatusOr<GetStatusResponse> Status();
@@ -127,7 +144,9 @@ class JobHarness {
 
   // The scheduler's node id of worker(i), once WaitForRegistration saw it
   // registered; 0 before.
-  uint64_t node_id(int i) const { return i < static_cast<int>(node_ids_.size()) ? node_ids_[i] : 0; }
+  uint64_t node_id(int i) const {
+    return i < static_cast<int>(node_ids_.size()) ? node_ids_[i] : 0;
+  }
 
   // Node ids the scheduler declared dead (missed heartbeats), from its log.
   std::vector<uint64_t> DeclaredDead() const;
@@ -213,6 +232,7 @@ class JobHarness {
   std::vector<Subprocess> servers_;
   std::vector<Subprocess> workers_;
   std::vector<uint64_t> node_ids_;  // by worker index; 0 = not seen yet
+  int psctl_runs_ = 0;
   uint64_t max_silent_ms_ = 0;
   bool signalled_ = false;  // Signal() was called
   std::function<std::string()> abort_check_;
@@ -221,7 +241,8 @@ class JobHarness {
 
 // The value of a numeric field of a one-line JSON object ("test_auc"), or
 // nullopt if absent or not a number (null).
-std::optional<double> JsonNumber(const std::string& json, const std::string& field);
+std::optional<double> JsonNumber(const std::string& json,
+                                 const std::string& field);
 // The raw text of a field's value ("[0,2]" for an array), or "".
 std::string JsonRaw(const std::string& json, const std::string& field);
 
