@@ -591,6 +591,7 @@ GetStatusResponse ClusterState::Status() const {
   absl::MutexLock lock(&mu_);
   GetStatusResponse status;
   *status.mutable_view() = view_;
+  *status.mutable_queued_moves() = {queued_moves_.begin(), queued_moves_.end()};
   const absl::Time now = clock_->Now();
   for (const auto& [id, node] : nodes_) {
     if (node.info.role() != WORKER || node.info.state() != ALIVE) continue;

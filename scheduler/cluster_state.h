@@ -183,8 +183,12 @@ class ClusterState {
   // while a checkpoint is in progress, and no checkpoint starts during a
   // fence), and flips them once it reports FENCED: the target owns them,
   // and with replication 2 the source becomes their backup. A move whose
-  // source or target dies or leaves, or whose source reports ABORTED, is
-  // dropped (the slots stay with the source, or fail over as usual). A
+  // source or target dies or leaves is dropped (the slots stay with the
+  // source, or fail over as usual). One whose source reports ABORTED (a
+  // refused copy, a digest mismatch) while both servers stay live is
+  // planned again from a fresh copy, kMoveRetryWait x its tries later, up
+  // to kMoveAttempts tries; then it is dropped as well, and a scale-in
+  // that needed it keeps its server. A
   // server emptied by a scale-in is drained once it holds no slot (its
   // backups go to other servers first) and leaves; it exits 0.
   //
@@ -334,6 +338,9 @@ class ClusterState {
   // heartbeat timeout to be heard from: its scheduler client reconnects
   // with a backoff of up to 1 s (scheduler/client.cc), plus jitter.
   static constexpr absl::Duration kRecoveryGrace = absl::Seconds(2);
+  // Tries of a slot move, and the wait before a retry (per try so far).
+  static constexpr uint32_t kMoveAttempts = 3;
+  static constexpr absl::Duration kMoveRetryWait = absl::Seconds(1);
 
   // A call that may change the state: Admit() first (nothing may change
   // while the journal cannot be written), Commit() before answering
@@ -473,6 +480,11 @@ class ClusterState {
   void StartMoveLocked(SlotMove move) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Starts queued moves while the concurrency limit allows.
   bool StartQueuedMovesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The aborted move view_.moves(index) is queued again (after
+  // kMoveRetryWait times its tries so far) when both of its servers are
+  // live members and it has tries left; false (nothing changed) otherwise.
+  bool RetryMoveLocked(int index, const std::string& error)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Moves whose source reported COPIED during a checkpoint: fenced now
   // unless a checkpoint is (still) in progress. Whether any was.
   bool StartDeferredFencesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

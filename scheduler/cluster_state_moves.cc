@@ -129,12 +129,13 @@ void ClusterState::StartMoveLocked(SlotMove move) {
 
 bool ClusterState::StartQueuedMovesLocked() {
   const uint32_t limit = config_.cluster().elastic().max_concurrent_moves();
+  const int64_t now = absl::ToUnixMicros(clock_->Now());
   bool started = false;
   for (auto it = queued_moves_.begin(); it != queued_moves_.end();) {
     if (limit != 0 && static_cast<uint32_t>(view_.moves_size()) >= limit) break;
     // One move per (source, target) pair at a time: a pair's promotion
-    // and copy run one after the other.
-    bool busy = false;
+    // and copy run one after the other. A retry waits for its time.
+    bool busy = it->not_before_unix_micros() > now;
     for (const SlotMove& m : view_.moves()) {
       busy |= m.source() == it->source() && m.target() == it->target();
     }
@@ -231,6 +232,8 @@ absl::Status ClusterState::ReportMove(const ReportMoveRequest& request) {
     FlipMoveLocked(index);
     FinishScaleInLocked();
     StartQueuedMovesLocked();
+  } else if (RetryMoveLocked(index, request.error())) {
+    StartQueuedMovesLocked();
   } else {
     SchedulerLog()->error("move of {} abandoned: {}", Describe(*move),
                           request.error());
@@ -258,6 +261,36 @@ absl::Status ClusterState::ReportMove(const ReportMoveRequest& request) {
   }
   BumpEpochLocked();
   return journal.Commit();
+}
+
+bool ClusterState::RetryMoveLocked(int index, const std::string& error) {
+  SlotMove move = view_.moves(index);
+  const uint32_t attempt = std::max<uint32_t>(1, move.attempt());
+  bool source_live = false;
+  bool target_live = false;
+  for (const auto& [id, node] : nodes_) {
+    if (node.info.role() != SERVER || node.info.state() != ALIVE) continue;
+    source_live |= node.info.rank() == move.source();
+    target_live |= node.info.rank() == move.target() && !node.info.draining();
+  }
+  if (attempt >= kMoveAttempts || !source_live || !target_live) return false;
+  view_.mutable_moves()->DeleteSubrange(index, 1);
+  const absl::Duration wait = kMoveRetryWait * attempt;
+  SchedulerLog()->warn(
+      "move of {} aborted (try {} of {}): {}; trying again in {} from a "
+      "fresh copy",
+      Describe(move), attempt, kMoveAttempts, error,
+      absl::FormatDuration(wait));
+  move.set_attempt(attempt + 1);
+  move.set_not_before_unix_micros(absl::ToUnixMicros(clock_->Now() + wait));
+  move.set_phase(SlotMove::PHASE_UNSPECIFIED);
+  move.set_copy_epoch(0);
+  move.set_fence_epoch(0);
+  move.set_rows_copied(0);
+  move.set_bytes_copied(0);
+  move.set_copied(false);
+  queued_moves_.insert(queued_moves_.begin(), std::move(move));
+  return true;
 }
 
 void ClusterState::FlipMoveLocked(int index) {

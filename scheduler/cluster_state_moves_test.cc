@@ -290,20 +290,80 @@ TEST_F(MovesTest, AMoveWhoseTargetDiesIsAbandoned) {
   EXPECT_TRUE(Scale(3).ok());
 }
 
-TEST_F(MovesTest, AnAbortedMoveLeavesTheSlotsAndStopsTheScaleIn) {
-  Init(3, 1);
-  ASSERT_TRUE(Scale(2, {2}).ok());
+TEST_F(MovesTest, AnAbortedMoveIsRetriedFromAFreshCopyAndCompletes) {
+  Init(2, 1);
+  const uint64_t spare = Add(SERVER);
+  ASSERT_TRUE(Scale(3).ok());
   const SlotMove m = state_->View().moves(0);
   ASSERT_TRUE(
       Report(Node(m.source()), m, ReportMoveRequest::ABORTED, m.copy_epoch())
           .ok());
+  // Out of the view (the servers drop the copy), queued for a second try.
+  const ClusterView aborted = state_->View();
+  for (const SlotMove& left : aborted.moves()) {
+    EXPECT_FALSE(left.source() == m.source() && left.target() == m.target());
+  }
+  GetStatusResponse status = state_->Status();
+  ASSERT_EQ(status.queued_moves_size(), 1);
+  EXPECT_EQ(status.queued_moves(0).attempt(), 2u);
+  EXPECT_EQ(status.queued_moves(0).copy_epoch(), 0u);
+  // Not before its wait is over.
+  clock_.Advance(absl::Milliseconds(900));
+  state_->CheckMoves();
+  EXPECT_EQ(state_->Status().queued_moves_size(), 1);
+  clock_.Advance(absl::Milliseconds(200));
+  state_->CheckMoves();
+  EXPECT_EQ(state_->Status().queued_moves_size(), 0);
+  const ClusterView retried = state_->View();
+  const SlotMove* again = nullptr;
+  for (const SlotMove& x : retried.moves()) {
+    if (x.source() == m.source() && x.target() == m.target()) again = &x;
+  }
+  ASSERT_NE(again, nullptr) << retried.ShortDebugString();
+  EXPECT_EQ(again->phase(), SlotMove::COPYING);
+  EXPECT_GT(again->copy_epoch(), m.copy_epoch());
+  EXPECT_THAT(again->slots(), ::testing::ElementsAreArray(m.slots()));
+  // A report of the first try is stale.
+  EXPECT_EQ(
+      Report(Node(m.source()), m, ReportMoveRequest::COPIED, m.copy_epoch())
+          .code(),
+      absl::StatusCode::kFailedPrecondition);
+  FinishMoves();
+  for (uint32_t s : m.slots()) EXPECT_EQ(Owners()[s], m.target());
+  EXPECT_NE(Node(m.target()), 0u);
+  EXPECT_EQ(Node(m.target()), spare);
+}
+
+TEST_F(MovesTest, AMoveAbortedOnEveryTryLeavesTheSlotsAndStopsTheScaleIn) {
+  Init(3, 1);
+  ASSERT_TRUE(Scale(2, {2}).ok());
+  const SlotMove first = state_->View().moves(0);
+  ASSERT_EQ(first.source(), 2u);
+  for (uint32_t attempt = 1; attempt <= 3; ++attempt) {
+    const ClusterView view = state_->View();
+    const SlotMove* m = nullptr;
+    for (const SlotMove& x : view.moves()) {
+      if (x.source() == first.source() && x.target() == first.target()) m = &x;
+    }
+    ASSERT_NE(m, nullptr) << "try " << attempt << ": "
+                          << view.ShortDebugString();
+    ASSERT_TRUE(Report(Node(m->source()), *m, ReportMoveRequest::ABORTED,
+                       m->copy_epoch())
+                    .ok());
+    clock_.Advance(absl::Seconds(attempt));
+    state_->CheckMoves();
+  }
+  // Dropped after the third: the scale-in stops, server 2 keeps its
+  // slots and stays.
   const ClusterView view5 = state_->View();
   for (const SlotMove& left : view5.moves()) {
     EXPECT_NE(left.source(), 2u);
   }
+  EXPECT_EQ(state_->Status().queued_moves_size(), 0);
   FinishMoves();
   const ClusterView view6 = state_->View();
   for (const NodeInfo& n : view6.nodes()) EXPECT_FALSE(n.draining());
+  for (uint32_t s : first.slots()) EXPECT_EQ(Owners()[s], 2u);
 }
 
 TEST_F(MovesTest, AFenceWaitsForACheckpointAndBlocksTheNext) {

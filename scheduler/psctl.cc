@@ -59,6 +59,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
@@ -136,8 +137,9 @@ absl::Status CheckFlags(int argc, char** argv) {
     if (flag == nullptr) {
       // "--nofoo" sets boolean flag "foo" to false.
       const absl::CommandLineFlag* negated =
-          absl::StartsWith(name, "no") ? absl::FindCommandLineFlag(name.substr(2))
-                                       : nullptr;
+          absl::StartsWith(name, "no")
+              ? absl::FindCommandLineFlag(name.substr(2))
+              : nullptr;
       if (negated != nullptr && negated->IsOfType<bool>() &&
           eq == absl::string_view::npos) {
         continue;
@@ -152,7 +154,8 @@ absl::Status CheckFlags(int argc, char** argv) {
     } else if (i + 1 < argc) {
       value = argv[++i];  // "--flag value"
     } else {
-      return absl::InvalidArgumentError(absl::StrCat("flag --", name, " needs a value"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("flag --", name, " needs a value"));
     }
     std::string error;
     if (!flag->ParseFrom(value, &error)) {
@@ -252,15 +255,17 @@ absl::Status RunCheckpoint(Scheduler::Stub& stub, absl::Duration timeout,
         stub.GetStatus(Context(timeout).get(), GetStatusRequest(), &status);
     if (!g.ok()) return Annotate(FromGrpcStatus(g), "GetStatus");
     if (status.view().last_checkpoint_clock() >= response.clock()) {
-      std::cout << "checkpoint at clock " << status.view().last_checkpoint_clock()
-                << " committed\n";
+      std::cout << "checkpoint at clock "
+                << status.view().last_checkpoint_clock() << " committed\n";
       return absl::OkStatus();
     }
     absl::SleepFor(absl::Milliseconds(50));
   }
-  return absl::DeadlineExceededError(absl::StrCat(
-      "checkpoint at clock ", response.clock(), " not committed in time (it is "
-      "retried at a later clock if a node was too late; see the scheduler log)"));
+  return absl::DeadlineExceededError(
+      absl::StrCat("checkpoint at clock ", response.clock(),
+                   " not committed in time (it is "
+                   "retried at a later clock if a node was too late; see the "
+                   "scheduler log)"));
 }
 
 absl::Status RunDrain(Scheduler::Stub& stub, absl::Duration timeout,
@@ -280,39 +285,74 @@ absl::Status RunDrain(Scheduler::Stub& stub, absl::Duration timeout,
     if (!g.ok()) return Annotate(FromGrpcStatus(g), "GetStatus");
     for (const NodeInfo& n : status.view().nodes()) {
       if (n.node_id() == node.node_id() && n.state() != ALIVE) {
-        std::cout << "node " << n.node_id() << " " << NodeState_Name(n.state()) << "\n";
+        std::cout << "node " << n.node_id() << " " << NodeState_Name(n.state())
+                  << "\n";
         return absl::OkStatus();
       }
     }
     absl::SleepFor(absl::Milliseconds(50));
   }
-  return absl::DeadlineExceededError(absl::StrCat(
-      "node ", node.node_id(), " has not left yet (a worker leaves after its "
-      "current step, a server after its checkpoint)"));
+  return absl::DeadlineExceededError(
+      absl::StrCat("node ", node.node_id(),
+                   " has not left yet (a worker leaves after its "
+                   "current step, a server after its checkpoint)"));
 }
 
-// Waits until no slot move is left and the servers in `leaving` are gone.
+// Waits until no slot move is left (in progress or queued) and the
+// servers in `leaving` are gone; then checks that every move of `planned`
+// happened (its target owns its slots). FAILED_PRECONDITION naming the
+// moves that were dropped (after their tries ran out, or because one of
+// their servers left): those slots stayed with their source.
 absl::Status WaitForMoves(Scheduler::Stub& stub, absl::Duration timeout,
-                          const std::vector<uint32_t>& leaving) {
+                          const std::vector<uint32_t>& leaving,
+                          const std::vector<SlotMove>& planned) {
   const absl::Time deadline = absl::Now() + timeout;
   while (absl::Now() < deadline) {
     GetStatusResponse status;
     const grpc::Status g =
         stub.GetStatus(Context(timeout).get(), GetStatusRequest(), &status);
     if (!g.ok()) return Annotate(FromGrpcStatus(g), "GetStatus");
-    bool done = status.view().moves_size() == 0;
+    bool done =
+        status.view().moves_size() == 0 && status.queued_moves_size() == 0;
+    // A server being emptied leaves once it owns no slot (it is drained);
+    // one that still owns slots with no move left stays (its scale-in
+    // stopped), which the check below reports.
+    const auto& owners = status.view().slot_owner();
     for (const NodeInfo& n : status.view().nodes()) {
       if (n.role() == SERVER && n.state() == ALIVE &&
           std::find(leaving.begin(), leaving.end(), n.rank()) !=
-              leaving.end()) {
+              leaving.end() &&
+          (n.draining() ||
+           std::find(owners.begin(), owners.end(), n.rank()) == owners.end())) {
         done = false;
       }
     }
-    if (done) {
-      std::cout << "moves done (epoch " << status.view().epoch() << ")\n";
-      return absl::OkStatus();
+    if (!done) {
+      absl::SleepFor(absl::Milliseconds(100));
+      continue;
     }
-    absl::SleepFor(absl::Milliseconds(100));
+    std::vector<std::string> dropped;
+    for (const SlotMove& m : planned) {
+      bool moved = true;
+      for (uint32_t s : m.slots()) {
+        moved &= static_cast<int>(s) < status.view().slot_owner_size() &&
+                 status.view().slot_owner(s) == m.target();
+      }
+      if (!moved) {
+        dropped.push_back(absl::StrCat("server ", m.source(), " -> server ",
+                                       m.target(), " (", m.slots_size(),
+                                       " slots)"));
+      }
+    }
+    if (!dropped.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          dropped.size(), " of ", planned.size(),
+          " moves were dropped and their slots stayed with their source: ",
+          absl::StrJoin(dropped, ", "),
+          " (the scheduler log says why; psctl scale may be asked again)"));
+    }
+    std::cout << "moves done (epoch " << status.view().epoch() << ")\n";
+    return absl::OkStatus();
   }
   return absl::DeadlineExceededError(
       "the moves are not done yet (psctl status shows them)");
@@ -333,7 +373,8 @@ absl::Status RunScale(Scheduler::Stub& stub, absl::Duration timeout,
     return absl::OkStatus();
   }
   return WaitForMoves(stub, timeout,
-                      {response.emptied().begin(), response.emptied().end()});
+                      {response.emptied().begin(), response.emptied().end()},
+                      {response.moves().begin(), response.moves().end()});
 }
 
 // `drain server:R --migrate`: a scale-in by one that empties R.
@@ -367,7 +408,8 @@ int UsageError(absl::string_view message) {
 // the job config file, else none (plaintext). INVALID_ARGUMENT for a mix
 // or an unreadable or invalid config.
 absl::StatusOr<TlsConfig> TlsFromFlags(const std::string& config_path,
-                                       const std::string& ca, const std::string& cert,
+                                       const std::string& ca,
+                                       const std::string& cert,
                                        const std::string& key) {
   TlsConfig tls;
   if (!ca.empty() || !cert.empty() || !key.empty()) {
@@ -419,7 +461,8 @@ int main(int argc, char** argv) {
       return ps::UsageError("--staleness must be in 0..4294967295");
     }
   } else if (command == "checkpoint") {
-    if (args.size() != 2) return ps::UsageError("checkpoint takes no arguments");
+    if (args.size() != 2)
+      return ps::UsageError("checkpoint takes no arguments");
   } else if (command == "drain") {
     if (args.size() != 3) return ps::UsageError("drain takes one node");
     absl::StatusOr<ps::DrainRequest> parsed = ps::ParseDrainTarget(args[2]);
@@ -469,7 +512,8 @@ int main(int argc, char** argv) {
           : ps::RunSetMode(*stub, timeout, mode,
                            static_cast<uint32_t>(staleness));
   if (!status.ok()) {
-    std::cerr << "psctl: scheduler " << address << ": " << status.ToString() << "\n";
+    std::cerr << "psctl: scheduler " << address << ": " << status.ToString()
+              << "\n";
     if (status.code() == absl::StatusCode::kUnavailable ||
         status.code() == absl::StatusCode::kDeadlineExceeded ||
         status.code() == absl::StatusCode::kUnauthenticated) {
@@ -477,7 +521,8 @@ int main(int argc, char** argv) {
                         ? "psctl: if the scheduler is up, check that its TLS "
                           "certificate and psctl's come from the same job CA\n"
                         : "psctl: if the scheduler is up and its job uses TLS, "
-                          "pass --config=JOB.pbtxt or --tls_ca/--tls_cert/--tls_key\n");
+                          "pass --config=JOB.pbtxt or "
+                          "--tls_ca/--tls_cert/--tls_key\n");
     }
     return ps::kExitFailed;
   }

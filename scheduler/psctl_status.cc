@@ -41,8 +41,25 @@ void FormatFaults(const SchedulerFaults& faults, absl::Time now,
 
 namespace {
 
-// The slot moves in progress, one a line.
-void FormatMoves(const ClusterView& view, absl::Time now, std::string* out) {
+// The slot moves in progress, one a line, then those queued.
+void FormatMoves(const GetStatusResponse& status, absl::Time now,
+                 std::string* out) {
+  const ClusterView& view = status.view();
+  for (const SlotMove& m : status.queued_moves()) {
+    absl::StrAppend(
+        out,
+        absl::StrFormat("queued slot move: server %d -> server %d  %d slots",
+                        m.source(), m.target(), m.slots_size()),
+        m.attempt() > 1 ? absl::StrFormat("  try %d", m.attempt()) : "",
+        m.not_before_unix_micros() != 0 &&
+                absl::FromUnixMicros(m.not_before_unix_micros()) > now
+            ? absl::StrFormat(
+                  "  in %.1f s",
+                  absl::ToDoubleSeconds(
+                      absl::FromUnixMicros(m.not_before_unix_micros()) - now))
+            : "",
+        "\n");
+  }
   if (view.moves_size() == 0) return;
   absl::StrAppend(out, "slot moves: ", view.moves_size(), "\n");
   for (const SlotMove& m : view.moves()) {
@@ -58,6 +75,7 @@ void FormatMoves(const ClusterView& view, absl::Time now, std::string* out) {
                         m.phase() == SlotMove::FENCING ? "fencing"
                         : m.copied() ? "copied, fence waits for a checkpoint"
                                      : "copying"),
+        m.attempt() > 1 ? absl::StrFormat("  try %d", m.attempt()) : "",
         m.rows_copied() > 0
             ? absl::StrFormat("  %d rows (%.1f MB) copied", m.rows_copied(),
                               m.bytes_copied() / 1e6)
@@ -108,7 +126,7 @@ std::string FormatStatus(const GetStatusResponse& status,
                   " (watchdog after ", view.consistency().watchdog_timeout_ms(),
                   " ms, every ", view.consistency().watchdog_interval_ms(),
                   " ms)\n");
-  FormatMoves(view, now, &out);
+  FormatMoves(status, now, &out);
   // Slots each live server owns (a spare owns none).
   std::map<uint32_t, uint32_t> owned;
   for (uint32_t owner : view.slot_owner()) ++owned[owner];

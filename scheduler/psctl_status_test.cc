@@ -91,5 +91,31 @@ TEST(PsctlStatusTest, ShowsSlotMovesAndSpares) {
                              "slots)\n"));
 }
 
+TEST(PsctlStatusTest, ShowsQueuedMovesAndRetries) {
+  GetStatusResponse status;
+  ClusterView& view = *status.mutable_view();
+  view.set_job_state(RUNNING);
+  for (uint32_t owner : {0, 0, 1, 1}) view.add_slot_owner(owner);
+  SlotMove* q = status.add_queued_moves();
+  q->set_source(0);
+  q->set_target(2);
+  q->add_slots(0);
+  q->add_slots(1);
+  q->set_attempt(2);
+  q->set_not_before_unix_micros(
+      absl::ToUnixMicros(Noon() + absl::Milliseconds(1500)));
+  SlotMove* m = view.add_moves();
+  m->set_source(1);
+  m->set_target(2);
+  m->add_slots(3);
+  m->set_phase(SlotMove::COPYING);
+  m->set_attempt(3);
+  const std::string out = FormatStatus(status, "", Noon());
+  EXPECT_THAT(out, HasSubstr("queued slot move: server 0 -> server 2  2 "
+                             "slots  try 2  in 1.5 s\n"));
+  EXPECT_THAT(out,
+              HasSubstr("  server 1 -> server 2  1 slots  copying  try 3\n"));
+}
+
 }  // namespace
 }  // namespace ps

@@ -5,10 +5,11 @@
 // fence)
 // the test SIGKILLs a move's source, its target (the spare) or the
 // scheduler (then starts it again: it takes the job and its moves back
-// from its journal). Every move then completes or is abandoned, never
-// half-applied: at the end every key equals exactly minus the sum of its
-// acknowledged gradients (tests/testing/ledger.h), no push failed, and
-// every process the test did not kill exits 0.
+// from its journal). Every move then completes (an aborted try is retried
+// while both of its servers live) or is abandoned, never half-applied: at the
+// end every key equals exactly minus the sum of its acknowledged gradients
+// (tests/testing/ledger.h), no push failed, and every process the test did not
+// kill exits 0.
 //
 // Each case runs `trials` seeded trials, each a fresh job; every trial
 // prints its choices, the phase the moves were in when the victim died,
@@ -177,16 +178,18 @@ class RebalanceFaultTest : public ::testing::TestWithParam<Victim> {
     bool settled = false;
     while (!settled && absl::Now() < give_up) {
       auto status = job->Status();
-      settled = status.ok() && status->view().moves_size() == 0;
+      settled = status.ok() && status->view().moves_size() == 0 &&
+                status->queued_moves_size() == 0;
       if (!settled) job->SleepFor(absl::Milliseconds(50));
     }
     ASSERT_TRUE(settled) << what << ": moves still in progress\n"
                          << job->LogTails(30);
     job->SleepFor(absl::Milliseconds(500));
     const std::string sched = ::ps::testing::SchedulerLogs(*job);
-    std::printf("  %zu moves flipped, %zu abandoned\n",
+    std::printf("  %zu moves flipped, %zu abandoned, %zu tries retried\n",
                 LinesWith(sched, "owns them").size(),
-                LinesWith(sched, "abandoned").size());
+                LinesWith(sched, "abandoned").size(),
+                LinesWith(sched, "trying again").size());
 
     LedgerPushers::Verdict verdict = pushers->StopAndVerify();
     for (const std::string& p : verdict.problems) {
