@@ -408,9 +408,16 @@ void ReplicationPrimary::SendFence(const ServerView& own, MoveOut& move) {
   }
   // After every update of the slots (none is applied from now on): the
   // target answers once it holds them all, then compares digests.
+  std::optional<SlotDigest> tracked;
+  size_t unfolded = 0;  // rows changed since the last fold, read now
+  if (deps_.digests != nullptr) {
+    unfolded = deps_.digests->pending();
+    tracked = deps_.digests->Digest(move.slots);
+  }
   std::vector<bool> mask(own.slot_owner.size(), false);
   for (uint32_t s : move.slots) mask[s] = true;
-  const SlotDigest digest = DigestSlots(*deps_.tables, mask);
+  const SlotDigest digest =
+      tracked.has_value() ? *tracked : DigestSlots(*deps_.tables, mask);
   RequestHeader h = CatchUpHeader(own.epoch, own.node_id, REPLICA_FENCE);
   ReplicaInfo* info = h.mutable_replica_info();
   for (uint32_t s : move.slots) info->add_slots(s);
@@ -419,8 +426,11 @@ void ReplicationPrimary::SendFence(const ServerView& own, MoveOut& move) {
   move.fence_id = link->Send(h, zmq::message_t(), zmq::message_t(), false);
   ServerLog()->info(
       "move of {} slots to server {}: fenced (epoch {}), {} rows, digest "
-      "{:016x}; waiting for the target",
-      move.slots.size(), move.target, own.epoch, digest.rows, digest.digest);
+      "{:016x} ({}); waiting for the target",
+      move.slots.size(), move.target, own.epoch, digest.rows, digest.digest,
+      tracked.has_value()
+          ? absl::StrCat("running digest, ", unfolded, " rows read now")
+          : std::string("a pass over every row"));
 }
 
 void ReplicationPrimary::NoteMoveAnswers(uint64_t node, uint64_t id, bool ok,

@@ -59,6 +59,7 @@
 #include "common/status.h"
 #include "proto/data_plane.pb.h"
 #include "proto/scheduler.pb.h"
+#include "server/move_digest.h"
 #include "server/replication.h"
 #include "server/server_view.h"
 #include "server/step_buffers.h"
@@ -106,6 +107,9 @@ class ReplicationPrimary {
     std::atomic<uint64_t>* move_fences = nullptr;
     std::atomic<uint64_t>* move_aborts = nullptr;
     std::atomic<uint64_t>* move_fence_max_micros = nullptr;
+    // The running digests of the moves out of this server (the fence
+    // reads them); null, or a move not tracked: a pass over every row.
+    MoveDigests* digests = nullptr;
     // A move's report for the scheduler (node_id 0); null: not reported.
     std::function<void(const ReportMoveRequest&)> on_move;
     SendAnswer send;

@@ -100,6 +100,7 @@ ReplicationPrimary::Deps KVServer::Impl::ReplicationPrimaryDeps() {
   deps.curve = options_.curve.has_value() ? &*options_.curve : nullptr;
   deps.clock = options_.clock;
   deps.tables = &tables_;
+  deps.digests = &move_digests_;
   deps.seqs = &seqs_;
   deps.buffers = &bsp_.buffers;
   deps.forwards = &counters_.forwards;
@@ -285,6 +286,9 @@ void KVServer::Impl::ApplyView(const Ownership& own) {
         own.epoch);
   }
   NoteCheckpointClock(own);
+  // After the flips above (which read the digests of the moves they end),
+  // before the catch-ups and fences below.
+  SyncMoveDigests(own);
   if (own.replicated && !own.slot_owner.empty()) {
     const uint32_t num_slots = static_cast<uint32_t>(own.slot_owner.size());
     replicas_.SizeSlots(num_slots);
@@ -350,9 +354,12 @@ void KVServer::Impl::Serve() {
           frames = std::vector<zmq::message_t>();
           // Before the next message: see Progress in server_impl.h.
           if (progress_due) Progress(*own);
+          // Bounded, so the digests keep up without delaying a request.
+          move_digests_.Fold(kDigestFoldRows);
         }
         Progress(*own);
       }
+      move_digests_.Fold(kDigestFoldRows);
       AdvanceTables();
       Watchdog();
       if (table_stats_.Due(options_.clock->Now())) PublishTableStats();

@@ -39,6 +39,7 @@
 #include "server/failover_timer.h"
 #include "server/key_cache.h"
 #include "server/lease_fence.h"
+#include "server/move_digest.h"
 #include "server/peer_gate.h"
 #include "server/replica_store.h"
 #include "server/replication.h"
@@ -299,6 +300,10 @@ class KVServer::Impl {
   // Computes the bytes each owned slot holds (at most every
   // kSlotBytesPeriod; serving thread) for slot_bytes().
   void MaybeMeasureSlots(const Ownership& own);
+  // Tracks the digests of own.moves this server is source or target of.
+  void SyncMoveDigests(const Ownership& own);
+  // Changed rows folded into the move digests per request served.
+  static constexpr size_t kDigestFoldRows = 4096;
   // Sparse table id -> row dim, dense -> 1 (StepBuffer::ExtractSlots).
   ReplicaStore::Dims TableDims() const;
   // Applies completed BSP steps and answers held pulls that may be answered.
@@ -337,6 +342,10 @@ class KVServer::Impl {
 
   // Owned by the serving thread once it runs.
   absl::flat_hash_map<uint32_t, std::unique_ptr<Table>> tables_;
+  // The fence digests of the moves this server is source or target of,
+  // kept up to date as rows change (SyncMoveDigests, the serving loop's
+  // folds). Mutable: the fence check (const) folds what changed since.
+  mutable MoveDigests move_digests_{&tables_};
   ConsistencyController consistency_;
   // BSP: buffered pushes by step, divisors of the steps applied last.
   BspSteps bsp_;

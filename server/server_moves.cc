@@ -211,7 +211,22 @@ void KVServer::Impl::NoteMovedIn(const Ownership& prev, const Ownership& own,
   }
   for (const auto& [node, list] : backed_by_source)
     primary_.MarkPaired(list, node);
-  const SlotDigest held = DigestSlots(tables_, mask);
+  // The moves' running digests when tracked (they are until
+  // SyncMoveDigests forgets them): no pass over every row at the flip.
+  SlotDigest held;
+  bool tracked = true;
+  for (const Ownership::Move& m : prev.moves) {
+    if (m.target != own.rank || m.slots.empty() ||
+        own.slot_owner[m.slots[0]] != own.rank) {
+      continue;  // not flipped here (a move flips whole)
+    }
+    const std::optional<SlotDigest> d = move_digests_.Digest(m.slots);
+    tracked &= d.has_value();
+    if (!d.has_value()) break;
+    held.rows += d->rows;
+    held.bytes += d->bytes;
+  }
+  if (!tracked) held = DigestSlots(tables_, mask);
   counters_.move_slots_in.fetch_add(slots.size(), std::memory_order_relaxed);
   counters_.move_rows_in.fetch_add(held.rows, std::memory_order_relaxed);
   slot_bytes_at_ = absl::InfinitePast();
@@ -220,6 +235,17 @@ void KVServer::Impl::NoteMovedIn(const Ownership& prev, const Ownership& own,
       "{} rows and blocks, {} bytes)",
       slots.size(), absl::StrJoin(sources, ", "), own.epoch, held.rows,
       held.bytes);
+}
+
+void KVServer::Impl::SyncMoveDigests(const Ownership& own) {
+  std::map<MoveDigests::MoveKey, std::vector<uint32_t>> moves;
+  if (own.node_id != 0) {
+    for (const Ownership::Move& m : own.moves) {
+      if (m.source == own.rank || m.target == own.rank)
+        moves[{m.source, m.target, m.copy_epoch}] = m.slots;
+    }
+  }
+  move_digests_.Sync(static_cast<uint32_t>(own.slot_owner.size()), moves);
 }
 
 void KVServer::Impl::MaybeMeasureSlots(const Ownership& own) {

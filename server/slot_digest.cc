@@ -8,9 +8,7 @@
 
 namespace ps {
 
-namespace {
-
-// One row's hash: every float's bits in order, after the table and key.
+// Every float's bits in order, after the table and key.
 uint64_t RowHash(uint32_t table, uint64_t key, absl::Span<const float> values,
                  absl::Span<const float> state) {
   uint64_t h = HashCombine(Mix64(table), key);
@@ -25,8 +23,6 @@ uint64_t RowHash(uint32_t table, uint64_t key, absl::Span<const float> values,
   add(state);
   return h;
 }
-
-}  // namespace
 
 SlotDigest DigestSlots(const TableMap& tables, const std::vector<bool>& mask) {
   SlotDigest d;

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/types/span.h"
 #include "server/table.h"
 
 namespace ps {
@@ -32,6 +33,11 @@ struct SlotDigest {
   uint64_t rows = 0;   // rows and blocks
   uint64_t bytes = 0;  // their state (and sparse keys), as SlotBytes counts
 };
+
+// One row's term of SlotDigest::digest: a hash of the table, the key (or
+// block) and every float of `values` then `state`, bit for bit.
+uint64_t RowHash(uint32_t table, uint64_t key, absl::Span<const float> values,
+                 absl::Span<const float> state);
 
 // The digest of the rows of `tables` whose slot is set in `mask` (one
 // entry per slot of the view).
