@@ -327,7 +327,10 @@ void KVServer::Impl::Serve() {
     items.push_back({nullptr, views_.wake_fd(), ZMQ_POLLIN, 0});
     primary_.AddPollItems(&items, &item_links);
     try {
-      zmq::poll(items.data(), items.size(), kPollPeriod);
+      // A copy in progress goes on at once when no request waits.
+      zmq::poll(
+          items.data(), items.size(),
+          primary_.copying() ? std::chrono::milliseconds(0) : kPollPeriod);
       if (items[1].revents & ZMQ_POLLIN) views_.ClearWake();
       const bool readable = (items[0].revents & ZMQ_POLLIN) != 0;
       std::shared_ptr<const Ownership> own = current_view();
@@ -354,12 +357,15 @@ void KVServer::Impl::Serve() {
           frames = std::vector<zmq::message_t>();
           // Before the next message: see Progress in server_impl.h.
           if (progress_due) Progress(*own);
-          // Bounded, so the digests keep up without delaying a request.
+          // Bounded, so the digests and copies go on without delaying a
+          // request much.
           move_digests_.Fold(kDigestFoldRows);
+          primary_.ContinueCopies(*own, kCopyRowsPerTurn);
         }
         Progress(*own);
       }
       move_digests_.Fold(kDigestFoldRows);
+      primary_.ContinueCopies(*own, kCopyRowsPerTurn);
       AdvanceTables();
       Watchdog();
       if (table_stats_.Due(options_.clock->Now())) PublishTableStats();

@@ -304,6 +304,8 @@ class KVServer::Impl {
   void SyncMoveDigests(const Ownership& own);
   // Changed rows folded into the move digests per request served.
   static constexpr size_t kDigestFoldRows = 4096;
+  // Rows and blocks of a move's copy sent per request served.
+  static constexpr size_t kCopyRowsPerTurn = 4096;
   // Sparse table id -> row dim, dense -> 1 (StepBuffer::ExtractSlots).
   ReplicaStore::Dims TableDims() const;
   // Applies completed BSP steps and answers held pulls that may be answered.
