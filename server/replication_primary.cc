@@ -292,6 +292,14 @@ void ReplicationPrimary::SyncBackups(const ServerView& own) {
   }
   RehomeWaits(own, orphaned, ends);
   NoteUnbacked(own, own.backups_required ? unbacked : 0);
+  StartCopies(own, learn);
+  NotePromotionsCopied(own);
+  SendFences(own);
+}
+
+void ReplicationPrimary::StartCopies(
+    const ServerView& own,
+    const std::map<uint64_t, std::vector<uint32_t>>& learn) {
   // Copies to learners whose move is gone stop; new ones start, sent in
   // chunks between requests (ContinueCopies).
   for (auto it = copies_.begin(); it != copies_.end();) {
@@ -307,10 +315,23 @@ void ReplicationPrimary::SyncBackups(const ServerView& own) {
       if (move.node == node) move.copy_end = 0;  // set by its end
     }
   }
-  NotePromotionsCopied(own);
+}
+
+void ReplicationPrimary::SendFences(const ServerView& own) {
   for (auto& [target, move] : moves_) {
-    if (!move.done && move.fence_epoch != 0 && move.fence_id == 0)
-      SendFence(own, move);
+    if (move.done || move.fence_epoch == 0 || move.fence_id != 0) continue;
+    // The fence follows the whole copy. The scheduler fences a move only
+    // once it was copied; a copy still in progress is finished first
+    // rather than fenced without its rows.
+    auto copy = copies_.find(move.node);
+    BackupLink* link = LinkOf(own, move.target);
+    if (copy != copies_.end() && link != nullptr) {
+      size_t unlimited = ~size_t{0};
+      ContinueCopy(own, *link, copy->second, &unlimited);
+      EndCopy(own, *link, copy->second);
+      copies_.erase(copy);
+    }
+    SendFence(own, move);
   }
 }
 

@@ -278,6 +278,11 @@ class ReplicationPrimary {
   // fences them (SyncBackups).
   void SyncMoves(const ServerView& own);
   void SendFence(const ServerView& own, MoveOut& move);
+  // SyncBackups' parts: the learners' copies (stops those whose move is
+  // gone, starts those of `learn`: node -> slots), and the fences due.
+  void StartCopies(const ServerView& own,
+                   const std::map<uint64_t, std::vector<uint32_t>>& learn);
+  void SendFences(const ServerView& own);
   // Reports what the answers of `node` up to `id` complete of its moves.
   void NoteMoveAnswers(uint64_t node, uint64_t id, bool ok,
                        const std::string& error);

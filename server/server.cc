@@ -260,6 +260,10 @@ void KVServer::Impl::ApplyView(const Ownership& own) {
     // promoted slots to their new backups include what was promoted.
     if (views_.applied() != nullptr) {
       Promote(*views_.applied(), own);
+      // After the flip's count of the moved-in rows (Promote reads their
+      // running digests), before the rows moved away are dropped (so that
+      // no digest of a finished move refreshes them).
+      SyncMoveDigests(own);
       HandOver(*views_.applied(), own);
       DropAbandonedCopies(*views_.applied(), own);
     }
@@ -286,8 +290,7 @@ void KVServer::Impl::ApplyView(const Ownership& own) {
         own.epoch);
   }
   NoteCheckpointClock(own);
-  // After the flips above (which read the digests of the moves they end),
-  // before the catch-ups and fences below.
+  // Before the catch-ups and fences below (a second call changes nothing).
   SyncMoveDigests(own);
   if (own.replicated && !own.slot_owner.empty()) {
     const uint32_t num_slots = static_cast<uint32_t>(own.slot_owner.size());
