@@ -53,7 +53,7 @@ void MoveDigests::Start(Move& move) {
     if (const SparseTable* sparse = table->AsSparse()) {
       sparse->ForEachKey([&, id = id](uint64_t key) {
         if (move.mask[SparseSlot(id, key, move.num_slots)])
-          move.changed.insert({id, key});
+          move.initial.push_back({id, key});
       });
       continue;
     }
@@ -61,11 +61,16 @@ void MoveDigests::Start(Move& move) {
         ->ForEachBlock([&, id = id](uint64_t block, absl::Span<const float>,
                                     absl::Span<const float>) {
           if (move.mask[DenseBlockSlot(id, block, move.num_slots)])
-            move.changed.insert({id, block});
+            move.initial.push_back({id, block});
           return absl::OkStatus();
         })
         .IgnoreError();
   }
+}
+
+void MoveDigests::FreeInitial(Move& move) {
+  move.initial = std::vector<RowKey>();
+  move.next = 0;
 }
 
 void MoveDigests::RowChanged(uint32_t table, bool sparse, uint64_t row) {
@@ -121,6 +126,11 @@ size_t MoveDigests::Fold(size_t max_rows) {
   size_t left = 0;
   std::vector<RowKey> batch;
   for (auto& [key, move] : moves_) {
+    while (max_rows > 0 && move.next < move.initial.size()) {
+      Refresh(move, move.initial[move.next++]);
+      --max_rows;
+    }
+    if (move.next == move.initial.size()) FreeInitial(move);
     batch.clear();
     for (auto it = move.changed.begin();
          it != move.changed.end() && batch.size() < max_rows; ++it) {
@@ -134,7 +144,7 @@ size_t MoveDigests::Fold(size_t max_rows) {
     // A drained set is released: its erased entries would slow the scans
     // of the next batches down.
     if (move.changed.empty()) move.changed = absl::flat_hash_set<RowKey>();
-    left += move.changed.size();
+    left += move.initial.size() - move.next + move.changed.size();
   }
   return left;
 }
@@ -143,6 +153,9 @@ std::optional<SlotDigest> MoveDigests::Digest(std::vector<uint32_t> slots) {
   std::sort(slots.begin(), slots.end());
   for (auto& [key, move] : moves_) {
     if (move.slots != slots) continue;
+    while (move.next < move.initial.size())
+      Refresh(move, move.initial[move.next++]);
+    FreeInitial(move);
     for (const RowKey& row : move.changed) Refresh(move, row);
     move.changed = absl::flat_hash_set<RowKey>();
     return move.sum;
@@ -152,7 +165,8 @@ std::optional<SlotDigest> MoveDigests::Digest(std::vector<uint32_t> slots) {
 
 size_t MoveDigests::pending() const {
   size_t n = 0;
-  for (const auto& [key, move] : moves_) n += move.changed.size();
+  for (const auto& [key, move] : moves_)
+    n += move.initial.size() - move.next + move.changed.size();
   return n;
 }
 

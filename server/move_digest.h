@@ -79,11 +79,17 @@ class MoveDigests : public RowWatch {
     std::vector<uint32_t> slots;  // sorted
     std::vector<bool> mask;       // num_slots entries
     absl::flat_hash_map<RowKey, Folded> folded;
+    // The rows held when tracking started (a list: cheaper to fill than
+    // the set, and refreshing a row twice is harmless), folded from `next`
+    // on; then the rows changed since.
+    std::vector<RowKey> initial;
+    size_t next = 0;
     absl::flat_hash_set<RowKey> changed;
     SlotDigest sum;
   };
 
   void Start(Move& move);
+  static void FreeInitial(Move& move);
   void Refresh(Move& move, const RowKey& row);
   // Sets this as the watch of every table (or none when no move is
   // tracked).

@@ -86,7 +86,8 @@ void RandomChange(std::mt19937_64& rng, TableMap& tables, uint64_t* step) {
   const int op = static_cast<int>(rng() % 9);
   std::vector<uint64_t> keys(1 + rng() % 8);
   for (uint64_t& k : keys) k = key(rng);
-  std::vector<float> values(keys.size() * plain.state_floats());
+  // Enough for a sparse push and for a dense segment (at most a block).
+  std::vector<float> values(8 * plain.state_floats());
   for (float& v : values) v = grad(rng);
   Segments segments;
   DenseSegment* s = segments.Add();

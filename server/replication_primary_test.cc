@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <memory>
@@ -482,21 +483,24 @@ TEST_F(ReplicationPrimaryTest,
     if (kind == REPLICA_SNAPSHOT_END) ended = true;
     if (kind != REPLICA_ROWS && kind != REPLICA_APPLY) continue;
     ASSERT_EQ(frames.size(), 2u);
-    const auto* keys = static_cast<const uint64_t*>(frames[0].data());
-    const auto* values = static_cast<const float*>(frames[1].data());
-    const size_t n = frames[0].size() / sizeof(uint64_t);
+    // Copied out: a frame's data need not be aligned for its type.
+    std::vector<uint64_t> keys(frames[0].size() / sizeof(uint64_t));
+    std::vector<float> values(frames[1].size() / sizeof(float));
+    std::memcpy(keys.data(), frames[0].data(), keys.size() * sizeof(uint64_t));
+    std::memcpy(values.data(), frames[1].data(), values.size() * sizeof(float));
+    const size_t n = keys.size();
     if (kind == REPLICA_APPLY) {
-      dst.Push(absl::MakeConstSpan(keys, n), values,
-               h.replica_info().lr_scale());
+      dst.Push(keys, values.data(), h.replica_info().lr_scale());
       continue;
     }
     ++rows_messages;
     const size_t stride = dst.state_floats();
     ASSERT_EQ(frames[1].size(), n * stride * sizeof(float));
     for (size_t i = 0; i < n; ++i) {
-      ASSERT_TRUE(dst.ImportRow(keys[i], absl::MakeConstSpan(
-                                             values + i * stride, stride))
-                      .ok());
+      ASSERT_TRUE(
+          dst.ImportRow(keys[i],
+                        absl::MakeConstSpan(values.data() + i * stride, stride))
+              .ok());
     }
   }
   EXPECT_TRUE(ended);
