@@ -205,5 +205,23 @@ TEST(MoveDigestsTest, OnlyTrackedMovesAndTheirSlotsAreKept) {
   EXPECT_FALSE(digests.Digest({3}).has_value());
 }
 
+// SlotBytes in small steps (what the serving loop does) counts what one
+// pass counts when nothing changes in between.
+TEST(SlotBytesScanTest, StepsAddUpToOnePass) {
+  TableMap tables = MakeTables();
+  std::mt19937_64 rng(3);
+  uint64_t step = 0;
+  for (int i = 0; i < 300; ++i) RandomChange(rng, tables, &step);
+  const std::vector<uint64_t> whole = SlotBytes(tables, kSlots);
+  SlotBytesScan scan(tables, kSlots);
+  int steps = 1;
+  while (!scan.Step(tables, 16)) ++steps;
+  EXPECT_GT(steps, 10);
+  EXPECT_EQ(scan.TakeBytes(), whole);
+  uint64_t total = 0;
+  for (uint64_t b : whole) total += b;
+  EXPECT_GT(total, 0u);
+}
+
 }  // namespace
 }  // namespace ps

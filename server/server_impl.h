@@ -51,6 +51,7 @@
 #include "server/server_metrics.h"
 #include "server/server_view.h"
 #include "server/serving_thread.h"
+#include "server/slot_digest.h"
 #include "server/step_buffers.h"
 #include "server/table.h"
 #include "server/table_stats_publisher.h"
@@ -414,6 +415,10 @@ class KVServer::Impl {
   mutable absl::Mutex slot_bytes_mu_;
   std::vector<uint64_t> slot_bytes_ ABSL_GUARDED_BY(slot_bytes_mu_);
   absl::Time slot_bytes_at_ = absl::InfinitePast();  // serving thread
+  // The measurement in progress (serving thread), and the index positions
+  // it looks at per serving-loop turn.
+  std::optional<SlotBytesScan> slot_scan_;
+  static constexpr size_t kSlotBytesPositionsPerTurn = 131072;
 
   // The newest view (UpdateView posts it and wakes the serving thread)
   // and the view applied last (promotions compare it with the next).

@@ -146,6 +146,7 @@ void KVServer::Impl::HandOver(const Ownership& prev, const Ownership& own) {
   }
   counters_.move_slots_out.fetch_add(total, std::memory_order_relaxed);
   slot_bytes_at_ = absl::InfinitePast();
+  slot_scan_.reset();  // counted before the flip
 }
 
 void KVServer::Impl::DropAbandonedCopies(const Ownership& prev,
@@ -230,6 +231,7 @@ void KVServer::Impl::NoteMovedIn(const Ownership& prev, const Ownership& own,
   counters_.move_slots_in.fetch_add(slots.size(), std::memory_order_relaxed);
   counters_.move_rows_in.fetch_add(held.rows, std::memory_order_relaxed);
   slot_bytes_at_ = absl::InfinitePast();
+  slot_scan_.reset();  // counted before the flip
   ServerLog()->info(
       "move: serving {} slots of server(s) {} as their new owner (epoch {}; "
       "{} rows and blocks, {} bytes)",
@@ -253,11 +255,19 @@ void KVServer::Impl::MaybeMeasureSlots(const Ownership& own) {
       own.all) {
     return;
   }
-  const absl::Time now = options_.clock->Now();
-  if (now - slot_bytes_at_ < kSlotBytesPeriod) return;
-  slot_bytes_at_ = now;
   const uint32_t num_slots = static_cast<uint32_t>(own.slot_owner.size());
-  std::vector<uint64_t> bytes = SlotBytes(tables_, num_slots);
+  if (slot_scan_.has_value() && slot_scan_->num_slots() != num_slots)
+    slot_scan_.reset();
+  if (!slot_scan_.has_value()) {
+    const absl::Time now = options_.clock->Now();
+    if (now - slot_bytes_at_ < kSlotBytesPeriod) return;
+    slot_bytes_at_ = now;
+    slot_scan_.emplace(tables_, num_slots);
+  }
+  // A bounded step per serving-loop turn, not a pass over every key.
+  if (!slot_scan_->Step(tables_, kSlotBytesPositionsPerTurn)) return;
+  std::vector<uint64_t> bytes = slot_scan_->TakeBytes();
+  slot_scan_.reset();
   for (uint32_t s = 0; s < num_slots; ++s) {
     if (own.slot_owner[s] != own.rank) bytes[s] = 0;
   }

@@ -48,6 +48,27 @@ SlotDigest DigestSlots(const TableMap& tables, const std::vector<bool>& mask);
 // the sparse tables' indexes and the dense blocks' sizes.
 std::vector<uint64_t> SlotBytes(const TableMap& tables, uint32_t num_slots);
 
+// SlotBytes in steps, for a serving thread to interleave with requests:
+// a step looks at most `max_positions` positions of one sparse table's
+// index, or at every block of one dense table. Rows created or dropped
+// between steps may be missed or counted twice: an estimate (what the
+// planner needs), exact when nothing changes in between.
+class SlotBytesScan {
+ public:
+  SlotBytesScan(const TableMap& tables, uint32_t num_slots);
+  // One step; true once every table was looked at (TakeBytes then).
+  bool Step(const TableMap& tables, size_t max_positions);
+  std::vector<uint64_t> TakeBytes() { return std::move(bytes_); }
+  uint32_t num_slots() const { return num_slots_; }
+
+ private:
+  std::vector<uint32_t> ids_;  // the tables', sorted
+  size_t table_ = 0;           // ids_[table_] is next
+  size_t cursor_ = 0;          // its index position (sparse)
+  uint32_t num_slots_;
+  std::vector<uint64_t> bytes_;
+};
+
 // Drops the rows and blocks of `tables` in the slots set in `mask`
 // (SparseTable::DropRows, DenseTable::DropBlocks). Returns how many.
 uint64_t DropSlots(TableMap& tables, const std::vector<bool>& mask);

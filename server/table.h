@@ -242,6 +242,19 @@ class SparseTable : public Table {
   void ForEachKey(absl::FunctionRef<void(uint64_t key)> fn) const {
     index_.ForEach([&](uint64_t key, uint32_t) { fn(key); });
   }
+  // ForEachKey in steps: calls fn(key) for the rows at index positions
+  // [begin, begin + max_positions). Returns the position to go on from, or
+  // 0 once the end was reached. Positions hold only while no row is
+  // created or dropped: in between, rows may be missed or repeated.
+  size_t ForEachKeyFrom(size_t begin, size_t max_positions,
+                        absl::FunctionRef<void(uint64_t key)> fn) const {
+    const size_t next =
+        index_.ForEachFrom(begin, max_positions, [&](uint64_t key, uint32_t) {
+          fn(key);
+          return true;
+        });
+    return next >= index_.capacity() ? 0 : next;
+  }
 
  private:
   // Bookkeeping in front of each row's floats when rows can be dropped.
