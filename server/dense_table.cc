@@ -58,6 +58,9 @@ absl::Status DenseTable::ValidateSegments(
 }
 
 DenseTable::Block& DenseTable::GetBlock(uint64_t block) {
+  // Every push, assign and pull goes through here: a pull may create the
+  // block, the others change it right after.
+  if (watch_ != nullptr) watch_->RowChanged(id(), false, block);
   std::unique_ptr<Block>& b = blocks_[block];
   if (b == nullptr) {
     b = std::make_unique<Block>();
@@ -100,6 +103,7 @@ size_t DenseTable::DropBlocks(absl::FunctionRef<bool(uint64_t block)> drop) {
   size_t dropped = 0;
   for (auto it = blocks_.begin(); it != blocks_.end();) {
     if (drop(it->first)) {
+      if (watch_ != nullptr) watch_->RowChanged(id(), false, it->first);
       blocks_.erase(it++);
       ++dropped;
     } else {
@@ -134,7 +138,17 @@ absl::Status DenseTable::ImportBlock(uint64_t block,
   if (b == nullptr) b = std::make_unique<Block>();
   b->values.assign(values.begin(), values.end());
   b->state.assign(state.begin(), state.end());
+  if (watch_ != nullptr) watch_->RowChanged(id(), false, block);
   return absl::OkStatus();
+}
+
+bool DenseTable::FindBlock(uint64_t block, absl::Span<const float>* values,
+                           absl::Span<const float>* state) const {
+  auto it = blocks_.find(block);
+  if (it == blocks_.end()) return false;
+  *values = it->second->values;
+  *state = it->second->state;
+  return true;
 }
 
 void DenseTable::Pull(const Segments& segments, float* out) {

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
+#include <numeric>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
@@ -290,20 +292,46 @@ void ReplicationPrimary::SyncBackups(const ServerView& own) {
   }
   RehomeWaits(own, orphaned, ends);
   NoteUnbacked(own, own.backups_required ? unbacked : 0);
+  StartCopies(own, learn);
+  NotePromotionsCopied(own);
+  SendFences(own);
+}
+
+void ReplicationPrimary::StartCopies(
+    const ServerView& own,
+    const std::map<uint64_t, std::vector<uint32_t>>& learn) {
+  // Copies to learners whose move is gone stop; new ones start, sent in
+  // chunks between requests (ContinueCopies).
+  for (auto it = copies_.begin(); it != copies_.end();) {
+    bool running = false;
+    for (const auto& [target, move] : moves_)
+      running |= move.node == it->first && !move.done;
+    it = running && links_.contains(it->first) ? std::next(it)
+                                               : copies_.erase(it);
+  }
   for (const auto& [node, slots] : learn) {
-    BackupLink& link = *links_[node];
-    const Copied copied = SendCatchUp(own, link, slots);
+    StartCopy(own, *links_[node], slots);
     for (auto& [target, move] : moves_) {
-      if (move.node != node) continue;
-      move.copy_end = link.last_sent();
-      move.rows += copied.rows;
-      move.bytes += copied.bytes;
+      if (move.node == node) move.copy_end = 0;  // set by its end
     }
   }
-  NotePromotionsCopied(own);
+}
+
+void ReplicationPrimary::SendFences(const ServerView& own) {
   for (auto& [target, move] : moves_) {
-    if (!move.done && move.fence_epoch != 0 && move.fence_id == 0)
-      SendFence(own, move);
+    if (move.done || move.fence_epoch == 0 || move.fence_id != 0) continue;
+    // The fence follows the whole copy. The scheduler fences a move only
+    // once it was copied; a copy still in progress is finished first
+    // rather than fenced without its rows.
+    auto copy = copies_.find(move.node);
+    BackupLink* link = LinkOf(own, move.target);
+    if (copy != copies_.end() && link != nullptr) {
+      size_t unlimited = ~size_t{0};
+      ContinueCopy(own, *link, copy->second, &unlimited);
+      EndCopy(own, *link, copy->second);
+      copies_.erase(copy);
+    }
+    SendFence(own, move);
   }
 }
 
@@ -408,9 +436,16 @@ void ReplicationPrimary::SendFence(const ServerView& own, MoveOut& move) {
   }
   // After every update of the slots (none is applied from now on): the
   // target answers once it holds them all, then compares digests.
+  std::optional<SlotDigest> tracked;
+  size_t unfolded = 0;  // rows changed since the last fold, read now
+  if (deps_.digests != nullptr) {
+    unfolded = deps_.digests->pending();
+    tracked = deps_.digests->Digest(move.slots);
+  }
   std::vector<bool> mask(own.slot_owner.size(), false);
   for (uint32_t s : move.slots) mask[s] = true;
-  const SlotDigest digest = DigestSlots(*deps_.tables, mask);
+  const SlotDigest digest =
+      tracked.has_value() ? *tracked : DigestSlots(*deps_.tables, mask);
   RequestHeader h = CatchUpHeader(own.epoch, own.node_id, REPLICA_FENCE);
   ReplicaInfo* info = h.mutable_replica_info();
   for (uint32_t s : move.slots) info->add_slots(s);
@@ -419,8 +454,11 @@ void ReplicationPrimary::SendFence(const ServerView& own, MoveOut& move) {
   move.fence_id = link->Send(h, zmq::message_t(), zmq::message_t(), false);
   ServerLog()->info(
       "move of {} slots to server {}: fenced (epoch {}), {} rows, digest "
-      "{:016x}; waiting for the target",
-      move.slots.size(), move.target, own.epoch, digest.rows, digest.digest);
+      "{:016x} ({}); waiting for the target",
+      move.slots.size(), move.target, own.epoch, digest.rows, digest.digest,
+      tracked.has_value()
+          ? absl::StrCat("running digest, ", unfolded, " rows read now")
+          : std::string("a pass over every row"));
 }
 
 void ReplicationPrimary::NoteMoveAnswers(uint64_t node, uint64_t id, bool ok,
@@ -557,6 +595,156 @@ ReplicationPrimary::Copied ReplicationPrimary::SendCatchUp(
       deps_.seqs->size(), deps_.buffers->size(),
       absl::ToDoubleMilliseconds(deps_.clock->Now() - start));
   return copied;
+}
+
+void ReplicationPrimary::StartCopy(const ServerView& own, BackupLink& link,
+                                   const std::vector<uint32_t>& slots) {
+  const absl::Time start = deps_.clock->Now();
+  const uint32_t num_slots = static_cast<uint32_t>(own.slot_owner.size());
+  std::vector<bool> mask(num_slots, false);
+  for (uint32_t s : slots) mask[s] = true;
+  RequestHeader begin =
+      CatchUpHeader(own.epoch, own.node_id, REPLICA_SNAPSHOT_BEGIN);
+  for (uint32_t s : slots) begin.mutable_replica_info()->add_slots(s);
+  link.Send(begin, zmq::message_t(), zmq::message_t(), false);
+  SendSeqRecords(own, link);
+  // The BSP sums buffered now; pushes buffered later are forwarded after
+  // them, and a step applied meanwhile is applied by the target to what it
+  // holds then (the rows read later hold it already, and overwrite).
+  SendStepBuffers(own, link, mask);
+  CopyJob job;
+  job.slots = slots;
+  job.start = start;
+  std::vector<uint32_t> ids;
+  for (const auto& [id, table] : *deps_.tables) ids.push_back(id);
+  std::sort(ids.begin(), ids.end());
+  for (uint32_t id : ids) {
+    const Table& table = *deps_.tables->at(id);
+    CopyRows t;
+    t.table = id;
+    t.sparse = table.AsSparse() != nullptr;
+    // Only the index (keys) is read here, not the rows.
+    if (t.sparse) {
+      table.AsSparse()->ForEachKey([&](uint64_t key) {
+        if (mask[SparseSlot(id, key, num_slots)]) t.rows.push_back(key);
+      });
+    } else {
+      table.AsDense()
+          ->ForEachBlock([&](uint64_t block, absl::Span<const float>,
+                             absl::Span<const float>) {
+            if (mask[DenseBlockSlot(id, block, num_slots)])
+              t.rows.push_back(block);
+            return absl::OkStatus();
+          })
+          .IgnoreError();
+    }
+    // The keys come in the index's hash order; the target inserting them
+    // so would pile them into long probe runs (SparseTable::ExportRows
+    // says why). A stride near the golden ratio, coprime to their number,
+    // spreads every prefix over the hash range.
+    const size_t n = t.rows.size();
+    t.stride = std::max<size_t>(1, static_cast<size_t>(n * 0.6180339887));
+    while (n > 0 && std::gcd(t.stride, n) != 1) ++t.stride;
+    if (n > 0) job.tables.push_back(std::move(t));
+  }
+  job.longest = deps_.clock->Now() - start;
+  copies_[link.node_id()] = std::move(job);
+}
+
+bool ReplicationPrimary::ContinueCopies(const ServerView& own,
+                                        size_t max_rows) {
+  for (auto it = copies_.begin(); it != copies_.end() && max_rows > 0;) {
+    auto link = links_.find(it->first);
+    if (link == links_.end()) {
+      it = copies_.erase(it);
+    } else if (ContinueCopy(own, *link->second, it->second, &max_rows)) {
+      EndCopy(own, *link->second, it->second);
+      it = copies_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return !copies_.empty();
+}
+
+bool ReplicationPrimary::ContinueCopy(const ServerView& own, BackupLink& link,
+                                      CopyJob& job, size_t* max_rows) {
+  const absl::Time start = deps_.clock->Now();
+  std::vector<uint64_t> keys;
+  std::vector<float> values;
+  auto flush = [&](const CopyRows& t) {
+    if (keys.empty()) return;
+    RequestHeader h = CatchUpHeader(own.epoch, own.node_id,
+                                    t.sparse ? REPLICA_ROWS : REPLICA_BLOCKS);
+    h.set_table_id(t.table);
+    h.set_num_keys(keys.size());
+    job.copied.rows += keys.size();
+    job.copied.bytes +=
+        keys.size() * sizeof(uint64_t) + values.size() * sizeof(float);
+    link.Send(h, FrameFromVector(std::move(keys)),
+              FrameFromVector(std::move(values)), true);
+    keys = std::vector<uint64_t>();
+    values = std::vector<float>();
+  };
+  while (*max_rows > 0 && job.table < job.tables.size()) {
+    const CopyRows& t = job.tables[job.table];
+    auto table = deps_.tables->find(t.table);
+    if (job.next >= t.rows.size() || table == deps_.tables->end()) {
+      flush(t);
+      ++job.table;
+      job.next = 0;
+      continue;
+    }
+    const uint64_t row = t.rows[static_cast<size_t>(
+        (static_cast<unsigned __int128>(job.next) * t.stride) % t.rows.size())];
+    ++job.next;
+    --*max_rows;
+    // Read now, as it is now; a row dropped since the listing is not sent.
+    if (t.sparse) {
+      const absl::Span<const float> state =
+          table->second->AsSparse()->RowState(row);
+      if (state.empty()) continue;
+      keys.push_back(row);
+      values.insert(values.end(), state.begin(), state.end());
+    } else {
+      absl::Span<const float> v, s;
+      if (!table->second->AsDense()->FindBlock(row, &v, &s)) continue;
+      keys.push_back(row);
+      values.insert(values.end(), v.begin(), v.end());
+      values.insert(values.end(), s.begin(), s.end());
+    }
+    if (values.size() * sizeof(float) >= kCatchUpBytes) flush(t);
+  }
+  if (job.table < job.tables.size()) flush(job.tables[job.table]);
+  ++job.chunks;
+  job.longest = std::max(job.longest, deps_.clock->Now() - start);
+  return job.table >= job.tables.size();
+}
+
+void ReplicationPrimary::EndCopy(const ServerView& own, BackupLink& link,
+                                 CopyJob& job) {
+  RequestHeader end =
+      CatchUpHeader(own.epoch, own.node_id, REPLICA_SNAPSHOT_END);
+  for (uint32_t s : job.slots) end.mutable_replica_info()->add_slots(s);
+  link.Send(end, zmq::message_t(), zmq::message_t(), false);
+  deps_.catchups_sent->fetch_add(1, std::memory_order_relaxed);
+  deps_.rows_copied->fetch_add(job.copied.rows, std::memory_order_relaxed);
+  // "read in": the longest the serving thread spent on this copy at once
+  // (the listing, or one chunk), what a push to this server waited.
+  ServerLog()->info(
+      "catch-up of {} slots to server node {} ({}): {} rows and blocks in "
+      "{} chunks between requests, {} senders' sequence records, {} "
+      "buffered steps, read in {:.1f} ms at most at once, {:.1f} ms in all",
+      job.slots.size(), link.node_id(), link.endpoint(), job.copied.rows,
+      job.chunks, deps_.seqs->size(), deps_.buffers->size(),
+      absl::ToDoubleMilliseconds(job.longest),
+      absl::ToDoubleMilliseconds(deps_.clock->Now() - job.start));
+  for (auto& [target, move] : moves_) {
+    if (move.node != link.node_id() || move.done) continue;
+    move.copy_end = link.last_sent();
+    move.rows += job.copied.rows;
+    move.bytes += job.copied.bytes;
+  }
 }
 
 void ReplicationPrimary::SendSeqRecords(const ServerView& own,
@@ -761,6 +949,8 @@ void ReplicationPrimary::MaybeResync(const ServerView& own) {
     for (const auto& [target, move] : moves_)
       running |= move.node == node && !move.done;
     if (learned.empty() || !running) continue;
+    // In one pass: a copy in chunks in progress gives way to it.
+    copies_.erase(node);
     SendCatchUp(own, *link, learned);
     for (auto& [target, move] : moves_) {
       if (move.node == node) move.copy_end = link->last_sent();

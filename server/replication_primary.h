@@ -6,17 +6,18 @@
 //
 // Slot moves (cluster.elastic, ServerView::moves) as their source: the
 // move's target is a second destination ("learner") of its slots, caught
-// up and then forwarded every update, BSP push and step announcement of
-// them like a backup, but outside the acknowledgement path, except as flow
-// control (a learner link with more than kLearnerMaxMessages or
-// kLearnerMaxBytes unanswered holds the answers of pushes to its slots
-// until it catches up). When the learner answered the catch-up of every
-// slot of the move, Deps::on_move gets COPIED; when the view fences the
-// move, a REPLICA_FENCE with the digest of the slots' rows
-// (server/slot_digest.h) follows everything else on the link, and its
-// answer makes FENCED (OK) or ABORTED (an error). Any other refusal on the
-// target's link while the move runs makes ABORTED too (epoch: the fence
-// epoch once fenced, else the copy epoch); nothing more is reported of it. The
+// up (in chunks between requests: ContinueCopies) and forwarded every
+// update, BSP push and step announcement of them like a backup, but
+// outside the acknowledgement path, except as flow control (a learner link
+// with more than kLearnerMaxMessages or kLearnerMaxBytes unanswered holds
+// the answers of pushes to its slots until it catches up). When the
+// learner answered the catch-up of every slot of the move, Deps::on_move
+// gets COPIED; when the view fences the move, a REPLICA_FENCE with the
+// digest of the slots' rows (server/slot_digest.h; Deps::digests keeps it
+// up to date) follows everything else on the link, and its answer makes
+// FENCED (OK) or ABORTED (an error). Any other refusal on the target's link
+// while the move runs makes ABORTED too (epoch: the fence epoch once
+// fenced, else the copy epoch); nothing more is reported of it. The
 // comment at the top of server/server.h says what replication does;
 // server/replication_backup.cc is the backup side. Internal to
 // //server:server.
@@ -59,6 +60,7 @@
 #include "common/status.h"
 #include "proto/data_plane.pb.h"
 #include "proto/scheduler.pb.h"
+#include "server/move_digest.h"
 #include "server/replication.h"
 #include "server/server_view.h"
 #include "server/step_buffers.h"
@@ -106,6 +108,9 @@ class ReplicationPrimary {
     std::atomic<uint64_t>* move_fences = nullptr;
     std::atomic<uint64_t>* move_aborts = nullptr;
     std::atomic<uint64_t>* move_fence_max_micros = nullptr;
+    // The running digests of the moves out of this server (the fence
+    // reads them); null, or a move not tracked: a pass over every row.
+    MoveDigests* digests = nullptr;
     // A move's report for the scheduler (node_id 0); null: not reported.
     std::function<void(const ReportMoveRequest&)> on_move;
     SendAnswer send;
@@ -170,6 +175,13 @@ class ReplicationPrimary {
   // linked any more) and releases the answers to workers they complete.
   void ReadAnswers(uint64_t node);
 
+  // Sends at most `max_rows` rows and blocks of the learners' copies in
+  // progress (a move's copy is sent in such chunks between requests, so
+  // that pushes are served meanwhile), and the end of every copy whose
+  // last row went. Returns whether a copy is still in progress.
+  bool ContinueCopies(const ServerView& own, size_t max_rows);
+  bool copying() const { return !copies_.empty(); }
+
   // Answers waiting for backups, and backups linked.
   size_t waiting() const { return waits_.size(); }
   size_t links() const { return links_.size(); }
@@ -216,6 +228,30 @@ class ReplicationPrimary {
   struct Copied {
     uint64_t rows = 0, bytes = 0;
   };
+  // A learner's copy in progress (StartCopy, ContinueCopies). The rows and
+  // blocks of its slots are listed when it starts and each is read when
+  // its chunk goes: everything runs on the serving thread and the link is
+  // FIFO, so a row read after its last update is current, updates after
+  // the read are forwarded after it, and the target's import overwrites
+  // whatever it made of a row from an update forwarded before the read.
+  // A row created after the listing gets every update forwarded from its
+  // creation (initial values are deterministic); one dropped since is not
+  // sent.
+  struct CopyRows {
+    uint32_t table = 0;
+    bool sparse = true;
+    std::vector<uint64_t> rows;  // keys or blocks
+    size_t stride = 1;           // visiting order, see ContinueCopy
+  };
+  struct CopyJob {
+    std::vector<uint32_t> slots;
+    std::vector<CopyRows> tables;
+    size_t table = 0, next = 0;  // the next row: tables[table].rows order
+    Copied copied;
+    uint64_t chunks = 0;
+    absl::Time start;
+    absl::Duration longest;  // the longest stretch of reading
+  };
 
   replication::BackupLink* LinkOf(const ServerView& own, uint32_t backup);
   // The target holds the move's slots: COPIED is reported.
@@ -242,6 +278,11 @@ class ReplicationPrimary {
   // fences them (SyncBackups).
   void SyncMoves(const ServerView& own);
   void SendFence(const ServerView& own, MoveOut& move);
+  // SyncBackups' parts: the learners' copies (stops those whose move is
+  // gone, starts those of `learn`: node -> slots), and the fences due.
+  void StartCopies(const ServerView& own,
+                   const std::map<uint64_t, std::vector<uint32_t>>& learn);
+  void SendFences(const ServerView& own);
   // Reports what the answers of `node` up to `id` complete of its moves.
   void NoteMoveAnswers(uint64_t node, uint64_t id, bool ok,
                        const std::string& error);
@@ -265,6 +306,17 @@ class ReplicationPrimary {
   // Copies the state of `slots` (owned here) to backup or learner `link`.
   Copied SendCatchUp(const ServerView& own, replication::BackupLink& link,
                      const std::vector<uint32_t>& slots);
+  // A learner's copy in chunks: sends its start (sequence records, BSP
+  // sums) and lists its rows; ContinueCopies sends the rest. Replaces a
+  // copy to the same node in progress.
+  void StartCopy(const ServerView& own, replication::BackupLink& link,
+                 const std::vector<uint32_t>& slots);
+  // Sends at most `max_rows` rows of `job` to `link`; the copy's end once
+  // every row went (returns true then).
+  bool ContinueCopy(const ServerView& own, replication::BackupLink& link,
+                    CopyJob& job, size_t* max_rows);
+  void EndCopy(const ServerView& own, replication::BackupLink& link,
+               CopyJob& job);
   // The parts of a catch-up: the sequence records; the rows (sparse) or
   // blocks (dense) of table `id` in the slots of `mask` (returns how
   // many); the BSP sums buffered for those slots.
@@ -289,6 +341,8 @@ class ReplicationPrimary {
   std::vector<uint64_t> learned_;
   // Moves out of this server, by target rank.
   std::map<uint32_t, MoveOut> moves_;
+  // Learners' copies in progress, by learner node id.
+  std::map<uint64_t, CopyJob> copies_;
   uint32_t unbacked_slots_ = 0;  // owned slots without a backup, last logged
   // Answers waiting for backups, by id (BackupLink::waiters() values).
   std::map<uint64_t, Wait> waits_;

@@ -5,9 +5,11 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -15,6 +17,7 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/config.h"
+#include "common/hash.h"
 #include "common/protocol.h"
 #include "common/wire.h"
 #include "gtest/gtest.h"
@@ -22,6 +25,7 @@
 #include "server/replication.h"
 #include "server/server_view.h"
 #include "server/table.h"
+#include "server/table_rows.h"
 #include "zmq.hpp"
 #include "zmq_addon.hpp"
 
@@ -54,6 +58,23 @@ class FakeBackup {
     EXPECT_TRUE(
         h.ParseFromArray(frames[1].data(), static_cast<int>(frames[1].size())));
     return h;
+  }
+  // The next replica message within `wait` (header, then its key and
+  // value frames in *frames); false if none came.
+  bool TryReceive(absl::Duration wait, RequestHeader* h,
+                  std::vector<zmq::message_t>* frames) {
+    zmq::pollitem_t item = {socket_.handle(), 0, ZMQ_POLLIN, 0};
+    zmq::poll(&item, 1,
+              std::chrono::milliseconds(absl::ToInt64Milliseconds(wait)));
+    if ((item.revents & ZMQ_POLLIN) == 0) return false;
+    frames->clear();
+    if (!zmq::recv_multipart(socket_, std::back_inserter(*frames)))
+      return false;
+    identity_ = std::move((*frames)[0]);
+    EXPECT_TRUE(h->ParseFromArray((*frames)[1].data(),
+                                  static_cast<int>((*frames)[1].size())));
+    frames->erase(frames->begin(), frames->begin() + 2);
+    return true;
   }
   // Answers replica message `id`: OK, or `code` with `message`.
   void Answer(uint64_t id, int code = 0, const std::string& message = "") {
@@ -297,6 +318,8 @@ TEST_F(ReplicationPrimaryTest, LearnerJoinsTheAckPathOnlyWhenFarBehind) {
   own.slot_learner = {kNoBackup, kNoBackup, 2, 2};
   own.slot_fenced.assign(kSlots, false);
   primary_->SyncBackups(own);
+  // The learner's copy goes in chunks between requests; nothing to copy.
+  EXPECT_FALSE(primary_->ContinueCopies(own, 1000));
   EXPECT_EQ(backup1_.Receive().replica_info().kind(), REPLICA_SNAPSHOT_BEGIN);
   EXPECT_EQ(backup1_.Receive().replica_info().kind(), REPLICA_SNAPSHOT_END);
   const RequestHeader begin = backup2_.Receive();
@@ -365,6 +388,7 @@ TEST_F(ReplicationPrimaryTest, RefusedCopyAbortsTheMove) {
   own.slot_learner = {kNoBackup, 2, kNoBackup, kNoBackup};
   own.slot_fenced.assign(kSlots, false);
   primary_->SyncBackups(own);
+  EXPECT_FALSE(primary_->ContinueCopies(own, 1000));
   EXPECT_EQ(backup2_.Receive().replica_info().kind(), REPLICA_SNAPSHOT_BEGIN);
   EXPECT_EQ(backup2_.Receive().replica_info().kind(), REPLICA_SNAPSHOT_END);
   backup2_.Answer(1);
@@ -379,6 +403,184 @@ TEST_F(ReplicationPrimaryTest, RefusedCopyAbortsTheMove) {
   const uint64_t catchups = catchups_.load();
   primary_->MaybeResync(own);
   EXPECT_EQ(catchups_.load(), catchups);
+}
+
+// A move's copy goes in chunks between requests: pushes to rows not
+// copied yet, and to rows created after the copy started, are forwarded in
+// between. A learner that applies the messages in order (imports overwrite
+// rows, pushes apply) ends with exactly the source's rows of the slots.
+TEST_F(ReplicationPrimaryTest,
+       ChunkedCopyWithPushesBetweenEndsEqualToTheSource) {
+  auto config =
+      ParseJobConfig(R"pb(
+                       cluster { num_servers: 3 num_workers: 1 num_slots: 4 }
+                       tables {
+                         id: 0
+                         name: "t"
+                         sparse { dim: 2 }
+                         optimizer { sgd { learning_rate: 0.5 } }
+                         init { kind: UNIFORM scale: 0.1 }
+                       }
+                     )pb",
+                     "test");
+  ASSERT_TRUE(config.ok()) << config.status();
+  auto source = Table::Create(config->tables(0));
+  auto target = Table::Create(config->tables(0));
+  ASSERT_TRUE(source.ok() && target.ok());
+  SparseTable& src = *(*source)->AsSparse();
+  SparseTable& dst = *(*target)->AsSparse();
+  std::mt19937_64 rng(11);
+  auto push = [&](const ServerView& own, std::vector<uint64_t> keys) {
+    std::vector<float> grads(keys.size() * 2);
+    for (float& g : grads) g = static_cast<float>(rng() % 100) / 50 - 1;
+    src.Push(keys, grads.data());
+    std::vector<uint32_t> slots;
+    for (uint64_t k : keys) slots.push_back(SparseSlot(0, k, kSlots));
+    RequestHeader h;
+    h.set_op(PUSH);
+    h.set_table_id(0);
+    h.set_num_keys(keys.size());
+    std::vector<zmq::message_t> frames;
+    frames.emplace_back();
+    frames.push_back(FrameFromVector(std::vector<uint64_t>(keys)));
+    frames.push_back(FrameFromVector(std::vector<float>(grads)));
+    std::vector<ReplicationPrimary::Need> needs;
+    primary_->Forward(own, h, REPLICA_APPLY, 1, src, keys, grads, frames, slots,
+                      &needs);
+  };
+  std::vector<uint64_t> prefill(200);
+  for (uint64_t k = 0; k < prefill.size(); ++k) prefill[k] = k;
+  ServerView own = View(1, {1, 1, 1, 1});
+  push(own, prefill);
+  tables_[0] = std::move(source).value();
+
+  ServerView::Move move;
+  move.source = 0;
+  move.target = 2;
+  move.slots = {2, 3};
+  move.copy_epoch = 1;
+  own.moves = {move};
+  own.slot_learner = {kNoBackup, kNoBackup, 2, 2};
+  own.slot_fenced.assign(kSlots, false);
+  primary_->SyncBackups(own);
+  int chunks = 0;
+  while (primary_->ContinueCopies(own, 5)) {
+    ++chunks;
+    // Keys copied, not copied yet, and new ones (created after the copy
+    // started), in every slot.
+    push(own, {rng() % 200, rng() % 200, 200 + rng() % 100});
+  }
+  push(own, {rng() % 300, rng() % 300});
+  EXPECT_GT(chunks, 10);
+
+  bool ended = false;
+  int rows_messages = 0;
+  RequestHeader h;
+  std::vector<zmq::message_t> frames;
+  while (backup2_.TryReceive(absl::Milliseconds(300), &h, &frames)) {
+    const ReplicaKind kind = h.replica_info().kind();
+    EXPECT_FALSE(ended && kind == REPLICA_ROWS) << "a row after the copy's end";
+    if (kind == REPLICA_SNAPSHOT_END) ended = true;
+    if (kind != REPLICA_ROWS && kind != REPLICA_APPLY) continue;
+    ASSERT_EQ(frames.size(), 2u);
+    // Copied out: a frame's data need not be aligned for its type.
+    std::vector<uint64_t> keys(frames[0].size() / sizeof(uint64_t));
+    std::vector<float> values(frames[1].size() / sizeof(float));
+    std::memcpy(keys.data(), frames[0].data(), keys.size() * sizeof(uint64_t));
+    std::memcpy(values.data(), frames[1].data(), values.size() * sizeof(float));
+    const size_t n = keys.size();
+    if (kind == REPLICA_APPLY) {
+      dst.Push(keys, values.data(), h.replica_info().lr_scale());
+      continue;
+    }
+    ++rows_messages;
+    const size_t stride = dst.state_floats();
+    ASSERT_EQ(frames[1].size(), n * stride * sizeof(float));
+    for (size_t i = 0; i < n; ++i) {
+      ASSERT_TRUE(
+          dst.ImportRow(keys[i],
+                        absl::MakeConstSpan(values.data() + i * stride, stride))
+              .ok());
+    }
+  }
+  EXPECT_TRUE(ended);
+  EXPECT_GT(rows_messages, 10);
+
+  std::map<uint64_t, std::vector<float>> want, got;
+  const std::vector<bool> mask = {false, false, true, true};
+  auto collect = [&](const Table& t,
+                     std::map<uint64_t, std::vector<float>>* rows) {
+    ASSERT_TRUE(ForEachTableRow(t, 64,
+                                [&](uint64_t key, absl::Span<const float> v,
+                                    absl::Span<const float>) {
+                                  if (mask[SparseSlot(0, key, kSlots)])
+                                    (*rows)[key].assign(v.begin(), v.end());
+                                })
+                    .ok());
+  };
+  collect(*tables_[0], &want);
+  collect(*(*target), &got);
+  EXPECT_GT(want.size(), 100u);
+  EXPECT_EQ(got, want);
+}
+
+// A fence view that comes while the move's copy is still going (the
+// scheduler waits for COPIED, but nothing here relies on it) finishes the
+// copy first: the fence never goes ahead of rows.
+TEST_F(ReplicationPrimaryTest, FenceFinishesACopyInProgressFirst) {
+  auto config =
+      ParseJobConfig(R"pb(
+                       cluster { num_servers: 3 num_workers: 1 num_slots: 4 }
+                       tables {
+                         id: 0
+                         name: "t"
+                         sparse { dim: 1 }
+                         optimizer { sgd { learning_rate: 1 } }
+                       }
+                     )pb",
+                     "test");
+  ASSERT_TRUE(config.ok()) << config.status();
+  auto table = Table::Create(config->tables(0));
+  ASSERT_TRUE(table.ok()) << table.status();
+  std::vector<uint64_t> keys(100);
+  for (uint64_t k = 0; k < keys.size(); ++k) keys[k] = k;
+  std::vector<float> grads(keys.size(), 1.0f);
+  (*table)->AsSparse()->Push(keys, grads.data());
+  tables_[0] = std::move(table).value();
+  ServerView own = View(1, {1, 1, 1, 1});
+  ServerView::Move move;
+  move.source = 0;
+  move.target = 2;
+  move.slots = {0, 1, 2, 3};
+  move.copy_epoch = 1;
+  own.moves = {move};
+  own.slot_learner = {2, 2, 2, 2};
+  own.slot_fenced.assign(kSlots, false);
+  primary_->SyncBackups(own);
+  EXPECT_TRUE(primary_->ContinueCopies(own, 10));  // 10 of 100 rows
+  ServerView fenced = own;
+  fenced.epoch = 2;
+  fenced.moves[0].fencing = true;
+  fenced.moves[0].fence_epoch = 2;
+  fenced.slot_fenced.assign(kSlots, true);
+  primary_->SyncBackups(fenced);
+  EXPECT_FALSE(primary_->copying());
+  std::vector<ReplicaKind> kinds;
+  uint64_t rows = 0;
+  RequestHeader h;
+  std::vector<zmq::message_t> frames;
+  while (backup2_.TryReceive(absl::Milliseconds(300), &h, &frames)) {
+    kinds.push_back(h.replica_info().kind());
+    if (kinds.back() == REPLICA_ROWS) rows += h.num_keys();
+    if (kinds.back() == REPLICA_FENCE) {
+      EXPECT_EQ(h.replica_info().rows(), 100u);
+    }
+  }
+  EXPECT_EQ(rows, 100u);
+  ASSERT_GE(kinds.size(), 3u);
+  EXPECT_EQ(kinds.front(), REPLICA_SNAPSHOT_BEGIN);
+  EXPECT_EQ(kinds[kinds.size() - 2], REPLICA_SNAPSHOT_END);
+  EXPECT_EQ(kinds.back(), REPLICA_FENCE);
 }
 
 }  // namespace

@@ -100,6 +100,7 @@ ReplicationPrimary::Deps KVServer::Impl::ReplicationPrimaryDeps() {
   deps.curve = options_.curve.has_value() ? &*options_.curve : nullptr;
   deps.clock = options_.clock;
   deps.tables = &tables_;
+  deps.digests = &move_digests_;
   deps.seqs = &seqs_;
   deps.buffers = &bsp_.buffers;
   deps.forwards = &counters_.forwards;
@@ -259,6 +260,10 @@ void KVServer::Impl::ApplyView(const Ownership& own) {
     // promoted slots to their new backups include what was promoted.
     if (views_.applied() != nullptr) {
       Promote(*views_.applied(), own);
+      // After the flip's count of the moved-in rows (Promote reads their
+      // running digests), before the rows moved away are dropped (so that
+      // no digest of a finished move refreshes them).
+      SyncMoveDigests(own);
       HandOver(*views_.applied(), own);
       DropAbandonedCopies(*views_.applied(), own);
     }
@@ -285,6 +290,8 @@ void KVServer::Impl::ApplyView(const Ownership& own) {
         own.epoch);
   }
   NoteCheckpointClock(own);
+  // Before the catch-ups and fences below (a second call changes nothing).
+  SyncMoveDigests(own);
   if (own.replicated && !own.slot_owner.empty()) {
     const uint32_t num_slots = static_cast<uint32_t>(own.slot_owner.size());
     replicas_.SizeSlots(num_slots);
@@ -323,7 +330,10 @@ void KVServer::Impl::Serve() {
     items.push_back({nullptr, views_.wake_fd(), ZMQ_POLLIN, 0});
     primary_.AddPollItems(&items, &item_links);
     try {
-      zmq::poll(items.data(), items.size(), kPollPeriod);
+      // A copy in progress goes on at once when no request waits.
+      zmq::poll(
+          items.data(), items.size(),
+          primary_.copying() ? std::chrono::milliseconds(0) : kPollPeriod);
       if (items[1].revents & ZMQ_POLLIN) views_.ClearWake();
       const bool readable = (items[0].revents & ZMQ_POLLIN) != 0;
       std::shared_ptr<const Ownership> own = current_view();
@@ -350,9 +360,15 @@ void KVServer::Impl::Serve() {
           frames = std::vector<zmq::message_t>();
           // Before the next message: see Progress in server_impl.h.
           if (progress_due) Progress(*own);
+          // Bounded, so the digests and copies go on without delaying a
+          // request much.
+          move_digests_.Fold(kDigestFoldRows);
+          primary_.ContinueCopies(*own, kCopyRowsPerTurn);
         }
         Progress(*own);
       }
+      move_digests_.Fold(kDigestFoldRows);
+      primary_.ContinueCopies(*own, kCopyRowsPerTurn);
       AdvanceTables();
       Watchdog();
       if (table_stats_.Due(options_.clock->Now())) PublishTableStats();

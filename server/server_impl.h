@@ -39,6 +39,7 @@
 #include "server/failover_timer.h"
 #include "server/key_cache.h"
 #include "server/lease_fence.h"
+#include "server/move_digest.h"
 #include "server/peer_gate.h"
 #include "server/replica_store.h"
 #include "server/replication.h"
@@ -50,6 +51,7 @@
 #include "server/server_metrics.h"
 #include "server/server_view.h"
 #include "server/serving_thread.h"
+#include "server/slot_digest.h"
 #include "server/step_buffers.h"
 #include "server/table.h"
 #include "server/table_stats_publisher.h"
@@ -299,6 +301,12 @@ class KVServer::Impl {
   // Computes the bytes each owned slot holds (at most every
   // kSlotBytesPeriod; serving thread) for slot_bytes().
   void MaybeMeasureSlots(const Ownership& own);
+  // Tracks the digests of own.moves this server is source or target of.
+  void SyncMoveDigests(const Ownership& own);
+  // Changed rows folded into the move digests per request served.
+  static constexpr size_t kDigestFoldRows = 4096;
+  // Rows and blocks of a move's copy sent per request served.
+  static constexpr size_t kCopyRowsPerTurn = 4096;
   // Sparse table id -> row dim, dense -> 1 (StepBuffer::ExtractSlots).
   ReplicaStore::Dims TableDims() const;
   // Applies completed BSP steps and answers held pulls that may be answered.
@@ -337,6 +345,10 @@ class KVServer::Impl {
 
   // Owned by the serving thread once it runs.
   absl::flat_hash_map<uint32_t, std::unique_ptr<Table>> tables_;
+  // The fence digests of the moves this server is source or target of,
+  // kept up to date as rows change (SyncMoveDigests, the serving loop's
+  // folds). Mutable: the fence check (const) folds what changed since.
+  mutable MoveDigests move_digests_{&tables_};
   ConsistencyController consistency_;
   // BSP: buffered pushes by step, divisors of the steps applied last.
   BspSteps bsp_;
@@ -403,6 +415,10 @@ class KVServer::Impl {
   mutable absl::Mutex slot_bytes_mu_;
   std::vector<uint64_t> slot_bytes_ ABSL_GUARDED_BY(slot_bytes_mu_);
   absl::Time slot_bytes_at_ = absl::InfinitePast();  // serving thread
+  // The measurement in progress (serving thread), and the index positions
+  // it looks at per serving-loop turn.
+  std::optional<SlotBytesScan> slot_scan_;
+  static constexpr size_t kSlotBytesPositionsPerTurn = 131072;
 
   // The newest view (UpdateView posts it and wakes the serving thread)
   // and the view applied last (promotions compare it with the next).

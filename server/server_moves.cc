@@ -146,6 +146,7 @@ void KVServer::Impl::HandOver(const Ownership& prev, const Ownership& own) {
   }
   counters_.move_slots_out.fetch_add(total, std::memory_order_relaxed);
   slot_bytes_at_ = absl::InfinitePast();
+  slot_scan_.reset();  // counted before the flip
 }
 
 void KVServer::Impl::DropAbandonedCopies(const Ownership& prev,
@@ -211,10 +212,26 @@ void KVServer::Impl::NoteMovedIn(const Ownership& prev, const Ownership& own,
   }
   for (const auto& [node, list] : backed_by_source)
     primary_.MarkPaired(list, node);
-  const SlotDigest held = DigestSlots(tables_, mask);
+  // The moves' running digests when tracked (they are until
+  // SyncMoveDigests forgets them): no pass over every row at the flip.
+  SlotDigest held;
+  bool tracked = true;
+  for (const Ownership::Move& m : prev.moves) {
+    if (m.target != own.rank || m.slots.empty() ||
+        own.slot_owner[m.slots[0]] != own.rank) {
+      continue;  // not flipped here (a move flips whole)
+    }
+    const std::optional<SlotDigest> d = move_digests_.Digest(m.slots);
+    tracked &= d.has_value();
+    if (!d.has_value()) break;
+    held.rows += d->rows;
+    held.bytes += d->bytes;
+  }
+  if (!tracked) held = DigestSlots(tables_, mask);
   counters_.move_slots_in.fetch_add(slots.size(), std::memory_order_relaxed);
   counters_.move_rows_in.fetch_add(held.rows, std::memory_order_relaxed);
   slot_bytes_at_ = absl::InfinitePast();
+  slot_scan_.reset();  // counted before the flip
   ServerLog()->info(
       "move: serving {} slots of server(s) {} as their new owner (epoch {}; "
       "{} rows and blocks, {} bytes)",
@@ -222,16 +239,35 @@ void KVServer::Impl::NoteMovedIn(const Ownership& prev, const Ownership& own,
       held.bytes);
 }
 
+void KVServer::Impl::SyncMoveDigests(const Ownership& own) {
+  std::map<MoveDigests::MoveKey, std::vector<uint32_t>> moves;
+  if (own.node_id != 0) {
+    for (const Ownership::Move& m : own.moves) {
+      if (m.source == own.rank || m.target == own.rank)
+        moves[{m.source, m.target, m.copy_epoch}] = m.slots;
+    }
+  }
+  move_digests_.Sync(static_cast<uint32_t>(own.slot_owner.size()), moves);
+}
+
 void KVServer::Impl::MaybeMeasureSlots(const Ownership& own) {
   if (!options_.config.cluster().has_elastic() || own.slot_owner.empty() ||
       own.all) {
     return;
   }
-  const absl::Time now = options_.clock->Now();
-  if (now - slot_bytes_at_ < kSlotBytesPeriod) return;
-  slot_bytes_at_ = now;
   const uint32_t num_slots = static_cast<uint32_t>(own.slot_owner.size());
-  std::vector<uint64_t> bytes = SlotBytes(tables_, num_slots);
+  if (slot_scan_.has_value() && slot_scan_->num_slots() != num_slots)
+    slot_scan_.reset();
+  if (!slot_scan_.has_value()) {
+    const absl::Time now = options_.clock->Now();
+    if (now - slot_bytes_at_ < kSlotBytesPeriod) return;
+    slot_bytes_at_ = now;
+    slot_scan_.emplace(tables_, num_slots);
+  }
+  // A bounded step per serving-loop turn, not a pass over every key.
+  if (!slot_scan_->Step(tables_, kSlotBytesPositionsPerTurn)) return;
+  std::vector<uint64_t> bytes = slot_scan_->TakeBytes();
+  slot_scan_.reset();
   for (uint32_t s = 0; s < num_slots; ++s) {
     if (own.slot_owner[s] != own.rank) bytes[s] = 0;
   }

@@ -1,5 +1,6 @@
 #include "server/slot_digest.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "common/hash.h"
@@ -8,9 +9,7 @@
 
 namespace ps {
 
-namespace {
-
-// One row's hash: every float's bits in order, after the table and key.
+// Every float's bits in order, after the table and key.
 uint64_t RowHash(uint32_t table, uint64_t key, absl::Span<const float> values,
                  absl::Span<const float> state) {
   uint64_t h = HashCombine(Mix64(table), key);
@@ -25,8 +24,6 @@ uint64_t RowHash(uint32_t table, uint64_t key, absl::Span<const float> values,
   add(state);
   return h;
 }
-
-}  // namespace
 
 SlotDigest DigestSlots(const TableMap& tables, const std::vector<bool>& mask) {
   SlotDigest d;
@@ -52,30 +49,52 @@ SlotDigest DigestSlots(const TableMap& tables, const std::vector<bool>& mask) {
 }
 
 std::vector<uint64_t> SlotBytes(const TableMap& tables, uint32_t num_slots) {
-  std::vector<uint64_t> bytes(num_slots, 0);
-  if (num_slots == 0) return bytes;
-  for (const auto& [id, table] : tables) {
-    if (const SparseTable* sparse = table->AsSparse()) {
-      const uint64_t row =
-          sparse->state_floats() * sizeof(float) + sizeof(uint64_t);
-      sparse->ForEachKey([&, id = id](uint64_t key) {
-        bytes[SparseSlot(id, key, num_slots)] += row;
-      });
+  SlotBytesScan scan(tables, num_slots);
+  while (!scan.Step(tables, ~size_t{0})) {
+  }
+  return scan.TakeBytes();
+}
+
+SlotBytesScan::SlotBytesScan(const TableMap& tables, uint32_t num_slots)
+    : num_slots_(num_slots), bytes_(num_slots, 0) {
+  for (const auto& [id, table] : tables) ids_.push_back(id);
+  std::sort(ids_.begin(), ids_.end());
+}
+
+bool SlotBytesScan::Step(const TableMap& tables, size_t max_positions) {
+  if (num_slots_ == 0) return true;
+  while (table_ < ids_.size()) {
+    const uint32_t id = ids_[table_];
+    auto it = tables.find(id);
+    if (it == tables.end()) {  // gone since the scan began
+      ++table_;
       continue;
     }
-    const DenseTable* dense = table->AsDense();
+    if (const SparseTable* sparse = it->second->AsSparse()) {
+      const uint64_t row =
+          sparse->state_floats() * sizeof(float) + sizeof(uint64_t);
+      cursor_ =
+          sparse->ForEachKeyFrom(cursor_, max_positions, [&](uint64_t key) {
+            bytes_[SparseSlot(id, key, num_slots_)] += row;
+          });
+      if (cursor_ == 0) ++table_;
+      return table_ >= ids_.size();
+    }
+    const DenseTable* dense = it->second->AsDense();
     const uint64_t per_element =
         (1 + static_cast<uint64_t>(dense->state_size())) * sizeof(float);
     dense
-        ->ForEachBlock([&, id = id](uint64_t block, absl::Span<const float>,
-                                    absl::Span<const float>) {
-          bytes[DenseBlockSlot(id, block, num_slots)] +=
+        ->ForEachBlock([&](uint64_t block, absl::Span<const float>,
+                           absl::Span<const float>) {
+          bytes_[DenseBlockSlot(id, block, num_slots_)] +=
               dense->BlockLength(block) * per_element;
           return absl::OkStatus();
         })
         .IgnoreError();
+    ++table_;
+    return table_ >= ids_.size();
   }
-  return bytes;
+  return true;
 }
 
 uint64_t DropSlots(TableMap& tables, const std::vector<bool>& mask) {

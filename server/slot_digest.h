@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/types/span.h"
 #include "server/table.h"
 
 namespace ps {
@@ -33,6 +34,11 @@ struct SlotDigest {
   uint64_t bytes = 0;  // their state (and sparse keys), as SlotBytes counts
 };
 
+// One row's term of SlotDigest::digest: a hash of the table, the key (or
+// block) and every float of `values` then `state`, bit for bit.
+uint64_t RowHash(uint32_t table, uint64_t key, absl::Span<const float> values,
+                 absl::Span<const float> state);
+
 // The digest of the rows of `tables` whose slot is set in `mask` (one
 // entry per slot of the view).
 SlotDigest DigestSlots(const TableMap& tables, const std::vector<bool>& mask);
@@ -41,6 +47,27 @@ SlotDigest DigestSlots(const TableMap& tables, const std::vector<bool>& mask);
 // key and full state, per dense block its values and state. Reads only
 // the sparse tables' indexes and the dense blocks' sizes.
 std::vector<uint64_t> SlotBytes(const TableMap& tables, uint32_t num_slots);
+
+// SlotBytes in steps, for a serving thread to interleave with requests:
+// a step looks at most `max_positions` positions of one sparse table's
+// index, or at every block of one dense table. Rows created or dropped
+// between steps may be missed or counted twice: an estimate (what the
+// planner needs), exact when nothing changes in between.
+class SlotBytesScan {
+ public:
+  SlotBytesScan(const TableMap& tables, uint32_t num_slots);
+  // One step; true once every table was looked at (TakeBytes then).
+  bool Step(const TableMap& tables, size_t max_positions);
+  std::vector<uint64_t> TakeBytes() { return std::move(bytes_); }
+  uint32_t num_slots() const { return num_slots_; }
+
+ private:
+  std::vector<uint32_t> ids_;  // the tables', sorted
+  size_t table_ = 0;           // ids_[table_] is next
+  size_t cursor_ = 0;          // its index position (sparse)
+  uint32_t num_slots_;
+  std::vector<uint64_t> bytes_;
+};
 
 // Drops the rows and blocks of `tables` in the slots set in `mask`
 // (SparseTable::DropRows, DenseTable::DropBlocks). Returns how many.

@@ -300,6 +300,7 @@ void SparseTable::Touch(uint32_t r) {
 
 void SparseTable::Drop(uint32_t r) {
   RowMeta& m = Meta(r);
+  if (watch_ != nullptr) watch_->RowChanged(id(), true, m.key);
   index_.Erase(m.key);
   Unlink(r);
   m.touches = 0;  // marks a free row for LFU sampling
@@ -327,6 +328,8 @@ size_t SparseTable::DropRows(absl::FunctionRef<bool(uint64_t key)> drop) {
   for (uint64_t key : keys) {
     const uint32_t r = index_.Find(key);
     index_.Erase(key);
+    // A row moved into the hole keeps its key and state: not a change.
+    if (watch_ != nullptr) watch_->RowChanged(id(), true, key);
     const uint32_t last = --high_water_;
     if (r == last) continue;
     std::memcpy(Values(r), Values(last), stride_ * sizeof(float));
@@ -600,6 +603,9 @@ void SparseTable::Push(absl::Span<const uint64_t> keys, const float* grads, floa
     memo->generation = generation_ == generation ? generation_ : 0;
   }
   counters_.keys_pushed += keys.size();
+  if (watch_ != nullptr) {
+    for (uint64_t key : keys) watch_->RowChanged(id(), true, key);
+  }
 }
 
 void SparseTable::PushLookingUp(absl::Span<const uint64_t> keys, const float* grads,
@@ -811,6 +817,7 @@ absl::Status SparseTable::ImportRow(uint64_t key,
   const uint32_t existing = index_.Find(key);
   if (existing != RowIndex::kNotFound) {
     std::memcpy(Values(existing), state.data(), stride_ * sizeof(float));
+    if (watch_ != nullptr) watch_->RowChanged(id(), true, key);
     return absl::OkStatus();
   }
   if (CreateRow(key, state.data()) == kNil) {
@@ -819,7 +826,14 @@ absl::Status SparseTable::ImportRow(uint64_t key,
         config_.sparse().memory_budget_bytes(), " bytes: ", num_rows(), " of ",
         max_rows_, " rows held) and eviction is off; cannot import key ", key));
   }
+  if (watch_ != nullptr) watch_->RowChanged(id(), true, key);
   return absl::OkStatus();
+}
+
+absl::Span<const float> SparseTable::RowState(uint64_t key) const {
+  const uint32_t r = index_.Find(key);
+  if (r == RowIndex::kNotFound) return {};
+  return absl::Span<const float>(Values(r), stride_);
 }
 
 absl::Status SparseTable::CheckImport(absl::Span<const uint64_t> keys) const {

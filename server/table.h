@@ -39,6 +39,19 @@ using Segments = google::protobuf::RepeatedPtrField<DenseSegment>;
 class SparseTable;
 class DenseTable;
 
+// Told of every row whose state (weights or optimizer state) may have
+// changed, been created or been dropped: a sparse row by its key, a dense
+// block by its number. Called on the table's thread in the middle of the
+// change (before or after it), so it must neither read nor change the
+// table: it notes the row and reads it once the call that changed it
+// returned. A row may be reported though unchanged (a dense block read by
+// a pull); no change is left unreported.
+class RowWatch {
+ public:
+  virtual ~RowWatch() = default;
+  virtual void RowChanged(uint32_t table, bool sparse, uint64_t row) = 0;
+};
+
 // Counters every table keeps; see data_plane.proto TableStats.
 struct TableCounters {
   uint64_t keys_pushed = 0;
@@ -89,6 +102,10 @@ class Table {
   // Floats of optimizer state per parameter element (Optimizer::state_size).
   int state_size() const { return optimizer_->state_size(); }
 
+  // Reports every row change to `watch` (null: to nobody) from now on.
+  // Borrowed: it must outlive the table or be unset first.
+  void set_row_watch(RowWatch* watch) { watch_ = watch; }
+
  protected:
   Table(const TableConfig& config, std::unique_ptr<Optimizer> optimizer)
       : config_(config), optimizer_(std::move(optimizer)) {}
@@ -97,6 +114,7 @@ class Table {
   const TableConfig config_;
   const std::unique_ptr<Optimizer> optimizer_;
   TableCounters counters_;
+  RowWatch* watch_ = nullptr;
 };
 
 // Rows of `dim` floats for arbitrary uint64 keys.
@@ -192,6 +210,11 @@ class SparseTable : public Table {
                       std::vector<uint64_t>* keys,
                       std::vector<float>* state) const;
 
+  // The full state of `key`'s row (state_floats() floats, as ExportRows
+  // gives it), or an empty span when it has no row. Valid until the table
+  // changes. Touches no row and no counter.
+  absl::Span<const float> RowState(uint64_t key) const;
+
   // Sets the full state of `key`'s row to `state` (state_floats() floats),
   // creating the row if absent, bit for bit: restoring a checkpoint.
   // Bypasses the admission filter. A created row counts as touched now
@@ -218,6 +241,19 @@ class SparseTable : public Table {
   // index (no row). The table must not change during the call.
   void ForEachKey(absl::FunctionRef<void(uint64_t key)> fn) const {
     index_.ForEach([&](uint64_t key, uint32_t) { fn(key); });
+  }
+  // ForEachKey in steps: calls fn(key) for the rows at index positions
+  // [begin, begin + max_positions). Returns the position to go on from, or
+  // 0 once the end was reached. Positions hold only while no row is
+  // created or dropped: in between, rows may be missed or repeated.
+  size_t ForEachKeyFrom(size_t begin, size_t max_positions,
+                        absl::FunctionRef<void(uint64_t key)> fn) const {
+    const size_t next =
+        index_.ForEachFrom(begin, max_positions, [&](uint64_t key, uint32_t) {
+          fn(key);
+          return true;
+        });
+    return next >= index_.capacity() ? 0 : next;
   }
 
  private:
@@ -394,6 +430,12 @@ class DenseTable : public Table {
                                      absl::Span<const float> values,
                                      absl::Span<const float> state)>
           fn) const;
+
+  // Block `block`'s values and state (as ForEachBlock gives them) in
+  // *values and *state; false, leaving them alone, if it is not created.
+  // Valid until the table changes. Touches nothing.
+  bool FindBlock(uint64_t block, absl::Span<const float>* values,
+                 absl::Span<const float>* state) const;
 
   // Sets block `block`'s values and optimizer state, creating it if
   // absent, bit for bit: restoring a checkpoint. INVALID_ARGUMENT, with

@@ -33,11 +33,12 @@
 //   the fence pauses the sources logged ("fence pause X ms": from applying
 //     the fence view to the target's confirmation; pushes to the fenced
 //     slots are refused and sent again meanwhile), p50 and max;
-//   the sources' snapshot read ("catch-up ... read in X ms"): one pass over
-//     each table while the source's serving thread does nothing else, so
-//     every push to that server waits it out (it grows with the table,
-//     and so does the fence, whose digests walk every row of source and
-//     target);
+//   the sources' snapshot read ("catch-up ... read in X ms"): the longest
+//     stretch the source's serving thread spent on the copy at once (the
+//     listing of the moving keys, or one chunk of rows sent between
+//     requests), which a push to that server waits out; the fence reads
+//     the moves' running digests (server/move_digest.h), so neither should
+//     grow much with the table;
 //   acknowledged pushes/s in the baseline window, over the move, in the
 //     worst 100 ms window starting during the move, and after it, against
 //     the baseline;
@@ -369,6 +370,7 @@ struct MoveLog {
   uint64_t bytes = 0;
   std::vector<double> fence_ms;     // sources' "fence pause X ms"
   std::vector<double> snapshot_ms;  // sources' "catch-up ... read in X ms"
+                                    // (the longest chunk or listing)
 };
 
 void ParseSchedulerLog(const std::string& log, MoveLog* m) {

@@ -1,0 +1,227 @@
+// MoveDigests against DigestSlots, the pass over every row it stands in
+// for: after any interleaving of pushes, pulls, imports, drops, TTL
+// evictions and bounded folds, a tracked move's digest equals the pass.
+#include "server/move_digest.h"
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <random>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "common/hash.h"
+#include "gtest/gtest.h"
+#include "proto/config.pb.h"
+#include "server/slot_digest.h"
+#include "server/table.h"
+
+namespace ps {
+namespace {
+
+constexpr uint32_t kSlots = 16;
+constexpr uint32_t kPlain = 0;     // sparse, dim 3
+constexpr uint32_t kExpiring = 1;  // sparse, TTL 3 steps, admission after 2
+constexpr uint32_t kDense = 2;     // 100 elements in blocks of 8
+constexpr uint32_t kDim = 3;
+
+TableMap MakeTables() {
+  TableMap tables;
+  auto add = [&](TableConfig c) {
+    AdagradConfig* adagrad = c.mutable_optimizer()->mutable_adagrad();
+    adagrad->set_learning_rate(0.1f);
+    adagrad->set_initial_accumulator(0.1f);
+    adagrad->set_epsilon(1e-8f);
+    c.mutable_init()->set_kind(InitializerConfig::UNIFORM);
+    c.mutable_init()->set_scale(0.1f);
+    auto t = Table::Create(c);
+    EXPECT_TRUE(t.ok()) << t.status();
+    tables[c.id()] = std::move(t).value();
+  };
+  TableConfig plain;
+  plain.set_id(kPlain);
+  plain.set_name("plain");
+  plain.mutable_sparse()->set_dim(kDim);
+  add(plain);
+  TableConfig expiring = plain;
+  expiring.set_id(kExpiring);
+  expiring.set_name("expiring");
+  expiring.mutable_sparse()->set_ttl_steps(3);
+  expiring.mutable_sparse()->set_admit_after_pushes(2);
+  add(expiring);
+  TableConfig dense;
+  dense.set_id(kDense);
+  dense.set_name("dense");
+  dense.mutable_dense()->set_size(100);
+  dense.mutable_dense()->set_block_size(8);
+  add(dense);
+  return tables;
+}
+
+std::vector<bool> Mask(const std::vector<uint32_t>& slots) {
+  std::vector<bool> mask(kSlots, false);
+  for (uint32_t s : slots) mask[s] = true;
+  return mask;
+}
+
+void ExpectSame(MoveDigests& digests, const TableMap& tables,
+                const std::vector<uint32_t>& slots) {
+  const std::optional<SlotDigest> tracked = digests.Digest(slots);
+  ASSERT_TRUE(tracked.has_value());
+  const SlotDigest full = DigestSlots(tables, Mask(slots));
+  EXPECT_EQ(tracked->digest, full.digest);
+  EXPECT_EQ(tracked->rows, full.rows);
+  EXPECT_EQ(tracked->bytes, full.bytes);
+}
+
+// One random change of the tables: what a server's requests, replica
+// messages, TTL and flips do to rows.
+void RandomChange(std::mt19937_64& rng, TableMap& tables, uint64_t* step) {
+  std::uniform_int_distribution<uint64_t> key(0, 199);
+  std::uniform_real_distribution<float> grad(-1.0f, 1.0f);
+  SparseTable& plain = *tables[kPlain]->AsSparse();
+  SparseTable& expiring = *tables[kExpiring]->AsSparse();
+  DenseTable& dense = *tables[kDense]->AsDense();
+  const int op = static_cast<int>(rng() % 9);
+  std::vector<uint64_t> keys(1 + rng() % 8);
+  for (uint64_t& k : keys) k = key(rng);
+  // Enough for a sparse push and for a dense segment (at most a block).
+  std::vector<float> values(8 * plain.state_floats());
+  for (float& v : values) v = grad(rng);
+  Segments segments;
+  DenseSegment* s = segments.Add();
+  s->set_begin(rng() % 100);
+  s->set_length(1 + rng() % (8 - s->begin() % 8));
+  if (s->begin() + s->length() > 100) s->set_length(100 - s->begin());
+  switch (op) {
+    case 0:
+    case 1:
+      plain.Push(keys, values.data());
+      break;
+    case 2:
+      expiring.Push(keys, values.data());
+      break;
+    case 3:  // a snapshot row or a copy's overwrite
+      ASSERT_TRUE(plain
+                      .ImportRow(keys[0], absl::MakeSpan(values).subspan(
+                                              0, plain.state_floats()))
+                      .ok());
+      break;
+    case 4:  // TTL evicts rows of the expiring table
+      *step += 1 + rng() % 2;
+      expiring.Advance(*step, absl::UnixEpoch());
+      break;
+    case 5: {  // a flip or an abandoned copy drops some slots
+      std::vector<bool> drop(kSlots, false);
+      drop[rng() % kSlots] = true;
+      DropSlots(tables, drop);
+      break;
+    }
+    case 6: {  // a pull creates the dense block
+      std::vector<float> out(s->length());
+      dense.Pull(segments, out.data());
+      break;
+    }
+    case 7:
+      dense.Push(segments, values.data());
+      break;
+    default: {
+      const uint64_t block = rng() % dense.num_blocks();
+      const size_t n = dense.BlockLength(block);
+      std::vector<float> v(n, grad(rng)), st(n * dense.state_size(), 0.5f);
+      ASSERT_TRUE(dense.ImportBlock(block, v, st).ok());
+    }
+  }
+}
+
+TEST(MoveDigestsTest, EqualsAPassOverEveryRowAfterRandomChanges) {
+  TableMap tables = MakeTables();
+  std::mt19937_64 rng(7);
+  uint64_t step = 0;
+  // Rows held before the move starts count too.
+  for (int i = 0; i < 100; ++i) RandomChange(rng, tables, &step);
+  MoveDigests digests(&tables);
+  const std::vector<uint32_t> out = {1, 4, 9, 15}, in = {2, 3};
+  digests.Sync(kSlots, {{{0, 1, 5}, out}, {{2, 0, 5}, in}});
+  EXPECT_GT(digests.pending(), 0u);
+  ExpectSame(digests, tables, out);
+  for (int round = 0; round < 300; ++round) {
+    const int changes = 1 + static_cast<int>(rng() % 20);
+    for (int i = 0; i < changes; ++i) RandomChange(rng, tables, &step);
+    digests.Fold(rng() % 8);  // a bounded fold between requests
+    if (round % 10 == 0) {
+      ExpectSame(digests, tables, out);
+      ExpectSame(digests, tables, in);
+    }
+  }
+  ExpectSame(digests, tables, out);
+  ExpectSame(digests, tables, in);
+  EXPECT_GT(DigestSlots(tables, Mask(out)).rows, 0u);
+}
+
+TEST(MoveDigestsTest, FoldIsBoundedAndAFenceReadsOnlyWhatIsLeft) {
+  TableMap tables = MakeTables();
+  SparseTable& plain = *tables[kPlain]->AsSparse();
+  std::vector<uint64_t> keys(1000);
+  for (uint64_t k = 0; k < keys.size(); ++k) keys[k] = k;
+  std::vector<float> grads(keys.size() * kDim, 0.25f);
+  plain.Push(keys, grads.data());
+  MoveDigests digests(&tables);
+  const std::vector<uint32_t> all = {0, 1, 2,  3,  4,  5,  6,  7,
+                                     8, 9, 10, 11, 12, 13, 14, 15};
+  digests.Sync(kSlots, {{{0, 1, 1}, all}});
+  EXPECT_EQ(digests.pending(), 1000u);
+  EXPECT_EQ(digests.Fold(300), 700u);
+  EXPECT_EQ(digests.Fold(1000), 0u);
+  // Pushes since the last fold are all a fence has to read.
+  plain.Push(absl::MakeSpan(keys).subspan(0, 10), grads.data());
+  EXPECT_EQ(digests.pending(), 10u);
+  ExpectSame(digests, tables, all);
+}
+
+TEST(MoveDigestsTest, OnlyTrackedMovesAndTheirSlotsAreKept) {
+  TableMap tables = MakeTables();
+  MoveDigests digests(&tables);
+  std::vector<uint64_t> keys(64);
+  for (uint64_t k = 0; k < keys.size(); ++k) keys[k] = k;
+  std::vector<float> grads(keys.size() * kDim, 1.0f);
+  digests.Sync(kSlots, {{{0, 1, 1}, {3}}});
+  tables[kPlain]->AsSparse()->Push(keys, grads.data());
+  uint64_t in_slot = 0;
+  for (uint64_t k : keys) in_slot += SparseSlot(kPlain, k, kSlots) == 3;
+  EXPECT_EQ(digests.pending(), in_slot);
+  EXPECT_FALSE(digests.Digest({4}).has_value());
+  ExpectSame(digests, tables, {3});
+  // Replaced by a move with a new copy epoch: starts afresh, same result.
+  digests.Sync(kSlots, {{{0, 1, 2}, {3}}});
+  EXPECT_EQ(digests.pending(), in_slot);
+  ExpectSame(digests, tables, {3});
+  // Untracked: the tables stop reporting to it.
+  digests.Sync(kSlots, {});
+  EXPECT_EQ(digests.moves(), 0u);
+  tables[kPlain]->AsSparse()->Push(keys, grads.data());
+  EXPECT_EQ(digests.pending(), 0u);
+  EXPECT_FALSE(digests.Digest({3}).has_value());
+}
+
+// SlotBytes in small steps (what the serving loop does) counts what one
+// pass counts when nothing changes in between.
+TEST(SlotBytesScanTest, StepsAddUpToOnePass) {
+  TableMap tables = MakeTables();
+  std::mt19937_64 rng(3);
+  uint64_t step = 0;
+  for (int i = 0; i < 300; ++i) RandomChange(rng, tables, &step);
+  const std::vector<uint64_t> whole = SlotBytes(tables, kSlots);
+  SlotBytesScan scan(tables, kSlots);
+  int steps = 1;
+  while (!scan.Step(tables, 16)) ++steps;
+  EXPECT_GT(steps, 10);
+  EXPECT_EQ(scan.TakeBytes(), whole);
+  uint64_t total = 0;
+  for (uint64_t b : whole) total += b;
+  EXPECT_GT(total, 0u);
+}
+
+}  // namespace
+}  // namespace ps
