@@ -65,6 +65,10 @@ std::vector<bool> Mask(const std::vector<uint32_t>& slots) {
   return mask;
 }
 
+size_t plain_state_floats(TableMap& tables) {
+  return tables[kPlain]->AsSparse()->state_floats();
+}
+
 void ExpectSame(MoveDigests& digests, const TableMap& tables,
                 const std::vector<uint32_t>& slots) {
   const std::optional<SlotDigest> tracked = digests.Digest(slots);
@@ -221,6 +225,74 @@ TEST(SlotBytesScanTest, StepsAddUpToOnePass) {
   uint64_t total = 0;
   for (uint64_t b : whole) total += b;
   EXPECT_GT(total, 0u);
+}
+
+// A stepwise drop interleaved with pushes of other slots (growing the
+// plain table's index several times) and TTL evictions: once done, no row
+// of the dropped slots is left and every other row is what a drop in one
+// pass before the same changes leaves.
+TEST(SlotDropTest, StepsInterleavedWithGrowthDropEveryRowAndNoOther) {
+  TableMap tables = MakeTables();
+  TableMap reference = MakeTables();
+  const std::vector<bool> mask = Mask({1, 4, 5, 9, 12});
+  std::mt19937_64 rng(5);
+  std::vector<float> values(plain_state_floats(tables));
+  auto push = [&](TableMap& t, uint64_t key, float v) {
+    std::fill(values.begin(), values.end(), v);
+    for (uint32_t id : {kPlain, kExpiring})
+      t[id]->AsSparse()->Push({key}, values.data());
+  };
+  for (uint64_t key = 0; key < 3000; ++key) {
+    const float v = static_cast<float>(key % 7) * 0.1f;
+    push(tables, key, v);
+    push(reference, key, v);
+  }
+  DropSlots(reference, mask);
+  const size_t capacity = tables[kPlain]->AsSparse()->index_capacity();
+  SlotDrop drop(tables, mask);
+  uint64_t next = 1000000, step = 0;
+  int steps = 0;
+  while (!drop.Step(tables, 8)) {
+    ++steps;
+    for (int i = 0; i < 2; ++i) {  // rows of slots still owned
+      uint64_t key = next++;
+      while (mask[SparseSlot(kPlain, key, kSlots)] ||
+             mask[SparseSlot(kExpiring, key, kSlots)])
+        key = next++;
+      push(tables, key, 0.5f);
+      push(reference, key, 0.5f);
+    }
+    if (rng() % 8 == 0) {
+      ++step;
+      for (TableMap* t : {&tables, &reference})
+        (*t)[kExpiring]->AsSparse()->Advance(step, absl::UnixEpoch());
+    }
+  }
+  EXPECT_GT(steps, 100);
+  EXPECT_GT(tables[kPlain]->AsSparse()->index_capacity(), capacity);
+  EXPECT_EQ(DigestSlots(tables, mask).rows, 0u);
+  std::vector<bool> others(kSlots);
+  for (uint32_t s = 0; s < kSlots; ++s) others[s] = !mask[s];
+  const SlotDigest got = DigestSlots(tables, others);
+  const SlotDigest want = DigestSlots(reference, others);
+  EXPECT_EQ(got.rows, want.rows);
+  EXPECT_EQ(got.digest, want.digest);
+}
+
+// Slots added to a drop in progress are dropped from the tables already
+// done as well.
+TEST(SlotDropTest, AddedSlotsAreDroppedFromEveryTable) {
+  TableMap tables = MakeTables();
+  std::vector<float> values(plain_state_floats(tables), 0.25f);
+  for (uint64_t key = 0; key < 500; ++key)
+    tables[kPlain]->AsSparse()->Push({key}, values.data());
+  SlotDrop drop(tables, Mask({2}));
+  for (int i = 0; i < 200; ++i) drop.Step(tables, 32);  // plain done
+  drop.Add(tables, Mask({3}));
+  drop.Finish(tables);
+  EXPECT_TRUE(drop.Done());
+  EXPECT_EQ(DigestSlots(tables, Mask({2, 3})).rows, 0u);
+  EXPECT_GT(DigestSlots(tables, Mask({0, 1})).rows, 0u);
 }
 
 }  // namespace

@@ -104,6 +104,7 @@ absl::Status KVServer::Impl::ProcessChecked(
   if (h.op() == STATS) {
     if (!r.req.keys.empty())
       return absl::InvalidArgumentError("STATS carries no keys");
+    FinishDrop();  // no row of a slot moved away counts
     FillStats(rh, own.replicated && !own.slot_owner.empty() ? &own : nullptr);
     return absl::OkStatus();
   }

@@ -238,6 +238,9 @@ KVServer::Stats KVServer::Impl::stats() const {
 
 void KVServer::Impl::ApplyView(const Ownership& own) {
   if (!own.has_view) return;
+  // Slots coming back (a move, a promotion, a new backup) get their rows
+  // after the old ones are gone, not dropped with them.
+  FinishDropOfHeld(own);
   if (!checkpoint_gate_.restore_tried() && !own.slot_owner.empty())
     Restore(own);
   consistency_.SetLiveWorkers(own.live_workers);
@@ -364,11 +367,13 @@ void KVServer::Impl::Serve() {
           // request much.
           move_digests_.Fold(kDigestFoldRows);
           primary_.ContinueCopies(*own, kCopyRowsPerTurn);
+          StepDrop(kDropPositionsPerTurn);
         }
         Progress(*own);
       }
       move_digests_.Fold(kDigestFoldRows);
       primary_.ContinueCopies(*own, kCopyRowsPerTurn);
+      StepDrop(kDropPositionsPerTurn);
       AdvanceTables();
       Watchdog();
       if (table_stats_.Due(options_.clock->Now())) PublishTableStats();
@@ -397,6 +402,7 @@ void KVServer::Impl::LogReplicationSummary() const {
 }
 
 void KVServer::Impl::PublishTableStats() {
+  FinishDrop();  // no row of a slot moved away counts
   ResponseHeader rh;
   FillStats(&rh);
   std::vector<TableStats> stats(rh.table_stats().begin(),

@@ -16,6 +16,7 @@
 namespace ps {
 
 void KVServer::Impl::Restore(const Ownership& own) {
+  FinishDrop();
   checkpoint_gate_.MarkRestoreTried();
   if (own.restore.path().empty()) return;
   // With replication a replacement server usually owns nothing (its old
@@ -96,6 +97,7 @@ void KVServer::Impl::NoteCheckpointClock(const Ownership& own) {
 
 void KVServer::Impl::MaybeWriteCheckpoint(const Ownership& own) {
   if (!checkpoint_gate_.ReadyToWrite(consistency_)) return;
+  FinishDrop();  // no row of a slot moved away is written
   const uint64_t c = checkpoint_gate_.StartWrite();
   const std::string dir = CheckpointPath(options_.config.checkpoint().dir(), c);
   std::vector<const Table*> tables;

@@ -301,6 +301,16 @@ class KVServer::Impl {
   // Computes the bytes each owned slot holds (at most every
   // kSlotBytesPeriod; serving thread) for slot_bytes().
   void MaybeMeasureSlots(const Ownership& own);
+  // Drops the rows of the slots in `mask` in steps (StepDrop), after
+  // those of an earlier drop still in progress.
+  void StartDrop(const std::vector<bool>& mask);
+  // One bounded step of the pending drop, if any.
+  void StepDrop(size_t max_positions);
+  // Runs the pending drop to the end: before reading whole tables.
+  void FinishDrop();
+  // FinishDrop when `own` makes this server hold (own, learn or back) a
+  // slot still being dropped, or changes the number of slots.
+  void FinishDropOfHeld(const Ownership& own);
   // Tracks the digests of own.moves this server is source or target of.
   void SyncMoveDigests(const Ownership& own);
   // Changed rows folded into the move digests per request served.
@@ -419,6 +429,12 @@ class KVServer::Impl {
   // it looks at per serving-loop turn.
   std::optional<SlotBytesScan> slot_scan_;
   static constexpr size_t kSlotBytesPositionsPerTurn = 131072;
+  // The rows of slots moved away, dropped in steps between requests
+  // (serving thread); empty when none are left. Not served (the slots are
+  // not owned), but whatever reads whole tables or takes slots back calls
+  // FinishDrop() first.
+  std::optional<SlotDrop> pending_drop_;
+  static constexpr size_t kDropPositionsPerTurn = 16384;
 
   // The newest view (UpdateView posts it and wakes the serving thread)
   // and the view applied last (promotions compare it with the next).

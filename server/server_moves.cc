@@ -130,7 +130,7 @@ void KVServer::Impl::HandOver(const Ownership& prev, const Ownership& own) {
     }
     replicas_.EndCatchUp(slots);
   }
-  const uint64_t dropped = DropSlots(tables_, drop);
+  StartDrop(drop);
   uint32_t total = 0;
   for (const auto& [target, n] : count) {
     total += n;
@@ -139,10 +139,6 @@ void KVServer::Impl::HandOver(const Ownership& prev, const Ownership& own) {
         "{}); this server {}",
         n, target, own.epoch,
         backed.empty() ? "dropped their rows" : "backs them");
-  }
-  if (dropped > 0) {
-    ServerLog()->info("dropped {} rows and blocks of slots moved away",
-                      dropped);
   }
   counters_.move_slots_out.fetch_add(total, std::memory_order_relaxed);
   slot_bytes_at_ = absl::InfinitePast();
@@ -184,6 +180,7 @@ void KVServer::Impl::DropAbandonedCopies(const Ownership& prev,
   const ReplicaStore::Dims dims = TableDims();
   replicas_.SizeSlots(num_slots);
   for (const auto& [node, list] : from) replicas_.ForgetSlots(node, list, dims);
+  FinishDrop();
   const uint64_t dropped = DropSlots(tables_, drop);
   ServerLog()->info(
       "dropped the copies of {} slots of an abandoned move to this server "
@@ -273,6 +270,43 @@ void KVServer::Impl::MaybeMeasureSlots(const Ownership& own) {
   }
   absl::MutexLock lock(&slot_bytes_mu_);
   slot_bytes_ = std::move(bytes);
+}
+
+void KVServer::Impl::StartDrop(const std::vector<bool>& mask) {
+  if (std::find(mask.begin(), mask.end(), true) == mask.end()) return;
+  if (pending_drop_.has_value() && pending_drop_->mask().size() != mask.size())
+    FinishDrop();
+  if (pending_drop_.has_value()) {
+    pending_drop_->Add(tables_, mask);
+  } else {
+    pending_drop_.emplace(tables_, mask);
+  }
+}
+
+void KVServer::Impl::StepDrop(size_t max_positions) {
+  if (!pending_drop_.has_value()) return;
+  if (!pending_drop_->Step(tables_, max_positions)) return;
+  if (pending_drop_->dropped() > 0) {
+    ServerLog()->info("dropped {} rows and blocks of slots moved away",
+                      pending_drop_->dropped());
+  }
+  pending_drop_.reset();
+}
+
+void KVServer::Impl::FinishDrop() { StepDrop(~size_t{0}); }
+
+void KVServer::Impl::FinishDropOfHeld(const Ownership& own) {
+  if (!pending_drop_.has_value()) return;
+  const std::vector<bool>& mask = pending_drop_->mask();
+  const size_t num_slots = own.slot_owner.size();
+  bool held = mask.size() != num_slots;
+  for (size_t s = 0; s < num_slots && !held; ++s) {
+    held = mask[s] &&
+           (own.slot_owner[s] == own.rank ||
+            own.learner(static_cast<uint32_t>(s)) == own.rank ||
+            (s < own.slot_backup.size() && own.slot_backup[s] == own.rank));
+  }
+  if (held) FinishDrop();
 }
 
 std::vector<uint64_t> KVServer::Impl::slot_bytes() const {

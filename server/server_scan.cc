@@ -16,6 +16,7 @@ absl::Status KVServer::Impl::ScanOp(std::vector<zmq::message_t>& frames, const O
                                     const RequestHeader& h, ResponseHeader* rh,
                                     zmq::message_t* values, zmq::message_t* keys,
                                     Outcome* outcome) {
+  FinishDrop();  // no row of a slot moved away is listed
   auto it = tables_.find(h.table_id());
   if (it == tables_.end()) {
     return absl::NotFoundError(absl::StrCat("unknown table ", h.table_id()));

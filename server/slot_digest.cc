@@ -115,4 +115,85 @@ uint64_t DropSlots(TableMap& tables, const std::vector<bool>& mask) {
   return dropped;
 }
 
+SlotDrop::SlotDrop(const TableMap& tables, std::vector<bool> mask)
+    : mask_(std::move(mask)) {
+  Restart(tables);
+}
+
+void SlotDrop::Restart(const TableMap& tables) {
+  ids_.clear();
+  for (const auto& [id, table] : tables) ids_.push_back(id);
+  std::sort(ids_.begin(), ids_.end());
+  table_ = 0;
+  current_ = nullptr;
+}
+
+void SlotDrop::Add(const TableMap& tables, const std::vector<bool>& mask) {
+  for (size_t s = 0; s < mask.size() && s < mask_.size(); ++s) {
+    if (mask[s]) mask_[s] = true;
+  }
+  // Every table again, the one in progress included: the tables done so
+  // far may hold rows of the added slots.
+  Restart(tables);
+}
+
+bool SlotDrop::StepSparse(uint32_t id, SparseTable* sparse,
+                          size_t max_positions) {
+  const uint32_t num_slots = static_cast<uint32_t>(mask_.size());
+  if (current_ != sparse || capacity_ != sparse->index_capacity()) {
+    // A new table, or its index grew (every position moved): a fresh pass.
+    current_ = sparse;
+    cursor_ = 0;
+    passes_ = 0;
+    clean_ = true;
+  } else if (generation_ != sparse->generation()) {
+    clean_ = false;  // rows dropped in between may have shifted positions
+  }
+  if (passes_ >= kMaxPasses) {
+    dropped_ += sparse->DropRows(
+        [&](uint64_t key) { return mask_[SparseSlot(id, key, num_slots)]; });
+    current_ = nullptr;
+    return true;
+  }
+  size_t dropped = 0;
+  cursor_ = sparse->DropRowsFrom(
+      cursor_, max_positions,
+      [&](uint64_t key) { return mask_[SparseSlot(id, key, num_slots)]; },
+      &dropped);
+  dropped_ += dropped;
+  if (dropped > 0) clean_ = false;
+  generation_ = sparse->generation();
+  capacity_ = sparse->index_capacity();
+  if (cursor_ != 0) return false;
+  if (clean_) {
+    current_ = nullptr;
+    return true;
+  }
+  ++passes_;
+  clean_ = true;
+  return false;
+}
+
+bool SlotDrop::Step(TableMap& tables, size_t max_positions) {
+  const uint32_t num_slots = static_cast<uint32_t>(mask_.size());
+  while (table_ < ids_.size()) {
+    auto it = tables.find(ids_[table_]);
+    if (it == tables.end() || num_slots == 0) {  // gone since the drop began
+      ++table_;
+      continue;
+    }
+    const uint32_t id = it->first;
+    if (SparseTable* sparse = it->second->AsSparse()) {
+      if (StepSparse(id, sparse, max_positions)) ++table_;
+      return Done();
+    }
+    dropped_ += it->second->AsDense()->DropBlocks([&](uint64_t block) {
+      return mask_[DenseBlockSlot(id, block, num_slots)];
+    });
+    ++table_;
+    return Done();
+  }
+  return true;
+}
+
 }  // namespace ps

@@ -73,6 +73,54 @@ class SlotBytesScan {
 // (SparseTable::DropRows, DenseTable::DropBlocks). Returns how many.
 uint64_t DropSlots(TableMap& tables, const std::vector<bool>& mask);
 
+// DropSlots in steps, for a serving thread to interleave with requests: a
+// step looks at most `max_positions` positions of one sparse table's index
+// (dropping the selected rows among them), or drops the selected blocks of
+// one dense table. Rows created between steps are of other slots (the
+// server no longer owns these) and are kept. A sparse table is done after
+// a whole pass over its index that dropped nothing while nothing else
+// dropped rows or grew the index (drops shift positions, so one pass may
+// miss rows); after kMaxPasses passes the rest goes in one DropRows.
+// Until Done(), the tables still hold rows of the masked slots: whatever
+// reads whole tables, or takes these slots back, calls Finish() first.
+class SlotDrop {
+ public:
+  static constexpr int kMaxPasses = 4;
+
+  SlotDrop(const TableMap& tables, std::vector<bool> mask);
+  // Adds the slots set in `mask` (same size) to those dropped; the
+  // pass in progress no longer counts as clean.
+  void Add(const TableMap& tables, const std::vector<bool>& mask);
+  // One step; true once every table is done.
+  bool Step(TableMap& tables, size_t max_positions);
+  // Runs the steps to the end.
+  void Finish(TableMap& tables) {
+    while (!Step(tables, ~size_t{0})) {
+    }
+  }
+  bool Done() const { return table_ >= ids_.size(); }
+  const std::vector<bool>& mask() const { return mask_; }
+  uint64_t dropped() const { return dropped_; }
+
+ private:
+  void Restart(const TableMap& tables);
+  // A step on one sparse table; true once it is done.
+  bool StepSparse(uint32_t id, SparseTable* sparse, size_t max_positions);
+
+  std::vector<bool> mask_;
+  std::vector<uint32_t> ids_;  // the tables', sorted
+  size_t table_ = 0;           // ids_[table_] is next
+  // The sparse table in progress: its index position, its pass, and what
+  // it looked like after the last step (to notice changes in between).
+  const Table* current_ = nullptr;
+  size_t cursor_ = 0;
+  int passes_ = 0;
+  bool clean_ = true;  // the pass so far dropped nothing and saw no change
+  uint64_t generation_ = 0;
+  size_t capacity_ = 0;
+  uint64_t dropped_ = 0;
+};
+
 }  // namespace ps
 
 #endif  // PS_SERVER_SLOT_DIGEST_H_

@@ -316,15 +316,37 @@ size_t SparseTable::DropRows(absl::FunctionRef<bool(uint64_t key)> drop) {
   index_.ForEach([&](uint64_t key, uint32_t) {
     if (drop(key)) keys.push_back(key);
   });
+  return DropKeys(keys);
+}
+
+size_t SparseTable::DropRowsFrom(size_t begin, size_t max_positions,
+                                 absl::FunctionRef<bool(uint64_t key)> drop,
+                                 size_t* dropped) {
+  std::vector<uint64_t> keys;
+  size_t next =
+      index_.ForEachFrom(begin, max_positions, [&](uint64_t key, uint32_t) {
+        if (drop(key)) keys.push_back(key);
+        return true;
+      });
+  if (next >= index_.capacity()) next = 0;
+  *dropped = DropKeys(keys);
+  return next;
+}
+
+size_t SparseTable::DropKeys(const std::vector<uint64_t>& keys) {
   if (keys.empty()) return 0;
   if (evictable_) {
     for (uint64_t key : keys) Drop(index_.Find(key));
     return keys.size();
   }
   // Without bookkeeping rows are numbered densely from 0 and nothing knows
-  // a row's key but the index: fill each hole with the last row.
-  std::vector<uint64_t> key_of(high_water_);
-  index_.ForEach([&](uint64_t key, uint32_t row) { key_of[row] = key; });
+  // a row's key but the index: fill each hole with the last row. Only the
+  // last keys.size() rows can move, so only their keys are looked up.
+  const uint32_t base = high_water_ - static_cast<uint32_t>(keys.size());
+  std::vector<uint64_t> tail_key(keys.size());
+  index_.ForEach([&](uint64_t key, uint32_t row) {
+    if (row >= base) tail_key[row - base] = key;
+  });
   for (uint64_t key : keys) {
     const uint32_t r = index_.Find(key);
     index_.Erase(key);
@@ -333,10 +355,10 @@ size_t SparseTable::DropRows(absl::FunctionRef<bool(uint64_t key)> drop) {
     const uint32_t last = --high_water_;
     if (r == last) continue;
     std::memcpy(Values(r), Values(last), stride_ * sizeof(float));
-    const uint64_t moved = key_of[last];
+    const uint64_t moved = tail_key[last - base];
     index_.Erase(moved);
     index_.Insert(moved, r);
-    key_of[r] = moved;
+    if (r >= base) tail_key[r - base] = moved;
   }
   const size_t chunks_needed =
       (static_cast<size_t>(high_water_) + chunk_rows_ - 1) >> chunk_shift_;

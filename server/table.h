@@ -237,6 +237,18 @@ class SparseTable : public Table {
   // puts them on its free list. Renews generation(). Returns how many rows
   // were dropped. Counts no eviction.
   size_t DropRows(absl::FunctionRef<bool(uint64_t key)> drop);
+  // DropRows in steps: drops the rows at index positions
+  // [begin, begin + max_positions) that `drop` selects, sets *dropped to
+  // how many. Returns the position to go on from, or 0 once the end was
+  // reached. Dropping moves other rows' positions (backward shifts, the
+  // last rows refilling holes), so one pass may miss rows: a caller repeats
+  // passes until one drops nothing while generation() and the index
+  // capacity stay the same (only drops renew the first, only growth
+  // changes the second).
+  size_t DropRowsFrom(size_t begin, size_t max_positions,
+                      absl::FunctionRef<bool(uint64_t key)> drop,
+                      size_t* dropped);
+  size_t index_capacity() const { return index_.capacity(); }
   // Calls fn(key) for every row, in no particular order; reads only the
   // index (no row). The table must not change during the call.
   void ForEachKey(absl::FunctionRef<void(uint64_t key)> fn) const {
@@ -257,6 +269,9 @@ class SparseTable : public Table {
   }
 
  private:
+  // Drops the rows of `keys` (all present): DropRows' work once selected.
+  size_t DropKeys(const std::vector<uint64_t>& keys);
+
   // Bookkeeping in front of each row's floats when rows can be dropped.
   struct RowMeta {
     uint64_t key;
