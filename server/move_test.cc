@@ -79,12 +79,14 @@ struct Cell {
 
 class MoveTest : public ::testing::Test {
  protected:
-  void Start(uint32_t servers, uint32_t replication) {
+  void Start(uint32_t servers, uint32_t replication,
+             size_t drop_positions_per_turn = 16384) {
     auto config = ParseJobConfig(Config(servers, replication), "move_test");
     ASSERT_TRUE(config.ok()) << config.status();
     for (uint32_t r = 0; r < servers; ++r) {
       KVServer::Options o;
       o.config = *config;
+      o.drop_positions_per_turn = drop_positions_per_turn;
       o.on_move = [this, r](const ReportMoveRequest& m) {
         absl::MutexLock lock(&mu_);
         reports_[r].push_back(m);
@@ -442,6 +444,22 @@ TEST_F(MoveTest, ReplicationOneMovesSlotsWithoutLosingAPush) {
   // Without backups nothing counts as unreplicated.
   EXPECT_EQ(servers_[0]->stats().unreplicated_pushes, 0u);
   EXPECT_EQ(servers_[1]->stats().unreplicated_pushes, 0u);
+}
+
+// With the drop of the moved rows left pending (no step between
+// requests), STATS still counts none of them: it finishes the drop first.
+TEST_F(MoveTest, RowsMovedAwayAreNotSeenWhileTheirDropIsPending) {
+  ASSERT_NO_FATAL_FAILURE(Start(2, 1, /*drop_positions_per_turn=*/0));
+  ASSERT_NO_FATAL_FAILURE(Install(TwoServers()));
+  ASSERT_NO_FATAL_FAILURE(PushAll(1));
+  Layout flipped = TwoServers();
+  for (uint32_t s : kMoving) flipped.owner[s] = 1;
+  ASSERT_NO_FATAL_FAILURE(RunMove(0, 1, kMoving, flipped));
+  uint64_t kept = 0;
+  for (uint64_t k = 0; k < kKeys; ++k)
+    kept += flipped.owner[SlotOf(kSparse, k)] == 0;
+  EXPECT_EQ(RowsHeld(0, kSparse), kept);
+  EXPECT_EQ(RowsHeld(0, kDense), RowsUnder(flipped, 0, kDense));
 }
 
 TEST_F(MoveTest, ReplicationTwoSwapsRolesWithoutACopyBack) {

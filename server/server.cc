@@ -367,13 +367,13 @@ void KVServer::Impl::Serve() {
           // request much.
           move_digests_.Fold(kDigestFoldRows);
           primary_.ContinueCopies(*own, kCopyRowsPerTurn);
-          StepDrop(kDropPositionsPerTurn);
+          StepDrop(options_.drop_positions_per_turn);
         }
         Progress(*own);
       }
       move_digests_.Fold(kDigestFoldRows);
       primary_.ContinueCopies(*own, kCopyRowsPerTurn);
-      StepDrop(kDropPositionsPerTurn);
+      StepDrop(options_.drop_positions_per_turn);
       AdvanceTables();
       Watchdog();
       if (table_stats_.Due(options_.clock->Now())) PublishTableStats();

@@ -147,6 +147,10 @@ class KVServer {
     // clients holding the job key pair and logs every refusal, and this
     // server's links to its backups are CURVE clients with the same pair.
     std::optional<CurveKeys> curve;
+    // Index positions per serving-loop turn at which the rows of slots
+    // moved away are dropped (server/slot_digest.h SlotDrop); 0: only when
+    // something reads whole tables or takes the slots back (tests).
+    size_t drop_positions_per_turn = 16384;
   };
   // Limits (config.data_plane.limits, proto/config.proto DataPlaneLimits)
   // apply to every peer, with or without CURVE: connections beyond

@@ -434,7 +434,6 @@ class KVServer::Impl {
   // not owned), but whatever reads whole tables or takes slots back calls
   // FinishDrop() first.
   std::optional<SlotDrop> pending_drop_;
-  static constexpr size_t kDropPositionsPerTurn = 16384;
 
   // The newest view (UpdateView posts it and wakes the serving thread)
   // and the view applied last (promotions compare it with the next).

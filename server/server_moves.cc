@@ -284,7 +284,7 @@ void KVServer::Impl::StartDrop(const std::vector<bool>& mask) {
 }
 
 void KVServer::Impl::StepDrop(size_t max_positions) {
-  if (!pending_drop_.has_value()) return;
+  if (!pending_drop_.has_value() || max_positions == 0) return;
   if (!pending_drop_->Step(tables_, max_positions)) return;
   if (pending_drop_->dropped() > 0) {
     ServerLog()->info("dropped {} rows and blocks of slots moved away",
