@@ -146,20 +146,23 @@ bool SlotDrop::StepSparse(uint32_t id, SparseTable* sparse,
     cursor_ = 0;
     passes_ = 0;
     clean_ = true;
+    key_of_.clear();
   } else if (generation_ != sparse->generation()) {
     clean_ = false;  // rows dropped in between may have shifted positions
+    key_of_.clear();
   }
   if (passes_ >= kMaxPasses) {
     dropped_ += sparse->DropRows(
         [&](uint64_t key) { return mask_[SparseSlot(id, key, num_slots)]; });
     current_ = nullptr;
+    key_of_ = std::vector<uint64_t>();
     return true;
   }
   size_t dropped = 0;
   cursor_ = sparse->DropRowsFrom(
       cursor_, max_positions,
       [&](uint64_t key) { return mask_[SparseSlot(id, key, num_slots)]; },
-      &dropped);
+      &key_of_, &dropped);
   dropped_ += dropped;
   if (dropped > 0) clean_ = false;
   generation_ = sparse->generation();
@@ -167,6 +170,7 @@ bool SlotDrop::StepSparse(uint32_t id, SparseTable* sparse,
   if (cursor_ != 0) return false;
   if (clean_) {
     current_ = nullptr;
+    key_of_ = std::vector<uint64_t>();
     return true;
   }
   ++passes_;

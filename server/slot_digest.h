@@ -118,6 +118,7 @@ class SlotDrop {
   bool clean_ = true;  // the pass so far dropped nothing and saw no change
   uint64_t generation_ = 0;
   size_t capacity_ = 0;
+  std::vector<uint64_t> key_of_;  // see SparseTable::DropRowsFrom
   uint64_t dropped_ = 0;
 };
 

@@ -316,11 +316,12 @@ size_t SparseTable::DropRows(absl::FunctionRef<bool(uint64_t key)> drop) {
   index_.ForEach([&](uint64_t key, uint32_t) {
     if (drop(key)) keys.push_back(key);
   });
-  return DropKeys(keys);
+  return DropKeys(keys, nullptr);
 }
 
 size_t SparseTable::DropRowsFrom(size_t begin, size_t max_positions,
                                  absl::FunctionRef<bool(uint64_t key)> drop,
+                                 std::vector<uint64_t>* key_of,
                                  size_t* dropped) {
   std::vector<uint64_t> keys;
   size_t next =
@@ -329,11 +330,12 @@ size_t SparseTable::DropRowsFrom(size_t begin, size_t max_positions,
         return true;
       });
   if (next >= index_.capacity()) next = 0;
-  *dropped = DropKeys(keys);
+  *dropped = DropKeys(keys, key_of);
   return next;
 }
 
-size_t SparseTable::DropKeys(const std::vector<uint64_t>& keys) {
+size_t SparseTable::DropKeys(const std::vector<uint64_t>& keys,
+                             std::vector<uint64_t>* key_of) {
   if (keys.empty()) return 0;
   if (evictable_) {
     for (uint64_t key : keys) Drop(index_.Find(key));
@@ -341,12 +343,18 @@ size_t SparseTable::DropKeys(const std::vector<uint64_t>& keys) {
   }
   // Without bookkeeping rows are numbered densely from 0 and nothing knows
   // a row's key but the index: fill each hole with the last row. Only the
-  // last keys.size() rows can move, so only their keys are looked up.
-  const uint32_t base = high_water_ - static_cast<uint32_t>(keys.size());
-  std::vector<uint64_t> tail_key(keys.size());
-  index_.ForEach([&](uint64_t key, uint32_t row) {
-    if (row >= base) tail_key[row - base] = key;
-  });
+  // last keys.size() rows can move, so only their keys are needed: from
+  // the caller's `key_of` (every row's, kept across steps) or a pass.
+  const uint32_t base =
+      key_of != nullptr ? 0 : high_water_ - static_cast<uint32_t>(keys.size());
+  std::vector<uint64_t> tail;
+  std::vector<uint64_t>& tail_key = key_of != nullptr ? *key_of : tail;
+  if (key_of == nullptr || key_of->size() != high_water_) {
+    tail_key.assign(high_water_ - base, 0);
+    index_.ForEach([&](uint64_t key, uint32_t row) {
+      if (row >= base) tail_key[row - base] = key;
+    });
+  }
   for (uint64_t key : keys) {
     const uint32_t r = index_.Find(key);
     index_.Erase(key);
@@ -360,6 +368,7 @@ size_t SparseTable::DropKeys(const std::vector<uint64_t>& keys) {
     index_.Insert(moved, r);
     if (r >= base) tail_key[r - base] = moved;
   }
+  if (key_of != nullptr) key_of->resize(high_water_);
   const size_t chunks_needed =
       (static_cast<size_t>(high_water_) + chunk_rows_ - 1) >> chunk_shift_;
   if (chunks_needed < chunks_.size()) chunks_.resize(chunks_needed);

@@ -239,15 +239,18 @@ class SparseTable : public Table {
   size_t DropRows(absl::FunctionRef<bool(uint64_t key)> drop);
   // DropRows in steps: drops the rows at index positions
   // [begin, begin + max_positions) that `drop` selects, sets *dropped to
-  // how many. Returns the position to go on from, or 0 once the end was
-  // reached. Dropping moves other rows' positions (backward shifts, the
-  // last rows refilling holes), so one pass may miss rows: a caller repeats
-  // passes until one drops nothing while generation() and the index
-  // capacity stay the same (only drops renew the first, only growth
-  // changes the second).
+  // how many. `key_of` is the caller's memo of every row's key, for a
+  // table that neither evicts nor expires rows: kept between steps, reset
+  // (emptied) whenever generation() changed since the last step, refilled
+  // by a pass when rows were created since. Returns the position to go on from,
+  // or 0 once the end was reached. Dropping moves other rows' positions
+  // (backward shifts, the last rows refilling holes), so one pass may miss
+  // rows: a caller repeats passes until one drops nothing while generation()
+  // and the index capacity stay the same (only drops renew the first, only
+  // growth changes the second).
   size_t DropRowsFrom(size_t begin, size_t max_positions,
                       absl::FunctionRef<bool(uint64_t key)> drop,
-                      size_t* dropped);
+                      std::vector<uint64_t>* key_of, size_t* dropped);
   size_t index_capacity() const { return index_.capacity(); }
   // Calls fn(key) for every row, in no particular order; reads only the
   // index (no row). The table must not change during the call.
@@ -270,7 +273,8 @@ class SparseTable : public Table {
 
  private:
   // Drops the rows of `keys` (all present): DropRows' work once selected.
-  size_t DropKeys(const std::vector<uint64_t>& keys);
+  size_t DropKeys(const std::vector<uint64_t>& keys,
+                  std::vector<uint64_t>* key_of);
 
   // Bookkeeping in front of each row's floats when rows can be dropped.
   struct RowMeta {
