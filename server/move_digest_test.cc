@@ -287,6 +287,7 @@ TEST(SlotDropTest, AddedSlotsAreDroppedFromEveryTable) {
   for (uint64_t key = 0; key < 500; ++key)
     tables[kPlain]->AsSparse()->Push({key}, values.data());
   SlotDrop drop(tables, Mask({2}));
+  EXPECT_FALSE(drop.Step(tables, 0));                   // looks at nothing
   for (int i = 0; i < 200; ++i) drop.Step(tables, 32);  // plain done
   drop.Add(tables, Mask({3}));
   drop.Finish(tables);

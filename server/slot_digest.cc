@@ -179,6 +179,8 @@ bool SlotDrop::StepSparse(uint32_t id, SparseTable* sparse,
 }
 
 bool SlotDrop::Step(TableMap& tables, size_t max_positions) {
+  // No position looked at must not read as a pass that dropped nothing.
+  if (max_positions == 0) return Done();
   const uint32_t num_slots = static_cast<uint32_t>(mask_.size());
   while (table_ < ids_.size()) {
     auto it = tables.find(ids_[table_]);

@@ -91,7 +91,7 @@ class SlotDrop {
   // Adds the slots set in `mask` (same size) to those dropped; the
   // pass in progress no longer counts as clean.
   void Add(const TableMap& tables, const std::vector<bool>& mask);
-  // One step; true once every table is done.
+  // One step; true once every table is done. max_positions 0: nothing.
   bool Step(TableMap& tables, size_t max_positions);
   // Runs the steps to the end.
   void Finish(TableMap& tables) {
