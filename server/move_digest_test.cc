@@ -279,6 +279,19 @@ TEST(SlotDropTest, StepsInterleavedWithGrowthDropEveryRowAndNoOther) {
   EXPECT_EQ(got.digest, want.digest);
 }
 
+// A step of no positions looks at nothing: it does not end a table.
+TEST(SlotDropTest, StepOfNoPositionsLeavesEveryTableToDo) {
+  TableMap tables = MakeTables();
+  std::vector<float> values(plain_state_floats(tables), 0.25f);
+  for (uint64_t key = 0; key < 500; ++key)
+    tables[kPlain]->AsSparse()->Push({key}, values.data());
+  SlotDrop drop(tables, Mask({2}));
+  for (int i = 0; i < 5; ++i) EXPECT_FALSE(drop.Step(tables, 0));
+  while (!drop.Step(tables, 32)) {
+  }
+  EXPECT_EQ(DigestSlots(tables, Mask({2})).rows, 0u);
+}
+
 // Slots added to a drop in progress are dropped from the tables already
 // done as well.
 TEST(SlotDropTest, AddedSlotsAreDroppedFromEveryTable) {
