@@ -181,7 +181,9 @@ class ClusterState {
   // wait). A move (ClusterView.moves, SlotMove) COPYs its slots from the
   // source to the target, FENCEs them once the source reports COPIED (not
   // while a checkpoint is in progress, and no checkpoint starts during a
-  // fence), and flips them once it reports FENCED: the target owns them,
+  // fence; nor while the target still receives another move's copy, which
+  // the target would import before it could confirm the fence), and flips
+  // them once it reports FENCED: the target owns them,
   // and with replication 2 the source becomes their backup. A move whose
   // source or target dies or leaves is dropped (the slots stay with the
   // source, or fail over as usual). One whose source reports ABORTED (a
@@ -480,6 +482,10 @@ class ClusterState {
   void StartMoveLocked(SlotMove move) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Starts queued moves while the concurrency limit allows.
   bool StartQueuedMovesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Another move copies into `move`'s target (not a promotion, which
+  // copies nothing, and not yet copied): `move`'s fence waits for it.
+  bool TargetReceivingCopyLocked(const SlotMove& move) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The aborted move view_.moves(index) is queued again (after
   // kMoveRetryWait times its tries so far) when both of its servers are
   // live members and it has tries left; false (nothing changed) otherwise.

@@ -166,11 +166,22 @@ void ClusterState::StartFenceLocked(SlotMove* move) {
                        move->bytes_copied() / 1e6);
 }
 
+bool ClusterState::TargetReceivingCopyLocked(const SlotMove& move) const {
+  for (const SlotMove& m : view_.moves()) {
+    if (&m != &move && m.target() == move.target() &&
+        m.phase() == SlotMove::COPYING && !m.copied() && !m.promote()) {
+      return true;
+    }
+  }
+  return false;
+}
+
 bool ClusterState::StartDeferredFencesLocked() {
   if (checkpoint_.has_value()) return false;
   bool started = false;
   for (SlotMove& m : *view_.mutable_moves()) {
-    if (m.phase() == SlotMove::COPYING && m.copied()) {
+    if (m.phase() == SlotMove::COPYING && m.copied() &&
+        !TargetReceivingCopyLocked(m)) {
       StartFenceLocked(&m);
       started = true;
     }
@@ -227,13 +238,27 @@ absl::Status ClusterState::ReportMove(const ReportMoveRequest& request) {
           Describe(*move), checkpoint_->clock);
       return journal.Commit();
     }
+    // The target confirms a fence once it applied everything before it;
+    // while it is importing another move's copy that would take as long
+    // as that copy, so the fence waits for the copy's end instead.
+    if (TargetReceivingCopyLocked(*move)) {
+      move->set_copied(true);
+      journal_dirty_ = true;
+      SchedulerLog()->info(
+          "move of {}: copied; the fence waits for the target's other copy",
+          Describe(*move));
+      return journal.Commit();
+    }
     StartFenceLocked(move);
+    StartDeferredFencesLocked();  // fences that waited for this copy
   } else if (fenced) {
     FlipMoveLocked(index);
     FinishScaleInLocked();
     StartQueuedMovesLocked();
+    StartDeferredFencesLocked();
   } else if (RetryMoveLocked(index, request.error())) {
     StartQueuedMovesLocked();
+    StartDeferredFencesLocked();
   } else {
     SchedulerLog()->error("move of {} abandoned: {}", Describe(*move),
                           request.error());
@@ -258,6 +283,7 @@ absl::Status ClusterState::ReportMove(const ReportMoveRequest& request) {
                            source);
     }
     StartQueuedMovesLocked();
+    StartDeferredFencesLocked();
   }
   BumpEpochLocked();
   return journal.Commit();

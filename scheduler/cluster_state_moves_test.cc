@@ -366,19 +366,54 @@ TEST_F(MovesTest, AMoveAbortedOnEveryTryLeavesTheSlotsAndStopsTheScaleIn) {
   for (uint32_t s : first.slots()) EXPECT_EQ(Owners()[s], 2u);
 }
 
+TEST_F(MovesTest, AFenceWaitsWhileItsTargetReceivesAnotherCopy) {
+  Init(2, 1);
+  Add(SERVER);
+  ASSERT_TRUE(Scale(3).ok());
+  // Both servers move slots to the spare, rank 2.
+  const ClusterView started = state_->View();
+  ASSERT_EQ(started.moves_size(), 2);
+  const SlotMove a = started.moves(0);
+  const SlotMove b = started.moves(1);
+  ASSERT_EQ(a.target(), 2u);
+  ASSERT_EQ(b.target(), 2u);
+  ASSERT_TRUE(
+      Report(Node(a.source()), a, ReportMoveRequest::COPIED, a.copy_epoch())
+          .ok());
+  // b still copies into rank 2: a's fence waits.
+  ClusterView v = state_->View();
+  EXPECT_EQ(v.moves(0).phase(), SlotMove::COPYING);
+  EXPECT_TRUE(v.moves(0).copied());
+  state_->CheckMoves();
+  EXPECT_EQ(state_->View().moves(0).phase(), SlotMove::COPYING);
+  // b's copy ends: both fence.
+  ASSERT_TRUE(
+      Report(Node(b.source()), b, ReportMoveRequest::COPIED, b.copy_epoch())
+          .ok());
+  v = state_->View();
+  EXPECT_EQ(v.moves(0).phase(), SlotMove::FENCING);
+  EXPECT_EQ(v.moves(1).phase(), SlotMove::FENCING);
+  FinishMoves();
+  EXPECT_THAT(Owners(), ::testing::Contains(2u));
+}
+
 TEST_F(MovesTest, AFenceWaitsForACheckpointAndBlocksTheNext) {
   Init(2, 1);
   Add(SERVER);
   ASSERT_TRUE(Scale(3).ok());
   absl::StatusOr<uint64_t> clock = state_->StartCheckpoint();
   ASSERT_TRUE(clock.ok()) << clock.status();
-  const SlotMove m = state_->View().moves(0);
-  ASSERT_TRUE(
-      Report(Node(m.source()), m, ReportMoveRequest::COPIED, m.copy_epoch())
-          .ok());
+  // Both moves (to rank 2) copied.
+  const ClusterView started = state_->View();
+  ASSERT_EQ(started.moves_size(), 2);
+  for (const SlotMove& m : started.moves()) {
+    ASSERT_TRUE(
+        Report(Node(m.source()), m, ReportMoveRequest::COPIED, m.copy_epoch())
+            .ok());
+  }
   EXPECT_EQ(state_->View().moves(0).phase(), SlotMove::COPYING);
   EXPECT_TRUE(state_->View().moves(0).copied());
-  // The checkpoint commits: the fence starts.
+  // The checkpoint commits: the fences start.
   for (uint32_t rank : {0u, 1u, 2u}) {
     ReportCheckpointRequest r;
     r.set_node_id(Node(rank));
@@ -390,12 +425,15 @@ TEST_F(MovesTest, AFenceWaitsForACheckpointAndBlocksTheNext) {
   ClusterView v = state_->View();
   EXPECT_EQ(v.last_checkpoint_clock(), *clock);
   ASSERT_EQ(v.moves(0).phase(), SlotMove::FENCING);
-  // No checkpoint starts during the fence; it is taken right after.
+  ASSERT_EQ(v.moves(1).phase(), SlotMove::FENCING);
+  // No checkpoint starts during a fence; it is taken right after.
   EXPECT_EQ(state_->StartCheckpoint().status().code(),
             absl::StatusCode::kUnavailable);
-  ASSERT_TRUE(Report(Node(m.source()), m, ReportMoveRequest::FENCED,
-                     v.moves(0).fence_epoch())
-                  .ok());
+  for (const SlotMove& m : v.moves()) {
+    ASSERT_TRUE(Report(Node(m.source()), m, ReportMoveRequest::FENCED,
+                       m.fence_epoch())
+                    .ok());
+  }
   EXPECT_THAT(state_->CheckCheckpoints(),
               ElementsAre(HasSubstr("checkpoint at clock")));
 }
