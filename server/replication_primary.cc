@@ -44,6 +44,23 @@ RequestHeader CatchUpHeader(uint64_t epoch, uint64_t node_id,
   return h;
 }
 
+// The start or the end of a catch-up of `slots`: what the receiver
+// replaces, then holds.
+RequestHeader SnapshotMark(const ServerView& own, ReplicaKind kind,
+                           const std::vector<uint32_t>& slots) {
+  RequestHeader h = CatchUpHeader(own.epoch, own.node_id, kind);
+  for (uint32_t s : slots) h.mutable_replica_info()->add_slots(s);
+  return h;
+}
+
+// One entry per slot of `own`'s view, set for `slots`.
+std::vector<bool> SlotMask(const ServerView& own,
+                           const std::vector<uint32_t>& slots) {
+  std::vector<bool> mask(own.slot_owner.size(), false);
+  for (uint32_t s : slots) mask[s] = true;
+  return mask;
+}
+
 }  // namespace
 
 ReplicationPrimary::ReplicationPrimary(Deps deps) : deps_(std::move(deps)) {}
@@ -442,10 +459,9 @@ void ReplicationPrimary::SendFence(const ServerView& own, MoveOut& move) {
     unfolded = deps_.digests->pending();
     tracked = deps_.digests->Digest(move.slots);
   }
-  std::vector<bool> mask(own.slot_owner.size(), false);
-  for (uint32_t s : move.slots) mask[s] = true;
   const SlotDigest digest =
-      tracked.has_value() ? *tracked : DigestSlots(*deps_.tables, mask);
+      tracked.has_value() ? *tracked
+                          : DigestSlots(*deps_.tables, SlotMask(own, move.slots));
   RequestHeader h = CatchUpHeader(own.epoch, own.node_id, REPLICA_FENCE);
   ReplicaInfo* info = h.mutable_replica_info();
   for (uint32_t s : move.slots) info->add_slots(s);
@@ -562,14 +578,8 @@ ReplicationPrimary::Copied ReplicationPrimary::SendCatchUp(
     const ServerView& own, BackupLink& link,
     const std::vector<uint32_t>& slots) {
   const absl::Time start = deps_.clock->Now();
-  const uint32_t num_slots = static_cast<uint32_t>(own.slot_owner.size());
-  std::vector<bool> mask(num_slots, false);
-  for (uint32_t s : slots) mask[s] = true;
-  RequestHeader begin =
-      CatchUpHeader(own.epoch, own.node_id, REPLICA_SNAPSHOT_BEGIN);
-  for (uint32_t s : slots) begin.mutable_replica_info()->add_slots(s);
-  RequestHeader end = begin;
-  end.mutable_replica_info()->set_kind(REPLICA_SNAPSHOT_END);
+  const std::vector<bool> mask = SlotMask(own, slots);
+  RequestHeader begin = SnapshotMark(own, REPLICA_SNAPSHOT_BEGIN, slots);
   link.Send(begin, zmq::message_t(), zmq::message_t(), false);
   SendSeqRecords(own, link);
   // Rows and blocks with their optimizer state, read in one pass per table
@@ -585,6 +595,7 @@ ReplicationPrimary::Copied ReplicationPrimary::SendCatchUp(
     copied.bytes += table.bytes;
   }
   SendStepBuffers(own, link, mask);
+  RequestHeader end = SnapshotMark(own, REPLICA_SNAPSHOT_END, slots);
   link.Send(end, zmq::message_t(), zmq::message_t(), false);
   deps_.catchups_sent->fetch_add(1, std::memory_order_relaxed);
   deps_.rows_copied->fetch_add(copied.rows, std::memory_order_relaxed);
@@ -600,12 +611,9 @@ ReplicationPrimary::Copied ReplicationPrimary::SendCatchUp(
 void ReplicationPrimary::StartCopy(const ServerView& own, BackupLink& link,
                                    const std::vector<uint32_t>& slots) {
   const absl::Time start = deps_.clock->Now();
-  const uint32_t num_slots = static_cast<uint32_t>(own.slot_owner.size());
-  std::vector<bool> mask(num_slots, false);
-  for (uint32_t s : slots) mask[s] = true;
-  RequestHeader begin =
-      CatchUpHeader(own.epoch, own.node_id, REPLICA_SNAPSHOT_BEGIN);
-  for (uint32_t s : slots) begin.mutable_replica_info()->add_slots(s);
+  const std::vector<bool> mask = SlotMask(own, slots);
+  const uint32_t num_slots = static_cast<uint32_t>(mask.size());
+  RequestHeader begin = SnapshotMark(own, REPLICA_SNAPSHOT_BEGIN, slots);
   link.Send(begin, zmq::message_t(), zmq::message_t(), false);
   SendSeqRecords(own, link);
   // The BSP sums buffered now; pushes buffered later are forwarded after
@@ -723,9 +731,7 @@ bool ReplicationPrimary::ContinueCopy(const ServerView& own, BackupLink& link,
 
 void ReplicationPrimary::EndCopy(const ServerView& own, BackupLink& link,
                                  CopyJob& job) {
-  RequestHeader end =
-      CatchUpHeader(own.epoch, own.node_id, REPLICA_SNAPSHOT_END);
-  for (uint32_t s : job.slots) end.mutable_replica_info()->add_slots(s);
+  RequestHeader end = SnapshotMark(own, REPLICA_SNAPSHOT_END, job.slots);
   link.Send(end, zmq::message_t(), zmq::message_t(), false);
   deps_.catchups_sent->fetch_add(1, std::memory_order_relaxed);
   deps_.rows_copied->fetch_add(job.copied.rows, std::memory_order_relaxed);
