@@ -99,6 +99,23 @@ class ReplicationPrimaryTest : public ::testing::Test {
   // Server node ids by rank: this server (rank 0) and backups 1 and 2.
   static constexpr uint64_t kNode[] = {100, 101, 102};
 
+  // The table of a 3-server, 4-slot job: sparse "t", dim 1, SGD at rate 1.
+  static absl::StatusOr<std::unique_ptr<Table>> SgdTable() {
+    auto config =
+        ParseJobConfig(R"pb(
+                         cluster { num_servers: 3 num_workers: 1 num_slots: 4 }
+                         tables {
+                           id: 0
+                           name: "t"
+                           sparse { dim: 1 }
+                           optimizer { sgd { learning_rate: 1 } }
+                         }
+                       )pb",
+                       "test");
+    if (!config.ok()) return config.status();
+    return Table::Create(config->tables(0));
+  }
+
   ReplicationPrimaryTest() {
     ReplicationPrimary::Deps deps;
     deps.context = &context_;
@@ -294,19 +311,7 @@ TEST_F(ReplicationPrimaryTest, WaitMovesToTheNewBackupsCatchUp) {
 // the catch-up's acknowledgement is reported as COPIED, and the fence goes
 // after every update sent before it.
 TEST_F(ReplicationPrimaryTest, LearnerJoinsTheAckPathOnlyWhenFarBehind) {
-  auto config =
-      ParseJobConfig(R"pb(
-                       cluster { num_servers: 3 num_workers: 1 num_slots: 4 }
-                       tables {
-                         id: 0
-                         name: "t"
-                         sparse { dim: 1 }
-                         optimizer { sgd { learning_rate: 1 } }
-                       }
-                     )pb",
-                     "test");
-  ASSERT_TRUE(config.ok()) << config.status();
-  auto table = Table::Create(config->tables(0));
+  auto table = SgdTable();
   ASSERT_TRUE(table.ok()) << table.status();
   ServerView own = View(1, {1, 1, 1, 1});
   ServerView::Move move;
@@ -528,19 +533,7 @@ TEST_F(ReplicationPrimaryTest,
 // scheduler waits for COPIED, but nothing here relies on it) finishes the
 // copy first: the fence never goes ahead of rows.
 TEST_F(ReplicationPrimaryTest, FenceFinishesACopyInProgressFirst) {
-  auto config =
-      ParseJobConfig(R"pb(
-                       cluster { num_servers: 3 num_workers: 1 num_slots: 4 }
-                       tables {
-                         id: 0
-                         name: "t"
-                         sparse { dim: 1 }
-                         optimizer { sgd { learning_rate: 1 } }
-                       }
-                     )pb",
-                     "test");
-  ASSERT_TRUE(config.ok()) << config.status();
-  auto table = Table::Create(config->tables(0));
+  auto table = SgdTable();
   ASSERT_TRUE(table.ok()) << table.status();
   std::vector<uint64_t> keys(100);
   for (uint64_t k = 0; k < keys.size(); ++k) keys[k] = k;
