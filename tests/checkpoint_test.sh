@@ -20,11 +20,14 @@ FAIL_LOGS='*/*.log'
 FAIL_LOG_LINES=12
 
 # config SERVERS DIR RESTORE INTERVAL NUM_TRAIN: a job config on stdout.
+# The heartbeat timeout is 2 s: a loaded machine has delayed a server's
+# registration answer by 660 ms, and at 600 ms the scheduler declared that
+# live server dead before its first heartbeat, leaving the job a server short.
 config() {
   cat <<CONFIG
 name: "ckpt"
 cluster { num_servers: $1 num_workers: 2 num_slots: 256
-          heartbeat_interval_ms: 100 heartbeat_timeout_ms: 600
+          heartbeat_interval_ms: 100 heartbeat_timeout_ms: 2000
           request_timeout_ms: 20000 failover_timeout_ms: 60000 }
 consistency { mode: ASYNC }
 tables { id: 0 name: "sparse" sparse { dim: 5 }
@@ -90,7 +93,7 @@ for m in 2 4; do
   for i in $(seq 0 $((m - 1))); do
     start_server "$RUN" "$T/reshard$m.pbtxt" "server$i"; S+=("$LAST_PID")
   done
-  wait_until 10 job_running || true
+  wait_until 30 job_running || fail "reshard $m: the job did not start on $m servers"
   # With no worker training, a checkpoint is a cut at the next clock: it
   # holds exactly what the servers restored.
   "$PSCTL" --scheduler="$ADDRESS" --timeout_ms=30000 checkpoint --wait \

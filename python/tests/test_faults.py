@@ -93,6 +93,12 @@ class Job:
             raise AssertionError("the job hung:\n" + "\n".join(
                 f"---- {n}\n{self.cluster.log(n)[-2000:]}" for n in self.cluster.procs))
 
+    def failed_logs(self, codes: Dict[str, int]) -> str:
+        """The exit codes, then the end of each failed process's log."""
+        return f"{codes}\n" + "\n".join(
+            f"---- {n} exited {c}\n{self.cluster.log(n)[-3000:]}"
+            for n, c in codes.items() if c != 0)
+
     def lines(self, name: str) -> List[dict]:
         return [json.loads(line) for line in self.cluster.output(name).splitlines()
                 if line.startswith("{")]
@@ -159,7 +165,7 @@ def test_a_stopped_worker_hands_over_its_exact_position(write_config, cluster_fa
                              timeout=30)
         assert out.returncode == 0, out.stderr
     codes = job.finish()
-    assert set(codes.values()) == {0}, codes
+    assert set(codes.values()) == {0}, job.failed_logs(codes)
     stopped = [line for line in job.lines("w1") if "worker_rank" in line]
     assert stopped and stopped[-1]["stopped"], job.cluster.output("w1")
     assert 30 <= stopped[-1]["steps"] < NUM_TRAIN * EPOCHS // BATCH // 2
