@@ -280,6 +280,9 @@ void DefaultCluster(ClusterConfig* cl) {
     cl->mutable_elastic()->set_max_servers(
         std::min<uint32_t>(1024, 4 * std::max<uint32_t>(1, cl->num_servers())));
   }
+  if (cl->has_elastic() && cl->elastic().move_work_share() == 0) {
+    cl->mutable_elastic()->set_move_work_share(0.25);
+  }
 }
 
 void DefaultDataPlane(DataPlaneConfig* dp) {
@@ -461,6 +464,10 @@ void CheckCluster(const ClusterConfig& cl, Checker* c) {
     c->Require(cl.elastic().max_servers() <= cl.num_slots(),
                "cluster.elastic.max_servers",
                "must be at most cluster.num_slots");
+    // NaN fails both comparisons.
+    c->Require(cl.elastic().move_work_share() > 0 &&
+                   cl.elastic().move_work_share() <= 1,
+               "cluster.elastic.move_work_share", "must be in (0, 1]");
   }
 }
 

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/text_format.h"
 #include "google/protobuf/util/message_differencer.h"
@@ -1162,6 +1163,24 @@ TEST(ValidateJobConfigTest, DataPlaneErrorsNameTheField) {
 
 namespace ps {
 namespace {
+
+TEST(ValidateJobConfigTest, ElasticMoveWorkShare) {
+  constexpr char kElastic[] =
+      "cluster { num_servers: 2 num_workers: 1 elastic { %s } }\n";
+  auto parsed = ParseJobConfig(absl::StrFormat(kElastic, ""), "job.pbtxt");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->cluster().elastic().move_work_share(), 0.25);
+  parsed = ParseJobConfig(absl::StrFormat(kElastic, "move_work_share: 1"),
+                          "job.pbtxt");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->cluster().elastic().move_work_share(), 1.0);
+  for (const char* bad : {"move_work_share: 1.5", "move_work_share: -0.1",
+                          "move_work_share: nan", "move_work_share: inf"}) {
+    EXPECT_EQ(RejectionOf(absl::StrFormat(kElastic, bad)),
+              "job.pbtxt: cluster.elastic.move_work_share: must be in (0, 1]")
+        << bad;
+  }
+}
 
 TEST(ValidateJobConfigTest, ModelsAreCheckedAgainstDataAndTables) {
   auto job = [](const std::string& model, int dim, const std::string& data) {

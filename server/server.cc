@@ -26,6 +26,18 @@ namespace {
 // late a new view takes effect.
 constexpr std::chrono::milliseconds kPollPeriod{50};
 
+// The move work credit a busy serving thread may save up: about one step.
+constexpr absl::Duration kMoveWorkBurst = absl::Milliseconds(2);
+
+// cluster.elastic.move_work_share, or its default when unset or out of
+// range (a config that skipped validation); 1 (no pacing) without
+// elastic membership, where nothing moves.
+double MoveWorkShare(const ClusterConfig& cluster) {
+  if (!cluster.has_elastic()) return 1.0;
+  const double share = cluster.elastic().move_work_share();
+  return share > 0 && share <= 1 ? share : 0.25;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<KVServer>> KVServer::Start(Options options) {
@@ -92,7 +104,9 @@ KVServer::Impl::Impl(Options options)
       key_cache_(options_.config.data_plane().key_cache_bytes()),
       replicated_(!options_.standalone &&
                   (options_.config.cluster().replication() >= 2 ||
-                   options_.config.cluster().has_elastic())) {}
+                   options_.config.cluster().has_elastic())),
+      move_work_(options_.clock, MoveWorkShare(options_.config.cluster()),
+                 kMoveWorkBurst) {}
 
 ReplicationPrimary::Deps KVServer::Impl::ReplicationPrimaryDeps() {
   ReplicationPrimary::Deps deps;
@@ -333,10 +347,11 @@ void KVServer::Impl::Serve() {
     items.push_back({nullptr, views_.wake_fd(), ZMQ_POLLIN, 0});
     primary_.AddPollItems(&items, &item_links);
     try {
-      // A copy in progress goes on at once when no request waits.
-      zmq::poll(
-          items.data(), items.size(),
-          primary_.copying() ? std::chrono::milliseconds(0) : kPollPeriod);
+      // A move's copy, digest folds and drop go on as soon as their budget
+      // allows, at once when no request waits.
+      // Nothing came in before the timeout: the thread was idle.
+      const bool idle =
+          zmq::poll(items.data(), items.size(), MoveWorkPoll(kPollPeriod)) == 0;
       if (items[1].revents & ZMQ_POLLIN) views_.ClearWake();
       const bool readable = (items[0].revents & ZMQ_POLLIN) != 0;
       std::shared_ptr<const Ownership> own = current_view();
@@ -363,17 +378,13 @@ void KVServer::Impl::Serve() {
           frames = std::vector<zmq::message_t>();
           // Before the next message: see Progress in server_impl.h.
           if (progress_due) Progress(*own);
-          // Bounded, so the digests and copies go on without delaying a
-          // request much.
-          move_digests_.Fold(kDigestFoldRows);
-          primary_.ContinueCopies(*own, kCopyRowsPerTurn);
-          StepDrop(options_.drop_positions_per_turn);
+          // Bounded and paced, so the digests, copies and drops go on
+          // without delaying requests much.
+          RunMoveWork(*own, /*idle=*/false);
         }
         Progress(*own);
       }
-      move_digests_.Fold(kDigestFoldRows);
-      primary_.ContinueCopies(*own, kCopyRowsPerTurn);
-      StepDrop(options_.drop_positions_per_turn);
+      RunMoveWork(*own, idle);
       AdvanceTables();
       Watchdog();
       if (table_stats_.Due(options_.clock->Now())) PublishTableStats();

@@ -40,6 +40,7 @@
 #include "server/key_cache.h"
 #include "server/lease_fence.h"
 #include "server/move_digest.h"
+#include "server/work_budget.h"
 #include "server/peer_gate.h"
 #include "server/replica_store.h"
 #include "server/replication.h"
@@ -313,6 +314,14 @@ class KVServer::Impl {
   void FinishDropOfHeld(const Ownership& own);
   // Tracks the digests of own.moves this server is source or target of.
   void SyncMoveDigests(const Ownership& own);
+  // One step of the moves' background work (digest folds, the copy, the
+  // drop), if move_work_ allows it or the thread is `idle` (nothing was
+  // waiting for it); busy steps are charged to move_work_.
+  void RunMoveWork(const Ownership& own, bool idle);
+  // Whether any of that work is left, and how long the serving loop may
+  // poll before the next step is due.
+  bool MoveWorkLeft() const;
+  std::chrono::milliseconds MoveWorkPoll(std::chrono::milliseconds period);
   // Changed rows folded into the move digests per request served.
   static constexpr size_t kDigestFoldRows = 4096;
   // Rows and blocks of a move's copy sent per request served.
@@ -434,6 +443,9 @@ class KVServer::Impl {
   // not owned), but whatever reads whole tables or takes slots back calls
   // FinishDrop() first.
   std::optional<SlotDrop> pending_drop_;
+  // Paces the background work of moves on a busy serving thread
+  // (cluster.elastic.move_work_share; RunMoveWork).
+  WorkBudget move_work_;
 
   // The newest view (UpdateView posts it and wakes the serving thread)
   // and the view applied last (promotions compare it with the next).

@@ -247,6 +247,30 @@ void KVServer::Impl::SyncMoveDigests(const Ownership& own) {
   move_digests_.Sync(static_cast<uint32_t>(own.slot_owner.size()), moves);
 }
 
+bool KVServer::Impl::MoveWorkLeft() const {
+  return primary_.copying() || pending_drop_.has_value() ||
+         move_digests_.pending() > 0;
+}
+
+std::chrono::milliseconds KVServer::Impl::MoveWorkPoll(
+    std::chrono::milliseconds period) {
+  if (!MoveWorkLeft()) return period;
+  const absl::Duration wait = move_work_.Wait();
+  if (wait >= absl::FromChrono(period)) return period;
+  // Rounded up: a poll that ends just before the credit does would spin.
+  return std::chrono::milliseconds(absl::ToInt64Milliseconds(
+      wait + absl::Milliseconds(1) - absl::Nanoseconds(1)));
+}
+
+void KVServer::Impl::RunMoveWork(const Ownership& own, bool idle) {
+  if (!MoveWorkLeft() || (!idle && !move_work_.Allowed())) return;
+  const absl::Time start = options_.clock->Now();
+  move_digests_.Fold(kDigestFoldRows);
+  primary_.ContinueCopies(own, kCopyRowsPerTurn);
+  StepDrop(options_.drop_positions_per_turn);
+  if (!idle) move_work_.Spend(options_.clock->Now() - start);
+}
+
 void KVServer::Impl::MaybeMeasureSlots(const Ownership& own) {
   if (!options_.config.cluster().has_elastic() || own.slot_owner.empty() ||
       own.all) {
