@@ -48,24 +48,24 @@ void MoveDigests::Sync(uint32_t num_slots,
 }
 
 void MoveDigests::Start(Move& move) {
-  // Reads only the indexes: the rows are hashed by Fold, between requests.
-  for (const auto& [id, table] : *tables_) {
-    if (const SparseTable* sparse = table->AsSparse()) {
-      sparse->ForEachKey([&, id = id](uint64_t key) {
-        if (move.mask[SparseSlot(id, key, move.num_slots)])
-          move.initial.push_back({id, key});
-      });
-      continue;
-    }
-    table->AsDense()
-        ->ForEachBlock([&, id = id](uint64_t block, absl::Span<const float>,
-                                    absl::Span<const float>) {
-          if (move.mask[DenseBlockSlot(id, block, move.num_slots)])
-            move.initial.push_back({id, block});
-          return absl::OkStatus();
-        })
-        .IgnoreError();
+  // Reads only the indexes, in steps: the rows are hashed by FoldInitial,
+  // between requests.
+  move.walk.emplace(*tables_, move.mask);
+  StepWalk(move, kStartPositions);
+}
+
+bool MoveDigests::StepWalk(Move& move, size_t positions) {
+  if (!move.walk.has_value()) return true;
+  if (positions == ~size_t{0}) {
+    move.walk->Finish(*tables_);
+  } else if (!move.walk->Step(*tables_, positions)) {
+    return false;
   }
+  for (SlotKeyWalk::Keys& k : move.walk->keys()) {
+    for (uint64_t key : k.keys) move.initial.push_back({k.table, key});
+  }
+  move.walk.reset();
+  return true;
 }
 
 void MoveDigests::FreeInitial(Move& move) {
@@ -123,14 +123,35 @@ void MoveDigests::Refresh(Move& move, const RowKey& row) {
 }
 
 size_t MoveDigests::Fold(size_t max_rows) {
+  const size_t used = std::min(max_rows, pending_initial());
+  const size_t initial = FoldInitial(max_rows);
+  return initial + FoldChanged(max_rows - used);
+}
+
+size_t MoveDigests::FoldInitial(size_t max_rows) {
   size_t left = 0;
-  std::vector<RowKey> batch;
   for (auto& [key, move] : moves_) {
+    if (!StepWalk(move, max_rows > ~size_t{0} / kPositionsPerRow
+                            ? ~size_t{0}
+                            : max_rows * kPositionsPerRow)) {
+      max_rows = 0;  // a step that did not end the listing spends the turn
+      ++left;
+      continue;
+    }
     while (max_rows > 0 && move.next < move.initial.size()) {
       Refresh(move, move.initial[move.next++]);
       --max_rows;
     }
     if (move.next == move.initial.size()) FreeInitial(move);
+    left += move.initial.size() - move.next;
+  }
+  return left;
+}
+
+size_t MoveDigests::FoldChanged(size_t max_rows) {
+  size_t left = 0;
+  std::vector<RowKey> batch;
+  for (auto& [key, move] : moves_) {
     batch.clear();
     for (auto it = move.changed.begin();
          it != move.changed.end() && batch.size() < max_rows; ++it) {
@@ -144,7 +165,7 @@ size_t MoveDigests::Fold(size_t max_rows) {
     // A drained set is released: its erased entries would slow the scans
     // of the next batches down.
     if (move.changed.empty()) move.changed = absl::flat_hash_set<RowKey>();
-    left += move.initial.size() - move.next + move.changed.size();
+    left += move.changed.size();
   }
   return left;
 }
@@ -153,6 +174,7 @@ std::optional<SlotDigest> MoveDigests::Digest(std::vector<uint32_t> slots) {
   std::sort(slots.begin(), slots.end());
   for (auto& [key, move] : moves_) {
     if (move.slots != slots) continue;
+    StepWalk(move, ~size_t{0});
     while (move.next < move.initial.size())
       Refresh(move, move.initial[move.next++]);
     FreeInitial(move);
@@ -163,10 +185,17 @@ std::optional<SlotDigest> MoveDigests::Digest(std::vector<uint32_t> slots) {
   return std::nullopt;
 }
 
-size_t MoveDigests::pending() const {
+size_t MoveDigests::pending_initial() const {
   size_t n = 0;
+  // A listing in progress counts as one row: its size is not known yet.
   for (const auto& [key, move] : moves_)
-    n += move.initial.size() - move.next + move.changed.size();
+    n += move.initial.size() - move.next + (move.walk.has_value() ? 1 : 0);
+  return n;
+}
+
+size_t MoveDigests::pending_changed() const {
+  size_t n = 0;
+  for (const auto& [key, move] : moves_) n += move.changed.size();
   return n;
 }
 

@@ -9,7 +9,8 @@
 // batches (S -= the stored hash, S += the hash of the row as it is now, or
 // nothing if it is gone), so at the fence only the rows changed since the
 // last fold are read. When tracking starts every row the server holds of
-// the slots counts as changed.
+// the slots counts as changed; they are listed in steps too (SlotKeyWalk),
+// as part of FoldInitial.
 //
 // Memory: a map entry per row of the tracked slots while the move is
 // tracked; nothing for other slots or once the move is untracked.
@@ -56,14 +57,24 @@ class MoveDigests : public RowWatch {
   // Refreshes at most `max_rows` changed rows (over all moves). Returns how
   // many changed rows are left.
   size_t Fold(size_t max_rows);
+  // Fold's two parts. FoldInitial hashes at most `max_rows` of the rows
+  // held when tracking started (work that grows with the table: a server
+  // paces it); FoldChanged refreshes at most `max_rows` of the rows changed
+  // since (work that follows the updates served). Each returns how many
+  // rows of its kind are left.
+  size_t FoldInitial(size_t max_rows);
+  size_t FoldChanged(size_t max_rows);
 
   // The digest (digest, rows, bytes, as DigestSlots counts them) of the
   // tracked move whose slots are exactly `slots` (in any order), after
   // refreshing its changed rows; nullopt when no such move is tracked.
   std::optional<SlotDigest> Digest(std::vector<uint32_t> slots);
 
-  // Rows changed and not folded yet, over all moves.
-  size_t pending() const;
+  // Rows changed and not folded yet, over all moves: in all, of the rows
+  // held at the start, of the rows changed since.
+  size_t pending() const { return pending_initial() + pending_changed(); }
+  size_t pending_initial() const;
+  size_t pending_changed() const;
   size_t moves() const { return moves_.size(); }
 
   void RowChanged(uint32_t table, bool sparse, uint64_t row) override;
@@ -79,6 +90,9 @@ class MoveDigests : public RowWatch {
     std::vector<uint32_t> slots;  // sorted
     std::vector<bool> mask;       // num_slots entries
     absl::flat_hash_map<RowKey, Folded> folded;
+    // Lists the rows held when tracking started, in steps (FoldInitial);
+    // empty once `initial` holds them.
+    std::optional<SlotKeyWalk> walk;
     // The rows held when tracking started (a list: cheaper to fill than
     // the set, and refreshing a row twice is harmless), folded from `next`
     // on; then the rows changed since.
@@ -89,6 +103,13 @@ class MoveDigests : public RowWatch {
   };
 
   void Start(Move& move);
+  // A step of the move's listing walk of at most `positions` index
+  // positions (~0: to its end); true once `initial` holds the list.
+  bool StepWalk(Move& move, size_t positions);
+  // Index positions the listing looks at per row of a fold's budget, and
+  // at once when tracking starts (all of a small table's index).
+  static constexpr size_t kPositionsPerRow = 8;
+  static constexpr size_t kStartPositions = 32768;
   static void FreeInitial(Move& move);
   void Refresh(Move& move, const RowKey& row);
   // Sets this as the watch of every table (or none when no move is

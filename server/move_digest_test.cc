@@ -7,7 +7,9 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <algorithm>
 #include <random>
+#include <set>
 #include <vector>
 
 #include "absl/time/time.h"
@@ -184,6 +186,66 @@ TEST(MoveDigestsTest, FoldIsBoundedAndAFenceReadsOnlyWhatIsLeft) {
   ExpectSame(digests, tables, all);
 }
 
+TEST(MoveDigestsTest, ChangedRowsFoldApartFromTheRowsHeldAtTheStart) {
+  TableMap tables = MakeTables();
+  SparseTable& plain = *tables[kPlain]->AsSparse();
+  std::vector<uint64_t> keys(1000);
+  for (uint64_t k = 0; k < keys.size(); ++k) keys[k] = k;
+  std::vector<float> grads(keys.size() * kDim, 0.25f);
+  plain.Push(keys, grads.data());
+  MoveDigests digests(&tables);
+  const std::vector<uint32_t> all = {0, 1, 2,  3,  4,  5,  6,  7,
+                                     8, 9, 10, 11, 12, 13, 14, 15};
+  digests.Sync(kSlots, {{{0, 1, 1}, all}});
+  // Rows pushed (and new rows created) while the start is still hashed.
+  std::vector<uint64_t> touched = {3, 5, 2000, 2001};
+  plain.Push(touched, grads.data());
+  EXPECT_EQ(digests.pending_initial(), 1000u);
+  EXPECT_EQ(digests.pending_changed(), touched.size());
+  // The changed rows alone: the start is left for the paced part.
+  EXPECT_EQ(digests.FoldChanged(1000), 0u);
+  EXPECT_EQ(digests.pending_initial(), 1000u);
+  // Interleaved, bounded, with more changes between: still exact.
+  std::mt19937_64 rng(3);
+  while (digests.pending() > 0) {
+    const size_t before = digests.pending_initial();
+    EXPECT_EQ(digests.FoldInitial(100), before - std::min<size_t>(before, 100));
+    const uint64_t k = rng() % 3000;
+    plain.Push(absl::MakeSpan(&k, 1), grads.data());
+    digests.FoldChanged(rng() % 3);
+  }
+  ExpectSame(digests, tables, all);
+}
+
+// A table too large to list when tracking starts is listed in steps by
+// FoldInitial, while rows are created (growing the index) and dropped: the
+// digest still equals a pass over every row.
+TEST(MoveDigestsTest, ALargeTableIsListedInStepsThroughGrowthAndDrops) {
+  TableMap tables = MakeTables();
+  SparseTable& plain = *tables[kPlain]->AsSparse();
+  std::vector<uint64_t> keys(40000);
+  for (uint64_t k = 0; k < keys.size(); ++k) keys[k] = k;
+  std::vector<float> grads(keys.size() * kDim, 0.25f);
+  plain.Push(keys, grads.data());
+  MoveDigests digests(&tables);
+  const std::vector<uint32_t> slots = {1, 5, 6, 12};
+  digests.Sync(kSlots, {{{0, 1, 1}, slots}});
+  EXPECT_EQ(digests.pending_initial(), 1u) << "listed at once";
+  std::mt19937_64 rng(9);
+  int turns = 0;
+  for (; digests.pending_initial() > 0; ++turns) {
+    digests.FoldInitial(256);
+    std::vector<uint64_t> fresh;
+    for (int i = 0; i < 300; ++i) fresh.push_back(50000 + rng() % 200000);
+    plain.Push(fresh, grads.data());
+    const uint64_t victim = rng() % keys.size();
+    plain.DropRows([&](uint64_t key) { return key == victim; });
+    digests.FoldChanged(rng() % 64);
+  }
+  EXPECT_GT(turns, 5);
+  ExpectSame(digests, tables, slots);
+}
+
 TEST(MoveDigestsTest, OnlyTrackedMovesAndTheirSlotsAreKept) {
   TableMap tables = MakeTables();
   MoveDigests digests(&tables);
@@ -225,6 +287,61 @@ TEST(SlotBytesScanTest, StepsAddUpToOnePass) {
   uint64_t total = 0;
   for (uint64_t b : whole) total += b;
   EXPECT_GT(total, 0u);
+}
+
+// A stepwise listing interleaved with index growth and row drops: every
+// row of the slots held from start to end is listed exactly once, and
+// nothing outside the slots or never held is.
+TEST(SlotKeyWalkTest, ListsEveryRowHeldThroughoutOnceDespiteGrowthAndDrops) {
+  TableMap tables = MakeTables();
+  SparseTable& plain = *tables[kPlain]->AsSparse();
+  std::mt19937_64 rng(5);
+  auto push = [&](std::vector<uint64_t> keys) {
+    std::vector<float> grads(keys.size() * kDim, 0.5f);
+    plain.Push(keys, grads.data());
+  };
+  std::vector<uint64_t> start(3000);
+  for (uint64_t k = 0; k < start.size(); ++k) start[k] = k;
+  push(start);
+  std::vector<bool> mask(kSlots, false);
+  mask[2] = mask[7] = mask[11] = true;
+  std::set<uint64_t> dropped, created;
+  SlotKeyWalk walk(tables, mask);
+  int steps = 0;
+  for (; !walk.Step(tables, 64); ++steps) {
+    if (steps % 7 == 3) {  // new rows; now and then the index grows
+      std::vector<uint64_t> fresh;
+      for (int i = 0; i < 200; ++i) fresh.push_back(100000 + rng() % 100000);
+      push(fresh);
+      created.insert(fresh.begin(), fresh.end());
+    }
+    if (steps % 29 == 11) {  // drops shift rows backward
+      const uint64_t victim = rng() % start.size();
+      dropped.insert(victim);
+      plain.DropRows([&](uint64_t key) { return key == victim; });
+    }
+  }
+  EXPECT_GT(steps, 20);
+  EXPECT_GT(walk.restarts(), 0);
+  std::vector<uint64_t> listed;
+  for (const SlotKeyWalk::Keys& k : walk.keys()) {
+    if (k.table == kPlain) listed = k.keys;
+    if (k.table == kExpiring) EXPECT_TRUE(k.keys.empty());
+  }
+  std::set<uint64_t> unique(listed.begin(), listed.end());
+  EXPECT_EQ(unique.size(), listed.size()) << "a row listed twice";
+  size_t kept = 0;
+  for (uint64_t k : start) {
+    if (!mask[SparseSlot(kPlain, k, kSlots)] || dropped.count(k) > 0)
+      continue;
+    ++kept;
+    EXPECT_EQ(unique.count(k), 1u) << "row " << k << " was not listed";
+  }
+  EXPECT_GT(kept, 100u);
+  for (uint64_t k : listed) {
+    EXPECT_TRUE(mask[SparseSlot(kPlain, k, kSlots)]) << k;
+    EXPECT_TRUE(k < start.size() || created.count(k) > 0) << k;
+  }
 }
 
 // A stepwise drop interleaved with pushes of other slots (growing the

@@ -611,8 +611,7 @@ ReplicationPrimary::Copied ReplicationPrimary::SendCatchUp(
 void ReplicationPrimary::StartCopy(const ServerView& own, BackupLink& link,
                                    const std::vector<uint32_t>& slots) {
   const absl::Time start = deps_.clock->Now();
-  const std::vector<bool> mask = SlotMask(own, slots);
-  const uint32_t num_slots = static_cast<uint32_t>(mask.size());
+  std::vector<bool> mask = SlotMask(own, slots);
   RequestHeader begin = SnapshotMark(own, REPLICA_SNAPSHOT_BEGIN, slots);
   link.Send(begin, zmq::message_t(), zmq::message_t(), false);
   SendSeqRecords(own, link);
@@ -623,38 +622,9 @@ void ReplicationPrimary::StartCopy(const ServerView& own, BackupLink& link,
   CopyJob job;
   job.slots = slots;
   job.start = start;
-  std::vector<uint32_t> ids;
-  for (const auto& [id, table] : *deps_.tables) ids.push_back(id);
-  std::sort(ids.begin(), ids.end());
-  for (uint32_t id : ids) {
-    const Table& table = *deps_.tables->at(id);
-    CopyRows t;
-    t.table = id;
-    t.sparse = table.AsSparse() != nullptr;
-    // Only the index (keys) is read here, not the rows.
-    if (t.sparse) {
-      table.AsSparse()->ForEachKey([&](uint64_t key) {
-        if (mask[SparseSlot(id, key, num_slots)]) t.rows.push_back(key);
-      });
-    } else {
-      table.AsDense()
-          ->ForEachBlock([&](uint64_t block, absl::Span<const float>,
-                             absl::Span<const float>) {
-            if (mask[DenseBlockSlot(id, block, num_slots)])
-              t.rows.push_back(block);
-            return absl::OkStatus();
-          })
-          .IgnoreError();
-    }
-    // The keys come in the index's hash order; the target inserting them
-    // so would pile them into long probe runs (SparseTable::ExportRows
-    // says why). A stride near the golden ratio, coprime to their number,
-    // spreads every prefix over the hash range.
-    const size_t n = t.rows.size();
-    t.stride = std::max<size_t>(1, static_cast<size_t>(n * 0.6180339887));
-    while (n > 0 && std::gcd(t.stride, n) != 1) ++t.stride;
-    if (n > 0) job.tables.push_back(std::move(t));
-  }
+  // The rows are listed between requests (ContinueCopy): a walk of the
+  // whole index at once would hold requests up for as long as it takes.
+  job.listing.emplace(*deps_.tables, std::move(mask));
   job.longest = deps_.clock->Now() - start;
   copies_[link.node_id()] = std::move(job);
 }
@@ -675,9 +645,45 @@ bool ReplicationPrimary::ContinueCopies(const ServerView& own,
   return !copies_.empty();
 }
 
+void ReplicationPrimary::ListCopy(CopyJob& job, size_t* max_rows) {
+  SlotKeyWalk& walk = *job.listing;
+  const size_t positions = *max_rows > ~size_t{0} / kListPositionsPerRow
+                               ? ~size_t{0}
+                               : *max_rows * kListPositionsPerRow;
+  if (positions == ~size_t{0}) {
+    walk.Finish(*deps_.tables);
+  } else if (!walk.Step(*deps_.tables, positions)) {
+    *max_rows = 0;  // a listing step that did not end spends the turn
+    return;
+  }
+  for (SlotKeyWalk::Keys& k : walk.keys()) {
+    CopyRows t;
+    t.table = k.table;
+    t.sparse = k.sparse;
+    t.rows = std::move(k.keys);
+    // The keys come in the index's hash order; the target inserting them
+    // so would pile them into long probe runs (SparseTable::ExportRows
+    // says why). A stride near the golden ratio, coprime to their number,
+    // spreads every prefix over the hash range.
+    const size_t n = t.rows.size();
+    t.stride = std::max<size_t>(1, static_cast<size_t>(n * 0.6180339887));
+    while (n > 0 && std::gcd(t.stride, n) != 1) ++t.stride;
+    if (n > 0) job.tables.push_back(std::move(t));
+  }
+  job.restarts = walk.restarts();
+  job.listing.reset();
+}
+
 bool ReplicationPrimary::ContinueCopy(const ServerView& own, BackupLink& link,
                                       CopyJob& job, size_t* max_rows) {
   const absl::Time start = deps_.clock->Now();
+  if (job.listing.has_value()) {
+    ListCopy(job, max_rows);
+    if (job.listing.has_value() || *max_rows == 0) {
+      job.longest = std::max(job.longest, deps_.clock->Now() - start);
+      return false;
+    }
+  }
   std::vector<uint64_t> keys;
   std::vector<float> values;
   auto flush = [&](const CopyRows& t) {
@@ -739,10 +745,11 @@ void ReplicationPrimary::EndCopy(const ServerView& own, BackupLink& link,
   // (the listing, or one chunk), what a push to this server waited.
   ServerLog()->info(
       "catch-up of {} slots to server node {} ({}): {} rows and blocks in "
-      "{} chunks between requests, {} senders' sequence records, {} "
-      "buffered steps, read in {:.1f} ms at most at once, {:.1f} ms in all",
+      "{} chunks between requests ({} listing passes started over), {} "
+      "senders' sequence records, {} buffered steps, read in {:.1f} ms at "
+      "most at once, {:.1f} ms in all",
       job.slots.size(), link.node_id(), link.endpoint(), job.copied.rows,
-      job.chunks, deps_.seqs->size(), deps_.buffers->size(),
+      job.chunks, job.restarts, deps_.seqs->size(), deps_.buffers->size(),
       absl::ToDoubleMilliseconds(job.longest),
       absl::ToDoubleMilliseconds(deps_.clock->Now() - job.start));
   for (auto& [target, move] : moves_) {

@@ -48,6 +48,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -63,6 +64,7 @@
 #include "server/move_digest.h"
 #include "server/replication.h"
 #include "server/server_view.h"
+#include "server/slot_digest.h"
 #include "server/step_buffers.h"
 #include "server/table.h"
 #include "zmq.hpp"
@@ -245,12 +247,16 @@ class ReplicationPrimary {
   };
   struct CopyJob {
     std::vector<uint32_t> slots;
+    // Lists the rows to send, in steps, before the first is sent; empty
+    // once tables holds the list.
+    std::optional<SlotKeyWalk> listing;
     std::vector<CopyRows> tables;
     size_t table = 0, next = 0;  // the next row: tables[table].rows order
     Copied copied;
     uint64_t chunks = 0;
     absl::Time start;
     absl::Duration longest;  // the longest stretch of reading
+    int restarts = 0;        // listing passes started over (SlotKeyWalk)
   };
 
   replication::BackupLink* LinkOf(const ServerView& own, uint32_t backup);
@@ -307,14 +313,22 @@ class ReplicationPrimary {
   Copied SendCatchUp(const ServerView& own, replication::BackupLink& link,
                      const std::vector<uint32_t>& slots);
   // A learner's copy in chunks: sends its start (sequence records, BSP
-  // sums) and lists its rows; ContinueCopies sends the rest. Replaces a
-  // copy to the same node in progress.
+  // sums); ContinueCopies lists its rows, then sends them. Replaces a copy
+  // to the same node in progress.
   void StartCopy(const ServerView& own, replication::BackupLink& link,
                  const std::vector<uint32_t>& slots);
-  // Sends at most `max_rows` rows of `job` to `link`; the copy's end once
-  // every row went (returns true then).
+  // Lists the rows of `job` (a step of at most kListPositionsPerRow *
+  // `max_rows` index positions) and, once listed, sends at most `max_rows`
+  // of them to `link`; the copy's end once every row went (returns true
+  // then).
   bool ContinueCopy(const ServerView& own, replication::BackupLink& link,
                     CopyJob& job, size_t* max_rows);
+  // ContinueCopy's listing step: one that does not end the listing spends
+  // the turn (sets *max_rows to 0); an unlimited one (~0) ends it.
+  void ListCopy(CopyJob& job, size_t* max_rows);
+  // Index positions a listing step looks at per row of the turn's budget:
+  // looking at a position costs a small part of sending a row.
+  static constexpr size_t kListPositionsPerRow = 8;
   void EndCopy(const ServerView& own, replication::BackupLink& link,
                CopyJob& job);
   // The parts of a catch-up: the sequence records; the rows (sparse) or

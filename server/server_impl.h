@@ -314,12 +314,16 @@ class KVServer::Impl {
   void FinishDropOfHeld(const Ownership& own);
   // Tracks the digests of own.moves this server is source or target of.
   void SyncMoveDigests(const Ownership& own);
-  // One step of the moves' background work (digest folds, the copy, the
-  // drop), if move_work_ allows it or the thread is `idle` (nothing was
-  // waiting for it); busy steps are charged to move_work_.
+  // One step of the moves' background work: a fold of the rows changed
+  // since the digests started, always (its cost follows the updates
+  // served, and a backlog would land in the fence pause); then, if
+  // move_work_ allows it or the thread is `idle` (nothing was waiting for
+  // it), a step of the work that grows with the table: hashing the rows
+  // held at the start, the copy, the drop. Busy steps of that work are
+  // charged to move_work_.
   void RunMoveWork(const Ownership& own, bool idle);
-  // Whether any of that work is left, and how long the serving loop may
-  // poll before the next step is due.
+  // Whether paced work is left, and how long the serving loop may poll
+  // before the next step is due.
   bool MoveWorkLeft() const;
   std::chrono::milliseconds MoveWorkPoll(std::chrono::milliseconds period);
   // Changed rows folded into the move digests per request served.

@@ -249,11 +249,12 @@ void KVServer::Impl::SyncMoveDigests(const Ownership& own) {
 
 bool KVServer::Impl::MoveWorkLeft() const {
   return primary_.copying() || pending_drop_.has_value() ||
-         move_digests_.pending() > 0;
+         move_digests_.pending_initial() > 0;
 }
 
 std::chrono::milliseconds KVServer::Impl::MoveWorkPoll(
     std::chrono::milliseconds period) {
+  if (move_digests_.pending_changed() > 0) return std::chrono::milliseconds(0);
   if (!MoveWorkLeft()) return period;
   const absl::Duration wait = move_work_.Wait();
   if (wait >= absl::FromChrono(period)) return period;
@@ -263,9 +264,10 @@ std::chrono::milliseconds KVServer::Impl::MoveWorkPoll(
 }
 
 void KVServer::Impl::RunMoveWork(const Ownership& own, bool idle) {
+  move_digests_.FoldChanged(kDigestFoldRows);
   if (!MoveWorkLeft() || (!idle && !move_work_.Allowed())) return;
   const absl::Time start = options_.clock->Now();
-  move_digests_.Fold(kDigestFoldRows);
+  move_digests_.FoldInitial(kDigestFoldRows);
   primary_.ContinueCopies(own, kCopyRowsPerTurn);
   StepDrop(options_.drop_positions_per_turn);
   if (!idle) move_work_.Spend(options_.clock->Now() - start);

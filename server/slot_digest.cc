@@ -97,6 +97,74 @@ bool SlotBytesScan::Step(const TableMap& tables, size_t max_positions) {
   return true;
 }
 
+SlotKeyWalk::SlotKeyWalk(const TableMap& tables, std::vector<bool> mask)
+    : mask_(std::move(mask)) {
+  for (const auto& [id, table] : tables) {
+    Keys k;
+    k.table = id;
+    k.sparse = table->AsSparse() != nullptr;
+    keys_.push_back(std::move(k));
+  }
+  std::sort(keys_.begin(), keys_.end(),
+            [](const Keys& a, const Keys& b) { return a.table < b.table; });
+}
+
+bool SlotKeyWalk::Step(const TableMap& tables, size_t max_positions) {
+  const uint32_t num_slots = static_cast<uint32_t>(mask_.size());
+  while (max_positions > 0 && !done()) {
+    Keys& out = keys_[table_];
+    auto it = tables.find(out.table);
+    if (it == tables.end() || num_slots == 0) {  // gone since the walk began
+      out.keys.clear();
+      ++table_;
+      continue;
+    }
+    const uint32_t id = out.table;
+    if (const SparseTable* sparse = it->second->AsSparse()) {
+      const bool moved = passes_ > 0 &&
+                         (sparse->index_capacity() != capacity_ ||
+                          sparse->generation() != generation_);
+      if (passes_ == 0 || moved) {
+        if (moved) ++restarts_;
+        out.keys.clear();
+        cursor_ = 0;
+        ++passes_;
+        capacity_ = sparse->index_capacity();
+        generation_ = sparse->generation();
+      }
+      auto take = [&, id](uint64_t key) {
+        if (mask_[SparseSlot(id, key, num_slots)]) out.keys.push_back(key);
+      };
+      if (passes_ > kMaxPasses) {
+        sparse->ForEachKey(take);
+        max_positions = 0;
+      } else {
+        const size_t from = cursor_;
+        cursor_ = sparse->ForEachKeyFrom(cursor_, max_positions, take);
+        if (cursor_ != 0) return false;  // this step's positions are spent
+        max_positions -= std::min(max_positions, capacity_ - from);
+      }
+    } else {
+      it->second->AsDense()
+          ->ForEachBlock([&](uint64_t block, absl::Span<const float>,
+                             absl::Span<const float>) {
+            if (mask_[DenseBlockSlot(id, block, num_slots)])
+              out.keys.push_back(block);
+            return absl::OkStatus();
+          })
+          .IgnoreError();
+    }
+    ++table_;
+    passes_ = 0;
+  }
+  return done();
+}
+
+void SlotKeyWalk::Finish(const TableMap& tables) {
+  while (!Step(tables, ~size_t{0})) {
+  }
+}
+
 uint64_t DropSlots(TableMap& tables, const std::vector<bool>& mask) {
   const uint32_t num_slots = static_cast<uint32_t>(mask.size());
   uint64_t dropped = 0;

@@ -69,6 +69,47 @@ class SlotBytesScan {
   std::vector<uint64_t> bytes_;
 };
 
+// Lists the rows (sparse keys) and created blocks of `tables` whose slot
+// is set in `mask`, in steps, for a serving thread to interleave with
+// requests: a step looks at most `max_positions` positions of the sparse
+// tables' indexes (and at every block of the dense tables it reaches).
+// Reads only the indexes. Every row held when the walk starts and still held when it
+// ends is listed once: linear probing moves rows only when the index
+// grows or rows are dropped (backward shifts), so when a sparse table's
+// capacity or generation() changes between steps its list is emptied and
+// its pass starts over; after kMaxPasses passes it is listed in one go.
+// Rows created during the walk may or may not be listed.
+class SlotKeyWalk {
+ public:
+  static constexpr int kMaxPasses = 4;
+  struct Keys {
+    uint32_t table = 0;
+    bool sparse = true;
+    std::vector<uint64_t> keys;  // index order (sparse), block order
+  };
+
+  SlotKeyWalk(const TableMap& tables, std::vector<bool> mask);
+  // One step; true once every table was listed. max_positions 0: nothing.
+  bool Step(const TableMap& tables, size_t max_positions);
+  // Runs the steps to the end.
+  void Finish(const TableMap& tables);
+  bool done() const { return table_ >= keys_.size(); }
+  // The tables' lists, by table id; complete once done().
+  std::vector<Keys>& keys() { return keys_; }
+  // Passes started over because the index changed under the walk.
+  int restarts() const { return restarts_; }
+
+ private:
+  std::vector<bool> mask_;
+  std::vector<Keys> keys_;  // one per table, by id
+  size_t table_ = 0;        // keys_[table_] is being listed
+  size_t cursor_ = 0;       // its index position (sparse)
+  int passes_ = 0;          // of keys_[table_], started
+  size_t capacity_ = 0;     // its index capacity and generation when
+  uint64_t generation_ = 0;  // the pass started
+  int restarts_ = 0;
+};
+
 // Drops the rows and blocks of `tables` in the slots set in `mask`
 // (SparseTable::DropRows, DenseTable::DropBlocks). Returns how many.
 uint64_t DropSlots(TableMap& tables, const std::vector<bool>& mask);
