@@ -312,6 +312,15 @@ absl::Status ClusterState::Recover(const SchedulerJournal& j) {
   checkpoint_wanted_ = j.checkpoint_wanted();
   abandoned_checkpoint_ = j.abandoned_checkpoint();
   queued_moves_.assign(j.queued_moves().begin(), j.queued_moves().end());
+  // A retry's wait is bounded as it was when journaled: a journal written
+  // by a clock that ran ahead (or edited) must not hold a move back for
+  // longer than the longest wait a retry gets.
+  const int64_t latest =
+      absl::ToUnixMicros(clock_->Now() + kMoveRetryWait * kMoveAttempts);
+  for (SlotMove& m : queued_moves_) {
+    if (m.not_before_unix_micros() > latest)
+      m.set_not_before_unix_micros(latest);
+  }
   removing_.assign(j.removing_servers().begin(), j.removing_servers().end());
   checkpoint_.reset();
   if (j.checkpoint().clock() != 0) {

@@ -475,6 +475,35 @@ TEST_F(MovesTest, ARestartedSchedulerGoesOnWithTheMoves) {
   EXPECT_TRUE(draining);
 }
 
+TEST_F(MovesTest, AJournaledRetryWaitsNoLongerThanARetryCan) {
+  Init(2, 1);
+  Add(SERVER);
+  ASSERT_TRUE(Scale(3).ok());
+  const SlotMove m = state_->View().moves(0);
+  ASSERT_TRUE(
+      Report(Node(m.source()), m, ReportMoveRequest::ABORTED, m.copy_epoch())
+          .ok());
+  SchedulerJournal journal = journal_;
+  ASSERT_EQ(journal.queued_moves_size(), 1);
+  // Written by a clock a day ahead.
+  journal.mutable_queued_moves(0)->set_not_before_unix_micros(
+      absl::ToUnixMicros(clock_.Now() + absl::Hours(24)));
+  state_ = std::make_unique<ClusterState>(config_, &clock_);
+  ASSERT_TRUE(state_->Recover(journal).ok());
+  ASSERT_EQ(state_->Status().queued_moves_size(), 1);
+  // The longest wait a retry gets: 1 s per try, three tries.
+  clock_.Advance(absl::Seconds(3) + absl::Milliseconds(1));
+  state_->CheckMoves();
+  EXPECT_EQ(state_->Status().queued_moves_size(), 0);
+  const ClusterView v = state_->View();
+  bool retried = false;
+  for (const SlotMove& x : v.moves()) {
+    retried |= x.source() == m.source() && x.target() == m.target() &&
+               x.phase() == SlotMove::COPYING;
+  }
+  EXPECT_TRUE(retried) << v.ShortDebugString();
+}
+
 TEST_F(MovesTest, ABadJournalMoveIsRefused) {
   Init(2, 1);
   Add(SERVER);
