@@ -122,18 +122,10 @@ void MoveDigests::Refresh(Move& move, const RowKey& row) {
   }
 }
 
-size_t MoveDigests::Fold(size_t max_rows) {
-  const size_t used = std::min(max_rows, pending_initial());
-  const size_t initial = FoldInitial(max_rows);
-  return initial + FoldChanged(max_rows - used);
-}
-
 size_t MoveDigests::FoldInitial(size_t max_rows) {
   size_t left = 0;
   for (auto& [key, move] : moves_) {
-    if (!StepWalk(move, max_rows > ~size_t{0} / kPositionsPerRow
-                            ? ~size_t{0}
-                            : max_rows * kPositionsPerRow)) {
+    if (!StepWalk(move, SlotKeyWalk::PositionsFor(max_rows))) {
       max_rows = 0;  // a step that did not end the listing spends the turn
       ++left;
       continue;

@@ -5,12 +5,12 @@
 //
 // Per move: S, the wrapping sum of RowHash over the rows of its slots; the
 // hash each row last added to S; and the rows changed since (the tables
-// report them through RowWatch). Fold() refreshes changed rows in bounded
-// batches (S -= the stored hash, S += the hash of the row as it is now, or
-// nothing if it is gone), so at the fence only the rows changed since the
-// last fold are read. When tracking starts every row the server holds of
-// the slots counts as changed; they are listed in steps too (SlotKeyWalk),
-// as part of FoldInitial.
+// report them through RowWatch). FoldChanged() refreshes changed rows in
+// bounded batches (S -= the stored hash, S += the hash of the row as it is
+// now, or nothing if it is gone), so at the fence only the rows changed
+// since the last fold are read. When tracking starts every row the server
+// holds of the slots counts as changed: FoldInitial() lists them in steps
+// (SlotKeyWalk) and hashes them in bounded batches.
 //
 // Memory: a map entry per row of the tracked slots while the move is
 // tracked; nothing for other slots or once the move is untracked.
@@ -54,14 +54,12 @@ class MoveDigests : public RowWatch {
   void Sync(uint32_t num_slots,
             const std::map<MoveKey, std::vector<uint32_t>>& moves);
 
-  // Refreshes at most `max_rows` changed rows (over all moves). Returns how
-  // many changed rows are left.
-  size_t Fold(size_t max_rows);
-  // Fold's two parts. FoldInitial hashes at most `max_rows` of the rows
-  // held when tracking started (work that grows with the table: a server
-  // paces it); FoldChanged refreshes at most `max_rows` of the rows changed
-  // since (work that follows the updates served). Each returns how many
-  // rows of its kind are left.
+  // Bounded folds (over all moves). FoldInitial lists and hashes at most
+  // `max_rows` of the rows held when tracking started (work that grows
+  // with the table: a server paces it); FoldChanged refreshes at most
+  // `max_rows` of the rows changed since (work that follows the updates
+  // served). Each returns how many rows of its kind are left (a listing in
+  // progress counts as one).
   size_t FoldInitial(size_t max_rows);
   size_t FoldChanged(size_t max_rows);
 
@@ -106,9 +104,8 @@ class MoveDigests : public RowWatch {
   // A step of the move's listing walk of at most `positions` index
   // positions (~0: to its end); true once `initial` holds the list.
   bool StepWalk(Move& move, size_t positions);
-  // Index positions the listing looks at per row of a fold's budget, and
-  // at once when tracking starts (all of a small table's index).
-  static constexpr size_t kPositionsPerRow = 8;
+  // Index positions the listing looks at when tracking starts (all of a
+  // small table's index).
   static constexpr size_t kStartPositions = 32768;
   static void FreeInitial(Move& move);
   void Refresh(Move& move, const RowKey& row);

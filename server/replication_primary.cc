@@ -647,9 +647,7 @@ bool ReplicationPrimary::ContinueCopies(const ServerView& own,
 
 void ReplicationPrimary::ListCopy(CopyJob& job, size_t* max_rows) {
   SlotKeyWalk& walk = *job.listing;
-  const size_t positions = *max_rows > ~size_t{0} / kListPositionsPerRow
-                               ? ~size_t{0}
-                               : *max_rows * kListPositionsPerRow;
+  const size_t positions = SlotKeyWalk::PositionsFor(*max_rows);
   if (positions == ~size_t{0}) {
     walk.Finish(*deps_.tables);
   } else if (!walk.Step(*deps_.tables, positions)) {

@@ -317,18 +317,15 @@ class ReplicationPrimary {
   // to the same node in progress.
   void StartCopy(const ServerView& own, replication::BackupLink& link,
                  const std::vector<uint32_t>& slots);
-  // Lists the rows of `job` (a step of at most kListPositionsPerRow *
-  // `max_rows` index positions) and, once listed, sends at most `max_rows`
-  // of them to `link`; the copy's end once every row went (returns true
-  // then).
+  // Lists the rows of `job` (a step of at most
+  // SlotKeyWalk::PositionsFor(`max_rows`) index positions) and, once
+  // listed, sends at most `max_rows` of them to `link`; the copy's end once
+  // every row went (returns true then).
   bool ContinueCopy(const ServerView& own, replication::BackupLink& link,
                     CopyJob& job, size_t* max_rows);
   // ContinueCopy's listing step: one that does not end the listing spends
   // the turn (sets *max_rows to 0); an unlimited one (~0) ends it.
   void ListCopy(CopyJob& job, size_t* max_rows);
-  // Index positions a listing step looks at per row of the turn's budget:
-  // looking at a position costs a small part of sending a row.
-  static constexpr size_t kListPositionsPerRow = 8;
   void EndCopy(const ServerView& own, replication::BackupLink& link,
                CopyJob& job);
   // The parts of a catch-up: the sequence records; the rows (sparse) or

@@ -347,9 +347,9 @@ void KVServer::Impl::Serve() {
     items.push_back({nullptr, views_.wake_fd(), ZMQ_POLLIN, 0});
     primary_.AddPollItems(&items, &item_links);
     try {
-      // A move's copy, digest folds and drop go on as soon as their budget
-      // allows, at once when no request waits.
-      // Nothing came in before the timeout: the thread was idle.
+      // A move's background work goes on as soon as its budget allows, at
+      // once when no request waits (the poll timing out means nothing
+      // came in: the thread was idle).
       const bool idle =
           zmq::poll(items.data(), items.size(), MoveWorkPoll(kPollPeriod)) == 0;
       if (items[1].revents & ZMQ_POLLIN) views_.ClearWake();
@@ -378,8 +378,8 @@ void KVServer::Impl::Serve() {
           frames = std::vector<zmq::message_t>();
           // Before the next message: see Progress in server_impl.h.
           if (progress_due) Progress(*own);
-          // Bounded and paced, so the digests, copies and drops go on
-          // without delaying requests much.
+          // Bounded, and paced where it grows with the table, so the
+          // digests, copies and drops go on without delaying requests much.
           RunMoveWork(*own, /*idle=*/false);
         }
         Progress(*own);

@@ -82,6 +82,14 @@ class SlotBytesScan {
 class SlotKeyWalk {
  public:
   static constexpr int kMaxPasses = 4;
+  // Index positions a step may look at per row of a caller's budget:
+  // looking at a position costs a small part of reading or sending a row.
+  static constexpr size_t kPositionsPerRow = 8;
+  // kPositionsPerRow * rows, saturating (~0 stays ~0: to the end).
+  static size_t PositionsFor(size_t rows) {
+    return rows > ~size_t{0} / kPositionsPerRow ? ~size_t{0}
+                                                : rows * kPositionsPerRow;
+  }
   struct Keys {
     uint32_t table = 0;
     bool sparse = true;
