@@ -39,6 +39,7 @@ JOB_PACKAGES=(
   zlib1g-dev                         # gzip-compressed idx files (worker/data)
   libcpp-httplib-dev                 # HTTP endpoint (/metrics, /healthz, /status)
   libssl-dev openssl                 # control-plane TLS files; make_job_keys.sh (ps.sbatch)
+  librocksdb-dev                     # sparse tables' disk tier (cold rows on local disk)
   xz-utils                           # deploy/bundle.sh (tar -J)
 )
 # Python workers (a config's launch.worker_command: examples/python).

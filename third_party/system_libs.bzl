@@ -42,6 +42,8 @@ _LIBS = {
     "httplib": (["cpp-httplib"], "libcpp-httplib-dev"),
     # Checking the control plane's TLS files (common/grpc_security).
     "openssl": (["openssl"], "libssl-dev"),
+    # The disk tier of sparse tables (server/disk_tier: cold rows on local disk).
+    "rocksdb": (["rocksdb"], "librocksdb-dev"),
 }
 
 _DEPS = {

@@ -1,0 +1,355 @@
+#include "server/disk_tier.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <system_error>
+
+#include "absl/strings/str_cat.h"
+#include "common/hash.h"
+#include "common/status.h"
+#include "server/server_log.h"
+#include "rocksdb/cache.h"
+#include "rocksdb/db.h"
+#include "rocksdb/filter_policy.h"
+#include "rocksdb/iterator.h"
+#include "rocksdb/options.h"
+#include "rocksdb/slice.h"
+#include "rocksdb/statistics.h"
+#include "rocksdb/table.h"
+#include "rocksdb/write_batch.h"
+#include "rocksdb/write_buffer_manager.h"
+
+namespace ps {
+namespace {
+
+constexpr size_t kKeyBytes = 12;
+constexpr size_t kTagBytes = 16;
+
+void PutBigEndian(uint64_t v, int bytes, char* out) {
+  for (int i = bytes - 1; i >= 0; --i) {
+    out[i] = static_cast<char>(v & 0xff);
+    v >>= 8;
+  }
+}
+
+// The stored key of `key` in `slot`.
+void EncodeKey(uint32_t slot, uint64_t key, char* out) {
+  PutBigEndian(slot, 4, out);
+  PutBigEndian(key, 8, out + 4);
+}
+
+absl::Status FromRocks(const rocksdb::Status& s, const std::string& what) {
+  const std::string message = absl::StrCat(what, ": ", s.ToString());
+  if (s.IsCorruption()) return absl::DataLossError(message);
+  if (s.IsInvalidArgument()) return absl::InvalidArgumentError(message);
+  if (s.IsNoSpace()) return absl::ResourceExhaustedError(message);
+  return absl::InternalError(message);
+}
+
+// Whether files in `dir` can be opened with O_DIRECT (tmpfs cannot).
+absl::Status ProbeDirectIo(const std::string& dir) {
+  const std::string probe = dir + "/.direct_io_probe";
+  const int fd = open(probe.c_str(), O_CREAT | O_WRONLY | O_DIRECT, 0600);
+  if (fd < 0) {
+    const int err = errno;
+    unlink(probe.c_str());
+    return absl::FailedPreconditionError(absl::StrCat(
+        "disk tier directory ", dir, " does not allow direct I/O (",
+        std::strerror(err),
+        "); put it on a disk file system, or set disk_tier.buffered_io"));
+  }
+  close(fd);
+  unlink(probe.c_str());
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+DiskTier::DiskTier(const Options& options)
+    : options_(options),
+      value_bytes_(options.state_floats * sizeof(float) + kTagBytes) {}
+
+DiskTier::~DiskTier() {
+  if (db_ != nullptr) {
+    const rocksdb::Status closed = db_->Close();
+    if (!closed.ok()) {
+      ServerLog()->warn("closing {}: {}", options_.dir, closed.ToString());
+    }
+    db_.reset();
+  }
+  std::error_code ec;
+  std::filesystem::remove_all(options_.dir, ec);
+  if (ec) ServerLog()->warn("removing {}: {}", options_.dir, ec.message());
+}
+
+absl::StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(
+    const Options& options) {
+  if (options.dir.empty()) {
+    return absl::InvalidArgumentError("disk tier: no directory");
+  }
+  if (options.state_floats == 0 || options.num_slots == 0) {
+    return absl::InvalidArgumentError(
+        "disk tier: state_floats and num_slots must be > 0");
+  }
+  if (options.memory_bytes < (uint64_t{1} << 20)) {
+    return absl::InvalidArgumentError(
+        "disk tier: memory_bytes must be at least 1 MiB");
+  }
+  std::error_code ec;
+  std::filesystem::remove_all(options.dir, ec);
+  if (!ec) std::filesystem::create_directories(options.dir, ec);
+  if (ec) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "disk tier directory ", options.dir, ": ", ec.message()));
+  }
+  if (!options.buffered_io) PS_RETURN_IF_ERROR(ProbeDirectIo(options.dir));
+
+  std::unique_ptr<DiskTier> tier(new DiskTier(options));
+  // Half of the memory for memtables (charged to the cache, so the cache's
+  // capacity bounds both), the rest for index, filter and data blocks.
+  tier->cache_ = rocksdb::NewLRUCache(options.memory_bytes);
+  tier->statistics_ = rocksdb::CreateDBStatistics();
+  tier->statistics_->set_stats_level(rocksdb::StatsLevel::kExceptTimers);
+
+  rocksdb::BlockBasedTableOptions table;
+  table.block_cache = tier->cache_;
+  table.block_size = 4096;
+  table.filter_policy.reset(rocksdb::NewBloomFilterPolicy(10));
+  table.whole_key_filtering = true;
+  table.cache_index_and_filter_blocks = true;
+  table.cache_index_and_filter_blocks_with_high_priority = true;
+  table.pin_l0_filter_and_index_blocks_in_cache = true;
+
+  rocksdb::Options db;
+  db.create_if_missing = true;
+  db.error_if_exists = true;
+  db.paranoid_checks = true;
+  db.compression = rocksdb::kNoCompression;
+  db.table_factory.reset(rocksdb::NewBlockBasedTableFactory(table));
+  const size_t memtables = options.memory_bytes / 2;
+  db.write_buffer_manager = std::make_shared<rocksdb::WriteBufferManager>(
+      memtables, tier->cache_);
+  db.write_buffer_size = std::max<size_t>(memtables / 2, 256 << 10);
+  db.max_write_buffer_number = 2;
+  db.max_background_jobs = 2;
+  db.max_open_files = -1;
+  db.use_direct_reads = !options.buffered_io;
+  db.use_direct_io_for_flush_and_compaction = !options.buffered_io;
+  db.statistics = tier->statistics_;
+  db.info_log_level = rocksdb::InfoLogLevel::WARN_LEVEL;
+  db.keep_log_file_num = 2;
+
+  rocksdb::DB* raw = nullptr;
+  const rocksdb::Status opened = rocksdb::DB::Open(db, options.dir, &raw);
+  if (!opened.ok()) {
+    return FromRocks(opened,
+                     absl::StrCat("disk tier: opening ", options.dir));
+  }
+  tier->db_.reset(raw);
+  return tier;
+}
+
+std::string DiskTier::StoredKey(uint64_t key) const {
+  std::string out(kKeyBytes, '\0');
+  EncodeKey(SparseSlot(options_.table_id, key, options_.num_slots), key,
+            out.data());
+  return out;
+}
+
+void DiskTier::NoteError(const char* what, const std::string& detail) {
+  errors_.fetch_add(1, std::memory_order_relaxed);
+  ServerLog()->error("{} {}: {}", what, options_.dir, detail);
+}
+
+absl::StatusOr<bool> DiskTier::Put(uint64_t key, const float* state,
+                                   const ColdRowTag& tag) {
+  if (options_.max_disk_bytes > 0 &&
+      (rows() + 1) * RowBytes() > options_.max_disk_bytes) {
+    refused_.fetch_add(1, std::memory_order_relaxed);
+    return false;
+  }
+  char stored[kKeyBytes];
+  EncodeKey(SparseSlot(options_.table_id, key, options_.num_slots), key,
+            stored);
+  std::string value(value_bytes_, '\0');
+  const size_t floats = options_.state_floats * sizeof(float);
+  std::memcpy(value.data(), state, floats);
+  std::memcpy(value.data() + floats, &tag.last_step, 8);
+  std::memcpy(value.data() + floats + 8, &tag.last_second, 4);
+  std::memcpy(value.data() + floats + 12, &tag.touches, 4);
+  rocksdb::WriteOptions write;
+  write.disableWAL = true;
+  const rocksdb::Status put =
+      db_->Put(write, rocksdb::Slice(stored, kKeyBytes), value);
+  if (!put.ok()) {
+    NoteError("writing a row to", put.ToString());
+    return FromRocks(put, "disk tier: writing a row");
+  }
+  rows_.fetch_add(1, std::memory_order_relaxed);
+  demotions_.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
+namespace {
+
+// A stored value into state and tag; DATA_LOSS for the wrong size.
+absl::Status DecodeValue(const rocksdb::Slice& value, size_t state_floats,
+                         float* state, ColdRowTag* tag) {
+  const size_t floats = state_floats * sizeof(float);
+  if (value.size() != floats + kTagBytes) {
+    return absl::DataLossError(absl::StrCat(
+        "disk tier: a stored row has ", value.size(), " bytes, not ",
+        floats + kTagBytes));
+  }
+  std::memcpy(state, value.data(), floats);
+  std::memcpy(&tag->last_step, value.data() + floats, 8);
+  std::memcpy(&tag->last_second, value.data() + floats + 8, 4);
+  std::memcpy(&tag->touches, value.data() + floats + 12, 4);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<bool> DiskTier::Get(uint64_t key, float* state,
+                                   ColdRowTag* tag) {
+  std::vector<bool> found;
+  PS_RETURN_IF_ERROR(MultiGet(absl::MakeConstSpan(&key, 1), state, tag, &found));
+  return found[0];
+}
+
+absl::Status DiskTier::MultiGet(absl::Span<const uint64_t> keys, float* states,
+                                ColdRowTag* tags, std::vector<bool>* found) {
+  const size_t n = keys.size();
+  found->assign(n, false);
+  if (n == 0) return absl::OkStatus();
+  std::vector<char> stored(n * kKeyBytes);
+  std::vector<rocksdb::Slice> slices(n);
+  for (size_t i = 0; i < n; ++i) {
+    char* k = stored.data() + i * kKeyBytes;
+    EncodeKey(SparseSlot(options_.table_id, keys[i], options_.num_slots),
+              keys[i], k);
+    slices[i] = rocksdb::Slice(k, kKeyBytes);
+  }
+  std::vector<rocksdb::PinnableSlice> values(n);
+  std::vector<rocksdb::Status> statuses(n);
+  const auto start = std::chrono::steady_clock::now();
+  db_->MultiGet(rocksdb::ReadOptions(), db_->DefaultColumnFamily(), n,
+                slices.data(), values.data(), statuses.data());
+  const uint64_t micros = static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::microseconds>(
+          std::chrono::steady_clock::now() - start)
+          .count());
+  uint64_t hits = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (statuses[i].IsNotFound()) continue;
+    if (!statuses[i].ok()) {
+      NoteError("reading a row from", statuses[i].ToString());
+      return FromRocks(statuses[i], "disk tier: reading a row");
+    }
+    if (absl::Status decoded =
+            DecodeValue(values[i], options_.state_floats,
+                        states + i * options_.state_floats, &tags[i]);
+        !decoded.ok()) {
+      NoteError("reading a row from", std::string(decoded.message()));
+      return decoded;
+    }
+    (*found)[i] = true;
+    ++hits;
+  }
+  cold_reads_.fetch_add(hits, std::memory_order_relaxed);
+  cold_misses_.fetch_add(n - hits, std::memory_order_relaxed);
+  if (hits > 0) read_micros_.fetch_add(micros, std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
+absl::Status DiskTier::Delete(uint64_t key) {
+  char stored[kKeyBytes];
+  EncodeKey(SparseSlot(options_.table_id, key, options_.num_slots), key,
+            stored);
+  rocksdb::WriteOptions write;
+  write.disableWAL = true;
+  const rocksdb::Status deleted =
+      db_->Delete(write, rocksdb::Slice(stored, kKeyBytes));
+  if (!deleted.ok()) {
+    NoteError("deleting a row from", deleted.ToString());
+    return FromRocks(deleted, "disk tier: deleting a row");
+  }
+  rows_.fetch_sub(1, std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> DiskTier::DeleteSlots(const std::vector<bool>& slots) {
+  uint64_t removed = 0;
+  rocksdb::WriteOptions write;
+  write.disableWAL = true;
+  rocksdb::ReadOptions read;
+  read.fill_cache = false;
+  for (uint32_t slot = 0; slot < slots.size() && slot < options_.num_slots;
+       ++slot) {
+    if (!slots[slot]) continue;
+    char begin[4];
+    char end[4];
+    PutBigEndian(slot, 4, begin);
+    PutBigEndian(uint64_t{slot} + 1, 4, end);
+    const rocksdb::Slice lower(begin, 4);
+    const rocksdb::Slice upper(end, 4);
+    read.iterate_upper_bound = &upper;
+    uint64_t in_slot = 0;
+    {
+      std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(read));
+      for (it->Seek(lower); it->Valid(); it->Next()) ++in_slot;
+      if (!it->status().ok()) {
+        NoteError("listing a slot of", it->status().ToString());
+        return FromRocks(it->status(), "disk tier: listing a slot");
+      }
+    }
+    if (in_slot == 0) continue;
+    const rocksdb::Status deleted = db_->DeleteRange(
+        write, db_->DefaultColumnFamily(), lower, upper);
+    if (!deleted.ok()) {
+      NoteError("deleting a slot of", deleted.ToString());
+      return FromRocks(deleted, "disk tier: deleting a slot");
+    }
+    rows_.fetch_sub(in_slot, std::memory_order_relaxed);
+    removed += in_slot;
+  }
+  return removed;
+}
+
+size_t DiskTier::MemoryBytes() const {
+  uint64_t readers = 0;
+  db_->GetIntProperty("rocksdb.estimate-table-readers-mem", &readers);
+  // Memtables are charged to the cache (WriteBufferManager), so its usage
+  // counts them too.
+  return cache_->GetUsage() + readers;
+}
+
+uint64_t DiskTier::DiskBytes() const {
+  uint64_t bytes = 0;
+  db_->GetIntProperty("rocksdb.total-sst-files-size", &bytes);
+  return bytes;
+}
+
+DiskTierCounters DiskTier::Counters() const {
+  DiskTierCounters c;
+  c.cold_rows = rows();
+  c.demotions = demotions_.load(std::memory_order_relaxed);
+  c.promotions = promotions_.load(std::memory_order_relaxed);
+  c.cold_reads = cold_reads_.load(std::memory_order_relaxed);
+  c.cold_misses = cold_misses_.load(std::memory_order_relaxed);
+  c.cold_rows_dropped = refused_.load(std::memory_order_relaxed);
+  c.read_micros = read_micros_.load(std::memory_order_relaxed);
+  c.errors = errors_.load(std::memory_order_relaxed);
+  c.disk_reads = statistics_->getTickerCount(rocksdb::BLOCK_CACHE_MISS);
+  c.bloom_useful = statistics_->getTickerCount(rocksdb::BLOOM_FILTER_USEFUL);
+  c.bytes_written = statistics_->getTickerCount(rocksdb::FLUSH_WRITE_BYTES) +
+                    statistics_->getTickerCount(rocksdb::COMPACT_WRITE_BYTES);
+  return c;
+}
+
+}  // namespace ps

@@ -1,0 +1,163 @@
+// The disk tier of a sparse table: the rows its memory budget does not
+// hold ("cold" rows), each with its full state, in a RocksDB database on
+// local disk.
+//
+// A cold row is stored under a 12-byte key, the big-endian slot of its key
+// then the key itself, so one slot's cold rows are one contiguous range
+// (slot moves, checkpoints and restore read or delete ranges). Its value is
+// the row's full state (SparseTable::state_floats() floats) followed by its
+// bookkeeping (ColdRowTag), so a row demoted and promoted again is the row
+// it was, bit for bit.
+//
+// The tier is a cache, not a store: the write-ahead log is off, and the
+// database lives in a directory that Open empties and the destructor
+// removes. A server that restarts recovers its rows from a checkpoint (or
+// its primary), never from a tier directory, so a torn or corrupted file is
+// never read after a crash; within a run, RocksDB's block checksums detect
+// a corrupted block, and the read fails with DATA_LOSS.
+//
+// Memory: memtables are charged to the block cache, which also holds the
+// index and filter blocks (bloom filters, 10 bits per key, so a key never
+// demoted costs no disk read), and the cache is capped at
+// Options::memory_bytes. MemoryBytes() reports what the tier holds.
+//
+// Thread safety: Put, Get, MultiGet, Delete and the statistics may be
+// called from several threads at once (RocksDB serialises what it must);
+// the caller orders the operations on one key.
+#ifndef PS_SERVER_DISK_TIER_H_
+#define PS_SERVER_DISK_TIER_H_
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+
+namespace rocksdb {
+class Cache;
+class DB;
+class Statistics;
+}  // namespace rocksdb
+
+namespace ps {
+
+// A row's bookkeeping besides its floats (SparseTable's RowMeta without the
+// links), kept with it on disk so eviction order and TTL survive demotion.
+struct ColdRowTag {
+  uint64_t last_step = 0;
+  uint32_t last_second = 0;
+  uint32_t touches = 0;
+};
+
+// Counters; see data_plane.proto TableStats for their meaning.
+struct DiskTierCounters {
+  uint64_t cold_rows = 0;
+  uint64_t demotions = 0;
+  uint64_t promotions = 0;
+  uint64_t cold_reads = 0;        // rows read from the tier (found)
+  uint64_t cold_misses = 0;       // lookups of keys the tier did not have
+  uint64_t cold_rows_dropped = 0;  // demoted past max_disk_bytes
+  uint64_t disk_reads = 0;        // blocks read from the files
+  uint64_t read_micros = 0;       // time in lookups that found rows
+  uint64_t bloom_useful = 0;      // lookups a filter answered "absent"
+  uint64_t bytes_written = 0;     // by flushes and compactions
+  uint64_t errors = 0;            // failed reads or writes (logged)
+};
+
+class DiskTier {
+ public:
+  struct Options {
+    // The database's directory; emptied (or created) by Open, removed by
+    // the destructor. Its parent must exist or be creatable.
+    std::string dir;
+    // Floats of state per row; every row stored and read has exactly these.
+    size_t state_floats = 0;
+    // The slot of a key (the layout's prefix): SparseSlot(table_id, key,
+    // num_slots).
+    uint32_t table_id = 0;
+    uint32_t num_slots = 4096;
+    // Rows beyond max_disk_bytes / RowBytes() are refused (Put answers
+    // false). 0: no cap.
+    uint64_t max_disk_bytes = 0;
+    // RAM for memtables and the block cache; at least 1 MiB.
+    uint64_t memory_bytes = 8 << 20;
+    // Page-cache I/O instead of O_DIRECT (see DiskTierConfig.buffered_io).
+    bool buffered_io = false;
+  };
+
+  // INVALID_ARGUMENT for bad options; the I/O error (with the directory)
+  // when the directory cannot be emptied or the database not opened, e.g.
+  // FAILED_PRECONDITION naming buffered_io when the file system refuses
+  // direct I/O.
+  static absl::StatusOr<std::unique_ptr<DiskTier>> Open(const Options& options);
+  ~DiskTier();
+  DiskTier(const DiskTier&) = delete;
+  DiskTier& operator=(const DiskTier&) = delete;
+
+  // Bytes one stored row takes before compression and overheads: key and
+  // value. What max_disk_bytes counts per row.
+  size_t RowBytes() const { return 12 + value_bytes_; }
+
+  // Stores `key`'s row (state_floats() floats at `state`, and `tag`), which
+  // the tier must not hold already (the table promotes before it demotes
+  // again). false, storing nothing, when it would pass max_disk_bytes.
+  // An I/O error is returned (and counted); the row is then not stored.
+  absl::StatusOr<bool> Put(uint64_t key, const float* state,
+                           const ColdRowTag& tag);
+  // Reads `key`'s row into state (state_floats() floats) and *tag; false
+  // when the tier does not hold it. DATA_LOSS for a corrupted block or a
+  // stored row of the wrong size; other I/O errors as RocksDB reports them.
+  absl::StatusOr<bool> Get(uint64_t key, float* state, ColdRowTag* tag);
+  // Get for many keys at once (one batched lookup). found[i] says whether
+  // keys[i]'s row was read into states[i * state_floats()] and tags[i].
+  // Stops at the first error, which it returns.
+  absl::Status MultiGet(absl::Span<const uint64_t> keys, float* states,
+                        ColdRowTag* tags, std::vector<bool>* found);
+  // Removes `key`'s row, which the tier holds (a promotion).
+  absl::Status Delete(uint64_t key);
+  // Removes every row of the slots `slots` selects (slots moved away);
+  // returns how many rows it removed.
+  absl::StatusOr<uint64_t> DeleteSlots(const std::vector<bool>& slots);
+
+  // Rows held.
+  uint64_t rows() const { return rows_.load(std::memory_order_relaxed); }
+  // RAM the tier holds now: memtables, cached blocks, table readers.
+  size_t MemoryBytes() const;
+  // Bytes of the database's files on disk.
+  uint64_t DiskBytes() const;
+  DiskTierCounters Counters() const;
+  // Counts a promotion (the table took a row back into RAM).
+  void CountPromotion() { promotions_.fetch_add(1, std::memory_order_relaxed); }
+
+  // The 12-byte stored key of `key` (slot then key, big-endian): exposed
+  // for tests of the layout.
+  std::string StoredKey(uint64_t key) const;
+
+ private:
+  explicit DiskTier(const Options& options);
+  // Counts and logs a failed read or write.
+  void NoteError(const char* what, const std::string& detail);
+
+  const Options options_;
+  const size_t value_bytes_;
+  std::shared_ptr<rocksdb::Cache> cache_;
+  std::shared_ptr<rocksdb::Statistics> statistics_;
+  std::unique_ptr<rocksdb::DB> db_;
+  std::atomic<uint64_t> rows_{0};
+  std::atomic<uint64_t> demotions_{0};
+  std::atomic<uint64_t> promotions_{0};
+  std::atomic<uint64_t> cold_reads_{0};
+  std::atomic<uint64_t> cold_misses_{0};
+  std::atomic<uint64_t> refused_{0};
+  std::atomic<uint64_t> read_micros_{0};
+  std::atomic<uint64_t> errors_{0};
+};
+
+}  // namespace ps
+
+#endif  // PS_SERVER_DISK_TIER_H_
