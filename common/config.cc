@@ -164,6 +164,23 @@ void CheckSparseTable(const SparseTableConfig& t, const std::string& path,
   c->Require(t.eviction() == EVICT_NONE || t.memory_budget_bytes() > 0,
              path + ".eviction",
              "evicts only under memory_budget_bytes; set it");
+  if (t.has_disk_tier()) {
+    const DiskTierConfig& dt = t.disk_tier();
+    const std::string p = path + ".disk_tier";
+    c->Require(!dt.dir().empty(), p + ".dir", "is required");
+    c->Require(dt.dir().size() <= 4096, p + ".dir", "is too long");
+    c->Require(t.memory_budget_bytes() > 0, p,
+               "needs memory_budget_bytes (rows beyond it go to disk)");
+    c->Require(t.eviction() == EVICT_LRU || t.eviction() == EVICT_LFU, p,
+               "needs eviction EVICT_LRU or EVICT_LFU (it picks the rows "
+               "that go to disk)");
+    c->Require(dt.memory_bytes() == 0 ||
+                   (dt.memory_bytes() >= (uint64_t{256} << 10) &&
+                    dt.memory_bytes() <= t.memory_budget_bytes() / 2),
+               p + ".memory_bytes",
+               "must be 0 (1/8 of memory_budget_bytes) or 256 KiB..half of "
+               "memory_budget_bytes");
+  }
 }
 
 // A file the job needs at run time: named, readable by this process, and,
@@ -565,6 +582,15 @@ void CheckTables(const JobConfig& config, Checker* c) {
     c->Require(names.insert(t.name()).second, path + ".name",
                absl::StrCat("duplicate table name '", t.name(), "'"));
     CheckTableContents(t, path, c);
+    if (t.has_sparse() && t.sparse().has_disk_tier()) {
+      // Backup copies and slot moves exchange rows through the RAM table
+      // only: the cold rows would be left out.
+      c->Require(config.cluster().replication() < 2,
+                 path + ".sparse.disk_tier",
+                 "cannot be used with cluster.replication 2 yet");
+      c->Require(!config.cluster().has_elastic(), path + ".sparse.disk_tier",
+                 "cannot be used with cluster.elastic yet");
+    }
   }
 }
 

@@ -980,6 +980,51 @@ TEST(ValidateJobConfigTest, SparseTableLimitsNameTheField) {
   }
 }
 
+TEST(ValidateJobConfigTest, DiskTierNeedsABudgetAnEvictionAndADirectory) {
+  const std::string kPrefix = "job.pbtxt: tables[0].sparse.";
+  const std::string kTier = " disk_tier { dir: \"/var/tmp/t\" }";
+  const struct {
+    std::string fields;
+    std::string error;
+  } cases[] = {
+      {"memory_budget_bytes: 4194304 eviction: EVICT_LRU disk_tier { }",
+       "disk_tier.dir: is required"},
+      {"eviction: EVICT_NONE" + kTier,
+       "disk_tier: needs memory_budget_bytes (rows beyond it go to disk); "
+       "tables[0].sparse.disk_tier: needs eviction EVICT_LRU or EVICT_LFU "
+       "(it picks the rows that go to disk)"},
+      {"memory_budget_bytes: 4194304 eviction: EVICT_NONE" + kTier,
+       "disk_tier: needs eviction EVICT_LRU or EVICT_LFU (it picks the rows "
+       "that go to disk)"},
+      {"memory_budget_bytes: 4194304 eviction: EVICT_LRU disk_tier { dir: "
+       "\"/t\" memory_bytes: 2097153 }",
+       "disk_tier.memory_bytes: must be 0 (1/8 of memory_budget_bytes) or 256 "
+       "KiB..half of memory_budget_bytes"},
+      {"memory_budget_bytes: 4194304 eviction: EVICT_LRU disk_tier { dir: "
+       "\"/t\" memory_bytes: 1000 }",
+       "disk_tier.memory_bytes: must be 0 (1/8 of memory_budget_bytes) or 256 "
+       "KiB..half of memory_budget_bytes"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.fields);
+    EXPECT_EQ(RejectionOf(JobWithSparse(c.fields)), kPrefix + c.error);
+  }
+  const std::string ok =
+      "memory_budget_bytes: 4194304 eviction: EVICT_LFU disk_tier { dir: "
+      "\"/t\" memory_bytes: 2097152 max_disk_bytes: 1000000000 }";
+  absl::StatusOr<JobConfig> config = ParseJobConfig(JobWithSparse(ok), "j");
+  EXPECT_TRUE(config.ok()) << config.status();
+  // Backup copies and slot moves would leave the cold rows out.
+  for (const char* cluster : {"replication: 2", "elastic { }"}) {
+    SCOPED_TRACE(cluster);
+    const std::string text = absl::StrCat(
+        "cluster { num_servers: 2 num_workers: 1 ", cluster,
+        " } tables { id: 0 name: \"s\" sparse { dim: 1 ", ok,
+        " } optimizer { sgd { learning_rate: 0.5 } } }");
+    EXPECT_THAT(RejectionOf(text), HasSubstr("tables[0].sparse.disk_tier: cannot be used with"));
+  }
+}
+
 TEST(ValidateJobConfigTest, SparseTableErrorsAllReportedWithTableIndex) {
   const std::string message = RejectionOf(absl::StrCat(
       kMinimalCluster, SgdSparseTable(0, "ok"),

@@ -42,11 +42,8 @@ absl::Status WriteSparse(ShardWriter& out, uint32_t index,
   keys.reserve(page_rows);
   state.reserve(page_rows * stride);
   uint64_t rows = 0;
-  uint64_t cursor = 0;
-  do {
-    keys.clear();
-    state.clear();
-    cursor = table.ExportRows(cursor, page_rows, &keys, &state);
+  // Writes the rows in keys and state that `keep` selects.
+  auto write_page = [&]() -> absl::Status {
     if (keep.sparse) {
       size_t kept = 0;
       for (size_t i = 0; i < keys.size(); ++i) {
@@ -61,7 +58,7 @@ absl::Status WriteSparse(ShardWriter& out, uint32_t index,
       keys.resize(kept);
       state.resize(kept * stride);
     }
-    if (keys.empty()) continue;
+    if (keys.empty()) return absl::OkStatus();
     if (!AllFinite(state)) {
       for (size_t i = 0; i < keys.size(); ++i) {
         if (!AllFinite(absl::MakeConstSpan(state).subspan(i * stride, stride))) {
@@ -73,7 +70,24 @@ absl::Status WriteSparse(ShardWriter& out, uint32_t index,
     }
     PS_RETURN_IF_ERROR(out.Rows(index, keys, state));
     rows += keys.size();
+    return absl::OkStatus();
+  };
+  uint64_t cursor = 0;
+  do {
+    keys.clear();
+    state.clear();
+    cursor = table.ExportRows(cursor, page_rows, &keys, &state);
+    PS_RETURN_IF_ERROR(write_page());
   } while (cursor != 0);
+  // The rows on disk (a disk tier), after those in RAM; a key is in one
+  // of the two.
+  PS_RETURN_IF_ERROR(table.ExportColdRows(
+      page_rows, [&](absl::Span<const uint64_t> cold_keys,
+                     absl::Span<const float> cold_state) -> absl::Status {
+        keys.assign(cold_keys.begin(), cold_keys.end());
+        state.assign(cold_state.begin(), cold_state.end());
+        return write_page();
+      }));
   return out.EndTable(index, rows);
 }
 
@@ -374,6 +388,17 @@ ParameterDigest DigestTables(absl::Span<const Table* const> tables) {
         }
         result.sparse_rows += keys.size();
       } while (cursor != 0);
+      // A failed read leaves rows out, which the digest's comparison shows.
+      sparse->ExportColdRows(
+          page_rows, [&](absl::Span<const uint64_t> cold_keys,
+                         absl::Span<const float> cold_state) {
+            for (size_t i = 0; i < cold_keys.size(); ++i) {
+              result.digest += RowDigest(id, cold_keys[i],
+                                         cold_state.subspan(i * stride, stride));
+            }
+            result.sparse_rows += cold_keys.size();
+            return absl::OkStatus();
+          }).IgnoreError();
     } else {
       // The callback never fails.
       table->AsDense()

@@ -1,8 +1,10 @@
 #include "server/disk_tier.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -96,9 +98,9 @@ absl::StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(
     return absl::InvalidArgumentError(
         "disk tier: state_floats and num_slots must be > 0");
   }
-  if (options.memory_bytes < (uint64_t{1} << 20)) {
+  if (options.memory_bytes < kMinTierMemory) {
     return absl::InvalidArgumentError(
-        "disk tier: memory_bytes must be at least 1 MiB");
+        "disk tier: memory_bytes must be at least 256 KiB");
   }
   std::error_code ec;
   std::filesystem::remove_all(options.dir, ec);
@@ -321,6 +323,52 @@ absl::StatusOr<uint64_t> DiskTier::DeleteSlots(const std::vector<bool>& slots) {
   return removed;
 }
 
+absl::Status DiskTier::ForEachRow(
+    size_t page_rows,
+    absl::FunctionRef<absl::Status(absl::Span<const uint64_t> keys,
+                                   absl::Span<const float> states)>
+        fn) const {
+  page_rows = std::max<size_t>(page_rows, 1);
+  rocksdb::ReadOptions read;
+  read.fill_cache = false;
+  // An iterator reads from the implicit snapshot of its creation.
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(read));
+  std::vector<uint64_t> keys;
+  std::vector<float> states;
+  keys.reserve(page_rows);
+  states.reserve(page_rows * options_.state_floats);
+  ColdRowTag tag;
+  for (it->SeekToFirst(); it->Valid(); it->Next()) {
+    const rocksdb::Slice stored = it->key();
+    if (stored.size() != kKeyBytes) {
+      return absl::DataLossError(absl::StrCat(
+          "disk tier ", options_.dir, ": a stored key has ", stored.size(),
+          " bytes, not ", kKeyBytes));
+    }
+    uint64_t key = 0;
+    for (size_t i = 4; i < kKeyBytes; ++i) {
+      key = (key << 8) | static_cast<unsigned char>(stored.data()[i]);
+    }
+    keys.push_back(key);
+    states.resize(keys.size() * options_.state_floats);
+    PS_RETURN_IF_ERROR(DecodeValue(it->value(), options_.state_floats,
+                                   states.data() + (keys.size() - 1) *
+                                                       options_.state_floats,
+                                   &tag));
+    if (keys.size() == page_rows) {
+      PS_RETURN_IF_ERROR(fn(keys, states));
+      keys.clear();
+      states.clear();
+    }
+  }
+  if (!it->status().ok()) {
+    return FromRocks(it->status(),
+                     absl::StrCat("disk tier ", options_.dir, ": reading rows"));
+  }
+  if (!keys.empty()) PS_RETURN_IF_ERROR(fn(keys, states));
+  return absl::OkStatus();
+}
+
 size_t DiskTier::MemoryBytes() const {
   uint64_t readers = 0;
   db_->GetIntProperty("rocksdb.estimate-table-readers-mem", &readers);
@@ -350,6 +398,71 @@ DiskTierCounters DiskTier::Counters() const {
   c.bytes_written = statistics_->getTickerCount(rocksdb::FLUSH_WRITE_BYTES) +
                     statistics_->getTickerCount(rocksdb::COMPACT_WRITE_BYTES);
   return c;
+}
+
+namespace {
+
+// Whether directory `dir` is a server's tier root that no process holds:
+// its owner.lock exists and can be locked. Locks it while it answers.
+bool Abandoned(const std::filesystem::path& dir) {
+  const std::string lock = (dir / "owner.lock").string();
+  const int fd = open(lock.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) return false;  // not one of ours, or being created
+  const bool free = flock(fd, LOCK_EX | LOCK_NB) == 0;
+  close(fd);
+  return free;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<TierRoot>> TierRoot::Claim(const std::string& base,
+                                                          const std::string& job) {
+  static std::atomic<uint64_t> next{0};
+  const std::filesystem::path job_dir =
+      std::filesystem::path(base) / (job.empty() ? std::string("job") : job);
+  const std::string path =
+      (job_dir / absl::StrCat("server-", getpid(), "-", next.fetch_add(1))).string();
+  std::error_code ec;
+  std::filesystem::remove_all(path, ec);
+  if (!ec) std::filesystem::create_directories(path, ec);
+  if (ec) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("disk tier directory ", path, ": ", ec.message()));
+  }
+  // Locked under another name first, then renamed: a sweeping process
+  // that finds owner.lock always finds it locked.
+  const std::string lock = path + "/owner.lock";
+  const std::string unnamed = path + "/owner.lock.new";
+  const int fd = open(unnamed.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (fd < 0 || flock(fd, LOCK_EX | LOCK_NB) != 0 ||
+      rename(unnamed.c_str(), lock.c_str()) != 0) {
+    const int err = errno;
+    if (fd >= 0) close(fd);
+    return absl::FailedPreconditionError(absl::StrCat(
+        "disk tier directory ", path, ": cannot lock owner.lock: ", std::strerror(err)));
+  }
+  std::unique_ptr<TierRoot> root(new TierRoot(path, fd));
+  for (const auto& entry : std::filesystem::directory_iterator(job_dir, ec)) {
+    if (entry.path().string() == path || !entry.is_directory()) continue;
+    if (!Abandoned(entry.path())) continue;
+    std::error_code removed;
+    const uintmax_t files = std::filesystem::remove_all(entry.path(), removed);
+    if (removed) {
+      ServerLog()->warn("cannot remove the abandoned disk tier {}: {}",
+                        entry.path().string(), removed.message());
+    } else {
+      ServerLog()->info("removed the abandoned disk tier {} ({} files)",
+                        entry.path().string(), files);
+    }
+  }
+  return root;
+}
+
+TierRoot::~TierRoot() {
+  std::error_code ec;
+  std::filesystem::remove_all(path_, ec);
+  if (ec) ServerLog()->warn("removing {}: {}", path_, ec.message());
+  close(lock_fd_);
 }
 
 }  // namespace ps

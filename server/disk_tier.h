@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 
@@ -71,6 +72,9 @@ struct DiskTierCounters {
 
 class DiskTier {
  public:
+  // The least RAM a tier works in: two small memtables and a few blocks.
+  static constexpr uint64_t kMinTierMemory = uint64_t{256} << 10;
+
   struct Options {
     // The database's directory; emptied (or created) by Open, removed by
     // the destructor. Its parent must exist or be creatable.
@@ -84,7 +88,7 @@ class DiskTier {
     // Rows beyond max_disk_bytes / RowBytes() are refused (Put answers
     // false). 0: no cap.
     uint64_t max_disk_bytes = 0;
-    // RAM for memtables and the block cache; at least 1 MiB.
+    // RAM for memtables and the block cache; at least kMinTierMemory.
     uint64_t memory_bytes = 8 << 20;
     // Page-cache I/O instead of O_DIRECT (see DiskTierConfig.buffered_io).
     bool buffered_io = false;
@@ -124,6 +128,17 @@ class DiskTier {
   // returns how many rows it removed.
   absl::StatusOr<uint64_t> DeleteSlots(const std::vector<bool>& slots);
 
+  // Calls fn(keys, states) for every row, up to `page_rows` at a time
+  // (states: state_floats() floats per row), in stored-key order (slot,
+  // then key), from a consistent view taken when the call starts: writes
+  // made meanwhile are not seen. Stops at, and returns, fn's first error;
+  // DATA_LOSS for a corrupted block or row. Counts nothing, caches nothing.
+  absl::Status ForEachRow(
+      size_t page_rows,
+      absl::FunctionRef<absl::Status(absl::Span<const uint64_t> keys,
+                                     absl::Span<const float> states)>
+          fn) const;
+
   // Rows held.
   uint64_t rows() const { return rows_.load(std::memory_order_relaxed); }
   // RAM the tier holds now: memtables, cached blocks, table readers.
@@ -156,6 +171,31 @@ class DiskTier {
   std::atomic<uint64_t> refused_{0};
   std::atomic<uint64_t> read_micros_{0};
   std::atomic<uint64_t> errors_{0};
+};
+
+// A server process's directory for its tables' disk tiers under one
+// DiskTierConfig.dir: <base>/<job>/server-<pid>-<n>. The handle holds an
+// exclusive lock (flock) on the directory's `owner.lock` for its life; Claim
+// removes the directories of the same job whose lock no process holds (left
+// by a crashed server), so disk space does not leak across restarts. The
+// destructor removes the directory (after the tables in it are gone).
+// Not thread-safe.
+class TierRoot {
+ public:
+  // The I/O error (with the path) when the directory cannot be created or
+  // locked. A stale directory that cannot be removed is only logged.
+  static absl::StatusOr<std::unique_ptr<TierRoot>> Claim(const std::string& base,
+                                                         const std::string& job);
+  ~TierRoot();
+  TierRoot(const TierRoot&) = delete;
+  TierRoot& operator=(const TierRoot&) = delete;
+
+  const std::string& path() const { return path_; }
+
+ private:
+  TierRoot(std::string path, int lock_fd) : path_(std::move(path)), lock_fd_(lock_fd) {}
+  const std::string path_;
+  const int lock_fd_;
 };
 
 }  // namespace ps

@@ -71,14 +71,29 @@ std::vector<const Table*> KVServer::StoppedTables() const {
 void KVServer::StopAfterNextCheckpoint() { impl_->StopAfterNextCheckpoint(); }
 bool KVServer::stopped() const { return impl_->stopped(); }
 
+absl::Status KVServer::Impl::CreateTables() {
+  const JobConfig& config = options_.config;
+  for (const TableConfig& tc : config.tables()) {
+    TableEnv env;
+    env.num_slots = config.cluster().num_slots() > 0 ? config.cluster().num_slots() : 4096;
+    if (tc.has_sparse() && tc.sparse().has_disk_tier()) {
+      const std::string& base = tc.sparse().disk_tier().dir();
+      std::unique_ptr<TierRoot>& root = tier_roots_[base];
+      if (root == nullptr) {
+        PS_ASSIGN_OR_RETURN(root, TierRoot::Claim(base, config.name()));
+      }
+      env.tier_root = root->path();
+    }
+    tables_.erase(tc.id());
+    PS_ASSIGN_OR_RETURN(tables_[tc.id()], Table::Create(tc, env));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<KVServer::Impl>> KVServer::Impl::Start(
     Options options) {
   std::unique_ptr<Impl> server(new Impl(std::move(options)));
-  for (const TableConfig& tc : server->options_.config.tables()) {
-    auto table = Table::Create(tc);
-    if (!table.ok()) return table.status();
-    server->tables_[tc.id()] = std::move(table).value();
-  }
+  PS_RETURN_IF_ERROR(server->CreateTables());
   PS_RETURN_IF_ERROR(server->data_.Open(
       server->options_.bind_endpoint, server->admission_.limits(),
       server->options_.curve, server->options_.metrics));

@@ -55,9 +55,8 @@ void KVServer::Impl::Restore(const Ownership& own) {
     ServerLog()->error(
         "cannot restore checkpoint {}: {}; serving initial values",
         own.restore.path(), status.ToString());
-    for (const TableConfig& tc : options_.config.tables()) {
-      auto table = Table::Create(tc);
-      if (table.ok()) tables_[tc.id()] = std::move(table).value();
+    if (absl::Status created = CreateTables(); !created.ok()) {
+      ServerLog()->error("cannot create the tables again: {}", created.ToString());
     }
     return;
   }

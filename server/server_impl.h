@@ -357,6 +357,11 @@ class KVServer::Impl {
   void MaybeWriteCheckpoint(const Ownership& own);
   void ReleaseHeld(const Ownership& own);
   void Restore(const Ownership& own);
+  // (Re)creates every table of the config, empty: the tables with a disk
+  // tier in this server's tier directory (claimed on first use). The old
+  // table of an id goes before its new one opens.
+  absl::Status CreateTables();
+
   void Send(zmq::message_t& identity, const ResponseHeader& rh,
             zmq::message_t& values, zmq::message_t& keys) {
     data_.Send(identity, rh, values, keys);
@@ -366,6 +371,9 @@ class KVServer::Impl {
   // The ZeroMQ context, the data socket and its gate.
   DataSocket data_;
 
+  // The directories of the tables' disk tiers, one per DiskTierConfig.dir
+  // named (declared before tables_, so they outlive the tiers in them).
+  absl::flat_hash_map<std::string, std::unique_ptr<TierRoot>> tier_roots_;
   // Owned by the serving thread once it runs.
   absl::flat_hash_map<uint32_t, std::unique_ptr<Table>> tables_;
   // The fence digests of the moves this server is source or target of,

@@ -1,6 +1,7 @@
 #include "server/table.h"
 
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -144,12 +145,37 @@ ABSL_ATTRIBUTE_ALWAYS_INLINE inline void CopyRow(const float* v, uint32_t dim, f
 }
 
 constexpr size_t kMaxSparseChunkBytes = size_t{4} << 20;
+
+// The disk tier of sparse table `config` in its directory under env.
+absl::StatusOr<std::unique_ptr<DiskTier>> OpenDiskTier(const TableConfig& config,
+                                                       const TableEnv& env,
+                                                       size_t state_floats) {
+  static std::atomic<uint64_t> next_own_dir{0};
+  const DiskTierConfig& dt = config.sparse().disk_tier();
+  DiskTier::Options o;
+  o.dir = env.tier_root.empty()
+              ? absl::StrCat(dt.dir(), "/table-", config.id(), "-", getpid(), "-",
+                             next_own_dir.fetch_add(1))
+              : absl::StrCat(env.tier_root, "/table-", config.id());
+  o.state_floats = state_floats;
+  o.table_id = config.id();
+  o.num_slots = env.num_slots;
+  o.max_disk_bytes = dt.max_disk_bytes();
+  o.memory_bytes = SparseTable::TierMemoryBytes(config.sparse());
+  o.buffered_io = dt.buffered_io();
+  auto tier = DiskTier::Open(o);
+  if (!tier.ok()) {
+    return absl::Status(tier.status().code(),
+                        absl::StrCat("table '", config.name(), "': ", tier.status().message()));
+  }
+  return tier;
+}
 constexpr int kMaxSparseChunkShift = 14;
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Table>> Table::Create(
-    const TableConfig& config) {
+    const TableConfig& config, const TableEnv& env) {
   auto optimizer = Optimizer::Create(config.optimizer());
   if (!optimizer.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -167,6 +193,11 @@ absl::StatusOr<std::unique_ptr<Table>> Table::Create(
         return absl::InvalidArgumentError(absl::StrCat(
             "table '", config.name(), "': sparse.memory_budget_bytes (",
             config.sparse().memory_budget_bytes(), ") cannot hold one row"));
+      }
+      if (config.sparse().has_disk_tier()) {
+        PS_ASSIGN_OR_RETURN(std::unique_ptr<DiskTier> tier,
+                            OpenDiskTier(config, env, table->state_floats()));
+        table->AttachDiskTier(std::move(tier));
       }
       return std::unique_ptr<Table>(std::move(table));
     }
@@ -233,7 +264,9 @@ SparseTable::SparseTable(const TableConfig& config,
   }
   // Row ids are uint32 with one value reserved.
   max_rows_ = kNil - 1;
-  const uint64_t budget = config.sparse().memory_budget_bytes();
+  // The disk tier's RAM comes out of the budget first.
+  const uint64_t budget =
+      config.sparse().memory_budget_bytes() - TierMemoryBytes(config.sparse());
   if (budget > 0) {
     // The largest row count whose allocations fit: BytesFor is monotone.
     size_t lo = 0;
@@ -259,17 +292,94 @@ size_t SparseTable::BytesFor(size_t rows) const {
          (sketch_ != nullptr ? sketch_->MemoryBytes() : 0);
 }
 
+uint64_t SparseTable::TierMemoryBytes(const SparseTableConfig& config) {
+  if (!config.has_disk_tier()) return 0;
+  const uint64_t budget = config.memory_budget_bytes();
+  uint64_t bytes = config.disk_tier().memory_bytes();
+  if (bytes == 0) bytes = std::max<uint64_t>(budget / 8, DiskTier::kMinTierMemory);
+  return std::min(bytes, budget / 2);
+}
+
 size_t SparseTable::MemoryBytes() const {
   return chunks_.size() * chunk_rows_ * row_bytes_ +
          chunks_.capacity() * sizeof(chunks_[0]) + index_.MemoryBytes() +
-         (sketch_ != nullptr ? sketch_->MemoryBytes() : 0);
+         (sketch_ != nullptr ? sketch_->MemoryBytes() : 0) +
+         (tier_ != nullptr ? tier_->MemoryBytes() : 0);
 }
 
 TableStats SparseTable::Stats() const {
   TableStats s = BaseStats();
   s.set_sparse(true);
   s.set_rows(num_rows());
+  if (tier_ != nullptr) {
+    const DiskTierCounters c = tier_->Counters();
+    s.set_cold_rows(c.cold_rows);
+    s.set_disk_bytes(tier_->DiskBytes());
+    s.set_demotions(c.demotions);
+    s.set_promotions(c.promotions);
+    s.set_cold_reads(c.cold_reads);
+    s.set_cold_misses(c.cold_misses);
+    s.set_bloom_useful(c.bloom_useful);
+    s.set_disk_reads(c.disk_reads);
+    s.set_cold_read_micros(c.read_micros);
+    s.set_disk_bytes_written(c.bytes_written);
+    s.set_cold_rows_dropped(c.cold_rows_dropped);
+    s.set_tier_errors(c.errors);
+    s.set_tier_memory_bytes(tier_->MemoryBytes());
+  }
   return s;
+}
+
+void SparseTable::Demote(uint32_t r) {
+  const RowMeta& m = Meta(r);
+  // A refusal or an error is counted (and an error logged) by the tier.
+  tier_->Put(m.key, Values(r), ColdRowTag{m.last_step, m.last_second, m.touches})
+      .IgnoreError();
+}
+
+bool SparseTable::FetchCold(uint64_t key, ColdRowTag* tag) {
+  cold_state_.resize(stride_);
+  // A read error is counted and logged by the tier; the key then reads as
+  // absent.
+  const absl::StatusOr<bool> found = tier_->Get(key, cold_state_.data(), tag);
+  if (!found.ok() || !*found) return false;
+  if (Expired(tag->last_step, tag->last_second)) {
+    tier_->Delete(key).IgnoreError();
+    ++counters_.evictions_ttl;
+    if (watch_ != nullptr) watch_->RowChanged(id(), true, key);
+    return false;
+  }
+  return true;
+}
+
+bool SparseTable::ReadCold(uint64_t key, float* out) {
+  ColdRowTag tag;
+  if (!FetchCold(key, &tag)) return false;
+  std::memcpy(out, cold_state_.data(), dim_ * sizeof(float));
+  return true;
+}
+
+uint32_t SparseTable::Promote(uint64_t key) {
+  ColdRowTag tag;
+  if (!FetchCold(key, &tag)) return kNil;
+  const uint32_t r = CreateRow(key, cold_state_.data());
+  if (r == kNil) return kNil;  // an evicting table always finds room
+  tier_->Delete(key).IgnoreError();
+  tier_->CountPromotion();
+  RowMeta& m = Meta(r);
+  m.last_step = tag.last_step;
+  m.last_second = tag.last_second;
+  m.touches = tag.touches;
+  return r;
+}
+
+absl::Status SparseTable::ExportColdRows(
+    size_t page_rows,
+    absl::FunctionRef<absl::Status(absl::Span<const uint64_t> keys,
+                                   absl::Span<const float> state)>
+        fn) const {
+  if (tier_ == nullptr) return absl::OkStatus();
+  return tier_->ForEachRow(page_rows, fn);
 }
 
 void SparseTable::Unlink(uint32_t r) {
@@ -409,6 +519,7 @@ uint32_t SparseTable::CreateRow(uint64_t key, const float* state) {
     if (eviction_ == EVICT_NONE || !evictable_) return kNil;
     const uint32_t victim = PickVictim();
     if (victim == kNil) return kNil;
+    if (tier_ != nullptr) Demote(victim);
     Drop(victim);
     ++counters_.evictions_budget;
   }
@@ -584,7 +695,7 @@ void SparseTable::PullLookingUp(absl::Span<const uint64_t> keys, float* out, uin
       if (r != RowIndex::kNotFound) {
         CopyRow(block_values[i - begin], dim, out + i * dim);
         if (evictable_) Touch(r);
-      } else {
+      } else if (tier_ == nullptr || !ReadCold(k[i], out + i * dim)) {
         InitializeValues(config_.init(), config_.id(), k[i], 0, dim, out + i * dim);
       }
     }
@@ -610,7 +721,9 @@ void SparseTable::PullRemembered(absl::Span<const uint64_t> keys, float* out, Ro
       // Absent when the memo was made; a push may have created it since.
       r = index_.Find(k[i]);
       if (r == RowIndex::kNotFound) {
-        InitializeValues(config_.init(), config_.id(), k[i], 0, dim, out + i * dim);
+        if (tier_ == nullptr || !ReadCold(k[i], out + i * dim)) {
+          InitializeValues(config_.init(), config_.id(), k[i], 0, dim, out + i * dim);
+        }
         continue;
       }
       rows[i] = r;
@@ -686,23 +799,29 @@ void SparseTable::PushLookingUp(absl::Span<const uint64_t> keys, const float* gr
       }
       if (r == RowIndex::kNotFound) {
         if (found != nullptr) found[i] = RowIndex::kNotFound;
-        if (sketch_ != nullptr && sketch_->Add(k[i]) < admit_after_) {
-          ++counters_.pushes_filtered;
-          flush(i + 1);
-          continue;
-        }
+        // A cold row comes back as it was, past the admission filter.
         flush(i);
-        r = CreateRow(k[i]);
-        if (r == kNil) {
-          ++counters_.keys_dropped;
-          run_begin = i + 1;
-          continue;
+        r = tier_ != nullptr ? Promote(k[i]) : kNil;
+        if (r != kNil) {
+          Touch(r);
+        } else {
+          if (sketch_ != nullptr && sketch_->Add(k[i]) < admit_after_) {
+            ++counters_.pushes_filtered;
+            run_begin = i + 1;
+            continue;
+          }
+          r = CreateRow(k[i]);
+          if (r == kNil) {
+            ++counters_.keys_dropped;
+            run_begin = i + 1;
+            continue;
+          }
+          ++counters_.admissions;
         }
         created = true;
         index = index_.view();
         locate = Locator();
         row = locate.Values(r);
-        ++counters_.admissions;
       } else if (evictable_) {
         Touch(r);
       }
@@ -741,20 +860,25 @@ void SparseTable::PushRemembered(absl::Span<const uint64_t> keys, const float* g
       rows[i] = r;
       if (evictable_) Touch(r);
     } else {
-      if (sketch_ != nullptr && sketch_->Add(k[i]) < admit_after_) {
-        ++counters_.pushes_filtered;
-        flush(i + 1);
-        continue;
-      }
       flush(i);
       const uint64_t generation = generation_;
-      r = CreateRow(k[i]);
-      if (r == kNil) {
-        ++counters_.keys_dropped;
-        run_begin = i + 1;
-        continue;
+      r = tier_ != nullptr ? Promote(k[i]) : kNil;
+      if (r != kNil) {
+        Touch(r);
+      } else {
+        if (sketch_ != nullptr && sketch_->Add(k[i]) < admit_after_) {
+          ++counters_.pushes_filtered;
+          run_begin = i + 1;
+          continue;
+        }
+        r = CreateRow(k[i]);
+        if (r == kNil) {
+          ++counters_.keys_dropped;
+          run_begin = i + 1;
+          continue;
+        }
+        ++counters_.admissions;
       }
-      ++counters_.admissions;
       locate = Locator();
       if (generation_ != generation) {
         // The new row evicted one, perhaps a row this memo names (or this
@@ -851,6 +975,10 @@ absl::Status SparseTable::ImportRow(uint64_t key,
     if (watch_ != nullptr) watch_->RowChanged(id(), true, key);
     return absl::OkStatus();
   }
+  // A key is in RAM or on disk, never both: the imported state replaces a
+  // cold row.
+  ColdRowTag tag;
+  if (tier_ != nullptr && FetchCold(key, &tag)) tier_->Delete(key).IgnoreError();
   if (CreateRow(key, state.data()) == kNil) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "table '", config_.name(), "' is at its memory budget on this server (",

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/base/attributes.h"
@@ -27,6 +28,7 @@
 #include "proto/config.pb.h"
 #include "proto/data_plane.pb.h"
 #include "server/admission.h"
+#include "server/disk_tier.h"
 #include "server/optimizer.h"
 #include "server/row_index.h"
 #include "server/row_memo.h"
@@ -64,14 +66,26 @@ struct TableCounters {
   uint64_t keys_dropped = 0;
 };
 
+// What a table needs from the process that holds it beyond its config.
+struct TableEnv {
+  // Where a sparse table with a disk tier keeps it: <tier_root>/table-<id>
+  // (the server's directory under disk_tier.dir; see TierRoot). Empty: a
+  // directory of the table's own under disk_tier.dir, unique in the
+  // machine (tools and tests).
+  std::string tier_root;
+  // The job's cluster.num_slots: the disk tier stores rows by slot.
+  uint32_t num_slots = 4096;
+};
+
 class Table {
  public:
   virtual ~Table() = default;
 
   // INVALID_ARGUMENT for a config that sets neither sparse nor dense, or a
-  // bad optimizer or sparse block.
+  // bad optimizer or sparse block; a disk tier's error when it cannot be
+  // opened (DiskTier::Open).
   static absl::StatusOr<std::unique_ptr<Table>> Create(
-      const TableConfig& config);
+      const TableConfig& config, const TableEnv& env = {});
 
   const TableConfig& config() const { return config_; }
   uint32_t id() const { return config_.id(); }
@@ -128,13 +142,43 @@ class Table {
 // size a new row evicts one (LRU or LFU) or, without eviction, the push is
 // refused. TTLs drop rows not touched (pushed or pulled) for a number of
 // steps or seconds; Advance() applies them.
+//
+// With a disk tier (config.sparse().disk_tier, attached by Table::Create)
+// the evicted row is demoted instead: its full state and bookkeeping go to
+// disk (DiskTier), and a push of its key takes it back into RAM (promotes
+// it) exactly as it was, so eviction changes no parameter. A pull of a
+// cold key reads its weights from disk and leaves it there. A cold row
+// whose TTL expired reads as absent (and is deleted when found). Rows
+// demoted past the tier's max_disk_bytes are dropped as without a tier.
+// The tier's RAM is part of memory_budget_bytes: the rows in RAM get what
+// is left (max_rows()).
 class SparseTable : public Table {
  public:
   SparseTable(const TableConfig& config, std::unique_ptr<Optimizer> optimizer);
   SparseTable* AsSparse() override { return this; }
   const SparseTable* AsSparse() const override { return this; }
 
+  // Attaches the disk tier (before any row is created); Table::Create does.
+  void AttachDiskTier(std::unique_ptr<DiskTier> tier) { tier_ = std::move(tier); }
+  // The tier, or null without one.
+  const DiskTier* disk_tier() const { return tier_.get(); }
+  // Bytes of the budget the disk tier takes (DiskTierConfig.memory_bytes or
+  // its default); 0 without a tier.
+  static uint64_t TierMemoryBytes(const SparseTableConfig& config);
+
+  // Calls fn(keys, state) for every cold row, a page of up to `page_rows`
+  // rows at a time (state: state_floats() floats per row, as ExportRows),
+  // in slot-then-key order, from a consistent view of the tier taken when
+  // the call starts. Nothing without a tier. The error of a failed read
+  // (DATA_LOSS for a corrupted block). Touches no row and no counter.
+  absl::Status ExportColdRows(
+      size_t page_rows,
+      absl::FunctionRef<absl::Status(absl::Span<const uint64_t> keys,
+                                     absl::Span<const float> state)>
+          fn) const;
+
   uint32_t dim() const { return dim_; }
+  // Rows in RAM (with a disk tier, the hot rows only).
   size_t num_rows() const { return index_.size(); }
   // Most rows the budget allows; SIZE_MAX without a budget.
   size_t max_rows() const { return max_rows_; }
@@ -350,6 +394,26 @@ class SparseTable : public Table {
   // cannot fit. Its values are the initial ones, or a copy of the
   // state_floats() floats at `state` when that is not null.
   uint32_t CreateRow(uint64_t key, const float* state = nullptr);
+  // With a disk tier: writes row r's full state and bookkeeping to disk
+  // (the caller then drops it). When the tier refuses (max_disk_bytes) or
+  // fails, the row is lost, as without a tier; the tier counts it.
+  void Demote(uint32_t r);
+  // With a disk tier: takes `key`'s row (absent from RAM) back from disk,
+  // creating its RAM row (which may demote another) with the state and
+  // bookkeeping it had; kNil when the tier has no live row of it.
+  uint32_t Promote(uint64_t key);
+  // With a disk tier: the weights of cold `key` into out (dim() floats);
+  // false, leaving out alone, when the tier has no live row of it.
+  bool ReadCold(uint64_t key, float* out);
+  // Reads `key`'s cold row into cold_state_ and *tag; false when the tier
+  // has none, or its TTL expired (then it is deleted).
+  bool FetchCold(uint64_t key, ColdRowTag* tag);
+  // Whether a row last touched at (step, second) has outlived a TTL.
+  bool Expired(uint64_t last_step, uint32_t last_second) const {
+    return (ttl_steps_ > 0 && step_ - last_step > ttl_steps_ && step_ > last_step) ||
+           (ttl_seconds_ > 0 && now_second_ > last_second &&
+            now_second_ - last_second > ttl_seconds_);
+  }
   void Touch(uint32_t r);
   void Unlink(uint32_t r);
   void PushFront(uint32_t r);
@@ -404,6 +468,8 @@ class SparseTable : public Table {
   uint32_t now_second_ = 0;
   uint64_t rng_;              // victim sampling (LFU), deterministic
   uint64_t generation_;       // see generation(); renewed by Drop
+  std::unique_ptr<DiskTier> tier_;  // null without a disk tier
+  std::vector<float> cold_state_;   // one row read from the tier
 };
 
 class DenseTable : public Table {
