@@ -112,9 +112,10 @@ absl::StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(
   if (!options.buffered_io) PS_RETURN_IF_ERROR(ProbeDirectIo(options.dir));
 
   std::unique_ptr<DiskTier> tier(new DiskTier(options));
-  // Half of the memory for memtables (charged to the cache, so the cache's
-  // capacity bounds both), the rest for index, filter and data blocks.
-  tier->cache_ = rocksdb::NewLRUCache(options.memory_bytes);
+  // A quarter of the memory for memtables (charged to the cache, so the
+  // cache's capacity bounds both), the rest for index, filter and data
+  // blocks, index and filters first (the high-priority pool).
+  tier->cache_ = rocksdb::NewLRUCache(options.memory_bytes, -1, false, 0.5);
   tier->statistics_ = rocksdb::CreateDBStatistics();
   tier->statistics_->set_stats_level(rocksdb::StatsLevel::kExceptTimers);
 
@@ -123,6 +124,8 @@ absl::StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(
   table.block_size = 4096;
   table.filter_policy.reset(rocksdb::NewBloomFilterPolicy(10));
   table.whole_key_filtering = true;
+  // Index and filter blocks are charged to the cache at high priority (so
+  // data blocks do not push them out), those of level-0 files pinned.
   table.cache_index_and_filter_blocks = true;
   table.cache_index_and_filter_blocks_with_high_priority = true;
   table.pin_l0_filter_and_index_blocks_in_cache = true;
@@ -133,7 +136,7 @@ absl::StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(
   db.paranoid_checks = true;
   db.compression = rocksdb::kNoCompression;
   db.table_factory.reset(rocksdb::NewBlockBasedTableFactory(table));
-  const size_t memtables = options.memory_bytes / 2;
+  const size_t memtables = options.memory_bytes / 4;
   db.write_buffer_manager = std::make_shared<rocksdb::WriteBufferManager>(
       memtables, tier->cache_);
   db.write_buffer_size = std::max<size_t>(memtables / 2, 256 << 10);

@@ -143,6 +143,53 @@ void RegisterTableMetrics(metrics::Registry* r,
   per_table("ps_server_table_pushes_refused_total",
             "Pushes refused because the table was at its memory budget.",
             metrics::Type::kCounter, &TableStats::pushes_refused);
+  // A sparse table's disk tier (0 for tables without one).
+  per_table("ps_server_table_cold_rows",
+            "Rows of the table on its disk tier here (rows: those in RAM).",
+            metrics::Type::kGauge, &TableStats::cold_rows);
+  per_table("ps_server_table_disk_bytes",
+            "Bytes of the table's disk tier files here.",
+            metrics::Type::kGauge, &TableStats::disk_bytes);
+  per_table("ps_server_table_tier_memory_bytes",
+            "RAM the table's disk tier holds here (part of bytes).",
+            metrics::Type::kGauge, &TableStats::tier_memory_bytes);
+  per_table("ps_server_table_demotions_total",
+            "Rows written to the disk tier to make room in RAM.",
+            metrics::Type::kCounter, &TableStats::demotions);
+  per_table("ps_server_table_promotions_total",
+            "Rows taken back from the disk tier into RAM by a push.",
+            metrics::Type::kCounter, &TableStats::promotions);
+  per_table("ps_server_table_cold_reads_total",
+            "Lookups on the disk tier that found a row.",
+            metrics::Type::kCounter, &TableStats::cold_reads);
+  per_table("ps_server_table_cold_misses_total",
+            "Lookups on the disk tier that found no row.",
+            metrics::Type::kCounter, &TableStats::cold_misses);
+  per_table("ps_server_table_bloom_useful_total",
+            "Disk tier lookups a bloom filter answered without a disk read.",
+            metrics::Type::kCounter, &TableStats::bloom_useful);
+  per_table("ps_server_table_disk_reads_total",
+            "Blocks read from the disk tier's files.",
+            metrics::Type::kCounter, &TableStats::disk_reads);
+  per_table("ps_server_table_disk_written_bytes_total",
+            "Bytes written to the disk tier's files (flushes, compactions).",
+            metrics::Type::kCounter, &TableStats::disk_bytes_written);
+  per_table("ps_server_table_cold_rows_dropped_total",
+            "Rows dropped because the disk tier was at max_disk_bytes.",
+            metrics::Type::kCounter, &TableStats::cold_rows_dropped);
+  per_table("ps_server_table_tier_errors_total",
+            "Failed disk tier reads and writes (each logged).",
+            metrics::Type::kCounter, &TableStats::tier_errors);
+  r->AddCallbackFamily(
+      "ps_server_table_cold_read_seconds_total",
+      "Time spent in disk tier lookups that found rows.",
+      metrics::Type::kCounter, {"table"}, [read] {
+        std::vector<metrics::Sample> out;
+        for (const TableStats& t : read()) {
+          out.push_back({{t.name()}, double(t.cold_read_micros()) / 1e6});
+        }
+        return out;
+      });
   r->AddCallbackFamily(
       "ps_server_table_evictions_total",
       "Rows evicted, by cause (ttl or budget).", metrics::Type::kCounter,

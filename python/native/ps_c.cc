@@ -395,6 +395,19 @@ ps_table_stats ToC(const ps::ServerTableStats& s) {
   out.pushes_refused = t.pushes_refused();
   out.keys_dropped = t.keys_dropped();
   out.backup_rows = t.backup_rows();
+  out.cold_rows = t.cold_rows();
+  out.disk_bytes = t.disk_bytes();
+  out.demotions = t.demotions();
+  out.promotions = t.promotions();
+  out.cold_reads = t.cold_reads();
+  out.cold_misses = t.cold_misses();
+  out.bloom_useful = t.bloom_useful();
+  out.disk_reads = t.disk_reads();
+  out.cold_read_micros = t.cold_read_micros();
+  out.disk_bytes_written = t.disk_bytes_written();
+  out.cold_rows_dropped = t.cold_rows_dropped();
+  out.tier_errors = t.tier_errors();
+  out.tier_memory_bytes = t.tier_memory_bytes();
   return out;
 }
 

@@ -47,7 +47,7 @@ extern "C" {
 
 /* Bumped whenever a signature or a struct below changes; the Python package
  * refuses a library of another version. */
-#define PS_C_ABI_VERSION 2
+#define PS_C_ABI_VERSION 3
 /* Returned by waits whose timeout passed before the operation completed. */
 #define PS_PENDING (-1)
 /* A timeout (seconds) that never passes: waits, barriers and finish given
@@ -180,6 +180,20 @@ typedef struct ps_table_stats {
   uint64_t pushes_refused;
   uint64_t keys_dropped;
   uint64_t backup_rows;
+  /* A sparse table's disk tier (proto TableStats); 0 without one. */
+  uint64_t cold_rows;
+  uint64_t disk_bytes;
+  uint64_t demotions;
+  uint64_t promotions;
+  uint64_t cold_reads;
+  uint64_t cold_misses;
+  uint64_t bloom_useful;
+  uint64_t disk_reads;
+  uint64_t cold_read_micros;
+  uint64_t disk_bytes_written;
+  uint64_t cold_rows_dropped;
+  uint64_t tier_errors;
+  uint64_t tier_memory_bytes;
 } ps_table_stats;
 
 int32_t ps_abi_version(void);

@@ -20,7 +20,7 @@ from ctypes import (POINTER, Structure, c_char_p, c_double, c_int32, c_int64, c_
 from typing import Dict, List, Optional, Tuple
 
 # The constants of ps_c.h (python/tests/test_abi.py checks them against it).
-ABI_VERSION = 2
+ABI_VERSION = 3
 PENDING = -1
 NO_TIMEOUT = -1.0
 TRAINS_SHARDS = 1
@@ -91,7 +91,11 @@ class TableStats(Structure):
         (name, c_uint64) for name in (
             "rows", "bytes", "memory_budget_bytes", "keys_pushed", "keys_pulled",
             "admissions", "pushes_filtered", "evictions_ttl", "evictions_budget",
-            "pushes_refused", "keys_dropped", "backup_rows")]
+            "pushes_refused", "keys_dropped", "backup_rows",
+            # A sparse table's disk tier; 0 without one.
+            "cold_rows", "disk_bytes", "demotions", "promotions", "cold_reads",
+            "cold_misses", "bloom_useful", "disk_reads", "cold_read_micros",
+            "disk_bytes_written", "cold_rows_dropped", "tier_errors", "tier_memory_bytes")]
 
 
 def _candidates() -> list:
