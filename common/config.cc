@@ -585,8 +585,7 @@ void CheckTables(const JobConfig& config, Checker* c) {
     if (t.has_sparse() && t.sparse().has_disk_tier()) {
       // Backup copies and slot moves exchange rows through the RAM table
       // only: the cold rows would be left out.
-      c->Require(config.cluster().replication() < 2,
-                 path + ".sparse.disk_tier",
+      c->Require(config.cluster().replication() < 2, path + ".sparse.disk_tier",
                  "cannot be used with cluster.replication 2 yet");
       c->Require(!config.cluster().has_elastic(), path + ".sparse.disk_tier",
                  "cannot be used with cluster.elastic yet");

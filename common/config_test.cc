@@ -1017,11 +1017,12 @@ TEST(ValidateJobConfigTest, DiskTierNeedsABudgetAnEvictionAndADirectory) {
   // Backup copies and slot moves would leave the cold rows out.
   for (const char* cluster : {"replication: 2", "elastic { }"}) {
     SCOPED_TRACE(cluster);
-    const std::string text = absl::StrCat(
-        "cluster { num_servers: 2 num_workers: 1 ", cluster,
-        " } tables { id: 0 name: \"s\" sparse { dim: 1 ", ok,
-        " } optimizer { sgd { learning_rate: 0.5 } } }");
-    EXPECT_THAT(RejectionOf(text), HasSubstr("tables[0].sparse.disk_tier: cannot be used with"));
+    const std::string text =
+        absl::StrCat("cluster { num_servers: 2 num_workers: 1 ", cluster,
+                     " } tables { id: 0 name: \"s\" sparse { dim: 1 ", ok,
+                     " } optimizer { sgd { learning_rate: 0.5 } } }");
+    EXPECT_THAT(RejectionOf(text),
+                HasSubstr("tables[0].sparse.disk_tier: cannot be used with"));
   }
 }
 

@@ -82,8 +82,9 @@ absl::Status WriteSparse(ShardWriter& out, uint32_t index,
   // The rows on disk (a disk tier), after those in RAM; a key is in one
   // of the two.
   PS_RETURN_IF_ERROR(table.ExportColdRows(
-      page_rows, [&](absl::Span<const uint64_t> cold_keys,
-                     absl::Span<const float> cold_state) -> absl::Status {
+      page_rows,
+      [&](absl::Span<const uint64_t> cold_keys,
+          absl::Span<const float> cold_state) -> absl::Status {
         keys.assign(cold_keys.begin(), cold_keys.end());
         state.assign(cold_state.begin(), cold_state.end());
         return write_page();
@@ -389,16 +390,19 @@ ParameterDigest DigestTables(absl::Span<const Table* const> tables) {
         result.sparse_rows += keys.size();
       } while (cursor != 0);
       // A failed read leaves rows out, which the digest's comparison shows.
-      sparse->ExportColdRows(
-          page_rows, [&](absl::Span<const uint64_t> cold_keys,
-                         absl::Span<const float> cold_state) {
-            for (size_t i = 0; i < cold_keys.size(); ++i) {
-              result.digest += RowDigest(id, cold_keys[i],
-                                         cold_state.subspan(i * stride, stride));
-            }
-            result.sparse_rows += cold_keys.size();
-            return absl::OkStatus();
-          }).IgnoreError();
+      sparse
+          ->ExportColdRows(page_rows,
+                           [&](absl::Span<const uint64_t> cold_keys,
+                               absl::Span<const float> cold_state) {
+                             for (size_t i = 0; i < cold_keys.size(); ++i) {
+                               result.digest += RowDigest(
+                                   id, cold_keys[i],
+                                   cold_state.subspan(i * stride, stride));
+                             }
+                             result.sparse_rows += cold_keys.size();
+                             return absl::OkStatus();
+                           })
+          .IgnoreError();
     } else {
       // The callback never fails.
       table->AsDense()

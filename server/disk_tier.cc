@@ -14,7 +14,6 @@
 #include "absl/strings/str_cat.h"
 #include "common/hash.h"
 #include "common/status.h"
-#include "server/server_log.h"
 #include "rocksdb/cache.h"
 #include "rocksdb/db.h"
 #include "rocksdb/filter_policy.h"
@@ -25,6 +24,7 @@
 #include "rocksdb/table.h"
 #include "rocksdb/write_batch.h"
 #include "rocksdb/write_buffer_manager.h"
+#include "server/server_log.h"
 
 namespace ps {
 namespace {
@@ -106,8 +106,8 @@ absl::StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(
   std::filesystem::remove_all(options.dir, ec);
   if (!ec) std::filesystem::create_directories(options.dir, ec);
   if (ec) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "disk tier directory ", options.dir, ": ", ec.message()));
+    return absl::FailedPreconditionError(
+        absl::StrCat("disk tier directory ", options.dir, ": ", ec.message()));
   }
   if (!options.buffered_io) PS_RETURN_IF_ERROR(ProbeDirectIo(options.dir));
 
@@ -137,8 +137,8 @@ absl::StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(
   db.compression = rocksdb::kNoCompression;
   db.table_factory.reset(rocksdb::NewBlockBasedTableFactory(table));
   const size_t memtables = options.memory_bytes / 4;
-  db.write_buffer_manager = std::make_shared<rocksdb::WriteBufferManager>(
-      memtables, tier->cache_);
+  db.write_buffer_manager =
+      std::make_shared<rocksdb::WriteBufferManager>(memtables, tier->cache_);
   db.write_buffer_size = std::max<size_t>(memtables / 2, 256 << 10);
   db.max_write_buffer_number = 2;
   db.max_background_jobs = 2;
@@ -152,8 +152,7 @@ absl::StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(
   rocksdb::DB* raw = nullptr;
   const rocksdb::Status opened = rocksdb::DB::Open(db, options.dir, &raw);
   if (!opened.ok()) {
-    return FromRocks(opened,
-                     absl::StrCat("disk tier: opening ", options.dir));
+    return FromRocks(opened, absl::StrCat("disk tier: opening ", options.dir));
   }
   tier->db_.reset(raw);
   return tier;
@@ -207,9 +206,9 @@ absl::Status DecodeValue(const rocksdb::Slice& value, size_t state_floats,
                          float* state, ColdRowTag* tag) {
   const size_t floats = state_floats * sizeof(float);
   if (value.size() != floats + kTagBytes) {
-    return absl::DataLossError(absl::StrCat(
-        "disk tier: a stored row has ", value.size(), " bytes, not ",
-        floats + kTagBytes));
+    return absl::DataLossError(absl::StrCat("disk tier: a stored row has ",
+                                            value.size(), " bytes, not ",
+                                            floats + kTagBytes));
   }
   std::memcpy(state, value.data(), floats);
   std::memcpy(&tag->last_step, value.data() + floats, 8);
@@ -223,7 +222,8 @@ absl::Status DecodeValue(const rocksdb::Slice& value, size_t state_floats,
 absl::StatusOr<bool> DiskTier::Get(uint64_t key, float* state,
                                    ColdRowTag* tag) {
   std::vector<bool> found;
-  PS_RETURN_IF_ERROR(MultiGet(absl::MakeConstSpan(&key, 1), state, tag, &found));
+  PS_RETURN_IF_ERROR(
+      MultiGet(absl::MakeConstSpan(&key, 1), state, tag, &found));
   return found[0];
 }
 
@@ -314,8 +314,8 @@ absl::StatusOr<uint64_t> DiskTier::DeleteSlots(const std::vector<bool>& slots) {
       }
     }
     if (in_slot == 0) continue;
-    const rocksdb::Status deleted = db_->DeleteRange(
-        write, db_->DefaultColumnFamily(), lower, upper);
+    const rocksdb::Status deleted =
+        db_->DeleteRange(write, db_->DefaultColumnFamily(), lower, upper);
     if (!deleted.ok()) {
       NoteError("deleting a slot of", deleted.ToString());
       return FromRocks(deleted, "disk tier: deleting a slot");
@@ -344,9 +344,9 @@ absl::Status DiskTier::ForEachRow(
   for (it->SeekToFirst(); it->Valid(); it->Next()) {
     const rocksdb::Slice stored = it->key();
     if (stored.size() != kKeyBytes) {
-      return absl::DataLossError(absl::StrCat(
-          "disk tier ", options_.dir, ": a stored key has ", stored.size(),
-          " bytes, not ", kKeyBytes));
+      return absl::DataLossError(
+          absl::StrCat("disk tier ", options_.dir, ": a stored key has ",
+                       stored.size(), " bytes, not ", kKeyBytes));
     }
     uint64_t key = 0;
     for (size_t i = 4; i < kKeyBytes; ++i) {
@@ -354,10 +354,9 @@ absl::Status DiskTier::ForEachRow(
     }
     keys.push_back(key);
     states.resize(keys.size() * options_.state_floats);
-    PS_RETURN_IF_ERROR(DecodeValue(it->value(), options_.state_floats,
-                                   states.data() + (keys.size() - 1) *
-                                                       options_.state_floats,
-                                   &tag));
+    PS_RETURN_IF_ERROR(DecodeValue(
+        it->value(), options_.state_floats,
+        states.data() + (keys.size() - 1) * options_.state_floats, &tag));
     if (keys.size() == page_rows) {
       PS_RETURN_IF_ERROR(fn(keys, states));
       keys.clear();
@@ -365,8 +364,8 @@ absl::Status DiskTier::ForEachRow(
     }
   }
   if (!it->status().ok()) {
-    return FromRocks(it->status(),
-                     absl::StrCat("disk tier ", options_.dir, ": reading rows"));
+    return FromRocks(it->status(), absl::StrCat("disk tier ", options_.dir,
+                                                ": reading rows"));
   }
   if (!keys.empty()) PS_RETURN_IF_ERROR(fn(keys, states));
   return absl::OkStatus();
@@ -418,13 +417,14 @@ bool Abandoned(const std::filesystem::path& dir) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<TierRoot>> TierRoot::Claim(const std::string& base,
-                                                          const std::string& job) {
+absl::StatusOr<std::unique_ptr<TierRoot>> TierRoot::Claim(
+    const std::string& base, const std::string& job) {
   static std::atomic<uint64_t> next{0};
   const std::filesystem::path job_dir =
       std::filesystem::path(base) / (job.empty() ? std::string("job") : job);
   const std::string path =
-      (job_dir / absl::StrCat("server-", getpid(), "-", next.fetch_add(1))).string();
+      (job_dir / absl::StrCat("server-", getpid(), "-", next.fetch_add(1)))
+          .string();
   std::error_code ec;
   std::filesystem::remove_all(path, ec);
   if (!ec) std::filesystem::create_directories(path, ec);
@@ -441,8 +441,9 @@ absl::StatusOr<std::unique_ptr<TierRoot>> TierRoot::Claim(const std::string& bas
       rename(unnamed.c_str(), lock.c_str()) != 0) {
     const int err = errno;
     if (fd >= 0) close(fd);
-    return absl::FailedPreconditionError(absl::StrCat(
-        "disk tier directory ", path, ": cannot lock owner.lock: ", std::strerror(err)));
+    return absl::FailedPreconditionError(
+        absl::StrCat("disk tier directory ", path,
+                     ": cannot lock owner.lock: ", std::strerror(err)));
   }
   std::unique_ptr<TierRoot> root(new TierRoot(path, fd));
   for (const auto& entry : std::filesystem::directory_iterator(job_dir, ec)) {

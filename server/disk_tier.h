@@ -34,8 +34,8 @@
 #include <string>
 #include <vector>
 
-#include "absl/status/status.h"
 #include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 
@@ -60,14 +60,14 @@ struct DiskTierCounters {
   uint64_t cold_rows = 0;
   uint64_t demotions = 0;
   uint64_t promotions = 0;
-  uint64_t cold_reads = 0;        // rows read from the tier (found)
-  uint64_t cold_misses = 0;       // lookups of keys the tier did not have
+  uint64_t cold_reads = 0;         // rows read from the tier (found)
+  uint64_t cold_misses = 0;        // lookups of keys the tier did not have
   uint64_t cold_rows_dropped = 0;  // demoted past max_disk_bytes
-  uint64_t disk_reads = 0;        // blocks read from the files
-  uint64_t read_micros = 0;       // time in lookups that found rows
-  uint64_t bloom_useful = 0;      // lookups a filter answered "absent"
-  uint64_t bytes_written = 0;     // by flushes and compactions
-  uint64_t errors = 0;            // failed reads or writes (logged)
+  uint64_t disk_reads = 0;         // blocks read from the files
+  uint64_t read_micros = 0;        // time in lookups that found rows
+  uint64_t bloom_useful = 0;       // lookups a filter answered "absent"
+  uint64_t bytes_written = 0;      // by flushes and compactions
+  uint64_t errors = 0;             // failed reads or writes (logged)
 };
 
 class DiskTier {
@@ -184,8 +184,8 @@ class TierRoot {
  public:
   // The I/O error (with the path) when the directory cannot be created or
   // locked. A stale directory that cannot be removed is only logged.
-  static absl::StatusOr<std::unique_ptr<TierRoot>> Claim(const std::string& base,
-                                                         const std::string& job);
+  static absl::StatusOr<std::unique_ptr<TierRoot>> Claim(
+      const std::string& base, const std::string& job);
   ~TierRoot();
   TierRoot(const TierRoot&) = delete;
   TierRoot& operator=(const TierRoot&) = delete;
@@ -193,7 +193,8 @@ class TierRoot {
   const std::string& path() const { return path_; }
 
  private:
-  TierRoot(std::string path, int lock_fd) : path_(std::move(path)), lock_fd_(lock_fd) {}
+  TierRoot(std::string path, int lock_fd)
+      : path_(std::move(path)), lock_fd_(lock_fd) {}
   const std::string path_;
   const int lock_fd_;
 };

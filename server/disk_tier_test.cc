@@ -118,7 +118,8 @@ TEST(DiskTierTest, RowsOfOneSlotAreOneRangeAndLeaveTogether) {
   ASSERT_EQ(stored.size(), 12u);
   const uint32_t slot = SparseSlot(o.table_id, key, o.num_slots);
   EXPECT_EQ(static_cast<unsigned char>(stored[3]), slot);
-  EXPECT_EQ(stored.substr(4), std::string("\x01\x02\x03\x04\x05\x06\x07\x08", 8));
+  EXPECT_EQ(stored.substr(4),
+            std::string("\x01\x02\x03\x04\x05\x06\x07\x08", 8));
 
   std::vector<uint64_t> per_slot(o.num_slots, 0);
   for (uint64_t k = 1; k <= 5000; ++k) {
@@ -192,7 +193,8 @@ TEST(DiskTierTest, BadOptionsAndFileSystemsWithoutDirectIoAreClearErrors) {
     auto tier = DiskTier::Open(o);
     if (!tier.ok()) {
       EXPECT_EQ(tier.status().code(), absl::StatusCode::kFailedPrecondition);
-      EXPECT_THAT(std::string(tier.status().message()), HasSubstr("buffered_io"));
+      EXPECT_THAT(std::string(tier.status().message()),
+                  HasSubstr("buffered_io"));
       o.buffered_io = true;
       auto buffered = DiskTier::Open(o);
       EXPECT_TRUE(buffered.ok()) << buffered.status();

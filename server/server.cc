@@ -75,7 +75,8 @@ absl::Status KVServer::Impl::CreateTables() {
   const JobConfig& config = options_.config;
   for (const TableConfig& tc : config.tables()) {
     TableEnv env;
-    env.num_slots = config.cluster().num_slots() > 0 ? config.cluster().num_slots() : 4096;
+    env.num_slots =
+        config.cluster().num_slots() > 0 ? config.cluster().num_slots() : 4096;
     if (tc.has_sparse() && tc.sparse().has_disk_tier()) {
       const std::string& base = tc.sparse().disk_tier().dir();
       std::unique_ptr<TierRoot>& root = tier_roots_[base];

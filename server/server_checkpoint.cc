@@ -56,7 +56,8 @@ void KVServer::Impl::Restore(const Ownership& own) {
         "cannot restore checkpoint {}: {}; serving initial values",
         own.restore.path(), status.ToString());
     if (absl::Status created = CreateTables(); !created.ok()) {
-      ServerLog()->error("cannot create the tables again: {}", created.ToString());
+      ServerLog()->error("cannot create the tables again: {}",
+                         created.ToString());
     }
     return;
   }

@@ -2,8 +2,8 @@
 // over a real socket: pushes and pulls give what a table without a budget
 // gives, STATS reports the tier, and the tier's directory lives and dies
 // with the server.
-#include <sys/file.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -21,19 +21,18 @@ namespace {
 
 std::string TierBase() {
   const char* tmp = std::getenv("TEST_TMPDIR");
-  return absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/server_disk_tier_", getpid());
+  return absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/server_disk_tier_",
+                      getpid());
 }
 
 std::string TieredConfig(const std::string& sparse) {
   return absl::StrCat(R"pb(
-    name: "tiered"
-    cluster { num_servers: 1 num_workers: 1 }
-    tables {
-      id: 5
-      name: "emb"
-      sparse { dim: 16 admit_after_pushes: 1 )pb",
-                      sparse, R"pb( }
-      optimizer { adagrad { learning_rate: 0.1 } }
+                        name: "tiered"
+                        cluster { num_servers: 1 num_workers: 1 }
+                        tables { id: 5 name: "emb"
+                                 sparse { dim: 16 admit_after_pushes: 1)pb",
+                      sparse, R"pb(}
+                                   optimizer { adagrad { learning_rate: 0.1 } }
       init { kind: UNIFORM scale: 0.1 }
     }
   )pb");
@@ -49,8 +48,8 @@ class ServerDiskTierTest : public ServerTest {
 
 TEST_F(ServerDiskTierTest, PushesAndPullsMatchATableWithoutABudget) {
   const std::string tiered = TieredConfig(absl::StrCat(
-      "memory_budget_bytes: 1048576 eviction: EVICT_LRU disk_tier { dir: \"", TierBase(),
-      "\" buffered_io: true }"));
+      "memory_budget_bytes: 1048576 eviction: EVICT_LRU disk_tier { dir: \"",
+      TierBase(), "\" buffered_io: true }"));
   const std::string plain = TieredConfig("");
   ASSERT_NO_FATAL_FAILURE(StartServer(/*standalone=*/true, tiered.c_str()));
   // The same pushes on a table without a budget, in this process.
@@ -68,7 +67,9 @@ TEST_F(ServerDiskTierTest, PushesAndPullsMatchATableWithoutABudget) {
       // Eight lists of keys in turn: together about four times what RAM
       // holds.
       keys[i] = Mix64((round % 8) * kBatch + i);
-      for (int d = 0; d < 16; ++d) grads[i * 16 + d] = 0.01f * static_cast<float>((i + d + round) % 7) - 0.03f;
+      for (int d = 0; d < 16; ++d)
+        grads[i * 16 + d] =
+            0.01f * static_cast<float>((i + d + round) % 7) - 0.03f;
     }
     ASSERT_EQ(Push(5, keys, grads).code(), absl::StatusCode::kOk);
     want.Push(keys, grads.data());
@@ -78,11 +79,14 @@ TEST_F(ServerDiskTierTest, PushesAndPullsMatchATableWithoutABudget) {
   std::vector<float> expected(all.size() * 16);
   want.Pull(all, expected.data());
   for (size_t begin = 0; begin < all.size(); begin += kBatch) {
-    const std::vector<uint64_t> part(all.begin() + begin, all.begin() + begin + kBatch);
+    const std::vector<uint64_t> part(all.begin() + begin,
+                                     all.begin() + begin + kBatch);
     Response r = Pull(5, part);
     ASSERT_EQ(r.code(), absl::StatusCode::kOk) << r.header.message();
     ASSERT_EQ(r.values.size(), kBatch * 16);
-    ASSERT_EQ(std::memcmp(r.values.data(), expected.data() + begin * 16, kBatch * 16 * sizeof(float)), 0)
+    ASSERT_EQ(std::memcmp(r.values.data(), expected.data() + begin * 16,
+                          kBatch * 16 * sizeof(float)),
+              0)
         << "keys from " << begin;
   }
 
@@ -100,28 +104,35 @@ TEST_F(ServerDiskTierTest, PushesAndPullsMatchATableWithoutABudget) {
   EXPECT_LE(s.bytes(), s.memory_budget_bytes() * 5 / 4);
 }
 
-TEST_F(ServerDiskTierTest, TheTierDirectoryLivesWithTheServerAndACrashedOnesGoes) {
+TEST_F(ServerDiskTierTest,
+       TheTierDirectoryLivesWithTheServerAndACrashedOnesGoes) {
   // A tier directory left by a crashed server: its lock file, unlocked.
   const std::string stale = TierBase() + "/tiered/server-1-0";
   std::filesystem::create_directories(stale + "/table-5");
-  { const int fd = open((stale + "/owner.lock").c_str(), O_CREAT | O_RDWR, 0600); close(fd); }
+  {
+    const int fd =
+        open((stale + "/owner.lock").c_str(), O_CREAT | O_RDWR, 0600);
+    close(fd);
+  }
   // One another live process holds: left alone.
   const std::string live = TierBase() + "/tiered/server-2-0";
   std::filesystem::create_directories(live);
-  const int live_fd = open((live + "/owner.lock").c_str(), O_CREAT | O_RDWR, 0600);
+  const int live_fd =
+      open((live + "/owner.lock").c_str(), O_CREAT | O_RDWR, 0600);
   ASSERT_GE(live_fd, 0);
   // flock locks belong to the open file: a second open of the file (the
   // server's probe) cannot take it while this one holds it.
   ASSERT_EQ(flock(live_fd, LOCK_EX | LOCK_NB), 0);
 
   const std::string tiered = TieredConfig(absl::StrCat(
-      "memory_budget_bytes: 1048576 eviction: EVICT_LFU disk_tier { dir: \"", TierBase(),
-      "\" buffered_io: true }"));
+      "memory_budget_bytes: 1048576 eviction: EVICT_LFU disk_tier { dir: \"",
+      TierBase(), "\" buffered_io: true }"));
   ASSERT_NO_FATAL_FAILURE(StartServer(/*standalone=*/true, tiered.c_str()));
   EXPECT_FALSE(std::filesystem::exists(stale));
   EXPECT_TRUE(std::filesystem::exists(live));
   size_t mine = 0;
-  for (const auto& e : std::filesystem::directory_iterator(TierBase() + "/tiered")) {
+  for (const auto& e :
+       std::filesystem::directory_iterator(TierBase() + "/tiered")) {
     if (e.path() != live) {
       ++mine;
       EXPECT_TRUE(std::filesystem::exists(e.path() / "table-5")) << e.path();
@@ -130,7 +141,8 @@ TEST_F(ServerDiskTierTest, TheTierDirectoryLivesWithTheServerAndACrashedOnesGoes
   EXPECT_EQ(mine, 1u);
   server_.reset();
   size_t left = 0;
-  for (const auto& e : std::filesystem::directory_iterator(TierBase() + "/tiered")) {
+  for (const auto& e :
+       std::filesystem::directory_iterator(TierBase() + "/tiered")) {
     EXPECT_EQ(e.path(), live);
     ++left;
   }

@@ -148,8 +148,8 @@ void RegisterTableMetrics(metrics::Registry* r,
             "Rows of the table on its disk tier here (rows: those in RAM).",
             metrics::Type::kGauge, &TableStats::cold_rows);
   per_table("ps_server_table_disk_bytes",
-            "Bytes of the table's disk tier files here.",
-            metrics::Type::kGauge, &TableStats::disk_bytes);
+            "Bytes of the table's disk tier files here.", metrics::Type::kGauge,
+            &TableStats::disk_bytes);
   per_table("ps_server_table_tier_memory_bytes",
             "RAM the table's disk tier holds here (part of bytes).",
             metrics::Type::kGauge, &TableStats::tier_memory_bytes);
@@ -169,8 +169,8 @@ void RegisterTableMetrics(metrics::Registry* r,
             "Disk tier lookups a bloom filter answered without a disk read.",
             metrics::Type::kCounter, &TableStats::bloom_useful);
   per_table("ps_server_table_disk_reads_total",
-            "Blocks read from the disk tier's files.",
-            metrics::Type::kCounter, &TableStats::disk_reads);
+            "Blocks read from the disk tier's files.", metrics::Type::kCounter,
+            &TableStats::disk_reads);
   per_table("ps_server_table_disk_written_bytes_total",
             "Bytes written to the disk tier's files (flushes, compactions).",
             metrics::Type::kCounter, &TableStats::disk_bytes_written);

@@ -40,7 +40,8 @@
 //   ps_server_table_evictions_total{table,cause} (cause ttl or budget),
 //   ps_server_table_pushes_refused_total{table},
 //   a disk tier's (0 without one): ps_server_table_cold_rows{table},
-//   ps_server_table_disk_bytes{table}, ps_server_table_tier_memory_bytes{table},
+//   ps_server_table_disk_bytes{table},
+//   ps_server_table_tier_memory_bytes{table},
 //   ps_server_table_{demotions,promotions,cold_reads,cold_misses,bloom_useful,
 //   disk_reads,disk_written_bytes,cold_rows_dropped,tier_errors}_total{table},
 //   ps_server_table_cold_read_seconds_total{table}

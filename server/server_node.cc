@@ -384,11 +384,13 @@ ServerNode::Exit ServerNode::Leave(bool preempted) {
                t.pushes_filtered(), t.evictions_ttl(), t.evictions_budget(),
                t.pushes_refused(), t.keys_dropped());
     if (t.tier_memory_bytes() > 0) {
-      log_->info("table '{}' disk tier: {} cold rows, {} bytes on disk, {} demoted, "
-                 "{} promoted, {} cold reads ({} disk reads), {} dropped at "
-                 "max_disk_bytes, {} errors",
-                 t.name(), t.cold_rows(), t.disk_bytes(), t.demotions(), t.promotions(),
-                 t.cold_reads(), t.disk_reads(), t.cold_rows_dropped(), t.tier_errors());
+      log_->info(
+          "table '{}' disk tier: {} cold rows, {} bytes on disk, {} demoted, "
+          "{} promoted, {} cold reads ({} disk reads), {} dropped at "
+          "max_disk_bytes, {} errors",
+          t.name(), t.cold_rows(), t.disk_bytes(), t.demotions(),
+          t.promotions(), t.cold_reads(), t.disk_reads(), t.cold_rows_dropped(),
+          t.tier_errors());
     }
   }
   if (absl::Status s = membership_->Leave(/*finished=*/true); !s.ok()) {

@@ -5,8 +5,8 @@
 
 #include <algorithm>
 #include <atomic>
-#include <new>
 #include <cstring>
+#include <new>
 #include <numeric>
 #include <utility>
 
@@ -147,15 +147,14 @@ ABSL_ATTRIBUTE_ALWAYS_INLINE inline void CopyRow(const float* v, uint32_t dim, f
 constexpr size_t kMaxSparseChunkBytes = size_t{4} << 20;
 
 // The disk tier of sparse table `config` in its directory under env.
-absl::StatusOr<std::unique_ptr<DiskTier>> OpenDiskTier(const TableConfig& config,
-                                                       const TableEnv& env,
-                                                       size_t state_floats) {
+absl::StatusOr<std::unique_ptr<DiskTier>> OpenDiskTier(
+    const TableConfig& config, const TableEnv& env, size_t state_floats) {
   static std::atomic<uint64_t> next_own_dir{0};
   const DiskTierConfig& dt = config.sparse().disk_tier();
   DiskTier::Options o;
   o.dir = env.tier_root.empty()
-              ? absl::StrCat(dt.dir(), "/table-", config.id(), "-", getpid(), "-",
-                             next_own_dir.fetch_add(1))
+              ? absl::StrCat(dt.dir(), "/table-", config.id(), "-", getpid(),
+                             "-", next_own_dir.fetch_add(1))
               : absl::StrCat(env.tier_root, "/table-", config.id());
   o.state_floats = state_floats;
   o.table_id = config.id();
@@ -165,8 +164,9 @@ absl::StatusOr<std::unique_ptr<DiskTier>> OpenDiskTier(const TableConfig& config
   o.buffered_io = dt.buffered_io();
   auto tier = DiskTier::Open(o);
   if (!tier.ok()) {
-    return absl::Status(tier.status().code(),
-                        absl::StrCat("table '", config.name(), "': ", tier.status().message()));
+    return absl::Status(
+        tier.status().code(),
+        absl::StrCat("table '", config.name(), "': ", tier.status().message()));
   }
   return tier;
 }
@@ -174,8 +174,8 @@ constexpr int kMaxSparseChunkShift = 14;
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Table>> Table::Create(
-    const TableConfig& config, const TableEnv& env) {
+absl::StatusOr<std::unique_ptr<Table>> Table::Create(const TableConfig& config,
+                                                     const TableEnv& env) {
   auto optimizer = Optimizer::Create(config.optimizer());
   if (!optimizer.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -296,7 +296,8 @@ uint64_t SparseTable::TierMemoryBytes(const SparseTableConfig& config) {
   if (!config.has_disk_tier()) return 0;
   const uint64_t budget = config.memory_budget_bytes();
   uint64_t bytes = config.disk_tier().memory_bytes();
-  if (bytes == 0) bytes = std::max<uint64_t>(budget / 8, DiskTier::kMinTierMemory);
+  if (bytes == 0)
+    bytes = std::max<uint64_t>(budget / 8, DiskTier::kMinTierMemory);
   return std::min(bytes, budget / 2);
 }
 
@@ -333,7 +334,8 @@ TableStats SparseTable::Stats() const {
 void SparseTable::Demote(uint32_t r) {
   const RowMeta& m = Meta(r);
   // A refusal or an error is counted (and an error logged) by the tier.
-  tier_->Put(m.key, Values(r), ColdRowTag{m.last_step, m.last_second, m.touches})
+  tier_
+      ->Put(m.key, Values(r), ColdRowTag{m.last_step, m.last_second, m.touches})
       .IgnoreError();
 }
 
@@ -568,11 +570,7 @@ void SparseTable::Advance(uint64_t step, absl::Time now) {
   // end: this costs O(1) plus the rows dropped.
   while (lru_ != kNil) {
     const RowMeta& m = Meta(lru_);
-    const bool expired =
-        (ttl_steps_ > 0 && step_ - m.last_step > ttl_steps_ && step_ > m.last_step) ||
-        (ttl_seconds_ > 0 && now_second_ > m.last_second &&
-         now_second_ - m.last_second > ttl_seconds_);
-    if (!expired) break;
+    if (!Expired(m.last_step, m.last_second)) break;
     Drop(lru_);
     ++counters_.evictions_ttl;
   }
@@ -722,7 +720,8 @@ void SparseTable::PullRemembered(absl::Span<const uint64_t> keys, float* out, Ro
       r = index_.Find(k[i]);
       if (r == RowIndex::kNotFound) {
         if (tier_ == nullptr || !ReadCold(k[i], out + i * dim)) {
-          InitializeValues(config_.init(), config_.id(), k[i], 0, dim, out + i * dim);
+          InitializeValues(config_.init(), config_.id(), k[i], 0, dim,
+                           out + i * dim);
         }
         continue;
       }
@@ -978,7 +977,8 @@ absl::Status SparseTable::ImportRow(uint64_t key,
   // A key is in RAM or on disk, never both: the imported state replaces a
   // cold row.
   ColdRowTag tag;
-  if (tier_ != nullptr && FetchCold(key, &tag)) tier_->Delete(key).IgnoreError();
+  if (tier_ != nullptr && FetchCold(key, &tag))
+    tier_->Delete(key).IgnoreError();
   if (CreateRow(key, state.data()) == kNil) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "table '", config_.name(), "' is at its memory budget on this server (",

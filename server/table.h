@@ -159,7 +159,9 @@ class SparseTable : public Table {
   const SparseTable* AsSparse() const override { return this; }
 
   // Attaches the disk tier (before any row is created); Table::Create does.
-  void AttachDiskTier(std::unique_ptr<DiskTier> tier) { tier_ = std::move(tier); }
+  void AttachDiskTier(std::unique_ptr<DiskTier> tier) {
+    tier_ = std::move(tier);
+  }
   // The tier, or null without one.
   const DiskTier* disk_tier() const { return tier_.get(); }
   // Bytes of the budget the disk tier takes (DiskTierConfig.memory_bytes or
@@ -410,7 +412,8 @@ class SparseTable : public Table {
   bool FetchCold(uint64_t key, ColdRowTag* tag);
   // Whether a row last touched at (step, second) has outlived a TTL.
   bool Expired(uint64_t last_step, uint32_t last_second) const {
-    return (ttl_steps_ > 0 && step_ - last_step > ttl_steps_ && step_ > last_step) ||
+    return (ttl_steps_ > 0 && step_ - last_step > ttl_steps_ &&
+            step_ > last_step) ||
            (ttl_seconds_ > 0 && now_second_ > last_second &&
             now_second_ - last_second > ttl_seconds_);
   }

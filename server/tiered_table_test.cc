@@ -28,16 +28,18 @@ namespace {
 
 std::string TierDir() {
   const char* tmp = std::getenv("TEST_TMPDIR");
-  return absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/tiered_table_", getpid());
+  return absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/tiered_table_",
+                      getpid());
 }
 
 TableConfig Config(const std::string& optimizer, const std::string& sparse) {
   TableConfig tc;
   EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(
-      absl::StrCat("id: 4 name: \"emb\" optimizer { ", optimizer, " } sparse { ",
-                   sparse, " } init { kind: ",
-                   absl::StrContains(optimizer, "ftrl") ? "ZEROS" : "UNIFORM scale: 0.1",
-                   " }"),
+      absl::StrCat(
+          "id: 4 name: \"emb\" optimizer { ", optimizer, " } sparse { ", sparse,
+          " } init { kind: ",
+          absl::StrContains(optimizer, "ftrl") ? "ZEROS" : "UNIFORM scale: 0.1",
+          " }"),
       &tc));
   JobConfig job;
   *job.add_tables() = tc;
@@ -64,14 +66,17 @@ std::map<uint64_t, std::vector<float>> AllRows(const SparseTable& t) {
     state.clear();
     cursor = t.ExportRows(cursor, 4096, &keys, &state);
     for (size_t i = 0; i < keys.size(); ++i) {
-      rows[keys[i]].assign(state.begin() + i * stride, state.begin() + (i + 1) * stride);
+      rows[keys[i]].assign(state.begin() + i * stride,
+                           state.begin() + (i + 1) * stride);
     }
   } while (cursor != 0);
   EXPECT_TRUE(t.ExportColdRows(1000, [&](absl::Span<const uint64_t> k,
                                          absl::Span<const float> s) {
                  for (size_t i = 0; i < k.size(); ++i) {
-                   EXPECT_EQ(rows.count(k[i]), 0u) << "key " << k[i] << " in RAM and on disk";
-                   rows[k[i]].assign(s.begin() + i * stride, s.begin() + (i + 1) * stride);
+                   EXPECT_EQ(rows.count(k[i]), 0u)
+                       << "key " << k[i] << " in RAM and on disk";
+                   rows[k[i]].assign(s.begin() + i * stride,
+                                     s.begin() + (i + 1) * stride);
                  }
                  return absl::OkStatus();
                }).ok());
@@ -79,11 +84,11 @@ std::map<uint64_t, std::vector<float>> AllRows(const SparseTable& t) {
 }
 
 // A seeded training-like sequence: each step pulls a batch (half from a
-// set larger than the budget holds, half from a large id space), then pushes gradients for it,
-// with a key-list memo on odd steps (the key cache's path) and without on
-// even ones. Pulls must match bit for bit at every step.
-void RunSameSequence(SparseTable& plain, SparseTable& tiered, int steps, size_t batch,
-                     uint64_t space, uint64_t seed) {
+// set larger than the budget holds, half from a large id space), then pushes
+// gradients for it, with a key-list memo on odd steps (the key cache's path)
+// and without on even ones. Pulls must match bit for bit at every step.
+void RunSameSequence(SparseTable& plain, SparseTable& tiered, int steps,
+                     size_t batch, uint64_t space, uint64_t seed) {
   const uint32_t dim = plain.dim();
   uint64_t rng = seed;
   std::vector<uint64_t> keys(batch);
@@ -94,7 +99,10 @@ void RunSameSequence(SparseTable& plain, SparseTable& tiered, int steps, size_t 
       rng = Mix64(rng + i);
       keys[i] = (rng & 1) ? (rng >> 8) % (space / 20) : (rng >> 8) % space;
       for (uint32_t d = 0; d < dim; ++d) {
-        grads[i * dim + d] = static_cast<float>(static_cast<int>((rng >> (d % 40)) % 2001) - 1000) / 4000.0f;
+        grads[i * dim + d] =
+            static_cast<float>(static_cast<int>((rng >> (d % 40)) % 2001) -
+                               1000) /
+            4000.0f;
       }
     }
     const absl::Time now = absl::FromUnixSeconds(1000 + step);
@@ -104,7 +112,8 @@ void RunSameSequence(SparseTable& plain, SparseTable& tiered, int steps, size_t 
     const bool memo = step % 2 == 1;
     plain.Pull(keys, a.data(), memo ? &memo_a : nullptr);
     tiered.Pull(keys, b.data(), memo ? &memo_b : nullptr);
-    ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << "step " << step;
+    ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0)
+        << "step " << step;
     const float lr_scale = 1.0f / static_cast<float>(1 + step % 3);
     plain.Push(keys, grads.data(), lr_scale, memo ? &memo_a : nullptr);
     tiered.Push(keys, grads.data(), lr_scale, memo ? &memo_b : nullptr);
@@ -118,11 +127,13 @@ class TieredTableTest : public ::testing::TestWithParam<const char*> {
 
 TEST_P(TieredTableTest, DemotedRowsComeBackBitForBit) {
   const std::string optimizer = GetParam();
-  const TableConfig plain_config = Config(optimizer, "dim: 16 admit_after_pushes: 1");
+  const TableConfig plain_config =
+      Config(optimizer, "dim: 16 admit_after_pushes: 1");
   const TableConfig tiered_config = Config(
-      optimizer, absl::StrCat("dim: 16 admit_after_pushes: 1 memory_budget_bytes: 1048576 "
-                              "eviction: EVICT_LFU disk_tier { dir: \"",
-                              TierDir(), "\" buffered_io: true }"));
+      optimizer,
+      absl::StrCat("dim: 16 admit_after_pushes: 1 memory_budget_bytes: 1048576 "
+                   "eviction: EVICT_LFU disk_tier { dir: \"",
+                   TierDir(), "\" buffered_io: true }"));
   auto plain = Create(plain_config);
   auto tiered = Create(tiered_config);
   ASSERT_NE(plain, nullptr);
@@ -137,7 +148,8 @@ TEST_P(TieredTableTest, DemotedRowsComeBackBitForBit) {
   for (const auto& [key, state] : want) {
     auto it = got.find(key);
     ASSERT_NE(it, got.end()) << key;
-    if (std::memcmp(it->second.data(), state.data(), state.size() * sizeof(float)) != 0) {
+    if (std::memcmp(it->second.data(), state.data(),
+                    state.size() * sizeof(float)) != 0) {
       ++differing;
     }
   }
@@ -146,7 +158,8 @@ TEST_P(TieredTableTest, DemotedRowsComeBackBitForBit) {
   // Most rows live on disk, and rows went down and came back many times.
   const TableStats s = tiered->Stats();
   EXPECT_EQ(s.rows() + s.cold_rows(), want.size());
-  EXPECT_LT(s.rows() * 8, want.size()) << "the budget should hold a few percent";
+  EXPECT_LT(s.rows() * 8, want.size())
+      << "the budget should hold a few percent";
   EXPECT_GT(s.demotions(), want.size());
   EXPECT_GT(s.promotions(), want.size() / 4);
   EXPECT_EQ(s.demotions() - s.promotions(), s.cold_rows());
@@ -154,32 +167,38 @@ TEST_P(TieredTableTest, DemotedRowsComeBackBitForBit) {
   EXPECT_EQ(s.admissions(), plain->counters().admissions);
   EXPECT_EQ(s.pushes_filtered(), plain->counters().pushes_filtered);
   EXPECT_LE(s.bytes(), tiered_config.sparse().memory_budget_bytes() * 5 / 4);
-  std::printf("[ measured ] %s: %zu rows, %llu in RAM, %llu demotions, %llu promotions, "
-              "%llu cold reads, %llu disk reads, %llu B on disk\n",
-              optimizer.c_str(), want.size(), static_cast<unsigned long long>(s.rows()),
-              static_cast<unsigned long long>(s.demotions()),
-              static_cast<unsigned long long>(s.promotions()),
-              static_cast<unsigned long long>(s.cold_reads()),
-              static_cast<unsigned long long>(s.disk_reads()),
-              static_cast<unsigned long long>(s.disk_bytes()));
+  std::printf(
+      "[ measured ] %s: %zu rows, %llu in RAM, %llu demotions, %llu "
+      "promotions, "
+      "%llu cold reads, %llu disk reads, %llu B on disk\n",
+      optimizer.c_str(), want.size(), static_cast<unsigned long long>(s.rows()),
+      static_cast<unsigned long long>(s.demotions()),
+      static_cast<unsigned long long>(s.promotions()),
+      static_cast<unsigned long long>(s.cold_reads()),
+      static_cast<unsigned long long>(s.disk_reads()),
+      static_cast<unsigned long long>(s.disk_bytes()));
 }
 
 INSTANTIATE_TEST_SUITE_P(
     EveryOptimizer, TieredTableTest,
-    ::testing::Values("sgd { learning_rate: 0.5 }",
-                      "momentum { learning_rate: 0.1 momentum: 0.9 nesterov: true }",
-                      "adagrad { learning_rate: 0.1 }", "adam { learning_rate: 0.01 }",
-                      "ftrl { alpha: 0.5 l1: 0.01 }"),
+    ::testing::Values(
+        "sgd { learning_rate: 0.5 }",
+        "momentum { learning_rate: 0.1 momentum: 0.9 nesterov: true }",
+        "adagrad { learning_rate: 0.1 }", "adam { learning_rate: 0.01 }",
+        "ftrl { alpha: 0.5 l1: 0.01 }"),
     [](const ::testing::TestParamInfo<const char*>& info) {
-      return std::string(info.param).substr(0, std::string(info.param).find(' '));
+      return std::string(info.param)
+          .substr(0, std::string(info.param).find(' '));
     });
 
 TEST(TieredTableTtlTest, AColdRowPastItsTtlReadsAsNew) {
   const std::string dir = TierDir() + "_ttl";
-  const TableConfig tc = Config(
-      "sgd { learning_rate: 0.5 }",
-      absl::StrCat("dim: 4 admit_after_pushes: 1 ttl_steps: 10 memory_budget_bytes: 1048576 "
-                   "eviction: EVICT_LRU disk_tier { dir: \"", dir, "\" }"));
+  const TableConfig tc =
+      Config("sgd { learning_rate: 0.5 }",
+             absl::StrCat("dim: 4 admit_after_pushes: 1 ttl_steps: 10 "
+                          "memory_budget_bytes: 1048576 "
+                          "eviction: EVICT_LRU disk_tier { dir: \"",
+                          dir, "\" }"));
   auto t = Create(tc);
   ASSERT_NE(t, nullptr);
   const size_t n = t->max_rows() + 100;
@@ -201,12 +220,14 @@ TEST(TieredTableTtlTest, AColdRowPastItsTtlReadsAsNew) {
   std::filesystem::remove_all(dir);
 }
 
-TEST(TieredTableCheckpointTest, ACheckpointHoldsTheColdRowsAndRestoresOntoAPlainTable) {
+TEST(TieredTableCheckpointTest,
+     ACheckpointHoldsTheColdRowsAndRestoresOntoAPlainTable) {
   const std::string dir = TierDir() + "_ckpt";
   const TableConfig tc = Config(
       "adagrad { learning_rate: 0.1 }",
       absl::StrCat("dim: 8 admit_after_pushes: 1 memory_budget_bytes: 1048576 "
-                   "eviction: EVICT_LFU disk_tier { dir: \"", dir, "\" }"));
+                   "eviction: EVICT_LFU disk_tier { dir: \"",
+                   dir, "\" }"));
   auto t = Create(tc);
   ASSERT_NE(t, nullptr);
   std::vector<uint64_t> keys(20000);
@@ -226,11 +247,14 @@ TEST(TieredTableCheckpointTest, ACheckpointHoldsTheColdRowsAndRestoresOntoAPlain
   manifest.set_num_slots(64);
   *manifest.add_shards() = *shard;
   for (const TableConfig& target_config :
-       {Config("adagrad { learning_rate: 0.1 }", "dim: 8 admit_after_pushes: 1"), tc}) {
+       {Config("adagrad { learning_rate: 0.1 }",
+               "dim: 8 admit_after_pushes: 1"),
+        tc}) {
     auto target = Create(target_config);
     ASSERT_NE(target, nullptr);
     Table* targets[] = {target.get()};
-    auto restored = RestoreShards(dir + "/ckpt", manifest, targets, RowFilter{});
+    auto restored =
+        RestoreShards(dir + "/ckpt", manifest, targets, RowFilter{});
     ASSERT_TRUE(restored.ok()) << restored.status();
     const Table* restored_tables[] = {target.get()};
     EXPECT_EQ(DigestTables(restored_tables), before);

@@ -127,15 +127,17 @@ std::string JsonEscape(const std::string& s) {
 // one.
 std::string TierJson(const ps::TableStats& t) {
   if (t.tier_memory_bytes() == 0) return "";
-  return absl::StrCat(",\"cold_rows\":", t.cold_rows(), ",\"disk_bytes\":", t.disk_bytes(),
-                      ",\"demotions\":", t.demotions(), ",\"promotions\":", t.promotions(),
-                      ",\"cold_reads\":", t.cold_reads(), ",\"cold_misses\":", t.cold_misses(),
-                      ",\"bloom_useful\":", t.bloom_useful(), ",\"disk_reads\":", t.disk_reads(),
-                      ",\"cold_read_micros\":", t.cold_read_micros(),
-                      ",\"disk_bytes_written\":", t.disk_bytes_written(),
-                      ",\"cold_rows_dropped\":", t.cold_rows_dropped(),
-                      ",\"tier_errors\":", t.tier_errors(),
-                      ",\"tier_memory_bytes\":", t.tier_memory_bytes());
+  return absl::StrCat(
+      ",\"cold_rows\":", t.cold_rows(), ",\"disk_bytes\":", t.disk_bytes(),
+      ",\"demotions\":", t.demotions(), ",\"promotions\":", t.promotions(),
+      ",\"cold_reads\":", t.cold_reads(), ",\"cold_misses\":", t.cold_misses(),
+      ",\"bloom_useful\":", t.bloom_useful(),
+      ",\"disk_reads\":", t.disk_reads(),
+      ",\"cold_read_micros\":", t.cold_read_micros(),
+      ",\"disk_bytes_written\":", t.disk_bytes_written(),
+      ",\"cold_rows_dropped\":", t.cold_rows_dropped(),
+      ",\"tier_errors\":", t.tier_errors(),
+      ",\"tier_memory_bytes\":", t.tier_memory_bytes());
 }
 
 // One JSON object per (server, table).
@@ -149,8 +151,10 @@ absl::Status PrintStats(ps::KVClient& client) {
         "\"rows\":%llu,\"bytes\":%llu,\"memory_budget_bytes\":%llu,"
         "\"keys_pushed\":%llu,\"keys_pulled\":%llu,\"admissions\":%llu,"
         "\"pushes_filtered\":%llu,\"evictions_ttl\":%llu,"
-        "\"evictions_budget\":%llu,\"pushes_refused\":%llu,\"keys_dropped\":%llu%s}\n",
-        s.server_rank, JsonEscape(t.name()).c_str(), t.table_id(), t.sparse() ? "true" : "false",
+        "\"evictions_budget\":%llu,\"pushes_refused\":%llu,\"keys_dropped\":%"
+        "llu%s}\n",
+        s.server_rank, JsonEscape(t.name()).c_str(), t.table_id(),
+        t.sparse() ? "true" : "false",
         static_cast<unsigned long long>(t.rows()),
         static_cast<unsigned long long>(t.bytes()),
         static_cast<unsigned long long>(t.memory_budget_bytes()),
