@@ -26,16 +26,12 @@ std::string TierBase() {
 }
 
 std::string TieredConfig(const std::string& sparse) {
-  return absl::StrCat(R"pb(
-                        name: "tiered"
-                        cluster { num_servers: 1 num_workers: 1 }
-                        tables { id: 5 name: "emb"
-                                 sparse { dim: 16 admit_after_pushes: 1)pb",
-                      sparse, R"pb(}
-                                   optimizer { adagrad { learning_rate: 0.1 } }
-      init { kind: UNIFORM scale: 0.1 }
-    }
-  )pb");
+  return absl::StrCat(
+      "name: \"tiered\" cluster { num_servers: 1 num_workers: 1 } "
+      "tables { id: 5 name: \"emb\" sparse { dim: 16 admit_after_pushes: 1 ",
+      sparse,
+      " } optimizer { adagrad { learning_rate: 0.1 } } "
+      "init { kind: UNIFORM scale: 0.1 } }");
 }
 
 class ServerDiskTierTest : public ServerTest {
