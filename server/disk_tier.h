@@ -35,9 +35,8 @@
 #include <vector>
 
 #include "absl/functional/function_ref.h"
-#include "absl/status/status.h"
-#include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "common/status.h"
 
 namespace rocksdb {
 class Cache;
