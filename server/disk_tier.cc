@@ -174,7 +174,17 @@ absl::StatusOr<bool> DiskTier::Put(uint64_t key, const float* state,
                                    const ColdRowTag& tag) {
   if (options_.max_disk_bytes > 0 &&
       (rows() + 1) * RowBytes() > options_.max_disk_bytes) {
-    refused_.fetch_add(1, std::memory_order_relaxed);
+    const uint64_t refused =
+        refused_.fetch_add(1, std::memory_order_relaxed) + 1;
+    // The first drop, then at 10, 100, ... drops.
+    uint64_t n = refused;
+    while (n % 10 == 0) n /= 10;
+    if (n == 1) {
+      ServerLog()->warn(
+          "disk tier {} is at max_disk_bytes ({} bytes, {} rows): {} demoted "
+          "rows dropped so far (they start again from their initial values)",
+          options_.dir, options_.max_disk_bytes, rows(), refused);
+    }
     return false;
   }
   char stored[kKeyBytes];
