@@ -45,6 +45,13 @@ void EncodeKey(uint32_t slot, uint64_t key, char* out) {
   PutBigEndian(key, 8, out + 4);
 }
 
+// The tier's writes: no write-ahead log (the tier is a cache).
+rocksdb::WriteOptions NoLogWrites() {
+  rocksdb::WriteOptions write;
+  write.disableWAL = true;
+  return write;
+}
+
 absl::Status FromRocks(const rocksdb::Status& s, const std::string& what) {
   const std::string message = absl::StrCat(what, ": ", s.ToString());
   if (s.IsCorruption()) return absl::DataLossError(message);
@@ -158,10 +165,13 @@ absl::StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(
   return tier;
 }
 
+void DiskTier::EncodeStored(uint64_t key, char* out) const {
+  EncodeKey(SparseSlot(options_.table_id, key, options_.num_slots), key, out);
+}
+
 std::string DiskTier::StoredKey(uint64_t key) const {
   std::string out(kKeyBytes, '\0');
-  EncodeKey(SparseSlot(options_.table_id, key, options_.num_slots), key,
-            out.data());
+  EncodeStored(key, out.data());
   return out;
 }
 
@@ -188,16 +198,14 @@ absl::StatusOr<bool> DiskTier::Put(uint64_t key, const float* state,
     return false;
   }
   char stored[kKeyBytes];
-  EncodeKey(SparseSlot(options_.table_id, key, options_.num_slots), key,
-            stored);
+  EncodeStored(key, stored);
   std::string value(value_bytes_, '\0');
   const size_t floats = options_.state_floats * sizeof(float);
   std::memcpy(value.data(), state, floats);
   std::memcpy(value.data() + floats, &tag.last_step, 8);
   std::memcpy(value.data() + floats + 8, &tag.last_second, 4);
   std::memcpy(value.data() + floats + 12, &tag.touches, 4);
-  rocksdb::WriteOptions write;
-  write.disableWAL = true;
+  const rocksdb::WriteOptions write = NoLogWrites();
   const rocksdb::Status put =
       db_->Put(write, rocksdb::Slice(stored, kKeyBytes), value);
   if (!put.ok()) {
@@ -246,8 +254,7 @@ absl::Status DiskTier::MultiGet(absl::Span<const uint64_t> keys, float* states,
   std::vector<rocksdb::Slice> slices(n);
   for (size_t i = 0; i < n; ++i) {
     char* k = stored.data() + i * kKeyBytes;
-    EncodeKey(SparseSlot(options_.table_id, keys[i], options_.num_slots),
-              keys[i], k);
+    EncodeStored(keys[i], k);
     slices[i] = rocksdb::Slice(k, kKeyBytes);
   }
   std::vector<rocksdb::PinnableSlice> values(n);
@@ -284,10 +291,8 @@ absl::Status DiskTier::MultiGet(absl::Span<const uint64_t> keys, float* states,
 
 absl::Status DiskTier::Delete(uint64_t key) {
   char stored[kKeyBytes];
-  EncodeKey(SparseSlot(options_.table_id, key, options_.num_slots), key,
-            stored);
-  rocksdb::WriteOptions write;
-  write.disableWAL = true;
+  EncodeStored(key, stored);
+  const rocksdb::WriteOptions write = NoLogWrites();
   const rocksdb::Status deleted =
       db_->Delete(write, rocksdb::Slice(stored, kKeyBytes));
   if (!deleted.ok()) {
@@ -300,8 +305,7 @@ absl::Status DiskTier::Delete(uint64_t key) {
 
 absl::StatusOr<uint64_t> DiskTier::DeleteSlots(const std::vector<bool>& slots) {
   uint64_t removed = 0;
-  rocksdb::WriteOptions write;
-  write.disableWAL = true;
+  const rocksdb::WriteOptions write = NoLogWrites();
   rocksdb::ReadOptions read;
   read.fill_cache = false;
   for (uint32_t slot = 0; slot < slots.size() && slot < options_.num_slots;
@@ -336,11 +340,7 @@ absl::StatusOr<uint64_t> DiskTier::DeleteSlots(const std::vector<bool>& slots) {
   return removed;
 }
 
-absl::Status DiskTier::ForEachRow(
-    size_t page_rows,
-    absl::FunctionRef<absl::Status(absl::Span<const uint64_t> keys,
-                                   absl::Span<const float> states)>
-        fn) const {
+absl::Status DiskTier::ForEachRow(size_t page_rows, RowPageFn fn) const {
   page_rows = std::max<size_t>(page_rows, 1);
   rocksdb::ReadOptions read;
   read.fill_cache = false;

@@ -132,11 +132,9 @@ class DiskTier {
   // then key), from a consistent view taken when the call starts: writes
   // made meanwhile are not seen. Stops at, and returns, fn's first error;
   // DATA_LOSS for a corrupted block or row. Counts nothing, caches nothing.
-  absl::Status ForEachRow(
-      size_t page_rows,
-      absl::FunctionRef<absl::Status(absl::Span<const uint64_t> keys,
-                                     absl::Span<const float> states)>
-          fn) const;
+  using RowPageFn = absl::FunctionRef<absl::Status(
+      absl::Span<const uint64_t> keys, absl::Span<const float> states)>;
+  absl::Status ForEachRow(size_t page_rows, RowPageFn fn) const;
 
   // Rows held.
   uint64_t rows() const { return rows_.load(std::memory_order_relaxed); }
@@ -154,6 +152,8 @@ class DiskTier {
 
  private:
   explicit DiskTier(const Options& options);
+  // The 12-byte stored key of `key` into out.
+  void EncodeStored(uint64_t key, char* out) const;
   // Counts and logs a failed read or write.
   void NoteError(const char* what, const std::string& detail);
 

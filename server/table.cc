@@ -375,11 +375,30 @@ uint32_t SparseTable::Promote(uint64_t key) {
   return r;
 }
 
-absl::Status SparseTable::ExportColdRows(
-    size_t page_rows,
-    absl::FunctionRef<absl::Status(absl::Span<const uint64_t> keys,
-                                   absl::Span<const float> state)>
-        fn) const {
+uint32_t SparseTable::RowForPush(uint64_t key) {
+  // A cold row comes back as it was, past the admission filter.
+  if (tier_ != nullptr) {
+    const uint32_t r = Promote(key);
+    if (r != kNil) {
+      Touch(r);
+      return r;
+    }
+  }
+  if (sketch_ != nullptr && sketch_->Add(key) < admit_after_) {
+    ++counters_.pushes_filtered;
+    return kNil;
+  }
+  const uint32_t r = CreateRow(key);
+  if (r == kNil) {
+    ++counters_.keys_dropped;
+    return kNil;
+  }
+  ++counters_.admissions;
+  return r;
+}
+
+absl::Status SparseTable::ExportColdRows(size_t page_rows,
+                                         DiskTier::RowPageFn fn) const {
   if (tier_ == nullptr) return absl::OkStatus();
   return tier_->ForEachRow(page_rows, fn);
 }
@@ -798,24 +817,11 @@ void SparseTable::PushLookingUp(absl::Span<const uint64_t> keys, const float* gr
       }
       if (r == RowIndex::kNotFound) {
         if (found != nullptr) found[i] = RowIndex::kNotFound;
-        // A cold row comes back as it was, past the admission filter.
         flush(i);
-        r = tier_ != nullptr ? Promote(k[i]) : kNil;
-        if (r != kNil) {
-          Touch(r);
-        } else {
-          if (sketch_ != nullptr && sketch_->Add(k[i]) < admit_after_) {
-            ++counters_.pushes_filtered;
-            run_begin = i + 1;
-            continue;
-          }
-          r = CreateRow(k[i]);
-          if (r == kNil) {
-            ++counters_.keys_dropped;
-            run_begin = i + 1;
-            continue;
-          }
-          ++counters_.admissions;
+        r = RowForPush(k[i]);
+        if (r == kNil) {
+          run_begin = i + 1;
+          continue;
         }
         created = true;
         index = index_.view();
@@ -861,22 +867,10 @@ void SparseTable::PushRemembered(absl::Span<const uint64_t> keys, const float* g
     } else {
       flush(i);
       const uint64_t generation = generation_;
-      r = tier_ != nullptr ? Promote(k[i]) : kNil;
-      if (r != kNil) {
-        Touch(r);
-      } else {
-        if (sketch_ != nullptr && sketch_->Add(k[i]) < admit_after_) {
-          ++counters_.pushes_filtered;
-          run_begin = i + 1;
-          continue;
-        }
-        r = CreateRow(k[i]);
-        if (r == kNil) {
-          ++counters_.keys_dropped;
-          run_begin = i + 1;
-          continue;
-        }
-        ++counters_.admissions;
+      r = RowForPush(k[i]);
+      if (r == kNil) {
+        run_begin = i + 1;
+        continue;
       }
       locate = Locator();
       if (generation_ != generation) {

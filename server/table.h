@@ -173,11 +173,7 @@ class SparseTable : public Table {
   // in slot-then-key order, from a consistent view of the tier taken when
   // the call starts. Nothing without a tier. The error of a failed read
   // (DATA_LOSS for a corrupted block). Touches no row and no counter.
-  absl::Status ExportColdRows(
-      size_t page_rows,
-      absl::FunctionRef<absl::Status(absl::Span<const uint64_t> keys,
-                                     absl::Span<const float> state)>
-          fn) const;
+  absl::Status ExportColdRows(size_t page_rows, DiskTier::RowPageFn fn) const;
 
   uint32_t dim() const { return dim_; }
   // Rows in RAM (with a disk tier, the hot rows only).
@@ -396,6 +392,11 @@ class SparseTable : public Table {
   // cannot fit. Its values are the initial ones, or a copy of the
   // state_floats() floats at `state` when that is not null.
   uint32_t CreateRow(uint64_t key, const float* state = nullptr);
+  // The row of `key`, which has none in RAM, for a push: promoted from the
+  // disk tier (touched), else created once the admission filter lets it
+  // in. kNil, counted, when the filter only counted the push
+  // (pushes_filtered) or the row does not fit (keys_dropped).
+  uint32_t RowForPush(uint64_t key);
   // With a disk tier: writes row r's full state and bookkeeping to disk
   // (the caller then drops it). When the tier refuses (max_disk_bytes) or
   // fails, the row is lost, as without a tier; the tier counts it.
