@@ -52,6 +52,13 @@ rocksdb::WriteOptions NoLogWrites() {
   return write;
 }
 
+// Whether the n-th of a kind of event is logged: the first, then the 10th,
+// 100th, ... (a failing disk fails every read).
+bool FirstOrPowerOfTen(uint64_t n) {
+  while (n % 10 == 0) n /= 10;
+  return n == 1;
+}
+
 absl::Status FromRocks(const rocksdb::Status& s, const std::string& what) {
   const std::string message = absl::StrCat(what, ": ", s.ToString());
   if (s.IsCorruption()) return absl::DataLossError(message);
@@ -176,8 +183,11 @@ std::string DiskTier::StoredKey(uint64_t key) const {
 }
 
 void DiskTier::NoteError(const char* what, const std::string& detail) {
-  errors_.fetch_add(1, std::memory_order_relaxed);
-  ServerLog()->error("{} {}: {}", what, options_.dir, detail);
+  const uint64_t errors = errors_.fetch_add(1, std::memory_order_relaxed) + 1;
+  if (FirstOrPowerOfTen(errors)) {
+    ServerLog()->error("{} {}: {} ({} errors so far)", what, options_.dir,
+                       detail, errors);
+  }
 }
 
 absl::StatusOr<bool> DiskTier::Put(uint64_t key, const float* state,
@@ -186,10 +196,7 @@ absl::StatusOr<bool> DiskTier::Put(uint64_t key, const float* state,
       (rows() + 1) * RowBytes() > options_.max_disk_bytes) {
     const uint64_t refused =
         refused_.fetch_add(1, std::memory_order_relaxed) + 1;
-    // The first drop, then at 10, 100, ... drops.
-    uint64_t n = refused;
-    while (n % 10 == 0) n /= 10;
-    if (n == 1) {
+    if (FirstOrPowerOfTen(refused)) {
       ServerLog()->warn(
           "disk tier {} is at max_disk_bytes ({} bytes, {} rows): {} demoted "
           "rows dropped so far (they start again from their initial values)",

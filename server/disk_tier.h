@@ -154,7 +154,7 @@ class DiskTier {
   explicit DiskTier(const Options& options);
   // The 12-byte stored key of `key` into out.
   void EncodeStored(uint64_t key, char* out) const;
-  // Counts and logs a failed read or write.
+  // Counts a failed read or write, and logs the first, 10th, 100th, ...
   void NoteError(const char* what, const std::string& detail);
 
   const Options options_;

@@ -58,6 +58,9 @@ void KVServer::SetLease(std::chrono::steady_clock::time_point until) {
   impl_->SetLease(until);
 }
 void KVServer::Fence(std::string why) { impl_->Fence(std::move(why)); }
+absl::Status KVServer::storage_failure() const {
+  return impl_->storage_failure();
+}
 std::vector<TableStats> KVServer::table_stats() const {
   return impl_->table_stats();
 }
@@ -73,6 +76,7 @@ bool KVServer::stopped() const { return impl_->stopped(); }
 
 absl::Status KVServer::Impl::CreateTables() {
   const JobConfig& config = options_.config;
+  tiered_.clear();
   for (const TableConfig& tc : config.tables()) {
     TableEnv env;
     env.num_slots =
@@ -87,8 +91,28 @@ absl::Status KVServer::Impl::CreateTables() {
     }
     tables_.erase(tc.id());
     PS_ASSIGN_OR_RETURN(tables_[tc.id()], Table::Create(tc, env));
+    if (!env.tier_root.empty()) tiered_.push_back(tables_[tc.id()]->AsSparse());
   }
   return absl::OkStatus();
+}
+
+bool KVServer::Impl::StorageFailed() {
+  for (const SparseTable* table : tiered_) {
+    const absl::Status& failure = table->tier_failure();
+    if (failure.ok()) continue;
+    {
+      absl::MutexLock lock(&storage_mu_);
+      if (!storage_failure_.ok()) return true;
+      storage_failure_ = failure;
+    }
+    // What the table holds can no longer be trusted: nothing more is
+    // answered from it, and the process is recovered as a crashed one.
+    Fence(absl::StrCat(failure.message(),
+                       "; this server stops and is recovered as a crashed "
+                       "one, from the checkpoint"));
+    return true;
+  }
+  return false;
 }
 
 absl::StatusOr<std::unique_ptr<KVServer::Impl>> KVServer::Impl::Start(
@@ -402,6 +426,9 @@ void KVServer::Impl::Serve() {
       }
       RunMoveWork(*own, idle);
       AdvanceTables();
+      // A failure met outside a request (a BSP step applied, a TTL
+      // expiry) fences the server too.
+      if (!tiered_.empty()) StorageFailed();
       Watchdog();
       if (table_stats_.Due(options_.clock->Now())) PublishTableStats();
       MaybeMeasureSlots(*own);
@@ -468,6 +495,14 @@ bool KVServer::Impl::HandleMessage(zmq::message_t identity,
   zmq::message_t values, keys;
   RequestContext ctx;
   const Outcome outcome = Process(frames, own, &ctx, &rh, &values, &keys);
+  if (!tiered_.empty() && StorageFailed()) {
+    // Not acknowledged: the request met the failure, or came after it.
+    static const zmq::message_t kEmpty;
+    const absl::Status refused = lease_fence_.Check(own.rank, &refusal);
+    SendRefusal(identity, frames.empty() ? kEmpty : frames[0], refused, refusal,
+                own.epoch);
+    return false;
+  }
   if (outcome == Outcome::kHold) {
     const uint64_t bytes = Admission::FramesBytes(frames);
     counters_.held_bytes += bytes;
@@ -558,6 +593,13 @@ void KVServer::Impl::Progress(const Ownership& own) {
     }
     RequestContext ctx;  // a plain PULL: waits for nothing new
     Process(it->frames, own, &ctx, &rh, &values, &keys);
+    if (!tiered_.empty() && StorageFailed()) {
+      counters_.held_bytes -= it->bytes;
+      SendRefusal(it->identity, it->frames[0],
+                  lease_fence_.Check(own.rank, &refusal), refusal, own.epoch);
+      it = deferred_.queue.erase(it);
+      continue;
+    }
     if (instruments_ != nullptr) {
       instruments_->RecordHold(
           absl::ToDoubleSeconds(options_.clock->Now() - it->since));

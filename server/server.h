@@ -265,6 +265,15 @@ class KVServer {
   void SetLease(std::chrono::steady_clock::time_point until);
   void Fence(std::string why);
 
+  // Thread-safe: OK while every table's storage works. Once a sparse
+  // table's disk tier failed a read, a write or a delete (an I/O error, a
+  // corrupted file): that error, for good. The serving thread then fences
+  // the server (every request refused, the one that met the error
+  // included, so nothing it did is acknowledged), and the process is to
+  // exit without leaving, to be recovered as a crashed server is (restore
+  // from the checkpoint; the tier's directory is never read again).
+  absl::Status storage_failure() const;
+
   // Thread-safe: every table's statistics (ordered by table id) as the
   // serving thread last published them, at most kStatsPeriod ago, and
   // exactly as they ended once Stop() returned. Clients get current ones

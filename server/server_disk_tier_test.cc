@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/hash.h"
 #include "server/server_test_fixture.h"
+#include "server/testing/tier_damage.h"
 
 namespace ps {
 namespace {
@@ -98,6 +99,69 @@ TEST_F(ServerDiskTierTest, PushesAndPullsMatchATableWithoutABudget) {
   EXPECT_GT(s.tier_memory_bytes(), 0u);
   EXPECT_EQ(s.tier_errors(), 0u);
   EXPECT_LE(s.bytes(), s.memory_budget_bytes() * 5 / 4);
+}
+
+TEST_F(ServerDiskTierTest,
+       ACorruptedTierFencesTheServerAndAnswersNothingWrong) {
+  const std::string tiered = TieredConfig(absl::StrCat(
+      "memory_budget_bytes: 1048576 eviction: EVICT_LRU disk_tier { dir: \"",
+      TierBase(), "\" buffered_io: true }"));
+  ASSERT_NO_FATAL_FAILURE(StartServer(/*standalone=*/true, tiered.c_str()));
+  auto job = ParseJobConfig(TieredConfig(""), "plain");
+  ASSERT_TRUE(job.ok()) << job.status();
+  auto reference = Table::Create(job->tables(0));
+  ASSERT_TRUE(reference.ok());
+  SparseTable& want = *(*reference)->AsSparse();
+  constexpr size_t kKeys = 16000;
+  std::vector<uint64_t> keys(kKeys);
+  for (size_t i = 0; i < kKeys; ++i) keys[i] = Mix64(i);
+  const std::vector<float> grads(kKeys * 16, 0.02f);
+  for (size_t begin = 0; begin < kKeys; begin += 2000) {
+    const std::vector<uint64_t> part(keys.begin() + begin,
+                                     keys.begin() + begin + 2000);
+    ASSERT_EQ(Push(5, part, std::vector<float>(2000 * 16, 0.02f)).code(),
+              absl::StatusCode::kOk);
+  }
+  want.Push(keys, grads.data());
+  EXPECT_TRUE(server_->storage_failure().ok());
+
+  // Every answer that comes is right; the first read of a damaged block
+  // fences the server, and that request and every later one are refused.
+  std::vector<float> expected(kKeys * 16);
+  want.Pull(keys, expected.data());
+  size_t answered = 0, refused = 0;
+  for (int round = 0; round < 5 && refused == 0; ++round) {
+    ASSERT_GT(testing::CorruptTierFiles(TierBase()), 0);
+    for (size_t begin = 0; begin < kKeys; begin += 100) {
+      const std::vector<uint64_t> part(keys.begin() + begin,
+                                       keys.begin() + begin + 100);
+      Response r = Pull(5, part);
+      if (r.code() == absl::StatusCode::kOk) {
+        ASSERT_EQ(refused, 0u) << "answered after the fence";
+        ASSERT_EQ(r.values.size(), 100u * 16);
+        ASSERT_EQ(std::memcmp(r.values.data(), expected.data() + begin * 16,
+                              100 * 16 * sizeof(float)),
+                  0)
+            << "keys from " << begin;
+        ++answered;
+        continue;
+      }
+      EXPECT_EQ(r.code(), absl::StatusCode::kUnavailable);
+      EXPECT_EQ(r.header.refusal(), NOT_MEMBER);
+      EXPECT_TRUE(r.values.empty());
+      EXPECT_NE(r.header.message().find("disk tier of table 'emb'"),
+                std::string::npos)
+          << r.header.message();
+      ++refused;
+    }
+  }
+  EXPECT_GT(refused, 0u) << answered << " pulls answered";
+  EXPECT_EQ(server_->storage_failure().code(), absl::StatusCode::kDataLoss)
+      << server_->storage_failure();
+  // A push is refused too: nothing more is acknowledged.
+  Response push = Push(5, {keys[0]}, std::vector<float>(16, 0.02f));
+  EXPECT_EQ(push.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(push.header.refusal(), NOT_MEMBER);
 }
 
 TEST_F(ServerDiskTierTest,

@@ -75,6 +75,10 @@ class KVServer::Impl {
   Stats stats() const;
   void SetLease(std::chrono::steady_clock::time_point until);
   void Fence(std::string why);
+  absl::Status storage_failure() const {
+    absl::MutexLock lock(&storage_mu_);
+    return storage_failure_;
+  }
   std::vector<TableStats> table_stats() const;
   std::vector<uint64_t> slot_bytes() const;
   void Stop();
@@ -376,6 +380,14 @@ class KVServer::Impl {
   absl::flat_hash_map<std::string, std::unique_ptr<TierRoot>> tier_roots_;
   // Owned by the serving thread once it runs.
   absl::flat_hash_map<uint32_t, std::unique_ptr<Table>> tables_;
+  // The sparse tables of tables_ with a disk tier (CreateTables).
+  std::vector<const SparseTable*> tiered_;
+  // Serving thread: whether a tiered table's tier failed; the first time,
+  // records storage_failure_ and fences the server. Without tiers: false,
+  // at no cost.
+  bool StorageFailed();
+  mutable absl::Mutex storage_mu_;
+  absl::Status storage_failure_ ABSL_GUARDED_BY(storage_mu_);
   // The fence digests of the moves this server is source or target of,
   // kept up to date as rows change (SyncMoveDigests, the serving loop's
   // folds). Mutable: the fence check (const) folds what changed since.

@@ -19,6 +19,11 @@
 //      lost every copy with no checkpoint to restore): the server stops
 //      serving and exits, its last error line giving the scheduler's
 //      reason; also when it is refused registration for that.
+//   6  a table's disk tier failed (an I/O error or a corrupted file): the
+//      server fenced itself, refused the request that met the error and
+//      every later one, and exits without leaving or checkpointing; the
+//      last error line names the table and the error. The job recovers it
+//      as a crashed server (its tier directory is never read again).
 // The wiring itself is server/server_node.h; this file reads the flags.
 #include <memory>
 #include <optional>

@@ -290,6 +290,15 @@ std::optional<ServerNode::Exit> ServerNode::Ended() {
     log_->error("{}", gone.message());
     return Exit::kSchedulerGone;
   }
+  if (absl::Status failed = server_->storage_failure(); !failed.ok()) {
+    health_->lost = true;
+    server_->Stop();
+    log_->error(
+        "{}; exiting without leaving, to be recovered as a crashed "
+        "server",
+        failed.message());
+    return Exit::kStorageFailed;
+  }
   // The job cannot continue: nothing to serve, leave or checkpoint for.
   // Told by the view (which carries the reason), fetched right after the
   // heartbeat that says so.

@@ -99,6 +99,12 @@ public:
     // The scheduler says the job cannot continue (JobState FAILED):
     // stopped, not left, no checkpoint (its reason is logged).
     kJobFailed = 5,
+    // A table's storage failed (KVServer::storage_failure: a disk tier's
+    // I/O error or corrupted file): fenced, stopped, not left and no
+    // checkpoint (what the tables hold can no longer be trusted), so the
+    // scheduler declares the server dead and the job recovers it as a
+    // crashed one.
+    kStorageFailed = 6,
   };
 
   // Starts the server, the HTTP endpoint and the membership, in that order

@@ -16,6 +16,7 @@
 #include "common/finite.h"
 #include "common/hash.h"
 #include "common/initializer.h"
+#include "server/server_log.h"
 
 namespace ps {
 
@@ -333,20 +334,31 @@ TableStats SparseTable::Stats() const {
 
 void SparseTable::Demote(uint32_t r) {
   const RowMeta& m = Meta(r);
-  // A refusal or an error is counted (and an error logged) by the tier.
-  tier_
-      ->Put(m.key, Values(r), ColdRowTag{m.last_step, m.last_second, m.touches})
-      .IgnoreError();
+  // A refusal (max_disk_bytes) is counted and logged by the tier.
+  const absl::StatusOr<bool> stored = tier_->Put(
+      m.key, Values(r), ColdRowTag{m.last_step, m.last_second, m.touches});
+  if (!stored.ok()) NoteTierFailure(stored.status());
+}
+
+void SparseTable::NoteTierFailure(const absl::Status& error) {
+  if (!tier_failure_.ok()) return;
+  tier_failure_ = absl::Status(
+      error.code(), absl::StrCat("the disk tier of table '", config_.name(),
+                                 "' failed: ", error.message()));
+  ServerLog()->error("{}; the table can no longer be trusted",
+                     tier_failure_.message());
 }
 
 bool SparseTable::FetchCold(uint64_t key, ColdRowTag* tag) {
   cold_state_.resize(stride_);
-  // A read error is counted and logged by the tier; the key then reads as
-  // absent.
   const absl::StatusOr<bool> found = tier_->Get(key, cold_state_.data(), tag);
-  if (!found.ok() || !*found) return false;
+  if (!found.ok()) {
+    NoteTierFailure(found.status());
+    return false;
+  }
+  if (!*found) return false;
   if (Expired(tag->last_step, tag->last_second)) {
-    tier_->Delete(key).IgnoreError();
+    if (absl::Status s = tier_->Delete(key); !s.ok()) NoteTierFailure(s);
     ++counters_.evictions_ttl;
     if (watch_ != nullptr) watch_->RowChanged(id(), true, key);
     return false;
@@ -366,7 +378,8 @@ uint32_t SparseTable::Promote(uint64_t key) {
   if (!FetchCold(key, &tag)) return kNil;
   const uint32_t r = CreateRow(key, cold_state_.data());
   if (r == kNil) return kNil;  // an evicting table always finds room
-  tier_->Delete(key).IgnoreError();
+  // A cold copy left behind would be exported beside the hot row.
+  if (absl::Status s = tier_->Delete(key); !s.ok()) NoteTierFailure(s);
   tier_->CountPromotion();
   RowMeta& m = Meta(r);
   m.last_step = tag.last_step;
@@ -962,6 +975,7 @@ absl::Status SparseTable::ImportRow(uint64_t key,
         "table '", config_.name(), "': row of key ", key,
         " holds a non-finite value"));
   }
+  if (!tier_failure_.ok()) return tier_failure_;
   const uint32_t existing = index_.Find(key);
   if (existing != RowIndex::kNotFound) {
     std::memcpy(Values(existing), state.data(), stride_ * sizeof(float));
@@ -971,8 +985,10 @@ absl::Status SparseTable::ImportRow(uint64_t key,
   // A key is in RAM or on disk, never both: the imported state replaces a
   // cold row.
   ColdRowTag tag;
-  if (tier_ != nullptr && FetchCold(key, &tag))
-    tier_->Delete(key).IgnoreError();
+  if (tier_ != nullptr && FetchCold(key, &tag)) {
+    if (absl::Status s = tier_->Delete(key); !s.ok()) NoteTierFailure(s);
+  }
+  if (!tier_failure_.ok()) return tier_failure_;
   if (CreateRow(key, state.data()) == kNil) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "table '", config_.name(), "' is at its memory budget on this server (",

@@ -164,6 +164,12 @@ class SparseTable : public Table {
   }
   // The tier, or null without one.
   const DiskTier* disk_tier() const { return tier_.get(); }
+  // OK while the disk tier works. After its first failed read, write or
+  // delete: that error, naming the table, for good. The table can no
+  // longer be trusted (a row was read as absent, or lost on its way to
+  // disk), so its server stops serving and is recovered as a crashed one
+  // (KVServer::storage_failure). Same thread as the table's other calls.
+  const absl::Status& tier_failure() const { return tier_failure_; }
   // Bytes of the budget the disk tier takes (DiskTierConfig.memory_bytes or
   // its default); 0 without a tier.
   static uint64_t TierMemoryBytes(const SparseTableConfig& config);
@@ -265,7 +271,8 @@ class SparseTable : public Table {
   // INVALID_ARGUMENT if state has the wrong size or a non-finite value;
   // RESOURCE_EXHAUSTED if the row is absent and the table is at its budget
   // without eviction (an evicting table evicts a row to make room, counted
-  // in evictions_budget). On error the table is unchanged.
+  // in evictions_budget); tier_failure() once the disk tier failed. On error
+  // the table is unchanged.
   absl::Status ImportRow(uint64_t key, absl::Span<const float> state);
   // Whether ImportRow of every key in `keys` would find room: RESOURCE_EXHAUSTED
   // when the table does not evict and the absent keys (each counted once)
@@ -398,9 +405,12 @@ class SparseTable : public Table {
   // (pushes_filtered) or the row does not fit (keys_dropped).
   uint32_t RowForPush(uint64_t key);
   // With a disk tier: writes row r's full state and bookkeeping to disk
-  // (the caller then drops it). When the tier refuses (max_disk_bytes) or
-  // fails, the row is lost, as without a tier; the tier counts it.
+  // (the caller then drops it). When the tier refuses (max_disk_bytes) the
+  // row is lost, as without a tier; the tier counts it. When the tier
+  // fails, tier_failure() says so.
   void Demote(uint32_t r);
+  // Records the tier's first failure (see tier_failure()) and logs it.
+  void NoteTierFailure(const absl::Status& error);
   // With a disk tier: takes `key`'s row (absent from RAM) back from disk,
   // creating its RAM row (which may demote another) with the state and
   // bookkeeping it had; kNil when the tier has no live row of it.
@@ -409,7 +419,8 @@ class SparseTable : public Table {
   // false, leaving out alone, when the tier has no live row of it.
   bool ReadCold(uint64_t key, float* out);
   // Reads `key`'s cold row into cold_state_ and *tag; false when the tier
-  // has none, or its TTL expired (then it is deleted).
+  // has none, or its TTL expired (then it is deleted), or failed (then
+  // tier_failure() says so).
   bool FetchCold(uint64_t key, ColdRowTag* tag);
   // Whether a row last touched at (step, second) has outlived a TTL.
   bool Expired(uint64_t last_step, uint32_t last_second) const {
@@ -474,6 +485,7 @@ class SparseTable : public Table {
   uint64_t generation_;       // see generation(); renewed by Drop
   std::unique_ptr<DiskTier> tier_;  // null without a disk tier
   std::vector<float> cold_state_;   // one row read from the tier
+  absl::Status tier_failure_;       // see tier_failure()
 };
 
 class DenseTable : public Table {

@@ -22,6 +22,7 @@
 #include "proto/config.pb.h"
 #include "server/checkpoint.h"
 #include "server/table.h"
+#include "server/testing/tier_damage.h"
 
 namespace ps {
 namespace {
@@ -217,6 +218,41 @@ TEST(TieredTableTtlTest, AColdRowPastItsTtlReadsAsNew) {
   t->Pull(std::vector<uint64_t>{1}, cold.data());
   EXPECT_EQ(std::memcmp(fresh.data(), cold.data(), sizeof(float) * 4), 0);
   EXPECT_EQ(t->Stats().cold_rows(), 99u);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(TieredTableFailureTest, ADamagedTierIsReportedAndNotTrustedAgain) {
+  const std::string dir = TierDir() + "_damaged";
+  const TableConfig tc = Config(
+      "adagrad { learning_rate: 0.1 }",
+      absl::StrCat("dim: 16 admit_after_pushes: 1 memory_budget_bytes: 1048576 "
+                   "eviction: EVICT_LRU disk_tier { dir: \"",
+                   dir, "\" buffered_io: true }"));
+  auto t = Create(tc);
+  ASSERT_NE(t, nullptr);
+  const size_t n = 20000;
+  std::vector<uint64_t> keys(n);
+  for (size_t i = 0; i < n; ++i) keys[i] = Mix64(i);
+  std::vector<float> grads(n * 16, 0.01f);
+  t->Push(keys, grads.data());
+  ASSERT_GT(t->Stats().cold_rows(), n / 2);
+  EXPECT_TRUE(t->tier_failure().ok());
+  // Reading the cold rows back meets the damage.
+  std::vector<float> out(n * 16);
+  for (int round = 0; round < 5 && t->tier_failure().ok(); ++round) {
+    ASSERT_GT(testing::CorruptTierFiles(dir), 0);
+    t->Pull(keys, out.data());
+  }
+  EXPECT_EQ(t->tier_failure().code(), absl::StatusCode::kDataLoss)
+      << t->tier_failure();
+  EXPECT_NE(t->tier_failure().message().find("disk tier of table 'emb'"),
+            std::string::npos)
+      << t->tier_failure();
+  EXPECT_GT(t->Stats().tier_errors(), 0u);
+  // What restores or moves rows into the table refuses from then on.
+  const std::vector<float> state(t->state_floats(), 0.5f);
+  EXPECT_EQ(t->ImportRow(keys[0], state).code(), absl::StatusCode::kDataLoss);
+  t.reset();
   std::filesystem::remove_all(dir);
 }
 

@@ -10,7 +10,10 @@
 #      process that restores its slots from the newest checkpoint, and the
 #      job finishes with a sensible model;
 #   5. a server sent SIGTERM mid-training checkpoints, stops and exits 0; a
-#      replacement restores and the job finishes.
+#      replacement restores and the job finishes;
+#   6. a server whose disk tier's files are corrupted mid-training detects
+#      it, refuses every request from then on and exits 6; a replacement
+#      restores (cold rows included) and the job finishes.
 set -euo pipefail
 source "$TEST_SRCDIR/$TEST_WORKSPACE/tests/testing/test_lib.sh"
 PSCTL="$R/scheduler/psctl"
@@ -19,7 +22,9 @@ CKPT_TOOL="$R/server/ckpt_tool"
 FAIL_LOGS='*/*.log'
 FAIL_LOG_LINES=12
 
-# config SERVERS DIR RESTORE INTERVAL NUM_TRAIN: a job config on stdout.
+# config SERVERS DIR RESTORE INTERVAL NUM_TRAIN [SPARSE [DATA]]: a job config
+# on stdout; SPARSE is added to the sparse table's block, DATA to the
+# synthetic data's.
 # The heartbeat timeout is 2 s: a loaded machine has delayed a server's
 # registration answer by 660 ms, and at 600 ms the scheduler declared that
 # live server dead before its first heartbeat, leaving the job a server short.
@@ -30,12 +35,12 @@ cluster { num_servers: $1 num_workers: 2 num_slots: 256
           heartbeat_interval_ms: 100 heartbeat_timeout_ms: 2000
           request_timeout_ms: 20000 failover_timeout_ms: 60000 }
 consistency { mode: ASYNC }
-tables { id: 0 name: "sparse" sparse { dim: 5 }
+tables { id: 0 name: "sparse" sparse { dim: 5 ${6:-} }
          optimizer { adagrad { learning_rate: 0.05 initial_accumulator: 1e-6 } }
          init { kind: NORMAL scale: 0.01 seed: 7 } }
 tables { id: 1 name: "dense" dense { size: 0 block_size: 64 }
          optimizer { adam { learning_rate: 0.01 } } }
-data { synthetic_ctr { num_train: $5 num_test: 20000 seed: 11 } }
+data { synthetic_ctr { num_train: $5 num_test: 20000 seed: 11 ${7:-} } }
 training { batch_size: 128 epochs: 1 sparse_table: "sparse" dense_table: "dense"
            model { kind: FM embedding_dim: 4 } }
 checkpoint { dir: "$2" interval_steps: $4 keep: 4 restore: $3 }
@@ -175,4 +180,57 @@ replace_server() {
 }
 replace_server KILL
 replace_server TERM
+
+# ---------------------------------------------------------------- 6
+# corrupt_tier DIR...: overwrites every RocksDB table file under DIR with
+# random bytes, but for its first 4 KiB.
+corrupt_tier() {
+  local f size
+  while read -r f; do
+    size=$(stat -c %s "$f" 2>/dev/null) || continue
+    [ "$size" -gt 8192 ] || continue
+    dd if=/dev/urandom of="$f" bs=4096 seek=1 count=$((size / 4096 - 1)) \
+      conv=notrunc status=none 2>/dev/null || true
+  done < <(find "$@" -name '*.sst' 2>/dev/null)
+}
+RUN="$T/damaged-tier"
+CK="$T/ck-damaged"
+TIER="$T/tier"
+# Ids from vocabularies of up to 20000 a field, 1 MiB a server: most of
+# the embeddings are cold, so training reads the tier all the time.
+config 2 "$CK" false 20 150000 \
+  "memory_budget_bytes: 1048576 eviction: EVICT_LFU disk_tier { dir: \"$TIER\" buffered_io: true }" \
+  "max_vocab: 20000" > "$RUN.pbtxt"
+start_scheduler "$RUN" "$RUN.pbtxt"
+start_server "$RUN" "$RUN.pbtxt" server0
+start_server "$RUN" "$RUN.pbtxt" server1
+victim=$LAST_PID
+W=()
+for i in 0 1; do start_trainer "$RUN" "$RUN.pbtxt" "worker$i"; W+=("$LAST_PID"); done
+wait_until 90 committed_or_workers_done || true
+grep -q "committed" "$RUN/scheduler.log" || fail "damaged tier: no checkpoint before the damage"
+# The victim's tier: <dir>/<job>/server-<pid>-<n>. Files written after one
+# pass (flushes, compactions) are damaged by the next.
+code=124
+for _ in $(seq 1 12); do
+  corrupt_tier "$TIER/ckpt/server-$victim-"*
+  code=0
+  wait_exit "$victim" 5 || code=$?
+  [ "$code" = 124 ] || break
+done
+[ "$code" = 6 ] || fail "damaged tier: the server exited with $code, want 6"
+grep -q "the disk tier of table 'sparse' failed" "$RUN/server1.log" \
+  || fail "damaged tier: the server did not name its failed tier"
+start_server "$RUN" "$RUN.pbtxt" server1b
+for pid in "${W[@]}"; do wait_exit "$pid" 180 || fail "damaged tier: a worker failed ($?)"; done
+wait_exit "$SCHED_PID" 30 || fail "damaged tier: scheduler did not finish"
+grep -h "restored" "$RUN/server1b.log" || fail "damaged tier: the replacement did not restore"
+# Nothing of the damaged tier is left to be read (the server removes its
+# tier when it exits; a crashed one's goes at the next start).
+[ -z "$(ls -d "$TIER/ckpt/server-$victim-"* 2>/dev/null)" ] \
+  || fail "damaged tier: the failed server's tier directory is still there"
+s="$(cat "$RUN/summary.json")"
+echo "damaged tier: $s"
+auc="$(json_field "$s" test_auc)"
+check "$auc > 0.7" "damaged tier: test AUC $auc"
 echo "PASS"
