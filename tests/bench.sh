@@ -38,6 +38,7 @@ BENCHES=(
   "scaling //tests/bench:scaling_bench"
   "consistency //tests/bench:consistency_bench"
   "rebalance //tests/bench:rebalance_bench"
+  "tiered //tests/bench:tiered_bench"
   # Not a binary: tests/bench/python_bench.py (the Python binding and
   # examples/python/dlrm_torch.py against plain PyTorch and the C++
   # trainer), run with $PS_PYTHON; the target is the native library it
