@@ -46,6 +46,8 @@ class Statistics;
 
 namespace ps {
 
+class IoPool;
+
 // A row's bookkeeping besides its floats (SparseTable's RowMeta without the
 // links), kept with it on disk so eviction order and TTL survive demotion.
 struct ColdRowTag {
@@ -62,7 +64,7 @@ struct DiskTierCounters {
   uint64_t cold_reads = 0;         // rows read from the tier (found)
   uint64_t cold_misses = 0;        // lookups of keys the tier did not have
   uint64_t cold_rows_dropped = 0;  // demoted past max_disk_bytes
-  uint64_t disk_reads = 0;         // blocks read from the files
+  uint64_t disk_reads = 0;         // blocks lookups read from files
   uint64_t read_micros = 0;        // time in lookups that found rows
   uint64_t bloom_useful = 0;       // lookups a filter answered "absent"
   uint64_t bytes_written = 0;      // by flushes and compactions
@@ -91,6 +93,9 @@ class DiskTier {
     uint64_t memory_bytes = 8 << 20;
     // Page-cache I/O instead of O_DIRECT (see DiskTierConfig.buffered_io).
     bool buffered_io = false;
+    // Threads besides the caller's that read a MultiGet's keys at once
+    // (IoPool); 0 reads them one after another.
+    int read_threads = 3;
   };
 
   // INVALID_ARGUMENT for bad options; the I/O error (with the directory)
@@ -162,6 +167,7 @@ class DiskTier {
   std::shared_ptr<rocksdb::Cache> cache_;
   std::shared_ptr<rocksdb::Statistics> statistics_;
   std::unique_ptr<rocksdb::DB> db_;
+  std::unique_ptr<IoPool> pool_;  // MultiGet's readers
   std::atomic<uint64_t> rows_{0};
   std::atomic<uint64_t> demotions_{0};
   std::atomic<uint64_t> promotions_{0};
@@ -170,6 +176,7 @@ class DiskTier {
   std::atomic<uint64_t> refused_{0};
   std::atomic<uint64_t> read_micros_{0};
   std::atomic<uint64_t> errors_{0};
+  std::atomic<uint64_t> disk_reads_{0};  // blocks lookups read from files
 };
 
 // A server process's directory for its tables' disk tiers under one

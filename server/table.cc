@@ -366,11 +366,40 @@ bool SparseTable::FetchCold(uint64_t key, ColdRowTag* tag) {
   return true;
 }
 
-bool SparseTable::ReadCold(uint64_t key, float* out) {
-  ColdRowTag tag;
-  if (!FetchCold(key, &tag)) return false;
-  std::memcpy(out, cold_state_.data(), dim_ * sizeof(float));
-  return true;
+void SparseTable::ReadColdPulls(float* out) {
+  const size_t n = cold_pulls_.size();
+  cold_keys_.resize(n);
+  for (size_t i = 0; i < n; ++i) cold_keys_[i] = cold_pulls_[i].key;
+  cold_states_.resize(n * stride_);
+  cold_tags_.resize(n);
+  if (absl::Status read = tier_->MultiGet(cold_keys_, cold_states_.data(),
+                                          cold_tags_.data(), &cold_found_);
+      !read.ok()) {
+    NoteTierFailure(read);
+    cold_found_.assign(n, false);
+  }
+  absl::flat_hash_set<uint64_t> expired;  // allocates once one expires
+  for (size_t i = 0; i < n; ++i) {
+    const uint64_t key = cold_pulls_[i].key;
+    float* dst = out + cold_pulls_[i].at * dim_;
+    const ColdRowTag& tag = cold_tags_[i];
+    if (cold_found_[i] && Expired(tag.last_step, tag.last_second)) {
+      // A key pulled twice in the message is deleted (and counted) once.
+      if (expired.insert(key).second) {
+        if (absl::Status gone = tier_->Delete(key); !gone.ok())
+          NoteTierFailure(gone);
+        ++counters_.evictions_ttl;
+        if (watch_ != nullptr) watch_->RowChanged(id(), true, key);
+      }
+      cold_found_[i] = false;
+    }
+    if (cold_found_[i]) {
+      std::memcpy(dst, &cold_states_[i * stride_], dim_ * sizeof(float));
+    } else {
+      InitializeValues(config_.init(), config_.id(), key, 0, dim_, dst);
+    }
+  }
+  cold_pulls_.clear();
 }
 
 uint32_t SparseTable::Promote(uint64_t key) {
@@ -725,11 +754,14 @@ void SparseTable::PullLookingUp(absl::Span<const uint64_t> keys, float* out, uin
       if (r != RowIndex::kNotFound) {
         CopyRow(block_values[i - begin], dim, out + i * dim);
         if (evictable_) Touch(r);
-      } else if (tier_ == nullptr || !ReadCold(k[i], out + i * dim)) {
+      } else if (tier_ != nullptr) {
+        cold_pulls_.push_back({k[i], i});
+      } else {
         InitializeValues(config_.init(), config_.id(), k[i], 0, dim, out + i * dim);
       }
     }
   }
+  if (!cold_pulls_.empty()) ReadColdPulls(out);
 }
 
 void SparseTable::PullRemembered(absl::Span<const uint64_t> keys, float* out, RowMemo* memo) {
@@ -751,7 +783,9 @@ void SparseTable::PullRemembered(absl::Span<const uint64_t> keys, float* out, Ro
       // Absent when the memo was made; a push may have created it since.
       r = index_.Find(k[i]);
       if (r == RowIndex::kNotFound) {
-        if (tier_ == nullptr || !ReadCold(k[i], out + i * dim)) {
+        if (tier_ != nullptr) {
+          cold_pulls_.push_back({k[i], i});
+        } else {
           InitializeValues(config_.init(), config_.id(), k[i], 0, dim,
                            out + i * dim);
         }
@@ -762,6 +796,7 @@ void SparseTable::PullRemembered(absl::Span<const uint64_t> keys, float* out, Ro
     CopyRow(locate.Values(r), dim, out + i * dim);
     if (evictable) Touch(r);
   }
+  if (!cold_pulls_.empty()) ReadColdPulls(out);
 }
 
 void SparseTable::Push(absl::Span<const uint64_t> keys, const float* grads, float lr_scale,

@@ -415,9 +415,12 @@ class SparseTable : public Table {
   // creating its RAM row (which may demote another) with the state and
   // bookkeeping it had; kNil when the tier has no live row of it.
   uint32_t Promote(uint64_t key);
-  // With a disk tier: the weights of cold `key` into out (dim() floats);
-  // false, leaving out alone, when the tier has no live row of it.
-  bool ReadCold(uint64_t key, float* out);
+  // With a disk tier: answers the pulled keys of cold_pulls_ (absent from
+  // RAM) into out (dim() floats at each one's position), in one batched
+  // read: the cold row's weights, or the initial values when the tier has
+  // no live row of the key (TTL-expired ones are deleted). Empties
+  // cold_pulls_.
+  void ReadColdPulls(float* out);
   // Reads `key`'s cold row into cold_state_ and *tag; false when the tier
   // has none, or its TTL expired (then it is deleted), or failed (then
   // tier_failure() says so).
@@ -485,6 +488,18 @@ class SparseTable : public Table {
   uint64_t generation_;       // see generation(); renewed by Drop
   std::unique_ptr<DiskTier> tier_;  // null without a disk tier
   std::vector<float> cold_state_;   // one row read from the tier
+  // A pull's keys absent from RAM, and their positions in the pull, read
+  // from the tier together once the rows in RAM are copied; and the
+  // buffers of that read (kept to spare allocations).
+  struct ColdPull {
+    uint64_t key;
+    size_t at;
+  };
+  std::vector<ColdPull> cold_pulls_;
+  std::vector<uint64_t> cold_keys_;
+  std::vector<float> cold_states_;
+  std::vector<ColdRowTag> cold_tags_;
+  std::vector<bool> cold_found_;
   absl::Status tier_failure_;       // see tier_failure()
 };
 
