@@ -402,10 +402,55 @@ void SparseTable::ReadColdPulls(float* out) {
   cold_pulls_.clear();
 }
 
+void SparseTable::PrefetchPushRows() {
+  push_prefetched_ = true;
+  cold_keys_.clear();
+  for (uint64_t key : push_keys_) {
+    if (index_.Find(key) == RowIndex::kNotFound) cold_keys_.push_back(key);
+  }
+  const size_t n = cold_keys_.size();
+  cold_states_.resize(n * stride_);
+  cold_tags_.resize(n);
+  if (absl::Status read = tier_->MultiGet(cold_keys_, cold_states_.data(),
+                                          cold_tags_.data(), &cold_found_);
+      !read.ok()) {
+    NoteTierFailure(read);
+    return;
+  }
+  for (size_t i = 0; i < n; ++i) {
+    if (cold_found_[i]) cold_ready_.emplace(cold_keys_[i], i);
+  }
+}
+
+bool SparseTable::TakeCold(uint64_t key, const float** state, ColdRowTag* tag) {
+  if (!push_keys_.empty() && !push_prefetched_) PrefetchPushRows();
+  const auto it = cold_ready_.find(key);
+  if (it == cold_ready_.end()) {
+    // Not read ahead: absent then, or demoted since within this push.
+    if (!FetchCold(key, tag)) return false;
+    *state = cold_state_.data();
+    return true;
+  }
+  const size_t i = it->second;
+  // Once taken it is promoted: a later copy of the key in the push finds
+  // it in RAM, or (evicted again meanwhile) reads its newer state from disk.
+  cold_ready_.erase(it);
+  *tag = cold_tags_[i];
+  if (Expired(tag->last_step, tag->last_second)) {
+    if (absl::Status s = tier_->Delete(key); !s.ok()) NoteTierFailure(s);
+    ++counters_.evictions_ttl;
+    if (watch_ != nullptr) watch_->RowChanged(id(), true, key);
+    return false;
+  }
+  *state = &cold_states_[i * stride_];
+  return true;
+}
+
 uint32_t SparseTable::Promote(uint64_t key) {
   ColdRowTag tag;
-  if (!FetchCold(key, &tag)) return kNil;
-  const uint32_t r = CreateRow(key, cold_state_.data());
+  const float* state = nullptr;
+  if (!TakeCold(key, &state, &tag)) return kNil;
+  const uint32_t r = CreateRow(key, state);
   if (r == kNil) return kNil;  // an evicting table always finds room
   // A cold copy left behind would be exported beside the hot row.
   if (absl::Status s = tier_->Delete(key); !s.ok()) NoteTierFailure(s);
@@ -801,6 +846,26 @@ void SparseTable::PullRemembered(absl::Span<const uint64_t> keys, float* out, Ro
 
 void SparseTable::Push(absl::Span<const uint64_t> keys, const float* grads, float lr_scale,
                        RowMemo* memo) {
+  // With a tier, the push's first promotion reads every cold key of the
+  // push at once (PrefetchPushRows); a push whose keys are all in RAM reads
+  // nothing.
+  if (tier_ != nullptr) {
+    push_keys_ = keys;
+    push_prefetched_ = false;
+  }
+  PushRows(keys, grads, lr_scale, memo);
+  if (tier_ != nullptr) {
+    push_keys_ = {};
+    cold_ready_.clear();
+  }
+  counters_.keys_pushed += keys.size();
+  if (watch_ != nullptr) {
+    for (uint64_t key : keys) watch_->RowChanged(id(), true, key);
+  }
+}
+
+void SparseTable::PushRows(absl::Span<const uint64_t> keys, const float* grads,
+                           float lr_scale, RowMemo* memo) {
   if (memo == nullptr) {
     PushLookingUp(keys, grads, lr_scale, nullptr);
   } else if (MemoCurrent(memo, keys.size())) {
@@ -811,10 +876,6 @@ void SparseTable::Push(absl::Span<const uint64_t> keys, const float* grads, floa
     PushLookingUp(keys, grads, lr_scale, memo->rows.data());
     // An eviction during the push may have taken a row recorded before it.
     memo->generation = generation_ == generation ? generation_ : 0;
-  }
-  counters_.keys_pushed += keys.size();
-  if (watch_ != nullptr) {
-    for (uint64_t key : keys) watch_->RowChanged(id(), true, key);
   }
 }
 

@@ -415,6 +415,17 @@ class SparseTable : public Table {
   // creating its RAM row (which may demote another) with the state and
   // bookkeeping it had; kNil when the tier has no live row of it.
   uint32_t Promote(uint64_t key);
+  // Push's work, between its setting up and its counting.
+  void PushRows(absl::Span<const uint64_t> keys, const float* grads,
+                float lr_scale, RowMemo* memo);
+  // With a disk tier, during a push: reads the rows of push_keys_ absent
+  // from RAM from the tier in one batch, into cold_ready_.
+  void PrefetchPushRows();
+  // With a disk tier: `key`'s cold row for a promotion, from what the push
+  // read ahead or else from disk; *state is valid until the next tier read.
+  // false when the tier has no live row of it (TTL-expired ones are
+  // deleted) or failed.
+  bool TakeCold(uint64_t key, const float** state, ColdRowTag* tag);
   // With a disk tier: answers the pulled keys of cold_pulls_ (absent from
   // RAM) into out (dim() floats at each one's position), in one batched
   // read: the cold row's weights, or the initial values when the tier has
@@ -500,6 +511,11 @@ class SparseTable : public Table {
   std::vector<float> cold_states_;
   std::vector<ColdRowTag> cold_tags_;
   std::vector<bool> cold_found_;
+  // The push under way (tiered tables), whether its cold keys were read
+  // ahead, and those found: key -> position in cold_states_ / cold_tags_.
+  absl::Span<const uint64_t> push_keys_;
+  bool push_prefetched_ = false;
+  absl::flat_hash_map<uint64_t, size_t> cold_ready_;
   absl::Status tier_failure_;       // see tier_failure()
 };
 
