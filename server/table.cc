@@ -358,12 +358,16 @@ bool SparseTable::FetchCold(uint64_t key, ColdRowTag* tag) {
   }
   if (!*found) return false;
   if (Expired(tag->last_step, tag->last_second)) {
-    if (absl::Status s = tier_->Delete(key); !s.ok()) NoteTierFailure(s);
-    ++counters_.evictions_ttl;
-    if (watch_ != nullptr) watch_->RowChanged(id(), true, key);
+    DropExpiredCold(key);
     return false;
   }
   return true;
+}
+
+void SparseTable::DropExpiredCold(uint64_t key) {
+  if (absl::Status s = tier_->Delete(key); !s.ok()) NoteTierFailure(s);
+  ++counters_.evictions_ttl;
+  if (watch_ != nullptr) watch_->RowChanged(id(), true, key);
 }
 
 void SparseTable::ReadColdPulls(float* out) {
@@ -385,12 +389,7 @@ void SparseTable::ReadColdPulls(float* out) {
     const ColdRowTag& tag = cold_tags_[i];
     if (cold_found_[i] && Expired(tag.last_step, tag.last_second)) {
       // A key pulled twice in the message is deleted (and counted) once.
-      if (expired.insert(key).second) {
-        if (absl::Status gone = tier_->Delete(key); !gone.ok())
-          NoteTierFailure(gone);
-        ++counters_.evictions_ttl;
-        if (watch_ != nullptr) watch_->RowChanged(id(), true, key);
-      }
+      if (expired.insert(key).second) DropExpiredCold(key);
       cold_found_[i] = false;
     }
     if (cold_found_[i]) {
@@ -437,9 +436,7 @@ bool SparseTable::TakeCold(uint64_t key, const float** state, ColdRowTag* tag) {
   cold_ready_.erase(it);
   *tag = cold_tags_[i];
   if (Expired(tag->last_step, tag->last_second)) {
-    if (absl::Status s = tier_->Delete(key); !s.ok()) NoteTierFailure(s);
-    ++counters_.evictions_ttl;
-    if (watch_ != nullptr) watch_->RowChanged(id(), true, key);
+    DropExpiredCold(key);
     return false;
   }
   *state = &cold_states_[i * stride_];

@@ -436,6 +436,9 @@ class SparseTable : public Table {
   // has none, or its TTL expired (then it is deleted), or failed (then
   // tier_failure() says so).
   bool FetchCold(uint64_t key, ColdRowTag* tag);
+  // Deletes `key`'s cold row, found past its TTL, and counts it as a TTL
+  // eviction.
+  void DropExpiredCold(uint64_t key);
   // Whether a row last touched at (step, second) has outlived a TTL.
   bool Expired(uint64_t last_step, uint32_t last_second) const {
     return (ttl_steps_ > 0 && step_ - last_step > ttl_steps_ &&
