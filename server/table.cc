@@ -370,18 +370,20 @@ void SparseTable::DropExpiredCold(uint64_t key) {
   if (watch_ != nullptr) watch_->RowChanged(id(), true, key);
 }
 
+bool SparseTable::ReadColdKeys() {
+  cold_states_.resize(cold_keys_.size() * stride_);
+  cold_tags_.resize(cold_keys_.size());
+  const absl::Status read = tier_->MultiGet(cold_keys_, cold_states_.data(),
+                                            cold_tags_.data(), &cold_found_);
+  if (!read.ok()) NoteTierFailure(read);
+  return read.ok();
+}
+
 void SparseTable::ReadColdPulls(float* out) {
   const size_t n = cold_pulls_.size();
   cold_keys_.resize(n);
   for (size_t i = 0; i < n; ++i) cold_keys_[i] = cold_pulls_[i].key;
-  cold_states_.resize(n * stride_);
-  cold_tags_.resize(n);
-  if (absl::Status read = tier_->MultiGet(cold_keys_, cold_states_.data(),
-                                          cold_tags_.data(), &cold_found_);
-      !read.ok()) {
-    NoteTierFailure(read);
-    cold_found_.assign(n, false);
-  }
+  if (!ReadColdKeys()) cold_found_.assign(n, false);
   absl::flat_hash_set<uint64_t> expired;  // allocates once one expires
   for (size_t i = 0; i < n; ++i) {
     const uint64_t key = cold_pulls_[i].key;
@@ -407,16 +409,8 @@ void SparseTable::PrefetchPushRows() {
   for (uint64_t key : push_keys_) {
     if (index_.Find(key) == RowIndex::kNotFound) cold_keys_.push_back(key);
   }
-  const size_t n = cold_keys_.size();
-  cold_states_.resize(n * stride_);
-  cold_tags_.resize(n);
-  if (absl::Status read = tier_->MultiGet(cold_keys_, cold_states_.data(),
-                                          cold_tags_.data(), &cold_found_);
-      !read.ok()) {
-    NoteTierFailure(read);
-    return;
-  }
-  for (size_t i = 0; i < n; ++i) {
+  if (!ReadColdKeys()) return;
+  for (size_t i = 0; i < cold_keys_.size(); ++i) {
     if (cold_found_[i]) cold_ready_.emplace(cold_keys_[i], i);
   }
 }

@@ -415,6 +415,10 @@ class SparseTable : public Table {
   // creating its RAM row (which may demote another) with the state and
   // bookkeeping it had; kNil when the tier has no live row of it.
   uint32_t Promote(uint64_t key);
+  // With a disk tier: reads the rows of cold_keys_ in one batch into
+  // cold_states_, cold_tags_ and cold_found_; false, the failure noted
+  // (tier_failure()), when the read failed.
+  bool ReadColdKeys();
   // Push's work, between its setting up and its counting.
   void PushRows(absl::Span<const uint64_t> keys, const float* grads,
                 float lr_scale, RowMemo* memo);
