@@ -123,6 +123,14 @@ absl::StatusOr<std::unique_ptr<KVServer::Impl>> KVServer::Impl::Start(
       server->options_.bind_endpoint, server->admission_.limits(),
       server->options_.curve, server->options_.metrics));
   PS_RETURN_IF_ERROR(server->views_.OpenWake());
+  if (!server->tiered_.empty()) {
+    PS_RETURN_IF_ERROR(server->tier_waits_.OpenWake());
+    const TierWaits* waits = &server->tier_waits_;
+    for (SparseTable* table : server->tiered_) {
+      table->StartColdReader([waits] { waits->Wake(); },
+                             server->options_.before_tier_read);
+    }
+  }
   if (server->options_.standalone) {
     auto own = std::make_shared<Ownership>();
     own->all = true;
@@ -386,6 +394,9 @@ void KVServer::Impl::Serve() {
     items.push_back({data_.socket().handle(), 0, ZMQ_POLLIN, 0});
     items.push_back({nullptr, views_.wake_fd(), ZMQ_POLLIN, 0});
     primary_.AddPollItems(&items, &item_links);
+    const size_t tier_item = items.size();
+    if (!tiered_.empty())
+      items.push_back({nullptr, tier_waits_.wake_fd(), ZMQ_POLLIN, 0});
     try {
       // A move's background work goes on as soon as its budget allows, at
       // once when no request waits (the poll timing out means nothing
@@ -401,6 +412,9 @@ void KVServer::Impl::Serve() {
           primary_.ReadAnswers(item_links[i]);
       }
       if (own->replicated) primary_.MaybeResync(*own);
+      // Requests whose cold rows were read go before newer ones.
+      if (tier_item < items.size() && (items[tier_item].revents & ZMQ_POLLIN))
+        ReleaseTierWaits(*own);
       if (readable) {
         // Drain everything queued before polling again.
         while (!serving_.stop_requested()) {
@@ -470,7 +484,7 @@ std::vector<TableStats> KVServer::Impl::table_stats() const {
 
 bool KVServer::Impl::HandleMessage(zmq::message_t identity,
                                    std::vector<zmq::message_t> frames,
-                                   const Ownership& own) {
+                                   const Ownership& own, bool tier_checked) {
   if (replicated_) {
     RequestHeader header;
     if (replication::IsReplica(frames, &header)) {
@@ -490,6 +504,8 @@ bool KVServer::Impl::HandleMessage(zmq::message_t identity,
                 own.epoch);
     return false;
   }
+  if (!tier_checked && !tiered_.empty() && WaitForColdRows(identity, frames))
+    return false;
   counters_.requests.fetch_add(1, std::memory_order_relaxed);
   ResponseHeader rh;
   zmq::message_t values, keys;

@@ -141,6 +141,9 @@ class KVServer {
     // them); null: none. Not owned; must outlive the server. Once the
     // server is destroyed its scrape-time metrics read as empty.
     metrics::Registry* metrics = nullptr;
+    // Tests: runs on a disk tier's reader thread before each batch of cold
+    // rows it reads (e.g. to hold a read in flight). Null: nothing.
+    std::function<void()> before_tier_read;
     // The job's CURVE key pair (common/curve_keys.h LoadCurveKeys of
     // config.security.curve); nullopt: plaintext. With keys the socket
     // serves CURVE only, a ZAP handler (server/peer_gate.h) admits only
@@ -233,6 +236,11 @@ class KVServer {
     uint64_t move_aborts = 0;
     uint64_t move_fenced_refusals = 0;
     uint64_t move_fence_max_micros = 0;
+    // Disk tiers: requests that waited for cold rows read off the serving
+    // thread (or behind such a request of their sender), and the time they
+    // waited in all, in microseconds.
+    uint64_t tier_waits = 0;
+    uint64_t tier_wait_micros = 0;
   };
 
   // Errors: INVALID_ARGUMENT for a bad table config, UNAVAILABLE if the

@@ -13,37 +13,39 @@
 
 // X(Stats field). Stats fields not listed here are filled from elsewhere
 // (the peer gate's connection counts).
-#define PS_SERVER_COUNTERS(X)                                                       \
-  X(requests)                                                                       \
-  X(errors)                                                                         \
-  X(keys_pushed)                                                                    \
-  X(keys_pulled)                                                                    \
-  X(pulls_deferred)                                                                 \
-  X(bsp_steps_applied)                                                              \
-  X(duplicate_pushes)                                                               \
-  X(checkpoints_written)                                                            \
-  X(rows_restored)                                                                  \
-  X(forwards)                                                                       \
-  X(replica_messages)                                                               \
-  X(catchups_sent)                                                                  \
-  X(rows_copied)                                                                    \
-  X(slots_promoted)                                                                 \
-  X(unreplicated_pushes)                                                            \
-  X(limit_refusals)                                                                 \
-  X(unknown_sender_refusals)                                                        \
-  X(nonfinite_values)                                                               \
-  X(nonfinite_pushes_rejected)                                                      \
-  X(held_bytes)                                                                     \
-  X(lease_refusals)                                                                 \
-  X(fenced_refusals)                                                                \
-  X(move_slots_in)                                                                  \
-  X(move_slots_out)                                                                 \
-  X(move_rows_in)                                                                   \
-  X(move_rows_out)                                                                  \
-  X(move_fences)                                                                    \
-  X(move_aborts)                                                                    \
-  X(move_fenced_refusals)                                                           \
-  X(move_fence_max_micros)
+#define PS_SERVER_COUNTERS(X)  \
+  X(requests)                  \
+  X(errors)                    \
+  X(keys_pushed)               \
+  X(keys_pulled)               \
+  X(pulls_deferred)            \
+  X(bsp_steps_applied)         \
+  X(duplicate_pushes)          \
+  X(checkpoints_written)       \
+  X(rows_restored)             \
+  X(forwards)                  \
+  X(replica_messages)          \
+  X(catchups_sent)             \
+  X(rows_copied)               \
+  X(slots_promoted)            \
+  X(unreplicated_pushes)       \
+  X(limit_refusals)            \
+  X(unknown_sender_refusals)   \
+  X(nonfinite_values)          \
+  X(nonfinite_pushes_rejected) \
+  X(held_bytes)                \
+  X(lease_refusals)            \
+  X(fenced_refusals)           \
+  X(move_slots_in)             \
+  X(move_slots_out)            \
+  X(move_rows_in)              \
+  X(move_rows_out)             \
+  X(move_fences)               \
+  X(move_aborts)               \
+  X(move_fenced_refusals)      \
+  X(move_fence_max_micros)     \
+  X(tier_waits)                \
+  X(tier_wait_micros)
 
 namespace ps {
 

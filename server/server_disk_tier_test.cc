@@ -6,6 +6,8 @@
 #include <sys/file.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -13,6 +15,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
 #include "common/hash.h"
 #include "server/server_test_fixture.h"
 #include "server/testing/tier_damage.h"
@@ -162,6 +166,133 @@ TEST_F(ServerDiskTierTest,
   Response push = Push(5, {keys[0]}, std::vector<float>(16, 0.02f));
   EXPECT_EQ(push.code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(push.header.refusal(), NOT_MEMBER);
+}
+
+// Whether a reply is waiting on `socket` within `ms` milliseconds.
+bool ReplyWaiting(zmq::socket_t& socket, int ms) {
+  zmq::pollitem_t item{socket.handle(), 0, ZMQ_POLLIN, 0};
+  return zmq::poll(&item, 1, std::chrono::milliseconds(ms)) > 0;
+}
+
+TEST_F(ServerDiskTierTest,
+       APushWaitingForDiskKeepsItsSendersClockBehindItWhileOthersGoOn) {
+  // The tier's reader holds its reads while `hold` is set, until released.
+  std::atomic<bool> hold{false};
+  std::atomic<int> held{0};
+  absl::Notification release;
+  auto config = ParseJobConfig(
+      TieredConfig(absl::StrCat(
+          "memory_budget_bytes: 1048576 eviction: EVICT_LRU disk_tier { "
+          "dir: \"",
+          TierBase(), "\" buffered_io: true }")),
+      "tiered");
+  ASSERT_TRUE(config.ok()) << config.status();
+  KVServer::Options options;
+  options.config = *config;
+  options.before_tier_read = [&] {
+    if (!hold.load()) return;
+    held.fetch_add(1);
+    release.WaitForNotificationWithTimeout(absl::Seconds(30));
+  };
+  client_.reset();
+  server_.reset();
+  auto started = KVServer::Start(std::move(options));
+  ASSERT_TRUE(started.ok()) << started.status();
+  server_ = std::move(started).value();
+  // Node 1 (worker rank 0) speaks on client_, node 2 (rank 1) on `other`.
+  client_ = std::make_unique<raw_client::RawClient>(server_->endpoint());
+  raw_client::RawClient other(server_->endpoint());
+  auto serving_epoch = [&](uint64_t epoch) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(5);
+    while (absl::Now() < deadline) {
+      Response r = Pull(5, {1});
+      if (r.code() == absl::StatusCode::kOk && r.header.epoch() == epoch)
+        return true;
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    return false;
+  };
+
+  // Asynchronous first: rows pushed early go to disk as later ones come.
+  server_->UpdateView(OwnerView(/*epoch=*/1, /*workers=*/2), 0);
+  ASSERT_TRUE(serving_epoch(1));
+  constexpr size_t kKeys = 16000, kPart = 2000;
+  for (size_t begin = 0; begin < kKeys; begin += kPart) {
+    std::vector<uint64_t> part;
+    for (size_t i = begin; i < begin + kPart; ++i) part.push_back(Mix64(i));
+    ASSERT_EQ(Push(5, part, std::vector<float>(kPart * 16, 0.02f)).code(),
+              absl::StatusCode::kOk);
+  }
+  std::vector<uint64_t> cold, hot;
+  for (size_t i = 0; i < 50; ++i) {
+    cold.push_back(Mix64(i));
+    hot.push_back(Mix64(kKeys - 1 - i));
+  }
+  Response before = Pull(5, cold);
+  ASSERT_EQ(before.code(), absl::StatusCode::kOk);
+  ASSERT_GT(server_->stats().tier_waits, 0u)
+      << "the early rows are not on disk";
+  // Rows read for a pull stay staged a while: other rows take their place.
+  std::vector<uint64_t> others;
+  for (size_t i = 1000; i < 1000 + kPart; ++i) others.push_back(Mix64(i));
+  ASSERT_EQ(Pull(5, others).code(), absl::StatusCode::kOk);
+  const uint64_t waits_before = server_->stats().tier_waits;
+
+  // BSP from here, step 0.
+  server_->UpdateView(OwnerView(/*epoch=*/2, /*workers=*/2, BSP), 0);
+  ASSERT_TRUE(serving_epoch(2));
+  const uint64_t steps = server_->stats().bsp_steps_applied;
+  hold = true;
+  const std::vector<float> grads(cold.size() * 16, 0.5f);
+  RequestHeader push = Header(PUSH, 5, cold.size());
+  push.set_sender_node_id(1);
+  push.set_clock(0);
+  const uint64_t push_id =
+      SendOnly(push, Frames(KeysFrame(cold), ValuesFrame(grads)));
+  const uint64_t advance_id = Advance(1, 1);
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (held.load() == 0 && absl::Now() < deadline)
+    absl::SleepFor(absl::Milliseconds(1));
+  ASSERT_EQ(held.load(), 1) << "the push's rows were not read off the thread";
+
+  // Node 2's push of rows in RAM, and its clock, are answered meanwhile.
+  RequestHeader other_push = Header(PUSH, 5, hot.size());
+  other_push.set_sender_node_id(2);
+  other_push.set_clock(0);
+  other.SendFrames(
+      Numbered(other_push, Frames(KeysFrame(hot), ValuesFrame(grads))));
+  EXPECT_EQ(other.ReceiveHeader().code(), 0);
+  RequestHeader other_advance = Header(ADVANCE_CLOCK, 0, 0);
+  other_advance.set_sender_node_id(2);
+  other_advance.set_clock(1);
+  other.SendFrames(Numbered(other_advance, Frames(KeysFrame({}))));
+  EXPECT_EQ(other.ReceiveHeader().code(), 0);
+  // Both workers are at clock 1, but node 1's clock waits behind its push:
+  // step 0 is not applied without it.
+  EXPECT_FALSE(ReplyWaiting(client_->socket(), 200));
+  EXPECT_EQ(server_->stats().bsp_steps_applied, steps);
+
+  release.Notify();
+  Response pushed = Receive();
+  EXPECT_EQ(pushed.code(), absl::StatusCode::kOk) << pushed.header.message();
+  EXPECT_EQ(pushed.header.request_id(), push_id);
+  Response advanced = Receive();
+  EXPECT_EQ(advanced.code(), absl::StatusCode::kOk);
+  EXPECT_EQ(advanced.header.request_id(), advance_id);
+  // Applied right after the clock's answer is sent.
+  const absl::Time applied_by = absl::Now() + absl::Seconds(5);
+  while (server_->stats().bsp_steps_applied == steps &&
+         absl::Now() < applied_by) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  EXPECT_EQ(server_->stats().bsp_steps_applied, steps + 1);
+  EXPECT_GE(server_->stats().tier_waits, waits_before + 2);
+  // The step applied node 1's gradient to the rows that were on disk.
+  Response after = Pull(5, cold);
+  ASSERT_EQ(after.code(), absl::StatusCode::kOk);
+  ASSERT_EQ(after.values.size(), before.values.size());
+  for (size_t i = 0; i < after.values.size(); ++i)
+    ASSERT_LT(after.values[i], before.values[i]) << i;
 }
 
 TEST_F(ServerDiskTierTest,

@@ -40,7 +40,6 @@
 #include "server/key_cache.h"
 #include "server/lease_fence.h"
 #include "server/move_digest.h"
-#include "server/work_budget.h"
 #include "server/peer_gate.h"
 #include "server/replica_store.h"
 #include "server/replication.h"
@@ -56,7 +55,9 @@
 #include "server/step_buffers.h"
 #include "server/table.h"
 #include "server/table_stats_publisher.h"
+#include "server/tier_waits.h"
 #include "server/view_inbox.h"
+#include "server/work_budget.h"
 #include "zmq.hpp"
 
 namespace ps {
@@ -119,9 +120,27 @@ class KVServer::Impl {
   void ApplyView(const Ownership& own);
   // Handles one message of the data socket. Returns whether Progress is
   // due before the next message is read (an ADVANCE_CLOCK was handled).
+  // `tier_checked`: the request waited for its cold rows already (or
+  // never needed to), and is not put aside for them again.
   [[nodiscard]] bool HandleMessage(zmq::message_t identity,
                                    std::vector<zmq::message_t> frames,
-                                   const Ownership& own);
+                                   const Ownership& own,
+                                   bool tier_checked = false);
+  // Disk tiers (server/server_tier_waits.cc). Puts the request aside when
+  // its sender has one waiting already, or when its cold rows must be read
+  // first (the reads are started); true when it did.
+  bool WaitForColdRows(zmq::message_t& identity,
+                       std::vector<zmq::message_t>& frames);
+  // The reader's batch a request must wait for before it is processed (0:
+  // none), the reads it needs started, and its table. Requests that are
+  // not a tiered table's PUSH, PULL or PUSH_PULL, or that do not decode,
+  // wait for nothing (the pipeline answers the latter).
+  uint64_t ColdWaitOf(std::vector<zmq::message_t>& frames, SparseTable** table);
+  // Installs the readers' finished batches and handles, in each sender's
+  // order, the requests whose rows are now staged.
+  void ReleaseTierWaits(const Ownership& own);
+  // Handles the waiting requests whose batch is installed.
+  void HandleReadyTierWaits(const Ownership& own);
   // Processes one request. kDefer: the (pull) request is not answered yet;
   // the frames were rewritten into a plain PULL to run again later.
   // `keys` is filled by SCAN only; *ctx gets what the stages noted.
@@ -378,10 +397,14 @@ class KVServer::Impl {
   // The directories of the tables' disk tiers, one per DiskTierConfig.dir
   // named (declared before tables_, so they outlive the tiers in them).
   absl::flat_hash_map<std::string, std::unique_ptr<TierRoot>> tier_roots_;
+  // Requests waiting for cold rows, and the eventfd the tables' readers
+  // wake the serving thread with (declared before tables_: the readers
+  // stop before it goes).
+  TierWaits tier_waits_;
   // Owned by the serving thread once it runs.
   absl::flat_hash_map<uint32_t, std::unique_ptr<Table>> tables_;
   // The sparse tables of tables_ with a disk tier (CreateTables).
-  std::vector<const SparseTable*> tiered_;
+  std::vector<SparseTable*> tiered_;
   // Serving thread: whether a tiered table's tier failed; the first time,
   // records storage_failure_ and fences the server. Without tiers: false,
   // at no cost.

@@ -248,6 +248,16 @@ void RegisterMoveMetrics(metrics::Registry* r,
       "of: from applying the fence view to the target's confirmation.",
       metrics::Type::kGauge,
       [read] { return read().move_fence_max_micros / 1e6; });
+  counter("ps_server_tier_waits_total",
+          "Requests put aside while their cold rows were read from a disk "
+          "tier, or behind such a request of their sender.",
+          &Stats::tier_waits);
+  r->AddCallback(
+      "ps_server_tier_wait_seconds_total",
+      "Time requests waited for disk tier reads, in all; divided by "
+      "ps_server_tier_waits_total, the I/O wait per waiting request.",
+      metrics::Type::kCounter,
+      [read] { return read().tier_wait_micros / 1e6; });
 }
 
 }  // namespace

@@ -44,7 +44,8 @@
 //   ps_server_table_tier_memory_bytes{table},
 //   ps_server_table_{demotions,promotions,cold_reads,cold_misses,bloom_useful,
 //   disk_reads,disk_written_bytes,cold_rows_dropped,tier_errors}_total{table},
-//   ps_server_table_cold_read_seconds_total{table}
+//   ps_server_table_cold_read_seconds_total{table},
+//   ps_server_tier_waits_total, ps_server_tier_wait_seconds_total
 //   ps_server_limit_refusals_total, ps_server_unknown_sender_refusals_total,
 //   ps_server_held_bytes,
 //   ps_server_nonfinite_gradients_total{worker,action} (rejected or clipped)

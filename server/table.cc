@@ -265,9 +265,11 @@ SparseTable::SparseTable(const TableConfig& config,
   }
   // Row ids are uint32 with one value reserved.
   max_rows_ = kNil - 1;
-  // The disk tier's RAM comes out of the budget first.
-  const uint64_t budget =
-      config.sparse().memory_budget_bytes() - TierMemoryBytes(config.sparse());
+  // The disk tier's RAM (its own and its staged reads) comes out of the
+  // budget first.
+  const uint64_t budget = config.sparse().memory_budget_bytes() -
+                          TierMemoryBytes(config.sparse()) -
+                          StagingBytes(config.sparse());
   if (budget > 0) {
     // The largest row count whose allocations fit: BytesFor is monotone.
     size_t lo = 0;
@@ -306,7 +308,8 @@ size_t SparseTable::MemoryBytes() const {
   return chunks_.size() * chunk_rows_ * row_bytes_ +
          chunks_.capacity() * sizeof(chunks_[0]) + index_.MemoryBytes() +
          (sketch_ != nullptr ? sketch_->MemoryBytes() : 0) +
-         (tier_ != nullptr ? tier_->MemoryBytes() : 0);
+         (tier_ != nullptr ? tier_->MemoryBytes() : 0) +
+         (reader_ != nullptr ? reader_->MemoryBytes() : 0);
 }
 
 TableStats SparseTable::Stats() const {
@@ -334,6 +337,7 @@ TableStats SparseTable::Stats() const {
 
 void SparseTable::Demote(uint32_t r) {
   const RowMeta& m = Meta(r);
+  if (reader_ != nullptr) reader_->Invalidate(m.key);
   // A refusal (max_disk_bytes) is counted and logged by the tier.
   const absl::StatusOr<bool> stored = tier_->Put(
       m.key, Values(r), ColdRowTag{m.last_step, m.last_second, m.touches});
@@ -351,12 +355,18 @@ void SparseTable::NoteTierFailure(const absl::Status& error) {
 
 bool SparseTable::FetchCold(uint64_t key, ColdRowTag* tag) {
   cold_state_.resize(stride_);
-  const absl::StatusOr<bool> found = tier_->Get(key, cold_state_.data(), tag);
-  if (!found.ok()) {
-    NoteTierFailure(found.status());
-    return false;
+  const float* staged =
+      reader_ != nullptr ? reader_->Staged(key, tag) : nullptr;
+  if (staged != nullptr) {
+    std::memcpy(cold_state_.data(), staged, stride_ * sizeof(float));
+  } else {
+    const absl::StatusOr<bool> found = tier_->Get(key, cold_state_.data(), tag);
+    if (!found.ok()) {
+      NoteTierFailure(found.status());
+      return false;
+    }
+    if (!*found) return false;
   }
-  if (!*found) return false;
   if (Expired(tag->last_step, tag->last_second)) {
     DropExpiredCold(key);
     return false;
@@ -364,19 +374,109 @@ bool SparseTable::FetchCold(uint64_t key, ColdRowTag* tag) {
   return true;
 }
 
-void SparseTable::DropExpiredCold(uint64_t key) {
+void SparseTable::DeleteCold(uint64_t key) {
+  if (reader_ != nullptr) reader_->Invalidate(key);
   if (absl::Status s = tier_->Delete(key); !s.ok()) NoteTierFailure(s);
+}
+
+void SparseTable::DropExpiredCold(uint64_t key) {
+  DeleteCold(key);
   ++counters_.evictions_ttl;
   if (watch_ != nullptr) watch_->RowChanged(id(), true, key);
 }
 
 bool SparseTable::ReadColdKeys() {
-  cold_states_.resize(cold_keys_.size() * stride_);
-  cold_tags_.resize(cold_keys_.size());
-  const absl::Status read = tier_->MultiGet(cold_keys_, cold_states_.data(),
-                                            cold_tags_.data(), &cold_found_);
-  if (!read.ok()) NoteTierFailure(read);
-  return read.ok();
+  const size_t n = cold_keys_.size();
+  cold_states_.resize(n * stride_);
+  cold_tags_.resize(n);
+  // Rows the reader staged are copied; the rest are read in one batch.
+  std::vector<size_t> unstaged;
+  if (reader_ != nullptr && reader_->staged_rows() > 0) {
+    cold_found_.assign(n, false);
+    for (size_t i = 0; i < n; ++i) {
+      const float* staged = reader_->Staged(cold_keys_[i], &cold_tags_[i]);
+      if (staged == nullptr) {
+        unstaged.push_back(i);
+        continue;
+      }
+      std::memcpy(&cold_states_[i * stride_], staged, stride_ * sizeof(float));
+      cold_found_[i] = true;
+    }
+    if (unstaged.size() == n)
+      unstaged.clear();  // none staged: read all
+    else if (unstaged.empty())
+      return true;
+  }
+  if (unstaged.empty()) {
+    const absl::Status read = tier_->MultiGet(cold_keys_, cold_states_.data(),
+                                              cold_tags_.data(), &cold_found_);
+    if (!read.ok()) NoteTierFailure(read);
+    return read.ok();
+  }
+  std::vector<uint64_t> keys(unstaged.size());
+  for (size_t j = 0; j < unstaged.size(); ++j)
+    keys[j] = cold_keys_[unstaged[j]];
+  std::vector<float> states(keys.size() * stride_);
+  std::vector<ColdRowTag> tags(keys.size());
+  std::vector<bool> found;
+  const absl::Status read =
+      tier_->MultiGet(keys, states.data(), tags.data(), &found);
+  if (!read.ok()) {
+    NoteTierFailure(read);
+    return false;
+  }
+  for (size_t j = 0; j < unstaged.size(); ++j) {
+    const size_t i = unstaged[j];
+    cold_found_[i] = found[j];
+    if (!found[j]) continue;
+    cold_tags_[i] = tags[j];
+    std::memcpy(&cold_states_[i * stride_], &states[j * stride_],
+                stride_ * sizeof(float));
+  }
+  return true;
+}
+
+void SparseTable::StartColdReader(std::function<void()> done,
+                                  std::function<void()> before_read) {
+  if (tier_ == nullptr || reader_ != nullptr) return;
+  // A staged row: its floats, its tag and its slots in the maps.
+  const size_t row_bytes = stride_ * sizeof(float) + 128;
+  const size_t max_rows =
+      std::max<size_t>(16, StagingBytes(config_.sparse()) / row_bytes);
+  reader_ = std::make_unique<ColdReader>(
+      tier_.get(), stride_, max_rows, std::move(done), std::move(before_read));
+}
+
+uint64_t SparseTable::ColdWait(absl::Span<const uint64_t> keys) {
+  if (reader_ == nullptr || (tier_->rows() == 0 && !reader_->busy())) {
+    return 0;
+  }
+  uint64_t wait = 0;
+  std::vector<uint64_t> to_read;
+  for (uint64_t key : keys) {
+    if (index_.Find(key) != RowIndex::kNotFound) continue;
+    uint64_t batch = 0;
+    switch (reader_->Find(key, &batch)) {
+      case ColdReader::Where::kStaged:
+        break;
+      case ColdReader::Where::kReading:
+        wait = std::max(wait, batch);
+        break;
+      case ColdReader::Where::kNone:
+        to_read.push_back(key);
+        break;
+    }
+  }
+  if (!to_read.empty()) wait = std::max(wait, reader_->Submit(to_read));
+  return wait;
+}
+
+bool SparseTable::InstallColdReads() {
+  if (reader_ == nullptr) return false;
+  absl::Status error;
+  if (!reader_->InstallOne(&error)) return false;
+  if (!error.ok()) NoteTierFailure(error);
+  return true;
 }
 
 void SparseTable::ReadColdPulls(float* out) {
@@ -444,7 +544,7 @@ uint32_t SparseTable::Promote(uint64_t key) {
   const uint32_t r = CreateRow(key, state);
   if (r == kNil) return kNil;  // an evicting table always finds room
   // A cold copy left behind would be exported beside the hot row.
-  if (absl::Status s = tier_->Delete(key); !s.ok()) NoteTierFailure(s);
+  DeleteCold(key);
   tier_->CountPromotion();
   RowMeta& m = Meta(r);
   m.last_step = tag.last_step;
@@ -1072,9 +1172,7 @@ absl::Status SparseTable::ImportRow(uint64_t key,
   // A key is in RAM or on disk, never both: the imported state replaces a
   // cold row.
   ColdRowTag tag;
-  if (tier_ != nullptr && FetchCold(key, &tag)) {
-    if (absl::Status s = tier_->Delete(key); !s.ok()) NoteTierFailure(s);
-  }
+  if (tier_ != nullptr && FetchCold(key, &tag)) DeleteCold(key);
   if (!tier_failure_.ok()) return tier_failure_;
   if (CreateRow(key, state.data()) == kNil) {
     return absl::ResourceExhaustedError(absl::StrCat(

@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -28,6 +29,7 @@
 #include "proto/config.pb.h"
 #include "proto/data_plane.pb.h"
 #include "server/admission.h"
+#include "server/cold_reader.h"
 #include "server/disk_tier.h"
 #include "server/optimizer.h"
 #include "server/row_index.h"
@@ -173,6 +175,36 @@ class SparseTable : public Table {
   // Bytes of the budget the disk tier takes (DiskTierConfig.memory_bytes or
   // its default); 0 without a tier.
   static uint64_t TierMemoryBytes(const SparseTableConfig& config);
+
+  // With a disk tier: starts reading cold rows off the table's thread
+  // (ColdReader); `done` runs on the reader's thread after each batch, and
+  // `before_read` (tests; may be null) before each. Without a tier,
+  // nothing. Once, before ColdWait.
+  void StartColdReader(std::function<void()> done,
+                       std::function<void()> before_read = nullptr);
+  // The reader, or null (no tier, or not started).
+  ColdReader* cold_reader() { return reader_.get(); }
+  // With a started reader: starts reading the rows of `keys` that may be on
+  // disk and are neither in RAM nor read already, and returns the reader's
+  // batch number the caller waits for before using the keys without a
+  // disk read on its thread (ColdReader::installed()); 0 when none is
+  // needed. Costs one index lookup per key, and nothing while the tier
+  // holds no row and reads nothing.
+  uint64_t ColdWait(absl::Span<const uint64_t> keys);
+  // Installs the reader's oldest finished batch (ColdReader::InstallOne);
+  // a failed read is the tier's failure (tier_failure()). true when a batch
+  // was installed.
+  bool InstallColdReads();
+  // Drops the oldest rows the reader staged past its cap (after the
+  // requests waiting for the batch installed last were handled).
+  void TrimColdReads() {
+    if (reader_ != nullptr) reader_->Trim();
+  }
+  // Bytes of the budget the reader's staged rows may take: a quarter of
+  // TierMemoryBytes; 0 without a tier.
+  static uint64_t StagingBytes(const SparseTableConfig& config) {
+    return TierMemoryBytes(config) / 4;
+  }
 
   // Calls fn(keys, state) for every cold row, a page of up to `page_rows`
   // rows at a time (state: state_floats() floats per row, as ExportRows),
@@ -443,6 +475,9 @@ class SparseTable : public Table {
   // Deletes `key`'s cold row, found past its TTL, and counts it as a TTL
   // eviction.
   void DropExpiredCold(uint64_t key);
+  // Deletes `key`'s cold row (it is promoted, replaced or expired); the
+  // reader's copies of it go too.
+  void DeleteCold(uint64_t key);
   // Whether a row last touched at (step, second) has outlived a TTL.
   bool Expired(uint64_t last_step, uint32_t last_second) const {
     return (ttl_steps_ > 0 && step_ - last_step > ttl_steps_ &&
@@ -505,6 +540,8 @@ class SparseTable : public Table {
   uint64_t rng_;              // victim sampling (LFU), deterministic
   uint64_t generation_;       // see generation(); renewed by Drop
   std::unique_ptr<DiskTier> tier_;  // null without a disk tier
+  // Declared after tier_: destroyed (its thread joined) before the tier.
+  std::unique_ptr<ColdReader> reader_;
   std::vector<float> cold_state_;   // one row read from the tier
   // A pull's keys absent from RAM, and their positions in the pull, read
   // from the tier together once the rows in RAM are copied; and the
