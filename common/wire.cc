@@ -48,7 +48,7 @@ absl::Status DecodeRequest(std::vector<zmq::message_t>& frames,
   const RequestHeader& h = out->header;
   if (h.op() != PUSH && h.op() != PULL && h.op() != PUSH_PULL &&
       h.op() != ADVANCE_CLOCK && h.op() != STATS && h.op() != SCAN &&
-      h.op() != ASSIGN) {
+      h.op() != ASSIGN && h.op() != PREFETCH) {
     return absl::InvalidArgumentError(
         absl::StrCat("unknown op ", static_cast<int>(h.op())));
   }

@@ -56,8 +56,9 @@ ColdReader::Where ColdReader::Find(uint64_t key, uint64_t* batch) const {
   return Where::kReading;
 }
 
-uint64_t ColdReader::Submit(absl::Span<const uint64_t> keys) {
+uint64_t ColdReader::Submit(absl::Span<const uint64_t> keys, bool hint) {
   auto batch = std::make_unique<Batch>();
+  batch->hint = hint;
   const uint64_t id = submitted_ + 1;
   for (uint64_t key : keys) {
     if (staged_.contains(key)) continue;
@@ -84,13 +85,24 @@ bool ColdReader::InstallOne(absl::Status* error) {
   // Older rows make room first; the batch's own rows all stay until its
   // requests used them (the caller trims after).
   Trim();
+  size_t staged = 0;
   for (size_t i = 0; i < batch->keys.size(); ++i) {
     const uint64_t key = batch->keys[i];
     reading_.erase(key);
     const bool stale = stale_.erase(key) > 0;
     if (!batch->status.ok() || stale || !batch->found[i]) continue;
     Stage(key, &batch->states[i * state_floats_], batch->tags[i]);
-    ++rows_read_;
+    if (!batch->hint) request_rows_.push_back(key);
+    ++staged;
+  }
+  rows_read_ += staged;
+  if (batch->hint) {
+    hint_rows_.push_back(staged);
+    hint_rows_sum_ += staged;
+    if (hint_rows_.size() > kHintsKept) {
+      hint_rows_sum_ -= hint_rows_.front();
+      hint_rows_.pop_front();
+    }
   }
   installed_ = batch->id;
   return true;
@@ -105,13 +117,25 @@ void ColdReader::Stage(uint64_t key, const float* state,
 }
 
 void ColdReader::Trim() {
-  while (staged_.size() > max_staged_rows_) {
-    staged_.erase(staged_order_.front());
+  for (uint64_t key : request_rows_) {
+    if (!pinned_.contains(key)) staged_.erase(key);
+  }
+  request_rows_.clear();
+  // Pinned rows are kept besides the cap.
+  const size_t cap =
+      std::max(max_staged_rows_, hint_rows_sum_) + pinned_.size();
+  while (staged_.size() > cap && !staged_order_.empty()) {
+    const uint64_t key = staged_order_.front();
     staged_order_.pop_front();
+    if (pinned_.contains(key)) {
+      staged_order_.push_back(key);
+    } else {
+      staged_.erase(key);
+    }
   }
   // A large batch grew the maps; give their memory back once it is used.
-  if (staged_.capacity() > 4 * max_staged_rows_ + 64) staged_.rehash(0);
-  if (reading_.empty() && reading_.capacity() > 4 * max_staged_rows_ + 64) {
+  if (staged_.capacity() > 4 * cap + 64) staged_.rehash(0);
+  if (reading_.empty() && reading_.capacity() > 4 * cap + 64) {
     reading_ = {};
     stale_ = {};
   }
@@ -130,8 +154,22 @@ const float* ColdReader::Staged(uint64_t key, ColdRowTag* tag) const {
   return it->second.state.data();
 }
 
+void ColdReader::Pin(absl::Span<const uint64_t> keys) {
+  for (uint64_t key : keys) {
+    if (staged_.contains(key)) ++pinned_[key];
+  }
+}
+
+void ColdReader::Unpin(absl::Span<const uint64_t> keys) {
+  for (uint64_t key : keys) {
+    const auto it = pinned_.find(key);
+    if (it != pinned_.end() && --it->second == 0) pinned_.erase(it);
+  }
+}
+
 void ColdReader::Invalidate(uint64_t key) {
   staged_.erase(key);
+  pinned_.erase(key);
   if (reading_.contains(key)) stale_.insert(key);
 }
 
@@ -140,6 +178,7 @@ size_t ColdReader::MemoryBytes() const {
   return staged_.size() * (state_floats_ * sizeof(float) + 16) +
          staged_.capacity() * (sizeof(uint64_t) + sizeof(Row) + 1) +
          staged_order_.size() * sizeof(uint64_t) +
+         pinned_.capacity() * (sizeof(uint64_t) + sizeof(uint32_t) + 1) +
          reading_.capacity() * (2 * sizeof(uint64_t) + 1);
 }
 

@@ -16,8 +16,14 @@
 // Since the tier's rows change only on the serving thread, a staged row is
 // always the tier's current row of its key.
 //
-// Staged rows are capped (max_staged_rows, passed by at most the batch
-// installed last until Trim): the oldest are dropped first.
+// What stays staged: a batch read for waiting requests is dropped once
+// they ran (Trim), since the rows it brought served them, except rows
+// pinned by a request that is kept to run again (a pull deferred by the
+// consistency rule, a push buffered until its BSP step completes); a batch read
+// for a hint (PREFETCH) stays until its rows are used, or until staged rows
+// pass the cap, the larger of max_staged_rows and the last two hints'
+// rows (so the next batch's rows survive until its requests come); the
+// oldest are dropped first.
 // A dropped or never-staged row is read by the table from disk as before,
 // on the serving thread; staging only takes reads off it.
 //
@@ -65,8 +71,9 @@ class ColdReader {
 
   // Starts reading the keys of `keys` neither staged nor being read;
   // returns the batch's number (numbers grow from 1), or 0 when nothing
-  // was left to read.
-  uint64_t Submit(absl::Span<const uint64_t> keys);
+  // was left to read. `hint`: read ahead of the requests that will use the
+  // rows (PREFETCH), rather than for requests waiting now.
+  uint64_t Submit(absl::Span<const uint64_t> keys, bool hint = false);
   // The highest batch number installed: every batch up to it is.
   uint64_t installed() const { return installed_; }
   // Whether a batch was submitted and is not installed yet.
@@ -76,7 +83,8 @@ class ColdReader {
   // nothing. Older staged rows are dropped to make room, never the batch's
   // own: until Trim, the rows staged may pass the cap by one batch.
   bool InstallOne(absl::Status* error);
-  // Drops the oldest staged rows past the cap.
+  // Drops the rows of the request batches installed since the last call,
+  // then the oldest staged rows past the cap.
   void Trim();
 
   // The staged row of `key` (state_floats() floats, valid until the next
@@ -85,6 +93,12 @@ class ColdReader {
   // The tier's row of `key` was written or deleted: its staged copy, and
   // the one a batch in flight brings, are not the tier's row any more.
   void Invalidate(uint64_t key);
+  // Keeps the staged rows of `keys` (those staged now) until as many
+  // Unpin calls name them, or they are invalidated: a request kept to run
+  // again uses them then. Trim drops no pinned row.
+  void Pin(absl::Span<const uint64_t> keys);
+  void Unpin(absl::Span<const uint64_t> keys);
+  size_t pinned_rows() const { return pinned_.size(); }
 
   size_t staged_rows() const { return staged_.size(); }
   size_t MemoryBytes() const;
@@ -101,6 +115,7 @@ class ColdReader {
     std::vector<ColdRowTag> tags;
     std::vector<bool> found;
     absl::Status status;
+    bool hint = false;
   };
   struct Row {
     std::vector<float> state;
@@ -127,6 +142,13 @@ class ColdReader {
   absl::flat_hash_set<uint64_t> stale_;  // being read, written since
   absl::flat_hash_map<uint64_t, Row> staged_;
   std::deque<uint64_t> staged_order_;  // oldest first; may hold dropped keys
+  absl::flat_hash_map<uint64_t, uint32_t> pinned_;  // key -> pins
+  // Keys staged for waiting requests, dropped by the next Trim.
+  std::vector<uint64_t> request_rows_;
+  // Rows the last kHintsKept hint batches staged, and their sum.
+  static constexpr size_t kHintsKept = 8;
+  std::deque<size_t> hint_rows_;
+  size_t hint_rows_sum_ = 0;
 
   absl::Mutex mu_;
   std::deque<std::unique_ptr<Batch>> queue_ ABSL_GUARDED_BY(mu_);

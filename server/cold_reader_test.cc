@@ -122,25 +122,45 @@ TEST(ColdReaderTest, ARowWrittenWhileItsReadIsInFlightIsNeverStaged) {
   EXPECT_EQ(tag.last_step, 9u);
 }
 
-TEST(ColdReaderTest, StagedRowsAreCappedOldestFirstNeverTheNewestBatch) {
+TEST(ColdReaderTest, HintsStayWhileRecentRequestRowsOnlyTillTheyRan) {
   std::unique_ptr<DiskTier> tier = OpenTier("cap");
   ASSERT_NE(tier, nullptr);
-  for (uint64_t key = 1; key <= 30; ++key) Put(*tier, key, 1);
+  for (uint64_t key = 1; key <= 45; ++key) Put(*tier, key, 1);
   ColdReader reader(tier.get(), kFloats, 10, nullptr);
-  for (uint64_t first = 1; first <= 21; first += 10) {
+  // Ten hints of four rows each.
+  for (uint64_t first = 1; first <= 37; first += 4) {
     std::vector<uint64_t> keys;
-    for (uint64_t key = first; key < first + 10; ++key) keys.push_back(key);
-    InstallUpTo(reader, reader.Submit(keys));
-    // The batch's rows all stay until trimmed.
-    EXPECT_EQ(reader.staged_rows(), first == 1 ? 10u : 20u);
+    for (uint64_t key = first; key < first + 4; ++key) keys.push_back(key);
+    InstallUpTo(reader, reader.Submit(keys, /*hint=*/true));
     reader.Trim();
   }
-  EXPECT_EQ(reader.staged_rows(), 10u);
+  // The last eight hints' rows stay, though past max_staged_rows.
+  EXPECT_EQ(reader.staged_rows(), 32u);
   ColdRowTag tag;
   EXPECT_EQ(reader.Staged(1, &tag), nullptr);
-  EXPECT_EQ(reader.Staged(20, &tag), nullptr);
-  EXPECT_NE(reader.Staged(21, &tag), nullptr);
-  EXPECT_NE(reader.Staged(30, &tag), nullptr);
+  EXPECT_EQ(reader.Staged(8, &tag), nullptr);
+  EXPECT_NE(reader.Staged(9, &tag), nullptr);
+  EXPECT_NE(reader.Staged(40, &tag), nullptr);
+  // Rows read for waiting requests stay until the requests ran (the
+  // caller's Trim), then go, unless a request kept to run again pinned
+  // them.
+  InstallUpTo(reader, reader.Submit(std::vector<uint64_t>{41, 42, 43}));
+  EXPECT_EQ(reader.staged_rows(), 35u);
+  reader.Pin(std::vector<uint64_t>{42});
+  reader.Trim();
+  EXPECT_EQ(reader.staged_rows(), 33u);
+  EXPECT_EQ(reader.Staged(41, &tag), nullptr);
+  EXPECT_NE(reader.Staged(42, &tag), nullptr);
+  EXPECT_NE(reader.Staged(9, &tag), nullptr);
+  reader.Unpin(std::vector<uint64_t>{42});
+  reader.Trim();
+  EXPECT_EQ(reader.staged_rows(), 32u);
+  EXPECT_EQ(reader.pinned_rows(), 0u);
+  // A pinned row the table writes goes at once.
+  reader.Pin(std::vector<uint64_t>{40});
+  reader.Invalidate(40);
+  EXPECT_EQ(reader.pinned_rows(), 0u);
+  EXPECT_EQ(reader.Staged(40, &tag), nullptr);
   EXPECT_LT(reader.MemoryBytes(), size_t{64} << 10);
 }
 

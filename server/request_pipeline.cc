@@ -108,6 +108,9 @@ absl::Status KVServer::Impl::ProcessChecked(
     FillStats(rh, own.replicated && !own.slot_owner.empty() ? &own : nullptr);
     return absl::OkStatus();
   }
+  // Before the clock notes: a hint that may overtake the sender's requests
+  // waiting for disk reads reports no step.
+  if (h.op() == PREFETCH) return Prefetch(r, own);
   NoteClocks(h, own);
   if (h.op() == ADVANCE_CLOCK) {
     if (!r.req.keys.empty()) {
@@ -187,6 +190,29 @@ absl::Status KVServer::Impl::ProcessChecked(
     return absl::OkStatus();
   }
   AnswerPull(r, v, rh, values);
+  return absl::OkStatus();
+}
+
+absl::Status KVServer::Impl::Prefetch(const Request& r, const Ownership& own) {
+  const RequestHeader& h = r.req.header;
+  PS_ASSIGN_OR_RETURN(Table * table, Route(h, own));
+  if (h.key_list_slot() != 0)
+    return absl::InvalidArgumentError("PREFETCH carries its keys");
+  SparseTable* sparse = table->AsSparse();
+  if (sparse == nullptr || sparse->cold_reader() == nullptr)
+    return absl::OkStatus();
+  absl::Span<const uint64_t> keys = r.req.keys;
+  std::vector<uint64_t> owned;
+  if (!own.all && !own.owns_every_slot) {
+    const uint32_t num_slots = static_cast<uint32_t>(own.slot_owner.size());
+    for (uint64_t key : keys) {
+      if (own.slot_owner[SparseSlot(h.table_id(), key, num_slots)] == own.rank)
+        owned.push_back(key);
+    }
+    keys = owned;
+  }
+  (void)sparse->ColdWait(keys, /*hint=*/true);
+  counters_.keys_prefetched.fetch_add(keys.size(), std::memory_order_relaxed);
   return absl::OkStatus();
 }
 
@@ -433,6 +459,9 @@ absl::Status KVServer::Impl::Apply(const Request& r, const ValidatedUpdate& v,
   }
   if (v.buffer) {
     Buffer(h.clock(), h.sender_node_id(), table, keys, h.segments(), values);
+    // Applied when the step completes: its rows read from disk stay in RAM
+    // till then (the promotions let them go).
+    if (v.sparse != nullptr) v.sparse->PinColdReads(keys);
     if (own.replicated) {
       primary_.Forward(own, h, REPLICA_BUFFER, 1.0f, *table, keys, values,
                        frames, v.slots, &ctx->needs);

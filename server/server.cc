@@ -531,6 +531,7 @@ bool KVServer::Impl::HandleMessage(zmq::message_t identity,
     counters_.pulls_deferred.fetch_add(1, std::memory_order_relaxed);
     const uint64_t bytes = Admission::FramesBytes(frames);
     counters_.held_bytes += bytes;
+    if (!tiered_.empty()) PinColdRows(frames, /*pin=*/true);
     deferred_.queue.push_back(
         {std::move(identity), std::move(frames), h.clock(), h.sender_rank(),
          options_.clock->Now(), std::move(ctx.needs), bytes});
@@ -604,6 +605,7 @@ void KVServer::Impl::Progress(const Ownership& own) {
       // number) is answered as a duplicate by whoever owns the slots then.
       counters_.held_bytes -= it->bytes;
       SendRefusal(it->identity, it->frames[0], serving, refusal, own.epoch);
+      if (!tiered_.empty()) PinColdRows(it->frames, /*pin=*/false);
       it = deferred_.queue.erase(it);
       continue;
     }
@@ -613,6 +615,7 @@ void KVServer::Impl::Progress(const Ownership& own) {
       counters_.held_bytes -= it->bytes;
       SendRefusal(it->identity, it->frames[0],
                   lease_fence_.Check(own.rank, &refusal), refusal, own.epoch);
+      if (!tiered_.empty()) PinColdRows(it->frames, /*pin=*/false);
       it = deferred_.queue.erase(it);
       continue;
     }
@@ -627,6 +630,7 @@ void KVServer::Impl::Progress(const Ownership& own) {
       Send(it->identity, rh, values, keys);
     }
     counters_.held_bytes -= it->bytes;
+    if (!tiered_.empty()) PinColdRows(it->frames, /*pin=*/false);
     it = deferred_.queue.erase(it);
   }
 }

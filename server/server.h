@@ -240,6 +240,8 @@ class KVServer {
     // thread (or behind such a request of their sender), and the time they
     // waited in all, in microseconds.
     uint64_t tier_waits = 0;
+    // Keys PREFETCH requests named for a tiered table (of slots owned).
+    uint64_t keys_prefetched = 0;
     uint64_t tier_wait_micros = 0;
   };
 

@@ -44,6 +44,7 @@
   X(move_aborts)               \
   X(move_fenced_refusals)      \
   X(move_fence_max_micros)     \
+  X(keys_prefetched)           \
   X(tier_waits)                \
   X(tier_wait_micros)
 

@@ -295,6 +295,82 @@ TEST_F(ServerDiskTierTest,
     ASSERT_LT(after.values[i], before.values[i]) << i;
 }
 
+TEST_F(ServerDiskTierTest, APrefetchReadsColdRowsAheadSoTheirPullWaitsForNone) {
+  const std::string tiered = TieredConfig(absl::StrCat(
+      "memory_budget_bytes: 1048576 eviction: EVICT_LRU disk_tier { dir: \"",
+      TierBase(), "\" buffered_io: true }"));
+  ASSERT_NO_FATAL_FAILURE(StartServer(/*standalone=*/true, tiered.c_str()));
+  constexpr size_t kKeys = 16000, kPart = 2000;
+  for (size_t begin = 0; begin < kKeys; begin += kPart) {
+    std::vector<uint64_t> part;
+    for (size_t i = begin; i < begin + kPart; ++i) part.push_back(Mix64(i));
+    ASSERT_EQ(Push(5, part, std::vector<float>(kPart * 16, 0.02f)).code(),
+              absl::StatusCode::kOk);
+  }
+  std::vector<uint64_t> cold;
+  for (size_t i = 0; i < 200; ++i) cold.push_back(Mix64(i));
+  auto table_stats = [&] {
+    Response r = SendValid(Header(STATS, 0, 0), Frames(KeysFrame({})));
+    EXPECT_EQ(r.header.table_stats_size(), 1);
+    return r.header.table_stats_size() == 1 ? r.header.table_stats(0)
+                                            : TableStats();
+  };
+  const uint64_t waits = server_->stats().tier_waits;
+  Response prefetch =
+      SendValid(Header(PREFETCH, 5, cold.size()), Frames(KeysFrame(cold)));
+  ASSERT_EQ(prefetch.code(), absl::StatusCode::kOk)
+      << prefetch.header.message();
+  EXPECT_TRUE(prefetch.values.empty());
+  EXPECT_EQ(server_->stats().keys_prefetched, cold.size());
+  // The reads finish off the serving thread; STATS answers meanwhile.
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (table_stats().staged_rows() < cold.size() && absl::Now() < deadline)
+    absl::SleepFor(absl::Milliseconds(2));
+  const TableStats staged = table_stats();
+  ASSERT_EQ(staged.staged_rows(), cold.size());
+  EXPECT_GE(staged.rows_read_ahead(), cold.size());
+  // The pull finds every row in RAM: no wait, no disk read, the rows as
+  // they were.
+  Response pulled = Pull(5, cold);
+  ASSERT_EQ(pulled.code(), absl::StatusCode::kOk);
+  EXPECT_EQ(server_->stats().tier_waits, waits);
+  const TableStats after = table_stats();
+  EXPECT_EQ(after.cold_reads(), staged.cold_reads());
+  EXPECT_EQ(after.disk_reads(), staged.disk_reads());
+  auto job = ParseJobConfig(TieredConfig(""), "plain");
+  ASSERT_TRUE(job.ok()) << job.status();
+  auto reference = Table::Create(job->tables(0));
+  ASSERT_TRUE(reference.ok());
+  SparseTable& want = *(*reference)->AsSparse();
+  for (size_t begin = 0; begin < kKeys; begin += kPart) {
+    std::vector<uint64_t> part;
+    for (size_t i = begin; i < begin + kPart; ++i) part.push_back(Mix64(i));
+    want.Push(part, std::vector<float>(kPart * 16, 0.02f).data());
+  }
+  std::vector<float> expected(cold.size() * 16);
+  want.Pull(cold, expected.data());
+  ASSERT_EQ(pulled.values.size(), expected.size());
+  EXPECT_EQ(std::memcmp(pulled.values.data(), expected.data(),
+                        expected.size() * sizeof(float)),
+            0);
+  // A push of prefetched rows promotes them from RAM too.
+  ASSERT_EQ(Push(5, cold, std::vector<float>(cold.size() * 16, 0.02f)).code(),
+            absl::StatusCode::kOk);
+  EXPECT_EQ(server_->stats().tier_waits, waits);
+  EXPECT_EQ(table_stats().staged_rows(), 0u);
+
+  // Malformed hints are refused like any request; unknown tables too.
+  uint64_t errors = server_->stats().errors;
+  EXPECT_EQ(
+      SendValid(Header(PREFETCH, 5, 1),
+                Frames(KeysFrame({1}), ValuesFrame(std::vector<float>(16))))
+          .code(),
+      absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(SendValid(Header(PREFETCH, 9, 1), Frames(KeysFrame({1}))).code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(server_->stats().errors, errors + 2);
+}
+
 TEST_F(ServerDiskTierTest,
        TheTierDirectoryLivesWithTheServerAndACrashedOnesGoes) {
   // A tier directory left by a crashed server: its lock file, unlocked.

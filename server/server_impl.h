@@ -139,6 +139,9 @@ class KVServer::Impl {
   // Installs the readers' finished batches and handles, in each sender's
   // order, the requests whose rows are now staged.
   void ReleaseTierWaits(const Ownership& own);
+  // Keeps (pin) or lets go the staged cold rows of a deferred pull's keys
+  // (`frames`: a self-contained PULL of a tiered table; others: nothing).
+  void PinColdRows(std::vector<zmq::message_t>& frames, bool pin);
   // Handles the waiting requests whose batch is installed.
   void HandleReadyTierWaits(const Ownership& own);
   // Processes one request. kDefer: the (pull) request is not answered yet;
@@ -231,6 +234,9 @@ class KVServer::Impl {
   void AnswerPull(const Request& r, const ValidatedUpdate& v,
                   ResponseHeader* rh, zmq::message_t* values);
   // The SCAN op (server/server_scan.cc).
+  // PREFETCH: starts reading the cold rows of the request's keys this
+  // server owns; answered at once.
+  absl::Status Prefetch(const Request& r, const Ownership& own);
   absl::Status ScanOp(std::vector<zmq::message_t>& frames, const Ownership& own,
                       const RequestHeader& h, ResponseHeader* rh,
                       zmq::message_t* values, zmq::message_t* keys,

@@ -13,8 +13,8 @@ namespace ps {
 namespace {
 
 const char* const kOpNames[ServerInstruments::kMaxOp + 1] = {
-    "invalid",       "push",  "pull", "push_pull",
-    "advance_clock", "stats", "scan", "assign"};
+    "invalid", "push", "pull",   "push_pull", "advance_clock",
+    "stats",   "scan", "assign", "prefetch"};
 const char* const kOutcomeNames[ServerInstruments::kNumOutcomes] = {
     "ok", "error", "deferred", "held"};
 const char* const kReasonNames[ServerInstruments::kNumReasons] = {

@@ -75,7 +75,7 @@ class ServerInstruments {
   enum class Outcome { kOk, kError, kDeferred, kHeld };
   static constexpr int kNumOutcomes = 4;
   // Ops 0..kMaxOp (proto Op); anything else is counted as op "invalid".
-  static constexpr int kMaxOp = 7;
+  static constexpr int kMaxOp = 8;
   enum class Reason {
     kMisrouted,
     kKeyListUnknown,

@@ -13,6 +13,18 @@
 
 namespace ps {
 
+namespace {
+
+bool IsPrefetch(const std::vector<zmq::message_t>& frames) {
+  RequestHeader h;
+  return !frames.empty() &&
+         h.ParseFromArray(frames[0].data(),
+                          static_cast<int>(frames[0].size())) &&
+         h.op() == PREFETCH;
+}
+
+}  // namespace
+
 uint64_t KVServer::Impl::ColdWaitOf(std::vector<zmq::message_t>& frames,
                                     SparseTable** table) {
   if (frames.empty()) return 0;
@@ -48,6 +60,8 @@ bool KVServer::Impl::WaitForColdRows(zmq::message_t& identity,
   if (waiting == tier_waits_.senders.end()) {
     batch = ColdWaitOf(frames, &table);
     if (batch == 0) return false;
+  } else if (IsPrefetch(frames)) {
+    return false;  // a hint need not wait for the sender's requests
   }
   TierWait wait;
   wait.table = table;
@@ -60,6 +74,21 @@ bool KVServer::Impl::WaitForColdRows(zmq::message_t& identity,
   counters_.tier_waits.fetch_add(1, std::memory_order_relaxed);
   tier_waits_.senders[sender].push_back(std::move(wait));
   return true;
+}
+
+void KVServer::Impl::PinColdRows(std::vector<zmq::message_t>& frames,
+                                 bool pin) {
+  DecodedRequest req;
+  if (!DecodeRequest(frames, &req).ok()) return;
+  const auto it = tables_.find(req.header.table_id());
+  if (it == tables_.end()) return;
+  SparseTable* sparse = it->second->AsSparse();
+  if (sparse == nullptr) return;
+  if (pin) {
+    sparse->PinColdReads(req.keys);
+  } else {
+    sparse->UnpinColdReads(req.keys);
+  }
 }
 
 void KVServer::Impl::ReleaseTierWaits(const Ownership& own) {

@@ -331,6 +331,10 @@ TableStats SparseTable::Stats() const {
     s.set_cold_rows_dropped(c.cold_rows_dropped);
     s.set_tier_errors(c.errors);
     s.set_tier_memory_bytes(tier_->MemoryBytes());
+    if (reader_ != nullptr) {
+      s.set_rows_read_ahead(reader_->rows_read());
+      s.set_staged_rows(reader_->staged_rows());
+    }
   }
   return s;
 }
@@ -447,7 +451,7 @@ void SparseTable::StartColdReader(std::function<void()> done,
       tier_.get(), stride_, max_rows, std::move(done), std::move(before_read));
 }
 
-uint64_t SparseTable::ColdWait(absl::Span<const uint64_t> keys) {
+uint64_t SparseTable::ColdWait(absl::Span<const uint64_t> keys, bool hint) {
   if (reader_ == nullptr || (tier_->rows() == 0 && !reader_->busy())) {
     return 0;
   }
@@ -467,7 +471,7 @@ uint64_t SparseTable::ColdWait(absl::Span<const uint64_t> keys) {
         break;
     }
   }
-  if (!to_read.empty()) wait = std::max(wait, reader_->Submit(to_read));
+  if (!to_read.empty()) wait = std::max(wait, reader_->Submit(to_read, hint));
   return wait;
 }
 

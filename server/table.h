@@ -190,11 +190,21 @@ class SparseTable : public Table {
   // disk read on its thread (ColdReader::installed()); 0 when none is
   // needed. Costs one index lookup per key, and nothing while the tier
   // holds no row and reads nothing.
-  uint64_t ColdWait(absl::Span<const uint64_t> keys);
+  // `hint`: the keys are read ahead of the requests that will use them
+  // (PREFETCH); the call's result need not be waited for.
+  uint64_t ColdWait(absl::Span<const uint64_t> keys, bool hint = false);
   // Installs the reader's oldest finished batch (ColdReader::InstallOne);
   // a failed read is the tier's failure (tier_failure()). true when a batch
   // was installed.
   bool InstallColdReads();
+  // Keep (and let go) the reader's staged rows of `keys` for a request
+  // kept to run again (ColdReader::Pin).
+  void PinColdReads(absl::Span<const uint64_t> keys) {
+    if (reader_ != nullptr) reader_->Pin(keys);
+  }
+  void UnpinColdReads(absl::Span<const uint64_t> keys) {
+    if (reader_ != nullptr) reader_->Unpin(keys);
+  }
   // Drops the oldest rows the reader staged past its cap (after the
   // requests waiting for the batch installed last were handled).
   void TrimColdReads() {

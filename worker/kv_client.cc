@@ -396,6 +396,11 @@ Completion KVClient::Pull(uint32_t table, absl::Span<const uint64_t> keys,
   return Sparse(PULL, table, keys, {}, out, std::move(done));
 }
 
+Completion KVClient::Prefetch(uint32_t table, absl::Span<const uint64_t> keys,
+                              DoneCallback done) {
+  return Sparse(PREFETCH, table, keys, {}, nullptr, std::move(done));
+}
+
 Completion KVClient::PushPull(uint32_t table, absl::Span<const uint64_t> keys,
                               absl::Span<const float> grads, float* out,
                               DoneCallback done) {
@@ -603,7 +608,8 @@ Completion KVClient::Sparse(int op_int, uint32_t table,
                   std::move(done));
   }
   const uint32_t dim = it->second.dim;
-  const bool push = op != PULL;
+  const bool push = op == PUSH || op == PUSH_PULL;
+  const bool pull = op == PULL || op == PUSH_PULL;
   if (push && grads.size() != keys.size() * dim) {
     return Failed(absl::InvalidArgumentError(absl::StrCat(
                       "push of ", keys.size(), " keys of dim ", dim, " needs ",
@@ -655,12 +661,12 @@ Completion KVClient::Sparse(int op_int, uint32_t table,
     std::vector<uint32_t> idx;
     if (n != keys.size()) idx = split.IndicesOf(server);
     FillSparseFrames(keys, grads, dim, push, push_values_, idx, part.get());
-    if (op != PUSH && !idx.empty()) part->positions = std::move(idx);
+    if (pull && !idx.empty()) part->positions = std::move(idx);
     const auto* k = static_cast<const uint64_t*>(part->keys.data());
     SetWireOptions(op, absl::MakeConstSpan(k, n), &h);
     part->header = SerializeToFrame(h);
     part->h = h;
-    if (op != PUSH) {
+    if (pull) {
       part->out = out;
       part->expected_values = n * dim;
     }
@@ -697,7 +703,7 @@ void KVClient::SetWireOptions(int op_int, absl::Span<const uint64_t> keys,
   if ((op == PULL || op == PUSH_PULL) && pull_values_ != FLOAT32) {
     h->set_pull_values(pull_values_);
   }
-  if (key_caching_ && !keys.empty() && op != ASSIGN)
+  if (key_caching_ && !keys.empty() && op != ASSIGN && op != PREFETCH)
     kv_internal::SetKeyList(keys, h);
 }
 

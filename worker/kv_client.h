@@ -223,6 +223,15 @@ class KVClient {
   Completion PushPull(uint32_t table, absl::Span<const uint64_t> keys,
                       absl::Span<const float> grads, float* out,
                       DoneCallback done = nullptr);
+  // Tells the servers that `keys` will be pulled or pushed soon (the next
+  // batch's): a server keeping the table's cold rows on disk starts reading
+  // them into RAM, so that pull or push does not wait for the disk. Changes
+  // no value; completes once every server answered (before its reads
+  // finish). Untiered tables: a no-op on the servers. The keys are copied
+  // before the call returns. Errors as for Pull; they are harmless to
+  // ignore (the request then simply reads from disk).
+  Completion Prefetch(uint32_t table, absl::Span<const uint64_t> keys,
+                      DoneCallback done = nullptr);
 
   // Dense tables: elements [begin, begin + count).
   Completion PushDense(uint32_t table, uint64_t begin,

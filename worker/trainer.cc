@@ -52,6 +52,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
     PS_ASSIGN_OR_RETURN(const TableConfig* sparse,
                         FindTable(config, tr.sparse_table()));
     t->sparse_table_ = sparse->id();
+    t->sparse_tiered_ = sparse->sparse().has_disk_tier();
   }
   PS_ASSIGN_OR_RETURN(
       t->train_data_,
@@ -114,11 +115,11 @@ absl::Status Trainer::FinishPull(Step* step) {
 }
 
 absl::StatusOr<bool> Trainer::Load(data::Dataset* dataset, size_t batch_size,
-                                   Step* step) {
+                                   Step* step, bool pull) {
   PS_ASSIGN_OR_RETURN(step->n, dataset->Next(batch_size, &step->batch));
   if (step->n == 0) return false;
   PS_RETURN_IF_ERROR(indexer_.Index(layout_, step->batch, &step->sparse));
-  StartPull(step);
+  if (pull) StartPull(step);
   return true;
 }
 
@@ -289,6 +290,9 @@ absl::StatusOr<Trainer::ShardEnd> Trainer::TrainEpoch(ShardRun* run,
   Step* current = &steps_[0];
   Step* next = &steps_[1];
   bool next_loaded = false;
+  // Fetch ahead (a sparse table with a disk tier): the next step's batch
+  // is read and its keys sent as a PREFETCH, its pull not yet.
+  bool next_read = false;
   ShardEnd end = ShardEnd::kDone;
   while (true) {
     const absl::Time step_start = clock_->Now();
@@ -303,6 +307,10 @@ absl::StatusOr<Trainer::ShardEnd> Trainer::TrainEpoch(ShardRun* run,
     if (next_loaded) {
       std::swap(current, next);
       next_loaded = false;
+    } else if (next_read) {
+      std::swap(current, next);
+      next_read = false;
+      StartPull(current);
     } else {
       // Reading overlaps with the previous step's pushes. Requests to one
       // server are applied in order, so this pull sees the previous step's
@@ -313,6 +321,15 @@ absl::StatusOr<Trainer::ShardEnd> Trainer::TrainEpoch(ShardRun* run,
     }
     // The batch's inputs go to the device while its pull is in flight.
     PS_RETURN_IF_ERROR(model_->Prepare(current->batch, current->sparse));
+    if (sparse_tiered_ && !tr.prefetch()) {
+      // The servers read the next batch's cold rows from disk while this
+      // step computes, so its pull finds them in RAM. A hint only: the
+      // values the step sees are the same in every consistency mode.
+      PS_ASSIGN_OR_RETURN(next_read, Load(train_data_.get(), tr.batch_size(),
+                                          next, /*pull=*/false));
+      if (next_read && !next->sparse.keys.empty())
+        (void)client_->Prefetch(sparse_table_, next->sparse.keys);
+    }
     PS_RETURN_IF_ERROR(FinishPull(current));
     if (tr.prefetch()) {
       // Sent before this step's push: the next step's parameters miss this

@@ -210,10 +210,10 @@ class Trainer {
     std::optional<Completion> sparse_pull;
     std::optional<Completion> dense_pull;
   };
-  // Reads the next batch of `dataset` into `step`, maps its keys and sends
-  // the pulls of its parameters. false at the end of the pass.
+  // Reads the next batch of `dataset` into `step`, maps its keys and (with
+  // `pull`) sends the pulls of its parameters. false at the end of the pass.
   absl::StatusOr<bool> Load(data::Dataset* dataset, size_t batch_size,
-                            Step* step);
+                            Step* step, bool pull = true);
   // Sends the pulls of step->sparse.keys' rows and the dense table.
   void StartPull(Step* step);
   // Waits for them. Under BSP/SSP a pull may wait for slower workers: a
@@ -279,6 +279,7 @@ class Trainer {
   const ModelLayout layout_;
   Clock* const clock_;
   uint32_t sparse_table_ = 0;
+  bool sparse_tiered_ = false;  // the sparse table has a disk tier
   uint32_t dense_table_ = 0;
 
   std::unique_ptr<Compute> compute_;

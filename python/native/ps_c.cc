@@ -408,6 +408,8 @@ ps_table_stats ToC(const ps::ServerTableStats& s) {
   out.cold_rows_dropped = t.cold_rows_dropped();
   out.tier_errors = t.tier_errors();
   out.tier_memory_bytes = t.tier_memory_bytes();
+  out.rows_read_ahead = t.rows_read_ahead();
+  out.staged_rows = t.staged_rows();
   return out;
 }
 
@@ -824,6 +826,16 @@ int32_t ps_pull(ps_session* s, uint32_t table, const uint64_t* keys, size_t n,
   }
   *f = FromCompletion(
       s->session->kv()->Pull(table, absl::MakeConstSpan(keys, n), out));
+  return 0;
+}
+
+int32_t ps_prefetch(ps_session* s, uint32_t table, const uint64_t* keys,
+                    size_t n, ps_future** f) {
+  if (int32_t e = Usable(s)) return e;
+  absl::StatusOr<uint32_t> dim = SparseDim(s, table);
+  if (!dim.ok()) return Fail(dim.status());
+  *f = FromCompletion(
+      s->session->kv()->Prefetch(table, absl::MakeConstSpan(keys, n)));
   return 0;
 }
 

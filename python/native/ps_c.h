@@ -47,7 +47,7 @@ extern "C" {
 
 /* Bumped whenever a signature or a struct below changes; the Python package
  * refuses a library of another version. */
-#define PS_C_ABI_VERSION 3
+#define PS_C_ABI_VERSION 4
 /* Returned by waits whose timeout passed before the operation completed. */
 #define PS_PENDING (-1)
 /* A timeout (seconds) that never passes: waits, barriers and finish given
@@ -194,6 +194,8 @@ typedef struct ps_table_stats {
   uint64_t cold_rows_dropped;
   uint64_t tier_errors;
   uint64_t tier_memory_bytes;
+  uint64_t rows_read_ahead;
+  uint64_t staged_rows;
 } ps_table_stats;
 
 int32_t ps_abi_version(void);
@@ -337,6 +339,12 @@ int32_t ps_push(ps_session* s, uint32_t table, const uint64_t* keys, size_t n,
 int32_t ps_push_pull(ps_session* s, uint32_t table, const uint64_t* keys,
                      size_t n, const float* grads, size_t grads_len, float* out,
                      size_t out_len, ps_future** f);
+/* A hint: these keys will be pulled or pushed soon (KVClient::Prefetch). A
+ * server keeping the table's cold rows on disk starts reading them into
+ * RAM; no value changes. The keys are copied before the call returns; the
+ * future completes once the servers answered (their reads go on). */
+int32_t ps_prefetch(ps_session* s, uint32_t table, const uint64_t* keys,
+                    size_t n, ps_future** f);
 /* Dense tables: elements [begin, begin + n). */
 int32_t ps_pull_dense(ps_session* s, uint32_t table, uint64_t begin, size_t n,
                       float* out, ps_future** f);

@@ -20,7 +20,7 @@ from ctypes import (POINTER, Structure, c_char_p, c_double, c_int32, c_int64, c_
 from typing import Dict, List, Optional, Tuple
 
 # The constants of ps_c.h (python/tests/test_abi.py checks them against it).
-ABI_VERSION = 3
+ABI_VERSION = 4
 PENDING = -1
 NO_TIMEOUT = -1.0
 TRAINS_SHARDS = 1
@@ -95,7 +95,8 @@ class TableStats(Structure):
             # A sparse table's disk tier; 0 without one.
             "cold_rows", "disk_bytes", "demotions", "promotions", "cold_reads",
             "cold_misses", "bloom_useful", "disk_reads", "cold_read_micros",
-            "disk_bytes_written", "cold_rows_dropped", "tier_errors", "tier_memory_bytes")]
+            "disk_bytes_written", "cold_rows_dropped", "tier_errors", "tier_memory_bytes",
+            "rows_read_ahead", "staged_rows")]
 
 
 def _candidates() -> list:
@@ -153,6 +154,7 @@ SIGNATURES: Dict[str, Tuple[Optional[type], List[type]]] = {
     "ps_session_checkpoint": (c_int32, [c_void_p, _OUT]),
     "ps_session_leave": (c_int32, [c_void_p, c_int32, _POS]),
     "ps_pull": (c_int32, [c_void_p, c_uint32, c_void_p, c_size_t, c_void_p, c_size_t, _OUT]),
+    "ps_prefetch": (c_int32, [c_void_p, c_uint32, c_void_p, c_size_t, _OUT]),
     "ps_push": (c_int32, [c_void_p, c_uint32, c_void_p, c_size_t, c_void_p, c_size_t, _OUT]),
     "ps_push_pull": (c_int32, [c_void_p, c_uint32, c_void_p, c_size_t, c_void_p, c_size_t,
                                c_void_p, c_size_t, _OUT]),

@@ -301,6 +301,23 @@ class SparseTable(_Table):
                                      o.size, ctypes.byref(h)))
         return s._future(h, (k, o), lambda f: o)
 
+    def prefetch(self, keys: Any) -> Future[None]:
+        """Tells the servers that `keys` will be pulled or pushed soon.
+
+        A hint for tables with a disk tier: the servers start reading the
+        keys' cold rows into RAM, so the later pull or push does not wait
+        for the disk. Changes no value; on other tables it does nothing.
+        Call it with the next batch's keys (uint64) before training on the
+        current one. The Future completes once every server answered (their
+        reads go on); errors are harmless to ignore.
+        """
+        k = as_keys(keys)
+        s = self._session
+        h = _out_ptr()
+        _check(_native.lib().ps_prefetch(s._handle(), self.id, _ptr(k), k.size,
+                                         ctypes.byref(h)))
+        return s._future(h, (k,))
+
     def push(self, keys: Any, grads: Any) -> Future[None]:
         """Sends gradients (n, dim) of `keys`; Future of None once applied."""
         k = as_keys(keys)
