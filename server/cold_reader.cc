@@ -56,9 +56,9 @@ ColdReader::Where ColdReader::Find(uint64_t key, uint64_t* batch) const {
   return Where::kReading;
 }
 
-uint64_t ColdReader::Submit(absl::Span<const uint64_t> keys, bool hint) {
+uint64_t ColdReader::Submit(absl::Span<const uint64_t> keys, bool promote) {
   auto batch = std::make_unique<Batch>();
-  batch->hint = hint;
+  batch->promote = promote;
   const uint64_t id = submitted_ + 1;
   for (uint64_t key : keys) {
     if (staged_.contains(key)) continue;
@@ -82,7 +82,7 @@ bool ColdReader::InstallOne(absl::Status* error) {
     finished_.pop_front();
   }
   *error = batch->status;
-  // Older rows make room first; the batch's own rows all stay until its
+  // The previous batch's rows go first; this one's stay until its
   // requests used them (the caller trims after).
   Trim();
   size_t staged = 0;
@@ -92,18 +92,11 @@ bool ColdReader::InstallOne(absl::Status* error) {
     const bool stale = stale_.erase(key) > 0;
     if (!batch->status.ok() || stale || !batch->found[i]) continue;
     Stage(key, &batch->states[i * state_floats_], batch->tags[i]);
-    if (!batch->hint) request_rows_.push_back(key);
+    request_rows_.push_back(key);
     ++staged;
   }
   rows_read_ += staged;
-  if (batch->hint) {
-    hint_rows_.push_back(staged);
-    hint_rows_sum_ += staged;
-    if (hint_rows_.size() > kHintsKept) {
-      hint_rows_sum_ -= hint_rows_.front();
-      hint_rows_.pop_front();
-    }
-  }
+  last_promote_ = batch->promote;
   installed_ = batch->id;
   return true;
 }
@@ -122,8 +115,7 @@ void ColdReader::Trim() {
   }
   request_rows_.clear();
   // Pinned rows are kept besides the cap.
-  const size_t cap =
-      std::max(max_staged_rows_, hint_rows_sum_) + pinned_.size();
+  const size_t cap = max_staged_rows_ + pinned_.size();
   while (staged_.size() > cap && !staged_order_.empty()) {
     const uint64_t key = staged_order_.front();
     staged_order_.pop_front();

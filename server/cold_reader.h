@@ -16,16 +16,13 @@
 // Since the tier's rows change only on the serving thread, a staged row is
 // always the tier's current row of its key.
 //
-// What stays staged: a batch read for waiting requests is dropped once
-// they ran (Trim), since the rows it brought served them, except rows
-// pinned by a request that is kept to run again (a pull deferred by the
-// consistency rule, a push buffered until its BSP step completes); a batch read
-// for a hint (PREFETCH) stays until its rows are used, or until staged rows
-// pass the cap, the larger of max_staged_rows and the last two hints'
-// rows (so the next batch's rows survive until its requests come); the
-// oldest are dropped first.
-// A dropped or never-staged row is read by the table from disk as before,
-// on the serving thread; staging only takes reads off it.
+// What stays staged: a batch's rows until the requests waiting for them
+// ran (the caller's Trim after them), except rows pinned by a request kept
+// to run again (a pull deferred by the consistency rule, a push buffered
+// until its BSP step completes). The table promotes what it uses into RAM
+// (pushes and pulls), and a `promote` batch's rows (PREFETCH) as soon as
+// they are installed, so RAM under the budget is the cache: staged rows
+// are only in transit, bounded by a batch and the pinned rows.
 //
 // Thread safety: every member but the reader thread's is for the serving
 // thread only. `done` runs on the reader thread. The destructor waits for
@@ -71,9 +68,9 @@ class ColdReader {
 
   // Starts reading the keys of `keys` neither staged nor being read;
   // returns the batch's number (numbers grow from 1), or 0 when nothing
-  // was left to read. `hint`: read ahead of the requests that will use the
-  // rows (PREFETCH), rather than for requests waiting now.
-  uint64_t Submit(absl::Span<const uint64_t> keys, bool hint = false);
+  // was left to read. `promote`: the table promotes the batch's rows once
+  // installed (last_promote()); no request waits for them.
+  uint64_t Submit(absl::Span<const uint64_t> keys, bool promote = false);
   // The highest batch number installed: every batch up to it is.
   uint64_t installed() const { return installed_; }
   // Whether a batch was submitted and is not installed yet.
@@ -83,9 +80,13 @@ class ColdReader {
   // nothing. Older staged rows are dropped to make room, never the batch's
   // own: until Trim, the rows staged may pass the cap by one batch.
   bool InstallOne(absl::Status* error);
-  // Drops the rows of the request batches installed since the last call,
-  // then the oldest staged rows past the cap.
+  // Drops the rows of the batches installed since the last call but the
+  // pinned ones, then the oldest staged rows past the cap.
   void Trim();
+  // The keys the last InstallOne staged, and whether its batch was a
+  // `promote` one.
+  const std::vector<uint64_t>& last_staged() const { return request_rows_; }
+  bool last_promote() const { return last_promote_; }
 
   // The staged row of `key` (state_floats() floats, valid until the next
   // call that changes the reader) and its tag; null when not staged.
@@ -115,7 +116,7 @@ class ColdReader {
     std::vector<ColdRowTag> tags;
     std::vector<bool> found;
     absl::Status status;
-    bool hint = false;
+    bool promote = false;
   };
   struct Row {
     std::vector<float> state;
@@ -143,12 +144,9 @@ class ColdReader {
   absl::flat_hash_map<uint64_t, Row> staged_;
   std::deque<uint64_t> staged_order_;  // oldest first; may hold dropped keys
   absl::flat_hash_map<uint64_t, uint32_t> pinned_;  // key -> pins
-  // Keys staged for waiting requests, dropped by the next Trim.
+  // Keys staged since the last Trim, dropped by the next one.
   std::vector<uint64_t> request_rows_;
-  // Rows the last kHintsKept hint batches staged, and their sum.
-  static constexpr size_t kHintsKept = 8;
-  std::deque<size_t> hint_rows_;
-  size_t hint_rows_sum_ = 0;
+  bool last_promote_ = false;
 
   absl::Mutex mu_;
   std::deque<std::unique_ptr<Batch>> queue_ ABSL_GUARDED_BY(mu_);

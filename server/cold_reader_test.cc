@@ -122,41 +122,43 @@ TEST(ColdReaderTest, ARowWrittenWhileItsReadIsInFlightIsNeverStaged) {
   EXPECT_EQ(tag.last_step, 9u);
 }
 
-TEST(ColdReaderTest, HintsStayWhileRecentRequestRowsOnlyTillTheyRan) {
+TEST(ColdReaderTest, RowsStayTillTheirRequestsRanOrWhilePinned) {
   std::unique_ptr<DiskTier> tier = OpenTier("cap");
   ASSERT_NE(tier, nullptr);
   for (uint64_t key = 1; key <= 45; ++key) Put(*tier, key, 1);
   ColdReader reader(tier.get(), kFloats, 10, nullptr);
-  // Ten hints of four rows each.
-  for (uint64_t first = 1; first <= 37; first += 4) {
-    std::vector<uint64_t> keys;
-    for (uint64_t key = first; key < first + 4; ++key) keys.push_back(key);
-    InstallUpTo(reader, reader.Submit(keys, /*hint=*/true));
-    reader.Trim();
-  }
-  // The last eight hints' rows stay, though past max_staged_rows.
-  EXPECT_EQ(reader.staged_rows(), 32u);
   ColdRowTag tag;
-  EXPECT_EQ(reader.Staged(1, &tag), nullptr);
-  EXPECT_EQ(reader.Staged(8, &tag), nullptr);
-  EXPECT_NE(reader.Staged(9, &tag), nullptr);
-  EXPECT_NE(reader.Staged(40, &tag), nullptr);
-  // Rows read for waiting requests stay until the requests ran (the
+  // A batch's rows stay until the requests waiting for them ran (the
   // caller's Trim), then go, unless a request kept to run again pinned
   // them.
   InstallUpTo(reader, reader.Submit(std::vector<uint64_t>{41, 42, 43}));
-  EXPECT_EQ(reader.staged_rows(), 35u);
+  EXPECT_FALSE(reader.last_promote());
+  EXPECT_EQ(reader.last_staged(), (std::vector<uint64_t>{41, 42, 43}));
+  EXPECT_EQ(reader.staged_rows(), 3u);
   reader.Pin(std::vector<uint64_t>{42});
   reader.Trim();
-  EXPECT_EQ(reader.staged_rows(), 33u);
+  EXPECT_EQ(reader.staged_rows(), 1u);
   EXPECT_EQ(reader.Staged(41, &tag), nullptr);
   EXPECT_NE(reader.Staged(42, &tag), nullptr);
-  EXPECT_NE(reader.Staged(9, &tag), nullptr);
+  // Pins count: two pins need two unpins.
+  reader.Pin(std::vector<uint64_t>{42});
   reader.Unpin(std::vector<uint64_t>{42});
   reader.Trim();
-  EXPECT_EQ(reader.staged_rows(), 32u);
+  EXPECT_NE(reader.Staged(42, &tag), nullptr);
+  reader.Unpin(std::vector<uint64_t>{42});
   EXPECT_EQ(reader.pinned_rows(), 0u);
+  // A batch to promote is told so; the next install drops its rows.
+  std::vector<uint64_t> ahead;
+  for (uint64_t key = 1; key <= 20; ++key) ahead.push_back(key);
+  InstallUpTo(reader, reader.Submit(ahead, /*promote=*/true));
+  EXPECT_TRUE(reader.last_promote());
+  EXPECT_EQ(reader.last_staged().size(), 20u);
+  // Twenty rows, past max_staged_rows until Trim.
+  EXPECT_EQ(reader.staged_rows(), 21u);
+  reader.Trim();
+  EXPECT_EQ(reader.staged_rows(), 1u);  // the unpinned 42, below the cap
   // A pinned row the table writes goes at once.
+  InstallUpTo(reader, reader.Submit(std::vector<uint64_t>{40}));
   reader.Pin(std::vector<uint64_t>{40});
   reader.Invalidate(40);
   EXPECT_EQ(reader.pinned_rows(), 0u);

@@ -211,7 +211,7 @@ absl::Status KVServer::Impl::Prefetch(const Request& r, const Ownership& own) {
     }
     keys = owned;
   }
-  (void)sparse->ColdWait(keys, /*hint=*/true);
+  (void)sparse->ColdWait(keys, /*promote=*/true);
   counters_.keys_prefetched.fetch_add(keys.size(), std::memory_order_relaxed);
   return absl::OkStatus();
 }

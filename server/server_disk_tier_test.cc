@@ -226,16 +226,19 @@ TEST_F(ServerDiskTierTest,
   std::vector<uint64_t> cold, hot;
   for (size_t i = 0; i < 50; ++i) {
     cold.push_back(Mix64(i));
-    hot.push_back(Mix64(kKeys - 1 - i));
+    hot.push_back(Mix64(kKeys + 4 * kPart - 1 - i));  // pushed last, below
   }
   Response before = Pull(5, cold);
   ASSERT_EQ(before.code(), absl::StatusCode::kOk);
   ASSERT_GT(server_->stats().tier_waits, 0u)
       << "the early rows are not on disk";
-  // Rows read for a pull stay staged a while: other rows take their place.
-  std::vector<uint64_t> others;
-  for (size_t i = 1000; i < 1000 + kPart; ++i) others.push_back(Mix64(i));
-  ASSERT_EQ(Pull(5, others).code(), absl::StatusCode::kOk);
+  // The pull took them into RAM: pushes of other rows send them back.
+  for (size_t begin = kKeys; begin < kKeys + 4 * kPart; begin += kPart) {
+    std::vector<uint64_t> part;
+    for (size_t i = begin; i < begin + kPart; ++i) part.push_back(Mix64(i));
+    ASSERT_EQ(Push(5, part, std::vector<float>(kPart * 16, 0.02f)).code(),
+              absl::StatusCode::kOk);
+  }
   const uint64_t waits_before = server_->stats().tier_waits;
 
   // BSP from here, step 0.
@@ -316,19 +319,24 @@ TEST_F(ServerDiskTierTest, APrefetchReadsColdRowsAheadSoTheirPullWaitsForNone) {
                                             : TableStats();
   };
   const uint64_t waits = server_->stats().tier_waits;
+  const uint64_t promoted = table_stats().promotions();
   Response prefetch =
       SendValid(Header(PREFETCH, 5, cold.size()), Frames(KeysFrame(cold)));
   ASSERT_EQ(prefetch.code(), absl::StatusCode::kOk)
       << prefetch.header.message();
   EXPECT_TRUE(prefetch.values.empty());
   EXPECT_EQ(server_->stats().keys_prefetched, cold.size());
-  // The reads finish off the serving thread; STATS answers meanwhile.
+  // The reads finish off the serving thread (STATS answers meanwhile), and
+  // the rows come into RAM.
   const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  while (table_stats().staged_rows() < cold.size() && absl::Now() < deadline)
+  while (table_stats().promotions() < promoted + cold.size() &&
+         absl::Now() < deadline) {
     absl::SleepFor(absl::Milliseconds(2));
+  }
   const TableStats staged = table_stats();
-  ASSERT_EQ(staged.staged_rows(), cold.size());
+  ASSERT_EQ(staged.promotions(), promoted + cold.size());
   EXPECT_GE(staged.rows_read_ahead(), cold.size());
+  EXPECT_EQ(staged.staged_rows(), 0u);
   // The pull finds every row in RAM: no wait, no disk read, the rows as
   // they were.
   Response pulled = Pull(5, cold);
@@ -353,11 +361,11 @@ TEST_F(ServerDiskTierTest, APrefetchReadsColdRowsAheadSoTheirPullWaitsForNone) {
   EXPECT_EQ(std::memcmp(pulled.values.data(), expected.data(),
                         expected.size() * sizeof(float)),
             0);
-  // A push of prefetched rows promotes them from RAM too.
+  // A push of them finds them in RAM too.
   ASSERT_EQ(Push(5, cold, std::vector<float>(cold.size() * 16, 0.02f)).code(),
             absl::StatusCode::kOk);
   EXPECT_EQ(server_->stats().tier_waits, waits);
-  EXPECT_EQ(table_stats().staged_rows(), 0u);
+  EXPECT_EQ(table_stats().promotions(), staged.promotions());
 
   // Malformed hints are refused like any request; unknown tables too.
   uint64_t errors = server_->stats().errors;

@@ -451,7 +451,7 @@ void SparseTable::StartColdReader(std::function<void()> done,
       tier_.get(), stride_, max_rows, std::move(done), std::move(before_read));
 }
 
-uint64_t SparseTable::ColdWait(absl::Span<const uint64_t> keys, bool hint) {
+uint64_t SparseTable::ColdWait(absl::Span<const uint64_t> keys, bool promote) {
   if (reader_ == nullptr || (tier_->rows() == 0 && !reader_->busy())) {
     return 0;
   }
@@ -471,7 +471,8 @@ uint64_t SparseTable::ColdWait(absl::Span<const uint64_t> keys, bool hint) {
         break;
     }
   }
-  if (!to_read.empty()) wait = std::max(wait, reader_->Submit(to_read, hint));
+  if (!to_read.empty())
+    wait = std::max(wait, reader_->Submit(to_read, promote));
   return wait;
 }
 
@@ -480,6 +481,15 @@ bool SparseTable::InstallColdReads() {
   absl::Status error;
   if (!reader_->InstallOne(&error)) return false;
   if (!error.ok()) NoteTierFailure(error);
+  if (reader_->last_promote()) {
+    // Read ahead of its requests: into RAM now, as their pull would.
+    const std::vector<uint64_t> keys = reader_->last_staged();
+    for (uint64_t key : keys) {
+      if (index_.Find(key) != RowIndex::kNotFound) continue;
+      const uint32_t r = Promote(key);
+      if (r != kNil && evictable_) Touch(r);
+    }
+  }
   return true;
 }
 
@@ -498,11 +508,18 @@ void SparseTable::ReadColdPulls(float* out) {
       if (expired.insert(key).second) DropExpiredCold(key);
       cold_found_[i] = false;
     }
-    if (cold_found_[i]) {
-      std::memcpy(dst, &cold_states_[i * stride_], dim_ * sizeof(float));
-    } else {
+    if (!cold_found_[i]) {
       InitializeValues(config_.init(), config_.id(), key, 0, dim_, dst);
+      continue;
     }
+    std::memcpy(dst, &cold_states_[i * stride_], dim_ * sizeof(float));
+    // Into RAM, as a cache does on a read: the push of the pulled keys
+    // usually follows. Every pulled value is copied already, so the rows
+    // this evicts are not read any more. A key pulled twice is promoted
+    // once.
+    if (index_.Find(key) != RowIndex::kNotFound) continue;
+    const uint32_t r = PromoteRead(key, &cold_states_[i * stride_], tag);
+    if (r != kNil && evictable_) Touch(r);
   }
   cold_pulls_.clear();
 }
@@ -545,6 +562,11 @@ uint32_t SparseTable::Promote(uint64_t key) {
   ColdRowTag tag;
   const float* state = nullptr;
   if (!TakeCold(key, &state, &tag)) return kNil;
+  return PromoteRead(key, state, tag);
+}
+
+uint32_t SparseTable::PromoteRead(uint64_t key, const float* state,
+                                  const ColdRowTag& tag) {
   const uint32_t r = CreateRow(key, state);
   if (r == kNil) return kNil;  // an evicting table always finds room
   // A cold copy left behind would be exported beside the hot row.
@@ -852,10 +874,12 @@ void SparseTable::Pull(absl::Span<const uint64_t> keys, float* out, RowMemo* mem
   } else if (MemoCurrent(memo, keys.size())) {
     PullRemembered(keys, out, memo);
   } else {
-    // A pull drops no row: what it finds stays current.
+    // A pull drops no row, but with a disk tier its promotions may evict:
+    // then what it found may not stay current.
+    const uint64_t generation = generation_;
     memo->rows.resize(keys.size());
     PullLookingUp(keys, out, memo->rows.data());
-    memo->generation = generation_;
+    memo->generation = generation_ == generation ? generation_ : 0;
   }
   counters_.keys_pulled += keys.size();
 }
@@ -865,8 +889,9 @@ void SparseTable::PullLookingUp(absl::Span<const uint64_t> keys, float* out, uin
   // b + 1 has been looked up and its rows prefetched, and block b + 2's
   // index slots prefetched (LookUpBlock of block b + 1 does both). So a row
   // is requested a whole block before it is copied, not just before its own
-  // block's copies. A pull creates and drops no row, so the row numbers
-  // found stay valid across blocks, and the index and chunks do not move.
+  // block's copies. A pull creates and drops no row until its cold keys are
+  // read at the end (ReadColdPulls), so the row numbers found stay valid
+  // across blocks, and the index and chunks do not move.
   const size_t n = keys.size();
   const uint64_t* k = keys.data();
   const RowIndex::View index = index_.view();

@@ -149,7 +149,8 @@ class Table {
 // the evicted row is demoted instead: its full state and bookkeeping go to
 // disk (DiskTier), and a push of its key takes it back into RAM (promotes
 // it) exactly as it was, so eviction changes no parameter. A pull of a
-// cold key reads its weights from disk and leaves it there. A cold row
+// cold key reads it from disk and promotes it too (the push of the pulled
+// keys usually follows). A cold row
 // whose TTL expired reads as absent (and is deleted when found). Rows
 // demoted past the tier's max_disk_bytes are dropped as without a tier.
 // The tier's RAM is part of memory_budget_bytes: the rows in RAM get what
@@ -190,9 +191,9 @@ class SparseTable : public Table {
   // disk read on its thread (ColdReader::installed()); 0 when none is
   // needed. Costs one index lookup per key, and nothing while the tier
   // holds no row and reads nothing.
-  // `hint`: the keys are read ahead of the requests that will use them
-  // (PREFETCH); the call's result need not be waited for.
-  uint64_t ColdWait(absl::Span<const uint64_t> keys, bool hint = false);
+  // `promote`: no request waits; the rows are promoted into RAM once read
+  // (PREFETCH; ColdReader::Submit).
+  uint64_t ColdWait(absl::Span<const uint64_t> keys, bool promote = false);
   // Installs the reader's oldest finished batch (ColdReader::InstallOne);
   // a failed read is the tier's failure (tier_failure()). true when a batch
   // was installed.
@@ -457,6 +458,9 @@ class SparseTable : public Table {
   // creating its RAM row (which may demote another) with the state and
   // bookkeeping it had; kNil when the tier has no live row of it.
   uint32_t Promote(uint64_t key);
+  // Promote's second half: creates `key`'s RAM row (absent) from the cold
+  // `state` and `tag` read from the tier, and deletes the cold row.
+  uint32_t PromoteRead(uint64_t key, const float* state, const ColdRowTag& tag);
   // With a disk tier: reads the rows of cold_keys_ in one batch into
   // cold_states_, cold_tags_ and cold_found_; false, the failure noted
   // (tier_failure()), when the read failed.
@@ -475,8 +479,8 @@ class SparseTable : public Table {
   // With a disk tier: answers the pulled keys of cold_pulls_ (absent from
   // RAM) into out (dim() floats at each one's position), in one batched
   // read: the cold row's weights, or the initial values when the tier has
-  // no live row of the key (TTL-expired ones are deleted). Empties
-  // cold_pulls_.
+  // no live row of the key (TTL-expired ones are deleted). The rows found
+  // are promoted (after every value is copied). Empties cold_pulls_.
   void ReadColdPulls(float* out);
   // Reads `key`'s cold row into cold_state_ and *tag; false when the tier
   // has none, or its TTL expired (then it is deleted), or failed (then

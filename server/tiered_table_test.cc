@@ -214,10 +214,16 @@ TEST(TieredTableTtlTest, AColdRowPastItsTtlReadsAsNew) {
   t->Pull(std::vector<uint64_t>{1}, cold.data());
   EXPECT_NE(std::memcmp(fresh.data(), cold.data(), sizeof(float) * 4), 0)
       << "within its TTL the cold row is read from disk";
+  // Pulled, key 1 came into RAM, and another row went to disk.
+  EXPECT_EQ(t->Stats().cold_rows(), 100u);
+  EXPECT_EQ(t->Stats().promotions(), 1u);
   t->Advance(20, absl::FromUnixSeconds(2));
-  t->Pull(std::vector<uint64_t>{1}, cold.data());
+  // Key 2 is still cold, and past its TTL.
+  InitializeValues(tc.init(), tc.id(), 2, 0, 4, fresh.data());
+  t->Pull(std::vector<uint64_t>{2}, cold.data());
   EXPECT_EQ(std::memcmp(fresh.data(), cold.data(), sizeof(float) * 4), 0);
   EXPECT_EQ(t->Stats().cold_rows(), 99u);
+  EXPECT_EQ(t->Stats().promotions(), 1u);
   std::filesystem::remove_all(dir);
 }
 
