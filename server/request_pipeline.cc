@@ -1,6 +1,6 @@
 // KVServer's request pipeline: every worker request passes
 //
-//   Decode -> Admit -> (STATS, ADVANCE_CLOCK, SCAN: answered here)
+//   Decode -> Admit -> (STATS, PREFETCH, ADVANCE_CLOCK, SCAN: answered here)
 //          -> Route -> Police -> Validate -> Keep? -> Apply -> AnswerPull
 //
 // The invariant "a refused request changes nothing" (server/server.h) holds

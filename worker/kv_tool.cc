@@ -137,7 +137,9 @@ std::string TierJson(const ps::TableStats& t) {
       ",\"disk_bytes_written\":", t.disk_bytes_written(),
       ",\"cold_rows_dropped\":", t.cold_rows_dropped(),
       ",\"tier_errors\":", t.tier_errors(),
-      ",\"tier_memory_bytes\":", t.tier_memory_bytes());
+      ",\"tier_memory_bytes\":", t.tier_memory_bytes(),
+      ",\"rows_read_ahead\":", t.rows_read_ahead(),
+      ",\"staged_rows\":", t.staged_rows());
 }
 
 // One JSON object per (server, table).
