@@ -108,8 +108,7 @@ absl::Status KVServer::Impl::ProcessChecked(
     FillStats(rh, own.replicated && !own.slot_owner.empty() ? &own : nullptr);
     return absl::OkStatus();
   }
-  // Before the clock notes: a hint that may overtake the sender's requests
-  // waiting for disk reads reports no step.
+  // A hint overtakes requests waiting for disk reads: it notes no clock.
   if (h.op() == PREFETCH) return Prefetch(r, own);
   NoteClocks(h, own);
   if (h.op() == ADVANCE_CLOCK) {
