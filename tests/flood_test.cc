@@ -58,10 +58,13 @@ constexpr int kServers = 2;
 constexpr int kWorkers = 2;
 // Resident memory the flooded server may gain during the flood: 48 MiB, so
 // that a leak of 48 bytes a message fails the test (it gained 6 MB in
-// runs so far). Under a sanitizer, 400 MiB: ASan keeps up to 256 MB of
-// freed memory in quarantine.
+// runs so far). Under a sanitizer, 512 MiB: ASan keeps up to 256 MB of
+// freed memory in quarantine, besides redzones and shadow pages; the
+// growth measured under ASan was 358-404 MiB while the same flood grew the
+// optimised server by 5 MB.
 int64_t MaxGrowth() {
-  return std::getenv("PS_SANITIZER") != nullptr ? int64_t{400} << 20 : int64_t{48} << 20;
+  return std::getenv("PS_SANITIZER") != nullptr ? int64_t{512} << 20
+                                                : int64_t{48} << 20;
 }
 
 uint64_t EnvOr(const char* name, uint64_t fallback) {
