@@ -124,10 +124,10 @@ absl::StatusOr<std::unique_ptr<KVServer::Impl>> KVServer::Impl::Start(
       server->options_.curve, server->options_.metrics));
   PS_RETURN_IF_ERROR(server->views_.OpenWake());
   if (!server->tiered_.empty()) {
-    PS_RETURN_IF_ERROR(server->tier_waits_.OpenWake());
-    const TierWaits* waits = &server->tier_waits_;
+    PS_RETURN_IF_ERROR(server->tier_waits_.wake.Open("disk tier readers'"));
+    const WakeFd* wake = &server->tier_waits_.wake;
     for (SparseTable* table : server->tiered_) {
-      table->StartColdReader([waits] { waits->Wake(); },
+      table->StartColdReader([wake] { wake->Wake(); },
                              server->options_.before_tier_read);
     }
   }
@@ -396,7 +396,7 @@ void KVServer::Impl::Serve() {
     primary_.AddPollItems(&items, &item_links);
     const size_t tier_item = items.size();
     if (!tiered_.empty())
-      items.push_back({nullptr, tier_waits_.wake_fd(), ZMQ_POLLIN, 0});
+      items.push_back({nullptr, tier_waits_.wake.fd(), ZMQ_POLLIN, 0});
     try {
       // A move's background work goes on as soon as its budget allows, at
       // once when no request waits (the poll timing out means nothing

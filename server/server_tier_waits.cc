@@ -4,7 +4,6 @@
 // its behalf. A sender's later messages wait behind it, in order: under
 // BSP its ADVANCE_CLOCK must not complete a step its push belongs to.
 #include <algorithm>
-#include <iterator>
 #include <string>
 #include <utility>
 
@@ -36,6 +35,8 @@ uint64_t KVServer::Impl::ColdWaitOf(std::vector<zmq::message_t>& frames,
   if (it == tables_.end()) return 0;
   SparseTable* sparse = it->second->AsSparse();
   if (sparse == nullptr || sparse->cold_reader() == nullptr) return 0;
+  // Decoded in full only now (values included): requests of other tables
+  // pay for the header alone.
   DecodedRequest req;
   if (!DecodeRequest(frames, &req).ok()) return 0;
   absl::Span<const uint64_t> keys = req.keys;
@@ -92,7 +93,7 @@ void KVServer::Impl::PinColdRows(std::vector<zmq::message_t>& frames,
 }
 
 void KVServer::Impl::ReleaseTierWaits(const Ownership& own) {
-  tier_waits_.ClearWake();
+  tier_waits_.wake.Clear();
   // One batch at a time, its requests handled before the next is staged:
   // staging a later batch may drop an earlier one's rows (the cap).
   for (SparseTable* table : tiered_) {

@@ -3,7 +3,7 @@
 // messages (its ADVANCE_CLOCK under BSP) stay behind its waiting request,
 // while other senders' requests are served. The eventfd wakes the serving
 // thread when a reader finished a batch. Serving thread only, except
-// Wake. Internal to //server:server.
+// wake.Wake(). Internal to //server:server.
 #ifndef PS_SERVER_TIER_WAITS_H_
 #define PS_SERVER_TIER_WAITS_H_
 
@@ -14,7 +14,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/time/time.h"
-#include "common/status.h"
+#include "server/wake_fd.h"
 #include "zmq.hpp"
 
 namespace ps {
@@ -33,26 +33,12 @@ struct TierWait {
   uint64_t bytes = 0;  // counted in the server's held bytes while waiting
 };
 
-class TierWaits {
- public:
-  TierWaits() = default;
-  ~TierWaits();
-  TierWaits(const TierWaits&) = delete;
-  TierWaits& operator=(const TierWaits&) = delete;
-
-  // Creates the wake-up eventfd; INTERNAL if it cannot.
-  absl::Status OpenWake();
-  int wake_fd() const { return wake_fd_; }
-  // Any thread: wakes the serving thread's poll.
-  void Wake() const;
-  void ClearWake() const;
-
+struct TierWaits {
+  // The tables' readers wake the serving thread with it.
+  WakeFd wake;
   // The waiting requests of each sender (by its connection's identity),
   // oldest first; a sender with none has no entry.
   absl::flat_hash_map<std::string, std::deque<TierWait>> senders;
-
- private:
-  int wake_fd_ = -1;
 };
 
 }  // namespace ps

@@ -11,6 +11,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/status.h"
 #include "server/server_view.h"
+#include "server/wake_fd.h"
 
 namespace ps {
 
@@ -19,13 +20,12 @@ class ViewInbox {
   // Holds an empty view (no slots: requests are refused) until one is
   // posted.
   ViewInbox() : posted_(std::make_shared<const ServerView>()) {}
-  ~ViewInbox();
   ViewInbox(const ViewInbox&) = delete;
   ViewInbox& operator=(const ViewInbox&) = delete;
 
   // Creates the wake-up eventfd; INTERNAL if it cannot. Before the serving
   // thread starts.
-  absl::Status OpenWake();
+  absl::Status OpenWake() { return wake_.Open("serving thread's"); }
   // Before the serving thread starts: `view` (a standalone one, `all`) is
   // the view from now on.
   void Install(std::shared_ptr<const ServerView> view);
@@ -37,8 +37,8 @@ class ViewInbox {
 
   // Serving thread only: the fd that polls readable after a Post (-1
   // before OpenWake), and the read that resets it.
-  int wake_fd() const { return wake_fd_; }
-  void ClearWake();
+  int wake_fd() const { return wake_.fd(); }
+  void ClearWake() { wake_.Clear(); }
 
   // Serving thread only: the view it applied last (null before the first),
   // which the next one's promotions are computed against.
@@ -50,7 +50,7 @@ class ViewInbox {
  private:
   mutable absl::Mutex mu_;
   std::shared_ptr<const ServerView> posted_ ABSL_GUARDED_BY(mu_);
-  int wake_fd_ = -1;
+  WakeFd wake_;
   std::shared_ptr<const ServerView> applied_;
 };
 
