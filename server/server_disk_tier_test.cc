@@ -6,6 +6,7 @@
 #include <sys/file.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -45,6 +46,22 @@ class ServerDiskTierTest : public ServerTest {
     ServerTest::TearDown();
     std::filesystem::remove_all(TierBase());
   }
+
+  // Pushes gradients of 0.02 to table 5's keys Mix64(begin..end-1), 2000
+  // to a request (to `reference` too, when given). Call under
+  // ASSERT_NO_FATAL_FAILURE.
+  void PushMixedKeys(size_t begin, size_t end,
+                     SparseTable* reference = nullptr) {
+    for (size_t first = begin; first < end; first += kPushPart) {
+      std::vector<uint64_t> part;
+      for (size_t i = first; i < std::min(end, first + kPushPart); ++i)
+        part.push_back(Mix64(i));
+      const std::vector<float> grads(part.size() * 16, 0.02f);
+      ASSERT_EQ(Push(5, part, grads).code(), absl::StatusCode::kOk);
+      if (reference != nullptr) reference->Push(part, grads.data());
+    }
+  }
+  static constexpr size_t kPushPart = 2000;
 };
 
 TEST_F(ServerDiskTierTest, PushesAndPullsMatchATableWithoutABudget) {
@@ -120,12 +137,7 @@ TEST_F(ServerDiskTierTest,
   std::vector<uint64_t> keys(kKeys);
   for (size_t i = 0; i < kKeys; ++i) keys[i] = Mix64(i);
   const std::vector<float> grads(kKeys * 16, 0.02f);
-  for (size_t begin = 0; begin < kKeys; begin += 2000) {
-    const std::vector<uint64_t> part(keys.begin() + begin,
-                                     keys.begin() + begin + 2000);
-    ASSERT_EQ(Push(5, part, std::vector<float>(2000 * 16, 0.02f)).code(),
-              absl::StatusCode::kOk);
-  }
+  ASSERT_NO_FATAL_FAILURE(PushMixedKeys(0, kKeys));
   want.Push(keys, grads.data());
   EXPECT_TRUE(server_->storage_failure().ok());
 
@@ -216,13 +228,8 @@ TEST_F(ServerDiskTierTest,
   // Asynchronous first: rows pushed early go to disk as later ones come.
   server_->UpdateView(OwnerView(/*epoch=*/1, /*workers=*/2), 0);
   ASSERT_TRUE(serving_epoch(1));
-  constexpr size_t kKeys = 16000, kPart = 2000;
-  for (size_t begin = 0; begin < kKeys; begin += kPart) {
-    std::vector<uint64_t> part;
-    for (size_t i = begin; i < begin + kPart; ++i) part.push_back(Mix64(i));
-    ASSERT_EQ(Push(5, part, std::vector<float>(kPart * 16, 0.02f)).code(),
-              absl::StatusCode::kOk);
-  }
+  constexpr size_t kKeys = 16000, kPart = kPushPart;
+  ASSERT_NO_FATAL_FAILURE(PushMixedKeys(0, kKeys));
   std::vector<uint64_t> cold, hot;
   for (size_t i = 0; i < 50; ++i) {
     cold.push_back(Mix64(i));
@@ -233,12 +240,7 @@ TEST_F(ServerDiskTierTest,
   ASSERT_GT(server_->stats().tier_waits, 0u)
       << "the early rows are not on disk";
   // The pull took them into RAM: pushes of other rows send them back.
-  for (size_t begin = kKeys; begin < kKeys + 4 * kPart; begin += kPart) {
-    std::vector<uint64_t> part;
-    for (size_t i = begin; i < begin + kPart; ++i) part.push_back(Mix64(i));
-    ASSERT_EQ(Push(5, part, std::vector<float>(kPart * 16, 0.02f)).code(),
-              absl::StatusCode::kOk);
-  }
+  ASSERT_NO_FATAL_FAILURE(PushMixedKeys(kKeys, kKeys + 4 * kPart));
   const uint64_t waits_before = server_->stats().tier_waits;
 
   // BSP from here, step 0.
@@ -303,13 +305,14 @@ TEST_F(ServerDiskTierTest, APrefetchReadsColdRowsAheadSoTheirPullWaitsForNone) {
       "memory_budget_bytes: 1048576 eviction: EVICT_LRU disk_tier { dir: \"",
       TierBase(), "\" buffered_io: true }"));
   ASSERT_NO_FATAL_FAILURE(StartServer(/*standalone=*/true, tiered.c_str()));
-  constexpr size_t kKeys = 16000, kPart = 2000;
-  for (size_t begin = 0; begin < kKeys; begin += kPart) {
-    std::vector<uint64_t> part;
-    for (size_t i = begin; i < begin + kPart; ++i) part.push_back(Mix64(i));
-    ASSERT_EQ(Push(5, part, std::vector<float>(kPart * 16, 0.02f)).code(),
-              absl::StatusCode::kOk);
-  }
+  // The same pushes on a table without a budget, in this process.
+  auto job = ParseJobConfig(TieredConfig(""), "plain");
+  ASSERT_TRUE(job.ok()) << job.status();
+  auto reference = Table::Create(job->tables(0));
+  ASSERT_TRUE(reference.ok());
+  SparseTable& want = *(*reference)->AsSparse();
+  constexpr size_t kKeys = 16000;
+  ASSERT_NO_FATAL_FAILURE(PushMixedKeys(0, kKeys, &want));
   std::vector<uint64_t> cold;
   for (size_t i = 0; i < 200; ++i) cold.push_back(Mix64(i));
   auto table_stats = [&] {
@@ -345,16 +348,6 @@ TEST_F(ServerDiskTierTest, APrefetchReadsColdRowsAheadSoTheirPullWaitsForNone) {
   const TableStats after = table_stats();
   EXPECT_EQ(after.cold_reads(), staged.cold_reads());
   EXPECT_EQ(after.disk_reads(), staged.disk_reads());
-  auto job = ParseJobConfig(TieredConfig(""), "plain");
-  ASSERT_TRUE(job.ok()) << job.status();
-  auto reference = Table::Create(job->tables(0));
-  ASSERT_TRUE(reference.ok());
-  SparseTable& want = *(*reference)->AsSparse();
-  for (size_t begin = 0; begin < kKeys; begin += kPart) {
-    std::vector<uint64_t> part;
-    for (size_t i = begin; i < begin + kPart; ++i) part.push_back(Mix64(i));
-    want.Push(part, std::vector<float>(kPart * 16, 0.02f).data());
-  }
   std::vector<float> expected(cold.size() * 16);
   want.Pull(cold, expected.data());
   ASSERT_EQ(pulled.values.size(), expected.size());
