@@ -583,10 +583,8 @@ void CheckTables(const JobConfig& config, Checker* c) {
                absl::StrCat("duplicate table name '", t.name(), "'"));
     CheckTableContents(t, path, c);
     if (t.has_sparse() && t.sparse().has_disk_tier()) {
-      // Backup copies and slot moves exchange rows through the RAM table
-      // only: the cold rows would be left out.
-      c->Require(config.cluster().replication() < 2, path + ".sparse.disk_tier",
-                 "cannot be used with cluster.replication 2 yet");
+      // A slot move lists and copies the rows in RAM only: the cold rows
+      // would be left out.
       c->Require(!config.cluster().has_elastic(), path + ".sparse.disk_tier",
                  "cannot be used with cluster.elastic yet");
     }

@@ -386,42 +386,72 @@ absl::StatusOr<uint64_t> DiskTier::DeleteSlots(const std::vector<bool>& slots) {
   return removed;
 }
 
-absl::Status DiskTier::ForEachRow(size_t page_rows, RowPageFn fn) const {
+absl::Status DiskTier::ForEachRow(size_t page_rows, RowPageFn fn,
+                                  const std::vector<bool>* slots) const {
   page_rows = std::max<size_t>(page_rows, 1);
-  rocksdb::ReadOptions read;
-  read.fill_cache = false;
-  // An iterator reads from the implicit snapshot of its creation.
-  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(read));
+  // One snapshot for every range, so the slots are read as of one moment.
+  const rocksdb::Snapshot* snapshot = db_->GetSnapshot();
+  struct Release {
+    rocksdb::DB* db;
+    const rocksdb::Snapshot* snapshot;
+    ~Release() { db->ReleaseSnapshot(snapshot); }
+  } release{db_.get(), snapshot};
   std::vector<uint64_t> keys;
   std::vector<float> states;
   keys.reserve(page_rows);
   states.reserve(page_rows * options_.state_floats);
   ColdRowTag tag;
-  for (it->SeekToFirst(); it->Valid(); it->Next()) {
-    const rocksdb::Slice stored = it->key();
-    if (stored.size() != kKeyBytes) {
-      return absl::DataLossError(
-          absl::StrCat("disk tier ", options_.dir, ": a stored key has ",
-                       stored.size(), " bytes, not ", kKeyBytes));
+  // Reads the rows from `lower` on, below `upper` when not null.
+  auto read_range = [&](const rocksdb::Slice* lower,
+                        const rocksdb::Slice* upper) -> absl::Status {
+    rocksdb::ReadOptions read;
+    read.fill_cache = false;
+    read.snapshot = snapshot;
+    read.iterate_upper_bound = upper;
+    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(read));
+    for (lower != nullptr ? it->Seek(*lower) : it->SeekToFirst(); it->Valid();
+         it->Next()) {
+      const rocksdb::Slice stored = it->key();
+      if (stored.size() != kKeyBytes) {
+        return absl::DataLossError(
+            absl::StrCat("disk tier ", options_.dir, ": a stored key has ",
+                         stored.size(), " bytes, not ", kKeyBytes));
+      }
+      uint64_t key = 0;
+      for (size_t i = 4; i < kKeyBytes; ++i) {
+        key = (key << 8) | static_cast<unsigned char>(stored.data()[i]);
+      }
+      keys.push_back(key);
+      states.resize(keys.size() * options_.state_floats);
+      PS_RETURN_IF_ERROR(DecodeValue(
+          it->value(), options_.state_floats,
+          states.data() + (keys.size() - 1) * options_.state_floats, &tag));
+      if (keys.size() == page_rows) {
+        PS_RETURN_IF_ERROR(fn(keys, states));
+        keys.clear();
+        states.clear();
+      }
     }
-    uint64_t key = 0;
-    for (size_t i = 4; i < kKeyBytes; ++i) {
-      key = (key << 8) | static_cast<unsigned char>(stored.data()[i]);
+    if (!it->status().ok()) {
+      return FromRocks(it->status(), absl::StrCat("disk tier ", options_.dir,
+                                                  ": reading rows"));
     }
-    keys.push_back(key);
-    states.resize(keys.size() * options_.state_floats);
-    PS_RETURN_IF_ERROR(DecodeValue(
-        it->value(), options_.state_floats,
-        states.data() + (keys.size() - 1) * options_.state_floats, &tag));
-    if (keys.size() == page_rows) {
-      PS_RETURN_IF_ERROR(fn(keys, states));
-      keys.clear();
-      states.clear();
+    return absl::OkStatus();
+  };
+  if (slots == nullptr || slots->size() != options_.num_slots) {
+    // Another slot count than the layout's names other slots: every row.
+    PS_RETURN_IF_ERROR(read_range(nullptr, nullptr));
+  } else {
+    for (uint32_t slot = 0; slot < options_.num_slots; ++slot) {
+      if (!(*slots)[slot]) continue;
+      char begin[4];
+      char end[4];
+      PutBigEndian(slot, 4, begin);
+      PutBigEndian(uint64_t{slot} + 1, 4, end);
+      const rocksdb::Slice lower(begin, 4);
+      const rocksdb::Slice upper(end, 4);
+      PS_RETURN_IF_ERROR(read_range(&lower, &upper));
     }
-  }
-  if (!it->status().ok()) {
-    return FromRocks(it->status(), absl::StrCat("disk tier ", options_.dir,
-                                                ": reading rows"));
   }
   if (!keys.empty()) PS_RETURN_IF_ERROR(fn(keys, states));
   return absl::OkStatus();

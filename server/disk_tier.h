@@ -137,9 +137,14 @@ class DiskTier {
   // then key), from a consistent view taken when the call starts: writes
   // made meanwhile are not seen. Stops at, and returns, fn's first error;
   // DATA_LOSS for a corrupted block or row. Counts nothing, caches nothing.
+  // With `slots` (one entry per slot), only the rows of the slots it
+  // selects, each slot's range read on its own (a catch-up or a digest of
+  // some slots reads nothing of the others); a `slots` of another size than
+  // Options::num_slots selects every row (the caller filters).
   using RowPageFn = absl::FunctionRef<absl::Status(
       absl::Span<const uint64_t> keys, absl::Span<const float> states)>;
-  absl::Status ForEachRow(size_t page_rows, RowPageFn fn) const;
+  absl::Status ForEachRow(size_t page_rows, RowPageFn fn,
+                          const std::vector<bool>* slots = nullptr) const;
 
   // Rows held.
   uint64_t rows() const { return rows_.load(std::memory_order_relaxed); }

@@ -130,6 +130,28 @@ TEST(DiskTierTest, RowsOfOneSlotAreOneRangeAndLeaveTogether) {
   }
   std::vector<bool> leaving(o.num_slots, false);
   leaving[5] = leaving[6] = leaving[63] = true;
+  // A read of some slots gives their rows, whole, and nothing else.
+  std::vector<uint64_t> read_keys;
+  ASSERT_TRUE(
+      (*tier)
+          ->ForEachRow(
+              100,
+              [&](absl::Span<const uint64_t> keys,
+                  absl::Span<const float> states) {
+                for (size_t i = 0; i < keys.size(); ++i) {
+                  EXPECT_TRUE(
+                      leaving[SparseSlot(o.table_id, keys[i], o.num_slots)]);
+                  const std::vector<float> want = StateOf(keys[i], 6);
+                  EXPECT_EQ(std::memcmp(&states[i * 6], want.data(),
+                                        6 * sizeof(float)),
+                            0);
+                }
+                read_keys.insert(read_keys.end(), keys.begin(), keys.end());
+                return absl::OkStatus();
+              },
+              &leaving)
+          .ok());
+  EXPECT_EQ(read_keys.size(), per_slot[5] + per_slot[6] + per_slot[63]);
   auto removed = (*tier)->DeleteSlots(leaving);
   ASSERT_TRUE(removed.ok()) << removed.status();
   EXPECT_EQ(*removed, per_slot[5] + per_slot[6] + per_slot[63]);

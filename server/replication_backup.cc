@@ -430,7 +430,8 @@ void KVServer::Impl::ApplyReplica(const replication::ReplicaMessage& m,
     case REPLICA_ROWS: {
       const size_t stride = v.sparse->state_floats();
       for (size_t i = 0; i < m.keys.size(); ++i) {
-        // Validated (sizes, finiteness, room): cannot fail.
+        // Validated (sizes, finiteness, room): fails only when the disk
+        // tier failed, which fences the server (StorageFailed).
         v.sparse->ImportRow(m.keys[i], m.floats.subspan(i * stride, stride))
             .IgnoreError();
       }

@@ -582,9 +582,10 @@ ReplicationPrimary::Copied ReplicationPrimary::SendCatchUp(
   RequestHeader begin = SnapshotMark(own, REPLICA_SNAPSHOT_BEGIN, slots);
   link.Send(begin, zmq::message_t(), zmq::message_t(), false);
   SendSeqRecords(own, link);
-  // Rows and blocks with their optimizer state, read in one pass per table
-  // while nothing else runs: a cursor over a table that changes in between
-  // could miss rows.
+  // Rows and blocks with their optimizer state (a disk tier's cold rows
+  // too), read in one pass per table while nothing else runs: a cursor
+  // over a table that changes in between (rows created, demoted or
+  // promoted) could miss rows.
   std::vector<uint32_t> ids;
   for (const auto& [id, table] : *deps_.tables) ids.push_back(id);
   std::sort(ids.begin(), ids.end());
@@ -786,7 +787,6 @@ void ReplicationPrimary::SendSeqRecords(const ServerView& own,
 ReplicationPrimary::Copied ReplicationPrimary::SendTableCopy(
     const ServerView& own, BackupLink& link, uint32_t id,
     const std::vector<bool>& mask) {
-  const uint32_t num_slots = static_cast<uint32_t>(mask.size());
   Copied copied;
   std::vector<uint64_t> out_keys;
   std::vector<float> out_values;
@@ -812,14 +812,12 @@ ReplicationPrimary::Copied ReplicationPrimary::SendTableCopy(
       table, 65536,
       [&](uint64_t row, absl::Span<const float> values,
           absl::Span<const float> state) {
-        const uint32_t slot = sparse ? SparseSlot(id, row, num_slots)
-                                     : DenseBlockSlot(id, row, num_slots);
-        if (!mask[slot]) return;
         out_keys.push_back(row);
         out_values.insert(out_values.end(), values.begin(), values.end());
         out_values.insert(out_values.end(), state.begin(), state.end());
         if (out_values.size() * sizeof(float) >= kCatchUpBytes) flush(kind);
-      });
+      },
+      &mask);
   if (!read.ok()) {
     ServerLog()->error("catch-up of table {} stopped early: {}", id, read);
   }

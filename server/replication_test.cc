@@ -2,10 +2,13 @@
 // scheduler and KVClient workers on loopback: primaries and backups hold
 // bit-identical rows, a backup takes over its dead primary's slots without
 // losing an acknowledged push, and a replacement server catches up.
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -45,13 +48,27 @@ constexpr uint32_t kNone = 0xFFFFFFFF;
 constexpr uint32_t kAdam = 0;   // sparse, dim 3
 constexpr uint32_t kDense = 1;  // dense, Adagrad
 constexpr uint32_t kSgd = 2;    // sparse, dim 1, SGD lr 1, zero init
+// With a disk tier (ConfigText's tier_dir): sparse, dim 64, Adam, a 1 MiB
+// budget that holds some 900 rows; the rest are on disk.
+constexpr uint32_t kTiered = 3;
 constexpr uint32_t kSlots = 32;
 
 // A stopped server is declared dead after 2 s: long enough that no live
 // process of a loaded test machine misses it (a worker declared dead by
 // mistake would lose its duplicate detection on the servers).
 std::string ConfigText(const std::string& mode, uint32_t servers,
-                       uint32_t workers, uint32_t replication = 2) {
+                       uint32_t workers, uint32_t replication = 2,
+                       const std::string& tier_dir = "") {
+  const std::string tiered =
+      tier_dir.empty()
+          ? ""
+          : absl::StrCat(
+                "tables { id: 3 name: \"tiered\" sparse { dim: 64 "
+                "memory_budget_bytes: 1048576 eviction: EVICT_LRU disk_tier { "
+                "dir: \"",
+                tier_dir,
+                "\" buffered_io: true } } optimizer { adam { learning_rate: "
+                "0.01 } } }");
   return absl::StrCat(R"pb(
                         cluster { num_slots: 32 heartbeat_interval_ms: 50
                                   heartbeat_timeout_ms: 2000
@@ -82,7 +99,8 @@ std::string ConfigText(const std::string& mode, uint32_t servers,
       optimizer { sgd { learning_rate: 1 } }
       init { kind: ZEROS }
     }
-  )pb");
+  )pb",
+                      tiered);
 }
 
 // A server with its scheduler membership.
@@ -103,9 +121,9 @@ struct WorkerNode {
 class ReplicationTest : public ::testing::Test {
  protected:
   void Start(const std::string& mode, uint32_t servers, uint32_t workers,
-             uint32_t replication = 2) {
-    auto config =
-        ParseJobConfig(ConfigText(mode, servers, workers, replication), "test");
+             uint32_t replication = 2, const std::string& tier_dir = "") {
+    auto config = ParseJobConfig(
+        ConfigText(mode, servers, workers, replication, tier_dir), "test");
     ASSERT_TRUE(config.ok()) << config.status();
     config_ = *config;
     SchedulerServer::Options so;
@@ -630,6 +648,69 @@ TEST_F(ReplicationTest, ReplacementCatchesUpAndLaterTakesOver) {
   EXPECT_GT(servers_.back().server->stats().slots_promoted, 0u);
   EXPECT_GT(servers_.back().server->stats().replica_messages, 0u);
   EXPECT_GT(ExpectReplicasIdentical(), 0u);
+}
+
+// Pushes `rounds` rounds of 40 random keys of 0..range-1 to the tiered
+// table (Adam, dim 64), and its pulls every third round.
+void PushTiered(KVClient& client, uint32_t seed, int rounds, uint64_t range) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> grad(-1, 1);
+  for (int round = 0; round < rounds; ++round) {
+    std::vector<uint64_t> keys(40);
+    for (uint64_t& k : keys) k = rng() % range;
+    std::vector<float> g(keys.size() * 64);
+    for (float& x : g) x = grad(rng);
+    if (round % 3 == 0) {
+      std::vector<float> out(g.size());
+      ASSERT_TRUE(client.PushPull(kTiered, keys, g, out.data()).Wait().ok());
+    } else {
+      ASSERT_TRUE(client.Push(kTiered, keys, g).Wait().ok());
+    }
+  }
+}
+
+TEST_F(ReplicationTest, TieredTableBackupsAndCatchUpsCarryTheRowsOnDisk) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  Start("ASYNC", 3, 2, 2,
+        absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/replication_tier_",
+                     getpid()));
+  // Some 9 000 keys: each server holds its own and its backups' rows,
+  // about 6 000, of which some 900 fit in RAM.
+  std::thread other([&] { PushTiered(*workers_[1]->client, 2, 120, 20000); });
+  PushTiered(*workers_[0]->client, 1, 120, 20000);
+  other.join();
+  std::vector<ServerTableStats> stats;
+  ASSERT_TRUE(workers_[0]->client->TableStatistics(&stats).Wait().ok());
+  int tiered = 0;
+  for (const ServerTableStats& s : stats) {
+    if (s.stats.table_id() != kTiered) continue;
+    ++tiered;
+    EXPECT_GT(s.stats.cold_rows(), 2 * (s.stats.rows() + s.stats.backup_rows()))
+        << "server " << s.server_rank;
+  }
+  EXPECT_EQ(tiered, 3);
+  // A replacement of server 0 is copied the rows it backs, most of them
+  // read from its primaries' disks, while the pushes go on.
+  Kill(0);
+  WaitForView([](const ClusterView& v) { return Dead(v, 0); });
+  const uint64_t catchups = CatchupsSent();
+  StartServer();
+  ASSERT_EQ(servers_.back().rank, 0u);
+  std::thread more([&] { PushTiered(*workers_[1]->client, 4, 60, 20000); });
+  EXPECT_GE(WaitForCatchups(catchups + 2, absl::Now() + absl::Seconds(30)),
+            catchups + 2);
+  PushTiered(*workers_[0]->client, 3, 60, 20000);
+  more.join();
+  // Every row of the tiered table, in RAM or on disk, is on its backup
+  // bit for bit, the replacement's copies included.
+  EXPECT_GT(ExpectReplicasIdentical(), 5000u);
+  for (const Table* table : servers_.back().server->StoppedTables()) {
+    const SparseTable* t = table->AsSparse();
+    if (table->id() != kTiered) continue;
+    ASSERT_NE(t->disk_tier(), nullptr);
+    // What it was copied did not fit in its RAM either.
+    EXPECT_GT(t->disk_tier()->rows(), t->num_rows());
+  }
 }
 
 // Sends one raw message to `endpoint` and returns the answer's header.

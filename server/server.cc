@@ -15,7 +15,6 @@
 #include "server/checkpoint.h"
 #include "server/server_impl.h"
 #include "server/server_log.h"
-#include "server/table_rows.h"
 #include "zmq_addon.hpp"
 
 namespace ps {
@@ -685,21 +684,26 @@ void KVServer::Impl::FillStats(ResponseHeader* rh, const Ownership* own) const {
       return own->slot_owner[slot] == own->rank;
     };
     // A sparse table counts rows, a dense one elements (as Stats() does).
+    // Rows in RAM only, as rows() counts them: a disk tier's cold_rows
+    // count both kinds, and are not read for a statistic.
     const Table& table = *tables_.at(id);
-    const bool sparse = table.AsSparse() != nullptr;
     uint64_t backup = 0;
-    // Pages of 4096 rows: their full state stays within a few MiB.
-    const absl::Status read = ForEachTableRow(
-        table, 4096,
-        [&](uint64_t row, absl::Span<const float> values,
-            absl::Span<const float>) {
-          if (sparse) {
-            backup += !mine(SparseSlot(id, row, num_slots));
-          } else if (!mine(DenseBlockSlot(id, row, num_slots))) {
-            backup += values.size();
-          }
-        });
-    if (!read.ok()) ServerLog()->error("table {} stats: {}", id, read);
+    if (const SparseTable* sparse = table.AsSparse()) {
+      sparse->ForEachKey([&](uint64_t key) {
+        backup += !mine(SparseSlot(id, key, num_slots));
+      });
+    } else {
+      const DenseTable& dense = *table.AsDense();
+      // The callback never fails.
+      dense
+          .ForEachBlock([&](uint64_t block, absl::Span<const float> values,
+                            absl::Span<const float>) {
+            if (!mine(DenseBlockSlot(id, block, num_slots)))
+              backup += values.size();
+            return absl::OkStatus();
+          })
+          .IgnoreError();
+    }
     stats->set_rows(stats->rows() - std::min(stats->rows(), backup));
     stats->set_backup_rows(backup);
     stats->set_keys_pushed(

@@ -27,22 +27,19 @@ uint64_t RowHash(uint32_t table, uint64_t key, absl::Span<const float> values,
 
 SlotDigest DigestSlots(const TableMap& tables, const std::vector<bool>& mask) {
   SlotDigest d;
-  const uint32_t num_slots = static_cast<uint32_t>(mask.size());
-  if (num_slots == 0) return d;
+  if (mask.empty()) return d;
   for (const auto& [id, table] : tables) {
     const bool sparse = table->AsSparse() != nullptr;
     const absl::Status read = ForEachTableRow(
         *table, 4096,
         [&, id = id](uint64_t row, absl::Span<const float> values,
                      absl::Span<const float> state) {
-          const uint32_t slot = sparse ? SparseSlot(id, row, num_slots)
-                                       : DenseBlockSlot(id, row, num_slots);
-          if (!mask[slot]) return;
           d.digest += RowHash(id, row, values, state);
           ++d.rows;
           d.bytes += (values.size() + state.size()) * sizeof(float) +
                      (sparse ? sizeof(uint64_t) : 0);
-        });
+        },
+        &mask);
     if (!read.ok()) ServerLog()->error("digest of table {}: {}", id, read);
   }
   return d;

@@ -348,7 +348,7 @@ void SparseTable::Demote(uint32_t r) {
   if (!stored.ok()) NoteTierFailure(stored.status());
 }
 
-void SparseTable::NoteTierFailure(const absl::Status& error) {
+void SparseTable::NoteTierFailure(const absl::Status& error) const {
   if (!tier_failure_.ok()) return;
   tier_failure_ = absl::Status(
       error.code(), absl::StrCat("the disk tier of table '", config_.name(),
@@ -602,9 +602,20 @@ uint32_t SparseTable::RowForPush(uint64_t key) {
 }
 
 absl::Status SparseTable::ExportColdRows(size_t page_rows,
-                                         DiskTier::RowPageFn fn) const {
+                                         DiskTier::RowPageFn fn,
+                                         const std::vector<bool>* slots) const {
   if (tier_ == nullptr) return absl::OkStatus();
-  return tier_->ForEachRow(page_rows, fn);
+  // fn's errors pass through as they are; only the tier's own are noted.
+  absl::Status from_fn;
+  const absl::Status read = tier_->ForEachRow(
+      page_rows,
+      [&](absl::Span<const uint64_t> keys, absl::Span<const float> states) {
+        from_fn = fn(keys, states);
+        return from_fn;
+      },
+      slots);
+  if (!read.ok() && from_fn.ok()) NoteTierFailure(read);
+  return read;
 }
 
 void SparseTable::Unlink(uint32_t r) {

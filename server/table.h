@@ -221,8 +221,11 @@ class SparseTable : public Table {
   // rows at a time (state: state_floats() floats per row, as ExportRows),
   // in slot-then-key order, from a consistent view of the tier taken when
   // the call starts. Nothing without a tier. The error of a failed read
-  // (DATA_LOSS for a corrupted block). Touches no row and no counter.
-  absl::Status ExportColdRows(size_t page_rows, DiskTier::RowPageFn fn) const;
+  // (DATA_LOSS for a corrupted block), which is then tier_failure() too
+  // (fn's own errors are not). Touches no row and no counter.
+  // With `slots`, only the rows of the slots it selects (DiskTier::ForEachRow).
+  absl::Status ExportColdRows(size_t page_rows, DiskTier::RowPageFn fn,
+                              const std::vector<bool>* slots = nullptr) const;
 
   uint32_t dim() const { return dim_; }
   // Rows in RAM (with a disk tier, the hot rows only).
@@ -453,7 +456,9 @@ class SparseTable : public Table {
   // fails, tier_failure() says so.
   void Demote(uint32_t r);
   // Records the tier's first failure (see tier_failure()) and logs it.
-  void NoteTierFailure(const absl::Status& error);
+  // Const: a failed read found by a pass that changes nothing (a
+  // checkpoint, a catch-up) is the tier's failure as much as any other.
+  void NoteTierFailure(const absl::Status& error) const;
   // With a disk tier: takes `key`'s row (absent from RAM) back from disk,
   // creating its RAM row (which may demote another) with the state and
   // bookkeeping it had; kNil when the tier has no live row of it.
@@ -574,7 +579,7 @@ class SparseTable : public Table {
   absl::Span<const uint64_t> push_keys_;
   bool push_prefetched_ = false;
   absl::flat_hash_map<uint64_t, size_t> cold_ready_;
-  absl::Status tier_failure_;       // see tier_failure()
+  mutable absl::Status tier_failure_;  // see tier_failure()
 };
 
 class DenseTable : public Table {

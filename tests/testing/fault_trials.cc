@@ -80,13 +80,13 @@ std::string CtrJobConfig(const std::string& head,
       more, "\n");
 }
 
-std::string LedgerJobConfig(const std::string& head) {
+std::string LedgerJobConfig(const std::string& head,
+                            const std::string& sparse) {
   return absl::StrCat(head, R"pb(
-    tables {
-      id: 0
-      name: "sgd"
-      sparse { dim: 1 }
-      optimizer { sgd { learning_rate: 1 } }
+                        tables { id: 0 name: "sgd"
+                                 sparse { dim: 1)pb",
+                      sparse, R"pb(}
+                                   optimizer { sgd { learning_rate: 1 } }
       init { kind: ZEROS }
     }
   )pb");

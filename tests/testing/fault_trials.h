@@ -94,8 +94,10 @@ std::string CtrJobConfig(const std::string& head,
                          const std::string& more = "");
 
 // The job of tests/testing/ledger.h after `head` (JobHead): the sparse SGD
-// table "sgd" (dim 1, learning rate 1, zeros) its pushers push integers to.
-std::string LedgerJobConfig(const std::string& head);
+// table "sgd" (dim 1, learning rate 1, zeros) its pushers push integers to;
+// `sparse` adds fields to its sparse block (e.g. a budget and a disk tier).
+std::string LedgerJobConfig(const std::string& head,
+                            const std::string& sparse = "");
 
 // The sum of "trained N examples" over one worker's log (`log`, its
 // text).
