@@ -5,6 +5,7 @@
 #include "server/checkpoint.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <utility>
@@ -32,9 +33,49 @@ absl::Status Corrupt(absl::string_view file, absl::string_view what) {
   return absl::DataLossError(absl::StrCat(file, ": ", what));
 }
 
+// Writes the rows of `keys` and `state` (stride floats each) that `keep`
+// selects as one record of table `index` (id `id`, named `name`), adding
+// them to *rows. Compacts the vectors to the rows kept.
+absl::Status WriteRowPage(ShardWriter& out, uint32_t index, uint32_t id,
+                          const std::string& name, size_t stride,
+                          const RowFilter& keep, std::vector<uint64_t>& keys,
+                          std::vector<float>& state, uint64_t* rows) {
+  if (keep.sparse) {
+    size_t kept = 0;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if (!keep.sparse(id, keys[i])) continue;
+      if (kept != i) {
+        keys[kept] = keys[i];
+        std::memmove(state.data() + kept * stride, state.data() + i * stride,
+                     stride * sizeof(float));
+      }
+      ++kept;
+    }
+    keys.resize(kept);
+    state.resize(kept * stride);
+  }
+  if (keys.empty()) return absl::OkStatus();
+  if (!AllFinite(state)) {
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if (!AllFinite(absl::MakeConstSpan(state).subspan(i * stride, stride))) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "table '", name, "': the row of key ", keys[i],
+            " holds a non-finite value and cannot be checkpointed"));
+      }
+    }
+  }
+  PS_RETURN_IF_ERROR(out.Rows(index, keys, state));
+  *rows += keys.size();
+  return absl::OkStatus();
+}
+
+// Writes the rows of `table` that `keep` selects, those in RAM then (with
+// `cold`) those on its disk tier, and the table's end.
 absl::Status WriteSparse(ShardWriter& out, uint32_t index,
-                         const SparseTable& table, const RowFilter& keep) {
+                         const SparseTable& table, const RowFilter& keep,
+                         bool cold = true) {
   const uint32_t id = table.id();
+  const std::string& name = table.config().name();
   const size_t stride = table.state_floats();
   const size_t page_rows = ShardPageRows(stride);
   std::vector<uint64_t> keys;
@@ -42,53 +83,27 @@ absl::Status WriteSparse(ShardWriter& out, uint32_t index,
   keys.reserve(page_rows);
   state.reserve(page_rows * stride);
   uint64_t rows = 0;
-  // Writes the rows in keys and state that `keep` selects.
-  auto write_page = [&]() -> absl::Status {
-    if (keep.sparse) {
-      size_t kept = 0;
-      for (size_t i = 0; i < keys.size(); ++i) {
-        if (!keep.sparse(id, keys[i])) continue;
-        if (kept != i) {
-          keys[kept] = keys[i];
-          std::memmove(state.data() + kept * stride, state.data() + i * stride,
-                       stride * sizeof(float));
-        }
-        ++kept;
-      }
-      keys.resize(kept);
-      state.resize(kept * stride);
-    }
-    if (keys.empty()) return absl::OkStatus();
-    if (!AllFinite(state)) {
-      for (size_t i = 0; i < keys.size(); ++i) {
-        if (!AllFinite(absl::MakeConstSpan(state).subspan(i * stride, stride))) {
-          return absl::FailedPreconditionError(absl::StrCat(
-              "table '", table.config().name(), "': the row of key ", keys[i],
-              " holds a non-finite value and cannot be checkpointed"));
-        }
-      }
-    }
-    PS_RETURN_IF_ERROR(out.Rows(index, keys, state));
-    rows += keys.size();
-    return absl::OkStatus();
-  };
   uint64_t cursor = 0;
   do {
     keys.clear();
     state.clear();
     cursor = table.ExportRows(cursor, page_rows, &keys, &state);
-    PS_RETURN_IF_ERROR(write_page());
+    PS_RETURN_IF_ERROR(
+        WriteRowPage(out, index, id, name, stride, keep, keys, state, &rows));
   } while (cursor != 0);
-  // The rows on disk (a disk tier), after those in RAM; a key is in one
-  // of the two.
-  PS_RETURN_IF_ERROR(table.ExportColdRows(
-      page_rows,
-      [&](absl::Span<const uint64_t> cold_keys,
-          absl::Span<const float> cold_state) -> absl::Status {
-        keys.assign(cold_keys.begin(), cold_keys.end());
-        state.assign(cold_state.begin(), cold_state.end());
-        return write_page();
-      }));
+  if (cold) {
+    // The rows on disk (a disk tier), after those in RAM; a key is in one
+    // of the two.
+    PS_RETURN_IF_ERROR(table.ExportColdRows(
+        page_rows,
+        [&](absl::Span<const uint64_t> cold_keys,
+            absl::Span<const float> cold_state) -> absl::Status {
+          keys.assign(cold_keys.begin(), cold_keys.end());
+          state.assign(cold_state.begin(), cold_state.end());
+          return WriteRowPage(out, index, id, name, stride, keep, keys, state,
+                              &rows);
+        }));
+  }
   return out.EndTable(index, rows);
 }
 
@@ -286,11 +301,13 @@ RowFilter OwnedSlotsFilter(absl::Span<const uint32_t> slot_owner, uint32_t rank)
   return filter;
 }
 
-absl::StatusOr<ShardFile> WriteShard(const std::string& checkpoint_dir,
-                                     uint32_t rank, uint64_t clock,
-                                     uint32_t num_slots,
-                                     absl::Span<const Table* const> tables,
-                                     const RowFilter& keep) {
+namespace {
+
+// The header of a shard of `tables`; INVALID_ARGUMENT for a null table or
+// a repeated id.
+absl::StatusOr<ShardHeader> MakeHeader(uint32_t rank, uint64_t clock,
+                                       uint32_t num_slots,
+                                       absl::Span<const Table* const> tables) {
   ShardHeader header;
   header.set_clock(clock);
   header.set_rank(rank);
@@ -304,6 +321,18 @@ absl::StatusOr<ShardFile> WriteShard(const std::string& checkpoint_dir,
     }
     *header.add_tables() = table->config();
   }
+  return header;
+}
+
+}  // namespace
+
+absl::StatusOr<ShardFile> WriteShard(const std::string& checkpoint_dir,
+                                     uint32_t rank, uint64_t clock,
+                                     uint32_t num_slots,
+                                     absl::Span<const Table* const> tables,
+                                     const RowFilter& keep) {
+  PS_ASSIGN_OR_RETURN(const ShardHeader header,
+                      MakeHeader(rank, clock, num_slots, tables));
   return WriteShardFile(checkpoint_dir, header, [&](ShardWriter& out) -> absl::Status {
     for (size_t i = 0; i < tables.size(); ++i) {
       const uint32_t index = static_cast<uint32_t>(i);
@@ -315,6 +344,156 @@ absl::StatusOr<ShardFile> WriteShard(const std::string& checkpoint_dir,
     }
     return absl::OkStatus();
   });
+}
+
+// What Finish needs of a tiered table: nothing of the table itself, which
+// may change or go (only its tier stays).
+struct ShardWriteInParts::Cold {
+  uint32_t id = 0;
+  std::string name;
+  size_t stride = 0;
+  const DiskTier* tier = nullptr;
+  std::unique_ptr<DiskTier::Snapshot> snapshot;
+};
+
+absl::StatusOr<std::unique_ptr<ShardWriteInParts>> ShardWriteInParts::Begin(
+    const std::string& checkpoint_dir, const std::string& spill_dir,
+    uint32_t rank, uint64_t clock, uint32_t num_slots,
+    absl::Span<const Table* const> tables, const RowFilter& keep) {
+  std::unique_ptr<ShardWriteInParts> w(new ShardWriteInParts());
+  PS_ASSIGN_OR_RETURN(w->header_, MakeHeader(rank, clock, num_slots, tables));
+  w->checkpoint_dir_ = checkpoint_dir;
+  w->spill_dir_ = spill_dir;
+  w->keep_ = keep;
+  w->cold_.resize(tables.size());
+  // The snapshots at the same moment as the rows in RAM: nothing changes
+  // the tables until Begin returns.
+  for (size_t i = 0; i < tables.size(); ++i) {
+    const SparseTable* sparse = tables[i]->AsSparse();
+    if (sparse == nullptr || sparse->disk_tier() == nullptr) continue;
+    auto cold = std::make_unique<Cold>();
+    cold->id = sparse->id();
+    cold->name = sparse->config().name();
+    cold->stride = sparse->state_floats();
+    cold->tier = sparse->disk_tier();
+    cold->snapshot = cold->tier->TakeSnapshot();
+    w->cold_[i] = std::move(cold);
+  }
+  uint64_t spilled = 0;
+  auto spill = WriteShardFile(
+      spill_dir, w->header_, [&](ShardWriter& out) -> absl::Status {
+        for (size_t i = 0; i < tables.size(); ++i) {
+          const uint32_t index = static_cast<uint32_t>(i);
+          if (const SparseTable* sparse = tables[i]->AsSparse()) {
+            spilled += sparse->num_rows();
+            PS_RETURN_IF_ERROR(
+                WriteSparse(out, index, *sparse, keep, /*cold=*/false));
+          } else {
+            PS_RETURN_IF_ERROR(
+                WriteDense(out, index, *tables[i]->AsDense(), keep));
+          }
+        }
+        return absl::OkStatus();
+      });
+  if (!spill.ok()) {
+    return Annotate(spill.status(),
+                    absl::StrCat("the checkpoint's spill in ", spill_dir));
+  }
+  w->spill_ = *std::move(spill);
+  w->spilled_rows_ = spilled;
+  return w;
+}
+
+ShardWriteInParts::~ShardWriteInParts() {
+  if (!spill_.file().empty()) {
+    std::remove(absl::StrCat(spill_dir_, "/", spill_.file()).c_str());
+  }
+}
+
+namespace {
+
+// Copies the spill's records into `out`, closing each table with its
+// tier's cold rows (`close`) and its end once its records are passed.
+class SpillMerger : public ShardVisitor {
+ public:
+  SpillMerger(
+      ShardWriter& out, size_t tables,
+      std::function<absl::Status(uint32_t index, uint64_t* count)> close)
+      : out_(out), counts_(tables, 0), close_(std::move(close)) {}
+
+  absl::Status Rows(size_t t, absl::Span<const uint64_t> keys,
+                    absl::Span<const float> state) override {
+    PS_RETURN_IF_ERROR(CloseBefore(t));
+    counts_[t] += keys.size();
+    return out_.Rows(static_cast<uint32_t>(t), keys, state);
+  }
+  absl::Status Block(size_t t, uint64_t block, absl::Span<const float> values,
+                     absl::Span<const float> state) override {
+    PS_RETURN_IF_ERROR(CloseBefore(t));
+    ++counts_[t];
+    return out_.Block(static_cast<uint32_t>(t), block, values, state);
+  }
+  // Closes the tables left (after the last record).
+  absl::Status Finish() { return CloseBefore(counts_.size()); }
+
+ private:
+  absl::Status CloseBefore(size_t t) {
+    for (; next_ < t; ++next_) {
+      const uint32_t index = static_cast<uint32_t>(next_);
+      PS_RETURN_IF_ERROR(close_(index, &counts_[next_]));
+      PS_RETURN_IF_ERROR(out_.EndTable(index, counts_[next_]));
+    }
+    return absl::OkStatus();
+  }
+
+  ShardWriter& out_;
+  std::vector<uint64_t> counts_;
+  std::function<absl::Status(uint32_t, uint64_t*)> close_;
+  size_t next_ = 0;
+};
+
+}  // namespace
+
+absl::StatusOr<ShardFile> ShardWriteInParts::Finish() {
+  PS_ASSIGN_OR_RETURN(std::unique_ptr<ShardReader> spill,
+                      ShardReader::Open(spill_dir_, spill_, header_.clock(),
+                                        OptimizerStateSize));
+  std::vector<uint64_t> keys;
+  std::vector<float> state;
+  // Writes the cold rows of table `index` (a tiered one) after its others.
+  auto close = [&](uint32_t index, uint64_t* count) -> absl::Status {
+    const Cold* cold = cold_[index].get();
+    if (cold == nullptr) return absl::OkStatus();
+    absl::Status written;
+    const uint64_t before = *count;
+    const absl::Status read = cold->tier->ForEachRow(
+        ShardPageRows(cold->stride),
+        [&](absl::Span<const uint64_t> cold_keys,
+            absl::Span<const float> cold_state) -> absl::Status {
+          keys.assign(cold_keys.begin(), cold_keys.end());
+          state.assign(cold_state.begin(), cold_state.end());
+          written = WriteRowPage(*out_, index, cold->id, cold->name,
+                                 cold->stride, keep_, keys, state, count);
+          return written;
+        },
+        nullptr, cold->snapshot.get());
+    if (!read.ok() && written.ok() && tier_error_.ok()) {
+      tier_error_ = read;
+      tier_error_table_ = cold->id;
+    }
+    cold_rows_ += *count - before;
+    return read;
+  };
+  auto shard = WriteShardFile(
+      checkpoint_dir_, header_, [&](ShardWriter& out) -> absl::Status {
+        out_ = &out;
+        SpillMerger merger(out, header_.tables_size(), close);
+        PS_RETURN_IF_ERROR(spill->ReadAll(merger));
+        return merger.Finish();
+      });
+  out_ = nullptr;
+  cold_.clear();  // the snapshots go now, not with this object
+  return shard;
 }
 
 absl::StatusOr<RestoreStats> RestoreShards(const std::string& checkpoint_dir,

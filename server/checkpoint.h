@@ -29,6 +29,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,8 @@
 #include "server/table.h"
 
 namespace ps {
+
+class ShardWriter;
 
 // Selects the rows (by table id and key) and dense blocks (by table id and
 // block index) a write or restore takes. An empty function selects all.
@@ -73,6 +76,60 @@ absl::StatusOr<ShardFile> WriteShard(const std::string& checkpoint_dir,
                                      uint32_t num_slots,
                                      absl::Span<const Table* const> tables,
                                      const RowFilter& keep = {});
+
+// A shard write that leaves the rows on disk tiers to another thread, so a
+// server with tiered tables stops serving only while it writes what it
+// holds in RAM (bounded by the memory budgets), not its whole tables.
+//
+// Begin runs where WriteShard would, with every other thread kept away
+// from the tables: it writes every row in RAM and every dense block that
+// `keep` selects to a spill shard in `spill_dir` (local scratch space,
+// created if needed) and takes a snapshot of each table's disk tier
+// (DiskTier::Snapshot). From then on the tables may change. Finish, on any
+// thread and once, writes the shard file of `checkpoint_dir` that
+// WriteShard would have written at Begin: for each table in order, its
+// records from the spill, then the cold rows of its tier's snapshot that
+// `keep` selects; then removes the spill. Finish touches no table, only
+// the tiers, which must outlive this object.
+//
+// Errors: Begin and Finish as WriteShard (Begin's own I/O errors name the
+// spill). A disk tier's read error during Finish fails it and is also
+// tier_error(): the caller fences that table's server, as for any failed
+// read of its tier.
+class ShardWriteInParts {
+ public:
+  static absl::StatusOr<std::unique_ptr<ShardWriteInParts>> Begin(
+      const std::string& checkpoint_dir, const std::string& spill_dir,
+      uint32_t rank, uint64_t clock, uint32_t num_slots,
+      absl::Span<const Table* const> tables, const RowFilter& keep = {});
+  ~ShardWriteInParts();
+  ShardWriteInParts(const ShardWriteInParts&) = delete;
+  ShardWriteInParts& operator=(const ShardWriteInParts&) = delete;
+
+  absl::StatusOr<ShardFile> Finish();
+  // The first error a disk tier's read met in Finish; OK if none.
+  const absl::Status& tier_error() const { return tier_error_; }
+  // The id of the table whose tier failed (tier_error()).
+  uint32_t tier_error_table() const { return tier_error_table_; }
+  // Sparse rows in RAM when Begin ran (what it read, backup copies
+  // included), and rows Finish wrote from the tiers.
+  uint64_t spilled_rows() const { return spilled_rows_; }
+  uint64_t cold_rows() const { return cold_rows_; }
+
+ private:
+  struct Cold;  // a tiered table's part of Finish
+  ShardWriteInParts() = default;
+
+  std::string checkpoint_dir_, spill_dir_;
+  ShardHeader header_;
+  ShardFile spill_;
+  RowFilter keep_;
+  std::vector<std::unique_ptr<Cold>> cold_;  // by table index; null: none
+  ShardWriter* out_ = nullptr;               // during Finish
+  absl::Status tier_error_;
+  uint32_t tier_error_table_ = 0;
+  uint64_t spilled_rows_ = 0, cold_rows_ = 0;
+};
 
 struct RestoreStats {
   uint64_t files = 0;         // shard files read

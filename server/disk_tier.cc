@@ -386,16 +386,23 @@ absl::StatusOr<uint64_t> DiskTier::DeleteSlots(const std::vector<bool>& slots) {
   return removed;
 }
 
+DiskTier::Snapshot::~Snapshot() { db_->ReleaseSnapshot(snapshot_); }
+
+std::unique_ptr<DiskTier::Snapshot> DiskTier::TakeSnapshot() const {
+  return std::unique_ptr<Snapshot>(new Snapshot(db_.get(), db_->GetSnapshot()));
+}
+
 absl::Status DiskTier::ForEachRow(size_t page_rows, RowPageFn fn,
-                                  const std::vector<bool>* slots) const {
+                                  const std::vector<bool>* slots,
+                                  const Snapshot* at) const {
   page_rows = std::max<size_t>(page_rows, 1);
   // One snapshot for every range, so the slots are read as of one moment.
-  const rocksdb::Snapshot* snapshot = db_->GetSnapshot();
-  struct Release {
-    rocksdb::DB* db;
-    const rocksdb::Snapshot* snapshot;
-    ~Release() { db->ReleaseSnapshot(snapshot); }
-  } release{db_.get(), snapshot};
+  std::unique_ptr<Snapshot> own;
+  if (at == nullptr) {
+    own = TakeSnapshot();
+    at = own.get();
+  }
+  const rocksdb::Snapshot* snapshot = at->snapshot_;
   std::vector<uint64_t> keys;
   std::vector<float> states;
   keys.reserve(page_rows);

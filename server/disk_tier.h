@@ -41,6 +41,7 @@
 namespace rocksdb {
 class Cache;
 class DB;
+class Snapshot;
 class Statistics;
 }  // namespace rocksdb
 
@@ -73,6 +74,20 @@ struct DiskTierCounters {
 
 class DiskTier {
  public:
+  class Snapshot {
+   public:
+    ~Snapshot();
+    Snapshot(const Snapshot&) = delete;
+    Snapshot& operator=(const Snapshot&) = delete;
+
+   private:
+    friend class DiskTier;
+    Snapshot(rocksdb::DB* db, const rocksdb::Snapshot* snapshot)
+        : db_(db), snapshot_(snapshot) {}
+    rocksdb::DB* db_;
+    const rocksdb::Snapshot* snapshot_;
+  };
+
   // The least RAM a tier works in: two small memtables and a few blocks.
   static constexpr uint64_t kMinTierMemory = uint64_t{256} << 10;
 
@@ -141,10 +156,19 @@ class DiskTier {
   // selects, each slot's range read on its own (a catch-up or a digest of
   // some slots reads nothing of the others); a `slots` of another size than
   // Options::num_slots selects every row (the caller filters).
+  // With `at`, the view is that snapshot's instead of the call's start.
   using RowPageFn = absl::FunctionRef<absl::Status(
       absl::Span<const uint64_t> keys, absl::Span<const float> states)>;
   absl::Status ForEachRow(size_t page_rows, RowPageFn fn,
-                          const std::vector<bool>* slots = nullptr) const;
+                          const std::vector<bool>* slots = nullptr,
+                          const Snapshot* at = nullptr) const;
+
+  // The rows as they are now, for a ForEachRow later, while the tier
+  // changes (a checkpoint's cut written off the serving thread). Destroy
+  // it before the tier. Keeping one keeps the files of rows deleted or
+  // replaced since from being compacted away: disk use grows with the
+  // writes made while it lives.
+  std::unique_ptr<Snapshot> TakeSnapshot() const;
 
   // Rows held.
   uint64_t rows() const { return rows_.load(std::memory_order_relaxed); }

@@ -440,8 +440,12 @@ void KVServer::Impl::Serve() {
       RunMoveWork(*own, idle);
       AdvanceTables();
       // A failure met outside a request (a BSP step applied, a TTL
-      // expiry) fences the server too.
-      if (!tiered_.empty()) StorageFailed();
+      // expiry, a checkpoint's read of the cold rows) fences the server
+      // too.
+      if (!tiered_.empty()) {
+        FinishCheckpointWrite(/*wait=*/false);
+        StorageFailed();
+      }
       Watchdog();
       if (table_stats_.Due(options_.clock->Now())) PublishTableStats();
       MaybeMeasureSlots(*own);
@@ -451,6 +455,8 @@ void KVServer::Impl::Serve() {
       ServerLog()->warn("data plane: {}", e.what());
     }
   }
+  // A checkpoint being written is reported before the server stops.
+  FinishCheckpointWrite(/*wait=*/true);
   PublishTableStats();
   if (replicated_) LogReplicationSummary();
   serving_.MarkStopped();

@@ -4,6 +4,7 @@
 // reached (server/checkpoint.h), runs again what the gate held, and
 // restores from the view's checkpoint once. Runs on the serving thread.
 #include <algorithm>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -17,6 +18,7 @@ namespace ps {
 
 void KVServer::Impl::Restore(const Ownership& own) {
   FinishDrop();
+  FinishCheckpointWrite(/*wait=*/true);  // it reads the tables' tiers
   checkpoint_gate_.MarkRestoreTried();
   if (own.restore.path().empty()) return;
   // With replication a replacement server usually owns nothing (its old
@@ -98,6 +100,7 @@ void KVServer::Impl::NoteCheckpointClock(const Ownership& own) {
 void KVServer::Impl::MaybeWriteCheckpoint(const Ownership& own) {
   if (!checkpoint_gate_.ReadyToWrite(consistency_)) return;
   FinishDrop();  // no row of a slot moved away is written
+  FinishCheckpointWrite(/*wait=*/true);  // one shard write at a time
   const uint64_t c = checkpoint_gate_.StartWrite();
   const std::string dir = CheckpointPath(options_.config.checkpoint().dir(), c);
   std::vector<const Table*> tables;
@@ -105,10 +108,68 @@ void KVServer::Impl::MaybeWriteCheckpoint(const Ownership& own) {
   const absl::Time start = options_.clock->Now();
   // With replication this server also holds backup copies of other
   // servers' slots; each slot is written by its owner only.
-  auto written = WriteShard(
-      dir, own.rank, c, static_cast<uint32_t>(own.slot_owner.size()), tables,
-      own.replicated ? OwnedSlotsFilter(own.slot_owner, own.rank)
-                     : RowFilter{});
+  const RowFilter keep =
+      own.replicated ? OwnedSlotsFilter(own.slot_owner, own.rank) : RowFilter{};
+  const uint32_t num_slots = static_cast<uint32_t>(own.slot_owner.size());
+  // A server that stops after this checkpoint (preemption) writes it
+  // whole here: nothing may be applied after the cut before it leaves.
+  if (!tiered_.empty() && !serving_.stop_after_checkpoint()) {
+    auto begun = ShardWriteInParts::Begin(
+        dir, absl::StrCat(tier_roots_.begin()->second->path(), "/spill"),
+        own.rank, c, num_slots, tables, keep);
+    if (!begun.ok()) {
+      ReportCheckpoint(c, begun.status(), start);
+    } else {
+      // The cut is on the spill and the tiers' snapshots: the requests
+      // held for it may run, while the cold rows are written.
+      const absl::Duration paused = options_.clock->Now() - start;
+      ServerLog()->info(
+          "checkpoint at clock {}: {} rows in RAM spilled in {:.1f} ms; "
+          "writing the cold rows while serving",
+          c, (*begun)->spilled_rows(), absl::ToDoubleMilliseconds(paused));
+      const WakeFd* wake = &tier_waits_.wake;
+      shard_write_.Start(c, start, paused, *std::move(begun),
+                         [wake] { wake->Wake(); });
+    }
+    ReleaseHeld(own);
+    return;
+  }
+  auto written = WriteShard(dir, own.rank, c, num_slots, tables, keep);
+  ReportCheckpoint(c, written, start);
+  if (written.ok() && serving_.stop_after_checkpoint()) {
+    ServerLog()->info(
+        "stopping after checkpoint at clock {}: {} held request(s) left "
+        "for the workers to route again",
+        c, checkpoint_gate_.held_count());
+    serving_.RequestStop();
+    return;
+  }
+  ReleaseHeld(own);
+}
+
+void KVServer::Impl::FinishCheckpointWrite(bool wait) {
+  if (!shard_write_.busy() || (!wait && !shard_write_.done())) return;
+  std::optional<ShardWriteThread::Ended> ended = shard_write_.Take();
+  const ShardWriteInParts& write = *ended->write;
+  if (!write.tier_error().ok()) {
+    // Its tier cannot be trusted: the server is fenced (StorageFailed).
+    auto it = tables_.find(write.tier_error_table());
+    if (it != tables_.end() && it->second->AsSparse() != nullptr)
+      it->second->AsSparse()->NoteTierFailure(write.tier_error());
+  }
+  if (ended->result.ok()) {
+    ServerLog()->info(
+        "checkpoint at clock {}: {} cold rows written while serving (it "
+        "paused {:.1f} ms for the rows in RAM)",
+        ended->clock, write.cold_rows(),
+        absl::ToDoubleMilliseconds(ended->paused));
+  }
+  ReportCheckpoint(ended->clock, ended->result, ended->start);
+}
+
+void KVServer::Impl::ReportCheckpoint(uint64_t c,
+                                      const absl::StatusOr<ShardFile>& written,
+                                      absl::Time start) {
   ReportCheckpointRequest report;
   report.set_clock(c);
   report.set_ok(written.ok());
@@ -127,15 +188,6 @@ void KVServer::Impl::MaybeWriteCheckpoint(const Ownership& own) {
                        written.status().ToString());
   }
   if (options_.on_checkpoint) options_.on_checkpoint(report);
-  if (written.ok() && serving_.stop_after_checkpoint()) {
-    ServerLog()->info(
-        "stopping after checkpoint at clock {}: {} held request(s) left "
-        "for the workers to route again",
-        c, checkpoint_gate_.held_count());
-    serving_.RequestStop();
-    return;
-  }
-  ReleaseHeld(own);
 }
 
 void KVServer::Impl::ReleaseHeld(const Ownership& own) {

@@ -51,6 +51,7 @@
 #include "server/server_metrics.h"
 #include "server/server_view.h"
 #include "server/serving_thread.h"
+#include "server/shard_write_thread.h"
 #include "server/slot_digest.h"
 #include "server/step_buffers.h"
 #include "server/table.h"
@@ -383,7 +384,17 @@ class KVServer::Impl {
   // Checkpoints: takes up the view's checkpoint clock, writes the shard
   // when the cut is reached, restores from the view's checkpoint once.
   void NoteCheckpointClock(const Ownership& own);
+  // With a disk tier the cold rows are written off the serving thread
+  // (ShardWriteInParts, shard_write_): the serving thread writes what is
+  // in RAM and goes on; FinishCheckpointWrite reports the shard once it
+  // is written (`wait`: waits for it; else only if it ended).
   void MaybeWriteCheckpoint(const Ownership& own);
+  void FinishCheckpointWrite(bool wait);
+  // Counts, logs and reports (Options::on_checkpoint) the shard written
+  // for the checkpoint at `clock`, or its error.
+  void ReportCheckpoint(uint64_t clock,
+                        const absl::StatusOr<ShardFile>& written,
+                        absl::Time start);
   void ReleaseHeld(const Ownership& own);
   void Restore(const Ownership& own);
   // (Re)creates every table of the config, empty: the tables with a disk
@@ -411,6 +422,9 @@ class KVServer::Impl {
   absl::flat_hash_map<uint32_t, std::unique_ptr<Table>> tables_;
   // The sparse tables of tables_ with a disk tier (CreateTables).
   std::vector<SparseTable*> tiered_;
+  // A checkpoint's cold rows being written (declared after tables_: it
+  // waits for the write, which reads their tiers, before they go).
+  ShardWriteThread shard_write_;
   // Serving thread: whether a tiered table's tier failed; the first time,
   // records storage_failure_ and fences the server. Without tiers: false,
   // at no cost.

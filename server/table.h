@@ -173,6 +173,11 @@ class SparseTable : public Table {
   // disk), so its server stops serving and is recovered as a crashed one
   // (KVServer::storage_failure). Same thread as the table's other calls.
   const absl::Status& tier_failure() const { return tier_failure_; }
+  // Records the tier's first failure (see tier_failure()) and logs it.
+  // Const: a failed read found by a pass that changes nothing (a
+  // checkpoint, a catch-up) is the tier's failure as much as any other.
+  // Same thread as the table's other calls.
+  void NoteTierFailure(const absl::Status& error) const;
   // Bytes of the budget the disk tier takes (DiskTierConfig.memory_bytes or
   // its default); 0 without a tier.
   static uint64_t TierMemoryBytes(const SparseTableConfig& config);
@@ -455,10 +460,6 @@ class SparseTable : public Table {
   // row is lost, as without a tier; the tier counts it. When the tier
   // fails, tier_failure() says so.
   void Demote(uint32_t r);
-  // Records the tier's first failure (see tier_failure()) and logs it.
-  // Const: a failed read found by a pass that changes nothing (a
-  // checkpoint, a catch-up) is the tier's failure as much as any other.
-  void NoteTierFailure(const absl::Status& error) const;
   // With a disk tier: takes `key`'s row (absent from RAM) back from disk,
   // creating its RAM row (which may demote another) with the state and
   // bookkeeping it had; kNil when the tier has no live row of it.

@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -301,6 +302,85 @@ TEST(TieredTableCheckpointTest,
     const Table* restored_tables[] = {target.get()};
     EXPECT_EQ(DigestTables(restored_tables), before);
   }
+  std::filesystem::remove_all(dir);
+}
+
+// A shard written in parts holds the rows as they were at Begin, those in
+// RAM and those on disk, while the table goes on changing (every row
+// pushed again, promoted and demoted) as Finish runs on another thread.
+TEST(TieredTableCheckpointTest,
+     AShardWrittenInPartsHoldsItsCutWhileTheTableGoesOn) {
+  const std::string dir = TierDir() + "_parts";
+  const TableConfig tc = Config(
+      "adagrad { learning_rate: 0.1 }",
+      absl::StrCat("dim: 8 admit_after_pushes: 1 memory_budget_bytes: 1048576 "
+                   "eviction: EVICT_LFU disk_tier { dir: \"",
+                   dir, "\" }"));
+  TableConfig plain_config =
+      Config("adagrad { learning_rate: 0.1 }", "dim: 8 admit_after_pushes: 1");
+  plain_config.set_id(7);
+  auto tiered = Create(tc);
+  auto plain = Create(plain_config);
+  ASSERT_NE(tiered, nullptr);
+  ASSERT_NE(plain, nullptr);
+  std::vector<uint64_t> keys(20000);
+  for (size_t i = 0; i < keys.size(); ++i) keys[i] = Mix64(i);
+  std::vector<float> grads(keys.size() * 8, 0.25f);
+  tiered->Push(keys, grads.data());
+  plain->Push(absl::MakeConstSpan(keys).subspan(0, 500), grads.data());
+  ASSERT_GT(tiered->Stats().cold_rows(), 10000u);
+  // Half the keys, as a server's own slots would be.
+  RowFilter keep;
+  keep.sparse = [](uint32_t, uint64_t key) { return key % 2 == 0; };
+  auto kept = [](std::map<uint64_t, std::vector<float>> rows) {
+    for (auto it = rows.begin(); it != rows.end();) {
+      it = it->first % 2 == 0 ? std::next(it) : rows.erase(it);
+    }
+    return rows;
+  };
+  const auto want_tiered = kept(AllRows(*tiered));
+  const auto want_plain = kept(AllRows(*plain));
+
+  // The tiered table comes first, so its cold rows go between the spill's
+  // records of both tables.
+  const Table* tables[] = {tiered.get(), plain.get()};
+  auto write = ShardWriteInParts::Begin(dir + "/ckpt", dir + "/spill", 0, 5, 64,
+                                        tables, keep);
+  ASSERT_TRUE(write.ok()) << write.status();
+  // Changed before Finish begins, and while it runs.
+  std::vector<float> more(keys.size() * 8, -0.5f);
+  auto change = [&] {
+    tiered->Push(keys, more.data());
+    plain->Push(absl::MakeConstSpan(keys).subspan(0, 500), more.data());
+  };
+  change();
+  change();
+  absl::StatusOr<ShardFile> shard = absl::UnknownError("not run");
+  std::thread finish([&] { shard = (*write)->Finish(); });
+  change();
+  finish.join();
+  ASSERT_TRUE(shard.ok()) << shard.status();
+  EXPECT_GT((*write)->cold_rows(), 5000u);
+  EXPECT_GT((*write)->spilled_rows(), 500u);
+  write->reset();
+  EXPECT_TRUE(std::filesystem::is_empty(dir + "/spill"));
+
+  CheckpointManifest manifest;
+  manifest.set_clock(5);
+  manifest.set_num_servers(1);
+  manifest.set_num_slots(64);
+  *manifest.add_shards() = *shard;
+  TableConfig restored_tiered_config = plain_config;
+  restored_tiered_config.set_id(4);
+  auto restored_tiered = Create(restored_tiered_config);
+  auto restored_plain = Create(plain_config);
+  Table* targets[] = {restored_tiered.get(), restored_plain.get()};
+  auto restored = RestoreShards(dir + "/ckpt", manifest, targets, RowFilter{});
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  EXPECT_TRUE(AllRows(*restored_tiered) == want_tiered);
+  EXPECT_TRUE(AllRows(*restored_plain) == want_plain);
+  EXPECT_EQ(want_tiered.size() + want_plain.size(), restored->rows_restored);
+  tiered.reset();
   std::filesystem::remove_all(dir);
 }
 

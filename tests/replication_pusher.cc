@@ -14,6 +14,8 @@
 // --mixed, keys of every server (the client splits the push among them).
 // The client follows the cluster views, so pushes to a dead server go to
 // the backup that takes over its slots (with the same sequence numbers).
+// With --clock_every=N it also ends a step (ADVANCE_CLOCK) after every N
+// pushes sent, so that the job's clock moves and checkpoints are taken.
 // Exit code 0 when every push was acknowledged, 1 otherwise (or on error).
 #include <sys/stat.h>
 
@@ -44,6 +46,8 @@ ABSL_FLAG(std::string, table, "sgd", "Sparse table (dim 1) to push to.");
 ABSL_FLAG(uint64_t, keys, 1000, "Push to keys 0..keys-1.");
 ABSL_FLAG(int, batch, 16, "Keys per push.");
 ABSL_FLAG(int, inflight, 8, "Pushes in flight at a time.");
+ABSL_FLAG(int, clock_every, 0,
+          "End a step after every this many pushes sent; 0: never.");
 ABSL_FLAG(uint32_t, seed, 1, "Random seed (keys and gradients).");
 ABSL_FLAG(std::string, stop_file, "", "Stop once this file exists. Required.");
 ABSL_FLAG(std::string, progress_file, "",
@@ -189,6 +193,15 @@ int main(int argc, char** argv) {
       --in_flight;
       if (s.ok()) ++acked;
     });
+    const int clock_every = absl::GetFlag(FLAGS_clock_every);
+    if (clock_every > 0 && pushes.size() % clock_every == 0) {
+      // The step ends after the pushes sent before (each server keeps its
+      // connection's order). Not waited for: one refused while a dead
+      // server's slots move is overtaken by the next.
+      (*client)->AdvanceClock();
+      // The scheduler takes checkpoints at the clocks workers report.
+      (*member)->set_clock((*client)->clock());
+    }
   }
   {
     absl::MutexLock lock(&mu);

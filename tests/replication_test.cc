@@ -74,18 +74,29 @@ constexpr int kAttempts = 3;
 // SGD, dim 1, less the tier's share) and the rest on disk.
 constexpr int kTieredKeys = 150000;
 
-std::string ConfigText(const std::string& tier_dir) {
-  return ::ps::testing::LedgerJobConfig(
-      ::ps::testing::JobHead(
-          "replicated-failover", /*servers=*/3, /*workers=*/kPushers,
-          /*slots=*/64, kHeartbeatTimeoutMs,
-          "request_timeout_ms: 60000 failover_timeout_ms: 60000 replication: "
-          "2"),
-      tier_dir.empty()
+// With a checkpoint directory, a checkpoint every kCheckpointSteps steps
+// (the pushers end a step every kPushesPerStep pushes).
+constexpr int kCheckpointSteps = 20;
+constexpr int kPushesPerStep = 8;
+
+std::string ConfigText(const std::string& tier_dir,
+                       const std::string& checkpoint_dir) {
+  return absl::StrCat(
+      ::ps::testing::LedgerJobConfig(
+          ::ps::testing::JobHead(
+              "replicated-failover", /*servers=*/3, /*workers=*/kPushers,
+              /*slots=*/64, kHeartbeatTimeoutMs,
+              "request_timeout_ms: 60000 failover_timeout_ms: 60000 "
+              "replication: 2"),
+          tier_dir.empty()
+              ? ""
+              : absl::StrCat("memory_budget_bytes: 1048576 eviction: "
+                             "EVICT_LRU disk_tier { dir: \"",
+                             tier_dir, "\" buffered_io: true }")),
+      checkpoint_dir.empty()
           ? ""
-          : absl::StrCat("memory_budget_bytes: 1048576 eviction: EVICT_LRU "
-                         "disk_tier { dir: \"",
-                         tier_dir, "\" buffered_io: true }"));
+          : absl::StrCat("checkpoint { dir: \"", checkpoint_dir,
+                         "\" interval_steps: ", kCheckpointSteps, " }"));
 }
 
 uint64_t Seed() {
@@ -195,7 +206,8 @@ class ReplicationFailoverTest : public ::testing::Test {
   bool StartJob() {
     JobHarness::Options options;
     options.dir = dir_;
-    options.config = ConfigText(tiered_ ? dir_ + "/tier" : "");
+    options.config = ConfigText(tiered_ ? dir_ + "/tier" : "",
+                                checkpoints_ ? dir_ + "/ckpt" : "");
     options.num_servers = 3;
     options.num_workers = 0;
     auto job = JobHarness::Start(options);
@@ -257,6 +269,7 @@ class ReplicationFailoverTest : public ::testing::Test {
     LedgerPushers::Options ledger = LedgerPushers::ForJob(*job_, Seed());
     ledger.pushers = kPushers;
     ledger.keys = tiered_ ? kTieredKeys : kKeys;
+    if (checkpoints_) ledger.clock_every = kPushesPerStep;
     auto pushers = LedgerPushers::Start(ledger, absl::Seconds(30));
     if (!pushers.ok()) {
       Problem(absl::StrCat("pushers: ", pushers.status().ToString()));
@@ -444,6 +457,7 @@ class ReplicationFailoverTest : public ::testing::Test {
   }
 
   bool tiered_ = false;  // the table has a disk tier (ConfigText)
+  bool checkpoints_ = false;  // the job takes periodic checkpoints
   std::string base_dir_, dir_;
   std::mt19937_64 rng_;
   std::unique_ptr<JobHarness> job_;
@@ -488,6 +502,58 @@ TEST_F(ReplicationFailoverTest,
       Problem(absl::StrCat("the survivors demoted only ", demoted,
                            " rows: the tier was not under way"));
     }
+  });
+}
+
+// Checkpoints of tiered tables write their cold rows while serving: a
+// server killed in the middle of writing one loses no acknowledged push
+// (its backup takes over), and the job checkpoints again without it.
+TEST_F(ReplicationFailoverTest,
+       ServerKilledWhileWritingACheckpointLosesNoAcknowledgedPush) {
+  tiered_ = true;
+  checkpoints_ = true;
+  RunAttempts([&] {
+    if (!StartJob() || !StartPushers()) return;
+    const uint32_t rank = static_cast<uint32_t>(rng_() % 3);
+    int victim = -1;
+    for (size_t i = 0; i < ranks_.size(); ++i) {
+      if (ranks_[i] == rank) victim = static_cast<int>(i);
+    }
+    // The third write of the victim's cold rows that begins: killed as
+    // soon as its beginning is in the log.
+    const char kBegun[] = "writing the cold rows while serving";
+    const absl::Time give_up = absl::Now() + absl::Seconds(60);
+    while (LinesWith(ServerLog(victim), kBegun).size() < 3 &&
+           absl::Now() < give_up) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    if (LinesWith(ServerLog(victim), kBegun).size() < 3) {
+      Problem(absl::StrCat("server ", rank, " began no third checkpoint:\n",
+                           ServerLog(victim)));
+      return;
+    }
+    if (!KillAndWaitForFailover(rank)) return;
+    const size_t begun = LinesWith(ServerLog(victim), kBegun).size();
+    const size_t ended =
+        LinesWith(ServerLog(victim), "cold rows written while serving").size();
+    std::printf(
+        "server %u killed with %zu of its %zu checkpoint writes "
+        "ended\n",
+        rank, ended, begun);
+    // The survivors checkpoint again, without the dead server's shard.
+    const size_t committed_before =
+        LinesWith(::ps::testing::SchedulerLogs(*job_), "committed").size();
+    const absl::Time until = absl::Now() + absl::Seconds(30);
+    while (LinesWith(::ps::testing::SchedulerLogs(*job_), "committed").size() <=
+               committed_before &&
+           absl::Now() < until) {
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    if (LinesWith(::ps::testing::SchedulerLogs(*job_), "committed").size() <=
+        committed_before) {
+      Problem("no checkpoint committed after the kill");
+    }
+    StopAndVerify();
   });
 }
 

@@ -82,14 +82,12 @@ std::string CtrJobConfig(const std::string& head,
 
 std::string LedgerJobConfig(const std::string& head,
                             const std::string& sparse) {
-  return absl::StrCat(head, R"pb(
-                        tables { id: 0 name: "sgd"
-                                 sparse { dim: 1)pb",
-                      sparse, R"pb(}
-                                   optimizer { sgd { learning_rate: 1 } }
-      init { kind: ZEROS }
-    }
-  )pb");
+  // Spaces around `sparse` are in the strings, where clang-format keeps
+  // them.
+  return absl::StrCat(head, "tables { id: 0 name: \"sgd\" sparse { dim: 1 ",
+                      sparse,
+                      " } optimizer { sgd { learning_rate: 1 } } "
+                      "init { kind: ZEROS } }\n");
 }
 
 namespace {

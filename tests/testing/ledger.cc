@@ -51,7 +51,8 @@ absl::StatusOr<LedgerPushers> LedgerPushers::Start(Options options,
              "--stop_file=" + o.dir + "/stop",
              absl::StrCat("--progress_file=", o.dir, "/progress", i),
              absl::StrCat("--ledger=", o.dir, "/ledger", i),
-             absl::StrCat("--mixed=", o.mixed ? "true" : "false")}),
+             absl::StrCat("--mixed=", o.mixed ? "true" : "false"),
+             absl::StrCat("--clock_every=", o.clock_every)}),
         absl::StrCat(o.dir, "/pusher", i, ".out"),
         absl::StrCat(o.dir, "/pusher", i, ".log"));
     if (!pusher.ok()) return pusher.status();

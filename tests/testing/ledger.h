@@ -41,6 +41,9 @@ class LedgerPushers {
     // Each push spans every server (tests/replication_pusher --mixed)
     // instead of carrying one server's keys.
     bool mixed = false;
+    // Each pusher ends a step after every this many pushes
+    // (tests/replication_pusher --clock_every); 0: never.
+    int clock_every = 0;
     // Binaries, as Runfile() paths.
     std::string pusher_binary = "tests/replication_pusher";
     std::string reader_binary = "worker/kv_tool";
