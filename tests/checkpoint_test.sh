@@ -13,7 +13,10 @@
 #      replacement restores and the job finishes;
 #   6. a server whose disk tier's files are corrupted mid-training detects
 #      it, refuses every request from then on and exits 6; a replacement
-#      restores (cold rows included) and the job finishes.
+#      restores (cold rows included) and the job finishes;
+#   7. 1 and 2 with most rows on disk tiers: the 3 servers write their cold
+#      rows while serving, and the checkpoint restored onto 2 and onto 4
+#      tiered servers (most rows demoted again) holds identical parameters.
 set -euo pipefail
 source "$TEST_SRCDIR/$TEST_WORKSPACE/tests/testing/test_lib.sh"
 PSCTL="$R/scheduler/psctl"
@@ -233,4 +236,46 @@ s="$(cat "$RUN/summary.json")"
 echo "damaged tier: $s"
 auc="$(json_field "$s" test_auc)"
 check "$auc > 0.7" "damaged tier: test AUC $auc"
+
+# ---------------------------------------------------------------- 7
+RUN="$T/tiered3"
+CK="$T/ck-tiered"
+TIERED="memory_budget_bytes: 1048576 eviction: EVICT_LFU disk_tier { dir: \"$T/tier7\" buffered_io: true }"
+config 3 "$CK" false 25 300000 "$TIERED" "max_vocab: 20000" > "$RUN.pbtxt"
+start_scheduler "$RUN" "$RUN.pbtxt"
+for i in 0 1 2; do start_server "$RUN" "$RUN.pbtxt" "server$i"; done
+W=()
+for i in 0 1; do start_trainer "$RUN" "$RUN.pbtxt" "worker$i"; W+=("$LAST_PID"); done
+for pid in "${W[@]}"; do wait_exit "$pid" 180 || fail "tiered3: a worker failed"; done
+wait_exit "$SCHED_PID" 30 || fail "tiered3: scheduler did not finish"
+grep -h "cold rows written while serving" "$RUN"/server*.log | tail -n 3
+cold=$(grep -h "cold rows written while serving" "$RUN"/server*.log |
+  sed -E 's/.*: ([0-9]+) cold rows.*/\1/' | sort -n | tail -n 1)
+check "${cold:-0} > 1000" "tiered3: the largest write of cold rows while serving held ${cold:-0} rows"
+NEWEST="$(newest_complete "$CK")"
+[ -n "$NEWEST" ] || fail "tiered3: no complete checkpoint in $CK"
+D3="$(digest "$NEWEST")"
+echo "tiered3: newest $(basename "$NEWEST") digest $D3"
+for m in 2 4; do
+  RUN="$T/tiered-reshard$m"
+  CKM="$T/ck-tiered$m"
+  mkdir -p "$CKM"
+  cp -r "$NEWEST" "$CKM/"
+  config "$m" "$CKM" true 0 200000 "$TIERED" "max_vocab: 20000" > "$RUN.pbtxt"
+  start_scheduler "$RUN" "$RUN.pbtxt"
+  S=()
+  for i in $(seq 0 $((m - 1))); do
+    start_server "$RUN" "$RUN.pbtxt" "server$i"; S+=("$LAST_PID")
+  done
+  wait_until 30 job_running || fail "tiered reshard $m: the job did not start"
+  "$PSCTL" --scheduler="$ADDRESS" --timeout_ms=30000 checkpoint --wait \
+    > "$RUN/psctl.out" 2>&1 || { cat "$RUN/psctl.out" >&2; fail "tiered reshard $m: checkpoint failed"; }
+  AGAIN="$(newest_complete "$CKM")"
+  [ "$AGAIN" != "$CKM/$(basename "$NEWEST")" ] || fail "tiered reshard $m: no new checkpoint"
+  grep -h "cold rows written while serving" "$RUN"/server*.log
+  DM="$(digest "$AGAIN")"
+  echo "tiered reshard: 3 -> $m servers: digest $DM (original $D3)"
+  [ "$DM" = "$D3" ] || fail "tiered parameters restored on $m servers differ from the 3-server checkpoint"
+  for pid in "${S[@]}" "$SCHED_PID"; do kill -KILL "$pid" 2>/dev/null || true; done
+done
 echo "PASS"
