@@ -493,6 +493,10 @@ bool KVServer::Impl::HandleMessage(zmq::message_t identity,
   if (replicated_) {
     RequestHeader header;
     if (replication::IsReplica(frames, &header)) {
+      if (!tier_checked && !tiered_.empty() &&
+          WaitForColdRows(identity, frames)) {
+        return false;
+      }
       HandleReplica(std::move(identity), std::move(frames), header, own);
       return false;
     }

@@ -134,8 +134,9 @@ class KVServer::Impl {
                        std::vector<zmq::message_t>& frames);
   // The reader's batch a request must wait for before it is processed (0:
   // none), the reads it needs started, and its table. Requests that are
-  // not a tiered table's PUSH, PULL or PUSH_PULL, or that do not decode,
-  // wait for nothing (the pipeline answers the latter).
+  // not a tiered table's PUSH, PULL or PUSH_PULL (or a replica message
+  // applying an update or importing rows), or that do not decode, wait
+  // for nothing (the pipeline answers the latter).
   uint64_t ColdWaitOf(std::vector<zmq::message_t>& frames, SparseTable** table);
   // Installs the readers' finished batches and handles, in each sender's
   // order, the requests whose rows are now staged.

@@ -30,11 +30,25 @@ uint64_t KVServer::Impl::ColdWaitOf(std::vector<zmq::message_t>& frames,
   RequestHeader h;
   if (!h.ParseFromArray(frames[0].data(), static_cast<int>(frames[0].size())))
     return 0;
-  if (h.op() != PUSH && h.op() != PULL && h.op() != PUSH_PULL) return 0;
+  // A primary's update forwarded to this backup, or a catch-up's rows,
+  // waits for its cold rows like a worker's push (behind it, the
+  // primary's later messages).
+  const ReplicaKind kind =
+      h.replica() ? h.replica_info().kind() : REPLICA_KIND_UNSPECIFIED;
+  if (h.replica() ? kind != REPLICA_APPLY && kind != REPLICA_ROWS
+                  : h.op() != PUSH && h.op() != PULL && h.op() != PUSH_PULL) {
+    return 0;
+  }
   const auto it = tables_.find(h.table_id());
   if (it == tables_.end()) return 0;
   SparseTable* sparse = it->second->AsSparse();
   if (sparse == nullptr || sparse->cold_reader() == nullptr) return 0;
+  if (h.replica()) {
+    replication::ReplicaMessage m;
+    if (!replication::DecodeReplica(frames, &m).ok()) return 0;
+    *table = sparse;
+    return sparse->ColdWait(m.keys);
+  }
   // Decoded in full only now (values included): requests of other tables
   // pay for the header alone.
   DecodedRequest req;
