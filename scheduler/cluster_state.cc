@@ -219,6 +219,8 @@ absl::StatusOr<HeartbeatResponse> ClusterState::Heartbeat(
     slot_bytes_[request.node_id()].assign(request.slot_bytes().begin(),
                                           request.slot_bytes().end());
   }
+  if (hb.info.role() == SERVER && request.has_storage())
+    storage_[request.node_id()] = request.storage();
   HeartbeatResponse response;
   response.set_epoch(view_.epoch());
   response.set_job_state(view_.job_state());
@@ -631,6 +633,10 @@ ClusterState::Monitoring ClusterState::Monitor() const {
     if (node.info.role() == WORKER && node.clock < kFinishedClock &&
         node.pace.started()) {
       a.steps_per_second = node.pace.steps_per_second();
+    }
+    if (auto it = storage_.find(id); it != storage_.end()) {
+      a.has_storage = true;
+      a.storage = it->second;
     }
   }
   m.heartbeats = heartbeats_;

@@ -235,6 +235,9 @@ class ClusterState {
     // Workers still training: steps per second over recent heartbeats;
     // -1 when not known yet (or not a training worker).
     double steps_per_second = -1;
+    // Servers with a disk tier: their last report (HeartbeatRequest.storage).
+    bool has_storage = false;
+    ServerStorage storage;
   };
   struct Monitoring {
     // Live nodes, by node id.
@@ -616,6 +619,9 @@ class ClusterState {
   std::vector<uint32_t> removing_ ABSL_GUARDED_BY(mu_);
   // Server node id -> the bytes per slot it last reported
   // (HeartbeatRequest.slot_bytes); not journaled (reported again).
+  // The servers' last HeartbeatRequest.storage, by node id; not journaled
+  // (reported again).
+  absl::flat_hash_map<uint64_t, ServerStorage> storage_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, std::vector<uint64_t>> slot_bytes_
       ABSL_GUARDED_BY(mu_);
   // By slot: when its backup last changed while the job ran (InfinitePast:

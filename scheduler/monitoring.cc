@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <map>
 #include <utility>
 #include <vector>
 
@@ -288,6 +289,42 @@ void AppendNodesTable(const ClusterSnapshot& snap, std::string* html) {
   absl::StrAppend(html, "</table>\n");
 }
 
+// The disk tiers' table: one row per live server that reported what its
+// tiered tables hold; nothing when none did.
+void AppendStorageTable(const ClusterSnapshot& snap, std::string* html) {
+  std::map<uint32_t, const ServerStorage*> by_rank;
+  for (const NodeInfo& n : snap.status.view().nodes()) {
+    if (n.role() != SERVER || n.state() != ALIVE) continue;
+    auto it = snap.monitoring.nodes.find(n.node_id());
+    if (it != snap.monitoring.nodes.end() && it->second.has_storage)
+      by_rank[n.rank()] = &it->second.storage;
+  }
+  if (by_rank.empty()) return;
+  absl::StrAppend(
+      html, "<h2>Disk tiers</h2>\n<table class=\"nodes tiers\">\n",
+      "<tr><th>Server</th><th>Rows in RAM</th><th>Rows on disk</th>"
+      "<th>On disk</th><th>Tier RAM</th><th>Rows read from disk</th>"
+      "<th>Requests that waited for the disk</th></tr>\n");
+  for (const auto& [rank, st] : by_rank) {
+    const double cold_share =
+        st->rows_in_ram() + st->cold_rows() == 0
+            ? 0
+            : 100.0 * st->cold_rows() / (st->rows_in_ram() + st->cold_rows());
+    absl::StrAppend(
+        html, "<tr><td>server/", rank, "</td><td class=\"num\">",
+        st->rows_in_ram(), "</td><td class=\"num\">", st->cold_rows(),
+        absl::StrFormat(" (%.0f%%)", cold_share), "</td><td class=\"num\">",
+        absl::StrFormat("%.1f MB", st->disk_bytes() / 1e6),
+        "</td><td class=\"num\">",
+        absl::StrFormat("%.1f MB", st->tier_memory_bytes() / 1e6),
+        "</td><td class=\"num\">", st->cold_reads(), "</td><td class=\"num\">",
+        st->tier_waits(),
+        absl::StrFormat(" (%.1f s waiting)", st->tier_wait_seconds()),
+        "</td></tr>\n");
+  }
+  absl::StrAppend(html, "</table>\n");
+}
+
 }  // namespace
 
 std::string RenderStatusPage(const ClusterSnapshot& snap) {
@@ -300,6 +337,7 @@ std::string RenderStatusPage(const ClusterSnapshot& snap) {
   AppendSummary(snap, job_state, &html);
   absl::StrAppend(&html, "</table>\n");
   AppendNodesTable(snap, &html);
+  AppendStorageTable(snap, &html);
   absl::StrAppend(
       &html, "<footer>Taken ",
       HtmlEscape(absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", snap.taken,

@@ -57,8 +57,10 @@ struct ClusterSnapshot {
 // The HTML page: job state, mode, epoch, counters and a table of nodes
 // (name "server/R" or "worker/R", role, rank, endpoint, host and pid,
 // state, seconds since the last heartbeat, and for workers the clock and
-// examples/s). Reloads itself every 2 s; needs no external assets. Every
-// string from the view is escaped.
+// examples/s), then, when servers have disk tiers, what their tiers hold
+// (rows in RAM and on disk, disk and tier RAM bytes, rows read from disk,
+// requests that waited for it). Reloads itself every 2 s; needs no
+// external assets. Every string from the view is escaped.
 std::string RenderStatusPage(const ClusterSnapshot& snapshot);
 
 // `s` with & < > " ' replaced by character references.

@@ -152,6 +152,43 @@ TEST_F(MonitoringTest, StatusPageShowsTheClusterEscaped) {
   EXPECT_THAT(later, HasSubstr("Nodes declared dead</td><td>1</td>"));
 }
 
+TEST_F(MonitoringTest, ServersWithDiskTiersShowWhatTheirTiersHold) {
+  SchedulerMonitor monitor(state_.get(), config_, &clock_);
+  // No server reported a tier: no such table.
+  EXPECT_THAT(monitor.StatusPage(), Not(HasSubstr("Disk tiers")));
+  HeartbeatRequest r;
+  r.set_node_id(s1_);
+  ServerStorage* st = r.mutable_storage();
+  st->set_rows_in_ram(2500);
+  st->set_cold_rows(7500);
+  st->set_disk_bytes(12300000);
+  st->set_tier_memory_bytes(1048576);
+  st->set_cold_reads(4321);
+  st->set_tier_waits(17);
+  st->set_tier_wait_seconds(0.25);
+  ASSERT_TRUE(state_->Heartbeat(r).ok());
+  // A worker's report of storage is not a server's: ignored.
+  r.set_node_id(w0_);
+  ASSERT_TRUE(state_->Heartbeat(r).ok());
+  ClusterState::Monitoring m = state_->Monitor();
+  EXPECT_TRUE(m.nodes[s1_].has_storage);
+  EXPECT_EQ(m.nodes[s1_].storage.cold_rows(), 7500u);
+  EXPECT_FALSE(m.nodes[s0_].has_storage);
+  EXPECT_FALSE(m.nodes[w0_].has_storage);
+  clock_.Advance(absl::Seconds(1));  // past the snapshot's reuse window
+  const std::string html = monitor.StatusPage();
+  EXPECT_THAT(html, HasSubstr("<h2>Disk tiers</h2>"));
+  EXPECT_THAT(html,
+              HasSubstr("<tr><td>server/1</td><td class=\"num\">2500</td>"
+                        "<td class=\"num\">7500 (75%)</td>"
+                        "<td class=\"num\">12.3 MB</td>"
+                        "<td class=\"num\">1.0 MB</td>"
+                        "<td class=\"num\">4321</td>"
+                        "<td class=\"num\">17 (0.2 s waiting)</td></tr>"));
+  // Server 0 reported no tier.
+  EXPECT_THAT(html.substr(html.find("Disk tiers")), Not(HasSubstr("server/0")));
+}
+
 TEST_F(MonitoringTest, Metrics) {
   Heartbeat(w0_, 10);
   clock_.Advance(absl::Milliseconds(500));

@@ -14,6 +14,33 @@
 
 namespace ps {
 
+namespace {
+
+// What `kv`'s tiered tables hold, for the scheduler's status page: from
+// the statistics the serving thread last published (at most
+// KVServer::kStatsPeriod old). Nothing without a disk tier.
+void FillStorage(const KVServer& kv, HeartbeatRequest* request) {
+  ServerStorage storage;
+  bool tiered = false;
+  for (const TableStats& t : kv.table_stats()) {
+    if (t.tier_memory_bytes() == 0) continue;
+    tiered = true;
+    storage.set_rows_in_ram(storage.rows_in_ram() + t.rows());
+    storage.set_cold_rows(storage.cold_rows() + t.cold_rows());
+    storage.set_disk_bytes(storage.disk_bytes() + t.disk_bytes());
+    storage.set_tier_memory_bytes(storage.tier_memory_bytes() +
+                                  t.tier_memory_bytes());
+    storage.set_cold_reads(storage.cold_reads() + t.cold_reads());
+  }
+  if (!tiered) return;
+  const KVServer::Stats stats = kv.stats();
+  storage.set_tier_waits(stats.tier_waits);
+  storage.set_tier_wait_seconds(stats.tier_wait_micros / 1e6);
+  *request->mutable_storage() = storage;
+}
+
+}  // namespace
+
 // Sends the server's checkpoint and slot-move reports to the scheduler
 // from its own thread, so the serving thread only queues them. A report is
 // kept until the membership exists (the server is bound, and could in
@@ -238,7 +265,8 @@ absl::Status ServerNode::Open() {
   // they changed, and with every 20th heartbeat in case one was lost.
   client_options.fill_heartbeat =
       [kv, last = std::make_shared<std::vector<uint64_t>>(),
-       beats = std::make_shared<uint64_t>(0)](HeartbeatRequest *request) {
+       beats = std::make_shared<uint64_t>(0)](HeartbeatRequest* request) {
+        FillStorage(*kv, request);
         std::vector<uint64_t> bytes = kv->slot_bytes();
         if (bytes.empty() || (bytes == *last && ++*beats % 20 != 0))
           return;

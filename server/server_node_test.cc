@@ -30,7 +30,9 @@ std::string TempDir(const std::string &name) {
 }
 
 // `elastic`: spares may join (cluster.elastic, up to 3 servers).
-JobConfig Config(const std::string& checkpoint_dir, bool elastic = false) {
+// `sparse`: more fields of the sparse table's block.
+JobConfig Config(const std::string& checkpoint_dir, bool elastic = false,
+                 const std::string& sparse = "") {
   auto config = ParseJobConfig(
       absl::StrCat(
           R"pb(
@@ -41,8 +43,9 @@ JobConfig Config(const std::string& checkpoint_dir, bool elastic = false) {
           elastic ? " elastic { max_servers: 3 }" : "",
           R"pb(}
                consistency { mode: ASYNC }
-        tables { id: 0 name: "emb" sparse { dim: 2 }
-                 optimizer { sgd { learning_rate: 1 } } }
+        tables { id: 0 name: "emb" sparse { dim: 2 )pb",
+          sparse, R"pb(}
+                       optimizer { sgd { learning_rate: 1 } } }
       )pb",
           checkpoint_dir.empty()
               ? std::string()
@@ -157,6 +160,43 @@ TEST_F(ServerNodeTest, RegistersAndServesTheViewItIsGiven) {
   EXPECT_EQ(a->membership().job_state(), RUNNING);
   EXPECT_GT(a->server().stats().requests + b->server().stats().requests, 0u);
   EXPECT_FALSE(a->stop_requested());
+}
+
+// A server with a disk tier reports what it holds with its heartbeats,
+// for the scheduler's status page.
+TEST_F(ServerNodeTest, ATieredServerReportsItsTierToTheScheduler) {
+  StartScheduler(
+      Config("", false,
+             absl::StrCat("memory_budget_bytes: 1048576 eviction: EVICT_LRU "
+                          "disk_tier { dir: \"",
+                          TempDir("tier"), "\" buffered_io: true }")));
+  auto a = StartNode(NodeOptions());
+  auto b = StartNode(NodeOptions());
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  auto worker = StartWorker();
+  ASSERT_NE(worker, nullptr);
+  // Some 40 000 rows a server, for a budget that holds about 20 000.
+  std::vector<uint64_t> keys(80000);
+  for (size_t i = 0; i < keys.size(); ++i) keys[i] = i;
+  const std::vector<float> grads(keys.size() * 2, 0.5f);
+  absl::Status pushed;
+  ASSERT_TRUE(
+      worker->kv()->Push(0, keys, grads).WaitFor(absl::Seconds(30), &pushed));
+  ASSERT_TRUE(pushed.ok()) << pushed;
+  auto reported = [&] {
+    int servers = 0;
+    for (const auto& [id, node] : scheduler_->state()->Monitor().nodes) {
+      servers += node.has_storage && node.storage.cold_rows() > 0 &&
+                 node.storage.rows_in_ram() > 0 &&
+                 node.storage.tier_memory_bytes() > 0;
+    }
+    return servers;
+  };
+  const absl::Time give_up = absl::Now() + absl::Seconds(20);
+  while (reported() < 2 && absl::Now() < give_up)
+    absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_EQ(reported(), 2);
 }
 
 TEST_F(ServerNodeTest, AdvertiseHostNamesTheBoundPort) {
