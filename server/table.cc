@@ -471,6 +471,10 @@ uint64_t SparseTable::ColdWait(absl::Span<const uint64_t> keys, bool promote) {
         break;
     }
   }
+  // A hint promotes at most half the rows RAM holds: more would evict the
+  // rows it promoted itself, or all of those the requests under way use.
+  if (promote && max_rows_ != ~size_t{0} && to_read.size() > max_rows_ / 2)
+    to_read.resize(max_rows_ / 2);
   if (!to_read.empty())
     wait = std::max(wait, reader_->Submit(to_read, promote));
   return wait;

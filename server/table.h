@@ -197,7 +197,8 @@ class SparseTable : public Table {
   // needed. Costs one index lookup per key, and nothing while the tier
   // holds no row and reads nothing.
   // `promote`: no request waits; the rows are promoted into RAM once read
-  // (PREFETCH; ColdReader::Submit).
+  // (PREFETCH; ColdReader::Submit), those of the first keys up to half of
+  // max_rows() (the rest of such a hint is not read).
   uint64_t ColdWait(absl::Span<const uint64_t> keys, bool promote = false);
   // Installs the reader's oldest finished batch (ColdReader::InstallOne);
   // a failed read is the tier's failure (tier_failure()). true when a batch

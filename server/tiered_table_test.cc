@@ -2,6 +2,7 @@
 // demotion and promotion must change no parameter and no optimizer state.
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -302,6 +303,44 @@ TEST(TieredTableCheckpointTest,
     const Table* restored_tables[] = {target.get()};
     EXPECT_EQ(DigestTables(restored_tables), before);
   }
+  std::filesystem::remove_all(dir);
+}
+
+// A hint (PREFETCH) larger than RAM promotes only the first keys that
+// half of it holds: more would evict what it promoted itself.
+TEST(TieredTablePrefetchTest, AHintPromotesAtMostHalfOfWhatRamHolds) {
+  const std::string dir = TierDir() + "_hint";
+  const TableConfig tc = Config(
+      "adagrad { learning_rate: 0.1 }",
+      absl::StrCat("dim: 8 admit_after_pushes: 1 memory_budget_bytes: 1048576 "
+                   "eviction: EVICT_LRU disk_tier { dir: \"",
+                   dir, "\" buffered_io: true }"));
+  auto t = Create(tc);
+  ASSERT_NE(t, nullptr);
+  std::atomic<int> batches{0};
+  t->StartColdReader([&] { ++batches; });
+  const size_t max_rows = t->max_rows();
+  std::vector<uint64_t> keys(3 * max_rows);
+  for (size_t i = 0; i < keys.size(); ++i) keys[i] = Mix64(i);
+  std::vector<float> grads(keys.size() * 8, 0.25f);
+  t->Push(keys, grads.data());
+  // The first keys were demoted by the later ones.
+  const uint64_t promoted_before = t->Stats().promotions();
+  const std::vector<uint64_t> hint(keys.begin(), keys.begin() + 2 * max_rows);
+  const uint64_t batch = t->ColdWait(hint, /*promote=*/true);
+  ASSERT_GT(batch, 0u);
+  const absl::Time give_up = absl::Now() + absl::Seconds(30);
+  while (t->cold_reader()->installed() < batch && absl::Now() < give_up) {
+    if (!t->InstallColdReads()) absl::SleepFor(absl::Milliseconds(1));
+  }
+  ASSERT_GE(t->cold_reader()->installed(), batch);
+  const uint64_t promoted = t->Stats().promotions() - promoted_before;
+  EXPECT_GT(promoted, max_rows / 4);
+  EXPECT_LE(promoted, max_rows / 2);
+  // They are the hint's first keys, all in RAM now.
+  for (size_t i = 0; i < promoted; ++i)
+    EXPECT_FALSE(t->RowState(hint[i]).empty()) << i;
+  t.reset();
   std::filesystem::remove_all(dir);
 }
 
