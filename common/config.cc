@@ -582,12 +582,6 @@ void CheckTables(const JobConfig& config, Checker* c) {
     c->Require(names.insert(t.name()).second, path + ".name",
                absl::StrCat("duplicate table name '", t.name(), "'"));
     CheckTableContents(t, path, c);
-    if (t.has_sparse() && t.sparse().has_disk_tier()) {
-      // A slot move lists and copies the rows in RAM only: the cold rows
-      // would be left out.
-      c->Require(!config.cluster().has_elastic(), path + ".sparse.disk_tier",
-                 "cannot be used with cluster.elastic yet");
-    }
   }
 }
 

@@ -165,6 +165,15 @@ void ColdReader::Invalidate(uint64_t key) {
   if (reading_.contains(key)) stale_.insert(key);
 }
 
+void ColdReader::InvalidateIf(absl::FunctionRef<bool(uint64_t key)> drop) {
+  std::vector<uint64_t> keys;
+  for (const auto& [key, row] : staged_)
+    if (drop(key)) keys.push_back(key);
+  for (const auto& [key, batch] : reading_)
+    if (drop(key)) keys.push_back(key);
+  for (uint64_t key : keys) Invalidate(key);
+}
+
 size_t ColdReader::MemoryBytes() const {
   // Rows with their vectors' heap blocks, and the maps' slots.
   return staged_.size() * (state_floats_ * sizeof(float) + 16) +

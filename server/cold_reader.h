@@ -41,6 +41,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/functional/function_ref.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "common/status.h"
@@ -94,6 +95,9 @@ class ColdReader {
   // The tier's row of `key` was written or deleted: its staged copy, and
   // the one a batch in flight brings, are not the tier's row any more.
   void Invalidate(uint64_t key);
+  // Invalidate for every key staged or being read that `drop` selects (the
+  // tier's rows of some slots were deleted at once).
+  void InvalidateIf(absl::FunctionRef<bool(uint64_t key)> drop);
   // Keeps the staged rows of `keys` (those staged now) until as many
   // Unpin calls name them, or they are invalidated: a request kept to run
   // again uses them then. Trim drops no pinned row.

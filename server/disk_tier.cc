@@ -94,7 +94,20 @@ absl::Status ProbeDirectIo(const std::string& dir) {
 
 DiskTier::DiskTier(const Options& options)
     : options_(options),
-      value_bytes_(options.state_floats * sizeof(float) + kTagBytes) {}
+      value_bytes_(options.state_floats * sizeof(float) + kTagBytes),
+      slot_rows_(new std::atomic<uint64_t>[options.num_slots]) {
+  for (uint32_t s = 0; s < options.num_slots; ++s) slot_rows_[s] = 0;
+}
+
+uint64_t DiskTier::slot_rows(uint32_t slot) const {
+  return slot < options_.num_slots
+             ? slot_rows_[slot].load(std::memory_order_relaxed)
+             : 0;
+}
+
+uint32_t DiskTier::SlotOf(uint64_t key) const {
+  return SparseSlot(options_.table_id, key, options_.num_slots);
+}
 
 DiskTier::~DiskTier() {
   if (db_ != nullptr) {
@@ -195,7 +208,7 @@ absl::StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(
 }
 
 void DiskTier::EncodeStored(uint64_t key, char* out) const {
-  EncodeKey(SparseSlot(options_.table_id, key, options_.num_slots), key, out);
+  EncodeKey(SlotOf(key), key, out);
 }
 
 std::string DiskTier::StoredKey(uint64_t key) const {
@@ -242,6 +255,7 @@ absl::StatusOr<bool> DiskTier::Put(uint64_t key, const float* state,
     return FromRocks(put, "disk tier: writing a row");
   }
   rows_.fetch_add(1, std::memory_order_relaxed);
+  slot_rows_[SlotOf(key)].fetch_add(1, std::memory_order_relaxed);
   demotions_.fetch_add(1, std::memory_order_relaxed);
   return true;
 }
@@ -346,6 +360,7 @@ absl::Status DiskTier::Delete(uint64_t key) {
     return FromRocks(deleted, "disk tier: deleting a row");
   }
   rows_.fetch_sub(1, std::memory_order_relaxed);
+  slot_rows_[SlotOf(key)].fetch_sub(1, std::memory_order_relaxed);
   return absl::OkStatus();
 }
 
@@ -381,6 +396,7 @@ absl::StatusOr<uint64_t> DiskTier::DeleteSlots(const std::vector<bool>& slots) {
       return FromRocks(deleted, "disk tier: deleting a slot");
     }
     rows_.fetch_sub(in_slot, std::memory_order_relaxed);
+    slot_rows_[slot].fetch_sub(in_slot, std::memory_order_relaxed);
     removed += in_slot;
   }
   return removed;

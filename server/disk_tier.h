@@ -172,6 +172,10 @@ class DiskTier {
 
   // Rows held.
   uint64_t rows() const { return rows_.load(std::memory_order_relaxed); }
+  // The slot count of the layout (Options::num_slots), and the rows held of
+  // slot `slot` (0 past it).
+  uint32_t num_slots() const { return options_.num_slots; }
+  uint64_t slot_rows(uint32_t slot) const;
   // RAM the tier holds now: memtables, cached blocks, table readers.
   size_t MemoryBytes() const;
   // Bytes of the database's files on disk.
@@ -188,6 +192,7 @@ class DiskTier {
   explicit DiskTier(const Options& options);
   // The 12-byte stored key of `key` into out.
   void EncodeStored(uint64_t key, char* out) const;
+  uint32_t SlotOf(uint64_t key) const;
   // Counts a failed read or write, and logs the first, 10th, 100th, ...
   void NoteError(const char* what, const std::string& detail);
 
@@ -198,6 +203,8 @@ class DiskTier {
   std::unique_ptr<rocksdb::DB> db_;
   std::unique_ptr<IoPool> pool_;  // MultiGet's readers
   std::atomic<uint64_t> rows_{0};
+  // Rows held per slot (num_slots of them).
+  std::unique_ptr<std::atomic<uint64_t>[]> slot_rows_;
   std::atomic<uint64_t> demotions_{0};
   std::atomic<uint64_t> promotions_{0};
   std::atomic<uint64_t> cold_reads_{0};

@@ -93,7 +93,15 @@ void MoveDigests::Refresh(Move& move, const RowKey& row) {
   auto table = tables_->find(row.first);
   if (table != tables_->end()) {
     if (const SparseTable* sparse = table->second->AsSparse()) {
-      const absl::Span<const float> state = sparse->RowState(row.second);
+      absl::Span<const float> state = sparse->RowState(row.second);
+      if (state.empty() && sparse->disk_tier() != nullptr) {
+        // Not in RAM: the row as its disk tier holds it (reading one row
+        // here; most changed rows are in RAM, where their update left them).
+        const uint64_t key = row.second;
+        sparse->ReadColdRows(absl::MakeConstSpan(&key, 1), &cold_state_,
+                             &cold_found_);
+        if (cold_found_[0]) state = absl::MakeConstSpan(cold_state_);
+      }
       held = !state.empty();
       if (held) {
         now.hash = RowHash(row.first, row.second, state, {});

@@ -115,6 +115,9 @@ class MoveDigests : public RowWatch {
 
   TableMap* const tables_;
   std::map<MoveKey, Move> moves_;
+  // A cold row Refresh read (kept to spare allocations).
+  std::vector<float> cold_state_;
+  std::vector<bool> cold_found_;
 };
 
 }  // namespace ps

@@ -685,7 +685,30 @@ bool ReplicationPrimary::ContinueCopy(const ServerView& own, BackupLink& link,
   }
   std::vector<uint64_t> keys;
   std::vector<float> values;
+  // Listed rows not in RAM now: on the table's disk tier, read together
+  // (SparseTable::ReadColdRows) before the chunk goes.
+  std::vector<uint64_t> cold;
+  std::vector<float> cold_states;
+  std::vector<bool> cold_found;
+  auto read_cold = [&](const CopyRows& t) {
+    if (cold.empty()) return;
+    auto table = deps_.tables->find(t.table);
+    if (table != deps_.tables->end()) {
+      const SparseTable& sparse = *table->second->AsSparse();
+      const size_t stride = sparse.state_floats();
+      sparse.ReadColdRows(cold, &cold_states, &cold_found);
+      for (size_t i = 0; i < cold.size(); ++i) {
+        if (!cold_found[i]) continue;  // dropped since the listing
+        ++job.copied.cold_rows;
+        keys.push_back(cold[i]);
+        values.insert(values.end(), cold_states.begin() + i * stride,
+                      cold_states.begin() + (i + 1) * stride);
+      }
+    }
+    cold.clear();
+  };
   auto flush = [&](const CopyRows& t) {
+    read_cold(t);
     if (keys.empty()) return;
     RequestHeader h = CatchUpHeader(own.epoch, own.node_id,
                                     t.sparse ? REPLICA_ROWS : REPLICA_BLOCKS);
@@ -714,9 +737,12 @@ bool ReplicationPrimary::ContinueCopy(const ServerView& own, BackupLink& link,
     --*max_rows;
     // Read now, as it is now; a row dropped since the listing is not sent.
     if (t.sparse) {
-      const absl::Span<const float> state =
-          table->second->AsSparse()->RowState(row);
-      if (state.empty()) continue;
+      const SparseTable& sparse = *table->second->AsSparse();
+      const absl::Span<const float> state = sparse.RowState(row);
+      if (state.empty()) {
+        if (sparse.disk_tier() != nullptr) cold.push_back(row);
+        continue;
+      }
       keys.push_back(row);
       values.insert(values.end(), state.begin(), state.end());
     } else {
@@ -743,13 +769,13 @@ void ReplicationPrimary::EndCopy(const ServerView& own, BackupLink& link,
   // "read in": the longest the serving thread spent on this copy at once
   // (the listing, or one chunk), what a push to this server waited.
   ServerLog()->info(
-      "catch-up of {} slots to server node {} ({}): {} rows and blocks in "
-      "{} chunks between requests ({} listing passes started over), {} "
-      "senders' sequence records, {} buffered steps, read in {:.1f} ms at "
-      "most at once, {:.1f} ms in all",
+      "catch-up of {} slots to server node {} ({}): {} rows and blocks ({} "
+      "read from disk) in {} chunks between requests ({} listing passes "
+      "started over), {} senders' sequence records, {} buffered steps, read "
+      "in {:.1f} ms at most at once, {:.1f} ms in all",
       job.slots.size(), link.node_id(), link.endpoint(), job.copied.rows,
-      job.chunks, job.restarts, deps_.seqs->size(), deps_.buffers->size(),
-      absl::ToDoubleMilliseconds(job.longest),
+      job.copied.cold_rows, job.chunks, job.restarts, deps_.seqs->size(),
+      deps_.buffers->size(), absl::ToDoubleMilliseconds(job.longest),
       absl::ToDoubleMilliseconds(deps_.clock->Now() - job.start));
   for (auto& [target, move] : moves_) {
     if (move.node != link.node_id() || move.done) continue;

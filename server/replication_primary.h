@@ -229,6 +229,7 @@ class ReplicationPrimary {
   };
   struct Copied {
     uint64_t rows = 0, bytes = 0;
+    uint64_t cold_rows = 0;  // of the rows, those read from a disk tier
   };
   // A learner's copy in progress (StartCopy, ContinueCopies). The rows and
   // blocks of its slots are listed when it starts and each is read when

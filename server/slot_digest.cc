@@ -74,7 +74,15 @@ bool SlotBytesScan::Step(const TableMap& tables, size_t max_positions) {
           sparse->ForEachKeyFrom(cursor_, max_positions, [&](uint64_t key) {
             bytes_[SparseSlot(id, key, num_slots_)] += row;
           });
-      if (cursor_ == 0) ++table_;
+      if (cursor_ == 0) {
+        // A disk tier counts its rows per slot as it goes.
+        const DiskTier* tier = sparse->disk_tier();
+        if (tier != nullptr && tier->num_slots() == num_slots_) {
+          for (uint32_t s = 0; s < num_slots_; ++s)
+            bytes_[s] += tier->slot_rows(s) * row;
+        }
+        ++table_;
+      }
       return table_ >= ids_.size();
     }
     const DenseTable* dense = it->second->AsDense();
@@ -132,7 +140,9 @@ bool SlotKeyWalk::Step(const TableMap& tables, size_t max_positions) {
       auto take = [&, id](uint64_t key) {
         if (mask_[SparseSlot(id, key, num_slots)]) out.keys.push_back(key);
       };
-      if (passes_ > kMaxPasses) {
+      // A table with a disk tier is listed in one go: a row promoted from
+      // disk into a position the pass went by would be in neither list.
+      if (passes_ > kMaxPasses || sparse->disk_tier() != nullptr) {
         sparse->ForEachKey(take);
         max_positions = 0;
       } else {
@@ -141,6 +151,18 @@ bool SlotKeyWalk::Step(const TableMap& tables, size_t max_positions) {
         if (cursor_ != 0) return false;  // this step's positions are spent
         max_positions -= std::min(max_positions, capacity_ - from);
       }
+      // The rows on its disk tier, at the same moment: a key is in one of
+      // the two lists. A failed read is the table's tier failure, which
+      // stops the server.
+      sparse
+          ->ExportColdRows(
+              4096,
+              [&](absl::Span<const uint64_t> keys, absl::Span<const float>) {
+                for (uint64_t key : keys) take(key);
+                return absl::OkStatus();
+              },
+              &mask_)
+          .IgnoreError();
     } else {
       it->second->AsDense()
           ->ForEachBlock([&](uint64_t block, absl::Span<const float>,
@@ -171,6 +193,7 @@ uint64_t DropSlots(TableMap& tables, const std::vector<bool>& mask) {
       dropped += sparse->DropRows([&, id = id](uint64_t key) {
         return mask[SparseSlot(id, key, num_slots)];
       });
+      dropped += sparse->DropColdSlots(mask);
     } else {
       dropped += table->AsDense()->DropBlocks([&, id = id](uint64_t block) {
         return mask[DenseBlockSlot(id, block, num_slots)];
@@ -219,6 +242,7 @@ bool SlotDrop::StepSparse(uint32_t id, SparseTable* sparse,
   if (passes_ >= kMaxPasses) {
     dropped_ += sparse->DropRows(
         [&](uint64_t key) { return mask_[SparseSlot(id, key, num_slots)]; });
+    dropped_ += sparse->DropColdSlots(mask_);
     current_ = nullptr;
     key_of_ = std::vector<uint64_t>();
     return true;
@@ -234,6 +258,9 @@ bool SlotDrop::StepSparse(uint32_t id, SparseTable* sparse,
   capacity_ = sparse->index_capacity();
   if (cursor_ != 0) return false;
   if (clean_) {
+    // Last, the rows on disk: rows of these slots evicted from RAM during
+    // the passes went there.
+    dropped_ += sparse->DropColdSlots(mask_);
     current_ = nullptr;
     key_of_ = std::vector<uint64_t>();
     return true;

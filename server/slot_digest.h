@@ -44,8 +44,9 @@ uint64_t RowHash(uint32_t table, uint64_t key, absl::Span<const float> values,
 SlotDigest DigestSlots(const TableMap& tables, const std::vector<bool>& mask);
 
 // Bytes each of `num_slots` slots holds in `tables`: per sparse row its
-// key and full state, per dense block its values and state. Reads only
-// the sparse tables' indexes and the dense blocks' sizes.
+// key and full state (rows on a disk tier too), per dense block its values
+// and state. Reads only the sparse tables' indexes, their tiers' counts per
+// slot and the dense blocks' sizes.
 std::vector<uint64_t> SlotBytes(const TableMap& tables, uint32_t num_slots);
 
 // SlotBytes in steps, for a serving thread to interleave with requests:
@@ -73,12 +74,14 @@ class SlotBytesScan {
 // is set in `mask`, in steps, for a serving thread to interleave with
 // requests: a step looks at most `max_positions` positions of the sparse
 // tables' indexes (and at every block of the dense tables it reaches).
-// Reads only the indexes. Every row held when the walk starts and still held when it
-// ends is listed once: linear probing moves rows only when the index
-// grows or rows are dropped (backward shifts), so when a sparse table's
-// capacity or generation() changes between steps its list is emptied and
-// its pass starts over; after kMaxPasses passes it is listed in one go.
-// Rows created during the walk may or may not be listed.
+// Reads only the indexes (and disk tiers). Every row held when the walk starts
+// and still held when it ends is listed once: linear probing moves rows only
+// when the index grows or rows are dropped (backward shifts), so when a sparse
+// table's capacity or generation() changes between steps its list is emptied
+// and its pass starts over; after kMaxPasses passes it is listed in one go. A
+// table with a disk tier is listed in one step, its rows in RAM then those on
+// disk (a row promoted from disk into a position a pass went by would otherwise
+// be missed). Rows created during the walk may or may not be listed.
 class SlotKeyWalk {
  public:
   static constexpr int kMaxPasses = 4;
@@ -93,7 +96,7 @@ class SlotKeyWalk {
   struct Keys {
     uint32_t table = 0;
     bool sparse = true;
-    std::vector<uint64_t> keys;  // index order (sparse), block order
+    std::vector<uint64_t> keys;  // index then tier order (sparse), block order
   };
 
   SlotKeyWalk(const TableMap& tables, std::vector<bool> mask);
@@ -119,7 +122,8 @@ class SlotKeyWalk {
 };
 
 // Drops the rows and blocks of `tables` in the slots set in `mask`
-// (SparseTable::DropRows, DenseTable::DropBlocks). Returns how many.
+// (SparseTable::DropRows and DropColdSlots, DenseTable::DropBlocks).
+// Returns how many.
 uint64_t DropSlots(TableMap& tables, const std::vector<bool>& mask);
 
 // DropSlots in steps, for a serving thread to interleave with requests: a

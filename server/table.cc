@@ -339,13 +339,14 @@ TableStats SparseTable::Stats() const {
   return s;
 }
 
-void SparseTable::Demote(uint32_t r) {
+bool SparseTable::Demote(uint32_t r) {
   const RowMeta& m = Meta(r);
   if (reader_ != nullptr) reader_->Invalidate(m.key);
   // A refusal (max_disk_bytes) is counted and logged by the tier.
   const absl::StatusOr<bool> stored = tier_->Put(
       m.key, Values(r), ColdRowTag{m.last_step, m.last_second, m.touches});
   if (!stored.ok()) NoteTierFailure(stored.status());
+  return stored.ok() && *stored;
 }
 
 void SparseTable::NoteTierFailure(const absl::Status& error) const {
@@ -648,9 +649,9 @@ void SparseTable::Touch(uint32_t r) {
   if (m.touches != ~uint32_t{0}) ++m.touches;
 }
 
-void SparseTable::Drop(uint32_t r) {
+void SparseTable::Drop(uint32_t r, bool changed) {
   RowMeta& m = Meta(r);
-  if (watch_ != nullptr) watch_->RowChanged(id(), true, m.key);
+  if (watch_ != nullptr && changed) watch_->RowChanged(id(), true, m.key);
   index_.Erase(m.key);
   Unlink(r);
   m.touches = 0;  // marks a free row for LFU sampling
@@ -759,8 +760,8 @@ uint32_t SparseTable::CreateRow(uint64_t key, const float* state) {
     if (eviction_ == EVICT_NONE || !evictable_) return kNil;
     const uint32_t victim = PickVictim();
     if (victim == kNil) return kNil;
-    if (tier_ != nullptr) Demote(victim);
-    Drop(victim);
+    const bool demoted = tier_ != nullptr && Demote(victim);
+    Drop(victim, /*changed=*/!demoted);
     ++counters_.evictions_budget;
   }
   uint32_t r;
@@ -1226,6 +1227,55 @@ absl::Status SparseTable::ImportRow(uint64_t key,
   }
   if (watch_ != nullptr) watch_->RowChanged(id(), true, key);
   return absl::OkStatus();
+}
+
+uint64_t SparseTable::DropColdSlots(const std::vector<bool>& slots) {
+  if (tier_ == nullptr || slots.empty()) return 0;
+  const uint32_t num_slots = static_cast<uint32_t>(slots.size());
+  if (reader_ != nullptr) {
+    reader_->InvalidateIf(
+        [&](uint64_t key) { return slots[SparseSlot(id(), key, num_slots)]; });
+  }
+  if (tier_->num_slots() != num_slots) {
+    // Another slot count than the layout's: the rows one by one.
+    std::vector<uint64_t> keys;
+    absl::Status read = tier_->ForEachRow(
+        4096, [&](absl::Span<const uint64_t> page, absl::Span<const float>) {
+          for (uint64_t key : page)
+            if (slots[SparseSlot(id(), key, num_slots)]) keys.push_back(key);
+          return absl::OkStatus();
+        });
+    for (size_t i = 0; i < keys.size() && read.ok(); ++i)
+      read = tier_->Delete(keys[i]);
+    if (!read.ok()) NoteTierFailure(read);
+    return read.ok() ? keys.size() : 0;
+  }
+  const absl::StatusOr<uint64_t> deleted = tier_->DeleteSlots(slots);
+  if (!deleted.ok()) {
+    NoteTierFailure(deleted.status());
+    return 0;
+  }
+  return *deleted;
+}
+
+void SparseTable::ReadColdRows(absl::Span<const uint64_t> keys,
+                               std::vector<float>* states,
+                               std::vector<bool>* found) const {
+  found->assign(keys.size(), false);
+  states->resize(keys.size() * stride_);
+  if (tier_ == nullptr || keys.empty()) return;
+  std::vector<ColdRowTag> tags(keys.size());
+  std::vector<bool> on_disk;
+  const absl::Status read =
+      tier_->MultiGet(keys, states->data(), tags.data(), &on_disk);
+  if (!read.ok()) {
+    NoteTierFailure(read);
+    return;
+  }
+  for (size_t i = 0; i < keys.size(); ++i) {
+    (*found)[i] = on_disk[i] && index_.Find(keys[i]) == RowIndex::kNotFound &&
+                  !Expired(tags[i].last_step, tags[i].last_second);
+  }
 }
 
 absl::Span<const float> SparseTable::RowState(uint64_t key) const {

@@ -49,7 +49,9 @@ class DenseTable;
 // change (before or after it), so it must neither read nor change the
 // table: it notes the row and reads it once the call that changed it
 // returned. A row may be reported though unchanged (a dense block read by
-// a pull); no change is left unreported.
+// a pull); no change is left unreported. A sparse row that moves between
+// RAM and a disk tier as it is (demoted, promoted) is not a change: the
+// watch reads it wherever it is (SparseTable::ReadColdRows).
 class RowWatch {
  public:
   virtual ~RowWatch() = default;
@@ -315,6 +317,16 @@ class SparseTable : public Table {
   // changes. Touches no row and no counter.
   absl::Span<const float> RowState(uint64_t key) const;
 
+  // The full state (state_floats() floats each, into *states) of the rows
+  // of `keys` on the disk tier, read from disk now in one batch: (*found)[i]
+  // says whether keys[i] has one (a TTL-expired one reads as absent; keys
+  // with a row in RAM are not looked at: false). For copies and digests of
+  // slots, which read rows wherever they are: touches no row (nothing is
+  // promoted) and no counter but the tier's reads. A failed read is
+  // tier_failure() too, and finds nothing. Without a tier, nothing found.
+  void ReadColdRows(absl::Span<const uint64_t> keys, std::vector<float>* states,
+                    std::vector<bool>* found) const;
+
   // Sets the full state of `key`'s row to `state` (state_floats() floats),
   // creating the row if absent, bit for bit: restoring a checkpoint.
   // Bypasses the admission filter. A created row counts as touched now
@@ -338,6 +350,11 @@ class SparseTable : public Table {
   // puts them on its free list. Renews generation(). Returns how many rows
   // were dropped. Counts no eviction.
   size_t DropRows(absl::FunctionRef<bool(uint64_t key)> drop);
+  // With a disk tier: deletes its rows of the slots `slots` selects (one
+  // entry per slot; a slot moved away), a range each, and returns how many
+  // it deleted; the reader's copies of them go too. A failed delete is
+  // tier_failure(). Without a tier: 0.
+  uint64_t DropColdSlots(const std::vector<bool>& slots);
   // DropRows in steps: drops the rows at index positions
   // [begin, begin + max_positions) that `drop` selects, sets *dropped to
   // how many. `key_of` is the caller's memo of every row's key, for a
@@ -459,8 +476,8 @@ class SparseTable : public Table {
   // With a disk tier: writes row r's full state and bookkeeping to disk
   // (the caller then drops it). When the tier refuses (max_disk_bytes) the
   // row is lost, as without a tier; the tier counts it. When the tier
-  // fails, tier_failure() says so.
-  void Demote(uint32_t r);
+  // fails, tier_failure() says so. Whether the row is on disk now.
+  bool Demote(uint32_t r);
   // With a disk tier: takes `key`'s row (absent from RAM) back from disk,
   // creating its RAM row (which may demote another) with the state and
   // bookkeeping it had; kNil when the tier has no live row of it.
@@ -509,7 +526,9 @@ class SparseTable : public Table {
   void Touch(uint32_t r);
   void Unlink(uint32_t r);
   void PushFront(uint32_t r);
-  void Drop(uint32_t r);
+  // Frees row r. `changed`: the row watch hears of it (not for a row that
+  // went to disk as it was: its value did not change).
+  void Drop(uint32_t r, bool changed = true);
   uint32_t PickVictim();
 
   const uint32_t dim_;

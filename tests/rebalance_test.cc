@@ -23,6 +23,7 @@
 //   --rebalance_seed=N  (REBALANCE_SEED)  default 1; 0 = from the time
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -74,13 +75,17 @@ uint64_t Seed() {
 
 // The elastic job of the pushers; `more` follows at the top level (e.g. a
 // checkpoint block).
-std::string ConfigText(int replication, const std::string& more = "") {
-  return ::ps::testing::LedgerJobConfig(::ps::testing::JobHead(
-             absl::StrCat("rebalance-r", replication), /*servers=*/2,
-             /*workers=*/kPushers, kSlots, /*heartbeat_timeout_ms=*/2000,
-             absl::StrCat("request_timeout_ms: 60000 failover_timeout_ms: "
-                          "60000 replication: ",
-                          replication, " elastic { max_servers: 4 }"))) +
+// `sparse` adds fields to the table's sparse block (a disk tier).
+std::string ConfigText(int replication, const std::string& more = "",
+                       const std::string& sparse = "") {
+  return ::ps::testing::LedgerJobConfig(
+             ::ps::testing::JobHead(
+                 absl::StrCat("rebalance-r", replication), /*servers=*/2,
+                 /*workers=*/kPushers, kSlots, /*heartbeat_timeout_ms=*/2000,
+                 absl::StrCat("request_timeout_ms: 60000 failover_timeout_ms: "
+                              "60000 replication: ",
+                              replication, " elastic { max_servers: 4 }")),
+             sparse) +
          more;
 }
 
@@ -154,6 +159,13 @@ class RebalanceTest : public ::testing::TestWithParam<int> {
 
   void Pause() { absl::SleepFor(absl::Milliseconds(200 + rng_() % 600)); }
 
+  // Pushers to `keys` keys spanning every server; two spares join and
+  // `psctl scale --servers=4` moves half the slots onto them, then
+  // `--servers=3 --remove=1` empties server 1, which leaves; the ledger
+  // holds and every process exits 0. The scaling begins `warm_up` after
+  // the pushers.
+  void ScaleOutThenIn(int keys, absl::Duration warm_up);
+
   std::string dir_;
   std::mt19937_64 rng_;
   std::unique_ptr<JobHarness> job_;
@@ -162,13 +174,63 @@ class RebalanceTest : public ::testing::TestWithParam<int> {
 };
 
 TEST_P(RebalanceTest, ScaleOutThenInLosesNoAcknowledgedPush) {
+  ScaleOutThenIn(4000, absl::ZeroDuration());
+}
+
+INSTANTIATE_TEST_SUITE_P(Replication, RebalanceTest, ::testing::Values(1, 2),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return absl::StrCat("R", info.param);
+                         });
+
+// The same with most rows on disk tiers (a 1 MiB budget holds some 17 000
+// of a server's rows): moves list, copy, digest and drop the cold rows too.
+class TieredRebalanceTest : public RebalanceTest {
+ protected:
+  void SetUp() override {
+    const std::string dir =
+        absl::StrCat(::testing::TempDir(), "/rebalance-tiered-r", GetParam());
+    StartJob(dir, ConfigText(GetParam(), "",
+                             absl::StrCat("memory_budget_bytes: 1048576 "
+                                          "eviction: EVICT_LRU disk_tier { "
+                                          "dir: \"",
+                                          dir, "/tier\" buffered_io: true }")));
+  }
+};
+
+TEST_P(TieredRebalanceTest, ScaleOutThenInLosesNoAcknowledgedPush) {
+  // 4 s of pushes first: the servers hold more rows than their RAM does.
+  ScaleOutThenIn(100000, absl::Seconds(4));
+  // The moves' copies read rows from disk.
+  static const std::regex kCopied(
+      "rows and blocks \\(([0-9]+) read from disk\\)");
+  uint64_t cold = 0;
+  for (int i = 0; i < job_->num_servers(); ++i) {
+    const std::string log = ReadFile(job_->server(i).stderr_path());
+    for (std::sregex_iterator it(log.begin(), log.end(), kCopied), end;
+         it != end; ++it) {
+      cold += std::stoull((*it)[1].str());
+    }
+  }
+  std::printf("the moves copied %llu rows from disk\n",
+              static_cast<unsigned long long>(cold));
+  EXPECT_GT(cold, 1000u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Replication, TieredRebalanceTest,
+                         ::testing::Values(1, 2),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return absl::StrCat("R", info.param);
+                         });
+
+void RebalanceTest::ScaleOutThenIn(int keys, absl::Duration warm_up) {
   LedgerPushers::Options ledger = LedgerPushers::ForJob(*job_, Seed());
   ledger.pushers = kPushers;
-  ledger.keys = 4000;
+  ledger.keys = keys;
   ledger.mixed = true;
   auto started = LedgerPushers::Start(ledger, absl::Seconds(30));
   ASSERT_TRUE(started.ok()) << started.status();
   LedgerPushers pushers = *std::move(started);
+  absl::SleepFor(warm_up);
 
   // Two spares join while the pushes go on.
   for (int i = 0; i < 2; ++i) {
@@ -225,11 +287,6 @@ TEST_P(RebalanceTest, ScaleOutThenInLosesNoAcknowledgedPush) {
         << ReadFile(job_->server(static_cast<int>(i)).stderr_path());
   }
 }
-
-INSTANTIATE_TEST_SUITE_P(Replication, RebalanceTest, ::testing::Values(1, 2),
-                         [](const ::testing::TestParamInfo<int>& info) {
-                           return absl::StrCat("R", info.param);
-                         });
 
 // The value of the sample `series` (name and labels, as printed) in the
 // Prometheus text `text`; nullopt when absent.
