@@ -152,8 +152,15 @@ TEST(DiskTierTest, RowsOfOneSlotAreOneRangeAndLeaveTogether) {
               &leaving)
           .ok());
   EXPECT_EQ(read_keys.size(), per_slot[5] + per_slot[6] + per_slot[63]);
+  // The tier counts its rows per slot (the planner's bytes per slot).
+  for (uint32_t slot = 0; slot < o.num_slots; ++slot)
+    ASSERT_EQ((*tier)->slot_rows(slot), per_slot[slot]) << slot;
   auto removed = (*tier)->DeleteSlots(leaving);
   ASSERT_TRUE(removed.ok()) << removed.status();
+  for (uint32_t slot = 0; slot < o.num_slots; ++slot) {
+    ASSERT_EQ((*tier)->slot_rows(slot), leaving[slot] ? 0 : per_slot[slot])
+        << slot;
+  }
   EXPECT_EQ(*removed, per_slot[5] + per_slot[6] + per_slot[63]);
   EXPECT_EQ((*tier)->rows(), 5000 - *removed);
   std::vector<float> back(6);
