@@ -96,6 +96,17 @@ void Note(const std::string& name, double value) {
   SummaryFields().push_back(absl::StrFormat("\"%s\":%.4g", name, value));
 }
 
+// This process's resident memory, in bytes (/proc/self/status VmRSS).
+double RssBytes() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmRSS:", 0) == 0)
+      return std::strtod(line.c_str() + 6, nullptr) * 1024;
+  }
+  return 0;
+}
+
 // Buff/cache of the machine, in MiB (/proc/meminfo Buffers + Cached).
 double BuffCacheMb() {
   std::ifstream in("/proc/meminfo");
@@ -372,6 +383,7 @@ bool LargeTable(const std::string& dir, double seconds, uint32_t per) {
   std::vector<float> grads(per * kDim, 0.01f), out(per * kDim);
 
   const TableConfig config = Config(budget, dir + "/large");
+  const double rss_before = RssBytes();
   std::unique_ptr<SparseTable> tiered = MakeTable(config, dir + "/large");
   if (tiered == nullptr) return false;
   // Load every row, in rank order from the coldest, so that the rows the
@@ -424,6 +436,15 @@ bool LargeTable(const std::string& dir, double seconds, uint32_t per) {
   const double hit_rate = 1 - promotions / (t.keys_per_s * t_s);
   const double written_mb_s =
       (after.disk_bytes_written() - written_before) / t_s / (1 << 20);
+  // What the table (rows, index, tier) added to the process, against its
+  // budget: the budget is meant to bound it.
+  const double rss_growth = RssBytes() - rss_before;
+  std::fprintf(stderr,
+               "# tiered: the process grew %.1f MiB with the table (budget "
+               "%llu MiB; the table counts %.1f MiB)\n",
+               rss_growth / (1 << 20),
+               static_cast<unsigned long long>(budget >> 20),
+               after.bytes() / double(1 << 20));
   tiered.reset();
   std::filesystem::remove_all(dir + "/large");
 
@@ -464,6 +485,8 @@ bool LargeTable(const std::string& dir, double seconds, uint32_t per) {
                cold_reads / t_s, disk_reads_per_s, written_mb_s, b.p50_ms,
                b.p99_ms, read_rate, readers, read_rate_1);
   Emit("table_4x_budget", t.keys_per_s, "keys/s", b.keys_per_s);
+  Emit("rss_growth_of_budget", rss_growth, "bytes",
+       static_cast<double>(budget));
   if (read_rate > 0)
     Emit("disk_read_efficiency", disk_reads_per_s, "reads/s", read_rate);
   Note("hit_rate", hit_rate);
