@@ -460,38 +460,37 @@ absl::StatusOr<ShardFile> ShardWriteInParts::Finish() {
                                         OptimizerStateSize));
   std::vector<uint64_t> keys;
   std::vector<float> state;
-  // Writes the cold rows of table `index` (a tiered one) after its others.
-  auto close = [&](uint32_t index, uint64_t* count) -> absl::Status {
-    const Cold* cold = cold_[index].get();
-    if (cold == nullptr) return absl::OkStatus();
-    absl::Status written;
-    const uint64_t before = *count;
-    const absl::Status read = cold->tier->ForEachRow(
-        ShardPageRows(cold->stride),
-        [&](absl::Span<const uint64_t> cold_keys,
-            absl::Span<const float> cold_state) -> absl::Status {
-          keys.assign(cold_keys.begin(), cold_keys.end());
-          state.assign(cold_state.begin(), cold_state.end());
-          written = WriteRowPage(*out_, index, cold->id, cold->name,
-                                 cold->stride, keep_, keys, state, count);
-          return written;
-        },
-        nullptr, cold->snapshot.get());
-    if (!read.ok() && written.ok() && tier_error_.ok()) {
-      tier_error_ = read;
-      tier_error_table_ = cold->id;
-    }
-    cold_rows_ += *count - before;
-    return read;
-  };
   auto shard = WriteShardFile(
       checkpoint_dir_, header_, [&](ShardWriter& out) -> absl::Status {
-        out_ = &out;
+        // Writes the cold rows of table `index` (a tiered one) after its
+        // others.
+        auto close = [&](uint32_t index, uint64_t* count) -> absl::Status {
+          const Cold* cold = cold_[index].get();
+          if (cold == nullptr) return absl::OkStatus();
+          absl::Status written;
+          const uint64_t before = *count;
+          const absl::Status read = cold->tier->ForEachRow(
+              ShardPageRows(cold->stride),
+              [&](absl::Span<const uint64_t> cold_keys,
+                  absl::Span<const float> cold_state) -> absl::Status {
+                keys.assign(cold_keys.begin(), cold_keys.end());
+                state.assign(cold_state.begin(), cold_state.end());
+                written = WriteRowPage(out, index, cold->id, cold->name,
+                                       cold->stride, keep_, keys, state, count);
+                return written;
+              },
+              nullptr, cold->snapshot.get());
+          if (!read.ok() && written.ok() && tier_error_.ok()) {
+            tier_error_ = read;
+            tier_error_table_ = cold->id;
+          }
+          cold_rows_ += *count - before;
+          return read;
+        };
         SpillMerger merger(out, header_.tables_size(), close);
         PS_RETURN_IF_ERROR(spill->ReadAll(merger));
         return merger.Finish();
       });
-  out_ = nullptr;
   cold_.clear();  // the snapshots go now, not with this object
   return shard;
 }

@@ -42,8 +42,6 @@
 
 namespace ps {
 
-class ShardWriter;
-
 // Selects the rows (by table id and key) and dense blocks (by table id and
 // block index) a write or restore takes. An empty function selects all.
 struct RowFilter {
@@ -125,7 +123,6 @@ class ShardWriteInParts {
   ShardFile spill_;
   RowFilter keep_;
   std::vector<std::unique_ptr<Cold>> cold_;  // by table index; null: none
-  ShardWriter* out_ = nullptr;               // during Finish
   absl::Status tier_error_;
   uint32_t tier_error_table_ = 0;
   uint64_t spilled_rows_ = 0, cold_rows_ = 0;
