@@ -51,6 +51,22 @@ void EncodeKey(uint32_t slot, uint64_t key, char* out) {
   PutBigEndian(key, 8, out + 4);
 }
 
+// The stored keys of one slot: [lower, upper). Not copyable: the slices
+// point into the object.
+struct SlotBounds {
+  explicit SlotBounds(uint32_t slot) {
+    PutBigEndian(slot, 4, begin);
+    PutBigEndian(uint64_t{slot} + 1, 4, end);
+  }
+  SlotBounds(const SlotBounds&) = delete;
+  SlotBounds& operator=(const SlotBounds&) = delete;
+
+  char begin[4];
+  char end[4];
+  const rocksdb::Slice lower{begin, 4};
+  const rocksdb::Slice upper{end, 4};
+};
+
 // The tier's writes: no write-ahead log (the tier is a cache).
 rocksdb::WriteOptions NoLogWrites() {
   rocksdb::WriteOptions write;
@@ -367,30 +383,15 @@ absl::Status DiskTier::Delete(uint64_t key) {
 absl::StatusOr<uint64_t> DiskTier::DeleteSlots(const std::vector<bool>& slots) {
   uint64_t removed = 0;
   const rocksdb::WriteOptions write = NoLogWrites();
-  rocksdb::ReadOptions read;
-  read.fill_cache = false;
   for (uint32_t slot = 0; slot < slots.size() && slot < options_.num_slots;
        ++slot) {
     if (!slots[slot]) continue;
-    char begin[4];
-    char end[4];
-    PutBigEndian(slot, 4, begin);
-    PutBigEndian(uint64_t{slot} + 1, 4, end);
-    const rocksdb::Slice lower(begin, 4);
-    const rocksdb::Slice upper(end, 4);
-    read.iterate_upper_bound = &upper;
-    uint64_t in_slot = 0;
-    {
-      std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(read));
-      for (it->Seek(lower); it->Valid(); it->Next()) ++in_slot;
-      if (!it->status().ok()) {
-        NoteError("listing a slot of", it->status().ToString());
-        return FromRocks(it->status(), "disk tier: listing a slot");
-      }
-    }
+    // Counted as they were written: nothing to list.
+    const uint64_t in_slot = slot_rows_[slot].load(std::memory_order_relaxed);
     if (in_slot == 0) continue;
-    const rocksdb::Status deleted =
-        db_->DeleteRange(write, db_->DefaultColumnFamily(), lower, upper);
+    const SlotBounds bounds(slot);
+    const rocksdb::Status deleted = db_->DeleteRange(
+        write, db_->DefaultColumnFamily(), bounds.lower, bounds.upper);
     if (!deleted.ok()) {
       NoteError("deleting a slot of", deleted.ToString());
       return FromRocks(deleted, "disk tier: deleting a slot");
@@ -467,13 +468,8 @@ absl::Status DiskTier::ForEachRow(size_t page_rows, RowPageFn fn,
   } else {
     for (uint32_t slot = 0; slot < options_.num_slots; ++slot) {
       if (!(*slots)[slot]) continue;
-      char begin[4];
-      char end[4];
-      PutBigEndian(slot, 4, begin);
-      PutBigEndian(uint64_t{slot} + 1, 4, end);
-      const rocksdb::Slice lower(begin, 4);
-      const rocksdb::Slice upper(end, 4);
-      PS_RETURN_IF_ERROR(read_range(&lower, &upper));
+      const SlotBounds bounds(slot);
+      PS_RETURN_IF_ERROR(read_range(&bounds.lower, &bounds.upper));
     }
   }
   if (!keys.empty()) PS_RETURN_IF_ERROR(fn(keys, states));
