@@ -40,6 +40,26 @@ std::string TieredConfig(const std::string& sparse) {
       "init { kind: UNIFORM scale: 0.1 } }");
 }
 
+// The job with a 1 MiB budget, `eviction` and a disk tier under
+// TierBase() (page-cache I/O: the test's directory may refuse O_DIRECT).
+std::string TieredJob(const std::string& eviction = "EVICT_LRU") {
+  return TieredConfig(absl::StrCat(
+      "memory_budget_bytes: 1048576 eviction: ", eviction,
+      " disk_tier { dir: \"", TierBase(), "\" buffered_io: true }"));
+}
+
+// The job's table without a budget, in this process: the same pushes on it
+// give the values the tiered table must hold. Null (a failure recorded)
+// when it cannot be made.
+std::unique_ptr<Table> PlainTable() {
+  auto job = ParseJobConfig(TieredConfig(""), "plain");
+  EXPECT_TRUE(job.ok()) << job.status();
+  if (!job.ok()) return nullptr;
+  auto table = Table::Create(job->tables(0));
+  EXPECT_TRUE(table.ok()) << table.status();
+  return table.ok() ? *std::move(table) : nullptr;
+}
+
 class ServerDiskTierTest : public ServerTest {
  protected:
   void TearDown() override {
@@ -65,17 +85,12 @@ class ServerDiskTierTest : public ServerTest {
 };
 
 TEST_F(ServerDiskTierTest, PushesAndPullsMatchATableWithoutABudget) {
-  const std::string tiered = TieredConfig(absl::StrCat(
-      "memory_budget_bytes: 1048576 eviction: EVICT_LRU disk_tier { dir: \"",
-      TierBase(), "\" buffered_io: true }"));
-  const std::string plain = TieredConfig("");
+  const std::string tiered = TieredJob();
   ASSERT_NO_FATAL_FAILURE(StartServer(/*standalone=*/true, tiered.c_str()));
   // The same pushes on a table without a budget, in this process.
-  auto job = ParseJobConfig(plain, "plain");
-  ASSERT_TRUE(job.ok()) << job.status();
-  auto reference = Table::Create(job->tables(0));
-  ASSERT_TRUE(reference.ok());
-  SparseTable& want = *(*reference)->AsSparse();
+  const std::unique_ptr<Table> reference = PlainTable();
+  ASSERT_NE(reference, nullptr);
+  SparseTable& want = *reference->AsSparse();
 
   constexpr size_t kBatch = 2000;
   std::vector<uint64_t> keys(kBatch);
@@ -124,15 +139,11 @@ TEST_F(ServerDiskTierTest, PushesAndPullsMatchATableWithoutABudget) {
 
 TEST_F(ServerDiskTierTest,
        ACorruptedTierFencesTheServerAndAnswersNothingWrong) {
-  const std::string tiered = TieredConfig(absl::StrCat(
-      "memory_budget_bytes: 1048576 eviction: EVICT_LRU disk_tier { dir: \"",
-      TierBase(), "\" buffered_io: true }"));
+  const std::string tiered = TieredJob();
   ASSERT_NO_FATAL_FAILURE(StartServer(/*standalone=*/true, tiered.c_str()));
-  auto job = ParseJobConfig(TieredConfig(""), "plain");
-  ASSERT_TRUE(job.ok()) << job.status();
-  auto reference = Table::Create(job->tables(0));
-  ASSERT_TRUE(reference.ok());
-  SparseTable& want = *(*reference)->AsSparse();
+  const std::unique_ptr<Table> reference = PlainTable();
+  ASSERT_NE(reference, nullptr);
+  SparseTable& want = *reference->AsSparse();
   constexpr size_t kKeys = 16000;
   std::vector<uint64_t> keys(kKeys);
   for (size_t i = 0; i < kKeys; ++i) keys[i] = Mix64(i);
@@ -192,12 +203,7 @@ TEST_F(ServerDiskTierTest,
   std::atomic<bool> hold{false};
   std::atomic<int> held{0};
   absl::Notification release;
-  auto config = ParseJobConfig(
-      TieredConfig(absl::StrCat(
-          "memory_budget_bytes: 1048576 eviction: EVICT_LRU disk_tier { "
-          "dir: \"",
-          TierBase(), "\" buffered_io: true }")),
-      "tiered");
+  auto config = ParseJobConfig(TieredJob(), "tiered");
   ASSERT_TRUE(config.ok()) << config.status();
   KVServer::Options options;
   options.config = *config;
@@ -301,16 +307,12 @@ TEST_F(ServerDiskTierTest,
 }
 
 TEST_F(ServerDiskTierTest, APrefetchReadsColdRowsAheadSoTheirPullWaitsForNone) {
-  const std::string tiered = TieredConfig(absl::StrCat(
-      "memory_budget_bytes: 1048576 eviction: EVICT_LRU disk_tier { dir: \"",
-      TierBase(), "\" buffered_io: true }"));
+  const std::string tiered = TieredJob();
   ASSERT_NO_FATAL_FAILURE(StartServer(/*standalone=*/true, tiered.c_str()));
   // The same pushes on a table without a budget, in this process.
-  auto job = ParseJobConfig(TieredConfig(""), "plain");
-  ASSERT_TRUE(job.ok()) << job.status();
-  auto reference = Table::Create(job->tables(0));
-  ASSERT_TRUE(reference.ok());
-  SparseTable& want = *(*reference)->AsSparse();
+  const std::unique_ptr<Table> reference = PlainTable();
+  ASSERT_NE(reference, nullptr);
+  SparseTable& want = *reference->AsSparse();
   constexpr size_t kKeys = 16000;
   ASSERT_NO_FATAL_FAILURE(PushMixedKeys(0, kKeys, &want));
   std::vector<uint64_t> cold;
@@ -392,9 +394,7 @@ TEST_F(ServerDiskTierTest,
   // server's probe) cannot take it while this one holds it.
   ASSERT_EQ(flock(live_fd, LOCK_EX | LOCK_NB), 0);
 
-  const std::string tiered = TieredConfig(absl::StrCat(
-      "memory_budget_bytes: 1048576 eviction: EVICT_LFU disk_tier { dir: \"",
-      TierBase(), "\" buffered_io: true }"));
+  const std::string tiered = TieredJob("EVICT_LFU");
   ASSERT_NO_FATAL_FAILURE(StartServer(/*standalone=*/true, tiered.c_str()));
   EXPECT_FALSE(std::filesystem::exists(stale));
   EXPECT_TRUE(std::filesystem::exists(live));

@@ -50,6 +50,26 @@ TableConfig Config(const std::string& optimizer, const std::string& sparse) {
   return job.tables(0);
 }
 
+// Adagrad (learning rate 0.1) of dimension `dim`, with a 1 MiB budget,
+// `eviction` and a disk tier in `dir` (`tier`: more of its fields).
+TableConfig TieredAdagrad(int dim, const std::string& eviction,
+                          const std::string& dir,
+                          const std::string& tier = "") {
+  return Config(
+      "adagrad { learning_rate: 0.1 }",
+      absl::StrCat("dim: ", dim,
+                   " admit_after_pushes: 1 memory_budget_bytes: "
+                   "1048576 eviction: ",
+                   eviction, " disk_tier { dir: \"", dir, "\" ", tier, " }"));
+}
+
+// The keys Mix64(0), ..., Mix64(n - 1).
+std::vector<uint64_t> MixedKeys(size_t n) {
+  std::vector<uint64_t> keys(n);
+  for (size_t i = 0; i < n; ++i) keys[i] = Mix64(i);
+  return keys;
+}
+
 std::unique_ptr<SparseTable> Create(const TableConfig& tc) {
   auto t = Table::Create(tc);
   EXPECT_TRUE(t.ok()) << t.status();
@@ -231,16 +251,12 @@ TEST(TieredTableTtlTest, AColdRowPastItsTtlReadsAsNew) {
 
 TEST(TieredTableFailureTest, ADamagedTierIsReportedAndNotTrustedAgain) {
   const std::string dir = TierDir() + "_damaged";
-  const TableConfig tc = Config(
-      "adagrad { learning_rate: 0.1 }",
-      absl::StrCat("dim: 16 admit_after_pushes: 1 memory_budget_bytes: 1048576 "
-                   "eviction: EVICT_LRU disk_tier { dir: \"",
-                   dir, "\" buffered_io: true }"));
+  const TableConfig tc =
+      TieredAdagrad(16, "EVICT_LRU", dir, "buffered_io: true");
   auto t = Create(tc);
   ASSERT_NE(t, nullptr);
   const size_t n = 20000;
-  std::vector<uint64_t> keys(n);
-  for (size_t i = 0; i < n; ++i) keys[i] = Mix64(i);
+  const std::vector<uint64_t> keys = MixedKeys(n);
   std::vector<float> grads(n * 16, 0.01f);
   t->Push(keys, grads.data());
   ASSERT_GT(t->Stats().cold_rows(), n / 2);
@@ -267,15 +283,10 @@ TEST(TieredTableFailureTest, ADamagedTierIsReportedAndNotTrustedAgain) {
 TEST(TieredTableCheckpointTest,
      ACheckpointHoldsTheColdRowsAndRestoresOntoAPlainTable) {
   const std::string dir = TierDir() + "_ckpt";
-  const TableConfig tc = Config(
-      "adagrad { learning_rate: 0.1 }",
-      absl::StrCat("dim: 8 admit_after_pushes: 1 memory_budget_bytes: 1048576 "
-                   "eviction: EVICT_LFU disk_tier { dir: \"",
-                   dir, "\" }"));
+  const TableConfig tc = TieredAdagrad(8, "EVICT_LFU", dir);
   auto t = Create(tc);
   ASSERT_NE(t, nullptr);
-  std::vector<uint64_t> keys(20000);
-  for (size_t i = 0; i < keys.size(); ++i) keys[i] = Mix64(i);
+  const std::vector<uint64_t> keys = MixedKeys(20000);
   std::vector<float> grads(keys.size() * 8, 0.25f);
   t->Push(keys, grads.data());
   ASSERT_GT(t->Stats().cold_rows(), 10000u);
@@ -310,18 +321,12 @@ TEST(TieredTableCheckpointTest,
 // half of it holds: more would evict what it promoted itself.
 TEST(TieredTablePrefetchTest, AHintPromotesAtMostHalfOfWhatRamHolds) {
   const std::string dir = TierDir() + "_hint";
-  const TableConfig tc = Config(
-      "adagrad { learning_rate: 0.1 }",
-      absl::StrCat("dim: 8 admit_after_pushes: 1 memory_budget_bytes: 1048576 "
-                   "eviction: EVICT_LRU disk_tier { dir: \"",
-                   dir, "\" buffered_io: true }"));
-  auto t = Create(tc);
+  auto t = Create(TieredAdagrad(8, "EVICT_LRU", dir, "buffered_io: true"));
   ASSERT_NE(t, nullptr);
   std::atomic<int> batches{0};
   t->StartColdReader([&] { ++batches; });
   const size_t max_rows = t->max_rows();
-  std::vector<uint64_t> keys(3 * max_rows);
-  for (size_t i = 0; i < keys.size(); ++i) keys[i] = Mix64(i);
+  const std::vector<uint64_t> keys = MixedKeys(3 * max_rows);
   std::vector<float> grads(keys.size() * 8, 0.25f);
   t->Push(keys, grads.data());
   // The first keys were demoted by the later ones.
@@ -350,11 +355,7 @@ TEST(TieredTablePrefetchTest, AHintPromotesAtMostHalfOfWhatRamHolds) {
 TEST(TieredTableCheckpointTest,
      AShardWrittenInPartsHoldsItsCutWhileTheTableGoesOn) {
   const std::string dir = TierDir() + "_parts";
-  const TableConfig tc = Config(
-      "adagrad { learning_rate: 0.1 }",
-      absl::StrCat("dim: 8 admit_after_pushes: 1 memory_budget_bytes: 1048576 "
-                   "eviction: EVICT_LFU disk_tier { dir: \"",
-                   dir, "\" }"));
+  const TableConfig tc = TieredAdagrad(8, "EVICT_LFU", dir);
   TableConfig plain_config =
       Config("adagrad { learning_rate: 0.1 }", "dim: 8 admit_after_pushes: 1");
   plain_config.set_id(7);
@@ -362,8 +363,7 @@ TEST(TieredTableCheckpointTest,
   auto plain = Create(plain_config);
   ASSERT_NE(tiered, nullptr);
   ASSERT_NE(plain, nullptr);
-  std::vector<uint64_t> keys(20000);
-  for (size_t i = 0; i < keys.size(); ++i) keys[i] = Mix64(i);
+  const std::vector<uint64_t> keys = MixedKeys(20000);
   std::vector<float> grads(keys.size() * 8, 0.25f);
   tiered->Push(keys, grads.data());
   plain->Push(absl::MakeConstSpan(keys).subspan(0, 500), grads.data());

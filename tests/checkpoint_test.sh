@@ -62,6 +62,39 @@ newest_complete() {
   done | tail -n 1
 }
 digest() { "$CKPT_TOOL" --digest="$1" 2>/dev/null | head -n 1; }
+# reshard NAME SPARSE DATA: restores the checkpoint $NEWEST (digest $D3)
+# onto 2 and then 4 servers of a job whose sparse table and data have SPARSE
+# and DATA added (config's last two fields), each in $T/NAME<m>, and checks
+# that a checkpoint they take holds the same parameters.
+reshard() {
+  local name=$1 m
+  for m in 2 4; do
+    RUN="$T/$name$m"
+    CKM="$T/ck-$name$m"
+    mkdir -p "$CKM"
+    cp -r "$NEWEST" "$CKM/"
+    config "$m" "$CKM" true 0 200000 "$2" "$3" > "$RUN.pbtxt"
+    start_scheduler "$RUN" "$RUN.pbtxt"
+    S=()
+    for i in $(seq 0 $((m - 1))); do
+      start_server "$RUN" "$RUN.pbtxt" "server$i"; S+=("$LAST_PID")
+    done
+    wait_until 30 job_running || fail "$name $m: the job did not start on $m servers"
+    # With no worker training, a checkpoint is a cut at the next clock: it
+    # holds exactly what the servers restored.
+    "$PSCTL" --scheduler="$ADDRESS" --timeout_ms=30000 checkpoint --wait \
+      > "$RUN/psctl.out" 2>&1 || { cat "$RUN/psctl.out" >&2; fail "$name $m: checkpoint failed"; }
+    cat "$RUN/psctl.out"
+    AGAIN="$(newest_complete "$CKM")"
+    [ "$AGAIN" != "$CKM/$(basename "$NEWEST")" ] || fail "$name $m: no new checkpoint"
+    grep -h "restored" "$RUN"/server*.log
+    grep -h "cold rows written while serving" "$RUN"/server*.log || true
+    DM="$(digest "$AGAIN")"
+    echo "$name: 3 -> $m servers: digest $DM (original $D3)"
+    [ "$DM" = "$D3" ] || fail "$name: parameters restored on $m servers differ from the 3-server checkpoint"
+    for pid in "${S[@]}" "$SCHED_PID"; do kill -KILL "$pid" 2>/dev/null || true; done
+  done
+}
 
 # ---------------------------------------------------------------- 1
 RUN="$T/train3"
@@ -90,31 +123,7 @@ D3="$(digest "$NEWEST")"
 echo "train3: $committed checkpoints committed; newest $(basename "$NEWEST") digest $D3"
 
 # ---------------------------------------------------------------- 2
-for m in 2 4; do
-  RUN="$T/reshard$m"
-  CKM="$T/ck$m"
-  mkdir -p "$CKM"
-  cp -r "$NEWEST" "$CKM/"
-  config "$m" "$CKM" true 0 200000 > "$T/reshard$m.pbtxt"
-  start_scheduler "$RUN" "$T/reshard$m.pbtxt"
-  S=()
-  for i in $(seq 0 $((m - 1))); do
-    start_server "$RUN" "$T/reshard$m.pbtxt" "server$i"; S+=("$LAST_PID")
-  done
-  wait_until 30 job_running || fail "reshard $m: the job did not start on $m servers"
-  # With no worker training, a checkpoint is a cut at the next clock: it
-  # holds exactly what the servers restored.
-  "$PSCTL" --scheduler="$ADDRESS" --timeout_ms=30000 checkpoint --wait \
-    > "$RUN/psctl.out" 2>&1 || { cat "$RUN/psctl.out" >&2; fail "reshard $m: checkpoint failed"; }
-  cat "$RUN/psctl.out"
-  AGAIN="$(newest_complete "$CKM")"
-  [ "$AGAIN" != "$CKM/$(basename "$NEWEST")" ] || fail "reshard $m: no new checkpoint"
-  grep -h "restored" "$RUN"/server*.log
-  DM="$(digest "$AGAIN")"
-  echo "reshard: 3 -> $m servers: digest $DM (original $D3)"
-  [ "$DM" = "$D3" ] || fail "parameters restored on $m servers differ from the 3-server checkpoint"
-  for pid in "${S[@]}" "$SCHED_PID"; do kill -KILL "$pid" 2>/dev/null || true; done
-done
+reshard reshard "" ""
 
 # ---------------------------------------------------------------- 3
 mapfile -t ALL < <(ls -d "$CK"/ckpt-* | sort)
@@ -256,26 +265,5 @@ NEWEST="$(newest_complete "$CK")"
 [ -n "$NEWEST" ] || fail "tiered3: no complete checkpoint in $CK"
 D3="$(digest "$NEWEST")"
 echo "tiered3: newest $(basename "$NEWEST") digest $D3"
-for m in 2 4; do
-  RUN="$T/tiered-reshard$m"
-  CKM="$T/ck-tiered$m"
-  mkdir -p "$CKM"
-  cp -r "$NEWEST" "$CKM/"
-  config "$m" "$CKM" true 0 200000 "$TIERED" "max_vocab: 20000" > "$RUN.pbtxt"
-  start_scheduler "$RUN" "$RUN.pbtxt"
-  S=()
-  for i in $(seq 0 $((m - 1))); do
-    start_server "$RUN" "$RUN.pbtxt" "server$i"; S+=("$LAST_PID")
-  done
-  wait_until 30 job_running || fail "tiered reshard $m: the job did not start"
-  "$PSCTL" --scheduler="$ADDRESS" --timeout_ms=30000 checkpoint --wait \
-    > "$RUN/psctl.out" 2>&1 || { cat "$RUN/psctl.out" >&2; fail "tiered reshard $m: checkpoint failed"; }
-  AGAIN="$(newest_complete "$CKM")"
-  [ "$AGAIN" != "$CKM/$(basename "$NEWEST")" ] || fail "tiered reshard $m: no new checkpoint"
-  grep -h "cold rows written while serving" "$RUN"/server*.log
-  DM="$(digest "$AGAIN")"
-  echo "tiered reshard: 3 -> $m servers: digest $DM (original $D3)"
-  [ "$DM" = "$D3" ] || fail "tiered parameters restored on $m servers differ from the 3-server checkpoint"
-  for pid in "${S[@]}" "$SCHED_PID"; do kill -KILL "$pid" 2>/dev/null || true; done
-done
+reshard tiered-reshard "$TIERED" "max_vocab: 20000"
 echo "PASS"
