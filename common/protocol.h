@@ -4,6 +4,7 @@
 #define PS_COMMON_PROTOCOL_H_
 
 #include <cstdint>
+#include <string_view>
 
 namespace ps {
 
@@ -16,6 +17,23 @@ inline constexpr uint64_t kFinishedClock = uint64_t{1} << 62;
 // ClusterView.slot_backup of a slot without a backup (scheduler.proto). The
 // scheduler writes it and servers read it, so both take it from here.
 inline constexpr uint32_t kNoBackup = 0xFFFFFFFF;
+
+// The most distinct metric names one worker reports (TrainingReport.metrics).
+inline constexpr int kMaxMetricsPerWorker = 32;
+
+// A metric's name as workers report it to the scheduler (MetricPoint.name):
+// 1 to 64 characters of [A-Za-z0-9_./-], so it is safe in a page, a JSON
+// key and a Prometheus label alike.
+inline bool ValidMetricName(std::string_view name) {
+  if (name.empty() || name.size() > 64) return false;
+  for (const char c : name) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+                    (c >= '0' && c <= '9') || c == '_' || c == '.' ||
+                    c == '/' || c == '-';
+    if (!ok) return false;
+  }
+  return true;
+}
 
 }  // namespace ps
 

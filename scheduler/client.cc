@@ -3,8 +3,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <utility>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -564,6 +566,58 @@ absl::StatusOr<GetStatusResponse> SchedulerClient::GetStatus() {
   return response;
 }
 
+void SchedulerClient::AddTrained(uint64_t examples, double loss_sum,
+                                 uint64_t loss_examples, absl::Duration wait) {
+  absl::MutexLock lock(&progress_mu_);
+  has_training_ = true;
+  training_.set_examples(training_.examples() + examples);
+  training_.set_steps(training_.steps() + 1);
+  if (std::isfinite(loss_sum)) {
+    training_.set_loss_sum(training_.loss_sum() + loss_sum);
+    training_.set_loss_examples(training_.loss_examples() + loss_examples);
+  }
+  training_.set_wait_seconds(training_.wait_seconds() +
+                             absl::ToDoubleSeconds(wait));
+}
+
+void SchedulerClient::SetShardBatches(uint64_t batches) {
+  absl::MutexLock lock(&progress_mu_);
+  has_training_ = true;
+  training_.set_shard_batches(batches);
+}
+
+absl::Status SchedulerClient::ReportMetric(absl::string_view name, double value,
+                                           uint64_t step) {
+  if (!ValidMetricName(std::string_view(name.data(), name.size()))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("metric name \"", absl::CHexEscape(name.substr(0, 80)),
+                     "\" must be 1 to 64 characters of [A-Za-z0-9_./-]"));
+  }
+  if (!std::isfinite(value)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("metric ", name, ": value ", value, " is not finite"));
+  }
+  absl::MutexLock lock(&progress_mu_);
+  MetricPoint* point = nullptr;
+  for (MetricPoint& m : *training_.mutable_metrics()) {
+    if (m.name() == name) point = &m;
+  }
+  if (point == nullptr) {
+    if (training_.metrics_size() >= kMaxMetricsPerWorker) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("metric ", name, ": a worker reports at most ",
+                       kMaxMetricsPerWorker, " distinct metrics"));
+    }
+    point = training_.add_metrics();
+    point->set_name(std::string(name));
+  }
+  has_training_ = true;
+  point->set_value(value);
+  point->set_step(step);
+  point->set_seq(point->seq() + 1);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<uint64_t> SchedulerClient::RequestCheckpoint(
     uint64_t after_clock) {
   CheckpointRequest request;
@@ -595,6 +649,7 @@ void SchedulerClient::HeartbeatLoop() {
     {
       absl::MutexLock lock(&progress_mu_);
       if (has_position_) *request.mutable_position() = position_;
+      if (has_training_) *request.mutable_training() = training_;
     }
     if (options_.fill_heartbeat) options_.fill_heartbeat(&request);
     HeartbeatResponse response;
@@ -780,6 +835,10 @@ absl::Status SchedulerClient::Leave(bool finished,
   request.set_node_id(node_id_);
   request.set_finished(finished);
   if (position != nullptr) *request.mutable_position() = *position;
+  {
+    absl::MutexLock lock(&progress_mu_);
+    if (has_training_) *request.mutable_training() = training_;
+  }
   LeaveResponse response;
   absl::Duration delay = kFirstBackoff;
   bool retried = false;

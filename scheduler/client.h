@@ -145,6 +145,23 @@ class SchedulerClient {
   // reported for it (ReportCheckpoint) from the heartbeat thread.
   // Thread-safe.
   void set_progress(uint64_t clock, const DataPosition& position);
+  // Workers: what the heartbeats tell of training (TrainingReport), for the
+  // job's progress and curves. Thread-safe; all counters add up.
+  // `loss_sum` is the summed per-example loss of `loss_examples` examples
+  // (0 and 0 for a step whose loss was not finite); `wait` the time the
+  // step waited for its pulls.
+  void AddTrained(uint64_t examples, double loss_sum, uint64_t loss_examples,
+                  absl::Duration wait);
+  // Workers: batches in an epoch of the shard being trained (0: unknown).
+  void SetShardBatches(uint64_t batches);
+  // Workers: a new value of metric `name` (e.g. "test_auc") measured at
+  // step `step`, shown as a curve on the scheduler's /status. The newest
+  // value of each name goes with every heartbeat. INVALID_ARGUMENT for a
+  // name that is not 1 to 64 characters of [A-Za-z0-9_./-] or a value that
+  // is not finite; RESOURCE_EXHAUSTED for a name beyond kMaxMetricsPerWorker
+  // (common/protocol.h).
+  absl::Status ReportMetric(absl::string_view name, double value,
+                            uint64_t step);
   // Workers: reports `finished` (if not null) as done and asks for an
   // orphaned shard, waiting up to `timeout` (see ClaimShardResponse).
   // Retried while the scheduler is away, with `finished` again (the
@@ -247,6 +264,8 @@ class SchedulerClient {
   absl::Mutex progress_mu_;
   bool has_position_ ABSL_GUARDED_BY(progress_mu_) = false;
   DataPosition position_ ABSL_GUARDED_BY(progress_mu_);
+  TrainingReport training_ ABSL_GUARDED_BY(progress_mu_);
+  bool has_training_ ABSL_GUARDED_BY(progress_mu_) = false;
   // The checkpoint clock this worker last reported its position for.
   uint64_t reported_checkpoint_ ABSL_GUARDED_BY(progress_mu_) = 0;
   // The last kHistory (clock, position) pairs, so a checkpoint learnt of a

@@ -35,7 +35,9 @@ ClusterState::ClusterState(const JobConfig& config, Clock* clock,
       fingerprint_(ConfigFingerprint(config)),
       clock_(clock),
       store_(std::move(store)),
-      shards_(config_.cluster().num_workers(), Reassign()) {
+      shards_(config_.cluster().num_workers(), Reassign()),
+      tracker_(config_.training(), config_.cluster().num_workers()),
+      created_(clock->Now()) {
   view_.set_epoch(1);
   view_.set_job_state(STARTING);
   view_.set_num_slots(config_.cluster().num_slots());
@@ -221,6 +223,16 @@ absl::StatusOr<HeartbeatResponse> ClusterState::Heartbeat(
   }
   if (hb.info.role() == SERVER && request.has_storage())
     storage_[request.node_id()] = request.storage();
+  if (hb.info.role() == WORKER && request.has_training()) {
+    tracker_.OnWorkerReport(request.node_id(), hb.info.rank(),
+                            request.has_position()
+                                ? static_cast<int>(request.position().shard())
+                                : -1,
+                            request.training(), now);
+  }
+  if (hb.info.role() == SERVER && request.has_serving())
+    tracker_.OnServerReport(request.node_id(), hb.info.rank(),
+                            request.serving());
   HeartbeatResponse response;
   response.set_epoch(view_.epoch());
   response.set_job_state(view_.job_state());
@@ -239,6 +251,14 @@ absl::Status ClusterState::Leave(const LeaveRequest& request) {
   }
   NodeInfo& info = it->second.info;
   info.set_state(LEFT);
+  if (info.role() == WORKER && request.has_training()) {
+    tracker_.OnWorkerReport(request.node_id(), info.rank(),
+                            request.has_position()
+                                ? static_cast<int>(request.position().shard())
+                                : -1,
+                            request.training(), clock_->Now());
+  }
+  tracker_.Forget(request.node_id());
   if (info.role() == WORKER && request.finished()) {
     some_worker_finished_ = true;
     it->second.finished = true;
@@ -388,6 +408,7 @@ void ClusterState::DeclareDeadLocked(const std::vector<uint64_t>& dead,
     Node& node = nodes_[id];
     node.info.set_state(DEAD);
     ++declared_dead_;
+    tracker_.Forget(id);
     if (node.info.role() == WORKER) ReleaseShardLocked(id, false, nullptr);
     SchedulerLog()->warn(
         "{} rank {} (node {}) declared dead: no heartbeat for {}",
@@ -615,7 +636,46 @@ GetStatusResponse ClusterState::Status() const {
   }
   faults->set_isolation_suspicions(isolation_suspicions_);
   faults->set_stalls(stalls_);
+  *status.mutable_progress() = ProgressLocked(now);
   return status;
+}
+
+JobProgress ClusterState::ProgressLocked(absl::Time now) const {
+  return tracker_.Progress(
+      shards_,
+      [this](uint64_t id)
+          ABSL_NO_THREAD_SAFETY_ANALYSIS -> std::optional<JobTracker::Holder> {
+            auto it = nodes_.find(id);
+            if (it == nodes_.end() || it->second.info.state() != ALIVE)
+              return std::nullopt;
+            JobTracker::Holder h;
+            h.rank = it->second.info.rank();
+            if (it->second.pace.started())
+              h.steps_per_second = it->second.pace.steps_per_second();
+            return h;
+          },
+      now);
+}
+
+StatusReport ClusterState::Report() const {
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = clock_->Now();
+  StatusReport report;
+  report.set_state(JobState_Name(view_.job_state()));
+  report.set_epoch(view_.epoch());
+  *report.mutable_job() = ProgressLocked(now);
+  tracker_.FillReport(&report);
+  report.set_series_since(absl::ToDoubleSeconds(created_ - absl::UnixEpoch()));
+  report.set_now(absl::ToDoubleSeconds(now - absl::UnixEpoch()));
+  return report;
+}
+
+void ClusterState::SampleProgress() {
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = clock_->Now();
+  if (view_.job_state() == STARTING) return;
+  tracker_.Started(now);
+  tracker_.Sample(shards_, now);
 }
 
 ClusterState::Monitoring ClusterState::Monitor() const {

@@ -62,6 +62,7 @@
 #include "proto/config.pb.h"
 #include "proto/journal.pb.h"
 #include "proto/scheduler.pb.h"
+#include "scheduler/job_tracker.h"
 #include "scheduler/pace_estimator.h"
 #include "scheduler/shard_ledger.h"
 #include "scheduler/slot_map.h"
@@ -225,8 +226,15 @@ class ClusterState {
   // one). Watchdog settings stay as configured. Returns the new epoch.
   absl::StatusOr<uint64_t> SetConsistency(const ConsistencyConfig& consistency);
 
-  // The view plus live workers' last reported clocks.
+  // The view plus live workers' last reported clocks and the job's
+  // progress (scheduler/job_tracker.h).
   GetStatusResponse Status() const;
+  // What /status.json shows: the state, the job's progress, the servers'
+  // activity and the curves (job_name is left to the caller).
+  StatusReport Report() const;
+  // Records a point of every curve and of the job's pace; called about
+  // once a second (the scheduler's failure detector loop).
+  void SampleProgress();
 
   // For monitoring (scheduler/monitoring.h): what the view does not carry.
   struct NodeActivity {
@@ -435,6 +443,9 @@ class ClusterState {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   NodeInfo AddNodeLocked(const RegisterRequest& request, uint32_t rank)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The job's progress now (GetStatusResponse.progress).
+  JobProgress ProgressLocked(absl::Time now) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Replication (cluster.replication 2): see the class comment.
   bool Replicated() const { return config_.cluster().replication() >= 2; }
@@ -565,6 +576,11 @@ class ClusterState {
 
   const CheckpointStore store_;
   ShardLedger shards_ ABSL_GUARDED_BY(mu_);
+  // Progress and curves, fed by heartbeats (not journaled but for what
+  // JobTracker::ToJournal keeps).
+  JobTracker tracker_ ABSL_GUARDED_BY(mu_);
+  // When this object was made: the curves start there.
+  const absl::Time created_;
   // Clock the job started at (a restored checkpoint's).
   uint64_t base_clock_ ABSL_GUARDED_BY(mu_) = 0;
   // The largest clock short of finished any worker reported.

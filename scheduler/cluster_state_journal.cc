@@ -101,6 +101,7 @@ SchedulerJournal ClusterState::SnapshotLocked() const {
   for (uint32_t r : ever) j.add_worker_ranks_ever(r);
   j.set_some_worker_finished(some_worker_finished_);
   shards_.ToJournal(&j);
+  tracker_.ToJournal(&j);
   for (const auto& [name, arrived] : barriers_) {
     JournalBarrier* b = j.add_barriers();
     b->set_name(name);
@@ -290,6 +291,7 @@ absl::Status ClusterState::Recover(const SchedulerJournal& j) {
   worker_ranks_ever_.insert(j.worker_ranks_ever().begin(), j.worker_ranks_ever().end());
   some_worker_finished_ = j.some_worker_finished();
   shards_.FromJournal(j);
+  tracker_.FromJournal(j);
   barriers_.clear();
   completed_barriers_.clear();
   barrier_nodes_.clear();

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/protocol.h"
+#include "scheduler/status_page_charts.h"
 
 namespace ps {
 namespace {
@@ -115,10 +116,9 @@ void AppendPageHead(const std::string& job_name, const std::string& job_state,
                     std::string* html) {
   absl::StrAppend(
       html,
-      "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n"
-      "<meta http-equiv=\"refresh\" content=\"2\">\n"
-      "<title>ps: ",
-      HtmlEscape(job_name), " (", job_state, ")</title>\n",
+      "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n",
+      StatusPageHeadLinks(), "<title>ps: ", HtmlEscape(job_name), " (",
+      job_state, ")</title>\n",
       "<style>\n"
       "body{font-family:sans-serif;margin:24px;color:#222;background:#fff}\n"
       "h1{font-size:22px;margin:0 0 12px}h2{font-size:17px;margin:20px 0 6px}\n"
@@ -334,6 +334,9 @@ std::string RenderStatusPage(const ClusterSnapshot& snap) {
                                     : JobState_Name(view.job_state());
   std::string html;
   AppendPageHead(snap.job_name, job_state, &html);
+  // status.js fills the progress and the curves, and replaces #tables from
+  // a fresh page every 2 s.
+  absl::StrAppend(&html, RenderProgressSection(), "<div id=\"tables\">\n");
   AppendSummary(snap, job_state, &html);
   absl::StrAppend(&html, "</table>\n");
   AppendNodesTable(snap, &html);
@@ -345,8 +348,8 @@ std::string RenderStatusPage(const ClusterSnapshot& snap) {
       "; reloads every 2 s. Examples/s: steps/s over recent heartbeats &times; "
       "batch size ",
       snap.batch_size,
-      ". Metrics: <a href=\"/metrics\">/metrics</a>.</footer>\n",
-      "</body></html>\n");
+      ". Metrics: <a href=\"/metrics\">/metrics</a>.</footer>\n</div>\n",
+      RenderChartsSection(), "</body></html>\n");
   return html;
 }
 
@@ -582,6 +585,26 @@ void SchedulerMonitor::RegisterMetrics(metrics::Registry* r) const {
   r->AddCallback("ps_scheduler_last_checkpoint_clock",
                  "Clock of the newest committed checkpoint (0: none).", Type::kGauge,
                  [this] { return double(Snapshot().status.view().last_checkpoint_clock()); });
+  r->AddCallback("ps_job_progress_ratio",
+                 "Steps trained over steps to train, all data shards, in [0, 1].",
+                 Type::kGauge,
+                 [this] { return Snapshot().status.progress().progress(); });
+  // No sample while the time left is not known (no pace measured yet).
+  r->AddCallbackFamily(
+      "ps_job_eta_seconds",
+      "Seconds the job has left at its pace over the last 30 s.", Type::kGauge,
+      {}, [this] {
+        const JobProgress p = Snapshot().status.progress();
+        std::vector<metrics::Sample> samples;
+        if (p.has_eta_s()) samples.push_back({{}, p.eta_s()});
+        return samples;
+      });
+  r->AddCallback("ps_job_examples_per_second",
+                 "Examples trained per second by every worker together, over "
+                 "the last 30 s.",
+                 Type::kGauge, [this] {
+                   return Snapshot().status.progress().examples_per_second();
+                 });
 }
 
 }  // namespace ps

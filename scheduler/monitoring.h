@@ -59,8 +59,12 @@ struct ClusterSnapshot {
 // state, seconds since the last heartbeat, and for workers the clock and
 // examples/s), then, when servers have disk tiers, what their tiers hold
 // (rows in RAM and on disk, disk and tier RAM bytes, rows read from disk,
-// requests that waited for it). Reloads itself every 2 s; needs no
-// external assets. Every string from the view is escaped.
+// requests that waited for it), all inside <div id="tables">. Around them
+// the live parts of scheduler/status_page_charts.h: the progress section
+// before, the curves after, which /static/status.js fills from
+// /status.json, replacing #tables from a fresh page every 2 s (without
+// JavaScript the page reloads itself every 2 s). Needs nothing from
+// another host. Every string from the view is escaped.
 std::string RenderStatusPage(const ClusterSnapshot& snapshot);
 
 // `s` with & < > " ' replaced by character references.

@@ -122,7 +122,15 @@ TEST_F(MonitoringTest, StatusPageShowsTheClusterEscaped) {
   Heartbeat(w1_, 3);
   SchedulerMonitor monitor(state_.get(), config_, &clock_);
   const std::string html = monitor.StatusPage();
-  EXPECT_THAT(html, HasSubstr("<meta http-equiv=\"refresh\" content=\"2\">"));
+  // Reloads itself only without JavaScript; with it, status.js updates the
+  // page in place.
+  EXPECT_THAT(html, HasSubstr("<noscript><meta http-equiv=\"refresh\" "
+                              "content=\"2\"></noscript>"));
+  EXPECT_THAT(html, HasSubstr("<script defer src=\"/static/status.js\">"));
+  EXPECT_LT(html.find("id=\"progress\""), html.find("<div id=\"tables\">"));
+  EXPECT_LT(html.find("<div id=\"tables\">"), html.find("<h2>Nodes</h2>"));
+  EXPECT_THAT(html, HasSubstr("id=\"chart-loss\""));
+  EXPECT_LT(html.find("</footer>\n</div>"), html.find("id=\"chart-loss\""));
   EXPECT_THAT(html, HasSubstr("Job ctr &lt;demo&gt; &amp; &quot;co&quot;:"));
   EXPECT_THAT(html, Not(HasSubstr("<demo>")));
   EXPECT_THAT(html, Not(HasSubstr("host<1>")));

@@ -5,7 +5,17 @@
 //       faults (a suspected isolation, with how long and until when nodes
 //       are held; the stalls it noticed), every node the scheduler knows
 //       (live or not), and each live worker's last clock and how long the
-//       scheduler has not heard from it.
+//       scheduler has not heard from it; the job's progress (steps done of
+//       the total, pace, time left, newest evaluation) and each data
+//       shard's.
+//   psctl --scheduler=HOST:PORT watch [--interval_s=S] [--give_up_s=S]
+//       The job's progress line every S seconds (default 2) until the job
+//       ends: on a terminal one line rewritten in place, otherwise one
+//       timestamped line each time (a log gains a line per interval).
+//       Waits out a restarting scheduler for up to --give_up_s (default
+//       60). Exit 0 once the job FINISHED (or its scheduler exited after
+//       every shard was trained), 1 when it FAILED or the scheduler stayed
+//       away.
 //   psctl --scheduler=HOST:PORT set-mode BSP|ASYNC|SSP [--staleness=N]
 //       Changes the consistency mode of the running job (SetConsistency);
 //       prints the epoch of the view that carries it. The scheduler
@@ -42,6 +52,8 @@
 // Every RPC has a deadline (--timeout_ms). Exit status: 0 on success, 1 when
 // the scheduler cannot be reached or refuses the request (its message is
 // printed), 2 for a usage error (unknown command or flag, bad mode name).
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <iostream>
@@ -94,6 +106,12 @@ ABSL_FLAG(bool, wait, false,
 ABSL_FLAG(int64_t, servers, 0, "scale: how many servers should own slots.");
 ABSL_FLAG(std::vector<std::string>, remove, {},
           "scale: server ranks to empty and drain (comma-separated).");
+ABSL_FLAG(double, interval_s, 2,
+          "watch: seconds between two looks at the job (a non-terminal "
+          "output gains one line each time).");
+ABSL_FLAG(double, give_up_s, 60,
+          "watch: how long a scheduler that cannot be reached (restarting) "
+          "is waited for.");
 ABSL_FLAG(bool, dry_run, false, "scale: print the moves, start none.");
 ABSL_FLAG(bool, migrate, false,
           "drain server:R: move its slots live to the other servers first "
@@ -107,8 +125,15 @@ constexpr char kUsage[] =
     "             [--config=JOB.pbtxt | --tls_ca=F --tls_cert=F --tls_key=F] "
     "COMMAND\n"
     "commands:\n"
-    "  status                               job state, faults, mode, nodes, "
-    "clocks\n"
+    "  status                               job state, progress, faults, "
+    "mode,\n"
+    "                                       nodes, clocks\n"
+    "  watch [--interval_s=S] [--give_up_s=S]\n"
+    "                                       the job's progress and time left "
+    "until\n"
+    "                                       it ends (one line in place on a "
+    "terminal,\n"
+    "                                       a line every interval otherwise)\n"
     "  set-mode BSP|ASYNC|SSP [--staleness=N]\n"
     "                                       change the consistency mode\n"
     "  checkpoint [--wait]                  take a consistent checkpoint now\n"
@@ -224,6 +249,68 @@ absl::Status RunStatus(Scheduler::Stub& stub, absl::Duration timeout) {
   }
   std::cout << FormatStatus(response, journal_error, absl::Now());
   return absl::OkStatus();
+}
+
+// Prints the job's progress line every `interval` until the job ends: on
+// a terminal one line rewritten in place, otherwise a plain line each
+// time, stamped with the time (a log gains one line per interval). A
+// scheduler that cannot be reached (restarting) is waited for up to
+// `give_up`. OK once the job FINISHED (or the scheduler exited after every
+// shard was trained); FAILED_PRECONDITION with the failure when it FAILED.
+absl::Status RunWatch(Scheduler::Stub& stub, absl::Duration timeout,
+                      absl::Duration interval, absl::Duration give_up,
+                      bool tty) {
+  absl::Time unreachable_since = absl::InfiniteFuture();
+  // Every shard was trained at the last look: the scheduler exits once
+  // the job's servers have, maybe before a look sees FINISHED.
+  bool trained = false;
+  while (true) {
+    GetStatusResponse response;
+    const grpc::Status s =
+        stub.GetStatus(Context(timeout).get(), GetStatusRequest(), &response);
+    const absl::Time now = absl::Now();
+    std::string line;
+    if (!s.ok()) {
+      if (trained) {
+        std::cout << (tty ? "\n" : "")
+                  << "every shard was trained and the scheduler has exited: "
+                     "the job is over"
+                  << std::endl;
+        return absl::OkStatus();
+      }
+      if (unreachable_since == absl::InfiniteFuture()) unreachable_since = now;
+      if (now - unreachable_since >= give_up) {
+        if (tty) std::cout << "\n";
+        return Annotate(FromGrpcStatus(s), "GetStatus");
+      }
+      line = absl::StrCat(
+          "scheduler unreachable for ",
+          HumanDuration(absl::ToDoubleSeconds(now - unreachable_since)),
+          ", retrying: ", s.error_message());
+    } else {
+      unreachable_since = absl::InfiniteFuture();
+      trained = response.progress().progress() >= 1;
+      line = FormatProgressLine(response, tty ? 20 : 0);
+    }
+    if (tty) {
+      // Back to the start of the line, and clear what a longer line left.
+      std::cout << "\r" << line << "\x1b[K" << std::flush;
+    } else {
+      std::cout << absl::FormatTime("%Y-%m-%d %H:%M:%S ", now,
+                                    absl::LocalTimeZone())
+                << line << std::endl;
+    }
+    const JobState state = response.view().job_state();
+    if (s.ok() && (state == FINISHED || state == FAILED)) {
+      if (tty) std::cout << "\n";
+      if (state == FAILED) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("the job FAILED: ", response.view().failure()));
+      }
+      return absl::OkStatus();
+    }
+    absl::SleepFor(interval);
+  }
 }
 
 absl::Status RunSetMode(Scheduler::Stub& stub, absl::Duration timeout,
@@ -430,6 +517,76 @@ absl::StatusOr<TlsConfig> TlsFromFlags(const std::string& config_path,
   return config.security().tls();
 }
 
+// A command line's command, parsed whole before the scheduler is
+// contacted.
+struct Command {
+  std::string name;
+  ConsistencyMode mode = CONSISTENCY_MODE_UNSPECIFIED;  // set-mode
+  DrainRequest drain;                                   // drain
+  ScaleRequest scale;                                   // scale
+};
+
+// INVALID_ARGUMENT (a usage error) naming what is wrong.
+absl::StatusOr<Command> ParseCommand(const std::vector<char*>& args,
+                                     int64_t staleness) {
+  Command command;
+  command.name = args[1];
+  if (command.name == "status") {
+    if (args.size() != 2)
+      return absl::InvalidArgumentError("status takes no arguments");
+  } else if (command.name == "watch") {
+    if (args.size() != 2)
+      return absl::InvalidArgumentError("watch takes flags only");
+    if (!(absl::GetFlag(FLAGS_interval_s) >= 0.05)) {
+      return absl::InvalidArgumentError("--interval_s must be at least 0.05");
+    }
+    if (!(absl::GetFlag(FLAGS_give_up_s) > 0)) {
+      return absl::InvalidArgumentError("--give_up_s must be > 0");
+    }
+  } else if (command.name == "set-mode") {
+    if (args.size() != 3)
+      return absl::InvalidArgumentError("set-mode takes one mode");
+    absl::StatusOr<ConsistencyMode> parsed = ParseMode(args[2]);
+    if (!parsed.ok())
+      return absl::InvalidArgumentError(parsed.status().message());
+    command.mode = *parsed;
+    if (staleness < 0 || staleness > std::numeric_limits<uint32_t>::max()) {
+      return absl::InvalidArgumentError("--staleness must be in 0..4294967295");
+    }
+  } else if (command.name == "checkpoint") {
+    if (args.size() != 2)
+      return absl::InvalidArgumentError("checkpoint takes no arguments");
+  } else if (command.name == "drain") {
+    if (args.size() != 3)
+      return absl::InvalidArgumentError("drain takes one node");
+    absl::StatusOr<DrainRequest> parsed = ParseDrainTarget(args[2]);
+    if (!parsed.ok())
+      return absl::InvalidArgumentError(parsed.status().message());
+    command.drain = *std::move(parsed);
+  } else if (command.name == "scale") {
+    if (args.size() != 2)
+      return absl::InvalidArgumentError("scale takes flags only");
+    const int64_t servers = absl::GetFlag(FLAGS_servers);
+    if (servers < 1 || servers > 1024) {
+      return absl::InvalidArgumentError("scale needs --servers in 1..1024");
+    }
+    command.scale.set_servers(static_cast<uint32_t>(servers));
+    for (const std::string& r : absl::GetFlag(FLAGS_remove)) {
+      uint32_t rank = 0;
+      if (!absl::SimpleAtoi(r, &rank)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--remove: '", r, "' is no rank"));
+      }
+      command.scale.add_remove(rank);
+    }
+    command.scale.set_dry_run(absl::GetFlag(FLAGS_dry_run));
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown command '", command.name, "'"));
+  }
+  return command;
+}
+
 }  // namespace
 }  // namespace ps
 
@@ -444,48 +601,14 @@ int main(int argc, char** argv) {
   if (address.empty()) return ps::UsageError("--scheduler is required");
   if (timeout_ms <= 0) return ps::UsageError("--timeout_ms must be > 0");
   if (args.size() < 2) return ps::UsageError("no command given");
-  const std::string command = args[1];
-
-  // Parse the whole command before contacting the scheduler.
-  ps::ConsistencyMode mode = ps::CONSISTENCY_MODE_UNSPECIFIED;
-  ps::DrainRequest drain;
-  ps::ScaleRequest scale;
-  if (command == "status") {
-    if (args.size() != 2) return ps::UsageError("status takes no arguments");
-  } else if (command == "set-mode") {
-    if (args.size() != 3) return ps::UsageError("set-mode takes one mode");
-    absl::StatusOr<ps::ConsistencyMode> parsed = ps::ParseMode(args[2]);
-    if (!parsed.ok()) return ps::UsageError(parsed.status().message());
-    mode = *parsed;
-    if (staleness < 0 || staleness > std::numeric_limits<uint32_t>::max()) {
-      return ps::UsageError("--staleness must be in 0..4294967295");
-    }
-  } else if (command == "checkpoint") {
-    if (args.size() != 2)
-      return ps::UsageError("checkpoint takes no arguments");
-  } else if (command == "drain") {
-    if (args.size() != 3) return ps::UsageError("drain takes one node");
-    absl::StatusOr<ps::DrainRequest> parsed = ps::ParseDrainTarget(args[2]);
-    if (!parsed.ok()) return ps::UsageError(parsed.status().message());
-    drain = *std::move(parsed);
-  } else if (command == "scale") {
-    if (args.size() != 2) return ps::UsageError("scale takes flags only");
-    const int64_t servers = absl::GetFlag(FLAGS_servers);
-    if (servers < 1 || servers > 1024) {
-      return ps::UsageError("scale needs --servers in 1..1024");
-    }
-    scale.set_servers(static_cast<uint32_t>(servers));
-    for (const std::string& r : absl::GetFlag(FLAGS_remove)) {
-      uint32_t rank = 0;
-      if (!absl::SimpleAtoi(r, &rank)) {
-        return ps::UsageError(absl::StrCat("--remove: '", r, "' is no rank"));
-      }
-      scale.add_remove(rank);
-    }
-    scale.set_dry_run(absl::GetFlag(FLAGS_dry_run));
-  } else {
-    return ps::UsageError(absl::StrCat("unknown command '", command, "'"));
-  }
+  absl::StatusOr<ps::Command> parsed_command =
+      ps::ParseCommand(args, staleness);
+  if (!parsed_command.ok())
+    return ps::UsageError(parsed_command.status().message());
+  const std::string& command = parsed_command->name;
+  const ps::ConsistencyMode mode = parsed_command->mode;
+  const ps::DrainRequest& drain = parsed_command->drain;
+  const ps::ScaleRequest& scale = parsed_command->scale;
 
   absl::StatusOr<ps::TlsConfig> tls = ps::TlsFromFlags(
       absl::GetFlag(FLAGS_config), absl::GetFlag(FLAGS_tls_ca),
@@ -501,6 +624,11 @@ int main(int argc, char** argv) {
   const absl::Duration timeout = absl::Milliseconds(timeout_ms);
   const absl::Status status =
       command == "status" ? ps::RunStatus(*stub, timeout)
+      : command == "watch"
+          ? ps::RunWatch(*stub, timeout,
+                         absl::Seconds(absl::GetFlag(FLAGS_interval_s)),
+                         absl::Seconds(absl::GetFlag(FLAGS_give_up_s)),
+                         isatty(STDOUT_FILENO) == 1)
       : command == "checkpoint"
           ? ps::RunCheckpoint(*stub, timeout, absl::GetFlag(FLAGS_wait))
       : command == "drain" && absl::GetFlag(FLAGS_migrate)

@@ -1,5 +1,6 @@
 #include "scheduler/psctl_status.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -104,6 +105,67 @@ std::string ModeText(const ConsistencyConfig& c) {
   return text;
 }
 
+namespace {
+
+// The job's progress line, then one line per data shard.
+void FormatProgress(const GetStatusResponse& status, std::string* out) {
+  if (!status.has_progress()) return;
+  absl::StrAppend(out, "progress: ", FormatProgressLine(status, 0), "\n");
+  for (const ShardProgress& s : status.progress().shards()) {
+    absl::StrAppend(
+        out,
+        absl::StrFormat("  shard %d  %s  epoch %d batch %d  %.1f%%", s.shard(),
+                        s.state(), s.position().epoch(), s.position().batch(),
+                        100 * s.progress()),
+        s.steps_total() > 0
+            ? absl::StrCat("  ", s.steps_done(), "/", s.steps_total(), " steps")
+            : std::string("  size unknown"),
+        s.has_worker_rank() ? absl::StrCat("  worker rank ", s.worker_rank())
+                            : "",
+        s.has_steps_per_second()
+            ? absl::StrFormat("  %.1f steps/s", s.steps_per_second())
+            : "",
+        s.has_eta_s() ? absl::StrCat("  ETA ", HumanDuration(s.eta_s())) : "",
+        s.has_loss() ? absl::StrFormat("  loss %.4f", s.loss()) : "", "\n");
+  }
+}
+
+}  // namespace
+
+std::string HumanDuration(double seconds) {
+  if (!(seconds >= 0)) return "?";
+  const int64_t s = static_cast<int64_t>(seconds + 0.5);
+  if (s < 60) return absl::StrFormat("%ds", s);
+  if (s < 3600) return absl::StrFormat("%dm %02ds", s / 60, s % 60);
+  if (s < 86400) return absl::StrFormat("%dh %02dm", s / 3600, s % 3600 / 60);
+  return absl::StrFormat("%dd %02dh", s / 86400, s % 86400 / 3600);
+}
+
+std::string FormatProgressLine(const GetStatusResponse& status, int bar_width) {
+  const JobProgress& p = status.progress();
+  std::string out =
+      absl::StrFormat("%s  %5.1f%%", JobState_Name(status.view().job_state()),
+                      100 * p.progress());
+  if (bar_width > 0) {
+    const int filled = std::clamp(
+        static_cast<int>(p.progress() * bar_width + 1e-9), 0, bar_width);
+    absl::StrAppend(&out, " [", std::string(filled, '#'),
+                    std::string(bar_width - filled, '.'), "]");
+  }
+  absl::StrAppend(&out, "  ", p.steps_done(), "/", p.total_known() ? "" : "~",
+                  p.steps_total(), " steps");
+  absl::StrAppend(
+      &out, absl::StrFormat("  %.1f steps/s  %.0f ex/s", p.steps_per_second(),
+                            p.examples_per_second()));
+  absl::StrAppend(&out, "  ETA ",
+                  p.has_eta_s() ? HumanDuration(p.eta_s()) : std::string("?"));
+  absl::StrAppend(&out, "  elapsed ", HumanDuration(p.elapsed_s()));
+  for (const MetricPoint& m : p.metrics()) {
+    absl::StrAppend(&out, absl::StrFormat("  %s %.4f", m.name(), m.value()));
+  }
+  return out;
+}
+
 std::string FormatStatus(const GetStatusResponse& status,
                          absl::string_view journal_error, absl::Time now) {
   const ClusterView& view = status.view();
@@ -127,6 +189,7 @@ std::string FormatStatus(const GetStatusResponse& status,
                   " ms, every ", view.consistency().watchdog_interval_ms(),
                   " ms)\n");
   FormatMoves(status, now, &out);
+  FormatProgress(status, &out);
   // Slots each live server owns (a spare owns none).
   std::map<uint32_t, uint32_t> owned;
   for (uint32_t owner : view.slot_owner()) ++owned[owner];

@@ -27,6 +27,18 @@ std::string ModeText(const ConsistencyConfig& c);
 std::string FormatStatus(const GetStatusResponse& status,
                          absl::string_view journal_error, absl::Time now);
 
+// A length of time as people read it: "42s", "3m 12s", "2h 05m", "3d 04h".
+std::string HumanDuration(double seconds);
+
+// The job's progress on one line (no newline), as `psctl watch` and the
+// progress line of `psctl status` show it:
+//   "RUNNING  42.0% [########..........] 420/1000 steps  12.5 steps/s
+//    3200 ex/s  ETA 31s  elapsed 40s  test_auc 0.7120"
+// "ETA ?" while the time left is not known; "~" before the total when some
+// shard's size is estimated. `bar_width` 0 leaves the bar out.
+std::string FormatProgressLine(const GetStatusResponse& status,
+                               int bar_width = 20);
+
 }  // namespace ps
 
 #endif  // PS_SCHEDULER_PSCTL_STATUS_H_

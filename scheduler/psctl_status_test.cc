@@ -1,5 +1,6 @@
 #include "scheduler/psctl_status.h"
 
+#include <cmath>
 #include <string>
 
 #include "absl/time/time.h"
@@ -115,6 +116,54 @@ TEST(PsctlStatusTest, ShowsQueuedMovesAndRetries) {
                              "slots  try 2  in 1.5 s\n"));
   EXPECT_THAT(out,
               HasSubstr("  server 1 -> server 2  1 slots  copying  try 3\n"));
+}
+
+TEST(PsctlStatusTest, HumanDurationReadsAsPeopleWriteIt) {
+  EXPECT_EQ(HumanDuration(0), "0s");
+  EXPECT_EQ(HumanDuration(42.4), "42s");
+  EXPECT_EQ(HumanDuration(192), "3m 12s");
+  EXPECT_EQ(HumanDuration(7500), "2h 05m");
+  EXPECT_EQ(HumanDuration(3 * 86400 + 4 * 3600), "3d 04h");
+  EXPECT_EQ(HumanDuration(-1), "?");
+  EXPECT_EQ(HumanDuration(std::nan("")), "?");
+}
+
+TEST(PsctlStatusTest, ProgressLineShowsProgressPaceEtaAndMetrics) {
+  GetStatusResponse status;
+  status.mutable_view()->set_job_state(RUNNING);
+  JobProgress* p = status.mutable_progress();
+  p->set_progress(0.42);
+  p->set_steps_done(420);
+  p->set_steps_total(1000);
+  p->set_total_known(true);
+  p->set_steps_per_second(12.5);
+  p->set_examples_per_second(3200);
+  p->set_eta_s(192);
+  p->set_elapsed_s(40);
+  MetricPoint* auc = p->add_metrics();
+  auc->set_name("test_auc");
+  auc->set_value(0.712);
+  EXPECT_EQ(FormatProgressLine(status, 10),
+            "RUNNING   42.0% [####......]  420/1000 steps  12.5 steps/s  "
+            "3200 ex/s  ETA 3m 12s  elapsed 40s  test_auc 0.7120");
+  p->clear_eta_s();
+  p->set_total_known(false);
+  const std::string line = FormatProgressLine(status, 0);
+  EXPECT_THAT(line, HasSubstr("420/~1000 steps"));
+  EXPECT_THAT(line, HasSubstr("ETA ?"));
+  EXPECT_THAT(line, Not(HasSubstr("[")));
+  ShardProgress* shard = p->add_shards();
+  shard->set_shard(1);
+  shard->set_state("ACTIVE");
+  shard->set_worker_rank(0);
+  shard->set_progress(0.5);
+  shard->set_steps_done(50);
+  shard->set_steps_total(100);
+  shard->set_eta_s(5);
+  const std::string out = FormatStatus(status, "", Noon());
+  EXPECT_THAT(out, HasSubstr("progress: RUNNING   42.0%"));
+  EXPECT_THAT(out, HasSubstr("  shard 1  ACTIVE  epoch 0 batch 0  50.0%  "
+                             "50/100 steps  worker rank 0  ETA 5s\n"));
 }
 
 }  // namespace

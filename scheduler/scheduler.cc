@@ -415,6 +415,7 @@ void SchedulerServer::DetectFailures() {
     // live job from an abandoned one).
     if (absl::Now() - last_sync >= absl::Seconds(1)) {
       last_sync = absl::Now();
+      state_->SampleProgress();
       state_->SyncJournal();
     }
   }

@@ -18,6 +18,8 @@
 #include "common/signals.h"
 #include "scheduler/monitoring.h"
 #include "scheduler/scheduler.h"
+#include "scheduler/status_json.h"
+#include "scheduler/web_assets.h"
 
 ABSL_FLAG(std::string, config, "", "Job config file (textproto). Required.");
 ABSL_FLAG(std::string, host, "127.0.0.1", "Address to listen on.");
@@ -50,7 +52,8 @@ ABSL_FLAG(std::string, state_dir, "",
           "$XDG_STATE_HOME/ps/<job name>, else ~/.local/state/ps/<job name>); "
           "'none' keeps none.");
 ABSL_FLAG(bool, describe, false,
-          "Validate --config, print 'servers=N workers=M mode=X' and exit; "
+          "Validate --config, print 'servers=N workers=M mode=X "
+          "log_interval_s=S' and exit; "
           "launchers use it to size a job without parsing the file.");
 
 namespace {
@@ -61,6 +64,35 @@ bool WritePortFile(const std::string& path, int port) {
   const std::string tmp = path + ".tmp";
   std::ofstream(tmp) << port << "\n";
   return std::rename(tmp.c_str(), path.c_str()) == 0;
+}
+
+// The /status page's scripts and style sheets, compiled into the binary
+// (scheduler/web_assets.h), as pages of the endpoint.
+void AddWebAssetPages(ps::HttpEndpoint::Options* http) {
+  for (const ps::WebAsset& asset : ps::WebAssets()) {
+    http->pages[std::string(asset.path)] = [asset] {
+      return ps::HttpEndpoint::Page{std::string(asset.content_type),
+                                    std::string(asset.body)};
+    };
+  }
+}
+
+// --describe: the job's size for the launchers, as shell assignments.
+void Describe(const ps::JobConfig& config) {
+  std::cout << "servers=" << config.cluster().num_servers()
+            << " workers=" << config.cluster().num_workers()
+            << " mode=" << ps::ConsistencyMode_Name(config.consistency().mode())
+            << " log_interval_s=" << config.training().log_interval_s()
+            << std::endl;
+  // The launchers' worker command as a shell array (empty: the trainer).
+  std::cout << "worker_command=(";
+  for (const std::string& arg : config.launch().worker_command()) {
+    std::string quoted = "'";
+    for (char ch : arg)
+      quoted += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+    std::cout << quoted << "' ";
+  }
+  std::cout << ")" << std::endl;
 }
 
 }  // namespace
@@ -76,19 +108,7 @@ int main(int argc, char** argv) {
                               absl::GetFlag(FLAGS_num_workers)});
   if (!config) return 2;
   if (absl::GetFlag(FLAGS_describe)) {
-    std::cout << "servers=" << config->cluster().num_servers()
-              << " workers=" << config->cluster().num_workers() << " mode="
-              << ps::ConsistencyMode_Name(config->consistency().mode())
-              << std::endl;
-    // The launchers' worker command as a shell array (empty: the trainer).
-    std::cout << "worker_command=(";
-    for (const std::string& arg : config->launch().worker_command()) {
-      std::string quoted = "'";
-      for (char ch : arg)
-        quoted += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
-      std::cout << quoted << "' ";
-    }
-    std::cout << ")" << std::endl;
+    Describe(*config);
     return 0;
   }
   ps::SchedulerServer::Options options;
@@ -134,6 +154,13 @@ int main(int argc, char** argv) {
     return ps::HttpEndpoint::Page{"text/html; charset=utf-8",
                                   monitor.StatusPage()};
   };
+  // What the page draws, for scripts too (scheduler/status_json.h).
+  http.pages["/status.json"] = [state = (*server)->state(),
+                                name = config->name()] {
+    return ps::HttpEndpoint::Page{"application/json",
+                                  ps::StatusJson(*state, name)};
+  };
+  AddWebAssetPages(&http);
   auto endpoint = ps::StartHttpEndpointForMain(*log, std::move(http));
   if (!endpoint.ok()) {
     log->error("{}", endpoint.status().message());

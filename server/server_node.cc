@@ -39,6 +39,18 @@ void FillStorage(const KVServer& kv, HeartbeatRequest* request) {
   *request->mutable_storage() = storage;
 }
 
+// What `kv` serves, for the scheduler's curves: keys pushed and pulled
+// since it started and bytes its tables hold, from the statistics the
+// serving thread last published.
+void FillServing(const KVServer& kv, HeartbeatRequest* request) {
+  ServingReport serving;
+  for (const TableStats& t : kv.table_stats()) {
+    serving.set_keys(serving.keys() + t.keys_pushed() + t.keys_pulled());
+    serving.set_bytes(serving.bytes() + t.bytes());
+  }
+  *request->mutable_serving() = serving;
+}
+
 }  // namespace
 
 // Sends the server's checkpoint and slot-move reports to the scheduler
@@ -267,6 +279,7 @@ absl::Status ServerNode::Open() {
       [kv, last = std::make_shared<std::vector<uint64_t>>(),
        beats = std::make_shared<uint64_t>(0)](HeartbeatRequest* request) {
         FillStorage(*kv, request);
+        FillServing(*kv, request);
         std::vector<uint64_t> bytes = kv->slot_bytes();
         if (bytes.empty() || (bytes == *last && ++*beats % 20 != 0))
           return;

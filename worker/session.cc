@@ -96,6 +96,21 @@ class WorkerSession::ViewWatcher {
     return view;
   }
 
+  // The scheduler's status, one attempt bounded by `timeout` (GetStatus
+  // needs no membership either).
+  absl::StatusOr<GetStatusResponse> Status(absl::Duration timeout) {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+    GetStatusResponse response;
+    const grpc::Status status =
+        stub_->GetStatus(&context, GetStatusRequest(), &response);
+    if (!status.ok()) {
+      return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                          absl::StrCat("status: ", status.error_message()));
+    }
+    return response;
+  }
+
   // Follows the view from `epoch` on, calling `install` with each newer one.
   void Follow(uint64_t epoch, std::function<void(const ClusterView&)> install) {
     thread_ =
@@ -555,6 +570,13 @@ std::string WorkerSession::DescribeSlowWorkers() {
   if (slow.empty()) return "";
   return absl::StrCat("worker rank", slow.size() > 1 ? "s " : " ",
                       absl::StrJoin(slow, ", "));
+}
+
+absl::StatusOr<GetStatusResponse> WorkerSession::GetStatus() {
+  if (membership_ != nullptr) return membership_->GetStatus();
+  // An observer has no membership client: ask through its view's channel,
+  // with the deadline of a member's status call.
+  return watcher_->Status(SchedulerClient::Options().rpc_timeout);
 }
 
 uint64_t WorkerSession::last_checkpoint_clock() const {

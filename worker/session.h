@@ -226,6 +226,11 @@ class WorkerSession {
   // reported clock is below this worker's; "" when none is (or in ASYNC,
   // or for an observer). Asks the scheduler (one RPC).
   std::string DescribeSlowWorkers();
+  // The scheduler's status (GetStatusResponse: the view, the workers'
+  // clocks, the job's progress): one RPC, observers included, bounded by
+  // the control plane's RPC timeout (a worker retries transport failures
+  // within it). Thread-safe.
+  absl::StatusOr<GetStatusResponse> GetStatus();
   // The clock of the newest committed checkpoint (0: none yet).
   uint64_t last_checkpoint_clock() const;
   // This worker started a job restored from a checkpoint, at its clock

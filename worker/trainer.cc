@@ -251,6 +251,12 @@ absl::Status Trainer::AfterStep(size_t n, absl::Time step_start, ShardRun* run,
   ++result->steps;
   const absl::Time now = clock_->Now();
   if (run->hooks->on_trained) run->hooks->on_trained(n, now - step_start);
+  if (run->hooks->on_step_trained) {
+    const bool finite = result->nonfinite_steps == run->nonfinite_before;
+    run->hooks->on_step_trained(n, finite ? output_.loss_sum : 0,
+                                finite ? n : 0, run->pull_wait);
+  }
+  ReportShardBatches(run);
   if (now - run->last_log >= absl::Seconds(tr.log_interval_s())) {
     Log()->info(
         "shard {} epoch {} step {}: {} examples, {:.0f} examples/s, loss "
@@ -264,14 +270,21 @@ absl::Status Trainer::AfterStep(size_t n, absl::Time step_start, ShardRun* run,
     run->window_loss = 0;
     run->window_count = 0;
   }
-  if (rank_ != 0 || tr.eval_interval_steps() == 0 ||
-      result->steps % tr.eval_interval_steps() != 0) {
-    return absl::OkStatus();
-  }
+  if (rank_ != 0) return absl::OkStatus();
+  const bool by_steps = tr.eval_interval_steps() > 0 &&
+                        result->steps % tr.eval_interval_steps() == 0;
+  const bool by_time = tr.eval_interval_s() > 0 &&
+                       now - last_eval_ >= absl::Seconds(tr.eval_interval_s());
+  if (last_eval_ == absl::InfinitePast()) last_eval_ = now;
+  if (!by_steps && !by_time) return absl::OkStatus();
   PS_RETURN_IF_ERROR(Settle(run));
   absl::StatusOr<EvalResult> eval = Evaluate();
+  // The interval counts from the end of an evaluation, so a slow one does
+  // not leave training no time in between.
+  last_eval_ = clock_->Now();
   if (eval.ok()) {
     Log()->info("step {}: {}", result->steps, Describe(*eval));
+    ReportMetrics(*run->hooks, *eval, client_->clock());
     return AppendMetrics(
         *eval, result->steps, result->examples,
         run->epoch_loss / std::max<uint64_t>(run->epoch_count, 1));
@@ -279,6 +292,28 @@ absl::Status Trainer::AfterStep(size_t n, absl::Time step_start, ShardRun* run,
   if (eval.status().code() == absl::StatusCode::kFailedPrecondition)
     return absl::OkStatus();
   return eval.status();
+}
+
+void Trainer::ReportShardBatches(ShardRun* run) {
+  if (!run->hooks->on_shard_batches) return;
+  const std::optional<uint64_t> examples = train_data_->ExamplesPerPass();
+  const uint64_t batch = config_.training().batch_size();
+  const uint64_t batches =
+      examples.has_value() && batch > 0 ? (*examples + batch - 1) / batch : 0;
+  if (batches == run->shard_batches) return;
+  run->shard_batches = batches;
+  run->hooks->on_shard_batches(batches);
+}
+
+void Trainer::ReportMetrics(const TrainerHooks& hooks, const EvalResult& eval,
+                            uint64_t step) {
+  if (!hooks.on_metric) return;
+  // What the model does not have is NaN (EvalResult).
+  if (std::isfinite(eval.auc)) hooks.on_metric("test_auc", eval.auc, step);
+  if (std::isfinite(eval.logloss))
+    hooks.on_metric("test_logloss", eval.logloss, step);
+  if (std::isfinite(eval.accuracy))
+    hooks.on_metric("test_accuracy", eval.accuracy, step);
 }
 
 absl::StatusOr<Trainer::ShardEnd> Trainer::TrainEpoch(ShardRun* run,
@@ -330,7 +365,9 @@ absl::StatusOr<Trainer::ShardEnd> Trainer::TrainEpoch(ShardRun* run,
       if (next_read && !next->sparse.keys.empty())
         (void)client_->Prefetch(sparse_table_, next->sparse.keys);
     }
+    const absl::Time wait_start = clock_->Now();
     PS_RETURN_IF_ERROR(FinishPull(current));
+    run->pull_wait = clock_->Now() - wait_start;
     if (tr.prefetch()) {
       // Sent before this step's push: the next step's parameters miss this
       // worker's own last update (ASYNC only, by config).
@@ -338,6 +375,7 @@ absl::StatusOr<Trainer::ShardEnd> Trainer::TrainEpoch(ShardRun* run,
                           Load(train_data_.get(), tr.batch_size(), next));
     }
     PS_RETURN_IF_ERROR(Settle(run));
+    run->nonfinite_before = result->nonfinite_steps;
     PS_RETURN_IF_ERROR(RunStep(current, run, result));
     PS_RETURN_IF_ERROR(AfterStep(current->n, step_start, run, result));
   }
@@ -371,6 +409,7 @@ absl::StatusOr<DataPosition> Trainer::TrainShard(
     return absl::InvalidArgumentError("training.batch_size must be > 0");
   }
   PS_RETURN_IF_ERROR(OpenShard(from.shard()));
+  ReportShardBatches(&run);
   run.last_log = clock_->Now();
   run.examples_at_log = result->examples;
   DataPosition& at = run.at;

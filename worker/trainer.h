@@ -116,6 +116,22 @@ struct TrainerHooks {
   // reading or waiting for its pull, compute, sending the pushes; a
   // periodic evaluation is not included). On the training thread.
   std::function<void(uint64_t examples, absl::Duration step_time)> on_trained;
+  // For the scheduler's view of the job (its progress, time left and
+  // curves), on the training thread. After each step: its examples, their
+  // summed loss and how many examples that covers (0 and 0 for a step
+  // whose loss was not finite), and the time the step waited for its pulls
+  // (under BSP and SSP mostly the wait for slower workers).
+  std::function<void(uint64_t examples, double loss_sum, uint64_t loss_examples,
+                     absl::Duration pull_wait)>
+      on_step_trained;
+  // Batches in one epoch of the shard being trained (Dataset::
+  // ExamplesPerPass over the batch size; 0 when not known): when a shard
+  // starts and whenever the estimate changes.
+  std::function<void(uint64_t batches)> on_shard_batches;
+  // A metric measured at step `step`: each periodic evaluation's
+  // "test_auc", "test_logloss" and "test_accuracy" (those the model has).
+  std::function<void(const std::string& name, double value, uint64_t step)>
+      on_metric;
   // A barrier across all workers of the job (the scheduler's). Without one
   // the workers other than rank 0 do not wait for its initial values. An
   // error ends training with it, unless stop() is true by then (preempted
@@ -178,6 +194,9 @@ class Trainer {
   // Scores the test data with the current server parameters.
   // FAILED_PRECONDITION when the job has no test data.
   absl::StatusOr<EvalResult> Evaluate();
+  // Gives `eval`'s metrics, measured at step `step`, to hooks.on_metric.
+  static void ReportMetrics(const TrainerHooks& hooks, const EvalResult& eval,
+                            uint64_t step);
 
   // Appends one JSON line for `eval` to training.metrics_file (if set):
   // the step, `examples` this worker has trained, the wall time and the
@@ -243,7 +262,16 @@ class Trainer {
     uint64_t window_count = 0;
     double epoch_loss = 0;
     uint64_t epoch_count = 0;
+    // The current step's wait for its pulls, and the non-finite steps
+    // counted before it (TrainResult::nonfinite_steps).
+    absl::Duration pull_wait;
+    uint64_t nonfinite_before = 0;
+    // The shard's batches per epoch last given to hooks->on_shard_batches.
+    uint64_t shard_batches = 0;
   };
+  // Tells hooks->on_shard_batches of a new estimate of the shard's size.
+  void ReportShardBatches(ShardRun* run);
+
   // Trains shard from.shard from `from` until it is done, `stop` or
   // max_steps; adds to *result. Returns the position reached (done for
   // kDone) with every push acknowledged; *end says why it returned.
@@ -296,6 +324,9 @@ class Trainer {
   ModelOutput output_;
   // When Train() began; the metrics file's "seconds" count from it.
   absl::Time train_began_ = absl::InfinitePast();
+  // Rank 0's last periodic evaluation (training.eval_interval_s), or the
+  // first step when there was none yet.
+  absl::Time last_eval_ = absl::InfinitePast();
 };
 
 }  // namespace ps

@@ -198,8 +198,8 @@ std::string SummaryJson(const ps::JobConfig& config, const ps::Trainer& trainer,
 
 // The evaluator's part: evaluate, export, print and write the summary.
 int Evaluate(const ps::JobConfig& config, ps::Trainer& trainer,
-             const ps::TrainResult& train, uint32_t evaluator,
-             absl::Time start) {
+             const ps::TrainResult& train, uint32_t evaluator, absl::Time start,
+             const ps::TrainerHooks& hooks) {
   auto log = ps::GetLogger("worker");
   const double train_seconds = absl::ToDoubleSeconds(absl::Now() - start);
   auto eval = trainer.Evaluate();
@@ -210,6 +210,8 @@ int Evaluate(const ps::JobConfig& config, ps::Trainer& trainer,
   }
   if (eval.ok()) {
     log->info("{}", ps::Describe(*eval));
+    // The scheduler hears of it with the Leave that follows.
+    ps::Trainer::ReportMetrics(hooks, *eval, train.start_clock + train.steps);
     absl::Status m = trainer.AppendMetrics(*eval, train.steps, train.examples,
                                            train.mean_loss);
     if (!m.ok()) log->warn("{}", m.message());
@@ -312,8 +314,8 @@ void LogTrained(const ps::TrainResult& train) {
 // the wrap-up short. Every worker's pushes are acknowledged before it
 // arrives at train_done, so the evaluation sees the fully trained model.
 int Finish(ps::WorkerSession& session, const ps::JobConfig& config,
-           ps::Trainer& trainer, const ps::TrainResult& train,
-           absl::Time start) {
+           ps::Trainer& trainer, const ps::TrainResult& train, absl::Time start,
+           const ps::TrainerHooks& hooks) {
   auto log = ps::GetLogger("worker");
   int exit_code = 0;
   absl::StatusOr<bool> evaluator = session.Finish(kBarrierTimeout);
@@ -330,7 +332,7 @@ int Finish(ps::WorkerSession& session, const ps::JobConfig& config,
       exit_code = 1;
     }
   } else if (*evaluator) {
-    exit_code = Evaluate(config, trainer, train, session.rank(), start);
+    exit_code = Evaluate(config, trainer, train, session.rank(), start, hooks);
     if (std::optional<int> code = Ended(session)) return *code;
     // Tell the others, even when stopping (a SIGTERM during the
     // evaluation): without this arrival they would evaluate again.
@@ -368,6 +370,21 @@ int Run(ps::TerminationSignals& signals, const ps::JobConfig& config,
   hooks.on_trained = [telemetry](uint64_t examples, absl::Duration t) {
     telemetry->OnTrained(examples, t);
   };
+  // What the scheduler's progress, time left and curves are made of.
+  ps::SchedulerClient* membership = session.membership();
+  hooks.on_step_trained = [membership](uint64_t examples, double loss_sum,
+                                       uint64_t loss_examples,
+                                       absl::Duration wait) {
+    membership->AddTrained(examples, loss_sum, loss_examples, wait);
+  };
+  hooks.on_shard_batches = [membership](uint64_t batches) {
+    membership->SetShardBatches(batches);
+  };
+  hooks.on_metric = [membership, log](const std::string& name, double value,
+                                      uint64_t step) {
+    absl::Status s = membership->ReportMetric(name, value, step);
+    if (!s.ok()) log->warn("{}", s.message());
+  };
   if (!session.initial_position()) {
     log->info("no shard of its own (joined at clock {}): asking for work",
               session.start_clock());
@@ -395,7 +412,7 @@ int Run(ps::TerminationSignals& signals, const ps::JobConfig& config,
     if (!left.ok()) log->warn("{}", left.message());
     return 0;
   }
-  return Finish(session, config, **trainer, *train, start);
+  return Finish(session, config, **trainer, *train, start, hooks);
 }
 
 }  // namespace

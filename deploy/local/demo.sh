@@ -54,15 +54,17 @@ if [ -z "${PS_BIN_DIR:-}" ]; then
   echo "demo: building (bazel build --config=opt) ..." >&2
   (cd "$ROOT" && bazel build --config=opt --noshow_progress \
       //scheduler:scheduler_main //server:server_main //worker:trainer \
-      //python:libps_native.so >&2)
+      //scheduler:psctl //python:libps_native.so >&2)
   BIN="$ROOT/bazel-bin"
   SCHEDULER="$BIN/scheduler/scheduler_main"
   SERVER="$BIN/server/server_main"
   TRAINER="$BIN/worker/trainer"
+  PSCTL="$BIN/scheduler/psctl"
 else
   SCHEDULER="$PS_BIN_DIR/scheduler_main"
   SERVER="$PS_BIN_DIR/server_main"
   TRAINER="$PS_BIN_DIR/trainer"
+  PSCTL="$PS_BIN_DIR/psctl"
 fi
 
 RUN_DIR="${PS_RUN_DIR:-$ROOT/.runs/$(date +%Y%m%d-%H%M%S)-$$}"
@@ -71,7 +73,8 @@ mkdir -p "$RUN_DIR"
 # Validates the config before anything starts, and sizes the job.
 DESCRIPTION="$("$SCHEDULER" --config="$CONFIG" --describe)" || {
   echo "demo: invalid config $CONFIG" >&2; exit 2; }
-eval "$DESCRIPTION"   # sets servers, workers, mode, worker_command
+log_interval_s=5
+eval "$DESCRIPTION"   # sets servers, workers, mode, log_interval_s, worker_command
 
 # shellcheck source=deploy/choose_python.sh
 . "$ROOT/deploy/choose_python.sh"
@@ -162,6 +165,11 @@ for i in $(seq 0 $((servers - 1))); do
   PIDS+=($!)
 done
 
+# The workers' progress lines go to the terminal too, except on a
+# terminal, where the job's progress line (psctl watch, below) takes their
+# place: their warnings and errors still show.
+SHOWN="trainer|worker:"
+[ -t 2 ] && SHOWN=" [WEC] "
 WORKER_PIDS=()
 for i in $(seq 0 $((workers - 1))); do
   # Progress lines go to the terminal and to the log. Log files are numbered
@@ -169,10 +177,22 @@ for i in $(seq 0 $((workers - 1))); do
   PS_CONFIG="$CONFIG" PS_SCHEDULER="$ADDRESS" PS_NUM_SERVERS="$servers" PS_NUM_WORKERS="$workers" \
   PS_SUMMARY_OUT="$RUN_DIR/summary.json" \
   "${WORKER[@]}" --config="$CONFIG" --scheduler="$ADDRESS" \
-    > "$RUN_DIR/worker$i.out" 2> >(tee "$RUN_DIR/worker$i.log" | grep --line-buffered -E "trainer|worker:" >&2) &
+    > "$RUN_DIR/worker$i.out" 2> >(tee "$RUN_DIR/worker$i.log" | grep --line-buffered -E "$SHOWN" >&2) &
   WORKER_PIDS+=($!)
   PIDS+=($!)
 done
+
+# The job's progress and time left, as the scheduler computes them: one
+# line rewritten in place on a terminal, otherwise one line per
+# training.log_interval_s (psctl watch; it ends with the job).
+if [ -x "${PSCTL:-}" ]; then
+  interval="$log_interval_s"
+  [ "$interval" -gt 0 ] 2>/dev/null || interval=5
+  [ -t 2 ] && interval=1
+  "$PSCTL" --scheduler="$ADDRESS" watch --interval_s="$interval" \
+    --give_up_s=30 >&2 2>>"$RUN_DIR/watch.log" &
+  PIDS+=($!)
+fi
 
 start=$(date +%s)
 # Workers finish on their own; a server or the scheduler dying first is a

@@ -52,8 +52,9 @@ def step(sess: ps.Session, sparse: ps.SparseTable, dense: ps.DenseTable,
     grad_w = np.bincount(inv, weights=np.repeat(g, fields), minlength=uniq.size)
     sparse.push(uniq, grad_w[:, None])
     dense.push(np.append(batch.numeric.T @ g, g.sum()))
-    sess.end_step()                                  # once per step, any mode
-    return ps.metrics.logloss(p, batch.labels)
+    loss = ps.metrics.logloss(p, batch.labels)
+    sess.end_step(examples=n, loss=loss)             # once per step, any mode; feeds /status
+    return loss
 
 
 def evaluate(sparse: ps.SparseTable, dense: ps.DenseTable, data: ps.data.SyntheticCtr,
@@ -130,6 +131,9 @@ def main() -> int:
                    "examples_per_s": round(examples / max(train_seconds, 1e-9)),
                    "last_loss": loss}
         summary.update(evaluate(sparse, dense, data))
+        for name in ("test_auc", "test_logloss"):   # curves metric/<name> on /status
+            if np.isfinite(summary[name]):
+                sess.report_metric(name, summary[name])
         line = json.dumps(summary)
         print(line, flush=True)
         if args.summary_out:

@@ -230,6 +230,10 @@ struct ps_session {
   std::unique_ptr<ps_config> config;  // a copy of the session's
   std::shared_ptr<OpTracker> ops = std::make_shared<OpTracker>();
   pid_t pid = 0;
+  // The newest clock seen below kFinishedClock: the step of a metric
+  // reported while the clock reads finished (the evaluator's, after
+  // finish).
+  std::atomic<uint64_t> last_step{0};
 };
 
 struct ps_future {
@@ -362,6 +366,28 @@ int32_t Writable(ps_session* s, const char* what) {
                      "scan, stats)")));
   }
   return 0;
+}
+
+// FAILED_PRECONDITION for a report to the scheduler from an observer.
+int32_t Reporting(ps_session* s, const char* what) {
+  if (int32_t e = Usable(s)) return e;
+  if (s->session->membership() == nullptr) {
+    return Fail(absl::FailedPreconditionError(absl::StrCat(
+        what,
+        ": this session is an observer, which sends the scheduler no "
+        "heartbeats to carry it")));
+  }
+  return 0;
+}
+
+// The step to report a metric at: the clock, or the last step trained while
+// the clock reads finished (after finish, or claiming a shard). Called too
+// where the clock is about to go to finished, to remember that step.
+uint64_t Step(ps_session* s) {
+  const uint64_t clock = s->session->clock();
+  if (clock >= ps::kFinishedClock) return s->last_step.load();
+  s->last_step.store(clock);
+  return clock;
 }
 
 // The sparse table `table` and its row width, or an error status.
@@ -708,6 +734,7 @@ int32_t ps_session_barrier(ps_session* s, const char* name, double timeout_s,
 int32_t ps_session_claim(ps_session* s, const ps_position* finished,
                          ps_future** out) {
   if (int32_t e = Usable(s)) return e;
+  (void)Step(s);  // a claim sets the clock to finished
   std::optional<ps::DataPosition> done;
   if (finished != nullptr) {
     done = Position(*finished);
@@ -747,6 +774,7 @@ int32_t ps_session_restart(ps_session* s, uint64_t clock) {
 
 int32_t ps_session_finish(ps_session* s, double timeout_s, ps_future** out) {
   if (int32_t e = Usable(s)) return e;
+  (void)Step(s);  // the last step trained, for the evaluator's metrics
   *out = RunSessionOp(s, Kind::kFinish, /*stop_on_free=*/true,
                       [timeout = Seconds(timeout_s)](
                           ps::WorkerSession& w, OpResults& r) -> absl::Status {
@@ -784,11 +812,60 @@ int32_t ps_session_leave(ps_session* s, int32_t finished,
   return Fail(s->session->Leave(finished != 0, pos ? &*pos : nullptr));
 }
 
+// ---- the job's progress and curves.
+
+int32_t ps_session_job_progress(ps_session* s, ps_job_progress* out) {
+  if (int32_t e = Usable(s)) return e;
+  if (out == nullptr) return Invalid("no ps_job_progress to fill");
+  absl::StatusOr<ps::GetStatusResponse> status = s->session->GetStatus();
+  if (!status.ok()) return Fail(status.status());
+  const ps::JobProgress& p = status->progress();
+  // Finite values in range whatever the scheduler sent: a binding shows
+  // them as they are.
+  auto finite = [](double v) { return std::isfinite(v) ? v : 0.0; };
+  *out = ps_job_progress{};
+  out->progress = std::clamp(finite(p.progress()), 0.0, 1.0);
+  if (p.has_eta_s() && std::isfinite(p.eta_s())) {
+    out->has_eta = 1;
+    out->eta_s = std::max(0.0, p.eta_s());
+  }
+  out->steps_done = p.steps_done();
+  out->steps_total = p.steps_total();
+  out->total_known = p.total_known() ? 1 : 0;
+  out->steps_per_second = std::max(0.0, finite(p.steps_per_second()));
+  out->examples_per_second = std::max(0.0, finite(p.examples_per_second()));
+  out->examples = p.examples();
+  out->elapsed_s = std::max(0.0, finite(p.elapsed_s()));
+  return 0;
+}
+
+int32_t ps_session_report_metric(ps_session* s, const char* name,
+                                 double value) {
+  if (int32_t e = Reporting(s, "report a metric")) return e;
+  if (name == nullptr) return Invalid("a metric needs a name");
+  return Fail(s->session->membership()->ReportMetric(name, value, Step(s)));
+}
+
+int32_t ps_session_report_trained(ps_session* s, uint64_t examples,
+                                  double loss_sum, uint64_t loss_examples) {
+  if (int32_t e = Reporting(s, "report training")) return e;
+  s->session->membership()->AddTrained(examples, loss_sum, loss_examples,
+                                       absl::ZeroDuration());
+  return 0;
+}
+
+int32_t ps_session_set_shard_batches(ps_session* s, uint64_t batches) {
+  if (int32_t e = Reporting(s, "report a shard's size")) return e;
+  s->session->membership()->SetShardBatches(batches);
+  return 0;
+}
+
 // ---- the shard protocol: Session.batches over WorkerSession::shards().
 
 int32_t ps_session_next_shard(ps_session* s, const ps_position* ended,
                               ps_future** out) {
   if (int32_t e = Usable(s)) return e;
+  (void)Step(s);  // its claims set the clock to finished
   std::optional<ps::DataPosition> end;
   if (ended != nullptr) end = Position(*ended);
   *out = RunSessionOp(

@@ -47,7 +47,7 @@ extern "C" {
 
 /* Bumped whenever a signature or a struct below changes; the Python package
  * refuses a library of another version. */
-#define PS_C_ABI_VERSION 4
+#define PS_C_ABI_VERSION 5
 /* Returned by waits whose timeout passed before the operation completed. */
 #define PS_PENDING (-1)
 /* A timeout (seconds) that never passes: waits, barriers and finish given
@@ -198,6 +198,21 @@ typedef struct ps_table_stats {
   uint64_t staged_rows;
 } ps_table_stats;
 
+/* The job's progress as the scheduler computes it from every shard's
+ * position (proto JobProgress). */
+typedef struct ps_job_progress {
+  double progress; /* steps done / steps to do, in [0, 1] */
+  int32_t has_eta; /* 0: eta_s unknown (no pace measured yet) */
+  double eta_s;    /* seconds left at the job's recent pace */
+  uint64_t steps_done;
+  uint64_t steps_total;
+  int32_t total_known; /* 0: steps_total is an estimate */
+  double steps_per_second;
+  double examples_per_second;
+  uint64_t examples; /* examples trained, as the workers reported them */
+  double elapsed_s;  /* seconds since the job started running */
+} ps_job_progress;
+
 int32_t ps_abi_version(void);
 /* The message of this thread's last failed call ("" if none). Valid until
  * this thread's next call into the library. */
@@ -311,6 +326,32 @@ int32_t ps_session_checkpoint(ps_session* s, ps_future** out);
 /* position: NULL for none. */
 int32_t ps_session_leave(ps_session* s, int32_t finished,
                          const ps_position* position);
+
+/* ---- the job's progress and curves (the scheduler's /status) ----------- */
+
+/* The job's progress, from one status RPC to the scheduler (bounded by the
+ * control plane's RPC timeout, 5 s; UNAVAILABLE or DEADLINE_EXCEEDED while
+ * the scheduler is away). A scheduler that does not compute progress
+ * answers zeros. Observers too. May be called from any thread. */
+int32_t ps_session_job_progress(ps_session* s, ps_job_progress* out);
+/* A new value of metric `name` (1 to 64 characters of [A-Za-z0-9_./-]) at
+ * this worker's step (its clock; after finish, the last step it trained),
+ * sent with the next heartbeats: the scheduler shows it as the curve
+ * "metric/<name>". INVALID_ARGUMENT for a bad name or a non-finite value,
+ * RESOURCE_EXHAUSTED for a 33rd name, FAILED_PRECONDITION for an observer
+ * (it sends no heartbeats). Returns at once; any thread. */
+int32_t ps_session_report_metric(ps_session* s, const char* name, double value);
+/* What the step being ended trained, for the job's loss and examples/s
+ * curves: `examples` examples, whose per-example losses sum to `loss_sum`
+ * over `loss_examples` of them (a non-finite loss_sum: the loss is left
+ * out). Counters add up; sent with the next heartbeats. Call once per step.
+ * FAILED_PRECONDITION for an observer. Returns at once. */
+int32_t ps_session_report_trained(ps_session* s, uint64_t examples,
+                                  double loss_sum, uint64_t loss_examples);
+/* Batches in an epoch of the shard being trained (0: unknown), so the
+ * scheduler knows the shard's size (progress, ETA). FAILED_PRECONDITION
+ * for an observer. Returns at once. */
+int32_t ps_session_set_shard_batches(ps_session* s, uint64_t batches);
 
 /* ---- the shard protocol (worker/shard_cursor.h) ------------------------ */
 

@@ -20,6 +20,7 @@ from .errors import (Aborted, AlreadyExists, Cancelled, DataLoss, Dropped,
                      NotFound, OutOfRange, PermissionDenied, PsError, ResourceExhausted,
                      SchedulerUnreachable, Timeout, Unauthenticated, Unavailable,
                      Unimplemented)
+from .progress import JobProgress
 from .session import (FINISHED_CLOCK, DataPosition, DenseTable, Future, Session,
                       SparseTable, as_keys, hash_key, init, observe)
 
@@ -30,7 +31,8 @@ __version__ = "0.1.0"
 __all__ = [
     "Aborted", "AlreadyExists", "Cancelled", "DataLoss", "DataPosition", "DenseTable",
     "Dropped", "FINISHED_CLOCK", "FailedPrecondition", "ForkError", "Future", "Internal",
-    "InvalidArgument", "JobFailed", "JobFinished", "NotFound", "OutOfRange", "PermissionDenied", "PsError",
+    "InvalidArgument", "JobFailed", "JobFinished", "JobProgress", "NotFound", "OutOfRange",
+    "PermissionDenied", "PsError",
     "ResourceExhausted", "SchedulerUnreachable", "Session", "SparseTable", "Timeout",
     "Unauthenticated", "Unavailable", "Unimplemented", "as_keys", "hash_key", "init",
     "observe",

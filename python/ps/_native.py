@@ -20,7 +20,7 @@ from ctypes import (POINTER, Structure, c_char_p, c_double, c_int32, c_int64, c_
 from typing import Dict, List, Optional, Tuple
 
 # The constants of ps_c.h (python/tests/test_abi.py checks them against it).
-ABI_VERSION = 4
+ABI_VERSION = 5
 PENDING = -1
 NO_TIMEOUT = -1.0
 TRAINS_SHARDS = 1
@@ -99,6 +99,15 @@ class TableStats(Structure):
             "rows_read_ahead", "staged_rows")]
 
 
+class JobProgress(Structure):
+    """ps_job_progress: the job's progress as the scheduler computes it."""
+    _fields_ = [("progress", c_double), ("has_eta", c_int32), ("eta_s", c_double),
+                ("steps_done", c_uint64), ("steps_total", c_uint64),
+                ("total_known", c_int32), ("steps_per_second", c_double),
+                ("examples_per_second", c_double), ("examples", c_uint64),
+                ("elapsed_s", c_double)]
+
+
 def _candidates() -> list:
     here = pathlib.Path(__file__).resolve().parent
     found = []
@@ -148,6 +157,10 @@ SIGNATURES: Dict[str, Tuple[Optional[type], List[type]]] = {
     "ps_session_barrier": (c_int32, [c_void_p, c_char_p, c_double, _OUT]),
     "ps_session_claim": (c_int32, [c_void_p, _POS, _OUT]),
     "ps_session_restart": (c_int32, [c_void_p, c_uint64]),
+    "ps_session_job_progress": (c_int32, [c_void_p, POINTER(JobProgress)]),
+    "ps_session_report_metric": (c_int32, [c_void_p, c_char_p, c_double]),
+    "ps_session_report_trained": (c_int32, [c_void_p, c_uint64, c_double, c_uint64]),
+    "ps_session_set_shard_batches": (c_int32, [c_void_p, c_uint64]),
     "ps_session_next_shard": (c_int32, [c_void_p, _POS, _OUT]),
     "ps_session_finish": (c_int32, [c_void_p, c_double, _OUT]),
     "ps_session_evaluation_done": (c_int32, [c_void_p]),

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import math
+import operator
 import os
 import signal
 import threading
@@ -34,6 +36,7 @@ from . import _native
 from .data import JobConfig, describe_handle
 from .errors import (Cancelled, FailedPrecondition, ForkError, InvalidArgument, PsError,
                      from_code, last_failure)
+from .progress import JobProgress, Monitor, ProgressArg
 
 #: The clock of a worker that has finished training (common/protocol.h).
 FINISHED_CLOCK = 1 << 62
@@ -461,6 +464,14 @@ class Session:
                  log_level: Optional[str] = "warn") -> None:
         self._closed = True
         self._ptr: Optional[int] = None
+        # Held by calls that may come from other threads (job_progress) while
+        # they use the native session, and by close() before it frees it.
+        self._native_lock = threading.Lock()
+        # The progress displays of running batches() loops (close() stops
+        # their polls before the native session goes).
+        self._monitors: List[Monitor] = []
+        # The shard size last told to the scheduler (0: unknown).
+        self._shard_batches_sent = 0
         self._orphans: List[Tuple[int, Tuple]] = []
         self._pid = os.getpid()
         # The futures of ended steps not yet seen to succeed, oldest first.
@@ -530,6 +541,12 @@ class Session:
     # ---- plumbing
 
     def _handle(self) -> int:
+        ptr = self._usable_ptr()
+        self._sweep()
+        return ptr
+
+    def _usable_ptr(self) -> int:
+        """The native session, checked usable here (no bookkeeping: any thread)."""
         if os.getpid() != self._pid:
             raise ForkError(
                 f"this session was started in process {self._pid} and cannot be used in "
@@ -538,7 +555,6 @@ class Session:
                 "num_workers) for data loading only")
         if self._closed or not self._ptr:
             raise FailedPrecondition("the session is closed")
-        self._sweep()
         return self._ptr
 
     def _sweep(self) -> None:
@@ -628,6 +644,84 @@ class Session:
         self._tables[name] = t
         return t
 
+    # ---- the job's progress and curves (the scheduler's /status)
+
+    def job_progress(self) -> JobProgress:
+        """Where the whole job stands, as the scheduler computes it from every
+        shard's position: a JobProgress with `progress` in [0, 1] (steps
+        trained over steps to train; it does not go back while the scheduler
+        runs), `eta_s` (seconds left, None while unknown), `steps_done`,
+        `steps_total` (an estimate until `total_known`), `steps_per_second`,
+        `examples_per_second`, `examples` and `elapsed_s` (seconds since the
+        job started). One status call to the scheduler, which waits up to
+        5 s while it is away (then Unavailable or Timeout). Observers too;
+        safe from any thread. A scheduler that predates progress answers
+        zeros."""
+        out = _native.JobProgress()
+        self._usable_ptr()  # ForkError in a forked child, before the lock (held at fork?)
+        with self._native_lock:
+            code = _native.lib().ps_session_job_progress(self._usable_ptr(),
+                                                         ctypes.byref(out))
+            _check(code)  # this thread's last error, read before anything else runs here
+        return JobProgress._from_native(out)
+
+    def report_metric(self, name: str, value: float) -> None:
+        """Reports a new value of metric `name` (e.g. "val_auc") at this
+        worker's current step (its clock; after finish(), the last step it
+        trained). The scheduler shows it as the curve `metric/<name>` on its
+        /status page and in /status.json (series "metric/<name>"). Sent with
+        the next heartbeats (and with close()); a newer value of a name
+        replaces one not sent yet.
+
+        `name`: 1 to 64 characters of [A-Za-z0-9_./-]; `value`: a finite
+        number. InvalidArgument otherwise; ResourceExhausted for a 33rd
+        distinct name of this worker; FailedPrecondition from an observer
+        (it sends the scheduler no heartbeats)."""
+        if not isinstance(name, str):
+            raise InvalidArgument(f"a metric's name must be a str; got {type(name).__name__}")
+        if "\0" in name:
+            raise InvalidArgument(f"metric name {name!r} must be 1 to 64 characters of "
+                                  "[A-Za-z0-9_./-]")
+        try:
+            v = float(value)
+        except (TypeError, ValueError) as e:
+            raise InvalidArgument(f"metric {name}: value {value!r} is not a number") from e
+        _check(_native.lib().ps_session_report_metric(
+            self._handle(), name.encode("utf-8", "replace"), v))
+
+    def _report_trained(self, examples: Optional[int], loss: Optional[float]) -> None:
+        """end_step's examples= and loss=, for the loss and examples/s curves."""
+        n = 0
+        if examples is not None:
+            try:
+                n = operator.index(examples)
+            except TypeError as e:
+                raise InvalidArgument(
+                    f"examples must be an int; got {type(examples).__name__}") from e
+            if n < 0:
+                raise InvalidArgument(f"examples must not be negative; got {n}")
+        loss_sum, loss_examples = 0.0, 0
+        if loss is not None:
+            try:
+                mean = float(loss)  # a torch scalar too
+            except (TypeError, ValueError) as e:
+                raise InvalidArgument(f"loss must be a number; got {loss!r}") from e
+            # The mean over the batch's examples; without their number it
+            # weighs as one example. A non-finite loss is left out.
+            loss_examples = n if examples is not None else 1
+            loss_sum = mean * loss_examples if math.isfinite(mean) else math.nan
+        _check(_native.lib().ps_session_report_trained(self._handle(), n, loss_sum,
+                                                       loss_examples))
+
+    def _report_shard_batches(self, batches: Optional[int]) -> None:
+        """Tells the scheduler the batches per epoch of the shard being
+        trained (None: unknown), when it changed."""
+        n = batches or 0
+        if n == self._shard_batches_sent:
+            return
+        _check(_native.lib().ps_session_set_shard_batches(self._handle(), n))
+        self._shard_batches_sent = n
+
     def stats(self) -> List[Dict[str, Any]]:
         """Every table's statistics on every live server: a list of dicts with
         "server" and the fields of proto TableStats (rows, bytes, ...)."""
@@ -650,15 +744,28 @@ class Session:
 
     # ---- steps and the job's lifecycle
 
-    def end_step(self, position: Optional[DataPosition] = None) -> Future[None]:
+    def end_step(self, position: Optional[DataPosition] = None, *,
+                 examples: Optional[int] = None,
+                 loss: Optional[float] = None) -> Future[None]:
         """Ends a step: exactly once per step, in every mode (under BSP/SSP
         the others' pulls wait for it). `position` is the next untrained
         batch; inside `batches()` it defaults to the loop's. Once the servers
         acknowledge the step it is reported to the scheduler, so a
         replacement resumes from there. Returns a Future; the
         failure of an earlier step that has completed meanwhile, if any, is
-        raised here (the others at finish() or the end of `batches()`)."""
+        raised here (the others at finish() or the end of `batches()`).
+
+        `examples` (the batch's number of examples) and `loss` (the mean
+        training loss over them; a float or a scalar tensor) feed the job's
+        curves on the scheduler's /status: loss per worker and examples per
+        second (also JobProgress.examples_per_second). Without `examples`
+        the loss weighs as one example; a non-finite loss is left out of
+        the curve. InvalidArgument for a negative or non-integer `examples`
+        or a `loss` that is not a number; FailedPrecondition from an
+        observer. Neither given: nothing is reported."""
         self._check_ends()
+        if examples is not None or loss is not None:
+            self._report_trained(examples, loss)
         if position is None:
             position = self._step_position
             self._step_position = None
@@ -753,8 +860,9 @@ class Session:
         _check(_native.lib().ps_future_checkpoint(f._handle, ctypes.byref(clock)))
         return int(clock.value)
 
-    def batches(self, batches_of: Callable[[int, int], Iterable[Any]],
-                epochs: int = 1) -> Iterator[Any]:
+    def batches(self, batches_of: Callable[[int, int], Iterable[Any]], epochs: int = 1,
+                progress: ProgressArg = False,
+                batches_per_epoch: Optional[int] = None) -> Iterator[Any]:
         """The training loop's batches, with the job's shard protocol.
 
         `batches_of(shard, epoch)` returns the batches of data shard `shard`
@@ -772,7 +880,66 @@ class Session:
         exact next position to the scheduler. If the scheduler dropped
         this worker it raises Dropped (SchedulerUnreachable when the
         scheduler is gone) instead of yielding another batch.
+
+        The shard's size: when `batches_of` returns a Sized object (len()
+        works: a list, ps.data.ShardBatches, a DataLoader) or
+        `batches_per_epoch` is given, the batches in an epoch of the shard
+        are told to the scheduler at each shard start, so the job's progress
+        and ETA are exact (the scheduler counts the config's
+        training.epochs; pass `epochs=self.training["epochs"]`).
+
+        `progress`: True shows the JOB's progress as the scheduler computes
+        it (job_progress(); every worker shows the same), on stderr: a tqdm
+        bar (percent, with the ETA and steps/s) when tqdm is installed and
+        stderr is a terminal or a notebook; else a plain line, `progress
+        42.0% eta 31s 12.5 steps/s`, rewritten in place on a terminal and
+        printed at most every 10 s to a log file; a last line when the loop
+        ends. A callable instead receives each new JobProgress (between
+        batches, on this thread) and the last one at the end. The scheduler
+        is asked at most once a second, on a thread of its own, so the loop
+        never waits for it; a failed poll is skipped (the last values stay)
+        and never stops training. Each poll is one status call to the
+        scheduler: in a job of many workers, show it on one
+        (`progress=sess.rank == 0`).
         """
+        if batches_per_epoch is not None:
+            try:
+                batches_per_epoch = operator.index(batches_per_epoch)
+            except TypeError as e:
+                raise InvalidArgument("batches_per_epoch must be an int; got "
+                                      f"{type(batches_per_epoch).__name__}") from e
+            if batches_per_epoch < 0:
+                raise InvalidArgument(
+                    f"batches_per_epoch must not be negative; got {batches_per_epoch}")
+        loop = self._shard_loop(batches_of, epochs, batches_per_epoch)
+        if not progress:
+            return loop
+        return self._shown(loop, progress)
+
+    def _shown(self, loop: Iterator[Any], progress: ProgressArg) -> Iterator[Any]:
+        """`loop`'s batches, with the job's progress shown between them."""
+        monitor = Monitor(progress, self.job_progress)
+        self._monitors.append(monitor)
+        completed = False
+        try:
+            for batch in loop:
+                monitor.tick()
+                yield batch
+            completed = True
+        finally:
+            close = getattr(loop, "close", None)
+            if close is not None:
+                close()
+            if monitor in self._monitors:
+                self._monitors.remove(monitor)
+            # A loop that ended (every shard done, or a stop) shows where
+            # the job stands now; one left early (break, an exception) its
+            # last values.
+            monitor.close(final_poll=completed)
+
+    def _shard_loop(self, batches_of: Callable[[int, int], Iterable[Any]], epochs: int,
+                    batches_per_epoch: Optional[int]) -> Iterator[Any]:
+        """batches() without the progress display."""
         lib = _native.lib()
         # Where the shard being trained ended: done, or stopped before its
         # end at the next untrained batch; None before the first shard.
@@ -808,7 +975,10 @@ class Session:
             ended = None
             for epoch in range(pos.epoch, epochs):
                 first = pos.batch if epoch == pos.epoch else 0
-                it = iter(batches_of(pos.shard, epoch))
+                source = batches_of(pos.shard, epoch)
+                self._report_shard_batches(batches_per_epoch if batches_per_epoch is not None
+                                           else _batch_count(source))
+                it = iter(source)
                 skip = getattr(it, "skip", None)
                 if first and callable(skip):
                     skip(first)
@@ -851,6 +1021,9 @@ class Session:
             return
         if os.getpid() != self._pid:
             raise ForkError("close() of a session started in another process")
+        for m in self._monitors:  # their polls use the native session
+            m.stop()
+        self._monitors = []
         lib = _native.lib()
         try:
             try:
@@ -865,8 +1038,9 @@ class Session:
                                         _native.position(position))
             failure = last_failure(code) if code != 0 else None
         finally:
-            self._closed = True
-            ptr, self._ptr = self._ptr, None
+            with self._native_lock:  # waits for a job_progress() in flight elsewhere
+                self._closed = True
+                ptr, self._ptr = self._ptr, None
             lib.ps_session_free(ptr)  # pending requests end; buffers can go now
             for h, _ in self._orphans:
                 lib.ps_future_free(h)
@@ -907,6 +1081,15 @@ class Session:
 
 
 _END = object()
+
+
+def _batch_count(source: Any) -> Optional[int]:
+    """len(source) when it has one (a Sized batches_of result), else None."""
+    try:
+        n = len(source)
+    except (TypeError, NotImplementedError):  # no len(), or an IterableDataset's loader
+        return None
+    return n if isinstance(n, int) and n >= 0 else None
 
 _CLAIM_RESULTS = {_native.CLAIM_WAIT: "WAIT", _native.CLAIM_ASSIGNED: "ASSIGNED",
                   _native.CLAIM_ALL_DONE: "ALL_DONE"}

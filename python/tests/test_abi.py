@@ -151,7 +151,7 @@ def _structs() -> dict:
             "ps_synthetic_info": _native.SyntheticInfo, "ps_table_info": _native.TableInfo,
             "ps_session_details": _native.SessionDetails, "ps_claim": _native.Claim,
             "ps_next_shard": _native.NextShard,
-            "ps_table_stats": _native.TableStats}
+            "ps_table_stats": _native.TableStats, "ps_job_progress": _native.JobProgress}
 
 
 def _allowed(decl: str) -> set:

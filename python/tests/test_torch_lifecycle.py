@@ -119,8 +119,9 @@ def test_a_step_failure_reported_after_the_next_step_started_is_raised(
         real_end_step = sess.end_step
         late: List[_LateFailure] = []
 
-        def end_step(position: Optional[ps.DataPosition] = None) -> Any:
-            f = real_end_step(position)
+        def end_step(position: Optional[ps.DataPosition] = None,
+                     **report: Any) -> Any:
+            f = real_end_step(position, **report)
             if not late:
                 late.append(_LateFailure(f))
                 return late[0]

@@ -24,6 +24,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -116,6 +117,13 @@ class Dataset {
   virtual absl::Status Rewind() = 0;
 
   virtual ReadStats stats() const = 0;
+
+  // Examples in one pass of this share, for progress and time-left
+  // estimates: exact for data read by index (synthetic, Fashion-MNIST);
+  // for text files estimated from the bytes and examples read so far (the
+  // share's bytes times examples per byte), nullopt before anything was
+  // read.
+  virtual std::optional<uint64_t> ExamplesPerPass() const = 0;
 
   // The first 100 malformed lines of the first pass, as "file:line: reason"
   // (line numbers are 1-based and count every line of the file).

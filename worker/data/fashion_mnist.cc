@@ -53,6 +53,9 @@ class FashionMnistDataset final : public Dataset {
   const Schema& schema() const override { return schema_; }
   ReadStats stats() const override { return stats_; }
   std::vector<std::string> bad_line_reports() const override { return {}; }
+  std::optional<uint64_t> ExamplesPerPass() const override {
+    return labels_.size();
+  }
 
   absl::Status Rewind() override {
     pos_ = 0;

@@ -38,6 +38,15 @@ class SyntheticDataset final : public Dataset {
   const Schema& schema() const override { return schema_; }
   ReadStats stats() const override { return stats_; }
   std::vector<std::string> bad_line_reports() const override { return {}; }
+  // Segments of segment_ examples start at first_, first_ + stride_, ...
+  // below end_; the last may be cut short by end_.
+  std::optional<uint64_t> ExamplesPerPass() const override {
+    if (end_ <= first_) return 0;
+    if (stride_ == 0) return end_ - first_;
+    const uint64_t segments = (end_ - first_ + stride_ - 1) / stride_;
+    const uint64_t last = first_ + (segments - 1) * stride_;
+    return (segments - 1) * segment_ + std::min(segment_, end_ - last);
+  }
 
   absl::Status Rewind() override {
     Reset();

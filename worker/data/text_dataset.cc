@@ -1,5 +1,6 @@
 // Dataset over Criteo or libsvm text files.
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -30,6 +31,7 @@ class TextDataset final : public Dataset {
         fail_on_bad_line_(policy == FAIL),
         criteo_(hash_buckets),
         libsvm_(hash_buckets),
+        share_bytes_(end > begin ? end - begin : 0),
         reader_(std::move(files), begin, end, options),
         log_(GetLogger("data")),
         max_line_bytes_(options.max_line_bytes) {
@@ -47,6 +49,11 @@ class TextDataset final : public Dataset {
   ReadStats stats() const override { return stats_; }
   std::vector<std::string> bad_line_reports() const override {
     return reports_;
+  }
+  std::optional<uint64_t> ExamplesPerPass() const override {
+    if (stats_.bytes == 0) return std::nullopt;
+    return static_cast<uint64_t>(std::llround(
+        static_cast<double>(share_bytes_) * stats_.examples / stats_.bytes));
   }
 
   absl::Status Rewind() override {
@@ -209,6 +216,7 @@ class TextDataset final : public Dataset {
   const bool fail_on_bad_line_;
   const CriteoParser criteo_;
   const LibsvmParser libsvm_;
+  const uint64_t share_bytes_;
   LineReader reader_;
   std::shared_ptr<spdlog::logger> log_;
   Schema schema_;

@@ -342,7 +342,11 @@ class Trainer:
                     self._sparse_tables[name].push(keys.numpy(), grads.numpy()))
             for g, flat in dense:
                 self._push_futures.append(g.table.push(flat.numpy()))
-        self._end_steps.append(self.sess.end_step())
+        # The loss feeds the worker's loss curve on the scheduler's /status
+        # (the bool() above has already waited for the device).
+        mean = (float(loss.detach().float().mean())
+                if loss is not None and finite else None)
+        self._end_steps.append(self.sess.end_step(loss=mean))
         self.steps += 1
         if prefetch is not None and (not finite or not self.prefetch_early):
             prefetch()
