@@ -355,6 +355,7 @@ void JobTracker::ToJournal(SchedulerJournal* journal) const {
   if (started_ != absl::InfinitePast())
     journal->set_started_unix_ms(absl::ToUnixMillis(started_));
   journal->set_examples(examples_);
+  journal->set_progress_shown(shown_progress_);
   for (int s = 0; s < journal->shards_size(); ++s) {
     if (static_cast<size_t>(s) < shard_batches_.size())
       journal->mutable_shards(s)->set_shard_batches(shard_batches_[s]);
@@ -381,6 +382,8 @@ void JobTracker::FromJournal(const SchedulerJournal& journal) {
   if (journal.started_unix_ms() > 0)
     started_ = absl::FromUnixMillis(journal.started_unix_ms());
   examples_ = journal.examples();
+  if (std::isfinite(journal.progress_shown()))
+    shown_progress_ = std::clamp(journal.progress_shown(), 0.0, 1.0);
   for (int s = 0; s < journal.shards_size(); ++s) {
     if (static_cast<size_t>(s) < shard_batches_.size())
       shard_batches_[s] =

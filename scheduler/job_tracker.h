@@ -102,7 +102,8 @@ class JobTracker {
   // Batches per epoch of shard `s` (0: unknown).
   uint64_t shard_batches(uint32_t s) const { return shard_batches_.at(s); }
 
-  // The journal keeps when the job started, the examples trained, each
+  // The journal keeps when the job started, the examples trained, the
+  // progress shown (so it does not go back across a restart), each
   // shard's size and the newest metric points; FromJournal takes them back
   // (from a journal ClusterState validated; sizes beyond the shards are
   // ignored).

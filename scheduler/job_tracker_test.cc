@@ -287,15 +287,23 @@ TEST(JobTrackerTest, TheJournalKeepsSizesStartExamplesAndMetrics) {
     m->set_seq(i);
     tracker.OnWorkerReport(1, 0, 1, r, kT0 + absl::Seconds(i));
   }
+  shards.Assign(0, 1);
+  tracker.OnWorkerReport(1, 0, 0, Trained(10, 100), kT0);
+  shards.Report(1, At(0, 0, 50));
+  EXPECT_DOUBLE_EQ(tracker.Progress(shards, nullptr, kT0).progress(), 0.25);
   SchedulerJournal journal;
   shards.ToJournal(&journal);
   tracker.ToJournal(&journal);
+  // The journal's positions may be older than the progress shown.
+  journal.mutable_shards(0)->mutable_position()->set_batch(10);
+  shards.FromJournal(journal);
   EXPECT_EQ(journal.metrics_size(), JobTracker::kJournalPointsPerMetric);
   JobTracker restored(Training(1), 2);
   restored.FromJournal(journal);
   EXPECT_EQ(restored.shard_batches(1), 100u);
-  EXPECT_EQ(restored.shard_batches(0), 0u);
+  EXPECT_EQ(restored.shard_batches(0), 100u);
   JobProgress p = restored.Progress(shards, nullptr, kT0 + absl::Seconds(200));
+  EXPECT_DOUBLE_EQ(p.progress(), 0.25) << "progress went back";
   EXPECT_DOUBLE_EQ(p.elapsed_s(), 200);
   EXPECT_EQ(p.examples(), 100u);
   ASSERT_EQ(p.metrics_size(), 1);
