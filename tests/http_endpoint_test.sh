@@ -176,10 +176,19 @@ grep -q "http endpoint off" "$T/worker1.log" || fail "worker 1 did not say its e
 grep -q '<meta http-equiv="refresh" content="2">' "$T/body" || fail "/status does not reload itself"
 URL="http://127.0.0.1:$SCHED_HTTP/status"
 mkdir -p "$T/home" "$T/chrome"
+# As in status_page_test.sh: every host but 127.0.0.1 resolves to nothing
+# and every request not for loopback goes to a dead proxy on port 9 of
+# loopback, so nothing Chromium tries (its own update and account checks
+# included) leaves the machine.
 chrome() {
   HOME="$T/home" XDG_CONFIG_HOME="$T/home/.config" XDG_CACHE_HOME="$T/home/.cache" \
     timeout 90 "$CHROMIUM" --headless --no-sandbox --disable-gpu --disable-dev-shm-usage \
-    --no-first-run --hide-scrollbars --user-data-dir="$T/chrome" "$@" 2> "$T/chromium.log"
+    --no-first-run --no-default-browser-check --hide-scrollbars \
+    --disable-background-networking --disable-component-update --disable-sync \
+    --disable-extensions --disable-default-apps \
+    --proxy-server=http://127.0.0.1:9 \
+    --host-resolver-rules="MAP * ~NOTFOUND, EXCLUDE 127.0.0.1" \
+    --user-data-dir="$T/chrome" "$@" 2> "$T/chromium.log"
 }
 chrome --dump-dom "$URL" > "$T/status.dom" || fail "chromium --dump-dom: $(tail -n 5 "$T/chromium.log")"
 for node in server/0 server/1 worker/0 worker/1 http-test RUNNING "SSP (staleness 2)"; do
