@@ -17,38 +17,16 @@
 #      hold it up).
 set -euo pipefail
 source "$TEST_SRCDIR/$TEST_WORKSPACE/tests/testing/test_lib.sh"
+source "$TEST_SRCDIR/$TEST_WORKSPACE/tests/testing/http_lib.sh"
 OUT_DIR="${TEST_UNDECLARED_OUTPUTS_DIR:-$T/outputs}"
 mkdir -p "$OUT_DIR"
-# Bazel runs tests with a fixed PATH: absolute paths (deploy/install_deps.sh
-# installs both).
+# Bazel runs tests with a fixed PATH: an absolute path (deploy/install_deps.sh
+# installs it).
 PROMTOOL=/usr/bin/promtool
-CHROMIUM=/usr/bin/chromium
 # fail shows the end of every process's log.
 FAIL_LOGS='*.log'
 FAIL_LOG_LINES=15
 
-# http_get PORT PATH: the body goes to $T/body, the status code to stdout
-# (000 when nothing answered). Plain bash (/dev/tcp), no client needed.
-http_get() {
-  (
-    exec 3<>"/dev/tcp/127.0.0.1/$1" || exit 0
-    printf 'GET %s HTTP/1.0\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n' "$2" >&3
-    cat <&3 > "$T/response"
-  ) 2>/dev/null || true
-  if [ ! -s "$T/response" ]; then
-    : > "$T/body"
-    echo 000
-    return
-  fi
-  sed '1,/^\r$/d' "$T/response" > "$T/body"
-  head -n 1 "$T/response" | awk '{print $2}'
-  rm -f "$T/response"
-}
-# logged_port LOG: prints the port the process logged ("http endpoint on
-# http://H:P"); fails if it has not logged it yet.
-logged_port() {
-  sed -n 's|.*http endpoint on http://[^ ]*:\([0-9][0-9]*\).*|\1|p' "$1" | head -n 1 | grep .
-}
 # http_port LOG: the port, once the process logged it.
 http_port() { wait_until 10 logged_port "$1" || fail "no 'http endpoint on' line in $1"; }
 # metric FILE LINE_PREFIX: the value of the first sample line starting so.
@@ -175,21 +153,8 @@ grep -q "http endpoint off" "$T/worker1.log" || fail "worker 1 did not say its e
 [ "$(http_get "$SCHED_HTTP" /status)" = 200 ] || fail "scheduler /status"
 grep -q '<meta http-equiv="refresh" content="2">' "$T/body" || fail "/status does not reload itself"
 URL="http://127.0.0.1:$SCHED_HTTP/status"
-mkdir -p "$T/home" "$T/chrome"
-# As in status_page_test.sh: every host but 127.0.0.1 resolves to nothing
-# and every request not for loopback goes to a dead proxy on port 9 of
-# loopback, so nothing Chromium tries (its own update and account checks
-# included) leaves the machine.
-chrome() {
-  HOME="$T/home" XDG_CONFIG_HOME="$T/home/.config" XDG_CACHE_HOME="$T/home/.cache" \
-    timeout 90 "$CHROMIUM" --headless --no-sandbox --disable-gpu --disable-dev-shm-usage \
-    --no-first-run --no-default-browser-check --hide-scrollbars \
-    --disable-background-networking --disable-component-update --disable-sync \
-    --disable-extensions --disable-default-apps \
-    --proxy-server=http://127.0.0.1:9 \
-    --host-resolver-rules="MAP * ~NOTFOUND, EXCLUDE 127.0.0.1" \
-    --user-data-dir="$T/chrome" "$@" 2> "$T/chromium.log"
-}
+# Chromium cannot reach anything off loopback (tests/testing/http_lib.sh).
+chrome() { offline_chromium "$@" 2> "$T/chromium.log"; }
 chrome --dump-dom "$URL" > "$T/status.dom" || fail "chromium --dump-dom: $(tail -n 5 "$T/chromium.log")"
 for node in server/0 server/1 worker/0 worker/1 http-test RUNNING "SSP (staleness 2)"; do
   grep -qF "$node" "$T/status.dom" || fail "the status page has no '$node'"

@@ -20,37 +20,12 @@
 #      scheduler and every TCP connection (and UDP datagram) to loopback.
 set -euo pipefail
 source "$TEST_SRCDIR/$TEST_WORKSPACE/tests/testing/test_lib.sh"
+source "$TEST_SRCDIR/$TEST_WORKSPACE/tests/testing/http_lib.sh"
 OUT_DIR="${TEST_UNDECLARED_OUTPUTS_DIR:-$T/outputs}"
 mkdir -p "$OUT_DIR"
-# Bazel runs tests with a fixed PATH: absolute paths (deploy/install_deps.sh
-# installs Chromium).
-CHROMIUM=/usr/bin/chromium
 FAIL_LOGS='*.log'
 FAIL_LOG_LINES=15
 
-# http_get PORT PATH: the body goes to $T/body, the headers to $T/headers,
-# the status code to stdout (000 when nothing answered). Plain bash
-# (/dev/tcp), no client needed.
-http_get() {
-  (
-    exec 3<>"/dev/tcp/127.0.0.1/$1" || exit 0
-    printf 'GET %s HTTP/1.0\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n' "$2" >&3
-    cat <&3 > "$T/response"
-  ) 2>/dev/null || true
-  if [ ! -s "$T/response" ]; then
-    : > "$T/body"
-    : > "$T/headers"
-    echo 000
-    return
-  fi
-  sed '1,/^\r$/d' "$T/response" > "$T/body"
-  sed -n '1,/^\r$/p' "$T/response" | tr -d '\r' > "$T/headers"
-  head -n 1 "$T/response" | awk '{print $2}'
-  rm -f "$T/response"
-}
-logged_port() {
-  sed -n 's|.*http endpoint on http://[^ ]*:\([0-9][0-9]*\).*|\1|p' "$1" | head -n 1 | grep .
-}
 
 # Reads StatusReport JSON on stdin; prints one line of what the wait needs:
 # "PROGRESS LOSS0_POINTS AUC_POINTS EXAMPLES_POINTS ETA_KNOWN".
@@ -127,21 +102,11 @@ read -r progress _ _ _ eta_known < "$T/report"
 echo "/status.json: progress $progress, (progress loss0 auc examples eta) = $(cat "$T/report")"
 kill -0 "$SCHED_PID" 2>/dev/null || fail "the scheduler exited before Chromium ran"
 
-mkdir -p "$T/home" "$T/chrome"
-# Every host but 127.0.0.1 resolves to nothing, and every request that is
-# not for loopback goes to a proxy on port 9 of loopback, where nothing
-# listens: nothing Chromium tries (the page, or its own update and account
-# checks) can leave the machine. The net log records what it tried.
+# Nothing Chromium tries can leave the machine (offline_chromium,
+# tests/testing/http_lib.sh); the net log records what it tried.
 chrome() {
-  HOME="$T/home" XDG_CONFIG_HOME="$T/home/.config" XDG_CACHE_HOME="$T/home/.cache" \
-    timeout 90 "$CHROMIUM" --headless --no-sandbox --disable-gpu --disable-dev-shm-usage \
-    --no-first-run --no-default-browser-check --hide-scrollbars \
-    --disable-background-networking --disable-component-update --disable-sync \
-    --disable-extensions --disable-default-apps --disable-features=Translate,MediaRouter \
-    --proxy-server=http://127.0.0.1:9 \
-    --host-resolver-rules="MAP * ~NOTFOUND, EXCLUDE 127.0.0.1" \
-    --enable-logging=stderr --v=0 \
-    --user-data-dir="$T/chrome" --window-size=1300,1900 --virtual-time-budget=6000 "$@"
+  offline_chromium --enable-logging=stderr --v=0 --window-size=1300,1900 \
+    --virtual-time-budget=6000 "$@"
 }
 chrome --log-net-log="$T/netlog.json" --dump-dom "$URL" > "$T/status.dom" 2> "$T/chromium.log" ||
   fail "chromium --dump-dom: $(tail -n 5 "$T/chromium.log")"
