@@ -53,7 +53,7 @@ inline size_t ShardPageRows(size_t stride) {
 // Floats of optimizer state per parameter element for an optimizer config;
 // INVALID_ARGUMENT if the config is not valid. The format does not know
 // the optimizer rules: the caller supplies them (server/checkpoint.cc uses
-// server/optimizer.h).
+// common/optimizer.h).
 using StateSizeFn =
     std::function<absl::StatusOr<int>(const OptimizerConfig& optimizer)>;
 

@@ -24,7 +24,7 @@ namespace checkpoint_test {
 
 constexpr uint32_t kNumSlots = 64;
 
-// The state sizes of the optimizer rules (as server/optimizer.h has them)
+// The state sizes of the optimizer rules (as common/optimizer.h has them)
 // that the tests use; INVALID_ARGUMENT for any other.
 inline absl::StatusOr<int> TestStateSize(const OptimizerConfig& c) {
   switch (c.kind_case()) {

@@ -432,6 +432,9 @@ void ApplyDefaults(JobConfig* config) {
   for (TableConfig& t : *config->mutable_tables()) DefaultTable(&t);
   DefaultData(config->mutable_data());
   DefaultTraining(config->data(), config->mutable_training());
+  AllReduceConfig* ar = config->mutable_allreduce();
+  if (ar->timeout_ms() == 0) ar->set_timeout_ms(30000);
+  if (ar->form_timeout_ms() == 0) ar->set_form_timeout_ms(120000);
   // A dense table left at size 0 is sized for the model, so a user need
   // not count an MLP's weights by hand. Last: the layout reads the model,
   // the data and the tables, all with their defaults.
@@ -547,6 +550,13 @@ void CheckTableContents(const TableConfig& t, const std::string& path,
       c->Require(
           t.dense().block_size() >= 1 && t.dense().block_size() <= (1u << 26),
           path + ".dense.block_size", "must be in 1..2^26");
+      // Every worker holds an all-reduced table and its optimizer state
+      // in memory, and gloo counts elements in int.
+      c->Require(t.dense().sync() != DenseTableConfig::ALLREDUCE ||
+                     t.dense().size() <= (1ULL << 30),
+                 path + ".dense.size", "must be at most 2^30 with ALLREDUCE");
+      c->Require(DenseTableConfig::Sync_IsValid(t.dense().sync()),
+                 path + ".dense.sync", "unknown value");
       break;
     case TableConfig::KIND_NOT_SET:
       c->Require(false, path, "set one of sparse, dense");
@@ -666,6 +676,17 @@ void CheckTraining(const JobConfig& config, Checker* c) {
   CheckModelTables(config, c);
 }
 
+void CheckAllReduce(const JobConfig& config, Checker* c) {
+  const AllReduceConfig& ar = config.allreduce();
+  c->Require(ar.timeout_ms() >= 100 && ar.timeout_ms() <= 3600000,
+             "allreduce.timeout_ms", "must be in 100..3600000");
+  // A ring re-forms only once a dead member is declared dead.
+  c->Require(ar.form_timeout_ms() > config.cluster().heartbeat_timeout_ms() &&
+                 ar.form_timeout_ms() <= 3600000,
+             "allreduce.form_timeout_ms",
+             "must exceed cluster.heartbeat_timeout_ms and be at most 3600000");
+}
+
 void CheckLaunch(const LaunchConfig& launch, Checker* c) {
   for (const auto* command :
        {&launch.worker_command(), &launch.evaluator_command()}) {
@@ -691,6 +712,7 @@ absl::Status ValidateJobConfig(const JobConfig& config) {
   CheckData(config.data(), &c);
   CheckTraining(config, &c);
   CheckLaunch(config.launch(), &c);
+  CheckAllReduce(config, &c);
   return c.Result();
 }
 

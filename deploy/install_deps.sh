@@ -40,6 +40,7 @@ JOB_PACKAGES=(
   libcpp-httplib-dev                 # HTTP endpoint (/metrics, /healthz, /status)
   libssl-dev openssl                 # control-plane TLS files; make_job_keys.sh (ps.sbatch)
   librocksdb-dev                     # sparse tables' disk tier (cold rows on local disk)
+  libgloo-dev                        # ring all-reduce of dense tables among workers
   xz-utils                           # deploy/bundle.sh (tar -J)
 )
 # Python workers (a config's launch.worker_command: examples/python).

@@ -526,6 +526,87 @@ absl::StatusOr<ClaimShardResponse> SchedulerClient::ClaimShard(
   }
 }
 
+namespace {
+
+// A ring call's wait at the scheduler, in whole ms (it caps them at 30 s).
+uint32_t RingWaitMs(absl::Duration wait) {
+  return static_cast<uint32_t>(
+      std::clamp<int64_t>(absl::ToInt64Milliseconds(wait), 0, 30000));
+}
+
+}  // namespace
+
+absl::StatusOr<JoinRingResponse> SchedulerClient::JoinRing(
+    absl::Duration wait, uint32_t min_members) {
+  JoinRingRequest request;
+  request.set_node_id(node_id_);
+  request.set_min_members(min_members);
+  request.set_timeout_ms(RingWaitMs(wait));
+  JoinRingResponse response;
+  // Asking again is harmless: the scheduler keeps one request per node.
+  grpc::Status status = CallWithRetry(
+      absl::Milliseconds(request.timeout_ms()) + options_.rpc_timeout,
+      absl::Now() + absl::Milliseconds(request.timeout_ms()) +
+          options_.rpc_timeout,
+      [&](grpc::ClientContext* c) {
+        return stub_->JoinRing(c, request, &response);
+      });
+  if (!status.ok()) {
+    return Annotate(FromGrpcStatus(status), "join the dense all-reduce ring");
+  }
+  return response;
+}
+
+absl::Status SchedulerClient::LeaveRing() {
+  LeaveRingRequest request;
+  request.set_node_id(node_id_);
+  LeaveRingResponse response;
+  grpc::Status status = CallWithRetry(
+      options_.rpc_timeout, absl::Now() + options_.rpc_timeout,
+      [&](grpc::ClientContext* c) {
+        return stub_->LeaveRing(c, request, &response);
+      });
+  return Annotate(FromGrpcStatus(status), "leave the dense all-reduce ring");
+}
+
+absl::StatusOr<bool> SchedulerClient::WatchRing(uint64_t generation,
+                                                absl::Duration wait) {
+  WatchRingRequest request;
+  request.set_node_id(node_id_);
+  request.set_generation(generation);
+  request.set_timeout_ms(RingWaitMs(wait));
+  WatchRingResponse response;
+  grpc::Status status = CallWithRetry(
+      absl::Milliseconds(request.timeout_ms()) + options_.rpc_timeout,
+      absl::Now() + absl::Milliseconds(request.timeout_ms()) +
+          options_.rpc_timeout,
+      [&](grpc::ClientContext* c) {
+        return stub_->WatchRing(c, request, &response);
+      });
+  if (!status.ok()) {
+    return Annotate(FromGrpcStatus(status), "watch the dense all-reduce ring");
+  }
+  return response.rejoin();
+}
+
+absl::StatusOr<RingStoreResponse> SchedulerClient::RingStore(
+    RingStoreRequest request, absl::Duration wait) {
+  request.set_node_id(node_id_);
+  request.set_timeout_ms(RingWaitMs(wait));
+  RingStoreResponse response;
+  grpc::Status status = CallWithRetry(
+      absl::Milliseconds(request.timeout_ms()) + options_.rpc_timeout,
+      absl::Now() + absl::Milliseconds(request.timeout_ms()) +
+          options_.rpc_timeout,
+      [&](grpc::ClientContext* c) {
+        return stub_->RingStore(c, request, &response);
+      });
+  if (!status.ok()) {
+    return Annotate(FromGrpcStatus(status), "the dense ring's rendezvous");
+  }
+  return response;
+}
+
 absl::Status SchedulerClient::ReportCheckpoint(
     ReportCheckpointRequest request) {
   request.set_node_id(node_id_);

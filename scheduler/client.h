@@ -206,6 +206,20 @@ class SchedulerClient {
   absl::Status Barrier(const std::string& name, absl::Duration timeout,
                        std::vector<uint32_t>* ranks = nullptr);
 
+  // The dense all-reduce ring (Scheduler.JoinRing and the rest; the
+  // worker side is worker/dense_ring.h). Each call waits up to `wait` at
+  // the scheduler (at most 30 s) and retries transport failures until
+  // then; errors are the scheduler's, or UNAVAILABLE when it cannot be
+  // reached.
+  absl::StatusOr<JoinRingResponse> JoinRing(absl::Duration wait,
+                                            uint32_t min_members = 0);
+  absl::Status LeaveRing();
+  // Whether this worker must join the ring again (WatchRingResponse).
+  absl::StatusOr<bool> WatchRing(uint64_t generation, absl::Duration wait);
+  // request.node_id is filled in.
+  absl::StatusOr<RingStoreResponse> RingStore(RingStoreRequest request,
+                                              absl::Duration wait);
+
   // Leaves the job and stops heartbeating. `finished`: see LeaveRequest.
   // `position`: a worker leaving before its shard is done says where it
   // stands, so the rest is reassigned from exactly there. Retried while the

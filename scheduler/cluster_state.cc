@@ -528,6 +528,22 @@ std::vector<uint32_t> ClusterState::MissingRanksLocked(
   return missing;
 }
 
+bool ClusterState::IsLiveWorker(uint64_t node_id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = nodes_.find(node_id);
+  return it != nodes_.end() && it->second.info.role() == WORKER &&
+         it->second.info.state() == ALIVE;
+}
+
+size_t ClusterState::LiveWorkers() const {
+  absl::MutexLock lock(&mu_);
+  size_t n = 0;
+  for (const auto& [id, node] : nodes_) {
+    if (node.info.role() == WORKER && node.info.state() == ALIVE) ++n;
+  }
+  return n;
+}
+
 absl::StatusOr<std::vector<uint32_t>> ClusterState::AwaitBarrier(
     uint64_t node_id, const std::string& name, absl::Duration timeout) {
   if (name.empty() || name.size() > 256) {

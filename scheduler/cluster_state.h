@@ -321,6 +321,12 @@ class ClusterState {
   // out their timeouts. Irreversible.
   void Close();
 
+  // Whether `node_id` is a registered worker that is ALIVE (the dense
+  // all-reduce ring's members, scheduler/ring_registry.h).
+  bool IsLiveWorker(uint64_t node_id) const;
+  // How many such workers there are.
+  size_t LiveWorkers() const;
+
   ClusterView View() const;
   JobState job_state() const;
   // True when the job is FINISHED and no server is alive any more, or it is

@@ -12,13 +12,20 @@
 #include "common/status.h"
 #include "grpcpp/server_builder.h"
 #include "scheduler/journal.h"
+#include "scheduler/ring_registry.h"
 #include "scheduler/scheduler_log.h"
 
 namespace ps {
 
 class SchedulerServer::Service final : public Scheduler::Service {
  public:
-  explicit Service(ClusterState* state) : state_(state) {}
+  explicit Service(ClusterState* state)
+      : state_(state),
+        ring_([state](uint64_t node) { return state->IsLiveWorker(node); },
+              [state] { return state->LiveWorkers(); },
+              static_cast<uint64_t>(absl::ToUnixMillis(absl::Now()))) {}
+
+  void Close() { ring_.Close(); }
 
   grpc::Status Register(grpc::ServerContext*, const RegisterRequest* request,
                         RegisterResponse* response) override {
@@ -128,8 +135,42 @@ class SchedulerServer::Service final : public Scheduler::Service {
     return ToGrpcStatus(state_->ReportMove(*request));
   }
 
+  grpc::Status JoinRing(grpc::ServerContext*, const JoinRingRequest* request,
+                        JoinRingResponse* response) override {
+    auto result =
+        ring_.Join(request->node_id(), request->min_members(),
+                   absl::Milliseconds(request->timeout_ms()));
+    if (!result.ok()) return ToGrpcStatus(result.status());
+    *response = std::move(result).value();
+    return grpc::Status::OK;
+  }
+
+  grpc::Status LeaveRing(grpc::ServerContext*, const LeaveRingRequest* request,
+                         LeaveRingResponse*) override {
+    return ToGrpcStatus(ring_.Leave(request->node_id()));
+  }
+
+  grpc::Status WatchRing(grpc::ServerContext*, const WatchRingRequest* request,
+                         WatchRingResponse* response) override {
+    auto rejoin = ring_.Watch(request->node_id(), request->generation(),
+                              absl::Milliseconds(request->timeout_ms()));
+    if (!rejoin.ok()) return ToGrpcStatus(rejoin.status());
+    response->set_rejoin(*rejoin);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status RingStore(grpc::ServerContext*, const RingStoreRequest* request,
+                         RingStoreResponse* response) override {
+    auto result =
+        ring_.Store(*request, absl::Milliseconds(request->timeout_ms()));
+    if (!result.ok()) return ToGrpcStatus(result.status());
+    *response = std::move(result).value();
+    return grpc::Status::OK;
+  }
+
  private:
   ClusterState* const state_;
+  RingRegistry ring_;
 };
 
 namespace {
@@ -436,6 +477,7 @@ void SchedulerServer::Shutdown() {
   // gRPC's Shutdown waits for running handlers, and long polls and barriers
   // would otherwise block theirs for up to 30 s: wake them first.
   state_->Close();
+  service_->Close();
   if (server_ != nullptr) {
     // Calls still running get a moment to finish before gRPC cancels them.
     server_->Shutdown(std::chrono::system_clock::now() +

@@ -17,7 +17,7 @@
 #include "common/finite.h"
 #include "common/hash.h"
 #include "common/status.h"
-#include "server/optimizer.h"
+#include "common/optimizer.h"
 
 namespace ps {
 namespace {

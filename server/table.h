@@ -31,7 +31,7 @@
 #include "server/admission.h"
 #include "server/cold_reader.h"
 #include "server/disk_tier.h"
-#include "server/optimizer.h"
+#include "common/optimizer.h"
 #include "server/row_index.h"
 #include "server/row_memo.h"
 

@@ -17,7 +17,7 @@
 #include "common/hash.h"
 #include "common/initializer.h"
 #include "google/protobuf/text_format.h"
-#include "server/optimizer.h"
+#include "common/optimizer.h"
 #include "gtest/gtest.h"
 #include "proto/config.pb.h"
 #include "proto/data_plane.pb.h"

@@ -46,6 +46,13 @@ _LIBS = {
     "rocksdb": (["rocksdb"], "librocksdb-dev"),
 }
 
+# Libraries Debian ships without a pkg-config file: target name -> (a header
+# that proves the package is installed, link flags, Debian package).
+_PLAIN_LIBS = {
+    # Ring all-reduce of dense tables among the workers (worker/dense_ring).
+    "gloo": ("/usr/include/gloo/allreduce_ring.h", ["-lgloo", "-lpthread"], "libgloo-dev"),
+}
+
 _DEPS = {
     "grpc": ["absl", "protobuf"],
     "gtest_main": ["gtest"],
@@ -74,6 +81,15 @@ def _system_libs_impl(ctx):
         build.append("    defines = %s," % _quote(defines))
         build.append("    linkopts = %s," % _quote(libs))
         build.append("    deps = %s," % _quote([":" + d for d in _DEPS.get(name, [])]))
+        build.append(")")
+        build.append("")
+
+    for name, (header, libs, package) in _PLAIN_LIBS.items():
+        if not ctx.path(header).exists:
+            fail("%s is missing. Install it with: apt-get install %s" % (header, package))
+        build.append("cc_library(")
+        build.append('    name = "%s",' % name)
+        build.append("    linkopts = %s," % _quote(libs))
         build.append(")")
         build.append("")
 

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/config.h"
+#include "common/initializer.h"
 #include "common/logging.h"
 #include "common/protocol.h"
 #include "common/status.h"
@@ -46,8 +47,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   std::unique_ptr<Trainer> t(
       new Trainer(config, client, rank, num_workers, std::move(layout), clock));
   PS_ASSIGN_OR_RETURN(const TableConfig* dense,
-                      FindTable(config, tr.dense_table()));
+                      FindTable(t->config_, tr.dense_table()));
   t->dense_table_ = dense->id();
+  t->dense_config_ = dense;
   if (t->layout_.sparse_dim > 0) {
     PS_ASSIGN_OR_RETURN(const TableConfig* sparse,
                         FindTable(config, tr.sparse_table()));
@@ -82,8 +84,68 @@ void Trainer::StartPull(Step* step) {
     step->sparse_pull =
         client_->Pull(sparse_table_, step->sparse.keys, step->rows.data());
   }
-  step->dense_pull = client_->PullDense(dense_table_, 0, step->dense.size(),
-                                        step->dense.data());
+  step->dense_pull.reset();
+  // An all-reduced table is read from this worker's replica.
+  if (ring_ == nullptr) {
+    step->dense_pull = client_->PullDense(dense_table_, 0, step->dense.size(),
+                                          step->dense.data());
+  }
+}
+
+const float* Trainer::DenseValues(const Step& step) const {
+  return ring_ != nullptr ? ring_->values().data() : step.dense.data();
+}
+
+std::vector<float> Trainer::InitialDense() const {
+  std::vector<float> init =
+      InitialDenseParameters(layout_, config_.training().model().init_gain(),
+                             config_.training().model().init_seed());
+  const bool all_zero =
+      std::all_of(init.begin(), init.end(), [](float v) { return v == 0; });
+  // LR and FM start from the table's own initial values, as the servers
+  // create them.
+  if (all_zero) {
+    InitializeValues(dense_config_->init(), dense_config_->id(), 0, 0,
+                     init.size(), init.data());
+  }
+  return init;
+}
+
+absl::Status Trainer::UseDenseRing(SchedulerClient* scheduler,
+                                   const std::string& host) {
+  if (dense_config_->dense().sync() != DenseTableConfig::ALLREDUCE) {
+    return absl::OkStatus();
+  }
+  std::vector<float> values(layout_.dense_size);
+  if (client_->clock() > 0) {
+    // A resumed job: the servers hold the table as the ring last wrote it
+    // (restored from a checkpoint, or left by the workers before).
+    PS_RETURN_IF_ERROR(
+        client_->PullDense(dense_table_, 0, values.size(), values.data())
+            .Wait());
+  } else {
+    values = InitialDense();
+  }
+  AllReducedTable::Options options;
+  options.table = *dense_config_;
+  options.num_workers = config_.cluster().num_workers();
+  options.allreduce = config_.allreduce();
+  options.scheduler = scheduler;
+  options.host = host;
+  PS_ASSIGN_OR_RETURN(ring_, AllReducedTable::Create(std::move(options),
+                                                     std::move(values),
+                                                     client_->clock()));
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::LeaveDenseRing() {
+  if (ring_ == nullptr) return absl::OkStatus();
+  // The servers keep the table for export, evaluation and a resumed job:
+  // the replicas are equal at equal steps, and the member that trains
+  // longest writes last.
+  PS_RETURN_IF_ERROR(
+      client_->AssignDense(dense_table_, 0, ring_->values()).Wait());
+  return ring_->Leave();
 }
 
 absl::Status Trainer::FinishPull(Step* step) {
@@ -97,7 +159,8 @@ absl::Status Trainer::FinishPull(Step* step) {
   for (int attempt = 1;; ++attempt) {
     const absl::Status s =
         step->sparse_pull ? step->sparse_pull->Wait() : absl::OkStatus();
-    const absl::Status d = step->dense_pull->Wait();
+    const absl::Status d =
+        step->dense_pull ? step->dense_pull->Wait() : absl::OkStatus();
     if (s.ok() && d.ok()) return absl::OkStatus();
     const absl::Status& err = s.ok() ? d : s;
     if (err.code() != absl::StatusCode::kDeadlineExceeded ||
@@ -124,6 +187,8 @@ absl::StatusOr<bool> Trainer::Load(data::Dataset* dataset, size_t batch_size,
 }
 
 absl::Status Trainer::Initialize() {
+  // Every replica of an all-reduced table starts from the same values.
+  if (ring_ != nullptr) return absl::OkStatus();
   const std::vector<float> init =
       InitialDenseParameters(layout_, config_.training().model().init_gain(),
                              config_.training().model().init_seed());
@@ -224,15 +289,25 @@ absl::Status Trainer::CheckFinite(ShardRun* run, TrainResult* result) {
 absl::Status Trainer::RunStep(Step* current, ShardRun* run,
                               TrainResult* result) {
   PS_RETURN_IF_ERROR(model_->Run(current->batch, current->sparse,
-                                 current->rows.data(), current->dense.data(),
+                                 current->rows.data(), DenseValues(*current),
                                  /*backward=*/true, &output_));
   PS_RETURN_IF_ERROR(CheckFinite(run, result));
   if (layout_.sparse_dim > 0 && !current->sparse.keys.empty()) {
     run->in_flight.push_back(client_->Push(sparse_table_, current->sparse.keys,
                                            output_.sparse_grad));
   }
-  run->in_flight.push_back(
-      client_->PushDense(dense_table_, 0, output_.dense_grad));
+  if (ring_ != nullptr) {
+    // No server clips an all-reduced gradient: CLIP (CheckFinite let it
+    // through) drops the non-finite elements here, on every worker alike.
+    for (float& g : output_.dense_grad) {
+      if (!std::isfinite(g)) g = 0;
+    }
+    // Overlaps with the sparse push in flight.
+    PS_RETURN_IF_ERROR(ring_->Step(output_.dense_grad));
+  } else {
+    run->in_flight.push_back(
+        client_->PushDense(dense_table_, 0, output_.dense_grad));
+  }
   // The step ends after its pushes; servers receive this after them.
   run->in_flight.push_back(client_->AdvanceClock());
   run->at.set_batch(run->at.batch() + 1);
@@ -486,7 +561,19 @@ absl::StatusOr<TrainResult> Trainer::Train(ShardCursor* shards,
         "joining at clock {}: training from the servers' current parameters",
         result.start_clock);
   }
+  if (ring_ == nullptr &&
+      dense_config_->dense().sync() == DenseTableConfig::ALLREDUCE) {
+    return absl::FailedPreconditionError(
+        "the dense table is all-reduced (sync ALLREDUCE) but the trainer "
+        "was given no scheduler for the ring (Trainer::UseDenseRing)");
+  }
   PS_RETURN_IF_ERROR(shards->Start([this] { return Initialize(); }));
+  if (ring_ != nullptr) {
+    // Workers starting a job together form the first ring together; one
+    // joining a running job receives the dense state from it.
+    PS_RETURN_IF_ERROR(
+        ring_->Join(result.start_clock == 0 ? num_workers_ : 0));
+  }
   const std::function<bool()> stop = [shards] {
     return shards->stop_requested();
   };
@@ -500,12 +587,17 @@ absl::StatusOr<TrainResult> Trainer::Train(ShardCursor* shards,
     // Idle from here until the next shard, if any: never hold back the
     // others' synchronous waits.
     PS_RETURN_IF_ERROR(client_->AdvanceClockTo(kFinishedClock).Wait());
+    // Out of the ring while it has no work: the others go on without it.
+    PS_RETURN_IF_ERROR(LeaveDenseRing());
     Report(hooks, kFinishedClock, at);
     shards->Ended(at);
     if (end == ShardEnd::kCapped) shards->Cap();
   }
   result.preempted = shards->stopped();
   result.position = shards->position();
+  // From here on (evaluation, export) the servers' copy is the table: this
+  // worker's replica may be behind the last worker's.
+  ring_.reset();
   // Never hold back the others' synchronous waits from now on.
   PS_RETURN_IF_ERROR(client_->AdvanceClockTo(kFinishedClock).Wait());
   result.seconds = absl::ToDoubleSeconds(clock_->Now() - began);
@@ -551,7 +643,7 @@ absl::StatusOr<EvalResult> Trainer::Evaluate() {
     if (!loaded) break;
     PS_RETURN_IF_ERROR(FinishPull(&step));
     PS_RETURN_IF_ERROR(model_->Run(step.batch, step.sparse, step.rows.data(),
-                                   step.dense.data(), /*backward=*/false,
+                                   DenseValues(step), /*backward=*/false,
                                    &output_));
     scores.Add(step.batch, output_);
   }
@@ -593,6 +685,7 @@ absl::Status Trainer::Export(const std::string& path) {
       client_
           ->PullDense(dense_table_, 0, saved.dense.size(), saved.dense.data())
           .Wait());
+
   if (layout_.sparse_dim > 0) {
     PS_RETURN_IF_ERROR(
         client_->ScanAll(sparse_table_, &saved.keys, &saved.rows));

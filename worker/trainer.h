@@ -61,7 +61,9 @@
 #include "proto/config.pb.h"
 #include "proto/scheduler.pb.h"
 #include "worker/compute/compute.h"
+#include "scheduler/client.h"
 #include "worker/data/dataset.h"
+#include "worker/dense_ring.h"
 #include "worker/evaluation.h"
 #include "worker/kv_client.h"
 #include "worker/models/model.h"
@@ -191,6 +193,22 @@ class Trainer {
   // Trains shard `rank` from its beginning (a job without failures).
   absl::StatusOr<TrainResult> Train(const TrainerHooks& hooks);
 
+  // Keeps the dense table on this worker, synchronised with the other
+  // workers by a ring all-reduce (worker/dense_ring.h), when the job's
+  // dense table has sync ALLREDUCE; call before Train. `scheduler`: this
+  // worker's registered client (not owned, outlives the trainer); `host`:
+  // the address the other workers reach this one's ring at. The replica
+  // starts from the model's initial dense values in a fresh job, and from
+  // the servers' copy of the table (written when a checkpoint is cut and
+  // when training ends) in a job that resumes; either way the ring's most
+  // advanced member broadcasts its state when this worker joins. Without
+  // this call a job whose dense table is all-reduced fails to train with
+  // FAILED_PRECONDITION.
+  absl::Status UseDenseRing(SchedulerClient* scheduler, const std::string& host);
+  // The all-reduced dense table (null when the servers hold it, and after
+  // Train returns).
+  const AllReducedTable* dense_ring() const { return ring_.get(); }
+
   // Scores the test data with the current server parameters.
   // FAILED_PRECONDITION when the job has no test data.
   absl::StatusOr<EvalResult> Evaluate();
@@ -241,6 +259,14 @@ class Trainer {
   // Rank 0 writes the initial dense values (the cursor's start barrier
   // follows).
   absl::Status Initialize();
+  // The dense values a step computes with: the pulled ones, or the
+  // all-reduced replica.
+  const float* DenseValues(const Step& step) const;
+  // The model's initial dense values (the table's initializer for models
+  // whose layers start at zero).
+  std::vector<float> InitialDense() const;
+  // Writes the replica to the servers and leaves the ring (no-op without).
+  absl::Status LeaveDenseRing();
 
   // How TrainShard ended.
   enum class ShardEnd { kDone, kStopped, kCapped };
@@ -309,6 +335,9 @@ class Trainer {
   uint32_t sparse_table_ = 0;
   bool sparse_tiered_ = false;  // the sparse table has a disk tier
   uint32_t dense_table_ = 0;
+  // The dense table's config, and its replica when it is all-reduced.
+  const TableConfig* dense_config_ = nullptr;
+  std::unique_ptr<AllReducedTable> ring_;
 
   std::unique_ptr<Compute> compute_;
   std::string why_cpu_;

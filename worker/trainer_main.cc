@@ -76,6 +76,10 @@ ABSL_FLAG(std::string, summary_out, "",
           "Rank 0 writes the JSON summary line to this file too; default "
           "$PS_SUMMARY_OUT, where the launchers name it.");
 ABSL_FLAG(std::string, log_level, "info", "trace|debug|info|warn|error");
+ABSL_FLAG(std::string, ring_host, "127.0.0.1",
+          "Address the other workers reach this one's dense all-reduce ring "
+          "at (dense tables with sync ALLREDUCE); gloo listens on a free port "
+          "of it.");
 ABSL_FLAG(std::string, http_host, "127.0.0.1",
           "Address of the HTTP endpoint (/metrics, /healthz, /readyz).");
 ABSL_FLAG(
@@ -361,6 +365,12 @@ int Run(ps::TerminationSignals& signals, const ps::JobConfig& config,
                                      session.num_workers());
   if (!trainer.ok()) {
     log->error("{}", trainer.status().message());
+    return 2;
+  }
+  if (absl::Status ring = (*trainer)->UseDenseRing(
+          session.membership(), absl::GetFlag(FLAGS_ring_host));
+      !ring.ok()) {
+    log->error("{}", ring.message());
     return 2;
   }
   ps::TrainerHooks hooks;

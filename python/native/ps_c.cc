@@ -17,8 +17,10 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "common/config.h"
 #include "common/curve_keys.h"
 #include "common/initializer.h"
@@ -28,9 +30,11 @@
 #include "common/reasons.h"
 #include "common/status.h"
 #include "google/protobuf/util/json_util.h"
+#include "google/protobuf/util/message_differencer.h"
 #include "scheduler/client.h"
 #include "worker/data/keys.h"
 #include "worker/data/synthetic_ctr.h"
+#include "worker/dense_ring.h"
 #include "worker/kv_client.h"
 #include "worker/session.h"
 #include "worker/shard_cursor.h"
@@ -455,6 +459,112 @@ int32_t FillSparseInitial(const ps::TableConfig& tc, const uint64_t* keys,
 
 }  // namespace
 
+// A worker's replica of its all-reduced dense tables. It shares ownership
+// of the session: the table calls the session's scheduler client, which
+// must outlive it.
+struct ps_allreduce {
+  std::shared_ptr<ps::WorkerSession> session;
+  pid_t pid = 0;
+  // Serialises the calls: AllReducedTable is for one thread at a time.
+  absl::Mutex mu;
+  std::unique_ptr<ps::AllReducedTable> table ABSL_GUARDED_BY(mu);
+};
+
+namespace {
+
+// The largest replica, as config validation bounds one table (gloo counts
+// elements in int).
+constexpr uint64_t kMaxAllReducedElements = uint64_t{1} << 30;
+
+// Table `id` of `config`, checked to be dense with sync ALLREDUCE.
+absl::StatusOr<const ps::TableConfig*> AllReducedTableConfig(
+    const ps::JobConfig& config, uint32_t id) {
+  for (const ps::TableConfig& t : config.tables()) {
+    if (t.id() != id) continue;
+    if (!t.has_dense()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "table ", t.name(), " is sparse: only dense tables are all-reduced"));
+    }
+    if (t.dense().sync() != ps::DenseTableConfig::ALLREDUCE) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "dense table ", t.name(),
+          " is updated by the servers (dense.sync SERVERS): push its "
+          "gradients with ps_push_dense, or set dense { sync: ALLREDUCE } in "
+          "the job config to all-reduce it"));
+    }
+    return &t;
+  }
+  return absl::InvalidArgumentError(absl::StrCat("no table with id ", id));
+}
+
+// One table config for the dense tables `ids` of `config`, concatenated in
+// that order (a worker has one ring, so they are all-reduced together):
+// the first table's, named "a+b+...", of their summed size. `parts`
+// receives the tables. Their optimizer configs must be equal: the update
+// rule is element-wise, so one optimizer over the concatenation applies
+// each table's own rule.
+absl::StatusOr<ps::TableConfig> FusedTable(
+    const ps::JobConfig& config, absl::Span<const uint32_t> ids,
+    std::vector<const ps::TableConfig*>* parts) {
+  std::vector<std::string> names;
+  uint64_t size = 0;
+  for (uint32_t id : ids) {
+    PS_ASSIGN_OR_RETURN(const ps::TableConfig* t,
+                        AllReducedTableConfig(config, id));
+    if (std::find(parts->begin(), parts->end(), t) != parts->end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("dense table ", t->name(), " is given twice"));
+    }
+    const ps::TableConfig& first = parts->empty() ? *t : *parts->front();
+    if (!google::protobuf::util::MessageDifferencer::Equals(first.optimizer(),
+                                                            t->optimizer())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "dense tables ", first.name(), " and ", t->name(),
+          " are all-reduced together (a worker has one ring) and must have "
+          "the same optimizer config"));
+    }
+    parts->push_back(t);
+    names.push_back(t->name());
+    size += t->dense().size();
+  }
+  if (size > kMaxAllReducedElements) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the all-reduced dense tables hold ", size,
+                     " elements together; at most 2^30"));
+  }
+  ps::TableConfig fused = *parts->front();
+  fused.set_name(absl::StrJoin(names, "+"));
+  fused.mutable_dense()->set_size(size);
+  return fused;
+}
+
+// The servers' initial values of `parts`, concatenated.
+std::vector<float> InitialDenseValues(
+    const std::vector<const ps::TableConfig*>& parts, uint64_t size) {
+  std::vector<float> values(size);
+  uint64_t offset = 0;
+  for (const ps::TableConfig* t : parts) {
+    // Dense tables use key 0 with the element index (server/dense_table.cc).
+    ps::InitializeValues(t->init(), t->id(), 0, 0, t->dense().size(),
+                         values.data() + offset);
+    offset += t->dense().size();
+  }
+  return values;
+}
+
+// Checks that `r` may be used here; fills last_error otherwise.
+int32_t UsableRing(const ps_allreduce* r) {
+  if (r == nullptr) return Invalid("no all-reduced dense table (freed?)");
+  if (r->pid != getpid()) {
+    return Fail(absl::FailedPreconditionError(
+        "this all-reduced dense table was made in process " +
+        std::to_string(r->pid) + " and cannot be used in a forked child"));
+  }
+  return 0;
+}
+
+}  // namespace
+
 extern "C" {
 
 int32_t ps_abi_version(void) { return PS_C_ABI_VERSION; }
@@ -533,6 +643,9 @@ int32_t ps_config_table(const ps_config* c, uint32_t index,
   out->size = t.has_dense() ? t.dense().size() : 0;
   out->optimizer = OptimizerName(t.optimizer());
   out->optimizer_json = json->c_str();
+  out->allreduce =
+      t.has_dense() && t.dense().sync() == ps::DenseTableConfig::ALLREDUCE ? 1
+                                                                           : 0;
   return 0;
 }
 
@@ -989,6 +1102,152 @@ int32_t ps_stats(ps_session* s, ps_future** f) {
   auto* fut = new ps_future(Kind::kStats);
   fut->completion = s->session->kv()->TableStatistics(&fut->stats);
   *f = fut;
+  return 0;
+}
+
+// ---- dense tables by ring all-reduce.
+
+int32_t ps_allreduce_create(ps_session* s, const uint32_t* tables,
+                            size_t num_tables, const float* initial,
+                            size_t initial_len, uint64_t step, const char* host,
+                            ps_allreduce** out) {
+  if (int32_t e = Writable(s, "an all-reduced dense table")) return e;
+  if (out == nullptr) return Invalid("no ps_allreduce* to fill");
+  if (tables == nullptr || num_tables == 0)
+    return Invalid("no dense table given to all-reduce");
+  const ps::JobConfig& config = s->session->config();
+  std::vector<const ps::TableConfig*> parts;
+  absl::StatusOr<ps::TableConfig> fused =
+      FusedTable(config, absl::MakeConstSpan(tables, num_tables), &parts);
+  if (!fused.ok()) return Fail(fused.status());
+  const uint64_t size = fused->dense().size();
+  std::vector<float> values;
+  if (initial == nullptr) {
+    values = InitialDenseValues(parts, size);
+  } else if (initial_len != size) {
+    return Invalid(absl::StrCat("dense table ", fused->name(), " has ", size,
+                                " elements; the initial values are ",
+                                initial_len));
+  } else {
+    values.assign(initial, initial + size);
+  }
+  ps::AllReducedTable::Options options;
+  options.table = *std::move(fused);
+  options.num_workers = s->session->num_workers();
+  options.allreduce = config.allreduce();
+  options.scheduler = s->session->membership();
+  if (host != nullptr && *host != '\0') options.host = host;
+  absl::StatusOr<std::unique_ptr<ps::AllReducedTable>> table =
+      ps::AllReducedTable::Create(std::move(options), std::move(values), step);
+  if (!table.ok()) return Fail(table.status());
+  auto* r = new ps_allreduce;
+  r->session = s->session;
+  r->pid = getpid();
+  {
+    absl::MutexLock lock(&r->mu);
+    r->table = *std::move(table);
+  }
+  *out = r;
+  return 0;
+}
+
+void ps_allreduce_free(ps_allreduce* r) {
+  if (r == nullptr) return;
+  if (r->pid != getpid()) {
+    // The parent's watcher thread is not here: leak, as ps_session_free.
+    return;
+  }
+  {
+    absl::MutexLock lock(&r->mu);
+    r->table.reset();  // leaves the ring
+  }
+  delete r;
+}
+
+int32_t ps_allreduce_join(ps_allreduce* r, uint32_t min_members) {
+  if (int32_t e = UsableRing(r)) return e;
+  absl::MutexLock lock(&r->mu);
+  return Fail(r->table->Join(min_members));
+}
+
+int32_t ps_allreduce_step(ps_allreduce* r, const float* grads, size_t n) {
+  if (int32_t e = UsableRing(r)) return e;
+  if (grads == nullptr && n != 0) return Invalid("no gradients given");
+  absl::MutexLock lock(&r->mu);
+  if (n != r->table->values().size()) {
+    return Invalid(absl::StrCat("dense gradient of ", n,
+                                " floats; the "
+                                "all-reduced tables hold ",
+                                r->table->values().size()));
+  }
+  // A non-finite value would reach every replica: refused before this
+  // worker joins the collective.
+  for (size_t i = 0; i < n; ++i) {
+    if (!std::isfinite(grads[i])) {
+      return Invalid(absl::StrCat("non-finite gradient at element ", i, ": ",
+                                  grads[i], "; nothing was all-reduced"));
+    }
+  }
+  return Fail(r->table->Step(absl::MakeConstSpan(grads, n)));
+}
+
+int32_t ps_allreduce_leave(ps_allreduce* r) {
+  if (int32_t e = UsableRing(r)) return e;
+  absl::MutexLock lock(&r->mu);
+  return Fail(r->table->Leave());
+}
+
+int32_t ps_allreduce_values(ps_allreduce* r, uint64_t begin, float* out,
+                            size_t n) {
+  if (int32_t e = UsableRing(r)) return e;
+  absl::MutexLock lock(&r->mu);
+  const std::vector<float>& v = r->table->values();
+  if (begin > v.size() || n > v.size() - begin || (out == nullptr && n != 0)) {
+    return Invalid(absl::StrCat("elements [", begin, ", ", begin + n,
+                                ") of an all-reduced table of ", v.size()));
+  }
+  std::copy_n(v.begin() + begin, n, out);
+  return 0;
+}
+
+int32_t ps_allreduce_state(ps_allreduce* r, float* out, size_t n) {
+  if (int32_t e = UsableRing(r)) return e;
+  absl::MutexLock lock(&r->mu);
+  const std::vector<float>& state = r->table->state();
+  if (n != state.size() || (out == nullptr && n != 0)) {
+    return Invalid(absl::StrCat("the optimizer state is ", state.size(),
+                                " floats; the output has room for ", n));
+  }
+  std::copy(state.begin(), state.end(), out);
+  return 0;
+}
+
+int32_t ps_allreduce_reset(ps_allreduce* r, const float* values, size_t n,
+                           const float* state, size_t state_len,
+                           uint64_t step) {
+  if (int32_t e = UsableRing(r)) return e;
+  if (values == nullptr && n != 0) return Invalid("no values given");
+  absl::MutexLock lock(&r->mu);
+  std::vector<float> new_state =
+      state == nullptr ? r->table->state()
+                       : std::vector<float>(state, state + state_len);
+  return Fail(r->table->Reset(std::vector<float>(values, values + n),
+                              std::move(new_state), step));
+}
+
+int32_t ps_allreduce_info(ps_allreduce* r, ps_ring_info* out) {
+  if (int32_t e = UsableRing(r)) return e;
+  if (out == nullptr) return Invalid("no ps_ring_info to fill");
+  absl::MutexLock lock(&r->mu);
+  const ps::AllReducedTable& t = *r->table;
+  *out = ps_ring_info{};
+  out->size = t.values().size();
+  out->state_size =
+      out->size == 0 ? 0 : static_cast<uint32_t>(t.state().size() / out->size);
+  out->step = t.step();
+  out->ring_size = t.ring_size();
+  out->generation = t.generation();
+  out->reforms = t.reforms();
   return 0;
 }
 

@@ -47,7 +47,7 @@ extern "C" {
 
 /* Bumped whenever a signature or a struct below changes; the Python package
  * refuses a library of another version. */
-#define PS_C_ABI_VERSION 5
+#define PS_C_ABI_VERSION 6
 /* Returned by waits whose timeout passed before the operation completed. */
 #define PS_PENDING (-1)
 /* A timeout (seconds) that never passes: waits, barriers and finish given
@@ -91,6 +91,7 @@ extern "C" {
 typedef struct ps_config ps_config;
 typedef struct ps_session ps_session;
 typedef struct ps_future ps_future;
+typedef struct ps_allreduce ps_allreduce;
 
 /* Where a data shard stands: the next batch to train. */
 typedef struct ps_position {
@@ -138,6 +139,10 @@ typedef struct ps_table_info {
   uint64_t size;              /* dense: elements; sparse: 0 */
   const char* optimizer;      /* sgd, adagrad, momentum, adam, ftrl, none */
   const char* optimizer_json; /* its settings, as protobuf's JSON */
+  /* dense.sync ALLREDUCE: every training worker keeps a replica and the
+   * workers average their gradients by a ring all-reduce (ps_allreduce_*);
+   * 0 for sparse tables and dense tables on the servers. */
+  int32_t allreduce;
 } ps_table_info;
 
 typedef struct ps_session_details {
@@ -397,6 +402,82 @@ int32_t ps_assign_dense(ps_session* s, uint32_t table, uint64_t begin,
 int32_t ps_scan(ps_session* s, uint32_t table, ps_future** f);
 /* Statistics of every table on every live server (ps_future_stats). */
 int32_t ps_stats(ps_session* s, ps_future** f);
+
+/* ---- dense tables by ring all-reduce (dense.sync ALLREDUCE) ------------
+ *
+ * A worker's replica of its job's all-reduced dense tables
+ * (worker/dense_ring.h): each step averages the gradients of the workers in
+ * the ring (gloo's ring all-reduce over TCP, rendezvous through the
+ * scheduler) and applies the tables' optimizer to the replica, with the
+ * servers' update rules and learning-rate schedule, so P workers at batch b
+ * train as BSP on the servers does. A worker has one ring: the tables of one
+ * replica are concatenated (in the order given) and all-reduced together,
+ * so they must share one optimizer config. The servers still hold the
+ * tables (their home for export and checkpoints): write the replica there
+ * with ps_assign_dense.
+ *
+ * Thread safety: the calls of one replica serialise on a lock of its own;
+ * call them from the thread that ends the steps. Step, join and leave block
+ * (bounded by allreduce.timeout_ms and allreduce.form_timeout_ms) and
+ * cannot be interrupted. A replica holds a reference to its session: free
+ * it before ps_session_free (which otherwise leaves the job only once the
+ * replica is freed). In a forked child every call fails with
+ * FAILED_PRECONDITION. */
+
+/* Where a replica stands (ps_allreduce_info). Sizes and counts are elements
+ * (floats). */
+typedef struct ps_ring_info {
+  uint64_t size;       /* the tables' elements, summed */
+  uint32_t state_size; /* optimizer state floats per element */
+  uint64_t step;       /* steps applied (the learning-rate schedule's step) */
+  uint32_t ring_size;  /* members of the ring it is in; 0: not in one */
+  uint64_t generation; /* the ring's generation; 0: not in one */
+  uint64_t reforms;    /* collectives that failed and re-formed the ring */
+} ps_ring_info;
+
+/* Creates the replica of dense tables `tables` (num_tables ids, each
+ * ALLREDUCE in the session's job, no id twice, one optimizer config) for a
+ * training session: INVALID_ARGUMENT naming the table otherwise,
+ * FAILED_PRECONDITION for an observer. `initial`: initial_len floats, the
+ * tables' values concatenated; NULL: the tables' initializers (the values a
+ * fresh job's servers hold, common/initializer.h). `step`: steps already
+ * applied (the session's clock). `host`: the address the other workers
+ * reach this one's ring connections at (NULL or "": 127.0.0.1). The
+ * optimizer state starts fresh. Joins no ring yet (ps_allreduce_join, or
+ * the first step). */
+int32_t ps_allreduce_create(ps_session* s, const uint32_t* tables,
+                            size_t num_tables, const float* initial,
+                            size_t initial_len, uint64_t step, const char* host,
+                            ps_allreduce** out);
+/* Leaves the ring (the others re-form without it) and frees the replica. */
+void ps_allreduce_free(ps_allreduce* r);
+/* Joins the ring now and receives the state of its most advanced member.
+ * min_members: workers that start training together pass their number, so
+ * the first ring holds them all (capped at the job's live workers); 0: no
+ * minimum. DEADLINE_EXCEEDED when no ring formed within
+ * allreduce.form_timeout_ms; NOT_FOUND when the scheduler no longer counts
+ * this worker. */
+int32_t ps_allreduce_join(ps_allreduce* r, uint32_t min_members);
+/* One step: averages `grads` (n == size finite floats) over the ring and
+ * applies the optimizer to the replica, joining or re-forming the ring
+ * first when needed (a worker that was behind takes the state of the most
+ * advanced member instead of applying its gradient). Blocks until done.
+ * Errors as ps_allreduce_join; INVALID_ARGUMENT for a size mismatch. */
+int32_t ps_allreduce_step(ps_allreduce* r, const float* grads, size_t n);
+/* Leaves the ring (no training work for now; the next step joins again). */
+int32_t ps_allreduce_leave(ps_allreduce* r);
+/* Copies elements [begin, begin + n) of the replica's values to `out`. */
+int32_t ps_allreduce_values(ps_allreduce* r, uint64_t begin, float* out,
+                            size_t n);
+/* Copies the optimizer state (size * state_size floats, state_size per
+ * element, interleaved as common/optimizer.h lays it out); n must match. */
+int32_t ps_allreduce_state(ps_allreduce* r, float* out, size_t n);
+/* Replaces the replica: values (size floats), state (size * state_size
+ * floats; NULL keeps the current state) and the steps applied. A later
+ * formation still takes the most advanced member's state. */
+int32_t ps_allreduce_reset(ps_allreduce* r, const float* values, size_t n,
+                           const float* state, size_t state_len, uint64_t step);
+int32_t ps_allreduce_info(ps_allreduce* r, ps_ring_info* out);
 
 /* ---- futures ----------------------------------------------------------- */
 

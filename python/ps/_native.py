@@ -20,7 +20,7 @@ from ctypes import (POINTER, Structure, c_char_p, c_double, c_int32, c_int64, c_
 from typing import Dict, List, Optional, Tuple
 
 # The constants of ps_c.h (python/tests/test_abi.py checks them against it).
-ABI_VERSION = 5
+ABI_VERSION = 6
 PENDING = -1
 NO_TIMEOUT = -1.0
 TRAINS_SHARDS = 1
@@ -65,7 +65,15 @@ class SyntheticInfo(Structure):
 class TableInfo(Structure):
     """ps_table_info (strings owned by the ps_config they came from)."""
     _fields_ = [("name", c_char_p), ("id", c_uint32), ("sparse", c_int32), ("dim", c_uint32),
-                ("size", c_uint64), ("optimizer", c_char_p), ("optimizer_json", c_char_p)]
+                ("size", c_uint64), ("optimizer", c_char_p), ("optimizer_json", c_char_p),
+                ("allreduce", c_int32)]
+
+
+class RingInfo(Structure):
+    """ps_ring_info: where a replica of all-reduced dense tables stands
+    (sizes in float32 elements)."""
+    _fields_ = [("size", c_uint64), ("state_size", c_uint32), ("step", c_uint64),
+                ("ring_size", c_uint32), ("generation", c_uint64), ("reforms", c_uint64)]
 
 
 class SessionDetails(Structure):
@@ -176,6 +184,17 @@ SIGNATURES: Dict[str, Tuple[Optional[type], List[type]]] = {
     "ps_assign_dense": (c_int32, [c_void_p, c_uint32, c_uint64, c_void_p, c_size_t, _OUT]),
     "ps_scan": (c_int32, [c_void_p, c_uint32, _OUT]),
     "ps_stats": (c_int32, [c_void_p, _OUT]),
+    "ps_allreduce_create": (c_int32, [c_void_p, POINTER(c_uint32), c_size_t, _F32P, c_size_t,
+                                      c_uint64, c_char_p, _OUT]),
+    "ps_allreduce_free": (None, [c_void_p]),
+    "ps_allreduce_join": (c_int32, [c_void_p, c_uint32]),
+    "ps_allreduce_step": (c_int32, [c_void_p, c_void_p, c_size_t]),
+    "ps_allreduce_leave": (c_int32, [c_void_p]),
+    "ps_allreduce_values": (c_int32, [c_void_p, c_uint64, c_void_p, c_size_t]),
+    "ps_allreduce_state": (c_int32, [c_void_p, c_void_p, c_size_t]),
+    "ps_allreduce_reset": (c_int32, [c_void_p, c_void_p, c_size_t, c_void_p, c_size_t,
+                                     c_uint64]),
+    "ps_allreduce_info": (c_int32, [c_void_p, POINTER(RingInfo)]),
     "ps_future_wait": (c_int32, [c_void_p, c_double]),
     "ps_future_done": (c_int32, [c_void_p]),
     "ps_future_min_clock": (c_uint64, [c_void_p]),

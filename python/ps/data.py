@@ -102,7 +102,8 @@ def describe_handle(handle: int) -> dict:
         tables.append({"name": _text(t.name), "id": int(t.id), "sparse": bool(t.sparse),
                        "dim": int(t.dim), "size": int(t.size),
                        "optimizer": _text(t.optimizer),
-                       "optimizer_config": json.loads(_text(t.optimizer_json) or "{}")})
+                       "optimizer_config": json.loads(_text(t.optimizer_json) or "{}"),
+                       "allreduce": bool(t.allreduce)})
     return {
         "name": _text(job.name), "mode": _text(job.mode), "staleness": int(job.staleness),
         "num_workers": int(job.num_workers), "num_servers": int(job.num_servers),
@@ -122,7 +123,7 @@ def describe_config(path: Union[str, os.PathLike], num_servers: int = 0,
     (ASYNC|BSP|SSP), staleness, cluster sizes, prefetch, clips_nonfinite,
     training (batch_size, epochs, shard_by_batch, max_steps, export_path),
     checkpoint_dir, tables (name, id, sparse, dim, size, optimizer,
-    optimizer_config)."""
+    optimizer_config, allreduce: a dense table with sync ALLREDUCE)."""
     return JobConfig(path, num_servers, num_workers).describe()
 
 

@@ -33,6 +33,7 @@ from typing import (Any, Callable, Dict, Generic, Iterable, Iterator, List, Opti
 import numpy as np
 
 from . import _native
+from .allreduce import AllReducedDense, check_gradients
 from .data import JobConfig, describe_handle
 from .errors import (Cancelled, FailedPrecondition, ForkError, InvalidArgument, PsError,
                      from_code, last_failure)
@@ -155,6 +156,15 @@ class Future(Generic[_T]):
         self._value: Any = None
         self._converted = False
         self._pid = os.getpid()
+
+    @classmethod
+    def _completed(cls, session: "Session", value: Any) -> "Future":
+        """A future already done with `value` (no native request)."""
+        f = cls(session, 0)
+        f._status = (0, "", _native.REASON_NONE)
+        f._value = value
+        f._converted = True
+        return f
 
     def done(self) -> bool:
         """True once the request completed (successfully or not)."""
@@ -366,11 +376,22 @@ class SparseTable(_Table):
 
 
 class DenseTable(_Table):
-    """A float32 vector of `size` elements, split in blocks across servers."""
+    """A float32 vector of `size` elements, split in blocks across servers.
+
+    A table with dense { sync: ALLREDUCE } in the job config (`allreduce`
+    True) is kept by every training worker instead (ps.allreduce): pull
+    reads this worker's replica, push adds to the step's gradient, and
+    Session.end_step() all-reduces it over the workers and applies the
+    optimizer; the same user code trains either kind. Once this worker has
+    finished (or left the ring at the end of its shard), pulls read the
+    servers, where every worker writes its replica when it leaves.
+    """
 
     def __init__(self, session: "Session", info: Dict[str, Any]) -> None:
         super().__init__(session, info)
         self.size: int = int(info["size"])
+        #: dense.sync ALLREDUCE: updated by the workers' ring all-reduce.
+        self.allreduce: bool = bool(info.get("allreduce", False))
 
     def _range(self, begin: int, count: int) -> None:
         if begin < 0 or count < 0 or begin + count > self.size:
@@ -378,9 +399,15 @@ class DenseTable(_Table):
                 f"dense table {self.name!r} has {self.size} elements: [{begin}, "
                 f"{begin + count}) is out of range")
 
+    def _ring(self) -> "Optional[AllReducedDense]":
+        """The session's replica when this table is all-reduced by it."""
+        return self._session._ring if self.allreduce else None
+
     def pull(self, begin: int = 0, count: Optional[int] = None,
              out: Optional[np.ndarray] = None) -> Future[np.ndarray]:
-        """Future of elements [begin, begin + count) (float32, 1-D)."""
+        """Future of elements [begin, begin + count) (float32, 1-D). An
+        all-reduced table's (while this worker trains) is this worker's
+        replica, done at once."""
         if count is None:
             count = self.size - begin if out is None else out.size
         self._range(begin, count)
@@ -389,6 +416,17 @@ class DenseTable(_Table):
         elif (not isinstance(out, np.ndarray) or out.dtype != np.float32
               or not out.flags.c_contiguous or out.size != count):
             raise InvalidArgument(f"out must be a C-contiguous float32 array of {count}")
+        ring = self._ring()
+        if ring is not None and ring.active:
+            ring.read(self, begin, out)
+            return Future._completed(self._session, out)
+        return self._pull_servers(begin, count, out)
+
+    def _pull_servers(self, begin: int, count: int,
+                      out: Optional[np.ndarray]) -> Future[np.ndarray]:
+        """pull() from the servers, whatever the table's sync."""
+        if out is None:
+            out = np.empty(count, dtype=np.float32)
         s = self._session
         h = _out_ptr()
         _check(_native.lib().ps_pull_dense(s._handle(), self.id, begin, count, _ptr(out),
@@ -407,17 +445,35 @@ class DenseTable(_Table):
         return v
 
     def push(self, grads: Any, begin: int = 0) -> Future[None]:
-        """Sends gradients of elements [begin, begin + len(grads))."""
+        """Sends gradients of elements [begin, begin + len(grads)). An
+        all-reduced table's are added to this step's gradient (done at once;
+        end_step all-reduces them); they must be finite whatever the job's
+        gradient policy (InvalidArgument)."""
         g = self._values(grads, begin, "gradients")
         s = self._session
+        ring = self._ring()
+        if ring is not None:
+            check_gradients(self, g, begin)
+            ring.add(self, g, begin)
+            return Future._completed(s, None)
         h = _out_ptr()
         _check(_native.lib().ps_push_dense(s._handle(), self.id, begin, _ptr(g), g.size,
                                            ctypes.byref(h)))
         return s._future(h, ())
 
     def assign(self, values: Any, begin: int = 0) -> Future[None]:
-        """Overwrites elements [begin, begin + len(values)) (optimizer state kept)."""
+        """Overwrites elements [begin, begin + len(values)) (optimizer state
+        kept) on the servers, and in this worker's replica of an all-reduced
+        table if it exists (the others' replicas are not changed: assign
+        before the replicas are made, as ps.torch.Trainer's rank 0 does)."""
         v = self._values(values, begin, "values")
+        ring = self._ring()
+        if ring is not None:
+            ring.assign(self, v, begin)
+        return self._assign_servers(v, begin)
+
+    def _assign_servers(self, v: np.ndarray, begin: int) -> Future[None]:
+        """assign() of checked float32 values on the servers only."""
         s = self._session
         h = _out_ptr()
         _check(_native.lib().ps_assign_dense(s._handle(), self.id, begin, _ptr(v), v.size,
@@ -464,6 +520,7 @@ class Session:
                  log_level: Optional[str] = "warn") -> None:
         self._closed = True
         self._ptr: Optional[int] = None
+        self._ring = None
         # Held by calls that may come from other threads (job_progress) while
         # they use the native session, and by close() before it frees it.
         self._native_lock = threading.Lock()
@@ -533,6 +590,12 @@ class Session:
         # servers, which clip them (worker/kv_client.h), instead of being refused.
         self._clips_nonfinite: bool = bool(job["clips_nonfinite"])
         self._table_info = {t["name"]: t for t in job["tables"]}
+        # The replica of the dense tables with sync ALLREDUCE (ps.allreduce),
+        # made on first use; observers read such tables from the servers.
+        self._ring: Optional[AllReducedDense] = None
+        ring_tables = [n for n, t in self._table_info.items() if t.get("allreduce")]
+        if ring_tables and not self.observer:
+            self._ring = AllReducedDense(self, [self.table(n) for n in ring_tables])
         self._step_position: Optional[DataPosition] = None
         self._stop_position: Optional[DataPosition] = None
         if handle_sigterm and threading.current_thread() is threading.main_thread():
@@ -626,6 +689,21 @@ class Session:
         """Asks the session to stop: waits end with Cancelled, and
         stop_requested turns true. Safe from a signal handler."""
         self._request_stop_native()
+
+    @property
+    def dense_allreduce(self) -> Optional[AllReducedDense]:
+        """This worker's replica of the job's dense tables with sync
+        ALLREDUCE (ps.allreduce.AllReducedDense: step, ring_size, values()),
+        or None when the job has none (or for an observer). Its tables'
+        DenseTable pull and push use it; end_step() runs its all-reduce."""
+        return self._ring
+
+    def _leave_ring(self) -> None:
+        """Writes the all-reduced tables' replica to the servers and leaves
+        the ring (no training work for now: the others go on without this
+        worker). Called when a shard ends and by claim() and finish()."""
+        if self._ring is not None:
+            self._ring.leave()
 
     @property
     def table_names(self) -> List[str]:
@@ -762,8 +840,15 @@ class Session:
         the loss weighs as one example; a non-finite loss is left out of
         the curve. InvalidArgument for a negative or non-integer `examples`
         or a `loss` that is not a number; FailedPrecondition from an
-        observer. Neither given: nothing is reported."""
+        observer. Neither given: nothing is reported.
+
+        With dense tables of sync ALLREDUCE (dense_allreduce), it first runs
+        the step's all-reduce of their pushes, blocking until every worker
+        in the ring has ended the step, and raises its failure (Timeout when
+        no ring formed within allreduce.form_timeout_ms)."""
         self._check_ends()
+        if self._ring is not None:
+            self._ring.end_step()
         if examples is not None or loss is not None:
             self._report_trained(examples, loss)
         if position is None:
@@ -813,7 +898,9 @@ class Session:
         work: {"result": "WAIT"|"ASSIGNED"|"ALL_DONE", "position":
         DataPosition, "start_clock": int}. The clock is set to finished
         first, so this worker never holds BSP/SSP back while idle. On
-        ASSIGNED call restart(start_clock) before training the shard."""
+        ASSIGNED call restart(start_clock) before training the shard. Leaves
+        the all-reduce ring first (the next end_step joins it again)."""
+        self._leave_ring()
         h = _out_ptr()
         _check(_native.lib().ps_session_claim(self._handle(), _native.position(finished),
                                               ctypes.byref(h)))
@@ -831,8 +918,12 @@ class Session:
         """Ends this worker's training (BSP/SSP never wait on it again) and
         meets the others at barrier "train_done". True on the one worker that
         evaluates and exports for the job (then call evaluation_done() or
-        close()); the others return False once it is done."""
+        close()); the others return False once it is done. With all-reduced
+        dense tables this worker first writes its replica to the servers and
+        leaves the ring, so the evaluator reads the trained values there (the
+        last worker to finish wrote the most advanced replica)."""
         self._check_ends(wait=True)
+        self._leave_ring()
         h = _out_ptr()
         _check(_native.lib().ps_session_finish(self._handle(), _timeout(timeout),
                                                ctypes.byref(h)))
@@ -953,6 +1044,10 @@ class Session:
             # clock restarted at the scheduler's). None once there is nothing
             # more: every shard is done, or a stop (close() then hands the
             # position over).
+            if ended is not None:
+                # No work until the next shard: the ring's other members
+                # must not wait for this worker's all-reduce.
+                self._leave_ring()
             h = _out_ptr()
             _check(lib.ps_session_next_shard(self._handle(), _native.position(ended),
                                              ctypes.byref(h)))
@@ -1034,6 +1129,7 @@ class Session:
                 position = self._stop_position
             if finished is None:
                 finished = position is None and not self.stop_requested
+            self._close_ring()
             code = lib.ps_session_leave(self._ptr, 1 if finished else 0,
                                         _native.position(position))
             failure = last_failure(code) if code != 0 else None
@@ -1052,6 +1148,17 @@ class Session:
                     pass
         if failure is not None:
             raise failure
+
+    def _close_ring(self) -> None:
+        """Frees the replica, leaving the ring; writes it to the servers
+        first unless it left already or the session can do nothing more."""
+        ring, self._ring = self._ring, None
+        if ring is None:
+            return
+        try:
+            ring.close(write=_native.lib().ps_session_ended(self._ptr) == 0)
+        except PsError:
+            ring.close(write=False)
 
     def __enter__(self) -> "Session":
         return self

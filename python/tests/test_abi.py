@@ -137,7 +137,7 @@ HEADER = pathlib.Path(__file__).resolve().parent.parent / "native" / "ps_c.h"
 _SCALARS = {"int32_t": ctypes.c_int32, "uint32_t": ctypes.c_uint32,
             "int64_t": ctypes.c_int64, "uint64_t": ctypes.c_uint64,
             "size_t": ctypes.c_size_t, "double": ctypes.c_double, "float": ctypes.c_float}
-_HANDLES = {"ps_config", "ps_session", "ps_future"}
+_HANDLES = {"ps_config", "ps_session", "ps_future", "ps_allreduce"}
 
 
 def _header() -> str:
@@ -151,7 +151,8 @@ def _structs() -> dict:
             "ps_synthetic_info": _native.SyntheticInfo, "ps_table_info": _native.TableInfo,
             "ps_session_details": _native.SessionDetails, "ps_claim": _native.Claim,
             "ps_next_shard": _native.NextShard,
-            "ps_table_stats": _native.TableStats, "ps_job_progress": _native.JobProgress}
+            "ps_table_stats": _native.TableStats, "ps_job_progress": _native.JobProgress,
+            "ps_ring_info": _native.RingInfo}
 
 
 def _allowed(decl: str) -> set:

@@ -1,4 +1,5 @@
-// Update rules applied by servers to pushed gradients.
+// Update rules of the tables' optimizers, applied by servers to pushed
+// gradients and by workers to the dense tables they all-reduce.
 //
 // An optimizer is stateless apart from its configuration; per-parameter
 // state (e.g. Adagrad's accumulators, Adam's moments) lives with the
@@ -8,8 +9,8 @@
 // That layout lets a contiguous run of a dense block and a sparse row be
 // updated by the same call.
 // Thread-compatible: Apply may run concurrently on disjoint parameters.
-#ifndef PS_SERVER_OPTIMIZER_H_
-#define PS_SERVER_OPTIMIZER_H_
+#ifndef PS_COMMON_OPTIMIZER_H_
+#define PS_COMMON_OPTIMIZER_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -67,4 +68,4 @@ float RateMultiplier(const OptimizerConfig& config, uint64_t step,
 
 }  // namespace ps
 
-#endif  // PS_SERVER_OPTIMIZER_H_
+#endif  // PS_COMMON_OPTIMIZER_H_

@@ -1,5 +1,5 @@
 #include "common/status.h"
-#include "server/optimizer.h"
+#include "common/optimizer.h"
 
 #include <cmath>
 #include <cstdint>

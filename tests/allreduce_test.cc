@@ -1,0 +1,225 @@
+// Dense tables by ring all-reduce (DenseTableConfig.sync ALLREDUCE), as
+// real scheduler, server and trainer processes on loopback:
+//  - the same job with the dense table on the servers under BSP and
+//    all-reduced ends with the same dense parameters (1 and 3 workers, SGD
+//    and Adam, 200 steps);
+//  - ASYNC sparse + all-reduced dense with a worker SIGKILLed at a seeded
+//    step: the job finishes without a hang, a replacement worker receives
+//    the dense state by broadcast, and the test AUC stays within 0.005 of
+//    an undisturbed run.
+#include <signal.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/job_harness.h"
+#include "tests/testing/subprocess.h"
+#include "worker/model_file.h"
+
+namespace ps::testing {
+namespace {
+
+// DLRM on synthetic CTR data: the embeddings on the servers, the MLPs in
+// the dense table.
+std::string Config(const std::string& mode, int workers,
+                   const std::string& optimizer, const std::string& sync,
+                   uint64_t num_train, uint64_t max_steps,
+                   const std::string& export_path) {
+  return absl::StrCat(R"(
+name: "allreduce"
+cluster {
+  num_servers: 2
+  num_workers: )", workers, R"(
+  heartbeat_interval_ms: 200
+  heartbeat_timeout_ms: 2000
+}
+consistency { mode: )", mode, R"( }
+tables {
+  id: 0
+  name: "embeddings"
+  sparse { dim: 8 }
+  optimizer { adagrad { learning_rate: 0.3 initial_accumulator: 1e-6 } }
+  init { kind: NORMAL scale: 0.1 }
+}
+tables {
+  id: 1
+  name: "mlp"
+  dense { size: 0 sync: )", sync, R"( }
+  optimizer { )", optimizer, R"( }
+}
+data {
+  synthetic_ctr {
+    num_train: )", num_train, R"(
+    num_test: 20000
+    seed: 3
+    num_categorical: 8
+    num_numeric: 4
+    interaction_rank: 4
+    interaction_scale: 0.2
+  }
+}
+training {
+  batch_size: 128
+  epochs: 1
+  max_steps: )", max_steps, R"(
+  log_interval_s: 5
+  sparse_table: "embeddings"
+  dense_table: "mlp"
+  export_path: ")", export_path, R"("
+  model { kind: DLRM embedding_dim: 8 bottom_mlp: 32 top_mlp: 32 }
+}
+)");
+}
+
+std::string Dir(const std::string& name) {
+  std::string dir = absl::StrCat(::testing::TempDir(), "/", name);
+  mkdir(dir.c_str(), 0755);
+  return dir;
+}
+
+// Runs a job to its end; its summary (empty on failure, with the logs
+// added to the test's failure).
+std::string RunJob(const std::string& dir, const std::string& config,
+                   int workers) {
+  JobHarness::Options options;
+  options.dir = dir;
+  options.config = config;
+  options.num_servers = 2;
+  options.num_workers = workers;
+  auto job = JobHarness::Start(options);
+  if (!job.ok()) {
+    ADD_FAILURE() << job.status();
+    return "";
+  }
+  auto result = (*job)->Wait(absl::Minutes(5) * TimeoutScale());
+  if (!result.ok()) {
+    ADD_FAILURE() << result.status() << "\n" << (*job)->LogTails(40);
+    return "";
+  }
+  for (int code : result->workers) {
+    EXPECT_EQ(code, 0) << (*job)->LogTails(40);
+  }
+  return result->summary;
+}
+
+struct EquivalenceCase {
+  int workers;
+  std::string optimizer;
+};
+
+class AllReduceEquivalenceTest
+    : public ::testing::TestWithParam<EquivalenceCase> {};
+
+TEST_P(AllReduceEquivalenceTest, SameDenseParametersAsBspOnTheServers) {
+  const EquivalenceCase& c = GetParam();
+  constexpr uint64_t kSteps = 200;
+  const uint64_t num_train = kSteps * 128 * c.workers + 1000;
+  std::vector<float> dense[2];
+  const char* syncs[2] = {"SERVERS", "ALLREDUCE"};
+  for (int i = 0; i < 2; ++i) {
+    const std::string dir =
+        Dir(absl::StrCat("equiv-", c.workers, "-", c.optimizer.substr(0, 4),
+                         "-", syncs[i]));
+    const std::string model = dir + "/model.psm";
+    RunJob(dir,
+           Config("BSP", c.workers, c.optimizer, syncs[i], num_train, kSteps,
+                  model),
+           c.workers);
+    absl::StatusOr<SavedModel> saved = LoadModel(model);
+    ASSERT_TRUE(saved.ok()) << saved.status();
+    dense[i] = saved->dense;
+  }
+  ASSERT_EQ(dense[0].size(), dense[1].size());
+  ASSERT_FALSE(dense[0].empty());
+  double max_diff = 0, max_moved = 0;
+  for (size_t e = 0; e < dense[0].size(); ++e) {
+    max_diff = std::max<double>(max_diff, std::fabs(dense[0][e] - dense[1][e]));
+    max_moved = std::max<double>(max_moved, std::fabs(dense[0][e]));
+  }
+  std::cout << "equivalence workers=" << c.workers << " " << c.optimizer
+            << ": max |servers - allreduce| = " << max_diff << " over "
+            << dense[0].size() << " dense parameters\n";
+  EXPECT_LT(max_diff, 1e-5);
+  EXPECT_GT(max_moved, 0.01);  // the parameters did train
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    WorkersAndOptimizers, AllReduceEquivalenceTest,
+    ::testing::Values(
+        EquivalenceCase{1, "sgd { learning_rate: 0.1 }"},
+        EquivalenceCase{1, "adam { learning_rate: 0.01 }"},
+        EquivalenceCase{3, "sgd { learning_rate: 0.1 }"},
+        EquivalenceCase{3, "adam { learning_rate: 0.01 }"}),
+    [](const ::testing::TestParamInfo<EquivalenceCase>& info) {
+      return absl::StrCat(info.param.workers, "Workers",
+                          info.param.optimizer[0] == 's' ? "Sgd" : "Adam");
+    });
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+constexpr uint64_t kFaultTrain = 3 * 160 * 128;
+const char* const kAdam = "adam { learning_rate: 0.01 }";
+
+TEST(AllReduceFaultTest, KilledWorkerMidTrainingAndAReplacement) {
+  const std::string undisturbed = RunJob(
+      Dir("fault-baseline"),
+      Config("ASYNC", 3, kAdam, "ALLREDUCE", kFaultTrain, 0, ""), 3);
+  const std::optional<double> base_auc = JsonNumber(undisturbed, "test_auc");
+  ASSERT_TRUE(base_auc.has_value()) << undisturbed;
+  for (uint32_t seed : {1u, 2u, 3u}) {
+    SCOPED_TRACE(absl::StrCat("seed ", seed));
+    std::mt19937 rng(seed);
+    const uint64_t kill_at = 20 + rng() % 100;
+    const int victim = 1 + static_cast<int>(rng() % 2);
+    JobHarness::Options options;
+    options.dir = Dir(absl::StrCat("fault-", seed));
+    options.config = Config("ASYNC", 3, kAdam, "ALLREDUCE", kFaultTrain, 0, "");
+    options.num_servers = 2;
+    options.num_workers = 3;
+    auto job = JobHarness::Start(options);
+    ASSERT_TRUE(job.ok()) << job.status();
+    JobHarness& h = **job;
+    ASSERT_TRUE(h.WaitForRegistration(victim, absl::Seconds(60)).ok());
+    auto reached = h.WaitForStep(victim, kill_at, absl::Minutes(2));
+    ASSERT_TRUE(reached.ok()) << reached.status() << h.LogTails(30);
+    ASSERT_TRUE(h.Signal(victim, SIGKILL));
+    // The survivors form a ring without it once it is declared dead; a
+    // replacement then joins and receives the dense state.
+    ASSERT_TRUE(h.WaitUntilGone(victim, absl::Seconds(30)).ok());
+    absl::StatusOr<int> replacement = h.StartWorker();
+    ASSERT_TRUE(replacement.ok()) << replacement.status();
+    auto result = h.Wait(absl::Minutes(5) * TimeoutScale());
+    ASSERT_TRUE(result.ok()) << result.status() << "\n" << h.LogTails(40);
+    for (int i = 0; i < static_cast<int>(result->workers.size()); ++i) {
+      if (i != victim) EXPECT_EQ(result->workers[i], 0) << h.LogTails(40);
+    }
+    const std::optional<double> auc = JsonNumber(result->summary, "test_auc");
+    ASSERT_TRUE(auc.has_value()) << result->summary;
+    std::cout << "seed " << seed << ": killed worker " << victim << " at step "
+              << kill_at << "; test AUC " << *auc << " vs undisturbed "
+              << *base_auc << "\n";
+    EXPECT_NEAR(*auc, *base_auc, 0.005);
+    const std::string log = ReadFile(absl::StrCat(
+        h.dir(), "/", JobHarness::WorkerName(*replacement), ".log"));
+    EXPECT_THAT(log, ::testing::ContainsRegex("took step [1-9][0-9]* from ring"))
+        << "the replacement did not receive the dense state";
+  }
+}
+
+}  // namespace
+}  // namespace ps::testing

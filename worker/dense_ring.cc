@@ -1,0 +1,355 @@
+#include "worker/dense_ring.h"
+
+#include <algorithm>
+#include <chrono>
+#include <exception>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "gloo/allreduce_ring.h"
+#include "gloo/allreduce_ring_chunked.h"
+#include "gloo/broadcast_one_to_all.h"
+#include "gloo/common/error.h"
+#include "gloo/rendezvous/context.h"
+#include "gloo/rendezvous/store.h"
+#include "gloo/transport/tcp/device.h"
+
+namespace ps {
+namespace {
+
+const std::shared_ptr<spdlog::logger>& Log() {
+  static const auto* logger =
+      new std::shared_ptr<spdlog::logger>(GetLogger("dense_ring"));
+  return *logger;
+}
+
+// gloo's rendezvous through the scheduler (Scheduler.RingStore): keys are
+// put under the generation, so a stale member's keys are refused. gloo
+// expects failures as exceptions; they are caught where gloo is called.
+class SchedulerStore final : public gloo::rendezvous::Store {
+ public:
+  SchedulerStore(SchedulerClient* scheduler, uint64_t generation,
+                 absl::Duration timeout)
+      : scheduler_(scheduler),
+        prefix_(absl::StrCat(generation, "/")),
+        timeout_(timeout) {}
+
+  void set(const std::string& key, const std::vector<char>& data) override {
+    RingStoreRequest request;
+    request.set_set_key(prefix_ + key);
+    request.set_set_value(std::string(data.begin(), data.end()));
+    Check(scheduler_->RingStore(std::move(request), absl::ZeroDuration())
+              .status());
+  }
+
+  std::vector<char> get(const std::string& key) override {
+    RingStoreRequest request;
+    request.add_get_keys(prefix_ + key);
+    absl::StatusOr<RingStoreResponse> r =
+        scheduler_->RingStore(std::move(request), timeout_);
+    Check(r.status());
+    const std::string& v = r->values(0);
+    return std::vector<char>(v.begin(), v.end());
+  }
+
+  void wait(const std::vector<std::string>& keys) override {
+    wait(keys, std::chrono::milliseconds(absl::ToInt64Milliseconds(timeout_)));
+  }
+
+  void wait(const std::vector<std::string>& keys,
+            const std::chrono::milliseconds& timeout) override {
+    RingStoreRequest request;
+    for (const std::string& k : keys) request.add_get_keys(prefix_ + k);
+    Check(scheduler_
+              ->RingStore(std::move(request),
+                          std::min(timeout_, absl::FromChrono(timeout)))
+              .status());
+  }
+
+ private:
+  static void Check(const absl::Status& s) {
+    if (!s.ok()) throw gloo::IoException(std::string(s.ToString()));
+  }
+
+  SchedulerClient* const scheduler_;
+  const std::string prefix_;
+  const absl::Duration timeout_;
+};
+
+// Election of the state's source: the most steps, then the lowest rank.
+constexpr int kRankBits = 20;
+constexpr uint64_t kRankMask = (uint64_t{1} << kRankBits) - 1;
+
+}  // namespace
+
+// One connected generation. Members own their buffers' addresses: gloo's
+// algorithms keep pointers to them.
+struct AllReducedTable::Ring {
+  uint64_t generation = 0;
+  uint32_t rank = 0;
+  uint32_t size = 1;
+  std::shared_ptr<gloo::rendezvous::Context> context;  // null for size 1
+  std::vector<float> buffer;
+  std::unique_ptr<gloo::AllreduceRingChunked<float>> allreduce;
+};
+
+AllReducedTable::AllReducedTable(Options options,
+                                 std::unique_ptr<Optimizer> optimizer)
+    : options_(std::move(options)), optimizer_(std::move(optimizer)) {}
+
+absl::StatusOr<std::unique_ptr<AllReducedTable>> AllReducedTable::Create(
+    Options options, std::vector<float> values, uint64_t step) {
+  if (!options.table.has_dense()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "table '", options.table.name(), "' is not dense: only dense tables "
+        "are all-reduced"));
+  }
+  if (values.size() != options.table.dense().size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "table '", options.table.name(), "' has ",
+        options.table.dense().size(), " elements, not ", values.size()));
+  }
+  if (options.scheduler == nullptr) {
+    return absl::InvalidArgumentError("an all-reduced table needs a scheduler");
+  }
+  PS_ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> optimizer,
+                      Optimizer::Create(options.table.optimizer()));
+  std::unique_ptr<AllReducedTable> t(
+      new AllReducedTable(std::move(options), std::move(optimizer)));
+  t->values_ = std::move(values);
+  t->state_.resize(t->values_.size() * t->optimizer_->state_size());
+  t->optimizer_->InitState(t->state_.data(), t->values_.size());
+  t->step_ = step;
+  t->watcher_ = std::thread([p = t.get()] { p->Watch(); });
+  return t;
+}
+
+AllReducedTable::~AllReducedTable() {
+  {
+    absl::MutexLock lock(&watch_mu_);
+    stop_ = true;
+  }
+  const bool member = generation_.load() != 0;
+  CloseRing();
+  // The scheduler answers the watcher's long poll at once when this node
+  // leaves, so the join below does not wait for it.
+  if (member) {
+    absl::Status left = options_.scheduler->LeaveRing();
+    if (!left.ok()) Log()->warn("leaving the dense ring: {}", left.message());
+  }
+  if (watcher_.joinable()) watcher_.join();
+}
+
+absl::Status AllReducedTable::Reset(std::vector<float> values,
+                                    std::vector<float> state, uint64_t step) {
+  if (values.size() != values_.size() || state.size() != state_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dense state of ", values.size(), "+", state.size(),
+        " floats, expected ", values_.size(), "+", state_.size()));
+  }
+  values_ = std::move(values);
+  state_ = std::move(state);
+  step_ = step;
+  return absl::OkStatus();
+}
+
+uint32_t AllReducedTable::ring_size() const {
+  return ring_ == nullptr ? 0 : ring_->size;
+}
+
+void AllReducedTable::CloseRing() {
+  // Destroying the context closes its connections: peers blocked in a
+  // collective with this member fail at once instead of timing out.
+  ring_.reset();
+  generation_.store(0);
+}
+
+bool AllReducedTable::RejoinRequested() const {
+  const uint64_t g = generation_.load();
+  return g != 0 && rejoin_.load() == g;
+}
+
+void AllReducedTable::Watch() {
+  while (true) {
+    {
+      absl::MutexLock lock(&watch_mu_);
+      if (stop_) return;
+    }
+    const uint64_t g = generation_.load();
+    if (g == 0 || rejoin_.load() == g) {
+      absl::MutexLock lock(&watch_mu_);
+      watch_mu_.AwaitWithTimeout(absl::Condition(&stop_),
+                                 absl::Milliseconds(20));
+      continue;
+    }
+    absl::StatusOr<bool> r =
+        options_.scheduler->WatchRing(g, absl::Seconds(1));
+    if (r.ok() && *r) {
+      rejoin_.store(g);
+    } else if (!r.ok()) {
+      absl::MutexLock lock(&watch_mu_);
+      watch_mu_.AwaitWithTimeout(absl::Condition(&stop_),
+                                 absl::Milliseconds(200));
+    }
+  }
+}
+
+absl::Status AllReducedTable::Join(uint32_t min_members) {
+  if (ring_ != nullptr && !RejoinRequested()) return absl::OkStatus();
+  CloseRing();
+  return Form(
+      absl::Now() + absl::Milliseconds(options_.allreduce.form_timeout_ms()),
+      min_members);
+}
+
+absl::Status AllReducedTable::Leave() {
+  if (generation_.load() == 0 && ring_ == nullptr) return absl::OkStatus();
+  CloseRing();
+  return options_.scheduler->LeaveRing();
+}
+
+bool AllReducedTable::Connect(const JoinRingResponse& joined) {
+  auto ring = std::make_unique<Ring>();
+  ring->generation = joined.generation();
+  ring->rank = joined.rank();
+  ring->size = joined.size();
+  ring->buffer.resize(values_.size());
+  if (ring->size > 1) {
+    try {
+      gloo::transport::tcp::attr attr;
+      attr.hostname = options_.host;
+      std::shared_ptr<gloo::transport::Device> device =
+          gloo::transport::tcp::CreateDevice(attr);
+      ring->context = std::make_shared<gloo::rendezvous::Context>(
+          static_cast<int>(ring->rank), static_cast<int>(ring->size));
+      ring->context->setTimeout(
+          std::chrono::milliseconds(options_.allreduce.timeout_ms()));
+      SchedulerStore store(options_.scheduler, ring->generation,
+                           absl::Milliseconds(options_.allreduce.timeout_ms()));
+      ring->context->connectFullMesh(store, device);
+      ring->allreduce = std::make_unique<gloo::AllreduceRingChunked<float>>(
+          ring->context, std::vector<float*>{ring->buffer.data()},
+          static_cast<int>(ring->buffer.size()));
+    } catch (const std::exception& e) {
+      Log()->warn("connecting dense ring generation {} ({} members): {}",
+                  joined.generation(), joined.size(), e.what());
+      return false;
+    }
+  }
+  ring_ = std::move(ring);
+  generation_.store(joined.generation());
+  return true;
+}
+
+bool AllReducedTable::Synchronise() {
+  Ring& r = *ring_;
+  if (r.size == 1) return true;
+  try {
+    uint64_t vote = (step_ << kRankBits) | (kRankMask - r.rank);
+    gloo::AllreduceRing<uint64_t>(r.context, {&vote}, 1,
+                                  gloo::ReductionFunction<uint64_t>::max)
+        .run();
+    const int root = static_cast<int>(kRankMask - (vote & kRankMask));
+    uint64_t steps = vote >> kRankBits;
+    gloo::BroadcastOneToAll<float>(r.context, {values_.data()}, values_.size(),
+                                   root)
+        .run();
+    if (!state_.empty()) {
+      gloo::BroadcastOneToAll<float>(r.context, {state_.data()}, state_.size(),
+                                     root)
+          .run();
+    }
+    if (steps != step_) {
+      Log()->info("dense ring generation {}: took step {} from ring rank {} "
+                  "(had {})",
+                  r.generation, steps, root, step_);
+    }
+    step_ = steps;
+  } catch (const std::exception& e) {
+    Log()->warn("synchronising dense ring generation {}: {}", r.generation,
+                e.what());
+    return false;
+  }
+  return true;
+}
+
+absl::Status AllReducedTable::Form(absl::Time deadline,
+                                   uint32_t min_members) {
+  while (true) {
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "no dense all-reduce ring formed within ",
+          options_.allreduce.form_timeout_ms(), " ms"));
+    }
+    absl::StatusOr<JoinRingResponse> joined =
+        options_.scheduler->JoinRing(std::min(left, absl::Seconds(10)),
+                                     min_members);
+    if (!joined.ok()) {
+      if (joined.status().code() != absl::StatusCode::kDeadlineExceeded) {
+        return joined.status();
+      }
+      // The scheduler names the members it waits for.
+      Log()->warn("{}", joined.status().message());
+      continue;
+    }
+    if (!Connect(*joined) || !Synchronise()) {
+      CloseRing();
+      ++reforms_;
+      continue;
+    }
+    Log()->info("in dense ring generation {} as rank {} of {}, at step {}",
+                joined->generation(), joined->rank(), joined->size(), step_);
+    return absl::OkStatus();
+  }
+}
+
+void AllReducedTable::ApplyAverage() {
+  std::vector<float>& sum = ring_->buffer;
+  if (ring_->size > 1) {
+    const float inv = 1.0f / static_cast<float>(ring_->size);
+    for (float& g : sum) g *= inv;
+  }
+  const float lr = RateMultiplier(options_.table.optimizer(), step_,
+                                  /*staleness=*/0, options_.num_workers);
+  optimizer_->Apply(values_.data(), state_.data(), sum.data(), values_.size(),
+                    lr);
+  ++step_;
+}
+
+absl::Status AllReducedTable::Step(absl::Span<const float> grad) {
+  if (grad.size() != values_.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dense gradient of ", grad.size(), " floats, expected ",
+                     values_.size()));
+  }
+  const absl::Time deadline =
+      absl::Now() + absl::Milliseconds(options_.allreduce.form_timeout_ms());
+  while (true) {
+    if (ring_ == nullptr || RejoinRequested()) {
+      CloseRing();
+      const uint64_t before = step_;
+      PS_RETURN_IF_ERROR(Form(deadline));
+      // The members that finished the step this gradient was for applied
+      // it (with this gradient, reduced before the failure): done.
+      if (step_ > before) return absl::OkStatus();
+    }
+    std::copy(grad.begin(), grad.end(), ring_->buffer.begin());
+    if (ring_->allreduce != nullptr) {
+      try {
+        ring_->allreduce->run();
+      } catch (const std::exception& e) {
+        Log()->warn("all-reduce in dense ring generation {} failed: {}",
+                    ring_->generation, e.what());
+        CloseRing();
+        ++reforms_;
+        continue;
+      }
+    }
+    ApplyAverage();
+    return absl::OkStatus();
+  }
+}
+
+}  // namespace ps
