@@ -537,10 +537,11 @@ uint32_t RingWaitMs(absl::Duration wait) {
 }  // namespace
 
 absl::StatusOr<JoinRingResponse> SchedulerClient::JoinRing(
-    absl::Duration wait, uint32_t min_members) {
+    absl::Duration wait, uint32_t min_members, uint64_t after_generation) {
   JoinRingRequest request;
   request.set_node_id(node_id_);
   request.set_min_members(min_members);
+  request.set_after_generation(after_generation);
   request.set_timeout_ms(RingWaitMs(wait));
   JoinRingResponse response;
   // Asking again is harmless: the scheduler keeps one request per node.
@@ -561,11 +562,11 @@ absl::Status SchedulerClient::LeaveRing() {
   LeaveRingRequest request;
   request.set_node_id(node_id_);
   LeaveRingResponse response;
-  grpc::Status status = CallWithRetry(
-      options_.rpc_timeout, absl::Now() + options_.rpc_timeout,
-      [&](grpc::ClientContext* c) {
-        return stub_->LeaveRing(c, request, &response);
-      });
+  grpc::Status status =
+      CallWithRetry(options_.rpc_timeout, absl::Now() + options_.rpc_timeout,
+                    [&](grpc::ClientContext* c) {
+                      return stub_->LeaveRing(c, request, &response);
+                    });
   return Annotate(FromGrpcStatus(status), "leave the dense all-reduce ring");
 }
 

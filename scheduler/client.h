@@ -35,11 +35,11 @@
 #include <atomic>
 #include <chrono>
 #include <deque>
-#include <utility>
 #include <functional>
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -115,7 +115,8 @@ class SchedulerClient {
     // Options for a node of the job `config` (fingerprint, heartbeat
     // interval and timeout, unreachable timeout and TLS taken from it)
     // reaching the scheduler at `address`.
-    static Options ForJob(const JobConfig& config, std::string address, Role role);
+    static Options ForJob(const JobConfig& config, std::string address,
+                          Role role);
   };
 
   // Registers and starts heartbeating. Errors: those of Register (see
@@ -212,7 +213,8 @@ class SchedulerClient {
   // then; errors are the scheduler's, or UNAVAILABLE when it cannot be
   // reached.
   absl::StatusOr<JoinRingResponse> JoinRing(absl::Duration wait,
-                                            uint32_t min_members = 0);
+                                            uint32_t min_members = 0,
+                                            uint64_t after_generation = 0);
   absl::Status LeaveRing();
   // Whether this worker must join the ring again (WatchRingResponse).
   absl::StatusOr<bool> WatchRing(uint64_t generation, absl::Duration wait);
@@ -244,13 +246,15 @@ class SchedulerClient {
   // those end the call with lost_status() / scheduler_gone(). Sets
   // *transport when the transport failed (worth retrying) rather than the
   // scheduler answering; notes whether the scheduler was reached.
-  grpc::Status Attempt(absl::Duration timeout,
-                       const std::function<grpc::Status(grpc::ClientContext*)>& rpc,
-                       bool* transport);
+  grpc::Status Attempt(
+      absl::Duration timeout,
+      const std::function<grpc::Status(grpc::ClientContext*)>& rpc,
+      bool* transport);
   // Calls `rpc` (Attempt), retrying transport failures with backoff until
   // `give_up`; each attempt's deadline is at most `timeout`.
-  grpc::Status CallWithRetry(absl::Duration timeout, absl::Time give_up,
-                             const std::function<grpc::Status(grpc::ClientContext*)>& rpc);
+  grpc::Status CallWithRetry(
+      absl::Duration timeout, absl::Time give_up,
+      const std::function<grpc::Status(grpc::ClientContext*)>& rpc);
   // Sleeps the backoff `*delay` (then doubles it up to 1 s), at most until
   // `give_up`; false when retrying must stop instead (past `give_up`, lost,
   // gone).
@@ -303,8 +307,10 @@ class SchedulerClient {
   std::chrono::steady_clock::time_point last_ack_ ABSL_GUARDED_BY(reach_mu_);
   // Since when calls fail in transport (none while reachable).
   bool unreachable_ ABSL_GUARDED_BY(reach_mu_) = false;
-  std::chrono::steady_clock::time_point unreachable_since_ ABSL_GUARDED_BY(reach_mu_);
-  std::chrono::steady_clock::time_point last_warning_ ABSL_GUARDED_BY(reach_mu_);
+  std::chrono::steady_clock::time_point unreachable_since_
+      ABSL_GUARDED_BY(reach_mu_);
+  std::chrono::steady_clock::time_point last_warning_
+      ABSL_GUARDED_BY(reach_mu_);
   std::string last_error_ ABSL_GUARDED_BY(reach_mu_);
   absl::Status lost_status_ ABSL_GUARDED_BY(reach_mu_);
   absl::Status gone_status_ ABSL_GUARDED_BY(reach_mu_);

@@ -57,13 +57,30 @@ void RingRegistry::TryFormLocked() {
                        absl::StrJoin(members_, ","));
 }
 
+JoinRingResponse RingRegistry::FormedLocked(uint64_t node_id) const {
+  JoinRingResponse response;
+  auto it = std::find(members_.begin(), members_.end(), node_id);
+  response.set_formed(true);
+  response.set_generation(generation_);
+  response.set_rank(static_cast<uint32_t>(it - members_.begin()));
+  response.set_size(static_cast<uint32_t>(members_.size()));
+  for (uint64_t m : members_) response.add_members(m);
+  return response;
+}
+
 absl::StatusOr<JoinRingResponse> RingRegistry::Join(uint64_t node_id,
                                                     uint32_t min_members,
+                                                    uint64_t after_generation,
                                                     absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
   if (!is_live_worker_(node_id)) {
     return absl::NotFoundError(
         absl::StrCat("node ", node_id, " is not a live worker"));
+  }
+  const bool member =
+      std::find(members_.begin(), members_.end(), node_id) != members_.end();
+  if (member && after_generation != 0 && generation_ > after_generation) {
+    return FormedLocked(node_id);  // formed between the caller's asks
   }
   StartFormingLocked();
   expected_.insert(node_id);
@@ -81,25 +98,21 @@ absl::StatusOr<JoinRingResponse> RingRegistry::Join(uint64_t node_id,
     TryFormLocked();
   }
   if (closed_) return absl::UnavailableError("the scheduler is shutting down");
-  auto it = std::find(members_.begin(), members_.end(), node_id);
-  if (generation_ < target || it == members_.end()) {
+  if (generation_ < target ||
+      std::find(members_.begin(), members_.end(), node_id) == members_.end()) {
     // Not formed yet, or formed without this node (it was declared dead
     // meanwhile): the caller asks again, and is expected then.
+    JoinRingResponse response;
+    response.set_generation(generation_);
     std::vector<uint64_t> missing;
     for (uint64_t n : expected_) {
       if (!waiting_.contains(n)) missing.push_back(n);
     }
     std::sort(missing.begin(), missing.end());
-    return absl::DeadlineExceededError(absl::StrCat(
-        "dense ring generation ", target, " still waits for nodes ",
-        absl::StrJoin(missing, ","), " to join"));
+    for (uint64_t n : missing) response.add_waiting_for(n);
+    return response;
   }
-  JoinRingResponse response;
-  response.set_generation(generation_);
-  response.set_rank(static_cast<uint32_t>(it - members_.begin()));
-  response.set_size(static_cast<uint32_t>(members_.size()));
-  for (uint64_t m : members_) response.add_members(m);
-  return response;
+  return FormedLocked(node_id);
 }
 
 absl::Status RingRegistry::Leave(uint64_t node_id) {
@@ -116,8 +129,7 @@ absl::Status RingRegistry::Leave(uint64_t node_id) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<bool> RingRegistry::Watch(uint64_t node_id,
-                                         uint64_t generation,
+absl::StatusOr<bool> RingRegistry::Watch(uint64_t node_id, uint64_t generation,
                                          absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
   auto rejoin = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -142,8 +154,8 @@ absl::StatusOr<uint64_t> RingRegistry::KeyGeneration(
   }
   if (generation != generation_) {
     return absl::InvalidArgumentError(
-        absl::StrCat("ring store key '", key, "' is of generation ",
-                     generation, ", not the current ", generation_));
+        absl::StrCat("ring store key '", key, "' is of generation ", generation,
+                     ", not the current ", generation_));
   }
   return generation;
 }
@@ -166,14 +178,16 @@ absl::StatusOr<RingStoreResponse> RingRegistry::Store(
   }
   if (!request.set_key().empty()) {
     const std::string& key = request.set_key();
-    if (key.size() > kMaxKeyBytes || request.set_value().size() > kMaxValueBytes) {
+    if (key.size() > kMaxKeyBytes ||
+        request.set_value().size() > kMaxValueBytes) {
       return absl::InvalidArgumentError(
           absl::StrCat("ring store key over ", kMaxKeyBytes,
                        " bytes or value over ", kMaxValueBytes, " bytes"));
     }
     PS_RETURN_IF_ERROR(KeyGeneration(key).status());
     auto old = store_.find(key);
-    const size_t before = old == store_.end() ? 0 : key.size() + old->second.size();
+    const size_t before =
+        old == store_.end() ? 0 : key.size() + old->second.size();
     const size_t after = key.size() + request.set_value().size();
     if (store_bytes_ - before + after > kMaxStoreBytes) {
       return absl::ResourceExhaustedError("the ring store is full");
@@ -192,8 +206,8 @@ absl::StatusOr<RingStoreResponse> RingRegistry::Store(
   mu_.AwaitWithTimeout(absl::Condition(&ready), std::min(timeout, kMaxWait));
   if (closed_) return absl::UnavailableError("the scheduler is shutting down");
   if (generation_ != generation) {
-    return absl::AbortedError(absl::StrCat(
-        "dense ring generation ", generation, " was replaced by ", generation_));
+    return absl::AbortedError(absl::StrCat("dense ring generation ", generation,
+                                           " was replaced by ", generation_));
   }
   RingStoreResponse response;
   for (const std::string& key : request.get_keys()) {

@@ -60,12 +60,13 @@ class RingRegistry {
   RingRegistry(const RingRegistry&) = delete;
   RingRegistry& operator=(const RingRegistry&) = delete;
 
-  // Joins the next generation and waits until it forms. NOT_FOUND for a
-  // caller that is not a live worker; DEADLINE_EXCEEDED when it has not
-  // formed within `timeout` (the caller stays asked: calling again waits
-  // for the same formation); UNAVAILABLE after Close().
-  // `min_members`: JoinRingRequest.min_members.
+  // Joins the next generation and waits until it forms (JoinRingRequest:
+  // min_members, after_generation). Not formed within `timeout`: an answer
+  // with formed false (the caller stays asked: calling again waits for the
+  // same formation). NOT_FOUND for a caller that is not a live worker;
+  // UNAVAILABLE after Close().
   absl::StatusOr<JoinRingResponse> Join(uint64_t node_id, uint32_t min_members,
+                                        uint64_t after_generation,
                                         absl::Duration timeout);
   // Leaves the ring; the remaining members form a new generation. Leaving
   // twice, or without having joined, is OK.
@@ -94,6 +95,9 @@ class RingRegistry {
   // Starts a formation expecting the current live members (no-op while one
   // is in progress).
   void StartFormingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The answer to a member of the current generation.
+  JoinRingResponse FormedLocked(uint64_t node_id) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The generation number a store key names; INVALID_ARGUMENT when it has
   // none or names another generation than the current one.
   absl::StatusOr<uint64_t> KeyGeneration(const std::string& key) const

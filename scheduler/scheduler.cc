@@ -137,9 +137,9 @@ class SchedulerServer::Service final : public Scheduler::Service {
 
   grpc::Status JoinRing(grpc::ServerContext*, const JoinRingRequest* request,
                         JoinRingResponse* response) override {
-    auto result =
-        ring_.Join(request->node_id(), request->min_members(),
-                   absl::Milliseconds(request->timeout_ms()));
+    auto result = ring_.Join(request->node_id(), request->min_members(),
+                             request->after_generation(),
+                             absl::Milliseconds(request->timeout_ms()));
     if (!result.ok()) return ToGrpcStatus(result.status());
     *response = std::move(result).value();
     return grpc::Status::OK;
@@ -350,7 +350,8 @@ absl::StatusOr<bool> SchedulerServer::Resumable(
   } else if (journal.view().job_state() == FINISHED) {
     why = "is of a finished job";
   } else if (journal.view().job_state() == FAILED) {
-    why = absl::StrCat("is of a job that failed (", journal.view().failure(), ")");
+    why = absl::StrCat("is of a job that failed (", journal.view().failure(),
+                       ")");
   } else if (journal.stopped()) {
     why = "is of a job whose scheduler was stopped (SIGTERM or SIGINT)";
   } else if (age > bound) {

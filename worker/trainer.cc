@@ -132,9 +132,9 @@ absl::Status Trainer::UseDenseRing(SchedulerClient* scheduler,
   options.allreduce = config_.allreduce();
   options.scheduler = scheduler;
   options.host = host;
-  PS_ASSIGN_OR_RETURN(ring_, AllReducedTable::Create(std::move(options),
-                                                     std::move(values),
-                                                     client_->clock()));
+  PS_ASSIGN_OR_RETURN(
+      ring_, AllReducedTable::Create(std::move(options), std::move(values),
+                                     client_->clock()));
   return absl::OkStatus();
 }
 
@@ -302,14 +302,18 @@ absl::Status Trainer::RunStep(Step* current, ShardRun* run,
     for (float& g : output_.dense_grad) {
       if (!std::isfinite(g)) g = 0;
     }
-    // Overlaps with the sparse push in flight.
+    // The clock moves on before the all-reduce, which may wait for a ring
+    // to form: under BSP and SSP a worker blocked there must not hold back
+    // the pulls of the members it waits for (they would never reach the
+    // ring). The all-reduce overlaps with the sparse push in flight.
+    run->in_flight.push_back(client_->AdvanceClock());
     PS_RETURN_IF_ERROR(ring_->Step(output_.dense_grad));
   } else {
     run->in_flight.push_back(
         client_->PushDense(dense_table_, 0, output_.dense_grad));
+    // The step ends after its pushes; servers receive this after them.
+    run->in_flight.push_back(client_->AdvanceClock());
   }
-  // The step ends after its pushes; servers receive this after them.
-  run->in_flight.push_back(client_->AdvanceClock());
   run->at.set_batch(run->at.batch() + 1);
   run->unreported.emplace(client_->clock(), run->at);
   return absl::OkStatus();
@@ -568,11 +572,12 @@ absl::StatusOr<TrainResult> Trainer::Train(ShardCursor* shards,
         "was given no scheduler for the ring (Trainer::UseDenseRing)");
   }
   PS_RETURN_IF_ERROR(shards->Start([this] { return Initialize(); }));
-  if (ring_ != nullptr) {
-    // Workers starting a job together form the first ring together; one
-    // joining a running job receives the dense state from it.
-    PS_RETURN_IF_ERROR(
-        ring_->Join(result.start_clock == 0 ? num_workers_ : 0));
+  if (ring_ != nullptr && result.start_clock == 0) {
+    // Workers starting a job together form the first ring together. One
+    // joining a running job joins at its first step (the members it waits
+    // for may be waiting for its clock under BSP), and receives the dense
+    // state from the ring then.
+    PS_RETURN_IF_ERROR(ring_->Join(num_workers_));
   }
   const std::function<bool()> stop = [shards] {
     return shards->stop_requested();

@@ -60,8 +60,8 @@
 #include "common/status.h"
 #include "proto/config.pb.h"
 #include "proto/scheduler.pb.h"
-#include "worker/compute/compute.h"
 #include "scheduler/client.h"
+#include "worker/compute/compute.h"
 #include "worker/data/dataset.h"
 #include "worker/dense_ring.h"
 #include "worker/evaluation.h"
@@ -204,7 +204,8 @@ class Trainer {
   // advanced member broadcasts its state when this worker joins. Without
   // this call a job whose dense table is all-reduced fails to train with
   // FAILED_PRECONDITION.
-  absl::Status UseDenseRing(SchedulerClient* scheduler, const std::string& host);
+  absl::Status UseDenseRing(SchedulerClient* scheduler,
+                            const std::string& host);
   // The all-reduced dense table (null when the servers hold it, and after
   // Train returns).
   const AllReducedTable* dense_ring() const { return ring_.get(); }

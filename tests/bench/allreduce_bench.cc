@@ -28,19 +28,23 @@
 // Bytes are counted, not computed. Every process runs in a network namespace
 // (tests/testing/netns.h) joined to the others by a veth pair to a bridge,
 // every veth's MTU raised to --mtu (65535) so that TCP/IP headers are a
-// small share; a figure is the eth0 counters of a namespace
-// (/proc/<pid>/net/dev of a process in it) over the timed steps, divided by
-// the steps: Ethernet, IP and TCP headers, ACKs, ZeroMQ framing, the data
-// plane's request headers, BSP clock messages and gloo's notifications
-// included. Each line also carries "payload_bytes": that less 66 bytes a
-// packet (Ethernet 14, IPv4 20, TCP with timestamps 32), the bytes TCP
-// carried.
+// small share, and receive packet steering on the bridge's ends so that no
+// flow is reordered between the two CPUs (--steer_flows, SteerHubFlows: a
+// reordered segment is sent again though never lost). A figure is the eth0
+// counters of a namespace (/proc/<pid>/net/dev of a process in it) over the
+// timed steps, divided by the steps: Ethernet, IP and TCP headers, ACKs,
+// retransmissions, ZeroMQ framing, the data plane's request headers, BSP
+// clock messages and gloo's notifications included. Each line also carries
+// "payload_bytes": that less 66 bytes a packet (Ethernet 14, IPv4 20, TCP
+// with timestamps 32), the bytes TCP carried.
 //
 // Each run forks its processes from this one, which first moves into a
 // network namespace of its own (the bridge's side) and starts no thread:
 // servers first, then workers. The workers run --warmup steps, wait while
-// the counters are read, run --steps timed steps and wait again while the
-// counters are read, so only the timed steps fall between the two readings.
+// the counters are read, run the timed steps (--steps, or more where those
+// would take less than --min_seconds: CPU time is counted in 10 ms ticks)
+// and wait again while the counters are read, so only the timed steps fall
+// between the two readings.
 //
 // Needs root (namespaces), ip, nft and tc; without them it says why and
 // skips. Not for a Bazel sandbox: tests/bench.sh runs it from bazel-bin.
@@ -50,8 +54,9 @@
 //     the role's namespaces; baseline and formula_bytes: the formula;
 //     ratio = value / formula; worst_ratio: the namespace farthest from the
 //     formula; payload_bytes and packets (per step), and over the whole
-//     run the TCP segments the namespaces sent again (retransmits; of them
-//     loss_probes: tail loss probes), rto_timeouts and eth0's drops;
+//     run the TCP segments the namespaces sent again (retransmits), their
+//     tail loss probes (loss_probes: new data or old), retransmission
+//     timeouts (rto_timeouts) and eth0's drops;
 //   step_ms: the median over the timed steps of the slowest worker's step;
 //     baseline: the ring's step_ms at the same N and P;
 // then a summary line; on stderr a table and, per N, which architecture was
@@ -62,6 +67,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -139,6 +145,12 @@ ABSL_FLAG(double, tolerance, 0.05,
           "Band around the formula that a byte figure should fall in (0.05: "
           "within 5 %); figures outside are flagged on stderr and counted in "
           "the summary.");
+ABSL_FLAG(
+    bool, steer_flows, true,
+    "Receive packet steering on the bridge's veth ends, so that no flow "
+    "is reordered between the CPUs (SteerHubFlows); false: the "
+    "kernel's default, and up to about 1 % more bytes from retransmissions "
+    "of reordered segments.");
 ABSL_FLAG(std::string, log_level, "warn", "Log level of servers and clients.");
 
 namespace ps {
@@ -359,9 +371,10 @@ absl::Status EnterNamespace(const std::string& ns) {
 }
 
 // Children forked from this single-threaded process, each in a lab
-// namespace. Every child reports on one shared pipe; workers wait for one
-// byte of the go pipe at each of their two pauses; servers serve until the
-// stop pipe closes. Destroying it kills and reaps what is left.
+// namespace. Every child reports on one shared pipe; workers wait for a
+// word of the go pipe at each of their two pauses (the first: how many
+// timed steps to run); servers serve until the stop pipe closes. Destroying
+// it kills and reaps what is left.
 class Processes {
  public:
   using Body = std::function<absl::Status(ChildIo&)>;
@@ -385,6 +398,9 @@ class Processes {
   absl::StatusOr<int> Spawn(const std::string& name, const std::string& ns,
                             const Body& body);
   pid_t pid(int child) const { return children_[child].pid; }
+  // CPU time (user and system, every thread) the children running now have
+  // used so far, in seconds.
+  double CpuSeconds() const;
 
   // Reads reports until `count` of `kind` came, passing each to `each`.
   // An error for a kFailed report, a child that exited, or `timeout`.
@@ -456,6 +472,29 @@ absl::StatusOr<int> Processes::Spawn(const std::string& name,
   }
   children_.push_back({name, pid, false});
   return index;
+}
+
+double Processes::CpuSeconds() const {
+  const double tick = static_cast<double>(sysconf(_SC_CLK_TCK));
+  double total = 0;
+  for (const Child& c : children_) {
+    if (c.reaped) continue;
+    absl::StatusOr<std::string> stat =
+        ReadFile(absl::StrCat("/proc/", c.pid, "/stat"));
+    if (!stat.ok()) continue;
+    // "pid (comm) state ppid ...": utime and stime are the 12th and 13th
+    // fields after the command, which may hold spaces.
+    const size_t close = stat->rfind(')');
+    if (close == std::string::npos) continue;
+    std::vector<absl::string_view> f = absl::StrSplit(
+        absl::string_view(*stat).substr(close + 1), ' ', absl::SkipEmpty());
+    uint64_t utime = 0, stime = 0;
+    if (f.size() > 12 && absl::SimpleAtoi(f[11], &utime) &&
+        absl::SimpleAtoi(f[12], &stime)) {
+      total += (utime + stime) / tick;
+    }
+  }
+  return total;
 }
 
 absl::Status Processes::CheckChildren() {
@@ -813,11 +852,40 @@ absl::Status StartRing(const NetworkLab& lab, const RunSpec& spec,
 // ---------------------------------------------------------------------------
 // Counting and one run.
 
+// The machine's CPU time so far (/proc/stat's first line), in seconds.
+struct MachineCpu {
+  absl::Time when;
+  double busy = 0;      // user, nice, system, irq, softirq
+  double softirq = 0;   // irq and softirq: much of a veth's work
+  double children = 0;  // the run's processes (Processes::CpuSeconds)
+};
+
+MachineCpu SampleMachine(const Processes& procs) {
+  MachineCpu c;
+  c.when = absl::Now();
+  c.children = procs.CpuSeconds();
+  absl::StatusOr<std::string> stat = ReadFile("/proc/stat");
+  if (!stat.ok()) return c;
+  // "cpu  user nice system idle iowait irq softirq steal ...", in ticks.
+  std::vector<absl::string_view> f =
+      absl::StrSplit(absl::string_view(*stat).substr(0, stat->find('\n')), ' ',
+                     absl::SkipEmpty());
+  const double tick = static_cast<double>(sysconf(_SC_CLK_TCK));
+  for (int i : {1, 2, 3, 6, 7}) {
+    double v = 0;
+    if (static_cast<int>(f.size()) > i && absl::SimpleAtod(f[i], &v)) {
+      c.busy += v / tick;
+      if (i >= 6) c.softirq += v / tick;
+    }
+  }
+  return c;
+}
+
 // What TCP did beyond sending each byte once, in a namespace: where the
 // bytes beyond the formula's come from, besides headers and ACKs.
 struct TcpEvents {
   uint64_t retransmits = 0;  // segments sent again (Tcp RetransSegs)
-  uint64_t loss_probes = 0;  // of them, tail loss probes (TCPLossProbes)
+  uint64_t loss_probes = 0;  // tail loss probes, new data or old
   uint64_t timeouts = 0;     // retransmission timeouts (TCPTimeouts)
   uint64_t drops = 0;        // packets eth0 dropped, either way
 
@@ -909,9 +977,12 @@ struct RunResult {
   RunSpec spec;
   int steps = 0;  // timed
   std::vector<Traffic> traffic;
-  double step_ms = 0;   // median over the steps of the slowest worker's step
-  double cpu_busy = 0;  // share of the machine's CPUs busy in the timed steps
-  double seconds = 0;   // wall time of the timed steps
+  double step_ms = 0;  // median over the steps of the slowest worker's step
+  // Shares of the machine's CPUs over the timed steps: busy (whoever used
+  // them), the run's processes' own, interrupts and softirqs (which the
+  // kernel may not charge to any process).
+  double cpu_busy = 0, cpu_own = 0, cpu_softirq = 0;
+  double seconds = 0;  // wall time of the timed steps
 };
 
 absl::StatusOr<std::map<std::string, Counters>> ReadAll(
@@ -970,7 +1041,7 @@ absl::StatusOr<RunResult> Measure(const NetworkLab& lab, const RunSpec& spec,
       [&](const Report& r) { warm_ms = std::max(warm_ms, r.value); }));
   const int steps = TimedSteps(spec, warm_ms);
   PS_ASSIGN_OR_RETURN(auto before, ReadAll(*procs, measured));
-  const bench::CpuSample cpu_before = bench::SampleCpu();
+  const MachineCpu cpu_before = SampleMachine(*procs);
   PS_RETURN_IF_ERROR(procs->Release(spec.p, steps));
   std::vector<double> slowest(steps, 0.0);
   PS_RETURN_IF_ERROR(procs->Await(
@@ -979,7 +1050,7 @@ absl::StatusOr<RunResult> Measure(const NetworkLab& lab, const RunSpec& spec,
           slowest[r.step] = std::max(slowest[r.step], r.value);
         }
       }));
-  const bench::CpuSample cpu_after = bench::SampleCpu();
+  const MachineCpu cpu_after = SampleMachine(*procs);
   PS_ASSIGN_OR_RETURN(auto after, ReadAll(*procs, measured));
   PS_RETURN_IF_ERROR(procs->Finish(spec.p));
   RunResult result;
@@ -988,8 +1059,10 @@ absl::StatusOr<RunResult> Measure(const NetworkLab& lab, const RunSpec& spec,
   result.traffic = Deltas(spec.arch, steps, before, after);
   result.step_ms = bench::Median(slowest);
   result.seconds = absl::ToDoubleSeconds(cpu_after.when - cpu_before.when);
-  result.cpu_busy = (cpu_after.machine_busy_s - cpu_before.machine_busy_s) /
-                    (std::max(result.seconds, 1e-9) * bench::Cores());
+  const double capacity = std::max(result.seconds, 1e-9) * bench::Cores();
+  result.cpu_busy = (cpu_after.busy - cpu_before.busy) / capacity;
+  result.cpu_own = (cpu_after.children - cpu_before.children) / capacity;
+  result.cpu_softirq = (cpu_after.softirq - cpu_before.softirq) / capacity;
   return result;
 }
 
@@ -1009,54 +1082,128 @@ absl::StatusOr<RunResult> MeasureWithStore(const NetworkLab& lab,
 // ---------------------------------------------------------------------------
 // The lab.
 
-// Every veth and the bridge at `mtu`: the hub's ends (this process's
-// namespace holds only the lab's links besides lo), then each node's eth0.
-absl::Status SetMtu(const NetworkLab& lab,
-                    const std::vector<std::string>& nodes, int mtu) {
-  const std::string m = absl::StrCat(mtu);
+// The hub's links (this process's namespace holds nothing else but lo):
+// the veths' ends ("7: pn0v1@if2: <...> master pnbr0 ...") and the bridge
+// ("3: pnbr0: <...>").
+struct HubLinks {
+  std::vector<std::string> veths, bridges;
+};
+
+absl::StatusOr<HubLinks> ListHubLinks() {
   PS_ASSIGN_OR_RETURN(std::string links,
                       NetworkLab::Run({"ip", "-o", "link", "show"}));
-  std::vector<std::string> veths, bridges;
+  HubLinks hub;
   for (absl::string_view line :
        absl::StrSplit(links, '\n', absl::SkipEmpty())) {
-    // "7: pn0v1@if2: <...> mtu 1500 ... master pnbr0 ..." (veth), or
-    // "3: pnbr0: <...>" (the bridge).
     std::vector<absl::string_view> f = absl::StrSplit(line, ": ");
     if (f.size() < 2 || f[1] == "lo") continue;
-    const std::string name(f[1].substr(0, f[1].find('@')));
-    (f[1].find('@') != absl::string_view::npos ? veths : bridges)
-        .push_back(name);
+    const size_t at = f[1].find('@');
+    (at != absl::string_view::npos ? hub.veths : hub.bridges)
+        .emplace_back(f[1].substr(0, at));
   }
-  for (const std::string& link : veths) {
-    PS_RETURN_IF_ERROR(
-        NetworkLab::Run({"ip", "link", "set", link, "mtu", m}).status());
-  }
-  for (const std::string& link : bridges) {
-    PS_RETURN_IF_ERROR(
-        NetworkLab::Run({"ip", "link", "set", link, "mtu", m}).status());
+  return hub;
+}
+
+// Every veth and the bridge at `mtu` (ports first: a bridge follows its
+// ports), and no IPv6 in the nodes: its chatter (router solicitations, MLD
+// reports) would land on the counters, and nothing here uses it.
+absl::Status SetMtu(const NetworkLab& lab, const HubLinks& hub,
+                    const std::vector<std::string>& nodes, int mtu) {
+  const std::string m = absl::StrCat(mtu);
+  for (const auto* links : {&hub.veths, &hub.bridges}) {
+    for (const std::string& link : *links) {
+      PS_RETURN_IF_ERROR(
+          NetworkLab::Run({"ip", "link", "set", link, "mtu", m}).status());
+    }
   }
   for (const std::string& node : nodes) {
-    PS_RETURN_IF_ERROR(NetworkLab::Run({"ip", "-n", lab.Namespace(node), "link",
-                                        "set", "eth0", "mtu", m})
-                           .status());
-    // No IPv6 chatter (router solicitations, MLD reports) on the counters;
-    // nothing here uses IPv6. A kernel without IPv6 has nothing to turn off.
-    (void)NetworkLab::Run({"ip", "netns", "exec", lab.Namespace(node), "sysctl",
-                           "-qw", "net.ipv6.conf.all.disable_ipv6=1"});
+    const std::string ns = lab.Namespace(node);
+    PS_RETURN_IF_ERROR(
+        NetworkLab::Run({"ip", "-n", ns, "link", "set", "eth0", "mtu", m})
+            .status());
+    // A kernel without IPv6 has nothing to turn off.
+    (void)NetworkLab::Run({"ip", "netns", "exec", ns, "sysctl", "-qw",
+                           "net.ipv6.conf.all.disable_ipv6=1"});
+  }
+  return absl::OkStatus();
+}
+
+// "3" for 2 CPUs; comma-separated groups of 32 as sysfs wants beyond.
+std::string CpuMask(int cpus) {
+  std::vector<std::string> groups;
+  for (int first = 0; first < cpus; first += 32) {
+    const int n = std::min(32, cpus - first);
+    const uint32_t bits = n == 32 ? ~uint32_t{0} : (uint32_t{1} << n) - 1;
+    groups.insert(groups.begin(), absl::StrFormat("%x", bits));
+  }
+  return absl::StrJoin(groups, ",");
+}
+
+// Receive packet steering (RPS) on the hub's end of every veth, to every
+// CPU: each flow's packets are then queued on the CPU its hash picks, not
+// on whichever CPU sent them. Without it a sender whose segments leave from
+// both CPUs (its thread, and the softirq that handles its ACKs) has them
+// queued in two per-CPU backlogs and reordered on the way, and the
+// receiver's SACKs make it send again segments that were never lost: with
+// no drop anywhere, TcpExt counts TCPSACKReorder, TCPOFOQueue and DSACKs,
+// and the retransmissions add up to about 1 % to the bytes. A NIC keeps a flow
+// on one queue. The hub's sysfs is reached from a child that mounts one in
+// a mount namespace of its own (sysfs shows its mounter's network
+// namespace).
+absl::Status SteerHubFlows(const HubLinks& hub) {
+  std::fflush(stdout);
+  std::fflush(stderr);
+  const pid_t pid = fork();
+  if (pid < 0) {
+    return absl::InternalError(absl::StrCat("fork: ", std::strerror(errno)));
+  }
+  if (pid == 0) {
+    if (unshare(CLONE_NEWNS) != 0 ||
+        mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
+        mount("sysfs", "/sys", "sysfs", 0, nullptr) != 0) {
+      _exit(3);
+    }
+    const std::string mask =
+        CpuMask(static_cast<int>(sysconf(_SC_NPROCESSORS_CONF)));
+    bool ok = true;
+    for (const std::string& link : hub.veths) {
+      for (int q = 0;; ++q) {
+        const std::string path = absl::StrCat("/sys/class/net/", link,
+                                              "/queues/rx-", q, "/rps_cpus");
+        if (access(path.c_str(), F_OK) != 0) break;
+        std::ofstream out(path);
+        out << mask << std::flush;
+        ok = ok && static_cast<bool>(out);
+      }
+    }
+    _exit(ok ? 0 : 4);
+  }
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    return absl::InternalError(
+        absl::StrCat("RPS on the hub's veths: ",
+                     WIFEXITED(status) && WEXITSTATUS(status) == 3
+                         ? "cannot mount a sysfs of this namespace"
+                         : "cannot write rps_cpus"));
   }
   return absl::OkStatus();
 }
 
 // Nodes w0.. and s0.. for up to `max_workers` workers, in this process's
 // own network namespace (entered first: this process is the hub).
-absl::StatusOr<std::unique_ptr<NetworkLab>> MakeLab(int max_workers, int mtu) {
+absl::StatusOr<std::unique_ptr<NetworkLab>> MakeLab(int max_workers, int mtu,
+                                                    bool steer_flows) {
   PS_RETURN_IF_ERROR(NetworkLab::EnterPrivateNetwork());
   std::vector<std::string> nodes;
   for (int i = 0; i < max_workers; ++i) nodes.push_back(WorkerNode(i));
   for (int i = 0; i < max_workers; ++i) nodes.push_back(ServerNode(i));
   PS_ASSIGN_OR_RETURN(std::unique_ptr<NetworkLab> lab,
                       NetworkLab::Create(nodes));
-  PS_RETURN_IF_ERROR(SetMtu(*lab, nodes, mtu));
+  PS_ASSIGN_OR_RETURN(HubLinks hub, ListHubLinks());
+  PS_RETURN_IF_ERROR(SetMtu(*lab, hub, nodes, mtu));
+  if (steer_flows) PS_RETURN_IF_ERROR(SteerHubFlows(hub));
   return lab;
 }
 
@@ -1151,10 +1298,11 @@ void EmitRun(const RunResult& r, std::optional<double> ring_ms) {
              ByteExtras(formula, f.worst_received, f.received,
                         f.packets_received, f.tcp));
   }
-  EmitLine(
-      r, "step_ms", r.step_ms, "ms",
-      r.spec.arch == Arch::kRing ? std::nullopt : ring_ms, "worker",
-      absl::StrFormat(",\"steps\":%d,\"cpu_busy\":%.3f", r.steps, r.cpu_busy));
+  EmitLine(r, "step_ms", r.step_ms, "ms",
+           r.spec.arch == Arch::kRing ? std::nullopt : ring_ms, "worker",
+           absl::StrFormat(",\"steps\":%d,\"cpu_busy\":%.3f,\"cpu_own\":%.3f,"
+                           "\"cpu_softirq\":%.3f",
+                           r.steps, r.cpu_busy, r.cpu_own, r.cpu_softirq));
 }
 
 // The human table, on stderr: one row per (N, P, arch, role).
@@ -1164,10 +1312,10 @@ void PrintTable(const std::vector<RunResult>& results, double tolerance) {
                "over the role's namespaces; headers, ACKs and control "
                "messages included) against the formula's payload\n"
                "# %5s %2s %-13s %-8s %-11s %13s %13s %13s %7s %7s %7s %9s "
-               "%9s %5s\n",
+               "%9s %12s\n",
                "N", "P", "arch", "role", "formula", "payload B", "sent B",
                "received B", "sent/f", "recv/f", "worst", "retx/tlp", "step ms",
-               "cpu");
+               "cpu% all/own/irq");
   for (const RunResult& r : results) {
     for (const RoleFigures& f : ByRole(r)) {
       const bool off = std::abs(f.worst_sent - 1) > tolerance ||
@@ -1179,58 +1327,117 @@ void PrintTable(const std::vector<RunResult>& results, double tolerance) {
       std::fprintf(
           stderr,
           "# %5s %2d %-13s %-8s %-11s %13.0f %13.0f %13.0f %7.4f %7.4f %7.4f "
-          "%9s %9.2f %4.0f%%%s\n",
+          "%9s %9.2f %12s%s\n",
           CountText(r.spec.n).c_str(), r.spec.p, Name(r.spec.arch),
           f.role.c_str(), FormulaText(r.spec.arch, f.role), f.formula, f.sent,
           f.received, f.sent / f.formula, f.received / f.formula, worst,
           absl::StrCat(f.tcp.retransmits, "/", f.tcp.loss_probes).c_str(),
-          r.step_ms, 100 * r.cpu_busy, off ? "  OUTSIDE THE BAND" : "");
+          r.step_ms,
+          absl::StrFormat("%.0f/%.0f/%.0f", 100 * r.cpu_busy, 100 * r.cpu_own,
+                          100 * r.cpu_softirq)
+              .c_str(),
+          off ? "  OUTSIDE THE BAND" : "");
     }
   }
 }
 
-// One sentence per N: the fastest architecture at each P, and what limited
+// "P=2 ring (4.16 ms; ps_single 1.71x, ...); P=3 ...": the fastest
+// architecture at each P, and how much slower the others were.
+std::string FastestAt(
+    const std::map<int, std::vector<const RunResult*>>& by_p) {
+  std::vector<std::string> parts;
+  for (const auto& [p, runs] : by_p) {
+    const RunResult* best = runs[0];
+    for (const RunResult* r : runs) {
+      if (r->step_ms < best->step_ms) best = r;
+    }
+    std::vector<std::string> others;
+    for (const RunResult* r : runs) {
+      if (r == best) continue;
+      others.push_back(absl::StrFormat("%s %.2fx", Name(r->spec.arch),
+                                       r->step_ms / best->step_ms));
+    }
+    parts.push_back(absl::StrFormat(
+        "P=%d %s (%.2f ms%s%s)", p, Name(best->spec.arch), best->step_ms,
+        others.empty() ? "" : "; ", absl::StrJoin(others, ", ")));
+  }
+  return absl::StrJoin(parts, "; ");
+}
+
+// What limited `runs`: the CPUs, where they were saturated over the timed
+// steps, or also waiting; and whether other processes took a share.
+std::string Limits(const std::vector<const RunResult*>& runs) {
+  double busy_lo = 100, busy_hi = 0, own_lo = 100, own_hi = 0, other = 0;
+  double gbps = 0;
+  std::vector<std::string> idle;  // runs whose CPUs were not saturated
+  for (const RunResult* r : runs) {
+    // Tick counts can overshoot the window a little.
+    const double busy = 100 * std::min(1.0, r->cpu_busy);
+    const double own = 100 * std::min(1.0, r->cpu_own);
+    busy_lo = std::min(busy_lo, busy);
+    busy_hi = std::max(busy_hi, busy);
+    own_lo = std::min(own_lo, own);
+    own_hi = std::max(own_hi, own);
+    // ksoftirqd's share is in here too: an upper bound.
+    other = std::max(other, busy - own);
+    double sent = 0;
+    for (const Traffic& t : r->traffic) sent += t.sent;
+    gbps = std::max(gbps, sent / (r->step_ms * 1e-3) / 1e9);
+    if (busy < 85) {
+      idle.push_back(absl::StrFormat("%s P=%d %.0f %%", Name(r->spec.arch),
+                                     r->spec.p, busy));
+    }
+  }
+  std::string text = absl::StrFormat(
+      "During the timed steps the %d vCPUs were %.0f-%.0f %% busy, %.0f-%.0f "
+      "%% in the run's processes, while all veths together carried at most "
+      "%.2f GB/s. ",
+      bench::Cores(), busy_lo, busy_hi, own_lo, own_hi, gbps);
+  if (other > 25) {
+    // The claim below would be about someone else's load.
+    absl::StrAppend(&text,
+                    absl::StrFormat("Other processes took up to %.0f %% of the "
+                                    "CPUs: these step times are disturbed (the "
+                                    "bytes are not); compare them on an idle "
+                                    "machine.",
+                                    other));
+  } else if (idle.empty()) {
+    absl::StrAppend(&text,
+                    "A veth has no bandwidth of its own (the CPU copies every "
+                    "byte): the CPU, not the network, limits every "
+                    "architecture here.");
+  } else if (idle.size() < runs.size()) {
+    absl::StrAppend(
+        &text,
+        "A veth has no bandwidth of its own (the CPU copies every byte): the "
+        "CPU, not the network, limits the runs that saturated it; where it "
+        "was not (",
+        absl::StrJoin(idle, ", "),
+        ") the processes also wait for each other (round trips, the "
+        "hand-offs between the steps' phases).");
+  } else {
+    absl::StrAppend(&text,
+                    "The CPUs were never saturated: waiting (round trips, the "
+                    "hand-offs between the processes) limits the steps as "
+                    "much as the CPU does.");
+  }
+  return text;
+}
+
+// One paragraph per N: the fastest architecture at each P, and what limited
 // the steps.
 void PrintVerdicts(const std::vector<RunResult>& results) {
   std::map<uint64_t, std::map<int, std::vector<const RunResult*>>> by_size;
   for (const RunResult& r : results) by_size[r.spec.n][r.spec.p].push_back(&r);
   for (const auto& [n, by_p] : by_size) {
-    std::vector<std::string> parts;
-    double busy_lo = 1, busy_hi = 0, gbps_hi = 0;
+    std::vector<const RunResult*> all;
     for (const auto& [p, runs] : by_p) {
-      const RunResult* best = runs[0];
-      for (const RunResult* r : runs) {
-        if (r->step_ms < best->step_ms) best = r;
-      }
-      std::vector<std::string> others;
-      for (const RunResult* r : runs) {
-        busy_lo = std::min(busy_lo, r->cpu_busy);
-        busy_hi = std::max(busy_hi, r->cpu_busy);
-        double total = 0;
-        for (const Traffic& t : r->traffic) total += t.sent;
-        gbps_hi = std::max(gbps_hi, total / (r->step_ms * 1e-3) / 1e9);
-        if (r == best) continue;
-        others.push_back(absl::StrFormat("%s %.2fx", Name(r->spec.arch),
-                                         r->step_ms / best->step_ms));
-      }
-      parts.push_back(absl::StrFormat(
-          "P=%d %s (%.2f ms%s%s)", p, Name(best->spec.arch), best->step_ms,
-          others.empty() ? "" : "; ", absl::StrJoin(others, ", ")));
+      all.insert(all.end(), runs.begin(), runs.end());
     }
-    const std::string limit =
-        busy_lo >= 0.85
-            ? "so the CPU, not the network, limits every architecture here "
-              "(copies, ZeroMQ and TCP on the same 2 vCPUs as the veths)"
-            : "so waiting (round trips, the synchronisation between the "
-              "steps' phases) limits them as much as the CPU does";
-    std::fprintf(
-        stderr,
-        "# allreduce N=%s floats (%.1f MiB): fastest at %s. The machine's "
-        "%d vCPUs were %.0f-%.0f %% busy during the timed steps while all "
-        "veths together carried at most %.2f GB/s, %s.\n",
-        CountText(n).c_str(), 4.0 * n / (1 << 20),
-        absl::StrJoin(parts, "; ").c_str(), bench::Cores(), 100 * busy_lo,
-        100 * busy_hi, gbps_hi, limit.c_str());
+    std::fprintf(stderr,
+                 "# allreduce N=%s floats (%.1f MiB): fastest at %s. %s\n",
+                 CountText(n).c_str(), 4.0 * n / (1 << 20),
+                 FastestAt(by_p).c_str(), Limits(all).c_str());
   }
 }
 
@@ -1283,15 +1490,16 @@ struct Plan {
   std::vector<Arch> archs;
   int warmup = 0, steps = 0, mtu = 0;
   double min_seconds = 0, tolerance = 0;
+  bool steer_flows = false;
 };
 
 absl::StatusOr<Plan> ReadFlags() {
   Plan plan;
   for (const std::string& s : absl::GetFlag(FLAGS_sizes)) {
     PS_ASSIGN_OR_RETURN(uint64_t n, ParseCount(s));
-    // gloo counts elements and bytes in an int.
-    if (n < 1024 || n > (uint64_t{1} << 28)) {
-      return absl::InvalidArgumentError("--sizes: each in 1024..2^28 floats");
+    // A dense block holds at most 2^26 floats (ps_single: one block).
+    if (n < 1024 || n > (uint64_t{1} << 26)) {
+      return absl::InvalidArgumentError("--sizes: each in 1024..2^26 floats");
     }
     plan.sizes.push_back(n);
   }
@@ -1311,6 +1519,7 @@ absl::StatusOr<Plan> ReadFlags() {
   plan.min_seconds = absl::GetFlag(FLAGS_min_seconds);
   plan.mtu = absl::GetFlag(FLAGS_mtu);
   plan.tolerance = absl::GetFlag(FLAGS_tolerance);
+  plan.steer_flows = absl::GetFlag(FLAGS_steer_flows);
   if (plan.sizes.empty() || plan.workers.empty() || plan.archs.empty() ||
       plan.steps < 1 || plan.warmup < 0 || plan.mtu < 1280 ||
       plan.mtu > 65535 || plan.min_seconds < 0) {
@@ -1375,8 +1584,9 @@ int Main() {
     return 0;
   }
   const absl::Time start = absl::Now();
-  absl::StatusOr<std::unique_ptr<NetworkLab>> lab = MakeLab(
-      *std::max_element(plan->workers.begin(), plan->workers.end()), plan->mtu);
+  absl::StatusOr<std::unique_ptr<NetworkLab>> lab =
+      MakeLab(*std::max_element(plan->workers.begin(), plan->workers.end()),
+              plan->mtu, plan->steer_flows);
   if (!lab.ok()) {
     std::fprintf(stderr, "allreduce_bench: the network lab: %s\n",
                  lab.status().ToString().c_str());
@@ -1385,13 +1595,18 @@ int Main() {
   std::fprintf(
       stderr,
       "# allreduce: at least %d timed steps (and %.1f s) after %d warm-up "
-      "steps per run; "
-      "veth MTU %d; PS steps are BSP (push, clock, pull); %d CPUs\n",
-      plan->steps, plan->min_seconds, plan->warmup, plan->mtu, bench::Cores());
+      "steps per run; veth MTU %d; flows steered (RPS): %s; PS steps are BSP "
+      "(push, clock, pull); %d CPUs; load average %s\n",
+      plan->steps, plan->min_seconds, plan->warmup, plan->mtu,
+      plan->steer_flows ? "yes" : "no", bench::Cores(),
+      bench::LoadAverage().c_str());
   std::vector<RunResult> results;
   const int failed = RunAll(*plan, **lab, &results);
   PrintTable(results, plan->tolerance);
   PrintVerdicts(results);
+  // Other processes (a compiler, tests) move the step times, not the bytes.
+  std::fprintf(stderr, "# allreduce: load average at the end %s\n",
+               bench::LoadAverage().c_str());
   EmitSummary(results, failed, plan->tolerance,
               absl::ToDoubleSeconds(absl::Now() - start));
   return failed == 0 ? 0 : 1;
