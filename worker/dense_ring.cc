@@ -254,6 +254,7 @@ bool AllReducedTable::Synchronise() {
   Ring& r = *ring_;
   if (r.size == 1) {
     synchronised_ = true;
+    peer_clock_ = options_.clock ? options_.clock() : 0;
     return true;
   }
   try {
@@ -264,6 +265,9 @@ bool AllReducedTable::Synchronise() {
         .run();
     const int root = static_cast<int>(kRankMask - (vote & kRankMask));
     const uint64_t steps = (vote >> kRankBits) & kStepMask;
+    uint64_t clock = options_.clock ? options_.clock() : 0;
+    gloo::BroadcastOneToAll<uint64_t>(r.context, {&clock}, 1, root).run();
+    peer_clock_ = clock;
     gloo::BroadcastOneToAll<float>(r.context, {values_.data()}, values_.size(),
                                    root)
         .run();

@@ -46,6 +46,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -74,6 +75,10 @@ class AllReducedTable {
     // The address the other members reach this worker's ring connections
     // at (gloo binds a free port on it).
     std::string host = "127.0.0.1";
+    // This worker's data-plane clock (KVClient::clock), sent with the state
+    // when this member is the source, so that a joining worker can resume
+    // at the members' clock (peer_clock()). Unset: 0.
+    std::function<uint64_t()> clock;
   };
 
   // The replica starts from `values` (table.dense.size floats), fresh
@@ -112,6 +117,13 @@ class AllReducedTable {
   absl::Status Join(uint32_t min_members = 0);
   // Leaves the ring (no more training work for now); Step joins again.
   absl::Status Leave();
+
+  // The data-plane clock of the member whose state the last formation
+  // broadcast (Options::clock), or 0.
+  uint64_t peer_clock() const { return peer_clock_; }
+  // Whether this worker is in a connected ring that no one asked to form
+  // again: the next Step will not wait for a formation.
+  bool connected() const { return ring_ != nullptr && !RejoinRequested(); }
 
   // The current ring's size (0 when not in one) and generation.
   uint32_t ring_size() const;
@@ -154,6 +166,7 @@ class AllReducedTable {
   // pending (JoinRingRequest.after_generation), and since when a worker
   // that never was in a ring has trained alone.
   uint64_t asked_after_ = 0;
+  uint64_t peer_clock_ = 0;
   absl::Time alone_since_ = absl::InfiniteFuture();
   std::vector<float> local_;  // a gradient applied without a ring
 

@@ -18,9 +18,9 @@ namespace ps {
 
 struct EvalResult {
   uint64_t examples = 0;
-  double auc = 0;        // binary models; NaN when not defined
-  double logloss = 0;    // mean cross-entropy (softmax for the MLP)
-  double accuracy = 0;   // threshold 0.5 (binary) or argmax
+  double auc = 0;             // binary models; NaN when not defined
+  double logloss = 0;         // mean cross-entropy (softmax for the MLP)
+  double accuracy = 0;        // threshold 0.5 (binary) or argmax
   double oracle_auc = 0;      // synthetic data: the generating model's
   double oracle_logloss = 0;  // NaN otherwise
 };

@@ -46,9 +46,10 @@ namespace ps {
 // ------------------------------------------------------------ Completion
 
 struct Completion::State {
-  explicit State(int parts, DoneCallback cb) : remaining(parts), done(std::move(cb)) {}
+  explicit State(int parts, DoneCallback cb)
+      : remaining(parts), done(std::move(cb)) {}
 
-  void PartDone(const absl::Status &s) {
+  void PartDone(const absl::Status& s) {
     absl::Status final_status;
     bool finished;
     {
@@ -64,13 +65,16 @@ struct Completion::State {
   }
 
   // KVClient::Options::instruments, once the request completed.
-  void Observe(const absl::Status &s, uint64_t slowest) const {
+  void Observe(const absl::Status& s, uint64_t slowest) const {
     if (latency != nullptr) {
-      latency->Observe(
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+      latency->Observe(std::chrono::duration<double>(
+                           std::chrono::steady_clock::now() - start)
+                           .count());
     }
-    if (staleness != nullptr && s.ok() && slowest != UINT64_MAX && clock < kFinishedClock) {
-      staleness->Observe(static_cast<double>(clock > slowest ? clock - slowest : 0));
+    if (staleness != nullptr && s.ok() && slowest != UINT64_MAX &&
+        clock < kFinishedClock) {
+      staleness->Observe(
+          static_cast<double>(clock > slowest ? clock - slowest : 0));
     }
   }
 
@@ -88,20 +92,20 @@ struct Completion::State {
 
   // STATS: appends server `server`'s table statistics; the last part to
   // answer sorts them by (server rank, table id).
-  void RecordTableStats(uint32_t server, const ResponseHeader &h);
+  void RecordTableStats(uint32_t server, const ResponseHeader& h);
 
   absl::Mutex mu;
   int remaining ABSL_GUARDED_BY(mu);
   // STATS requests: where the answers go.
-  std::vector<ServerTableStats> *table_stats ABSL_GUARDED_BY(mu) = nullptr;
+  std::vector<ServerTableStats>* table_stats ABSL_GUARDED_BY(mu) = nullptr;
   absl::Status status ABSL_GUARDED_BY(mu);
   uint64_t min_clock ABSL_GUARDED_BY(mu) = UINT64_MAX;
   uint64_t applied_clock ABSL_GUARDED_BY(mu) = UINT64_MAX;
   const DoneCallback done;
   // Set before the request is submitted (KVClient::Instrument); null: not
   // observed. `clock`: the sender's clock in the request.
-  metrics::Histogram *latency = nullptr;
-  metrics::Histogram *staleness = nullptr;
+  metrics::Histogram* latency = nullptr;
+  metrics::Histogram* staleness = nullptr;
   uint64_t clock = 0;
   std::chrono::steady_clock::time_point start;
 };
@@ -140,10 +144,10 @@ struct Part {
   bool send_keys = false;
   // Where a pull's answer goes: out + positions[i] * dim for sparse key i
   // (identity when positions is empty), or (offset, length) runs for dense.
-  float *out = nullptr;
+  float* out = nullptr;
   // A dense pull answered into a DenseValues (the whole range, one server):
   // the answer's frame is kept instead of copied into `out`.
-  DenseValues *pulled = nullptr;
+  DenseValues* pulled = nullptr;
   uint32_t dim = 1;
   std::vector<uint32_t> positions;
   std::vector<std::pair<uint64_t, uint64_t>> runs;
@@ -183,8 +187,8 @@ struct Part {
 // request for the next page, until the server answers next_cursor 0.
 struct ScanChain {
   uint32_t dim = 1;
-  std::vector<uint64_t> *keys = nullptr;
-  std::vector<float> *values = nullptr;
+  std::vector<uint64_t>* keys = nullptr;
+  std::vector<float>* values = nullptr;
   // The server's endpoint when the scan started: cursors mean nothing to a
   // server that replaced it at the same rank.
   std::string endpoint;
@@ -196,7 +200,7 @@ struct ScanChain {
 
 // Names the key-list slot of a sparse request's keys (RequestHeader
 // key_list_slot and key_list_digest).
-void SetKeyList(absl::Span<const uint64_t> keys, RequestHeader *h);
+void SetKeyList(absl::Span<const uint64_t> keys, RequestHeader* h);
 
 // The error for pushed values that are not all finite; `outcome` says what
 // became of the request ("nothing was sent", "nothing was applied").
@@ -230,8 +234,8 @@ class IoLoop {
          std::atomic<uint64_t>* next_seq = nullptr);
   // Fails every part still held with CANCELLED and joins the thread.
   ~IoLoop();
-  IoLoop(const IoLoop &) = delete;
-  IoLoop &operator=(const IoLoop &) = delete;
+  IoLoop(const IoLoop&) = delete;
+  IoLoop& operator=(const IoLoop&) = delete;
 
   // Hands `parts` to the I/O thread; after Abort they complete at once
   // with its status, on the calling thread.
@@ -264,19 +268,20 @@ class IoLoop {
   void Wake();
   void Run();
   // Completes every part this thread holds with `status`.
-  void FailAll(const absl::Status &status);
+  void FailAll(const absl::Status& status);
   void OnMonitorEvent(uint32_t r);
-  void ApplyRouting(const std::shared_ptr<const Routing> &routing);
+  void ApplyRouting(const std::shared_ptr<const Routing>& routing);
   void Route(std::unique_ptr<Part> part);
-  absl::Status Split(std::unique_ptr<Part> part, std::vector<std::unique_ptr<Part>> *pieces);
-  void TakeOverPendingFor(uint32_t server, const absl::Status &status);
+  absl::Status Split(std::unique_ptr<Part> part,
+                     std::vector<std::unique_ptr<Part>>* pieces);
+  void TakeOverPendingFor(uint32_t server, const absl::Status& status);
   void Send(std::unique_ptr<Part> part);
-  bool KeysNeeded(Part &part);
-  void OnResponse(uint32_t server, std::vector<zmq::message_t> &frames);
-  void OnScanPage(std::unique_ptr<Part> part, const DecodedResponse &response);
-  static void KeepFrame(DenseValues *out, DecodedResponse &response,
-                        std::vector<zmq::message_t> &frames);
-  static void Scatter(const Part &part, absl::Span<const float> values);
+  bool KeysNeeded(Part& part);
+  void OnResponse(uint32_t server, std::vector<zmq::message_t>& frames);
+  void OnScanPage(std::unique_ptr<Part> part, const DecodedResponse& response);
+  static void KeepFrame(DenseValues* out, DecodedResponse& response,
+                        std::vector<zmq::message_t>& frames);
+  static void Scatter(const Part& part, absl::Span<const float> values);
   void ResendDue();
   void ExpireDeadlines();
 
@@ -284,7 +289,7 @@ class IoLoop {
   const int event_fd_;
   uint64_t monitor_serial_ = 0;
   std::vector<KeyMemo> key_memos_;  // by server rank
-  std::atomic<uint64_t> *const next_request_id_;
+  std::atomic<uint64_t>* const next_request_id_;
   std::atomic<uint64_t>* const next_seq_;
   absl::Mutex mu_;
   std::deque<std::unique_ptr<Part>> queue_ ABSL_GUARDED_BY(mu_);

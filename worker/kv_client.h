@@ -127,7 +127,8 @@ class Completion {
 
  private:
   friend class KVClient;
-  explicit Completion(std::shared_ptr<State> state) : state_(std::move(state)) {}
+  explicit Completion(std::shared_ptr<State> state)
+      : state_(std::move(state)) {}
   std::shared_ptr<State> state_;
 };
 
@@ -151,10 +152,10 @@ class KVClient {
     // the client. Observed on the I/O thread as a request completes (with
     // or without an error): the seconds from the call to its completion,
     // by kind (sparse and dense alike; ASSIGN, ADVANCE_CLOCK, STATS and
-    // SCAN are not observed, nor requests refused before anything is sent). `staleness`: for each successful request that
-    // pulled, how many clocks this worker was ahead of the slowest live
-    // worker as the servers answered (ResponseHeader.min_clock; 0 when it
-    // is the slowest).
+    // SCAN are not observed, nor requests refused before anything is sent).
+    // `staleness`: for each successful request that pulled, how many clocks
+    // this worker was ahead of the slowest live worker as the servers answered
+    // (ResponseHeader.min_clock; 0 when it is the slowest).
     struct Instruments {
       metrics::Histogram* push_seconds = nullptr;
       metrics::Histogram* pull_seconds = nullptr;
@@ -319,9 +320,9 @@ class KVClient {
                        std::vector<float>* values);
 
   struct Stats {
-    uint64_t requests = 0;      // user calls
-    uint64_t messages = 0;      // per-server messages sent
-    uint64_t bytes_sent = 0;    // header + keys + values
+    uint64_t requests = 0;    // user calls
+    uint64_t messages = 0;    // per-server messages sent
+    uint64_t bytes_sent = 0;  // header + keys + values
     uint64_t bytes_received = 0;
   };
   Stats stats() const;
@@ -348,8 +349,7 @@ class KVClient {
   // `shared` (optional) owns `grads` for zero-copy frames; `pulled`
   // (optional, PULL only) receives the answer instead of `out`.
   Completion Dense(int op, uint32_t table, uint64_t begin, uint64_t count,
-                   absl::Span<const float> grads, float* out,
-                   DoneCallback done,
+                   absl::Span<const float> grads, float* out, DoneCallback done,
                    std::shared_ptr<const std::vector<float>> shared = nullptr,
                    DenseValues* pulled = nullptr);
   Completion Failed(absl::Status status, DoneCallback done);
@@ -359,7 +359,8 @@ class KVClient {
   // Fills what config.data_plane asks of a request with op `op` (a proto
   // Op): value encodings, and for a sparse request's `keys` its key-list
   // slot and digest.
-  void SetWireOptions(int op, absl::Span<const uint64_t> keys, RequestHeader* h) const;
+  void SetWireOptions(int op, absl::Span<const uint64_t> keys,
+                      RequestHeader* h) const;
   // A message to `server` belonging to `state`, with the fields every
   // request header carries filled in `header`.
   std::unique_ptr<Part> NewPart(uint32_t server, int op, uint32_t table,

@@ -159,7 +159,8 @@ TEST_F(CurveDataPlaneTest, ClientWithoutCurveGetsNoAnswerAndIsLogged) {
   EXPECT_TRUE(Logged().find("mechanism mismatch") != std::string::npos ||
               Logged().find("handshake failed") != std::string::npos)
       << Logged();
-  EXPECT_NE(registry_.Expose().find("ps_server_auth_refusals_total{reason=\"handshake\"}"),
+  EXPECT_NE(registry_.Expose().find(
+                "ps_server_auth_refusals_total{reason=\"handshake\"}"),
             std::string::npos);
   // The job's client is not disturbed.
   ASSERT_TRUE(PullBoth(*good, &out).ok());
@@ -188,7 +189,8 @@ TEST_F(CurveDataPlaneTest, OtherKeyPairIsRefusedByZapAndLogged) {
   EXPECT_NE(logged.find("mechanism CURVE"), std::string::npos) << logged;
   EXPECT_NE(logged.find(other->public_key), std::string::npos) << logged;
   EXPECT_NE(logged.find("is not the job key"), std::string::npos) << logged;
-  EXPECT_NE(registry_.Expose().find("ps_server_auth_refusals_total{reason=\"client_key\"}"),
+  EXPECT_NE(registry_.Expose().find(
+                "ps_server_auth_refusals_total{reason=\"client_key\"}"),
             std::string::npos);
 
   // The job's client keeps working meanwhile.
@@ -217,7 +219,8 @@ TEST_F(CurveDataPlaneTest, WrongServerKeyIsRefused) {
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_NE(s.message().find("CURVE"), std::string::npos) << s;
   ASSERT_TRUE(WaitForRefusals(1));
-  EXPECT_NE(Logged().find("refused a data-plane connection"), std::string::npos) << Logged();
+  EXPECT_NE(Logged().find("refused a data-plane connection"), std::string::npos)
+      << Logged();
   EXPECT_EQ(server_->stats().requests, 0u);
 }
 

@@ -133,7 +133,8 @@ class KVClientTest : public ::testing::Test {
   }
 
   std::unique_ptr<KVClient> Client() {
-    ClusterView view = scheduler_->state()->AwaitView(0, true, absl::Seconds(5));
+    ClusterView view =
+        scheduler_->state()->AwaitView(0, true, absl::Seconds(5));
     EXPECT_EQ(view.job_state(), RUNNING);
     auto client = KVClient::Create({config_, 0}, view);
     EXPECT_TRUE(client.ok()) << client.status();
@@ -154,7 +155,8 @@ TEST_F(KVClientTest, SparsePushPullAcrossBothServers) {
   // The keys really are split: both servers own some of them.
   ClusterView view = scheduler_->state()->View();
   int on_server0 = 0;
-  for (uint64_t k : keys) on_server0 += view.slot_owner(SparseSlot(3, k, 32)) == 0;
+  for (uint64_t k : keys)
+    on_server0 += view.slot_owner(SparseSlot(3, k, 32)) == 0;
   ASSERT_GT(on_server0, 0);
   ASSERT_LT(on_server0, 200);
 
@@ -180,8 +182,10 @@ TEST_F(KVClientTest, InstrumentsObserveLatencyAndStaleness) {
   KVClient::Options options{config_, 0};
   options.instruments.push_seconds = registry.AddHistogram("push", "", {10});
   options.instruments.pull_seconds = registry.AddHistogram("pull", "", {10});
-  options.instruments.push_pull_seconds = registry.AddHistogram("push_pull", "", {10});
-  options.instruments.staleness = registry.AddHistogram("staleness", "", {0, 1, 2, 3});
+  options.instruments.push_pull_seconds =
+      registry.AddHistogram("push_pull", "", {10});
+  options.instruments.staleness =
+      registry.AddHistogram("staleness", "", {0, 1, 2, 3});
   ClusterView view = scheduler_->state()->AwaitView(0, true, absl::Seconds(5));
   auto created = KVClient::Create(options, view);
   ASSERT_TRUE(created.ok()) << created.status();
@@ -253,9 +257,10 @@ TEST_F(KVClientTest, ZeroCopyDenseFormsMatchTheCopyingOnes) {
   auto client = Client();
   auto grads = std::make_shared<std::vector<float>>(90);
   for (size_t i = 0; i < grads->size(); ++i) (*grads)[i] = 0.5f * i;
-  ASSERT_TRUE(client->PushDense(4, 5, std::shared_ptr<const std::vector<float>>(grads))
-                  .Wait()
-                  .ok());
+  ASSERT_TRUE(
+      client->PushDense(4, 5, std::shared_ptr<const std::vector<float>>(grads))
+          .Wait()
+          .ok());
   DenseValues all;
   ASSERT_TRUE(client->PullDense(4, 0, 100, &all).Wait().ok());
   ASSERT_EQ(all.values().size(), 100u);
@@ -280,10 +285,12 @@ TEST_F(KVClientTest, ZeroCopyDenseFormsMatchTheCopyingOnes) {
   auto block = std::make_shared<const std::vector<float>>(7, 1.0f);
   ASSERT_TRUE(client->PushDense(4, 14, block).Wait().ok());
   ASSERT_TRUE(client->PullDense(4, 14, 7, &part).Wait().ok());
-  for (int i = 0; i < 7; ++i) EXPECT_EQ(part.values()[i], copied[14 + i] - 1.0f) << i;
+  for (int i = 0; i < 7; ++i)
+    EXPECT_EQ(part.values()[i], copied[14 + i] - 1.0f) << i;
   // ZeroMQ drops its references once the frames are sent.
   const absl::Time give_up = absl::Now() + absl::Seconds(5);
-  while ((grads.use_count() > 1 || block.use_count() > 1) && absl::Now() < give_up) {
+  while ((grads.use_count() > 1 || block.use_count() > 1) &&
+         absl::Now() < give_up) {
     absl::SleepFor(absl::Milliseconds(5));
   }
   EXPECT_EQ(grads.use_count(), 1);
@@ -292,21 +299,27 @@ TEST_F(KVClientTest, ZeroCopyDenseFormsMatchTheCopyingOnes) {
 
 TEST_F(KVClientTest, ZeroCopyDenseFormsRefuseBadInput) {
   auto client = Client();
-  EXPECT_EQ(client->PushDense(4, 0, std::shared_ptr<const std::vector<float>>()).Wait().code(),
+  EXPECT_EQ(client->PushDense(4, 0, std::shared_ptr<const std::vector<float>>())
+                .Wait()
+                .code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(client->PullDense(4, 0, 10, static_cast<DenseValues*>(nullptr)).Wait().code(),
+  EXPECT_EQ(client->PullDense(4, 0, 10, static_cast<DenseValues*>(nullptr))
+                .Wait()
+                .code(),
             absl::StatusCode::kInvalidArgument);
   DenseValues out;
-  EXPECT_EQ(client->PullDense(4, 95, 10, &out).Wait().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(client->PullDense(4, 95, 10, &out).Wait().code(),
+            absl::StatusCode::kOutOfRange);
   EXPECT_TRUE(out.values().empty());
   // A NaN anywhere, also in a piece that would have gone zero-copy:
   // nothing is sent, nothing changes.
   auto bad = std::make_shared<std::vector<float>>(7, 1.0f);
   (*bad)[6] = std::numeric_limits<float>::quiet_NaN();
-  EXPECT_EQ(client->PushDense(4, 14, std::shared_ptr<const std::vector<float>>(bad))
-                .Wait()
-                .code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      client->PushDense(4, 14, std::shared_ptr<const std::vector<float>>(bad))
+          .Wait()
+          .code(),
+      absl::StatusCode::kInvalidArgument);
   ASSERT_TRUE(client->PullDense(4, 14, 7, &out).Wait().ok());
   for (float v : out.values()) EXPECT_EQ(v, 0.0f);
 }
@@ -367,7 +380,8 @@ TEST_F(KVClientTest, RetriesWhileAServerHasNoViewYet) {
   ClusterView redirected = view;
   redirected.set_epoch(view.epoch() + 100);
   for (NodeInfo& n : *redirected.mutable_nodes()) {
-    if (n.role() == SERVER && n.rank() == 0) n.set_data_endpoint((*lonely)->endpoint());
+    if (n.role() == SERVER && n.rank() == 0)
+      n.set_data_endpoint((*lonely)->endpoint());
   }
   auto client = KVClient::Create({config_, 0}, redirected);
   ASSERT_TRUE(client.ok());
@@ -422,7 +436,8 @@ TEST_F(KVClientTest, ManyConcurrentRequestsFromSeveralThreads) {
       std::vector<uint64_t> keys = {uint64_t(10000 + t), uint64_t(20000 + t)};
       std::vector<float> grads(8, 0.0625f);
       std::vector<Completion> pending;
-      for (int r = 0; r < kRounds; ++r) pending.push_back(client->Push(3, keys, grads));
+      for (int r = 0; r < kRounds; ++r)
+        pending.push_back(client->Push(3, keys, grads));
       for (auto& c : pending) ASSERT_TRUE(c.Wait().ok());
     });
   }
@@ -464,7 +479,8 @@ TEST_F(KVClientTest, TableStatisticsFromEveryServer) {
       pushed += stats[i].stats.keys_pushed();
       pulled += stats[i].stats.keys_pulled();
     }
-    if (stats[i].stats.table_id() == 4) dense_pushed += stats[i].stats.keys_pushed();
+    if (stats[i].stats.table_id() == 4)
+      dense_pushed += stats[i].stats.keys_pushed();
     if (stats[i].stats.table_id() == 5) {
       EXPECT_EQ(stats[i].stats.memory_budget_bytes(), 1048576u);
     }
@@ -485,7 +501,8 @@ TEST_F(KVClientTest, BudgetExhaustedReachesTheClientAndChangesNothing) {
   absl::Status status = client->Push(5, keys, grads).Wait();
   EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
   EXPECT_NE(status.message().find("capped"), absl::string_view::npos) << status;
-  EXPECT_NE(status.message().find("memory budget"), absl::string_view::npos) << status;
+  EXPECT_NE(status.message().find("memory budget"), absl::string_view::npos)
+      << status;
 
   // Nothing was applied on a server that refused; a push that fits works.
   std::vector<ServerTableStats> stats;
@@ -540,16 +557,16 @@ TEST_F(KVClientTest, ScanExportsEveryRowOfEveryServerOnce) {
   EXPECT_EQ(got_keys[0], 42u);
   std::map<uint64_t, std::vector<float>> got;
   for (size_t i = 1; i < got_keys.size(); ++i) {
-    EXPECT_TRUE(got.emplace(got_keys[i],
-                            std::vector<float>(got_values.begin() + i * 4,
-                                               got_values.begin() + (i + 1) * 4))
+    EXPECT_TRUE(got.emplace(got_keys[i], std::vector<float>(
+                                             got_values.begin() + i * 4,
+                                             got_values.begin() + (i + 1) * 4))
                     .second)
         << "key " << got_keys[i] << " exported twice";
   }
   EXPECT_EQ(got, want);
   // Both servers answered many pages.
-  const uint64_t scan_requests =
-      servers_[0]->stats().requests + servers_[1]->stats().requests - pull_requests;
+  const uint64_t scan_requests = servers_[0]->stats().requests +
+                                 servers_[1]->stats().requests - pull_requests;
   EXPECT_GE(scan_requests, keys.size() / 13);
 
   // The asynchronous form, with a callback; the default page size.
@@ -577,14 +594,16 @@ TEST_F(KVClientTest, ScanExportsEveryRowOfEveryServerOnce) {
   std::vector<float> none_values;
   EXPECT_TRUE(client->ScanAll(5, &none, &none_values).ok());
   EXPECT_TRUE(none.empty());
-  const uint64_t before = servers_[0]->stats().requests + servers_[1]->stats().requests;
+  const uint64_t before =
+      servers_[0]->stats().requests + servers_[1]->stats().requests;
   EXPECT_EQ(client->ScanAll(4, &none, &none_values).code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(client->ScanAll(99, &none, &none_values).code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(client->ScanAll(3, nullptr, &none_values).code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(servers_[0]->stats().requests + servers_[1]->stats().requests, before);
+  EXPECT_EQ(servers_[0]->stats().requests + servers_[1]->stats().requests,
+            before);
 }
 
 // ----------------------------------------------------------------- ASSIGN
@@ -803,9 +822,12 @@ TEST_F(KVClientTest, APushRefusedByALapsedLeaseSucceedsOnceTheLeaseIsRenewed) {
   std::vector<float> out(keys.size() * 4, -1);
   ASSERT_TRUE(client->Pull(3, keys, out.data()).Wait().ok());
   for (float v : out) EXPECT_EQ(v, 0.25f);  // 0.5 - 0.25, once
-  EXPECT_EQ(servers_[0]->stats().duplicate_pushes + servers_[1]->stats().duplicate_pushes, 0u);
+  EXPECT_EQ(servers_[0]->stats().duplicate_pushes +
+                servers_[1]->stats().duplicate_pushes,
+            0u);
   EXPECT_GT(servers_[1]->stats().keys_pushed, 0u);
-  EXPECT_EQ(servers_[0]->stats().keys_pushed + servers_[1]->stats().keys_pushed, 100u);
+  EXPECT_EQ(servers_[0]->stats().keys_pushed + servers_[1]->stats().keys_pushed,
+            100u);
 }
 
 // Refusals are retried for a bounded time: the larger of the request and
@@ -823,12 +845,15 @@ TEST_F(KVClientTest, ALeaseThatIsNeverRenewedFailsTheRequestInTheEnd) {
   ASSERT_TRUE(pull.WaitFor(absl::Seconds(60), &s));
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
   EXPECT_NE(s.message().find("lease lapsed"), std::string::npos) << s;
-  EXPECT_GE(servers_[0]->stats().lease_refusals + servers_[1]->stats().lease_refusals, 3u);
+  EXPECT_GE(
+      servers_[0]->stats().lease_refusals + servers_[1]->stats().lease_refusals,
+      3u);
 }
 
 // Requests that are not routed by key (clock messages, statistics) are
 // retried past the request timeout too while a lease is lapsed.
-TEST_F(KVClientTest, ClockAndStatisticsOutlastALapseLongerThanTheRequestTimeout) {
+TEST_F(KVClientTest,
+       ClockAndStatisticsOutlastALapseLongerThanTheRequestTimeout) {
   config_.mutable_cluster()->set_failover_timeout_ms(20000);
   auto client = Client();
   servers_[1]->SetLease(SteadyClock::now() - std::chrono::milliseconds(1));
@@ -864,7 +889,8 @@ TEST_F(KVClientTest, RequestsRefusedByAFencedServerGoToTheSlotsNewOwner) {
   }
   EXPECT_GE(servers_[1]->stats().fenced_refusals, 2u);
   EXPECT_FALSE(push.done());
-  const ClusterView after = FailedOver(scheduler_->state()->View(), /*move_slots=*/true, 100);
+  const ClusterView after =
+      FailedOver(scheduler_->state()->View(), /*move_slots=*/true, 100);
   servers_[0]->UpdateView(after, 0);
   absl::SleepFor(absl::Milliseconds(100));  // the server's poll period
   client->UpdateView(after);
@@ -899,7 +925,8 @@ TEST_F(KVClientTest, AbortEndsPendingAndLaterRequestsWithItsStatus) {
     absl::SleepFor(absl::Milliseconds(5));
   }
   ASSERT_FALSE(push.done());
-  const absl::Status why = absl::AbortedError("this worker was dropped by the scheduler");
+  const absl::Status why =
+      absl::AbortedError("this worker was dropped by the scheduler");
   client->Abort(why);
   // Long before the request timeout would end them (DEADLINE_EXCEEDED).
   absl::Status s;
@@ -949,7 +976,8 @@ TEST_F(KVClientTest, AnUncheckedZeroCopyPushSplitByAFailoverIsCheckedFirst) {
   }
   ASSERT_LT(nan_at, 100u);
   (*bad)[nan_at] = std::numeric_limits<float>::quiet_NaN();
-  Completion push = (*client)->PushDense(4, 0, std::shared_ptr<const std::vector<float>>(bad));
+  Completion push = (*client)->PushDense(
+      4, 0, std::shared_ptr<const std::vector<float>>(bad));
   absl::SleepFor(absl::Milliseconds(100));
   EXPECT_FALSE(push.done());
   // Server 1 is declared dead and keeps its slots (real view): the pending
@@ -1018,7 +1046,8 @@ constexpr char kTwinConfig[] = R"pb(
 )pb";
 
 // What `values` become after a trip through `encoding`.
-std::vector<float> RoundTrip(ValueEncoding encoding, const std::vector<float>& values) {
+std::vector<float> RoundTrip(ValueEncoding encoding,
+                             const std::vector<float>& values) {
   std::vector<char> bytes(values.size() * EncodedValueBytes(encoding));
   EncodeValues(encoding, values.data(), values.size(), bytes.data());
   std::vector<float> out(values.size());
@@ -1032,12 +1061,14 @@ class KVClientDataPlaneTest : public KVClientTest {
 
   // A client whose config's data_plane is changed by `edit` (the servers
   // keep config_), routed by `view` (the scheduler's by default).
-  std::unique_ptr<KVClient> ClientWith(const std::function<void(DataPlaneConfig*)>& edit,
-                                       const ClusterView* view = nullptr) {
+  std::unique_ptr<KVClient> ClientWith(
+      const std::function<void(DataPlaneConfig*)>& edit,
+      const ClusterView* view = nullptr) {
     JobConfig config = config_;
     edit(config.mutable_data_plane());
     EXPECT_TRUE(ValidateJobConfig(config).ok()) << ValidateJobConfig(config);
-    ClusterView current = scheduler_->state()->AwaitView(0, true, absl::Seconds(5));
+    ClusterView current =
+        scheduler_->state()->AwaitView(0, true, absl::Seconds(5));
     EXPECT_EQ(current.job_state(), RUNNING);
     // A node id of its own: servers tell senders apart by it (push
     // sequence numbers, key-list slots), and Client() uses 0, with which
@@ -1082,19 +1113,19 @@ class KVClientDataPlaneTest : public KVClientTest {
   }
 
   static std::function<void(DataPlaneConfig*)> Encodings(ValueEncoding push,
-                                                          ValueEncoding pull) {
+                                                         ValueEncoding pull) {
     return [push, pull](DataPlaneConfig* dp) {
       dp->set_push_values(push);
       dp->set_pull_values(pull);
     };
   }
 
-
   // Waits until both servers serve (a server answers UNAVAILABLE, and
   // counts an error, until the scheduler's view reaches it), so that tests
   // can count errors and messages. Returns the servers' errors so far.
   uint64_t WarmUp() {
-    auto client = ClientWith([](DataPlaneConfig* dp) { dp->set_key_cache_bytes(-1); });
+    auto client =
+        ClientWith([](DataPlaneConfig* dp) { dp->set_key_cache_bytes(-1); });
     const std::vector<uint64_t> keys = SplitKeys(64, 999999937);
     std::vector<float> out(keys.size());
     const absl::Status s = client->Pull(7, keys, out.data()).Wait();
@@ -1119,14 +1150,16 @@ class KVClientDataPlaneTest : public KVClientTest {
     for (size_t i = 0; i < n; ++i) keys.push_back(first + i * 7919);
     const ClusterView view = scheduler_->state()->View();
     size_t on_server0 = 0;
-    for (uint64_t k : keys) on_server0 += view.slot_owner(SparseSlot(3, k, 32)) == 0;
+    for (uint64_t k : keys)
+      on_server0 += view.slot_owner(SparseSlot(3, k, 32)) == 0;
     EXPECT_GT(on_server0, 0u);
     EXPECT_LT(on_server0, n);
     return keys;
   }
 
   // Keys of table `table` that server `rank` owns.
-  std::vector<uint64_t> KeysOn(uint32_t rank, uint32_t table, size_t n, uint64_t from) {
+  std::vector<uint64_t> KeysOn(uint32_t rank, uint32_t table, size_t n,
+                               uint64_t from) {
     const ClusterView view = scheduler_->state()->View();
     std::vector<uint64_t> keys;
     for (uint64_t k = from; keys.size() < n; ++k) {
@@ -1139,15 +1172,18 @@ class KVClientDataPlaneTest : public KVClientTest {
 // Step r's gradient for element i: binary fractions, so sums are exact.
 std::vector<float> StepGrads(size_t n, int r) {
   std::vector<float> g(n);
-  for (size_t i = 0; i < n; ++i) g[i] = 0.03125f * static_cast<float>((i + 3 * r) % 16) - 0.25f;
+  for (size_t i = 0; i < n; ++i)
+    g[i] = 0.03125f * static_cast<float>((i + 3 * r) % 16) - 0.25f;
   return g;
 }
 
-TEST_F(KVClientDataPlaneTest, KeyListCachingGivesTheSameResultsWithoutResendingKeys) {
+TEST_F(KVClientDataPlaneTest,
+       KeyListCachingGivesTheSameResultsWithoutResendingKeys) {
   ASSERT_EQ(config_.data_plane().key_cache_bytes(), 16 << 20);  // on by default
   const uint64_t errors = WarmUp();
   auto cached = ClientWith([](DataPlaneConfig*) {});
-  auto plain = ClientWith([](DataPlaneConfig* dp) { dp->set_key_cache_bytes(-1); });
+  auto plain =
+      ClientWith([](DataPlaneConfig* dp) { dp->set_key_cache_bytes(-1); });
   const std::vector<uint64_t> keys = SplitKeys(300, 11);
   const size_t n = keys.size();
   std::vector<float> want(n * 4, 0.5f);
@@ -1157,21 +1193,24 @@ TEST_F(KVClientDataPlaneTest, KeyListCachingGivesTheSameResultsWithoutResendingK
   struct Sent {
     uint64_t cached_bytes, plain_bytes, cached_messages, plain_messages;
   };
-  auto both = [&](const std::function<Completion(KVClient*, uint32_t, float*)>& call) {
-    const KVClient::Stats c0 = cached->stats(), p0 = plain->stats();
-    std::vector<float> out_cached(n * 4, -7), out_plain(n * 4, -7);
-    absl::Status s = call(cached.get(), 3, out_cached.data()).Wait();
-    EXPECT_TRUE(s.ok()) << s;
-    s = call(plain.get(), 6, out_plain.data()).Wait();
-    EXPECT_TRUE(s.ok()) << s;
-    EXPECT_EQ(out_cached, out_plain);
-    const KVClient::Stats c1 = cached->stats(), p1 = plain->stats();
-    return std::make_pair(out_cached, Sent{c1.bytes_sent - c0.bytes_sent,
-                                           p1.bytes_sent - p0.bytes_sent,
-                                           c1.messages - c0.messages,
-                                           p1.messages - p0.messages});
+  auto both =
+      [&](const std::function<Completion(KVClient*, uint32_t, float*)>& call) {
+        const KVClient::Stats c0 = cached->stats(), p0 = plain->stats();
+        std::vector<float> out_cached(n * 4, -7), out_plain(n * 4, -7);
+        absl::Status s = call(cached.get(), 3, out_cached.data()).Wait();
+        EXPECT_TRUE(s.ok()) << s;
+        s = call(plain.get(), 6, out_plain.data()).Wait();
+        EXPECT_TRUE(s.ok()) << s;
+        EXPECT_EQ(out_cached, out_plain);
+        const KVClient::Stats c1 = cached->stats(), p1 = plain->stats();
+        return std::make_pair(
+            out_cached,
+            Sent{c1.bytes_sent - c0.bytes_sent, p1.bytes_sent - p0.bytes_sent,
+                 c1.messages - c0.messages, p1.messages - p0.messages});
+      };
+  auto pull = [&](KVClient* c, uint32_t t, float* out) {
+    return c->Pull(t, keys, out);
   };
-  auto pull = [&](KVClient* c, uint32_t t, float* out) { return c->Pull(t, keys, out); };
 
   // The first pull carries the keys either way.
   auto [out, sent] = both(pull);
@@ -1181,13 +1220,14 @@ TEST_F(KVClientDataPlaneTest, KeyListCachingGivesTheSameResultsWithoutResendingK
   for (int r = 0; r < 3; ++r) {
     SCOPED_TRACE(r);
     const std::vector<float> g = StepGrads(n * 4, r);
-    std::tie(out, sent) =
-        both([&](KVClient* c, uint32_t t, float*) { return c->Push(t, keys, g); });
+    std::tie(out, sent) = both(
+        [&](KVClient* c, uint32_t t, float*) { return c->Push(t, keys, g); });
     for (size_t i = 0; i < want.size(); ++i) want[i] -= g[i];
     // The push carried no keys: 8 bytes a key fewer (less a few header
     // bytes naming the list), and no message was sent twice.
     EXPECT_EQ(sent.cached_messages, sent.plain_messages);
-    EXPECT_NEAR(static_cast<double>(sent.plain_bytes) - static_cast<double>(sent.cached_bytes),
+    EXPECT_NEAR(static_cast<double>(sent.plain_bytes) -
+                    static_cast<double>(sent.cached_bytes),
                 8.0 * n, 64.0);
     std::tie(out, sent) = both(pull);
     EXPECT_EQ(out, want);
@@ -1199,28 +1239,33 @@ TEST_F(KVClientDataPlaneTest, KeyListCachingGivesTheSameResultsWithoutResendingK
     });
     for (size_t i = 0; i < want.size(); ++i) want[i] -= g[i];
     EXPECT_EQ(out, want);
-    EXPECT_NEAR(static_cast<double>(sent.plain_bytes) - static_cast<double>(sent.cached_bytes),
+    EXPECT_NEAR(static_cast<double>(sent.plain_bytes) -
+                    static_cast<double>(sent.cached_bytes),
                 8.0 * n, 64.0);
   }
   // The keys in another order are another list: sent again, same results.
   std::vector<uint64_t> reversed(keys.rbegin(), keys.rend());
-  std::tie(out, sent) =
-      both([&](KVClient* c, uint32_t t, float* o) { return c->Pull(t, reversed, o); });
+  std::tie(out, sent) = both([&](KVClient* c, uint32_t t, float* o) {
+    return c->Pull(t, reversed, o);
+  });
   EXPECT_GE(sent.cached_bytes, 8 * n);
   for (size_t i = 0; i < n; ++i) {
-    for (int e = 0; e < 4; ++e) EXPECT_EQ(out[i * 4 + e], want[(n - 1 - i) * 4 + e]);
+    for (int e = 0; e < 4; ++e)
+      EXPECT_EQ(out[i * 4 + e], want[(n - 1 - i) * 4 + e]);
   }
   // No request was refused anywhere.
   EXPECT_EQ(Errors(), errors);
 }
 
-TEST_F(KVClientDataPlaneTest, RecentlyUsedKeyListsStayCachedBeyondTheSlotCount) {
+TEST_F(KVClientDataPlaneTest,
+       RecentlyUsedKeyListsStayCachedBeyondTheSlotCount) {
   const uint64_t errors = WarmUp();
   auto client = ClientWith([](DataPlaneConfig*) {});
   constexpr int kSets = 70;  // more than the 64 slots a server has
   constexpr size_t kKeys = 64;
   std::vector<std::vector<uint64_t>> sets;
-  for (int s = 0; s < kSets; ++s) sets.push_back(SplitKeys(kKeys, 1000000 * (s + 1)));
+  for (int s = 0; s < kSets; ++s)
+    sets.push_back(SplitKeys(kKeys, 1000000 * (s + 1)));
   std::vector<float> out(kKeys * 4);
   for (int s = 0; s < kSets; ++s) {
     const std::vector<float> g(kKeys * 4, 0.25f * (s % 4));
@@ -1253,11 +1298,14 @@ TEST_F(KVClientDataPlaneTest, ListsOverTheKeyCacheBudgetAreSentWithTheirKeys) {
   // 320 bytes: 40 keys a server. 30 keys (about 15 a server) fit, 400 keys
   // (about 200 a server) do not.
   const uint64_t errors = WarmUp();
-  auto tiny = ClientWith([](DataPlaneConfig* dp) { dp->set_key_cache_bytes(320); });
-  auto plain = ClientWith([](DataPlaneConfig* dp) { dp->set_key_cache_bytes(-1); });
+  auto tiny =
+      ClientWith([](DataPlaneConfig* dp) { dp->set_key_cache_bytes(320); });
+  auto plain =
+      ClientWith([](DataPlaneConfig* dp) { dp->set_key_cache_bytes(-1); });
   const std::vector<uint64_t> small = SplitKeys(30, 5);
   const std::vector<uint64_t> big = SplitKeys(400, 500000);
-  std::vector<float> want_small(small.size() * 4, 0.5f), want_big(big.size() * 4, 0.5f);
+  std::vector<float> want_small(small.size() * 4, 0.5f),
+      want_big(big.size() * 4, 0.5f);
   for (int r = 0; r < 4; ++r) {
     SCOPED_TRACE(r);
     for (const auto* set : {&big, &small}) {
@@ -1272,7 +1320,8 @@ TEST_F(KVClientDataPlaneTest, ListsOverTheKeyCacheBudgetAreSentWithTheirKeys) {
       for (size_t i = 0; i < want.size(); ++i) want[i] -= g[i];
       EXPECT_EQ(out_tiny, want);
       EXPECT_EQ(out_plain, want);
-      EXPECT_EQ(t1.messages - t0.messages, 2u);  // nothing refused and sent again
+      EXPECT_EQ(t1.messages - t0.messages,
+                2u);  // nothing refused and sent again
       const double saved = static_cast<double>(p1.bytes_sent - p0.bytes_sent) -
                            static_cast<double>(t1.bytes_sent - t0.bytes_sent);
       if (set == &big || r == 0) {
@@ -1286,7 +1335,8 @@ TEST_F(KVClientDataPlaneTest, ListsOverTheKeyCacheBudgetAreSentWithTheirKeys) {
   EXPECT_EQ(Errors(), errors);
 }
 
-TEST_F(KVClientDataPlaneTest, AServerRestartedAtTheSameAddressIsSentTheKeysAgain) {
+TEST_F(KVClientDataPlaneTest,
+       AServerRestartedAtTheSameAddressIsSentTheKeysAgain) {
   const uint64_t errors = WarmUp();
   auto client = ClientWith([](DataPlaneConfig*) {});
   const std::vector<uint64_t> keys = SplitKeys(100, 77);
@@ -1310,7 +1360,8 @@ TEST_F(KVClientDataPlaneTest, AServerRestartedAtTheSameAddressIsSentTheKeysAgain
   ASSERT_TRUE(s.ok()) << s;
   for (size_t i = 0; i < keys.size(); ++i) {
     for (int e = 0; e < 4; ++e) {
-      EXPECT_EQ(out[i * 4 + e], on_server0[i] ? 0.5f : 0.5f - g1[i * 4 + e]) << i;
+      EXPECT_EQ(out[i * 4 + e], on_server0[i] ? 0.5f : 0.5f - g1[i * 4 + e])
+          << i;
     }
   }
   // The new server refused the list it did not know once; the client sent
@@ -1348,7 +1399,8 @@ TEST_F(KVClientDataPlaneTest, HalfWidthValuesThroughTheClient) {
     double tolerance;  // relative, for values of normal range
     uint64_t dense_begin;
   };
-  for (const Run& run : {Run{FLOAT16, 3, 1e-3, 5}, Run{BFLOAT16, 6, 1e-2, 50}}) {
+  for (const Run& run :
+       {Run{FLOAT16, 3, 1e-3, 5}, Run{BFLOAT16, 6, 1e-2, 50}}) {
     SCOPED_TRACE(ValueEncoding_Name(run.encoding));
     auto client = ClientWith(Encodings(run.encoding, run.encoding));
     std::vector<float> g(keys.size() * 4);
@@ -1370,7 +1422,8 @@ TEST_F(KVClientDataPlaneTest, HalfWidthValuesThroughTheClient) {
     // PUSH_PULL answers the weights after the push, in caller order.
     std::vector<uint64_t> reversed(keys.rbegin(), keys.rend());
     std::vector<float> g2(g.size(), 0.125f);
-    ASSERT_TRUE(client->PushPull(run.table, reversed, g2, out.data()).Wait().ok());
+    ASSERT_TRUE(
+        client->PushPull(run.table, reversed, g2, out.data()).Wait().ok());
     ASSERT_TRUE(exact->Pull(run.table, reversed, w.data()).Wait().ok());
     EXPECT_EQ(out, RoundTrip(run.encoding, w));
     for (size_t i = 0; i < keys.size(); ++i) {
@@ -1382,9 +1435,12 @@ TEST_F(KVClientDataPlaneTest, HalfWidthValuesThroughTheClient) {
     ASSERT_TRUE(client->Push(run.table, on_one, one).Wait().ok());
     std::vector<float> one_w(one.size());
     ASSERT_TRUE(exact->Pull(run.table, on_one, one_w.data()).Wait().ok());
-    EXPECT_EQ(one_w, std::vector<float>(one.size(), 0.5f - RoundTrip(run.encoding, {3.3f})[0]));
+    EXPECT_EQ(one_w,
+              std::vector<float>(one.size(),
+                                 0.5f - RoundTrip(run.encoding, {3.3f})[0]));
     std::vector<float> ng(narrow.size());
-    for (size_t i = 0; i < ng.size(); ++i) ng[i] = 0.1f * static_cast<float>(i) - 3;
+    for (size_t i = 0; i < ng.size(); ++i)
+      ng[i] = 0.1f * static_cast<float>(i) - 3;
     const std::vector<float> narrow_before = [&] {
       std::vector<float> v(narrow.size());
       EXPECT_TRUE(exact->Pull(7, narrow, v.data()).Wait().ok());
@@ -1395,16 +1451,20 @@ TEST_F(KVClientDataPlaneTest, HalfWidthValuesThroughTheClient) {
     ASSERT_TRUE(exact->Pull(7, narrow, nw.data()).Wait().ok());
     ASSERT_TRUE(client->Pull(7, narrow, nout.data()).Wait().ok());
     const std::vector<float> nsent = RoundTrip(run.encoding, ng);
-    for (size_t i = 0; i < narrow.size(); ++i) EXPECT_EQ(nw[i], narrow_before[i] - nsent[i]) << i;
+    for (size_t i = 0; i < narrow.size(); ++i)
+      EXPECT_EQ(nw[i], narrow_before[i] - nsent[i]) << i;
     EXPECT_EQ(nout, RoundTrip(run.encoding, nw));
 
     // Dense, across blocks and servers.
     std::vector<float> dg(45);
-    for (size_t i = 0; i < dg.size(); ++i) dg[i] = 0.01f * static_cast<float>(i) + 0.3f;
+    for (size_t i = 0; i < dg.size(); ++i)
+      dg[i] = 0.01f * static_cast<float>(i) + 0.3f;
     ASSERT_TRUE(client->PushDense(4, run.dense_begin, dg).Wait().ok());
     std::vector<float> dw(45), dout(45);
-    ASSERT_TRUE(exact->PullDense(4, run.dense_begin, 45, dw.data()).Wait().ok());
-    ASSERT_TRUE(client->PullDense(4, run.dense_begin, 45, dout.data()).Wait().ok());
+    ASSERT_TRUE(
+        exact->PullDense(4, run.dense_begin, 45, dw.data()).Wait().ok());
+    ASSERT_TRUE(
+        client->PullDense(4, run.dense_begin, 45, dout.data()).Wait().ok());
     EXPECT_EQ(dw, [&] {
       std::vector<float> v = RoundTrip(run.encoding, dg);
       for (float& x : v) x = -x;
@@ -1471,9 +1531,12 @@ TEST_F(KVClientDataPlaneTest, MisroutedHalfWidthRequestsAreSplitByTheNewView) {
   const std::vector<uint64_t> keys = SplitKeys(120, 31);
   const std::vector<uint64_t> keys2 = SplitKeys(90, 4000031);
   std::vector<float> g(keys.size() * 4), g2(keys2.size() * 4), dg(90);
-  for (size_t i = 0; i < g.size(); ++i) g[i] = 0.3f + 0.001f * static_cast<float>(i);
-  for (size_t i = 0; i < g2.size(); ++i) g2[i] = -1.7f + 0.01f * static_cast<float>(i % 50);
-  for (size_t i = 0; i < dg.size(); ++i) dg[i] = 0.7f * static_cast<float>(i) - 20;
+  for (size_t i = 0; i < g.size(); ++i)
+    g[i] = 0.3f + 0.001f * static_cast<float>(i);
+  for (size_t i = 0; i < g2.size(); ++i)
+    g2[i] = -1.7f + 0.01f * static_cast<float>(i % 50);
+  for (size_t i = 0; i < dg.size(); ++i)
+    dg[i] = 0.7f * static_cast<float>(i) - 20;
   ASSERT_GT(DenseBlocksOn(real, 1, 0, 13), 0);
 
   for (ValueEncoding encoding : {FLOAT16, BFLOAT16}) {
@@ -1489,7 +1552,8 @@ TEST_F(KVClientDataPlaneTest, MisroutedHalfWidthRequestsAreSplitByTheNewView) {
     ASSERT_TRUE(push.Wait().ok()) << push.Wait();
     ASSERT_TRUE(dense.Wait().ok()) << dense.Wait();
     ASSERT_TRUE(push_pull.Wait().ok()) << push_pull.Wait();
-    EXPECT_GE(servers_[0]->stats().errors, errors + 3);  // each was refused first
+    EXPECT_GE(servers_[0]->stats().errors,
+              errors + 3);  // each was refused first
 
     std::vector<float> w(g.size());
     ASSERT_TRUE(exact->Pull(table, keys, w.data()).Wait().ok());
@@ -1498,7 +1562,8 @@ TEST_F(KVClientDataPlaneTest, MisroutedHalfWidthRequestsAreSplitByTheNewView) {
     std::vector<float> w2(g2.size());
     ASSERT_TRUE(exact->Pull(table, keys2, w2.data()).Wait().ok());
     const std::vector<float> sent2 = RoundTrip(encoding, g2);
-    for (size_t i = 0; i < w2.size(); ++i) EXPECT_EQ(w2[i], 0.5f - sent2[i]) << i;
+    for (size_t i = 0; i < w2.size(); ++i)
+      EXPECT_EQ(w2[i], 0.5f - sent2[i]) << i;
     EXPECT_EQ(out, RoundTrip(encoding, w2));
     std::vector<float> dw(90);
     ASSERT_TRUE(exact->PullDense(4, 5, 90, dw.data()).Wait().ok());
@@ -1566,8 +1631,10 @@ TEST_F(KVClientDataPlaneTest, HalfWidthRequestsFollowADeadServersSlots) {
   const std::vector<uint64_t> keys = SplitKeys(100, 5000);
   const std::vector<uint64_t> keys2 = SplitKeys(60, 7000000);
   std::vector<float> grads(keys.size() * 4), grads2(keys2.size() * 4);
-  for (size_t i = 0; i < grads.size(); ++i) grads[i] = 0.1f * static_cast<float>(i % 13) + 0.05f;
-  for (size_t i = 0; i < grads2.size(); ++i) grads2[i] = -0.3f * static_cast<float>(i % 7) - 0.01f;
+  for (size_t i = 0; i < grads.size(); ++i)
+    grads[i] = 0.1f * static_cast<float>(i % 13) + 0.05f;
+  for (size_t i = 0; i < grads2.size(); ++i)
+    grads2[i] = -0.3f * static_cast<float>(i % 7) - 0.01f;
   // Both servers hold the lists of their parts already.
   std::vector<float> out(keys.size() * 4, -1), out2(keys2.size() * 4, -1);
   ASSERT_TRUE(client->Pull(3, keys, out.data()).Wait().ok());
@@ -1629,12 +1696,15 @@ TEST_F(KVClientClipTest, NonFiniteGradientsAreSentForTheServersToClip) {
   EXPECT_EQ(out[9], 1.5f);
   EXPECT_EQ(out[13], -0.5f);
   EXPECT_EQ(out[1], 0.25f);
-  EXPECT_EQ(servers_[0]->stats().nonfinite_values + servers_[1]->stats().nonfinite_values, 3u);
+  EXPECT_EQ(servers_[0]->stats().nonfinite_values +
+                servers_[1]->stats().nonfinite_values,
+            3u);
   // Dense pushes likewise; ASSIGN values must still be finite.
   std::vector<float> dense(10, 0.5f);
   dense[2] = std::numeric_limits<float>::quiet_NaN();
   EXPECT_TRUE(client->PushDense(4, 0, dense).Wait().ok());
-  EXPECT_EQ(client->AssignDense(4, 0, dense).Wait().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(client->AssignDense(4, 0, dense).Wait().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(KVClientClipTest, ARequestOverTheKeyLimitFailsBeforeAnythingIsSent) {

@@ -2,8 +2,8 @@
 // line, as a worker would. For operators (inspecting parameters) and tests
 // (driving exact update sequences through real processes).
 //
-//   kv_tool --config=JOB --scheduler=HOST:PORT --table=NAME --op=pull --keys=1,2,5-9
-//   kv_tool ... --op=push --keys=1-100 --values=0.25 --repeat=10
+//   kv_tool --config=JOB --scheduler=HOST:PORT --table=NAME --op=pull
+//   --keys=1,2,5-9 kv_tool ... --op=push --keys=1-100 --values=0.25 --repeat=10
 //   kv_tool ... --op=pull_dense --begin=0 --count=14
 //   kv_tool --config=JOB --scheduler=HOST:PORT --op=stats
 //   kv_tool ... --table=NAME --op=scan [--limit=10]
@@ -39,25 +39,28 @@
 #include "absl/strings/str_split.h"
 #include "common/config.h"
 #include "common/curve_keys.h"
-#include "common/node_main.h"
 #include "common/logging.h"
+#include "common/node_main.h"
 #include "common/status.h"
 #include "worker/kv_client.h"
 #include "worker/session.h"
 
 ABSL_FLAG(std::string, config, "", "Job config file (textproto). Required.");
 ABSL_FLAG(std::string, scheduler, "", "Scheduler host:port. Required.");
-ABSL_FLAG(std::string, table, "", "Table name. Required except for --op=stats.");
+ABSL_FLAG(std::string, table, "",
+          "Table name. Required except for --op=stats.");
 ABSL_FLAG(std::string, op, "pull",
           "push | pull | push_pull | push_dense | pull_dense | stats | scan");
-ABSL_FLAG(std::string, keys, "", "Sparse keys: comma-separated ids or ranges a-b (inclusive).");
+ABSL_FLAG(std::string, keys, "",
+          "Sparse keys: comma-separated ids or ranges a-b (inclusive).");
 ABSL_FLAG(std::string, values, "",
           "Gradients: comma-separated floats, one per pushed element, or a "
           "single float used for every element.");
 ABSL_FLAG(uint64_t, begin, 0, "Dense ops: first element.");
 ABSL_FLAG(uint64_t, count, 0, "pull_dense: number of elements.");
 ABSL_FLAG(int, repeat, 1, "Send the push this many times, one after another.");
-ABSL_FLAG(uint64_t, limit, 0, "scan: print this many rows (smallest keys first).");
+ABSL_FLAG(uint64_t, limit, 0,
+          "scan: print this many rows (smallest keys first).");
 ABSL_FLAG(bool, finish, false, "Leave as a finished worker.");
 ABSL_FLAG(std::string, barrier, "",
           "Before the op, wait at this scheduler barrier for every worker of "
@@ -77,13 +80,15 @@ absl::StatusOr<std::vector<uint64_t>> ParseKeys(const std::string& text) {
                absl::SimpleAtoi(range[1], &b) && a <= b && b - a < 100000000) {
       for (uint64_t k = a; k <= b; ++k) keys.push_back(k);
     } else {
-      return absl::InvalidArgumentError(absl::StrCat("bad key or range '", part, "'"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("bad key or range '", part, "'"));
     }
   }
   return keys;
 }
 
-absl::StatusOr<std::vector<float>> ParseValues(const std::string& text, size_t n) {
+absl::StatusOr<std::vector<float>> ParseValues(const std::string& text,
+                                               size_t n) {
   std::vector<float> values;
   for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipEmpty())) {
     float v;
@@ -94,8 +99,9 @@ absl::StatusOr<std::vector<float>> ParseValues(const std::string& text, size_t n
   }
   if (values.size() == 1) values.assign(n, values[0]);
   if (values.size() != n) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--values has ", values.size(), " numbers; the push needs ", n, " (or 1)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--values has ", values.size(),
+                     " numbers; the push needs ", n, " (or 1)"));
   }
   return values;
 }
@@ -183,7 +189,8 @@ absl::Status PrintScan(const ps::TableConfig& table, ps::KVClient& client) {
   PS_RETURN_IF_ERROR(client.ScanAll(table.id(), &keys, &values));
   std::printf("{\"table\":\"%s\",\"table_id\":%u,\"rows\":%zu}\n",
               JsonEscape(table.name()).c_str(), table.id(), keys.size());
-  const size_t shown = std::min<uint64_t>(absl::GetFlag(FLAGS_limit), keys.size());
+  const size_t shown =
+      std::min<uint64_t>(absl::GetFlag(FLAGS_limit), keys.size());
   if (shown == 0) return absl::OkStatus();
   std::vector<size_t> order(keys.size());
   std::iota(order.begin(), order.end(), size_t{0});
@@ -195,7 +202,8 @@ absl::Status PrintScan(const ps::TableConfig& table, ps::KVClient& client) {
     std::string line = absl::StrCat("{\"key\":", keys[r], ",\"values\":[");
     for (size_t e = 0; e < dim; ++e) {
       // JSON has no NaN or infinity; parameters are finite in practice.
-      absl::StrAppend(&line, e ? "," : "", absl::StrFormat("%.9g", values[r * dim + e]));
+      absl::StrAppend(&line, e ? "," : "",
+                      absl::StrFormat("%.9g", values[r * dim + e]));
     }
     std::printf("%s]}\n", line.c_str());
   }
@@ -229,7 +237,8 @@ absl::Status Run(const ps::JobConfig& config, ps::KVClient& client) {
       if (op == "push") {
         PS_RETURN_IF_ERROR(client.Push(table->id(), keys, grads).Wait());
       } else {
-        PS_RETURN_IF_ERROR(client.PushPull(table->id(), keys, grads, out.data()).Wait());
+        PS_RETURN_IF_ERROR(
+            client.PushPull(table->id(), keys, grads, out.data()).Wait());
       }
     }
     if (op == "push_pull") Print(out);
@@ -237,8 +246,8 @@ absl::Status Run(const ps::JobConfig& config, ps::KVClient& client) {
   }
   if (op == "push_dense" || op == "pull_dense") {
     if (!table->has_dense()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("table '", table->name(), "' is sparse; use push / pull"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "table '", table->name(), "' is sparse; use push / pull"));
     }
     const uint64_t begin = absl::GetFlag(FLAGS_begin);
     if (op == "pull_dense") {
@@ -253,7 +262,8 @@ absl::Status Run(const ps::JobConfig& config, ps::KVClient& client) {
          absl::StrSplit(absl::GetFlag(FLAGS_values), ',', absl::SkipEmpty())) {
       float v;
       if (!absl::SimpleAtof(part, &v)) {
-        return absl::InvalidArgumentError(absl::StrCat("bad value '", part, "'"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("bad value '", part, "'"));
       }
       grads.push_back(v);
     }
@@ -270,9 +280,9 @@ absl::Status Run(const ps::JobConfig& config, ps::KVClient& client) {
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   auto log = ps::GetLogger("kv_tool");
-  std::optional<ps::JobConfig> config =
-      ps::StartNode(*log, absl::GetFlag(FLAGS_log_level), absl::GetFlag(FLAGS_config),
-                    {{"scheduler", absl::GetFlag(FLAGS_scheduler)}});
+  std::optional<ps::JobConfig> config = ps::StartNode(
+      *log, absl::GetFlag(FLAGS_log_level), absl::GetFlag(FLAGS_config),
+      {{"scheduler", absl::GetFlag(FLAGS_scheduler)}});
   if (!config) return 2;
   absl::StatusOr<std::optional<ps::CurveKeys>> curve =
       ps::LoadCurveKeys(config->security().curve());
@@ -286,9 +296,9 @@ int main(int argc, char** argv) {
   // and --finish join as a worker that trains no shard (leaving early
   // hands nothing over).
   const std::string op = absl::GetFlag(FLAGS_op);
-  const bool read_only = (op == "pull" || op == "pull_dense" || op == "scan" ||
-                          op == "stats") &&
-                         absl::GetFlag(FLAGS_barrier).empty() && !absl::GetFlag(FLAGS_finish);
+  const bool read_only =
+      (op == "pull" || op == "pull_dense" || op == "scan" || op == "stats") &&
+      absl::GetFlag(FLAGS_barrier).empty() && !absl::GetFlag(FLAGS_finish);
   ps::WorkerSession::Options options;
   options.config = *config;
   options.scheduler = absl::GetFlag(FLAGS_scheduler);
@@ -303,7 +313,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   absl::Status status;
-  if (const std::string barrier = absl::GetFlag(FLAGS_barrier); !barrier.empty()) {
+  if (const std::string barrier = absl::GetFlag(FLAGS_barrier);
+      !barrier.empty()) {
     status = (*session)->Barrier(barrier, absl::Seconds(60));
   }
   if (status.ok()) status = Run(*config, *(*session)->kv());

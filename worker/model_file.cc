@@ -39,7 +39,8 @@ class Writer {
   explicit Writer(std::ofstream* out) : out_(out) {}
   void Bytes(const void* data, size_t n) {
     sum_.Add(data, n);
-    out_->write(static_cast<const char*>(data), static_cast<std::streamsize>(n));
+    out_->write(static_cast<const char*>(data),
+                static_cast<std::streamsize>(n));
   }
   void U64(uint64_t v) { Bytes(&v, sizeof(v)); }
   uint64_t checksum() const { return sum_.value(); }
@@ -78,9 +79,9 @@ absl::Status SaveModel(const std::string& path, const SavedModel& model) {
     if (layout.ok()) dim = layout->sparse_dim;
   }
   if (model.rows.size() != model.keys.size() * dim) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "model has ", model.keys.size(), " keys but ", model.rows.size(),
-        " sparse values for rows of ", dim));
+    return absl::InvalidArgumentError(
+        absl::StrCat("model has ", model.keys.size(), " keys but ",
+                     model.rows.size(), " sparse values for rows of ", dim));
   }
   const std::string tmp = path + ".tmp";
   {
@@ -103,14 +104,16 @@ absl::Status SaveModel(const std::string& path, const SavedModel& model) {
     if (!out) return absl::UnavailableError(absl::StrCat("cannot write ", tmp));
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    return absl::UnavailableError(absl::StrCat("cannot rename ", tmp, " to ", path));
+    return absl::UnavailableError(
+        absl::StrCat("cannot rename ", tmp, " to ", path));
   }
   return absl::OkStatus();
 }
 
 absl::StatusOr<SavedModel> LoadModel(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot open model file ", path));
+  if (!in)
+    return absl::NotFoundError(absl::StrCat("cannot open model file ", path));
   Reader r(std::string(std::istreambuf_iterator<char>(in), {}));
   auto bad = [&path](absl::string_view what) {
     return absl::DataLossError(absl::StrCat(path, ": ", what));
@@ -148,7 +151,8 @@ absl::StatusOr<SavedModel> LoadModel(const std::string& path) {
   r.Bytes(m.rows.data(), m.rows.size() * sizeof(float));
   const uint64_t expected = r.checksum();
   uint64_t stored = 0;
-  if (!r.U64(&stored) || r.remaining() != 0) return bad("truncated or trailing data");
+  if (!r.U64(&stored) || r.remaining() != 0)
+    return bad("truncated or trailing data");
   if (stored != expected) return bad("checksum mismatch");
   return m;
 }

@@ -58,8 +58,10 @@ TEST(ModelFileTest, CorruptionIsDataLoss) {
   }
   // Every truncation and a flipped bit anywhere are detected.
   for (size_t len = 0; len < bytes.size(); len += 7) {
-    std::ofstream(path, std::ios::binary | std::ios::trunc).write(bytes.data(), len);
-    EXPECT_EQ(LoadModel(path).status().code(), absl::StatusCode::kDataLoss) << len;
+    std::ofstream(path, std::ios::binary | std::ios::trunc)
+        .write(bytes.data(), len);
+    EXPECT_EQ(LoadModel(path).status().code(), absl::StatusCode::kDataLoss)
+        << len;
   }
   for (size_t i = 0; i < bytes.size(); i += 5) {
     std::string flipped = bytes;

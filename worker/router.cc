@@ -7,12 +7,14 @@
 namespace ps {
 namespace kv_internal {
 
-uint32_t SparseOwner(absl::Span<const uint32_t> slot_owner, uint32_t table, uint64_t key) {
-  return slot_owner[SparseSlot(table, key, static_cast<uint32_t>(slot_owner.size()))];
+uint32_t SparseOwner(absl::Span<const uint32_t> slot_owner, uint32_t table,
+                     uint64_t key) {
+  return slot_owner[SparseSlot(table, key,
+                               static_cast<uint32_t>(slot_owner.size()))];
 }
 
-uint32_t DenseOwner(absl::Span<const uint32_t> slot_owner, uint32_t table, uint64_t block_size,
-                    uint64_t pos) {
+uint32_t DenseOwner(absl::Span<const uint32_t> slot_owner, uint32_t table,
+                    uint64_t block_size, uint64_t pos) {
   return slot_owner[DenseBlockSlot(table, pos / block_size,
                                    static_cast<uint32_t>(slot_owner.size()))];
 }
@@ -34,8 +36,9 @@ std::vector<uint32_t> SparseSplit::IndicesOf(uint32_t server) const {
   return idx;
 }
 
-SparseSplit SplitSparse(absl::Span<const uint32_t> slot_owner, int64_t sole_owner,
-                        uint32_t num_servers, uint32_t table, absl::Span<const uint64_t> keys) {
+SparseSplit SplitSparse(absl::Span<const uint32_t> slot_owner,
+                        int64_t sole_owner, uint32_t num_servers,
+                        uint32_t table, absl::Span<const uint64_t> keys) {
   SparseSplit split;
   split.counts.assign(num_servers, 0);
   if (keys.empty()) return split;
@@ -55,7 +58,8 @@ SparseSplit SplitSparse(absl::Span<const uint32_t> slot_owner, int64_t sole_owne
     ++counts4[(i & 3) * num_servers + owner];
   }
   for (size_t k = 0; k < 4; ++k) {
-    for (size_t s = 0; s < num_servers; ++s) split.counts[s] += counts4[k * num_servers + s];
+    for (size_t s = 0; s < num_servers; ++s)
+      split.counts[s] += counts4[k * num_servers + s];
   }
   return split;
 }
@@ -68,8 +72,9 @@ std::vector<uint32_t> DenseSplit::Servers() const {
   return servers;
 }
 
-DenseSplit SplitDense(absl::Span<const uint32_t> slot_owner, uint32_t num_servers, uint32_t table,
-                      uint64_t block_size, absl::Span<const DenseRange> ranges) {
+DenseSplit SplitDense(absl::Span<const uint32_t> slot_owner,
+                      uint32_t num_servers, uint32_t table, uint64_t block_size,
+                      absl::Span<const DenseRange> ranges) {
   DenseSplit split;
   split.totals.assign(num_servers, 0);
   split.first.assign(num_servers, 0);

@@ -21,12 +21,13 @@ namespace kv_internal {
 
 // The owning server of sparse key `key` of `table`. slot_owner must not be
 // empty.
-uint32_t SparseOwner(absl::Span<const uint32_t> slot_owner, uint32_t table, uint64_t key);
+uint32_t SparseOwner(absl::Span<const uint32_t> slot_owner, uint32_t table,
+                     uint64_t key);
 
 // The owning server of element `pos` of dense table `table` cut in blocks
 // of `block_size` (>= 1) elements. slot_owner must not be empty.
-uint32_t DenseOwner(absl::Span<const uint32_t> slot_owner, uint32_t table, uint64_t block_size,
-                    uint64_t pos);
+uint32_t DenseOwner(absl::Span<const uint32_t> slot_owner, uint32_t table,
+                    uint64_t block_size, uint64_t pos);
 
 // A sparse request's keys by owning server.
 struct SparseSplit {
@@ -46,8 +47,9 @@ struct SparseSplit {
 // Routes `keys` of sparse table `table`. `sole_owner` >= 0 names the server
 // that owns every slot (a one-server job): the keys are counted, not hashed.
 // slot_owner must not be empty unless keys is.
-SparseSplit SplitSparse(absl::Span<const uint32_t> slot_owner, int64_t sole_owner,
-                        uint32_t num_servers, uint32_t table, absl::Span<const uint64_t> keys);
+SparseSplit SplitSparse(absl::Span<const uint32_t> slot_owner,
+                        int64_t sole_owner, uint32_t num_servers,
+                        uint32_t table, absl::Span<const uint64_t> keys);
 
 // A run of a dense table's elements [begin, begin + length).
 struct DenseRange {
@@ -84,8 +86,9 @@ struct DenseSplit {
 // Cuts `ranges` of dense table `table` (blocks of `block_size` >= 1
 // elements) at block boundaries and routes each piece. slot_owner must not
 // be empty unless every range is empty.
-DenseSplit SplitDense(absl::Span<const uint32_t> slot_owner, uint32_t num_servers, uint32_t table,
-                      uint64_t block_size, absl::Span<const DenseRange> ranges);
+DenseSplit SplitDense(absl::Span<const uint32_t> slot_owner,
+                      uint32_t num_servers, uint32_t table, uint64_t block_size,
+                      absl::Span<const DenseRange> ranges);
 
 }  // namespace kv_internal
 }  // namespace ps

@@ -79,7 +79,7 @@ TEST(RouterTest, SplitDenseCutsAtBlockBoundaries) {
   uint64_t offset = 0;
   std::vector<uint64_t> totals(3, 0);
   for (size_t i = 0; i < 4; ++i) {
-    const DensePiece &p = split.pieces[i];
+    const DensePiece& p = split.pieces[i];
     EXPECT_EQ(p.begin, begins[i]);
     EXPECT_EQ(p.length, lengths[i]);
     EXPECT_EQ(p.offset, offset);
@@ -110,7 +110,7 @@ TEST(RouterTest, SplitDenseTellsContiguousShares) {
     bool contiguous = true;
     int64_t next = -1;
     uint64_t first = 0;
-    for (const DensePiece &p : split.pieces) {
+    for (const DensePiece& p : split.pieces) {
       if (p.owner != s) continue;
       if (next < 0) {
         first = p.offset;
@@ -132,7 +132,8 @@ TEST(RouterTest, SplittingAgainGivesTheSamePieces) {
   const DenseRange range{3, 57};
   const DenseSplit first = SplitDense(before, 1, 4, 8, {&range, 1});
   std::vector<DenseRange> segments;
-  for (const DensePiece &p : first.pieces) segments.push_back({p.begin, p.length});
+  for (const DensePiece& p : first.pieces)
+    segments.push_back({p.begin, p.length});
   const DenseSplit again = SplitDense(after, 3, 4, 8, segments);
   const DenseSplit fresh = SplitDense(after, 3, 4, 8, {&range, 1});
   ASSERT_EQ(again.pieces.size(), fresh.pieces.size());

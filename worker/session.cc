@@ -21,9 +21,9 @@ std::shared_ptr<spdlog::logger> Log() { return GetLogger("session"); }
 // What every wait of a job the scheduler made FAILED ends with.
 absl::Status FailedJobError(const ClusterView& view) {
   return JobFailedError(absl::StrCat(
-      "the job failed: ",
-      view.failure().empty() ? "the scheduler says it cannot continue"
-                             : view.failure()));
+      "the job failed: ", view.failure().empty()
+                              ? "the scheduler says it cannot continue"
+                              : view.failure()));
 }
 
 std::string Describe(const DataPosition& p) {

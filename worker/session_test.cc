@@ -28,20 +28,21 @@ using ::testing::HasSubstr;
 JobConfig Config(const std::string& mode, int workers,
                  const std::string& extra = "") {
   auto config = ParseJobConfig(
-      absl::StrCat(R"pb(
-                     name: "session-test"
-                     cluster { num_servers: 2 num_workers:)pb",
-                   workers,
-                   R"pb(                         num_slots: 64
+      absl::StrCat(
+          R"pb(
+            name: "session-test"
+            cluster { num_servers: 2 num_workers:)pb",
+          workers,
+          R"pb(                                        num_slots: 64
                   heartbeat_interval_ms: 100 heartbeat_timeout_ms: 5000 }
-                                                 consistency { mode: )pb",
-                   mode, R"pb(}
-                              tables { id: 0 name: "emb" sparse { dim: 2 }
+                                                       consistency { mode: )pb",
+          mode, R"pb(}
+                     tables { id: 0 name: "emb" sparse { dim: 2 }
                  optimizer { sgd { learning_rate: 1 } } }
         tables { id: 1 name: "dense" dense { size: 3 }
                  optimizer { sgd { learning_rate: 1 } } }
       )pb",
-                   extra),
+          extra),
       "test");
   EXPECT_TRUE(config.ok()) << config.status();
   return *config;

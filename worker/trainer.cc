@@ -132,10 +132,28 @@ absl::Status Trainer::UseDenseRing(SchedulerClient* scheduler,
   options.allreduce = config_.allreduce();
   options.scheduler = scheduler;
   options.host = host;
+  options.clock = [this] {
+    const uint64_t clock = client_->clock();
+    return clock < kFinishedClock ? clock : paused_clock_;
+  };
   PS_ASSIGN_OR_RETURN(
       ring_, AllReducedTable::Create(std::move(options), std::move(values),
                                      client_->clock()));
   return absl::OkStatus();
+}
+
+absl::Status Trainer::JoinDenseRing(bool together) {
+  if (ring_ == nullptr || ring_->connected()) return absl::OkStatus();
+  if (together) return ring_->Join(num_workers_);
+  paused_clock_ = client_->clock();
+  PS_RETURN_IF_ERROR(client_->AdvanceClockTo(kFinishedClock).Wait());
+  PS_RETURN_IF_ERROR(ring_->Join(0));
+  const uint64_t resume = std::max(paused_clock_, ring_->peer_clock());
+  if (resume != paused_clock_) {
+    Log()->info("resuming at the dense ring's clock {} (was at {})", resume,
+                paused_clock_);
+  }
+  return client_->RestartClock(resume).Wait();
 }
 
 absl::Status Trainer::LeaveDenseRing() {
@@ -488,6 +506,7 @@ absl::StatusOr<DataPosition> Trainer::TrainShard(
     return absl::InvalidArgumentError("training.batch_size must be > 0");
   }
   PS_RETURN_IF_ERROR(OpenShard(from.shard()));
+  PS_RETURN_IF_ERROR(JoinDenseRing(false));
   ReportShardBatches(&run);
   run.last_log = clock_->Now();
   run.examples_at_log = result->examples;
@@ -572,13 +591,10 @@ absl::StatusOr<TrainResult> Trainer::Train(ShardCursor* shards,
         "was given no scheduler for the ring (Trainer::UseDenseRing)");
   }
   PS_RETURN_IF_ERROR(shards->Start([this] { return Initialize(); }));
-  if (ring_ != nullptr && result.start_clock == 0) {
-    // Workers starting a job together form the first ring together. One
-    // joining a running job joins at its first step (the members it waits
-    // for may be waiting for its clock under BSP), and receives the dense
-    // state from the ring then.
-    PS_RETURN_IF_ERROR(ring_->Join(num_workers_));
-  }
+  // Workers starting a job together form the first ring together. One
+  // joining a running job joins before each shard it trains (TrainShard),
+  // and receives the dense state from the ring then.
+  if (result.start_clock == 0) PS_RETURN_IF_ERROR(JoinDenseRing(true));
   const std::function<bool()> stop = [shards] {
     return shards->stop_requested();
   };

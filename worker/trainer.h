@@ -268,6 +268,14 @@ class Trainer {
   std::vector<float> InitialDense() const;
   // Writes the replica to the servers and leaves the ring (no-op without).
   absl::Status LeaveDenseRing();
+  // Joins the dense ring when this worker is not in one (no-op otherwise):
+  // `together` (a fresh job's workers after the start barrier) waits for
+  // every worker. Otherwise (a replacement, a resumed job, a worker back
+  // from waiting for work) the members may be waiting for this worker's
+  // clock under BSP and SSP while it waits for them to join: its clock is
+  // set to finished while it waits, and then resumes at the members' clock
+  // (or its own, when later).
+  absl::Status JoinDenseRing(bool together);
 
   // How TrainShard ended.
   enum class ShardEnd { kDone, kStopped, kCapped };
@@ -339,6 +347,9 @@ class Trainer {
   // The dense table's config, and its replica when it is all-reduced.
   const TableConfig* dense_config_ = nullptr;
   std::unique_ptr<AllReducedTable> ring_;
+  // The clock a worker waiting to join the ring will resume at (its clock
+  // is finished meanwhile); what it tells the others as the source.
+  uint64_t paused_clock_ = 0;
 
   std::unique_ptr<Compute> compute_;
   std::string why_cpu_;

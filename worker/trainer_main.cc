@@ -234,7 +234,8 @@ int Evaluate(const ps::JobConfig& config, ps::Trainer& trainer,
       SummaryJson(config, trainer, train, eval.ok() ? &*eval : nullptr,
                   train_seconds, evaluator);
   std::cout << json << std::endl;
-  if (const std::string path = absl::GetFlag(FLAGS_summary_out); !path.empty()) {
+  if (const std::string path = absl::GetFlag(FLAGS_summary_out);
+      !path.empty()) {
     std::ofstream out(path);
     out << json << "\n";
     out.close();
