@@ -418,6 +418,66 @@ void DefaultTraining(const DataConfig& data, TrainingConfig* tr) {
 
 }  // namespace
 
+namespace {
+
+// Floats of state per element of each update rule (common/optimizer.h,
+// whose test checks that the two agree).
+uint32_t StateFloats(const OptimizerConfig& optimizer) {
+  switch (optimizer.kind_case()) {
+    case OptimizerConfig::kAdagrad:
+    case OptimizerConfig::kMomentum:
+      return 1;
+    case OptimizerConfig::kAdam:
+      return 3;
+    case OptimizerConfig::kFtrl:
+      return 2;
+    default:
+      return 0;
+  }
+}
+
+// Adds the companion table that holds an all-reduced dense table's
+// optimizer state on the servers (AllReduceStateTable).
+void AddAllReduceStateTables(JobConfig* config) {
+  absl::flat_hash_set<uint32_t> ids;
+  absl::flat_hash_set<std::string> names;
+  for (const TableConfig& t : config->tables()) {
+    ids.insert(t.id());
+    names.insert(t.name());
+  }
+  std::vector<TableConfig> added;
+  uint32_t next_id = 65535;
+  for (const TableConfig& t : config->tables()) {
+    if (!t.has_dense() || t.dense().sync() != DenseTableConfig::ALLREDUCE) {
+      continue;
+    }
+    const uint32_t floats = StateFloats(t.optimizer());
+    const std::string name = AllReduceStateTable(t.name());
+    if (floats == 0 || t.dense().size() == 0 || names.contains(name)) continue;
+    while (ids.contains(next_id)) --next_id;
+    ids.insert(next_id);
+    TableConfig state;
+    state.set_id(next_id);
+    state.set_name(name);
+    state.mutable_dense()->set_size(t.dense().size() * floats);
+    state.mutable_dense()->set_block_size(t.dense().block_size());
+    // Written and read whole by the workers, never pushed to.
+    state.mutable_optimizer()->mutable_sgd()->set_learning_rate(1);
+    added.push_back(std::move(state));
+  }
+  for (TableConfig& t : added) *config->add_tables() = std::move(t);
+}
+
+}  // namespace
+
+std::string AllReduceStateTable(absl::string_view table) {
+  return absl::StrCat(table, ".allreduce_state");
+}
+
+uint32_t OptimizerStateFloats(const OptimizerConfig& optimizer) {
+  return StateFloats(optimizer);
+}
+
 void ApplyDefaults(JobConfig* config) {
   if (config->name().empty()) config->set_name("job");
   DefaultCluster(config->mutable_cluster());
@@ -446,6 +506,8 @@ void ApplyDefaults(JobConfig* config) {
       if (layout.ok()) t.mutable_dense()->set_size(layout->dense_size);
     }
   }
+  // Last: it reads the sizes set above.
+  AddAllReduceStateTables(config);
 }
 
 namespace {

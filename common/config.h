@@ -67,6 +67,17 @@ inline uint32_t MaxServerRanks(const ClusterConfig& cluster) {
 }
 
 // The table called `name`, or NOT_FOUND.
+// The dense table on the servers that holds the optimizer state of the
+// all-reduced dense table `table` (DenseTableConfig.ALLREDUCE), so that
+// checkpoints hold it once: "<table>.allreduce_state", state floats per
+// element times the table's size, the element's floats together as
+// common/optimizer.h lays them out. ApplyDefaults adds it to the job (with
+// the highest table id not in use, counting down from 65535) when the
+// table's optimizer keeps state.
+std::string AllReduceStateTable(absl::string_view table);
+// Floats of optimizer state per element (Optimizer::state_size).
+uint32_t OptimizerStateFloats(const OptimizerConfig& optimizer);
+
 absl::StatusOr<const TableConfig*> FindTable(const JobConfig& config,
                                              absl::string_view name);
 

@@ -1,5 +1,6 @@
 #include "common/status.h"
 #include "common/optimizer.h"
+#include "common/config.h"
 
 #include <cmath>
 #include <cstdint>
@@ -1366,6 +1367,31 @@ TEST(OptimizerCreateTest, RejectsBadSchedules) {
         SgdWithSchedule(3, 0, 0.0f), SgdWithSchedule(0, 1, 1e-30f)}) {
     auto opt = Optimizer::Create(ok);
     EXPECT_TRUE(opt.ok()) << opt.status() << "\n" << ok.DebugString();
+  }
+}
+
+// The config loader sizes all-reduced tables' state tables by its own
+// count of state floats, which must match the rules'.
+TEST(OptimizerTest, ConfigCountsTheSameStateFloats) {
+  OptimizerConfig configs[5];
+  configs[0].mutable_sgd()->set_learning_rate(0.1f);
+  configs[1].mutable_adagrad()->set_learning_rate(0.1f);
+  configs[1].mutable_adagrad()->set_initial_accumulator(0.1f);
+  configs[1].mutable_adagrad()->set_epsilon(1e-8f);
+  configs[2].mutable_momentum()->set_learning_rate(0.1f);
+  configs[2].mutable_momentum()->set_momentum(0.9f);
+  configs[3].mutable_adam()->set_learning_rate(0.1f);
+  configs[3].mutable_adam()->set_beta1(0.9f);
+  configs[3].mutable_adam()->set_beta2(0.999f);
+  configs[3].mutable_adam()->set_epsilon(1e-8f);
+  configs[4].mutable_ftrl()->set_alpha(0.1f);
+  configs[4].mutable_ftrl()->set_beta(1.0f);
+  for (const OptimizerConfig& c : configs) {
+    auto opt = Optimizer::Create(c);
+    ASSERT_TRUE(opt.ok()) << opt.status() << c.DebugString();
+    EXPECT_EQ(static_cast<uint32_t>((*opt)->state_size()),
+              OptimizerStateFloats(c))
+        << c.DebugString();
   }
 }
 

@@ -12,10 +12,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
+#include <map>
 #include <random>
 #include <sstream>
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
@@ -34,8 +37,9 @@ namespace {
 std::string Config(const std::string& mode, int workers,
                    const std::string& optimizer, const std::string& sync,
                    uint64_t num_train, uint64_t max_steps,
-                   const std::string& export_path) {
-  return absl::StrCat(R"(
+                   const std::string& export_path,
+                   const std::string& extra = "") {
+  return absl::StrCat(extra, R"(
 name: "allreduce"
 cluster {
   num_servers: 2
@@ -229,6 +233,70 @@ void KillTrials(const std::string& mode, double tolerance) {
     EXPECT_THAT(log, ::testing::ContainsRegex(
                          "took the dense state at step [1-9][0-9]* from ring"))
         << "the replacement did not receive the dense state";
+  }
+}
+
+// (clock, digest) of each log line "... at clock C ... (digest D)" that
+// contains `phrase`.
+std::vector<std::pair<uint64_t, std::string>> Digests(
+    const std::string& log, const std::string& phrase) {
+  std::vector<std::pair<uint64_t, std::string>> found;
+  std::istringstream lines(log);
+  for (std::string line; std::getline(lines, line);) {
+    const size_t at = line.find(phrase);
+    const size_t d = line.find("(digest ");
+    const size_t end = line.find(')', d);
+    if (at == std::string::npos || d == std::string::npos ||
+        end == std::string::npos) {
+      continue;
+    }
+    const uint64_t clock = std::strtoull(
+        line.c_str() + line.find("at clock ", at) + 9, nullptr, 10);
+    found.emplace_back(clock, line.substr(d + 8, end - d - 8));
+  }
+  return found;
+}
+
+// A checkpoint cut while the dense table is all-reduced holds its values
+// and optimizer state once; a job restored from it with another worker
+// count starts every replica from exactly that state.
+TEST(AllReduceCheckpointTest, RestoresOntoAnotherWorkerCountBitForBit) {
+  const std::string ckpt = Dir("ckpt-dir");
+  const std::string block =
+      absl::StrCat("checkpoint { dir: \"", ckpt,
+                   "\" interval_steps: 400 keep: 10 restore: true }\n");
+  std::map<uint64_t, std::string> written;  // cut clock -> digest
+  {
+    const std::string dir = Dir("ckpt-3-workers");
+    RunJob(dir, Config("BSP", 3, kAdam, "ALLREDUCE", kFaultTrain, 0, "", block),
+           3);
+    for (int i = 0; i < 3; ++i) {
+      for (const auto& [clock, digest] :
+           Digests(ReadFile(absl::StrCat(dir, "/", JobHarness::WorkerName(i),
+                                         ".log")),
+                   "for the checkpoint at clock")) {
+        written[clock] = digest;
+      }
+    }
+  }
+  ASSERT_FALSE(written.empty()) << "no worker wrote the dense state at a cut";
+  // Two workers resume from the newest checkpoint and finish.
+  const std::string dir = Dir("ckpt-2-workers");
+  const std::string summary = RunJob(
+      dir, Config("BSP", 2, kAdam, "ALLREDUCE", kFaultTrain, 0, "", block), 2);
+  EXPECT_TRUE(JsonNumber(summary, "test_auc").has_value()) << summary;
+  for (int i = 0; i < 2; ++i) {
+    const auto read = Digests(
+        ReadFile(absl::StrCat(dir, "/", JobHarness::WorkerName(i), ".log")),
+        "read the dense state from the servers");
+    ASSERT_EQ(read.size(), 1u) << "worker " << i;
+    ASSERT_TRUE(written.count(read[0].first) > 0)
+        << "worker " << i << " resumed at clock " << read[0].first
+        << ", where no cut was written";
+    EXPECT_EQ(read[0].second, written[read[0].first]) << "worker " << i;
+    std::cout << "worker " << i << " of 2 resumed at clock " << read[0].first
+              << " with digest " << read[0].second
+              << " (written: " << written[read[0].first] << ")\n";
   }
 }
 

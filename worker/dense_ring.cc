@@ -166,6 +166,22 @@ uint32_t AllReducedTable::ring_size() const {
   return ring_ == nullptr ? 0 : ring_->size;
 }
 
+uint32_t AllReducedTable::ring_rank() const {
+  return ring_ == nullptr ? 0 : ring_->rank;
+}
+
+uint64_t AllReducedTable::Digest() const {
+  // FNV-1a over the bytes: stable across processes, unlike absl::Hash.
+  uint64_t h = 14695981039346656037ull;
+  auto add = [&h](const void* data, size_t bytes) {
+    const auto* p = static_cast<const unsigned char*>(data);
+    for (size_t i = 0; i < bytes; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  };
+  add(values_.data(), values_.size() * sizeof(float));
+  add(state_.data(), state_.size() * sizeof(float));
+  return h;
+}
+
 void AllReducedTable::CloseRing() {
   // Destroying the context closes its connections: peers blocked in a
   // collective with this member fail at once instead of timing out.

@@ -125,8 +125,13 @@ class AllReducedTable {
   // again: the next Step will not wait for a formation.
   bool connected() const { return ring_ != nullptr && !RejoinRequested(); }
 
-  // The current ring's size (0 when not in one) and generation.
+  // The current ring's size (0 when not in one), this member's rank in it,
+  // and its generation.
   uint32_t ring_size() const;
+  uint32_t ring_rank() const;
+  // A hash of the replica's values and optimizer state, equal wherever
+  // they are equal bit for bit: what logs compare.
+  uint64_t Digest() const;
   uint64_t generation() const { return generation_.load(); }
   // Collectives that failed and made this member form the ring again.
   uint64_t reforms() const { return reforms_; }

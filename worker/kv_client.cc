@@ -328,6 +328,7 @@ void KVClient::UpdateView(const ClusterView& view) {
     absl::MutexLock lock(&routing_mu_);
     if (routing->epoch <= routing_->epoch) return;
     routing_ = routing;
+    checkpoint_clock_.store(view.checkpoint_clock());
   }
   io_->SetRouting(std::move(routing));
 }

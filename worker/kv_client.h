@@ -269,6 +269,9 @@ class KVClient {
   // The worker's clock: steps completed. Every request carries it; a pull
   // is answered under BSP/SSP when the servers' state allows that clock.
   uint64_t clock() const { return clock_.load(); }
+  // The checkpoint in progress in the newest view applied (UpdateView):
+  // ClusterView.checkpoint_clock, 0 for none.
+  uint64_t checkpoint_clock() const { return checkpoint_clock_.load(); }
 
   // Ends the current step: the clock goes up by one and every live server
   // is told, after the pushes this thread issued before (requests to a
@@ -390,6 +393,7 @@ class KVClient {
   // Sequence numbers of state-changing messages (RequestHeader.seq).
   std::atomic<uint64_t> next_seq_{1};
   std::atomic<uint64_t> clock_{0};
+  std::atomic<uint64_t> checkpoint_clock_{0};
   std::atomic<uint64_t> requests_{0};
 
   // Abort(): set once; abort_status_ is read only after aborted_.

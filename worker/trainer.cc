@@ -116,13 +116,28 @@ absl::Status Trainer::UseDenseRing(SchedulerClient* scheduler,
   if (dense_config_->dense().sync() != DenseTableConfig::ALLREDUCE) {
     return absl::OkStatus();
   }
+  if (OptimizerStateFloats(dense_config_->optimizer()) > 0) {
+    PS_ASSIGN_OR_RETURN(
+        const TableConfig* state,
+        FindTable(config_, AllReduceStateTable(dense_config_->name())));
+    dense_state_table_ = state->id();
+  }
+  const uint64_t clock = client_->clock();
   std::vector<float> values(layout_.dense_size);
-  if (client_->clock() > 0) {
+  std::vector<float> state;
+  if (clock > 0) {
     // A resumed job: the servers hold the table as the ring last wrote it
     // (restored from a checkpoint, or left by the workers before).
     PS_RETURN_IF_ERROR(
         client_->PullDense(dense_table_, 0, values.size(), values.data())
             .Wait());
+    if (dense_state_table_) {
+      state.resize(values.size() *
+                   OptimizerStateFloats(dense_config_->optimizer()));
+      PS_RETURN_IF_ERROR(
+          client_->PullDense(*dense_state_table_, 0, state.size(), state.data())
+              .Wait());
+    }
   } else {
     values = InitialDense();
   }
@@ -137,8 +152,57 @@ absl::Status Trainer::UseDenseRing(SchedulerClient* scheduler,
     return clock < kFinishedClock ? clock : paused_clock_;
   };
   PS_ASSIGN_OR_RETURN(
-      ring_, AllReducedTable::Create(std::move(options), std::move(values),
-                                     client_->clock()));
+      ring_, AllReducedTable::Create(std::move(options), values, clock));
+  if (clock > 0) {
+    if (state.empty()) state = ring_->state();
+    PS_RETURN_IF_ERROR(
+        ring_->Reset(std::move(values), std::move(state), clock));
+    Log()->info(
+        "read the dense state from the servers at clock {} (digest "
+        "{:016x})",
+        clock, ring_->Digest());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::WriteDenseCopy(absl::string_view why) {
+  Completion values = client_->AssignDense(dense_table_, 0, ring_->values());
+  if (dense_state_table_) {
+    PS_RETURN_IF_ERROR(
+        client_->AssignDense(*dense_state_table_, 0, ring_->state()).Wait());
+  }
+  PS_RETURN_IF_ERROR(values.Wait());
+  Log()->info(
+      "wrote the dense state ({}) at step {}, clock {} (digest {:016x})", why,
+      ring_->step(), client_->clock(), ring_->Digest());
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::RingStep(ShardRun* run) {
+  // No server clips an all-reduced gradient: CLIP (CheckFinite let it
+  // through) drops the non-finite elements here, on every worker alike.
+  for (float& g : output_.dense_grad) {
+    if (!std::isfinite(g)) g = 0;
+  }
+  const uint64_t cut = client_->checkpoint_clock();
+  if (cut == 0 || client_->clock() + 1 != cut) {
+    // The clock moves on before the all-reduce, which may wait for a ring
+    // to form again: under BSP and SSP a member blocked there must not hold
+    // back the pulls of the members it waits for (one that finished the
+    // step before a peer died goes on to its next pull). The all-reduce
+    // overlaps with the sparse push in flight.
+    run->in_flight.push_back(client_->AdvanceClock());
+    return ring_->Step(output_.dense_grad);
+  }
+  // The last step before a checkpoint's cut: the servers' copy must hold
+  // it when they write the cut, so the first member writes it before its
+  // clock reaches the cut (writes at clock cut - 1 are not held back).
+  PS_RETURN_IF_ERROR(ring_->Step(output_.dense_grad));
+  if (ring_->ring_rank() == 0) {
+    PS_RETURN_IF_ERROR(
+        WriteDenseCopy(absl::StrCat("for the checkpoint at clock ", cut)));
+  }
+  run->in_flight.push_back(client_->AdvanceClock());
   return absl::OkStatus();
 }
 
@@ -161,8 +225,7 @@ absl::Status Trainer::LeaveDenseRing() {
   // The servers keep the table for export, evaluation and a resumed job:
   // the replicas are equal at equal steps, and the member that trains
   // longest writes last.
-  PS_RETURN_IF_ERROR(
-      client_->AssignDense(dense_table_, 0, ring_->values()).Wait());
+  PS_RETURN_IF_ERROR(WriteDenseCopy("leaving the ring"));
   return ring_->Leave();
 }
 
@@ -315,17 +378,7 @@ absl::Status Trainer::RunStep(Step* current, ShardRun* run,
                                            output_.sparse_grad));
   }
   if (ring_ != nullptr) {
-    // No server clips an all-reduced gradient: CLIP (CheckFinite let it
-    // through) drops the non-finite elements here, on every worker alike.
-    for (float& g : output_.dense_grad) {
-      if (!std::isfinite(g)) g = 0;
-    }
-    // The clock moves on before the all-reduce, which may wait for a ring
-    // to form: under BSP and SSP a worker blocked there must not hold back
-    // the pulls of the members it waits for (they would never reach the
-    // ring). The all-reduce overlaps with the sparse push in flight.
-    run->in_flight.push_back(client_->AdvanceClock());
-    PS_RETURN_IF_ERROR(ring_->Step(output_.dense_grad));
+    PS_RETURN_IF_ERROR(RingStep(run));
   } else {
     run->in_flight.push_back(
         client_->PushDense(dense_table_, 0, output_.dense_grad));

@@ -268,6 +268,14 @@ class Trainer {
   std::vector<float> InitialDense() const;
   // Writes the replica to the servers and leaves the ring (no-op without).
   absl::Status LeaveDenseRing();
+  // Writes the replica's values and optimizer state to the servers' copy
+  // of the table (and its state table), as of this worker's clock; `why`
+  // names the occasion in the log.
+  absl::Status WriteDenseCopy(absl::string_view why);
+  // The dense step of an all-reduced table: the all-reduce, and the clock
+  // and the servers' copy around it (RunStep).
+  struct ShardRun;
+  absl::Status RingStep(ShardRun* run);
   // Joins the dense ring when this worker is not in one (no-op otherwise):
   // `together` (a fresh job's workers after the start barrier) waits for
   // every worker. Otherwise (a replacement, a resumed job, a worker back
@@ -346,6 +354,9 @@ class Trainer {
   uint32_t dense_table_ = 0;
   // The dense table's config, and its replica when it is all-reduced.
   const TableConfig* dense_config_ = nullptr;
+  // The servers' table of the all-reduced table's optimizer state (config
+  // AllReduceStateTable); absent when its optimizer keeps none.
+  std::optional<uint32_t> dense_state_table_;
   std::unique_ptr<AllReducedTable> ring_;
   // The clock a worker waiting to join the ring will resume at (its clock
   // is finished meanwhile); what it tells the others as the source.
