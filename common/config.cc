@@ -494,7 +494,11 @@ void ApplyDefaults(JobConfig* config) {
   DefaultTraining(config->data(), config->mutable_training());
   AllReduceConfig* ar = config->mutable_allreduce();
   if (ar->timeout_ms() == 0) ar->set_timeout_ms(30000);
-  if (ar->form_timeout_ms() == 0) ar->set_form_timeout_ms(120000);
+  if (ar->form_timeout_ms() == 0) {
+    // Long enough for a dead member to be declared dead a few times over.
+    ar->set_form_timeout_ms(std::max<uint64_t>(
+        120000, 4ull * config->cluster().heartbeat_timeout_ms()));
+  }
   // A dense table left at size 0 is sized for the model, so a user need
   // not count an MLP's weights by hand. Last: the layout reads the model,
   // the data and the tables, all with their defaults.
@@ -739,6 +743,11 @@ void CheckTraining(const JobConfig& config, Checker* c) {
 }
 
 void CheckAllReduce(const JobConfig& config, Checker* c) {
+  const bool used = std::any_of(
+      config.tables().begin(), config.tables().end(), [](const TableConfig& t) {
+        return t.has_dense() && t.dense().sync() == DenseTableConfig::ALLREDUCE;
+      });
+  if (!used) return;
   const AllReduceConfig& ar = config.allreduce();
   c->Require(ar.timeout_ms() >= 100 && ar.timeout_ms() <= 3600000,
              "allreduce.timeout_ms", "must be in 100..3600000");
