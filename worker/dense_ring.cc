@@ -91,13 +91,35 @@ constexpr uint64_t kStepMask = (uint64_t{1} << (63 - kRankBits)) - 1;
 
 // One connected generation. Members own their buffers' addresses: gloo's
 // algorithms keep pointers to them.
+//
+// gloo registers these buffers with the connections, and a peer may still
+// write into one (the next step's first chunk, a broadcast) after this
+// member gave up on the ring: the connections are closed first, in the
+// destructor's body, before any buffer is freed.
 struct AllReducedTable::Ring {
+  ~Ring() {
+    if (context == nullptr) return;
+    try {
+      context->closeConnections();
+    } catch (const std::exception& e) {
+      Log()->debug("closing dense ring generation {}: {}", generation,
+                   e.what());
+    }
+  }
+
   uint64_t generation = 0;
   uint32_t rank = 0;
   uint32_t size = 1;
   std::shared_ptr<gloo::rendezvous::Context> context;  // null for size 1
   std::vector<float> buffer;
   std::unique_ptr<gloo::AllreduceRingChunked<float>> allreduce;
+  // Synchronise's: the vote, the source's clock and its state arrive here,
+  // and replace the replica only once all of it has arrived.
+  uint64_t vote = 0;
+  uint64_t clock = 0;
+  std::vector<float> values;
+  std::vector<float> state;
+  std::vector<std::unique_ptr<gloo::Algorithm>> algorithms;
 };
 
 AllReducedTable::AllReducedTable(Options options,
@@ -274,30 +296,40 @@ bool AllReducedTable::Synchronise() {
     return true;
   }
   try {
-    uint64_t vote = (synchronised_ ? kSynchronisedBit : 0) |
-                    ((step_ & kStepMask) << kRankBits) | (kRankMask - r.rank);
-    gloo::AllreduceRing<uint64_t>(r.context, {&vote}, 1,
-                                  gloo::ReductionFunction<uint64_t>::max)
-        .run();
-    const int root = static_cast<int>(kRankMask - (vote & kRankMask));
-    const uint64_t steps = (vote >> kRankBits) & kStepMask;
-    uint64_t clock = options_.clock ? options_.clock() : 0;
-    gloo::BroadcastOneToAll<uint64_t>(r.context, {&clock}, 1, root).run();
-    peer_clock_ = clock;
-    gloo::BroadcastOneToAll<float>(r.context, {values_.data()}, values_.size(),
-                                   root)
-        .run();
-    if (!state_.empty()) {
-      gloo::BroadcastOneToAll<float>(r.context, {state_.data()}, state_.size(),
-                                     root)
-          .run();
+    r.vote = (synchronised_ ? kSynchronisedBit : 0) |
+             ((step_ & kStepMask) << kRankBits) | (kRankMask - r.rank);
+    auto run = [&r](std::unique_ptr<gloo::Algorithm> algorithm) {
+      r.algorithms.push_back(std::move(algorithm));
+      r.algorithms.back()->run();
+    };
+    run(std::make_unique<gloo::AllreduceRing<uint64_t>>(
+        r.context, std::vector<uint64_t*>{&r.vote}, 1,
+        gloo::ReductionFunction<uint64_t>::max));
+    const int root = static_cast<int>(kRankMask - (r.vote & kRankMask));
+    const uint64_t steps = (r.vote >> kRankBits) & kStepMask;
+    const bool source = root == static_cast<int>(r.rank);
+    r.clock = options_.clock ? options_.clock() : 0;
+    r.values = source ? values_ : std::vector<float>(values_.size());
+    r.state = source ? state_ : std::vector<float>(state_.size());
+    run(std::make_unique<gloo::BroadcastOneToAll<uint64_t>>(
+        r.context, std::vector<uint64_t*>{&r.clock}, 1, root));
+    run(std::make_unique<gloo::BroadcastOneToAll<float>>(
+        r.context, std::vector<float*>{r.values.data()}, r.values.size(),
+        root));
+    if (!r.state.empty()) {
+      run(std::make_unique<gloo::BroadcastOneToAll<float>>(
+          r.context, std::vector<float*>{r.state.data()}, r.state.size(),
+          root));
     }
-    if (root != static_cast<int>(r.rank)) {
+    if (!source) {
       Log()->info(
           "dense ring generation {}: took the dense state at step {} from "
           "ring rank {} (had step {})",
           r.generation, steps, root, step_);
+      values_.swap(r.values);
+      state_.swap(r.state);
     }
+    peer_clock_ = r.clock;
     step_ = steps;
     synchronised_ = true;
   } catch (const std::exception& e) {

@@ -658,11 +658,13 @@ absl::StatusOr<TrainResult> Trainer::Train(ShardCursor* shards,
     ShardEnd end;
     PS_ASSIGN_OR_RETURN(DataPosition at,
                         TrainShard(stop, hooks, *shard, &result, &end));
+    // Out of the ring while it has no work: the others go on without it.
+    // Its copy of the table is written before its clock is finished, so a
+    // checkpoint cut once every worker has finished holds it.
+    PS_RETURN_IF_ERROR(LeaveDenseRing());
     // Idle from here until the next shard, if any: never hold back the
     // others' synchronous waits.
     PS_RETURN_IF_ERROR(client_->AdvanceClockTo(kFinishedClock).Wait());
-    // Out of the ring while it has no work: the others go on without it.
-    PS_RETURN_IF_ERROR(LeaveDenseRing());
     Report(hooks, kFinishedClock, at);
     shards->Ended(at);
     if (end == ShardEnd::kCapped) shards->Cap();

@@ -47,7 +47,7 @@ extern "C" {
 
 /* Bumped whenever a signature or a struct below changes; the Python package
  * refuses a library of another version. */
-#define PS_C_ABI_VERSION 6
+#define PS_C_ABI_VERSION 7
 /* Returned by waits whose timeout passed before the operation completed. */
 #define PS_PENDING (-1)
 /* A timeout (seconds) that never passes: waits, barriers and finish given
@@ -143,6 +143,10 @@ typedef struct ps_table_info {
    * workers average their gradients by a ring all-reduce (ps_allreduce_*);
    * 0 for sparse tables and dense tables on the servers. */
   int32_t allreduce;
+  /* The id of the all-reduced table whose optimizer state this dense table
+   * holds on the servers ("<table>.allreduce_state", added by the config
+   * loader for optimizers with state; not a model parameter); -1: none. */
+  int32_t allreduce_state_of;
 } ps_table_info;
 
 typedef struct ps_session_details {
@@ -433,6 +437,10 @@ typedef struct ps_ring_info {
   uint32_t ring_size;  /* members of the ring it is in; 0: not in one */
   uint64_t generation; /* the ring's generation; 0: not in one */
   uint64_t reforms;    /* collectives that failed and re-formed the ring */
+  /* The data-plane clock of the member whose state the last formation
+   * broadcast (0: none yet). */
+  uint64_t peer_clock;
+  int32_t connected; /* 1: in a ring that no one asked to form again */
 } ps_ring_info;
 
 /* Creates the replica of dense tables `tables` (num_tables ids, each
@@ -451,12 +459,16 @@ int32_t ps_allreduce_create(ps_session* s, const uint32_t* tables,
                             ps_allreduce** out);
 /* Leaves the ring (the others re-form without it) and frees the replica. */
 void ps_allreduce_free(ps_allreduce* r);
-/* Joins the ring now and receives the state of its most advanced member.
- * min_members: workers that start training together pass their number, so
- * the first ring holds them all (capped at the job's live workers); 0: no
- * minimum. DEADLINE_EXCEEDED when no ring formed within
- * allreduce.form_timeout_ms; NOT_FOUND when the scheduler no longer counts
- * this worker. */
+/* Joins the ring now, unless connected, and receives the state of its most
+ * advanced member. min_members: workers that start training together (a
+ * fresh or restored job, after a barrier) pass their number, so the first
+ * ring holds them all (capped at the job's live workers). 0: a worker
+ * joining a ring that is training (a replacement, a worker back from a
+ * shard's end): its clock reads finished while it waits (so BSP and SSP
+ * members never wait for it while it waits for them) and then resumes at
+ * the members' clock (ps_ring_info.peer_clock) or its own, when later.
+ * DEADLINE_EXCEEDED when no ring formed within allreduce.form_timeout_ms;
+ * NOT_FOUND when the scheduler no longer counts this worker. */
 int32_t ps_allreduce_join(ps_allreduce* r, uint32_t min_members);
 /* One step: averages `grads` (n == size finite floats) over the ring and
  * applies the optimizer to the replica, joining or re-forming the ring
@@ -464,6 +476,27 @@ int32_t ps_allreduce_join(ps_allreduce* r, uint32_t min_members);
  * advanced member instead of applying its gradient). Blocks until done.
  * Errors as ps_allreduce_join; INVALID_ARGUMENT for a size mismatch. */
 int32_t ps_allreduce_step(ps_allreduce* r, const float* grads, size_t n);
+/* Ends a step of a training session whose all-reduced tables are in this
+ * replica: ps_session_end_step(s, next) and, once it is issued, the
+ * all-reduce of `grads` (as ps_allreduce_step): the clock moves on first, so
+ * that under BSP and SSP a worker waiting for a ring to re-form never holds
+ * back the pulls of the members it waits for. The last step before a
+ * checkpoint's cut (the view's checkpoint clock) is all-reduced first, and
+ * the ring's first member writes the replica to the servers (as
+ * ps_allreduce_write) before the step ends, so the checkpoint holds it.
+ * *out: the future of the step's end; set even when the all-reduce then
+ * fails, NULL when the step was not ended. */
+int32_t ps_allreduce_end_step(ps_allreduce* r, const float* grads, size_t n,
+                              const ps_position* next, ps_future** out);
+/* Writes the replica's values to the servers' tables and its optimizer
+ * state to their companion tables ("<table>.allreduce_state", which the
+ * config loader adds for optimizers with state), and waits: the servers'
+ * copy for export, evaluation and checkpoints. */
+int32_t ps_allreduce_write(ps_allreduce* r);
+/* Replaces the replica's values by the servers' copy, and its optimizer
+ * state too when `state` is non-zero (a worker resuming a job from a
+ * checkpoint); the step is kept. */
+int32_t ps_allreduce_read(ps_allreduce* r, int32_t state);
 /* Leaves the ring (no training work for now; the next step joins again). */
 int32_t ps_allreduce_leave(ps_allreduce* r);
 /* Copies elements [begin, begin + n) of the replica's values to `out`. */

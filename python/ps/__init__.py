@@ -11,7 +11,9 @@
 
 The servers own the optimizer (SGD, momentum, Adagrad, Adam, FTRL, set per
 table in the job config): push gradients of the mean loss, never updated
-weights. See docs/python.md.
+weights. A dense table with `sync: ALLREDUCE` is kept by every worker
+instead and updated by a ring all-reduce at end_step (ps.allreduce); the
+same code trains it. See docs/python.md.
 """
 
 from .errors import (Aborted, AlreadyExists, Cancelled, DataLoss, Dropped,
@@ -20,6 +22,7 @@ from .errors import (Aborted, AlreadyExists, Cancelled, DataLoss, Dropped,
                      NotFound, OutOfRange, PermissionDenied, PsError, ResourceExhausted,
                      SchedulerUnreachable, Timeout, Unauthenticated, Unavailable,
                      Unimplemented)
+from .allreduce import AllReducedDense
 from .progress import JobProgress
 from .session import (FINISHED_CLOCK, DataPosition, DenseTable, Future, Session,
                       SparseTable, as_keys, hash_key, init, observe)
@@ -29,7 +32,8 @@ from . import data, metrics  # noqa: E402  (numpy only; ps.torch is imported on 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Aborted", "AlreadyExists", "Cancelled", "DataLoss", "DataPosition", "DenseTable",
+    "Aborted", "AllReducedDense", "AlreadyExists", "Cancelled", "DataLoss", "DataPosition",
+    "DenseTable",
     "Dropped", "FINISHED_CLOCK", "FailedPrecondition", "ForkError", "Future", "Internal",
     "InvalidArgument", "JobFailed", "JobFinished", "JobProgress", "NotFound", "OutOfRange",
     "PermissionDenied", "PsError",

@@ -20,7 +20,7 @@ from ctypes import (POINTER, Structure, c_char_p, c_double, c_int32, c_int64, c_
 from typing import Dict, List, Optional, Tuple
 
 # The constants of ps_c.h (python/tests/test_abi.py checks them against it).
-ABI_VERSION = 6
+ABI_VERSION = 7
 PENDING = -1
 NO_TIMEOUT = -1.0
 TRAINS_SHARDS = 1
@@ -66,14 +66,15 @@ class TableInfo(Structure):
     """ps_table_info (strings owned by the ps_config they came from)."""
     _fields_ = [("name", c_char_p), ("id", c_uint32), ("sparse", c_int32), ("dim", c_uint32),
                 ("size", c_uint64), ("optimizer", c_char_p), ("optimizer_json", c_char_p),
-                ("allreduce", c_int32)]
+                ("allreduce", c_int32), ("allreduce_state_of", c_int32)]
 
 
 class RingInfo(Structure):
     """ps_ring_info: where a replica of all-reduced dense tables stands
     (sizes in float32 elements)."""
     _fields_ = [("size", c_uint64), ("state_size", c_uint32), ("step", c_uint64),
-                ("ring_size", c_uint32), ("generation", c_uint64), ("reforms", c_uint64)]
+                ("ring_size", c_uint32), ("generation", c_uint64), ("reforms", c_uint64),
+                ("peer_clock", c_uint64), ("connected", c_int32)]
 
 
 class SessionDetails(Structure):
@@ -189,6 +190,9 @@ SIGNATURES: Dict[str, Tuple[Optional[type], List[type]]] = {
     "ps_allreduce_free": (None, [c_void_p]),
     "ps_allreduce_join": (c_int32, [c_void_p, c_uint32]),
     "ps_allreduce_step": (c_int32, [c_void_p, c_void_p, c_size_t]),
+    "ps_allreduce_end_step": (c_int32, [c_void_p, c_void_p, c_size_t, _POS, _OUT]),
+    "ps_allreduce_write": (c_int32, [c_void_p]),
+    "ps_allreduce_read": (c_int32, [c_void_p, c_int32]),
     "ps_allreduce_leave": (c_int32, [c_void_p]),
     "ps_allreduce_values": (c_int32, [c_void_p, c_uint64, c_void_p, c_size_t]),
     "ps_allreduce_state": (c_int32, [c_void_p, c_void_p, c_size_t]),

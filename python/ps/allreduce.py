@@ -10,13 +10,15 @@ then applies to its sparse tables alone (e.g. "sparse ASYNC, dense
 all-reduced").
 
 Nothing changes in user code: a Session's DenseTable of such a table pulls
-from the replica and buffers its pushes, and `Session.end_step()` runs the
-step's all-reduce (blocking until every worker in the ring has ended the
-step) before it ends the step on the servers. `ps.torch.Trainer` therefore
-trains such a table without a DistributedDataParallel wrapper. The servers
-stay the tables' home: each worker writes its replica there when it leaves
-the ring (its shard ends, finish(), close()), so evaluation, export and
-observers read the trained values from the servers.
+from the replica and buffers its pushes, and `Session.end_step()` ends the
+step on the servers, then runs the step's all-reduce (blocking until every
+worker in the ring has ended the step). `ps.torch.Trainer` therefore trains
+such a table without a DistributedDataParallel wrapper. The servers stay
+the tables' home: each worker writes its replica there (the values to the
+table, the optimizer state to its companion "<table>.allreduce_state") when
+it leaves the ring (its shard ends, finish(), close()), and the ring's first
+member before a checkpoint's cut, so evaluation, export, observers and
+checkpoints read the trained values from the servers.
 
 A worker has one ring, so all the job's all-reduced tables are one replica
 (concatenated in config order) and must share one optimizer config.
@@ -28,12 +30,12 @@ from __future__ import annotations
 
 import ctypes
 import os
-from typing import TYPE_CHECKING, Dict, List, Optional
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 import numpy as np
 
 from . import _native
-from .errors import FailedPrecondition, InvalidArgument, last_failure
+from .errors import FailedPrecondition, last_failure
 
 if TYPE_CHECKING:  # pragma: no cover
     from .session import DenseTable, Session
@@ -164,28 +166,37 @@ class AllReducedDense:
         _check(lib.ps_allreduce_reset(self._handle, v.ctypes.data, v.size, None, 0,
                                       self.step))
 
-    def end_step(self) -> None:
-        """The step's all-reduce: averages this step's pushes (zeros where a
-        table was not pushed, so every worker takes part in every step) over
-        the ring and applies the optimizer. Joins the ring first when not in
-        one. Does nothing before the replica exists. Blocks until every
-        worker in the ring got there (at most allreduce.timeout_ms per
-        collective, form_timeout_ms to form a ring)."""
+    def end_step(self, position: Optional["_native.Position"]) -> Optional[Tuple[int, int]]:
+        """Ends the step with its all-reduce (ps_allreduce_end_step): the
+        session's end_step with `position` (a ps_position* or None), then
+        the average of this step's pushes (zeros where a table was not
+        pushed, so every worker takes part in every step) over the ring and
+        the optimizer. Joins the ring first when not in one. Blocks until
+        every worker in the ring got there (at most allreduce.timeout_ms per
+        collective, form_timeout_ms to form a ring).
+
+        Returns (status code, ps_future* of the step's end or 0), the
+        failure to be read at once with last_failure(); None when there is
+        no replica yet (the caller ends the step itself)."""
         if self._handle is None or self._finished():
-            return
+            return None
         grads = self._grads if self._grads is not None else np.zeros(self.size, np.float32)
         self._grads = None
         if not self._joined:
             self._join()
-        _check(_native.lib().ps_allreduce_step(self._handle, grads.ctypes.data, grads.size))
+        h = ctypes.c_void_p()
+        code = _native.lib().ps_allreduce_end_step(self._handle, grads.ctypes.data, grads.size,
+                                                   position, ctypes.byref(h))
+        return int(code), int(h.value or 0)
 
     def leave(self, write: bool = True) -> None:
         """Writes the replica to the servers (write=True; waits for it), then
         leaves the ring, whose other members go on without this worker. A
-        later end_step joins again, starting from the servers' values (the
-        latest any worker wrote) and taking the state of a more advanced
-        member if there is one. Called at the end of a shard, by finish(),
-        claim() and close(). Nothing to do before the replica exists."""
+        later end_step joins again, starting from the servers' values and
+        optimizer state (the latest any worker wrote) and taking the state
+        of a more advanced member if there is one. Called at the end of a
+        shard, by finish(), claim() and close(). Nothing to do before the
+        replica exists."""
         if self._handle is None or self._left:
             return
         self._grads = None
@@ -196,13 +207,11 @@ class AllReducedDense:
         _check(_native.lib().ps_allreduce_leave(self._handle))
 
     def write_to_servers(self) -> None:
-        """Assigns the replica's values to the servers' tables (the
-        optimizer state stays with the replica) and waits for it."""
-        v = self.values()
-        futures = [t._assign_servers(v[self.offsets[t.name]:self.offsets[t.name] + t.size], 0)
-                   for t in self.tables]
-        for f in futures:
-            f.result()
+        """Assigns the replica's values to the servers' tables, and its
+        optimizer state to their companion tables "<table>.allreduce_state",
+        and waits for it."""
+        self._ensure()
+        _check(_native.lib().ps_allreduce_write(self._handle))
 
     def close(self, write: bool = True) -> None:
         """Leaves the ring (writing the replica to the servers first unless
@@ -228,16 +237,15 @@ class AllReducedDense:
         s = self._session
         return s.start_clock > 0 and not s.restored_start
 
-    def _server_values(self) -> np.ndarray:
-        """The tables' values on the servers, concatenated."""
-        futures = [t._pull_servers(0, t.size, None) for t in self.tables]
-        return np.concatenate([f.result() for f in futures]) if futures else \
-            np.zeros(0, np.float32)
-
     def _ensure(self) -> None:
-        """Creates the replica from the servers' values. Its step: the
-        session's clock, or 0 for a worker joining a running job, so that
-        the members already training (more steps) give it their state."""
+        """Creates the replica from the servers' values at the session's
+        clock (those rank 0 wrote in a fresh job; with the optimizer state
+        too past clock 0: a restored job's checkpoint), as the C++ trainer.
+        A worker joining a running job (a replacement) joins the ring at
+        once, so its first forward already uses the ring's state (members
+        that were in a ring win over a new replica: worker/dense_ring.h,
+        "Joining"); workers that start together join at the first
+        end_step."""
         if self._handle is not None:
             return
         s = self._session
@@ -245,41 +253,33 @@ class AllReducedDense:
             raise FailedPrecondition("an observer keeps no replica of all-reduced tables")
         if self._finished():
             raise FailedPrecondition("this worker has finished: no replica to make")
-        initial = self._server_values()
-        step = 0 if self._joins_running_job() else s.clock
+        lib = _native.lib()
+        step = s.clock
         ids = (ctypes.c_uint32 * len(self.tables))(*[t.id for t in self.tables])
         h = ctypes.c_void_p()
-        _check(_native.lib().ps_allreduce_create(
-            s._handle(), ids, len(self.tables),
-            initial.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), initial.size, step,
-            self.host.encode(), ctypes.byref(h)))
+        _check(lib.ps_allreduce_create(s._handle(), ids, len(self.tables), None, 0, step,
+                                       self.host.encode(), ctypes.byref(h)))
         self._handle = h.value
+        _check(lib.ps_allreduce_read(self._handle, 1 if step > 0 else 0))
+        if self._joins_running_job():
+            self._join()
 
     def _join(self) -> None:
         """Joins the ring. Workers that start training together (a fresh or
         restored job) ask for all of them, so the first ring holds every
-        worker from the first step; a worker coming back after leave()
-        first reloads the servers' values (the newest written)."""
+        worker from the first step. A worker joining a ring that trains (a
+        replacement, or one coming back after leave(), which first reloads
+        the servers' values, the newest written) has its clock read finished
+        while it waits, then resumes at the members' clock
+        (ps_allreduce_join)."""
         lib = _native.lib()
         min_members = 0
         if self._left:
-            v = self._server_values()
-            _check(lib.ps_allreduce_reset(self._handle, v.ctypes.data, v.size, None, 0,
-                                          self.step))
+            _check(lib.ps_allreduce_read(self._handle, 1))
             self._left = False
         elif not self._joins_running_job():
             min_members = self._session.num_workers
         _check(lib.ps_allreduce_join(self._handle, min_members))
         self._joined = True
 
-
-def check_gradients(table: "DenseTable", grads: np.ndarray, begin: int) -> None:
-    """Refuses non-finite gradients of an all-reduced table: they would
-    reach every replica (the servers' CLIP policy does not apply)."""
-    bad = np.flatnonzero(~np.isfinite(grads))
-    if bad.size:
-        i = int(bad[0])
-        raise InvalidArgument(
-            f"non-finite gradient at element {i} (table element {begin + i}) of all-reduced "
-            f"dense table {table.name!r}: {grads[i]}; nothing was added")
 

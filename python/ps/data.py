@@ -103,7 +103,9 @@ def describe_handle(handle: int) -> dict:
                        "dim": int(t.dim), "size": int(t.size),
                        "optimizer": _text(t.optimizer),
                        "optimizer_config": json.loads(_text(t.optimizer_json) or "{}"),
-                       "allreduce": bool(t.allreduce)})
+                       "allreduce": bool(t.allreduce),
+                       "allreduce_state_of": (int(t.allreduce_state_of)
+                                              if t.allreduce_state_of >= 0 else None)})
     return {
         "name": _text(job.name), "mode": _text(job.mode), "staleness": int(job.staleness),
         "num_workers": int(job.num_workers), "num_servers": int(job.num_servers),
@@ -123,7 +125,9 @@ def describe_config(path: Union[str, os.PathLike], num_servers: int = 0,
     (ASYNC|BSP|SSP), staleness, cluster sizes, prefetch, clips_nonfinite,
     training (batch_size, epochs, shard_by_batch, max_steps, export_path),
     checkpoint_dir, tables (name, id, sparse, dim, size, optimizer,
-    optimizer_config, allreduce: a dense table with sync ALLREDUCE)."""
+    optimizer_config, allreduce: a dense table with sync ALLREDUCE,
+    allreduce_state_of: for the companion table holding such a table's
+    optimizer state on the servers, that table's id, else None)."""
     return JobConfig(path, num_servers, num_workers).describe()
 
 

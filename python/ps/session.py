@@ -33,7 +33,7 @@ from typing import (Any, Callable, Dict, Generic, Iterable, Iterator, List, Opti
 import numpy as np
 
 from . import _native
-from .allreduce import AllReducedDense, check_gradients
+from .allreduce import AllReducedDense
 from .data import JobConfig, describe_handle
 from .errors import (Cancelled, FailedPrecondition, ForkError, InvalidArgument, PsError,
                      from_code, last_failure)
@@ -392,6 +392,10 @@ class DenseTable(_Table):
         self.size: int = int(info["size"])
         #: dense.sync ALLREDUCE: updated by the workers' ring all-reduce.
         self.allreduce: bool = bool(info.get("allreduce", False))
+        #: The id of the all-reduced table whose optimizer state this table
+        #: holds on the servers ("<table>.allreduce_state", which the config
+        #: loader adds; not a model parameter), or None.
+        self.allreduce_state_of: Optional[int] = info.get("allreduce_state_of")
 
     def _range(self, begin: int, count: int) -> None:
         if begin < 0 or count < 0 or begin + count > self.size:
@@ -447,13 +451,15 @@ class DenseTable(_Table):
     def push(self, grads: Any, begin: int = 0) -> Future[None]:
         """Sends gradients of elements [begin, begin + len(grads)). An
         all-reduced table's are added to this step's gradient (done at once;
-        end_step all-reduces them); they must be finite whatever the job's
-        gradient policy (InvalidArgument)."""
+        end_step all-reduces them); under the CLIP gradient policy its
+        non-finite elements count as 0 (no server clips them), on every
+        worker alike."""
         g = self._values(grads, begin, "gradients")
         s = self._session
         ring = self._ring()
         if ring is not None:
-            check_gradients(self, g, begin)
+            if not np.isfinite(g).all():  # CLIP: _values let them through
+                g = np.where(np.isfinite(g), g, np.float32(0)).astype(np.float32)
             ring.add(self, g, begin)
             return Future._completed(s, None)
         h = _out_ptr()
@@ -591,10 +597,12 @@ class Session:
         self._clips_nonfinite: bool = bool(job["clips_nonfinite"])
         self._table_info = {t["name"]: t for t in job["tables"]}
         # The replica of the dense tables with sync ALLREDUCE (ps.allreduce),
-        # made on first use; observers read such tables from the servers.
+        # made on first use. Observers and tools (no shards to train) never
+        # join the workers' ring: they read and write such tables on the
+        # servers.
         self._ring: Optional[AllReducedDense] = None
         ring_tables = [n for n, t in self._table_info.items() if t.get("allreduce")]
-        if ring_tables and not self.observer:
+        if ring_tables and trains_shards and not self.observer:
             self._ring = AllReducedDense(self, [self.table(n) for n in ring_tables])
         self._step_position: Optional[DataPosition] = None
         self._stop_position: Optional[DataPosition] = None
@@ -694,7 +702,8 @@ class Session:
     def dense_allreduce(self) -> Optional[AllReducedDense]:
         """This worker's replica of the job's dense tables with sync
         ALLREDUCE (ps.allreduce.AllReducedDense: step, ring_size, values()),
-        or None when the job has none (or for an observer). Its tables'
+        or None when the job has none (or for an observer or a session
+        with trains_shards=False, which use the servers' copy). Its tables'
         DenseTable pull and push use it; end_step() runs its all-reduce."""
         return self._ring
 
@@ -842,18 +851,29 @@ class Session:
         or a `loss` that is not a number; FailedPrecondition from an
         observer. Neither given: nothing is reported.
 
-        With dense tables of sync ALLREDUCE (dense_allreduce), it first runs
+        With dense tables of sync ALLREDUCE (dense_allreduce), it then runs
         the step's all-reduce of their pushes, blocking until every worker
         in the ring has ended the step, and raises its failure (Timeout when
-        no ring formed within allreduce.form_timeout_ms)."""
+        no ring formed within allreduce.form_timeout_ms). The clock moves on
+        first, so that under BSP and SSP a worker waiting for a ring never
+        holds back the pulls of the others."""
         self._check_ends()
-        if self._ring is not None:
-            self._ring.end_step()
         if examples is not None or loss is not None:
             self._report_trained(examples, loss)
         if position is None:
             position = self._step_position
             self._step_position = None
+        ended = (self._ring.end_step(_native.position(position)) if self._ring is not None
+                 else None)
+        if ended is not None:
+            code, handle = ended
+            failure = last_failure(code) if code != 0 else None
+            if handle:
+                f = self._future(ctypes.c_void_p(handle), ())
+                self._pending_ends.append(f)
+            if failure is not None:
+                raise failure
+            return f
         h = _out_ptr()
         _check(_native.lib().ps_session_end_step(self._handle(), _native.position(position),
                                                  ctypes.byref(h)))

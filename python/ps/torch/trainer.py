@@ -12,6 +12,13 @@ The servers own the optimizer: the trainer pushes gradients (of the mean
 loss over this worker's batch) and reads the updated values back; there is
 no torch.optim optimizer. Under BSP the servers average a step's gradients
 over the live workers, so k workers at batch b train like one at batch k*b.
+
+A dense table with `sync: ALLREDUCE` in the job config is trained the same
+way with no DistributedDataParallel wrapper: its DenseTable pulls from this
+worker's replica and end_step averages the step's gradients over the
+workers by a ring all-reduce and applies the table's optimizer there (the
+servers' rules), so k workers at batch b again train like one at batch k*b,
+whatever the consistency mode of the sparse tables (ps.allreduce).
 """
 
 from __future__ import annotations
@@ -101,13 +108,17 @@ class Trainer:
     The dense parameters are written by rank 0 with the model's own initial
     values when sess.start_clock == 0 (the job starts), then every worker
     meets at barrier "dense_init"; a worker that joins late (start_clock >
-    0: a replacement, or a restored job) only pulls. Each step's dense
+    0: a replacement, or a restored job) only pulls. A table with sync
+    ALLREDUCE starts every worker's replica from those values (its first
+    pull), and a replacement's replica takes the ring's state when it joins. Each step's dense
     values are pulled after end_step and copied into the parameters just
     before the model's next forward (a forward pre-hook; call sync() to do
     it by hand). The first forward after sess.finish() reads the servers'
     final values instead (every worker's last pushes are in by then), so
     evaluation scores what export() writes; pull_dense() does the same at
-    any time, e.g. after close() removed the hook.
+    any time, e.g. after close() removed the hook. (All-reduced tables:
+    every worker writes its replica to the servers when it finishes, so
+    these are the trained values there too.)
 
     Counters: steps (steps ended through the trainer), nonfinite_steps
     (steps whose loss or gradients were not finite: nothing was pushed).
@@ -181,7 +192,10 @@ class Trainer:
         if spec is None:
             if not params:
                 return []
-            dense = [n for n in sess.table_names if isinstance(sess.table(n), DenseTable)]
+            # (Not the companion tables of all-reduced tables' optimizer
+            # state: they hold no parameters.)
+            dense = [n for n in sess.table_names if isinstance(sess.table(n), DenseTable)
+                     and sess.table(n).allreduce_state_of is None]
             if len(dense) != 1:
                 raise ValueError(
                     f"the model has {sum(p.numel() for _, p in params)} dense parameters; "
@@ -300,7 +314,8 @@ class Trainer:
         Returns True when the gradients were pushed; False when the loss or
         a gradient was not finite: then nothing is pushed, nonfinite_steps
         grows, and the step is still ended (end_step), so BSP peers do not
-        stall.
+        stall (and an all-reduced table's ring averages zeros for this
+        worker, as the BSP servers count a worker that pushed nothing).
 
         Raises, before anything of this step is done, the failure of the
         previous step's pushes (waiting for them) or of an earlier step's
