@@ -117,6 +117,7 @@ struct AllReducedTable::Ring {
   // and replace the replica only once all of it has arrived.
   uint64_t vote = 0;
   uint64_t clock = 0;
+  uint64_t pending = 0;
   std::vector<float> values;
   std::vector<float> state;
   std::vector<std::unique_ptr<gloo::Algorithm>> algorithms;
@@ -245,7 +246,7 @@ absl::Status AllReducedTable::Join(uint32_t min_members) {
   CloseRing();
   return Form(absl::Now() +
                   absl::Milliseconds(options_.allreduce.form_timeout_ms()),
-              min_members, /*wait=*/true)
+              min_members, /*wait=*/true, /*pending=*/false)
       .status();
 }
 
@@ -260,7 +261,8 @@ bool AllReducedTable::Connect(const JoinRingResponse& joined) {
   ring->generation = joined.generation();
   ring->rank = joined.rank();
   ring->size = joined.size();
-  ring->buffer.resize(values_.size());
+  // The gradients, then how many members contributed (see Step).
+  ring->buffer.resize(values_.size() + 1);
   if (ring->size > 1) {
     try {
       gloo::transport::tcp::attr attr;
@@ -288,7 +290,7 @@ bool AllReducedTable::Connect(const JoinRingResponse& joined) {
   return true;
 }
 
-bool AllReducedTable::Synchronise() {
+bool AllReducedTable::Synchronise(bool pending) {
   Ring& r = *ring_;
   if (r.size == 1) {
     synchronised_ = true;
@@ -332,6 +334,20 @@ bool AllReducedTable::Synchronise() {
     peer_clock_ = r.clock;
     step_ = steps;
     synchronised_ = true;
+    // Members that formed this generation inside Step retry (or, behind,
+    // skip) the step they were in, and their clocks are already past it. A
+    // member that joined without a step in hand (a new worker, resuming at
+    // the source's clock) takes part in that first all-reduce with nothing
+    // to add, so that every member's next step is the same all-reduce.
+    r.pending = pending ? 1 : 0;
+    run(std::make_unique<gloo::AllreduceRing<uint64_t>>(
+        r.context, std::vector<uint64_t*>{&r.pending}, 1,
+        gloo::ReductionFunction<uint64_t>::max));
+    if (r.pending != 0 && !pending) {
+      std::fill(r.buffer.begin(), r.buffer.end(), 0.0f);
+      r.allreduce->run();
+      ApplyAverage(r.buffer.data(), r.buffer.back());
+    }
   } catch (const std::exception& e) {
     Log()->warn("synchronising dense ring generation {}: {}", r.generation,
                 e.what());
@@ -341,7 +357,8 @@ bool AllReducedTable::Synchronise() {
 }
 
 absl::StatusOr<bool> AllReducedTable::Form(absl::Time deadline,
-                                           uint32_t min_members, bool wait) {
+                                           uint32_t min_members, bool wait,
+                                           bool pending) {
   while (true) {
     const absl::Duration left = deadline - absl::Now();
     if (left <= absl::ZeroDuration()) {
@@ -363,7 +380,7 @@ absl::StatusOr<bool> AllReducedTable::Form(absl::Time deadline,
       continue;
     }
     asked_after_ = 0;
-    if (!Connect(*joined) || !Synchronise()) {
+    if (!Connect(*joined) || !Synchronise(pending)) {
       CloseRing();
       ++reforms_;
       wait = true;  // the generation is being formed again: take part
@@ -375,9 +392,12 @@ absl::StatusOr<bool> AllReducedTable::Form(absl::Time deadline,
   }
 }
 
-void AllReducedTable::ApplyAverage(float* sum, uint32_t members) {
-  if (members > 1) {
-    const float inv = 1.0f / static_cast<float>(members);
+void AllReducedTable::ApplyAverage(float* sum, float contributors) {
+  // Equal on every member (it is part of the all-reduced buffer): all skip
+  // a round nobody contributed to.
+  if (!(contributors > 0)) return;
+  if (contributors != 1) {
+    const float inv = 1.0f / contributors;
     for (size_t i = 0; i < values_.size(); ++i) sum[i] *= inv;
   }
   const float lr = RateMultiplier(options_.table.optimizer(), step_,
@@ -409,7 +429,8 @@ absl::Status AllReducedTable::Step(absl::Span<const float> grad) {
       const absl::Time deadline =
           (synchronised_ ? now : alone_since_) + form_timeout;
       PS_ASSIGN_OR_RETURN(const bool formed,
-                          Form(deadline, 0, /*wait=*/synchronised_));
+                          Form(deadline, 0, /*wait=*/synchronised_,
+                               /*pending=*/true));
       if (!formed) {
         std::copy(grad.begin(), grad.end(), local_.begin());
         ApplyAverage(local_.data(), 1);
@@ -421,6 +442,7 @@ absl::Status AllReducedTable::Step(absl::Span<const float> grad) {
       if (step_ > before) return absl::OkStatus();
     }
     std::copy(grad.begin(), grad.end(), ring_->buffer.begin());
+    ring_->buffer.back() = 1;  // one contributor
     if (ring_->allreduce != nullptr) {
       try {
         ring_->allreduce->run();
@@ -432,7 +454,7 @@ absl::Status AllReducedTable::Step(absl::Span<const float> grad) {
         continue;
       }
     }
-    ApplyAverage(ring_->buffer.data(), ring_->size);
+    ApplyAverage(ring_->buffer.data(), ring_->buffer.back());
     return absl::OkStatus();
   }
 }

@@ -143,16 +143,17 @@ class AllReducedTable {
   // Joins the next generation (waiting for it to form, or only asking),
   // connects it and agrees on the state. False: asked without waiting,
   // and not formed yet.
+  // `pending`: called from Step, with a gradient to reduce.
   absl::StatusOr<bool> Form(absl::Time deadline, uint32_t min_members,
-                            bool wait);
+                            bool wait, bool pending);
   // Connects the generation `joined` (size > 1); false on a gloo error
   // (logged), after which the caller joins again.
   bool Connect(const JoinRingResponse& joined);
   // The most advanced member broadcasts its state; false on a gloo error.
-  bool Synchronise();
+  bool Synchronise(bool pending);
   // Applies sum / members to the replica (sum: values_.size() floats,
   // scaled in place).
-  void ApplyAverage(float* sum, uint32_t members);
+  void ApplyAverage(float* sum, float contributors);
   void Watch();
   bool RejoinRequested() const;
   void CloseRing();

@@ -202,7 +202,10 @@ def test_a_checkpoint_holds_the_replica_and_a_restored_job_resumes_it(
                              extra=f'checkpoint {{ dir: "{root}" }}'), "first.pbtxt")
     cluster = cluster_factory(first)
     for name in ("w0", "w1"):
-        cluster.python_worker(name, WORKER, [first, str(out), name, "0", "20"])
+        # Paced, so the clock the scheduler picks for the checkpoint (a
+        # little past the fastest clock its heartbeats report) is still
+        # ahead of the workers when they learn of it, also on a busy machine.
+        cluster.python_worker(name, WORKER, [first, str(out), name, "0.03", "20"])
     wait_ok(cluster, ["w0", "w1"])
     cluster.close()
     cut = np.load(out / "at-checkpoint.npy")
