@@ -307,11 +307,14 @@ def pod_env(container, pod_name, index):
     env = {}
     for e in container.get("env", []):
         if "value" in e:
-            env[e["name"]] = e["value"]
+            # Kubernetes expands $(VAR) of variables defined before it.
+            env[e["name"]] = expand(e["value"], env)
             continue
         path = e["valueFrom"]["fieldRef"]["fieldPath"]
         # metadata.uid: one per pod object, new for every run of the test.
+        # status.podIP: every pod of this test runs on host loopback.
         values = {"metadata.name": pod_name, "metadata.namespace": NAMESPACE,
+                  "status.podIP": "127.0.0.1",
                   "metadata.uid": f"{pod_name}-{RUN_UID}",
                   "metadata.annotations['batch.kubernetes.io/job-completion-index']": str(index)}
         if path not in values:
