@@ -221,7 +221,9 @@ void KillTrials(const std::string& mode, double tolerance) {
     auto result = h.Wait(absl::Minutes(5) * TimeoutScale());
     ASSERT_TRUE(result.ok()) << result.status() << "\n" << h.LogTails(40);
     for (int i = 0; i < static_cast<int>(result->workers.size()); ++i) {
-      if (i != victim) EXPECT_EQ(result->workers[i], 0) << h.LogTails(40);
+      if (i != victim) {
+        EXPECT_EQ(result->workers[i], 0) << h.LogTails(40);
+      }
     }
     const std::optional<double> auc = JsonNumber(result->summary, "test_auc");
     ASSERT_TRUE(auc.has_value()) << result->summary;
