@@ -156,6 +156,8 @@ ABSL_FLAG(std::string, log_level, "warn", "Log level of servers and clients.");
 namespace ps {
 namespace {
 
+using bench::ReadFull;
+using bench::WriteFull;
 using testing::NetworkLab;
 
 constexpr uint32_t kNumSlots = 4096;
@@ -246,30 +248,6 @@ struct RunSpec {
 
 // ---------------------------------------------------------------------------
 // Small helpers.
-
-bool ReadFull(int fd, void* buf, size_t n) {
-  auto* p = static_cast<char*>(buf);
-  while (n > 0) {
-    const ssize_t r = read(fd, p, n);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) return false;
-    p += r;
-    n -= static_cast<size_t>(r);
-  }
-  return true;
-}
-
-bool WriteFull(int fd, const void* buf, size_t n) {
-  auto* p = static_cast<const char*>(buf);
-  while (n > 0) {
-    const ssize_t r = write(fd, p, n);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) return false;
-    p += r;
-    n -= static_cast<size_t>(r);
-  }
-  return true;
-}
 
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
   std::ifstream in(path);

@@ -48,6 +48,12 @@ std::string LoadAverage();
 double Quantile(std::vector<double> v, double q);
 double Median(std::vector<double> v);
 
+// Reads or writes exactly n bytes of a blocking descriptor (a pipe or a
+// socket between a bench and its children), going on after EINTR; false at
+// end of file or on an error.
+bool ReadFull(int fd, void* buf, size_t n);
+bool WriteFull(int fd, const void* buf, size_t n);
+
 }  // namespace ps::bench
 
 #endif  // PS_TESTS_BENCH_BENCH_UTIL_H_

@@ -69,26 +69,35 @@
 #include "common/logging.h"
 #include "proto/scheduler.pb.h"
 #include "server/server.h"
+#include "tests/bench/bench_util.h"
 #include "worker/kv_client.h"
 
-ABSL_FLAG(std::string, mode, "kv", "kv (sparse), dense, or step (bytes on the wire per step).");
+ABSL_FLAG(std::string, mode, "kv",
+          "kv (sparse), dense, or step (bytes on the wire per step).");
 ABSL_FLAG(uint32_t, message_keys, 10000, "kv: keys per message.");
 ABSL_FLAG(uint32_t, dim, 1, "kv: floats per row.");
-ABSL_FLAG(uint64_t, key_space, 65536, "kv: distinct keys the messages draw from.");
+ABSL_FLAG(uint64_t, key_space, 65536,
+          "kv: distinct keys the messages draw from.");
 ABSL_FLAG(uint64_t, dense_bytes, 4 << 20, "dense: bytes per tensor.");
 ABSL_FLAG(int, window, 4, "Messages in flight per client.");
 ABSL_FLAG(double, seconds, 2.0, "Time per measurement.");
 ABSL_FLAG(int, repeat, 3, "Measurements per figure; the best is reported.");
-ABSL_FLAG(bool, curve, false,
-          "Server and client use CURVE (security.curve) with a fresh job key pair.");
+ABSL_FLAG(
+    bool, curve, false,
+    "Server and client use CURVE (security.curve) with a fresh job key pair.");
 ABSL_FLAG(std::string, dense_forms, "push,pull,push_copy,pull_copy",
-          "dense: the forms to measure, comma-separated (fewer: e.g. to profile one).");
-ABSL_FLAG(bool, raw, true, "Measure the raw baselines (false: only the parameter server, e.g. to profile it).");
+          "dense: the forms to measure, comma-separated (fewer: e.g. to "
+          "profile one).");
+ABSL_FLAG(bool, raw, true,
+          "Measure the raw baselines (false: only the parameter server, e.g. "
+          "to profile it).");
 
 namespace ps {
 namespace {
 
 using SteadyClock = std::chrono::steady_clock;
+using bench::ReadFull;
+using bench::WriteFull;
 
 double Seconds(SteadyClock::time_point since) {
   return std::chrono::duration<double>(SteadyClock::now() - since).count();
@@ -101,7 +110,8 @@ void Die(const std::string& what) {
 
 const char* g_bench = "kv";
 
-void Emit(const std::string& metric, double value, const char* unit, double baseline) {
+void Emit(const std::string& metric, double value, const char* unit,
+          double baseline) {
   std::printf(
       "{\"bench\":\"%s\",\"metric\":\"%s\",\"value\":%.6g,\"unit\":\"%s\","
       "\"baseline\":%.6g,\"ratio\":%.3f}\n",
@@ -120,7 +130,8 @@ uint64_t TcpBytesReceived() {
     tcp_info info{};
     socklen_t len = sizeof(info);
     if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &len) == 0 &&
-        len >= offsetof(tcp_info, tcpi_bytes_received) + sizeof(info.tcpi_bytes_received)) {
+        len >= offsetof(tcp_info, tcpi_bytes_received) +
+                   sizeof(info.tcpi_bytes_received)) {
       total += info.tcpi_bytes_received;
     }
   }
@@ -130,28 +141,6 @@ uint64_t TcpBytesReceived() {
 
 // ---------------------------------------------------------------------------
 // The toy server and its client.
-
-bool ReadFull(int fd, void* buf, size_t n) {
-  auto* p = static_cast<char*>(buf);
-  while (n > 0) {
-    const ssize_t r = read(fd, p, n);
-    if (r <= 0) return false;
-    p += r;
-    n -= static_cast<size_t>(r);
-  }
-  return true;
-}
-
-bool WriteFull(int fd, const void* buf, size_t n) {
-  auto* p = static_cast<const char*>(buf);
-  while (n > 0) {
-    const ssize_t r = write(fd, p, n);
-    if (r <= 0) return false;
-    p += r;
-    n -= static_cast<size_t>(r);
-  }
-  return true;
-}
 
 enum RawOp : uint32_t {
   kRawPush = 1,
@@ -218,7 +207,9 @@ class RawTable {
     std::memcpy(&k, &slots_[i * stride_], sizeof(k));
     return k;
   }
-  void SetKey(size_t i, uint64_t k) { std::memcpy(&slots_[i * stride_], &k, sizeof(k)); }
+  void SetKey(size_t i, uint64_t k) {
+    std::memcpy(&slots_[i * stride_], &k, sizeof(k));
+  }
 
   const uint32_t dim_;
   const size_t stride_;  // floats per slot
@@ -234,7 +225,8 @@ class RawServer {
     addr.sin_family = AF_INET;
     addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     socklen_t len = sizeof(addr);
-    if (bind(listen_, reinterpret_cast<sockaddr*>(&addr), len) != 0 || listen(listen_, 4) != 0 ||
+    if (bind(listen_, reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
+        listen(listen_, 4) != 0 ||
         getsockname(listen_, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
       Die("raw server: cannot listen on loopback");
     }
@@ -279,7 +271,8 @@ class RawServer {
         if (!ReadFull(fd, dense_in.data(), dense_in.size() * 4)) break;
         weights.resize(dense_in.size());
         if (AllFinite(dense_in)) {
-          for (size_t i = 0; i < weights.size(); ++i) weights[i] -= 0.1f * dense_in[i];
+          for (size_t i = 0; i < weights.size(); ++i)
+            weights[i] -= 0.1f * dense_in[i];
         }
         if (!WriteFull(fd, &++ack, sizeof(ack))) break;
       } else if (h.op == kRawPump || h.op == kRawPullDense) {
@@ -366,23 +359,31 @@ struct Ps {
 };
 
 // `data_plane`: the job's DataPlaneConfig, as textproto fields.
-Ps StartPs(uint32_t dim, uint64_t dense_floats, const std::string& data_plane = "") {
-  const std::string text = absl::StrFormat(R"pb(
-    data_plane { %s }
-    cluster { num_servers: 1 num_workers: 1 num_slots: 64 request_timeout_ms: 600000 }
-    tables {
-      id: 1
-      name: "emb"
-      sparse { dim: %u }
-      optimizer { adagrad { learning_rate: 0.1 } }
-    }
-    tables {
-      id: 2
-      name: "dense"
-      dense { size: %u }
-      optimizer { sgd { learning_rate: 0.1 } }
-    }
-  )pb", data_plane, dim, dense_floats);
+Ps StartPs(uint32_t dim, uint64_t dense_floats,
+           const std::string& data_plane = "") {
+  const std::string text =
+      absl::StrFormat(R"pb(
+                        data_plane { %s }
+                        cluster {
+                          num_servers: 1
+                          num_workers: 1
+                          num_slots: 64
+                          request_timeout_ms: 600000
+                        }
+                        tables {
+                          id: 1
+                          name: "emb"
+                          sparse { dim: %u }
+                          optimizer { adagrad { learning_rate: 0.1 } }
+                        }
+                        tables {
+                          id: 2
+                          name: "dense"
+                          dense { size: %u }
+                          optimizer { sgd { learning_rate: 0.1 } }
+                        }
+                      )pb",
+                      data_plane, dim, dense_floats);
   auto config = ParseJobConfig(text, "kv_bench");
   if (!config.ok()) Die(config.status().ToString());
   Ps ps;
@@ -406,7 +407,8 @@ Ps StartPs(uint32_t dim, uint64_t dense_floats, const std::string& data_plane = 
   view.set_epoch(1);
   view.set_job_state(RUNNING);
   view.set_num_slots(config->cluster().num_slots());
-  for (uint32_t s = 0; s < config->cluster().num_slots(); ++s) view.add_slot_owner(0);
+  for (uint32_t s = 0; s < config->cluster().num_slots(); ++s)
+    view.add_slot_owner(0);
   NodeInfo* node = view.add_nodes();
   node->set_role(SERVER);
   node->set_state(ALIVE);
@@ -471,8 +473,8 @@ void MeasureInRounds(const std::vector<Figure*>& figures) {
   const double seconds = absl::GetFlag(FLAGS_seconds);
   for (Figure* f : figures) {
     const double probe = f->run(f->count);
-    f->count =
-        std::max<size_t>(16, static_cast<size_t>(f->count * seconds / std::max(probe, 1e-6)));
+    f->count = std::max<size_t>(
+        16, static_cast<size_t>(f->count * seconds / std::max(probe, 1e-6)));
   }
   for (int r = 0; r < absl::GetFlag(FLAGS_repeat); ++r) {
     for (Figure* f : figures) {
@@ -482,7 +484,8 @@ void MeasureInRounds(const std::vector<Figure*>& figures) {
       const double rate = f->count * f->items_per_call / elapsed;
       if (rate > f->rate) {
         f->rate = rate;
-        f->bytes_per_item = static_cast<double>(after - before) / (f->count * f->items_per_call);
+        f->bytes_per_item = static_cast<double>(after - before) /
+                            (f->count * f->items_per_call);
       }
     }
   }
@@ -498,7 +501,8 @@ int SparseBench() {
   const int window = absl::GetFlag(FLAGS_window);
   // 64 messages of random keys from the key space, used round-robin.
   constexpr size_t kMessages = 64;
-  std::vector<std::vector<uint64_t>> messages(kMessages, std::vector<uint64_t>(n));
+  std::vector<std::vector<uint64_t>> messages(kMessages,
+                                              std::vector<uint64_t>(n));
   uint64_t s = 1;
   for (auto& m : messages) {
     for (auto& k : m) {
@@ -518,13 +522,16 @@ int SparseBench() {
   const bool raw_wanted = absl::GetFlag(FLAGS_raw);
   std::optional<RawConnection> raw;
   int fd = -1;
-  Figure raw_push_fig, raw_pull_fig, push_fig, pull_fig, push_uncached_fig, pull_uncached_fig;
+  Figure raw_push_fig, raw_pull_fig, push_fig, pull_fig, push_uncached_fig,
+      pull_uncached_fig;
   std::vector<Figure*> figures;
   uint64_t ack;
   std::vector<float> raw_out(size_t{n} * dim);
-  auto raw_push_message = [&](const std::vector<uint64_t>& keys, const float* g) {
+  auto raw_push_message = [&](const std::vector<uint64_t>& keys,
+                              const float* g) {
     RawHeader h{kRawPush, static_cast<uint32_t>(keys.size())};
-    if (!WriteFull(fd, &h, sizeof(h)) || !WriteFull(fd, keys.data(), keys.size() * 8) ||
+    if (!WriteFull(fd, &h, sizeof(h)) ||
+        !WriteFull(fd, keys.data(), keys.size() * 8) ||
         !WriteFull(fd, g, keys.size() * dim * 4)) {
       Die("raw push: write failed");
     }
@@ -537,7 +544,10 @@ int SparseBench() {
     raw_push_fig.items_per_call = n;
     raw_push_fig.run = [&](size_t count) {
       return Pipelined(
-          count, window, [&](size_t i) { raw_push_message(messages[i % kMessages], grads.data()); },
+          count, window,
+          [&](size_t i) {
+            raw_push_message(messages[i % kMessages], grads.data());
+          },
           [&](size_t) {
             if (!ReadFull(fd, &ack, 8)) Die("raw: read failed");
           });
@@ -549,12 +559,14 @@ int SparseBench() {
           [&](size_t i) {
             const auto& keys = messages[i % kMessages];
             RawHeader h{kRawPull, static_cast<uint32_t>(keys.size())};
-            if (!WriteFull(fd, &h, sizeof(h)) || !WriteFull(fd, keys.data(), keys.size() * 8)) {
+            if (!WriteFull(fd, &h, sizeof(h)) ||
+                !WriteFull(fd, keys.data(), keys.size() * 8)) {
               Die("raw pull: write failed");
             }
           },
           [&](size_t) {
-            if (!ReadFull(fd, raw_out.data(), raw_out.size() * 4)) Die("raw: read failed");
+            if (!ReadFull(fd, raw_out.data(), raw_out.size() * 4))
+              Die("raw: read failed");
           });
     };
   }
@@ -566,14 +578,17 @@ int SparseBench() {
   Ps ps = StartPs(dim, 1);
   Ps uncached = StartPs(dim, 1, "key_cache_bytes: -1");
   // One output buffer per message in flight.
-  std::vector<std::vector<float>> outs(window, std::vector<float>(size_t{n} * dim));
+  std::vector<std::vector<float>> outs(window,
+                                       std::vector<float>(size_t{n} * dim));
   auto measure = [&](KVClient& client, Figure* push, Figure* pull) {
-    if (absl::Status st = client.Push(1, all, all_grads).Wait(); !st.ok()) Die(st.ToString());
+    if (absl::Status st = client.Push(1, all, all_grads).Wait(); !st.ok())
+      Die(st.ToString());
     push->items_per_call = n;
     // The runs outlive this call: they hold the client by pointer.
     push->run = [&, c = &client](size_t count) {
-      return PsPipelined(count, window,
-                         [&](size_t i) { return c->Push(1, messages[i % kMessages], grads); });
+      return PsPipelined(count, window, [&](size_t i) {
+        return c->Push(1, messages[i % kMessages], grads);
+      });
     };
     pull->items_per_call = n;
     pull->run = [&, c = &client](size_t count) {
@@ -594,24 +609,33 @@ int SparseBench() {
   raw.reset();
   const double raw_push = raw_push_fig.rate, raw_pull = raw_pull_fig.rate;
   const double push = push_fig.rate, pull = pull_fig.rate;
-  const double push_uncached = push_uncached_fig.rate, pull_uncached = pull_uncached_fig.rate;
-  const double push_bytes = push_fig.bytes_per_item, pull_bytes = pull_fig.bytes_per_item;
+  const double push_uncached = push_uncached_fig.rate,
+               pull_uncached = pull_uncached_fig.rate;
+  const double push_bytes = push_fig.bytes_per_item,
+               pull_bytes = pull_fig.bytes_per_item;
   Emit("push_adagrad_keys_per_s", push, "keys/s", raw_push);
   Emit("pull_keys_per_s", pull, "keys/s", raw_pull);
   Emit("push_adagrad_keys_per_s_uncached", push_uncached, "keys/s", raw_push);
   Emit("pull_keys_per_s_uncached", pull_uncached, "keys/s", raw_pull);
   Emit("push_wire_bytes_per_key", push_bytes, "bytes", min_push);
   Emit("pull_wire_bytes_per_key", pull_bytes, "bytes", min_pull);
-  Emit("push_wire_bytes_per_key_uncached", push_uncached_fig.bytes_per_item, "bytes", min_push);
-  Emit("pull_wire_bytes_per_key_uncached", pull_uncached_fig.bytes_per_item, "bytes", min_pull);
+  Emit("push_wire_bytes_per_key_uncached", push_uncached_fig.bytes_per_item,
+       "bytes", min_push);
+  Emit("pull_wire_bytes_per_key_uncached", pull_uncached_fig.bytes_per_item,
+       "bytes", min_pull);
   std::fprintf(stderr,
-               "# kv: %u-key messages, dim %u, %llu distinct keys, window %d; raw toy server "
+               "# kv: %u-key messages, dim %u, %llu distinct keys, window %d; "
+               "raw toy server "
                "push %.3g keys/s, pull %.3g keys/s\n",
-               n, dim, static_cast<unsigned long long>(space), window, raw_push, raw_pull);
+               n, dim, static_cast<unsigned long long>(space), window, raw_push,
+               raw_pull);
   std::printf(
-      "{\"bench\":\"kv\",\"summary\":{\"push_keys_per_s\":%.4g,\"push_ratio\":%.3f,"
-      "\"pull_keys_per_s\":%.4g,\"pull_ratio\":%.3f,\"push_uncached_ratio\":%.3f,"
-      "\"pull_uncached_ratio\":%.3f,\"push_wire_ratio\":%.4f,\"pull_wire_ratio\":%.4f}}\n",
+      "{\"bench\":\"kv\",\"summary\":{\"push_keys_per_s\":%.4g,\"push_ratio\":%"
+      ".3f,"
+      "\"pull_keys_per_s\":%.4g,\"pull_ratio\":%.3f,\"push_uncached_ratio\":%."
+      "3f,"
+      "\"pull_uncached_ratio\":%.3f,\"push_wire_ratio\":%.4f,\"pull_wire_"
+      "ratio\":%.4f}}\n",
       push, push / raw_push, pull, pull / raw_pull, push_uncached / raw_push,
       pull_uncached / raw_pull, push_bytes / min_push, pull_bytes / min_pull);
   return 0;
@@ -630,7 +654,8 @@ int StepBench() {
   constexpr uint64_t kDense = 65536;
   constexpr int kSteps = 200;
   constexpr size_t kLists = 8;
-  std::vector<std::vector<uint64_t>> lists(kLists, std::vector<uint64_t>(kKeys));
+  std::vector<std::vector<uint64_t>> lists(kLists,
+                                           std::vector<uint64_t>(kKeys));
   uint64_t s = 3;
   for (auto& l : lists) {
     for (auto& k : l) {
@@ -641,16 +666,19 @@ int StepBench() {
   std::vector<float> grads(kKeys * kDim, 0.01f), out(kKeys * kDim);
   std::vector<float> dense_grads(kDense, 0.01f), dense_out(kDense);
   // keys and values of the sparse pull and push, the dense tensor both ways
-  const double minimum = 2.0 * (kKeys * 8.0 + kKeys * kDim * 4.0) + 2.0 * kDense * 4.0;
+  const double minimum =
+      2.0 * (kKeys * 8.0 + kKeys * kDim * 4.0) + 2.0 * kDense * 4.0;
   struct Variant {
     const char* metric;
     const char* data_plane;
     const char* note;
   };
   for (const Variant& v :
-       {Variant{"step_wire_bytes_uncached", "key_cache_bytes: -1", "no key-list caching"},
+       {Variant{"step_wire_bytes_uncached", "key_cache_bytes: -1",
+                "no key-list caching"},
         Variant{"step_wire_bytes", "", "key-list caching (the default)"},
-        Variant{"step_wire_bytes_fp16", "push_values: FLOAT16 pull_values: FLOAT16",
+        Variant{"step_wire_bytes_fp16",
+                "push_values: FLOAT16 pull_values: FLOAT16",
                 "key-list caching, FLOAT16 values both ways"}}) {
     Ps ps = StartPs(kDim, kDense, v.data_plane);
     KVClient& c = *ps.client;
@@ -663,13 +691,15 @@ int StepBench() {
       if (st.ok()) st = c.AdvanceClock().Wait();
       if (!st.ok()) Die(st.ToString());
     };
-    for (int i = 0; i < static_cast<int>(kLists); ++i) step(i);  // warm-up: lists sent once
+    for (int i = 0; i < static_cast<int>(kLists); ++i)
+      step(i);  // warm-up: lists sent once
     const uint64_t before = TcpBytesReceived();
     for (int i = 0; i < kSteps; ++i) step(i);
-    const double per_step = static_cast<double>(TcpBytesReceived() - before) / kSteps;
+    const double per_step =
+        static_cast<double>(TcpBytesReceived() - before) / kSteps;
     Emit(v.metric, per_step, "bytes", minimum);
-    std::fprintf(stderr, "# %s: %.0f bytes per step, minimum %.0f (%s)\n", v.metric, per_step,
-                 minimum, v.note);
+    std::fprintf(stderr, "# %s: %.0f bytes per step, minimum %.0f (%s)\n",
+                 v.metric, per_step, minimum, v.note);
   }
   return 0;
 }
@@ -681,7 +711,8 @@ int DenseBench() {
   const int window = absl::GetFlag(FLAGS_window);
   std::vector<float> grads(floats, 0.001f);
 
-  const std::vector<std::string> forms = absl::StrSplit(absl::GetFlag(FLAGS_dense_forms), ',');
+  const std::vector<std::string> forms =
+      absl::StrSplit(absl::GetFlag(FLAGS_dense_forms), ',');
   auto wants = [&](const char* form) {
     return std::find(forms.begin(), forms.end(), form) != forms.end();
   };
@@ -706,7 +737,8 @@ int DenseBench() {
             count, window,
             [&](size_t) {
               RawHeader h{op, static_cast<uint32_t>(bytes)};
-              if (!WriteFull(fd, &h, sizeof(h)) || !WriteFull(fd, grads.data(), bytes)) {
+              if (!WriteFull(fd, &h, sizeof(h)) ||
+                  !WriteFull(fd, grads.data(), bytes)) {
                 Die("raw: write failed");
               }
             },
@@ -739,7 +771,8 @@ int DenseBench() {
   // the shared gradients, pulls keep the answer's frame.
   auto shared = std::make_shared<const std::vector<float>>(grads);
   push_fig.run = [&](size_t count) {
-    return PsPipelined(count, window, [&](size_t) { return client.PushDense(2, 0, shared); });
+    return PsPipelined(count, window,
+                       [&](size_t) { return client.PushDense(2, 0, shared); });
   };
   std::vector<DenseValues> pulled(window);
   pull_fig.run = [&](size_t count) {
@@ -750,7 +783,8 @@ int DenseBench() {
   // The copying forms: values copied into frames, answers into the caller's
   // arrays.
   push_copy_fig.run = [&](size_t count) {
-    return PsPipelined(count, window, [&](size_t) { return client.PushDense(2, 0, grads); });
+    return PsPipelined(count, window,
+                       [&](size_t) { return client.PushDense(2, 0, grads); });
   };
   std::vector<std::vector<float>> outs(window, std::vector<float>(floats));
   pull_copy_fig.run = [&](size_t count) {
@@ -764,34 +798,45 @@ int DenseBench() {
   if (wants("pull_copy")) figures.push_back(&pull_copy_fig);
   MeasureInRounds(figures);
   raw.reset();
-  const double pump = pump_fig.rate, raw_sgd = raw_sgd_fig.rate, raw_pull = raw_pull_fig.rate;
+  const double pump = pump_fig.rate, raw_sgd = raw_sgd_fig.rate,
+               raw_pull = raw_pull_fig.rate;
   const double push = push_fig.rate, pull = pull_fig.rate;
   const double push_copy = push_copy_fig.rate, pull_copy = pull_copy_fig.rate;
-  const double push_bytes = push_fig.bytes_per_item, pull_bytes = pull_fig.bytes_per_item;
+  const double push_bytes = push_fig.bytes_per_item,
+               pull_bytes = pull_fig.bytes_per_item;
   const double gb = 1e9;
   if (wants("push")) Emit("push_bytes_per_s", push / gb, "GB/s", pump / gb);
   if (wants("pull")) Emit("pull_bytes_per_s", pull / gb, "GB/s", pump / gb);
-  if (wants("push_copy")) Emit("push_copy_bytes_per_s", push_copy / gb, "GB/s", pump / gb);
-  if (wants("pull_copy")) Emit("pull_copy_bytes_per_s", pull_copy / gb, "GB/s", pump / gb);
+  if (wants("push_copy"))
+    Emit("push_copy_bytes_per_s", push_copy / gb, "GB/s", pump / gb);
+  if (wants("pull_copy"))
+    Emit("pull_copy_bytes_per_s", pull_copy / gb, "GB/s", pump / gb);
   // The same figures against a toy server doing the same work (as the kv
   // bench's baseline applies Adagrad): checking and applying a push, and
   // answering a pull straight from its array.
-  if (wants("push")) Emit("push_bytes_per_s_vs_toy", push / gb, "GB/s", raw_sgd / gb);
-  if (wants("pull")) Emit("pull_bytes_per_s_vs_toy", pull / gb, "GB/s", raw_pull / gb);
-  if (wants("push")) Emit("push_wire_bytes_per_value_byte", push_bytes, "bytes", 1.0);
-  if (wants("pull")) Emit("pull_wire_bytes_per_value_byte", pull_bytes, "bytes", 1.0);
+  if (wants("push"))
+    Emit("push_bytes_per_s_vs_toy", push / gb, "GB/s", raw_sgd / gb);
+  if (wants("pull"))
+    Emit("pull_bytes_per_s_vs_toy", pull / gb, "GB/s", raw_pull / gb);
+  if (wants("push"))
+    Emit("push_wire_bytes_per_value_byte", push_bytes, "bytes", 1.0);
+  if (wants("pull"))
+    Emit("pull_wire_bytes_per_value_byte", pull_bytes, "bytes", 1.0);
   std::fprintf(stderr,
-               "# dense: %llu-byte tensors, window %d; raw socket pump %.3g GB/s, toy push "
+               "# dense: %llu-byte tensors, window %d; raw socket pump %.3g "
+               "GB/s, toy push "
                "(check + SGD) %.3g GB/s, toy pull %.3g GB/s\n",
-               static_cast<unsigned long long>(bytes), window, pump / gb, raw_sgd / gb,
-               raw_pull / gb);
+               static_cast<unsigned long long>(bytes), window, pump / gb,
+               raw_sgd / gb, raw_pull / gb);
   std::printf(
-      "{\"bench\":\"dense\",\"summary\":{\"push_gb_per_s\":%.4g,\"push_ratio\":%.3f,"
+      "{\"bench\":\"dense\",\"summary\":{\"push_gb_per_s\":%.4g,\"push_ratio\":"
+      "%.3f,"
       "\"pull_gb_per_s\":%.4g,\"pull_ratio\":%.3f,\"push_copy_ratio\":%.3f,"
-      "\"pull_copy_ratio\":%.3f,\"pump_gb_per_s\":%.4g,\"push_vs_toy_ratio\":%.3f,"
+      "\"pull_copy_ratio\":%.3f,\"pump_gb_per_s\":%.4g,\"push_vs_toy_ratio\":%."
+      "3f,"
       "\"pull_vs_toy_ratio\":%.3f}}\n",
-      push / gb, push / pump, pull / gb, pull / pump, push_copy / pump, pull_copy / pump,
-      pump / gb, push / raw_sgd, pull / raw_pull);
+      push / gb, push / pump, pull / gb, pull / pump, push_copy / pump,
+      pull_copy / pump, pump / gb, push / raw_sgd, pull / raw_pull);
   return 0;
 }
 
@@ -807,6 +852,7 @@ int main(int argc, char** argv) {
   if (mode == "kv") return ps::SparseBench() != 0 ? 1 : ps::StepBench();
   if (mode == "dense") return ps::DenseBench();
   if (mode == "step") return ps::StepBench();
-  std::fprintf(stderr, "kv_bench: --mode must be kv, dense or step, not '%s'\n", mode.c_str());
+  std::fprintf(stderr, "kv_bench: --mode must be kv, dense or step, not '%s'\n",
+               mode.c_str());
   return 2;
 }
