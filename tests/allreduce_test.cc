@@ -282,7 +282,7 @@ TEST(AllReduceCheckpointTest, RestoresOntoAnotherWorkerCountBitForBit) {
       }
       // A cut taken after training ended holds what the workers wrote on
       // leaving the ring, all at the same final step.
-      for (const auto& [clock, digest] : Digests(log, "(leaving the ring)")) {
+      for (const auto& [clock, digest] : Digests(log, "on leaving the ring")) {
         written[kFinishedClock] = digest;
       }
     }

@@ -151,7 +151,6 @@ absl::StatusOr<std::unique_ptr<AllReducedTable>> AllReducedTable::Create(
   t->state_.resize(t->values_.size() * t->optimizer_->state_size());
   t->optimizer_->InitState(t->state_.data(), t->values_.size());
   t->step_ = step;
-  t->local_.resize(t->values_.size());
   t->watcher_ = std::thread([p = t.get()] { p->Watch(); });
   return t;
 }
@@ -244,10 +243,9 @@ void AllReducedTable::Watch() {
 absl::Status AllReducedTable::Join(uint32_t min_members) {
   if (ring_ != nullptr && !RejoinRequested()) return absl::OkStatus();
   CloseRing();
-  return Form(absl::Now() +
-                  absl::Milliseconds(options_.allreduce.form_timeout_ms()),
-              min_members, /*wait=*/true, /*pending=*/false)
-      .status();
+  return Form(
+      absl::Now() + absl::Milliseconds(options_.allreduce.form_timeout_ms()),
+      min_members, /*pending=*/false);
 }
 
 absl::Status AllReducedTable::Leave() {
@@ -356,9 +354,8 @@ bool AllReducedTable::Synchronise(bool pending) {
   return true;
 }
 
-absl::StatusOr<bool> AllReducedTable::Form(absl::Time deadline,
-                                           uint32_t min_members, bool wait,
-                                           bool pending) {
+absl::Status AllReducedTable::Form(absl::Time deadline, uint32_t min_members,
+                                   bool pending) {
   while (true) {
     const absl::Duration left = deadline - absl::Now();
     if (left <= absl::ZeroDuration()) {
@@ -367,12 +364,10 @@ absl::StatusOr<bool> AllReducedTable::Form(absl::Time deadline,
                        options_.allreduce.form_timeout_ms(), " ms"));
     }
     absl::StatusOr<JoinRingResponse> joined = options_.scheduler->JoinRing(
-        wait ? std::min(left, absl::Seconds(10)) : absl::ZeroDuration(),
-        min_members, asked_after_);
+        std::min(left, absl::Seconds(10)), min_members, asked_after_);
     if (!joined.ok()) return joined.status();
     if (!joined->formed()) {
       asked_after_ = joined->generation();
-      if (!wait) return false;
       Log()->warn(
           "dense ring: the generation after {} still waits for nodes {} to "
           "join",
@@ -383,12 +378,11 @@ absl::StatusOr<bool> AllReducedTable::Form(absl::Time deadline,
     if (!Connect(*joined) || !Synchronise(pending)) {
       CloseRing();
       ++reforms_;
-      wait = true;  // the generation is being formed again: take part
       continue;
     }
     Log()->info("in dense ring generation {} as rank {} of {}, at step {}",
                 joined->generation(), joined->rank(), joined->size(), step_);
-    return true;
+    return absl::OkStatus();
   }
 }
 
@@ -412,31 +406,14 @@ absl::Status AllReducedTable::Step(absl::Span<const float> grad) {
         absl::StrCat("dense gradient of ", grad.size(), " floats, expected ",
                      values_.size()));
   }
-  const absl::Duration form_timeout =
-      absl::Milliseconds(options_.allreduce.form_timeout_ms());
-  const absl::Time now = absl::Now();
   while (true) {
     if (ring_ == nullptr || RejoinRequested()) {
       CloseRing();
       const uint64_t before = step_;
-      if (!synchronised_ && alone_since_ == absl::InfiniteFuture()) {
-        alone_since_ = now;
-      }
-      // A worker that never was in a ring (it joins a running job) asks
-      // without waiting and trains alone meanwhile: the members it would
-      // wait for may be waiting for its clock (BSP, SSP), and the state it
-      // gets when the ring takes it in replaces what it learned alone.
-      const absl::Time deadline =
-          (synchronised_ ? now : alone_since_) + form_timeout;
-      PS_ASSIGN_OR_RETURN(const bool formed,
-                          Form(deadline, 0, /*wait=*/synchronised_,
-                               /*pending=*/true));
-      if (!formed) {
-        std::copy(grad.begin(), grad.end(), local_.begin());
-        ApplyAverage(local_.data(), 1);
-        return absl::OkStatus();
-      }
-      alone_since_ = absl::InfiniteFuture();
+      PS_RETURN_IF_ERROR(
+          Form(absl::Now() +
+                   absl::Milliseconds(options_.allreduce.form_timeout_ms()),
+               /*min_members=*/0, /*pending=*/true));
       // The members that finished the step this gradient was for applied
       // it (with this gradient, reduced before the failure): done.
       if (step_ > before) return absl::OkStatus();

@@ -21,10 +21,9 @@
 // generation. Forming waits for a dead member only until the scheduler
 // declares it dead (cluster.heartbeat_timeout_ms); Step gives up with
 // DEADLINE_EXCEEDED after AllReduceConfig.form_timeout_ms without a ring.
-// A worker that never was in a ring (one joining a running job) does not
-// wait: it asks, and applies its own gradients alone until the members
-// have joined too (under BSP and SSP they may first need its clock to move
-// on); the broadcast then replaces what it learned alone.
+// A worker joining a ring that trains calls Join first, with its clock
+// moved out of the others' way (worker/dense_ring_copy.h JoinRunning):
+// under BSP and SSP the members may be waiting for its clock.
 //
 // Joining: a newly formed generation first agrees on the member that has
 // applied the most steps (members that were in a ring before preferred over
@@ -140,12 +139,10 @@ class AllReducedTable {
   struct Ring;
   AllReducedTable(Options options, std::unique_ptr<Optimizer> optimizer);
 
-  // Joins the next generation (waiting for it to form, or only asking),
-  // connects it and agrees on the state. False: asked without waiting,
-  // and not formed yet.
-  // `pending`: called from Step, with a gradient to reduce.
-  absl::StatusOr<bool> Form(absl::Time deadline, uint32_t min_members,
-                            bool wait, bool pending);
+  // Joins the next generation (waiting until `deadline` for it to form),
+  // connects it and agrees on the state. `pending`: called from Step, with
+  // a gradient to reduce.
+  absl::Status Form(absl::Time deadline, uint32_t min_members, bool pending);
   // Connects the generation `joined` (size > 1); false on a gloo error
   // (logged), after which the caller joins again.
   bool Connect(const JoinRingResponse& joined);
@@ -169,12 +166,9 @@ class AllReducedTable {
   std::unique_ptr<Ring> ring_;
   uint64_t reforms_ = 0;
   // The generation the scheduler last named while this worker's join was
-  // pending (JoinRingRequest.after_generation), and since when a worker
-  // that never was in a ring has trained alone.
+  // pending (JoinRingRequest.after_generation).
   uint64_t asked_after_ = 0;
   uint64_t peer_clock_ = 0;
-  absl::Time alone_since_ = absl::InfiniteFuture();
-  std::vector<float> local_;  // a gradient applied without a ring
 
   // The generation this member holds (0: none) and the one the watcher
   // found must be left; read by the training thread.

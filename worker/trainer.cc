@@ -116,31 +116,9 @@ absl::Status Trainer::UseDenseRing(SchedulerClient* scheduler,
   if (dense_config_->dense().sync() != DenseTableConfig::ALLREDUCE) {
     return absl::OkStatus();
   }
-  if (OptimizerStateFloats(dense_config_->optimizer()) > 0) {
-    PS_ASSIGN_OR_RETURN(
-        const TableConfig* state,
-        FindTable(config_, AllReduceStateTable(dense_config_->name())));
-    dense_state_table_ = state->id();
-  }
+  PS_ASSIGN_OR_RETURN(DenseRingCopy copy,
+                      DenseRingCopy::Create(config_, {dense_config_}));
   const uint64_t clock = client_->clock();
-  std::vector<float> values(layout_.dense_size);
-  std::vector<float> state;
-  if (clock > 0) {
-    // A resumed job: the servers hold the table as the ring last wrote it
-    // (restored from a checkpoint, or left by the workers before).
-    PS_RETURN_IF_ERROR(
-        client_->PullDense(dense_table_, 0, values.size(), values.data())
-            .Wait());
-    if (dense_state_table_) {
-      state.resize(values.size() *
-                   OptimizerStateFloats(dense_config_->optimizer()));
-      PS_RETURN_IF_ERROR(
-          client_->PullDense(*dense_state_table_, 0, state.size(), state.data())
-              .Wait());
-    }
-  } else {
-    values = InitialDense();
-  }
   AllReducedTable::Options options;
   options.table = *dense_config_;
   options.num_workers = config_.cluster().num_workers();
@@ -149,32 +127,21 @@ absl::Status Trainer::UseDenseRing(SchedulerClient* scheduler,
   options.host = host;
   options.clock = [this] {
     const uint64_t clock = client_->clock();
-    return clock < kFinishedClock ? clock : paused_clock_;
+    return clock < kFinishedClock ? clock : paused_clock_.load();
   };
-  PS_ASSIGN_OR_RETURN(
-      ring_, AllReducedTable::Create(std::move(options), values, clock));
+  PS_ASSIGN_OR_RETURN(ring_, AllReducedTable::Create(std::move(options),
+                                                     InitialDense(), clock));
+  ring_copy_ = std::move(copy);
   if (clock > 0) {
-    if (state.empty()) state = ring_->state();
+    // A resumed job: the servers hold the table as the ring last wrote it
+    // (restored from a checkpoint, or left by the workers before).
     PS_RETURN_IF_ERROR(
-        ring_->Reset(std::move(values), std::move(state), clock));
+        ring_copy_->ReadServers(*client_, *ring_, /*with_state=*/true));
     Log()->info(
         "read the dense state from the servers at clock {} (digest "
         "{:016x})",
         clock, ring_->Digest());
   }
-  return absl::OkStatus();
-}
-
-absl::Status Trainer::WriteDenseCopy(absl::string_view why) {
-  Completion values = client_->AssignDense(dense_table_, 0, ring_->values());
-  if (dense_state_table_) {
-    PS_RETURN_IF_ERROR(
-        client_->AssignDense(*dense_state_table_, 0, ring_->state()).Wait());
-  }
-  PS_RETURN_IF_ERROR(values.Wait());
-  Log()->info(
-      "wrote the dense state ({}) at step {}, clock {} (digest {:016x})", why,
-      ring_->step(), client_->clock(), ring_->Digest());
   return absl::OkStatus();
 }
 
@@ -184,40 +151,25 @@ absl::Status Trainer::RingStep(ShardRun* run) {
   for (float& g : output_.dense_grad) {
     if (!std::isfinite(g)) g = 0;
   }
-  const uint64_t cut = client_->checkpoint_clock();
-  if (cut == 0 || client_->clock() + 1 != cut) {
-    // The clock moves on before the all-reduce, which may wait for a ring
-    // to form again: under BSP and SSP a member blocked there must not hold
-    // back the pulls of the members it waits for (one that finished the
-    // step before a peer died goes on to its next pull). The all-reduce
-    // overlaps with the sparse push in flight.
+  // The all-reduce overlaps with the sparse push in flight.
+  return ring_copy_->EndStep(*client_, *ring_, output_.dense_grad, [&] {
     run->in_flight.push_back(client_->AdvanceClock());
-    return ring_->Step(output_.dense_grad);
-  }
-  // The last step before a checkpoint's cut: the servers' copy must hold
-  // it when they write the cut, so the first member writes it before its
-  // clock reaches the cut (writes at clock cut - 1 are not held back).
-  PS_RETURN_IF_ERROR(ring_->Step(output_.dense_grad));
-  if (ring_->ring_rank() == 0) {
-    PS_RETURN_IF_ERROR(
-        WriteDenseCopy(absl::StrCat("for the checkpoint at clock ", cut)));
-  }
-  run->in_flight.push_back(client_->AdvanceClock());
-  return absl::OkStatus();
+  });
 }
 
 absl::Status Trainer::JoinDenseRing(bool together) {
   if (ring_ == nullptr || ring_->connected()) return absl::OkStatus();
   if (together) return ring_->Join(num_workers_);
-  paused_clock_ = client_->clock();
-  PS_RETURN_IF_ERROR(client_->AdvanceClockTo(kFinishedClock).Wait());
-  PS_RETURN_IF_ERROR(ring_->Join(0));
-  const uint64_t resume = std::max(paused_clock_, ring_->peer_clock());
-  if (resume != paused_clock_) {
-    Log()->info("resuming at the dense ring's clock {} (was at {})", resume,
-                paused_clock_);
-  }
-  return client_->RestartClock(resume).Wait();
+  const uint64_t before = client_->clock();
+  PS_RETURN_IF_ERROR(DenseRingCopy::JoinRunning(
+      *client_, *ring_, paused_clock_, [&](uint64_t resume) {
+        if (resume != before) {
+          Log()->info("resuming at the dense ring's clock {} (was at {})",
+                      resume, before);
+        }
+        return client_->RestartClock(resume).Wait();
+      }));
+  return absl::OkStatus();
 }
 
 absl::Status Trainer::LeaveDenseRing() {
@@ -225,7 +177,11 @@ absl::Status Trainer::LeaveDenseRing() {
   // The servers keep the table for export, evaluation and a resumed job:
   // the replicas are equal at equal steps, and the member that trains
   // longest writes last.
-  PS_RETURN_IF_ERROR(WriteDenseCopy("leaving the ring"));
+  PS_RETURN_IF_ERROR(ring_copy_->WriteServers(*client_, *ring_));
+  Log()->info(
+      "wrote the dense state on leaving the ring at step {}, clock {} "
+      "(digest {:016x})",
+      ring_->step(), client_->clock(), ring_->Digest());
   return ring_->Leave();
 }
 

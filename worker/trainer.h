@@ -64,6 +64,7 @@
 #include "worker/compute/compute.h"
 #include "worker/data/dataset.h"
 #include "worker/dense_ring.h"
+#include "worker/dense_ring_copy.h"
 #include "worker/evaluation.h"
 #include "worker/kv_client.h"
 #include "worker/models/model.h"
@@ -268,21 +269,15 @@ class Trainer {
   std::vector<float> InitialDense() const;
   // Writes the replica to the servers and leaves the ring (no-op without).
   absl::Status LeaveDenseRing();
-  // Writes the replica's values and optimizer state to the servers' copy
-  // of the table (and its state table), as of this worker's clock; `why`
-  // names the occasion in the log.
-  absl::Status WriteDenseCopy(absl::string_view why);
   // The dense step of an all-reduced table: the all-reduce, and the clock
-  // and the servers' copy around it (RunStep).
+  // and the servers' copy around it (RunStep; DenseRingCopy::EndStep).
   struct ShardRun;
   absl::Status RingStep(ShardRun* run);
   // Joins the dense ring when this worker is not in one (no-op otherwise):
   // `together` (a fresh job's workers after the start barrier) waits for
   // every worker. Otherwise (a replacement, a resumed job, a worker back
-  // from waiting for work) the members may be waiting for this worker's
-  // clock under BSP and SSP while it waits for them to join: its clock is
-  // set to finished while it waits, and then resumes at the members' clock
-  // (or its own, when later).
+  // from waiting for work) its clock reads finished while it waits
+  // (DenseRingCopy::JoinRunning).
   absl::Status JoinDenseRing(bool together);
 
   // How TrainShard ended.
@@ -352,15 +347,15 @@ class Trainer {
   uint32_t sparse_table_ = 0;
   bool sparse_tiered_ = false;  // the sparse table has a disk tier
   uint32_t dense_table_ = 0;
-  // The dense table's config, and its replica when it is all-reduced.
+  // The dense table's config, and its replica when it is all-reduced, with
+  // the servers' copy of it.
   const TableConfig* dense_config_ = nullptr;
-  // The servers' table of the all-reduced table's optimizer state (config
-  // AllReduceStateTable); absent when its optimizer keeps none.
-  std::optional<uint32_t> dense_state_table_;
   std::unique_ptr<AllReducedTable> ring_;
+  std::optional<DenseRingCopy> ring_copy_;
   // The clock a worker waiting to join the ring will resume at (its clock
-  // is finished meanwhile); what it tells the others as the source.
-  uint64_t paused_clock_ = 0;
+  // is finished meanwhile); what it tells the others as the source (read
+  // by the ring's clock callback).
+  std::atomic<uint64_t> paused_clock_{0};
 
   std::unique_ptr<Compute> compute_;
   std::string why_cpu_;

@@ -35,6 +35,7 @@
 #include "worker/data/keys.h"
 #include "worker/data/synthetic_ctr.h"
 #include "worker/dense_ring.h"
+#include "worker/dense_ring_copy.h"
 #include "worker/kv_client.h"
 #include "worker/session.h"
 #include "worker/shard_cursor.h"
@@ -482,16 +483,6 @@ int32_t FillSparseInitial(const ps::TableConfig& tc, const uint64_t* keys,
 // of the session: the table calls the session's scheduler client, which
 // must outlive it.
 struct ps_allreduce {
-  // One table of the replica and where the servers keep it.
-  struct Part {
-    uint32_t id = 0;
-    uint64_t offset = 0;  // first element in the replica
-    uint64_t size = 0;
-    // The companion table of its optimizer state on the servers
-    // (common/config.h AllReduceStateTable); none without state.
-    std::optional<uint32_t> state_id;
-  };
-
   std::shared_ptr<ps::WorkerSession> session;
   pid_t pid = 0;
   // The clock a worker waiting to join a running ring resumes at (its
@@ -499,10 +490,9 @@ struct ps_allreduce {
   // source of the state. Read by the table's clock callback.
   std::shared_ptr<std::atomic<uint64_t>> paused_clock =
       std::make_shared<std::atomic<uint64_t>>(0);
-  // The tables concatenated in the replica, in its order.
-  std::vector<Part> parts;
-  // Optimizer state floats per element.
-  uint32_t state_floats = 0;
+  // The tables concatenated in the replica, in its order, and the servers'
+  // copy of them.
+  std::optional<ps::DenseRingCopy> copy;
   // Serialises the calls: AllReducedTable is for one thread at a time.
   absl::Mutex mu;
   std::unique_ptr<ps::AllReducedTable> table ABSL_GUARDED_BY(mu);
@@ -588,89 +578,6 @@ std::vector<float> InitialDenseValues(
     offset += t->dense().size();
   }
   return values;
-}
-
-// The parts of a replica of `tables` (FusedTable's), with the ids of their
-// optimizer-state tables.
-absl::StatusOr<std::vector<ps_allreduce::Part>> Parts(
-    const ps::JobConfig& config,
-    const std::vector<const ps::TableConfig*>& tables) {
-  std::vector<ps_allreduce::Part> parts;
-  uint64_t offset = 0;
-  for (const ps::TableConfig* t : tables) {
-    ps_allreduce::Part p;
-    p.id = t->id();
-    p.offset = offset;
-    p.size = t->dense().size();
-    if (ps::OptimizerStateFloats(t->optimizer()) > 0) {
-      PS_ASSIGN_OR_RETURN(
-          const ps::TableConfig* state,
-          ps::FindTable(config, ps::AllReduceStateTable(t->name())));
-      p.state_id = state->id();
-    }
-    offset += p.size;
-    parts.push_back(p);
-  }
-  return parts;
-}
-
-// Writes the replica's values and optimizer state to the servers' tables
-// and waits.
-absl::Status WriteServers(const ps_allreduce& r, const ps::AllReducedTable& t) {
-  ps::KVClient* kv = r.session->kv();
-  std::vector<ps::Completion> writes;
-  for (const ps_allreduce::Part& p : r.parts) {
-    writes.push_back(kv->AssignDense(
-        p.id, 0, absl::MakeConstSpan(t.values()).subspan(p.offset, p.size)));
-    if (p.state_id) {
-      writes.push_back(kv->AssignDense(
-          *p.state_id, 0,
-          absl::MakeConstSpan(t.state()).subspan(p.offset * r.state_floats,
-                                                 p.size * r.state_floats)));
-    }
-  }
-  absl::Status status;
-  for (const ps::Completion& c : writes) status.Update(c.Wait());
-  return status;
-}
-
-// Replaces the replica's values, and its optimizer state when `state`, by
-// the servers' copy, keeping its step.
-absl::Status ReadServers(const ps_allreduce& r, ps::AllReducedTable& t,
-                         bool state) {
-  ps::KVClient* kv = r.session->kv();
-  std::vector<float> values(t.values().size());
-  std::vector<float> opt = t.state();
-  std::vector<ps::Completion> reads;
-  for (const ps_allreduce::Part& p : r.parts) {
-    reads.push_back(kv->PullDense(p.id, 0, p.size, values.data() + p.offset));
-    if (state && p.state_id) {
-      reads.push_back(kv->PullDense(*p.state_id, 0, p.size * r.state_floats,
-                                    opt.data() + p.offset * r.state_floats));
-    }
-  }
-  absl::Status status;
-  for (const ps::Completion& c : reads) status.Update(c.Wait());
-  PS_RETURN_IF_ERROR(status);
-  return t.Reset(std::move(values), std::move(opt), t.step());
-}
-
-// Joins a ring that is already training (a replacement, or a worker back
-// from a shard's end). Under BSP and SSP its members may wait for this
-// worker's clock while it waits for them to join: its clock reads finished
-// meanwhile, then resumes at the members' clock (or its own, when later),
-// as the C++ trainer does (Trainer::JoinDenseRing).
-absl::Status JoinRunningRing(ps::WorkerSession& w, ps::AllReducedTable& t,
-                             std::atomic<uint64_t>& paused_clock) {
-  const uint64_t clock = w.clock();
-  if (clock >= ps::kFinishedClock) return t.Join(0);
-  paused_clock.store(clock);
-  PS_RETURN_IF_ERROR(w.kv()->AdvanceClockTo(ps::kFinishedClock).Wait());
-  const absl::Status joined = t.Join(0);
-  const uint64_t resume = joined.ok() ? std::max(clock, t.peer_clock()) : clock;
-  const absl::Status restarted = w.Restart(resume);
-  PS_RETURN_IF_ERROR(joined);
-  return restarted;
 }
 
 // Checks a step's gradients (n == the replica's size, finite); fills
@@ -1285,10 +1192,10 @@ int32_t ps_allreduce_create(ps_session* s, const uint32_t* tables,
     const uint64_t clock = w->clock();
     return clock < ps::kFinishedClock ? clock : paused->load();
   };
-  absl::StatusOr<std::vector<ps_allreduce::Part>> layout = Parts(config, parts);
-  if (!layout.ok()) return Fail(layout.status());
-  r->parts = *std::move(layout);
-  r->state_floats = ps::OptimizerStateFloats(options.table.optimizer());
+  absl::StatusOr<ps::DenseRingCopy> copy =
+      ps::DenseRingCopy::Create(config, parts);
+  if (!copy.ok()) return Fail(copy.status());
+  r->copy = *std::move(copy);
   absl::StatusOr<std::unique_ptr<ps::AllReducedTable>> table =
       ps::AllReducedTable::Create(std::move(options), std::move(values), step);
   if (!table.ok()) return Fail(table.status());
@@ -1320,7 +1227,10 @@ int32_t ps_allreduce_join(ps_allreduce* r, uint32_t min_members) {
   absl::MutexLock lock(&r->mu);
   if (r->table->connected()) return 0;
   if (min_members > 0) return Fail(r->table->Join(min_members));
-  return Fail(JoinRunningRing(*r->session, *r->table, *r->paused_clock));
+  ps::WorkerSession& w = *r->session;
+  return Fail(ps::DenseRingCopy::JoinRunning(
+      *w.kv(), *r->table, *r->paused_clock,
+      [&w](uint64_t clock) { return w.Restart(clock); }));
 }
 
 int32_t ps_allreduce_step(ps_allreduce* r, const float* grads, size_t n) {
@@ -1341,36 +1251,20 @@ int32_t ps_allreduce_end_step(ps_allreduce* r, const float* grads, size_t n,
   std::optional<ps::DataPosition> pos;
   if (next != nullptr) pos = Position(*next);
   ps::WorkerSession& w = *r->session;
-  const absl::Span<const float> g = absl::MakeConstSpan(grads, n);
-  const uint64_t cut = w.kv()->checkpoint_clock();
-  if (cut == 0 || w.clock() + 1 != cut) {
-    // The clock moves on before the all-reduce, which may wait for a ring
-    // to form again: under BSP and SSP a member blocked there must not
-    // hold back the pulls of the members it waits for (one that finished
-    // the step before a peer died goes on to its next pull).
-    *out = FromCompletion(w.EndStep(pos));
-    return Fail(t.Step(g));
-  }
-  // The last step before a checkpoint's cut: the servers' copy must hold it
-  // when they write the cut, so the ring's first member writes it before
-  // its clock reaches the cut (as the C++ trainer, Trainer::RingStep).
-  absl::Status stepped = t.Step(g);
-  if (stepped.ok() && t.ring_rank() == 0) stepped = WriteServers(*r, t);
-  if (!stepped.ok()) return Fail(stepped);
-  *out = FromCompletion(w.EndStep(pos));
-  return 0;
+  return Fail(r->copy->EndStep(*w.kv(), t, absl::MakeConstSpan(grads, n),
+                               [&] { *out = FromCompletion(w.EndStep(pos)); }));
 }
 
 int32_t ps_allreduce_write(ps_allreduce* r) {
   if (int32_t e = UsableRing(r)) return e;
   absl::MutexLock lock(&r->mu);
-  return Fail(WriteServers(*r, *r->table));
+  return Fail(r->copy->WriteServers(*r->session->kv(), *r->table));
 }
 
 int32_t ps_allreduce_read(ps_allreduce* r, int32_t state) {
   if (int32_t e = UsableRing(r)) return e;
   absl::MutexLock lock(&r->mu);
-  return Fail(ReadServers(*r, *r->table, state != 0));
+  return Fail(r->copy->ReadServers(*r->session->kv(), *r->table, state != 0));
 }
 
 int32_t ps_allreduce_leave(ps_allreduce* r) {

@@ -471,10 +471,13 @@ void ps_allreduce_free(ps_allreduce* r);
  * NOT_FOUND when the scheduler no longer counts this worker. */
 int32_t ps_allreduce_join(ps_allreduce* r, uint32_t min_members);
 /* One step: averages `grads` (n == size finite floats) over the ring and
- * applies the optimizer to the replica, joining or re-forming the ring
- * first when needed (a worker that was behind takes the state of the most
- * advanced member instead of applying its gradient). Blocks until done.
- * Errors as ps_allreduce_join; INVALID_ARGUMENT for a size mismatch. */
+ * applies the optimizer to the replica, re-forming the ring first when
+ * needed (a worker that was behind takes the state of the most advanced
+ * member instead of applying its gradient). Blocks until done. A worker
+ * joining a ring that trains calls ps_allreduce_join(r, 0) first: a step
+ * outside a ring waits for one to form with every live member, who under
+ * BSP and SSP may be waiting for this worker's clock. Errors as
+ * ps_allreduce_join; INVALID_ARGUMENT for a size mismatch. */
 int32_t ps_allreduce_step(ps_allreduce* r, const float* grads, size_t n);
 /* Ends a step of a training session whose all-reduced tables are in this
  * replica: ps_session_end_step(s, next) and, once it is issued, the
