@@ -536,6 +536,14 @@ uint32_t RingWaitMs(absl::Duration wait) {
 
 }  // namespace
 
+grpc::Status SchedulerClient::CallHeld(
+    int64_t held_ms,
+    const std::function<grpc::Status(grpc::ClientContext*)>& rpc) {
+  const absl::Duration attempt =
+      absl::Milliseconds(held_ms) + options_.rpc_timeout;
+  return CallWithRetry(attempt, absl::Now() + attempt, rpc);
+}
+
 absl::StatusOr<JoinRingResponse> SchedulerClient::JoinRing(
     absl::Duration wait, uint32_t min_members, uint64_t after_generation) {
   JoinRingRequest request;
@@ -545,11 +553,8 @@ absl::StatusOr<JoinRingResponse> SchedulerClient::JoinRing(
   request.set_timeout_ms(RingWaitMs(wait));
   JoinRingResponse response;
   // Asking again is harmless: the scheduler keeps one request per node.
-  grpc::Status status = CallWithRetry(
-      absl::Milliseconds(request.timeout_ms()) + options_.rpc_timeout,
-      absl::Now() + absl::Milliseconds(request.timeout_ms()) +
-          options_.rpc_timeout,
-      [&](grpc::ClientContext* c) {
+  grpc::Status status =
+      CallHeld(request.timeout_ms(), [&](grpc::ClientContext* c) {
         return stub_->JoinRing(c, request, &response);
       });
   if (!status.ok()) {
@@ -577,11 +582,8 @@ absl::StatusOr<bool> SchedulerClient::WatchRing(uint64_t generation,
   request.set_generation(generation);
   request.set_timeout_ms(RingWaitMs(wait));
   WatchRingResponse response;
-  grpc::Status status = CallWithRetry(
-      absl::Milliseconds(request.timeout_ms()) + options_.rpc_timeout,
-      absl::Now() + absl::Milliseconds(request.timeout_ms()) +
-          options_.rpc_timeout,
-      [&](grpc::ClientContext* c) {
+  grpc::Status status =
+      CallHeld(request.timeout_ms(), [&](grpc::ClientContext* c) {
         return stub_->WatchRing(c, request, &response);
       });
   if (!status.ok()) {
@@ -595,11 +597,8 @@ absl::StatusOr<RingStoreResponse> SchedulerClient::RingStore(
   request.set_node_id(node_id_);
   request.set_timeout_ms(RingWaitMs(wait));
   RingStoreResponse response;
-  grpc::Status status = CallWithRetry(
-      absl::Milliseconds(request.timeout_ms()) + options_.rpc_timeout,
-      absl::Now() + absl::Milliseconds(request.timeout_ms()) +
-          options_.rpc_timeout,
-      [&](grpc::ClientContext* c) {
+  grpc::Status status =
+      CallHeld(request.timeout_ms(), [&](grpc::ClientContext* c) {
         return stub_->RingStore(c, request, &response);
       });
   if (!status.ok()) {

@@ -255,6 +255,11 @@ class SchedulerClient {
   grpc::Status CallWithRetry(
       absl::Duration timeout, absl::Time give_up,
       const std::function<grpc::Status(grpc::ClientContext*)>& rpc);
+  // CallWithRetry of a call the scheduler may hold up to `held_ms` (a long
+  // poll): each attempt, and all of them, may take that plus rpc_timeout.
+  grpc::Status CallHeld(
+      int64_t held_ms,
+      const std::function<grpc::Status(grpc::ClientContext*)>& rpc);
   // Sleeps the backoff `*delay` (then doubles it up to 1 s), at most until
   // `give_up`; false when retrying must stop instead (past `give_up`, lost,
   // gone).
