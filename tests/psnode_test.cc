@@ -241,6 +241,7 @@ TEST_F(PsnodeTest, PrintsTheCommandAndRefusesABadEnvironment) {
   std::vector<std::string> argv = {"/usr/bin/env", "-i", "DMLC_ROLE=worker",
                                    "DMLC_PS_ROOT_URI=10.1.2.3", "DMLC_PS_ROOT_PORT=9000",
                                    "DMLC_NUM_SERVER=3", "DMLC_NUM_WORKER=5",
+                                   "DMLC_NODE_HOST=10.1.2.9",
                                    Runfile("deploy/launch/psnode"), "--config=" + config_,
                                    "--bin_dir=" + BinDir(), "--print", "--", "--x=a b"};
   auto p = Subprocess::Start(argv, dir_ + "/print.out", dir_ + "/print.log");
@@ -251,7 +252,7 @@ TEST_F(PsnodeTest, PrintsTheCommandAndRefusesABadEnvironment) {
   EXPECT_EQ(ReadFile(dir_ + "/print.out"),
             absl::StrCat(BinDir(), "/worker/trainer --config=", config_,
                          " --num_servers=3 --num_workers=5 --scheduler=10.1.2.3:9000 "
-                         "'--x=a b'\n"));
+                         "--ring_host=10.1.2.9 '--x=a b'\n"));
 
   argv = {"/usr/bin/env", "-i", "DMLC_ROLE=worker", "TF_CONFIG={}",
           Runfile("deploy/launch/psnode"), "--config=" + config_, "--print"};

@@ -379,6 +379,14 @@ std::vector<std::string> Substitute(const std::vector<std::string>& command,
   return out;
 }
 
+// The address other nodes reach this one at: the plan's (DMLC_NODE_HOST),
+// else --advertise_host or the machine's name; empty when neither is known.
+std::string AdvertisedHost(const LaunchPlan& plan,
+                           const LaunchCommandOptions& options) {
+  return plan.advertise_host.empty() ? options.default_advertise_host
+                                     : plan.advertise_host;
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<std::string>> LaunchCommand(
@@ -434,9 +442,7 @@ absl::StatusOr<std::vector<std::string>> LaunchCommand(
                                   plan.listen_port > 0
                                       ? absl::StrCat(plan.listen_port)
                                       : std::string("*")));
-      const std::string& host = plan.advertise_host.empty()
-                                    ? options.default_advertise_host
-                                    : plan.advertise_host;
+      const std::string host = AdvertisedHost(plan, options);
       if (!host.empty()) {
         argv.push_back(absl::StrCat("--advertise_host=", host));
       } else if (options.listen_host == "0.0.0.0" ||
@@ -448,9 +454,17 @@ absl::StatusOr<std::vector<std::string>> LaunchCommand(
       break;
     }
     case LaunchRole::kWorker:
-    case LaunchRole::kEvaluator:
+    case LaunchRole::kEvaluator: {
       argv.push_back(absl::StrCat("--scheduler=", plan.scheduler_address));
+      // Dense tables with sync ALLREDUCE: the other workers connect to this
+      // one's ring there (the trainer's default, 127.0.0.1, reaches only
+      // workers on the same machine).
+      const std::string host = AdvertisedHost(plan, options);
+      if (plan.role == LaunchRole::kWorker && !host.empty()) {
+        argv.push_back(absl::StrCat("--ring_host=", host));
+      }
       break;
+    }
   }
   argv.insert(argv.end(), options.extra_args.begin(), options.extra_args.end());
   return argv;
@@ -458,11 +472,16 @@ absl::StatusOr<std::vector<std::string>> LaunchCommand(
 
 Environment LaunchEnvironment(const LaunchPlan& plan,
                               const LaunchCommandOptions& options) {
-  return {{"PS_CONFIG", options.config},
-          {"PS_SCHEDULER", plan.scheduler_address},
-          {"PS_NUM_SERVERS", absl::StrCat(plan.num_servers)},
-          {"PS_NUM_WORKERS", absl::StrCat(plan.num_workers)},
-          {"PS_ROLE", LaunchRoleName(plan.role)}};
+  Environment env = {{"PS_CONFIG", options.config},
+                     {"PS_SCHEDULER", plan.scheduler_address},
+                     {"PS_NUM_SERVERS", absl::StrCat(plan.num_servers)},
+                     {"PS_NUM_WORKERS", absl::StrCat(plan.num_workers)},
+                     {"PS_ROLE", LaunchRoleName(plan.role)}};
+  const std::string host = AdvertisedHost(plan, options);
+  if (plan.role == LaunchRole::kWorker && !host.empty()) {
+    env["PS_RING_HOST"] = host;
+  }
+  return env;
 }
 
 std::string DescribeLaunchPlan(const LaunchPlan& plan) {

@@ -134,8 +134,9 @@ struct LaunchCommandOptions {
 //              [--launch_id=<plan.launch_id>]
 //   server:    --scheduler=<address> --bind=tcp://<listen_host>:<port or *>
 //              [--advertise_host=<host>]
-//   worker:    --scheduler=<address>
-// then extra_args. A worker with a worker_command, or an evaluator, runs
+//   worker:    --scheduler=<address> [--ring_host=<host>]
+// (host: plan.advertise_host, else default_advertise_host: where the other
+// workers reach this one's dense all-reduce ring), then extra_args. A worker with a worker_command, or an evaluator, runs
 // that command instead, with --config, --scheduler and extra_args appended
 // (the cluster sizes come from LaunchEnvironment). INVALID_ARGUMENT when config
 // or the role's binary is empty, or a server would bind a wildcard address with
@@ -145,7 +146,8 @@ absl::StatusOr<std::vector<std::string>> LaunchCommand(
 
 // Variables the launched command gets: PS_CONFIG, PS_SCHEDULER,
 // PS_NUM_SERVERS, PS_NUM_WORKERS and PS_ROLE (scheduler, server, worker,
-// evaluator), as ps.Session reads them.
+// evaluator), as ps.Session reads them; a worker also PS_RING_HOST (its
+// --ring_host above) when a host is known.
 Environment LaunchEnvironment(const LaunchPlan& plan, const LaunchCommandOptions& options);
 
 // A one-line description of the plan for logs and --print.

@@ -254,6 +254,18 @@ TEST(LaunchEnvTest, Commands) {
               ElementsAre("/b/trainer", "--config=/c/job.pbtxt", "--num_servers=2",
                           "--num_workers=4", "--scheduler=10.0.0.1:9091",
                           "--log_level=debug", "--summary_out=/tmp/s.json"));
+  EXPECT_EQ(LaunchEnvironment(*worker, o).count("PS_RING_HOST"), 0u)
+      << "no host known: the trainer's and ps's own default (127.0.0.1)";
+  // With a host to advertise, the other workers reach this one's dense
+  // all-reduce ring there: the trainer's --ring_host, a worker command's
+  // PS_RING_HOST.
+  o.default_advertise_host = "node-3";
+  EXPECT_THAT(*LaunchCommand(*worker, o),
+              ElementsAre("/b/trainer", "--config=/c/job.pbtxt", "--num_servers=2",
+                          "--num_workers=4", "--scheduler=10.0.0.1:9091",
+                          "--ring_host=node-3", "--log_level=debug",
+                          "--summary_out=/tmp/s.json"));
+  EXPECT_EQ(LaunchEnvironment(*worker, o).at("PS_RING_HOST"), "node-3");
 
   // A DMLC server without DMLC_NODE_HOST: the launcher's default host, and
   // none at all is refused when binding every interface.
@@ -333,6 +345,7 @@ TEST(LaunchEnvTest, TheJobsOwnWorkerAndEvaluatorCommands) {
   EXPECT_EQ(env.at("PS_NUM_WORKERS"), "3");
   EXPECT_EQ(env.at("PS_CONFIG"), "/c/job.pbtxt");
   EXPECT_EQ(env.at("PS_ROLE"), "worker");
+  EXPECT_EQ(env.at("PS_RING_HOST"), "worker-2") << "the task's own host";
 
   const std::string with_evaluator =
       R"({"cluster": {"chief": ["c:1"], "ps": ["p:1"], "worker": ["w:1"],

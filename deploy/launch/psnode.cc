@@ -10,7 +10,10 @@
 // scheduler_main, server_main or trainer (or the config's
 // launch.worker_command, and for a TFJob evaluator task its
 // launch.evaluator_command, found on PATH, with PS_CONFIG, PS_SCHEDULER,
-// PS_NUM_SERVERS, PS_NUM_WORKERS and PS_ROLE set) with the matching flags, the
+// PS_NUM_SERVERS, PS_NUM_WORKERS and PS_ROLE set, and for a worker
+// PS_RING_HOST unless already set) with the matching flags (a trainer also
+// gets --ring_host: the advertised host, where the other workers reach its
+// dense all-reduce ring), the
 // cluster sizes from the environment (--num_servers/--num_workers override
 // the config's) and EXTRA_ARGS appended. A worker command gets --config,
 // --scheduler and EXTRA_ARGS, nothing else (deploy/README.md, "The worker
@@ -192,7 +195,11 @@ int PrintOrExec(std::vector<std::string> command, const ps::LaunchPlan& plan,
     return 0;
   }
   for (const auto& [variable, value] : ps::LaunchEnvironment(plan, options)) {
-    setenv(variable.c_str(), value.c_str(), 1);
+    // An address the operator gave the ring (e.g. a Kubernetes pod's IP)
+    // wins over the node's advertised name.
+    const bool keep =
+        variable == "PS_RING_HOST" && std::getenv(variable.c_str()) != nullptr;
+    setenv(variable.c_str(), value.c_str(), keep ? 0 : 1);
   }
   std::vector<char*> exec_argv;
   for (std::string& arg : command) exec_argv.push_back(arg.data());
