@@ -41,6 +41,8 @@ BENCHES=(
   "tiered //tests/bench:tiered_bench"
   # Needs root (a network namespace per process, to count its bytes).
   "allreduce //tests/bench:allreduce_bench"
+  # One scheduler against thousands of simulated nodes (--nodes=...).
+  "fleet //tests/bench:fleet_bench"
   # Not a binary: tests/bench/python_bench.py (the Python binding and
   # examples/python/dlrm_torch.py against plain PyTorch and the C++
   # trainer), run with $PS_PYTHON; the target is the native library it

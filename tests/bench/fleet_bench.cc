@@ -1,0 +1,769 @@
+// Fleet benchmark: one real scheduler_main against thousands of simulated
+// nodes, to see how the control plane grows with the number of nodes N.
+//
+// What is real: scheduler_main (a separate process, its gRPC server, its
+// cluster state and failure detection) and the protocol every node speaks
+// to it: Register, a Heartbeat every cluster.heartbeat_interval_ms, a
+// GetClusterView long poll for the next epoch (5 s polls, as
+// SchedulerClient::WatchLoop), Leave. Every simulated node has its own
+// gRPC channel and TCP connection, as a node process has.
+// What is simulated: the nodes themselves, --processes child processes of
+// this binary holding N/--processes nodes each, driven by gRPC's callback
+// API from a few threads instead of a process (and two threads) per node;
+// no data plane (servers register an endpoint nobody connects to), no
+// training. What a real fleet adds that this cannot show: network round
+// trips (here loopback, ~50 us), the scheduler's machine to itself (here
+// the simulated nodes share its 2 cores), and nodes' clocks apart.
+//
+// Per N (--nodes), after every node has registered and seen a view:
+//   1. steady: --steady_s seconds of heartbeats; the scheduler's CPU time
+//      (/proc/PID/stat) over it, per second and per heartbeat, and the
+//      heartbeat round trip p50/p99;
+//   2. view changes: --changes workers leave, --change_gap_s apart; for
+//      each, the time until every node has the new view (p50/p99/max over
+//      nodes) and the bytes of views all nodes received for it;
+//   3. a silent node: one worker stops heartbeating and polling; the time
+//      until the scheduler's view shows it DEAD (heartbeat_timeout_ms is the
+//      floor), and how many other nodes were declared dead (none should be).
+// Prints one JSON line per N and a last line with the growth exponents
+// (slope of log(value) against log(N) between the smallest and largest N).
+//
+//   tests/bench.sh fleet [-- --nodes=100,1000,3000 --processes=4]
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/config.h"
+#include "common/status.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/config.pb.h"
+#include "proto/scheduler.grpc.pb.h"
+#include "tests/bench/bench_util.h"
+#include "tests/testing/subprocess.h"
+
+ABSL_FLAG(std::string, nodes, "100,1000,3000",
+          "Comma-separated fleet sizes N (servers and workers together).");
+ABSL_FLAG(int, processes, 4, "Child processes that hold the simulated nodes.");
+ABSL_FLAG(int, heartbeat_ms, 500, "cluster.heartbeat_interval_ms.");
+ABSL_FLAG(int, heartbeat_timeout_ms, 5000, "cluster.heartbeat_timeout_ms.");
+ABSL_FLAG(double, steady_s, 8, "Seconds of steady heartbeats measured.");
+ABSL_FLAG(int, changes, 4, "View changes (a worker leaves) measured.");
+ABSL_FLAG(double, change_gap_s, 2, "Seconds between view changes.");
+ABSL_FLAG(std::string, dir, "", "Work directory (default: a new one in /tmp).");
+// Child mode (internal).
+ABSL_FLAG(bool, child, false, "Run simulated nodes (internal).");
+ABSL_FLAG(std::string, scheduler, "", "Child: scheduler host:port.");
+ABSL_FLAG(std::string, config, "", "Child: the job config.");
+ABSL_FLAG(int, count, 0, "Child: nodes to simulate.");
+ABSL_FLAG(int, servers, 0, "Child: how many of them are servers.");
+ABSL_FLAG(int, leaves, 0, "Child: workers that leave, one per change.");
+ABSL_FLAG(bool, silence, false, "Child: silence one worker at the end.");
+ABSL_FLAG(std::string, ready_file, "", "Child: written once all are in.");
+ABSL_FLAG(std::string, go_file, "", "Child: holds the start time (unix us).");
+ABSL_FLAG(std::string, out, "", "Child: the results file.");
+
+namespace ps {
+namespace {
+
+using ::ps::bench::FindRunfiles;
+using ::ps::bench::Quantile;
+using ::ps::testing::Runfile;
+using ::ps::testing::Subprocess;
+
+int64_t NowUs() { return absl::ToUnixMicros(absl::Now()); }
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// The times of one run, relative to the start time T0 the parent writes.
+struct Schedule {
+  double steady_s;
+  int changes;
+  double change_gap_s;
+  double heartbeat_timeout_s;
+  double ChangeAt(int i) const { return steady_s + i * change_gap_s; }
+  double SilenceAt() const { return ChangeAt(changes) + 0.5; }
+  double End() const { return SilenceAt() + heartbeat_timeout_s + 3; }
+};
+
+Schedule TheSchedule() {
+  return {absl::GetFlag(FLAGS_steady_s), absl::GetFlag(FLAGS_changes),
+          absl::GetFlag(FLAGS_change_gap_s),
+          absl::GetFlag(FLAGS_heartbeat_timeout_ms) / 1000.0};
+}
+
+// ---- the child: simulated nodes
+
+struct SimNode {
+  uint64_t node_id = 0;
+  bool server = false;
+  std::unique_ptr<Scheduler::Stub> stub;
+  // Guarded by Fleet::mu.
+  uint64_t known_epoch = 0;
+  bool heartbeat_in_flight = false;
+  bool silent = false;
+  bool left = false;
+};
+
+class Fleet {
+ public:
+  Fleet(std::string address, uint64_t fingerprint, int64_t interval_us)
+      : address_(std::move(address)),
+        fingerprint_(fingerprint),
+        interval_us_(interval_us) {}
+
+  // Sizes the fleet; call before Run and Register.
+  void Prepare(int count) { nodes_.resize(count); }
+
+  absl::Status Register(int servers) {
+    const int count = static_cast<int>(nodes_.size());
+    for (int i = 0; i < count; ++i) {
+      grpc::ChannelArguments args;
+      // Its own connection, as a node process has (gRPC shares one between
+      // channels of the same target and arguments otherwise).
+      args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+      SimNode& n = nodes_[i];
+      n.server = i < servers;
+      n.stub = Scheduler::NewStub(grpc::CreateCustomChannel(
+          address_, grpc::InsecureChannelCredentials(), args));
+      RegisterRequest request;
+      request.set_role(n.server ? SERVER : WORKER);
+      if (n.server) {
+        request.set_data_endpoint(absl::StrCat(
+            "tcp://127.0.0.1:", 20000 + (getpid() % 1000) * 40 + i % 40));
+      }
+      request.set_host("sim");
+      request.set_pid(static_cast<uint32_t>(getpid()));
+      request.set_config_fingerprint(fingerprint_);
+      request.set_trains_shards(!n.server);
+      RegisterResponse response;
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::seconds(60));
+      ctx.set_wait_for_ready(true);
+      const grpc::Status s = n.stub->Register(&ctx, request, &response);
+      if (!s.ok()) {
+        return absl::UnavailableError(
+            absl::StrCat("register node ", i, ": ", s.error_message()));
+      }
+      {
+        absl::MutexLock lock(&mu_);
+        n.node_id = response.node_id();
+        Seen(i, response.view().epoch(), response.view().ByteSizeLong());
+      }
+      Watch(i);
+    }
+    return absl::OkStatus();
+  }
+
+  // Heartbeats every registered node every interval, spread evenly, from
+  // now on: the first nodes must not be declared dead while the others
+  // register. Once `t0_us` is set (the parent's start time) runs the
+  // schedule's leaves and silence, and returns at its end.
+  void Run(const std::atomic<int64_t>& t0_us, const Schedule& sched, int leaves,
+           bool silence) {
+    const int n = static_cast<int>(nodes_.size());
+    std::vector<int64_t> next(n);
+    const int64_t start = NowUs();
+    for (int i = 0; i < n; ++i) next[i] = start + interval_us_ * i / n;
+    int leaves_done = 0;
+    bool silenced = false;
+    // Workers from the end leave; the one before them goes silent.
+    int next_leaver = n - 1;
+    while (true) {
+      const int64_t now = NowUs();
+      const int64_t t0 = t0_us.load();
+      const int64_t end_us = t0 == 0
+                                 ? now + interval_us_
+                                 : t0 + static_cast<int64_t>(sched.End() * 1e6);
+      if (now >= end_us) break;
+      const double t = t0 == 0 ? -1 : (now - t0) / 1e6;
+      if (t0 != 0 && leaves_done < leaves && t >= sched.ChangeAt(leaves_done)) {
+        Leave(next_leaver--);
+        ++leaves_done;
+      }
+      if (t0 != 0 && silence && !silenced && t >= sched.SilenceAt() &&
+          next_leaver >= 0 && !nodes_[next_leaver].server) {
+        absl::MutexLock lock(&mu_);
+        nodes_[next_leaver].silent = true;
+        silenced_ = {nodes_[next_leaver].node_id, NowUs()};
+        silenced = true;
+      }
+      int64_t wake = now + interval_us_;
+      for (int i = 0; i < n; ++i) {
+        if (next[i] <= now) {
+          Heartbeat(i, t0, sched);
+          next[i] += interval_us_;
+          if (next[i] < now) next[i] = now + interval_us_;  // fell behind
+        }
+        wake = std::min(wake, next[i]);
+      }
+      const int64_t sleep_us = std::min(wake, end_us) - NowUs();
+      if (sleep_us > 0) absl::SleepFor(absl::Microseconds(sleep_us));
+    }
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+
+  // Writes "hb <us>", "arr <epoch> <unix us>", "bytes <epoch> <n>",
+  // "leave <unix us>", "silenced <node id> <unix us>" lines.
+  void Write(const std::string& path) {
+    absl::MutexLock lock(&mu_);
+    std::ofstream out(path);
+    for (int64_t us : heartbeat_us_) out << "hb " << us << "\n";
+    for (const auto& [epoch, times] : arrivals_)
+      for (int64_t us : times) out << "arr " << epoch << " " << us << "\n";
+    for (const auto& [epoch, bytes] : bytes_)
+      out << "bytes " << epoch << " " << bytes << "\n";
+    for (int64_t us : leave_us_) out << "leave " << us << "\n";
+    if (silenced_.first != 0) {
+      out << "silenced " << silenced_.first << " " << silenced_.second << "\n";
+    }
+    out << "heartbeats " << heartbeats_in_window_ << "\n";
+  }
+
+  // Waits (a while) for the calls in flight to end after Run: their
+  // callbacks use this object.
+  void Drain() {
+    for (int i = 0; i < 100; ++i) {
+      {
+        absl::MutexLock lock(&mu_);
+        if (in_flight_ == 0) return;
+      }
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+  }
+
+ private:
+  void Seen(int i, uint64_t epoch, size_t bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    SimNode& n = nodes_[i];
+    if (epoch <= n.known_epoch) return;
+    n.known_epoch = epoch;
+    arrivals_[epoch].push_back(NowUs());
+    bytes_[epoch] += bytes;
+  }
+
+  void Watch(int i) {
+    struct Call {
+      grpc::ClientContext ctx;
+      GetClusterViewRequest request;
+      ClusterView response;
+    };
+    auto* call = new Call;
+    {
+      absl::MutexLock lock(&mu_);
+      if (stopping_ || nodes_[i].silent || nodes_[i].left) {
+        delete call;
+        return;
+      }
+      call->request.set_min_epoch(nodes_[i].known_epoch + 1);
+      ++in_flight_;
+    }
+    call->request.set_timeout_ms(5000);
+    call->ctx.set_deadline(std::chrono::system_clock::now() +
+                           std::chrono::seconds(15));
+    nodes_[i].stub->async()->GetClusterView(
+        &call->ctx, &call->request, &call->response,
+        [this, i, call](grpc::Status s) {
+          {
+            absl::MutexLock lock(&mu_);
+            --in_flight_;
+            if (s.ok())
+              Seen(i, call->response.epoch(), call->response.ByteSizeLong());
+          }
+          delete call;
+          if (!s.ok()) absl::SleepFor(absl::Milliseconds(100));
+          Watch(i);
+        });
+  }
+
+  void Heartbeat(int i, int64_t t0_us, const Schedule& sched) {
+    struct Call {
+      grpc::ClientContext ctx;
+      HeartbeatRequest request;
+      HeartbeatResponse response;
+      int64_t start_us;
+    };
+    auto* call = new Call;
+    {
+      absl::MutexLock lock(&mu_);
+      SimNode& n = nodes_[i];
+      if (n.node_id == 0 || n.silent || n.left || n.heartbeat_in_flight) {
+        delete call;
+        return;
+      }
+      n.heartbeat_in_flight = true;
+      ++in_flight_;
+      call->request.set_node_id(n.node_id);
+      call->request.set_known_epoch(n.known_epoch);
+    }
+    call->start_us = NowUs();
+    const bool measured = t0_us != 0 && call->start_us >= t0_us + 500000 &&
+                          call->start_us < t0_us + sched.steady_s * 1e6;
+    call->ctx.set_deadline(std::chrono::system_clock::now() +
+                           std::chrono::seconds(5));
+    nodes_[i].stub->async()->Heartbeat(
+        &call->ctx, &call->request, &call->response,
+        [this, i, call, measured](grpc::Status s) {
+          const int64_t us = NowUs() - call->start_us;
+          {
+            absl::MutexLock lock(&mu_);
+            nodes_[i].heartbeat_in_flight = false;
+            --in_flight_;
+            if (s.ok() && measured) {
+              heartbeat_us_.push_back(us);
+              ++heartbeats_in_window_;
+            }
+          }
+          delete call;
+        });
+  }
+
+  void Leave(int i) {
+    SimNode& n = nodes_[i];
+    {
+      absl::MutexLock lock(&mu_);
+      n.left = true;
+      leave_us_.push_back(NowUs());
+    }
+    LeaveRequest request;
+    request.set_node_id(n.node_id);
+    LeaveResponse response;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::seconds(10));
+    const grpc::Status s = n.stub->Leave(&ctx, request, &response);
+    if (!s.ok()) std::fprintf(stderr, "leave: %s\n", s.error_message().c_str());
+  }
+
+  const std::string address_;
+  const uint64_t fingerprint_;
+  const int64_t interval_us_;
+  std::vector<SimNode> nodes_;
+  absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<int64_t> heartbeat_us_ ABSL_GUARDED_BY(mu_);
+  uint64_t heartbeats_in_window_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<uint64_t, std::vector<int64_t>> arrivals_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, uint64_t> bytes_ ABSL_GUARDED_BY(mu_);
+  std::vector<int64_t> leave_us_ ABSL_GUARDED_BY(mu_);
+  std::pair<uint64_t, int64_t> silenced_ ABSL_GUARDED_BY(mu_) = {0, 0};
+};
+
+int ChildMain() {
+  absl::StatusOr<JobConfig> config = LoadJobConfig(absl::GetFlag(FLAGS_config));
+  if (!config.ok()) {
+    std::fprintf(stderr, "%s\n", config.status().ToString().c_str());
+    return 1;
+  }
+  Fleet fleet(absl::GetFlag(FLAGS_scheduler), ConfigFingerprint(*config),
+              int64_t{config->cluster().heartbeat_interval_ms()} * 1000);
+  fleet.Prepare(absl::GetFlag(FLAGS_count));
+  std::atomic<int64_t> t0{0};
+  std::thread runner([&] {
+    fleet.Run(t0, TheSchedule(), absl::GetFlag(FLAGS_leaves),
+              absl::GetFlag(FLAGS_silence));
+  });
+  const absl::Status registered = fleet.Register(absl::GetFlag(FLAGS_servers));
+  if (!registered.ok()) {
+    std::fprintf(stderr, "%s\n", registered.ToString().c_str());
+    std::_Exit(1);
+  }
+  std::ofstream(absl::GetFlag(FLAGS_ready_file)) << NowUs() << "\n";
+  while (t0.load() == 0) {
+    int64_t go = 0;
+    if (absl::SimpleAtoi(
+            absl::StripAsciiWhitespace(ReadFile(absl::GetFlag(FLAGS_go_file))),
+            &go) &&
+        go > 0) {
+      t0.store(go);
+    } else {
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+  }
+  runner.join();
+  fleet.Drain();
+  fleet.Write(absl::GetFlag(FLAGS_out));
+  return 0;
+}
+
+// ---- the parent: the scheduler, the children, the figures
+
+double CpuSeconds(pid_t pid) {
+  const std::string stat = ReadFile(absl::StrCat("/proc/", pid, "/stat"));
+  const size_t paren = stat.rfind(')');
+  if (paren == std::string::npos) return 0;
+  std::vector<std::string> f =
+      absl::StrSplit(stat.substr(paren + 2), ' ', absl::SkipEmpty());
+  double u = 0, sys = 0;
+  if (f.size() > 12 && absl::SimpleAtod(f[11], &u) &&
+      absl::SimpleAtod(f[12], &sys)) {
+    return (u + sys) / static_cast<double>(sysconf(_SC_CLK_TCK));
+  }
+  return 0;
+}
+
+std::string JobConfigText(int servers, int workers) {
+  return absl::StrFormat(
+      R"pb(name: "fleet"
+           cluster {
+             num_servers: %d
+             num_workers: %d
+             num_slots: %d
+             heartbeat_interval_ms: %d
+             heartbeat_timeout_ms: %d
+           }
+           consistency { mode: ASYNC }
+           tables {
+             id: 0
+             name: "w"
+             sparse { dim: 1 }
+             optimizer { sgd { learning_rate: 0.1 } }
+           }
+           tables {
+             id: 1
+             name: "d"
+             dense { size: 0 }
+             optimizer { sgd { learning_rate: 0.1 } }
+           }
+           data { synthetic_ctr { num_train: 1000 num_test: 100 } }
+           training { batch_size: 10 sparse_table: "w" dense_table: "d" }
+      )pb",
+      servers, workers, std::max(4096, servers),
+      absl::GetFlag(FLAGS_heartbeat_ms),
+      absl::GetFlag(FLAGS_heartbeat_timeout_ms));
+}
+
+struct Results {
+  std::vector<double> heartbeat_ms;
+  uint64_t heartbeats = 0;
+  std::map<uint64_t, std::vector<int64_t>> arrivals;
+  std::map<uint64_t, uint64_t> bytes;
+  std::vector<int64_t> leaves;
+  uint64_t silenced = 0;
+  int64_t silenced_at = 0;
+};
+
+void ReadResults(const std::string& path, Results* r) {
+  std::istringstream in(ReadFile(path));
+  std::string kind;
+  while (in >> kind) {
+    if (kind == "hb") {
+      int64_t us;
+      in >> us;
+      r->heartbeat_ms.push_back(us / 1000.0);
+    } else if (kind == "arr") {
+      uint64_t epoch;
+      int64_t us;
+      in >> epoch >> us;
+      r->arrivals[epoch].push_back(us);
+    } else if (kind == "bytes") {
+      uint64_t epoch, bytes;
+      in >> epoch >> bytes;
+      r->bytes[epoch] += bytes;
+    } else if (kind == "leave") {
+      int64_t us;
+      in >> us;
+      r->leaves.push_back(us);
+    } else if (kind == "silenced") {
+      in >> r->silenced >> r->silenced_at;
+    } else if (kind == "heartbeats") {
+      uint64_t n;
+      in >> n;
+      r->heartbeats += n;
+    }
+  }
+}
+
+struct Figures {
+  int nodes = 0;
+  double startup_s = 0;
+  double cpu_per_s = 0;
+  double cpu_us_per_heartbeat = 0;
+  double heartbeats_per_s = 0;
+  double hb_p50_ms = 0, hb_p99_ms = 0;
+  double view_p50_ms = 0, view_p99_ms = 0, view_max_ms = 0;
+  double bytes_per_change = 0;
+  double view_bytes = 0;
+  double nodes_reached = 0;  // fraction of live nodes that got each change
+  double dead_after_ms = -1;
+  int false_deaths = 0;
+};
+
+absl::StatusOr<Figures> RunFleet(int nodes, const std::string& root) {
+  const Schedule sched = TheSchedule();
+  const int processes = std::max(1, absl::GetFlag(FLAGS_processes));
+  const int servers = std::max(1, nodes / 16);
+  const int workers = nodes - servers;
+  if (workers < processes * (sched.changes + 2)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(nodes, " nodes are too few for ", processes,
+                     " processes and ", sched.changes, " changes"));
+  }
+  const std::string dir = absl::StrCat(root, "/n", nodes);
+  std::system(absl::StrCat("mkdir -p ", dir).c_str());
+  const std::string config = dir + "/job.pbtxt";
+  std::ofstream(config) << JobConfigText(servers, workers);
+  const std::string port_file = dir + "/scheduler.port";
+  PS_ASSIGN_OR_RETURN(
+      Subprocess scheduler,
+      Subprocess::Start(
+          {Runfile("scheduler/scheduler_main"), "--config=" + config,
+           "--port_file=" + port_file, "--log_level=warn"},
+          dir + "/scheduler.out", dir + "/scheduler.log"));
+  int port = 0;
+  for (int i = 0; i < 300 && port == 0 && scheduler.running(); ++i) {
+    absl::SimpleAtoi(absl::StripAsciiWhitespace(ReadFile(port_file)), &port);
+    if (port == 0) absl::SleepFor(absl::Milliseconds(50));
+  }
+  if (port == 0) {
+    return absl::UnavailableError("the scheduler wrote no port: " +
+                                  ReadFile(dir + "/scheduler.log"));
+  }
+  const std::string address = absl::StrCat("127.0.0.1:", port);
+
+  // The children: servers and workers spread evenly; the last child's
+  // workers leave, the first child's last worker goes silent.
+  const std::string go_file = dir + "/go";
+  std::remove(go_file.c_str());
+  std::vector<Subprocess> children;
+  const absl::Time started = absl::Now();
+  for (int c = 0; c < processes; ++c) {
+    const int count = nodes / processes + (c < nodes % processes ? 1 : 0);
+    const int child_servers =
+        servers / processes + (c < servers % processes ? 1 : 0);
+    PS_ASSIGN_OR_RETURN(
+        Subprocess child,
+        Subprocess::Start(
+            {"/proc/self/exe", "--child", "--scheduler=" + address,
+             "--config=" + config, absl::StrCat("--count=", count),
+             absl::StrCat("--servers=", child_servers),
+             absl::StrCat("--leaves=", c == processes - 1 ? sched.changes : 0),
+             absl::StrCat("--silence=", c == 0 ? "true" : "false"),
+             absl::StrCat("--steady_s=", sched.steady_s),
+             absl::StrCat("--changes=", sched.changes),
+             absl::StrCat("--change_gap_s=", sched.change_gap_s),
+             absl::StrCat("--heartbeat_timeout_ms=",
+                          absl::GetFlag(FLAGS_heartbeat_timeout_ms)),
+             absl::StrCat("--ready_file=", dir, "/ready", c),
+             "--go_file=" + go_file, absl::StrCat("--out=", dir, "/out", c)},
+            absl::StrCat(dir, "/child", c, ".out"),
+            absl::StrCat(dir, "/child", c, ".log")));
+    children.push_back(std::move(child));
+  }
+  for (int c = 0; c < processes; ++c) {
+    while (ReadFile(absl::StrCat(dir, "/ready", c)).empty()) {
+      if (!children[c].running()) {
+        return absl::InternalError(absl::StrCat(
+            "child ", c,
+            " exited: ", ReadFile(absl::StrCat(dir, "/child", c, ".log"))));
+      }
+      if (absl::Now() - started > absl::Minutes(10)) {
+        return absl::DeadlineExceededError("the nodes did not register");
+      }
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+  }
+  Figures f;
+  f.nodes = nodes;
+  f.startup_s = absl::ToDoubleSeconds(absl::Now() - started);
+  const int64_t t0 = NowUs() + 200000;
+  std::ofstream(go_file) << t0 << "\n";
+
+  // Steady: the scheduler's CPU over the measured window.
+  absl::SleepFor(absl::Microseconds(t0 + 500000 - NowUs()));
+  const double cpu0 = CpuSeconds(scheduler.pid());
+  const int64_t w0 = NowUs();
+  absl::SleepFor(absl::Microseconds(
+      t0 + static_cast<int64_t>(sched.steady_s * 1e6) - NowUs()));
+  const double cpu1 = CpuSeconds(scheduler.pid());
+  const double window_s = (NowUs() - w0) / 1e6;
+  f.cpu_per_s = (cpu1 - cpu0) / window_s;
+
+  // The silent node: poll the view until some node shows DEAD.
+  auto channel =
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  auto stub = Scheduler::NewStub(channel);
+  std::map<uint64_t, int64_t> first_dead;
+  const int64_t end = t0 + static_cast<int64_t>(sched.End() * 1e6);
+  while (NowUs() < end) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::seconds(2));
+    GetClusterViewRequest request;
+    ClusterView view;
+    if (stub->GetClusterView(&ctx, request, &view).ok()) {
+      const int64_t now = NowUs();
+      for (const NodeInfo& n : view.nodes()) {
+        if (n.state() == DEAD) first_dead.emplace(n.node_id(), now);
+      }
+      f.view_bytes = static_cast<double>(view.ByteSizeLong());
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  for (Subprocess& child : children) {
+    absl::StatusOr<int> code = child.Wait(absl::Minutes(2));
+    if (!code.ok() || *code != 0) {
+      return absl::InternalError("a child failed; see " + dir);
+    }
+  }
+  scheduler.Signal(SIGTERM);
+  (void)scheduler.Wait(absl::Seconds(10));
+
+  Results r;
+  for (int c = 0; c < processes; ++c) {
+    ReadResults(absl::StrCat(dir, "/out", c), &r);
+  }
+  f.heartbeats_per_s = r.heartbeats / (sched.steady_s - 0.5);
+  f.cpu_us_per_heartbeat = f.cpu_per_s / f.heartbeats_per_s * 1e6;
+  f.hb_p50_ms = Quantile(r.heartbeat_ms, 0.5);
+  f.hb_p99_ms = Quantile(r.heartbeat_ms, 0.99);
+  // Each leave's epoch: the first epoch whose first arrival follows it.
+  std::vector<double> view_ms;
+  double bytes = 0;
+  double reached = 0;
+  int live = nodes;  // before this leave: the leaver may still get it
+  for (int64_t leave : r.leaves) {
+    for (auto& [epoch, times] : r.arrivals) {
+      std::sort(times.begin(), times.end());
+      if (times.front() <= leave) continue;
+      for (int64_t t : times) view_ms.push_back((t - leave) / 1000.0);
+      bytes += r.bytes[epoch];
+      reached += static_cast<double>(times.size()) / live;
+      break;
+    }
+    --live;
+  }
+  if (!r.leaves.empty()) {
+    f.bytes_per_change = bytes / r.leaves.size();
+    f.nodes_reached = reached / r.leaves.size();
+  }
+  f.view_p50_ms = Quantile(view_ms, 0.5);
+  f.view_p99_ms = Quantile(view_ms, 0.99);
+  f.view_max_ms = Quantile(view_ms, 1.0);
+  for (const auto& [id, at] : first_dead) {
+    if (id == r.silenced) {
+      f.dead_after_ms = (at - r.silenced_at) / 1000.0;
+    } else {
+      ++f.false_deaths;
+    }
+  }
+  return f;
+}
+
+std::string Json(const Figures& f) {
+  return absl::StrFormat(
+      R"({"bench":"fleet","nodes":%d,"startup_s":%.2f,)"
+      R"("scheduler_cpu_per_s":%.3f,"scheduler_cpu_us_per_heartbeat":%.1f,)"
+      R"("heartbeats_per_s":%.0f,"heartbeat_p50_ms":%.2f,)"
+      R"("heartbeat_p99_ms":%.2f,"view_change_p50_ms":%.1f,)"
+      R"("view_change_p99_ms":%.1f,"view_change_max_ms":%.1f,)"
+      R"("nodes_reached":%.3f,"view_bytes":%.0f,"bytes_per_view_change":%.0f,)"
+      R"("dead_after_ms":%.0f,"false_deaths":%d})",
+      f.nodes, f.startup_s, f.cpu_per_s, f.cpu_us_per_heartbeat,
+      f.heartbeats_per_s, f.hb_p50_ms, f.hb_p99_ms, f.view_p50_ms,
+      f.view_p99_ms, f.view_max_ms, f.nodes_reached, f.view_bytes,
+      f.bytes_per_change, f.dead_after_ms, f.false_deaths);
+}
+
+// The exponent k of value ~ N^k between two fleet sizes.
+double Exponent(double n0, double v0, double n1, double v1) {
+  if (v0 <= 0 || v1 <= 0 || n0 == n1) return 0;
+  return std::log(v1 / v0) / std::log(n1 / n0);
+}
+
+int ParentMain(const char* argv0) {
+  if (absl::Status s = FindRunfiles(argv0); !s.ok()) {
+    std::fprintf(stderr, "%s\n", s.ToString().c_str());
+    return 1;
+  }
+  rlimit files;
+  if (getrlimit(RLIMIT_NOFILE, &files) == 0) {
+    files.rlim_cur = files.rlim_max;  // a socket per node, on both sides
+    setrlimit(RLIMIT_NOFILE, &files);
+  }
+  std::string root = absl::GetFlag(FLAGS_dir);
+  if (root.empty()) {
+    char tmpl[] = "/tmp/fleet_bench.XXXXXX";
+    root = mkdtemp(tmpl);
+  }
+  std::vector<Figures> all;
+  for (absl::string_view n : absl::StrSplit(absl::GetFlag(FLAGS_nodes), ',')) {
+    int nodes = 0;
+    if (!absl::SimpleAtoi(n, &nodes) || nodes <= 0) {
+      std::fprintf(stderr, "--nodes: bad size '%s'\n", std::string(n).c_str());
+      return 2;
+    }
+    std::fprintf(stderr, "fleet of %d nodes (%s/n%d)...\n", nodes, root.c_str(),
+                 nodes);
+    absl::StatusOr<Figures> f = RunFleet(nodes, root);
+    if (!f.ok()) {
+      std::fprintf(stderr, "%d nodes: %s\n", nodes,
+                   f.status().ToString().c_str());
+      return 1;
+    }
+    std::printf("%s\n", Json(*f).c_str());
+    std::fflush(stdout);
+    all.push_back(*f);
+  }
+  if (all.size() >= 2) {
+    const Figures& a = all.front();
+    const Figures& b = all.back();
+    auto k = [&](double Figures::*field) {
+      return Exponent(a.nodes, a.*field, b.nodes, b.*field);
+    };
+    std::printf(R"({"bench":"fleet","exponents":{"from":%d,"to":%d,)"
+                R"("scheduler_cpu_per_s":%.2f,"heartbeat_p99_ms":%.2f,)"
+                R"("view_change_p99_ms":%.2f,"view_bytes":%.2f,)"
+                R"("bytes_per_view_change":%.2f,"startup_s":%.2f}})"
+                "\n",
+                a.nodes, b.nodes, k(&Figures::cpu_per_s),
+                k(&Figures::hb_p99_ms), k(&Figures::view_p99_ms),
+                k(&Figures::view_bytes), k(&Figures::bytes_per_change),
+                k(&Figures::startup_s));
+  }
+  std::fprintf(stderr, "%s on a %d-core machine, load %s\n", "fleet bench done",
+               ps::bench::Cores(), ps::bench::LoadAverage().c_str());
+  return 0;
+}
+
+}  // namespace
+}  // namespace ps
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  if (absl::GetFlag(FLAGS_child)) return ps::ChildMain();
+  return ps::ParentMain(argv[0]);
+}
