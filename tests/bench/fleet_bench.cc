@@ -31,11 +31,13 @@
 //   tests/bench.sh fleet [-- --nodes=100,1000,3000 --processes=4]
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -533,7 +535,9 @@ absl::StatusOr<Figures> RunFleet(int nodes, const std::string& root) {
                      " processes and ", sched.changes, " changes"));
   }
   const std::string dir = absl::StrCat(root, "/n", nodes);
-  std::system(absl::StrCat("mkdir -p ", dir).c_str());
+  if (mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
+    return absl::InternalError(absl::StrCat("mkdir ", dir, " failed"));
+  }
   const std::string config = dir + "/job.pbtxt";
   std::ofstream(config) << JobConfigText(servers, workers);
   const std::string port_file = dir + "/scheduler.port";
@@ -545,7 +549,10 @@ absl::StatusOr<Figures> RunFleet(int nodes, const std::string& root) {
           dir + "/scheduler.out", dir + "/scheduler.log"));
   int port = 0;
   for (int i = 0; i < 300 && port == 0 && scheduler.running(); ++i) {
-    absl::SimpleAtoi(absl::StripAsciiWhitespace(ReadFile(port_file)), &port);
+    if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(ReadFile(port_file)),
+                          &port)) {
+      port = 0;
+    }
     if (port == 0) absl::SleepFor(absl::Milliseconds(50));
   }
   if (port == 0) {
