@@ -38,9 +38,8 @@
 #include <vector>
 
 #include "absl/functional/function_ref.h"
-#include "absl/status/status.h"
-#include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "common/status.h"
 #include "proto/config.pb.h"
 #include "worker/dense_ring.h"
 #include "worker/kv_client.h"
