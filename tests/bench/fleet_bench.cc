@@ -57,6 +57,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -725,6 +726,9 @@ int ParentMain(const char* argv0) {
   if (root.empty()) {
     char tmpl[] = "/tmp/fleet_bench.XXXXXX";
     root = mkdtemp(tmpl);
+  } else if (mkdir(root.c_str(), 0755) != 0 && errno != EEXIST) {
+    std::fprintf(stderr, "--dir: cannot make %s\n", root.c_str());
+    return 2;
   }
   std::vector<Figures> all;
   for (absl::string_view n : absl::StrSplit(absl::GetFlag(FLAGS_nodes), ',')) {
@@ -737,9 +741,15 @@ int ParentMain(const char* argv0) {
                  nodes);
     absl::StatusOr<Figures> f = RunFleet(nodes, root);
     if (!f.ok()) {
-      std::fprintf(stderr, "%d nodes: %s\n", nodes,
-                   f.status().ToString().c_str());
-      return 1;
+      // Where one scheduler stops keeping up is a result too (e.g. a node
+      // declared dead while the fleet registers fails the job): larger
+      // fleets are not tried.
+      std::string reason(f.status().message());
+      absl::StrReplaceAll({{"\"", "'"}, {"\n", " "}}, &reason);
+      std::printf("{\"bench\":\"fleet\",\"nodes\":%d,\"failed\":\"%s\"}\n",
+                  nodes, reason.substr(0, 400).c_str());
+      std::fflush(stdout);
+      break;
     }
     std::printf("%s\n", Json(*f).c_str());
     std::fflush(stdout);
