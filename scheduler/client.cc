@@ -6,6 +6,7 @@
 #include <cmath>
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -248,11 +249,41 @@ JobState SchedulerClient::job_state() const {
   return job_state_;
 }
 
-void SchedulerClient::InstallView(const ClusterView& view) {
+bool SchedulerClient::InstallView(const ClusterView& received) {
   absl::MutexLock install(&install_mu_);
+  ClusterView view;
   {
     absl::MutexLock lock(&mu_);
-    if (view.epoch() <= view_.epoch()) return;
+    if (received.epoch() <= view_.epoch()) return true;
+    if (received.delta_from() == 0) {
+      view = received;
+    } else {
+      // A delta: only against the view it was made for, of the same
+      // scheduler incarnation (epochs go on across a restart, but a delta
+      // is not worth trusting across one).
+      if (received.delta_from() != view_.epoch() ||
+          received.scheduler_restarts() != view_.scheduler_restarts()) {
+        return false;
+      }
+      view = received;
+      view.clear_nodes();
+      view.set_delta_from(0);
+      absl::flat_hash_map<uint64_t, const NodeInfo*> changed;
+      for (const NodeInfo& n : received.nodes()) changed[n.node_id()] = &n;
+      for (const NodeInfo& n : view_.nodes()) {
+        auto it = changed.find(n.node_id());
+        if (it == changed.end()) {
+          *view.add_nodes() = n;
+        } else {
+          *view.add_nodes() = *it->second;
+          changed.erase(it);
+        }
+      }
+      // New nodes, in the delta's order (by id, after every older one).
+      for (const NodeInfo& n : received.nodes()) {
+        if (changed.contains(n.node_id())) *view.add_nodes() = n;
+      }
+    }
     view_ = view;
     job_state_ = view.job_state();
   }
@@ -260,6 +291,7 @@ void SchedulerClient::InstallView(const ClusterView& view) {
   if (options_.role == WORKER && view.checkpoint_clock() != 0) {
     MaybeReportCheckpoint(view.checkpoint_clock());
   }
+  return true;
 }
 
 void SchedulerClient::set_progress(uint64_t clock,
@@ -761,8 +793,11 @@ void SchedulerClient::HeartbeatLoop() {
           sent + absl::ToChronoNanoseconds(options_.heartbeat_timeout * 3 / 4));
     }
     {
+      // Not from an answer older than the view held: a heartbeat answered
+      // before the job started running must not undo the view that says
+      // it runs.
       absl::MutexLock lock(&mu_);
-      job_state_ = response.job_state();
+      if (response.epoch() >= view_.epoch()) job_state_ = response.job_state();
     }
     if (response.drain() && !drain_.exchange(true)) {
       Log()->info("the scheduler is draining this node: leaving as on SIGTERM");
@@ -782,9 +817,14 @@ void SchedulerClient::WatchLoop() {
   // Stopping cancels the poll in flight, so polls can be long.
   constexpr absl::Duration kPoll = absl::Seconds(5);
   absl::Duration backoff = kFirstBackoff;
+  bool want_whole_view = false;
   while (true) {
     GetClusterViewRequest request;
-    request.set_min_epoch(view().epoch() + 1);
+    const uint64_t held = view().epoch();
+    request.set_min_epoch(held + 1);
+    // A delta against the view held (the nodes that changed), unless the
+    // last one could not be applied.
+    if (!want_whole_view) request.set_known_epoch(held);
     request.set_timeout_ms(absl::ToInt64Milliseconds(kPoll));
     ClusterView fresh;
     auto context = Context(kPoll + options_.rpc_timeout);
@@ -808,7 +848,7 @@ void SchedulerClient::WatchLoop() {
       watch_context_ = nullptr;
     }
     if (status.ok()) {
-      InstallView(fresh);
+      want_whole_view = !InstallView(fresh);
       backoff = kFirstBackoff;
     } else {
       // Scheduler unreachable (the heartbeat thread reports it) or

@@ -235,7 +235,10 @@ class SchedulerClient {
   // Long-polls the scheduler for newer views so changes arrive within
   // milliseconds rather than at the next heartbeat.
   void WatchLoop();
-  void InstallView(const ClusterView& view);
+  // Installs a newer view, or merges a delta (ClusterView.delta_from) into
+  // the one held. False for a delta made against another view: the caller
+  // asks for the whole view.
+  bool InstallView(const ClusterView& view);
   // Workers: reports the position at `checkpoint_clock` once reached.
   void MaybeReportCheckpoint(uint64_t checkpoint_clock);
   std::unique_ptr<grpc::ClientContext> Context(absl::Duration timeout) const;

@@ -149,7 +149,8 @@ absl::StatusOr<RegisterResponse> ClusterState::Register(
     return JobFinishedError("the job has finished");
   }
   if (view_.job_state() == FAILED) {
-    return JobFailedError(absl::StrCat("the job has failed: ", view_.failure()));
+    return JobFailedError(
+        absl::StrCat("the job has failed: ", view_.failure()));
   }
   PS_ASSIGN_OR_RETURN(const uint32_t rank, FreeRankLocked(request.role()));
   const bool spare = request.role() == SERVER && IsSpareRankLocked(rank);
@@ -450,6 +451,13 @@ void ClusterState::BumpEpochLocked() {
   view_.set_epoch(view_.epoch() + 1);
   view_.clear_nodes();
   for (const auto& [id, node] : nodes_) *view_.add_nodes() = node.info;
+  // Nodes change only here, so an epoch's list is fixed until the next.
+  constexpr size_t kRecentEpochs = 8;
+  recent_nodes_.emplace_back(
+      view_.epoch(),
+      std::vector<NodeInfo>(view_.nodes().begin(), view_.nodes().end()));
+  if (recent_nodes_.size() > kRecentEpochs) recent_nodes_.pop_front();
+  changed_since_.clear();
 }
 
 void ClusterState::UpdateJobStateLocked() {
@@ -485,14 +493,42 @@ void ClusterState::UpdateJobStateLocked() {
 }
 
 ClusterView ClusterState::AwaitView(uint64_t min_epoch, bool wait_for_running,
-                                    absl::Duration timeout) {
+                                    absl::Duration timeout,
+                                    uint64_t known_epoch) {
   auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return closed_ || (view_.epoch() >= min_epoch &&
                        (!wait_for_running || view_.job_state() != STARTING));
   };
   absl::MutexLock lock(&mu_);
   mu_.AwaitWithTimeout(absl::Condition(&ready), std::min(timeout, kMaxWait));
-  return view_;
+  if (known_epoch == 0 || known_epoch >= view_.epoch()) return view_;
+  auto changed = changed_since_.find(known_epoch);
+  if (changed == changed_since_.end()) {
+    auto past =
+        std::find_if(recent_nodes_.begin(), recent_nodes_.end(),
+                     [&](const auto& p) { return p.first == known_epoch; });
+    if (past == recent_nodes_.end()) return view_;
+    absl::flat_hash_map<uint64_t, const NodeInfo*> before;
+    for (const NodeInfo& n : past->second) before[n.node_id()] = &n;
+    std::vector<NodeInfo> nodes;
+    for (const NodeInfo& n : view_.nodes()) {
+      auto it = before.find(n.node_id());
+      if (it == before.end() ||
+          it->second->SerializeAsString() != n.SerializeAsString()) {
+        nodes.push_back(n);
+      }
+    }
+    changed = changed_since_.emplace(known_epoch, std::move(nodes)).first;
+  }
+  // The view without its node list (swapped out and back, not copied),
+  // then the changed nodes.
+  google::protobuf::RepeatedPtrField<NodeInfo> all;
+  all.Swap(view_.mutable_nodes());
+  ClusterView delta = view_;
+  all.Swap(view_.mutable_nodes());
+  for (const NodeInfo& n : changed->second) *delta.add_nodes() = n;
+  delta.set_delta_from(known_epoch);
+  return delta;
 }
 
 bool ClusterState::BarrierCompleteLocked(const std::string& name) const {
@@ -563,7 +599,8 @@ absl::StatusOr<std::vector<uint32_t>> ClusterState::AwaitBarrier(
   barriers_[name].insert(node_id);
   barrier_started_.try_emplace(name, clock_->Now());
   auto complete_or_closed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return closed_ || view_.job_state() == FAILED || BarrierCompleteLocked(name);
+    return closed_ || view_.job_state() == FAILED ||
+           BarrierCompleteLocked(name);
   };
   mu_.AwaitWithTimeout(absl::Condition(&complete_or_closed),
                        std::min(timeout, kMaxWait));
@@ -598,7 +635,8 @@ absl::StatusOr<std::vector<uint32_t>> ClusterState::AwaitBarrier(
     return ranks;
   }
   if (view_.job_state() == FAILED) {
-    return JobFailedError(absl::StrCat("the job has failed: ", view_.failure()));
+    return JobFailedError(
+        absl::StrCat("the job has failed: ", view_.failure()));
   }
   if (closed_) {
     return absl::UnavailableError("the scheduler is shutting down");
@@ -866,7 +904,8 @@ absl::StatusOr<ClaimShardResponse> ClusterState::ClaimShard(
   };
   mu_.AwaitWithTimeout(absl::Condition(&decided), std::min(timeout, kMaxWait));
   if (view_.job_state() == FAILED) {
-    return JobFailedError(absl::StrCat("the job has failed: ", view_.failure()));
+    return JobFailedError(
+        absl::StrCat("the job has failed: ", view_.failure()));
   }
   ClaimShardResponse response;
   if (nodes_[id].info.state() != ALIVE) {
@@ -1185,8 +1224,10 @@ SlotMap ClusterState::WithoutUncopiedBackupsLocked(uint32_t rank) const {
       heard = node.last_heartbeat;
     }
   }
-  std::vector<uint32_t> owner(view_.slot_owner().begin(), view_.slot_owner().end());
-  std::vector<uint32_t> backup(view_.slot_backup().begin(), view_.slot_backup().end());
+  std::vector<uint32_t> owner(view_.slot_owner().begin(),
+                              view_.slot_owner().end());
+  std::vector<uint32_t> backup(view_.slot_backup().begin(),
+                               view_.slot_backup().end());
   // A live owner is heard from every heartbeat interval and learns of a new
   // backup within moments (long poll); one silent for half a heartbeat
   // timeout when the backup was given, and never heard from since, was

@@ -42,6 +42,7 @@
 #define PS_SCHEDULER_CLUSTER_STATE_H_
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <optional>
@@ -208,9 +209,12 @@ class ClusterState {
   std::vector<std::string> CheckMoves();
 
   // Returns the view once it satisfies the request or the timeout passes
-  // (then the current view, which the caller may inspect).
+  // (then the current view, which the caller may inspect). With
+  // `known_epoch` (the caller's view) older than the current one and still
+  // in the recent history, a delta against it (ClusterView.delta_from);
+  // otherwise the whole view.
   ClusterView AwaitView(uint64_t min_epoch, bool wait_for_running,
-                        absl::Duration timeout);
+                        absl::Duration timeout, uint64_t known_epoch = 0);
 
   // Blocks until every live worker has arrived at barrier `name`.
   // DEADLINE_EXCEEDED names the missing ranks; NOT_FOUND for unknown or
@@ -477,7 +481,8 @@ class ClusterState {
 
   // Job failure (scheduler/cluster_state_failure.cc). The slots whose
   // owner is not alive while the job runs, ascending.
-  std::vector<uint32_t> LostSlotsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::vector<uint32_t> LostSlotsLocked() const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether every owner of `slots` reported its shard to the checkpoint in
   // progress (so they become restorable if it commits).
   bool PendingCheckpointHoldsLocked(const std::vector<uint32_t>& slots) const
@@ -556,6 +561,14 @@ class ClusterState {
   mutable absl::Mutex mu_;
   uint64_t next_node_id_ ABSL_GUARDED_BY(mu_) = 1;
   ClusterView view_ ABSL_GUARDED_BY(mu_);
+  // The node lists of the last few epochs (oldest first), and per older
+  // epoch the nodes changed between it and the current one (built on first
+  // use, dropped at each new epoch): what delta views are made of, so that
+  // a change costs each node what changed, not the whole fleet's list.
+  std::deque<std::pair<uint64_t, std::vector<NodeInfo>>> recent_nodes_
+      ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, std::vector<NodeInfo>> changed_since_
+      ABSL_GUARDED_BY(mu_);
   // node id -> record; ordered so views list nodes by id.
   absl::btree_map<uint64_t, Node> nodes_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_set<uint32_t> worker_ranks_ever_ ABSL_GUARDED_BY(mu_);

@@ -143,6 +143,47 @@ TEST_F(ClusterStateTest, AssignsRanksPerRoleInRegistrationOrder) {
   EXPECT_EQ(w1.node_id(), 4u);
 }
 
+TEST_F(ClusterStateTest, ViewsAgainstAKnownEpochListOnlyTheChangedNodes) {
+  AddServer("tcp://s0:1");
+  AddServer("tcp://s1:1");
+  const uint64_t w0 = AddWorker();
+  const ClusterView before = state_->AwaitView(0, false, absl::ZeroDuration());
+  ASSERT_EQ(before.nodes_size(), 3);
+  const uint64_t w1 = AddWorker();
+  LeaveRequest leave;
+  leave.set_node_id(w0);
+  ASSERT_TRUE(state_->Leave(leave).ok());
+  const ClusterView whole = state_->AwaitView(0, false, absl::ZeroDuration());
+  ASSERT_EQ(whole.nodes_size(), 4);
+  EXPECT_EQ(whole.delta_from(), 0u);
+
+  // Against the older view: the worker that left and the one that came.
+  const ClusterView delta = state_->AwaitView(0, false, absl::ZeroDuration(),
+                                              before.epoch());
+  EXPECT_EQ(delta.delta_from(), before.epoch());
+  EXPECT_EQ(delta.epoch(), whole.epoch());
+  ASSERT_EQ(delta.nodes_size(), 2);
+  EXPECT_EQ(delta.nodes(0).node_id(), w0);
+  EXPECT_EQ(delta.nodes(0).state(), LEFT);
+  EXPECT_EQ(delta.nodes(1).node_id(), w1);
+  // Everything but the node list is whole.
+  EXPECT_EQ(delta.slot_owner_size(), whole.slot_owner_size());
+  EXPECT_EQ(delta.job_state(), whole.job_state());
+  // Asked again (the cached delta), the same.
+  EXPECT_EQ(state_->AwaitView(0, false, absl::ZeroDuration(), before.epoch())
+                .SerializeAsString(),
+            delta.SerializeAsString());
+
+  // The current epoch, an unknown one and one older than the history all
+  // get the whole view.
+  for (const uint64_t known : {whole.epoch(), uint64_t{0}, uint64_t{1}}) {
+    const ClusterView v =
+        state_->AwaitView(0, false, absl::ZeroDuration(), known);
+    EXPECT_EQ(v.delta_from(), 0u) << known;
+    EXPECT_EQ(v.nodes_size(), 4) << known;
+  }
+}
+
 TEST_F(ClusterStateTest, RejectsFingerprintMismatchWithoutChangingState) {
   RegisterRequest request = Request(WORKER);
   request.set_config_fingerprint(fingerprint_ + 1);

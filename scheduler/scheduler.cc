@@ -46,9 +46,9 @@ class SchedulerServer::Service final : public Scheduler::Service {
   grpc::Status GetClusterView(grpc::ServerContext*,
                               const GetClusterViewRequest* request,
                               ClusterView* response) override {
-    *response =
-        state_->AwaitView(request->min_epoch(), request->wait_for_running(),
-                          absl::Milliseconds(request->timeout_ms()));
+    *response = state_->AwaitView(
+        request->min_epoch(), request->wait_for_running(),
+        absl::Milliseconds(request->timeout_ms()), request->known_epoch());
     return grpc::Status::OK;
   }
 

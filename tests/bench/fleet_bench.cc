@@ -29,6 +29,8 @@
 // (slope of log(value) against log(N) between the smallest and largest N).
 //
 //   tests/bench.sh fleet [-- --nodes=100,1000,3000 --processes=4]
+//   (--view_deltas=false: every node gets the whole view at every change,
+//   for the curve before deltas)
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -79,6 +81,10 @@ ABSL_FLAG(double, steady_s, 8, "Seconds of steady heartbeats measured.");
 ABSL_FLAG(int, changes, 4, "View changes (a worker leaves) measured.");
 ABSL_FLAG(double, change_gap_s, 2, "Seconds between view changes.");
 ABSL_FLAG(std::string, dir, "", "Work directory (default: a new one in /tmp).");
+ABSL_FLAG(bool, view_deltas, true,
+          "Nodes ask for views as deltas against the epoch they hold, as "
+          "SchedulerClient does (false: the whole view every time, as before "
+          "deltas).");
 // Child mode (internal).
 ABSL_FLAG(bool, child, false, "Run simulated nodes (internal).");
 ABSL_FLAG(std::string, scheduler, "", "Child: scheduler host:port.");
@@ -291,6 +297,10 @@ class Fleet {
         return;
       }
       call->request.set_min_epoch(nodes_[i].known_epoch + 1);
+      // As SchedulerClient::WatchLoop: a delta against the view held.
+      if (absl::GetFlag(FLAGS_view_deltas)) {
+        call->request.set_known_epoch(nodes_[i].known_epoch);
+      }
       ++in_flight_;
     }
     call->request.set_timeout_ms(5000);
@@ -585,6 +595,8 @@ absl::StatusOr<Figures> RunFleet(int nodes, const std::string& root) {
              absl::StrCat("--change_gap_s=", sched.change_gap_s),
              absl::StrCat("--heartbeat_timeout_ms=",
                           absl::GetFlag(FLAGS_heartbeat_timeout_ms)),
+             absl::StrCat("--view_deltas=",
+                          absl::GetFlag(FLAGS_view_deltas) ? "true" : "false"),
              absl::StrCat("--ready_file=", dir, "/ready", c),
              "--go_file=" + go_file, absl::StrCat("--out=", dir, "/out", c)},
             absl::StrCat(dir, "/child", c, ".out"),
