@@ -129,8 +129,11 @@ absl::Status Trainer::UseDenseRing(SchedulerClient* scheduler,
     const uint64_t clock = client_->clock();
     return clock < kFinishedClock ? clock : paused_clock_.load();
   };
+  // A resumed job's replica is read from the servers just below.
+  std::vector<float> values =
+      clock > 0 ? std::vector<float>(layout_.dense_size) : InitialDense();
   PS_ASSIGN_OR_RETURN(ring_, AllReducedTable::Create(std::move(options),
-                                                     InitialDense(), clock));
+                                                     std::move(values), clock));
   ring_copy_ = std::move(copy);
   if (clock > 0) {
     // A resumed job: the servers hold the table as the ring last wrote it

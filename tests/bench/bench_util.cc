@@ -87,6 +87,25 @@ CpuSample SampleCpu() {
   return c;
 }
 
+double RunningCpuSeconds(const std::vector<pid_t>& pids) {
+  const double tick = static_cast<double>(sysconf(_SC_CLK_TCK));
+  double total = 0;
+  for (pid_t pid : pids) {
+    const std::string stat = ReadFile(absl::StrCat("/proc/", pid, "/stat"));
+    const size_t paren = stat.rfind(')');
+    if (paren == std::string::npos) continue;
+    std::vector<std::string> f =
+        absl::StrSplit(stat.substr(paren + 2), ' ', absl::SkipEmpty());
+    double u = 0, s = 0;
+    // Fields 14 and 15 of the line; 3 is the first after the name.
+    if (f.size() > 12 && absl::SimpleAtod(f[11], &u) &&
+        absl::SimpleAtod(f[12], &s)) {
+      total += (u + s) / tick;
+    }
+  }
+  return total;
+}
+
 std::string LoadAverage() {
   std::vector<std::string> fields =
       absl::StrSplit(ReadFile("/proc/loadavg"), ' ', absl::SkipEmpty());

@@ -7,6 +7,8 @@
 #ifndef PS_TESTS_BENCH_BENCH_UTIL_H_
 #define PS_TESTS_BENCH_BENCH_UTIL_H_
 
+#include <sys/types.h>
+
 #include <optional>
 #include <string>
 #include <vector>
@@ -40,6 +42,11 @@ struct CpuSample {
   double own_s = 0;           // this process and its reaped children
 };
 CpuSample SampleCpu();
+
+// CPU seconds (utime + stime, /proc/PID/stat) of processes still running,
+// summed: children count in RUSAGE_CHILDREN only once reaped, so a sample
+// taken while they run reads them here. A pid that is gone counts 0.
+double RunningCpuSeconds(const std::vector<pid_t>& pids);
 
 // The 1, 5 and 15 minute load averages ("0.52 0.61 0.70"), or "unknown".
 std::string LoadAverage();

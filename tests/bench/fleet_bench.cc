@@ -102,17 +102,12 @@ namespace {
 
 using ::ps::bench::FindRunfiles;
 using ::ps::bench::Quantile;
+using ::ps::bench::RunningCpuSeconds;
+using ::ps::testing::ReadFile;
 using ::ps::testing::Runfile;
 using ::ps::testing::Subprocess;
 
 int64_t NowUs() { return absl::ToUnixMicros(absl::Now()); }
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 // The times of one run, relative to the start time T0 the parent writes.
 struct Schedule {
@@ -434,20 +429,6 @@ int ChildMain() {
 
 // ---- the parent: the scheduler, the children, the figures
 
-double CpuSeconds(pid_t pid) {
-  const std::string stat = ReadFile(absl::StrCat("/proc/", pid, "/stat"));
-  const size_t paren = stat.rfind(')');
-  if (paren == std::string::npos) return 0;
-  std::vector<std::string> f =
-      absl::StrSplit(stat.substr(paren + 2), ' ', absl::SkipEmpty());
-  double u = 0, sys = 0;
-  if (f.size() > 12 && absl::SimpleAtod(f[11], &u) &&
-      absl::SimpleAtod(f[12], &sys)) {
-    return (u + sys) / static_cast<double>(sysconf(_SC_CLK_TCK));
-  }
-  return 0;
-}
-
 std::string JobConfigText(int servers, int workers) {
   return absl::StrFormat(
       R"pb(name: "fleet"
@@ -624,11 +605,11 @@ absl::StatusOr<Figures> RunFleet(int nodes, const std::string& root) {
 
   // Steady: the scheduler's CPU over the measured window.
   absl::SleepFor(absl::Microseconds(t0 + 500000 - NowUs()));
-  const double cpu0 = CpuSeconds(scheduler.pid());
+  const double cpu0 = RunningCpuSeconds({scheduler.pid()});
   const int64_t w0 = NowUs();
   absl::SleepFor(absl::Microseconds(
       t0 + static_cast<int64_t>(sched.steady_s * 1e6) - NowUs()));
-  const double cpu1 = CpuSeconds(scheduler.pid());
+  const double cpu1 = RunningCpuSeconds({scheduler.pid()});
   const double window_s = (NowUs() - w0) / 1e6;
   f.cpu_per_s = (cpu1 - cpu0) / window_s;
 

@@ -64,8 +64,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <optional>
@@ -114,6 +114,7 @@ using ::ps::bench::FindRunfiles;
 using ::ps::bench::LineTime;
 using ::ps::bench::Median;
 using ::ps::bench::Quantile;
+using ::ps::bench::RunningCpuSeconds;
 using ::ps::bench::SampleCpu;
 using ::ps::testing::JobHarness;
 using ::ps::testing::LedgerPushers;
@@ -200,28 +201,6 @@ std::optional<double> NumberAfter(absl::string_view line,
   double v = 0;
   if (!absl::SimpleAtod(rest.substr(0, end), &v)) return std::nullopt;
   return v;
-}
-
-// CPU time of the job's processes still running (reaped children show in
-// RUSAGE_CHILDREN only once they exit, so a sample taken while the job
-// runs must add them): utime + stime from /proc/PID/stat.
-double RunningCpuSeconds(const std::vector<pid_t>& pids) {
-  const double tick = static_cast<double>(sysconf(_SC_CLK_TCK));
-  double total = 0;
-  for (pid_t pid : pids) {
-    const std::string stat = ReadFile(absl::StrCat("/proc/", pid, "/stat"));
-    const size_t paren = stat.rfind(')');
-    if (paren == std::string::npos) continue;
-    std::vector<std::string> f =
-        absl::StrSplit(stat.substr(paren + 2), ' ', absl::SkipEmpty());
-    double u = 0, s = 0;
-    // Fields 14 and 15 of the line; 3 is the first after the name.
-    if (f.size() > 12 && absl::SimpleAtod(f[11], &u) &&
-        absl::SimpleAtod(f[12], &s)) {
-      total += (u + s) / tick;
-    }
-  }
-  return total;
 }
 
 // Runs `argv` to completion with its output in dir/name.out and .log;
