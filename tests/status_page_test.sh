@@ -4,7 +4,7 @@
 # 2 SSP workers, synthetic CTR data, rank 0 evaluating every 300 steps):
 #   1. the page's assets are served by the scheduler itself, with their
 #      content types; /status.json is JSON;
-#   2. once /status.json shows progress above 0.2, a few points of
+#   2. once /status.json shows progress above 3%, a few points of
 #      loss/worker/0 and an evaluation (metric/test_auc), headless Chromium
 #      runs the page's script (--virtual-time-budget) and the DOM it leaves
 #      has every chart container drawn (data-series, data-points), the
@@ -38,7 +38,7 @@ print(job.get("progress", 0), n.get("loss/worker/0", 0),
       n.get("metric/test_auc", 0), n.get("examples_per_s", 0),
       1 if "eta_s" in job else 0)
 '
-# ready_to_draw PORT: /status.json shows progress > 0.2, at least 3 points
+# ready_to_draw PORT: /status.json shows progress > 0.03, at least 3 points
 # of loss/worker/0 and 2 of examples_per_s, and a test AUC point. Leaves the
 # summary line in $T/report.
 ready_to_draw() {
@@ -46,12 +46,13 @@ ready_to_draw() {
   "$PYTHON" -c "$_REPORT_PY" < "$T/body" > "$T/report" 2>/dev/null || return 1
   local progress loss auc examples eta
   read -r progress loss auc examples eta < "$T/report"
-  awk "BEGIN { exit !($progress > 0.2 && $loss >= 3 && $auc >= 1 && $examples >= 2) }"
+  awk "BEGIN { exit !($progress > 0.03 && $loss >= 3 && $auc >= 1 && $examples >= 2) }"
 }
 
 CONFIG="$T/job.pbtxt"
-# About 40 s in a fastbuild, 15-20 s with -c opt; the test needs it running
-# until Chromium is done (it waits for 20%) and stops it then.
+# About 50-150 s with -c opt and minutes under ASan: the job must outlast
+# both Chromium runs (a job that ended before the screenshot made Chromium's
+# page load fail), so it is far longer than the test, which stops it.
 cat > "$CONFIG" <<'CONFIG'
 name: "status-page-test"
 cluster { num_servers: 2 num_workers: 2 num_slots: 256
@@ -64,7 +65,7 @@ tables { id: 1 name: "dense" dense { size: 14 }
          optimizer { adagrad { learning_rate: 0.1 initial_accumulator: 1e-6 } }
          init { kind: ZEROS } }
 data { synthetic_ctr { num_train: 1500000 num_test: 2000 seed: 3 } }
-training { batch_size: 256 epochs: 3 log_interval_s: 5 eval_interval_steps: 300
+training { batch_size: 256 epochs: 20 log_interval_s: 5 eval_interval_steps: 300
            sparse_table: "sparse" dense_table: "dense" }
 CONFIG
 
@@ -97,7 +98,7 @@ echo "assets served; /status links them (${SECONDS}s)"
 
 # ---- 2. the page, drawn by its script
 wait_until 120 ready_to_draw "$PORT" ||
-  fail "/status.json never showed progress > 0.2 with curves and a test AUC: $(cat "$T/report" 2>/dev/null)"
+  fail "/status.json never showed progress > 0.03 with curves and a test AUC: $(cat "$T/report" 2>/dev/null)"
 read -r progress _ _ _ eta_known < "$T/report"
 echo "/status.json: progress $progress, (progress loss0 auc examples eta) = $(cat "$T/report")"
 kill -0 "$SCHED_PID" 2>/dev/null || fail "the scheduler exited before Chromium ran"
@@ -188,6 +189,7 @@ grep -qE '^refreshes [1-9]' "$T/dom.txt" || fail "the script never replaced the 
 echo "the script drew every chart, the progress and the ETA (${SECONDS}s)"
 
 # ---- 3. screenshot
+kill -0 "$SCHED_PID" 2>/dev/null || fail "the scheduler exited before the screenshot"
 PNG="$OUT_DIR/status-page.png"
 chrome --screenshot="$PNG" "$URL" > /dev/null 2> "$T/chromium-shot.log" ||
   fail "chromium --screenshot: $(tail -n 5 "$T/chromium-shot.log")"
@@ -242,8 +244,12 @@ PY
 cat "$T/netlog.txt"
 echo "net log checked (${SECONDS}s)"
 
-# ---- the end: stop the job (the other tests check exit codes)
-for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-for pid in "${PIDS[@]}"; do wait_exit "$pid" 30 || true; done
+# ---- the end: stop the job (the other tests check exit codes), workers
+# first and the scheduler last, as an operator would: a worker stopped after
+# its scheduler spends its leave RPC's deadline on a dead address.
+for ((i = ${#PIDS[@]} - 1; i >= 0; i--)); do
+  kill -TERM "${PIDS[i]}" 2>/dev/null || true
+  wait_exit "${PIDS[i]}" 30 || true
+done
 PIDS=()
 echo PASS "(${SECONDS}s)"
