@@ -137,14 +137,59 @@ NodeInfo ClusterState::AddNodeLocked(const RegisterRequest& request,
 absl::StatusOr<RegisterResponse> ClusterState::Register(
     const RegisterRequest& request) {
   PS_RETURN_IF_ERROR(ValidateRegister(request));
+  PendingRegistration me;
+  me.request = &request;
   // A server joining a running job replaces a dead one: it restores its
   // slots from the newest valid checkpoint. Looked up before locking, as
   // verifying a checkpoint reads every byte of it.
-  const std::optional<CheckpointRef> replacement_restore =
-      ReplacementRestore(request);
+  me.replacement_restore = ReplacementRestore(request);
+  {
+    absl::MutexLock queue(&register_mu_);
+    register_queue_.push_back(&me);
+  }
+  // Whoever holds mu_ next registers everyone queued by then (one epoch and
+  // one journal write for them all): a fleet registering at once costs a
+  // few view changes, not one per node.
   absl::MutexLock lock(&mu_);
+  if (!me.done) {
+    std::vector<PendingRegistration*> batch;
+    {
+      absl::MutexLock queue(&register_mu_);
+      batch.swap(register_queue_);
+    }
+    RegisterBatchLocked(batch);
+  }
+  return std::move(me.result);
+}
+
+void ClusterState::RegisterBatchLocked(
+    const std::vector<PendingRegistration*>& batch) {
   JournalScope journal(this);
-  PS_RETURN_IF_ERROR(journal.Admit());
+  const absl::Status admitted = journal.Admit();
+  bool changed = false;
+  for (PendingRegistration* p : batch) {
+    p->done = true;
+    p->result = admitted.ok()
+                    ? RegisterOneLocked(*p->request, p->replacement_restore)
+                    : absl::StatusOr<RegisterResponse>(admitted);
+    changed |= p->result.ok();
+  }
+  if (!changed) return;
+  BumpEpochLocked();
+  const absl::Status committed = journal.Commit();
+  for (PendingRegistration* p : batch) {
+    if (!p->result.ok()) continue;
+    if (!committed.ok()) {
+      p->result = committed;
+    } else {
+      *p->result->mutable_view() = view_;
+    }
+  }
+}
+
+absl::StatusOr<RegisterResponse> ClusterState::RegisterOneLocked(
+    const RegisterRequest& request,
+    const std::optional<CheckpointRef>& replacement_restore) {
   if (view_.job_state() == FINISHED) {
     return JobFinishedError("the job has finished");
   }
@@ -180,11 +225,8 @@ absl::StatusOr<RegisterResponse> ClusterState::Register(
     AdoptReplacementLocked(info.rank());
   }
   UpdateJobStateLocked();
-  BumpEpochLocked();
   response.set_node_id(info.node_id());
   response.set_rank(info.rank());
-  *response.mutable_view() = view_;
-  PS_RETURN_IF_ERROR(journal.Commit());
   return response;
 }
 
@@ -458,6 +500,7 @@ void ClusterState::BumpEpochLocked() {
       std::vector<NodeInfo>(view_.nodes().begin(), view_.nodes().end()));
   if (recent_nodes_.size() > kRecentEpochs) recent_nodes_.pop_front();
   changed_since_.clear();
+  if (view_listener_) view_listener_();
 }
 
 void ClusterState::UpdateJobStateLocked() {
@@ -501,6 +544,30 @@ ClusterView ClusterState::AwaitView(uint64_t min_epoch, bool wait_for_running,
   };
   absl::MutexLock lock(&mu_);
   mu_.AwaitWithTimeout(absl::Condition(&ready), std::min(timeout, kMaxWait));
+  return ViewAgainstLocked(known_epoch);
+}
+
+ClusterState::ViewHead ClusterState::Head() const {
+  absl::MutexLock lock(&mu_);
+  return {view_.epoch(), view_.job_state(), closed_};
+}
+
+absl::flat_hash_map<uint64_t, ClusterView> ClusterState::ViewsAgainst(
+    const std::vector<uint64_t>& known_epochs) {
+  absl::flat_hash_map<uint64_t, ClusterView> views;
+  absl::MutexLock lock(&mu_);
+  for (uint64_t known : known_epochs) {
+    if (!views.contains(known)) views[known] = ViewAgainstLocked(known);
+  }
+  return views;
+}
+
+void ClusterState::SetViewListener(std::function<void()> listener) {
+  absl::MutexLock lock(&mu_);
+  view_listener_ = std::move(listener);
+}
+
+ClusterView ClusterState::ViewAgainstLocked(uint64_t known_epoch) {
   if (known_epoch == 0 || known_epoch >= view_.epoch()) return view_;
   auto changed = changed_since_.find(known_epoch);
   if (changed == changed_since_.end()) {
@@ -754,6 +821,9 @@ ClusterState::Monitoring ClusterState::Monitor() const {
     }
   }
   m.heartbeats = heartbeats_;
+  m.journal_writes = journal_writes_;
+  m.journal_write_seconds = absl::ToDoubleSeconds(journal_write_time_);
+  m.journal_bytes = journal_bytes_;
   m.barriers_completed = completed_barriers_.size();
   m.nodes_declared_dead = declared_dead_;
   m.isolation_suspected = isolated_since_ != absl::InfiniteFuture();
@@ -1269,6 +1339,7 @@ void ClusterState::AdoptReplacementLocked(uint32_t rank) {
 void ClusterState::Close() {
   absl::MutexLock lock(&mu_);
   closed_ = true;
+  if (view_listener_) view_listener_();
 }
 
 ClusterView ClusterState::View() const {

@@ -216,6 +216,23 @@ class ClusterState {
   ClusterView AwaitView(uint64_t min_epoch, bool wait_for_running,
                         absl::Duration timeout, uint64_t known_epoch = 0);
 
+  // What a view long poll waits on, read without waiting (ViewWatchers
+  // answers long polls without a thread each from this and ViewsAgainst).
+  struct ViewHead {
+    uint64_t epoch = 0;
+    JobState job_state = STARTING;
+    bool closed = false;
+  };
+  ViewHead Head() const;
+  // AwaitView's answer for each of `known_epochs`, without the wait, built
+  // under one hold of the lock: a delta against that epoch where the
+  // recent history has it, else the whole view. Keyed by the given epoch.
+  absl::flat_hash_map<uint64_t, ClusterView> ViewsAgainst(
+      const std::vector<uint64_t>& known_epochs);
+  // `listener` runs after every epoch change and on Close, under this
+  // object's lock: it must be quick and must not call into this object.
+  void SetViewListener(std::function<void()> listener);
+
   // Blocks until every live worker has arrived at barrier `name`.
   // DEADLINE_EXCEEDED names the missing ranks; NOT_FOUND for unknown or
   // dead callers; INVALID_ARGUMENT for servers or an empty name.
@@ -259,6 +276,12 @@ class ClusterState {
     uint64_t heartbeats = 0;
     uint64_t barriers_completed = 0;
     uint64_t nodes_declared_dead = 0;
+    // Journal writes since the scheduler started, the time they took
+    // (snapshot, serialisation and write; seconds) and the last one's size
+    // (bytes).
+    uint64_t journal_writes = 0;
+    double journal_write_seconds = 0;
+    uint64_t journal_bytes = 0;
     // The scheduler's own faults (see ExpireSilentNodes): whether it
     // suspects now that it is cut off from the cluster, and since when
     // (seconds); how many times it suspected so; how many of its own
@@ -392,6 +415,9 @@ class ClusterState {
     bool committed_ = false;
   };
   void BumpEpochLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The view as answered to a node that holds `known_epoch` (0: none).
+  ClusterView ViewAgainstLocked(uint64_t known_epoch)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // No node is declared dead before a heartbeat timeout plus `extra` from
   // `now` (a later grace already granted stays).
   void GrantGraceLocked(absl::Time now, absl::Duration extra)
@@ -447,6 +473,23 @@ class ClusterState {
   // every byte); the lowest rank of `role` no live or finished node holds
   // (RESOURCE_EXHAUSTED when none); the new node's entry.
   absl::Status ValidateRegister(const RegisterRequest& request) const;
+  // A registration waiting for whoever holds mu_ next (Register batches
+  // those that arrive together). `done` and `result` are written under mu_
+  // by the holder and read under mu_ by the caller.
+  struct PendingRegistration {
+    const RegisterRequest* request = nullptr;
+    std::optional<CheckpointRef> replacement_restore;
+    bool done = false;
+    absl::StatusOr<RegisterResponse> result = absl::UnknownError("pending");
+  };
+  void RegisterBatchLocked(const std::vector<PendingRegistration*>& batch)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // One registration of a batch: the node added, its response but for the
+  // view (filled once the batch's epoch is out).
+  absl::StatusOr<RegisterResponse> RegisterOneLocked(
+      const RegisterRequest& request,
+      const std::optional<CheckpointRef>& replacement_restore)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::optional<CheckpointRef> ReplacementRestore(
       const RegisterRequest& request) const;
   absl::StatusOr<uint32_t> FreeRankLocked(Role role) const
@@ -589,9 +632,18 @@ class ClusterState {
   absl::Time min_clock_since_ ABSL_GUARDED_BY(mu_);
   absl::Time last_watchdog_log_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  std::function<void()> view_listener_ ABSL_GUARDED_BY(mu_);
+  // Registrations waiting for mu_ (see Register). Taken only briefly, and
+  // never while waiting for mu_ (mu_ before it, when both are held).
+  absl::Mutex register_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  std::vector<PendingRegistration*> register_queue_
+      ABSL_GUARDED_BY(register_mu_);
   // Monitor(): heartbeats accepted and nodes declared dead.
   uint64_t heartbeats_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t declared_dead_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t journal_writes_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Duration journal_write_time_ ABSL_GUARDED_BY(mu_);
+  uint64_t journal_bytes_ ABSL_GUARDED_BY(mu_) = 0;
 
   const CheckpointStore store_;
   ShardLedger shards_ ABSL_GUARDED_BY(mu_);

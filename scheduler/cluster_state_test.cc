@@ -1,14 +1,17 @@
 #include "common/status.h"
 #include "scheduler/cluster_state.h"
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <future>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
@@ -141,6 +144,66 @@ TEST_F(ClusterStateTest, AssignsRanksPerRoleInRegistrationOrder) {
   EXPECT_EQ(w0.node_id(), 2u);
   EXPECT_EQ(s1.node_id(), 3u);
   EXPECT_EQ(w1.node_id(), 4u);
+}
+
+// Registrations that arrive while another holds the state (here: its
+// journal write) are taken together: one epoch and one journal write for
+// the lot, each with its own rank and a view that lists it.
+TEST(ClusterStateBatchTest, RegistrationsArrivingTogetherShareOneEpoch) {
+  absl::StatusOr<JobConfig> config = ParseJobConfig(
+      R"pb(cluster { num_servers: 1 num_workers: 32 num_slots: 8 })pb", "test");
+  ASSERT_TRUE(config.ok()) << config.status();
+  auto state = std::make_unique<ClusterState>(*config, Clock::Real());
+  auto Request = [&](Role role) {
+    RegisterRequest request;
+    request.set_role(role);
+    if (role == SERVER) request.set_data_endpoint("tcp://s0:1");
+    request.set_host("testhost");
+    request.set_pid(1);
+    request.set_config_fingerprint(ConfigFingerprint(*config));
+    return request;
+  };
+  ASSERT_TRUE(state->Register(Request(SERVER)).ok());
+  absl::Notification release;
+  std::atomic<int> writes{0};
+  ASSERT_TRUE(state
+                  ->SetJournal([&](const SchedulerJournal&, bool) {
+                    // The first registration's write holds the state until
+                    // the others have queued.
+                    if (writes.fetch_add(1) == 1) release.WaitForNotification();
+                    return absl::OkStatus();
+                  })
+                  .ok());
+  const uint64_t epoch0 = state->Head().epoch;
+  constexpr int kLater = 20;
+  std::vector<absl::StatusOr<RegisterResponse>> results(
+      kLater + 1, absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  threads.emplace_back([&] { results[0] = state->Register(Request(WORKER)); });
+  while (writes.load() < 2) absl::SleepFor(absl::Milliseconds(1));
+  for (int i = 1; i <= kLater; ++i) {
+    threads.emplace_back(
+        [&, i] { results[i] = state->Register(Request(WORKER)); });
+  }
+  absl::SleepFor(absl::Seconds(1));  // they queue behind the held state
+  release.Notify();
+  for (auto& t : threads) t.join();
+
+  std::set<uint32_t> ranks;
+  for (const auto& r : results) {
+    ASSERT_TRUE(r.ok()) << r.status();
+    ranks.insert(r->rank());
+    bool listed = false;
+    for (const NodeInfo& n : r->view().nodes()) {
+      listed |= n.node_id() == r->node_id() && n.state() == ALIVE;
+    }
+    EXPECT_TRUE(listed) << "node " << r->node_id();
+  }
+  EXPECT_EQ(ranks.size(), static_cast<size_t>(kLater + 1));
+  // One epoch for the first, then far fewer than one each for the rest.
+  const uint64_t epochs = state->Head().epoch - epoch0;
+  EXPECT_LT(epochs, static_cast<uint64_t>(kLater)) << epochs;
+  EXPECT_LT(writes.load(), kLater) << "journal writes";
 }
 
 TEST_F(ClusterStateTest, ViewsAgainstAKnownEpochListOnlyTheChangedNodes) {

@@ -466,6 +466,24 @@ void RegisterEventCounters(const SchedulerMonitor* monitor,
       "Heartbeats accepted from live nodes.", Type::kCounter,
       [monitor] { return double(monitor->Snapshot().monitoring.heartbeats); });
   r->AddCallback(
+      "ps_scheduler_journal_writes_total",
+      "Journal writes (each a whole snapshot of the job's state).",
+      Type::kCounter, [monitor] {
+        return double(monitor->Snapshot().monitoring.journal_writes);
+      });
+  r->AddCallback(
+      "ps_scheduler_journal_write_seconds_total",
+      "Time spent writing the journal (snapshot, serialisation, write), "
+      "during which the scheduler takes no other change.",
+      Type::kCounter, [monitor] {
+        return monitor->Snapshot().monitoring.journal_write_seconds;
+      });
+  r->AddCallback("ps_scheduler_journal_bytes",
+                 "Size of the last journal written, in bytes.", Type::kGauge,
+                 [monitor] {
+                   return double(monitor->Snapshot().monitoring.journal_bytes);
+                 });
+  r->AddCallback(
       "ps_scheduler_nodes_declared_dead_total",
       "Nodes the failure detector declared dead (missed heartbeats).",
       Type::kCounter, [monitor] {

@@ -282,6 +282,26 @@ TEST_F(MonitoringTest, ASchedulerRestartShowsOnThePageAndInTheMetrics) {
   EXPECT_THAT(registry.Expose(), HasSubstr("ps_scheduler_restarts 1\n"));
 }
 
+TEST_F(MonitoringTest, JournalWritesTheirTimeAndSizeAreMetrics) {
+  size_t size = 0;
+  ASSERT_TRUE(state_
+                  ->SetJournal([&](const SchedulerJournal& j, bool) {
+                    size = j.ByteSizeLong();
+                    return absl::OkStatus();
+                  })
+                  .ok());
+  state_->SyncJournal();
+  SchedulerMonitor monitor(state_.get(), config_, &clock_);
+  metrics::Registry registry;
+  monitor.RegisterMetrics(&registry);
+  const std::string text = registry.Expose();
+  EXPECT_THAT(text, HasSubstr("# TYPE ps_scheduler_journal_writes_total counter\n"
+                              "ps_scheduler_journal_writes_total 2\n"));
+  EXPECT_THAT(text, HasSubstr(absl::StrCat("ps_scheduler_journal_bytes ", size, "\n")));
+  EXPECT_GT(size, 100u);
+  EXPECT_THAT(text, HasSubstr("# TYPE ps_scheduler_journal_write_seconds_total counter\n"));
+}
+
 TEST_F(MonitoringTest, AFailedJobShowsItsReasonOnThePageAndInTheMetrics) {
   SchedulerMonitor monitor(state_.get(), config_, &clock_);
   metrics::Registry registry;

@@ -14,18 +14,30 @@
 #include "scheduler/journal.h"
 #include "scheduler/ring_registry.h"
 #include "scheduler/scheduler_log.h"
+#include "scheduler/view_watchers.h"
 
 namespace ps {
 
-class SchedulerServer::Service final : public Scheduler::Service {
+// Heartbeats and view long polls, the calls every node makes all the time,
+// use gRPC's callback API: a heartbeat is answered on gRPC's own threads
+// without a hand-off to the synchronous pool, and a waiting long poll is a
+// record in ViewWatchers, not a blocked thread. The rest stay synchronous.
+using SchedulerBase = Scheduler::WithCallbackMethod_Heartbeat<
+    Scheduler::WithCallbackMethod_GetClusterView<Scheduler::Service>>;
+
+class SchedulerServer::Service final : public SchedulerBase {
  public:
   explicit Service(ClusterState* state)
       : state_(state),
+        watchers_(state),
         ring_([state](uint64_t node) { return state->IsLiveWorker(node); },
               [state] { return state->LiveWorkers(); },
               static_cast<uint64_t>(absl::ToUnixMillis(absl::Now()))) {}
 
-  void Close() { ring_.Close(); }
+  void Close() {
+    watchers_.Close();
+    ring_.Close();
+  }
 
   grpc::Status Register(grpc::ServerContext*, const RegisterRequest* request,
                         RegisterResponse* response) override {
@@ -35,21 +47,27 @@ class SchedulerServer::Service final : public Scheduler::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status Heartbeat(grpc::ServerContext*, const HeartbeatRequest* request,
-                         HeartbeatResponse* response) override {
+  grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* context,
+                                      const HeartbeatRequest* request,
+                                      HeartbeatResponse* response) override {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
     auto result = state_->Heartbeat(*request);
-    if (!result.ok()) return ToGrpcStatus(result.status());
+    if (!result.ok()) {
+      reactor->Finish(ToGrpcStatus(result.status()));
+      return reactor;
+    }
     *response = std::move(result).value();
-    return grpc::Status::OK;
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
   }
 
-  grpc::Status GetClusterView(grpc::ServerContext*,
-                              const GetClusterViewRequest* request,
-                              ClusterView* response) override {
-    *response = state_->AwaitView(
-        request->min_epoch(), request->wait_for_running(),
-        absl::Milliseconds(request->timeout_ms()), request->known_epoch());
-    return grpc::Status::OK;
+  grpc::ServerUnaryReactor* GetClusterView(
+      grpc::CallbackServerContext* context,
+      const GetClusterViewRequest* request, ClusterView* response) override {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    watchers_.Watch(*request, response,
+                    [reactor] { reactor->Finish(grpc::Status::OK); });
+    return reactor;
   }
 
   grpc::Status Leave(grpc::ServerContext*, const LeaveRequest* request,
@@ -170,6 +188,7 @@ class SchedulerServer::Service final : public Scheduler::Service {
 
  private:
   ClusterState* const state_;
+  ViewWatchers watchers_;
   RingRegistry ring_;
 };
 

@@ -22,17 +22,24 @@
 //   2. view changes: --changes workers leave, --change_gap_s apart; for
 //      each, the time until every node has the new view (p50/p99/max over
 //      nodes) and the bytes of views all nodes received for it;
-//   3. a silent node: one worker stops heartbeating and polling; the time
+//   3. a barrier: every live worker calls Barrier at once; the time from
+//      the last call to each worker's release (p50/p99/max);
+//   4. a silent node: one worker stops heartbeating and polling; the time
 //      until the scheduler's view shows it DEAD (heartbeat_timeout_ms is the
 //      floor), and how many other nodes were declared dead (none should be).
+// Throughout, the scheduler's journal (its /metrics): writes while the
+// fleet registered, the mean time of one write, and its size at the end.
 // Prints one JSON line per N and a last line with the growth exponents
 // (slope of log(value) against log(N) between the smallest and largest N).
 //
 //   tests/bench.sh fleet [-- --nodes=100,1000,3000 --processes=4]
 //   (--view_deltas=false: every node gets the whole view at every change,
 //   for the curve before deltas)
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -61,6 +68,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -80,6 +88,10 @@ ABSL_FLAG(int, heartbeat_timeout_ms, 5000, "cluster.heartbeat_timeout_ms.");
 ABSL_FLAG(double, steady_s, 8, "Seconds of steady heartbeats measured.");
 ABSL_FLAG(int, changes, 4, "View changes (a worker leaves) measured.");
 ABSL_FLAG(double, change_gap_s, 2, "Seconds between view changes.");
+ABSL_FLAG(int, register_in_flight, 64,
+          "Registrations in flight at once per child process.");
+ABSL_FLAG(double, barrier_s, 4,
+          "Seconds allowed for the barrier before the silent node.");
 ABSL_FLAG(std::string, dir, "", "Work directory (default: a new one in /tmp).");
 ABSL_FLAG(bool, view_deltas, true,
           "Nodes ask for views as deltas against the epoch they hold, as "
@@ -115,15 +127,18 @@ struct Schedule {
   int changes;
   double change_gap_s;
   double heartbeat_timeout_s;
+  double barrier_s;
   double ChangeAt(int i) const { return steady_s + i * change_gap_s; }
-  double SilenceAt() const { return ChangeAt(changes) + 0.5; }
+  double BarrierAt() const { return ChangeAt(changes) + 0.5; }
+  double SilenceAt() const { return BarrierAt() + barrier_s; }
   double End() const { return SilenceAt() + heartbeat_timeout_s + 3; }
 };
 
 Schedule TheSchedule() {
   return {absl::GetFlag(FLAGS_steady_s), absl::GetFlag(FLAGS_changes),
           absl::GetFlag(FLAGS_change_gap_s),
-          absl::GetFlag(FLAGS_heartbeat_timeout_ms) / 1000.0};
+          absl::GetFlag(FLAGS_heartbeat_timeout_ms) / 1000.0,
+          absl::GetFlag(FLAGS_barrier_s)};
 }
 
 // ---- the child: simulated nodes
@@ -149,8 +164,18 @@ class Fleet {
   // Sizes the fleet; call before Run and Register.
   void Prepare(int count) { nodes_.resize(count); }
 
+  // Registers every node, up to --register_in_flight at once per child (a
+  // fleet's processes start together, not one after another); each starts
+  // watching the view once registered.
   absl::Status Register(int servers) {
     const int count = static_cast<int>(nodes_.size());
+    const int window = std::max(1, absl::GetFlag(FLAGS_register_in_flight));
+    struct Call {
+      grpc::ClientContext ctx;
+      RegisterRequest request;
+      RegisterResponse response;
+    };
+    std::string failure;
     for (int i = 0; i < count; ++i) {
       grpc::ChannelArguments args;
       // Its own connection, as a node process has (gRPC shares one between
@@ -160,7 +185,8 @@ class Fleet {
       n.server = i < servers;
       n.stub = Scheduler::NewStub(grpc::CreateCustomChannel(
           address_, grpc::InsecureChannelCredentials(), args));
-      RegisterRequest request;
+      auto* call = new Call;
+      RegisterRequest& request = call->request;
       request.set_role(n.server ? SERVER : WORKER);
       if (n.server) {
         request.set_data_endpoint(absl::StrCat(
@@ -170,23 +196,44 @@ class Fleet {
       request.set_pid(static_cast<uint32_t>(getpid()));
       request.set_config_fingerprint(fingerprint_);
       request.set_trains_shards(!n.server);
-      RegisterResponse response;
-      grpc::ClientContext ctx;
-      ctx.set_deadline(std::chrono::system_clock::now() +
-                       std::chrono::seconds(60));
-      ctx.set_wait_for_ready(true);
-      const grpc::Status s = n.stub->Register(&ctx, request, &response);
-      if (!s.ok()) {
-        return absl::UnavailableError(
-            absl::StrCat("register node ", i, ": ", s.error_message()));
-      }
+      call->ctx.set_deadline(std::chrono::system_clock::now() +
+                             std::chrono::seconds(120));
+      call->ctx.set_wait_for_ready(true);
       {
         absl::MutexLock lock(&mu_);
-        n.node_id = response.node_id();
-        Seen(i, response.view().epoch(), response.view().ByteSizeLong());
+        auto room = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return register_in_flight_ < window;
+        };
+        mu_.Await(absl::Condition(&room));
+        ++register_in_flight_;
       }
-      Watch(i);
+      n.stub->async()->Register(
+          &call->ctx, &call->request, &call->response,
+          [this, i, call](grpc::Status s) {
+            {
+              absl::MutexLock lock(&mu_);
+              --register_in_flight_;
+              if (!s.ok()) {
+                register_failure_ = absl::StrCat("register node ", i, ": ",
+                                                 s.error_message());
+              } else {
+                nodes_[i].node_id = call->response.node_id();
+                Seen(i, call->response.view().epoch(),
+                     call->response.view().ByteSizeLong());
+              }
+            }
+            const bool ok = s.ok();
+            delete call;
+            if (ok) Watch(i);
+          });
     }
+    absl::MutexLock lock(&mu_);
+    auto all_back = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return register_in_flight_ == 0;
+    };
+    mu_.Await(absl::Condition(&all_back));
+    failure = register_failure_;
+    if (!failure.empty()) return absl::UnavailableError(failure);
     return absl::OkStatus();
   }
 
@@ -202,6 +249,7 @@ class Fleet {
     for (int i = 0; i < n; ++i) next[i] = start + interval_us_ * i / n;
     int leaves_done = 0;
     bool silenced = false;
+    bool barrier_called = false;
     // Workers from the end leave; the one before them goes silent.
     int next_leaver = n - 1;
     while (true) {
@@ -215,6 +263,10 @@ class Fleet {
       if (t0 != 0 && leaves_done < leaves && t >= sched.ChangeAt(leaves_done)) {
         Leave(next_leaver--);
         ++leaves_done;
+      }
+      if (t0 != 0 && !barrier_called && t >= sched.BarrierAt()) {
+        barrier_called = true;
+        CallBarrier();
       }
       if (t0 != 0 && silence && !silenced && t >= sched.SilenceAt() &&
           next_leaver >= 0 && !nodes_[next_leaver].server) {
@@ -254,6 +306,13 @@ class Fleet {
       out << "silenced " << silenced_.first << " " << silenced_.second << "\n";
     }
     out << "heartbeats " << heartbeats_in_window_ << "\n";
+    if (barrier_last_call_us_ != 0) {
+      out << "barrier_call " << barrier_last_call_us_ << "\n";
+    }
+    for (int64_t us : barrier_release_us_) out << "barrier_done " << us << "\n";
+    if (barrier_failures_ > 0) {
+      out << "barrier_failed " << barrier_failures_ << "\n";
+    }
   }
 
   // Waits (a while) for the calls in flight to end after Run: their
@@ -358,6 +417,52 @@ class Fleet {
         });
   }
 
+  // Every live worker of this child arrives at the barrier "fleet" now;
+  // records the last call's start and each release.
+  void CallBarrier() {
+    struct Call {
+      grpc::ClientContext ctx;
+      BarrierRequest request;
+      BarrierResponse response;
+    };
+    std::vector<int> workers;
+    {
+      absl::MutexLock lock(&mu_);
+      for (int i = 0; i < static_cast<int>(nodes_.size()); ++i) {
+        const SimNode& n = nodes_[i];
+        if (!n.server && n.node_id != 0 && !n.left && !n.silent) {
+          workers.push_back(i);
+        }
+      }
+      in_flight_ += static_cast<int>(workers.size());
+    }
+    for (int i : workers) {
+      auto* call = new Call;
+      call->request.set_node_id(nodes_[i].node_id);
+      call->request.set_name("fleet");
+      call->request.set_timeout_ms(30000);
+      call->ctx.set_deadline(std::chrono::system_clock::now() +
+                             std::chrono::seconds(35));
+      nodes_[i].stub->async()->Barrier(
+          &call->ctx, &call->request, &call->response,
+          [this, call](grpc::Status s) {
+            const int64_t now = NowUs();
+            {
+              absl::MutexLock lock(&mu_);
+              --in_flight_;
+              if (s.ok()) {
+                barrier_release_us_.push_back(now);
+              } else {
+                ++barrier_failures_;
+              }
+            }
+            delete call;
+          });
+    }
+    absl::MutexLock lock(&mu_);
+    barrier_last_call_us_ = NowUs();
+  }
+
   void Leave(int i) {
     SimNode& n = nodes_[i];
     {
@@ -388,6 +493,11 @@ class Fleet {
   std::map<uint64_t, uint64_t> bytes_ ABSL_GUARDED_BY(mu_);
   std::vector<int64_t> leave_us_ ABSL_GUARDED_BY(mu_);
   std::pair<uint64_t, int64_t> silenced_ ABSL_GUARDED_BY(mu_) = {0, 0};
+  int register_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string register_failure_ ABSL_GUARDED_BY(mu_);
+  int64_t barrier_last_call_us_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<int64_t> barrier_release_us_ ABSL_GUARDED_BY(mu_);
+  int barrier_failures_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 int ChildMain() {
@@ -460,6 +570,58 @@ std::string JobConfigText(int servers, int workers) {
       absl::GetFlag(FLAGS_heartbeat_timeout_ms));
 }
 
+// A port free now on loopback (for the scheduler's HTTP endpoint, whose
+// /metrics has the journal's figures).
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return 0;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  int port = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  close(fd);
+  return port;
+}
+
+// GET http://127.0.0.1:PORT/metrics; "" on any failure.
+std::string Metrics(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return "";
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  std::string body;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+    const std::string request =
+        "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+    if (write(fd, request.data(), request.size()) ==
+        static_cast<ssize_t>(request.size())) {
+      char buf[65536];
+      ssize_t n;
+      while ((n = read(fd, buf, sizeof(buf))) > 0) body.append(buf, n);
+    }
+  }
+  close(fd);
+  return body;
+}
+
+// The value of an unlabelled metric in /metrics text, or -1.
+double MetricValue(const std::string& text, absl::string_view name) {
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    if (absl::ConsumePrefix(&line, name) && absl::ConsumePrefix(&line, " ")) {
+      double v;
+      if (absl::SimpleAtod(line, &v)) return v;
+    }
+  }
+  return -1;
+}
+
 struct Results {
   std::vector<double> heartbeat_ms;
   uint64_t heartbeats = 0;
@@ -468,6 +630,9 @@ struct Results {
   std::vector<int64_t> leaves;
   uint64_t silenced = 0;
   int64_t silenced_at = 0;
+  int64_t barrier_last_call = 0;
+  std::vector<int64_t> barrier_done;
+  int barrier_failed = 0;
 };
 
 void ReadResults(const std::string& path, Results* r) {
@@ -493,6 +658,18 @@ void ReadResults(const std::string& path, Results* r) {
       r->leaves.push_back(us);
     } else if (kind == "silenced") {
       in >> r->silenced >> r->silenced_at;
+    } else if (kind == "barrier_call") {
+      int64_t us;
+      in >> us;
+      r->barrier_last_call = std::max(r->barrier_last_call, us);
+    } else if (kind == "barrier_done") {
+      int64_t us;
+      in >> us;
+      r->barrier_done.push_back(us);
+    } else if (kind == "barrier_failed") {
+      int n;
+      in >> n;
+      r->barrier_failed += n;
     } else if (kind == "heartbeats") {
       uint64_t n;
       in >> n;
@@ -514,6 +691,11 @@ struct Figures {
   double nodes_reached = 0;  // fraction of live nodes that got each change
   double dead_after_ms = -1;
   int false_deaths = 0;
+  double barrier_p50_ms = 0, barrier_p99_ms = 0, barrier_max_ms = 0;
+  int barrier_released = 0, barrier_failed = 0;
+  double journal_writes_startup = 0;
+  double journal_ms_per_write = 0;
+  double journal_bytes = 0;
 };
 
 absl::StatusOr<Figures> RunFleet(int nodes, const std::string& root) {
@@ -533,11 +715,14 @@ absl::StatusOr<Figures> RunFleet(int nodes, const std::string& root) {
   const std::string config = dir + "/job.pbtxt";
   std::ofstream(config) << JobConfigText(servers, workers);
   const std::string port_file = dir + "/scheduler.port";
+  const int http_port = FreePort();
   PS_ASSIGN_OR_RETURN(
       Subprocess scheduler,
       Subprocess::Start(
           {Runfile("scheduler/scheduler_main"), "--config=" + config,
-           "--port_file=" + port_file, "--log_level=warn"},
+           "--port_file=" + port_file, "--log_level=warn",
+           absl::StrCat("--http_port=", http_port),
+           "--state_dir=" + dir + "/scheduler-state"},
           dir + "/scheduler.out", dir + "/scheduler.log"));
   int port = 0;
   for (int i = 0; i < 300 && port == 0 && scheduler.running(); ++i) {
@@ -574,6 +759,9 @@ absl::StatusOr<Figures> RunFleet(int nodes, const std::string& root) {
              absl::StrCat("--steady_s=", sched.steady_s),
              absl::StrCat("--changes=", sched.changes),
              absl::StrCat("--change_gap_s=", sched.change_gap_s),
+             absl::StrCat("--barrier_s=", sched.barrier_s),
+             absl::StrCat("--register_in_flight=",
+                          absl::GetFlag(FLAGS_register_in_flight)),
              absl::StrCat("--heartbeat_timeout_ms=",
                           absl::GetFlag(FLAGS_heartbeat_timeout_ms)),
              absl::StrCat("--view_deltas=",
@@ -600,6 +788,8 @@ absl::StatusOr<Figures> RunFleet(int nodes, const std::string& root) {
   Figures f;
   f.nodes = nodes;
   f.startup_s = absl::ToDoubleSeconds(absl::Now() - started);
+  f.journal_writes_startup =
+      MetricValue(Metrics(http_port), "ps_scheduler_journal_writes_total");
   const int64_t t0 = NowUs() + 200000;
   std::ofstream(go_file) << t0 << "\n";
 
@@ -640,6 +830,15 @@ absl::StatusOr<Figures> RunFleet(int nodes, const std::string& root) {
       return absl::InternalError("a child failed; see " + dir);
     }
   }
+  {
+    const std::string metrics = Metrics(http_port);
+    const double writes =
+        MetricValue(metrics, "ps_scheduler_journal_writes_total");
+    const double seconds =
+        MetricValue(metrics, "ps_scheduler_journal_write_seconds_total");
+    if (writes > 0) f.journal_ms_per_write = seconds / writes * 1000;
+    f.journal_bytes = MetricValue(metrics, "ps_scheduler_journal_bytes");
+  }
   scheduler.Signal(SIGTERM);
   (void)scheduler.Wait(absl::Seconds(10));
 
@@ -674,6 +873,16 @@ absl::StatusOr<Figures> RunFleet(int nodes, const std::string& root) {
   f.view_p50_ms = Quantile(view_ms, 0.5);
   f.view_p99_ms = Quantile(view_ms, 0.99);
   f.view_max_ms = Quantile(view_ms, 1.0);
+  std::vector<double> barrier_ms;
+  for (int64_t done : r.barrier_done) {
+    barrier_ms.push_back(std::max<int64_t>(0, done - r.barrier_last_call) /
+                         1000.0);
+  }
+  f.barrier_released = static_cast<int>(r.barrier_done.size());
+  f.barrier_failed = r.barrier_failed;
+  f.barrier_p50_ms = Quantile(barrier_ms, 0.5);
+  f.barrier_p99_ms = Quantile(barrier_ms, 0.99);
+  f.barrier_max_ms = Quantile(barrier_ms, 1.0);
   for (const auto& [id, at] : first_dead) {
     if (id == r.silenced) {
       f.dead_after_ms = (at - r.silenced_at) / 1000.0;
@@ -692,11 +901,18 @@ std::string Json(const Figures& f) {
       R"("heartbeat_p99_ms":%.2f,"view_change_p50_ms":%.1f,)"
       R"("view_change_p99_ms":%.1f,"view_change_max_ms":%.1f,)"
       R"("nodes_reached":%.3f,"view_bytes":%.0f,"bytes_per_view_change":%.0f,)"
-      R"("dead_after_ms":%.0f,"false_deaths":%d})",
+      R"("dead_after_ms":%.0f,"false_deaths":%d,)"
+      R"("barrier_release_p50_ms":%.1f,"barrier_release_p99_ms":%.1f,)"
+      R"("barrier_release_max_ms":%.1f,"barrier_released":%d,)"
+      R"("barrier_failed":%d,"journal_writes_startup":%.0f,)"
+      R"("journal_ms_per_write":%.3f,"journal_bytes":%.0f})",
       f.nodes, f.startup_s, f.cpu_per_s, f.cpu_us_per_heartbeat,
       f.heartbeats_per_s, f.hb_p50_ms, f.hb_p99_ms, f.view_p50_ms,
       f.view_p99_ms, f.view_max_ms, f.nodes_reached, f.view_bytes,
-      f.bytes_per_change, f.dead_after_ms, f.false_deaths);
+      f.bytes_per_change, f.dead_after_ms, f.false_deaths, f.barrier_p50_ms,
+      f.barrier_p99_ms, f.barrier_max_ms, f.barrier_released,
+      f.barrier_failed, f.journal_writes_startup, f.journal_ms_per_write,
+      f.journal_bytes);
 }
 
 // The exponent k of value ~ N^k between two fleet sizes.
@@ -757,12 +973,15 @@ int ParentMain(const char* argv0) {
     std::printf(R"({"bench":"fleet","exponents":{"from":%d,"to":%d,)"
                 R"("scheduler_cpu_per_s":%.2f,"heartbeat_p99_ms":%.2f,)"
                 R"("view_change_p99_ms":%.2f,"view_bytes":%.2f,)"
-                R"("bytes_per_view_change":%.2f,"startup_s":%.2f}})"
+                R"("bytes_per_view_change":%.2f,"startup_s":%.2f,)"
+                R"("barrier_release_p99_ms":%.2f,"journal_ms_per_write":%.2f,)"
+                R"("journal_bytes":%.2f}})"
                 "\n",
                 a.nodes, b.nodes, k(&Figures::cpu_per_s),
                 k(&Figures::hb_p99_ms), k(&Figures::view_p99_ms),
                 k(&Figures::view_bytes), k(&Figures::bytes_per_change),
-                k(&Figures::startup_s));
+                k(&Figures::startup_s), k(&Figures::barrier_p99_ms),
+                k(&Figures::journal_ms_per_write), k(&Figures::journal_bytes));
   }
   std::fprintf(stderr, "%s on a %d-core machine, load %s\n", "fleet bench done",
                ps::bench::Cores(), ps::bench::LoadAverage().c_str());
