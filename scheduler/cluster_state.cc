@@ -490,6 +490,10 @@ void ClusterState::DeclareDeadLocked(const std::vector<uint64_t>& dead,
 
 void ClusterState::BumpEpochLocked() {
   journal_dirty_ = true;
+  // What changes an epoch (a worker joining, leaving or dying; the job
+  // failing) may release or end a barrier.
+  CompleteBarriersLocked();
+  if (view_.job_state() == FAILED) barrier_cv_.SignalAll();
   view_.set_epoch(view_.epoch() + 1);
   view_.clear_nodes();
   for (const auto& [id, node] : nodes_) *view_.add_nodes() = node.info;
@@ -598,6 +602,39 @@ ClusterView ClusterState::ViewAgainstLocked(uint64_t known_epoch) {
   return delta;
 }
 
+bool ClusterState::PresentAtBarrier(const Node& node) {
+  return node.info.state() == ALIVE || node.finished;
+}
+
+const std::vector<uint64_t>& ClusterState::BarrierNodesLocked(
+    const std::string& name) {
+  auto [stored, first] = barrier_nodes_.try_emplace(name);
+  if (first) {
+    const auto& arrived = barriers_[name];
+    for (const auto& [id, node] : nodes_) {
+      if (node.info.role() == WORKER && PresentAtBarrier(node) &&
+          arrived.contains(id)) {
+        stored->second.push_back(id);
+      }
+    }
+  }
+  return stored->second;
+}
+
+void ClusterState::CompleteBarriersLocked() {
+  bool released = false;
+  for (const auto& [name, arrived] : barriers_) {
+    if (completed_barriers_.contains(name) || !BarrierCompleteLocked(name)) {
+      continue;
+    }
+    completed_barriers_.insert(name);
+    journal_dirty_ = true;
+    BarrierNodesLocked(name);  // who was there at the release
+    released = true;
+  }
+  if (released) barrier_cv_.SignalAll();
+}
+
 bool ClusterState::BarrierCompleteLocked(const std::string& name) const {
   if (completed_barriers_.contains(name)) return true;
   if (worker_ranks_ever_.size() < config_.cluster().num_workers()) return false;
@@ -665,37 +702,27 @@ absl::StatusOr<std::vector<uint32_t>> ClusterState::AwaitBarrier(
   }
   barriers_[name].insert(node_id);
   barrier_started_.try_emplace(name, clock_->Now());
-  auto complete_or_closed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return closed_ || view_.job_state() == FAILED ||
-           BarrierCompleteLocked(name);
-  };
-  mu_.AwaitWithTimeout(absl::Condition(&complete_or_closed),
-                       std::min(timeout, kMaxWait));
-  if (BarrierCompleteLocked(name)) {
-    if (completed_barriers_.insert(name).second) journal_dirty_ = true;
+  CompleteBarriersLocked();
+  // A condition variable, not a Condition on mu_: a Condition per waiting
+  // worker would be evaluated at every unlock of mu_ (every heartbeat), and
+  // a barrier of thousands of workers would tax them all. Completion is
+  // found where it can change (arrivals, epoch changes) and signalled.
+  const absl::Time deadline = absl::Now() + std::min(timeout, kMaxWait);
+  while (!closed_ && view_.job_state() != FAILED &&
+         !completed_barriers_.contains(name)) {
+    if (barrier_cv_.WaitWithDeadline(&mu_, deadline)) break;
+  }
+  if (completed_barriers_.contains(name)) {
     // Every caller is told who was there at the release, also one arriving
     // after it (a late replacement must not think it is the only one), as
     // the ranks of those nodes still present: a replacement that took a
     // dead node's rank is not mistaken for it. A node that left after
     // finishing its work counts as present: a caller that wakes only after
     // the evaluator evaluated and left must not evaluate again.
-    auto present = [](const Node& node) {
-      return node.info.state() == ALIVE || node.finished;
-    };
-    auto [stored, first] = barrier_nodes_.try_emplace(name);
-    if (first) {
-      const auto& arrived = barriers_[name];
-      for (const auto& [id, node] : nodes_) {
-        if (node.info.role() == WORKER && present(node) &&
-            arrived.contains(id)) {
-          stored->second.push_back(id);
-        }
-      }
-    }
     std::vector<uint32_t> ranks;
-    for (uint64_t id : stored->second) {
+    for (uint64_t id : BarrierNodesLocked(name)) {
       const Node& node = nodes_.at(id);
-      if (present(node)) ranks.push_back(node.info.rank());
+      if (PresentAtBarrier(node)) ranks.push_back(node.info.rank());
     }
     std::sort(ranks.begin(), ranks.end());
     PS_RETURN_IF_ERROR(journal.Commit());
@@ -1339,6 +1366,7 @@ void ClusterState::AdoptReplacementLocked(uint32_t rank) {
 void ClusterState::Close() {
   absl::MutexLock lock(&mu_);
   closed_ = true;
+  barrier_cv_.SignalAll();
   if (view_listener_) view_listener_();
 }
 

@@ -380,6 +380,10 @@ class ClusterState {
     // before the fastest worker gets there.
     PaceEstimator pace;
   };
+  // Whether `node` counts as there for a released barrier: alive, or a
+  // worker that left after finishing its work (a caller waking after the
+  // evaluator evaluated and left must not evaluate again).
+  static bool PresentAtBarrier(const Node& node);
   // What a node taken back by a restarted scheduler gets on top of the
   // heartbeat timeout to be heard from: its scheduler client reconnects
   // with a backoff of up to 1 s (scheduler/client.cc), plus jitter.
@@ -464,6 +468,13 @@ class ClusterState {
   void TryCommitCheckpointLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UpdateJobStateLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool BarrierCompleteLocked(const std::string& name) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Marks every barrier that is complete now as released (recording who
+  // was there) and wakes its waiters.
+  void CompleteBarriersLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The live (or finished) workers that had arrived at released barrier
+  // `name` when it was released, by node id; found once, then kept.
+  const std::vector<uint64_t>& BarrierNodesLocked(const std::string& name)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::vector<uint32_t> MissingRanksLocked(const std::string& name) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -627,6 +638,8 @@ class ClusterState {
       ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, absl::Time> barrier_started_
       ABSL_GUARDED_BY(mu_);
+  // Signalled when a barrier is released, the job fails or Close is called.
+  absl::CondVar barrier_cv_;
   // Watchdog state: the slowest live clock and since when it has not moved.
   uint64_t watched_min_clock_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time min_clock_since_ ABSL_GUARDED_BY(mu_);
