@@ -149,6 +149,9 @@ absl::StatusOr<std::unique_ptr<SchedulerClient>> SchedulerClient::Connect(
   request.set_pid(static_cast<uint32_t>(getpid()));
   request.set_config_fingerprint(c->options_.config_fingerprint);
   request.set_trains_shards(c->options_.trains_shards);
+  // A worker routes by the servers alone; the other workers would make its
+  // view, and every node's fetch of one, grow with the fleet.
+  request.set_servers_only(c->options_.role == WORKER);
   const absl::Time give_up = absl::Now() + c->options_.connect_timeout;
   RegisterResponse response;
   bool warned_full = false;
@@ -249,6 +252,13 @@ JobState SchedulerClient::job_state() const {
   return job_state_;
 }
 
+void SchedulerClient::AskAsThisNode(GetClusterViewRequest* request) const {
+  if (options_.role == WORKER) {
+    request->set_servers_only(true);
+    request->set_node_id(node_id_);
+  }
+}
+
 bool SchedulerClient::InstallView(const ClusterView& received) {
   absl::MutexLock install(&install_mu_);
   ClusterView view;
@@ -268,6 +278,11 @@ bool SchedulerClient::InstallView(const ClusterView& received) {
       view = received;
       view.clear_nodes();
       view.set_delta_from(0);
+      if (received.slots_unchanged()) {
+        *view.mutable_slot_owner() = view_.slot_owner();
+        *view.mutable_slot_backup() = view_.slot_backup();
+        view.set_slots_unchanged(false);
+      }
       absl::flat_hash_map<uint64_t, const NodeInfo*> changed;
       for (const NodeInfo& n : received.nodes()) changed[n.node_id()] = &n;
       for (const NodeInfo& n : view_.nodes()) {
@@ -805,6 +820,7 @@ void SchedulerClient::HeartbeatLoop() {
     }
     if (response.epoch() > request.known_epoch()) {
       GetClusterViewRequest get;
+      AskAsThisNode(&get);
       ClusterView fresh;
       auto ctx = Context(rpc_deadline);
       if (stub_->GetClusterView(ctx.get(), get, &fresh).ok())
@@ -825,6 +841,7 @@ void SchedulerClient::WatchLoop() {
     // A delta against the view held (the nodes that changed), unless the
     // last one could not be applied.
     if (!want_whole_view) request.set_known_epoch(held);
+    AskAsThisNode(&request);
     request.set_timeout_ms(absl::ToInt64Milliseconds(kPoll));
     ClusterView fresh;
     auto context = Context(kPoll + options_.rpc_timeout);
@@ -868,6 +885,7 @@ absl::StatusOr<ClusterView> SchedulerClient::WaitForRunning(
     const absl::Duration left = deadline - absl::Now();
     if (left <= absl::ZeroDuration()) break;
     GetClusterViewRequest request;
+    AskAsThisNode(&request);
     request.set_wait_for_running(true);
     request.set_timeout_ms(static_cast<uint32_t>(
         absl::ToInt64Milliseconds(std::min(left, absl::Seconds(10)))));

@@ -239,6 +239,9 @@ class SchedulerClient {
   // the one held. False for a delta made against another view: the caller
   // asks for the whole view.
   bool InstallView(const ClusterView& view);
+  // A worker asks for the servers and itself only (servers_only): that is
+  // all it routes by, and it keeps views small however large the fleet.
+  void AskAsThisNode(GetClusterViewRequest* request) const;
   // Workers: reports the position at `checkpoint_clock` once reached.
   void MaybeReportCheckpoint(uint64_t checkpoint_clock);
   std::unique_ptr<grpc::ClientContext> Context(absl::Duration timeout) const;

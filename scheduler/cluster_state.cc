@@ -150,14 +150,20 @@ absl::StatusOr<RegisterResponse> ClusterState::Register(
   // Whoever holds mu_ next registers everyone queued by then (one epoch and
   // one journal write for them all): a fleet registering at once costs a
   // few view changes, not one per node.
-  absl::MutexLock lock(&mu_);
-  if (!me.done) {
-    std::vector<PendingRegistration*> batch;
-    {
-      absl::MutexLock queue(&register_mu_);
-      batch.swap(register_queue_);
+  {
+    absl::MutexLock lock(&mu_);
+    if (!me.done) {
+      std::vector<PendingRegistration*> batch;
+      {
+        absl::MutexLock queue(&register_mu_);
+        batch.swap(register_queue_);
+      }
+      RegisterBatchLocked(batch);
     }
-    RegisterBatchLocked(batch);
+  }
+  // The whole view is copied into each answer outside the lock.
+  if (me.result.ok() && me.whole_view != nullptr) {
+    *me.result->mutable_view() = *me.whole_view;
   }
   return std::move(me.result);
 }
@@ -177,12 +183,17 @@ void ClusterState::RegisterBatchLocked(
   if (!changed) return;
   BumpEpochLocked();
   const absl::Status committed = journal.Commit();
+  std::shared_ptr<const ClusterView> whole;
   for (PendingRegistration* p : batch) {
     if (!p->result.ok()) continue;
     if (!committed.ok()) {
       p->result = committed;
+    } else if (p->request->servers_only()) {
+      *p->result->mutable_view() =
+          ViewAgainstLocked({0, true, p->result->node_id()});
     } else {
-      *p->result->mutable_view() = view_;
+      if (whole == nullptr) whole = std::make_shared<const ClusterView>(view_);
+      p->whole_view = whole;
     }
   }
 }
@@ -499,9 +510,10 @@ void ClusterState::BumpEpochLocked() {
   for (const auto& [id, node] : nodes_) *view_.add_nodes() = node.info;
   // Nodes change only here, so an epoch's list is fixed until the next.
   constexpr size_t kRecentEpochs = 8;
-  recent_nodes_.emplace_back(
-      view_.epoch(),
-      std::vector<NodeInfo>(view_.nodes().begin(), view_.nodes().end()));
+  recent_nodes_.push_back(
+      {view_.epoch(),
+       std::vector<NodeInfo>(view_.nodes().begin(), view_.nodes().end()),
+       slots_version_});
   if (recent_nodes_.size() > kRecentEpochs) recent_nodes_.pop_front();
   changed_since_.clear();
   if (view_listener_) view_listener_();
@@ -548,7 +560,7 @@ ClusterView ClusterState::AwaitView(uint64_t min_epoch, bool wait_for_running,
   };
   absl::MutexLock lock(&mu_);
   mu_.AwaitWithTimeout(absl::Condition(&ready), std::min(timeout, kMaxWait));
-  return ViewAgainstLocked(known_epoch);
+  return ViewAgainstLocked({known_epoch, false, 0});
 }
 
 ClusterState::ViewHead ClusterState::Head() const {
@@ -556,12 +568,22 @@ ClusterState::ViewHead ClusterState::Head() const {
   return {view_.epoch(), view_.job_state(), closed_};
 }
 
-absl::flat_hash_map<uint64_t, ClusterView> ClusterState::ViewsAgainst(
-    const std::vector<uint64_t>& known_epochs) {
-  absl::flat_hash_map<uint64_t, ClusterView> views;
+std::vector<ClusterView> ClusterState::ViewsFor(
+    const std::vector<ViewAsk>& asks) {
+  std::vector<ClusterView> views;
+  views.reserve(asks.size());
+  // Asks for every node against the same epoch share one build.
+  absl::flat_hash_map<uint64_t, size_t> first_whole;
   absl::MutexLock lock(&mu_);
-  for (uint64_t known : known_epochs) {
-    if (!views.contains(known)) views[known] = ViewAgainstLocked(known);
+  for (const ViewAsk& ask : asks) {
+    if (!ask.servers_only) {
+      auto [it, fresh] = first_whole.try_emplace(ask.known_epoch, views.size());
+      if (!fresh) {
+        views.push_back(views[it->second]);
+        continue;
+      }
+    }
+    views.push_back(ViewAgainstLocked(ask));
   }
   return views;
 }
@@ -571,16 +593,16 @@ void ClusterState::SetViewListener(std::function<void()> listener) {
   view_listener_ = std::move(listener);
 }
 
-ClusterView ClusterState::ViewAgainstLocked(uint64_t known_epoch) {
-  if (known_epoch == 0 || known_epoch >= view_.epoch()) return view_;
+const std::vector<NodeInfo>* ClusterState::ChangedSinceLocked(
+    uint64_t known_epoch) {
   auto changed = changed_since_.find(known_epoch);
   if (changed == changed_since_.end()) {
     auto past =
         std::find_if(recent_nodes_.begin(), recent_nodes_.end(),
-                     [&](const auto& p) { return p.first == known_epoch; });
-    if (past == recent_nodes_.end()) return view_;
+                     [&](const auto& p) { return p.epoch == known_epoch; });
+    if (past == recent_nodes_.end()) return nullptr;
     absl::flat_hash_map<uint64_t, const NodeInfo*> before;
-    for (const NodeInfo& n : past->second) before[n.node_id()] = &n;
+    for (const NodeInfo& n : past->nodes) before[n.node_id()] = &n;
     std::vector<NodeInfo> nodes;
     for (const NodeInfo& n : view_.nodes()) {
       auto it = before.find(n.node_id());
@@ -591,15 +613,45 @@ ClusterView ClusterState::ViewAgainstLocked(uint64_t known_epoch) {
     }
     changed = changed_since_.emplace(known_epoch, std::move(nodes)).first;
   }
+  return &changed->second;
+}
+
+ClusterView ClusterState::ViewAgainstLocked(const ViewAsk& ask) {
+  const std::vector<NodeInfo>* changed =
+      ask.known_epoch == 0 || ask.known_epoch >= view_.epoch()
+          ? nullptr
+          : ChangedSinceLocked(ask.known_epoch);
+  if (changed == nullptr && !ask.servers_only) return view_;
   // The view without its node list (swapped out and back, not copied),
-  // then the changed nodes.
+  // then the nodes the asker gets.
   google::protobuf::RepeatedPtrField<NodeInfo> all;
   all.Swap(view_.mutable_nodes());
-  ClusterView delta = view_;
+  ClusterView answer = view_;
   all.Swap(view_.mutable_nodes());
-  for (const NodeInfo& n : changed->second) *delta.add_nodes() = n;
-  delta.set_delta_from(known_epoch);
-  return delta;
+  auto wanted = [&](const NodeInfo& n) {
+    return !ask.servers_only || n.role() == SERVER ||
+           n.node_id() == ask.node_id;
+  };
+  if (changed == nullptr) {
+    for (const NodeInfo& n : view_.nodes()) {
+      if (wanted(n)) *answer.add_nodes() = n;
+    }
+  } else {
+    for (const NodeInfo& n : *changed) {
+      if (wanted(n)) *answer.add_nodes() = n;
+    }
+    answer.set_delta_from(ask.known_epoch);
+    auto past =
+        std::find_if(recent_nodes_.begin(), recent_nodes_.end(),
+                     [&](const auto& p) { return p.epoch == ask.known_epoch; });
+    if (past != recent_nodes_.end() && past->slots_version == slots_version_) {
+      answer.clear_slot_owner();
+      answer.clear_slot_backup();
+      answer.set_slots_unchanged(true);
+    }
+  }
+  answer.set_servers_only(ask.servers_only);
+  return answer;
 }
 
 bool ClusterState::PresentAtBarrier(const Node& node) {
@@ -1278,6 +1330,7 @@ void ClusterState::SetSlotsLocked(const SlotMap& slots) {
       backup_since_[s] = clock_->Now();
     }
   }
+  ++slots_version_;
   view_.clear_slot_owner();
   view_.clear_slot_backup();
   for (uint32_t owner : slots.owner()) view_.add_slot_owner(owner);

@@ -45,6 +45,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -217,18 +218,25 @@ class ClusterState {
                         absl::Duration timeout, uint64_t known_epoch = 0);
 
   // What a view long poll waits on, read without waiting (ViewWatchers
-  // answers long polls without a thread each from this and ViewsAgainst).
+  // answers long polls without a thread each from this and ViewsFor).
   struct ViewHead {
     uint64_t epoch = 0;
     JobState job_state = STARTING;
     bool closed = false;
   };
   ViewHead Head() const;
-  // AwaitView's answer for each of `known_epochs`, without the wait, built
-  // under one hold of the lock: a delta against that epoch where the
-  // recent history has it, else the whole view. Keyed by the given epoch.
-  absl::flat_hash_map<uint64_t, ClusterView> ViewsAgainst(
-      const std::vector<uint64_t>& known_epochs);
+  // How a node asks for the view: the epoch it holds (0: none) and whether
+  // it wants the servers and itself (node_id) only
+  // (GetClusterViewRequest.servers_only).
+  struct ViewAsk {
+    uint64_t known_epoch = 0;
+    bool servers_only = false;
+    uint64_t node_id = 0;
+  };
+  // AwaitView's answer to each ask, without the wait, built under one hold
+  // of the lock, in the asks' order: a delta against the known epoch where
+  // the recent history has it, else the whole view.
+  std::vector<ClusterView> ViewsFor(const std::vector<ViewAsk>& asks);
   // `listener` runs after every epoch change and on Close, under this
   // object's lock: it must be quick and must not call into this object.
   void SetViewListener(std::function<void()> listener);
@@ -420,7 +428,11 @@ class ClusterState {
   };
   void BumpEpochLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The view as answered to a node that holds `known_epoch` (0: none).
-  ClusterView ViewAgainstLocked(uint64_t known_epoch)
+  ClusterView ViewAgainstLocked(const ViewAsk& ask)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The nodes changed since `known_epoch` (cached per epoch); null when the
+  // recent history does not reach back to it.
+  const std::vector<NodeInfo>* ChangedSinceLocked(uint64_t known_epoch)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // No node is declared dead before a heartbeat timeout plus `extra` from
   // `now` (a later grace already granted stays).
@@ -492,6 +504,9 @@ class ClusterState {
     std::optional<CheckpointRef> replacement_restore;
     bool done = false;
     absl::StatusOr<RegisterResponse> result = absl::UnknownError("pending");
+    // The batch's whole view, shared, for the caller to copy into its
+    // answer after the lock (unset for servers_only).
+    std::shared_ptr<const ClusterView> whole_view;
   };
   void RegisterBatchLocked(const std::vector<PendingRegistration*>& batch)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -619,8 +634,15 @@ class ClusterState {
   // epoch the nodes changed between it and the current one (built on first
   // use, dropped at each new epoch): what delta views are made of, so that
   // a change costs each node what changed, not the whole fleet's list.
-  std::deque<std::pair<uint64_t, std::vector<NodeInfo>>> recent_nodes_
-      ABSL_GUARDED_BY(mu_);
+  struct RecentEpoch {
+    uint64_t epoch = 0;
+    std::vector<NodeInfo> nodes;
+    uint64_t slots_version = 0;  // slots_version_ when it was made
+  };
+  std::deque<RecentEpoch> recent_nodes_ ABSL_GUARDED_BY(mu_);
+  // Counts changes of the slot map (SetSlotsLocked), so a delta can leave
+  // out a slot map the receiver already holds.
+  uint64_t slots_version_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<uint64_t, std::vector<NodeInfo>> changed_since_
       ABSL_GUARDED_BY(mu_);
   // node id -> record; ordered so views list nodes by id.

@@ -206,6 +206,56 @@ TEST(ClusterStateBatchTest, RegistrationsArrivingTogetherShareOneEpoch) {
   EXPECT_LT(writes.load(), kLater) << "journal writes";
 }
 
+TEST_F(ClusterStateTest, ServersOnlyViewsListTheServersAndTheAskerOnly) {
+  const uint64_t s0 = AddServer("tcp://s0:1");
+  const uint64_t s1 = AddServer("tcp://s1:1");
+  const uint64_t w0 = AddWorker();
+  RegisterRequest request = Request(WORKER);
+  request.set_servers_only(true);
+  absl::StatusOr<RegisterResponse> w1 = state_->Register(request);
+  ASSERT_TRUE(w1.ok()) << w1.status();
+  auto ids = [](const ClusterView& v) {
+    std::vector<uint64_t> out;
+    for (const NodeInfo& n : v.nodes()) out.push_back(n.node_id());
+    return out;
+  };
+  EXPECT_TRUE(w1->view().servers_only());
+  EXPECT_THAT(ids(w1->view()), ElementsAre(s0, s1, w1->node_id()));
+  const uint64_t known = w1->view().epoch();
+
+  // w0 leaves, a worker and a server change: the delta for w1 lists the
+  // server only; a whole servers-only view lists both servers and w1.
+  LeaveRequest leave;
+  leave.set_node_id(w0);
+  ASSERT_TRUE(state_->Leave(leave).ok());
+  std::vector<ClusterView> views = state_->ViewsFor(
+      {{known, true, w1->node_id()}, {0, true, w1->node_id()}, {known, false, 0}});
+  ASSERT_EQ(views.size(), 3u);
+  EXPECT_EQ(views[0].delta_from(), known);
+  EXPECT_TRUE(views[0].servers_only());
+  EXPECT_THAT(ids(views[0]), IsEmpty());
+  EXPECT_THAT(ids(views[1]), ElementsAre(s0, s1, w1->node_id()));
+  EXPECT_EQ(views[1].delta_from(), 0u);
+  // Every node, as before, for an ask without servers_only.
+  EXPECT_FALSE(views[2].servers_only());
+  EXPECT_THAT(ids(views[2]), ElementsAre(w0));
+  EXPECT_TRUE(views[0].slots_unchanged());
+  EXPECT_TRUE(views[2].slots_unchanged());
+}
+
+TEST_F(ClusterStateTest, ADeltaAcrossASlotMapChangeCarriesTheSlotMap) {
+  AddServer("tcp://s0:1");
+  const ClusterView starting = state_->AwaitView(0, false, absl::ZeroDuration());
+  ASSERT_EQ(starting.job_state(), STARTING);
+  EXPECT_EQ(starting.slot_owner_size(), 0);
+  AddServer("tcp://s1:1");  // the job runs: the first slot map
+  const ClusterView delta = state_->AwaitView(0, false, absl::ZeroDuration(),
+                                              starting.epoch());
+  EXPECT_EQ(delta.delta_from(), starting.epoch());
+  EXPECT_FALSE(delta.slots_unchanged());
+  EXPECT_EQ(delta.slot_owner_size(), 8);
+}
+
 TEST_F(ClusterStateTest, ViewsAgainstAKnownEpochListOnlyTheChangedNodes) {
   AddServer("tcp://s0:1");
   AddServer("tcp://s1:1");
@@ -229,8 +279,12 @@ TEST_F(ClusterStateTest, ViewsAgainstAKnownEpochListOnlyTheChangedNodes) {
   EXPECT_EQ(delta.nodes(0).node_id(), w0);
   EXPECT_EQ(delta.nodes(0).state(), LEFT);
   EXPECT_EQ(delta.nodes(1).node_id(), w1);
-  // Everything but the node list is whole.
-  EXPECT_EQ(delta.slot_owner_size(), whole.slot_owner_size());
+  // Everything but the node list is whole, but for the slot map, which
+  // did not change since.
+  EXPECT_TRUE(delta.slots_unchanged());
+  EXPECT_EQ(delta.slot_owner_size(), 0);
+  EXPECT_GT(whole.slot_owner_size(), 0);
+  EXPECT_FALSE(whole.slots_unchanged());
   EXPECT_EQ(delta.job_state(), whole.job_state());
   // Asked again (the cached delta), the same.
   EXPECT_EQ(state_->AwaitView(0, false, absl::ZeroDuration(), before.epoch())

@@ -178,7 +178,15 @@ TEST_F(SchedulerTest, NodesGetRanksAndTheRunningView) {
   EXPECT_EQ(server0->data_endpoint(), "tcp://127.0.0.1:7001");
   EXPECT_EQ(server1->data_endpoint(), "tcp://127.0.0.1:7002");
   EXPECT_EQ(server1->rank(), 1u);
-  EXPECT_EQ(view->nodes_size(), 4);
+  // A worker's view lists the servers and itself only; a server's, all.
+  EXPECT_TRUE(view->servers_only());
+  EXPECT_EQ(view->nodes_size(), 3);
+  EXPECT_NE(FindNode(*view, w0->node_id()), nullptr);
+  EXPECT_EQ(FindNode(*view, w1->node_id()), nullptr);
+  absl::StatusOr<ClusterView> server_view = s1->WaitForRunning(kPatience);
+  ASSERT_TRUE(server_view.ok()) << server_view.status();
+  EXPECT_FALSE(server_view->servers_only());
+  EXPECT_EQ(server_view->nodes_size(), 4);
   // WaitForRunning keeps what it learnt.
   EXPECT_EQ(w0->view().epoch(), 5u);
   EXPECT_EQ(w0->job_state(), RUNNING);

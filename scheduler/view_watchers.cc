@@ -38,9 +38,10 @@ void ViewWatchers::Watch(const GetClusterViewRequest& request,
       std::min(absl::Milliseconds(request.timeout_ms()), kMaxWait);
   const uint64_t min_epoch = request.min_epoch();
   const bool wait_for_running = request.wait_for_running();
+  const ClusterState::ViewAsk ask{request.known_epoch(), request.servers_only(),
+                                  request.node_id()};
   auto answer_now = [&] {
-    *response = std::move(
-        state_->ViewsAgainst({request.known_epoch()})[request.known_epoch()]);
+    *response = std::move(state_->ViewsFor({ask}).front());
     done();
   };
   if (timeout <= absl::ZeroDuration() ||
@@ -55,7 +56,7 @@ void ViewWatchers::Watch(const GetClusterViewRequest& request,
       Waiter& w = waiters_[id];
       w.min_epoch = min_epoch;
       w.wait_for_running = wait_for_running;
-      w.known_epoch = request.known_epoch();
+      w.ask = ask;
       w.deadline = absl::Now() + timeout;
       w.response = response;
       w.done = std::move(done);
@@ -163,14 +164,13 @@ std::vector<ViewWatchers::Waiter> ViewWatchers::TakeReadyLocked(
 }
 
 void ViewWatchers::Answer(std::vector<Waiter> ready) {
-  std::vector<uint64_t> known;
-  known.reserve(ready.size());
-  for (const Waiter& w : ready) known.push_back(w.known_epoch);
-  absl::flat_hash_map<uint64_t, ClusterView> views =
-      state_->ViewsAgainst(known);
-  for (Waiter& w : ready) {
-    *w.response = views[w.known_epoch];
-    w.done();
+  std::vector<ClusterState::ViewAsk> asks;
+  asks.reserve(ready.size());
+  for (const Waiter& w : ready) asks.push_back(w.ask);
+  std::vector<ClusterView> views = state_->ViewsFor(asks);
+  for (size_t i = 0; i < ready.size(); ++i) {
+    *ready[i].response = std::move(views[i]);
+    ready[i].done();
   }
 }
 

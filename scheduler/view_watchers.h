@@ -66,7 +66,7 @@ class ViewWatchers {
   struct Waiter {
     uint64_t min_epoch = 0;
     bool wait_for_running = false;
-    uint64_t known_epoch = 0;
+    ClusterState::ViewAsk ask;
     absl::Time deadline;
     ClusterView* response = nullptr;
     Done done;
@@ -78,7 +78,7 @@ class ViewWatchers {
   std::vector<Waiter> TakeReadyLocked(const ClusterState::ViewHead& head,
                                       absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Fills every waiter's response from one ViewsAgainst call, then calls
+  // Fills every waiter's response from one ViewsFor call, then calls
   // the done callbacks (no lock held).
   void Answer(std::vector<Waiter> ready);
 

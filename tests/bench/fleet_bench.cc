@@ -11,7 +11,10 @@
 // this binary holding N/--processes nodes each, driven by gRPC's callback
 // API from a few threads instead of a process (and two threads) per node;
 // no data plane (servers register an endpoint nobody connects to), no
-// training. What a real fleet adds that this cannot show: network round
+// training; the nodes read the epoch and node id out of the answers'
+// bytes rather than parse whole views (each real node parses its own view
+// on its own machine). Registrations come --register_in_flight at a time
+// per child, as a fleet's processes start together. What a real fleet adds that this cannot show: network round
 // trips (here loopback, ~50 us), the scheduler's machine to itself (here
 // the simulated nodes share its 2 cores), and nodes' clocks apart.
 //
@@ -34,7 +37,8 @@
 //
 //   tests/bench.sh fleet [-- --nodes=100,1000,3000 --processes=4]
 //   (--view_deltas=false: every node gets the whole view at every change,
-//   for the curve before deltas)
+//   for the curve before deltas; --servers_only=false: workers' views list
+//   every node, as before they listed the servers and the worker only)
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -74,6 +78,9 @@
 #include "absl/time/time.h"
 #include "common/config.h"
 #include "common/status.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/wire_format_lite.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/config.pb.h"
 #include "proto/scheduler.grpc.pb.h"
@@ -97,6 +104,9 @@ ABSL_FLAG(bool, view_deltas, true,
           "Nodes ask for views as deltas against the epoch they hold, as "
           "SchedulerClient does (false: the whole view every time, as before "
           "deltas).");
+ABSL_FLAG(bool, servers_only, true,
+          "Workers ask for views of the servers and themselves only, as "
+          "SchedulerClient does (false: views of every node, as before).");
 // Child mode (internal).
 ABSL_FLAG(bool, child, false, "Run simulated nodes (internal).");
 ABSL_FLAG(std::string, scheduler, "", "Child: scheduler host:port.");
@@ -143,10 +153,70 @@ Schedule TheSchedule() {
 
 // ---- the child: simulated nodes
 
+// The answers to Register and GetClusterView are read raw: a simulated
+// node takes the epoch and its node id from the bytes and skips the rest.
+// A real node parses its own view on its own machine; thousands of them
+// parsed here would measure this machine's two cores, not the scheduler.
+grpc::ByteBuffer Serialized(const google::protobuf::Message& m) {
+  const std::string bytes = m.SerializeAsString();
+  grpc::Slice slice(bytes);
+  return grpc::ByteBuffer(&slice, 1);
+}
+
+std::string Bytes(const grpc::ByteBuffer& buffer) {
+  std::vector<grpc::Slice> slices;
+  std::string out;
+  if (!buffer.Dump(&slices).ok()) return out;
+  for (const grpc::Slice& s : slices) {
+    out.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  }
+  return out;
+}
+
+// ClusterView.epoch (field 1) from a serialised view; 0 when absent.
+uint64_t ViewEpoch(const std::string& view) {
+  google::protobuf::io::CodedInputStream in(
+      reinterpret_cast<const uint8_t*>(view.data()),
+      static_cast<int>(view.size()));
+  while (const uint32_t tag = in.ReadTag()) {
+    uint64_t epoch = 0;
+    if (tag == 8) return in.ReadVarint64(&epoch) ? epoch : 0;
+    if (!google::protobuf::internal::WireFormatLite::SkipField(&in, tag)) {
+      return 0;
+    }
+  }
+  return 0;
+}
+
+// RegisterResponse.node_id (field 1) and its view's epoch (field 3).
+void ScanRegistered(const std::string& response, uint64_t* node_id,
+                    uint64_t* epoch) {
+  google::protobuf::io::CodedInputStream in(
+      reinterpret_cast<const uint8_t*>(response.data()),
+      static_cast<int>(response.size()));
+  while (const uint32_t tag = in.ReadTag()) {
+    if (tag == 8) {
+      if (!in.ReadVarint64(node_id)) return;
+    } else if (tag == 26) {
+      uint32_t length = 0;
+      std::string view;
+      if (!in.ReadVarint32(&length) ||
+          !in.ReadString(&view, static_cast<int>(length))) {
+        return;
+      }
+      *epoch = ViewEpoch(view);
+    } else if (!google::protobuf::internal::WireFormatLite::SkipField(&in,
+                                                                      tag)) {
+      return;
+    }
+  }
+}
+
 struct SimNode {
   uint64_t node_id = 0;
   bool server = false;
   std::unique_ptr<Scheduler::Stub> stub;
+  std::unique_ptr<grpc::GenericStub> raw;
   // Guarded by Fleet::mu.
   uint64_t known_epoch = 0;
   bool heartbeat_in_flight = false;
@@ -173,7 +243,8 @@ class Fleet {
     struct Call {
       grpc::ClientContext ctx;
       RegisterRequest request;
-      RegisterResponse response;
+      grpc::ByteBuffer request_bytes;
+      grpc::ByteBuffer response;
     };
     std::string failure;
     for (int i = 0; i < count; ++i) {
@@ -183,8 +254,10 @@ class Fleet {
       args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
       SimNode& n = nodes_[i];
       n.server = i < servers;
-      n.stub = Scheduler::NewStub(grpc::CreateCustomChannel(
-          address_, grpc::InsecureChannelCredentials(), args));
+      std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(
+          address_, grpc::InsecureChannelCredentials(), args);
+      n.stub = Scheduler::NewStub(channel);
+      n.raw = std::make_unique<grpc::GenericStub>(channel);
       auto* call = new Call;
       RegisterRequest& request = call->request;
       request.set_role(n.server ? SERVER : WORKER);
@@ -196,6 +269,8 @@ class Fleet {
       request.set_pid(static_cast<uint32_t>(getpid()));
       request.set_config_fingerprint(fingerprint_);
       request.set_trains_shards(!n.server);
+      // As SchedulerClient: a worker's views list the servers and itself.
+      request.set_servers_only(!n.server && absl::GetFlag(FLAGS_servers_only));
       call->ctx.set_deadline(std::chrono::system_clock::now() +
                              std::chrono::seconds(120));
       call->ctx.set_wait_for_ready(true);
@@ -207,19 +282,28 @@ class Fleet {
         mu_.Await(absl::Condition(&room));
         ++register_in_flight_;
       }
-      n.stub->async()->Register(
-          &call->ctx, &call->request, &call->response,
+      call->request_bytes = Serialized(request);
+      n.raw->UnaryCall(
+          &call->ctx, "/ps.Scheduler/Register", grpc::StubOptions(),
+          &call->request_bytes, &call->response,
           [this, i, call](grpc::Status s) {
+            uint64_t node_id = 0, epoch = 0;
+            size_t bytes = 0;
+            if (s.ok()) {
+              const std::string raw = Bytes(call->response);
+              bytes = raw.size();
+              ScanRegistered(raw, &node_id, &epoch);
+            }
             {
               absl::MutexLock lock(&mu_);
               --register_in_flight_;
-              if (!s.ok()) {
-                register_failure_ = absl::StrCat("register node ", i, ": ",
-                                                 s.error_message());
+              if (!s.ok() || node_id == 0) {
+                register_failure_ = absl::StrCat(
+                    "register node ", i, ": ",
+                    s.ok() ? "no node id" : s.error_message());
               } else {
-                nodes_[i].node_id = call->response.node_id();
-                Seen(i, call->response.view().epoch(),
-                     call->response.view().ByteSizeLong());
+                nodes_[i].node_id = node_id;
+                Seen(i, epoch, bytes);
               }
             }
             const bool ok = s.ok();
@@ -341,7 +425,8 @@ class Fleet {
     struct Call {
       grpc::ClientContext ctx;
       GetClusterViewRequest request;
-      ClusterView response;
+      grpc::ByteBuffer request_bytes;
+      grpc::ByteBuffer response;
     };
     auto* call = new Call;
     {
@@ -355,19 +440,27 @@ class Fleet {
       if (absl::GetFlag(FLAGS_view_deltas)) {
         call->request.set_known_epoch(nodes_[i].known_epoch);
       }
+      if (!nodes_[i].server && absl::GetFlag(FLAGS_servers_only)) {
+        call->request.set_servers_only(true);
+        call->request.set_node_id(nodes_[i].node_id);
+      }
       ++in_flight_;
     }
     call->request.set_timeout_ms(5000);
     call->ctx.set_deadline(std::chrono::system_clock::now() +
                            std::chrono::seconds(15));
-    nodes_[i].stub->async()->GetClusterView(
-        &call->ctx, &call->request, &call->response,
+    call->request_bytes = Serialized(call->request);
+    nodes_[i].raw->UnaryCall(
+        &call->ctx, "/ps.Scheduler/GetClusterView", grpc::StubOptions(),
+        &call->request_bytes, &call->response,
         [this, i, call](grpc::Status s) {
+          std::string raw;
+          if (s.ok()) raw = Bytes(call->response);
+          const uint64_t epoch = s.ok() ? ViewEpoch(raw) : 0;
           {
             absl::MutexLock lock(&mu_);
             --in_flight_;
-            if (s.ok())
-              Seen(i, call->response.epoch(), call->response.ByteSizeLong());
+            if (s.ok()) Seen(i, epoch, raw.size());
           }
           delete call;
           if (!s.ok()) absl::SleepFor(absl::Milliseconds(100));
@@ -682,6 +775,7 @@ struct Figures {
   int nodes = 0;
   double startup_s = 0;
   double cpu_per_s = 0;
+  double sim_cpu_per_s = 0;  // the simulated nodes' processes together
   double cpu_us_per_heartbeat = 0;
   double heartbeats_per_s = 0;
   double hb_p50_ms = 0, hb_p99_ms = 0;
@@ -766,6 +860,8 @@ absl::StatusOr<Figures> RunFleet(int nodes, const std::string& root) {
                           absl::GetFlag(FLAGS_heartbeat_timeout_ms)),
              absl::StrCat("--view_deltas=",
                           absl::GetFlag(FLAGS_view_deltas) ? "true" : "false"),
+             absl::StrCat("--servers_only=",
+                          absl::GetFlag(FLAGS_servers_only) ? "true" : "false"),
              absl::StrCat("--ready_file=", dir, "/ready", c),
              "--go_file=" + go_file, absl::StrCat("--out=", dir, "/out", c)},
             absl::StrCat(dir, "/child", c, ".out"),
@@ -795,13 +891,18 @@ absl::StatusOr<Figures> RunFleet(int nodes, const std::string& root) {
 
   // Steady: the scheduler's CPU over the measured window.
   absl::SleepFor(absl::Microseconds(t0 + 500000 - NowUs()));
+  std::vector<pid_t> child_pids;
+  for (const Subprocess& child : children) child_pids.push_back(child.pid());
   const double cpu0 = RunningCpuSeconds({scheduler.pid()});
+  const double sim0 = RunningCpuSeconds(child_pids);
   const int64_t w0 = NowUs();
   absl::SleepFor(absl::Microseconds(
       t0 + static_cast<int64_t>(sched.steady_s * 1e6) - NowUs()));
   const double cpu1 = RunningCpuSeconds({scheduler.pid()});
+  const double sim1 = RunningCpuSeconds(child_pids);
   const double window_s = (NowUs() - w0) / 1e6;
   f.cpu_per_s = (cpu1 - cpu0) / window_s;
+  f.sim_cpu_per_s = (sim1 - sim0) / window_s;
 
   // The silent node: poll the view until some node shows DEAD.
   auto channel =
@@ -897,6 +998,7 @@ std::string Json(const Figures& f) {
   return absl::StrFormat(
       R"({"bench":"fleet","nodes":%d,"startup_s":%.2f,)"
       R"("scheduler_cpu_per_s":%.3f,"scheduler_cpu_us_per_heartbeat":%.1f,)"
+      R"("simulator_cpu_per_s":%.3f,)"
       R"("heartbeats_per_s":%.0f,"heartbeat_p50_ms":%.2f,)"
       R"("heartbeat_p99_ms":%.2f,"view_change_p50_ms":%.1f,)"
       R"("view_change_p99_ms":%.1f,"view_change_max_ms":%.1f,)"
@@ -907,7 +1009,7 @@ std::string Json(const Figures& f) {
       R"("barrier_failed":%d,"journal_writes_startup":%.0f,)"
       R"("journal_ms_per_write":%.3f,"journal_bytes":%.0f})",
       f.nodes, f.startup_s, f.cpu_per_s, f.cpu_us_per_heartbeat,
-      f.heartbeats_per_s, f.hb_p50_ms, f.hb_p99_ms, f.view_p50_ms,
+      f.sim_cpu_per_s, f.heartbeats_per_s, f.hb_p50_ms, f.hb_p99_ms, f.view_p50_ms,
       f.view_p99_ms, f.view_max_ms, f.nodes_reached, f.view_bytes,
       f.bytes_per_change, f.dead_after_ms, f.false_deaths, f.barrier_p50_ms,
       f.barrier_p99_ms, f.barrier_max_ms, f.barrier_released,
