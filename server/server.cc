@@ -294,6 +294,7 @@ KVServer::Stats KVServer::Impl::stats() const {
   s.auth_refusals = gate ? gate->auth_refusals() : 0;
   s.connection_refusals = gate ? gate->connection_refusals() : 0;
   s.open_connections = gate ? gate->open_connections() : 0;
+  s.serving_cpu_micros = serving_.cpu_nanos() / 1000;
   return s;
 }
 

@@ -13,6 +13,7 @@
 #include "server/deferred_pulls.h"
 #include "server/failover_timer.h"
 #include "server/lease_fence.h"
+#include "server/serving_thread.h"
 #include "server/table_stats_publisher.h"
 #include "server/view_inbox.h"
 
@@ -116,6 +117,30 @@ TEST(DeferredPullsTest, WatchdogReportsTheOldestAtMostEveryInterval) {
   EXPECT_TRUE(pulls.WatchdogDue(t0 + absl::Seconds(10), timeout, interval));
   EXPECT_FALSE(pulls.WatchdogDue(t0 + absl::Seconds(14), timeout, interval));
   EXPECT_TRUE(pulls.WatchdogDue(t0 + absl::Seconds(15), timeout, interval));
+}
+
+TEST(ServingThreadTest, CountsTheThreadsCpuTimeAndKeepsItAfterTheEnd) {
+  ServingThread serving;
+  EXPECT_EQ(serving.cpu_nanos(), 0u);
+  std::atomic<bool> spun{false};
+  serving.Start([&] {
+    // Burn about 20 ms of CPU, then wait to be stopped.
+    const auto until = SteadyClock::now() + std::chrono::milliseconds(20);
+    volatile uint64_t x = 0;
+    while (SteadyClock::now() < until) x = x + 1;
+    spun.store(true);
+    while (!serving.stop_requested()) usleep(1000);
+    serving.MarkStopped();
+  });
+  while (!spun.load()) usleep(1000);
+  const uint64_t running = serving.cpu_nanos();
+  // At least most of the 20 ms: the spin was on the CPU unless preempted.
+  EXPECT_GT(running, 5000000u);
+  serving.Stop();
+  const uint64_t ended = serving.cpu_nanos();
+  EXPECT_GE(ended, running);
+  EXPECT_LT(ended, running + 1000000000u);
+  EXPECT_EQ(serving.cpu_nanos(), ended);
 }
 
 TEST(ViewInboxTest, PostWakesAndStandaloneViewsStay) {
