@@ -114,7 +114,7 @@ class SimulatedServer {
     pull.frames.emplace_back(&table_id, sizeof(table_id));
     pull.clock = clock;
     pull.rank = worker;
-    deferred_.queue.push_back(std::move(pull));
+    deferred_.Add(std::move(pull));
   }
 
   uint64_t deferred_count() const { return deferred_count_; }
@@ -167,7 +167,11 @@ class SimulatedServer {
       consistency_.StepApplied();
       ++steps_applied_;
     }
-    for (auto it = deferred_.queue.begin(); it != deferred_.queue.end();) {
+    if (!deferred_.AnyAllowed(
+            [this](uint64_t clock) { return PullAllowed(clock); })) {
+      return;
+    }
+    for (auto it = deferred_.begin(); it != deferred_.end();) {
       if (!PullAllowed(it->clock)) {
         ++it;
         continue;
@@ -175,7 +179,7 @@ class SimulatedServer {
       uint32_t table_id;
       std::memcpy(&table_id, it->frames[0].data(), sizeof(table_id));
       Answer(table_id, (*keys_)[it->rank]);
-      it = deferred_.queue.erase(it);
+      it = deferred_.Erase(it);
     }
   }
 
