@@ -41,12 +41,14 @@
 //     warm-up and a barrier. BSP's and SSP's baseline is ASYNC's figure for
 //     the same N.
 //   <mode>_server_cpu_us_per_step_w<N>: CPU time of a server's serving
-//     thread per step (mean over the servers): the server's own cost per
-//     step, which is not stretched by other threads waiting for the cores.
-//   <mode>_cpu_floor_us_w<N>: CPU time of the whole process per step
-//     divided by the cores: the shortest step this machine allows the
-//     process. An overhead close to it means the cores, not the protocol,
-//     set the step time.
+//     thread per step (mean over the servers), from the first worker's
+//     first measured step to the last one's last: the server's own cost
+//     per step, which is not stretched by other threads waiting for the
+//     cores.
+//   <mode>_cpu_floor_us_w<N>: CPU time of the whole process per step over
+//     the same span, divided by the cores: the shortest step (compute
+//     included) this machine allows. A step (compute + overhead) close to
+//     it means the cores, not the protocol, set the step time.
 //   <mode>_step_overhead_growth, <mode>_server_cpu_growth: growth exponents
 //     in N over the --workers given (least squares on log-log).
 //   idle_fraction_<mode>: --idle_workers workers, worker 0 persistently 2x
@@ -110,7 +112,7 @@ ABSL_FLAG(std::vector<std::string>, overhead_modes,
           "Modes of the step-overhead runs: async, bsp, sspK (staleness K).");
 ABSL_FLAG(int32_t, compute_us, 1000, "Simulated compute per step in the step-overhead runs.");
 ABSL_FLAG(int32_t, steps, 200, "Measured steps per worker in the step-overhead runs (at most).");
-ABSL_FLAG(int32_t, worker_steps, 3200,
+ABSL_FLAG(int32_t, worker_steps, 6400,
           "Measured steps of all workers together per step-overhead run: each worker "
           "measures worker_steps / N steps, between --min_steps and --steps, so runs with "
           "many workers stay short.");
@@ -229,11 +231,12 @@ struct WorkerStats {
   absl::Duration compute;  // time actually slept in simulated compute
   absl::Duration blocked;  // time in Wait(): pulls and the previous step's pushes
   int steps = 0;
-  // CPU time of the whole process (every thread: workers, I/O threads,
-  // servers, scheduler) during this worker's window, and of the servers'
-  // serving threads (summed over the servers).
-  absl::Duration process_cpu;
-  absl::Duration serving_cpu;
+  // When the window began and ended, and the CPU time used so far then by
+  // the whole process (every thread: workers, I/O threads, servers,
+  // scheduler) and by the servers' serving threads (summed).
+  absl::Time start, end;
+  absl::Duration process_cpu_start, process_cpu_end;
+  absl::Duration serving_cpu_start, serving_cpu_end;
   std::vector<absl::Duration> blocked_per_step;  // for the distribution in the notes
 };
 
@@ -303,15 +306,16 @@ absl::Status RunWorker(Worker& w, int warmup, int steps, absl::Duration warmup_c
   // Every worker starts measuring at the same clock and time, so no one has
   // a head start or a backlog from the warm-up.
   PS_RETURN_IF_ERROR(w.member->Barrier("measure", absl::Seconds(60)));
-  const absl::Time start = absl::Now();
-  const absl::Duration cpu_start = ProcessCpu();
-  const absl::Duration serving_start = serving_cpu();
+  stats->start = absl::Now();
+  stats->process_cpu_start = ProcessCpu();
+  stats->serving_cpu_start = serving_cpu();
   for (int i = 0; i < steps; ++i) {
     PS_RETURN_IF_ERROR(step(warmup + i, compute(rank, i), stats));
   }
-  stats->window = absl::Now() - start;
-  stats->process_cpu = ProcessCpu() - cpu_start;
-  stats->serving_cpu = serving_cpu() - serving_start;
+  stats->end = absl::Now();
+  stats->process_cpu_end = ProcessCpu();
+  stats->serving_cpu_end = serving_cpu();
+  stats->window = stats->end - stats->start;
   for (const Completion& c : in_flight) PS_RETURN_IF_ERROR(c.Wait());
   // Never hold back the others' synchronous waits from now on.
   PS_RETURN_IF_ERROR(kv.AdvanceClockTo(kFinishedClock).Wait());
@@ -537,6 +541,26 @@ std::pair<int, int> StepsFor(int n) {
   return {steps, std::min(warmup, std::max(3, warmup * steps / std::max(1, most)))};
 }
 
+// Wall and CPU time from the earliest start of a worker's measured steps
+// to the latest end.
+struct RunTotals {
+  absl::Duration wall, process_cpu, serving_cpu;
+};
+RunTotals Totals(const std::vector<WorkerStats>& stats) {
+  absl::Time start = absl::InfiniteFuture(), end = absl::InfinitePast();
+  absl::Duration process_start = absl::InfiniteDuration(), serving_start = process_start;
+  absl::Duration process_end = -absl::InfiniteDuration(), serving_end = process_end;
+  for (const WorkerStats& s : stats) {
+    start = std::min(start, s.start);
+    end = std::max(end, s.end);
+    process_start = std::min(process_start, s.process_cpu_start);
+    process_end = std::max(process_end, s.process_cpu_end);
+    serving_start = std::min(serving_start, s.serving_cpu_start);
+    serving_end = std::max(serving_end, s.serving_cpu_end);
+  }
+  return {end - start, process_end - process_start, serving_end - serving_start};
+}
+
 absl::Status StepOverhead(std::vector<Figure>* all) {
   PS_ASSIGN_OR_RETURN(std::vector<int> counts,
                       IntList(absl::GetFlag(FLAGS_workers), "workers"));
@@ -561,19 +585,21 @@ absl::Status StepOverhead(std::vector<Figure>* all) {
         blocked += Us(s.blocked) / s.steps / stats.size();
         slept += Us(s.compute) / s.steps / stats.size();
       }
-      // Rank 0's window stands for the run's: workers start together after
-      // the barrier and, under BSP, finish together.
-      const double cpu_per_step = Us(stats[0].process_cpu) / steps;
-      const double serving_per_step = Us(stats[0].serving_cpu) / steps / servers;
-      const double busy = absl::FDivDuration(stats[0].process_cpu, stats[0].window) / cores;
+      // CPU from the first worker's first measured step to the last one's
+      // last: every worker's measured steps, and nothing else but the ends
+      // of the warm-up (workers start together after a barrier).
+      const RunTotals totals = Totals(stats);
+      const double cpu_per_step = Us(totals.process_cpu) / steps;
+      const double serving_per_step = Us(totals.serving_cpu) / steps / servers;
+      const double busy = absl::FDivDuration(totals.process_cpu, totals.wall) / cores;
       Note(
           "%s w%d: step overhead %.0f us (blocked in Wait %.0f us/step, p50/p99/max %s; "
           "slept %.0f us/step for %.0f us asked); process CPU %.0f us per worker-step, "
-          "cores %.0f%% busy; a server's serving thread %.0f us CPU per step (%.2f us "
-          "per worker-step); %d+%d steps; run took %.2f s",
+          "cores %.0f%% busy, CPU floor %.0f us per step of %.0f us; a server's serving "
+          "thread %.0f us CPU per step (%.2f us per worker-step); %d+%d steps; run took %.2f s",
           modes[m].Name(), n, overhead, blocked, BlockedDistribution(stats), slept, Us(compute),
-          cpu_per_step / n, 100 * busy, serving_per_step, serving_per_step / n, warmup, steps,
-          absl::ToDoubleSeconds(absl::Now() - begin));
+          cpu_per_step / n, 100 * busy, cpu_per_step / cores, slept + overhead, serving_per_step,
+          serving_per_step / n, warmup, steps, absl::ToDoubleSeconds(absl::Now() - begin));
       std::optional<double> baseline;
       if (modes[m].mode == ASYNC) {
         async_overhead = overhead;
