@@ -1,6 +1,8 @@
 #include "server/consistency.h"
 
 #include <algorithm>
+#include <utility>
+#include <vector>
 
 #include "common/protocol.h"
 
@@ -15,15 +17,45 @@ void ConsistencyController::SetLiveWorkers(const std::vector<Worker>& workers) {
   // Forget the clocks of workers that were live and are no longer (a node
   // id is never reused). Reports from nodes not yet listed are kept: a new
   // worker's first clock report may arrive before the view that lists it.
-  absl::flat_hash_set<uint64_t> now_live;
-  for (const Worker& w : workers) now_live.insert(w.node_id);
+  absl::flat_hash_map<uint64_t, uint64_t> now_live;
+  now_live.reserve(workers.size());
+  std::vector<Worker> live;
+  live.reserve(workers.size());
+  for (const Worker& w : workers) {
+    if (now_live.try_emplace(w.node_id, w.start_clock).second)
+      live.push_back(w);
+  }
   for (const Worker& w : live_) {
     if (!now_live.contains(w.node_id)) {
       clocks_.erase(w.node_id);
       finished_nodes_.erase(w.node_id);
     }
   }
-  live_ = workers;
+  live_ = std::move(live);
+  live_start_ = std::move(now_live);
+  live_clocks_.clear();
+  for (const Worker& w : live_) IndexClock(ClockOf(w));
+}
+
+template <typename Change>
+void ConsistencyController::ChangeClock(uint64_t node_id, Change change) {
+  const auto live = live_start_.find(node_id);
+  if (live == live_start_.end()) {
+    change();
+    return;
+  }
+  const uint64_t before = ClockOf(node_id, live->second);
+  change();
+  const uint64_t after = ClockOf(node_id, live->second);
+  if (after == before) return;
+  UnindexClock(before);
+  IndexClock(after);
+}
+
+void ConsistencyController::UnindexClock(uint64_t clock) {
+  auto it = live_clocks_.find(clock);
+  if (it == live_clocks_.end()) return;  // cannot happen: indexed when live
+  if (--it->second == 0) live_clocks_.erase(it);
 }
 
 bool ConsistencyController::SetMode(const ConsistencyConfig& config) {
@@ -52,17 +84,20 @@ void ConsistencyController::Advance(uint64_t node_id, uint64_t clock) {
   if (clock >= kFinishedClock) {
     // The worker is done: it holds nobody back from now on, but it took no
     // part in the steps it skipped, so it is not counted as finishing them.
-    finished_nodes_.insert(node_id);
+    ChangeClock(node_id, [&] { finished_nodes_.insert(node_id); });
     return;
   }
-  uint64_t& c = clocks_[node_id];
+  // Nearly every request repeats its sender's clock: only a larger one
+  // changes anything.
+  const auto known = clocks_.find(node_id);
+  const uint64_t c = known == clocks_.end() ? 0 : known->second;
   if (clock <= c) return;
   // Steps in [c, clock) are now finished by this worker.
   for (auto it = finished_.lower_bound(c); it != finished_.end() && it->first < clock;
        ++it) {
     it->second.insert(node_id);
   }
-  c = clock;
+  ChangeClock(node_id, [&] { clocks_[node_id] = clock; });
 }
 
 void ConsistencyController::Restart(uint64_t node_id, uint64_t clock) {
@@ -70,23 +105,22 @@ void ConsistencyController::Restart(uint64_t node_id, uint64_t clock) {
     Advance(node_id, clock);
     return;
   }
-  finished_nodes_.erase(node_id);
-  clocks_[node_id] = clock;
+  ChangeClock(node_id, [&] {
+    finished_nodes_.erase(node_id);
+    clocks_[node_id] = clock;
+  });
 }
 
-uint64_t ConsistencyController::StepsTaken(const Worker& w) const {
-  auto it = clocks_.find(w.node_id);
-  return std::max(w.start_clock, it == clocks_.end() ? 0 : it->second);
+uint64_t ConsistencyController::StepsTaken(uint64_t node_id,
+                                           uint64_t start_clock) const {
+  auto it = clocks_.find(node_id);
+  return std::max(start_clock, it == clocks_.end() ? 0 : it->second);
 }
 
-uint64_t ConsistencyController::ClockOf(const Worker& w) const {
-  return finished_nodes_.contains(w.node_id) ? kFinishedClock : StepsTaken(w);
-}
-
-uint64_t ConsistencyController::MinClock() const {
-  uint64_t min_clock = kNoWorkers;
-  for (const Worker& w : live_) min_clock = std::min(min_clock, ClockOf(w));
-  return min_clock;
+uint64_t ConsistencyController::ClockOf(uint64_t node_id,
+                                        uint64_t start_clock) const {
+  return finished_nodes_.contains(node_id) ? kFinishedClock
+                                           : StepsTaken(node_id, start_clock);
 }
 
 bool ConsistencyController::PullReady(uint64_t clock) const {

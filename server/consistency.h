@@ -15,6 +15,12 @@
 // Under BSP, pushes of step t are buffered and applied, averaged, once every
 // live worker's clock is > t (it finished step t).
 //
+// Cost: every worker sends a few requests per step, and each may ask for
+// MinClock() (pull answers, SSP gating, BSP completion), so the smallest
+// live clock is kept in an ordered index rather than found by a scan:
+// MinClock() is O(1) and a clock change O(log N) for N live workers.
+// SetLiveWorkers() is O(N log N); it runs once per cluster view.
+//
 // Not thread-safe: owned by the server's serving thread.
 #ifndef PS_SERVER_CONSISTENCY_H_
 #define PS_SERVER_CONSISTENCY_H_
@@ -49,7 +55,8 @@ class ConsistencyController {
 
   explicit ConsistencyController(const ConsistencyConfig& config);
 
-  // Replaces the set of live workers (from the cluster view).
+  // Replaces the set of live workers (from the cluster view). A node id
+  // listed twice counts once (the first entry).
   void SetLiveWorkers(const std::vector<Worker>& workers);
 
   // Changes the mode. Returns true when BSP was left: the caller must then
@@ -77,8 +84,11 @@ class ConsistencyController {
     applied_clock_ = std::max(applied_clock_, clock);
   }
 
-  // Smallest clock among live workers; kNoWorkers when none is live.
-  uint64_t MinClock() const;
+  // Smallest clock among live workers (kFinishedClock for a finished one);
+  // kNoWorkers when none is live. O(1).
+  uint64_t MinClock() const {
+    return live_clocks_.empty() ? kNoWorkers : live_clocks_.begin()->first;
+  }
 
   // Whether a pull at `clock` may be answered now.
   bool PullReady(uint64_t clock) const;
@@ -118,12 +128,28 @@ class ConsistencyController {
 
  private:
   // The clock waits use: kFinishedClock for a worker that finished.
-  uint64_t ClockOf(const Worker& w) const;
+  uint64_t ClockOf(uint64_t node_id, uint64_t start_clock) const;
+  uint64_t ClockOf(const Worker& w) const {
+    return ClockOf(w.node_id, w.start_clock);
+  }
   // Steps the worker has completed (its clock before it finished).
-  uint64_t StepsTaken(const Worker& w) const;
+  uint64_t StepsTaken(uint64_t node_id, uint64_t start_clock) const;
+  uint64_t StepsTaken(const Worker& w) const {
+    return StepsTaken(w.node_id, w.start_clock);
+  }
+  // Runs `change` (which may change what ClockOf says of `node_id`) and
+  // moves the node in live_clocks_ if it is live and its clock changed.
+  template <typename Change>
+  void ChangeClock(uint64_t node_id, Change change);
+  void IndexClock(uint64_t clock) { ++live_clocks_[clock]; }
+  void UnindexClock(uint64_t clock);
 
   ConsistencyConfig config_;
   std::vector<Worker> live_;
+  // Live node id -> its start clock; and the live workers' ClockOf() as a
+  // multiset (clock -> how many), whose first key is MinClock().
+  absl::flat_hash_map<uint64_t, uint64_t> live_start_;
+  absl::btree_map<uint64_t, uint32_t> live_clocks_;
   absl::flat_hash_map<uint64_t, uint64_t> clocks_;  // node id -> steps taken
   absl::flat_hash_set<uint64_t> finished_nodes_;     // reported kFinishedClock
   uint64_t applied_clock_ = 0;

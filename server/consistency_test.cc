@@ -1,13 +1,17 @@
 #include "server/consistency.h"
 
+#include <algorithm>
 #include <cstdint>
+#include <random>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/protocol.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "common/protocol.h"
 #include "proto/config.pb.h"
 
 namespace ps {
@@ -574,6 +578,125 @@ TEST(ConsistencyControllerTest, AClockReportBeforeTheViewThatListsTheWorkerIsKep
   c.SetLiveWorkers({{11, 0, 0}});
   c.SetLiveWorkers({{11, 0, 0}, {12, 1, 0}});
   EXPECT_EQ(c.MinClock(), 0u);
+}
+
+// --- The index of live clocks ------------------------------------------------
+
+// MinClock() as a scan over the live workers would compute it, from every
+// report the controller was given: the reference the index must match.
+class ScanReference {
+ public:
+  void SetLive(const std::vector<Worker>& workers) {
+    absl::flat_hash_set<uint64_t> now;
+    for (const Worker& w : workers) now.insert(w.node_id);
+    for (const Worker& w : live_) {
+      if (!now.contains(w.node_id)) {
+        steps_.erase(w.node_id);
+        finished_.erase(w.node_id);
+      }
+    }
+    live_ = workers;
+  }
+  void Advance(uint64_t node, uint64_t clock) {
+    if (clock >= kFinished) {
+      finished_.insert(node);
+      return;
+    }
+    steps_[node] = std::max(steps_[node], clock);
+  }
+  void Restart(uint64_t node, uint64_t clock) {
+    if (clock >= kFinished) return Advance(node, clock);
+    finished_.erase(node);
+    steps_[node] = clock;
+  }
+  uint64_t MinClock() const {
+    uint64_t min = ConsistencyController::kNoWorkers;
+    for (const Worker& w : live_) {
+      auto it = steps_.find(w.node_id);
+      const uint64_t steps =
+          std::max(w.start_clock, it == steps_.end() ? 0 : it->second);
+      min = std::min(min, finished_.contains(w.node_id) ? kFinished : steps);
+    }
+    return min;
+  }
+
+ private:
+  std::vector<Worker> live_;
+  absl::flat_hash_map<uint64_t, uint64_t> steps_;
+  absl::flat_hash_set<uint64_t> finished_;
+};
+
+TEST(ConsistencyIndexTest, MinClockMatchesAScanOverRandomReportsAndViews) {
+  // Nodes 1..12; views list random subsets with random start clocks;
+  // reports (larger, smaller, repeated, finished, restarts) come from live
+  // and not-yet-listed nodes alike.
+  std::mt19937_64 rng(7);
+  for (int trial = 0; trial < 50; ++trial) {
+    ConsistencyController c(Config(SSP, 1));
+    ScanReference ref;
+    for (int op = 0; op < 400; ++op) {
+      const uint64_t node = 1 + rng() % 12;
+      const int kind = static_cast<int>(rng() % 20);
+      if (kind == 0) {
+        std::vector<Worker> view;
+        for (uint64_t n = 1; n <= 12; ++n) {
+          if (rng() % 3 != 0)
+            view.push_back({n, static_cast<uint32_t>(n), rng() % 4});
+        }
+        c.SetLiveWorkers(view);
+        ref.SetLive(view);
+      } else if (kind == 1) {
+        c.Advance(node, kFinished);
+        ref.Advance(node, kFinished);
+      } else if (kind == 2) {
+        const uint64_t clock = rng() % 10;
+        c.Restart(node, clock);
+        ref.Restart(node, clock);
+      } else {
+        const uint64_t clock = rng() % 12;
+        c.Advance(node, clock);
+        ref.Advance(node, clock);
+      }
+      ASSERT_EQ(c.MinClock(), ref.MinClock())
+          << "trial " << trial << " op " << op;
+      for (uint64_t clock :
+           {uint64_t{0}, uint64_t{3}, uint64_t{9}, kFinished}) {
+        const uint64_t min = ref.MinClock();
+        EXPECT_EQ(c.PullReady(clock),
+                  min == ConsistencyController::kNoWorkers || clock <= min + 1);
+      }
+    }
+  }
+}
+
+TEST(ConsistencyIndexTest, ANodeListedTwiceCountsOnce) {
+  ConsistencyController c(Config(SSP, 0));
+  c.SetLiveWorkers({{11, 0, 0}, {11, 0, 0}, {12, 1, 0}});
+  c.Advance(11, 4);
+  c.Advance(12, 2);
+  EXPECT_EQ(c.MinClock(), 2u);
+  c.Advance(12, 6);
+  EXPECT_EQ(c.MinClock(), 4u);
+  EXPECT_THAT(c.Behind(5), ElementsAre(::testing::Field(
+                               &ConsistencyController::Laggard::rank, 0u)));
+}
+
+TEST(ConsistencyIndexTest, MinClockFollowsFinishRestartAndLeaving) {
+  ConsistencyController c(Config(BSP));
+  c.SetLiveWorkers({{11, 0, 0}, {12, 1, 3}});
+  EXPECT_EQ(c.MinClock(), 0u);
+  c.Advance(11, 5);
+  EXPECT_EQ(c.MinClock(), 3u);  // 12's start clock
+  c.Advance(12, kFinished);
+  EXPECT_EQ(c.MinClock(), 5u);
+  c.Advance(11, kFinished);
+  EXPECT_EQ(c.MinClock(), kFinished);
+  c.Restart(12, 2);
+  EXPECT_EQ(c.MinClock(), 3u);  // not below its start clock
+  c.SetLiveWorkers({{11, 0, 0}});
+  EXPECT_EQ(c.MinClock(), kFinished);
+  c.SetLiveWorkers({});
+  EXPECT_EQ(c.MinClock(), ConsistencyController::kNoWorkers);
 }
 
 }  // namespace

@@ -294,6 +294,7 @@ KVServer::Stats KVServer::Impl::stats() const {
   s.auth_refusals = gate ? gate->auth_refusals() : 0;
   s.connection_refusals = gate ? gate->connection_refusals() : 0;
   s.open_connections = gate ? gate->open_connections() : 0;
+  s.serving_cpu_micros = serving_.cpu_nanos() / 1000;
   return s;
 }
 
@@ -541,9 +542,9 @@ bool KVServer::Impl::HandleMessage(zmq::message_t identity,
     const uint64_t bytes = Admission::FramesBytes(frames);
     counters_.held_bytes += bytes;
     if (!tiered_.empty()) PinColdRows(frames, /*pin=*/true);
-    deferred_.queue.push_back(
-        {std::move(identity), std::move(frames), h.clock(), h.sender_rank(),
-         options_.clock->Now(), std::move(ctx.needs), bytes});
+    deferred_.Add({std::move(identity), std::move(frames), h.clock(),
+                   h.sender_rank(), options_.clock->Now(), std::move(ctx.needs),
+                   bytes});
     return ctx.progress_due;
   }
   if (!replicated_) {
@@ -598,8 +599,14 @@ void KVServer::Impl::Progress(const Ownership& own) {
       return;
     }
   }
-  // Answer held pulls that may now be answered, oldest first.
-  for (auto it = deferred_.queue.begin(); it != deferred_.queue.end();) {
+  // Answer held pulls that may now be answered, oldest first. Most calls
+  // (any one worker's clock advance) release none; the index says so
+  // without walking the queue.
+  if (!deferred_.AnyAllowed(
+          [this](uint64_t clock) { return PullAllowed(clock); })) {
+    return;
+  }
+  for (auto it = deferred_.begin(); it != deferred_.end();) {
     if (!PullAllowed(it->clock)) {
       ++it;
       continue;
@@ -615,7 +622,7 @@ void KVServer::Impl::Progress(const Ownership& own) {
       counters_.held_bytes -= it->bytes;
       SendRefusal(it->identity, it->frames[0], serving, refusal, own.epoch);
       if (!tiered_.empty()) PinColdRows(it->frames, /*pin=*/false);
-      it = deferred_.queue.erase(it);
+      it = deferred_.Erase(it);
       continue;
     }
     RequestContext ctx;  // a plain PULL: waits for nothing new
@@ -625,7 +632,7 @@ void KVServer::Impl::Progress(const Ownership& own) {
       SendRefusal(it->identity, it->frames[0],
                   lease_fence_.Check(own.rank, &refusal), refusal, own.epoch);
       if (!tiered_.empty()) PinColdRows(it->frames, /*pin=*/false);
-      it = deferred_.queue.erase(it);
+      it = deferred_.Erase(it);
       continue;
     }
     if (instruments_ != nullptr) {
@@ -640,7 +647,7 @@ void KVServer::Impl::Progress(const Ownership& own) {
     }
     counters_.held_bytes -= it->bytes;
     if (!tiered_.empty()) PinColdRows(it->frames, /*pin=*/false);
-    it = deferred_.queue.erase(it);
+    it = deferred_.Erase(it);
   }
 }
 
@@ -723,14 +730,14 @@ void KVServer::Impl::FillStats(ResponseHeader* rh, const Ownership* own) const {
 }
 
 void KVServer::Impl::Watchdog() {
-  if (deferred_.queue.empty()) return;
+  if (deferred_.empty()) return;
   const ConsistencyConfig& c = consistency_.config();
   const absl::Time now = options_.clock->Now();
   if (!deferred_.WatchdogDue(now, absl::Milliseconds(c.watchdog_timeout_ms()),
                              absl::Milliseconds(c.watchdog_interval_ms()))) {
     return;
   }
-  const DeferredPull& oldest = deferred_.queue.front();
+  const DeferredPull& oldest = deferred_.front();
   // What the oldest pull needs: under BSP every step below its clock
   // applied, i.e. every live worker at that clock; under SSP every live
   // worker at clock - staleness.
@@ -746,7 +753,7 @@ void KVServer::Impl::Watchdog() {
       "watchdog: {} pull(s) held; the oldest, from worker rank {} at clock {}, "
       "has waited {:.1f} s ({}, applied steps < {}); waiting for worker ranks: "
       "{}",
-      deferred_.queue.size(), oldest.rank, oldest.clock,
+      deferred_.size(), oldest.rank, oldest.clock,
       absl::ToDoubleSeconds(now - oldest.since),
       consistency_.mode() == SSP ? absl::StrCat("SSP staleness ", c.staleness())
                                  : ConsistencyMode_Name(consistency_.mode()),

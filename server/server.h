@@ -216,6 +216,9 @@ class KVServer {
     uint64_t nonfinite_pushes_rejected = 0;
     // Bytes of requests held aside now (bounded by max_held_bytes).
     uint64_t held_bytes = 0;
+    // CPU time the serving thread has used (user and system), in
+    // microseconds: the server's own work, whatever else shares the cores.
+    uint64_t serving_cpu_micros = 0;
     // Requests (worker requests and replica messages) refused because the
     // lease had lapsed, or because the server was fenced. Counted nowhere
     // else (not in requests or errors).

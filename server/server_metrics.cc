@@ -260,6 +260,18 @@ void RegisterMoveMetrics(metrics::Registry* r,
       [read] { return read().tier_wait_micros / 1e6; });
 }
 
+// The serving thread's own cost, from this server's Stats as `read` gives
+// them.
+void RegisterServingMetrics(metrics::Registry* r,
+                            std::function<KVServer::Stats()> read) {
+  r->AddCallback(
+      "ps_server_serving_cpu_seconds_total",
+      "CPU time the serving thread used (user and system): near 1 per second "
+      "of wall time, the server is limited by its one serving thread.",
+      metrics::Type::kCounter,
+      [read] { return read().serving_cpu_micros / 1e6; });
+}
+
 }  // namespace
 
 void KVServer::Impl::RegisterMetrics(metrics::Registry* r) {
@@ -347,10 +359,12 @@ void KVServer::Impl::RegisterMetrics(metrics::Registry* r) {
                    if (source->server == nullptr) return 0.0;
                    return double(source->server->views_.Current()->epoch);
                  });
-  RegisterMoveMetrics(r, [source] {
+  const std::function<Stats()> read_stats = [source] {
     absl::MutexLock lock(&source->mu);
     return source->server == nullptr ? Stats() : source->server->stats();
-  });
+  };
+  RegisterMoveMetrics(r, read_stats);
+  RegisterServingMetrics(r, read_stats);
   RegisterTableMetrics(r, [source] {
     absl::MutexLock lock(&source->mu);
     return source->server == nullptr ? std::vector<TableStats>()

@@ -131,6 +131,9 @@ TEST_F(ServerMetricsTest, CountsRequestsBytesErrorsAndTables) {
       HasSubstr("ps_server_request_duration_seconds_count{op=\"pull\"} 1\n"));
   EXPECT_THAT(text, HasSubstr("ps_server_keys_pushed_total 3\n"));
   EXPECT_THAT(text, HasSubstr("ps_server_keys_pulled_total 3\n"));
+  // The serving thread ran: its CPU time is counted (a number, not 0).
+  EXPECT_THAT(text, HasSubstr("ps_server_serving_cpu_seconds_total "));
+  EXPECT_THAT(text, Not(HasSubstr("ps_server_serving_cpu_seconds_total 0\n")));
 
   // Table statistics are published every KVServer::kStatsPeriod.
   const absl::Time deadline = absl::Now() + absl::Seconds(5);

@@ -8,11 +8,13 @@
 #include <vector>
 
 #include "common/clock.h"
+#include "common/protocol.h"
 #include "gtest/gtest.h"
 #include "server/bsp_steps.h"
 #include "server/deferred_pulls.h"
 #include "server/failover_timer.h"
 #include "server/lease_fence.h"
+#include "server/serving_thread.h"
 #include "server/table_stats_publisher.h"
 #include "server/view_inbox.h"
 
@@ -111,11 +113,87 @@ TEST(DeferredPullsTest, WatchdogReportsTheOldestAtMostEveryInterval) {
   EXPECT_FALSE(pulls.WatchdogDue(t0 + absl::Hours(1), timeout, interval));
   DeferredPull pull;
   pull.since = t0;
-  pulls.queue.push_back(std::move(pull));
+  pulls.Add(std::move(pull));
   EXPECT_FALSE(pulls.WatchdogDue(t0 + absl::Seconds(9), timeout, interval));
   EXPECT_TRUE(pulls.WatchdogDue(t0 + absl::Seconds(10), timeout, interval));
   EXPECT_FALSE(pulls.WatchdogDue(t0 + absl::Seconds(14), timeout, interval));
   EXPECT_TRUE(pulls.WatchdogDue(t0 + absl::Seconds(15), timeout, interval));
+}
+
+DeferredPull PullAt(uint64_t clock) {
+  DeferredPull pull;
+  pull.clock = clock;
+  return pull;
+}
+
+TEST(DeferredPullsTest, AnyAllowedAsksTheSmallestClockOfEachSide) {
+  DeferredPulls pulls;
+  std::vector<uint64_t> asked;
+  const auto below = [&](uint64_t limit) {
+    return [&asked, limit](uint64_t clock) {
+      asked.push_back(clock);
+      return clock <= limit || clock >= kFinishedClock;
+    };
+  };
+  EXPECT_FALSE(pulls.AnyAllowed(below(100)));
+  EXPECT_TRUE(asked.empty());
+  pulls.Add(PullAt(7));
+  pulls.Add(PullAt(5));
+  pulls.Add(PullAt(9));
+  pulls.Add(PullAt(5));
+  EXPECT_FALSE(pulls.AnyAllowed(below(4)));
+  EXPECT_EQ(asked, std::vector<uint64_t>({5}));
+  EXPECT_TRUE(pulls.AnyAllowed(below(5)));
+  // Erasing one of the two pulls at 5 keeps 5 the smallest; erasing both
+  // makes it 7.
+  auto it = pulls.begin();
+  ++it;  // the first pull at 5
+  it = pulls.Erase(it);
+  EXPECT_TRUE(pulls.AnyAllowed(below(5)));
+  ++it;  // the second pull at 5
+  pulls.Erase(it);
+  EXPECT_EQ(pulls.size(), 2u);
+  EXPECT_FALSE(pulls.AnyAllowed(below(6)));
+  EXPECT_TRUE(pulls.AnyAllowed(below(7)));
+  // A pull at the finished clock is asked about on its own: the checkpoint
+  // gate lets it through while holding back smaller clocks.
+  pulls.Add(PullAt(kFinishedClock));
+  asked.clear();
+  EXPECT_TRUE(pulls.AnyAllowed(below(6)));
+  EXPECT_EQ(asked, std::vector<uint64_t>({7, kFinishedClock}));
+  // Only finished-clock pulls: asked once.
+  while (pulls.begin()->clock != kFinishedClock) pulls.Erase(pulls.begin());
+  asked.clear();
+  EXPECT_FALSE(pulls.AnyAllowed([&](uint64_t clock) {
+    asked.push_back(clock);
+    return false;
+  }));
+  EXPECT_EQ(asked, std::vector<uint64_t>({kFinishedClock}));
+  EXPECT_EQ(pulls.front().clock, kFinishedClock);
+}
+
+TEST(ServingThreadTest, CountsTheThreadsCpuTimeAndKeepsItAfterTheEnd) {
+  ServingThread serving;
+  EXPECT_EQ(serving.cpu_nanos(), 0u);
+  std::atomic<bool> spun{false};
+  serving.Start([&] {
+    // Burn about 20 ms of CPU, then wait to be stopped.
+    const auto until = SteadyClock::now() + std::chrono::milliseconds(20);
+    volatile uint64_t x = 0;
+    while (SteadyClock::now() < until) x = x + 1;
+    spun.store(true);
+    while (!serving.stop_requested()) usleep(1000);
+    serving.MarkStopped();
+  });
+  while (!spun.load()) usleep(1000);
+  const uint64_t running = serving.cpu_nanos();
+  // At least most of the 20 ms: the spin was on the CPU unless preempted.
+  EXPECT_GT(running, 5000000u);
+  serving.Stop();
+  const uint64_t ended = serving.cpu_nanos();
+  EXPECT_GE(ended, running);
+  EXPECT_LT(ended, running + 1000000000u);
+  EXPECT_EQ(serving.cpu_nanos(), ended);
 }
 
 TEST(ViewInboxTest, PostWakesAndStandaloneViewsStay) {

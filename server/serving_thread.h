@@ -1,9 +1,14 @@
 // The serving thread's lifecycle: the thread, the stop requests it polls
-// and whether it has stopped. Internal to //server:server.
+// and whether it has stopped, and the CPU time it used. Internal to
+// //server:server.
 #ifndef PS_SERVER_SERVING_THREAD_H_
 #define PS_SERVER_SERVING_THREAD_H_
 
+#include <pthread.h>
+#include <time.h>
+
 #include <atomic>
+#include <cstdint>
 #include <functional>
 #include <thread>
 #include <utility>
@@ -20,7 +25,18 @@ class ServingThread {
 
   // Runs `serve` on the thread; it returns once stop_requested(). Once.
   void Start(std::function<void()> serve) {
-    thread_ = std::thread(std::move(serve));
+    thread_ = std::thread([this, serve = std::move(serve)] {
+      clockid_t clock;
+      if (pthread_getcpuclockid(pthread_self(), &clock) == 0) {
+        cpu_clock_.store(clock);
+        has_cpu_clock_.store(true);
+      }
+      serve();
+      // Read once more before the thread ends: its clock id would name
+      // no thread (or, once the id is reused, another one) afterwards.
+      final_cpu_nanos_.store(cpu_nanos());
+      has_cpu_clock_.store(false);
+    });
   }
   // Any thread but the serving one: asks the thread to stop and joins it.
   void Stop() {
@@ -42,10 +58,26 @@ class ServingThread {
   // Any thread.
   bool stopped() const { return stopped_.load(); }
 
+  // Any thread: CPU time (user and system) the serving thread has used so
+  // far, in nanoseconds; 0 before it starts. What one server costs, apart
+  // from how many cores the machine has and what else runs on them.
+  uint64_t cpu_nanos() const {
+    if (!has_cpu_clock_.load()) return final_cpu_nanos_.load();
+    timespec t;
+    if (clock_gettime(cpu_clock_.load(), &t) != 0)
+      return final_cpu_nanos_.load();
+    return static_cast<uint64_t>(t.tv_sec) * 1000000000 +
+           static_cast<uint64_t>(t.tv_nsec);
+  }
+
  private:
   std::atomic<bool> stop_{false};
   std::atomic<bool> stop_after_checkpoint_{false};
   std::atomic<bool> stopped_{false};
+  // The thread's CPU clock while it runs; its last reading once it ended.
+  std::atomic<bool> has_cpu_clock_{false};
+  std::atomic<clockid_t> cpu_clock_{0};
+  std::atomic<uint64_t> final_cpu_nanos_{0};
   std::thread thread_;
 };
 

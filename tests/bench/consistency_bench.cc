@@ -13,17 +13,44 @@
 //   PushDense(dense gradients) + AdvanceClock(), not waited for (servers
 //   apply one sender's requests in order, so the next pull sees them).
 //
-// Compute is simulated by sleeping, not spinning: up to 16 worker threads
+// Compute is simulated by sleeping, not spinning: many worker threads
 // share 2 cores here, and spinning would turn "compute" into CPU contention
 // that starves the I/O threads being measured. Worker threads set their timer
 // slack to 1 ns so a 1 ms sleep is not stretched by the default 50 us slack,
 // and the time actually slept is measured and subtracted (a late wake-up on a
 // busy CPU therefore counts as compute, not as overhead).
 //
+// Many workers: every simulated worker is a whole worker (its own node id,
+// heartbeats, sockets and sequence numbers): 6 threads and 16 file
+// descriptors each besides the thread that drives it, so 256 of them hold
+// 4 096 descriptors (the bench raises its soft limit to the hard one, and
+// says when that is too low).
+// Heartbeats are spread out beyond 16 workers (the interval grows with N)
+// so the scheduler's share of the 2 cores stays as at 16.
+//
 // Figures (one JSON object per line on stdout; notes go to stderr):
-//   {bsp,async}_step_overhead_us_w<N>: mean per-step wall time minus the time
-//     slept in compute, over --steps steps after --warmup steps and a
-//     barrier. BSP's baseline is ASYNC's figure for the same N.
+//   bookkeeping_us_per_step_<mode>_w<N>: one server's bookkeeping of N
+//     workers per step (clocks, BSP/SSP gating, step buffers, sequence
+//     windows, deferred pulls), timed in one thread without sockets
+//     (tests/bench/consistency_bookkeeping.h), best of --bookkeeping_repeats;
+//     bookkeeping_growth_<mode>: its growth exponent in N (1: linear, the
+//     least any per-step figure can grow; baseline 1).
+//   <mode>_step_overhead_us_w<N>, mode async, bsp or sspK (--overhead_modes):
+//     mean per-step wall time minus the time slept in compute, over the
+//     measured steps (--steps, fewer at large N: --worker_steps) after a
+//     warm-up and a barrier. BSP's and SSP's baseline is ASYNC's figure for
+//     the same N.
+//   <mode>_server_cpu_us_per_step_w<N>: CPU time of a server's serving
+//     thread per step (mean over the servers), from the first worker's
+//     first measured step to the last one's last: the server's own cost
+//     per step, which is not stretched by other threads waiting for the
+//     cores.
+//   <mode>_cpu_floor_us_w<N>: CPU time of the whole process per step over
+//     the same span, divided by the cores: the shortest step (compute
+//     included) this machine allows. A step (compute + overhead) close to
+//     it means the cores, not the protocol, set the step time.
+//   <mode>_step_overhead_growth, <mode>_server_cpu_growth: growth exponents
+//     in N over the --workers given (least squares on log-log).
 //   idle_fraction_<mode>: --idle_workers workers, worker 0 persistently 2x
 //     slower; the share of the FAST workers' wall time over their
 //     --idle_steps measured steps spent blocked in Wait() (pulls, and the
@@ -36,11 +63,13 @@
 //   nobody waits for anybody (the loopback round trip).
 // A last line {"bench":"consistency","summary":{...},"settings":{...}}
 // repeats every figure.
+#include <dirent.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <functional>
@@ -57,6 +86,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -69,18 +100,27 @@
 #include "scheduler/client.h"
 #include "scheduler/scheduler.h"
 #include "server/server.h"
+#include "tests/bench/consistency_bookkeeping.h"
 #include "tests/testing/cluster.h"
 #include "worker/kv_client.h"
 
 ABSL_FLAG(int32_t, servers, 2, "Servers in every configuration.");
 ABSL_FLAG(std::vector<std::string>, workers, std::vector<std::string>({"1", "2", "4", "8", "16"}),
           "Worker counts for the step-overhead runs.");
+ABSL_FLAG(std::vector<std::string>, overhead_modes,
+          std::vector<std::string>({"async", "bsp", "ssp4"}),
+          "Modes of the step-overhead runs: async, bsp, sspK (staleness K).");
 ABSL_FLAG(int32_t, compute_us, 1000, "Simulated compute per step in the step-overhead runs.");
-ABSL_FLAG(int32_t, steps, 200, "Measured steps per worker in the step-overhead runs.");
+ABSL_FLAG(int32_t, steps, 200, "Measured steps per worker in the step-overhead runs (at most).");
+ABSL_FLAG(int32_t, worker_steps, 6400,
+          "Measured steps of all workers together per step-overhead run: each worker "
+          "measures worker_steps / N steps, between --min_steps and --steps, so runs with "
+          "many workers stay short.");
+ABSL_FLAG(int32_t, min_steps, 10, "Fewest measured steps per worker in the step-overhead runs.");
 ABSL_FLAG(int32_t, warmup, 20,
           "Unmeasured steps at equal speed before every measurement (connections, row "
           "creation, caches), followed by a barrier.");
-ABSL_FLAG(int32_t, idle_workers, 4, "Workers in the idle-fraction runs.");
+ABSL_FLAG(int32_t, idle_workers, 4, "Workers in the idle-fraction runs; 0: no such runs.");
 ABSL_FLAG(int32_t, idle_steps, 200, "Measured steps per worker in the idle-fraction runs.");
 ABSL_FLAG(int32_t, idle_compute_us, 5000,
           "Compute per step of a normal worker in the idle-fraction runs; the slow one takes "
@@ -92,6 +132,14 @@ ABSL_FLAG(int32_t, keys, 256, "Sparse keys pulled and pushed per step.");
 ABSL_FLAG(int32_t, dim, 8, "Floats per sparse row.");
 ABSL_FLAG(int32_t, dense, 1024, "Dense table size, pulled and pushed whole every step.");
 ABSL_FLAG(std::string, log_level, "warn", "Log level of the servers, scheduler and clients.");
+ABSL_FLAG(std::vector<std::string>, bookkeeping_workers,
+          std::vector<std::string>({"16", "64", "256", "1024"}),
+          "Worker counts of the single-thread bookkeeping measurement; empty: none.");
+ABSL_FLAG(int32_t, bookkeeping_worker_steps, 200000,
+          "Worker-steps per bookkeeping measurement (steps: this / N, at least 20).");
+ABSL_FLAG(int32_t, bookkeeping_repeats, 3,
+          "Bookkeeping measurements per (mode, N); the fastest counts (other load only "
+          "slows a run down).");
 
 namespace ps {
 namespace {
@@ -101,6 +149,12 @@ constexpr uint32_t kDenseTable = 1;
 // Sparse keys come from a pool this large, so after the warm-up most rows
 // exist and steps measure steady state rather than row creation.
 constexpr uint64_t kKeyPool = 16384;
+
+// A note on stderr.
+template <typename... Args>
+void Note(const absl::FormatSpec<Args...>& format, const Args&... args) {
+  std::fprintf(stderr, "# %s\n", absl::StrFormat(format, args...).c_str());
+}
 
 struct Mode {
   ConsistencyMode mode = ASYNC;
@@ -118,10 +172,24 @@ struct Mode {
   }
 };
 
+absl::StatusOr<Mode> ParseMode(absl::string_view name) {
+  if (name == "async") return Mode{ASYNC, 0};
+  if (name == "bsp") return Mode{BSP, 0};
+  absl::string_view bound = name;
+  uint32_t staleness;
+  if (absl::ConsumePrefix(&bound, "ssp") && absl::SimpleAtoi(bound, &staleness)) {
+    return Mode{SSP, staleness};
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("--overhead_modes: '", name, "' is none of async, bsp, sspK"));
+}
+
 std::string ConfigText(const Mode& mode, int workers, int servers) {
   // Default knobs except the heartbeat (faster failure detection is not
-  // measured here, a 200 ms beat keeps the scheduler quiet) and a request
+  // measured here: a 200 ms beat up to 16 workers, spread out beyond so
+  // the scheduler takes no more of the cores than at 16) and a request
   // timeout long enough that a held BSP/SSP pull never times out.
+  const int heartbeat_ms = 200 * std::max(1, workers / 16);
   std::string consistency = absl::StrCat("mode: ", ConsistencyMode_Name(mode.mode));
   if (mode.mode == SSP) absl::StrAppend(&consistency, " staleness: ", mode.staleness);
   return absl::StrFormat(
@@ -130,8 +198,8 @@ std::string ConfigText(const Mode& mode, int workers, int servers) {
         cluster {
           num_servers: %d
           num_workers: %d
-          heartbeat_interval_ms: 200
-          heartbeat_timeout_ms: 5000
+          heartbeat_interval_ms: %d
+          heartbeat_timeout_ms: %d
           request_timeout_ms: 120000
         }
         consistency { %s }
@@ -149,8 +217,9 @@ std::string ConfigText(const Mode& mode, int workers, int servers) {
           optimizer { sgd { learning_rate: 0.01 } }
         }
       )pb",
-      servers, workers, consistency, kSparseTable, absl::GetFlag(FLAGS_dim), kDenseTable,
-      absl::GetFlag(FLAGS_dense), std::max(1, absl::GetFlag(FLAGS_dense) / 4));
+      servers, workers, heartbeat_ms, std::max(5000, 4 * heartbeat_ms), consistency, kSparseTable,
+      absl::GetFlag(FLAGS_dim), kDenseTable, absl::GetFlag(FLAGS_dense),
+      std::max(1, absl::GetFlag(FLAGS_dense) / 4));
 }
 
 using Worker = ::ps::testing::InProcessWorker;
@@ -162,9 +231,12 @@ struct WorkerStats {
   absl::Duration compute;  // time actually slept in simulated compute
   absl::Duration blocked;  // time in Wait(): pulls and the previous step's pushes
   int steps = 0;
-  // CPU time of the whole process (every thread: workers, I/O threads,
-  // servers, scheduler) during this worker's window.
-  absl::Duration process_cpu;
+  // When the window began and ended, and the CPU time used so far then by
+  // the whole process (every thread: workers, I/O threads, servers,
+  // scheduler) and by the servers' serving threads (summed).
+  absl::Time start, end;
+  absl::Duration process_cpu_start, process_cpu_end;
+  absl::Duration serving_cpu_start, serving_cpu_end;
   std::vector<absl::Duration> blocked_per_step;  // for the distribution in the notes
 };
 
@@ -176,11 +248,14 @@ absl::Duration ProcessCpu() {
 
 // Compute time of `rank` at measured step `step` (0-based).
 using ComputeFn = std::function<absl::Duration(uint32_t rank, int step)>;
+// CPU time of the servers' serving threads so far, summed.
+using ServingCpuFn = std::function<absl::Duration()>;
 
 // Runs one worker: warm-up, barrier, measured steps, and the final clock.
 // Leaving is the caller's business.
 absl::Status RunWorker(Worker& w, int warmup, int steps, absl::Duration warmup_compute,
-                       const ComputeFn& compute, WorkerStats* stats) {
+                       const ComputeFn& compute, const ServingCpuFn& serving_cpu,
+                       WorkerStats* stats) {
   // Keep simulated compute close to what was asked: under BSP every step
   // waits for the longest of all workers' sleeps, so the default 50 us timer
   // slack would show up as synchronisation overhead.
@@ -231,13 +306,16 @@ absl::Status RunWorker(Worker& w, int warmup, int steps, absl::Duration warmup_c
   // Every worker starts measuring at the same clock and time, so no one has
   // a head start or a backlog from the warm-up.
   PS_RETURN_IF_ERROR(w.member->Barrier("measure", absl::Seconds(60)));
-  const absl::Time start = absl::Now();
-  const absl::Duration cpu_start = ProcessCpu();
+  stats->start = absl::Now();
+  stats->process_cpu_start = ProcessCpu();
+  stats->serving_cpu_start = serving_cpu();
   for (int i = 0; i < steps; ++i) {
     PS_RETURN_IF_ERROR(step(warmup + i, compute(rank, i), stats));
   }
-  stats->window = absl::Now() - start;
-  stats->process_cpu = ProcessCpu() - cpu_start;
+  stats->end = absl::Now();
+  stats->process_cpu_end = ProcessCpu();
+  stats->serving_cpu_end = serving_cpu();
+  stats->window = stats->end - stats->start;
   for (const Completion& c : in_flight) PS_RETURN_IF_ERROR(c.Wait());
   // Never hold back the others' synchronous waits from now on.
   PS_RETURN_IF_ERROR(kv.AdvanceClockTo(kFinishedClock).Wait());
@@ -245,24 +323,65 @@ absl::Status RunWorker(Worker& w, int warmup, int steps, absl::Duration warmup_c
   return absl::OkStatus();
 }
 
-// Starts a cluster in `mode` with `n` workers, runs them and returns their
-// stats by rank.
-absl::StatusOr<std::vector<WorkerStats>> RunConfig(const Mode& mode, int n, int steps,
+// File descriptors a simulated worker holds (16: sockets to the servers
+// and the scheduler, ZeroMQ's mailboxes and pollers), with room to spare.
+constexpr int kFdsPerWorker = 20;
+
+// Threads and open file descriptors of this process now.
+std::pair<int, int> ThreadsAndFds() {
+  int threads = 0, fds = 0;
+  if (DIR* d = opendir("/proc/self/task"); d != nullptr) {
+    while (dirent* e = readdir(d)) threads += e->d_name[0] != '.';
+    closedir(d);
+  }
+  if (DIR* d = opendir("/proc/self/fd"); d != nullptr) {
+    while (dirent* e = readdir(d)) fds += e->d_name[0] != '.';
+    closedir(d);
+  }
+  return {threads, fds};
+}
+
+// Starts a cluster in `mode` with `n` workers, runs them (`warmup`
+// unmeasured and `steps` measured steps each) and returns their stats by
+// rank.
+absl::StatusOr<std::vector<WorkerStats>> RunConfig(const Mode& mode, int n, int warmup, int steps,
                                                    absl::Duration base_compute,
                                                    const ComputeFn& compute) {
   PS_ASSIGN_OR_RETURN(JobConfig config,
                       ParseJobConfig(ConfigText(mode, n, absl::GetFlag(FLAGS_servers)),
                                      "consistency_bench"));
+  // Fail with the cause rather than with whatever socket call runs out.
+  if (rlimit limit; getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY &&
+                    limit.rlim_cur < uint64_t(n) * kFdsPerWorker + 256) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "%d workers need about %d open files, the limit is %llu: raise ulimit -n", n,
+        n * kFdsPerWorker + 256, static_cast<unsigned long long>(limit.rlim_cur)));
+  }
   PS_ASSIGN_OR_RETURN(std::unique_ptr<Cluster> cluster, Cluster::Start(config));
+  const absl::Time joining = absl::Now();
+  const auto [threads_before, fds_before] = ThreadsAndFds();
   PS_ASSIGN_OR_RETURN(std::vector<Worker> workers, cluster->AddWorkers(n));
+  const auto [threads_after, fds_after] = ThreadsAndFds();
+  Note(
+      "%s w%d: %d workers joined in %.1f s with %d threads and %d file descriptors "
+      "(%.1f and %.1f per worker, and one thread each to drive it)",
+      mode.Name(), n, n, absl::ToDoubleSeconds(absl::Now() - joining),
+      threads_after - threads_before, fds_after - fds_before,
+      double(threads_after - threads_before) / n, double(fds_after - fds_before) / n);
+  const int servers = absl::GetFlag(FLAGS_servers);
+  const ServingCpuFn serving_cpu = [&cluster, servers] {
+    uint64_t micros = 0;
+    for (int i = 0; i < servers; ++i) micros += cluster->server(i).stats().serving_cpu_micros;
+    return absl::Microseconds(micros);
+  };
   std::vector<WorkerStats> stats(n);
   std::vector<absl::Status> results(n);
   std::vector<std::thread> threads;
-  const int warmup = absl::GetFlag(FLAGS_warmup);
   for (int i = 0; i < n; ++i) {
     threads.emplace_back([&, i] {
       const uint32_t rank = workers[i].member->rank();
-      results[i] = RunWorker(workers[i], warmup, steps, base_compute, compute, &stats[rank]);
+      results[i] =
+          RunWorker(workers[i], warmup, steps, base_compute, compute, serving_cpu, &stats[rank]);
       if (!results[i].ok()) {
         // A failed worker must not leave the others waiting for its clock
         // under BSP/SSP until the request timeout.
@@ -273,7 +392,9 @@ absl::StatusOr<std::vector<WorkerStats>> RunConfig(const Mode& mode, int n, int 
   for (auto& t : threads) t.join();
   cluster->CloseWaits();
   for (size_t i = 0; i < workers.size(); ++i) {
-    absl::Status left = workers[i].member->Leave(results[i].ok());
+    // Through the session, which then does not leave again (and warn)
+    // when it is destroyed.
+    absl::Status left = workers[i].session->Leave(results[i].ok());
     if (results[i].ok()) results[i] = left;
   }
   for (const absl::Status& s : results) PS_RETURN_IF_ERROR(s);
@@ -307,11 +428,6 @@ void Emit(const Figure& f, std::vector<Figure>* all) {
       f.metric.c_str(), Number(f.value).c_str(), f.unit.c_str(), baseline.c_str(), ratio.c_str());
   std::fflush(stdout);
   all->push_back(f);
-}
-
-template <typename... Args>
-void Note(const absl::FormatSpec<Args...>& format, const Args&... args) {
-  std::fprintf(stderr, "# %s\n", absl::StrFormat(format, args...).c_str());
 }
 
 double Us(absl::Duration d) { return absl::ToDoubleMicroseconds(d); }
@@ -349,38 +465,168 @@ double StepOverheadUs(const std::vector<WorkerStats>& stats) {
   return sum / stats.size();
 }
 
+// The exponent k of value ~ n^k that fits the points best (least squares
+// on log-log); nullopt with fewer than two distinct n or a value <= 0.
+std::optional<double> GrowthExponent(const std::vector<std::pair<int, double>>& points) {
+  double sx = 0, sy = 0, sxx = 0, sxy = 0;
+  for (const auto& [n, v] : points) {
+    if (n <= 0 || v <= 0) return std::nullopt;
+    const double x = std::log(n), y = std::log(v);
+    sx += x;
+    sy += y;
+    sxx += x * x;
+    sxy += x * y;
+  }
+  const double k = points.size();
+  const double d = k * sxx - sx * sx;
+  if (points.size() < 2 || d <= 1e-12) return std::nullopt;
+  return (k * sxy - sx * sy) / d;
+}
+
+absl::StatusOr<std::vector<Mode>> OverheadModes() {
+  std::vector<Mode> modes;
+  for (const std::string& name : absl::GetFlag(FLAGS_overhead_modes)) {
+    PS_ASSIGN_OR_RETURN(Mode m, ParseMode(name));
+    modes.push_back(m);
+  }
+  return modes;
+}
+
+// A server's bookkeeping per step in one thread, for each mode and N.
+absl::Status Bookkeeping(std::vector<Figure>* all) {
+  PS_ASSIGN_OR_RETURN(std::vector<int> counts,
+                      IntList(absl::GetFlag(FLAGS_bookkeeping_workers), "bookkeeping_workers"));
+  if (counts.empty()) return absl::OkStatus();
+  PS_ASSIGN_OR_RETURN(std::vector<Mode> modes, OverheadModes());
+  for (const Mode& mode : modes) {
+    std::vector<std::pair<int, double>> points;
+    for (int n : counts) {
+      bench::BookkeepingOptions o;
+      o.mode = mode.mode;
+      o.staleness = mode.staleness;
+      o.workers = n;
+      o.steps = std::max(20, absl::GetFlag(FLAGS_bookkeeping_worker_steps) / std::max(1, n));
+      o.warmup = std::max(2, o.steps / 10);
+      o.dim = absl::GetFlag(FLAGS_dim);
+      std::optional<bench::BookkeepingResult> best;
+      for (int r = 0; r < std::max(1, absl::GetFlag(FLAGS_bookkeeping_repeats)); ++r) {
+        PS_ASSIGN_OR_RETURN(bench::BookkeepingResult got, bench::MeasureBookkeeping(o));
+        if (!best || got.ns_per_step < best->ns_per_step) best = got;
+      }
+      Note(
+          "bookkeeping %s w%d: %.2f us per step, %.0f ns per worker-step (%d steps; "
+          "%.1f pulls deferred and %.2f BSP steps applied per step; sequence windows "
+          "%.0f KiB)",
+          mode.Name(), n, best->ns_per_step / 1000, best->ns_per_step / n, o.steps,
+          double(best->deferred) / o.steps, double(best->steps_applied) / o.steps,
+          best->seq_window_bytes / 1024.0);
+      points.push_back({n, best->ns_per_step});
+      Emit({absl::StrCat("bookkeeping_us_per_step_", mode.Name(), "_w", n),
+            best->ns_per_step / 1000, "us", std::nullopt},
+           all);
+    }
+    if (std::optional<double> k = GrowthExponent(points)) {
+      Emit({absl::StrCat("bookkeeping_growth_", mode.Name()), *k, "exponent", 1.0}, all);
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Measured (and warm-up) steps per worker for a run with n workers.
+std::pair<int, int> StepsFor(int n) {
+  const int most = absl::GetFlag(FLAGS_steps);
+  const int fewest = std::min(most, absl::GetFlag(FLAGS_min_steps));
+  const int steps = std::clamp(absl::GetFlag(FLAGS_worker_steps) / std::max(1, n), fewest, most);
+  const int warmup = absl::GetFlag(FLAGS_warmup);
+  return {steps, std::min(warmup, std::max(3, warmup * steps / std::max(1, most)))};
+}
+
+// Wall and CPU time from the earliest start of a worker's measured steps
+// to the latest end.
+struct RunTotals {
+  absl::Duration wall, process_cpu, serving_cpu;
+};
+RunTotals Totals(const std::vector<WorkerStats>& stats) {
+  absl::Time start = absl::InfiniteFuture(), end = absl::InfinitePast();
+  absl::Duration process_start = absl::InfiniteDuration(), serving_start = process_start;
+  absl::Duration process_end = -absl::InfiniteDuration(), serving_end = process_end;
+  for (const WorkerStats& s : stats) {
+    start = std::min(start, s.start);
+    end = std::max(end, s.end);
+    process_start = std::min(process_start, s.process_cpu_start);
+    process_end = std::max(process_end, s.process_cpu_end);
+    serving_start = std::min(serving_start, s.serving_cpu_start);
+    serving_end = std::max(serving_end, s.serving_cpu_end);
+  }
+  return {end - start, process_end - process_start, serving_end - serving_start};
+}
+
 absl::Status StepOverhead(std::vector<Figure>* all) {
   PS_ASSIGN_OR_RETURN(std::vector<int> counts,
                       IntList(absl::GetFlag(FLAGS_workers), "workers"));
+  PS_ASSIGN_OR_RETURN(std::vector<Mode> modes, OverheadModes());
   const absl::Duration compute = absl::Microseconds(absl::GetFlag(FLAGS_compute_us));
-  const int steps = absl::GetFlag(FLAGS_steps);
   const ComputeFn fixed = [compute](uint32_t, int) { return compute; };
+  const int servers = absl::GetFlag(FLAGS_servers);
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  // By mode: (N, overhead) and (N, server CPU per step), for the exponents.
+  std::vector<std::vector<std::pair<int, double>>> overheads(modes.size()),
+      server_cpus(modes.size());
   for (int n : counts) {
-    double overhead[2];
-    const Mode modes[2] = {{ASYNC, 0}, {BSP, 0}};
-    for (int m = 0; m < 2; ++m) {
+    const auto [steps, warmup] = StepsFor(n);
+    std::optional<double> async_overhead;
+    for (size_t m = 0; m < modes.size(); ++m) {
       const absl::Time begin = absl::Now();
       PS_ASSIGN_OR_RETURN(std::vector<WorkerStats> stats,
-                          RunConfig(modes[m], n, steps, compute, fixed));
-      overhead[m] = StepOverheadUs(stats);
+                          RunConfig(modes[m], n, warmup, steps, compute, fixed));
+      const double overhead = StepOverheadUs(stats);
       double blocked = 0, slept = 0;
       for (const WorkerStats& s : stats) {
         blocked += Us(s.blocked) / s.steps / stats.size();
         slept += Us(s.compute) / s.steps / stats.size();
       }
-      // Rank 0's window stands for the run's: workers start together after
-      // the barrier and, under BSP, finish together.
-      const double cpu_per_step = Us(stats[0].process_cpu) / (n * steps);
-      const double busy = absl::FDivDuration(stats[0].process_cpu, stats[0].window) /
-                          std::max(1u, std::thread::hardware_concurrency());
-      Note("%s w%d: step overhead %.0f us (blocked in Wait %.0f us/step, p50/p99/max %s; "
-           "slept %.0f us/step for %.0f us asked); process CPU %.0f us per worker-step, "
-           "cores %.0f%% busy; run took %.2f s",
-           modes[m].Name(), n, overhead[m], blocked, BlockedDistribution(stats), slept,
-           Us(compute), cpu_per_step, 100 * busy, absl::ToDoubleSeconds(absl::Now() - begin));
+      // CPU from the first worker's first measured step to the last one's
+      // last: every worker's measured steps, and nothing else but the ends
+      // of the warm-up (workers start together after a barrier).
+      const RunTotals totals = Totals(stats);
+      const double cpu_per_step = Us(totals.process_cpu) / steps;
+      const double serving_per_step = Us(totals.serving_cpu) / steps / servers;
+      const double busy = absl::FDivDuration(totals.process_cpu, totals.wall) / cores;
+      Note(
+          "%s w%d: step overhead %.0f us (blocked in Wait %.0f us/step, p50/p99/max %s; "
+          "slept %.0f us/step for %.0f us asked); process CPU %.0f us per worker-step, "
+          "cores %.0f%% busy, CPU floor %.0f us per step of %.0f us; a server's serving "
+          "thread %.0f us CPU per step (%.2f us per worker-step); %d+%d steps; run took %.2f s",
+          modes[m].Name(), n, overhead, blocked, BlockedDistribution(stats), slept, Us(compute),
+          cpu_per_step / n, 100 * busy, cpu_per_step / cores, slept + overhead, serving_per_step,
+          serving_per_step / n, warmup, steps, absl::ToDoubleSeconds(absl::Now() - begin));
+      std::optional<double> baseline;
+      if (modes[m].mode == ASYNC) {
+        async_overhead = overhead;
+      } else {
+        baseline = async_overhead;
+      }
+      Emit({absl::StrCat(modes[m].Name(), "_step_overhead_us_w", n), overhead, "us", baseline},
+           all);
+      Emit({absl::StrCat(modes[m].Name(), "_server_cpu_us_per_step_w", n), serving_per_step, "us",
+            std::nullopt},
+           all);
+      Emit({absl::StrCat(modes[m].Name(), "_cpu_floor_us_w", n), cpu_per_step / cores, "us",
+            std::nullopt},
+           all);
+      overheads[m].push_back({n, overhead});
+      server_cpus[m].push_back({n, serving_per_step});
     }
-    Emit({absl::StrCat("async_step_overhead_us_w", n), overhead[0], "us", std::nullopt}, all);
-    Emit({absl::StrCat("bsp_step_overhead_us_w", n), overhead[1], "us", overhead[0]}, all);
+  }
+  for (size_t m = 0; m < modes.size(); ++m) {
+    if (std::optional<double> k = GrowthExponent(overheads[m])) {
+      Emit({absl::StrCat(modes[m].Name(), "_step_overhead_growth"), *k, "exponent", std::nullopt},
+           all);
+    }
+    if (std::optional<double> k = GrowthExponent(server_cpus[m])) {
+      Emit({absl::StrCat(modes[m].Name(), "_server_cpu_growth"), *k, "exponent", std::nullopt},
+           all);
+    }
   }
   return absl::OkStatus();
 }
@@ -428,7 +674,7 @@ absl::Status Idle(std::vector<Figure>* all) {
     for (const Mode& mode : modes) {
       const absl::Time begin = absl::Now();
       PS_ASSIGN_OR_RETURN(std::vector<WorkerStats> stats,
-                          RunConfig(mode, n, steps, fast, sc.compute));
+                          RunConfig(mode, n, absl::GetFlag(FLAGS_warmup), steps, fast, sc.compute));
       const double idle = IdleFraction(stats, sc.measured);
       std::vector<std::string> per_rank;
       for (const WorkerStats& st : stats) {
@@ -460,6 +706,21 @@ absl::Status Idle(std::vector<Figure>* all) {
   return absl::OkStatus();
 }
 
+// Raises this process's soft limit of open files to its hard limit: each
+// simulated worker holds 16 descriptors, and the usual soft limit of 1 024
+// is spent before 64 workers.
+void RaiseFileLimit() {
+  rlimit limit;
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0) return;
+  if (limit.rlim_cur < limit.rlim_max) {
+    limit.rlim_cur = limit.rlim_max;
+    (void)setrlimit(RLIMIT_NOFILE, &limit);
+    getrlimit(RLIMIT_NOFILE, &limit);
+  }
+  Note("open files: at most %llu (ulimit -n); each worker takes 16",
+       static_cast<unsigned long long>(limit.rlim_cur));
+}
+
 int Main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   if (absl::Status s = SetLogLevel(absl::GetFlag(FLAGS_log_level)); !s.ok()) {
@@ -467,15 +728,18 @@ int Main(int argc, char** argv) {
     return 2;
   }
   const unsigned cores = std::thread::hardware_concurrency();
-  Note("consistency bench: %d servers, %d sparse keys x dim %d + %d dense floats per step; "
-       "compute is simulated by sleeping (timer slack 1 ns), not spinning, so up to 16 worker "
-       "threads stay honest on %u cores",
-       absl::GetFlag(FLAGS_servers), absl::GetFlag(FLAGS_keys), absl::GetFlag(FLAGS_dim),
-       absl::GetFlag(FLAGS_dense), cores);
+  Note(
+      "consistency bench: %d servers, %d sparse keys x dim %d + %d dense floats per step; "
+      "compute is simulated by sleeping (timer slack 1 ns), not spinning, so worker "
+      "threads waiting for %u cores do not pass for compute",
+      absl::GetFlag(FLAGS_servers), absl::GetFlag(FLAGS_keys), absl::GetFlag(FLAGS_dim),
+      absl::GetFlag(FLAGS_dense), cores);
+  RaiseFileLimit();
   const absl::Time begin = absl::Now();
   std::vector<Figure> all;
-  absl::Status status = StepOverhead(&all);
-  if (status.ok()) status = Idle(&all);
+  absl::Status status = Bookkeeping(&all);
+  if (status.ok()) status = StepOverhead(&all);
+  if (status.ok() && absl::GetFlag(FLAGS_idle_workers) > 0) status = Idle(&all);
   if (!status.ok()) {
     std::fprintf(stderr, "consistency_bench: %s\n", status.ToString().c_str());
     return 1;
@@ -486,11 +750,14 @@ int Main(int argc, char** argv) {
   }
   std::printf(
       "{\"bench\":\"consistency\",\"summary\":{%s},\"settings\":{\"servers\":%d,"
-      "\"compute_us\":%d,\"steps\":%d,\"warmup\":%d,\"idle_workers\":%d,\"idle_steps\":%d,"
+      "\"compute_us\":%d,\"steps\":%d,\"worker_steps\":%d,\"min_steps\":%d,\"warmup\":%d,"
+      "\"idle_workers\":%d,\"idle_steps\":%d,"
       "\"idle_compute_us\":%d,\"keys\":%d,\"dim\":%d,\"dense\":%d,\"cores\":%u,"
       "\"seconds\":%.1f}}\n",
-      absl::StrJoin(summary, ",").c_str(), absl::GetFlag(FLAGS_servers), absl::GetFlag(FLAGS_compute_us),
-      absl::GetFlag(FLAGS_steps), absl::GetFlag(FLAGS_warmup), absl::GetFlag(FLAGS_idle_workers),
+      absl::StrJoin(summary, ",").c_str(), absl::GetFlag(FLAGS_servers),
+      absl::GetFlag(FLAGS_compute_us), absl::GetFlag(FLAGS_steps),
+      absl::GetFlag(FLAGS_worker_steps), absl::GetFlag(FLAGS_min_steps),
+      absl::GetFlag(FLAGS_warmup), absl::GetFlag(FLAGS_idle_workers),
       absl::GetFlag(FLAGS_idle_steps), absl::GetFlag(FLAGS_idle_compute_us),
       absl::GetFlag(FLAGS_keys), absl::GetFlag(FLAGS_dim), absl::GetFlag(FLAGS_dense), cores,
       absl::ToDoubleSeconds(absl::Now() - begin));
