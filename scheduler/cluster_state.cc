@@ -771,12 +771,19 @@ absl::StatusOr<std::vector<uint32_t>> ClusterState::AwaitBarrier(
     // dead node's rank is not mistaken for it. A node that left after
     // finishing its work counts as present: a caller that wakes only after
     // the evaluator evaluated and left must not evaluate again.
-    std::vector<uint32_t> ranks;
-    for (uint64_t id : BarrierNodesLocked(name)) {
-      const Node& node = nodes_.at(id);
-      if (PresentAtBarrier(node)) ranks.push_back(node.info.rank());
+    // Built once per barrier and epoch (what is present changes only with
+    // an epoch): thousands of workers released at once each get a copy,
+    // not a scan of the fleet under the lock.
+    auto& [epoch, ranks] = barrier_ranks_[name];
+    if (epoch != view_.epoch() || ranks.empty()) {
+      epoch = view_.epoch();
+      ranks.clear();
+      for (uint64_t id : BarrierNodesLocked(name)) {
+        const Node& node = nodes_.at(id);
+        if (PresentAtBarrier(node)) ranks.push_back(node.info.rank());
+      }
+      std::sort(ranks.begin(), ranks.end());
     }
-    std::sort(ranks.begin(), ranks.end());
     PS_RETURN_IF_ERROR(journal.Commit());
     return ranks;
   }

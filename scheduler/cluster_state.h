@@ -662,6 +662,9 @@ class ClusterState {
       ABSL_GUARDED_BY(mu_);
   // Signalled when a barrier is released, the job fails or Close is called.
   absl::CondVar barrier_cv_;
+  // Released barrier name -> (epoch, the ranks AwaitBarrier answers then).
+  absl::flat_hash_map<std::string, std::pair<uint64_t, std::vector<uint32_t>>>
+      barrier_ranks_ ABSL_GUARDED_BY(mu_);
   // Watchdog state: the slowest live clock and since when it has not moved.
   uint64_t watched_min_clock_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time min_clock_since_ ABSL_GUARDED_BY(mu_);

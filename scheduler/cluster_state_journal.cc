@@ -302,6 +302,7 @@ absl::Status ClusterState::Recover(const SchedulerJournal& j) {
   barriers_.clear();
   completed_barriers_.clear();
   barrier_nodes_.clear();
+  barrier_ranks_.clear();
   barrier_started_.clear();
   for (const JournalBarrier& b : j.barriers()) {
     auto& arrived = barriers_[b.name()];
