@@ -68,15 +68,17 @@ class ViewWatchersTest : public ::testing::Test {
     return r.ok() ? r->node_id() : 0;
   }
 
-  std::unique_ptr<Poll> Watch(uint64_t min_epoch, uint64_t known_epoch,
-                              int timeout_ms = 20000,
-                              bool wait_for_running = false) {
-    auto poll = std::make_unique<Poll>();
+  // The poll is owned by the fixture, which outlives the watchers: Close
+  // (at the latest in the fixture's destructor) answers into it.
+  Poll* Watch(uint64_t min_epoch, uint64_t known_epoch, int timeout_ms = 20000,
+              bool wait_for_running = false) {
+    polls_.push_back(std::make_unique<Poll>());
+    Poll* poll = polls_.back().get();
     poll->request.set_min_epoch(min_epoch);
     poll->request.set_known_epoch(known_epoch);
     poll->request.set_timeout_ms(timeout_ms);
     poll->request.set_wait_for_running(wait_for_running);
-    Poll* p = poll.get();
+    Poll* p = poll;
     watchers_->Watch(p->request, &p->response, [p] {
       p->answered = absl::Now();
       p->done.Notify();
@@ -84,6 +86,7 @@ class ViewWatchersTest : public ::testing::Test {
     return poll;
   }
 
+  std::vector<std::unique_ptr<Poll>> polls_;
   JobConfig config_;
   std::unique_ptr<ClusterState> state_;
   std::unique_ptr<ViewWatchers> watchers_;
@@ -92,7 +95,7 @@ class ViewWatchersTest : public ::testing::Test {
 TEST_F(ViewWatchersTest, AReadyViewIsAnsweredAtOnceOnTheCallersThread) {
   Register(SERVER);
   const uint64_t epoch = state_->Head().epoch;
-  std::unique_ptr<Poll> poll = Watch(epoch, 0);
+  Poll* poll = Watch(epoch, 0);
   EXPECT_TRUE(poll->done.HasBeenNotified());
   EXPECT_EQ(poll->response.epoch(), epoch);
   EXPECT_EQ(watchers_->Waiting(), 0u);
@@ -101,10 +104,10 @@ TEST_F(ViewWatchersTest, AReadyViewIsAnsweredAtOnceOnTheCallersThread) {
 TEST_F(ViewWatchersTest, WaitingPollsAreAnsweredWithDeltasWhenTheEpochComes) {
   Register(SERVER);
   const uint64_t known = state_->Head().epoch;
-  std::vector<std::unique_ptr<Poll>> polls;
+  std::vector<Poll*> polls;
   for (int i = 0; i < 50; ++i) polls.push_back(Watch(known + 1, known));
   // Polls for a later epoch stay.
-  std::unique_ptr<Poll> later = Watch(known + 2, known);
+  Poll* later = Watch(known + 2, known);
   EXPECT_EQ(watchers_->Waiting(), 51u);
   for (const auto& p : polls) EXPECT_FALSE(p->done.HasBeenNotified());
 
@@ -124,9 +127,9 @@ TEST_F(ViewWatchersTest, APollWhoseTimeoutPassesGetsTheCurrentView) {
   Register(SERVER);
   const uint64_t epoch = state_->Head().epoch;
   const absl::Time start = absl::Now();
-  std::unique_ptr<Poll> poll = Watch(epoch + 1, 0, /*timeout_ms=*/200);
+  Poll* poll = Watch(epoch + 1, 0, /*timeout_ms=*/200);
   // A later poll with an earlier deadline wakes the dispatcher for it.
-  std::unique_ptr<Poll> soon = Watch(epoch + 1, 0, /*timeout_ms=*/50);
+  Poll* soon = Watch(epoch + 1, 0, /*timeout_ms=*/50);
   ASSERT_TRUE(soon->done.WaitForNotificationWithTimeout(kLongWait));
   ASSERT_TRUE(poll->done.WaitForNotificationWithTimeout(kLongWait));
   EXPECT_EQ(poll->response.epoch(), epoch);
@@ -145,8 +148,8 @@ TEST_F(ViewWatchersTest, WaitForRunningWaitsPastEpochsOfAStartingJob) {
   state_ = std::make_unique<ClusterState>(config_, Clock::Real());
   watchers_ = std::make_unique<ViewWatchers>(state_.get());
   Register(SERVER);
-  std::unique_ptr<Poll> running = Watch(0, 0, 20000, /*wait_for_running=*/true);
-  std::unique_ptr<Poll> any = Watch(state_->Head().epoch + 1, 0);
+  Poll* running = Watch(0, 0, 20000, /*wait_for_running=*/true);
+  Poll* any = Watch(state_->Head().epoch + 1, 0);
   Register(WORKER);
   ASSERT_TRUE(any->done.WaitForNotificationWithTimeout(kLongWait));
   EXPECT_EQ(any->response.job_state(), STARTING);
@@ -159,13 +162,13 @@ TEST_F(ViewWatchersTest, WaitForRunningWaitsPastEpochsOfAStartingJob) {
 TEST_F(ViewWatchersTest, CloseAnswersEveryWaitingPollAndLaterOnesAtOnce) {
   Register(SERVER);
   const uint64_t epoch = state_->Head().epoch;
-  std::unique_ptr<Poll> a = Watch(epoch + 5, 0);
-  std::unique_ptr<Poll> b = Watch(epoch + 9, epoch);
+  Poll* a = Watch(epoch + 5, 0);
+  Poll* b = Watch(epoch + 9, epoch);
   watchers_->Close();
   EXPECT_TRUE(a->done.HasBeenNotified());
   EXPECT_TRUE(b->done.HasBeenNotified());
   EXPECT_EQ(a->response.epoch(), epoch);
-  std::unique_ptr<Poll> c = Watch(epoch + 5, 0);
+  Poll* c = Watch(epoch + 5, 0);
   EXPECT_TRUE(c->done.HasBeenNotified());
   EXPECT_EQ(watchers_->Waiting(), 0u);
 }
