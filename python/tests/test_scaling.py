@@ -32,7 +32,10 @@ EXAMPLE = str(EXAMPLES / "lr_numpy.py")
 
 NUM_TRAIN = 120000
 BATCH = 1000
-EPOCHS = 4
+#: Long enough that the scale-in (three moves, then a drain) ends before
+#: training does also on a loaded sanitizer run, where ASYNC's workers outran
+#: it with 4 epochs.
+EPOCHS = 5
 #: Steps each worker trains: NUM_TRAIN / BATCH / 2 workers per epoch.
 STEPS = NUM_TRAIN // BATCH // 2 * EPOCHS
 
