@@ -593,14 +593,19 @@ void ClusterState::SetViewListener(std::function<void()> listener) {
   view_listener_ = std::move(listener);
 }
 
+const ClusterState::RecentEpoch* ClusterState::RecentEpochLocked(
+    uint64_t epoch) const {
+  auto it = std::find_if(recent_nodes_.begin(), recent_nodes_.end(),
+                         [&](const RecentEpoch& r) { return r.epoch == epoch; });
+  return it == recent_nodes_.end() ? nullptr : &*it;
+}
+
 const std::vector<NodeInfo>* ClusterState::ChangedSinceLocked(
     uint64_t known_epoch) {
   auto changed = changed_since_.find(known_epoch);
   if (changed == changed_since_.end()) {
-    auto past =
-        std::find_if(recent_nodes_.begin(), recent_nodes_.end(),
-                     [&](const auto& p) { return p.epoch == known_epoch; });
-    if (past == recent_nodes_.end()) return nullptr;
+    const RecentEpoch* past = RecentEpochLocked(known_epoch);
+    if (past == nullptr) return nullptr;
     absl::flat_hash_map<uint64_t, const NodeInfo*> before;
     for (const NodeInfo& n : past->nodes) before[n.node_id()] = &n;
     std::vector<NodeInfo> nodes;
@@ -641,10 +646,8 @@ ClusterView ClusterState::ViewAgainstLocked(const ViewAsk& ask) {
       if (wanted(n)) *answer.add_nodes() = n;
     }
     answer.set_delta_from(ask.known_epoch);
-    auto past =
-        std::find_if(recent_nodes_.begin(), recent_nodes_.end(),
-                     [&](const auto& p) { return p.epoch == ask.known_epoch; });
-    if (past != recent_nodes_.end() && past->slots_version == slots_version_) {
+    const RecentEpoch* past = RecentEpochLocked(ask.known_epoch);
+    if (past != nullptr && past->slots_version == slots_version_) {
       answer.clear_slot_owner();
       answer.clear_slot_backup();
       answer.set_slots_unchanged(true);

@@ -640,6 +640,9 @@ class ClusterState {
     uint64_t slots_version = 0;  // slots_version_ when it was made
   };
   std::deque<RecentEpoch> recent_nodes_ ABSL_GUARDED_BY(mu_);
+  // The recent epoch `epoch`, or null when the history no longer has it.
+  const RecentEpoch* RecentEpochLocked(uint64_t epoch) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Counts changes of the slot map (SetSlotsLocked), so a delta can leave
   // out a slot map the receiver already holds.
   uint64_t slots_version_ ABSL_GUARDED_BY(mu_) = 0;

@@ -74,6 +74,22 @@ class DeferredPulls {
            allowed(finished->first);
   }
 
+  // Hands every pull whose clock `allowed` admits to `answer` (oldest
+  // first), then drops it; the others stay. Walks the queue only when
+  // AnyAllowed says some pull may go (the same condition on `allowed`).
+  template <typename Allowed, typename Answer>
+  void AnswerAllowed(Allowed allowed, Answer answer) {
+    if (!AnyAllowed(allowed)) return;
+    for (auto it = queue_.begin(); it != queue_.end();) {
+      if (!allowed(it->clock)) {
+        ++it;
+        continue;
+      }
+      answer(*it);
+      it = Erase(it);
+    }
+  }
+
   // Whether the watchdog reports the oldest pull at `now`: it has waited
   // `timeout` and the last report is `interval` old. Notes the report.
   bool WatchdogDue(absl::Time now, absl::Duration timeout,

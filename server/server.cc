@@ -602,53 +602,43 @@ void KVServer::Impl::Progress(const Ownership& own) {
   // Answer held pulls that may now be answered, oldest first. Most calls
   // (any one worker's clock advance) release none; the index says so
   // without walking the queue.
-  if (!deferred_.AnyAllowed(
-          [this](uint64_t clock) { return PullAllowed(clock); })) {
-    return;
-  }
-  for (auto it = deferred_.begin(); it != deferred_.end();) {
-    if (!PullAllowed(it->clock)) {
-      ++it;
-      continue;
-    }
-    ResponseHeader rh;
-    zmq::message_t values, keys;
-    ServerRefusal refusal = REFUSAL_NONE;
-    if (absl::Status serving = lease_fence_.Check(own.rank, &refusal);
-        !serving.ok()) {
-      // Not answered from a view that may be stale. A PUSH_PULL's push half
-      // was applied when it arrived: the client's retry (same sequence
-      // number) is answered as a duplicate by whoever owns the slots then.
-      counters_.held_bytes -= it->bytes;
-      SendRefusal(it->identity, it->frames[0], serving, refusal, own.epoch);
-      if (!tiered_.empty()) PinColdRows(it->frames, /*pin=*/false);
-      it = deferred_.Erase(it);
-      continue;
-    }
-    RequestContext ctx;  // a plain PULL: waits for nothing new
-    Process(it->frames, own, &ctx, &rh, &values, &keys);
-    if (!tiered_.empty() && StorageFailed()) {
-      counters_.held_bytes -= it->bytes;
-      SendRefusal(it->identity, it->frames[0],
-                  lease_fence_.Check(own.rank, &refusal), refusal, own.epoch);
-      if (!tiered_.empty()) PinColdRows(it->frames, /*pin=*/false);
-      it = deferred_.Erase(it);
-      continue;
-    }
-    if (instruments_ != nullptr) {
-      instruments_->RecordHold(
-          absl::ToDoubleSeconds(options_.clock->Now() - it->since));
-    }
-    if (replicated_) {
-      primary_.Answer(views_.applied().get(), it->identity, rh, values, keys,
-                      std::move(it->needs), false);
-    } else {
-      Send(it->identity, rh, values, keys);
-    }
-    counters_.held_bytes -= it->bytes;
-    if (!tiered_.empty()) PinColdRows(it->frames, /*pin=*/false);
-    it = deferred_.Erase(it);
-  }
+  deferred_.AnswerAllowed(
+      [this](uint64_t clock) { return PullAllowed(clock); },
+      [&](DeferredPull& pull) {
+        ResponseHeader rh;
+        zmq::message_t values, keys;
+        ServerRefusal refusal = REFUSAL_NONE;
+        if (absl::Status serving = lease_fence_.Check(own.rank, &refusal);
+            !serving.ok()) {
+          // Not answered from a view that may be stale. A PUSH_PULL's push
+          // half was applied when it arrived: the client's retry (same
+          // sequence number) is answered as a duplicate by whoever owns the
+          // slots then.
+          SendRefusal(pull.identity, pull.frames[0], serving, refusal,
+                      own.epoch);
+        } else {
+          RequestContext ctx;  // a plain PULL: waits for nothing new
+          Process(pull.frames, own, &ctx, &rh, &values, &keys);
+          if (!tiered_.empty() && StorageFailed()) {
+            SendRefusal(pull.identity, pull.frames[0],
+                        lease_fence_.Check(own.rank, &refusal), refusal,
+                        own.epoch);
+          } else {
+            if (instruments_ != nullptr) {
+              instruments_->RecordHold(
+                  absl::ToDoubleSeconds(options_.clock->Now() - pull.since));
+            }
+            if (replicated_) {
+              primary_.Answer(views_.applied().get(), pull.identity, rh,
+                              values, keys, std::move(pull.needs), false);
+            } else {
+              Send(pull.identity, rh, values, keys);
+            }
+          }
+        }
+        counters_.held_bytes -= pull.bytes;
+        if (!tiered_.empty()) PinColdRows(pull.frames, /*pin=*/false);
+      });
 }
 
 void KVServer::Impl::FlushBuffers() {

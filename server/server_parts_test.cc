@@ -126,6 +126,28 @@ DeferredPull PullAt(uint64_t clock) {
   return pull;
 }
 
+TEST(DeferredPullsTest, AnswerAllowedHandsOverAdmittedPullsOldestFirst) {
+  DeferredPulls pulls;
+  for (uint64_t clock : {7, 3, 9, 5}) pulls.Add(PullAt(clock));
+  std::vector<uint64_t> answered;
+  const auto upto = [](uint64_t limit) {
+    return [limit](uint64_t clock) { return clock <= limit; };
+  };
+  const auto record = [&](const DeferredPull& p) {
+    answered.push_back(p.clock);
+  };
+  pulls.AnswerAllowed(upto(2), record);  // none: nothing is walked
+  EXPECT_TRUE(answered.empty());
+  EXPECT_EQ(pulls.size(), 4u);
+  pulls.AnswerAllowed(upto(7), record);
+  EXPECT_EQ(answered, std::vector<uint64_t>({7, 3, 5}));
+  ASSERT_EQ(pulls.size(), 1u);
+  EXPECT_EQ(pulls.front().clock, 9u);
+  // The index follows: only 9 is left.
+  EXPECT_FALSE(pulls.AnyAllowed(upto(8)));
+  EXPECT_TRUE(pulls.AnyAllowed(upto(9)));
+}
+
 TEST(DeferredPullsTest, AnyAllowedAsksTheSmallestClockOfEachSide) {
   DeferredPulls pulls;
   std::vector<uint64_t> asked;

@@ -167,20 +167,13 @@ class SimulatedServer {
       consistency_.StepApplied();
       ++steps_applied_;
     }
-    if (!deferred_.AnyAllowed(
-            [this](uint64_t clock) { return PullAllowed(clock); })) {
-      return;
-    }
-    for (auto it = deferred_.begin(); it != deferred_.end();) {
-      if (!PullAllowed(it->clock)) {
-        ++it;
-        continue;
-      }
-      uint32_t table_id;
-      std::memcpy(&table_id, it->frames[0].data(), sizeof(table_id));
-      Answer(table_id, (*keys_)[it->rank]);
-      it = deferred_.Erase(it);
-    }
+    deferred_.AnswerAllowed(
+        [this](uint64_t clock) { return PullAllowed(clock); },
+        [this](const DeferredPull& pull) {
+          uint32_t table_id;
+          std::memcpy(&table_id, pull.frames[0].data(), sizeof(table_id));
+          Answer(table_id, (*keys_)[pull.rank]);
+        });
   }
 
   const BookkeepingOptions options_;
