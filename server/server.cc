@@ -605,6 +605,9 @@ void KVServer::Impl::Progress(const Ownership& own) {
   deferred_.AnswerAllowed(
       [this](uint64_t clock) { return PullAllowed(clock); },
       [&](DeferredPull& pull) {
+        // Released before the answer leaves, so a client that has its
+        // answer sees the server's held bytes without this pull.
+        counters_.held_bytes -= pull.bytes;
         ResponseHeader rh;
         zmq::message_t values, keys;
         ServerRefusal refusal = REFUSAL_NONE;
@@ -636,7 +639,6 @@ void KVServer::Impl::Progress(const Ownership& own) {
             }
           }
         }
-        counters_.held_bytes -= pull.bytes;
         if (!tiered_.empty()) PinColdRows(pull.frames, /*pin=*/false);
       });
 }
