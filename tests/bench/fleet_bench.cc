@@ -27,9 +27,27 @@
 //      nodes) and the bytes of views all nodes received for it;
 //   3. a barrier: every live worker calls Barrier at once; the time from
 //      the last call to each worker's release (p50/p99/max);
-//   4. a silent node: one worker stops heartbeating and polling; the time
+//   4. a checkpoint (--checkpoint_s): the parent asks for one; every node
+//      sees it in its view and reports its part (a server writes a 4 KiB
+//      shard file first, since the scheduler commits only files that are
+//      there); the time until the view says it committed, the reports'
+//      round trips, and the journal writes it took;
+//   5. churn (--churn_s, --churn_per_s): workers preempted (Leave with
+//      their shard's position) and killed (silent), alternately, each
+//      replaced at once by a new worker that registers (retrying, as a
+//      restarted pod does); the replacements' waits and the scheduler's
+//      CPU meanwhile;
+//   6. a silent node: one worker stops heartbeating and polling; the time
 //      until the scheduler's view shows it DEAD (heartbeat_timeout_ms is the
-//      floor), and how many other nodes were declared dead (none should be).
+//      floor), and how many other nodes were declared dead (none should be
+//      but it and the killed ones);
+//   7. the end of training (--claims_s): every live worker reports its
+//      shard done with ClaimShard and asks for more; orphaned shards (of
+//      the workers that left, were preempted, killed or silenced) are
+//      handed out and reported done at once; the others wait until every
+//      shard is done. The time from the last shard reported done to each
+//      worker's ALL_DONE.
+// The parent long-polls the view (as deltas) from phase 4 on.
 // Throughout, the scheduler's journal (its /metrics): writes while the
 // fleet registered, the mean time of one write, and its size at the end.
 // Prints one JSON line per N and a last line with the growth exponents
@@ -55,6 +73,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -76,6 +95,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "checkpoint/catalog.h"
 #include "common/config.h"
 #include "common/status.h"
 #include "google/protobuf/io/coded_stream.h"
@@ -99,6 +119,19 @@ ABSL_FLAG(int, register_in_flight, 64,
           "Registrations in flight at once per child process.");
 ABSL_FLAG(double, barrier_s, 4,
           "Seconds allowed for the barrier before the silent node.");
+ABSL_FLAG(double, checkpoint_s, 4,
+          "Seconds for a checkpoint that every live node reports its part "
+          "of (0: none).");
+ABSL_FLAG(double, churn_s, 6,
+          "Seconds of churn: workers preempted (they leave) and killed (they "
+          "go silent), each replaced by a new worker that registers.");
+ABSL_FLAG(double, churn_per_s, 0,
+          "Churn events per second in all (0: one per second per 1,000 "
+          "nodes, at least one).");
+ABSL_FLAG(double, claims_s, 8,
+          "Seconds for the end of training: every live worker reports its "
+          "shard done (ClaimShard), trains what was orphaned, and waits "
+          "for the others.");
 ABSL_FLAG(std::string, dir, "", "Work directory (default: a new one in /tmp).");
 ABSL_FLAG(bool, view_deltas, true,
           "Nodes ask for views as deltas against the epoch they hold, as "
@@ -115,6 +148,7 @@ ABSL_FLAG(int, count, 0, "Child: nodes to simulate.");
 ABSL_FLAG(int, servers, 0, "Child: how many of them are servers.");
 ABSL_FLAG(int, leaves, 0, "Child: workers that leave, one per change.");
 ABSL_FLAG(bool, silence, false, "Child: silence one worker at the end.");
+ABSL_FLAG(int, churn_events, 0, "Child: churn events it runs.");
 ABSL_FLAG(std::string, ready_file, "", "Child: written once all are in.");
 ABSL_FLAG(std::string, go_file, "", "Child: holds the start time (unix us).");
 ABSL_FLAG(std::string, out, "", "Child: the results file.");
@@ -138,17 +172,27 @@ struct Schedule {
   double change_gap_s;
   double heartbeat_timeout_s;
   double barrier_s;
+  double checkpoint_s;
+  double churn_s;
+  double claims_s;
   double ChangeAt(int i) const { return steady_s + i * change_gap_s; }
   double BarrierAt() const { return ChangeAt(changes) + 0.5; }
-  double SilenceAt() const { return BarrierAt() + barrier_s; }
-  double End() const { return SilenceAt() + heartbeat_timeout_s + 3; }
+  double CheckpointAt() const { return BarrierAt() + barrier_s; }
+  double ChurnAt() const { return CheckpointAt() + checkpoint_s; }
+  double SilenceAt() const { return ChurnAt() + churn_s; }
+  double ClaimsAt() const { return SilenceAt() + heartbeat_timeout_s + 3; }
+  double End() const { return ClaimsAt() + claims_s; }
 };
 
 Schedule TheSchedule() {
-  return {absl::GetFlag(FLAGS_steady_s), absl::GetFlag(FLAGS_changes),
+  return {absl::GetFlag(FLAGS_steady_s),
+          absl::GetFlag(FLAGS_changes),
           absl::GetFlag(FLAGS_change_gap_s),
           absl::GetFlag(FLAGS_heartbeat_timeout_ms) / 1000.0,
-          absl::GetFlag(FLAGS_barrier_s)};
+          absl::GetFlag(FLAGS_barrier_s),
+          absl::GetFlag(FLAGS_checkpoint_s),
+          absl::GetFlag(FLAGS_churn_s),
+          absl::GetFlag(FLAGS_claims_s)};
 }
 
 // ---- the child: simulated nodes
@@ -173,47 +217,74 @@ std::string Bytes(const grpc::ByteBuffer& buffer) {
   return out;
 }
 
-// ClusterView.epoch (field 1) from a serialised view; 0 when absent.
-uint64_t ViewEpoch(const std::string& view) {
+// What a simulated node reads of a view: ClusterView.epoch (field 1) and
+// checkpoint_clock (field 8), 0 when absent.
+struct ViewHead {
+  uint64_t epoch = 0;
+  uint64_t checkpoint_clock = 0;
+};
+
+ViewHead ScanView(const std::string& view) {
+  ViewHead head;
   google::protobuf::io::CodedInputStream in(
       reinterpret_cast<const uint8_t*>(view.data()),
       static_cast<int>(view.size()));
   while (const uint32_t tag = in.ReadTag()) {
-    uint64_t epoch = 0;
-    if (tag == 8) return in.ReadVarint64(&epoch) ? epoch : 0;
-    if (!google::protobuf::internal::WireFormatLite::SkipField(&in, tag)) {
-      return 0;
+    if (tag == 8) {
+      if (!in.ReadVarint64(&head.epoch)) return {};
+    } else if (tag == 64) {
+      if (!in.ReadVarint64(&head.checkpoint_clock)) return {};
+    } else if (!google::protobuf::internal::WireFormatLite::SkipField(&in,
+                                                                      tag)) {
+      return {};
     }
   }
-  return 0;
+  return head;
 }
 
-// RegisterResponse.node_id (field 1) and its view's epoch (field 3).
-void ScanRegistered(const std::string& response, uint64_t* node_id,
-                    uint64_t* epoch) {
+// What a simulated node reads of RegisterResponse: node_id (field 1), rank
+// (2), its view's head (3) and the shard to train (5; shard -1 if none).
+struct Registered {
+  uint64_t node_id = 0;
+  uint64_t rank = 0;
+  ViewHead view;
+  int shard = -1;
+};
+
+Registered ScanRegistered(const std::string& response) {
+  Registered r;
   google::protobuf::io::CodedInputStream in(
       reinterpret_cast<const uint8_t*>(response.data()),
       static_cast<int>(response.size()));
   while (const uint32_t tag = in.ReadTag()) {
     if (tag == 8) {
-      if (!in.ReadVarint64(node_id)) return;
-    } else if (tag == 26) {
+      if (!in.ReadVarint64(&r.node_id)) return {};
+    } else if (tag == 16) {
+      if (!in.ReadVarint64(&r.rank)) return {};
+    } else if (tag == 26 || tag == 42) {
       uint32_t length = 0;
-      std::string view;
+      std::string field;
       if (!in.ReadVarint32(&length) ||
-          !in.ReadString(&view, static_cast<int>(length))) {
-        return;
+          !in.ReadString(&field, static_cast<int>(length))) {
+        return {};
       }
-      *epoch = ViewEpoch(view);
+      if (tag == 26) {
+        r.view = ScanView(field);
+      } else {
+        DataPosition shard;
+        if (shard.ParseFromString(field)) r.shard = shard.shard();
+      }
     } else if (!google::protobuf::internal::WireFormatLite::SkipField(&in,
                                                                       tag)) {
-      return;
+      return {};
     }
   }
+  return r;
 }
 
 struct SimNode {
   uint64_t node_id = 0;
+  uint64_t rank = 0;
   bool server = false;
   std::unique_ptr<Scheduler::Stub> stub;
   std::unique_ptr<grpc::GenericStub> raw;
@@ -222,58 +293,45 @@ struct SimNode {
   bool heartbeat_in_flight = false;
   bool silent = false;
   bool left = false;
+  // The shard it trains (-1: none) and the checkpoint it reported.
+  int shard = -1;
+  uint64_t reported_checkpoint = 0;
 };
 
 class Fleet {
  public:
-  Fleet(std::string address, uint64_t fingerprint, int64_t interval_us)
+  Fleet(std::string address, uint64_t fingerprint, int64_t interval_us,
+        std::string checkpoint_dir)
       : address_(std::move(address)),
         fingerprint_(fingerprint),
-        interval_us_(interval_us) {}
+        interval_us_(interval_us),
+        checkpoint_dir_(std::move(checkpoint_dir)) {}
 
-  // Sizes the fleet; call before Run and Register.
-  void Prepare(int count) { nodes_.resize(count); }
-
-  // Registers every node, up to --register_in_flight at once per child (a
-  // fleet's processes start together, not one after another); each starts
-  // watching the view once registered.
-  absl::Status Register(int servers) {
-    const int count = static_cast<int>(nodes_.size());
-    const int window = std::max(1, absl::GetFlag(FLAGS_register_in_flight));
-    struct Call {
-      grpc::ClientContext ctx;
-      RegisterRequest request;
-      grpc::ByteBuffer request_bytes;
-      grpc::ByteBuffer response;
-    };
-    std::string failure;
-    for (int i = 0; i < count; ++i) {
+  // Sizes the fleet: `count` nodes registered at the start and `spares`
+  // that register later as replacements. Call before Run and Register.
+  void Prepare(int count, int spares) {
+    nodes_.resize(count + spares);
+    initial_ = count;
+    for (int i = 0; i < count + spares; ++i) {
       grpc::ChannelArguments args;
       // Its own connection, as a node process has (gRPC shares one between
       // channels of the same target and arguments otherwise).
       args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-      SimNode& n = nodes_[i];
-      n.server = i < servers;
       std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(
           address_, grpc::InsecureChannelCredentials(), args);
-      n.stub = Scheduler::NewStub(channel);
-      n.raw = std::make_unique<grpc::GenericStub>(channel);
-      auto* call = new Call;
-      RegisterRequest& request = call->request;
-      request.set_role(n.server ? SERVER : WORKER);
-      if (n.server) {
-        request.set_data_endpoint(absl::StrCat(
-            "tcp://127.0.0.1:", 20000 + (getpid() % 1000) * 40 + i % 40));
-      }
-      request.set_host("sim");
-      request.set_pid(static_cast<uint32_t>(getpid()));
-      request.set_config_fingerprint(fingerprint_);
-      request.set_trains_shards(!n.server);
-      // As SchedulerClient: a worker's views list the servers and itself.
-      request.set_servers_only(!n.server && absl::GetFlag(FLAGS_servers_only));
-      call->ctx.set_deadline(std::chrono::system_clock::now() +
-                             std::chrono::seconds(120));
-      call->ctx.set_wait_for_ready(true);
+      nodes_[i].stub = Scheduler::NewStub(channel);
+      nodes_[i].raw = std::make_unique<grpc::GenericStub>(channel);
+    }
+  }
+
+  // Registers the first `count` nodes (Prepare), `servers` of them
+  // servers, up to --register_in_flight at once per child (a fleet's
+  // processes start together, not one after another); each starts
+  // watching the view once registered.
+  absl::Status Register(int servers) {
+    const int window = std::max(1, absl::GetFlag(FLAGS_register_in_flight));
+    servers_ = servers;
+    for (int i = 0; i < initial_; ++i) {
       {
         absl::MutexLock lock(&mu_);
         auto room = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -282,42 +340,23 @@ class Fleet {
         mu_.Await(absl::Condition(&room));
         ++register_in_flight_;
       }
-      call->request_bytes = Serialized(request);
-      n.raw->UnaryCall(
-          &call->ctx, "/ps.Scheduler/Register", grpc::StubOptions(),
-          &call->request_bytes, &call->response,
-          [this, i, call](grpc::Status s) {
-            uint64_t node_id = 0, epoch = 0;
-            size_t bytes = 0;
-            if (s.ok()) {
-              const std::string raw = Bytes(call->response);
-              bytes = raw.size();
-              ScanRegistered(raw, &node_id, &epoch);
-            }
-            {
-              absl::MutexLock lock(&mu_);
-              --register_in_flight_;
-              if (!s.ok() || node_id == 0) {
-                register_failure_ = absl::StrCat(
-                    "register node ", i, ": ",
-                    s.ok() ? "no node id" : s.error_message());
-              } else {
-                nodes_[i].node_id = node_id;
-                Seen(i, epoch, bytes);
-              }
-            }
-            const bool ok = s.ok();
-            delete call;
-            if (ok) Watch(i);
-          });
+      StartRegister(i, i < servers, [this, i](const grpc::Status& s) {
+        absl::MutexLock lock(&mu_);
+        --register_in_flight_;
+        if (!s.ok()) {
+          register_failure_ =
+              absl::StrCat("register node ", i, ": ", s.error_message());
+        }
+      });
     }
     absl::MutexLock lock(&mu_);
     auto all_back = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       return register_in_flight_ == 0;
     };
     mu_.Await(absl::Condition(&all_back));
-    failure = register_failure_;
-    if (!failure.empty()) return absl::UnavailableError(failure);
+    if (!register_failure_.empty()) {
+      return absl::UnavailableError(register_failure_);
+    }
     return absl::OkStatus();
   }
 
@@ -326,7 +365,7 @@ class Fleet {
   // register. Once `t0_us` is set (the parent's start time) runs the
   // schedule's leaves and silence, and returns at its end.
   void Run(const std::atomic<int64_t>& t0_us, const Schedule& sched, int leaves,
-           bool silence) {
+           bool silence, int churn_events) {
     const int n = static_cast<int>(nodes_.size());
     std::vector<int64_t> next(n);
     const int64_t start = NowUs();
@@ -334,8 +373,13 @@ class Fleet {
     int leaves_done = 0;
     bool silenced = false;
     bool barrier_called = false;
-    // Workers from the end leave; the one before them goes silent.
-    int next_leaver = n - 1;
+    bool claims_called = false;
+    int churn_done = 0;
+    // Workers from the end leave; the one before them goes silent; churn
+    // takes workers from the first on, and its replacements are the spares.
+    int next_leaver = initial_ - 1;
+    int next_victim = servers_;
+    int next_spare = initial_;
     while (true) {
       const int64_t now = NowUs();
       const int64_t t0 = t0_us.load();
@@ -351,6 +395,26 @@ class Fleet {
       if (t0 != 0 && !barrier_called && t >= sched.BarrierAt()) {
         barrier_called = true;
         CallBarrier();
+      }
+      if (t0 != 0 && churn_done < churn_events &&
+          t >= sched.ChurnAt() +
+                   (churn_done + 0.5) * sched.churn_s / churn_events) {
+        {
+          absl::MutexLock lock(&mu_);
+          while (next_victim < next_leaver &&
+                 nodes_[next_victim].node_id == 0) {
+            ++next_victim;
+          }
+        }
+        if (next_victim < next_leaver && next_spare < n) {
+          Churn(/*preempt=*/churn_done % 2 == 0, next_victim++, next_spare++);
+        }
+        ++churn_done;
+      }
+      RetryReplacements();
+      if (t0 != 0 && !claims_called && t >= sched.ClaimsAt()) {
+        claims_called = true;
+        StartClaims();
       }
       if (t0 != 0 && silence && !silenced && t >= sched.SilenceAt() &&
           next_leaver >= 0 && !nodes_[next_leaver].server) {
@@ -376,10 +440,23 @@ class Fleet {
   }
 
   // Writes "hb <us>", "arr <epoch> <unix us>", "bytes <epoch> <n>",
-  // "leave <unix us>", "silenced <node id> <unix us>" lines.
+  // "leave <unix us>", "silenced <node id> <unix us>" lines and the
+  // checkpoint's, churn's and claims' (see below).
   void Write(const std::string& path) {
     absl::MutexLock lock(&mu_);
     std::ofstream out(path);
+    for (int64_t us : report_us_) out << "ckpt_report " << us << "\n";
+    out << "ckpt_report_failed " << report_failures_ << "\n";
+    for (const auto& [id, us] : killed_) {
+      out << "killed " << id << " " << us << "\n";
+    }
+    for (int64_t us : replaced_preempted_us_) out << "replaced_preempted " << us << "\n";
+    for (int64_t us : replaced_killed_us_) out << "replaced_killed " << us << "\n";
+    out << "replace_failed " << replace_failures_ << "\n";
+    for (int64_t us : claim_finish_us_) out << "claim_finish " << us << "\n";
+    for (int64_t us : claim_done_us_) out << "claim_done " << us << "\n";
+    out << "claim_assigned " << claims_assigned_ << "\n";
+    out << "claim_failed " << claim_failures_ << "\n";
     for (int64_t us : heartbeat_us_) out << "hb " << us << "\n";
     for (const auto& [epoch, times] : arrivals_)
       for (int64_t us : times) out << "arr " << epoch << " " << us << "\n";
@@ -412,6 +489,65 @@ class Fleet {
   }
 
  private:
+  // Registers node i (a server or a worker) and, once in, starts its view
+  // watch; `done` gets the outcome (a registration without a node id is an
+  // error).
+  void StartRegister(int i, bool server,
+                     std::function<void(const grpc::Status&)> done) {
+    struct Call {
+      grpc::ClientContext ctx;
+      grpc::ByteBuffer request_bytes;
+      grpc::ByteBuffer response;
+      std::function<void(const grpc::Status&)> done;
+    };
+    SimNode& n = nodes_[i];
+    RegisterRequest request;
+    request.set_role(server ? SERVER : WORKER);
+    if (server) {
+      request.set_data_endpoint(absl::StrCat(
+          "tcp://127.0.0.1:", 20000 + (getpid() % 1000) * 40 + i % 40));
+    }
+    request.set_host("sim");
+    request.set_pid(static_cast<uint32_t>(getpid()));
+    request.set_config_fingerprint(fingerprint_);
+    request.set_trains_shards(!server);
+    // As SchedulerClient: a worker's views list the servers and itself.
+    request.set_servers_only(!server && absl::GetFlag(FLAGS_servers_only));
+    auto* call = new Call;
+    call->done = std::move(done);
+    call->ctx.set_deadline(std::chrono::system_clock::now() +
+                           std::chrono::seconds(120));
+    call->ctx.set_wait_for_ready(true);
+    call->request_bytes = Serialized(request);
+    n.raw->UnaryCall(
+        &call->ctx, "/ps.Scheduler/Register", grpc::StubOptions(),
+        &call->request_bytes, &call->response,
+        [this, i, server, call](grpc::Status s) {
+          Registered r;
+          size_t bytes = 0;
+          if (s.ok()) {
+            const std::string raw = Bytes(call->response);
+            bytes = raw.size();
+            r = ScanRegistered(raw);
+            if (r.node_id == 0) {
+              s = grpc::Status(grpc::StatusCode::INTERNAL, "no node id");
+            }
+          }
+          if (s.ok()) {
+            absl::MutexLock lock(&mu_);
+            SimNode& n = nodes_[i];
+            n.server = server;
+            n.node_id = r.node_id;
+            n.rank = r.rank;
+            n.shard = r.shard;
+            Seen(i, r.view.epoch, bytes);
+          }
+          call->done(s);
+          delete call;
+          if (s.ok()) Watch(i);
+        });
+  }
+
   void Seen(int i, uint64_t epoch, size_t bytes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     SimNode& n = nodes_[i];
@@ -456,13 +592,22 @@ class Fleet {
         [this, i, call](grpc::Status s) {
           std::string raw;
           if (s.ok()) raw = Bytes(call->response);
-          const uint64_t epoch = s.ok() ? ViewEpoch(raw) : 0;
+          const ViewHead head = s.ok() ? ScanView(raw) : ViewHead{};
+          bool report = false;
           {
             absl::MutexLock lock(&mu_);
             --in_flight_;
-            if (s.ok()) Seen(i, epoch, raw.size());
+            if (s.ok()) Seen(i, head.epoch, raw.size());
+            // A checkpoint in progress: each node writes its part (here:
+            // nothing) and reports it, as servers and workers do.
+            SimNode& n = nodes_[i];
+            if (head.checkpoint_clock > n.reported_checkpoint) {
+              n.reported_checkpoint = head.checkpoint_clock;
+              report = true;
+            }
           }
           delete call;
+          if (report) Report(i, head.checkpoint_clock);
           if (!s.ok()) absl::SleepFor(absl::Milliseconds(100));
           Watch(i);
         });
@@ -556,6 +701,209 @@ class Fleet {
     barrier_last_call_us_ = NowUs();
   }
 
+  // Node i's part of checkpoint `clock`: a server's shard file, a
+  // worker's data position.
+  void Report(int i, uint64_t clock) {
+    struct Call {
+      grpc::ClientContext ctx;
+      ReportCheckpointRequest request;
+      ReportCheckpointResponse response;
+      int64_t start_us;
+    };
+    auto* call = new Call;
+    {
+      absl::MutexLock lock(&mu_);
+      const SimNode& n = nodes_[i];
+      call->request.set_node_id(n.node_id);
+      call->request.set_clock(clock);
+      call->request.set_ok(true);
+      if (n.server) {
+        // The scheduler commits only shard files that are there, of the
+        // size reported.
+        const std::string name = ShardFileName(static_cast<uint32_t>(n.rank));
+        const std::string dir =
+            absl::StrCat(checkpoint_dir_, "/", CheckpointDirName(clock));
+        mkdir(dir.c_str(), 0755);
+        std::ofstream(dir + "/" + name) << std::string(4096, '\0');
+        call->request.set_file(name);
+        call->request.set_bytes(4096);
+        call->request.set_checksum(n.rank + 1);
+      } else if (n.shard >= 0) {
+        DataPosition* p = call->request.mutable_position();
+        p->set_shard(n.shard);
+        p->set_batch(7);
+      }
+      ++in_flight_;
+    }
+    call->start_us = NowUs();
+    call->ctx.set_deadline(std::chrono::system_clock::now() +
+                           std::chrono::seconds(30));
+    nodes_[i].stub->async()->ReportCheckpoint(
+        &call->ctx, &call->request, &call->response,
+        [this, call](grpc::Status s) {
+          const int64_t us = NowUs() - call->start_us;
+          {
+            absl::MutexLock lock(&mu_);
+            --in_flight_;
+            if (s.ok()) {
+              report_us_.push_back(us);
+            } else {
+              ++report_failures_;
+              if (report_failures_ == 1) {
+                std::fprintf(stderr, "checkpoint report: %s\n",
+                             s.error_message().c_str());
+              }
+            }
+          }
+          delete call;
+        });
+  }
+
+  // A churn event: worker `victim` is preempted (it leaves, saying where
+  // its shard stands, as on SIGTERM) or killed (it goes silent, to be
+  // declared dead); the spare node registers as its replacement at once
+  // and retries until the scheduler has a free rank for it.
+  void Churn(bool preempt, int victim, int spare) {
+    const int64_t now = NowUs();
+    SimNode& n = nodes_[victim];
+    if (preempt) {
+      LeaveRequest request;
+      {
+        absl::MutexLock lock(&mu_);
+        n.left = true;
+        request.set_node_id(n.node_id);
+        if (n.shard >= 0) {
+          request.mutable_position()->set_shard(n.shard);
+          request.mutable_position()->set_batch(7);
+        }
+      }
+      LeaveResponse response;
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::seconds(10));
+      const grpc::Status s = n.stub->Leave(&ctx, request, &response);
+      if (!s.ok()) {
+        std::fprintf(stderr, "preempted leave: %s\n",
+                     s.error_message().c_str());
+      }
+    } else {
+      absl::MutexLock lock(&mu_);
+      n.silent = true;
+      killed_.emplace_back(n.node_id, now);
+    }
+    absl::MutexLock lock(&mu_);
+    replacements_.push_back({spare, preempt, now, now});
+  }
+
+  // Starts the replacements whose (next) try is due.
+  void RetryReplacements() {
+    std::vector<Replacement> due;
+    {
+      absl::MutexLock lock(&mu_);
+      const int64_t now = NowUs();
+      for (auto it = replacements_.begin(); it != replacements_.end();) {
+        if (it->next_try_us <= now) {
+          due.push_back(*it);
+          it = replacements_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      in_flight_ += static_cast<int>(due.size());
+    }
+    for (const Replacement& r : due) {
+      StartRegister(r.spare, /*server=*/false, [this, r](const grpc::Status& s) {
+        absl::MutexLock lock(&mu_);
+        --in_flight_;
+        const int64_t now = NowUs();
+        if (s.ok()) {
+          (r.preempted ? replaced_preempted_us_ : replaced_killed_us_)
+              .push_back(now - r.since_us);
+        } else if (!stopping_ && now - r.since_us < 60'000'000) {
+          // No free rank until the scheduler declares the killed node
+          // dead (RESOURCE_EXHAUSTED): retry, as a restarted pod does.
+          Replacement again = r;
+          again.next_try_us = now + 250'000;
+          replacements_.push_back(again);
+        } else {
+          ++replace_failures_;
+          std::fprintf(stderr, "replacement: %s\n", s.error_message().c_str());
+        }
+      });
+    }
+  }
+
+  // The end of training: every live worker reports its shard done and
+  // asks for more (ClaimShard): an orphaned shard is "trained" and
+  // reported at once; otherwise it waits until every shard is done.
+  void StartClaims() {
+    std::vector<std::pair<int, int>> workers;
+    {
+      absl::MutexLock lock(&mu_);
+      for (int i = 0; i < static_cast<int>(nodes_.size()); ++i) {
+        const SimNode& n = nodes_[i];
+        if (!n.server && n.node_id != 0 && !n.left && !n.silent) {
+          workers.emplace_back(i, n.shard);
+        }
+      }
+    }
+    for (const auto& [i, shard] : workers) Claim(i, shard);
+  }
+
+  // One ClaimShard call of node i, reporting `finished` done (-1: none).
+  void Claim(int i, int finished) {
+    struct Call {
+      grpc::ClientContext ctx;
+      ClaimShardRequest request;
+      ClaimShardResponse response;
+    };
+    auto* call = new Call;
+    {
+      absl::MutexLock lock(&mu_);
+      if (stopping_) {
+        delete call;
+        return;
+      }
+      ++in_flight_;
+      call->request.set_node_id(nodes_[i].node_id);
+      if (finished >= 0) {
+        DataPosition* p = call->request.mutable_finished();
+        p->set_shard(static_cast<uint32_t>(finished));
+        p->set_epoch(1);
+        p->set_done(true);
+        claim_finish_us_.push_back(NowUs());
+      }
+    }
+    call->request.set_timeout_ms(5000);
+    call->ctx.set_deadline(std::chrono::system_clock::now() +
+                           std::chrono::seconds(15));
+    nodes_[i].stub->async()->ClaimShard(
+        &call->ctx, &call->request, &call->response,
+        [this, i, call](grpc::Status s) {
+          int next = -2;  // -2: no further call
+          {
+            absl::MutexLock lock(&mu_);
+            --in_flight_;
+            if (!s.ok()) {
+              if (++claim_failures_ == 1) {
+                std::fprintf(stderr, "claim: %s\n", s.error_message().c_str());
+              }
+            } else if (call->response.result() ==
+                       ClaimShardResponse::ASSIGNED) {
+              ++claims_assigned_;
+              nodes_[i].shard = static_cast<int>(call->response.shard().shard());
+              next = nodes_[i].shard;
+            } else if (call->response.result() == ClaimShardResponse::WAIT) {
+              next = -1;
+            } else {
+              claim_done_us_.push_back(NowUs());
+            }
+          }
+          delete call;
+          if (next != -2) Claim(i, next);
+        });
+  }
+
   void Leave(int i) {
     SimNode& n = nodes_[i];
     {
@@ -573,10 +921,21 @@ class Fleet {
     if (!s.ok()) std::fprintf(stderr, "leave: %s\n", s.error_message().c_str());
   }
 
+  // A killed or preempted worker's replacement, registering.
+  struct Replacement {
+    int spare;
+    bool preempted;
+    int64_t since_us;
+    int64_t next_try_us;
+  };
+
   const std::string address_;
   const uint64_t fingerprint_;
   const int64_t interval_us_;
+  const std::string checkpoint_dir_;
   std::vector<SimNode> nodes_;
+  int initial_ = 0;
+  int servers_ = 0;
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
@@ -591,6 +950,17 @@ class Fleet {
   int64_t barrier_last_call_us_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<int64_t> barrier_release_us_ ABSL_GUARDED_BY(mu_);
   int barrier_failures_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<int64_t> report_us_ ABSL_GUARDED_BY(mu_);
+  int report_failures_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<std::pair<uint64_t, int64_t>> killed_ ABSL_GUARDED_BY(mu_);
+  std::vector<Replacement> replacements_ ABSL_GUARDED_BY(mu_);
+  std::vector<int64_t> replaced_preempted_us_ ABSL_GUARDED_BY(mu_);
+  std::vector<int64_t> replaced_killed_us_ ABSL_GUARDED_BY(mu_);
+  int replace_failures_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<int64_t> claim_finish_us_ ABSL_GUARDED_BY(mu_);
+  std::vector<int64_t> claim_done_us_ ABSL_GUARDED_BY(mu_);
+  int claims_assigned_ ABSL_GUARDED_BY(mu_) = 0;
+  int claim_failures_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 int ChildMain() {
@@ -600,12 +970,14 @@ int ChildMain() {
     return 1;
   }
   Fleet fleet(absl::GetFlag(FLAGS_scheduler), ConfigFingerprint(*config),
-              int64_t{config->cluster().heartbeat_interval_ms()} * 1000);
-  fleet.Prepare(absl::GetFlag(FLAGS_count));
+              int64_t{config->cluster().heartbeat_interval_ms()} * 1000,
+              config->checkpoint().dir());
+  const int churn_events = absl::GetFlag(FLAGS_churn_events);
+  fleet.Prepare(absl::GetFlag(FLAGS_count), churn_events);
   std::atomic<int64_t> t0{0};
   std::thread runner([&] {
     fleet.Run(t0, TheSchedule(), absl::GetFlag(FLAGS_leaves),
-              absl::GetFlag(FLAGS_silence));
+              absl::GetFlag(FLAGS_silence), churn_events);
   });
   const absl::Status registered = fleet.Register(absl::GetFlag(FLAGS_servers));
   if (!registered.ok()) {
@@ -627,12 +999,15 @@ int ChildMain() {
   runner.join();
   fleet.Drain();
   fleet.Write(absl::GetFlag(FLAGS_out));
-  return 0;
+  // Calls still in flight after Drain's wait hold the fleet: no teardown.
+  std::fflush(nullptr);
+  std::_Exit(0);
 }
 
 // ---- the parent: the scheduler, the children, the figures
 
-std::string JobConfigText(int servers, int workers) {
+std::string JobConfigText(int servers, int workers,
+                          const std::string& checkpoint_dir) {
   return absl::StrFormat(
       R"pb(name: "fleet"
            cluster {
@@ -643,6 +1018,7 @@ std::string JobConfigText(int servers, int workers) {
              heartbeat_timeout_ms: %d
            }
            consistency { mode: ASYNC }
+           checkpoint { dir: "%s" }
            tables {
              id: 0
              name: "w"
@@ -660,7 +1036,7 @@ std::string JobConfigText(int servers, int workers) {
       )pb",
       servers, workers, std::max(4096, servers),
       absl::GetFlag(FLAGS_heartbeat_ms),
-      absl::GetFlag(FLAGS_heartbeat_timeout_ms));
+      absl::GetFlag(FLAGS_heartbeat_timeout_ms), checkpoint_dir);
 }
 
 // A port free now on loopback (for the scheduler's HTTP endpoint, whose
@@ -726,6 +1102,14 @@ struct Results {
   int64_t barrier_last_call = 0;
   std::vector<int64_t> barrier_done;
   int barrier_failed = 0;
+  std::vector<double> report_ms;
+  int report_failed = 0;
+  std::map<uint64_t, int64_t> killed;  // node id -> when
+  std::vector<double> replaced_preempted_ms, replaced_killed_ms;
+  int replace_failed = 0;
+  int64_t claim_last_finish = 0;
+  std::vector<int64_t> claim_done;
+  int claims_assigned = 0, claim_failed = 0;
 };
 
 void ReadResults(const std::string& path, Results* r) {
@@ -767,6 +1151,45 @@ void ReadResults(const std::string& path, Results* r) {
       uint64_t n;
       in >> n;
       r->heartbeats += n;
+    } else if (kind == "ckpt_report") {
+      int64_t us;
+      in >> us;
+      r->report_ms.push_back(us / 1000.0);
+    } else if (kind == "ckpt_report_failed") {
+      int n;
+      in >> n;
+      r->report_failed += n;
+    } else if (kind == "killed") {
+      uint64_t id;
+      int64_t us;
+      in >> id >> us;
+      r->killed[id] = us;
+    } else if (kind == "replaced_preempted" || kind == "replaced_killed") {
+      int64_t us;
+      in >> us;
+      (kind == "replaced_killed" ? r->replaced_killed_ms
+                                 : r->replaced_preempted_ms)
+          .push_back(us / 1000.0);
+    } else if (kind == "replace_failed") {
+      int n;
+      in >> n;
+      r->replace_failed += n;
+    } else if (kind == "claim_finish") {
+      int64_t us;
+      in >> us;
+      r->claim_last_finish = std::max(r->claim_last_finish, us);
+    } else if (kind == "claim_done") {
+      int64_t us;
+      in >> us;
+      r->claim_done.push_back(us);
+    } else if (kind == "claim_assigned") {
+      int n;
+      in >> n;
+      r->claims_assigned += n;
+    } else if (kind == "claim_failed") {
+      int n;
+      in >> n;
+      r->claim_failed += n;
     }
   }
 }
@@ -790,6 +1213,24 @@ struct Figures {
   double journal_writes_startup = 0;
   double journal_ms_per_write = 0;
   double journal_bytes = 0;
+  // The checkpoint: from the request to the view saying it committed.
+  double checkpoint_ms = -1;
+  double checkpoint_report_p50_ms = 0, checkpoint_report_p99_ms = 0;
+  int checkpoint_reports = 0, checkpoint_report_failed = 0;
+  double checkpoint_journal_writes = 0;
+  // Churn: events, the replacements' wait (from the preemption or kill to
+  // the replacement's registration), the scheduler's CPU meanwhile.
+  int churn_events = 0;
+  double replace_preempted_p50_ms = 0, replace_preempted_p99_ms = 0;
+  double replace_killed_p50_ms = 0, replace_killed_p99_ms = 0;
+  int replaced = 0, replace_failed = 0;
+  double churn_cpu_per_s = 0;
+  double dead_after_max_ms = -1;  // over the silenced and killed nodes
+  // Claims: from the last shard reported done to each worker's ALL_DONE.
+  double claims_release_p50_ms = 0, claims_release_p99_ms = 0,
+         claims_release_max_ms = 0;
+  int claims_all_done = 0, claims_assigned = 0, claims_failed = 0;
+  double claims_cpu_per_s = 0;
 };
 
 absl::StatusOr<Figures> RunFleet(int nodes, const std::string& root) {
@@ -797,17 +1238,24 @@ absl::StatusOr<Figures> RunFleet(int nodes, const std::string& root) {
   const int processes = std::max(1, absl::GetFlag(FLAGS_processes));
   const int servers = std::max(1, nodes / 16);
   const int workers = nodes - servers;
-  if (workers < processes * (sched.changes + 2)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(nodes, " nodes are too few for ", processes,
-                     " processes and ", sched.changes, " changes"));
+  const double churn_rate = absl::GetFlag(FLAGS_churn_per_s) > 0
+                                ? absl::GetFlag(FLAGS_churn_per_s)
+                                : std::max(1.0, nodes / 1000.0);
+  const int churn_events =
+      sched.churn_s > 0
+          ? std::max(1, static_cast<int>(std::lround(churn_rate * sched.churn_s)))
+          : 0;
+  if (workers < processes * (sched.changes + 2) + churn_events) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        nodes, " nodes are too few for ", processes, " processes, ",
+        sched.changes, " changes and ", churn_events, " churn events"));
   }
   const std::string dir = absl::StrCat(root, "/n", nodes);
   if (mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
     return absl::InternalError(absl::StrCat("mkdir ", dir, " failed"));
   }
   const std::string config = dir + "/job.pbtxt";
-  std::ofstream(config) << JobConfigText(servers, workers);
+  std::ofstream(config) << JobConfigText(servers, workers, dir + "/ckpt");
   const std::string port_file = dir + "/scheduler.port";
   const int http_port = FreePort();
   PS_ASSIGN_OR_RETURN(
@@ -849,6 +1297,12 @@ absl::StatusOr<Figures> RunFleet(int nodes, const std::string& root) {
              "--config=" + config, absl::StrCat("--count=", count),
              absl::StrCat("--servers=", child_servers),
              absl::StrCat("--leaves=", c == processes - 1 ? sched.changes : 0),
+             absl::StrCat("--churn_events=",
+                          churn_events / processes +
+                              (c < churn_events % processes ? 1 : 0)),
+             absl::StrCat("--checkpoint_s=", sched.checkpoint_s),
+             absl::StrCat("--churn_s=", sched.churn_s),
+             absl::StrCat("--claims_s=", sched.claims_s),
              absl::StrCat("--silence=", c == 0 ? "true" : "false"),
              absl::StrCat("--steady_s=", sched.steady_s),
              absl::StrCat("--changes=", sched.changes),
@@ -904,26 +1358,89 @@ absl::StatusOr<Figures> RunFleet(int nodes, const std::string& root) {
   f.cpu_per_s = (cpu1 - cpu0) / window_s;
   f.sim_cpu_per_s = (sim1 - sim0) / window_s;
 
-  // The silent node: poll the view until some node shows DEAD.
+  // From here to the end: the view, long-polled as deltas (nodes shown
+  // DEAD, the checkpoint committed), the checkpoint started on time, and
+  // the scheduler's CPU over the churn and the claims.
   auto channel =
       grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
   auto stub = Scheduler::NewStub(channel);
-  std::map<uint64_t, int64_t> first_dead;
-  const int64_t end = t0 + static_cast<int64_t>(sched.End() * 1e6);
-  while (NowUs() < end) {
+  {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() +
-                     std::chrono::seconds(2));
+                     std::chrono::seconds(10));
+    ClusterView view;
+    if (stub->GetClusterView(&ctx, GetClusterViewRequest(), &view).ok()) {
+      f.view_bytes = static_cast<double>(view.ByteSizeLong());
+    }
+  }
+  std::map<uint64_t, int64_t> first_dead;
+  uint64_t known = 0;
+  bool checkpoint_started = false;
+  uint64_t checkpoint_clock = 0;
+  int64_t checkpoint_at = 0;
+  double journal_before_checkpoint = -1;
+  // CPU samples (scheduler seconds, unix us) at ChurnAt, SilenceAt, ClaimsAt.
+  std::vector<std::pair<double, int64_t>> cpu_at;
+  const double marks[] = {sched.ChurnAt(), sched.SilenceAt(), sched.ClaimsAt()};
+  const int64_t end = t0 + static_cast<int64_t>(sched.End() * 1e6);
+  while (NowUs() < end) {
+    const double t = (NowUs() - t0) / 1e6;
+    if (!checkpoint_started && sched.checkpoint_s > 0 &&
+        t >= sched.CheckpointAt()) {
+      checkpoint_started = true;
+      journal_before_checkpoint =
+          MetricValue(Metrics(http_port), "ps_scheduler_journal_writes_total");
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::seconds(10));
+      CheckpointResponse response;
+      checkpoint_at = NowUs();
+      const grpc::Status s =
+          stub->Checkpoint(&ctx, CheckpointRequest(), &response);
+      if (s.ok()) {
+        checkpoint_clock = response.clock();
+      } else {
+        std::fprintf(stderr, "checkpoint: %s\n", s.error_message().c_str());
+      }
+    }
+    if (cpu_at.size() < 3 && t >= marks[cpu_at.size()]) {
+      if (cpu_at.size() == 0 && journal_before_checkpoint >= 0) {
+        f.checkpoint_journal_writes =
+            MetricValue(Metrics(http_port),
+                        "ps_scheduler_journal_writes_total") -
+            journal_before_checkpoint;
+      }
+      cpu_at.emplace_back(RunningCpuSeconds({scheduler.pid()}), NowUs());
+    }
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::seconds(5));
     GetClusterViewRequest request;
+    request.set_min_epoch(known + 1);
+    request.set_known_epoch(known);
+    request.set_timeout_ms(200);
     ClusterView view;
     if (stub->GetClusterView(&ctx, request, &view).ok()) {
       const int64_t now = NowUs();
+      known = std::max(known, view.epoch());
       for (const NodeInfo& n : view.nodes()) {
         if (n.state() == DEAD) first_dead.emplace(n.node_id(), now);
       }
-      f.view_bytes = static_cast<double>(view.ByteSizeLong());
+      if (checkpoint_clock > 0 && f.checkpoint_ms < 0 &&
+          view.last_checkpoint_clock() >= checkpoint_clock) {
+        f.checkpoint_ms = (now - checkpoint_at) / 1000.0;
+      }
+    } else {
+      absl::SleepFor(absl::Milliseconds(20));
     }
-    absl::SleepFor(absl::Milliseconds(20));
+  }
+  const double cpu_end = RunningCpuSeconds({scheduler.pid()});
+  const int64_t end_us = NowUs();
+  if (cpu_at.size() == 3) {
+    f.churn_cpu_per_s = (cpu_at[1].first - cpu_at[0].first) /
+                        ((cpu_at[1].second - cpu_at[0].second) / 1e6);
+    f.claims_cpu_per_s =
+        (cpu_end - cpu_at[2].first) / ((end_us - cpu_at[2].second) / 1e6);
   }
   for (Subprocess& child : children) {
     absl::StatusOr<int> code = child.Wait(absl::Minutes(2));
@@ -987,10 +1504,37 @@ absl::StatusOr<Figures> RunFleet(int nodes, const std::string& root) {
   for (const auto& [id, at] : first_dead) {
     if (id == r.silenced) {
       f.dead_after_ms = (at - r.silenced_at) / 1000.0;
+      f.dead_after_max_ms = std::max(f.dead_after_max_ms, f.dead_after_ms);
+    } else if (auto k = r.killed.find(id); k != r.killed.end()) {
+      f.dead_after_max_ms =
+          std::max(f.dead_after_max_ms, (at - k->second) / 1000.0);
     } else {
       ++f.false_deaths;
     }
   }
+  f.checkpoint_reports = static_cast<int>(r.report_ms.size());
+  f.checkpoint_report_failed = r.report_failed;
+  f.checkpoint_report_p50_ms = Quantile(r.report_ms, 0.5);
+  f.checkpoint_report_p99_ms = Quantile(r.report_ms, 0.99);
+  f.churn_events = churn_events;
+  f.replaced = static_cast<int>(r.replaced_preempted_ms.size() +
+                                r.replaced_killed_ms.size());
+  f.replace_failed = r.replace_failed;
+  f.replace_preempted_p50_ms = Quantile(r.replaced_preempted_ms, 0.5);
+  f.replace_preempted_p99_ms = Quantile(r.replaced_preempted_ms, 0.99);
+  f.replace_killed_p50_ms = Quantile(r.replaced_killed_ms, 0.5);
+  f.replace_killed_p99_ms = Quantile(r.replaced_killed_ms, 0.99);
+  std::vector<double> release_ms;
+  for (int64_t done : r.claim_done) {
+    release_ms.push_back(std::max<int64_t>(0, done - r.claim_last_finish) /
+                         1000.0);
+  }
+  f.claims_all_done = static_cast<int>(r.claim_done.size());
+  f.claims_assigned = r.claims_assigned;
+  f.claims_failed = r.claim_failed;
+  f.claims_release_p50_ms = Quantile(release_ms, 0.5);
+  f.claims_release_p99_ms = Quantile(release_ms, 0.99);
+  f.claims_release_max_ms = Quantile(release_ms, 1.0);
   return f;
 }
 
@@ -1007,14 +1551,32 @@ std::string Json(const Figures& f) {
       R"("barrier_release_p50_ms":%.1f,"barrier_release_p99_ms":%.1f,)"
       R"("barrier_release_max_ms":%.1f,"barrier_released":%d,)"
       R"("barrier_failed":%d,"journal_writes_startup":%.0f,)"
-      R"("journal_ms_per_write":%.3f,"journal_bytes":%.0f})",
+      R"("journal_ms_per_write":%.3f,"journal_bytes":%.0f,)"
+      R"("checkpoint_ms":%.1f,"checkpoint_reports":%d,)"
+      R"("checkpoint_report_failed":%d,"checkpoint_report_p50_ms":%.2f,)"
+      R"("checkpoint_report_p99_ms":%.2f,"checkpoint_journal_writes":%.0f,)"
+      R"("churn_events":%d,"churn_scheduler_cpu_per_s":%.3f,"replaced":%d,)"
+      R"("replace_failed":%d,"replace_preempted_p50_ms":%.1f,)"
+      R"("replace_preempted_p99_ms":%.1f,"replace_killed_p50_ms":%.1f,)"
+      R"("replace_killed_p99_ms":%.1f,"dead_after_max_ms":%.0f,)"
+      R"("claims_all_done":%d,"claims_assigned":%d,"claims_failed":%d,)"
+      R"("claims_release_p50_ms":%.1f,"claims_release_p99_ms":%.1f,)"
+      R"("claims_release_max_ms":%.1f,"claims_scheduler_cpu_per_s":%.3f})",
       f.nodes, f.startup_s, f.cpu_per_s, f.cpu_us_per_heartbeat,
       f.sim_cpu_per_s, f.heartbeats_per_s, f.hb_p50_ms, f.hb_p99_ms, f.view_p50_ms,
       f.view_p99_ms, f.view_max_ms, f.nodes_reached, f.view_bytes,
       f.bytes_per_change, f.dead_after_ms, f.false_deaths, f.barrier_p50_ms,
       f.barrier_p99_ms, f.barrier_max_ms, f.barrier_released,
       f.barrier_failed, f.journal_writes_startup, f.journal_ms_per_write,
-      f.journal_bytes);
+      f.journal_bytes, f.checkpoint_ms, f.checkpoint_reports,
+      f.checkpoint_report_failed, f.checkpoint_report_p50_ms,
+      f.checkpoint_report_p99_ms, f.checkpoint_journal_writes, f.churn_events,
+      f.churn_cpu_per_s, f.replaced, f.replace_failed,
+      f.replace_preempted_p50_ms, f.replace_preempted_p99_ms,
+      f.replace_killed_p50_ms, f.replace_killed_p99_ms, f.dead_after_max_ms,
+      f.claims_all_done, f.claims_assigned, f.claims_failed,
+      f.claims_release_p50_ms, f.claims_release_p99_ms,
+      f.claims_release_max_ms, f.claims_cpu_per_s);
 }
 
 // The exponent k of value ~ N^k between two fleet sizes.
@@ -1077,13 +1639,15 @@ int ParentMain(const char* argv0) {
                 R"("view_change_p99_ms":%.2f,"view_bytes":%.2f,)"
                 R"("bytes_per_view_change":%.2f,"startup_s":%.2f,)"
                 R"("barrier_release_p99_ms":%.2f,"journal_ms_per_write":%.2f,)"
-                R"("journal_bytes":%.2f}})"
+                R"("journal_bytes":%.2f,"checkpoint_ms":%.2f,)"
+                R"("claims_release_p99_ms":%.2f}})"
                 "\n",
                 a.nodes, b.nodes, k(&Figures::cpu_per_s),
                 k(&Figures::hb_p99_ms), k(&Figures::view_p99_ms),
                 k(&Figures::view_bytes), k(&Figures::bytes_per_change),
                 k(&Figures::startup_s), k(&Figures::barrier_p99_ms),
-                k(&Figures::journal_ms_per_write), k(&Figures::journal_bytes));
+                k(&Figures::journal_ms_per_write), k(&Figures::journal_bytes),
+                k(&Figures::checkpoint_ms), k(&Figures::claims_release_p99_ms));
   }
   std::fprintf(stderr, "%s on a %d-core machine, load %s\n", "fleet bench done",
                ps::bench::Cores(), ps::bench::LoadAverage().c_str());
