@@ -305,6 +305,7 @@ absl::Status ClusterState::Leave(const LeaveRequest& request) {
   }
   NodeInfo& info = it->second.info;
   info.set_state(LEFT);
+  ++departures_;
   if (info.role() == WORKER && request.has_training()) {
     tracker_.OnWorkerReport(request.node_id(), info.rank(),
                             request.has_position()
@@ -461,6 +462,7 @@ void ClusterState::DeclareDeadLocked(const std::vector<uint64_t>& dead,
   for (uint64_t id : dead) {
     Node& node = nodes_[id];
     node.info.set_state(DEAD);
+    ++departures_;
     ++declared_dead_;
     tracker_.Forget(id);
     if (node.info.role() == WORKER) ReleaseShardLocked(id, false, nullptr);
@@ -505,6 +507,7 @@ void ClusterState::BumpEpochLocked() {
   // failing) may release or end a barrier.
   CompleteBarriersLocked();
   if (view_.job_state() == FAILED) barrier_cv_.SignalAll();
+  WakeClaimsLocked();
   view_.set_epoch(view_.epoch() + 1);
   view_.clear_nodes();
   for (const auto& [id, node] : nodes_) *view_.add_nodes() = node.info;
@@ -1019,23 +1022,76 @@ void ClusterState::ReleaseShardLocked(uint64_t id, bool done,
                   position);
 }
 
+void ClusterState::WakeClaimsLocked() {
+  if (claim_waiters_ == 0) return;
+  if (closed_ || view_.job_state() == FAILED || shards_.Orphan() >= 0 ||
+      shards_.AllDone() || departures_ != departures_woken_) {
+    departures_woken_ = departures_;
+    claims_cv_.SignalAll();
+  }
+}
+
+void ClusterState::FinishBatchLocked(const std::vector<PendingFinish*>& batch) {
+  JournalScope journal(this);
+  const absl::Status admitted = journal.Admit();
+  bool finished = false;
+  for (PendingFinish* p : batch) {
+    p->done = true;
+    if (!admitted.ok()) {
+      p->result = admitted;
+      continue;
+    }
+    const ClaimShardRequest& request = *p->request;
+    auto it = nodes_.find(request.node_id());
+    if (it == nodes_.end() || it->second.info.state() != ALIVE ||
+        it->second.info.role() != WORKER) {
+      p->result = absl::NotFoundError(
+          absl::StrCat("node ", request.node_id(), " is not a live worker"));
+      continue;
+    }
+    p->result = absl::OkStatus();
+    if (request.has_finished() &&
+        shards_.Finish(request.node_id(), request.finished())) {
+      finished = true;
+    }
+  }
+  if (finished) {
+    // No view lists shards: a finish changes the view only when it changes
+    // the job's state (and every node's view need not be resent for each
+    // worker that ends). The journal holds it either way.
+    const JobState before = view_.job_state();
+    UpdateJobStateLocked();
+    if (view_.job_state() != before) {
+      BumpEpochLocked();
+    } else {
+      journal_dirty_ = true;
+      WakeClaimsLocked();
+    }
+  }
+  // A finished shard is on record before the wait, which may be long.
+  const absl::Status committed = journal.Commit();
+  if (!committed.ok()) {
+    for (PendingFinish* p : batch) {
+      if (p->result.ok()) p->result = committed;
+    }
+  }
+}
+
 absl::StatusOr<ClaimShardResponse> ClusterState::ClaimShard(
     const ClaimShardRequest& request, absl::Duration timeout) {
+  PendingFinish me;
+  me.request = &request;
+  finish_queue_.Add(&me);
   absl::MutexLock lock(&mu_);
+  if (!me.done) FinishBatchLocked(finish_queue_.Take());
+  PS_RETURN_IF_ERROR(me.result);
   JournalScope journal(this);
   PS_RETURN_IF_ERROR(journal.Admit());
-  auto it = nodes_.find(request.node_id());
-  if (it == nodes_.end() || it->second.info.state() != ALIVE ||
-      it->second.info.role() != WORKER) {
-    return absl::NotFoundError(
-        absl::StrCat("node ", request.node_id(), " is not a live worker"));
-  }
-  if (request.has_finished() &&
-      shards_.Finish(request.node_id(), request.finished())) {
-    UpdateJobStateLocked();
-    BumpEpochLocked();
-  }
   const uint64_t id = request.node_id();
+  if (nodes_[id].info.state() != ALIVE) {
+    return absl::NotFoundError(
+        absl::StrCat("node ", id, " is not a live worker"));
+  }
   if (request.has_finished()) {
     // A retry of a claim whose answer was lost (the scheduler restarted
     // between assigning and answering): the worker still holds the shard it
@@ -1053,15 +1109,21 @@ absl::StatusOr<ClaimShardResponse> ClusterState::ClaimShard(
       return again;
     }
   }
-  // A finished shard is on record before the wait, which may be long.
-  PS_RETURN_IF_ERROR(FlushJournalLocked());
   auto decided = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     auto n = nodes_.find(id);
     return closed_ || view_.job_state() == FAILED ||
            n->second.info.state() != ALIVE || shards_.Orphan() >= 0 ||
            shards_.AllDone();
   };
-  mu_.AwaitWithTimeout(absl::Condition(&decided), std::min(timeout, kMaxWait));
+  // A condition variable woken by WakeClaimsLocked, not a Condition on
+  // mu_: thousands of waiting workers would each be asked on every release
+  // of mu_.
+  const absl::Time deadline = absl::Now() + std::min(timeout, kMaxWait);
+  ++claim_waiters_;
+  while (!decided()) {
+    if (claims_cv_.WaitWithDeadline(&mu_, deadline)) break;
+  }
+  --claim_waiters_;
   if (view_.job_state() == FAILED) {
     return JobFailedError(
         absl::StrCat("the job has failed: ", view_.failure()));
@@ -1076,7 +1138,8 @@ absl::StatusOr<ClaimShardResponse> ClusterState::ClaimShard(
     response.set_start_clock(JobClockLocked());
     nodes_[id].clock = response.start_clock();
     *response.mutable_shard() = shards_.Assign(orphan, id);
-    BumpEpochLocked();
+    // Journaled; the view lists no shards.
+    journal_dirty_ = true;
   } else if (shards_.AllDone()) {
     response.set_result(ClaimShardResponse::ALL_DONE);
   } else {
@@ -1177,9 +1240,53 @@ void ClusterState::AbortCheckpointLocked(const std::string& why) {
 
 absl::Status ClusterState::ReportCheckpoint(
     const ReportCheckpointRequest& request) {
+  PendingReport me;
+  me.request = &request;
+  report_queue_.Add(&me);
   absl::MutexLock lock(&mu_);
+  if (!me.done) ReportBatchLocked(report_queue_.Take());
+  return me.result;
+}
+
+std::vector<absl::Status> ClusterState::ReportCheckpoints(
+    const std::vector<const ReportCheckpointRequest*>& requests) {
+  std::vector<PendingReport> pending(requests.size());
+  std::vector<PendingReport*> batch;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    pending[i].request = requests[i];
+    batch.push_back(&pending[i]);
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    ReportBatchLocked(batch);
+  }
+  std::vector<absl::Status> results;
+  for (const PendingReport& p : pending) results.push_back(p.result);
+  return results;
+}
+
+void ClusterState::ReportBatchLocked(const std::vector<PendingReport*>& batch) {
   JournalScope journal(this);
-  PS_RETURN_IF_ERROR(journal.Admit());
+  const absl::Status admitted = journal.Admit();
+  bool recorded = false;
+  for (PendingReport* p : batch) {
+    p->done = true;
+    p->result = admitted.ok() ? ReportOneLocked(*p->request, &recorded)
+                              : admitted;
+  }
+  // Whether every part is in walks every node: once per batch, not once
+  // per report (a fleet's nodes report together).
+  if (recorded && checkpoint_.has_value()) TryCommitCheckpointLocked();
+  const absl::Status committed = journal.Commit();
+  if (!committed.ok()) {
+    for (PendingReport* p : batch) {
+      if (p->result.ok()) p->result = committed;
+    }
+  }
+}
+
+absl::Status ClusterState::ReportOneLocked(
+    const ReportCheckpointRequest& request, bool* recorded) {
   auto it = nodes_.find(request.node_id());
   if (it == nodes_.end() || it->second.info.state() != ALIVE) {
     return absl::NotFoundError(
@@ -1200,12 +1307,12 @@ absl::Status ClusterState::ReportCheckpoint(
     AbortCheckpointLocked(
         absl::StrCat(it->second.info.role() == SERVER ? "server " : "worker ",
                      it->second.info.rank(), ": ", request.error()));
-    return journal.Commit();
+    return absl::OkStatus();
   }
   checkpoint_->reports[request.node_id()] = request;
   journal_dirty_ = true;
-  TryCommitCheckpointLocked();
-  return journal.Commit();
+  *recorded = true;
+  return absl::OkStatus();
 }
 
 void ClusterState::TryCommitCheckpointLocked() {
@@ -1430,6 +1537,7 @@ void ClusterState::Close() {
   absl::MutexLock lock(&mu_);
   closed_ = true;
   barrier_cv_.SignalAll();
+  claims_cv_.SignalAll();
   if (view_listener_) view_listener_();
 }
 

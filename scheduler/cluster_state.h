@@ -149,7 +149,8 @@ class ClusterState {
 
   // Workers: reports a finished shard and waits up to `timeout` for an
   // orphaned one (see ClaimShardResponse). NOT_FOUND for unknown or dead
-  // callers.
+  // callers. Finishes that arrive together share one journal write (a
+  // fleet's workers end together).
   absl::StatusOr<ClaimShardResponse> ClaimShard(
       const ClaimShardRequest& request, absl::Duration timeout);
 
@@ -159,7 +160,13 @@ class ClusterState {
   absl::StatusOr<uint64_t> StartCheckpoint(uint64_t after_clock = 0);
   // A server's or worker's part of the checkpoint in progress.
   // FAILED_PRECONDITION for a checkpoint not in progress (stale report).
+  // Reports that arrive together share one journal write and one check of
+  // whether the checkpoint is complete.
   absl::Status ReportCheckpoint(const ReportCheckpointRequest& request);
+  // Several reports at once (one status each, in order): one journal write
+  // and one completeness check for them all.
+  std::vector<absl::Status> ReportCheckpoints(
+      const std::vector<const ReportCheckpointRequest*>& requests);
   // Periodic: starts checkpoints every checkpoint.interval_steps (and
   // requested ones that had to be retried), abandons one that takes too
   // long. Returns log lines, for tests.
@@ -478,6 +485,51 @@ class ClusterState {
   void AbortCheckpointLocked(const std::string& why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void TryCommitCheckpointLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Calls that wait for mu_ and each change what the journal holds: whoever
+  // holds mu_ next handles every one queued by then, with one journal
+  // write (Register batches the same way). `done` and the result are
+  // written under mu_ by the holder and read under mu_ by the caller.
+  template <typename T>
+  class CallQueue {
+   public:
+    void Add(T* call) ABSL_LOCKS_EXCLUDED(mu_) {
+      absl::MutexLock lock(&mu_);
+      queue_.push_back(call);
+    }
+    std::vector<T*> Take() ABSL_LOCKS_EXCLUDED(mu_) {
+      absl::MutexLock lock(&mu_);
+      std::vector<T*> taken;
+      taken.swap(queue_);
+      return taken;
+    }
+
+   private:
+    // Taken briefly, alone or under the state's mu_, never the other way.
+    absl::Mutex mu_;
+    std::vector<T*> queue_ ABSL_GUARDED_BY(mu_);
+  };
+  struct PendingReport {
+    const ReportCheckpointRequest* request = nullptr;
+    bool done = false;
+    absl::Status result;
+  };
+  void ReportBatchLocked(const std::vector<PendingReport*>& batch)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // One report of a batch; sets `*recorded` when it was taken.
+  absl::Status ReportOneLocked(const ReportCheckpointRequest& request,
+                               bool* recorded)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  struct PendingFinish {
+    const ClaimShardRequest* request = nullptr;
+    bool done = false;
+    absl::Status result;
+  };
+  void FinishBatchLocked(const std::vector<PendingFinish*>& batch)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Wakes the ClaimShard calls waiting if one of them may be answered: an
+  // orphaned shard, every shard done, the job failed or closed, or a node
+  // gone since the last wake (a waiting caller declared dead is answered).
+  void WakeClaimsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UpdateJobStateLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool BarrierCompleteLocked(const std::string& name) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -665,6 +717,14 @@ class ClusterState {
       ABSL_GUARDED_BY(mu_);
   // Signalled when a barrier is released, the job fails or Close is called.
   absl::CondVar barrier_cv_;
+  // ClaimShard's waits (WakeClaimsLocked); nodes that left or died, and
+  // how many of them the last wake saw.
+  absl::CondVar claims_cv_;
+  int claim_waiters_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t departures_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t departures_woken_ ABSL_GUARDED_BY(mu_) = 0;
+  CallQueue<PendingReport> report_queue_;
+  CallQueue<PendingFinish> finish_queue_;
   // Released barrier name -> (epoch, the ranks AwaitBarrier answers then).
   absl::flat_hash_map<std::string, std::pair<uint64_t, std::vector<uint32_t>>>
       barrier_ranks_ ABSL_GUARDED_BY(mu_);

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -45,11 +46,12 @@ DataPosition Position(uint32_t shard, uint64_t epoch, uint64_t batch) {
 
 class RecoveryTest : public ::testing::Test {
  protected:
-  void Start(WorkerLossPolicy policy = REASSIGN) {
+  void Start(WorkerLossPolicy policy = REASSIGN, uint32_t workers = 2) {
     auto config = ParseJobConfig(kConfig, "test");
     ASSERT_TRUE(config.ok()) << config.status();
     config_ = *config;
     config_.mutable_cluster()->set_on_worker_loss(policy);
+    config_.mutable_cluster()->set_num_workers(workers);
     ClusterState::CheckpointStore store;
     store.commit = [this](const std::string& dir, const CheckpointManifest& m) {
       committed_dirs_.push_back(dir);
@@ -335,6 +337,50 @@ TEST_F(RecoveryTest, ACheckpointCommitsOnceEveryServerAndTrainingWorkerReported)
   EXPECT_EQ(view.last_checkpoint_clock(), *clock);
   // A late report for it is stale.
   EXPECT_EQ(report(j.s0, true).code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// Reports arriving together (a fleet's nodes see the checkpoint in the
+// same view) are all taken, and the checkpoint commits once, when the last
+// is in.
+TEST_F(RecoveryTest, ConcurrentReportsAllCountAndTheCheckpointCommitsOnce) {
+  Start(REASSIGN, /*workers=*/16);
+  const Job j = StartJob();
+  std::vector<uint64_t> workers = {j.w0, j.w1};
+  for (int i = 0; i < 14; ++i) workers.push_back(Register(WORKER).node_id());
+  auto clock = state_->StartCheckpoint();
+  ASSERT_TRUE(clock.ok()) << clock.status();
+  std::vector<uint64_t> reporters = workers;
+  reporters.push_back(j.s0);
+  reporters.push_back(j.s1);
+  std::vector<absl::Status> results(reporters.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < reporters.size(); ++i) {
+    threads.emplace_back([&, i] {
+      const uint64_t id = reporters[i];
+      ReportCheckpointRequest r;
+      r.set_node_id(id);
+      r.set_clock(*clock);
+      r.set_ok(true);
+      if (id == j.s0 || id == j.s1) {
+        r.set_file(absl::StrCat("shard-", id == j.s0 ? 0 : 1, ".ckpt"));
+        r.set_bytes(100);
+      } else {
+        // Workers registered in rank order, each with the shard of its rank.
+        *r.mutable_position() = Position(static_cast<uint32_t>(i), 0, 30 + i);
+      }
+      results[i] = state_->ReportCheckpoint(r);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (const absl::Status& r : results) EXPECT_TRUE(r.ok()) << r;
+  ASSERT_EQ(committed_.size(), 1u);
+  EXPECT_EQ(committed_[0].shards_size(), 2);
+  ASSERT_EQ(committed_[0].positions_size(), 16);
+  for (uint32_t k = 0; k < 16; ++k) {
+    EXPECT_EQ(committed_[0].positions(k).batch(), 30u + k);
+  }
+  EXPECT_EQ(state_->View().last_checkpoint_clock(), *clock);
+  EXPECT_EQ(state_->View().checkpoint_clock(), 0u);
 }
 
 TEST_F(RecoveryTest, ANodeTooLateAbandonsTheCheckpointAndItIsRetriedFurtherAhead) {

@@ -301,6 +301,69 @@ TEST_F(ClusterStateTest, ViewsAgainstAKnownEpochListOnlyTheChangedNodes) {
   }
 }
 
+// Workers that finished their shards wait in ClaimShard. A shard orphaned
+// by a preempted worker goes to a waiting one at once; once every shard is
+// done every waiting worker is answered together, long before its wait
+// would end; neither changes the epoch (no view lists shards).
+TEST_F(ClusterStateTest, WaitingClaimsAreAnsweredByAnOrphanAndByTheLastShard) {
+  AddServer("tcp://s0:1");
+  AddServer("tcp://s1:1");
+  RegisterRequest worker = Request(WORKER);
+  worker.set_trains_shards(true);
+  const absl::StatusOr<RegisterResponse> w0 = state_->Register(worker);
+  const absl::StatusOr<RegisterResponse> w1 = state_->Register(worker);
+  ASSERT_TRUE(w0.ok() && w1.ok());
+  ASSERT_TRUE(w0->has_shard() && w1->has_shard());
+  auto finished = [](uint64_t node, const DataPosition& shard) {
+    ClaimShardRequest claim;
+    claim.set_node_id(node);
+    *claim.mutable_finished() = shard;
+    claim.mutable_finished()->set_done(true);
+    return claim;
+  };
+  absl::StatusOr<ClaimShardResponse> first;
+  std::thread waiter([&] {
+    first = state_->ClaimShard(finished(w0->node_id(), w0->shard()), kLongWait);
+  });
+  absl::SleepFor(absl::Milliseconds(50));  // usually waiting by now
+  LeaveRequest preempted;
+  preempted.set_node_id(w1->node_id());
+  *preempted.mutable_position() = w1->shard();
+  preempted.mutable_position()->set_batch(3);
+  const absl::Time left = absl::Now();
+  ASSERT_TRUE(state_->Leave(preempted).ok());
+  waiter.join();
+  EXPECT_LT(absl::Now() - left, kLongWait / 2);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->result(), ClaimShardResponse::ASSIGNED);
+  EXPECT_EQ(first->shard().shard(), w1->shard().shard());
+  EXPECT_EQ(first->shard().batch(), 3u);
+
+  // A replacement finds no shard to start and waits; w0 finishes the
+  // orphan: both learn that every shard is done.
+  const absl::StatusOr<RegisterResponse> w2 = state_->Register(worker);
+  ASSERT_TRUE(w2.ok());
+  EXPECT_FALSE(w2->has_shard());
+  const uint64_t epoch = state_->View().epoch();
+  absl::StatusOr<ClaimShardResponse> waiting;
+  std::thread replacement([&] {
+    ClaimShardRequest ask;
+    ask.set_node_id(w2->node_id());
+    waiting = state_->ClaimShard(ask, kLongWait);
+  });
+  absl::SleepFor(absl::Milliseconds(50));
+  const absl::Time last = absl::Now();
+  const absl::StatusOr<ClaimShardResponse> own =
+      state_->ClaimShard(finished(w0->node_id(), first->shard()), kLongWait);
+  replacement.join();
+  EXPECT_LT(absl::Now() - last, kLongWait / 2);
+  ASSERT_TRUE(own.ok()) << own.status();
+  EXPECT_EQ(own->result(), ClaimShardResponse::ALL_DONE);
+  ASSERT_TRUE(waiting.ok()) << waiting.status();
+  EXPECT_EQ(waiting->result(), ClaimShardResponse::ALL_DONE);
+  EXPECT_EQ(state_->View().epoch(), epoch);
+}
+
 TEST_F(ClusterStateTest, RejectsFingerprintMismatchWithoutChangingState) {
   RegisterRequest request = Request(WORKER);
   request.set_config_fingerprint(fingerprint_ + 1);

@@ -11,6 +11,7 @@
 #include "common/grpc_status.h"
 #include "common/status.h"
 #include "grpcpp/server_builder.h"
+#include "scheduler/call_batcher.h"
 #include "scheduler/journal.h"
 #include "scheduler/ring_registry.h"
 #include "scheduler/scheduler_log.h"
@@ -21,21 +22,38 @@ namespace ps {
 // Heartbeats and view long polls, the calls every node makes all the time,
 // use gRPC's callback API: a heartbeat is answered on gRPC's own threads
 // without a hand-off to the synchronous pool, and a waiting long poll is a
-// record in ViewWatchers, not a blocked thread. The rest stay synchronous.
+// record in ViewWatchers, not a blocked thread. Checkpoint reports, which
+// every node sends at once, are answered in rounds (CallBatcher) with one
+// journal write each. The rest stay synchronous.
 using SchedulerBase = Scheduler::WithCallbackMethod_Heartbeat<
-    Scheduler::WithCallbackMethod_GetClusterView<Scheduler::Service>>;
+    Scheduler::WithCallbackMethod_GetClusterView<
+        Scheduler::WithCallbackMethod_ReportCheckpoint<Scheduler::Service>>>;
+using ReportBatcher =
+    CallBatcher<ReportCheckpointRequest, ReportCheckpointResponse>;
 
 class SchedulerServer::Service final : public SchedulerBase {
  public:
   explicit Service(ClusterState* state)
       : state_(state),
         watchers_(state),
+        reports_([state](const std::vector<ReportBatcher::Call>& calls) {
+          std::vector<const ReportCheckpointRequest*> requests;
+          for (const ReportBatcher::Call& c : calls) {
+            requests.push_back(c.request);
+          }
+          std::vector<grpc::Status> statuses;
+          for (const absl::Status& s : state->ReportCheckpoints(requests)) {
+            statuses.push_back(ToGrpcStatus(s));
+          }
+          return statuses;
+        }),
         ring_([state](uint64_t node) { return state->IsLiveWorker(node); },
               [state] { return state->LiveWorkers(); },
               static_cast<uint64_t>(absl::ToUnixMillis(absl::Now()))) {}
 
   void Close() {
     watchers_.Close();
+    reports_.Close();
     ring_.Close();
   }
 
@@ -125,10 +143,13 @@ class SchedulerServer::Service final : public SchedulerBase {
     return grpc::Status::OK;
   }
 
-  grpc::Status ReportCheckpoint(grpc::ServerContext*,
-                                const ReportCheckpointRequest* request,
-                                ReportCheckpointResponse*) override {
-    return ToGrpcStatus(state_->ReportCheckpoint(*request));
+  grpc::ServerUnaryReactor* ReportCheckpoint(
+      grpc::CallbackServerContext* context,
+      const ReportCheckpointRequest* request,
+      ReportCheckpointResponse* response) override {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    reports_.Add({request, response, reactor});
+    return reactor;
   }
 
   grpc::Status Drain(grpc::ServerContext*, const DrainRequest* request,
@@ -189,6 +210,7 @@ class SchedulerServer::Service final : public SchedulerBase {
  private:
   ClusterState* const state_;
   ViewWatchers watchers_;
+  ReportBatcher reports_;
   RingRegistry ring_;
 };
 

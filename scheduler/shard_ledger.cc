@@ -23,32 +23,34 @@ bool ShardLedger::Available(uint32_t s) const {
   return state == State::kUnstarted || (state == State::kOrphaned && reassign_);
 }
 
+void ShardLedger::Set(uint32_t s, State state, uint64_t holder) {
+  Shard &shard = shards_[s];
+  if (shard.state == State::kOrphaned) orphaned_.erase(s);
+  if (shard.state == State::kDone) --done_;
+  if (shard.holder != 0) {
+    auto it = held_.find(shard.holder);
+    if (it != held_.end()) {
+      it->second.erase(s);
+      if (it->second.empty()) held_.erase(it);
+    }
+  }
+  shard.state = state;
+  shard.holder = state == State::kActive ? holder : 0;
+  if (state == State::kOrphaned) orphaned_.insert(s);
+  if (state == State::kDone) ++done_;
+  if (shard.holder != 0) held_[shard.holder].insert(s);
+}
+
 int ShardLedger::Orphan() const {
-  if (!reassign_) return -1;
-  for (uint32_t s = 0; s < shards_.size(); ++s) {
-    if (shards_[s].state == State::kOrphaned) return static_cast<int>(s);
-  }
-  return -1;
-}
-
-bool ShardLedger::AllDone() const {
-  for (const Shard &s : shards_) {
-    if (s.state != State::kDone) return false;
-  }
-  return true;
-}
-
-uint32_t ShardLedger::CountDone() const {
-  uint32_t done = 0;
-  for (const Shard &s : shards_) done += s.state == State::kDone;
-  return done;
+  if (!reassign_ || orphaned_.empty()) return -1;
+  return static_cast<int>(*orphaned_.begin());
 }
 
 int ShardLedger::HeldBy(uint64_t holder, uint32_t except) const {
-  for (uint32_t s = 0; s < shards_.size(); ++s) {
-    if (s != except && shards_[s].state == State::kActive && shards_[s].holder == holder) {
-      return static_cast<int>(s);
-    }
+  auto it = held_.find(holder);
+  if (it == held_.end()) return -1;
+  for (uint32_t s : it->second) {
+    if (s != except) return static_cast<int>(s);
   }
   return -1;
 }
@@ -56,8 +58,7 @@ int ShardLedger::HeldBy(uint64_t holder, uint32_t except) const {
 DataPosition ShardLedger::Assign(uint32_t s, uint64_t holder) {
   Shard &shard = shards_.at(s);
   const bool resumed = shard.state == State::kOrphaned;
-  shard.state = State::kActive;
-  shard.holder = holder;
+  Set(s, State::kActive, holder);
   shard.position.set_shard(s);
   shard.position.set_done(false);
   if (resumed || shard.position.epoch() > 0 || shard.position.batch() > 0) {
@@ -82,20 +83,20 @@ bool ShardLedger::Finish(uint64_t holder, const DataPosition &position) {
   if (s >= shards_.size() || shards_[s].state != State::kActive || shards_[s].holder != holder) {
     return false;
   }
-  shards_[s].state = State::kDone;
-  shards_[s].holder = 0;
+  Set(s, State::kDone, 0);
   shards_[s].position = position;
   shards_[s].position.set_done(true);
   return true;
 }
 
 void ShardLedger::Release(uint64_t holder, bool done, const DataPosition *position) {
-  for (uint32_t s = 0; s < shards_.size(); ++s) {
+  auto held = held_.find(holder);
+  if (held == held_.end()) return;
+  const std::set<uint32_t> shards = held->second;  // Set changes held_
+  for (uint32_t s : shards) {
     Shard &shard = shards_[s];
-    if (shard.state != State::kActive || shard.holder != holder) continue;
-    shard.holder = 0;
     if (done) {
-      shard.state = State::kDone;
+      Set(s, State::kDone, 0);
       shard.position.set_done(true);
       continue;
     }
@@ -103,17 +104,17 @@ void ShardLedger::Release(uint64_t holder, bool done, const DataPosition *positi
       shard.position = *position;
     }
     if (shard.position.done()) {
-      shard.state = State::kDone;
+      Set(s, State::kDone, 0);
       continue;
     }
     if (reassign_) {
-      shard.state = State::kOrphaned;
+      Set(s, State::kOrphaned, 0);
       SchedulerLog()->warn(
           "shard {} orphaned at epoch {} batch {}: it goes to the next "
           "worker that asks",
           s, shard.position.epoch(), shard.position.batch());
     } else {
-      shard.state = State::kDone;
+      Set(s, State::kDone, 0);
       SchedulerLog()->warn(
           "shard {} dropped at epoch {} batch {} (on_worker_loss: "
           "SKIP_REST)",
@@ -128,7 +129,7 @@ bool ShardLedger::Restore(const google::protobuf::RepeatedPtrField<DataPosition>
     if (p.shard() >= shards_.size()) continue;
     Shard &shard = shards_[p.shard()];
     shard.position = p;
-    shard.state = p.done() ? State::kDone : State::kUnstarted;
+    Set(p.shard(), p.done() ? State::kDone : State::kUnstarted, 0);
   }
   return true;
 }
@@ -156,9 +157,9 @@ void ShardLedger::ToJournal(SchedulerJournal *journal) const {
 void ShardLedger::FromJournal(const SchedulerJournal &journal) {
   for (int s = 0; s < journal.shards_size() && s < static_cast<int>(shards_.size()); ++s) {
     Shard &shard = shards_[s];
-    shard.state = static_cast<State>(journal.shards(s).state());
+    const State state = static_cast<State>(journal.shards(s).state());
+    Set(static_cast<uint32_t>(s), state, journal.shards(s).holder());
     shard.position = journal.shards(s).position();
-    shard.holder = shard.state == State::kActive ? journal.shards(s).holder() : 0;
   }
 }
 

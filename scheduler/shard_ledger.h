@@ -12,6 +12,8 @@
 #define PS_SCHEDULER_SHARD_LEDGER_H_
 
 #include <cstdint>
+#include <set>
+#include <unordered_map>
 #include <vector>
 
 #include "proto/checkpoint.pb.h"
@@ -43,10 +45,12 @@ class ShardLedger {
   // Whether shard `s` (< size()) may be handed out now: never started, or
   // orphaned under REASSIGN.
   bool Available(uint32_t s) const;
-  // The first orphaned shard under REASSIGN, or -1.
+  // The first orphaned shard under REASSIGN, or -1. This and the next
+  // three take constant time (a fleet's workers all ask at the end of
+  // training), from indexes kept as shards change.
   int Orphan() const;
-  bool AllDone() const;
-  uint32_t CountDone() const;
+  bool AllDone() const { return done_ == shards_.size(); }
+  uint32_t CountDone() const { return done_; }
   // The shard other than `except` that node `holder` trains, or -1.
   int HeldBy(uint64_t holder, uint32_t except) const;
 
@@ -80,8 +84,16 @@ class ShardLedger {
   void FromJournal(const SchedulerJournal &journal);
 
  private:
+  // Every change of a shard's state or holder goes through here, which
+  // keeps the indexes below.
+  void Set(uint32_t s, State state, uint64_t holder);
+
   const bool reassign_;
   std::vector<Shard> shards_;
+  std::set<uint32_t> orphaned_;
+  uint32_t done_ = 0;
+  // Each holder's active shards.
+  std::unordered_map<uint64_t, std::set<uint32_t>> held_;
 };
 
 }  // namespace ps

@@ -1,5 +1,6 @@
 #include "scheduler/shard_ledger.h"
 
+#include <random>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -155,6 +156,81 @@ TEST(ShardLedgerTest, TheJournalRoundTrips) {
     EXPECT_EQ(back.shard(s).holder, ledger.shard(s).holder);
     EXPECT_EQ(back.shard(s).position.SerializeAsString(),
               ledger.shard(s).position.SerializeAsString());
+  }
+}
+
+// Orphan, CountDone, AllDone and HeldBy answer from indexes kept as shards
+// change: after any sequence of changes, and through the journal, they
+// say what a walk over every shard says.
+TEST(ShardLedgerTest, ItsIndexesAgreeWithAWalkAfterAnyChanges) {
+  constexpr uint32_t kShards = 16;
+  constexpr uint64_t kHolders = 5;
+  std::mt19937 rng(7);
+  auto check = [&](const ShardLedger& ledger, bool reassign) {
+    int first_orphan = -1;
+    uint32_t done = 0;
+    for (uint32_t s = 0; s < kShards; ++s) {
+      const ShardLedger::Shard& shard = ledger.shard(s);
+      if (shard.state == State::kOrphaned && first_orphan < 0) first_orphan = s;
+      done += shard.state == State::kDone;
+    }
+    EXPECT_EQ(ledger.Orphan(), reassign ? first_orphan : -1);
+    EXPECT_EQ(ledger.CountDone(), done);
+    EXPECT_EQ(ledger.AllDone(), done == kShards);
+    for (uint64_t h = 1; h <= kHolders; ++h) {
+      for (uint32_t except : {0u, 3u, kShards}) {
+        int held = -1;
+        for (uint32_t s = 0; s < kShards && held < 0; ++s) {
+          const ShardLedger::Shard& shard = ledger.shard(s);
+          if (s != except && shard.state == State::kActive && shard.holder == h) {
+            held = static_cast<int>(s);
+          }
+        }
+        EXPECT_EQ(ledger.HeldBy(h, except), held) << "holder " << h;
+      }
+    }
+  };
+  for (bool reassign : {true, false}) {
+    ShardLedger ledger(kShards, reassign);
+    for (int step = 0; step < 3000; ++step) {
+      const uint32_t s = rng() % kShards;
+      const uint64_t holder = 1 + rng() % kHolders;
+      switch (rng() % 6) {
+        case 0:
+        case 1:
+          if (ledger.Available(s)) ledger.Assign(s, holder);
+          break;
+        case 2:
+          ledger.Finish(holder, At(s, 1, 0, /*done=*/true));
+          break;
+        case 3:
+          ledger.Release(holder, /*done=*/rng() % 4 == 0, nullptr);
+          break;
+        case 4: {
+          const DataPosition at = At(s, 0, rng() % 3, rng() % 5 == 0);
+          ledger.Release(holder, false, &at);
+          break;
+        }
+        default:
+          if (rng() % 40 == 0) {
+            google::protobuf::RepeatedPtrField<DataPosition> positions;
+            for (uint32_t t = 0; t < kShards; ++t) {
+              *positions.Add() = At(t, 0, 0, rng() % 3 == 0);
+            }
+            ASSERT_TRUE(ledger.Restore(positions));
+          }
+      }
+      ASSERT_NO_FATAL_FAILURE(check(ledger, reassign)) << "step " << step;
+      if (step % 100 == 0) {
+        SchedulerJournal journal;
+        ledger.ToJournal(&journal);
+        ShardLedger restored(kShards, reassign);
+        restored.FromJournal(journal);
+        ASSERT_NO_FATAL_FAILURE(check(restored, reassign)) << "step " << step;
+        EXPECT_EQ(restored.Orphan(), ledger.Orphan());
+        EXPECT_EQ(restored.CountDone(), ledger.CountDone());
+      }
+    }
   }
 }
 

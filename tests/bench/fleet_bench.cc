@@ -307,11 +307,13 @@ class Fleet {
         interval_us_(interval_us),
         checkpoint_dir_(std::move(checkpoint_dir)) {}
 
-  // Sizes the fleet: `count` nodes registered at the start and `spares`
-  // that register later as replacements. Call before Run and Register.
-  void Prepare(int count, int spares) {
+  // Sizes the fleet: `count` nodes registered at the start, the first
+  // `servers` of them servers, and `spares` workers that register later as
+  // replacements. Call before Run and Register.
+  void Prepare(int count, int servers, int spares) {
     nodes_.resize(count + spares);
     initial_ = count;
+    servers_ = servers;
     for (int i = 0; i < count + spares; ++i) {
       grpc::ChannelArguments args;
       // Its own connection, as a node process has (gRPC shares one between
@@ -324,13 +326,11 @@ class Fleet {
     }
   }
 
-  // Registers the first `count` nodes (Prepare), `servers` of them
-  // servers, up to --register_in_flight at once per child (a fleet's
-  // processes start together, not one after another); each starts
-  // watching the view once registered.
-  absl::Status Register(int servers) {
+  // Registers the nodes Prepare sized, up to --register_in_flight at once
+  // per child (a fleet's processes start together, not one after
+  // another); each starts watching the view once registered.
+  absl::Status Register() {
     const int window = std::max(1, absl::GetFlag(FLAGS_register_in_flight));
-    servers_ = servers;
     for (int i = 0; i < initial_; ++i) {
       {
         absl::MutexLock lock(&mu_);
@@ -340,7 +340,7 @@ class Fleet {
         mu_.Await(absl::Condition(&room));
         ++register_in_flight_;
       }
-      StartRegister(i, i < servers, [this, i](const grpc::Status& s) {
+      StartRegister(i, i < servers_, [this, i](const grpc::Status& s) {
         absl::MutexLock lock(&mu_);
         --register_in_flight_;
         if (!s.ok()) {
@@ -934,6 +934,7 @@ class Fleet {
   const int64_t interval_us_;
   const std::string checkpoint_dir_;
   std::vector<SimNode> nodes_;
+  // Set by Prepare, before the threads start.
   int initial_ = 0;
   int servers_ = 0;
   absl::Mutex mu_;
@@ -973,13 +974,14 @@ int ChildMain() {
               int64_t{config->cluster().heartbeat_interval_ms()} * 1000,
               config->checkpoint().dir());
   const int churn_events = absl::GetFlag(FLAGS_churn_events);
-  fleet.Prepare(absl::GetFlag(FLAGS_count), churn_events);
+  fleet.Prepare(absl::GetFlag(FLAGS_count), absl::GetFlag(FLAGS_servers),
+                churn_events);
   std::atomic<int64_t> t0{0};
   std::thread runner([&] {
     fleet.Run(t0, TheSchedule(), absl::GetFlag(FLAGS_leaves),
               absl::GetFlag(FLAGS_silence), churn_events);
   });
-  const absl::Status registered = fleet.Register(absl::GetFlag(FLAGS_servers));
+  const absl::Status registered = fleet.Register();
   if (!registered.ok()) {
     std::fprintf(stderr, "%s\n", registered.ToString().c_str());
     std::_Exit(1);
