@@ -1031,7 +1031,11 @@ void ClusterState::WakeClaimsLocked() {
   }
 }
 
-void ClusterState::FinishBatchLocked(const std::vector<PendingFinish*>& batch) {
+// journal_file_mu_ is left locked on one path, for the caller to release
+// (the analysis cannot follow a lock handed over across calls).
+bool ClusterState::FinishBatchLocked(const std::vector<PendingFinish*>& batch,
+                                     SchedulerJournal* snapshot)
+    ABSL_NO_THREAD_SAFETY_ANALYSIS {
   JournalScope journal(this);
   const absl::Status admitted = journal.Admit();
   bool finished = false;
@@ -1066,6 +1070,18 @@ void ClusterState::FinishBatchLocked(const std::vector<PendingFinish*>& batch) {
     } else {
       journal_dirty_ = true;
       WakeClaimsLocked();
+      if (journal_ && journal_error_.ok()) {
+        // Only the ledger changed: written after the lock, so heartbeats
+        // and the next finishes need not wait for the disk. Each claim of
+        // the batch is answered only once it is written (JournalWritten).
+        *snapshot = SnapshotLocked();
+        const uint64_t seq = ++journal_seq_;
+        journal_dirty_ = false;
+        for (PendingFinish* p : batch) p->seq = seq;
+        journal_file_mu_.Lock();  // WriteJournalAfterLock releases it
+        journal.Commit().IgnoreError();  // nothing left to write
+        return true;
+      }
     }
   }
   // A finished shard is on record before the wait, which may be long.
@@ -1075,15 +1091,37 @@ void ClusterState::FinishBatchLocked(const std::vector<PendingFinish*>& batch) {
       if (p->result.ok()) p->result = committed;
     }
   }
+  return false;
 }
 
+// journal_file_mu_ may be handed over by FinishBatchLocked (see there).
 absl::StatusOr<ClaimShardResponse> ClusterState::ClaimShard(
-    const ClaimShardRequest& request, absl::Duration timeout) {
+    const ClaimShardRequest& request, absl::Duration timeout)
+    ABSL_NO_THREAD_SAFETY_ANALYSIS {
   PendingFinish me;
   me.request = &request;
   finish_queue_.Add(&me);
+  SchedulerJournal snapshot;
+  bool write_after = false;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!me.done) write_after = FinishBatchLocked(finish_queue_.Take(), &snapshot);
+  }
+  if (write_after) WriteJournalAfterLock(snapshot, me.seq).IgnoreError();
+  absl::StatusOr<ClaimShardResponse> answer = ClaimAfterFinish(me, timeout);
+  // The finish is on record before any answer (a failed write is
+  // retried by the next; the worker retries meanwhile).
+  if (answer.ok() && me.seq != 0 && !JournalWritten(me.seq)) {
+    return absl::UnavailableError(
+        "the scheduler could not record the finished shard yet; retry");
+  }
+  return answer;
+}
+
+absl::StatusOr<ClaimShardResponse> ClusterState::ClaimAfterFinish(
+    const PendingFinish& me, absl::Duration timeout) {
+  const ClaimShardRequest& request = *me.request;
   absl::MutexLock lock(&mu_);
-  if (!me.done) FinishBatchLocked(finish_queue_.Take());
   PS_RETURN_IF_ERROR(me.result);
   JournalScope journal(this);
   PS_RETURN_IF_ERROR(journal.Admit());
@@ -1248,17 +1286,55 @@ absl::Status ClusterState::ReportCheckpoint(
   return me.result;
 }
 
+// journal_file_mu_ is locked on one path before mu_ is released and handed
+// to WriteJournalAfterLock (the analysis cannot follow it).
 std::vector<absl::Status> ClusterState::ReportCheckpoints(
-    const std::vector<const ReportCheckpointRequest*>& requests) {
+    const std::vector<const ReportCheckpointRequest*>& requests)
+    ABSL_NO_THREAD_SAFETY_ANALYSIS {
   std::vector<PendingReport> pending(requests.size());
-  std::vector<PendingReport*> batch;
   for (size_t i = 0; i < requests.size(); ++i) {
     pending[i].request = requests[i];
-    batch.push_back(&pending[i]);
   }
+  SchedulerJournal snapshot;
+  uint64_t seq = 0;
   {
     absl::MutexLock lock(&mu_);
-    ReportBatchLocked(batch);
+    const absl::Status admitted = journal_error_;
+    const uint64_t epoch = view_.epoch();
+    bool recorded = false;
+    for (PendingReport& p : pending) {
+      p.result = admitted.ok() ? ReportOneLocked(*p.request, &recorded)
+                               : admitted;
+    }
+    if (recorded && checkpoint_.has_value()) TryCommitCheckpointLocked();
+    if (journal_ && journal_dirty_) {
+      if (view_.epoch() != epoch) {
+        // The checkpoint committed or was abandoned: a new epoch, which
+        // nodes may see as soon as the lock is released, is written first.
+        const absl::Status committed = WriteJournalLocked(/*sync=*/false);
+        if (!committed.ok()) {
+          for (PendingReport& p : pending) {
+            if (p.result.ok()) p.result = committed;
+          }
+        }
+      } else {
+        // Only reports changed: written after the lock, so heartbeats and
+        // the next reports need not wait for the disk; answered once
+        // written.
+        snapshot = SnapshotLocked();
+        seq = ++journal_seq_;
+        journal_dirty_ = false;
+        journal_file_mu_.Lock();  // WriteJournalAfterLock releases it
+      }
+    }
+  }
+  if (seq != 0) {
+    const absl::Status written = WriteJournalAfterLock(snapshot, seq);
+    if (!written.ok()) {
+      for (PendingReport& p : pending) {
+        if (p.result.ok()) p.result = written;
+      }
+    }
   }
   std::vector<absl::Status> results;
   for (const PendingReport& p : pending) results.push_back(p.result);

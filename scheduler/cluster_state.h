@@ -92,9 +92,13 @@ class ClusterState {
                CheckpointStore store = {});
 
   // Journaling, so a restarted scheduler takes the job back
-  // (scheduler/journal.h): `write` gets the whole state, under the state's
-  // lock, before any call that changed it returns (sync false: durable
-  // against the scheduler being killed), and from SyncJournal (sync true).
+  // (scheduler/journal.h): `write` gets the whole state before any call
+  // that changed it returns (sync false: durable against the scheduler
+  // being killed), and from SyncJournal (sync true). Writes run one at a
+  // time, under the state's lock, except those of checkpoint reports that
+  // changed no epoch, which run just after it (nothing a node was told
+  // depends on them until they are answered); a write older than one
+  // already done is skipped.
   // Set before any node registers; no journal without it (null: none).
   // Returns the first write's error (the state then takes no changes, as
   // below, until a write succeeds or SetJournal is called again).
@@ -459,6 +463,23 @@ class ClusterState {
   // write's error (journal_error_ then holds it).
   absl::Status FlushJournalLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status WriteJournalLocked(bool sync) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Writes `snapshot` (taken under mu_ as number `seq`, with
+  // journal_file_mu_ locked before mu_ was released, so that no one can
+  // see the snapshot's changes as written before they are) without holding
+  // mu_, unless a later one was written already; releases
+  // journal_file_mu_, then records the outcome under mu_ as
+  // WriteJournalLocked does.
+  absl::Status WriteJournalAfterLock(const SchedulerJournal& snapshot,
+                                     uint64_t seq) ABSL_LOCKS_EXCLUDED(mu_)
+      ABSL_UNLOCK_FUNCTION(journal_file_mu_);
+  // Whether snapshot `seq` (or a later one) is written; waits for a write
+  // in progress.
+  bool JournalWritten(uint64_t seq) ABSL_LOCKS_EXCLUDED(journal_file_mu_);
+  // The journal writer's outcome, recorded under mu_ (journal_dirty_ is
+  // the caller's).
+  absl::Status RecordJournalWriteLocked(const absl::Status& written,
+                                        absl::Duration took, size_t bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   SchedulerJournal SnapshotLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Recover's validation: the first thing in `journal` that does not fit
   // this job's config, or OK.
@@ -523,9 +544,21 @@ class ClusterState {
     const ClaimShardRequest* request = nullptr;
     bool done = false;
     absl::Status result;
+    // The journal snapshot that records the batch, written after the lock
+    // by the call that handled the batch (0: written under the lock).
+    uint64_t seq = 0;
   };
-  void FinishBatchLocked(const std::vector<PendingFinish*>& batch)
+  // Handles `batch`. When its changes are to be written after the lock,
+  // fills `snapshot`, locks journal_file_mu_ and returns true: the caller
+  // then calls WriteJournalAfterLock once mu_ is released.
+  bool FinishBatchLocked(const std::vector<PendingFinish*>& batch,
+                         SchedulerJournal* snapshot)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // ClaimShard once its finish is handled: the retry check, the wait, the
+  // answer.
+  absl::StatusOr<ClaimShardResponse> ClaimAfterFinish(const PendingFinish& me,
+                                                      absl::Duration timeout)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Wakes the ClaimShard calls waiting if one of them may be answered: an
   // orphaned shard, every shard done, the job failed or closed, or a node
   // gone since the last wake (a waiting caller declared dead is answered).
@@ -783,6 +816,11 @@ class ClusterState {
   uint64_t stalls_ ABSL_GUARDED_BY(mu_) = 0;
 
   JournalWriter journal_;  // set before serving, then only read
+  // Snapshots taken (numbered under mu_), and the newest one written: one
+  // writer at a time, mu_ first when both are held.
+  uint64_t journal_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Mutex journal_file_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  uint64_t journal_written_seq_ ABSL_GUARDED_BY(journal_file_mu_) = 0;
   // The state changed since the journal was last written.
   bool journal_dirty_ ABSL_GUARDED_BY(mu_) = false;
   absl::Time last_journal_error_log_ ABSL_GUARDED_BY(mu_) =

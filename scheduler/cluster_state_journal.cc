@@ -62,13 +62,49 @@ absl::Status ClusterState::WriteJournalLocked(bool sync) {
   // part of the job's logic.
   const absl::Time start = absl::Now();
   const SchedulerJournal snapshot = SnapshotLocked();
-  const absl::Status written = journal_(snapshot, sync);
+  const uint64_t seq = ++journal_seq_;
+  absl::Status written;
+  {
+    absl::MutexLock file(&journal_file_mu_);
+    written = journal_(snapshot, sync);
+    if (written.ok()) journal_written_seq_ = seq;
+  }
+  if (written.ok()) journal_dirty_ = false;
+  return RecordJournalWriteLocked(written, absl::Now() - start,
+                                  snapshot.ByteSizeLong());
+}
+
+absl::Status ClusterState::WriteJournalAfterLock(
+    const SchedulerJournal& snapshot, uint64_t seq) {
+  const absl::Time start = absl::Now();
+  // A later snapshot, which holds this one's changes, is on disk already.
+  if (seq <= journal_written_seq_) {
+    journal_file_mu_.Unlock();
+    return absl::OkStatus();
+  }
+  const absl::Status written = journal_(snapshot, /*sync=*/false);
+  if (written.ok()) journal_written_seq_ = seq;
+  journal_file_mu_.Unlock();
+  absl::MutexLock lock(&mu_);
+  // The snapshot cleared journal_dirty_; changes since set it again.
+  if (!written.ok()) journal_dirty_ = true;  // the next write tries again
+  return RecordJournalWriteLocked(written, absl::Now() - start,
+                                  snapshot.ByteSizeLong());
+}
+
+bool ClusterState::JournalWritten(uint64_t seq) {
+  absl::MutexLock file(&journal_file_mu_);
+  return journal_written_seq_ >= seq;
+}
+
+absl::Status ClusterState::RecordJournalWriteLocked(const absl::Status& written,
+                                                    absl::Duration took,
+                                                    size_t bytes) {
   ++journal_writes_;
-  journal_write_time_ += absl::Now() - start;
-  journal_bytes_ = snapshot.ByteSizeLong();
+  journal_write_time_ += took;
+  journal_bytes_ = bytes;
   const absl::Time now = clock_->Now();
   if (written.ok()) {
-    journal_dirty_ = false;
     if (!journal_error_.ok()) {
       SchedulerLog()->info(
           "the scheduler journal can be written again: taking changes again");
