@@ -1023,11 +1023,12 @@ void ClusterState::ReleaseShardLocked(uint64_t id, bool done,
 }
 
 void ClusterState::WakeClaimsLocked() {
-  if (claim_waiters_ == 0) return;
+  if (claim_waiters_ == 0 && !claim_listener_) return;
   if (closed_ || view_.job_state() == FAILED || shards_.Orphan() >= 0 ||
       shards_.AllDone() || departures_ != departures_woken_) {
     departures_woken_ = departures_;
     claims_cv_.SignalAll();
+    if (claim_listener_) claim_listener_();
   }
 }
 
@@ -1095,9 +1096,8 @@ bool ClusterState::FinishBatchLocked(const std::vector<PendingFinish*>& batch,
 }
 
 // journal_file_mu_ may be handed over by FinishBatchLocked (see there).
-absl::StatusOr<ClaimShardResponse> ClusterState::ClaimShard(
-    const ClaimShardRequest& request, absl::Duration timeout)
-    ABSL_NO_THREAD_SAFETY_ANALYSIS {
+ClusterState::ClaimTicket ClusterState::FinishClaim(
+    const ClaimShardRequest& request) ABSL_NO_THREAD_SAFETY_ANALYSIS {
   PendingFinish me;
   me.request = &request;
   finish_queue_.Add(&me);
@@ -1105,32 +1105,69 @@ absl::StatusOr<ClaimShardResponse> ClusterState::ClaimShard(
   bool write_after = false;
   {
     absl::MutexLock lock(&mu_);
-    if (!me.done) write_after = FinishBatchLocked(finish_queue_.Take(), &snapshot);
+    if (!me.done) {
+      write_after = FinishBatchLocked(finish_queue_.Take(), &snapshot);
+    }
   }
   if (write_after) WriteJournalAfterLock(snapshot, me.seq).IgnoreError();
-  absl::StatusOr<ClaimShardResponse> answer = ClaimAfterFinish(me, timeout);
-  // The finish is on record before any answer (a failed write is
-  // retried by the next; the worker retries meanwhile).
-  if (answer.ok() && me.seq != 0 && !JournalWritten(me.seq)) {
+  return {me.result, me.seq};
+}
+
+absl::StatusOr<ClaimShardResponse> ClusterState::ClaimShard(
+    const ClaimShardRequest& request, absl::Duration timeout) {
+  const ClaimTicket ticket = FinishClaim(request);
+  PS_RETURN_IF_ERROR(ticket.status);
+  const absl::Time deadline = absl::Now() + std::min(timeout, kMaxWait);
+  std::optional<absl::StatusOr<ClaimShardResponse>> answer;
+  {
+    absl::MutexLock lock(&mu_);
+    answer = DecideClaimLocked({&request, /*first=*/true, /*expired=*/false});
+    // A condition variable woken by WakeClaimsLocked, not a Condition on
+    // mu_: thousands of waiting workers would each be asked on every
+    // release of mu_.
+    ++claim_waiters_;
+    while (!answer.has_value()) {
+      const bool expired = claims_cv_.WaitWithDeadline(&mu_, deadline);
+      answer = DecideClaimLocked({&request, false, expired});
+    }
+    --claim_waiters_;
+  }
+  // The finish is on record before any answer (a failed write is retried
+  // by the next; the worker retries meanwhile).
+  if (answer->ok() && ticket.seq != 0 && !JournalWritten(ticket.seq)) {
     return absl::UnavailableError(
         "the scheduler could not record the finished shard yet; retry");
   }
-  return answer;
+  return *std::move(answer);
 }
 
-absl::StatusOr<ClaimShardResponse> ClusterState::ClaimAfterFinish(
-    const PendingFinish& me, absl::Duration timeout) {
-  const ClaimShardRequest& request = *me.request;
+std::vector<std::optional<absl::StatusOr<ClaimShardResponse>>>
+ClusterState::DecideClaims(const std::vector<ClaimAsk>& asks) {
+  std::vector<std::optional<absl::StatusOr<ClaimShardResponse>>> answers;
+  answers.reserve(asks.size());
   absl::MutexLock lock(&mu_);
-  PS_RETURN_IF_ERROR(me.result);
+  for (const ClaimAsk& ask : asks) answers.push_back(DecideClaimLocked(ask));
+  return answers;
+}
+
+void ClusterState::SetClaimListener(std::function<void()> listener) {
+  absl::MutexLock lock(&mu_);
+  claim_listener_ = std::move(listener);
+}
+
+std::optional<absl::StatusOr<ClaimShardResponse>>
+ClusterState::DecideClaimLocked(const ClaimAsk& ask) {
+  const ClaimShardRequest& request = *ask.request;
   JournalScope journal(this);
   PS_RETURN_IF_ERROR(journal.Admit());
   const uint64_t id = request.node_id();
-  if (nodes_[id].info.state() != ALIVE) {
+  auto node = nodes_.find(id);
+  if (node == nodes_.end()) {
     return absl::NotFoundError(
         absl::StrCat("node ", id, " is not a live worker"));
   }
-  if (request.has_finished()) {
+  if (ask.first && request.has_finished() &&
+      node->second.info.state() == ALIVE) {
     // A retry of a claim whose answer was lost (the scheduler restarted
     // between assigning and answering): the worker still holds the shard it
     // was given; it gets that one again, not a second.
@@ -1138,7 +1175,7 @@ absl::StatusOr<ClaimShardResponse> ClusterState::ClaimAfterFinish(
       ClaimShardResponse again;
       again.set_result(ClaimShardResponse::ASSIGNED);
       again.set_start_clock(JobClockLocked());
-      nodes_[id].clock = again.start_clock();
+      node->second.clock = again.start_clock();
       *again.mutable_shard() = shards_.shard(s).position;
       again.mutable_shard()->set_done(false);
       SchedulerLog()->info(
@@ -1147,34 +1184,23 @@ absl::StatusOr<ClaimShardResponse> ClusterState::ClaimAfterFinish(
       return again;
     }
   }
-  auto decided = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    auto n = nodes_.find(id);
-    return closed_ || view_.job_state() == FAILED ||
-           n->second.info.state() != ALIVE || shards_.Orphan() >= 0 ||
-           shards_.AllDone();
-  };
-  // A condition variable woken by WakeClaimsLocked, not a Condition on
-  // mu_: thousands of waiting workers would each be asked on every release
-  // of mu_.
-  const absl::Time deadline = absl::Now() + std::min(timeout, kMaxWait);
-  ++claim_waiters_;
-  while (!decided()) {
-    if (claims_cv_.WaitWithDeadline(&mu_, deadline)) break;
-  }
-  --claim_waiters_;
+  const bool decided = closed_ || view_.job_state() == FAILED ||
+                       node->second.info.state() != ALIVE ||
+                       shards_.Orphan() >= 0 || shards_.AllDone();
+  if (!decided && !ask.expired) return std::nullopt;
   if (view_.job_state() == FAILED) {
     return JobFailedError(
         absl::StrCat("the job has failed: ", view_.failure()));
   }
-  ClaimShardResponse response;
-  if (nodes_[id].info.state() != ALIVE) {
+  if (node->second.info.state() != ALIVE) {
     return absl::NotFoundError(
         absl::StrCat("node ", id, " is not a live worker"));
   }
+  ClaimShardResponse response;
   if (int orphan = shards_.Orphan(); orphan >= 0) {
     response.set_result(ClaimShardResponse::ASSIGNED);
     response.set_start_clock(JobClockLocked());
-    nodes_[id].clock = response.start_clock();
+    node->second.clock = response.start_clock();
     *response.mutable_shard() = shards_.Assign(orphan, id);
     // Journaled; the view lists no shards.
     journal_dirty_ = true;
@@ -1614,6 +1640,7 @@ void ClusterState::Close() {
   closed_ = true;
   barrier_cv_.SignalAll();
   claims_cv_.SignalAll();
+  if (claim_listener_) claim_listener_();
   if (view_listener_) view_listener_();
 }
 

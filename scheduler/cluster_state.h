@@ -157,6 +157,31 @@ class ClusterState {
   // fleet's workers end together).
   absl::StatusOr<ClaimShardResponse> ClaimShard(
       const ClaimShardRequest& request, absl::Duration timeout);
+  // ClaimShard in parts, for a caller that waits without a thread
+  // (ClaimWaiters). FinishClaim records the finished shard (batched as in
+  // ClaimShard; NOT_FOUND for unknown or dead callers) and says which
+  // journal snapshot must be written before the claim is answered
+  // (JournalWritten; 0: none). DecideClaims then answers each ask that may
+  // be answered now (`first`: its first decision; `expired`: its wait is
+  // over, WAIT when nothing else), nullopt for the others; one lock for all.
+  struct ClaimTicket {
+    absl::Status status;
+    uint64_t seq = 0;
+  };
+  ClaimTicket FinishClaim(const ClaimShardRequest& request);
+  struct ClaimAsk {
+    const ClaimShardRequest* request;
+    bool first;
+    bool expired;
+  };
+  std::vector<std::optional<absl::StatusOr<ClaimShardResponse>>> DecideClaims(
+      const std::vector<ClaimAsk>& asks);
+  // Called, under the state's lock (it must not call back), whenever a
+  // waiting claim may have become answerable. Null: none.
+  void SetClaimListener(std::function<void()> listener);
+  // Whether journal snapshot `seq` (or a later one) is written; waits for
+  // a write in progress.
+  bool JournalWritten(uint64_t seq) ABSL_LOCKS_EXCLUDED(journal_file_mu_);
 
   // Starts a checkpoint a few steps ahead of the fastest worker (the next
   // clock when no worker trains). Returns its clock. FAILED_PRECONDITION
@@ -472,9 +497,6 @@ class ClusterState {
   absl::Status WriteJournalAfterLock(const SchedulerJournal& snapshot,
                                      uint64_t seq) ABSL_LOCKS_EXCLUDED(mu_)
       ABSL_UNLOCK_FUNCTION(journal_file_mu_);
-  // Whether snapshot `seq` (or a later one) is written; waits for a write
-  // in progress.
-  bool JournalWritten(uint64_t seq) ABSL_LOCKS_EXCLUDED(journal_file_mu_);
   // The journal writer's outcome, recorded under mu_ (journal_dirty_ is
   // the caller's).
   absl::Status RecordJournalWriteLocked(const absl::Status& written,
@@ -554,11 +576,9 @@ class ClusterState {
   bool FinishBatchLocked(const std::vector<PendingFinish*>& batch,
                          SchedulerJournal* snapshot)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // ClaimShard once its finish is handled: the retry check, the wait, the
-  // answer.
-  absl::StatusOr<ClaimShardResponse> ClaimAfterFinish(const PendingFinish& me,
-                                                      absl::Duration timeout)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  // One claim's answer if it may be answered now (see DecideClaims).
+  std::optional<absl::StatusOr<ClaimShardResponse>> DecideClaimLocked(
+      const ClaimAsk& ask) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Wakes the ClaimShard calls waiting if one of them may be answered: an
   // orphaned shard, every shard done, the job failed or closed, or a node
   // gone since the last wake (a waiting caller declared dead is answered).
@@ -754,6 +774,7 @@ class ClusterState {
   // how many of them the last wake saw.
   absl::CondVar claims_cv_;
   int claim_waiters_ ABSL_GUARDED_BY(mu_) = 0;
+  std::function<void()> claim_listener_ ABSL_GUARDED_BY(mu_);
   uint64_t departures_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t departures_woken_ ABSL_GUARDED_BY(mu_) = 0;
   CallQueue<PendingReport> report_queue_;

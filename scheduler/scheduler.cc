@@ -12,6 +12,7 @@
 #include "common/status.h"
 #include "grpcpp/server_builder.h"
 #include "scheduler/call_batcher.h"
+#include "scheduler/claim_waiters.h"
 #include "scheduler/journal.h"
 #include "scheduler/ring_registry.h"
 #include "scheduler/scheduler_log.h"
@@ -24,10 +25,13 @@ namespace ps {
 // without a hand-off to the synchronous pool, and a waiting long poll is a
 // record in ViewWatchers, not a blocked thread. Checkpoint reports, which
 // every node sends at once, are answered in rounds (CallBatcher) with one
-// journal write each. The rest stay synchronous.
+// journal write each, and shard claims, which every worker sends at the end
+// of training and most of which wait, are records in ClaimWaiters. The
+// rest stay synchronous.
 using SchedulerBase = Scheduler::WithCallbackMethod_Heartbeat<
     Scheduler::WithCallbackMethod_GetClusterView<
-        Scheduler::WithCallbackMethod_ReportCheckpoint<Scheduler::Service>>>;
+        Scheduler::WithCallbackMethod_ReportCheckpoint<
+            Scheduler::WithCallbackMethod_ClaimShard<Scheduler::Service>>>>;
 using ReportBatcher =
     CallBatcher<ReportCheckpointRequest, ReportCheckpointResponse>;
 
@@ -36,6 +40,7 @@ class SchedulerServer::Service final : public SchedulerBase {
   explicit Service(ClusterState* state)
       : state_(state),
         watchers_(state),
+        claims_(state),
         reports_([state](const std::vector<ReportBatcher::Call>& calls) {
           std::vector<const ReportCheckpointRequest*> requests;
           for (const ReportBatcher::Call& c : calls) {
@@ -53,6 +58,7 @@ class SchedulerServer::Service final : public SchedulerBase {
 
   void Close() {
     watchers_.Close();
+    claims_.Close();
     reports_.Close();
     ring_.Close();
   }
@@ -124,14 +130,12 @@ class SchedulerServer::Service final : public SchedulerBase {
     return grpc::Status::OK;
   }
 
-  grpc::Status ClaimShard(grpc::ServerContext*,
-                          const ClaimShardRequest* request,
-                          ClaimShardResponse* response) override {
-    auto result =
-        state_->ClaimShard(*request, absl::Milliseconds(request->timeout_ms()));
-    if (!result.ok()) return ToGrpcStatus(result.status());
-    *response = std::move(result).value();
-    return grpc::Status::OK;
+  grpc::ServerUnaryReactor* ClaimShard(grpc::CallbackServerContext* context,
+                                       const ClaimShardRequest* request,
+                                       ClaimShardResponse* response) override {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    claims_.Claim(request, response, reactor);
+    return reactor;
   }
 
   grpc::Status Checkpoint(grpc::ServerContext*,
@@ -210,6 +214,7 @@ class SchedulerServer::Service final : public SchedulerBase {
  private:
   ClusterState* const state_;
   ViewWatchers watchers_;
+  ClaimWaiters claims_;
   ReportBatcher reports_;
   RingRegistry ring_;
 };
