@@ -21,20 +21,15 @@ ClaimWaiters::~ClaimWaiters() { Close(); }
 void ClaimWaiters::Claim(const ClaimShardRequest* request,
                          ClaimShardResponse* response,
                          grpc::ServerUnaryReactor* reactor) {
-  const ClusterState::ClaimTicket ticket = state_->FinishClaim(*request);
-  if (!ticket.status.ok()) {
-    reactor->Finish(ToGrpcStatus(ticket.status));
-    return;
-  }
   const absl::Duration wait =
       std::min(absl::Milliseconds(request->timeout_ms()), absl::Seconds(30));
   {
     absl::MutexLock lock(&mu_);
     if (!closed_) {
-      // Decided on this class's thread, so that no wake-up falls between a
-      // decision here and the record.
+      // Recorded and decided on this class's thread, so that no wake-up
+      // falls between a decision and the record.
       waiting_.push_back({request, response, reactor, absl::Now() + wait,
-                          ticket.seq, /*first=*/true});
+                          /*seq=*/0, /*first=*/true, /*arrived=*/true});
       fresh_ = true;
       return;
     }
@@ -85,6 +80,32 @@ void ClaimWaiters::Loop() {
       fresh_ = false;
     }
     if (round.empty()) continue;
+    // The finishes of the claims that arrived since the last round.
+    std::vector<const ClaimShardRequest*> arrived;
+    for (const Waiting& w : round) {
+      if (w.arrived) arrived.push_back(w.request);
+    }
+    if (!arrived.empty()) {
+      const std::vector<ClusterState::ClaimTicket> tickets =
+          state_->FinishClaims(arrived);
+      std::vector<Waiting> recorded;
+      size_t t = 0;
+      for (Waiting& w : round) {
+        if (!w.arrived) {
+          recorded.push_back(w);
+          continue;
+        }
+        const ClusterState::ClaimTicket& ticket = tickets[t++];
+        if (!ticket.status.ok()) {
+          w.reactor->Finish(ToGrpcStatus(ticket.status));
+          continue;
+        }
+        w.arrived = false;
+        w.seq = ticket.seq;
+        recorded.push_back(w);
+      }
+      round.swap(recorded);
+    }
     std::vector<ClusterState::ClaimAsk> asks;
     asks.reserve(round.size());
     for (const Waiting& w : round) {

@@ -19,12 +19,14 @@ namespace ps {
 // blocked threads, thousands of them outgrow gRPC's synchronous pool and
 // the last finishes queue behind waits.
 //
-// A call's finish is recorded at once, on gRPC's thread (ClusterState::
-// FinishClaim, batched with those arriving together). Its answer is then
-// decided by this class's thread: right away, when the state says a waiting
-// claim may be answered (ClusterState's claim listener), and at its
-// deadline (WAIT), all of a round under one lock (DecideClaims). A decided
-// claim is finished once its finish is in the journal.
+// A call is queued as it arrives (gRPC's threads, which also answer
+// heartbeats, never wait for the state's lock here). This class's thread
+// records the finishes of everything queued since its last round at once
+// (ClusterState::FinishClaims: one lock, one journal write), then decides
+// answers: right away, when the state says a waiting claim may be answered
+// (ClusterState's claim listener), and at each claim's deadline (WAIT), all
+// of a round under one lock (DecideClaims). A decided claim is finished
+// once its finish is in the journal.
 //
 // Thread safety: Claim and Close from any thread. Lock order: the state's
 // lock, then this class's (the listener runs under the state's lock).
@@ -48,8 +50,9 @@ class ClaimWaiters {
     ClaimShardResponse* response;
     grpc::ServerUnaryReactor* reactor;
     absl::Time deadline;
-    uint64_t seq;  // journal snapshot of its finish (0: none pending)
-    bool first;    // not decided yet even once
+    uint64_t seq;   // journal snapshot of its finish (0: none pending)
+    bool first;     // not decided yet even once
+    bool arrived;   // its finish not recorded yet
   };
 
   void Loop();

@@ -1113,6 +1113,30 @@ ClusterState::ClaimTicket ClusterState::FinishClaim(
   return {me.result, me.seq};
 }
 
+// journal_file_mu_ may be handed over by FinishBatchLocked (see there).
+std::vector<ClusterState::ClaimTicket> ClusterState::FinishClaims(
+    const std::vector<const ClaimShardRequest*>& requests)
+    ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  std::vector<PendingFinish> pending(requests.size());
+  std::vector<PendingFinish*> batch;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    pending[i].request = requests[i];
+    batch.push_back(&pending[i]);
+  }
+  SchedulerJournal snapshot;
+  bool write_after = false;
+  {
+    absl::MutexLock lock(&mu_);
+    write_after = FinishBatchLocked(batch, &snapshot);
+  }
+  if (write_after) {
+    WriteJournalAfterLock(snapshot, pending.front().seq).IgnoreError();
+  }
+  std::vector<ClaimTicket> tickets;
+  for (const PendingFinish& p : pending) tickets.push_back({p.result, p.seq});
+  return tickets;
+}
+
 absl::StatusOr<ClaimShardResponse> ClusterState::ClaimShard(
     const ClaimShardRequest& request, absl::Duration timeout) {
   const ClaimTicket ticket = FinishClaim(request);

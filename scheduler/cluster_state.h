@@ -169,6 +169,10 @@ class ClusterState {
     uint64_t seq = 0;
   };
   ClaimTicket FinishClaim(const ClaimShardRequest& request);
+  // FinishClaim for several claims at once (one ticket each, in order):
+  // one lock and one journal write for them all.
+  std::vector<ClaimTicket> FinishClaims(
+      const std::vector<const ClaimShardRequest*>& requests);
   struct ClaimAsk {
     const ClaimShardRequest* request;
     bool first;

@@ -298,6 +298,14 @@ struct SimNode {
   uint64_t reported_checkpoint = 0;
 };
 
+// A killed or preempted worker's replacement, registering.
+struct Replacement {
+  int spare;
+  bool preempted;
+  int64_t since_us;
+  int64_t next_try_us;
+};
+
 class Fleet {
  public:
   Fleet(std::string address, uint64_t fingerprint, int64_t interval_us,
@@ -813,23 +821,38 @@ class Fleet {
     }
     for (const Replacement& r : due) {
       StartRegister(r.spare, /*server=*/false, [this, r](const grpc::Status& s) {
-        absl::MutexLock lock(&mu_);
-        --in_flight_;
-        const int64_t now = NowUs();
-        if (s.ok()) {
-          (r.preempted ? replaced_preempted_us_ : replaced_killed_us_)
-              .push_back(now - r.since_us);
-        } else if (!stopping_ && now - r.since_us < 60'000'000) {
-          // No free rank until the scheduler declares the killed node
-          // dead (RESOURCE_EXHAUSTED): retry, as a restarted pod does.
-          Replacement again = r;
-          again.next_try_us = now + 250'000;
-          replacements_.push_back(again);
-        } else {
-          ++replace_failures_;
-          std::fprintf(stderr, "replacement: %s\n", s.error_message().c_str());
+        int claim = -2;  // -2: none
+        {
+          absl::MutexLock lock(&mu_);
+          --in_flight_;
+          const int64_t now = NowUs();
+          if (s.ok()) {
+            (r.preempted ? replaced_preempted_us_ : replaced_killed_us_)
+                .push_back(now - r.since_us);
+            // In after the end of training began: it reports its shard (if
+            // it was given one) and waits with the others.
+            if (claims_started_) claim = nodes_[r.spare].shard;
+          } else {
+            RetryLater(r, now, s);
+          }
         }
+        if (claim != -2) Claim(r.spare, claim);
       });
+    }
+  }
+
+  // A replacement's registration failed: retried while there is time.
+  void RetryLater(const Replacement& r, int64_t now, const grpc::Status& s)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!stopping_ && now - r.since_us < 60'000'000) {
+      // No free rank until the scheduler declares the killed node dead
+      // (RESOURCE_EXHAUSTED): retry, as a restarted pod does.
+      Replacement again = r;
+      again.next_try_us = now + 250'000;
+      replacements_.push_back(again);
+    } else {
+      ++replace_failures_;
+      std::fprintf(stderr, "replacement: %s\n", s.error_message().c_str());
     }
   }
 
@@ -840,6 +863,7 @@ class Fleet {
     std::vector<std::pair<int, int>> workers;
     {
       absl::MutexLock lock(&mu_);
+      claims_started_ = true;
       for (int i = 0; i < static_cast<int>(nodes_.size()); ++i) {
         const SimNode& n = nodes_[i];
         if (!n.server && n.node_id != 0 && !n.left && !n.silent) {
@@ -921,14 +945,6 @@ class Fleet {
     if (!s.ok()) std::fprintf(stderr, "leave: %s\n", s.error_message().c_str());
   }
 
-  // A killed or preempted worker's replacement, registering.
-  struct Replacement {
-    int spare;
-    bool preempted;
-    int64_t since_us;
-    int64_t next_try_us;
-  };
-
   const std::string address_;
   const uint64_t fingerprint_;
   const int64_t interval_us_;
@@ -960,6 +976,7 @@ class Fleet {
   int replace_failures_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<int64_t> claim_finish_us_ ABSL_GUARDED_BY(mu_);
   std::vector<int64_t> claim_done_us_ ABSL_GUARDED_BY(mu_);
+  bool claims_started_ ABSL_GUARDED_BY(mu_) = false;
   int claims_assigned_ ABSL_GUARDED_BY(mu_) = 0;
   int claim_failures_ ABSL_GUARDED_BY(mu_) = 0;
 };
