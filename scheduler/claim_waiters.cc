@@ -21,8 +21,8 @@ ClaimWaiters::~ClaimWaiters() { Close(); }
 void ClaimWaiters::Claim(const ClaimShardRequest* request,
                          ClaimShardResponse* response,
                          grpc::ServerUnaryReactor* reactor) {
-  const absl::Duration wait =
-      std::min(absl::Milliseconds(request->timeout_ms()), absl::Seconds(30));
+  const absl::Duration wait = std::min(
+      absl::Milliseconds(request->timeout_ms()), ClusterState::kMaxWait);
   {
     absl::MutexLock lock(&mu_);
     if (!closed_) {

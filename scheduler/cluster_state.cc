@@ -13,7 +13,6 @@
 namespace ps {
 namespace {
 
-constexpr absl::Duration kMaxWait = absl::Seconds(30);
 
 const char* RoleName(Role r) { return r == SERVER ? "server" : "worker"; }
 
@@ -1032,108 +1031,72 @@ void ClusterState::WakeClaimsLocked() {
   }
 }
 
-// journal_file_mu_ is left locked on one path, for the caller to release
-// (the analysis cannot follow a lock handed over across calls).
-bool ClusterState::FinishBatchLocked(const std::vector<PendingFinish*>& batch,
-                                     SchedulerJournal* snapshot)
-    ABSL_NO_THREAD_SAFETY_ANALYSIS {
-  JournalScope journal(this);
-  const absl::Status admitted = journal.Admit();
-  bool finished = false;
-  for (PendingFinish* p : batch) {
-    p->done = true;
-    if (!admitted.ok()) {
-      p->result = admitted;
-      continue;
-    }
-    const ClaimShardRequest& request = *p->request;
-    auto it = nodes_.find(request.node_id());
-    if (it == nodes_.end() || it->second.info.state() != ALIVE ||
-        it->second.info.role() != WORKER) {
-      p->result = absl::NotFoundError(
-          absl::StrCat("node ", request.node_id(), " is not a live worker"));
-      continue;
-    }
-    p->result = absl::OkStatus();
-    if (request.has_finished() &&
-        shards_.Finish(request.node_id(), request.finished())) {
-      finished = true;
-    }
-  }
-  if (finished) {
-    // No view lists shards: a finish changes the view only when it changes
-    // the job's state (and every node's view need not be resent for each
-    // worker that ends). The journal holds it either way.
-    const JobState before = view_.job_state();
-    UpdateJobStateLocked();
-    if (view_.job_state() != before) {
-      BumpEpochLocked();
-    } else {
-      journal_dirty_ = true;
-      WakeClaimsLocked();
-      if (journal_ && journal_error_.ok()) {
-        // Only the ledger changed: written after the lock, so heartbeats
-        // and the next finishes need not wait for the disk. Each claim of
-        // the batch is answered only once it is written (JournalWritten).
-        *snapshot = SnapshotLocked();
-        const uint64_t seq = ++journal_seq_;
-        journal_dirty_ = false;
-        for (PendingFinish* p : batch) p->seq = seq;
-        journal_file_mu_.Lock();  // WriteJournalAfterLock releases it
-        journal.Commit().IgnoreError();  // nothing left to write
-        return true;
-      }
-    }
-  }
-  // A finished shard is on record before the wait, which may be long.
-  const absl::Status committed = journal.Commit();
-  if (!committed.ok()) {
-    for (PendingFinish* p : batch) {
-      if (p->result.ok()) p->result = committed;
-    }
-  }
-  return false;
-}
-
-// journal_file_mu_ may be handed over by FinishBatchLocked (see there).
 ClusterState::ClaimTicket ClusterState::FinishClaim(
-    const ClaimShardRequest& request) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-  PendingFinish me;
-  me.request = &request;
-  finish_queue_.Add(&me);
-  SchedulerJournal snapshot;
-  bool write_after = false;
-  {
-    absl::MutexLock lock(&mu_);
-    if (!me.done) {
-      write_after = FinishBatchLocked(finish_queue_.Take(), &snapshot);
-    }
-  }
-  if (write_after) WriteJournalAfterLock(snapshot, me.seq).IgnoreError();
-  return {me.result, me.seq};
+    const ClaimShardRequest& request) {
+  return FinishClaims({&request}).front();
 }
 
-// journal_file_mu_ may be handed over by FinishBatchLocked (see there).
+// journal_file_mu_ is locked on one path before mu_ is released and handed
+// to WriteJournalAfterLock (the analysis cannot follow it).
 std::vector<ClusterState::ClaimTicket> ClusterState::FinishClaims(
     const std::vector<const ClaimShardRequest*>& requests)
     ABSL_NO_THREAD_SAFETY_ANALYSIS {
-  std::vector<PendingFinish> pending(requests.size());
-  std::vector<PendingFinish*> batch;
-  for (size_t i = 0; i < requests.size(); ++i) {
-    pending[i].request = requests[i];
-    batch.push_back(&pending[i]);
-  }
+  std::vector<ClaimTicket> tickets(requests.size());
   SchedulerJournal snapshot;
-  bool write_after = false;
+  uint64_t seq = 0;
   {
     absl::MutexLock lock(&mu_);
-    write_after = FinishBatchLocked(batch, &snapshot);
+    JournalScope journal(this);
+    const absl::Status admitted = journal.Admit();
+    bool finished = false;
+    for (size_t i = 0; i < requests.size(); ++i) {
+      const ClaimShardRequest& request = *requests[i];
+      if (!admitted.ok()) {
+        tickets[i].status = admitted;
+        continue;
+      }
+      auto it = nodes_.find(request.node_id());
+      if (it == nodes_.end() || it->second.info.state() != ALIVE ||
+          it->second.info.role() != WORKER) {
+        tickets[i].status = absl::NotFoundError(
+            absl::StrCat("node ", request.node_id(), " is not a live worker"));
+        continue;
+      }
+      if (request.has_finished() &&
+          shards_.Finish(request.node_id(), request.finished())) {
+        finished = true;
+      }
+    }
+    if (finished) {
+      // No view lists shards: a finish changes the view only when it
+      // changes the job's state (and every node's view need not be resent
+      // for each worker that ends). The journal holds it either way.
+      const JobState before = view_.job_state();
+      UpdateJobStateLocked();
+      if (view_.job_state() != before) {
+        BumpEpochLocked();
+      } else {
+        journal_dirty_ = true;
+        WakeClaimsLocked();
+        if (journal_ && journal_error_.ok()) {
+          // Only the ledger changed: written after the lock, so heartbeats
+          // and the next finishes need not wait for the disk. Each claim is
+          // answered only once it is written (JournalWritten).
+          seq = SnapshotForAfterLockLocked(&snapshot);
+          for (ClaimTicket& t : tickets) t.seq = seq;
+        }
+      }
+    }
+    // A finished shard is on record before the wait, which may be long
+    // (nothing is left to write when the snapshot above is taken).
+    const absl::Status committed = journal.Commit();
+    if (!committed.ok()) {
+      for (ClaimTicket& t : tickets) {
+        if (t.status.ok()) t.status = committed;
+      }
+    }
   }
-  if (write_after) {
-    WriteJournalAfterLock(snapshot, pending.front().seq).IgnoreError();
-  }
-  std::vector<ClaimTicket> tickets;
-  for (const PendingFinish& p : pending) tickets.push_back({p.result, p.seq});
+  if (seq != 0) WriteJournalAfterLock(snapshot, seq).IgnoreError();
   return tickets;
 }
 
@@ -1328,12 +1291,7 @@ void ClusterState::AbortCheckpointLocked(const std::string& why) {
 
 absl::Status ClusterState::ReportCheckpoint(
     const ReportCheckpointRequest& request) {
-  PendingReport me;
-  me.request = &request;
-  report_queue_.Add(&me);
-  absl::MutexLock lock(&mu_);
-  if (!me.done) ReportBatchLocked(report_queue_.Take());
-  return me.result;
+  return ReportCheckpoints({&request}).front();
 }
 
 // journal_file_mu_ is locked on one path before mu_ is released and handed
@@ -1341,10 +1299,13 @@ absl::Status ClusterState::ReportCheckpoint(
 std::vector<absl::Status> ClusterState::ReportCheckpoints(
     const std::vector<const ReportCheckpointRequest*>& requests)
     ABSL_NO_THREAD_SAFETY_ANALYSIS {
-  std::vector<PendingReport> pending(requests.size());
-  for (size_t i = 0; i < requests.size(); ++i) {
-    pending[i].request = requests[i];
-  }
+  std::vector<absl::Status> results;
+  results.reserve(requests.size());
+  auto fail_all = [&](const absl::Status& error) {
+    for (absl::Status& r : results) {
+      if (r.ok()) r = error;
+    }
+  };
   SchedulerJournal snapshot;
   uint64_t seq = 0;
   {
@@ -1352,63 +1313,32 @@ std::vector<absl::Status> ClusterState::ReportCheckpoints(
     const absl::Status admitted = journal_error_;
     const uint64_t epoch = view_.epoch();
     bool recorded = false;
-    for (PendingReport& p : pending) {
-      p.result = admitted.ok() ? ReportOneLocked(*p.request, &recorded)
-                               : admitted;
+    for (const ReportCheckpointRequest* request : requests) {
+      results.push_back(admitted.ok() ? ReportOneLocked(*request, &recorded)
+                                      : admitted);
     }
+    // Whether every part is in walks every node: once per batch, not once
+    // per report (a fleet's nodes report together).
     if (recorded && checkpoint_.has_value()) TryCommitCheckpointLocked();
     if (journal_ && journal_dirty_) {
       if (view_.epoch() != epoch) {
         // The checkpoint committed or was abandoned: a new epoch, which
         // nodes may see as soon as the lock is released, is written first.
         const absl::Status committed = WriteJournalLocked(/*sync=*/false);
-        if (!committed.ok()) {
-          for (PendingReport& p : pending) {
-            if (p.result.ok()) p.result = committed;
-          }
-        }
+        if (!committed.ok()) fail_all(committed);
       } else {
         // Only reports changed: written after the lock, so heartbeats and
         // the next reports need not wait for the disk; answered once
         // written.
-        snapshot = SnapshotLocked();
-        seq = ++journal_seq_;
-        journal_dirty_ = false;
-        journal_file_mu_.Lock();  // WriteJournalAfterLock releases it
+        seq = SnapshotForAfterLockLocked(&snapshot);
       }
     }
   }
   if (seq != 0) {
     const absl::Status written = WriteJournalAfterLock(snapshot, seq);
-    if (!written.ok()) {
-      for (PendingReport& p : pending) {
-        if (p.result.ok()) p.result = written;
-      }
-    }
+    if (!written.ok()) fail_all(written);
   }
-  std::vector<absl::Status> results;
-  for (const PendingReport& p : pending) results.push_back(p.result);
   return results;
-}
-
-void ClusterState::ReportBatchLocked(const std::vector<PendingReport*>& batch) {
-  JournalScope journal(this);
-  const absl::Status admitted = journal.Admit();
-  bool recorded = false;
-  for (PendingReport* p : batch) {
-    p->done = true;
-    p->result = admitted.ok() ? ReportOneLocked(*p->request, &recorded)
-                              : admitted;
-  }
-  // Whether every part is in walks every node: once per batch, not once
-  // per report (a fleet's nodes report together).
-  if (recorded && checkpoint_.has_value()) TryCommitCheckpointLocked();
-  const absl::Status committed = journal.Commit();
-  if (!committed.ok()) {
-    for (PendingReport* p : batch) {
-      if (p->result.ok()) p->result = committed;
-    }
-  }
 }
 
 absl::Status ClusterState::ReportOneLocked(

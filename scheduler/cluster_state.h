@@ -85,6 +85,9 @@ class ClusterState {
     std::function<absl::StatusOr<CheckpointRef>()> latest;
   };
 
+  // The longest any call waits (a longer timeout asked for is cut to it).
+  static constexpr absl::Duration kMaxWait = absl::Seconds(30);
+
   // ClusterView.slot_backup of a slot without a backup (common/protocol.h).
   static constexpr uint32_t kNoBackup = ::ps::kNoBackup;
 
@@ -153,13 +156,12 @@ class ClusterState {
 
   // Workers: reports a finished shard and waits up to `timeout` for an
   // orphaned one (see ClaimShardResponse). NOT_FOUND for unknown or dead
-  // callers. Finishes that arrive together share one journal write (a
-  // fleet's workers end together).
+  // callers.
   absl::StatusOr<ClaimShardResponse> ClaimShard(
       const ClaimShardRequest& request, absl::Duration timeout);
   // ClaimShard in parts, for a caller that waits without a thread
-  // (ClaimWaiters). FinishClaim records the finished shard (batched as in
-  // ClaimShard; NOT_FOUND for unknown or dead callers) and says which
+  // (ClaimWaiters). FinishClaim records the finished shard (NOT_FOUND for
+  // unknown or dead callers) and says which
   // journal snapshot must be written before the claim is answered
   // (JournalWritten; 0: none). DecideClaims then answers each ask that may
   // be answered now (`first`: its first decision; `expired`: its wait is
@@ -193,11 +195,10 @@ class ClusterState {
   absl::StatusOr<uint64_t> StartCheckpoint(uint64_t after_clock = 0);
   // A server's or worker's part of the checkpoint in progress.
   // FAILED_PRECONDITION for a checkpoint not in progress (stale report).
-  // Reports that arrive together share one journal write and one check of
-  // whether the checkpoint is complete.
   absl::Status ReportCheckpoint(const ReportCheckpointRequest& request);
   // Several reports at once (one status each, in order): one journal write
-  // and one completeness check for them all.
+  // and one completeness check for them all (a fleet's nodes report
+  // together; CallBatcher hands them over in rounds).
   std::vector<absl::Status> ReportCheckpoints(
       const std::vector<const ReportCheckpointRequest*>& requests);
   // Periodic: starts checkpoints every checkpoint.interval_steps (and
@@ -498,6 +499,11 @@ class ClusterState {
   // mu_, unless a later one was written already; releases
   // journal_file_mu_, then records the outcome under mu_ as
   // WriteJournalLocked does.
+  // Takes the snapshot WriteJournalAfterLock writes (clearing
+  // journal_dirty_), locks journal_file_mu_ and returns its number.
+  uint64_t SnapshotForAfterLockLocked(SchedulerJournal* snapshot)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_)
+          ABSL_EXCLUSIVE_LOCK_FUNCTION(journal_file_mu_);
   absl::Status WriteJournalAfterLock(const SchedulerJournal& snapshot,
                                      uint64_t seq) ABSL_LOCKS_EXCLUDED(mu_)
       ABSL_UNLOCK_FUNCTION(journal_file_mu_);
@@ -532,53 +538,9 @@ class ClusterState {
   void AbortCheckpointLocked(const std::string& why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void TryCommitCheckpointLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Calls that wait for mu_ and each change what the journal holds: whoever
-  // holds mu_ next handles every one queued by then, with one journal
-  // write (Register batches the same way). `done` and the result are
-  // written under mu_ by the holder and read under mu_ by the caller.
-  template <typename T>
-  class CallQueue {
-   public:
-    void Add(T* call) ABSL_LOCKS_EXCLUDED(mu_) {
-      absl::MutexLock lock(&mu_);
-      queue_.push_back(call);
-    }
-    std::vector<T*> Take() ABSL_LOCKS_EXCLUDED(mu_) {
-      absl::MutexLock lock(&mu_);
-      std::vector<T*> taken;
-      taken.swap(queue_);
-      return taken;
-    }
-
-   private:
-    // Taken briefly, alone or under the state's mu_, never the other way.
-    absl::Mutex mu_;
-    std::vector<T*> queue_ ABSL_GUARDED_BY(mu_);
-  };
-  struct PendingReport {
-    const ReportCheckpointRequest* request = nullptr;
-    bool done = false;
-    absl::Status result;
-  };
-  void ReportBatchLocked(const std::vector<PendingReport*>& batch)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // One report of a batch; sets `*recorded` when it was taken.
   absl::Status ReportOneLocked(const ReportCheckpointRequest& request,
                                bool* recorded)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  struct PendingFinish {
-    const ClaimShardRequest* request = nullptr;
-    bool done = false;
-    absl::Status result;
-    // The journal snapshot that records the batch, written after the lock
-    // by the call that handled the batch (0: written under the lock).
-    uint64_t seq = 0;
-  };
-  // Handles `batch`. When its changes are to be written after the lock,
-  // fills `snapshot`, locks journal_file_mu_ and returns true: the caller
-  // then calls WriteJournalAfterLock once mu_ is released.
-  bool FinishBatchLocked(const std::vector<PendingFinish*>& batch,
-                         SchedulerJournal* snapshot)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // One claim's answer if it may be answered now (see DecideClaims).
   std::optional<absl::StatusOr<ClaimShardResponse>> DecideClaimLocked(
@@ -781,8 +743,6 @@ class ClusterState {
   std::function<void()> claim_listener_ ABSL_GUARDED_BY(mu_);
   uint64_t departures_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t departures_woken_ ABSL_GUARDED_BY(mu_) = 0;
-  CallQueue<PendingReport> report_queue_;
-  CallQueue<PendingFinish> finish_queue_;
   // Released barrier name -> (epoch, the ranks AwaitBarrier answers then).
   absl::flat_hash_map<std::string, std::pair<uint64_t, std::vector<uint32_t>>>
       barrier_ranks_ ABSL_GUARDED_BY(mu_);

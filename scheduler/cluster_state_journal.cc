@@ -74,6 +74,13 @@ absl::Status ClusterState::WriteJournalLocked(bool sync) {
                                   snapshot.ByteSizeLong());
 }
 
+uint64_t ClusterState::SnapshotForAfterLockLocked(SchedulerJournal* snapshot) {
+  *snapshot = SnapshotLocked();
+  journal_dirty_ = false;  // set again if the write fails
+  journal_file_mu_.Lock();  // WriteJournalAfterLock releases it
+  return ++journal_seq_;
+}
+
 absl::Status ClusterState::WriteJournalAfterLock(
     const SchedulerJournal& snapshot, uint64_t seq) {
   const absl::Time start = absl::Now();

@@ -7,7 +7,6 @@ namespace ps {
 namespace {
 
 // As ClusterState's own waits: a poll never holds a record longer.
-constexpr absl::Duration kMaxWait = absl::Seconds(30);
 // Deadlines this close together are answered in one round.
 constexpr absl::Duration kDeadlineSlack = absl::Milliseconds(5);
 
@@ -35,7 +34,7 @@ ViewWatchers::~ViewWatchers() {
 void ViewWatchers::Watch(const GetClusterViewRequest& request,
                          ClusterView* response, Done done) {
   const absl::Duration timeout =
-      std::min(absl::Milliseconds(request.timeout_ms()), kMaxWait);
+      std::min(absl::Milliseconds(request.timeout_ms()), ClusterState::kMaxWait);
   const uint64_t min_epoch = request.min_epoch();
   const bool wait_for_running = request.wait_for_running();
   const ClusterState::ViewAsk ask{request.known_epoch(), request.servers_only(),
