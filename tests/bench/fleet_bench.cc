@@ -1132,13 +1132,45 @@ struct Results {
 };
 
 void ReadResults(const std::string& path, Results* r) {
+  // Lines by their shape: a count added up, a time in us kept as ms, a
+  // unix time kept, a unix time of which the latest is kept.
+  const std::map<std::string, int Results::*> counts = {
+      {"barrier_failed", &Results::barrier_failed},
+      {"ckpt_report_failed", &Results::report_failed},
+      {"replace_failed", &Results::replace_failed},
+      {"claim_assigned", &Results::claims_assigned},
+      {"claim_failed", &Results::claim_failed}};
+  const std::map<std::string, std::vector<double> Results::*> durations = {
+      {"hb", &Results::heartbeat_ms},
+      {"ckpt_report", &Results::report_ms},
+      {"replaced_preempted", &Results::replaced_preempted_ms},
+      {"replaced_killed", &Results::replaced_killed_ms}};
+  const std::map<std::string, std::vector<int64_t> Results::*> times = {
+      {"leave", &Results::leaves},
+      {"barrier_done", &Results::barrier_done},
+      {"claim_done", &Results::claim_done}};
+  const std::map<std::string, int64_t Results::*> latest = {
+      {"barrier_call", &Results::barrier_last_call},
+      {"claim_finish", &Results::claim_last_finish}};
   std::istringstream in(ReadFile(path));
   std::string kind;
   while (in >> kind) {
-    if (kind == "hb") {
-      int64_t us;
+    if (auto c = counts.find(kind); c != counts.end()) {
+      int n = 0;
+      in >> n;
+      r->*(c->second) += n;
+    } else if (auto d = durations.find(kind); d != durations.end()) {
+      int64_t us = 0;
       in >> us;
-      r->heartbeat_ms.push_back(us / 1000.0);
+      (r->*(d->second)).push_back(us / 1000.0);
+    } else if (auto t = times.find(kind); t != times.end()) {
+      int64_t us = 0;
+      in >> us;
+      (r->*(t->second)).push_back(us);
+    } else if (auto l = latest.find(kind); l != latest.end()) {
+      int64_t us = 0;
+      in >> us;
+      r->*(l->second) = std::max(r->*(l->second), us);
     } else if (kind == "arr") {
       uint64_t epoch;
       int64_t us;
@@ -1148,67 +1180,17 @@ void ReadResults(const std::string& path, Results* r) {
       uint64_t epoch, bytes;
       in >> epoch >> bytes;
       r->bytes[epoch] += bytes;
-    } else if (kind == "leave") {
-      int64_t us;
-      in >> us;
-      r->leaves.push_back(us);
     } else if (kind == "silenced") {
       in >> r->silenced >> r->silenced_at;
-    } else if (kind == "barrier_call") {
-      int64_t us;
-      in >> us;
-      r->barrier_last_call = std::max(r->barrier_last_call, us);
-    } else if (kind == "barrier_done") {
-      int64_t us;
-      in >> us;
-      r->barrier_done.push_back(us);
-    } else if (kind == "barrier_failed") {
-      int n;
-      in >> n;
-      r->barrier_failed += n;
     } else if (kind == "heartbeats") {
       uint64_t n;
       in >> n;
       r->heartbeats += n;
-    } else if (kind == "ckpt_report") {
-      int64_t us;
-      in >> us;
-      r->report_ms.push_back(us / 1000.0);
-    } else if (kind == "ckpt_report_failed") {
-      int n;
-      in >> n;
-      r->report_failed += n;
     } else if (kind == "killed") {
       uint64_t id;
       int64_t us;
       in >> id >> us;
       r->killed[id] = us;
-    } else if (kind == "replaced_preempted" || kind == "replaced_killed") {
-      int64_t us;
-      in >> us;
-      (kind == "replaced_killed" ? r->replaced_killed_ms
-                                 : r->replaced_preempted_ms)
-          .push_back(us / 1000.0);
-    } else if (kind == "replace_failed") {
-      int n;
-      in >> n;
-      r->replace_failed += n;
-    } else if (kind == "claim_finish") {
-      int64_t us;
-      in >> us;
-      r->claim_last_finish = std::max(r->claim_last_finish, us);
-    } else if (kind == "claim_done") {
-      int64_t us;
-      in >> us;
-      r->claim_done.push_back(us);
-    } else if (kind == "claim_assigned") {
-      int n;
-      in >> n;
-      r->claims_assigned += n;
-    } else if (kind == "claim_failed") {
-      int n;
-      in >> n;
-      r->claim_failed += n;
     }
   }
 }
