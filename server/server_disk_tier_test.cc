@@ -306,6 +306,122 @@ TEST_F(ServerDiskTierTest,
     ASSERT_LT(after.values[i], before.values[i]) << i;
 }
 
+TEST_F(ServerDiskTierTest,
+       APushHeldForACheckpointWhoseRowsWentToDiskWaitsForThemWhenRunAgain) {
+  // The checkpoint's cut is reached while the server hands out requests
+  // that waited for the disk; writing it runs again a push its gate held,
+  // whose rows have gone to disk since, so that push waits for the disk in
+  // turn, from inside that hand-out.
+  std::atomic<bool> hold{false};
+  std::atomic<int> held{0};
+  absl::Notification release;
+  const std::string dir = TierBase() + "/checkpoints";
+  auto config = ParseJobConfig(
+      absl::StrCat(TieredJob(), " checkpoint { dir: \"", dir, "\" }"),
+      "tiered");
+  ASSERT_TRUE(config.ok()) << config.status();
+  KVServer::Options options;
+  options.config = *config;
+  options.before_tier_read = [&] {
+    if (!hold.load()) return;
+    held.fetch_add(1);
+    release.WaitForNotificationWithTimeout(absl::Seconds(30));
+  };
+  client_.reset();
+  server_.reset();
+  auto started = KVServer::Start(std::move(options));
+  ASSERT_TRUE(started.ok()) << started.status();
+  server_ = std::move(started).value();
+  // Node 1 (worker rank 0) speaks on client_, node 2 (rank 1) on `other`.
+  client_ = std::make_unique<raw_client::RawClient>(server_->endpoint());
+  raw_client::RawClient other(server_->endpoint());
+  server_->UpdateView(OwnerView(/*epoch=*/1, /*workers=*/2), 0);
+  const absl::Time up_by = absl::Now() + absl::Seconds(5);
+  while (Pull(5, {1}).header.epoch() != 1 && absl::Now() < up_by)
+    absl::SleepFor(absl::Milliseconds(5));
+  constexpr size_t kKeys = 16000;
+  ASSERT_NO_FATAL_FAILURE(PushMixedKeys(0, kKeys));
+  // `late`: rows in RAM now (pushed last); `cold`: rows on disk.
+  std::vector<uint64_t> late, cold;
+  for (size_t i = 0; i < 50; ++i) {
+    late.push_back(Mix64(kKeys - 1 - i));
+    cold.push_back(Mix64(8000 + i));
+  }
+  Response before = Pull(5, late);
+  ASSERT_EQ(before.code(), absl::StatusCode::kOk);
+
+  // A checkpoint at clock 1; node 2 is there, its push of step 1 is held.
+  ClusterView view = OwnerView(/*epoch=*/2, /*workers=*/2);
+  view.set_checkpoint_clock(1);
+  server_->UpdateView(view, 0);
+  while (Pull(5, {1}).header.epoch() != 2 &&
+         absl::Now() < up_by + absl::Seconds(5))
+    absl::SleepFor(absl::Milliseconds(5));
+  RequestHeader other_advance = Header(ADVANCE_CLOCK, 0, 0);
+  other_advance.set_sender_node_id(2);
+  other_advance.set_clock(1);
+  other.SendFrames(Numbered(other_advance, Frames(KeysFrame({}))));
+  ASSERT_EQ(other.ReceiveHeader().code(), 0);
+  const std::vector<float> grads(late.size() * 16, 0.5f);
+  RequestHeader held_push = Header(PUSH, 5, late.size());
+  held_push.set_sender_node_id(2);
+  held_push.set_clock(1);
+  other.SendFrames(
+      Numbered(held_push, Frames(KeysFrame(late), ValuesFrame(grads))));
+  EXPECT_FALSE(ReplyWaiting(other.socket(), 200)) << "the push was not held";
+
+  // Reading 8000 rows from disk sends the held push's rows there.
+  std::vector<uint64_t> others;
+  for (size_t i = 0; i < 8000; ++i) others.push_back(Mix64(i));
+  for (size_t first = 0; first < others.size(); first += kPushPart) {
+    const std::vector<uint64_t> part(others.begin() + first,
+                                     others.begin() + first + kPushPart);
+    ASSERT_EQ(Pull(5, part).code(), absl::StatusCode::kOk);
+  }
+
+  // Node 1's push of rows on disk waits for the reader, held here, and its
+  // clock waits behind it: both are handed out once the rows are read,
+  // and the clock reaches the cut.
+  const uint64_t waits_before = server_->stats().tier_waits;
+  const uint64_t written_before = server_->stats().checkpoints_written;
+  hold = true;
+  RequestHeader push = Header(PUSH, 5, cold.size());
+  push.set_sender_node_id(1);
+  push.set_clock(0);
+  const uint64_t push_id =
+      SendOnly(push, Frames(KeysFrame(cold), ValuesFrame(grads)));
+  const uint64_t advance_id = Advance(1, 1);
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (held.load() == 0 && absl::Now() < deadline)
+    absl::SleepFor(absl::Milliseconds(1));
+  ASSERT_EQ(held.load(), 1) << "the push's rows were not read off the thread";
+  hold = false;
+  release.Notify();
+
+  Response pushed = Receive();
+  EXPECT_EQ(pushed.code(), absl::StatusCode::kOk) << pushed.header.message();
+  EXPECT_EQ(pushed.header.request_id(), push_id);
+  Response advanced = Receive();
+  EXPECT_EQ(advanced.code(), absl::StatusCode::kOk);
+  EXPECT_EQ(advanced.header.request_id(), advance_id);
+  // The held push ran again, waited for its rows and is answered.
+  ResponseHeader answer = other.ReceiveHeader();
+  EXPECT_EQ(answer.code(), 0) << answer.message();
+  EXPECT_GE(server_->stats().tier_waits, waits_before + 2)
+      << "the held push's rows were not on disk when it ran again";
+  const absl::Time written_by = absl::Now() + absl::Seconds(10);
+  while (server_->stats().checkpoints_written == written_before &&
+         absl::Now() < written_by)
+    absl::SleepFor(absl::Milliseconds(5));
+  EXPECT_EQ(server_->stats().checkpoints_written, written_before + 1);
+  // The push was applied after the cut: its rows moved.
+  Response after = Pull(5, late);
+  ASSERT_EQ(after.code(), absl::StatusCode::kOk);
+  ASSERT_EQ(after.values.size(), before.values.size());
+  for (size_t i = 0; i < after.values.size(); ++i)
+    ASSERT_LT(after.values[i], before.values[i]) << i;
+}
+
 TEST_F(ServerDiskTierTest, APrefetchReadsColdRowsAheadSoTheirPullWaitsForNone) {
   const std::string tiered = TieredJob();
   ASSERT_NO_FATAL_FAILURE(StartServer(/*standalone=*/true, tiered.c_str()));

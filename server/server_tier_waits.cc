@@ -4,8 +4,10 @@
 // its behalf. A sender's later messages wait behind it, in order: under
 // BSP its ADVANCE_CLOCK must not complete a step its push belongs to.
 #include <algorithm>
+#include <deque>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "common/wire.h"
 #include "server/server_impl.h"
@@ -119,10 +121,25 @@ void KVServer::Impl::ReleaseTierWaits(const Ownership& own) {
 }
 
 void KVServer::Impl::HandleReadyTierWaits(const Ownership& own) {
-  for (auto it = tier_waits_.senders.begin();
-       it != tier_waits_.senders.end();) {
-    std::deque<TierWait>& queue = it->second;
-    while (!queue.empty()) {
+  // Handling a request can add waits: Progress may write a checkpoint and
+  // run again the requests its gate held, and one whose rows went back to
+  // disk meanwhile waits in WaitForColdRows, which may grow the map and
+  // move every queue. So no iterator or reference into the map is kept
+  // across a request: each sender's queue is looked up afresh.
+  std::vector<std::string> senders;
+  senders.reserve(tier_waits_.senders.size());
+  for (const auto& [sender, queue] : tier_waits_.senders) {
+    senders.push_back(sender);
+  }
+  for (const std::string& sender : senders) {
+    for (;;) {
+      const auto it = tier_waits_.senders.find(sender);
+      if (it == tier_waits_.senders.end()) break;
+      std::deque<TierWait>& queue = it->second;
+      if (queue.empty()) {
+        tier_waits_.senders.erase(it);
+        break;
+      }
       TierWait& first = queue.front();
       if (first.table == nullptr) {
         // It waited behind its sender's earlier request: its own rows may
@@ -140,15 +157,12 @@ void KVServer::Impl::HandleReadyTierWaits(const Ownership& own) {
           static_cast<uint64_t>(
               std::max<int64_t>(0, absl::ToInt64Microseconds(waited))),
           std::memory_order_relaxed);
+      // The sender's (possibly empty) queue stays while its request is
+      // handled, so what it sends meanwhile queues behind it.
       if (HandleMessage(std::move(ready.identity), std::move(ready.frames), own,
                         /*tier_checked=*/true)) {
         Progress(own);
       }
-    }
-    if (queue.empty()) {
-      tier_waits_.senders.erase(it++);
-    } else {
-      ++it;
     }
   }
 }
