@@ -127,5 +127,10 @@ def test_observers_read_a_bsp_job_without_changing_it(write_config, cluster_fact
     assert observed["test_auc"] == alone["test_auc"]
     assert observed["test_logloss"] == alone["test_logloss"]
     # Not held back: the observed job trained at no less than a third of the
-    # pace of the job alone (the observers share the 2 CPUs with it).
-    assert observed["examples_per_s"] > alone["examples_per_s"] / 3, (alone, observed)
+    # pace of the job alone. The observers share the 2 CPUs with it, and
+    # under sanitizers each of kv_tool's back-to-back starts costs several
+    # times more CPU, so the bound widens by the sanitizer's time scale; a
+    # job held back by an observer would wait for request timeouts and
+    # miss any of these bounds by far.
+    slowest = alone["examples_per_s"] / (3 * timeout_scale())
+    assert observed["examples_per_s"] > slowest, (alone, observed)
