@@ -82,6 +82,51 @@ class ServerDiskTierTest : public ServerTest {
     }
   }
   static constexpr size_t kPushPart = 2000;
+
+  // Replaces the fixture's server by one of `job` whose tier reader holds
+  // each read while hold_ is set, until release_ is notified; client_
+  // speaks to it. Call under ASSERT_NO_FATAL_FAILURE.
+  void StartWithHeldReader(const std::string& job) {
+    auto config = ParseJobConfig(job, "tiered");
+    ASSERT_TRUE(config.ok()) << config.status();
+    KVServer::Options options;
+    options.config = *config;
+    options.before_tier_read = [this] {
+      if (!hold_.load()) return;
+      held_.fetch_add(1);
+      release_.WaitForNotificationWithTimeout(absl::Seconds(30));
+    };
+    client_.reset();
+    server_.reset();
+    auto started = KVServer::Start(std::move(options));
+    ASSERT_TRUE(started.ok()) << started.status();
+    server_ = std::move(started).value();
+    client_ = std::make_unique<raw_client::RawClient>(server_->endpoint());
+  }
+
+  // Whether the server answers a pull from the view of `epoch` within 5 s.
+  bool ServingEpoch(uint64_t epoch) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(5);
+    while (absl::Now() < deadline) {
+      Response r = Pull(5, {1});
+      if (r.code() == absl::StatusCode::kOk && r.header.epoch() == epoch)
+        return true;
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    return false;
+  }
+
+  // The reads the reader holds, once it holds one or after 10 s.
+  int HeldReads() {
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    while (held_.load() == 0 && absl::Now() < deadline)
+      absl::SleepFor(absl::Milliseconds(1));
+    return held_.load();
+  }
+
+  std::atomic<bool> hold_{false};
+  std::atomic<int> held_{0};
+  absl::Notification release_;
 };
 
 TEST_F(ServerDiskTierTest, PushesAndPullsMatchATableWithoutABudget) {
@@ -199,41 +244,13 @@ bool ReplyWaiting(zmq::socket_t& socket, int ms) {
 
 TEST_F(ServerDiskTierTest,
        APushWaitingForDiskKeepsItsSendersClockBehindItWhileOthersGoOn) {
-  // The tier's reader holds its reads while `hold` is set, until released.
-  std::atomic<bool> hold{false};
-  std::atomic<int> held{0};
-  absl::Notification release;
-  auto config = ParseJobConfig(TieredJob(), "tiered");
-  ASSERT_TRUE(config.ok()) << config.status();
-  KVServer::Options options;
-  options.config = *config;
-  options.before_tier_read = [&] {
-    if (!hold.load()) return;
-    held.fetch_add(1);
-    release.WaitForNotificationWithTimeout(absl::Seconds(30));
-  };
-  client_.reset();
-  server_.reset();
-  auto started = KVServer::Start(std::move(options));
-  ASSERT_TRUE(started.ok()) << started.status();
-  server_ = std::move(started).value();
+  ASSERT_NO_FATAL_FAILURE(StartWithHeldReader(TieredJob()));
   // Node 1 (worker rank 0) speaks on client_, node 2 (rank 1) on `other`.
-  client_ = std::make_unique<raw_client::RawClient>(server_->endpoint());
   raw_client::RawClient other(server_->endpoint());
-  auto serving_epoch = [&](uint64_t epoch) {
-    const absl::Time deadline = absl::Now() + absl::Seconds(5);
-    while (absl::Now() < deadline) {
-      Response r = Pull(5, {1});
-      if (r.code() == absl::StatusCode::kOk && r.header.epoch() == epoch)
-        return true;
-      absl::SleepFor(absl::Milliseconds(5));
-    }
-    return false;
-  };
 
   // Asynchronous first: rows pushed early go to disk as later ones come.
   server_->UpdateView(OwnerView(/*epoch=*/1, /*workers=*/2), 0);
-  ASSERT_TRUE(serving_epoch(1));
+  ASSERT_TRUE(ServingEpoch(1));
   constexpr size_t kKeys = 16000, kPart = kPushPart;
   ASSERT_NO_FATAL_FAILURE(PushMixedKeys(0, kKeys));
   std::vector<uint64_t> cold, hot;
@@ -251,9 +268,9 @@ TEST_F(ServerDiskTierTest,
 
   // BSP from here, step 0.
   server_->UpdateView(OwnerView(/*epoch=*/2, /*workers=*/2, BSP), 0);
-  ASSERT_TRUE(serving_epoch(2));
+  ASSERT_TRUE(ServingEpoch(2));
   const uint64_t steps = server_->stats().bsp_steps_applied;
-  hold = true;
+  hold_ = true;
   const std::vector<float> grads(cold.size() * 16, 0.5f);
   RequestHeader push = Header(PUSH, 5, cold.size());
   push.set_sender_node_id(1);
@@ -261,10 +278,7 @@ TEST_F(ServerDiskTierTest,
   const uint64_t push_id =
       SendOnly(push, Frames(KeysFrame(cold), ValuesFrame(grads)));
   const uint64_t advance_id = Advance(1, 1);
-  const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  while (held.load() == 0 && absl::Now() < deadline)
-    absl::SleepFor(absl::Milliseconds(1));
-  ASSERT_EQ(held.load(), 1) << "the push's rows were not read off the thread";
+  ASSERT_EQ(HeldReads(), 1) << "the push's rows were not read off the thread";
 
   // Node 2's push of rows in RAM, and its clock, are answered meanwhile.
   RequestHeader other_push = Header(PUSH, 5, hot.size());
@@ -283,7 +297,7 @@ TEST_F(ServerDiskTierTest,
   EXPECT_FALSE(ReplyWaiting(client_->socket(), 200));
   EXPECT_EQ(server_->stats().bsp_steps_applied, steps);
 
-  release.Notify();
+  release_.Notify();
   Response pushed = Receive();
   EXPECT_EQ(pushed.code(), absl::StatusCode::kOk) << pushed.header.message();
   EXPECT_EQ(pushed.header.request_id(), push_id);
@@ -312,33 +326,13 @@ TEST_F(ServerDiskTierTest,
   // that waited for the disk; writing it runs again a push its gate held,
   // whose rows have gone to disk since, so that push waits for the disk in
   // turn, from inside that hand-out.
-  std::atomic<bool> hold{false};
-  std::atomic<int> held{0};
-  absl::Notification release;
   const std::string dir = TierBase() + "/checkpoints";
-  auto config = ParseJobConfig(
-      absl::StrCat(TieredJob(), " checkpoint { dir: \"", dir, "\" }"),
-      "tiered");
-  ASSERT_TRUE(config.ok()) << config.status();
-  KVServer::Options options;
-  options.config = *config;
-  options.before_tier_read = [&] {
-    if (!hold.load()) return;
-    held.fetch_add(1);
-    release.WaitForNotificationWithTimeout(absl::Seconds(30));
-  };
-  client_.reset();
-  server_.reset();
-  auto started = KVServer::Start(std::move(options));
-  ASSERT_TRUE(started.ok()) << started.status();
-  server_ = std::move(started).value();
+  ASSERT_NO_FATAL_FAILURE(StartWithHeldReader(
+      absl::StrCat(TieredJob(), " checkpoint { dir: \"", dir, "\" }")));
   // Node 1 (worker rank 0) speaks on client_, node 2 (rank 1) on `other`.
-  client_ = std::make_unique<raw_client::RawClient>(server_->endpoint());
   raw_client::RawClient other(server_->endpoint());
   server_->UpdateView(OwnerView(/*epoch=*/1, /*workers=*/2), 0);
-  const absl::Time up_by = absl::Now() + absl::Seconds(5);
-  while (Pull(5, {1}).header.epoch() != 1 && absl::Now() < up_by)
-    absl::SleepFor(absl::Milliseconds(5));
+  ASSERT_TRUE(ServingEpoch(1));
   constexpr size_t kKeys = 16000;
   ASSERT_NO_FATAL_FAILURE(PushMixedKeys(0, kKeys));
   // `late`: rows in RAM now (pushed last); `cold`: rows on disk.
@@ -354,9 +348,7 @@ TEST_F(ServerDiskTierTest,
   ClusterView view = OwnerView(/*epoch=*/2, /*workers=*/2);
   view.set_checkpoint_clock(1);
   server_->UpdateView(view, 0);
-  while (Pull(5, {1}).header.epoch() != 2 &&
-         absl::Now() < up_by + absl::Seconds(5))
-    absl::SleepFor(absl::Milliseconds(5));
+  ASSERT_TRUE(ServingEpoch(2));
   RequestHeader other_advance = Header(ADVANCE_CLOCK, 0, 0);
   other_advance.set_sender_node_id(2);
   other_advance.set_clock(1);
@@ -384,19 +376,16 @@ TEST_F(ServerDiskTierTest,
   // and the clock reaches the cut.
   const uint64_t waits_before = server_->stats().tier_waits;
   const uint64_t written_before = server_->stats().checkpoints_written;
-  hold = true;
+  hold_ = true;
   RequestHeader push = Header(PUSH, 5, cold.size());
   push.set_sender_node_id(1);
   push.set_clock(0);
   const uint64_t push_id =
       SendOnly(push, Frames(KeysFrame(cold), ValuesFrame(grads)));
   const uint64_t advance_id = Advance(1, 1);
-  const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  while (held.load() == 0 && absl::Now() < deadline)
-    absl::SleepFor(absl::Milliseconds(1));
-  ASSERT_EQ(held.load(), 1) << "the push's rows were not read off the thread";
-  hold = false;
-  release.Notify();
+  ASSERT_EQ(HeldReads(), 1) << "the push's rows were not read off the thread";
+  hold_ = false;
+  release_.Notify();
 
   Response pushed = Receive();
   EXPECT_EQ(pushed.code(), absl::StatusCode::kOk) << pushed.header.message();
