@@ -4,6 +4,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
@@ -12,6 +13,7 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "proto/scheduler.grpc.pb.h"
+#include "scheduler/loopback_server.h"
 
 namespace ps {
 namespace {
@@ -70,16 +72,10 @@ class CallBatcherTest : public ::testing::Test {
           return statuses;
         });
     service_ = std::make_unique<ReportService>(batcher_.get());
-    grpc::ServerBuilder builder;
-    int port = 0;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
-                             &port);
-    builder.RegisterService(service_.get());
-    server_ = builder.BuildAndStart();
+    testing::LoopbackServer served = testing::ServeOnLoopback(service_.get());
+    server_ = std::move(served.server);
     ASSERT_NE(server_, nullptr);
-    stub_ = Scheduler::NewStub(grpc::CreateChannel(
-        "127.0.0.1:" + std::to_string(port),
-        grpc::InsecureChannelCredentials()));
+    stub_ = std::move(served.stub);
   }
 
   void TearDown() override {

@@ -4,9 +4,9 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
@@ -17,6 +17,7 @@
 #include "gtest/gtest.h"
 #include "proto/scheduler.grpc.pb.h"
 #include "scheduler/cluster_state.h"
+#include "scheduler/loopback_server.h"
 
 namespace ps {
 namespace {
@@ -60,15 +61,10 @@ class ClaimWaitersTest : public ::testing::Test {
     state_ = std::make_unique<ClusterState>(config, &clock_);
     claims_ = std::make_unique<ClaimWaiters>(state_.get());
     service_ = std::make_unique<ClaimService>(claims_.get());
-    grpc::ServerBuilder builder;
-    int port = 0;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
-                             &port);
-    builder.RegisterService(service_.get());
-    server_ = builder.BuildAndStart();
+    testing::LoopbackServer served = testing::ServeOnLoopback(service_.get());
+    server_ = std::move(served.server);
     ASSERT_NE(server_, nullptr);
-    stub_ = Scheduler::NewStub(grpc::CreateChannel(
-        absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
+    stub_ = std::move(served.stub);
     RegisterRequest server;
     server.set_role(SERVER);
     server.set_data_endpoint("tcp://s:1");
