@@ -330,7 +330,9 @@ TEST(SlotKeyWalkTest, ListsEveryRowHeldThroughoutOnceDespiteGrowthAndDrops) {
   std::vector<uint64_t> listed;
   for (const SlotKeyWalk::Keys& k : walk.keys()) {
     if (k.table == kPlain) listed = k.keys;
-    if (k.table == kExpiring) EXPECT_TRUE(k.keys.empty());
+    if (k.table == kExpiring) {
+      EXPECT_TRUE(k.keys.empty());
+    }
   }
   std::set<uint64_t> unique(listed.begin(), listed.end());
   EXPECT_EQ(unique.size(), listed.size()) << "a row listed twice";

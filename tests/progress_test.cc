@@ -48,7 +48,8 @@
 namespace ps::testing {
 namespace {
 
-bool Sanitized() {
+// Read only by builds without NDEBUG (StepsPerWorker).
+[[maybe_unused]] bool Sanitized() {
   const char* s = std::getenv("PS_SANITIZER");
   return s != nullptr && std::string(s) == "1";
 }
