@@ -20,6 +20,7 @@
 #include "common/status.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/support/channel_arguments.h"
+#include "scheduler/rank_runs.h"
 
 namespace ps {
 namespace {
@@ -44,6 +45,9 @@ constexpr char kUnreachableField[] = "cluster.scheduler_unreachable_timeout_ms";
 // one line per kWarnEvery.
 constexpr absl::Duration kWarnEvery = absl::Seconds(5);
 constexpr absl::Duration kFirstBackoff = absl::Milliseconds(100);
+// The most ranks a barrier's answer may name: cluster.num_workers' limit
+// (common/config.cc).
+constexpr uint64_t kMaxBarrierRanks = 65536;
 constexpr absl::Duration kMaxBackoff = absl::Seconds(1);
 
 double Seconds(SteadyClock::duration d) {
@@ -931,6 +935,7 @@ absl::Status SchedulerClient::Barrier(const std::string& name,
     request.set_name(name);
     request.set_timeout_ms(static_cast<uint32_t>(
         std::max<int64_t>(0, absl::ToInt64Milliseconds(chunk))));
+    request.set_rank_runs(true);
     BarrierResponse response;
     bool transport = false;
     grpc::Status status = Attempt(
@@ -940,8 +945,22 @@ absl::Status SchedulerClient::Barrier(const std::string& name,
         },
         &transport);
     if (status.ok()) {
-      if (ranks != nullptr)
+      if (ranks == nullptr) return absl::OkStatus();
+      if (response.rank_runs().empty()) {
+        // A scheduler that answers the list itself (or nobody arrived).
         ranks->assign(response.ranks().begin(), response.ranks().end());
+        return absl::OkStatus();
+      }
+      // No job has more workers than a rank can number; the bound keeps a
+      // malformed answer from making this process allocate without end.
+      absl::StatusOr<std::vector<uint32_t>> expanded =
+          FromRankRuns(response.rank_runs(), kMaxBarrierRanks);
+      if (!expanded.ok()) {
+        return absl::DataLossError(absl::StrCat(
+            "barrier ", name,
+            ": the scheduler's answer: ", expanded.status().message()));
+      }
+      *ranks = std::move(expanded).value();
       return absl::OkStatus();
     }
     if (transport) {

@@ -34,6 +34,7 @@
 namespace ps {
 namespace {
 
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 constexpr absl::Duration kHeartbeat = absl::Milliseconds(50);
@@ -67,6 +68,12 @@ class ScriptedScheduler final : public Scheduler::Service {
   // Barriers complete once this is set; until then they wait (up to the
   // request's timeout, then DEADLINE_EXCEEDED as the real one answers).
   std::atomic<bool> release_barriers{false};
+  // What a released barrier answers a caller that asks for rank runs (one
+  // that does not gets rank 0 as a list).
+  void SetBarrierRuns(std::vector<uint32_t> runs) {
+    absl::MutexLock lock(&mu_);
+    barrier_runs_ = std::move(runs);
+  }
 
   grpc::Status Register(grpc::ServerContext*, const RegisterRequest*,
                         RegisterResponse* response) override {
@@ -110,7 +117,13 @@ class ScriptedScheduler final : public Scheduler::Service {
       return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
                           "barrier still waits for worker ranks 1");
     }
-    response->add_ranks(0);
+    if (request->rank_runs()) {
+      absl::MutexLock lock(&mu_);
+      response->mutable_rank_runs()->Add(barrier_runs_.begin(),
+                                         barrier_runs_.end());
+    } else {
+      response->add_ranks(0);
+    }
     return grpc::Status::OK;
   }
 
@@ -133,6 +146,9 @@ class ScriptedScheduler final : public Scheduler::Service {
   }
 
  private:
+  absl::Mutex mu_;
+  std::vector<uint32_t> barrier_runs_ ABSL_GUARDED_BY(mu_) = {0, 1};
+
   static ClusterView View() {
     ClusterView view;
     view.set_epoch(1);
@@ -371,6 +387,32 @@ TEST(SchedulerClientTest, ADroppedNodeEndsItsWaitsAtOnce) {
   EXPECT_TRUE(client->Leave(false).ok());
   EXPECT_EQ(scheduler.service().leaves.load(), 0);
   EXPECT_TRUE(client->scheduler_gone().ok());
+}
+
+// A barrier's ranks arrive as runs and reach the caller as a list; runs
+// that do not describe a set of ranks are refused, not expanded.
+TEST(SchedulerClientTest, BarrierRanksArriveAsRunsAndMalformedRunsAreRefused) {
+  Listening scheduler("127.0.0.1:0");
+  ASSERT_TRUE(scheduler.ok());
+  Seen seen;
+  std::unique_ptr<SchedulerClient> client =
+      MustConnect(ClientOptions(scheduler.address(), &seen));
+  ASSERT_NE(client, nullptr);
+  scheduler.service().release_barriers = true;
+  scheduler.service().SetBarrierRuns({0, 3, 7, 2, 1000, 1});
+  std::vector<uint32_t> ranks;
+  ASSERT_TRUE(client->Barrier("b", absl::Seconds(30), &ranks).ok());
+  EXPECT_THAT(ranks, ElementsAre(0, 1, 2, 7, 8, 1000));
+
+  for (const std::vector<uint32_t>& bad :
+       {std::vector<uint32_t>{0, 3, 5}, std::vector<uint32_t>{5, 1, 2, 1},
+        std::vector<uint32_t>{0, 4000000000u}}) {
+    scheduler.service().SetBarrierRuns(bad);
+    ranks = {42};
+    const absl::Status s = client->Barrier("b", absl::Seconds(30), &ranks);
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+    EXPECT_THAT(s.message(), HasSubstr("rank runs"));
+  }
 }
 
 TEST(SchedulerClientTest, AHeartbeatWithoutAnswerTimesOutWithinTheHeartbeatTimeout) {

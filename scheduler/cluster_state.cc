@@ -8,6 +8,7 @@
 #include "common/config.h"
 #include "common/protocol.h"
 #include "common/reasons.h"
+#include "scheduler/rank_runs.h"
 #include "scheduler/scheduler_log.h"
 
 namespace ps {
@@ -505,7 +506,7 @@ void ClusterState::BumpEpochLocked() {
   // What changes an epoch (a worker joining, leaving or dying; the job
   // failing) may release or end a barrier.
   CompleteBarriersLocked();
-  if (view_.job_state() == FAILED) barrier_cv_.SignalAll();
+  if (view_.job_state() == FAILED) SignalBarriersLocked();
   WakeClaimsLocked();
   view_.set_epoch(view_.epoch() + 1);
   view_.clear_nodes();
@@ -689,7 +690,7 @@ void ClusterState::CompleteBarriersLocked() {
     BarrierNodesLocked(name);  // who was there at the release
     released = true;
   }
-  if (released) barrier_cv_.SignalAll();
+  if (released) SignalBarriersLocked();
 }
 
 bool ClusterState::BarrierCompleteLocked(const std::string& name) const {
@@ -743,11 +744,82 @@ size_t ClusterState::LiveWorkers() const {
 
 absl::StatusOr<std::vector<uint32_t>> ClusterState::AwaitBarrier(
     uint64_t node_id, const std::string& name, absl::Duration timeout) {
+  PS_ASSIGN_OR_RETURN(std::shared_ptr<const BarrierRelease> release,
+                      AwaitBarrierRelease(node_id, name, timeout));
+  return release->ranks;
+}
+
+absl::StatusOr<std::shared_ptr<const ClusterState::BarrierRelease>>
+ClusterState::AwaitBarrierRelease(uint64_t node_id, const std::string& name,
+                                  absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  JournalScope journal(this);
+  PS_RETURN_IF_ERROR(ArriveAtBarrierLocked(node_id, name, journal));
+  CompleteBarriersLocked();
+  // A condition variable, not a Condition on mu_: a Condition per waiting
+  // worker would be evaluated at every unlock of mu_ (every heartbeat), and
+  // a barrier of thousands of workers would tax them all. Completion is
+  // found where it can change (arrivals, epoch changes) and signalled.
+  const absl::Time deadline = absl::Now() + std::min(timeout, kMaxWait);
+  while (!BarrierDecidedLocked(name)) {
+    if (barrier_cv_.WaitWithDeadline(&mu_, deadline)) break;
+  }
+  BarrierAnswer answer = BarrierAnswerLocked(name, /*at_deadline=*/true);
+  if (answer->ok()) PS_RETURN_IF_ERROR(journal.Commit());
+  return *std::move(answer);
+}
+
+std::vector<absl::Status> ClusterState::ArriveAtBarriers(
+    const std::vector<BarrierArrival>& arrivals) {
+  std::vector<absl::Status> statuses;
+  statuses.reserve(arrivals.size());
+  absl::MutexLock lock(&mu_);
+  JournalScope journal(this);
+  for (const BarrierArrival& a : arrivals) {
+    statuses.push_back(ArriveAtBarrierLocked(a.node_id, *a.name, journal));
+  }
+  CompleteBarriersLocked();
+  return statuses;
+}
+
+std::vector<ClusterState::BarrierAnswer> ClusterState::DecideBarriers(
+    const std::vector<BarrierAsk>& asks) {
+  std::vector<BarrierAnswer> answers;
+  answers.reserve(asks.size());
+  absl::MutexLock lock(&mu_);
+  // A release is on record before anyone is told of it: one write for all
+  // the asks of a round.
+  absl::Status recorded = absl::OkStatus();
+  bool flushed = false;
+  for (const BarrierAsk& ask : asks) {
+    answers.push_back(BarrierAnswerLocked(*ask.name, ask.at_deadline));
+    auto& answer = answers.back();
+    if (!answer.has_value() || !answer->ok()) continue;
+    if (!flushed) {
+      recorded = FlushJournalLocked();
+      flushed = true;
+    }
+    if (!recorded.ok()) *answer = recorded;
+  }
+  return answers;
+}
+
+void ClusterState::SetBarrierListener(std::function<void()> listener) {
+  absl::MutexLock lock(&mu_);
+  barrier_listener_ = std::move(listener);
+}
+
+void ClusterState::SignalBarriersLocked() {
+  barrier_cv_.SignalAll();
+  if (barrier_listener_) barrier_listener_();
+}
+
+absl::Status ClusterState::ArriveAtBarrierLocked(uint64_t node_id,
+                                                 const std::string& name,
+                                                 const JournalScope& journal) {
   if (name.empty() || name.size() > 256) {
     return absl::InvalidArgumentError("barrier name must have 1..256 bytes");
   }
-  absl::MutexLock lock(&mu_);
-  JournalScope journal(this);
   PS_RETURN_IF_ERROR(journal.Admit());
   auto it = nodes_.find(node_id);
   if (it == nodes_.end() || it->second.info.state() != ALIVE) {
@@ -759,16 +831,16 @@ absl::StatusOr<std::vector<uint32_t>> ClusterState::AwaitBarrier(
   }
   barriers_[name].insert(node_id);
   barrier_started_.try_emplace(name, clock_->Now());
-  CompleteBarriersLocked();
-  // A condition variable, not a Condition on mu_: a Condition per waiting
-  // worker would be evaluated at every unlock of mu_ (every heartbeat), and
-  // a barrier of thousands of workers would tax them all. Completion is
-  // found where it can change (arrivals, epoch changes) and signalled.
-  const absl::Time deadline = absl::Now() + std::min(timeout, kMaxWait);
-  while (!closed_ && view_.job_state() != FAILED &&
-         !completed_barriers_.contains(name)) {
-    if (barrier_cv_.WaitWithDeadline(&mu_, deadline)) break;
-  }
+  return absl::OkStatus();
+}
+
+bool ClusterState::BarrierDecidedLocked(const std::string& name) const {
+  return closed_ || view_.job_state() == FAILED ||
+         completed_barriers_.contains(name);
+}
+
+ClusterState::BarrierAnswer ClusterState::BarrierAnswerLocked(
+    const std::string& name, bool at_deadline) {
   if (completed_barriers_.contains(name)) {
     // Every caller is told who was there at the release, also one arriving
     // after it (a late replacement must not think it is the only one), as
@@ -777,31 +849,35 @@ absl::StatusOr<std::vector<uint32_t>> ClusterState::AwaitBarrier(
     // finishing its work counts as present: a caller that wakes only after
     // the evaluator evaluated and left must not evaluate again.
     // Built once per barrier and epoch (what is present changes only with
-    // an epoch): thousands of workers released at once each get a copy,
-    // not a scan of the fleet under the lock.
-    auto& [epoch, ranks] = barrier_ranks_[name];
-    if (epoch != view_.epoch() || ranks.empty()) {
+    // an epoch): thousands of workers released at once share it, with no
+    // scan of the fleet under the lock.
+    auto& [epoch, release] = barrier_ranks_[name];
+    if (epoch != view_.epoch() || release == nullptr) {
       epoch = view_.epoch();
-      ranks.clear();
+      auto fresh = std::make_shared<BarrierRelease>();
       for (uint64_t id : BarrierNodesLocked(name)) {
         const Node& node = nodes_.at(id);
-        if (PresentAtBarrier(node)) ranks.push_back(node.info.rank());
+        if (PresentAtBarrier(node)) fresh->ranks.push_back(node.info.rank());
       }
-      std::sort(ranks.begin(), ranks.end());
+      std::sort(fresh->ranks.begin(), fresh->ranks.end());
+      fresh->rank_runs = ToRankRuns(fresh->ranks);
+      release = std::move(fresh);
     }
-    PS_RETURN_IF_ERROR(journal.Commit());
-    return ranks;
+    return absl::StatusOr<std::shared_ptr<const BarrierRelease>>(release);
   }
   if (view_.job_state() == FAILED) {
-    return JobFailedError(
-        absl::StrCat("the job has failed: ", view_.failure()));
+    return absl::StatusOr<std::shared_ptr<const BarrierRelease>>(
+        JobFailedError(absl::StrCat("the job has failed: ", view_.failure())));
   }
   if (closed_) {
-    return absl::UnavailableError("the scheduler is shutting down");
+    return absl::StatusOr<std::shared_ptr<const BarrierRelease>>(
+        absl::UnavailableError("the scheduler is shutting down"));
   }
-  return absl::DeadlineExceededError(
-      absl::StrCat("barrier '", name, "' still waits for worker ranks ",
-                   absl::StrJoin(MissingRanksLocked(name), ", ")));
+  if (!at_deadline) return std::nullopt;
+  return absl::StatusOr<std::shared_ptr<const BarrierRelease>>(
+      absl::DeadlineExceededError(
+          absl::StrCat("barrier '", name, "' still waits for worker ranks ",
+                       absl::StrJoin(MissingRanksLocked(name), ", "))));
 }
 
 absl::StatusOr<uint64_t> ClusterState::SetConsistency(
@@ -1592,7 +1668,7 @@ void ClusterState::AdoptReplacementLocked(uint32_t rank) {
 void ClusterState::Close() {
   absl::MutexLock lock(&mu_);
   closed_ = true;
-  barrier_cv_.SignalAll();
+  SignalBarriersLocked();
   claims_cv_.SignalAll();
   if (claim_listener_) claim_listener_();
   if (view_listener_) view_listener_();

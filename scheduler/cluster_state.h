@@ -291,6 +291,44 @@ class ClusterState {
   absl::StatusOr<std::vector<uint32_t>> AwaitBarrier(uint64_t node_id,
                                                      const std::string& name,
                                                      absl::Duration timeout);
+  // What a released barrier answers: built once per barrier and epoch and
+  // shared by every caller, so N workers released at once cost N pointer
+  // copies under the lock, not N copies of N ranks.
+  struct BarrierRelease {
+    std::vector<uint32_t> ranks;      // ascending
+    std::vector<uint32_t> rank_runs;  // the same (scheduler/rank_runs.h)
+  };
+  // AwaitBarrier, answering the shared release.
+  absl::StatusOr<std::shared_ptr<const BarrierRelease>> AwaitBarrierRelease(
+      uint64_t node_id, const std::string& name, absl::Duration timeout);
+
+  // A barrier in two halves, for callers that wait without a thread
+  // (scheduler/barrier_waiters.h). ArriveAtBarriers records arrivals, each
+  // with AwaitBarrier's checks and errors (one status per arrival), under
+  // one lock and with one check for released barriers. DecideBarriers answers
+  // each ask as AwaitBarrier would now: the shared release once the barrier is
+  // released (on record in the journal first), the job's failure, the
+  // state's Close (UNAVAILABLE), or, for an ask `at_deadline`,
+  // DEADLINE_EXCEEDED naming the missing ranks; nullopt while it waits.
+  // `name` must outlive the call.
+  struct BarrierArrival {
+    uint64_t node_id;
+    const std::string* name;
+  };
+  struct BarrierAsk {
+    const std::string* name;
+    bool at_deadline;
+  };
+  using BarrierAnswer =
+      std::optional<absl::StatusOr<std::shared_ptr<const BarrierRelease>>>;
+  std::vector<absl::Status> ArriveAtBarriers(
+      const std::vector<BarrierArrival>& arrivals);
+  std::vector<BarrierAnswer> DecideBarriers(
+      const std::vector<BarrierAsk>& asks);
+  // `listener` runs whenever a waiting barrier may be decided (a barrier
+  // released, the job failed, Close), under this object's lock: it must be
+  // quick and must not call into this object. nullptr: none.
+  void SetBarrierListener(std::function<void()> listener);
 
   // Changes the consistency mode in the view (INVALID_ARGUMENT for a bad
   // one). Watchdog settings stay as configured. Returns the new epoch.
@@ -555,6 +593,18 @@ class ClusterState {
   // Marks every barrier that is complete now as released (recording who
   // was there) and wakes its waiters.
   void CompleteBarriersLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Wakes AwaitBarrier's waits and tells the barrier listener.
+  void SignalBarriersLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Records the arrival; the caller then checks for released barriers
+  // (CompleteBarriersLocked).
+  absl::Status ArriveAtBarrierLocked(uint64_t node_id, const std::string& name,
+                                     const JournalScope& journal)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Released, failed or closed: a waiter of `name` has its answer.
+  bool BarrierDecidedLocked(const std::string& name) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  BarrierAnswer BarrierAnswerLocked(const std::string& name, bool at_deadline)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The live (or finished) workers that had arrived at released barrier
   // `name` when it was released, by node id; found once, then kept.
   const std::vector<uint64_t>& BarrierNodesLocked(const std::string& name)
@@ -734,8 +784,10 @@ class ClusterState {
       ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, absl::Time> barrier_started_
       ABSL_GUARDED_BY(mu_);
-  // Signalled when a barrier is released, the job fails or Close is called.
+  // Signalled when a barrier is released, the job fails or Close is called
+  // (SignalBarriersLocked), as is the listener.
   absl::CondVar barrier_cv_;
+  std::function<void()> barrier_listener_ ABSL_GUARDED_BY(mu_);
   // ClaimShard's waits (WakeClaimsLocked); nodes that left or died, and
   // how many of them the last wake saw.
   absl::CondVar claims_cv_;
@@ -743,8 +795,9 @@ class ClusterState {
   std::function<void()> claim_listener_ ABSL_GUARDED_BY(mu_);
   uint64_t departures_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t departures_woken_ ABSL_GUARDED_BY(mu_) = 0;
-  // Released barrier name -> (epoch, the ranks AwaitBarrier answers then).
-  absl::flat_hash_map<std::string, std::pair<uint64_t, std::vector<uint32_t>>>
+  // Released barrier name -> (epoch, what AwaitBarrier answers then).
+  absl::flat_hash_map<
+      std::string, std::pair<uint64_t, std::shared_ptr<const BarrierRelease>>>
       barrier_ranks_ ABSL_GUARDED_BY(mu_);
   // Watchdog state: the slowest live clock and since when it has not moved.
   uint64_t watched_min_clock_ ABSL_GUARDED_BY(mu_) = 0;

@@ -11,6 +11,7 @@
 #include "common/grpc_status.h"
 #include "common/status.h"
 #include "grpcpp/server_builder.h"
+#include "scheduler/barrier_waiters.h"
 #include "scheduler/call_batcher.h"
 #include "scheduler/claim_waiters.h"
 #include "scheduler/journal.h"
@@ -26,12 +27,14 @@ namespace ps {
 // record in ViewWatchers, not a blocked thread. Checkpoint reports, which
 // every node sends at once, are answered in rounds (CallBatcher) with one
 // journal write each, and shard claims, which every worker sends at the end
-// of training and most of which wait, are records in ClaimWaiters. The
+// of training and most of which wait, are records in ClaimWaiters, as are
+// barriers, where all workers but the last wait, in BarrierWaiters. The
 // rest stay synchronous.
 using SchedulerBase = Scheduler::WithCallbackMethod_Heartbeat<
     Scheduler::WithCallbackMethod_GetClusterView<
         Scheduler::WithCallbackMethod_ReportCheckpoint<
-            Scheduler::WithCallbackMethod_ClaimShard<Scheduler::Service>>>>;
+            Scheduler::WithCallbackMethod_ClaimShard<
+                Scheduler::WithCallbackMethod_Barrier<Scheduler::Service>>>>>;
 using ReportBatcher =
     CallBatcher<ReportCheckpointRequest, ReportCheckpointResponse>;
 
@@ -41,6 +44,7 @@ class SchedulerServer::Service final : public SchedulerBase {
       : state_(state),
         watchers_(state),
         claims_(state),
+        barriers_(state),
         reports_([state](const std::vector<ReportBatcher::Call>& calls) {
           std::vector<const ReportCheckpointRequest*> requests;
           for (const ReportBatcher::Call& c : calls) {
@@ -59,6 +63,7 @@ class SchedulerServer::Service final : public SchedulerBase {
   void Close() {
     watchers_.Close();
     claims_.Close();
+    barriers_.Close();
     reports_.Close();
     ring_.Close();
   }
@@ -120,14 +125,12 @@ class SchedulerServer::Service final : public SchedulerBase {
     return grpc::Status::OK;
   }
 
-  grpc::Status Barrier(grpc::ServerContext*, const BarrierRequest* request,
-                       BarrierResponse* response) override {
-    auto ranks =
-        state_->AwaitBarrier(request->node_id(), request->name(),
-                             absl::Milliseconds(request->timeout_ms()));
-    if (!ranks.ok()) return ToGrpcStatus(ranks.status());
-    for (uint32_t r : *ranks) response->add_ranks(r);
-    return grpc::Status::OK;
+  grpc::ServerUnaryReactor* Barrier(grpc::CallbackServerContext* context,
+                                    const BarrierRequest* request,
+                                    BarrierResponse* response) override {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    barriers_.Wait(request, response, reactor);
+    return reactor;
   }
 
   grpc::ServerUnaryReactor* ClaimShard(grpc::CallbackServerContext* context,
@@ -215,6 +218,7 @@ class SchedulerServer::Service final : public SchedulerBase {
   ClusterState* const state_;
   ViewWatchers watchers_;
   ClaimWaiters claims_;
+  BarrierWaiters barriers_;
   ReportBatcher reports_;
   RingRegistry ring_;
 };

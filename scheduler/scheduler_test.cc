@@ -270,6 +270,34 @@ TEST_F(SchedulerTest, BarrierAcrossTwoWorkers) {
   ASSERT_EQ(second.wait_for(patience), std::future_status::ready);
   EXPECT_TRUE(first.get().ok());
   EXPECT_TRUE(second.get().ok());
+
+  // Asked again after the release: the same ranks, through the client (which
+  // asks for runs) and raw, as runs or as the list.
+  std::vector<uint32_t> ranks;
+  ASSERT_TRUE(w1->Barrier("together", kPatience, &ranks).ok());
+  EXPECT_THAT(ranks, ElementsAre(0, 1));
+  std::unique_ptr<Scheduler::Stub> stub =
+      Scheduler::NewStub(grpc::CreateChannel(
+          scheduler_->address(), grpc::InsecureChannelCredentials()));
+  BarrierRequest request;
+  request.set_node_id(w0->node_id());
+  request.set_name("together");
+  request.set_timeout_ms(10000);
+  for (bool runs : {true, false}) {
+    request.set_rank_runs(runs);
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::seconds(30));
+    BarrierResponse response;
+    ASSERT_TRUE(stub->Barrier(&context, request, &response).ok());
+    if (runs) {
+      EXPECT_THAT(response.rank_runs(), ElementsAre(0, 2));
+      EXPECT_THAT(response.ranks(), IsEmpty());
+    } else {
+      EXPECT_THAT(response.ranks(), ElementsAre(0, 1));
+      EXPECT_THAT(response.rank_runs(), IsEmpty());
+    }
+  }
 }
 
 TEST_F(SchedulerTest, ConnectWithAnotherConfigIsRefusedAtOnce) {

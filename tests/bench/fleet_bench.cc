@@ -14,9 +14,10 @@
 // training; the nodes read the epoch and node id out of the answers'
 // bytes rather than parse whole views (each real node parses its own view
 // on its own machine). Registrations come --register_in_flight at a time
-// per child, as a fleet's processes start together. What a real fleet adds that this cannot show: network round
-// trips (here loopback, ~50 us), the scheduler's machine to itself (here
-// the simulated nodes share its 2 cores), and nodes' clocks apart.
+// per child, as a fleet's processes start together. What a real fleet adds that
+// this cannot show: network round trips (here loopback, ~50 us), the
+// scheduler's machine to itself (here the simulated nodes share its 2 cores),
+// and nodes' clocks apart.
 //
 // Per N (--nodes), after every node has registered and seen a view:
 //   1. steady: --steady_s seconds of heartbeats; the scheduler's CPU time
@@ -26,7 +27,9 @@
 //      each, the time until every node has the new view (p50/p99/max over
 //      nodes) and the bytes of views all nodes received for it;
 //   3. a barrier: every live worker calls Barrier at once; the time from
-//      the last call to each worker's release (p50/p99/max);
+//      the last call to each worker's release (p50/p99/max), and the bytes
+//      of the answers, all workers together; (from here on, the most
+//      threads the scheduler had, sampled with the parent's view polls);
 //   4. a checkpoint (--checkpoint_s): the parent asks for one; every node
 //      sees it in its view and reports its part (a server writes a 4 KiB
 //      shard file first, since the scheduler commits only files that are
@@ -56,7 +59,9 @@
 //   tests/bench.sh fleet [-- --nodes=100,1000,3000 --processes=4]
 //   (--view_deltas=false: every node gets the whole view at every change,
 //   for the curve before deltas; --servers_only=false: workers' views list
-//   every node, as before they listed the servers and the worker only)
+//   every node, as before they listed the servers and the worker only;
+//   --barrier_rank_runs=false: a barrier answers each worker the list of
+//   ranks, as before it answered runs of ranks)
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -85,6 +90,8 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -137,6 +144,10 @@ ABSL_FLAG(bool, view_deltas, true,
           "Nodes ask for views as deltas against the epoch they hold, as "
           "SchedulerClient does (false: the whole view every time, as before "
           "deltas).");
+ABSL_FLAG(bool, barrier_rank_runs, true,
+          "Workers ask for a barrier's ranks as runs (BarrierRequest."
+          "rank_runs), as SchedulerClient does (false: the list of ranks, as "
+          "before runs).");
 ABSL_FLAG(bool, servers_only, true,
           "Workers ask for views of the servers and themselves only, as "
           "SchedulerClient does (false: views of every node, as before).");
@@ -164,6 +175,21 @@ using ::ps::testing::Runfile;
 using ::ps::testing::Subprocess;
 
 int64_t NowUs() { return absl::ToUnixMicros(absl::Now()); }
+
+// Threads of process `pid` now (/proc/PID/status), or -1.
+int ThreadsOf(pid_t pid) {
+  std::ifstream status(absl::StrCat("/proc/", pid, "/status"));
+  std::string line;
+  while (std::getline(status, line)) {
+    if (absl::StartsWith(line, "Threads:")) {
+      int n = -1;
+      return absl::SimpleAtoi(absl::StripAsciiWhitespace(line.substr(8)), &n)
+                 ? n
+                 : -1;
+    }
+  }
+  return -1;
+}
 
 // The times of one run, relative to the start time T0 the parent writes.
 struct Schedule {
@@ -479,6 +505,7 @@ class Fleet {
       out << "barrier_call " << barrier_last_call_us_ << "\n";
     }
     for (int64_t us : barrier_release_us_) out << "barrier_done " << us << "\n";
+    out << "barrier_bytes " << barrier_bytes_ << "\n";
     if (barrier_failures_ > 0) {
       out << "barrier_failed " << barrier_failures_ << "\n";
     }
@@ -687,6 +714,7 @@ class Fleet {
       call->request.set_node_id(nodes_[i].node_id);
       call->request.set_name("fleet");
       call->request.set_timeout_ms(30000);
+      call->request.set_rank_runs(absl::GetFlag(FLAGS_barrier_rank_runs));
       call->ctx.set_deadline(std::chrono::system_clock::now() +
                              std::chrono::seconds(35));
       nodes_[i].stub->async()->Barrier(
@@ -698,6 +726,7 @@ class Fleet {
               --in_flight_;
               if (s.ok()) {
                 barrier_release_us_.push_back(now);
+                barrier_bytes_ += call->response.ByteSizeLong();
               } else {
                 ++barrier_failures_;
               }
@@ -967,6 +996,8 @@ class Fleet {
   int64_t barrier_last_call_us_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<int64_t> barrier_release_us_ ABSL_GUARDED_BY(mu_);
   int barrier_failures_ ABSL_GUARDED_BY(mu_) = 0;
+  // Bytes of the barrier's answers (their messages, serialised).
+  uint64_t barrier_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<int64_t> report_us_ ABSL_GUARDED_BY(mu_);
   int report_failures_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::pair<uint64_t, int64_t>> killed_ ABSL_GUARDED_BY(mu_);
@@ -1121,6 +1152,7 @@ struct Results {
   int64_t barrier_last_call = 0;
   std::vector<int64_t> barrier_done;
   int barrier_failed = 0;
+  int barrier_bytes = 0;
   std::vector<double> report_ms;
   int report_failed = 0;
   std::map<uint64_t, int64_t> killed;  // node id -> when
@@ -1136,6 +1168,7 @@ void ReadResults(const std::string& path, Results* r) {
   // unix time kept, a unix time of which the latest is kept.
   const std::map<std::string, int Results::*> counts = {
       {"barrier_failed", &Results::barrier_failed},
+      {"barrier_bytes", &Results::barrier_bytes},
       {"ckpt_report_failed", &Results::report_failed},
       {"replace_failed", &Results::replace_failed},
       {"claim_assigned", &Results::claims_assigned},
@@ -1211,6 +1244,8 @@ struct Figures {
   int false_deaths = 0;
   double barrier_p50_ms = 0, barrier_p99_ms = 0, barrier_max_ms = 0;
   int barrier_released = 0, barrier_failed = 0;
+  // The barrier's answers, in bytes, all workers together.
+  double barrier_bytes = 0;
   double journal_writes_startup = 0;
   double journal_ms_per_write = 0;
   double journal_bytes = 0;
@@ -1232,6 +1267,10 @@ struct Figures {
          claims_release_max_ms = 0;
   int claims_all_done = 0, claims_assigned = 0, claims_failed = 0;
   double claims_cpu_per_s = 0;
+  // The scheduler's threads, most seen from the first view change on
+  // (sampled with every view poll): a call that waits on a thread of
+  // gRPC's synchronous pool shows here.
+  int scheduler_threads_max = 0;
 };
 
 absl::StatusOr<Figures> RunFleet(int nodes, const std::string& root) {
@@ -1294,8 +1333,11 @@ absl::StatusOr<Figures> RunFleet(int nodes, const std::string& root) {
     PS_ASSIGN_OR_RETURN(
         Subprocess child,
         Subprocess::Start(
-            {"/proc/self/exe", "--child", "--scheduler=" + address,
-             "--config=" + config, absl::StrCat("--count=", count),
+            {"/proc/self/exe",
+             "--child",
+             "--scheduler=" + address,
+             "--config=" + config,
+             absl::StrCat("--count=", count),
              absl::StrCat("--servers=", child_servers),
              absl::StrCat("--leaves=", c == processes - 1 ? sched.changes : 0),
              absl::StrCat("--churn_events=",
@@ -1315,10 +1357,14 @@ absl::StatusOr<Figures> RunFleet(int nodes, const std::string& root) {
                           absl::GetFlag(FLAGS_heartbeat_timeout_ms)),
              absl::StrCat("--view_deltas=",
                           absl::GetFlag(FLAGS_view_deltas) ? "true" : "false"),
+             absl::StrCat(
+                 "--barrier_rank_runs=",
+                 absl::GetFlag(FLAGS_barrier_rank_runs) ? "true" : "false"),
              absl::StrCat("--servers_only=",
                           absl::GetFlag(FLAGS_servers_only) ? "true" : "false"),
              absl::StrCat("--ready_file=", dir, "/ready", c),
-             "--go_file=" + go_file, absl::StrCat("--out=", dir, "/out", c)},
+             "--go_file=" + go_file,
+             absl::StrCat("--out=", dir, "/out", c)},
             absl::StrCat(dir, "/child", c, ".out"),
             absl::StrCat(dir, "/child", c, ".log")));
     children.push_back(std::move(child));
@@ -1413,6 +1459,8 @@ absl::StatusOr<Figures> RunFleet(int nodes, const std::string& root) {
       }
       cpu_at.emplace_back(RunningCpuSeconds({scheduler.pid()}), NowUs());
     }
+    f.scheduler_threads_max =
+        std::max(f.scheduler_threads_max, ThreadsOf(scheduler.pid()));
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() +
                      std::chrono::seconds(5));
@@ -1499,6 +1547,7 @@ absl::StatusOr<Figures> RunFleet(int nodes, const std::string& root) {
   }
   f.barrier_released = static_cast<int>(r.barrier_done.size());
   f.barrier_failed = r.barrier_failed;
+  f.barrier_bytes = r.barrier_bytes;
   f.barrier_p50_ms = Quantile(barrier_ms, 0.5);
   f.barrier_p99_ms = Quantile(barrier_ms, 0.99);
   f.barrier_max_ms = Quantile(barrier_ms, 1.0);
@@ -1551,7 +1600,7 @@ std::string Json(const Figures& f) {
       R"("dead_after_ms":%.0f,"false_deaths":%d,)"
       R"("barrier_release_p50_ms":%.1f,"barrier_release_p99_ms":%.1f,)"
       R"("barrier_release_max_ms":%.1f,"barrier_released":%d,)"
-      R"("barrier_failed":%d,"journal_writes_startup":%.0f,)"
+      R"("barrier_failed":%d,"barrier_bytes":%.0f,"journal_writes_startup":%.0f,)"
       R"("journal_ms_per_write":%.3f,"journal_bytes":%.0f,)"
       R"("checkpoint_ms":%.1f,"checkpoint_reports":%d,)"
       R"("checkpoint_report_failed":%d,"checkpoint_report_p50_ms":%.2f,)"
@@ -1562,22 +1611,24 @@ std::string Json(const Figures& f) {
       R"("replace_killed_p99_ms":%.1f,"dead_after_max_ms":%.0f,)"
       R"("claims_all_done":%d,"claims_assigned":%d,"claims_failed":%d,)"
       R"("claims_release_p50_ms":%.1f,"claims_release_p99_ms":%.1f,)"
-      R"("claims_release_max_ms":%.1f,"claims_scheduler_cpu_per_s":%.3f})",
+      R"("claims_release_max_ms":%.1f,"claims_scheduler_cpu_per_s":%.3f,)"
+      R"("scheduler_threads_max":%d})",
       f.nodes, f.startup_s, f.cpu_per_s, f.cpu_us_per_heartbeat,
-      f.sim_cpu_per_s, f.heartbeats_per_s, f.hb_p50_ms, f.hb_p99_ms, f.view_p50_ms,
-      f.view_p99_ms, f.view_max_ms, f.nodes_reached, f.view_bytes,
-      f.bytes_per_change, f.dead_after_ms, f.false_deaths, f.barrier_p50_ms,
-      f.barrier_p99_ms, f.barrier_max_ms, f.barrier_released,
-      f.barrier_failed, f.journal_writes_startup, f.journal_ms_per_write,
-      f.journal_bytes, f.checkpoint_ms, f.checkpoint_reports,
-      f.checkpoint_report_failed, f.checkpoint_report_p50_ms,
-      f.checkpoint_report_p99_ms, f.checkpoint_journal_writes, f.churn_events,
-      f.churn_cpu_per_s, f.replaced, f.replace_failed,
-      f.replace_preempted_p50_ms, f.replace_preempted_p99_ms,
-      f.replace_killed_p50_ms, f.replace_killed_p99_ms, f.dead_after_max_ms,
-      f.claims_all_done, f.claims_assigned, f.claims_failed,
-      f.claims_release_p50_ms, f.claims_release_p99_ms,
-      f.claims_release_max_ms, f.claims_cpu_per_s);
+      f.sim_cpu_per_s, f.heartbeats_per_s, f.hb_p50_ms, f.hb_p99_ms,
+      f.view_p50_ms, f.view_p99_ms, f.view_max_ms, f.nodes_reached,
+      f.view_bytes, f.bytes_per_change, f.dead_after_ms, f.false_deaths,
+      f.barrier_p50_ms, f.barrier_p99_ms, f.barrier_max_ms, f.barrier_released,
+      f.barrier_failed, f.barrier_bytes, f.journal_writes_startup,
+      f.journal_ms_per_write, f.journal_bytes, f.checkpoint_ms,
+      f.checkpoint_reports, f.checkpoint_report_failed,
+      f.checkpoint_report_p50_ms, f.checkpoint_report_p99_ms,
+      f.checkpoint_journal_writes, f.churn_events, f.churn_cpu_per_s,
+      f.replaced, f.replace_failed, f.replace_preempted_p50_ms,
+      f.replace_preempted_p99_ms, f.replace_killed_p50_ms,
+      f.replace_killed_p99_ms, f.dead_after_max_ms, f.claims_all_done,
+      f.claims_assigned, f.claims_failed, f.claims_release_p50_ms,
+      f.claims_release_p99_ms, f.claims_release_max_ms, f.claims_cpu_per_s,
+      f.scheduler_threads_max);
 }
 
 // The exponent k of value ~ N^k between two fleet sizes.

@@ -1,0 +1,82 @@
+#ifndef PS_SCHEDULER_BARRIER_WAITERS_H_
+#define PS_SCHEDULER_BARRIER_WAITERS_H_
+
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/scheduler.pb.h"
+#include "scheduler/cluster_state.h"
+
+namespace ps {
+
+// Barrier calls (gRPC's callback API) kept as records and answered by one
+// thread. Every worker of a fleet calls a barrier at once and all but the
+// last wait; as blocked threads of gRPC's synchronous pool, 10 000 of them
+// were 10 000 threads of the scheduler.
+//
+// A call is queued as it arrives (gRPC's threads, which also answer
+// heartbeats, never wait for the state's lock here). This class's thread
+// records the arrivals queued since its last round at once
+// (ClusterState::ArriveAtBarriers: one lock, one check for released
+// barriers), then decides answers under one lock (DecideBarriers): right
+// away for those whose barrier is released, when the state says a barrier
+// may be decided (its barrier listener: a release, the job failing, Close),
+// and at each call's deadline (BarrierRequest.timeout_ms, at most
+// ClusterState::kMaxWait). The answers are AwaitBarrier's.
+//
+// Thread safety: Wait and Close from any thread. Lock order: the state's
+// lock, then this class's (the listener runs under the state's lock).
+// Every call is finished exactly once, also when Close comes first.
+class BarrierWaiters {
+ public:
+  explicit BarrierWaiters(ClusterState* state);
+  ~BarrierWaiters();
+  BarrierWaiters(const BarrierWaiters&) = delete;
+  BarrierWaiters& operator=(const BarrierWaiters&) = delete;
+
+  // Handles one Barrier call; finishes `reactor` now or later. `request`
+  // and `response` belong to the call and stay valid until then.
+  void Wait(const BarrierRequest* request, BarrierResponse* response,
+            grpc::ServerUnaryReactor* reactor);
+  // Answers every waiting call as at its deadline, then stops the thread.
+  void Close();
+
+  // Calls waiting now (recorded or queued); for tests and metrics.
+  size_t waiting() const;
+
+ private:
+  struct Waiting {
+    const BarrierRequest* request;
+    BarrierResponse* response;
+    grpc::ServerUnaryReactor* reactor;
+    absl::Time deadline;
+    bool arrived;  // its arrival recorded in the state
+  };
+
+  void Loop();
+  static void Answer(
+      const Waiting& w,
+      absl::StatusOr<std::shared_ptr<const ClusterState::BarrierRelease>>
+          answer);
+
+  ClusterState* const state_;
+  mutable absl::Mutex mu_;
+  std::vector<Waiting> waiting_ ABSL_GUARDED_BY(mu_);
+  // The state changed so that any waiting call may be decided.
+  bool woken_ ABSL_GUARDED_BY(mu_) = false;
+  // Calls whose arrival is not recorded yet are queued.
+  bool fresh_ ABSL_GUARDED_BY(mu_) = false;
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  // Taken out of waiting_ by the thread for the round in progress.
+  size_t in_round_ ABSL_GUARDED_BY(mu_) = 0;
+  std::thread thread_;  // last: starts once the rest is set
+};
+
+}  // namespace ps
+
+#endif  // PS_SCHEDULER_BARRIER_WAITERS_H_
