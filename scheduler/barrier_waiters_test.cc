@@ -96,27 +96,39 @@ class BarrierWaitersTest : public ::testing::Test {
   void TearDown() override {
     if (barriers_ != nullptr) barriers_->Close();
     if (server_ != nullptr) server_->Shutdown();
+    // Every call is answered by now; its callback still writes its
+    // Outcome, which must outlive it.
+    for (const auto& o : outcomes_) {
+      EXPECT_TRUE(o->done.WaitForNotificationWithTimeout(kCallbackWait));
+    }
   }
 
-  // Worker `w` arrives at barrier `name` and waits up to `wait`.
-  std::unique_ptr<Outcome> Arrive(size_t w, const std::string& name,
-                                  absl::Duration wait, bool runs = true) {
-    auto o = std::make_unique<Outcome>();
-    o->request.set_node_id(workers_[w].node_id());
+  // Worker `w` arrives at barrier `name` and waits up to `wait`. The
+  // outcome lives until the test's end (TearDown).
+  Outcome* Arrive(size_t w, const std::string& name, absl::Duration wait,
+                  bool runs = true) {
+    return Call(workers_[w].node_id(), name, wait, runs);
+  }
+  Outcome* Call(uint64_t node_id, const std::string& name, absl::Duration wait,
+                bool runs = true) {
+    outcomes_.push_back(std::make_unique<Outcome>());
+    Outcome* o = outcomes_.back().get();
+    o->request.set_node_id(node_id);
     o->request.set_name(name);
     o->request.set_rank_runs(runs);
     o->request.set_timeout_ms(
         static_cast<uint32_t>(absl::ToInt64Milliseconds(wait)));
     o->ctx.set_deadline(std::chrono::system_clock::now() +
                         std::chrono::seconds(60));
-    Outcome* raw = o.get();
-    stub_->async()->Barrier(&raw->ctx, &raw->request, &raw->response,
-                            [raw](grpc::Status s) {
-                              raw->status = s;
-                              raw->done.Notify();
+    stub_->async()->Barrier(&o->ctx, &o->request, &o->response,
+                            [o](grpc::Status s) {
+                              o->status = s;
+                              o->done.Notify();
                             });
     return o;
   }
+
+  static constexpr absl::Duration kCallbackWait = absl::Seconds(30);
 
   FakeClock clock_;
   std::unique_ptr<ClusterState> state_;
@@ -125,6 +137,7 @@ class BarrierWaitersTest : public ::testing::Test {
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<Scheduler::Stub> stub_;
   std::vector<RegisterResponse> workers_;
+  std::vector<std::unique_ptr<Outcome>> outcomes_;
 };
 
 constexpr absl::Duration kLongWait = absl::Seconds(20);
@@ -136,7 +149,7 @@ TEST_F(BarrierWaitersTest, WaitingWorkersHoldNoThreadAndTheLastReleasesAll) {
   constexpr size_t kWorkers = 400;
   ASSERT_NO_FATAL_FAILURE(Start(kWorkers));
   const int threads_before = Threads();
-  std::vector<std::unique_ptr<Outcome>> waiting;
+  std::vector<Outcome*> waiting;
   for (size_t w = 0; w + 1 < kWorkers; ++w) {
     waiting.push_back(Arrive(w, "end", kLongWait, /*runs=*/w % 2 == 0));
   }
@@ -167,7 +180,7 @@ TEST_F(BarrierWaitersTest, WaitingWorkersHoldNoThreadAndTheLastReleasesAll) {
   EXPECT_EQ(barriers_->waiting(), 0u);
 
   // A released barrier answers a late caller at once.
-  std::unique_ptr<Outcome> late = Arrive(3, "end", kLongWait);
+  Outcome* late = Arrive(3, "end", kLongWait);
   ASSERT_TRUE(late->done.WaitForNotificationWithTimeout(kLongWait));
   EXPECT_TRUE(late->status.ok());
   EXPECT_THAT(late->response.rank_runs(), ElementsAre(0, kWorkers));
@@ -178,27 +191,20 @@ TEST_F(BarrierWaitersTest, WaitingWorkersHoldNoThreadAndTheLastReleasesAll) {
 TEST_F(BarrierWaitersTest, DeadlinesAndBadCallsAreAnsweredAsAwaitBarrierWould) {
   ASSERT_NO_FATAL_FAILURE(Start(3));
   const absl::Time asked = absl::Now();
-  std::unique_ptr<Outcome> alone = Arrive(0, "b", absl::Milliseconds(300));
-  std::unique_ptr<Outcome> long_wait = Arrive(1, "b", kLongWait);
+  Outcome* alone = Arrive(0, "b", absl::Milliseconds(300));
+  Outcome* long_wait = Arrive(1, "b", kLongWait);
   ASSERT_TRUE(alone->done.WaitForNotificationWithTimeout(kLongWait));
   EXPECT_GE(absl::Now() - asked, absl::Milliseconds(290));
   EXPECT_EQ(alone->status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
   EXPECT_THAT(alone->status.error_message(), HasSubstr("worker ranks 2"));
   EXPECT_FALSE(long_wait->done.HasBeenNotified());
 
-  std::unique_ptr<Outcome> unnamed = Arrive(0, "", kLongWait);
+  Outcome* unnamed = Arrive(0, "", kLongWait);
   ASSERT_TRUE(unnamed->done.WaitForNotificationWithTimeout(kLongWait));
   EXPECT_EQ(unnamed->status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  Outcome unknown;
-  unknown.request.set_node_id(999);
-  unknown.request.set_name("b");
-  stub_->async()->Barrier(&unknown.ctx, &unknown.request, &unknown.response,
-                          [&unknown](grpc::Status s) {
-                            unknown.status = s;
-                            unknown.done.Notify();
-                          });
-  ASSERT_TRUE(unknown.done.WaitForNotificationWithTimeout(kLongWait));
-  EXPECT_EQ(unknown.status.error_code(), grpc::StatusCode::NOT_FOUND);
+  Outcome* unknown = Call(999, "b", kLongWait);
+  ASSERT_TRUE(unknown->done.WaitForNotificationWithTimeout(kLongWait));
+  EXPECT_EQ(unknown->status.error_code(), grpc::StatusCode::NOT_FOUND);
   EXPECT_FALSE(long_wait->done.HasBeenNotified());
 }
 
@@ -206,15 +212,15 @@ TEST_F(BarrierWaitersTest, DeadlinesAndBadCallsAreAnsweredAsAwaitBarrierWould) {
 // the barrier for the others (no arrival, no deadline involved).
 TEST_F(BarrierWaitersTest, TheMissingWorkerLeavingReleasesTheOthers) {
   ASSERT_NO_FATAL_FAILURE(Start(3));
-  std::unique_ptr<Outcome> w0 = Arrive(0, "b", kLongWait);
-  std::unique_ptr<Outcome> w1 = Arrive(1, "b", kLongWait);
+  Outcome* w0 = Arrive(0, "b", kLongWait);
+  Outcome* w1 = Arrive(1, "b", kLongWait);
   EXPECT_FALSE(
       w1->done.WaitForNotificationWithTimeout(absl::Milliseconds(200)));
   LeaveRequest leave;
   leave.set_node_id(workers_[2].node_id());
   const absl::Time left = absl::Now();
   ASSERT_TRUE(state_->Leave(leave).ok());
-  for (Outcome* o : {w0.get(), w1.get()}) {
+  for (Outcome* o : {w0, w1}) {
     ASSERT_TRUE(o->done.WaitForNotificationWithTimeout(kLongWait));
     ASSERT_TRUE(o->status.ok()) << o->status.error_message();
     EXPECT_THAT(o->response.rank_runs(), ElementsAre(0, 2));
@@ -225,14 +231,14 @@ TEST_F(BarrierWaitersTest, TheMissingWorkerLeavingReleasesTheOthers) {
 // Close answers the waits still open and refuses later calls.
 TEST_F(BarrierWaitersTest, CloseAnswersWaitingCalls) {
   ASSERT_NO_FATAL_FAILURE(Start(2));
-  std::unique_ptr<Outcome> waiting = Arrive(0, "b", kLongWait);
+  Outcome* waiting = Arrive(0, "b", kLongWait);
   EXPECT_FALSE(
       waiting->done.WaitForNotificationWithTimeout(absl::Milliseconds(200)));
   state_->Close();  // as the scheduler shuts down: the state first
   barriers_->Close();
   ASSERT_TRUE(waiting->done.WaitForNotificationWithTimeout(kLongWait));
   EXPECT_EQ(waiting->status.error_code(), grpc::StatusCode::UNAVAILABLE);
-  std::unique_ptr<Outcome> late = Arrive(1, "b", kLongWait);
+  Outcome* late = Arrive(1, "b", kLongWait);
   ASSERT_TRUE(late->done.WaitForNotificationWithTimeout(kLongWait));
   EXPECT_EQ(late->status.error_code(), grpc::StatusCode::UNAVAILABLE);
 }
