@@ -1,7 +1,6 @@
 #include "scheduler/barrier_waiters.h"
 
 #include <algorithm>
-#include <iterator>
 #include <utility>
 
 #include "absl/time/clock.h"
@@ -10,11 +9,12 @@
 namespace ps {
 
 BarrierWaiters::BarrierWaiters(ClusterState* state)
-    : state_(state), thread_([this] { Loop(); }) {
-  state_->SetBarrierListener([this] {
-    absl::MutexLock lock(&mu_);
-    woken_ = true;
-  });
+    : state_(state),
+      rounds_([this](std::vector<Rounds::Queued> round, absl::Time now,
+                     bool closing) {
+        return Decide(std::move(round), now, closing);
+      }) {
+  state_->SetBarrierListener([this] { rounds_.Wake(); });
 }
 
 BarrierWaiters::~BarrierWaiters() { Close(); }
@@ -24,137 +24,82 @@ void BarrierWaiters::Wait(const BarrierRequest* request,
                           grpc::ServerUnaryReactor* reactor) {
   const absl::Duration wait = std::min(
       absl::Milliseconds(request->timeout_ms()), ClusterState::kMaxWait);
-  {
-    absl::MutexLock lock(&mu_);
-    if (!closed_) {
-      // Recorded and decided on this class's thread, so that no wake-up
-      // falls between a decision and the record.
-      waiting_.push_back(
-          {request, response, reactor, absl::Now() + wait, /*arrived=*/false});
-      fresh_ = true;
-      return;
-    }
-  }
+  // Recorded and decided on the rounds' thread, so that no wake-up falls
+  // between a decision and the record.
+  if (rounds_.Add({request, response, reactor}, absl::Now() + wait)) return;
   reactor->Finish(
       grpc::Status(grpc::StatusCode::UNAVAILABLE, "the scheduler is closing"));
 }
 
 void BarrierWaiters::Close() {
   state_->SetBarrierListener(nullptr);
-  {
-    absl::MutexLock lock(&mu_);
-    closed_ = true;
+  rounds_.Close();
+}
+
+size_t BarrierWaiters::waiting() const { return rounds_.waiting(); }
+
+std::vector<BarrierWaiters::Rounds::Queued> BarrierWaiters::Decide(
+    std::vector<Rounds::Queued> round, absl::Time now, bool closing) {
+  // The arrivals new in this round, recorded together.
+  std::vector<ClusterState::BarrierArrival> arrivals;
+  for (const Rounds::Queued& q : round) {
+    if (q.fresh) {
+      arrivals.push_back({q.call.request->node_id(), &q.call.request->name()});
+    }
   }
-  if (thread_.joinable()) thread_.join();
-}
-
-size_t BarrierWaiters::waiting() const {
-  absl::MutexLock lock(&mu_);
-  return waiting_.size() + in_round_;
-}
-
-void BarrierWaiters::Loop() {
-  while (true) {
-    std::vector<Waiting> round;
-    bool closing = false;
-    absl::Time now;
-    {
-      absl::MutexLock lock(&mu_);
-      in_round_ = 0;
-      absl::Time earliest = absl::InfiniteFuture();
-      for (const Waiting& w : waiting_) {
-        earliest = std::min(earliest, w.deadline);
-      }
-      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return woken_ || fresh_ || closed_;
-      };
-      mu_.AwaitWithDeadline(absl::Condition(&ready), earliest);
-      closing = closed_;
-      if (closing && waiting_.empty()) return;
-      now = absl::Now();
-      if (woken_ || closing) {
-        // A barrier may have been decided: every call may be answered.
-        round.swap(waiting_);
-      } else {
-        // Only the new calls and those past their deadline: the others'
-        // answer has not changed.
-        auto stays = std::partition(
-            waiting_.begin(), waiting_.end(),
-            [&](const Waiting& w) { return w.arrived && w.deadline > now; });
-        round.assign(std::make_move_iterator(stays),
-                     std::make_move_iterator(waiting_.end()));
-        waiting_.erase(stays, waiting_.end());
-      }
-      in_round_ = round.size();
-      woken_ = false;
-      fresh_ = false;
-    }
-    if (round.empty()) continue;
-    // The arrivals since the last round, recorded together.
-    std::vector<ClusterState::BarrierArrival> arrivals;
-    for (const Waiting& w : round) {
-      if (!w.arrived)
-        arrivals.push_back({w.request->node_id(), &w.request->name()});
-    }
-    if (!arrivals.empty()) {
-      const std::vector<absl::Status> statuses =
-          state_->ArriveAtBarriers(arrivals);
-      std::vector<Waiting> recorded;
-      recorded.reserve(round.size());
-      size_t a = 0;
-      for (Waiting& w : round) {
-        if (w.arrived) {
-          recorded.push_back(w);
-          continue;
-        }
+  if (!arrivals.empty()) {
+    const std::vector<absl::Status> statuses =
+        state_->ArriveAtBarriers(arrivals);
+    std::vector<Rounds::Queued> recorded;
+    recorded.reserve(round.size());
+    size_t a = 0;
+    for (Rounds::Queued& q : round) {
+      if (q.fresh) {
         const absl::Status& s = statuses[a++];
         if (!s.ok()) {
-          w.reactor->Finish(ToGrpcStatus(s));
+          q.call.reactor->Finish(ToGrpcStatus(s));
           continue;
         }
-        w.arrived = true;
-        recorded.push_back(w);
       }
-      round.swap(recorded);
+      recorded.push_back(q);
     }
-    std::vector<ClusterState::BarrierAsk> asks;
-    asks.reserve(round.size());
-    for (const Waiting& w : round) {
-      asks.push_back({&w.request->name(), closing || w.deadline <= now});
-    }
-    std::vector<ClusterState::BarrierAnswer> answers =
-        state_->DecideBarriers(asks);
-    std::vector<Waiting> still;
-    for (size_t i = 0; i < round.size(); ++i) {
-      if (answers[i].has_value()) {
-        Answer(round[i], std::move(*answers[i]));
-      } else {
-        still.push_back(round[i]);
-      }
-    }
-    absl::MutexLock lock(&mu_);
-    waiting_.insert(waiting_.end(), still.begin(), still.end());
-    in_round_ = 0;
+    round.swap(recorded);
   }
+  std::vector<ClusterState::BarrierAsk> asks;
+  asks.reserve(round.size());
+  for (const Rounds::Queued& q : round) {
+    asks.push_back({&q.call.request->name(), closing || q.deadline <= now});
+  }
+  std::vector<ClusterState::BarrierAnswer> answers =
+      state_->DecideBarriers(asks);
+  std::vector<Rounds::Queued> still;
+  for (size_t i = 0; i < round.size(); ++i) {
+    if (answers[i].has_value()) {
+      Answer(round[i].call, std::move(*answers[i]));
+    } else {
+      still.push_back(round[i]);
+    }
+  }
+  return still;
 }
 
 void BarrierWaiters::Answer(
-    const Waiting& w,
+    const Call& c,
     absl::StatusOr<std::shared_ptr<const ClusterState::BarrierRelease>>
         answer) {
   if (!answer.ok()) {
-    w.reactor->Finish(ToGrpcStatus(answer.status()));
+    c.reactor->Finish(ToGrpcStatus(answer.status()));
     return;
   }
   const ClusterState::BarrierRelease& release = **answer;
-  if (w.request->rank_runs()) {
-    w.response->mutable_rank_runs()->Add(release.rank_runs.begin(),
+  if (c.request->rank_runs()) {
+    c.response->mutable_rank_runs()->Add(release.rank_runs.begin(),
                                          release.rank_runs.end());
   } else {
-    w.response->mutable_ranks()->Add(release.ranks.begin(),
+    c.response->mutable_ranks()->Add(release.ranks.begin(),
                                      release.ranks.end());
   }
-  w.reactor->Finish(grpc::Status::OK);
+  c.reactor->Finish(grpc::Status::OK);
 }
 
 }  // namespace ps

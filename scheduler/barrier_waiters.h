@@ -2,14 +2,11 @@
 #define PS_SCHEDULER_BARRIER_WAITERS_H_
 
 #include <memory>
-#include <thread>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
-#include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/scheduler.pb.h"
+#include "scheduler/call_rounds.h"
 #include "scheduler/cluster_state.h"
 
 namespace ps {
@@ -19,15 +16,14 @@ namespace ps {
 // last wait; as blocked threads of gRPC's synchronous pool, 10 000 of them
 // were 10 000 threads of the scheduler.
 //
-// A call is queued as it arrives (gRPC's threads, which also answer
-// heartbeats, never wait for the state's lock here). This class's thread
-// records the arrivals queued since its last round at once
-// (ClusterState::ArriveAtBarriers: one lock, one check for released
-// barriers), then decides answers under one lock (DecideBarriers): right
-// away for those whose barrier is released, when the state says a barrier
-// may be decided (its barrier listener: a release, the job failing, Close),
-// and at each call's deadline (BarrierRequest.timeout_ms, at most
-// ClusterState::kMaxWait). The answers are AwaitBarrier's.
+// The calls are answered in rounds (CallRounds). A round records the
+// arrivals new since the last round at once (ClusterState::ArriveAtBarriers:
+// one lock, one check for released barriers), then decides answers under
+// one lock (DecideBarriers): right away for those whose barrier is
+// released, when the state says a barrier may be decided (its barrier
+// listener: a release, the job failing, Close), and at each call's deadline
+// (BarrierRequest.timeout_ms, at most ClusterState::kMaxWait). The answers
+// are AwaitBarrier's.
 //
 // Thread safety: Wait and Close from any thread. Lock order: the state's
 // lock, then this class's (the listener runs under the state's lock).
@@ -50,31 +46,22 @@ class BarrierWaiters {
   size_t waiting() const;
 
  private:
-  struct Waiting {
+  struct Call {
     const BarrierRequest* request;
     BarrierResponse* response;
     grpc::ServerUnaryReactor* reactor;
-    absl::Time deadline;
-    bool arrived;  // its arrival recorded in the state
   };
+  using Rounds = CallRounds<Call>;
 
-  void Loop();
+  std::vector<Rounds::Queued> Decide(std::vector<Rounds::Queued> round,
+                                     absl::Time now, bool closing);
   static void Answer(
-      const Waiting& w,
+      const Call& c,
       absl::StatusOr<std::shared_ptr<const ClusterState::BarrierRelease>>
           answer);
 
   ClusterState* const state_;
-  mutable absl::Mutex mu_;
-  std::vector<Waiting> waiting_ ABSL_GUARDED_BY(mu_);
-  // The state changed so that any waiting call may be decided.
-  bool woken_ ABSL_GUARDED_BY(mu_) = false;
-  // Calls whose arrival is not recorded yet are queued.
-  bool fresh_ ABSL_GUARDED_BY(mu_) = false;
-  bool closed_ ABSL_GUARDED_BY(mu_) = false;
-  // Taken out of waiting_ by the thread for the round in progress.
-  size_t in_round_ ABSL_GUARDED_BY(mu_) = 0;
-  std::thread thread_;  // last: starts once the rest is set
+  Rounds rounds_;  // after state_: its thread starts at once
 };
 
 }  // namespace ps

@@ -6,17 +6,16 @@
 #include <utility>
 #include <vector>
 
-#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
-#include "common/config.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "proto/scheduler.grpc.pb.h"
 #include "scheduler/cluster_state.h"
 #include "scheduler/loopback_server.h"
+#include "scheduler/waiters_testing.h"
 
 namespace ps {
 namespace {
@@ -42,14 +41,7 @@ class BarrierService final : public Scheduler::CallbackService {
   BarrierWaiters* const barriers_;
 };
 
-// A barrier call's outcome, filled by its completion callback.
-struct Outcome {
-  grpc::ClientContext ctx;
-  BarrierRequest request;
-  BarrierResponse response;
-  grpc::Status status;
-  absl::Notification done;
-};
+using Outcome = testing::CallOutcome<BarrierRequest, BarrierResponse>;
 
 // This process's threads (/proc/self/status).
 int Threads() {
@@ -64,43 +56,23 @@ int Threads() {
 class BarrierWaitersTest : public ::testing::Test {
  protected:
   void Start(uint32_t workers) {
-    JobConfig config;
-    config.mutable_cluster()->set_num_servers(1);
-    config.mutable_cluster()->set_num_workers(workers);
-    config.mutable_cluster()->set_num_slots(8);
-    config.mutable_cluster()->set_heartbeat_interval_ms(100);
-    config.mutable_cluster()->set_heartbeat_timeout_ms(1000);
-    const uint64_t fingerprint = ConfigFingerprint(config);
-    state_ = std::make_unique<ClusterState>(config, &clock_);
+    absl::StatusOr<testing::SmallJob> job =
+        testing::StartSmallJob(&clock_, workers, /*trains_shards=*/false);
+    ASSERT_TRUE(job.ok()) << job.status();
+    state_ = std::move(job->state);
+    workers_ = std::move(job->workers);
     barriers_ = std::make_unique<BarrierWaiters>(state_.get());
     service_ = std::make_unique<BarrierService>(barriers_.get());
     testing::LoopbackServer served = testing::ServeOnLoopback(service_.get());
     server_ = std::move(served.server);
     ASSERT_NE(server_, nullptr);
     stub_ = std::move(served.stub);
-    RegisterRequest server;
-    server.set_role(SERVER);
-    server.set_data_endpoint("tcp://s:1");
-    server.set_config_fingerprint(fingerprint);
-    ASSERT_TRUE(state_->Register(server).ok());
-    for (uint32_t i = 0; i < workers; ++i) {
-      RegisterRequest worker;
-      worker.set_role(WORKER);
-      worker.set_config_fingerprint(fingerprint);
-      absl::StatusOr<RegisterResponse> r = state_->Register(worker);
-      ASSERT_TRUE(r.ok()) << r.status();
-      workers_.push_back(*r);
-    }
   }
 
   void TearDown() override {
     if (barriers_ != nullptr) barriers_->Close();
     if (server_ != nullptr) server_->Shutdown();
-    // Every call is answered by now; its callback still writes its
-    // Outcome, which must outlive it.
-    for (const auto& o : outcomes_) {
-      EXPECT_TRUE(o->done.WaitForNotificationWithTimeout(kCallbackWait));
-    }
+    EXPECT_TRUE(outcomes_.Drain(kCallbackWait));
   }
 
   // Worker `w` arrives at barrier `name` and waits up to `wait`. The
@@ -111,20 +83,13 @@ class BarrierWaitersTest : public ::testing::Test {
   }
   Outcome* Call(uint64_t node_id, const std::string& name, absl::Duration wait,
                 bool runs = true) {
-    outcomes_.push_back(std::make_unique<Outcome>());
-    Outcome* o = outcomes_.back().get();
+    Outcome* o = outcomes_.Add();
     o->request.set_node_id(node_id);
     o->request.set_name(name);
     o->request.set_rank_runs(runs);
     o->request.set_timeout_ms(
         static_cast<uint32_t>(absl::ToInt64Milliseconds(wait)));
-    o->ctx.set_deadline(std::chrono::system_clock::now() +
-                        std::chrono::seconds(60));
-    stub_->async()->Barrier(&o->ctx, &o->request, &o->response,
-                            [o](grpc::Status s) {
-                              o->status = s;
-                              o->done.Notify();
-                            });
+    stub_->async()->Barrier(&o->ctx, &o->request, &o->response, o->Callback());
     return o;
   }
 
@@ -137,7 +102,7 @@ class BarrierWaitersTest : public ::testing::Test {
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<Scheduler::Stub> stub_;
   std::vector<RegisterResponse> workers_;
-  std::vector<std::unique_ptr<Outcome>> outcomes_;
+  testing::OutcomeList<Outcome> outcomes_;
 };
 
 constexpr absl::Duration kLongWait = absl::Seconds(20);

@@ -1,6 +1,7 @@
 #include "scheduler/claim_waiters.h"
 
 #include <algorithm>
+#include <optional>
 #include <utility>
 
 #include "absl/time/clock.h"
@@ -9,11 +10,12 @@
 namespace ps {
 
 ClaimWaiters::ClaimWaiters(ClusterState* state)
-    : state_(state), thread_([this] { Loop(); }) {
-  state_->SetClaimListener([this] {
-    absl::MutexLock lock(&mu_);
-    woken_ = true;
-  });
+    : state_(state),
+      rounds_([this](std::vector<Rounds::Queued> round, absl::Time now,
+                     bool closing) {
+        return Decide(std::move(round), now, closing);
+      }) {
+  state_->SetClaimListener([this] { rounds_.Wake(); });
 }
 
 ClaimWaiters::~ClaimWaiters() { Close(); }
@@ -23,16 +25,11 @@ void ClaimWaiters::Claim(const ClaimShardRequest* request,
                          grpc::ServerUnaryReactor* reactor) {
   const absl::Duration wait = std::min(
       absl::Milliseconds(request->timeout_ms()), ClusterState::kMaxWait);
-  {
-    absl::MutexLock lock(&mu_);
-    if (!closed_) {
-      // Recorded and decided on this class's thread, so that no wake-up
-      // falls between a decision and the record.
-      waiting_.push_back({request, response, reactor, absl::Now() + wait,
-                          /*seq=*/0, /*first=*/true, /*arrived=*/true});
-      fresh_ = true;
-      return;
-    }
+  // Recorded and decided on the rounds' thread, so that no wake-up falls
+  // between a decision and the record.
+  if (rounds_.Add({request, response, reactor, /*seq=*/0},
+                  absl::Now() + wait)) {
+    return;
   }
   reactor->Finish(
       grpc::Status(grpc::StatusCode::UNAVAILABLE, "the scheduler is closing"));
@@ -40,109 +37,68 @@ void ClaimWaiters::Claim(const ClaimShardRequest* request,
 
 void ClaimWaiters::Close() {
   state_->SetClaimListener(nullptr);
-  {
-    absl::MutexLock lock(&mu_);
-    closed_ = true;
-  }
-  if (thread_.joinable()) thread_.join();
+  rounds_.Close();
 }
 
-void ClaimWaiters::Loop() {
-  while (true) {
-    std::vector<Waiting> round;
-    bool closing = false;
-    absl::Time now;
-    {
-      absl::MutexLock lock(&mu_);
-      absl::Time earliest = absl::InfiniteFuture();
-      for (const Waiting& w : waiting_) earliest = std::min(earliest, w.deadline);
-      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return woken_ || fresh_ || closed_;
-      };
-      mu_.AwaitWithDeadline(absl::Condition(&ready), earliest);
-      closing = closed_;
-      if (closing && waiting_.empty()) return;
-      now = absl::Now();
-      if (woken_ || closing) {
-        // The state changed: any claim may be answered now.
-        round.swap(waiting_);
-      } else {
-        // Only the new claims and those past their deadline: the others'
-        // answer has not changed.
-        auto stays = std::partition(
-            waiting_.begin(), waiting_.end(),
-            [&](const Waiting& w) { return !w.first && w.deadline > now; });
-        round.assign(std::make_move_iterator(stays),
-                     std::make_move_iterator(waiting_.end()));
-        waiting_.erase(stays, waiting_.end());
-      }
-      woken_ = false;
-      fresh_ = false;
-    }
-    if (round.empty()) continue;
-    // The finishes of the claims that arrived since the last round.
-    std::vector<const ClaimShardRequest*> arrived;
-    for (const Waiting& w : round) {
-      if (w.arrived) arrived.push_back(w.request);
-    }
-    if (!arrived.empty()) {
-      const std::vector<ClusterState::ClaimTicket> tickets =
-          state_->FinishClaims(arrived);
-      std::vector<Waiting> recorded;
-      size_t t = 0;
-      for (Waiting& w : round) {
-        if (!w.arrived) {
-          recorded.push_back(w);
-          continue;
-        }
+std::vector<ClaimWaiters::Rounds::Queued> ClaimWaiters::Decide(
+    std::vector<Rounds::Queued> round, absl::Time now, bool closing) {
+  // The finishes of the claims new in this round, recorded together.
+  std::vector<const ClaimShardRequest*> arrived;
+  for (const Rounds::Queued& q : round) {
+    if (q.fresh) arrived.push_back(q.call.request);
+  }
+  if (!arrived.empty()) {
+    const std::vector<ClusterState::ClaimTicket> tickets =
+        state_->FinishClaims(arrived);
+    std::vector<Rounds::Queued> recorded;
+    recorded.reserve(round.size());
+    size_t t = 0;
+    for (Rounds::Queued& q : round) {
+      if (q.fresh) {
         const ClusterState::ClaimTicket& ticket = tickets[t++];
         if (!ticket.status.ok()) {
-          w.reactor->Finish(ToGrpcStatus(ticket.status));
+          q.call.reactor->Finish(ToGrpcStatus(ticket.status));
           continue;
         }
-        w.arrived = false;
-        w.seq = ticket.seq;
-        recorded.push_back(w);
+        q.call.seq = ticket.seq;
       }
-      round.swap(recorded);
+      recorded.push_back(q);
     }
-    std::vector<ClusterState::ClaimAsk> asks;
-    asks.reserve(round.size());
-    for (const Waiting& w : round) {
-      asks.push_back({w.request, w.first, closing || w.deadline <= now});
-    }
-    std::vector<std::optional<absl::StatusOr<ClaimShardResponse>>> answers =
-        state_->DecideClaims(asks);
-    std::vector<Waiting> still;
-    for (size_t i = 0; i < round.size(); ++i) {
-      if (answers[i].has_value()) {
-        Answer(round[i], std::move(*answers[i]));
-      } else {
-        round[i].first = false;
-        still.push_back(round[i]);
-      }
-    }
-    if (!still.empty()) {
-      absl::MutexLock lock(&mu_);
-      waiting_.insert(waiting_.end(), still.begin(), still.end());
+    round.swap(recorded);
+  }
+  std::vector<ClusterState::ClaimAsk> asks;
+  asks.reserve(round.size());
+  for (const Rounds::Queued& q : round) {
+    asks.push_back(
+        {q.call.request, /*first=*/q.fresh, closing || q.deadline <= now});
+  }
+  std::vector<std::optional<absl::StatusOr<ClaimShardResponse>>> answers =
+      state_->DecideClaims(asks);
+  std::vector<Rounds::Queued> still;
+  for (size_t i = 0; i < round.size(); ++i) {
+    if (answers[i].has_value()) {
+      Answer(round[i].call, std::move(*answers[i]));
+    } else {
+      still.push_back(round[i]);
     }
   }
+  return still;
 }
 
-void ClaimWaiters::Answer(const Waiting& w,
+void ClaimWaiters::Answer(const Call& c,
                           absl::StatusOr<ClaimShardResponse> answer) {
   // The finish is on record before any answer (a failed write is retried
   // by the next; the worker retries meanwhile).
-  if (answer.ok() && w.seq != 0 && !state_->JournalWritten(w.seq)) {
+  if (answer.ok() && c.seq != 0 && !state_->JournalWritten(c.seq)) {
     answer = absl::UnavailableError(
         "the scheduler could not record the finished shard yet; retry");
   }
   if (!answer.ok()) {
-    w.reactor->Finish(ToGrpcStatus(answer.status()));
+    c.reactor->Finish(ToGrpcStatus(answer.status()));
     return;
   }
-  *w.response = *std::move(answer);
-  w.reactor->Finish(grpc::Status::OK);
+  *c.response = *std::move(answer);
+  c.reactor->Finish(grpc::Status::OK);
 }
 
 }  // namespace ps

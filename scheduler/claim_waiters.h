@@ -1,14 +1,11 @@
 #ifndef PS_SCHEDULER_CLAIM_WAITERS_H_
 #define PS_SCHEDULER_CLAIM_WAITERS_H_
 
-#include <thread>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
-#include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/scheduler.pb.h"
+#include "scheduler/call_rounds.h"
 #include "scheduler/cluster_state.h"
 
 namespace ps {
@@ -19,14 +16,13 @@ namespace ps {
 // blocked threads, thousands of them outgrow gRPC's synchronous pool and
 // the last finishes queue behind waits.
 //
-// A call is queued as it arrives (gRPC's threads, which also answer
-// heartbeats, never wait for the state's lock here). This class's thread
-// records the finishes of everything queued since its last round at once
+// The calls are answered in rounds (CallRounds). A round records the
+// finishes of the claims new since the last round at once
 // (ClusterState::FinishClaims: one lock, one journal write), then decides
-// answers: right away, when the state says a waiting claim may be answered
-// (ClusterState's claim listener), and at each claim's deadline (WAIT), all
-// of a round under one lock (DecideClaims). A decided claim is finished
-// once its finish is in the journal.
+// answers under one lock (DecideClaims): right away, when the state says a
+// waiting claim may be answered (ClusterState's claim listener), and at each
+// claim's deadline (WAIT). A decided claim is finished once its finish is
+// in the journal.
 //
 // Thread safety: Claim and Close from any thread. Lock order: the state's
 // lock, then this class's (the listener runs under the state's lock).
@@ -45,28 +41,20 @@ class ClaimWaiters {
   void Close();
 
  private:
-  struct Waiting {
+  struct Call {
     const ClaimShardRequest* request;
     ClaimShardResponse* response;
     grpc::ServerUnaryReactor* reactor;
-    absl::Time deadline;
-    uint64_t seq;   // journal snapshot of its finish (0: none pending)
-    bool first;     // not decided yet even once
-    bool arrived;   // its finish not recorded yet
+    uint64_t seq;  // journal snapshot of its finish (0: none pending)
   };
+  using Rounds = CallRounds<Call>;
 
-  void Loop();
-  void Answer(const Waiting& w, absl::StatusOr<ClaimShardResponse> answer);
+  std::vector<Rounds::Queued> Decide(std::vector<Rounds::Queued> round,
+                                     absl::Time now, bool closing);
+  void Answer(const Call& c, absl::StatusOr<ClaimShardResponse> answer);
 
   ClusterState* const state_;
-  absl::Mutex mu_;
-  std::vector<Waiting> waiting_ ABSL_GUARDED_BY(mu_);
-  // The state changed so that any waiting claim may be answered.
-  bool woken_ ABSL_GUARDED_BY(mu_) = false;
-  // Claims not decided yet even once are waiting.
-  bool fresh_ ABSL_GUARDED_BY(mu_) = false;
-  bool closed_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread thread_;  // last: starts once the rest is set
+  Rounds rounds_;  // after state_: its thread starts at once
 };
 
 }  // namespace ps

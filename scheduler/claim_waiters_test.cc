@@ -18,6 +18,7 @@
 #include "proto/scheduler.grpc.pb.h"
 #include "scheduler/cluster_state.h"
 #include "scheduler/loopback_server.h"
+#include "scheduler/waiters_testing.h"
 
 namespace ps {
 namespace {
@@ -39,83 +40,62 @@ class ClaimService final : public Scheduler::CallbackService {
   ClaimWaiters* const claims_;
 };
 
-// A claim's outcome, filled by its completion callback.
-struct Outcome {
-  grpc::ClientContext ctx;
-  ClaimShardRequest request;
-  ClaimShardResponse response;
-  grpc::Status status;
-  absl::Notification done;
-};
+using Outcome = testing::CallOutcome<ClaimShardRequest, ClaimShardResponse>;
 
 class ClaimWaitersTest : public ::testing::Test {
  protected:
   void Start(uint32_t workers) {
-    JobConfig config;
-    config.mutable_cluster()->set_num_servers(1);
-    config.mutable_cluster()->set_num_workers(workers);
-    config.mutable_cluster()->set_num_slots(8);
-    config.mutable_cluster()->set_heartbeat_interval_ms(100);
-    config.mutable_cluster()->set_heartbeat_timeout_ms(1000);
-    fingerprint_ = ConfigFingerprint(config);
-    state_ = std::make_unique<ClusterState>(config, &clock_);
+    absl::StatusOr<testing::SmallJob> job =
+        testing::StartSmallJob(&clock_, workers, /*trains_shards=*/true);
+    ASSERT_TRUE(job.ok()) << job.status();
+    state_ = std::move(job->state);
+    workers_ = std::move(job->workers);
     claims_ = std::make_unique<ClaimWaiters>(state_.get());
     service_ = std::make_unique<ClaimService>(claims_.get());
     testing::LoopbackServer served = testing::ServeOnLoopback(service_.get());
     server_ = std::move(served.server);
     ASSERT_NE(server_, nullptr);
     stub_ = std::move(served.stub);
-    RegisterRequest server;
-    server.set_role(SERVER);
-    server.set_data_endpoint("tcp://s:1");
-    server.set_config_fingerprint(fingerprint_);
-    ASSERT_TRUE(state_->Register(server).ok());
-    for (uint32_t i = 0; i < workers; ++i) {
-      RegisterRequest worker;
-      worker.set_role(WORKER);
-      worker.set_trains_shards(true);
-      worker.set_config_fingerprint(fingerprint_);
-      absl::StatusOr<RegisterResponse> r = state_->Register(worker);
-      ASSERT_TRUE(r.ok()) << r.status();
-      ASSERT_TRUE(r->has_shard());
-      workers_.push_back(*r);
-    }
   }
 
   void TearDown() override {
     if (claims_ != nullptr) claims_->Close();
     if (server_ != nullptr) server_->Shutdown();
+    EXPECT_TRUE(outcomes_.Drain(kCallbackWait));
   }
 
-  // Starts a claim of worker `w` (finishing its own shard when `finish`).
-  std::unique_ptr<Outcome> Claim(size_t w, bool finish, absl::Duration wait) {
-    auto o = std::make_unique<Outcome>();
-    o->request.set_node_id(workers_[w].node_id());
-    if (finish) {
-      *o->request.mutable_finished() = workers_[w].shard();
+  // Starts a claim of node `node_id` (finishing `finished` when set). The
+  // outcome lives until the test's end (TearDown).
+  Outcome* Call(uint64_t node_id, const DataPosition* finished,
+                absl::Duration wait) {
+    Outcome* o = outcomes_.Add();
+    o->request.set_node_id(node_id);
+    if (finished != nullptr) {
+      *o->request.mutable_finished() = *finished;
       o->request.mutable_finished()->set_done(true);
     }
     o->request.set_timeout_ms(
         static_cast<uint32_t>(absl::ToInt64Milliseconds(wait)));
-    o->ctx.set_deadline(std::chrono::system_clock::now() +
-                        std::chrono::seconds(60));
-    Outcome* raw = o.get();
-    stub_->async()->ClaimShard(&raw->ctx, &raw->request, &raw->response,
-                               [raw](grpc::Status s) {
-                                 raw->status = s;
-                                 raw->done.Notify();
-                               });
+    stub_->async()->ClaimShard(&o->ctx, &o->request, &o->response,
+                               o->Callback());
     return o;
   }
+  // A claim of worker `w` (finishing its own shard when `finish`).
+  Outcome* Claim(size_t w, bool finish, absl::Duration wait) {
+    return Call(workers_[w].node_id(), finish ? &workers_[w].shard() : nullptr,
+                wait);
+  }
+
+  static constexpr absl::Duration kCallbackWait = absl::Seconds(30);
 
   FakeClock clock_;
-  uint64_t fingerprint_ = 0;
   std::unique_ptr<ClusterState> state_;
   std::unique_ptr<ClaimWaiters> claims_;
   std::unique_ptr<ClaimService> service_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<Scheduler::Stub> stub_;
   std::vector<RegisterResponse> workers_;
+  testing::OutcomeList<Outcome> outcomes_;
 };
 
 constexpr absl::Duration kLongWait = absl::Seconds(20);
@@ -124,7 +104,7 @@ constexpr absl::Duration kLongWait = absl::Seconds(20);
 // and one with nothing to get is answered WAIT at its deadline.
 TEST_F(ClaimWaitersTest, AWaitingClaimGetsAnOrphanAtOnceAndWaitAtItsDeadline) {
   ASSERT_NO_FATAL_FAILURE(Start(3));
-  std::unique_ptr<Outcome> waiting = Claim(0, /*finish=*/true, kLongWait);
+  Outcome* waiting = Claim(0, /*finish=*/true, kLongWait);
   EXPECT_FALSE(waiting->done.WaitForNotificationWithTimeout(
       absl::Milliseconds(200)));
   LeaveRequest preempted;
@@ -142,8 +122,7 @@ TEST_F(ClaimWaitersTest, AWaitingClaimGetsAnOrphanAtOnceAndWaitAtItsDeadline) {
 
   // Worker 2 still trains: a short claim of worker 0 ends in WAIT.
   const absl::Time asked = absl::Now();
-  std::unique_ptr<Outcome> short_wait =
-      Claim(0, /*finish=*/false, absl::Milliseconds(300));
+  Outcome* short_wait = Claim(0, /*finish=*/false, absl::Milliseconds(300));
   ASSERT_TRUE(short_wait->done.WaitForNotificationWithTimeout(kLongWait));
   EXPECT_GE(absl::Now() - asked, absl::Milliseconds(290));
   ASSERT_TRUE(short_wait->status.ok());
@@ -155,15 +134,14 @@ TEST_F(ClaimWaitersTest, AWaitingClaimGetsAnOrphanAtOnceAndWaitAtItsDeadline) {
 TEST_F(ClaimWaitersTest, TheLastShardDoneReleasesEveryWaitingWorker) {
   constexpr size_t kWorkers = 64;
   ASSERT_NO_FATAL_FAILURE(Start(kWorkers));
-  std::vector<std::unique_ptr<Outcome>> waiting;
+  std::vector<Outcome*> waiting;
   for (size_t w = 0; w + 1 < kWorkers; ++w) {
     waiting.push_back(Claim(w, /*finish=*/true, kLongWait));
   }
   absl::SleepFor(absl::Milliseconds(200));
   for (const auto& o : waiting) EXPECT_FALSE(o->done.HasBeenNotified());
   const absl::Time last = absl::Now();
-  std::unique_ptr<Outcome> final = Claim(kWorkers - 1, true, kLongWait);
-  waiting.push_back(std::move(final));
+  waiting.push_back(Claim(kWorkers - 1, /*finish=*/true, kLongWait));
   for (const auto& o : waiting) {
     ASSERT_TRUE(o->done.WaitForNotificationWithTimeout(kLongWait));
     ASSERT_TRUE(o->status.ok()) << o->status.error_message();
@@ -171,31 +149,23 @@ TEST_F(ClaimWaitersTest, TheLastShardDoneReleasesEveryWaitingWorker) {
   }
   EXPECT_LT(absl::Now() - last, kLongWait / 2);
 
-  ClaimShardRequest unknown;
-  unknown.set_node_id(999);
-  Outcome o;
-  o.request = unknown;
-  stub_->async()->ClaimShard(&o.ctx, &o.request, &o.response,
-                             [&o](grpc::Status s) {
-                               o.status = s;
-                               o.done.Notify();
-                             });
-  ASSERT_TRUE(o.done.WaitForNotificationWithTimeout(kLongWait));
-  EXPECT_EQ(o.status.error_code(), grpc::StatusCode::NOT_FOUND);
+  Outcome* unknown = Call(999, nullptr, kLongWait);
+  ASSERT_TRUE(unknown->done.WaitForNotificationWithTimeout(kLongWait));
+  EXPECT_EQ(unknown->status.error_code(), grpc::StatusCode::NOT_FOUND);
 }
 
 // Close answers the claims still waiting (as at their deadline) and
 // refuses later ones.
 TEST_F(ClaimWaitersTest, CloseAnswersWaitingClaims) {
   ASSERT_NO_FATAL_FAILURE(Start(2));
-  std::unique_ptr<Outcome> waiting = Claim(0, /*finish=*/true, kLongWait);
+  Outcome* waiting = Claim(0, /*finish=*/true, kLongWait);
   EXPECT_FALSE(waiting->done.WaitForNotificationWithTimeout(
       absl::Milliseconds(200)));
   claims_->Close();
   ASSERT_TRUE(waiting->done.WaitForNotificationWithTimeout(kLongWait));
   ASSERT_TRUE(waiting->status.ok()) << waiting->status.error_message();
   EXPECT_EQ(waiting->response.result(), ClaimShardResponse::WAIT);
-  std::unique_ptr<Outcome> late = Claim(1, /*finish=*/false, kLongWait);
+  Outcome* late = Claim(1, /*finish=*/false, kLongWait);
   ASSERT_TRUE(late->done.WaitForNotificationWithTimeout(kLongWait));
   EXPECT_EQ(late->status.error_code(), grpc::StatusCode::UNAVAILABLE);
 }
