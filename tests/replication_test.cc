@@ -491,7 +491,10 @@ TEST_F(ReplicationFailoverTest,
     if (!StartJob() || !StartPushers()) return;
     absl::SleepFor(absl::Milliseconds(rng_() % 300));
     if (!KillAndWaitForFailover(static_cast<uint32_t>(rng_() % 3))) return;
-    absl::SleepFor(absl::Milliseconds(500));
+    // Longer than the untiered test: the pushes after the failover are what
+    // cycles the survivors' rows through their RAM, and a slow build
+    // (ASan on two loaded cores: some 1 200 pushes in all) needs the time.
+    absl::SleepFor(absl::Milliseconds(1500));
     StopAndVerify();
     // The two survivors hold some 100 000 rows each, of which about
     // 15 000 fit in RAM.
