@@ -72,15 +72,7 @@ std::vector<BarrierWaiters::Rounds::Queued> BarrierWaiters::Decide(
   }
   std::vector<ClusterState::BarrierAnswer> answers =
       state_->DecideBarriers(asks);
-  std::vector<Rounds::Queued> still;
-  for (size_t i = 0; i < round.size(); ++i) {
-    if (answers[i].has_value()) {
-      Answer(round[i].call, std::move(*answers[i]));
-    } else {
-      still.push_back(round[i]);
-    }
-  }
-  return still;
+  return Rounds::AnswerDecided(round, answers, &BarrierWaiters::Answer);
 }
 
 void BarrierWaiters::Answer(

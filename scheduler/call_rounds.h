@@ -2,6 +2,7 @@
 #define PS_SCHEDULER_CALL_ROUNDS_H_
 
 #include <algorithm>
+#include <cstddef>
 #include <functional>
 #include <iterator>
 #include <thread>
@@ -87,6 +88,24 @@ class CallRounds {
       closed_ = true;
     }
     if (thread_.joinable()) thread_.join();
+  }
+
+  // For `decide`: answers each call of `round` whose entry in `answers`
+  // (one per call, in order) holds a value, by answer(call, value), and
+  // returns the others, still waiting.
+  template <typename Answers, typename AnswerFn>
+  static std::vector<Queued> AnswerDecided(const std::vector<Queued>& round,
+                                           Answers& answers,
+                                           const AnswerFn& answer) {
+    std::vector<Queued> still;
+    for (size_t i = 0; i < round.size(); ++i) {
+      if (answers[i].has_value()) {
+        answer(round[i].call, std::move(*answers[i]));
+      } else {
+        still.push_back(round[i]);
+      }
+    }
+    return still;
   }
 
   // Calls waiting now (queued or in the round in progress).

@@ -1,7 +1,9 @@
 #include "scheduler/call_rounds.h"
 
 #include <memory>
+#include <optional>
 #include <set>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -168,6 +170,27 @@ TEST_F(CallRoundsTest, CloseDecidesEveryWaitingCallAndRefusesNewOnes) {
 TEST_F(CallRoundsTest, CloseWithNothingWaiting) {
   rounds_->Close();
   EXPECT_THAT(RoundsSeen(), IsEmpty());
+}
+
+// AnswerDecided answers the calls that have an answer, in order, and
+// keeps the rest.
+TEST(CallRoundsAnswerDecidedTest, AnswersThoseWithAnAnswerAndKeepsTheRest) {
+  using Rounds = CallRounds<int>;
+  const absl::Time t = absl::Now();
+  const std::vector<Rounds::Queued> round = {
+      {1, t, false}, {2, t, true}, {3, t, false}};
+  std::vector<std::optional<std::string>> answers = {"one", std::nullopt,
+                                                     "three"};
+  std::vector<std::pair<int, std::string>> answered;
+  const std::vector<Rounds::Queued> still =
+      Rounds::AnswerDecided(round, answers, [&](int call, std::string answer) {
+        answered.emplace_back(call, std::move(answer));
+      });
+  EXPECT_THAT(answered, ElementsAre(std::make_pair(1, std::string("one")),
+                                    std::make_pair(3, std::string("three"))));
+  ASSERT_EQ(still.size(), 1u);
+  EXPECT_EQ(still[0].call, 2);
+  EXPECT_TRUE(still[0].fresh);
 }
 
 }  // namespace

@@ -74,15 +74,11 @@ std::vector<ClaimWaiters::Rounds::Queued> ClaimWaiters::Decide(
   }
   std::vector<std::optional<absl::StatusOr<ClaimShardResponse>>> answers =
       state_->DecideClaims(asks);
-  std::vector<Rounds::Queued> still;
-  for (size_t i = 0; i < round.size(); ++i) {
-    if (answers[i].has_value()) {
-      Answer(round[i].call, std::move(*answers[i]));
-    } else {
-      still.push_back(round[i]);
-    }
-  }
-  return still;
+  return Rounds::AnswerDecided(
+      round, answers,
+      [this](const Call& c, absl::StatusOr<ClaimShardResponse> answer) {
+        Answer(c, std::move(answer));
+      });
 }
 
 void ClaimWaiters::Answer(const Call& c,
