@@ -63,6 +63,19 @@ std::vector<std::string> CandidatePaths() {
   return paths;
 }
 
+// Why the NVIDIA driver's library cannot be loaded, or "" when it can. The
+// CUDA runtime loads libcuda.so.1 by this name and fails without it
+// (cudaErrorInsufficientDriver), so a machine without it has no usable GPU:
+// checked first, it spares a CPU worker the load of cuBLAS and the runtime
+// (0.2 to 0.5 s at every start). The handle stays open for the runtime.
+std::string DriverMissing() {
+  if (dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL) != nullptr) return "";
+  const char* err = dlerror();
+  return absl::StrCat("no NVIDIA driver (",
+                      err != nullptr ? err : "libcuda.so.1 cannot be loaded",
+                      ")");
+}
+
 CudaLibrary LoadCudaLibrary() {
   const std::vector<std::string> paths = CandidatePaths();
   for (const std::string& path : paths) {
@@ -73,6 +86,9 @@ CudaLibrary LoadCudaLibrary() {
       // time: dlopen would only say "file too short".
       return {nullptr, absl::StrCat("built without CUDA (", path,
                                     " is an empty placeholder)")};
+    }
+    if (std::string missing = DriverMissing(); !missing.empty()) {
+      return {nullptr, std::move(missing)};
     }
     // RTLD_LOCAL: the library's symbols (cuBLAS, cudart) stay out of the
     // global namespace. The handle is never closed: the Computes it creates

@@ -4,22 +4,27 @@
 //
 // The kernel tests are parameterised over the backends; the GPU instances
 // are skipped (GTEST_SKIP, with the reason) where no GPU is usable.
+#include "worker/compute/compute.h"
+
+#include <dlfcn.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <fstream>
 #include <iostream>
 #include <limits>
 #include <memory>
 #include <random>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "common/status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "common/status.h"
 #include "proto/config.pb.h"
-#include "worker/compute/compute.h"
 #include "worker/compute/compute_factory.h"
 #include "worker/compute/cpu_compute.h"
 
@@ -876,6 +881,29 @@ TEST(ComputeFactoryTest, AutoFallsBackToCpuWithAReason) {
   std::string again;
   EXPECT_EQ(GpuAvailable(&again), gpu);
   EXPECT_EQ(again, gpu_why);
+}
+
+// Where the NVIDIA driver is missing, the answer says so, and cuBLAS and the
+// CUDA runtime are never loaded into the process to find out.
+TEST(ComputeFactoryTest, NoDriverIsNamedWithoutLoadingCuda) {
+  void* driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+  if (driver != nullptr) GTEST_SKIP() << "this machine has the NVIDIA driver";
+  std::string why;
+  absl::StatusOr<std::unique_ptr<Compute>> compute =
+      CreateCompute(ComputeDevice::AUTO, 1, &why);
+  ASSERT_TRUE(compute.ok()) << compute.status();
+  EXPECT_FALSE((*compute)->is_gpu());
+  if (why.find("built without CUDA") != std::string::npos) {
+    GTEST_SKIP() << why;
+  }
+  EXPECT_THAT(why, ::testing::HasSubstr("no NVIDIA driver (libcuda.so.1"));
+  std::ifstream maps("/proc/self/maps");
+  std::stringstream mapped;
+  mapped << maps.rdbuf();
+  for (const char* library : {"libcublas", "libcudart", "libps_cuda"}) {
+    EXPECT_EQ(mapped.str().find(library), std::string::npos)
+        << library << " was loaded";
+  }
 }
 
 TEST(ComputeFactoryTest, GpuFailsWithoutOne) {
