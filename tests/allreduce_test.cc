@@ -184,10 +184,12 @@ std::string ReadFile(const std::string& path) {
   return s.str();
 }
 
-// The steps a running ring trained without the shard a replacement took
-// over, from its log: from the batch it resumed the shard at to the ring
-// step it joined at. nullopt when the lines are missing.
-std::optional<int64_t> StepsWithoutShard(const std::string& log) {
+// How many steps behind the ring a replacement joined, from its log: from
+// the batch it resumed the shard at to the ring step it joined at. It
+// trains that many steps alone at the end. They are the steps the ring
+// trained without the shard, and the batches the victim trained after its
+// last heartbeat (trained again). nullopt when the lines are missing.
+std::optional<int64_t> StepsBehind(const std::string& log) {
   std::smatch resumed, joined;
   if (!std::regex_search(log, resumed,
                          std::regex("to train shard [0-9]+ epoch [0-9]+ "
@@ -250,11 +252,11 @@ void KillTrials(const std::string& mode, double tolerance,
     ASSERT_TRUE(auc.has_value()) << result->summary;
     const std::string log = ReadFile(absl::StrCat(
         h.dir(), "/", JobHarness::WorkerName(*replacement), ".log"));
-    const std::optional<int64_t> without = StepsWithoutShard(log);
+    const std::optional<int64_t> behind = StepsBehind(log);
     std::cout << mode << " seed " << seed << ": killed worker " << victim
-              << " at step " << kill_at << "; the ring trained "
-              << (without ? absl::StrCat(*without) : "?")
-              << " steps without its shard; test AUC " << *auc
+              << " at step " << kill_at << "; the replacement joined "
+              << (behind ? absl::StrCat(*behind) : "?")
+              << " steps behind the ring; test AUC " << *auc
               << " vs undisturbed " << *base_auc << "\n";
     EXPECT_NEAR(*auc, *base_auc, tolerance);
     aucs.push_back(*auc);
@@ -343,12 +345,12 @@ TEST(AllReduceCheckpointTest, RestoresOntoAnotherWorkerCountBitForBit) {
 // Sparse under BSP: the undisturbed run is deterministic, so the AUC
 // difference is the fault's alone. A replacement must not deadlock with
 // members whose pulls wait for its clock while it waits for them to join.
-// What the fault costs grows with the steps the ring trained without the
-// victim's shard, which the replacement then trains alone at the end: over
-// 28 trials here (3 to 57 such steps, median 19), the AUC difference was
-// +0.0013 - 0.00011 per step, give or take 0.0007. Those steps are the
-// time a replacement takes to start (the orchestrator's part) times the
-// ring's pace, so a slow start on a loaded machine can push one trial past
+// What the fault costs grows with how far behind the ring the replacement
+// joins (StepsBehind), as it trains those steps alone at the end: over
+// 28 trials here (3 to 57 steps behind, median 19), the AUC difference was
+// +0.0013 - 0.00011 per step, give or take 0.0007. Those steps are mostly
+// the time a replacement takes to start (the orchestrator's part) times
+// the ring's pace, so a slow start on a loaded machine can push one trial past
 // 0.005: one trial is held to 0.0075, the mean of the three to 0.005.
 TEST(AllReduceFaultTest, BspKilledWorkerAndAReplacement) {
   KillTrials("BSP", 0.0075, 0.005);
