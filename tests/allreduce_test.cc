@@ -21,6 +21,7 @@
 #include <sstream>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
@@ -202,6 +203,23 @@ std::optional<int64_t> StepsBehind(const std::string& log) {
   return std::stoll(joined[1].str()) - std::stoll(resumed[1].str());
 }
 
+// What each dense ring generation's members logged as the state they
+// started it from ("step S, digest D"), by generation, over `logs`.
+std::map<uint64_t, std::vector<std::string>> StartStates(
+    const std::vector<std::string>& logs) {
+  const std::regex line(
+      "in dense ring generation ([0-9]+) as rank [0-9]+ of [0-9]+, at step "
+      "[0-9]+; the state it started from: (step [0-9]+, digest [0-9a-f]+)");
+  std::map<uint64_t, std::vector<std::string>> states;
+  for (const std::string& log : logs) {
+    for (auto it = std::sregex_iterator(log.begin(), log.end(), line);
+         it != std::sregex_iterator(); ++it) {
+      states[std::stoull((*it)[1].str())].push_back((*it)[2].str());
+    }
+  }
+  return states;
+}
+
 // Long enough that a replacement started once the victim is declared dead
 // (2 s) still finds most of the job to do, also in the opt build.
 constexpr uint64_t kFaultTrain = 3 * 1500 * 128;
@@ -263,6 +281,23 @@ void KillTrials(const std::string& mode, double tolerance,
     EXPECT_THAT(log, ::testing::ContainsRegex(
                          "took the dense state at step [1-9][0-9]* from ring"))
         << "the replacement did not receive the dense state";
+    // Every member of a generation starts it from the same state, the
+    // replacement's first one included.
+    std::vector<std::string> logs;
+    for (int i = 0; i < static_cast<int>(result->workers.size()); ++i) {
+      logs.push_back(ReadFile(
+          absl::StrCat(h.dir(), "/", JobHarness::WorkerName(i), ".log")));
+    }
+    const auto states = StartStates(logs);
+    for (const auto& [generation, started] : states) {
+      EXPECT_THAT(started, ::testing::Each(started.front()))
+          << "the members of dense ring generation " << generation
+          << " started from different states";
+    }
+    const auto joined = StartStates({log});
+    ASSERT_FALSE(joined.empty()) << "the replacement never joined a ring";
+    EXPECT_GE(states.at(joined.begin()->first).size(), 2u)
+        << "the replacement's first ring generation had no other member";
   }
   ASSERT_EQ(aucs.size(), 3u);
   const double mean = (aucs[0] + aucs[1] + aucs[2]) / 3;

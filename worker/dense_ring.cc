@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <exception>
 #include <utility>
 
@@ -193,11 +194,19 @@ uint32_t AllReducedTable::ring_rank() const {
 }
 
 uint64_t AllReducedTable::Digest() const {
-  // FNV-1a over the bytes: stable across processes, unlike absl::Hash.
+  // FNV-1a, stable across processes unlike absl::Hash, taken over 8-byte
+  // words rather than bytes: every ring formation computes it, and a table
+  // with Adam's state holds 12 bytes a parameter.
   uint64_t h = 14695981039346656037ull;
   auto add = [&h](const void* data, size_t bytes) {
     const auto* p = static_cast<const unsigned char*>(data);
-    for (size_t i = 0; i < bytes; ++i) h = (h ^ p[i]) * 1099511628211ull;
+    size_t i = 0;
+    for (; i + sizeof(uint64_t) <= bytes; i += sizeof(uint64_t)) {
+      uint64_t word;
+      std::memcpy(&word, p + i, sizeof(word));
+      h = (h ^ word) * 1099511628211ull;
+    }
+    for (; i < bytes; ++i) h = (h ^ p[i]) * 1099511628211ull;
   };
   add(values_.data(), values_.size() * sizeof(float));
   add(state_.data(), state_.size() * sizeof(float));
@@ -293,6 +302,8 @@ bool AllReducedTable::Synchronise(bool pending) {
   if (r.size == 1) {
     synchronised_ = true;
     peer_clock_ = options_.clock ? options_.clock() : 0;
+    synced_step_ = step_;
+    synced_digest_ = Digest();
     return true;
   }
   try {
@@ -332,6 +343,8 @@ bool AllReducedTable::Synchronise(bool pending) {
     peer_clock_ = r.clock;
     step_ = steps;
     synchronised_ = true;
+    synced_step_ = steps;
+    synced_digest_ = Digest();
     // Members that formed this generation inside Step retry (or, behind,
     // skip) the step they were in, and their clocks are already past it. A
     // member that joined without a step in hand (a new worker, resuming at
@@ -380,8 +393,11 @@ absl::Status AllReducedTable::Form(absl::Time deadline, uint32_t min_members,
       ++reforms_;
       continue;
     }
-    Log()->info("in dense ring generation {} as rank {} of {}, at step {}",
-                joined->generation(), joined->rank(), joined->size(), step_);
+    Log()->info(
+        "in dense ring generation {} as rank {} of {}, at step {}; the state "
+        "it started from: step {}, digest {:016x}",
+        joined->generation(), joined->rank(), joined->size(), step_,
+        synced_step_, synced_digest_);
     return absl::OkStatus();
   }
 }

@@ -169,6 +169,11 @@ class AllReducedTable {
   // pending (JoinRingRequest.after_generation).
   uint64_t asked_after_ = 0;
   uint64_t peer_clock_ = 0;
+  // The state a ring's members synchronised on (the source's), logged when
+  // the ring forms: every member of a generation logs the same step and
+  // digest, which is how a broadcast that did not take shows.
+  uint64_t synced_step_ = 0;
+  uint64_t synced_digest_ = 0;
 
   // The generation this member holds (0: none) and the one the watcher
   // found must be left; read by the training thread.
