@@ -268,8 +268,13 @@ void KillTrials(const std::string& mode, double tolerance,
     }
     const std::optional<double> auc = JsonNumber(result->summary, "test_auc");
     ASSERT_TRUE(auc.has_value()) << result->summary;
-    const std::string log = ReadFile(absl::StrCat(
-        h.dir(), "/", JobHarness::WorkerName(*replacement), ".log"));
+    std::vector<std::string> logs;
+    for (int i = 0; i < static_cast<int>(result->workers.size()); ++i) {
+      logs.push_back(ReadFile(
+          absl::StrCat(h.dir(), "/", JobHarness::WorkerName(i), ".log")));
+    }
+    ASSERT_LT(*replacement, static_cast<int>(logs.size()));
+    const std::string& log = logs[*replacement];
     const std::optional<int64_t> behind = StepsBehind(log);
     std::cout << mode << " seed " << seed << ": killed worker " << victim
               << " at step " << kill_at << "; the replacement joined "
@@ -283,11 +288,6 @@ void KillTrials(const std::string& mode, double tolerance,
         << "the replacement did not receive the dense state";
     // Every member of a generation starts it from the same state, the
     // replacement's first one included.
-    std::vector<std::string> logs;
-    for (int i = 0; i < static_cast<int>(result->workers.size()); ++i) {
-      logs.push_back(ReadFile(
-          absl::StrCat(h.dir(), "/", JobHarness::WorkerName(i), ".log")));
-    }
     const auto states = StartStates(logs);
     for (const auto& [generation, started] : states) {
       EXPECT_THAT(started, ::testing::Each(started.front()))
